@@ -1,0 +1,29 @@
+# llmtrain image: built in NVIDIA's CUDA devel image (cuDNN, NCCL included), run in the runtime one.
+#   docker build -t llmtrain .
+#   docker run --gpus all --rm llmtrain info
+#   docker run --gpus all --rm -v $PWD/runs:/runs llmtrain train --config /opt/llmtrain/configs/tiny.json --run-dir /runs/tiny
+# Multi-GPU on one node (one process per GPU):
+#   docker run --gpus all --rm --entrypoint mpirun llmtrain -np 8 llmtrain train --config ...
+ARG CUDA_IMAGE_TAG=13.0.0-cudnn
+
+FROM nvidia/cuda:${CUDA_IMAGE_TAG}-devel-ubuntu24.04 AS build
+RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      build-essential cmake git libcli11-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin \
+      libopenblas-dev libpcre2-dev zlib1g-dev \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY . .
+RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DLLMTRAIN_CUDA=ON \
+    && cmake --build build -j "$(nproc)" --target llmtrain
+
+FROM nvidia/cuda:${CUDA_IMAGE_TAG}-runtime-ubuntu24.04
+RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      openmpi-bin libopenmpi3t64 libopenblas0-pthread libpcre2-8-0 zlib1g \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --create-home --uid 1000 llmtrain
+COPY --from=build /src/build/src/llmtrain /usr/local/bin/llmtrain
+COPY --from=build /src/configs /opt/llmtrain/configs
+USER llmtrain
+WORKDIR /home/llmtrain
+ENTRYPOINT ["llmtrain"]
+CMD ["info"]

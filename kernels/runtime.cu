@@ -1,0 +1,94 @@
+#include "runtime.h"
+
+#include <cublasLt.h>
+#include <nccl.h>
+#if LLMTRAIN_HAVE_CUDNN
+#include <cudnn.h>
+#endif
+
+#include "cuda_check.h"
+
+namespace llmtrain::cuda {
+namespace {
+
+// CUDA encodes versions as major * 1000 + minor * 10.
+std::string cuda_style_version(int v) { return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10); }
+
+// cuBLAS, cuDNN (9.x) and NCCL (2.9+) encode versions as major * 10000 + minor * 100 + patch.
+std::string library_version(std::size_t v) {
+  return std::to_string(v / 10000) + "." + std::to_string((v / 100) % 100) + "." + std::to_string(v % 100);
+}
+
+}  // namespace
+
+DeviceReport query_devices() {
+  DeviceReport report;
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    report.why_none = cudaGetErrorString(status);
+    cudaGetLastError();  // clear the sticky error so later calls report their own
+    return report;
+  }
+  if (count == 0) report.why_none = "the CUDA runtime found no device";
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp prop{};
+    LLMTRAIN_CUDA_CHECK(cudaGetDeviceProperties(&prop, i));
+    report.devices.push_back({i, prop.name, prop.major, prop.minor, prop.totalGlobalMem, prop.multiProcessorCount});
+  }
+  return report;
+}
+
+bool device_available(std::string* why_not) {
+  const DeviceReport report = query_devices();
+  if (why_not) *why_not = report.why_none;
+  return !report.devices.empty();
+}
+
+std::string runtime_version() {
+  int v = 0;
+  cudaRuntimeGetVersion(&v);
+  return cuda_style_version(v);
+}
+
+std::string driver_version() {
+  int v = 0;
+  cudaDriverGetVersion(&v);
+  return v == 0 ? "none" : cuda_style_version(v);
+}
+
+std::string cublaslt_version() { return library_version(cublasLtGetVersion()); }
+
+std::string cudnn_version() {
+#if LLMTRAIN_HAVE_CUDNN
+  return library_version(cudnnGetVersion());
+#else
+  return "not built";
+#endif
+}
+
+std::string nccl_version() {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return "unknown";
+  return library_version(static_cast<std::size_t>(v));
+}
+
+void* device_malloc(std::size_t bytes) {
+  void* pointer = nullptr;
+  LLMTRAIN_CUDA_CHECK(cudaMalloc(&pointer, bytes));
+  return pointer;
+}
+
+void device_free(void* pointer) noexcept { cudaFree(pointer); }
+
+void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes) {
+  LLMTRAIN_CUDA_CHECK(cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice));
+}
+
+void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes) {
+  LLMTRAIN_CUDA_CHECK(cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost));
+}
+
+void synchronize() { LLMTRAIN_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+}  // namespace llmtrain::cuda

@@ -1,0 +1,45 @@
+// The CUDA runtime as the rest of llmtrain sees it: device discovery, library versions, memory.
+// This header has no CUDA types, so any part of the program may include it.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace llmtrain::cuda {
+
+struct DeviceProperties {
+  int index = 0;
+  std::string name;
+  int compute_major = 0;
+  int compute_minor = 0;
+  std::size_t total_memory = 0;  // bytes
+  int multiprocessors = 0;
+};
+
+/// The devices this process can use, or why there are none ("CUDA driver version is
+/// insufficient for CUDA runtime version", ...).
+struct DeviceReport {
+  std::vector<DeviceProperties> devices;
+  std::string why_none;
+};
+DeviceReport query_devices();
+
+/// true when at least one CUDA device is usable; `why_not` (optional) receives the reason if not.
+bool device_available(std::string* why_not = nullptr);
+
+/// Versions as "major.minor[.patch]"; the driver's is "none" when no driver is installed.
+std::string runtime_version();
+std::string driver_version();
+std::string cublaslt_version();
+std::string cudnn_version();  // "not built" without cuDNN
+std::string nccl_version();
+
+/// Raw device memory (throws RuntimeError on failure) and synchronous copies.
+void* device_malloc(std::size_t bytes);
+void device_free(void* pointer) noexcept;
+void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes);
+void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes);
+void synchronize();
+
+}  // namespace llmtrain::cuda

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs every build and test dependency of llmtrain from the distribution's packages.
+# Idempotent: packages already present are skipped. Uses sudo when not run as root.
+# Debian 12 and Ubuntu 22.04/24.04 are supported. The CUDA toolkit is not installed here: it is
+# found where it already is (CUDA_HOME, else /usr/local/cuda); without it the build is CPU-only.
+set -euo pipefail
+
+packages=(
+  build-essential g++ cmake pkg-config git ca-certificates
+  libcli11-dev nlohmann-json3-dev catch2
+  libopenmpi-dev openmpi-bin
+  libopenblas-dev libpcre2-dev zlib1g-dev
+  python3 python3-numpy
+  fortunes-min
+)
+# Optional: PyTorch for golden files and the CPU benchmark (`scripts/setup.sh --with-torch`).
+if [[ "${1:-}" == "--with-torch" ]]; then
+  packages+=(python3-torch python3-matplotlib)
+fi
+
+sudo_cmd=()
+if [[ "$(id -u)" -ne 0 ]]; then
+  command -v sudo >/dev/null || { echo "setup.sh: not root and sudo is missing" >&2; exit 1; }
+  sudo_cmd=(sudo)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]})); then
+  echo "setup.sh: installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "setup.sh: all ${#packages[@]} packages already installed"
+fi
+
+cuda_home="${CUDA_HOME:-/usr/local/cuda}"
+if [[ -x "$cuda_home/bin/nvcc" ]]; then
+  echo "setup.sh: CUDA toolkit found at $cuda_home ($("$cuda_home/bin/nvcc" --version | tail -n 2 | head -n 1))"
+else
+  echo "setup.sh: no CUDA toolkit at $cuda_home: the build will be CPU-only (set CUDA_HOME to use another)"
+fi

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the dependencies, builds llmtrain and runs every test, showing all output.
+# Two configurations: the default one (CUDA compiled wherever nvcc is found) in build/, and a
+# CPU-only one in build-cpu/, which must build and pass on its own.
+# Environment: JOBS (parallel build jobs, default: CPU count), CI=true (warnings are errors).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/setup.sh
+
+jobs="${JOBS:-$(nproc)}"
+werror=OFF
+[[ "${CI:-}" == "true" ]] && werror=ON
+
+run_configuration() {
+  local dir="$1"; shift
+  echo "=== configure $dir: $*"
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DLLMTRAIN_WERROR="$werror" "$@"
+  echo "=== build $dir"
+  cmake --build "$dir" -j "$jobs"
+  echo "=== test $dir"
+  (cd "$dir" && OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ctest --output-on-failure -j "$jobs")
+}
+
+run_configuration build
+run_configuration build-cpu -DLLMTRAIN_CUDA=OFF
+echo "=== all tests passed in build/ and build-cpu/"

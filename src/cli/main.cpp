@@ -1,0 +1,74 @@
+// llmtrain's entry point: parses the command line and turns errors into exit codes.
+#include <algorithm>
+#include <iostream>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "llmtrain/build_info.h"
+#include "core/error.h"
+#include "core/strings.h"
+
+namespace {
+
+// Messages are one line: a library message with line breaks is folded.
+std::string one_line(std::string text) {
+  std::replace(text.begin(), text.end(), '\n', ' ');
+  while (!text.empty() && text.back() == ' ') text.pop_back();
+  return text;
+}
+
+int report(const std::string& message, llmtrain::ExitCode code) {
+  std::cerr << "llmtrain: error: " << one_line(message) << std::endl;
+  return static_cast<int>(code);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using llmtrain::ExitCode;
+  CLI::App app{"llmtrain: a standalone trainer for GPT-2 and Llama style language models", "llmtrain"};
+  app.set_version_flag("--version", std::string("llmtrain ") + llmtrain::build::version + " (" +
+                                        llmtrain::build::git_revision + ")");
+  app.require_subcommand(1);
+  app.fallthrough(false);
+
+  const std::vector<llmtrain::cli::Command> commands = {
+      llmtrain::cli::add_info_command(app),
+      llmtrain::cli::add_check_config_command(app),
+  };
+
+  // CLI11 would only say "A subcommand is required" for a misspelt one.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::vector<std::string> names;
+    for (const auto* sub : app.get_subcommands({})) names.push_back(sub->get_name());
+    if (std::find(names.begin(), names.end(), argv[1]) == names.end()) {
+      const std::string near = llmtrain::closest_match(argv[1], names);
+      return report("unknown subcommand '" + std::string(argv[1]) + "'" +
+                        (near.empty() ? "" : "; did you mean '" + near + "'?") +
+                        " (subcommands: " + llmtrain::join_quoted(names, ", ", "") + ")",
+                    ExitCode::bad_input);
+    }
+  }
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);  // --help, --version
+    return report(std::string(e.what()) + " (see 'llmtrain --help')", ExitCode::bad_input);
+  }
+
+  try {
+    for (const auto& command : commands) {
+      if (command.app->parsed()) return command.run();
+    }
+    return report("no subcommand given", ExitCode::bad_input);
+  } catch (const llmtrain::Error& e) {
+    return report(e.what(), e.code());
+  } catch (const std::bad_alloc&) {
+    return report("out of memory", ExitCode::runtime_failure);
+  } catch (const std::exception& e) {
+    return report(e.what(), ExitCode::runtime_failure);
+  }
+}

@@ -1,0 +1,414 @@
+#include "config/config.h"
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <type_traits>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/strings.h"
+
+namespace llmtrain::config {
+namespace {
+
+using nlohmann::json;
+
+// Where each value came from, so that an error can say "(in FILE)" or "(from --set K=V)".
+struct Origins {
+  std::string file;
+  std::vector<std::pair<std::string, std::string>> sets;  // (key path, the --set text)
+
+  std::string of(const std::string& path) const {
+    const auto covers = [](const std::string& outer, const std::string& inner) {
+      return inner == outer || inner.starts_with(outer + ".");
+    };
+    for (auto it = sets.rbegin(); it != sets.rend(); ++it) {
+      if (covers(it->first, path) || covers(path, it->first)) return "from --set " + it->second;
+    }
+    return "in " + file;
+  }
+};
+
+[[noreturn]] void fail(const Origins& origins, const std::string& path, const std::string& what) {
+  throw InputError(path + ": " + what + " (" + origins.of(path) + ")");
+}
+
+// A rule between two keys: blamed on `path`, but a --set of `other` is named when it gave `other`.
+[[noreturn]] void fail_rule(const Origins& origins, const std::string& path, const std::string& other,
+                            const std::string& what) {
+  const std::string from_other = origins.of(other);
+  const std::string where = from_other.starts_with("from --set") ? from_other : origins.of(path);
+  throw InputError(path + ": " + what + " (" + where + ")");
+}
+
+std::string shown(const json& value) {
+  std::string text = value.dump();
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  return text;
+}
+
+std::string format_number(double x) {
+  std::ostringstream out;
+  out << x;
+  return out.str();
+}
+
+std::string expectation(const IntRange& r) {
+  if (r.max == std::numeric_limits<std::int64_t>::max()) {
+    return "an integer >= " + std::to_string(r.min);
+  }
+  return "an integer from " + std::to_string(r.min) + " to " + std::to_string(r.max);
+}
+
+std::string expectation(const NumberRange& r) {
+  if (std::isinf(r.max)) return std::string("a number ") + (r.min_open ? "> " : ">= ") + format_number(r.min);
+  return std::string("a number in ") + (r.min_open ? "(" : "[") + format_number(r.min) + ", " +
+         format_number(r.max) + (r.max_open ? ")" : "]");
+}
+
+void read_value(const json& v, const std::string& path, std::int64_t& out, const IntRange& r,
+                const Origins& o) {
+  const auto bad = [&] { fail(o, path, "expected " + expectation(r) + ", got " + shown(v)); };
+  if (v.is_number_integer()) {
+    if (v.is_number_unsigned() && v.get<std::uint64_t>() > std::uint64_t(r.max)) bad();
+    out = v.get<std::int64_t>();
+  } else if (v.is_number_float()) {
+    // 1e3 is a float to the JSON parser; accept it where it names an integer exactly.
+    const double x = v.get<double>();
+    if (!(std::abs(x) < 9.0e18) || x != std::floor(x)) bad();
+    out = static_cast<std::int64_t>(x);
+  } else {
+    bad();
+  }
+  if (out < r.min || out > r.max) bad();
+}
+
+void read_value(const json& v, const std::string& path, double& out, const NumberRange& r,
+                const Origins& o) {
+  if (!v.is_number()) fail(o, path, "expected " + expectation(r) + ", got " + shown(v));
+  out = v.get<double>();
+  const bool low = r.min_open ? out <= r.min : out < r.min;
+  const bool high = r.max_open ? out >= r.max : out > r.max;
+  if (low || high) fail(o, path, "expected " + expectation(r) + ", got " + shown(v));
+}
+
+void read_value(const json& v, const std::string& path, std::string& out, const OneOf& r,
+                const Origins& o) {
+  const std::string expected = "expected one of " + join_quoted(r.values, ", ");
+  if (!v.is_string()) fail(o, path, expected + ", got " + shown(v));
+  out = v.get<std::string>();
+  for (const auto& allowed : r.values) {
+    if (out == allowed) return;
+  }
+  const std::string near = closest_match(out, r.values);
+  fail(o, path, expected + ", got " + shown(v) + (near.empty() ? "" : "; did you mean \"" + near + "\"?"));
+}
+
+void read_value(const json& v, const std::string& path, std::string& out, const AnyString&,
+                const Origins& o) {
+  if (!v.is_string()) fail(o, path, "expected a string, got " + shown(v));
+  out = v.get<std::string>();
+}
+
+void read_value(const json& v, const std::string& path, std::vector<std::string>& out,
+                const AnyString&, const Origins& o) {
+  const auto bad = [&] { fail(o, path, "expected a path or a list of paths, got " + shown(v)); };
+  out.clear();
+  if (v.is_string()) {
+    out.push_back(v.get<std::string>());
+  } else if (v.is_array()) {
+    for (const auto& item : v) {
+      if (!item.is_string()) bad();
+      out.push_back(item.get<std::string>());
+    }
+  } else {
+    bad();
+  }
+}
+
+void read_value(const json& v, const std::string& path, bool& out, const Boolean&, const Origins& o) {
+  if (!v.is_boolean()) fail(o, path, "expected true or false, got " + shown(v));
+  out = v.get<bool>();
+}
+
+// Collects the key names of one section.
+struct KeyCollector {
+  std::vector<std::string> keys;
+  template <class T, class C>
+  void operator()(const char* key, T&, const C&) {
+    keys.emplace_back(key);
+  }
+};
+
+// Section name -> its keys, in declaration order.
+const std::map<std::string, std::vector<std::string>>& known_keys() {
+  static const auto keys = [] {
+    std::map<std::string, std::vector<std::string>> out;
+    Config defaults;
+    defaults.sections([&](const char* name, auto& section) {
+      KeyCollector collector;
+      section.fields(collector);
+      out[name] = collector.keys;
+    });
+    return out;
+  }();
+  return keys;
+}
+
+std::vector<std::string> section_names() {
+  std::vector<std::string> names;
+  Config defaults;
+  defaults.sections([&](const char* name, auto&) { names.emplace_back(name); });
+  return names;
+}
+
+[[noreturn]] void fail_unknown_key(const Origins& o, const std::string& section, const std::string& key) {
+  const auto& keys = known_keys();
+  std::string hint;
+  if (section.empty()) {
+    const std::string near = closest_match(key, section_names());
+    if (!near.empty()) hint = "; did you mean '" + near + "'?";
+    fail(o, key, "unknown section" + hint + " (sections: " + join_quoted(section_names(), ", ", "") + ")");
+  }
+  const std::string near = closest_match(key, keys.at(section));
+  if (!near.empty()) {
+    hint = "; did you mean '" + section + "." + near + "'?";
+  } else {
+    for (const auto& [other, other_keys] : keys) {
+      for (const auto& k : other_keys) {
+        if (k == key) hint = "; did you mean '" + other + "." + k + "'?";
+      }
+    }
+  }
+  fail(o, section + "." + key, "unknown key" + hint);
+}
+
+// Reads one section's keys out of its JSON object.
+struct SectionReader {
+  const json& object;
+  const std::string& section;
+  const Origins& origins;
+
+  template <class T, class C>
+  void operator()(const char* key, T& member, const C& constraint) {
+    const auto it = object.find(key);
+    if (it != object.end()) read_value(*it, section + "." + key, member, constraint, origins);
+  }
+};
+
+// Writes one section's keys into a JSON object.
+struct SectionWriter {
+  json& object;
+  template <class T, class C>
+  void operator()(const char* key, const T& member, const C&) {
+    if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+      if (member.size() == 1) {
+        object[key] = member.front();
+        return;
+      }
+    }
+    object[key] = member;
+  }
+};
+
+// JSON parse that rejects duplicate keys (the standard parser keeps the last one silently)
+// and reports syntax errors by line and column.
+json parse_strict(const std::string& text, const std::string& origin) {
+  struct Frame {
+    bool is_object;
+    std::set<std::string> seen;
+    std::string key;
+  };
+  std::vector<Frame> frames;
+  const auto path = [&] {
+    std::string p;
+    for (const auto& f : frames) {
+      if (!f.is_object) continue;
+      if (!p.empty()) p += ".";
+      p += f.key;
+    }
+    return p;
+  };
+  json::parser_callback_t on_event = [&](int, json::parse_event_t event, json& parsed) {
+    using E = json::parse_event_t;
+    if (event == E::object_start) frames.push_back({true, {}, {}});
+    if (event == E::array_start) frames.push_back({false, {}, {}});
+    if (event == E::object_end || event == E::array_end) frames.pop_back();
+    if (event == E::key) {
+      frames.back().key = parsed.get<std::string>();
+      if (!frames.back().seen.insert(frames.back().key).second) {
+        throw InputError(path() + ": duplicate key (in " + origin + ")");
+      }
+    }
+    return true;
+  };
+  try {
+    json root = json::parse(text, on_event);
+    if (!root.is_object()) {
+      throw InputError(origin + ": expected a JSON object at the top level, got " + shown(root));
+    }
+    return root;
+  } catch (const json::parse_error& e) {
+    std::size_t line = 1, column = 1;
+    const std::size_t end = std::min<std::size_t>(e.byte ? e.byte - 1 : 0, text.size());
+    for (std::size_t i = 0; i < end; ++i) {
+      if (text[i] == '\n') {
+        ++line;
+        column = 1;
+      } else {
+        ++column;
+      }
+    }
+    // The library's message starts "[json.exception...] parse error at line L, column C: ".
+    std::string reason = e.what();
+    if (const auto at = reason.find("column "); at != std::string::npos) {
+      if (const auto colon = reason.find(": ", at); colon != std::string::npos) reason = reason.substr(colon + 2);
+    }
+    throw InputError(origin + ":" + std::to_string(line) + ":" + std::to_string(column) +
+                     ": malformed JSON: " + reason);
+  }
+}
+
+void apply_override(json& root, const std::string& text, Origins& origins) {
+  const auto eq = text.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    throw InputError("--set " + text + ": expected KEY=VALUE, for example --set model.n_layer=2");
+  }
+  const std::string key = text.substr(0, eq);
+  const std::string value_text = text.substr(eq + 1);
+  // The value is JSON when it parses as JSON, else a plain string (so paths need no quotes).
+  json value = json::parse(value_text, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded()) value = value_text;
+
+  json* node = &root;
+  std::string walked;
+  std::size_t start = 0;
+  while (true) {
+    const auto dot = key.find('.', start);
+    const std::string part = key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (part.empty()) throw InputError("--set " + text + ": empty segment in key path '" + key + "'");
+    walked += (walked.empty() ? "" : ".") + part;
+    if (dot == std::string::npos) {
+      (*node)[part] = std::move(value);
+      break;
+    }
+    if (!node->contains(part)) (*node)[part] = json::object();
+    node = &(*node)[part];
+    if (!node->is_object()) throw InputError("--set " + text + ": '" + walked + "' is not a section");
+    start = dot + 1;
+  }
+  origins.sets.emplace_back(key, text);
+}
+
+// Fills the keys whose default depends on others, then checks the rules between keys.
+void resolve_and_check(Config& c, const Origins& o) {
+  auto& m = c.model;
+  if (m.n_kv_head == 0) m.n_kv_head = m.n_head;
+  if (m.ffn_hidden == 0) {
+    // GPT-2: 4 C. Llama: 2/3 of 4 C (SwiGLU has three matrices), rounded up to a multiple of 256.
+    m.ffn_hidden = m.arch == "gpt2" ? 4 * m.d_model : (8 * m.d_model / 3 + 255) / 256 * 256;
+  }
+  if (m.d_model % m.n_head != 0) {
+    fail_rule(o, "model.n_head", "model.d_model", "must divide model.d_model (" + std::to_string(m.d_model) + "), got " +
+                                std::to_string(m.n_head));
+  }
+  if (m.n_kv_head > m.n_head || m.n_head % m.n_kv_head != 0) {
+    fail_rule(o, "model.n_kv_head", "model.n_head", "must divide model.n_head (" + std::to_string(m.n_head) + "), got " +
+                                   std::to_string(m.n_kv_head));
+  }
+  if (m.arch == "gpt2" && m.n_kv_head != m.n_head) {
+    fail_rule(o, "model.n_kv_head", "model.arch", "gpt2 has no grouped-query attention: must equal model.n_head (" +
+                                   std::to_string(m.n_head) + ") or be 0, got " + std::to_string(m.n_kv_head));
+  }
+  if (m.arch == "llama" && (m.d_model / m.n_head) % 2 != 0) {
+    fail_rule(o, "model.n_head", "model.d_model", "llama's rotary embeddings need an even head size (d_model / n_head), got " +
+                                std::to_string(m.d_model / m.n_head));
+  }
+  const auto& t = c.train;
+  if (t.global_batch_size % t.micro_batch_size != 0) {
+    fail_rule(o, "train.global_batch_size", "train.micro_batch_size", "must be a multiple of train.micro_batch_size (" +
+                                           std::to_string(t.micro_batch_size) + "), got " +
+                                           std::to_string(t.global_batch_size));
+  }
+  if (c.optim.min_lr > c.optim.lr) {
+    fail_rule(o, "optim.min_lr", "optim.lr", "must be <= optim.lr (" + format_number(c.optim.lr) + "), got " +
+                                format_number(c.optim.min_lr));
+  }
+  if (c.optim.warmup_steps > t.max_steps) {
+    fail_rule(o, "optim.warmup_steps", "train.max_steps", "must be <= train.max_steps (" + std::to_string(t.max_steps) + "), got " +
+                                      std::to_string(c.optim.warmup_steps));
+  }
+}
+
+Config from_json(const json& root, const Origins& origins) {
+  const auto& keys = known_keys();
+  for (const auto& [name, value] : root.items()) {
+    if (!keys.contains(name)) fail_unknown_key(origins, "", name);
+    if (!value.is_object()) fail(origins, name, "expected an object of keys, got " + shown(value));
+    for (const auto& [key, unused] : value.items()) {
+      const auto& section_keys = keys.at(name);
+      if (std::find(section_keys.begin(), section_keys.end(), key) == section_keys.end()) {
+        fail_unknown_key(origins, name, key);
+      }
+    }
+  }
+  Config config;
+  config.sections([&](const char* name, auto& section) {
+    if (const auto it = root.find(name); it != root.end()) {
+      const std::string section_name = name;
+      section.fields(SectionReader{*it, section_name, origins});
+    }
+  });
+  resolve_and_check(config, origins);
+  return config;
+}
+
+}  // namespace
+
+Config parse_config(const std::string& text, const std::string& origin, const std::vector<Override>& overrides) {
+  Origins origins{origin, {}};
+  json root = text.empty() ? json::object() : parse_strict(text, origin);
+  for (const auto& o : overrides) apply_override(root, o.text, origins);
+  return from_json(root, origins);
+}
+
+Config load_config(const std::string& path, const std::vector<Override>& overrides) {
+  if (path.empty()) return parse_config("", "(defaults)", overrides);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot open config file");
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw InputError(path + ": cannot read config file");
+  if (text.str().find_first_not_of(" \t\r\n") == std::string::npos) {
+    throw InputError(path + ": config file is empty (expected a JSON object)");
+  }
+  return parse_config(text.str(), path, overrides);
+}
+
+json to_json(const Config& config) {
+  json root = json::object();
+  Config c = config;  // fields() is shared with the reader and so takes a mutable section
+  c.sections([&](const char* name, auto& section) {
+    json object = json::object();
+    section.fields(SectionWriter{object});
+    root[name] = std::move(object);
+  });
+  return root;
+}
+
+std::int64_t grad_accum_steps(const Config& config, int world_size) {
+  const auto& t = config.train;
+  const std::int64_t per_micro_step = t.micro_batch_size * world_size;
+  if (t.global_batch_size % per_micro_step != 0) {
+    throw InputError("train.global_batch_size: must be a multiple of train.micro_batch_size x world size (" +
+                     std::to_string(t.micro_batch_size) + " x " + std::to_string(world_size) + " = " +
+                     std::to_string(per_micro_step) + "), got " + std::to_string(t.global_batch_size));
+  }
+  return t.global_batch_size / per_micro_step;
+}
+
+}  // namespace llmtrain::config

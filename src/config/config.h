@@ -1,0 +1,199 @@
+// The run configuration: typed structs with defaults, loaded strictly from JSON.
+//
+// Each section lists its keys once, in `fields()`, together with the range each value must lie
+// in; the strict reader, the writer of the resolved config and the documentation table in
+// configs/README.md all follow that one list.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace llmtrain::config {
+
+/// An integer in [min, max].
+struct IntRange {
+  std::int64_t min;
+  std::int64_t max = std::numeric_limits<std::int64_t>::max();
+};
+
+/// A number in the interval from min to max; each end open or closed.
+struct NumberRange {
+  double min;
+  double max = std::numeric_limits<double>::infinity();
+  bool min_open = false;
+  bool max_open = false;
+};
+inline constexpr NumberRange positive{0.0, std::numeric_limits<double>::infinity(), true, false};
+inline constexpr NumberRange non_negative{0.0};
+inline constexpr NumberRange unit_open_right{0.0, 1.0, false, true};  // [0, 1)
+
+/// A string from a fixed list.
+struct OneOf {
+  std::vector<std::string> values;
+};
+
+/// Any string (paths). A list of paths accepts a string or an array of strings.
+struct AnyString {};
+
+/// true or false.
+struct Boolean {};
+
+struct ModelConfig {
+  std::string arch = "gpt2";
+  std::int64_t vocab_size = 50257;
+  std::int64_t context_length = 1024;
+  std::int64_t n_layer = 12;
+  std::int64_t n_head = 12;
+  std::int64_t n_kv_head = 0;   // 0: same as n_head (resolved on load)
+  std::int64_t d_model = 768;
+  std::int64_t ffn_hidden = 0;  // 0: 4 * d_model (resolved on load)
+  std::string init_from;        // Hugging Face style safetensors file or folder; empty: random init
+
+  template <class Visitor>
+  void fields(Visitor&& v) {
+    v("arch", arch, OneOf{{"gpt2", "llama"}});
+    v("vocab_size", vocab_size, IntRange{1, std::int64_t{1} << 31});
+    v("context_length", context_length, IntRange{1, 1 << 20});
+    v("n_layer", n_layer, IntRange{1, 1024});
+    v("n_head", n_head, IntRange{1, 1024});
+    v("n_kv_head", n_kv_head, IntRange{0, 1024});
+    v("d_model", d_model, IntRange{1, 1 << 17});
+    v("ffn_hidden", ffn_hidden, IntRange{0, 1 << 20});
+    v("init_from", init_from, AnyString{});
+  }
+};
+
+struct DataConfig {
+  std::vector<std::string> train;  // paths or globs of token shard files
+  std::vector<std::string> val;
+  bool shuffle = true;
+  std::int64_t seed = 1234;
+
+  template <class Visitor>
+  void fields(Visitor&& v) {
+    v("train", train, AnyString{});
+    v("val", val, AnyString{});
+    v("shuffle", shuffle, Boolean{});
+    v("seed", seed, IntRange{0});
+  }
+};
+
+struct TrainConfig {
+  std::int64_t micro_batch_size = 4;   // sequences per rank per micro-step
+  std::int64_t global_batch_size = 8;  // sequences per optimizer update, all ranks together
+  std::int64_t max_steps = 1000;
+  double grad_clip = 1.0;  // max global gradient norm; 0 disables clipping
+  std::int64_t seed = 1337;
+  std::int64_t log_every = 10;
+  std::int64_t eval_every = 100;  // 0: no periodic validation
+  std::int64_t eval_batches = 20;
+  std::string precision = "fp32";
+
+  template <class Visitor>
+  void fields(Visitor&& v) {
+    v("micro_batch_size", micro_batch_size, IntRange{1});
+    v("global_batch_size", global_batch_size, IntRange{1});
+    v("max_steps", max_steps, IntRange{1});
+    v("grad_clip", grad_clip, non_negative);
+    v("seed", seed, IntRange{0});
+    v("log_every", log_every, IntRange{1});
+    v("eval_every", eval_every, IntRange{0});
+    v("eval_batches", eval_batches, IntRange{1});
+    v("precision", precision, OneOf{{"fp32", "bf16"}});
+  }
+};
+
+struct OptimConfig {
+  double lr = 6e-4;
+  double min_lr = 6e-5;
+  std::int64_t warmup_steps = 100;
+  std::string schedule = "cosine";
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+
+  template <class Visitor>
+  void fields(Visitor&& v) {
+    v("lr", lr, positive);
+    v("min_lr", min_lr, non_negative);
+    v("warmup_steps", warmup_steps, IntRange{0});
+    v("schedule", schedule, OneOf{{"cosine", "linear", "constant"}});
+    v("weight_decay", weight_decay, non_negative);
+    v("beta1", beta1, unit_open_right);
+    v("beta2", beta2, unit_open_right);
+    v("eps", eps, positive);
+  }
+};
+
+struct DistConfig {
+  std::int64_t zero_stage = 0;
+  double bucket_mb = 25.0;
+  double timeout_s = 600.0;
+
+  template <class Visitor>
+  void fields(Visitor&& v) {
+    v("zero_stage", zero_stage, IntRange{0, 2});
+    v("bucket_mb", bucket_mb, positive);
+    v("timeout_s", timeout_s, positive);
+  }
+};
+
+struct CheckpointConfig {
+  std::int64_t every = 1000;  // steps between checkpoints; 0: only at the end of the run
+  std::int64_t keep_last = 3;
+  std::string dir;  // empty: RUN_DIR/checkpoints
+
+  template <class Visitor>
+  void fields(Visitor&& v) {
+    v("every", every, IntRange{0});
+    v("keep_last", keep_last, IntRange{1});
+    v("dir", dir, AnyString{});
+  }
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  OptimConfig optim;
+  DistConfig dist;
+  CheckpointConfig checkpoint;
+
+  template <class Visitor>
+  void sections(Visitor&& v) {
+    v("model", model);
+    v("data", data);
+    v("train", train);
+    v("optim", optim);
+    v("dist", dist);
+    v("checkpoint", checkpoint);
+  }
+};
+
+/// One `--set KEY=VALUE` from the command line, as typed.
+struct Override {
+  std::string text;
+};
+
+/// Parses the file at `path` (empty: defaults only), applies `overrides` in order, reads every
+/// key strictly and checks the cross-field rules. Throws InputError naming the key path and
+/// where the bad value came from (the file, or the --set that gave it).
+Config load_config(const std::string& path, const std::vector<Override>& overrides = {});
+
+/// Same as load_config, from JSON text already in memory; `origin` names it in errors.
+Config parse_config(const std::string& text, const std::string& origin,
+                    const std::vector<Override>& overrides = {});
+
+/// The resolved config: every key, defaults filled in.
+nlohmann::json to_json(const Config& config);
+
+/// Checks that need the world size: global_batch_size divisible by micro_batch_size x world.
+/// Returns the number of gradient-accumulation micro-steps per update.
+std::int64_t grad_accum_steps(const Config& config, int world_size);
+
+}  // namespace llmtrain::config

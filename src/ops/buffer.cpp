@@ -1,0 +1,104 @@
+#include "ops/buffer.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "core/error.h"
+#if LLMTRAIN_HAVE_CUDA
+#include "kernels/runtime.h"
+#endif
+
+namespace llmtrain::ops {
+#if !LLMTRAIN_HAVE_CUDA
+namespace {
+
+[[noreturn]] void no_cuda() {
+  throw RuntimeError("this llmtrain was built without CUDA (configure with -DLLMTRAIN_CUDA=ON)");
+}
+
+}  // namespace
+#endif
+
+bool cuda_available(std::string* why_not) {
+#if LLMTRAIN_HAVE_CUDA
+  return cuda::device_available(why_not);
+#else
+  if (why_not) *why_not = "built without CUDA";
+  return false;
+#endif
+}
+
+Buffer::Buffer(Device device, std::size_t bytes) : bytes_(bytes), device_(device) {
+  if (bytes == 0) return;
+  if (device == Device::cpu) {
+    data_ = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!data_) throw std::bad_alloc();
+  } else {
+#if LLMTRAIN_HAVE_CUDA
+    data_ = cuda::device_malloc(bytes);
+#else
+    no_cuda();
+#endif
+  }
+}
+
+Buffer::~Buffer() { release(); }
+
+Buffer::Buffer(Buffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)), device_(other.device_) {}
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    release();
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    device_ = other.device_;
+  }
+  return *this;
+}
+
+void Buffer::release() noexcept {
+  if (!data_) return;
+  if (device_ == Device::cpu) {
+    std::free(data_);
+  } else {
+#if LLMTRAIN_HAVE_CUDA
+    cuda::device_free(data_);
+#endif
+  }
+  data_ = nullptr;
+}
+
+Tensor Buffer::view(DType dtype, std::initializer_list<std::int64_t> shape) const {
+  Tensor t(data_, dtype, device_, shape);
+  if (t.bytes() > bytes_) {
+    throw RuntimeError("Buffer::view: " + t.describe() + " does not fit in " + std::to_string(bytes_) + " bytes");
+  }
+  return t;
+}
+
+void copy(const Tensor& dst, const Tensor& src) {
+  if (dst.dtype != src.dtype || dst.numel() != src.numel()) {
+    throw RuntimeError("ops::copy: " + dst.describe() + " <- " + src.describe());
+  }
+  const std::size_t n = src.bytes();
+  if (dst.device == Device::cpu && src.device == Device::cpu) {
+    std::memmove(dst.data, src.data, n);
+    return;
+  }
+#if LLMTRAIN_HAVE_CUDA
+  if (dst.device == Device::cuda && src.device == Device::cpu) {
+    cuda::copy_to_device(dst.data, src.data, n);
+  } else if (dst.device == Device::cpu && src.device == Device::cuda) {
+    cuda::copy_to_host(dst.data, src.data, n);
+  } else {
+    throw RuntimeError("ops::copy: device to device copies are not supported yet");
+  }
+#else
+  no_cuda();
+#endif
+}
+
+}  // namespace llmtrain::ops

@@ -1,0 +1,43 @@
+// Owned memory on one device, and copies between devices.
+#pragma once
+
+#include <cstddef>
+#include <initializer_list>
+
+#include "core/tensor.h"
+
+namespace llmtrain::ops {
+
+/// True when this binary has the CUDA backend and a device is usable; `why_not` gets the reason.
+bool cuda_available(std::string* why_not = nullptr);
+
+/// Move-only owner of `bytes` bytes on `device` (CPU memory is 64-byte aligned).
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Device device, std::size_t bytes);
+  ~Buffer();
+  Buffer(Buffer&& other) noexcept;
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+
+  /// A view of the start of the buffer with this type and shape (checked to fit).
+  Tensor view(DType dtype, std::initializer_list<std::int64_t> shape) const;
+
+ private:
+  void release() noexcept;
+
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  Device device_ = Device::cpu;
+};
+
+/// dst = src, between any two devices; same dtype and element count.
+void copy(const Tensor& dst, const Tensor& src);
+
+}  // namespace llmtrain::ops

@@ -1,0 +1,196 @@
+// Strict config loading: every bad input names its key path and where it came from.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "catch_compat.h"
+#include "config/config.h"
+#include "core/error.h"
+
+using namespace llmtrain;
+using config::Override;
+
+namespace {
+
+// The InputError message that loading `text` (with `sets`) throws; fails the test if none.
+std::string load_error(const std::string& text, std::vector<std::string> sets = {}) {
+  std::vector<Override> overrides;
+  for (auto& s : sets) overrides.push_back({s});
+  try {
+    config::parse_config(text, "test.json", overrides);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  FAIL("no error for config: " << text);
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("bad configs are rejected with the key path and the reason", "[config]") {
+  struct Case {
+    const char* json;
+    std::vector<std::string> sets;
+    const char* expected;  // the whole message, or a part of it
+  };
+  const std::vector<Case> cases = {
+      // unknown keys and sections, with suggestions
+      {R"({"model": {"n_layers": 2}})", {}, "model.n_layers: unknown key; did you mean 'model.n_layer'? (in test.json)"},
+      {R"({"modle": {}})", {}, "modle: unknown section; did you mean 'model'?"},
+      {R"({"train": {"lr": 0.1}})", {}, "train.lr: unknown key; did you mean 'optim.lr'?"},
+      {R"({"optim": {"learning_rate": 0.1}})", {}, "optim.learning_rate: unknown key (in test.json)"},
+      // wrong types
+      {R"({"model": {"n_layer": "two"}})", {}, R"(model.n_layer: expected an integer from 1 to 1024, got "two")"},
+      {R"({"model": {"n_layer": 2.5}})", {}, "model.n_layer: expected an integer from 1 to 1024, got 2.5"},
+      {R"({"model": {"n_layer": true}})", {}, "model.n_layer: expected an integer from 1 to 1024, got true"},
+      {R"({"optim": {"lr": "fast"}})", {}, R"(optim.lr: expected a number > 0, got "fast")"},
+      {R"({"data": {"shuffle": "yes"}})", {}, R"(data.shuffle: expected true or false, got "yes")"},
+      {R"({"data": {"train": 3}})", {}, "data.train: expected a path or a list of paths, got 3"},
+      {R"({"data": {"train": ["a.bin", 1]}})", {}, "data.train: expected a path or a list of paths"},
+      {R"({"model": {"init_from": null}})", {}, "model.init_from: expected a string, got null"},
+      {R"({"model": 5})", {}, "model: expected an object of keys, got 5"},
+      // out of range
+      {R"({"optim": {"lr": -1}})", {}, "optim.lr: expected a number > 0, got -1 (in test.json)"},
+      {R"({"optim": {"eps": 0}})", {}, "optim.eps: expected a number > 0, got 0"},
+      {R"({"optim": {"beta1": 1.0}})", {}, "optim.beta1: expected a number in [0, 1), got 1.0"},
+      {R"({"optim": {"beta2": -0.1}})", {}, "optim.beta2: expected a number in [0, 1), got -0.1"},
+      {R"({"train": {"grad_clip": -1}})", {}, "train.grad_clip: expected a number >= 0, got -1"},
+      {R"({"model": {"n_layer": 0}})", {}, "model.n_layer: expected an integer from 1 to 1024, got 0"},
+      {R"({"dist": {"zero_stage": 3}})", {}, "dist.zero_stage: expected an integer from 0 to 2, got 3"},
+      {R"({"train": {"max_steps": 18446744073709551615}})", {}, "train.max_steps: expected an integer >= 1"},
+      {R"({"model": {"arch": "gtp2"}})", {}, R"(model.arch: expected one of "gpt2", "llama", got "gtp2"; did you mean "gpt2"?)"},
+      {R"({"train": {"precision": "fp16"}})", {}, R"(train.precision: expected one of "fp32", "bf16", got "fp16")"},
+      // rules between keys
+      {R"({"model": {"d_model": 100, "n_head": 3}})", {}, "model.n_head: must divide model.d_model (100), got 3"},
+      {R"({"model": {"arch": "llama", "n_head": 8, "n_kv_head": 3, "d_model": 64}})", {}, "model.n_kv_head: must divide model.n_head (8), got 3"},
+      {R"({"model": {"n_head": 8, "n_kv_head": 2, "d_model": 64}})", {}, "model.n_kv_head: gpt2 has no grouped-query attention"},
+      {R"({"train": {"micro_batch_size": 4, "global_batch_size": 6}})", {}, "train.global_batch_size: must be a multiple of train.micro_batch_size (4), got 6"},
+      {R"({"optim": {"lr": 1e-4, "min_lr": 1e-3}})", {}, "optim.min_lr: must be <= optim.lr"},
+      {R"({"train": {"max_steps": 10}, "optim": {"warmup_steps": 20}})", {}, "optim.warmup_steps: must be <= train.max_steps (10), got 20"},
+      // malformed JSON: line and column
+      {"{\n  \"model\": {\n    \"n_layer\": 2,\n  }\n}", {}, "test.json:4:3: malformed JSON"},
+      {"{\"model\": {\"n_layer\": 2}", {}, "test.json:1:25: malformed JSON"},
+      {R"([1, 2])", {}, "test.json: expected a JSON object at the top level"},
+      {R"({"model": {"n_layer": 2, "n_layer": 3}})", {}, "model.n_layer: duplicate key (in test.json)"},
+      // --set overrides
+      {"{}", {"model.n_layes=2"}, "model.n_layes: unknown key; did you mean 'model.n_layer'? (from --set model.n_layes=2)"},
+      {"{}", {"optim.lr=abc"}, R"(optim.lr: expected a number > 0, got "abc" (from --set optim.lr=abc))"},
+      {"{}", {"optim.lr=-0.5"}, "optim.lr: expected a number > 0, got -0.5 (from --set optim.lr=-0.5)"},
+      {"{}", {"model.n_layer"}, "--set model.n_layer: expected KEY=VALUE"},
+      {"{}", {"=3"}, "--set =3: expected KEY=VALUE"},
+      {"{}", {"model..n_layer=2"}, "--set model..n_layer=2: empty segment in key path"},
+      {"{}", {"model=3", "model.n_layer=2"}, "--set model.n_layer=2: 'model' is not a section"},
+      {R"({"train": {"max_steps": 10}})", {"optim.warmup_steps=20"}, "optim.warmup_steps: must be <= train.max_steps (10), got 20 (from --set optim.warmup_steps=20)"},
+      {R"({"optim": {"warmup_steps": 20}})", {"train.max_steps=10"}, "optim.warmup_steps: must be <= train.max_steps (10), got 20 (from --set train.max_steps=10)"},
+      {R"({"optim": {"lr": -1}})", {"optim.lr=0.01"}, ""},  // a --set fixes a bad file value: no error
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.json);
+    if (*c.expected == '\0') {
+      std::vector<Override> overrides;
+      for (const auto& s : c.sets) overrides.push_back({s});
+      CHECK_NOTHROW(config::parse_config(c.json, "test.json", overrides));
+      continue;
+    }
+    const std::string message = load_error(c.json, c.sets);
+    CAPTURE(message);
+    CHECK(message.find(c.expected) != std::string::npos);
+    CHECK(message.find('\n') == std::string::npos);
+  }
+}
+
+TEST_CASE("files that cannot be read are input errors naming the file", "[config]") {
+  const auto missing = std::filesystem::temp_directory_path() / "llmtrain-no-such-config.json";
+  try {
+    config::load_config(missing.string());
+    FAIL("no error");
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()) == missing.string() + ": cannot open config file");
+  }
+  const auto empty = std::filesystem::temp_directory_path() / "llmtrain-empty-config.json";
+  std::ofstream(empty) << "  \n";
+  try {
+    config::load_config(empty.string());
+    FAIL("no error");
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()).find("config file is empty") != std::string::npos);
+  }
+  std::filesystem::remove(empty);
+}
+
+TEST_CASE("defaults, derived keys and overrides resolve as documented", "[config]") {
+  const config::Config d = config::parse_config("{}", "test.json");
+  CHECK(d.model.arch == "gpt2");
+  CHECK(d.model.n_kv_head == d.model.n_head);      // 0 -> n_head
+  CHECK(d.model.ffn_hidden == 4 * d.model.d_model);  // 0 -> 4 C for gpt2
+
+  const config::Config llama =
+      config::parse_config(R"({"model": {"arch": "llama", "d_model": 512, "n_head": 8, "n_kv_head": 2}})", "t");
+  CHECK(llama.model.ffn_hidden == 1536);  // 8 * 512 / 3 = 1365.3 -> next multiple of 256
+  CHECK(llama.model.n_kv_head == 2);
+
+  const config::Config o = config::parse_config(
+      R"({"model": {"n_layer": 4}})", "t",
+      {{"model.n_layer=2"}, {"data.train=data/train_*.bin"}, {"train.precision=bf16"}, {"optim.lr=1e3"}});
+  CHECK(o.model.n_layer == 2);  // later sources win
+  REQUIRE(o.data.train.size() == 1);
+  CHECK(o.data.train[0] == "data/train_*.bin");  // not JSON, so taken as a string
+  CHECK(o.train.precision == "bf16");
+  CHECK(o.optim.lr == 1000.0);
+
+  const config::Config list = config::parse_config(R"({"data": {"train": ["a.bin", "b.bin"]}})", "t");
+  CHECK(list.data.train == std::vector<std::string>{"a.bin", "b.bin"});
+  CHECK(config::parse_config(R"({"train": {"max_steps": 2e3}})", "t").train.max_steps == 2000);
+}
+
+TEST_CASE("the resolved config reads back to itself", "[config]") {
+  const config::Config c = config::parse_config(
+      R"({"model": {"n_layer": 3, "d_model": 96, "n_head": 4}, "data": {"train": ["x", "y"], "val": "v"}})", "t");
+  const nlohmann::json once = config::to_json(c);
+  const nlohmann::json twice = config::to_json(config::parse_config(once.dump(), "resolved"));
+  CHECK(once == twice);
+  CHECK(once["model"]["ffn_hidden"] == 384);
+  CHECK(once["data"]["val"] == "v");
+  CHECK(once.size() == 6);
+}
+
+TEST_CASE("grad_accum_steps needs global batch divisible by micro batch x world size", "[config]") {
+  const config::Config c =
+      config::parse_config(R"({"train": {"micro_batch_size": 2, "global_batch_size": 16}})", "t");
+  CHECK(config::grad_accum_steps(c, 1) == 8);
+  CHECK(config::grad_accum_steps(c, 2) == 4);
+  CHECK(config::grad_accum_steps(c, 8) == 1);
+  try {
+    config::grad_accum_steps(c, 3);
+    FAIL("no error");
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()) ==
+          "train.global_batch_size: must be a multiple of train.micro_batch_size x world size (2 x 3 = 6), got 16");
+  }
+}
+
+TEST_CASE("every config shipped in configs/ is valid", "[config]") {
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(LLMTRAIN_SOURCE_DIR "/configs")) {
+    if (entry.path().extension() != ".json") continue;
+    CAPTURE(entry.path().string());
+    CHECK_NOTHROW(config::load_config(entry.path().string()));
+    ++count;
+  }
+  CHECK(count >= 3);
+}
+
+TEST_CASE("the GPT-2 configs have GPT-2's shapes", "[config]") {
+  const auto small = config::load_config(LLMTRAIN_SOURCE_DIR "/configs/gpt2-124m.json");
+  CHECK(small.model.n_layer == 12);
+  CHECK(small.model.n_head == 12);
+  CHECK(small.model.d_model == 768);
+  CHECK(small.model.context_length == 1024);
+  CHECK(small.model.vocab_size == 50257);
+  const auto medium = config::load_config(LLMTRAIN_SOURCE_DIR "/configs/gpt2-350m.json");
+  CHECK(medium.model.n_layer == 24);
+  CHECK(medium.model.n_head == 16);
+  CHECK(medium.model.d_model == 1024);
+}
