@@ -11,7 +11,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libopenblas-dev libpcre2-dev zlib1g-dev
   python3 python3-numpy
-  fortunes-min
+  fortunes
 )
 # Optional: PyTorch for golden files and the CPU benchmark (`scripts/setup.sh --with-torch`).
 if [[ "${1:-}" == "--with-torch" ]]; then

@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
   const std::vector<llmtrain::cli::Command> commands = {
       llmtrain::cli::add_info_command(app),
       llmtrain::cli::add_check_config_command(app),
+      llmtrain::cli::add_tokenize_command(app),
   };
 
   // CLI11 would only say "A subcommand is required" for a misspelt one.

@@ -1,0 +1,33 @@
+// llmtrain tokenize: text files -> train/val token shards.
+#include <cstdio>
+#include <memory>
+
+#include "cli/commands.h"
+#include "data/tokenize_files.h"
+
+namespace llmtrain::cli {
+
+Command add_tokenize_command(CLI::App& parent) {
+  auto options = std::make_shared<data::TokenizeOptions>();
+  CLI::App* app = parent.add_subcommand("tokenize", "Turn text files into train and val token shards");
+  app->add_option("--input", options->inputs, "Text files; each is one document")->required()->check(CLI::ExistingFile);
+  app->add_option("--output", options->output_dir, "Folder for the shards and the tokenizer files")->required();
+  app->add_option("--tokenizer", options->tokenizer, "byte | gpt2:DIR (encoder.json + vocab.bpe) | bpe:VOCAB_SIZE (trained here)")
+      ->capture_default_str();
+  app->add_option("--val-fraction", options->val_fraction, "Fraction of the tokens (the last ones) kept for validation")
+      ->capture_default_str();
+  app->add_option("--shard-tokens", options->shard_tokens, "Tokens per shard file")->capture_default_str();
+  app->add_option("--threads", options->threads, "Encoding threads (0: one per hardware thread)")->capture_default_str();
+  app->add_flag("--force", options->force, "Replace shards already in the output folder");
+
+  return {app, [options] {
+            const data::TokenizeReport r = data::tokenize_files(*options);
+            std::printf("tokenize: %.2f MB -> %lld train + %lld val tokens (vocab %u) in %zu shard(s) in %s, %.2f s (%.1f MB/s)\n",
+                        double(r.bytes) / 1e6, static_cast<long long>(r.train_tokens),
+                        static_cast<long long>(r.val_tokens), r.vocab_size, r.shards.size(),
+                        options->output_dir.c_str(), r.seconds, double(r.bytes) / 1e6 / std::max(r.seconds, 1e-9));
+            return 0;
+          }};
+}
+
+}  // namespace llmtrain::cli

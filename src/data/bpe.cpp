@@ -1,0 +1,350 @@
+// Byte-level BPE as GPT-2 defines it: files, encoding and training.
+//
+// Tokens are kept as raw bytes in memory. GPT-2's files spell each byte as a printable Unicode
+// character (bytes_to_unicode below), so they are translated on read and write.
+#include <algorithm>
+#include <array>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <unordered_map>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "data/tokenizer.h"
+
+namespace llmtrain::data {
+namespace {
+
+// GPT-2's byte <-> character table: printable Latin-1 bytes stand for themselves, the other 68
+// bytes map to code points 256, 257, ... in byte order. byte_order lists bytes in the order of
+// GPT-2's first 256 token ids (printable ones first).
+struct ByteTable {
+  std::array<std::uint32_t, 256> code_point{};
+  std::array<std::uint8_t, 256> byte_order{};
+  std::unordered_map<std::uint32_t, std::uint8_t> byte_of;
+
+  ByteTable() {
+    const auto printable = [](int b) { return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE); };
+    int next = 0, extra = 0;
+    for (int b = 0; b < 256; ++b) {
+      if (printable(b)) byte_order[next++] = std::uint8_t(b);
+    }
+    for (int b = 0; b < 256; ++b) {
+      if (!printable(b)) byte_order[next++] = std::uint8_t(b);
+      code_point[b] = printable(b) ? std::uint32_t(b) : std::uint32_t(256 + extra++);
+      byte_of[code_point[b]] = std::uint8_t(b);
+    }
+  }
+};
+
+const ByteTable& byte_table() {
+  static const ByteTable table;
+  return table;
+}
+
+std::string bytes_to_unicode(std::string_view bytes) {
+  std::string out;
+  for (const unsigned char b : bytes) {
+    const std::uint32_t cp = byte_table().code_point[b];
+    if (cp < 0x80) {
+      out.push_back(char(cp));
+    } else {  // all code points here are below 0x800: two UTF-8 bytes
+      out.push_back(char(0xC0 | (cp >> 6)));
+      out.push_back(char(0x80 | (cp & 0x3F)));
+    }
+  }
+  return out;
+}
+
+// Returns false when `text` has a character outside the byte table.
+bool unicode_to_bytes(std::string_view text, std::string& out) {
+  out.clear();
+  for (std::size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    std::uint32_t cp;
+    if (c < 0x80) {
+      cp = c;
+      i += 1;
+    } else if ((c & 0xE0) == 0xC0 && i + 1 < text.size()) {
+      cp = (std::uint32_t(c & 0x1F) << 6) | (static_cast<unsigned char>(text[i + 1]) & 0x3F);
+      i += 2;
+    } else {
+      return false;
+    }
+    const auto it = byte_table().byte_of.find(cp);
+    if (it == byte_table().byte_of.end()) return false;
+    out.push_back(char(it->second));
+  }
+  return true;
+}
+
+constexpr std::string_view eot_text = "<|endoftext|>";
+
+std::uint64_t pair_key(std::uint32_t a, std::uint32_t b) { return (std::uint64_t(a) << 32) | b; }
+
+class BpeTokenizer final : public Tokenizer {
+ public:
+  explicit BpeTokenizer(BpeVocabulary vocab) : vocab_(std::move(vocab)) {
+    std::unordered_map<std::string, std::uint32_t> id_of;
+    for (std::uint32_t id = 0; id < vocab_.tokens.size(); ++id) id_of.emplace(vocab_.tokens[id], id);
+    for (int b = 0; b < 256; ++b) {
+      const auto it = id_of.find(std::string(1, char(b)));
+      if (it == id_of.end()) throw InputError("BPE vocabulary has no token for byte " + std::to_string(b));
+      byte_id_[b] = it->second;
+    }
+    for (std::uint32_t rank = 0; rank < vocab_.merges.size(); ++rank) {
+      const auto [a, b] = vocab_.merges[rank];
+      const auto merged = id_of.find(vocab_.tokens[a] + vocab_.tokens[b]);
+      if (merged == id_of.end()) throw InputError("BPE merge " + std::to_string(rank) + " makes no known token");
+      merges_.emplace(pair_key(a, b), Merge{rank, merged->second});
+    }
+  }
+
+  std::string kind() const override { return "gpt2"; }
+  std::uint32_t vocab_size() const override { return std::uint32_t(vocab_.tokens.size()); }
+  std::optional<std::uint32_t> eot_token() const override { return vocab_.eot; }
+  std::string_view token_bytes(std::uint32_t token) const override { return vocab_.tokens.at(token); }
+  const BpeVocabulary* bpe_vocabulary() const override { return &vocab_; }
+
+  void encode(std::string_view text, std::vector<std::uint32_t>& out) const override {
+    // Pieces repeat a lot in text ("the", " and"): a per-thread cache skips their merges.
+    thread_local struct {
+      const void* owner = nullptr;
+      std::unordered_map<std::string, std::vector<std::uint32_t>> tokens;
+    } cache;
+    if (cache.owner != this || cache.tokens.size() > (1u << 20)) {
+      cache.tokens.clear();
+      cache.owner = this;
+    }
+    thread_local std::vector<std::string_view> pieces;
+    pieces.clear();
+    pretokenize(text, pieces);
+    for (const auto piece : pieces) {
+      const std::string key(piece);
+      auto it = cache.tokens.find(key);
+      if (it == cache.tokens.end()) it = cache.tokens.emplace(key, merge_piece(piece)).first;
+      out.insert(out.end(), it->second.begin(), it->second.end());
+    }
+  }
+
+ private:
+  struct Merge {
+    std::uint32_t rank;
+    std::uint32_t result;
+  };
+
+  // Applies merges to the bytes of one piece, lowest rank first, each rank left to right.
+  std::vector<std::uint32_t> merge_piece(std::string_view piece) const {
+    std::vector<std::uint32_t> symbols;
+    symbols.reserve(piece.size());
+    for (const unsigned char c : piece) symbols.push_back(byte_id_[c]);
+    while (symbols.size() > 1) {
+      const Merge* best = nullptr;
+      std::uint64_t best_pair = 0;
+      for (std::size_t i = 0; i + 1 < symbols.size(); ++i) {
+        const auto it = merges_.find(pair_key(symbols[i], symbols[i + 1]));
+        if (it != merges_.end() && (!best || it->second.rank < best->rank)) {
+          best = &it->second;
+          best_pair = it->first;
+        }
+      }
+      if (!best) break;
+      std::size_t write = 0;
+      for (std::size_t i = 0; i < symbols.size(); ++write) {
+        if (i + 1 < symbols.size() && pair_key(symbols[i], symbols[i + 1]) == best_pair) {
+          symbols[write] = best->result;
+          i += 2;
+        } else {
+          symbols[write] = symbols[i];
+          i += 1;
+        }
+      }
+      symbols.resize(write);
+    }
+    return symbols;
+  }
+
+  BpeVocabulary vocab_;
+  std::array<std::uint32_t, 256> byte_id_{};
+  std::unordered_map<std::uint64_t, Merge> merges_;
+};
+
+}  // namespace
+
+BpeVocabulary read_bpe_files(const std::string& dir) {
+  const std::string encoder_path = dir + "/encoder.json";
+  const std::string merges_path = dir + "/vocab.bpe";
+  std::ifstream encoder_file(encoder_path);
+  if (!encoder_file) throw InputError(encoder_path + ": cannot open (expected GPT-2's encoder.json)");
+  nlohmann::json encoder;
+  try {
+    encoder = nlohmann::json::parse(encoder_file);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(encoder_path + ": not valid JSON: " + e.what());
+  }
+  if (!encoder.is_object() || encoder.empty()) throw InputError(encoder_path + ": expected an object of token -> id");
+
+  BpeVocabulary vocab;
+  vocab.tokens.resize(encoder.size());
+  std::vector<bool> seen(encoder.size(), false);
+  std::string bytes;
+  for (const auto& [text, id_json] : encoder.items()) {
+    if (!id_json.is_number_unsigned() || id_json.get<std::uint64_t>() >= encoder.size()) {
+      throw InputError(encoder_path + ": token \"" + text + "\": id must be an integer below " +
+                       std::to_string(encoder.size()));
+    }
+    const auto id = id_json.get<std::uint32_t>();
+    if (seen[id]) throw InputError(encoder_path + ": id " + std::to_string(id) + " is used twice");
+    seen[id] = true;
+    if (text == eot_text) {
+      vocab.eot = id;
+      bytes = text;
+    } else if (!unicode_to_bytes(text, bytes)) {
+      throw InputError(encoder_path + ": token \"" + text + "\" is not in GPT-2's byte-to-character form");
+    }
+    vocab.tokens[id] = bytes;
+  }
+
+  std::ifstream merges_file(merges_path);
+  if (!merges_file) throw InputError(merges_path + ": cannot open (expected GPT-2's vocab.bpe)");
+  std::unordered_map<std::string, std::uint32_t> id_of;
+  for (std::uint32_t id = 0; id < vocab.tokens.size(); ++id) {
+    if (!(vocab.eot && *vocab.eot == id)) id_of.emplace(vocab.tokens[id], id);
+  }
+  std::string line, left, right;
+  for (std::size_t number = 1; std::getline(merges_file, line); ++number) {
+    if (line.starts_with("#version") || line.empty()) continue;
+    const auto space = line.find(' ');
+    const auto merge_at = merges_path + ":" + std::to_string(number);
+    if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos) {
+      throw InputError(merge_at + ": expected two tokens separated by one space");
+    }
+    if (!unicode_to_bytes(std::string_view(line).substr(0, space), left) ||
+        !unicode_to_bytes(std::string_view(line).substr(space + 1), right)) {
+      throw InputError(merge_at + ": not in GPT-2's byte-to-character form");
+    }
+    const auto a = id_of.find(left), b = id_of.find(right), ab = id_of.find(left + right);
+    if (a == id_of.end() || b == id_of.end() || ab == id_of.end()) {
+      throw InputError(merge_at + ": merge of tokens that encoder.json does not have");
+    }
+    vocab.merges.emplace_back(a->second, b->second);
+  }
+  return vocab;
+}
+
+void save_bpe_files(const BpeVocabulary& vocab, const std::string& dir) {
+  nlohmann::ordered_json encoder = nlohmann::ordered_json::object();
+  for (std::uint32_t id = 0; id < vocab.tokens.size(); ++id) {
+    encoder[vocab.eot && *vocab.eot == id ? std::string(eot_text) : bytes_to_unicode(vocab.tokens[id])] = id;
+  }
+  std::ofstream encoder_file(dir + "/encoder.json");
+  encoder_file << encoder.dump();
+  std::ofstream merges_file(dir + "/vocab.bpe");
+  merges_file << "#version: 0.2\n";
+  for (const auto& [a, b] : vocab.merges) {
+    merges_file << bytes_to_unicode(vocab.tokens[a]) << ' ' << bytes_to_unicode(vocab.tokens[b]) << '\n';
+  }
+  if (!encoder_file || !merges_file) throw RuntimeError(dir + ": cannot write encoder.json / vocab.bpe");
+}
+
+std::unique_ptr<Tokenizer> make_bpe_tokenizer(BpeVocabulary vocab) {
+  return std::make_unique<BpeTokenizer>(std::move(vocab));
+}
+
+BpeVocabulary train_bpe(const std::vector<std::string_view>& documents, std::uint32_t vocab_size) {
+  if (vocab_size < 257) throw InputError("bpe:" + std::to_string(vocab_size) + ": needs at least 257 tokens (256 bytes + end of text)");
+  BpeVocabulary vocab;
+  std::array<std::uint32_t, 256> byte_id{};
+  for (int i = 0; i < 256; ++i) {
+    byte_id[byte_table().byte_order[i]] = std::uint32_t(i);
+    vocab.tokens.emplace_back(1, char(byte_table().byte_order[i]));
+  }
+
+  // Distinct pieces with their counts: merges never cross a piece boundary.
+  std::unordered_map<std::string_view, std::int64_t> piece_count;
+  std::vector<std::string_view> pieces;
+  for (const auto document : documents) {
+    pieces.clear();
+    pretokenize(document, pieces);
+    for (const auto p : pieces) ++piece_count[p];
+  }
+  struct Word {
+    std::vector<std::uint32_t> symbols;
+    std::int64_t count;
+  };
+  std::vector<Word> words;
+  words.reserve(piece_count.size());
+  for (const auto& [piece, count] : piece_count) {
+    Word w{{}, count};
+    for (const unsigned char c : piece) w.symbols.push_back(byte_id[c]);
+    words.push_back(std::move(w));
+  }
+
+  // Pair counts over all words, and which words may hold each pair (may be stale: rechecked).
+  std::unordered_map<std::uint64_t, std::int64_t> pair_count;
+  std::unordered_map<std::uint64_t, std::vector<std::uint32_t>> pair_words;
+  const auto add_pairs = [&](std::uint32_t w, std::int64_t sign) {
+    const auto& s = words[w].symbols;
+    for (std::size_t i = 0; i + 1 < s.size(); ++i) {
+      const auto key = pair_key(s[i], s[i + 1]);
+      pair_count[key] += sign * words[w].count;
+      if (sign > 0) pair_words[key].push_back(w);
+    }
+  };
+  for (std::uint32_t w = 0; w < words.size(); ++w) add_pairs(w, +1);
+
+  std::vector<std::uint32_t> visited(words.size(), 0);
+  const std::uint32_t merges_wanted = vocab_size - 257;
+  for (std::uint32_t merge = 1; merge <= merges_wanted; ++merge) {
+    std::uint64_t best = 0;
+    std::int64_t best_count = 0;
+    for (const auto& [key, count] : pair_count) {
+      if (count <= 0) continue;
+      if (count > best_count) {
+        best = key;
+        best_count = count;
+      } else if (count == best_count) {  // tie: the smaller (left bytes, right bytes)
+        const auto& t = vocab.tokens;
+        const auto candidate = std::tie(t[key >> 32], t[key & 0xFFFFFFFF]);
+        if (candidate < std::tie(t[best >> 32], t[best & 0xFFFFFFFF])) best = key;
+      }
+    }
+    if (best_count == 0) break;
+    const auto a = std::uint32_t(best >> 32), b = std::uint32_t(best & 0xFFFFFFFF);
+    const auto merged = std::uint32_t(vocab.tokens.size());
+    vocab.tokens.push_back(vocab.tokens[a] + vocab.tokens[b]);
+    vocab.merges.emplace_back(a, b);
+
+    const std::vector<std::uint32_t> candidates = std::move(pair_words[best]);
+    pair_words.erase(best);
+    for (const auto w : candidates) {
+      if (visited[w] == merge) continue;
+      visited[w] = merge;
+      auto& s = words[w].symbols;
+      bool has_pair = false;
+      for (std::size_t i = 0; i + 1 < s.size() && !has_pair; ++i) has_pair = s[i] == a && s[i + 1] == b;
+      if (!has_pair) continue;
+      add_pairs(w, -1);
+      std::size_t write = 0;
+      for (std::size_t i = 0; i < s.size(); ++write) {
+        if (i + 1 < s.size() && s[i] == a && s[i + 1] == b) {
+          s[write] = merged;
+          i += 2;
+        } else {
+          s[write] = s[i];
+          i += 1;
+        }
+      }
+      s.resize(write);
+      add_pairs(w, +1);
+    }
+    pair_count.erase(best);
+  }
+  vocab.eot = std::uint32_t(vocab.tokens.size());
+  vocab.tokens.emplace_back(eot_text);
+  return vocab;
+}
+
+}  // namespace llmtrain::data

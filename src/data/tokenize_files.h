@@ -1,0 +1,35 @@
+// llmtrain tokenize: text files in, train and val token shards (and the tokenizer) out.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace llmtrain::data {
+
+struct TokenizeOptions {
+  std::vector<std::string> inputs;  // each file is one document
+  std::string output_dir;
+  std::string tokenizer = "byte";   // byte | gpt2:DIR | bpe:VOCAB_SIZE
+  double val_fraction = 0.1;        // the last this fraction of the token stream is validation data
+  std::int64_t shard_tokens = 100'000'000;
+  int threads = 0;                  // 0: one per hardware thread
+  bool force = false;               // replace shards already in output_dir
+  bool progress = true;             // progress lines on stderr for long inputs
+};
+
+struct TokenizeReport {
+  std::int64_t bytes = 0;
+  std::int64_t train_tokens = 0;
+  std::int64_t val_tokens = 0;
+  std::vector<std::string> shards;
+  std::uint32_t vocab_size = 0;
+  double seconds = 0;
+};
+
+/// Encodes every input (preceded by the end-of-text token where the tokenizer has one), splits
+/// the token stream into train and val, writes the shards and DIR/tokenizer.json.
+/// InputError for unreadable inputs, a bad tokenizer spec, or existing shards without `force`.
+TokenizeReport tokenize_files(const TokenizeOptions& options);
+
+}  // namespace llmtrain::data

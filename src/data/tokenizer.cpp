@@ -1,0 +1,77 @@
+#include "data/tokenizer.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace llmtrain::data {
+namespace {
+
+class ByteTokenizer final : public Tokenizer {
+ public:
+  ByteTokenizer() {
+    for (int b = 0; b < 256; ++b) bytes_[b] = char(b);
+  }
+  std::string kind() const override { return "byte"; }
+  std::uint32_t vocab_size() const override { return 256; }
+  std::optional<std::uint32_t> eot_token() const override { return std::nullopt; }
+  void encode(std::string_view text, std::vector<std::uint32_t>& out) const override {
+    for (const unsigned char c : text) out.push_back(c);
+  }
+  std::string_view token_bytes(std::uint32_t token) const override {
+    if (token >= 256) throw RuntimeError("byte tokenizer: token " + std::to_string(token) + " is not a byte");
+    return std::string_view(&bytes_[token], 1);
+  }
+
+ private:
+  char bytes_[256];
+};
+
+}  // namespace
+
+std::string Tokenizer::decode(std::span<const std::uint32_t> tokens) const {
+  std::string text;
+  for (const auto t : tokens) text += token_bytes(t);
+  return text;
+}
+
+std::unique_ptr<Tokenizer> make_byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
+
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec) {
+  if (spec == "byte") return make_byte_tokenizer();
+  if (spec.starts_with("gpt2:")) return make_bpe_tokenizer(read_bpe_files(spec.substr(5)));
+  throw InputError("--tokenizer " + spec + ": expected byte, gpt2:DIR or bpe:VOCAB_SIZE");
+}
+
+void save_tokenizer(const Tokenizer& tokenizer, const std::string& dir) {
+  nlohmann::json record = {{"kind", tokenizer.kind()}, {"vocab_size", tokenizer.vocab_size()}};
+  record["eot_token"] = tokenizer.eot_token() ? nlohmann::json(*tokenizer.eot_token()) : nlohmann::json(nullptr);
+  if (const BpeVocabulary* vocab = tokenizer.bpe_vocabulary()) {
+    save_bpe_files(*vocab, dir);
+    record["files"] = {"encoder.json", "vocab.bpe"};
+  }
+  std::ofstream out(dir + "/tokenizer.json");
+  out << record.dump(2) << "\n";
+  if (!out) throw RuntimeError(dir + "/tokenizer.json: cannot write");
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
+  const std::string path = dir + "/tokenizer.json";
+  std::ifstream in(path);
+  if (!in) throw InputError(path + ": cannot open (written by llmtrain tokenize next to the shards)");
+  nlohmann::json record;
+  try {
+    record = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(path + ": not valid JSON: " + e.what());
+  }
+  const std::string kind = record.value("kind", "");
+  if (kind == "byte") return make_byte_tokenizer();
+  if (kind == "gpt2") return make_bpe_tokenizer(read_bpe_files(dir));
+  throw InputError(path + ": kind: expected \"byte\" or \"gpt2\", got \"" + kind + "\"");
+}
+
+}  // namespace llmtrain::data
