@@ -1,0 +1,242 @@
+// Tokenizers: hand-checked BPE on a hand-made vocabulary, hand-checked BPE training, round trips,
+// and (where the GPT-2 files are present) the ids of an independent GPT-2 encoder.
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+#include <zlib.h>
+
+#include "catch_compat.h"
+#include "core/error.h"
+#include "data/shard.h"
+#include "data/tokenize_files.h"
+#include "data/tokenizer.h"
+#include "process.h"
+
+using namespace llmtrain;
+using namespace llmtrain::data;
+
+namespace {
+
+// GPT-2's byte order: bytes '!'..'~', 0xA1..0xAC, 0xAE..0xFF are ids 0..187 in that order; the
+// other 68 bytes follow in byte order (so ' ' = 188 + 32 = 220, as in GPT-2).
+std::uint32_t gpt2_byte_id(unsigned char b) {
+  if (b >= '!' && b <= '~') return b - '!';
+  if (b >= 0xA1 && b <= 0xAC) return 94 + (b - 0xA1);
+  if (b >= 0xAE) return 106 + (b - 0xAE);
+  return 188 + (b <= 32 ? b : b <= 0xA0 ? b - 94 : 68 - 1);  // 0..32, 127..160, 173
+}
+
+// A hand-made vocabulary: 256 bytes, then "he", "ll", "hell", " w", then <|endoftext|>.
+BpeVocabulary hand_vocabulary() {
+  BpeVocabulary v;
+  v.tokens.resize(256);
+  for (int b = 0; b < 256; ++b) v.tokens[gpt2_byte_id(std::uint8_t(b))] = std::string(1, char(b));
+  const auto add = [&](const std::string& a, const std::string& b) {
+    const auto id_of = [&](const std::string& s) {
+      return std::uint32_t(std::find(v.tokens.begin(), v.tokens.end(), s) - v.tokens.begin());
+    };
+    v.merges.emplace_back(id_of(a), id_of(b));
+    v.tokens.push_back(a + b);
+  };
+  add("h", "e");
+  add("l", "l");
+  add("he", "ll");
+  add(" ", "w");
+  v.eot = std::uint32_t(v.tokens.size());
+  v.tokens.push_back("<|endoftext|>");
+  return v;
+}
+
+std::string random_bytes(std::mt19937& rng, std::size_t n) {
+  std::string s(n, '\0');
+  for (auto& c : s) c = char(rng() & 0xFF);
+  return s;
+}
+
+std::string random_utf8(std::mt19937& rng, std::size_t n) {
+  static const char* pieces[] = {"a", "Z", " ", "  ", "\n", "\t", "7", "42", "'s", "'ll", "!", "é", "ß", "日本",
+                                 "😀", "\xC2\xA0", "Ω", "١٢", "—", "..."};
+  std::string s;
+  for (std::size_t i = 0; i < n; ++i) s += pieces[rng() % std::size(pieces)];
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("the byte order matches GPT-2's", "[tokenizer]") {
+  CHECK(gpt2_byte_id(' ') == 220);
+  CHECK(gpt2_byte_id('\n') == 198);
+  CHECK(gpt2_byte_id('!') == 0);
+  CHECK(gpt2_byte_id(0xAD) == 255);
+}
+
+TEST_CASE("GPT-2 pre-tokenization splits as the reference pattern does", "[tokenizer]") {
+  const auto split = [](std::string_view text) {
+    std::vector<std::string_view> pieces;
+    pretokenize(text, pieces);
+    return std::vector<std::string>(pieces.begin(), pieces.end());
+  };
+  using V = std::vector<std::string>;
+  CHECK(split("Hello world") == V{"Hello", " world"});
+  CHECK(split(" hello  world\n\n  x") == V{" hello", " ", " world", "\n\n ", " x"});
+  CHECK(split("I'm 123 you'll") == V{"I", "'m", " 123", " you", "'ll"});
+  CHECK(split("naïve café") == V{"naïve", " café"});            // \p{L} beyond ASCII
+  CHECK(split("abc123def") == V{"abc", "123", "def"});
+  CHECK(split("x١٢٣") == V{"x", "١٢٣"});                          // \p{N}: Arabic-Indic digits
+  CHECK(split("hi!!  ?") == V{"hi", "!!", " ", " ?"});
+  CHECK(split("a\xFF\xFE b") == V{"a", "\xFF\xFE", " b"});        // invalid UTF-8 kept as its own piece
+  CHECK(split("") == V{});
+}
+
+TEST_CASE("BPE on a hand-made vocabulary gives the hand-worked tokens", "[tokenizer]") {
+  const auto tok = make_bpe_tokenizer(hand_vocabulary());
+  CHECK(tok->vocab_size() == 261);
+  CHECK(tok->eot_token() == 260u);
+  // "hello" -> h e l l o -> (he) l l o -> (he)(ll) o -> (hell) o
+  // " well" -> ' ' w e l l -> ' ' w e (ll) -> ( w) e (ll)
+  CHECK(tok->encode("hello well") == std::vector<std::uint32_t>{258, gpt2_byte_id('o'), 259, gpt2_byte_id('e'), 257});
+  // Lowest rank first: "hhe" has (h,h) unknown and (h,e) rank 0.
+  CHECK(tok->encode("hhe") == std::vector<std::uint32_t>{gpt2_byte_id('h'), 256});
+  CHECK(tok->decode(tok->encode("hello well")) == "hello well");
+}
+
+TEST_CASE("decode(encode(x)) == x for random bytes and random UTF-8", "[tokenizer]") {
+  std::mt19937 rng(1234);
+  const auto bytes = make_byte_tokenizer();
+  const auto bpe = make_bpe_tokenizer(hand_vocabulary());
+  for (int trial = 0; trial < 200; ++trial) {
+    const std::string raw = random_bytes(rng, rng() % 300);
+    const std::string text = random_utf8(rng, rng() % 100);
+    REQUIRE(bytes->decode(bytes->encode(raw)) == raw);
+    REQUIRE(bytes->encode(raw).size() == raw.size());
+    REQUIRE(bpe->decode(bpe->encode(raw)) == raw);
+    REQUIRE(bpe->decode(bpe->encode(text)) == text);
+  }
+}
+
+TEST_CASE("BPE training makes the hand-worked merges and reads back through gpt2:DIR", "[tokenizer]") {
+  // The classic example: "aaabdaaabac". Pair counts: aa 4, ab 2, ... -> merge (a, a).
+  // Then (aa, a) 2 and (a, b) 2 tie: the smaller byte pair ("a", "b") wins. Then (aa, ab) 2.
+  const BpeVocabulary v = train_bpe({"aaabdaaabac"}, 256 + 3 + 1);
+  REQUIRE(v.tokens.size() == 260);
+  CHECK(v.tokens[256] == "aa");
+  CHECK(v.tokens[257] == "ab");
+  CHECK(v.tokens[258] == "aaab");
+  CHECK(v.merges[2] == std::pair<std::uint32_t, std::uint32_t>{256, 257});
+  CHECK(v.eot == 259u);
+  CHECK(v.tokens[259] == "<|endoftext|>");
+
+  // Asking for more than the text supports stops early; the end-of-text token stays last.
+  const BpeVocabulary small = train_bpe({"abab"}, 1000);
+  CHECK(small.tokens.size() == 256 + 2 + 1);  // (a, b), then (ab, ab)
+  CHECK(small.tokens[257] == "abab");
+
+  test::TempDir dir;
+  save_bpe_files(v, dir.path());
+  const BpeVocabulary back = read_bpe_files(dir.path());
+  CHECK(back.tokens == v.tokens);
+  CHECK(back.merges == v.merges);
+  CHECK(back.eot == v.eot);
+  const auto trained = make_bpe_tokenizer(v);
+  const auto loaded = make_tokenizer("gpt2:" + dir.path());
+  CHECK(loaded->encode("aaabdaaabac") == std::vector<std::uint32_t>{258, gpt2_byte_id('d'), 258, gpt2_byte_id('a'), gpt2_byte_id('c')});
+  CHECK(loaded->encode("aaab aab") == trained->encode("aaab aab"));
+}
+
+TEST_CASE("bad tokenizer files are input errors naming the file", "[tokenizer]") {
+  test::TempDir dir;
+  const auto message = [](const std::string& spec) {
+    try {
+      make_tokenizer(spec);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  CHECK(message("gpt2:" + dir.path()).find(dir.path() + "/encoder.json: cannot open") == 0);
+  CHECK(message("sentencepiece").find("--tokenizer sentencepiece: expected byte, gpt2:DIR or bpe:VOCAB_SIZE") == 0);
+  save_bpe_files(hand_vocabulary(), dir.path());
+  dir.write("vocab.bpe", "#version: 0.2\nh e\nq zz\n");
+  CHECK(message("gpt2:" + dir.path()) == dir.path() + "/vocab.bpe:3: merge of tokens that encoder.json does not have");
+  dir.write("encoder.json", "{\"a\": 0, \"b\": 0}");
+  CHECK(message("gpt2:" + dir.path()).find("is used twice") != std::string::npos);
+}
+
+TEST_CASE("tokenize writes train and val shards, each document after end-of-text", "[tokenizer]") {
+  test::TempDir dir;
+  const auto a = dir.write("a.txt", "hello well");
+  const auto b = dir.write("b.txt", "hhe");
+  const auto vocab_dir = dir.path() + "/vocab";
+  std::filesystem::create_directories(vocab_dir);
+  save_bpe_files(hand_vocabulary(), vocab_dir);
+
+  TokenizeOptions o;
+  o.inputs = {a, b};
+  o.output_dir = dir.path() + "/out";
+  o.tokenizer = "gpt2:" + vocab_dir;
+  o.val_fraction = 0.25;
+  o.shard_tokens = 3;
+  o.progress = false;
+  const TokenizeReport r = tokenize_files(o);
+  // [eot, hell, o, " w", e, ll] [eot, h, he]: 9 tokens, the last 25% (2) to val.
+  CHECK(r.train_tokens == 7);
+  CHECK(r.val_tokens == 2);
+  CHECK(r.shards.size() == 3 + 1);
+  std::vector<std::int32_t> got(3);
+  ShardFile(o.output_dir + "/train_000000.bin").read_tokens(0, 3, 261, got.data());
+  CHECK(got == std::vector<std::int32_t>{260, 258, std::int32_t(gpt2_byte_id('o'))});
+  std::vector<std::int32_t> val(2);
+  ShardFile(o.output_dir + "/val_000000.bin").read_tokens(0, 2, 261, val.data());
+  CHECK(val == std::vector<std::int32_t>{std::int32_t(gpt2_byte_id('h')), 256});
+  // The tokenizer is recorded next to the shards and decodes them.
+  const auto recorded = load_tokenizer(o.output_dir);
+  CHECK(recorded->decode(std::vector<std::uint32_t>{258, gpt2_byte_id('o')}) == "hello");
+
+  // Existing shards are never replaced silently.
+  CHECK_THROWS_AS(tokenize_files(o), InputError);
+  o.force = true;
+  o.tokenizer = "byte";
+  o.val_fraction = 0;
+  const TokenizeReport bytes = tokenize_files(o);
+  CHECK(bytes.train_tokens == 13);  // no end-of-text token for bytes
+  CHECK(!std::filesystem::exists(o.output_dir + "/val_000000.bin"));
+  CHECK(load_tokenizer(o.output_dir)->kind() == "byte");
+}
+
+TEST_CASE("tinyshakespeare with GPT-2's vocabulary gives the reference ids", "[tokenizer][shared-data]") {
+  const std::string shared = LLMTRAIN_SOURCE_DIR "/../shared/data";
+  if (!std::filesystem::exists(shared + "/gpt2/encoder.json") || !std::filesystem::exists(shared + "/tinyshakespeare.txt")) {
+    LLMTRAIN_SKIP("../shared/data (GPT-2 vocabulary, tinyshakespeare.txt) not present");
+  }
+  const auto tok = make_tokenizer("gpt2:" + shared + "/gpt2");
+  CHECK(tok->vocab_size() == 50257);
+  CHECK(tok->eot_token() == 50256u);
+  // Ids from scripts/gpt2_reference_tokens.py, an independent Python encoder.
+  using V = std::vector<std::uint32_t>;
+  CHECK(tok->encode("Hello world") == V{15496, 995});
+  CHECK(tok->encode(" hello  world\n\n  x") == V{23748, 220, 995, 628, 220, 2124});
+  CHECK(tok->encode("I'm 123 you'll") == V{40, 1101, 17031, 345, 1183});
+  CHECK(tok->encode("naïve café 日本語 😀") == V{2616, 38776, 40304, 10545, 245, 98, 17312, 105, 45739, 252, 30325, 222});
+  CHECK(tok->encode("<|endoftext|>") == V{27, 91, 437, 1659, 5239, 91, 29});  // ordinary text
+
+  std::ifstream in(shared + "/tinyshakespeare.txt", std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  const auto ids = tok->encode(text.str());
+  std::ifstream golden_file(LLMTRAIN_SOURCE_DIR "/tests/data/tinyshakespeare_gpt2.json");
+  const auto golden = nlohmann::json::parse(golden_file);
+  CHECK(ids.size() == 338025);
+  REQUIRE(ids.size() == golden["tokens"].get<std::size_t>());
+  std::uint64_t sum = 0;
+  for (const auto t : ids) sum += t;
+  CHECK(sum == golden["sum"].get<std::uint64_t>());
+  // The reference's CRC-32 is over the ids as little-endian uint32.
+  const auto crc = crc32(0L, reinterpret_cast<const Bytef*>(ids.data()), uInt(ids.size() * sizeof(ids[0])));
+  CHECK(crc == golden["crc32"].get<std::uint64_t>());
+  CHECK(V(ids.begin(), ids.begin() + 64) == golden["first"].get<V>());
+  CHECK(V(ids.end() - 16, ids.end()) == golden["last"].get<V>());
+  CHECK(tok->decode(ids) == text.str());
+}
