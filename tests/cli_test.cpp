@@ -1,4 +1,6 @@
 // The llmtrain binary as users call it: exit codes, one-line errors, --help, info, check-config.
+#include <filesystem>
+
 #include <nlohmann/json.hpp>
 
 #include "catch_compat.h"
@@ -25,7 +27,7 @@ TEST_CASE("--help and --version work for the program and every subcommand", "[cl
   const auto version = run_llmtrain({"--version"});
   CHECK(version.exit_code == 0);
   CHECK(version.out.rfind("llmtrain 0.", 0) == 0);
-  for (const std::string sub : {"info", "check-config"}) {
+  for (const std::string sub : {"info", "check-config", "tokenize"}) {
     CAPTURE(sub);
     const auto help = run_llmtrain({sub, "--help"});
     CHECK(help.exit_code == 0);
@@ -87,4 +89,24 @@ TEST_CASE("info reports the build and the devices, or why there are none", "[cli
   } else {
     CHECK(r.out.find("not built (CPU-only build)") != std::string::npos);
   }
+}
+
+TEST_CASE("tokenize writes shards, and bad input exits 2 without touching existing shards", "[cli]") {
+  TempDir dir;
+  const std::string text = dir.write("a.txt", "hello world\n");
+  const std::string out = dir.path() + "/out";
+  const auto ok = run_llmtrain({"tokenize", "--input", text, "--output", out, "--val-fraction", "0"});
+  CAPTURE(ok.err);
+  REQUIRE(ok.exit_code == 0);
+  CHECK(ok.out.find("12 train + 0 val tokens (vocab 256)") != std::string::npos);
+
+  check_input_error(run_llmtrain({"tokenize", "--input", dir.path() + "/nope.txt", "--output", out}), "nope.txt");
+  check_input_error(run_llmtrain({"tokenize", "--input", text, "--output", out}),
+                    out + ": already holds shards (train_000000.bin); use --force to replace them");
+  check_input_error(run_llmtrain({"tokenize", "--input", text, "--output", out, "--tokenizer", "bpe:12", "--force"}),
+                    "--tokenizer bpe:12: expected bpe:VOCAB_SIZE with VOCAB_SIZE >= 257");
+  check_input_error(run_llmtrain({"tokenize", "--input", text, "--output", out, "--val-fraction", "1.5", "--force"}),
+                    "--val-fraction: expected a number in [0, 1)");
+  // The shards of the first run are still there and whole: 1024 header bytes + 12 uint16 tokens.
+  CHECK(std::filesystem::file_size(out + "/train_000000.bin") == 1024 + 2 * 12);
 }

@@ -87,11 +87,12 @@ TEST_CASE("update k uses positions kG to (k+1)G - 1 of the epoch order and the r
 
 TEST_CASE("rank r, micro-step m holds positions (m W + r) B .. + B of the update", "[data][sampler]") {
   const auto order = DistributedSampler::epoch_order(64, true, 9, 0);
-  DistributedSampler s({64, 16, 2, 4, 3, true, 9});  // W = 4, B = 2: 2 micro-steps
+  DistributedSampler s({64, 16, 2, 4, 1, true, 9});  // W = 4, B = 2: 2 micro-steps; rank 1
   std::vector<std::int64_t> batch(2);
+  s.micro_batch(0, batch);
+  CHECK(batch == std::vector<std::int64_t>{order[2], order[3]});    // (0 W + 1) B
   s.micro_batch(1, batch);
-  CHECK(batch[0] == order[(1 * 4 + 3) * 2]);
-  CHECK(batch[1] == order[(1 * 4 + 3) * 2 + 1]);
+  CHECK(batch == std::vector<std::int64_t>{order[10], order[11]});  // (1 W + 1) B
 }
 
 TEST_CASE("a sampler restored mid-epoch continues with exactly the same samples", "[data][sampler]") {

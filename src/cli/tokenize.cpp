@@ -22,10 +22,12 @@ Command add_tokenize_command(CLI::App& parent) {
 
   return {app, [options] {
             const data::TokenizeReport r = data::tokenize_files(*options);
-            std::printf("tokenize: %.2f MB -> %lld train + %lld val tokens (vocab %u) in %zu shard(s) in %s, %.2f s (%.1f MB/s)\n",
+            std::printf("tokenize: %.2f MB -> %lld train + %lld val tokens (vocab %u) in %zu shard(s) in %s; "
+                        "%.2f s in all, encoding %.1f MB/s\n",
                         double(r.bytes) / 1e6, static_cast<long long>(r.train_tokens),
                         static_cast<long long>(r.val_tokens), r.vocab_size, r.shards.size(),
-                        options->output_dir.c_str(), r.seconds, double(r.bytes) / 1e6 / std::max(r.seconds, 1e-9));
+                        options->output_dir.c_str(), r.seconds,
+                        double(r.bytes) / 1e6 / std::max(r.encode_seconds, 1e-9));
             return 0;
           }};
 }

@@ -134,11 +134,12 @@ TokenizeReport tokenize_files(const TokenizeOptions& options) {
       next_chunk = chunks.size();
     }
   };
+  const auto encode_start = std::chrono::steady_clock::now();
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) pool.emplace_back(work);
   auto last_report = std::chrono::steady_clock::now();
   while (bytes_done < report.bytes && !error) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
     if (options.progress && seconds_since(last_report) > 2.0) {
       last_report = std::chrono::steady_clock::now();
       std::fprintf(stderr, "tokenize: %.1f of %.1f MB encoded (%.1f MB/s)\n", double(bytes_done) / 1e6,
@@ -147,6 +148,7 @@ TokenizeReport tokenize_files(const TokenizeOptions& options) {
   }
   for (auto& t : pool) t.join();
   if (error) std::rethrow_exception(error);
+  report.encode_seconds = seconds_since(encode_start);
 
   std::vector<std::uint32_t> stream;
   for (std::size_t c = 0; c < chunks.size(); ++c) {

@@ -24,7 +24,8 @@ struct TokenizeReport {
   std::int64_t val_tokens = 0;
   std::vector<std::string> shards;
   std::uint32_t vocab_size = 0;
-  double seconds = 0;
+  double seconds = 0;         // the whole run
+  double encode_seconds = 0;  // encoding alone (no file I/O, no tokenizer loading or training)
 };
 
 /// Encodes every input (preceded by the end-of-text token where the tokenizer has one), splits
