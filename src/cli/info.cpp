@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "llmtrain/build_info.h"
+#include "llmtrain/git_revision.h"
 #include "core/strings.h"
 #include "dist/mpi_runtime.h"
 #if LLMTRAIN_HAVE_CUDA

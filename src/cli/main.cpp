@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "llmtrain/build_info.h"
+#include "llmtrain/git_revision.h"
 #include "core/error.h"
 #include "core/strings.h"
 
