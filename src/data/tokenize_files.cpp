@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cinttypes>
+#include <mutex>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
