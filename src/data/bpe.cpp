@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "data/json_file.h"
 #include "data/tokenizer.h"
 
 namespace llmtrain::data {
@@ -176,14 +177,7 @@ class BpeTokenizer final : public Tokenizer {
 BpeVocabulary read_bpe_files(const std::string& dir) {
   const std::string encoder_path = dir + "/encoder.json";
   const std::string merges_path = dir + "/vocab.bpe";
-  std::ifstream encoder_file(encoder_path);
-  if (!encoder_file) throw InputError(encoder_path + ": cannot open (expected GPT-2's encoder.json)");
-  nlohmann::json encoder;
-  try {
-    encoder = nlohmann::json::parse(encoder_file);
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(encoder_path + ": not valid JSON: " + e.what());
-  }
+  const nlohmann::json encoder = read_json_file(encoder_path, "GPT-2's encoder.json");
   if (!encoder.is_object() || encoder.empty()) throw InputError(encoder_path + ": expected an object of token -> id");
 
   BpeVocabulary vocab;

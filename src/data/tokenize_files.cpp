@@ -20,6 +20,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// train_NNNNNN.bin / val_NNNNNN.bin, as write_shards names them.
+bool is_shard_file(const fs::path& path) {
+  const std::string name = path.filename().string();
+  return (name.starts_with("train_") || name.starts_with("val_")) && name.ends_with(".bin");
+}
+
 std::string read_text_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open input file");
@@ -75,9 +81,9 @@ TokenizeReport tokenize_files(const TokenizeOptions& options) {
   // Refuse to mix with or silently replace earlier shards.
   fs::create_directories(options.output_dir);
   for (const auto& entry : fs::directory_iterator(options.output_dir)) {
-    const std::string name = entry.path().filename().string();
-    if ((name.starts_with("train_") || name.starts_with("val_")) && name.ends_with(".bin") && !options.force) {
-      throw InputError(options.output_dir + ": already holds shards (" + name + "); use --force to replace them");
+    if (is_shard_file(entry.path()) && !options.force) {
+      throw InputError(options.output_dir + ": already holds shards (" + entry.path().filename().string() +
+                       "); use --force to replace them");
     }
   }
 
@@ -161,8 +167,7 @@ TokenizeReport tokenize_files(const TokenizeOptions& options) {
 
   // Remove shards of an earlier run (only reached with --force), then write the new ones.
   for (const auto& entry : fs::directory_iterator(options.output_dir)) {
-    const std::string name = entry.path().filename().string();
-    if ((name.starts_with("train_") || name.starts_with("val_")) && name.ends_with(".bin")) fs::remove(entry.path());
+    if (is_shard_file(entry.path())) fs::remove(entry.path());
   }
   const bool wide = tokenizer->vocab_size() > 65536;
   const std::span<const std::uint32_t> all(stream);

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "data/json_file.h"
 
 namespace llmtrain::data {
 namespace {
@@ -60,14 +61,7 @@ void save_tokenizer(const Tokenizer& tokenizer, const std::string& dir) {
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
   const std::string path = dir + "/tokenizer.json";
-  std::ifstream in(path);
-  if (!in) throw InputError(path + ": cannot open (written by llmtrain tokenize next to the shards)");
-  nlohmann::json record;
-  try {
-    record = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(path + ": not valid JSON: " + e.what());
-  }
+  const nlohmann::json record = read_json_file(path, "the tokenizer.json that llmtrain tokenize writes next to the shards");
   const std::string kind = record.value("kind", "");
   if (kind == "byte") return make_byte_tokenizer();
   if (kind == "gpt2") return make_bpe_tokenizer(read_bpe_files(dir));
