@@ -35,4 +35,10 @@ std::string Tensor::describe() const {
   return s + "] on " + device_name(device);
 }
 
+Tensor Tensor::reshape(std::initializer_list<std::int64_t> dims) const {
+  Tensor t(data, dtype, device, dims);
+  if (t.numel() != numel()) throw std::invalid_argument("Tensor::reshape: " + describe() + " to another size");
+  return t;
+}
+
 }  // namespace llmtrain

@@ -38,6 +38,8 @@ struct Tensor {
   }
   /// "f32[4, 64] on cpu", for error messages.
   std::string describe() const;
+  /// The same data with another shape of the same element count.
+  Tensor reshape(std::initializer_list<std::int64_t> dims) const;
 };
 
 }  // namespace llmtrain

@@ -1,0 +1,93 @@
+// Causal multi-head self-attention, one (batch, head, query row) at a time. The probabilities
+// (B,NH,T,T) are kept for backward; entries above the diagonal are written as zero.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "ops/cpu/nn.h"
+
+namespace llmtrain::cpu {
+
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+  const int HS = C / NH;
+  const float scale = 1.0f / std::sqrt(float(HS));
+  const std::int64_t C3 = 3 * std::int64_t(C);
+#pragma omp parallel for collapse(3)
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      for (int t = 0; t < T; ++t) {
+        const float* q = qkv + (std::int64_t(b) * T + t) * C3 + h * HS;
+        float* row = att + ((std::int64_t(b) * NH + h) * T + t) * T;
+        float max_score = -std::numeric_limits<float>::infinity();
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const float* k = qkv + (std::int64_t(b) * T + t2) * C3 + C + h * HS;
+          float dot = 0.0f;
+          for (int i = 0; i < HS; ++i) dot += q[i] * k[i];
+          row[t2] = dot * scale;
+          if (row[t2] > max_score) max_score = row[t2];
+        }
+        float sum = 0.0f;
+        for (int t2 = 0; t2 <= t; ++t2) {
+          row[t2] = std::exp(row[t2] - max_score);
+          sum += row[t2];
+        }
+        const float inv_sum = 1.0f / sum;
+        for (int t2 = 0; t2 <= t; ++t2) row[t2] *= inv_sum;
+        for (int t2 = t + 1; t2 < T; ++t2) row[t2] = 0.0f;
+
+        float* o = out + (std::int64_t(b) * T + t) * C + h * HS;
+        for (int i = 0; i < HS; ++i) o[i] = 0.0f;
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const float* v = qkv + (std::int64_t(b) * T + t2) * C3 + 2 * C + h * HS;
+          const float p = row[t2];
+          for (int i = 0; i < HS; ++i) o[i] += p * v[i];
+        }
+      }
+    }
+  }
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
+                        int NH) {
+  const int HS = C / NH;
+  const float scale = 1.0f / std::sqrt(float(HS));
+  const std::int64_t C3 = 3 * std::int64_t(C);
+  // Parallel over (batch, head) only: the rows of one head all add into the same dk and dv.
+#pragma omp parallel for collapse(2)
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      std::vector<float> datt(T);
+      for (int t = 0; t < T; ++t) {
+        const float* row = att + ((std::int64_t(b) * NH + h) * T + t) * T;
+        const float* dy = dout + (std::int64_t(b) * T + t) * C + h * HS;
+        const float* q = qkv + (std::int64_t(b) * T + t) * C3 + h * HS;
+        float* dq = dqkv + (std::int64_t(b) * T + t) * C3 + h * HS;
+        // out = att v: datt = dy . v, dv += att dy
+        float weighted = 0.0f;  // sum over keys of att * datt
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const float* v = qkv + (std::int64_t(b) * T + t2) * C3 + 2 * C + h * HS;
+          float* dv = dqkv + (std::int64_t(b) * T + t2) * C3 + 2 * C + h * HS;
+          float dot = 0.0f;
+          for (int i = 0; i < HS; ++i) {
+            dot += dy[i] * v[i];
+            dv[i] += row[t2] * dy[i];
+          }
+          datt[t2] = dot;
+          weighted += row[t2] * dot;
+        }
+        // softmax backward, then the scaled dot product: dq += ds k, dk += ds q
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const float ds = row[t2] * (datt[t2] - weighted) * scale;
+          const float* k = qkv + (std::int64_t(b) * T + t2) * C3 + C + h * HS;
+          float* dk = dqkv + (std::int64_t(b) * T + t2) * C3 + C + h * HS;
+          for (int i = 0; i < HS; ++i) {
+            dq[i] += ds * k[i];
+            dk[i] += ds * q[i];
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace llmtrain::cpu

@@ -1,0 +1,63 @@
+// CPU reference implementations of the Transformer ops, fp32. The CUDA twins (kernels/) take
+// the same arguments in the same order, plus a stream.
+//
+// Conventions: B batch, T time, C channels, V vocabulary, NH heads, HS = C / NH head size,
+// OC output channels, N = B * T rows. Every backward op ACCUMULATES (+=) into its outputs, both
+// parameter and activation gradients; the caller zeroes them when a new accumulation starts.
+// Loops are parallelised over rows with OpenMP; reductions over rows (weight gradients) sum
+// per-thread partials in a fixed order, so results are deterministic for a fixed thread count.
+#pragma once
+
+#include <cstdint>
+
+namespace llmtrain::cpu {
+
+/// out (B,T,C) = wte[inp] + wpe[t]; inp (B,T); wte (V,C); wpe (maxT,C).
+void encoder_forward(float* out, const std::int32_t* inp, const float* wte, const float* wpe, int B, int T, int C);
+/// dwte (V,C) and dwpe (maxT,C) += from dout (B,T,C).
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* inp, int B, int T, int C);
+
+/// out (N,C) = (inp - mean) * rstd * weight + bias; mean, rstd (N) saved for backward.
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, std::int64_t N, int C);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, std::int64_t N, int C);
+
+/// out (N,OC) = inp (N,C) weight^T + bias; weight (OC,C); bias (OC) or null. OpenBLAS sgemm.
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, std::int64_t N, int C,
+                    int OC);
+/// dinp (N,C), dweight (OC,C), dbias (OC, may be null) += from dout (N,OC).
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, std::int64_t N, int C, int OC);
+
+/// Causal self-attention. qkv (B,T,3C): q, k, v side by side, heads contiguous HS slices.
+/// out (B,T,C); att (B,NH,T,T) keeps the softmax probabilities for backward (row t: keys 0..t).
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
+/// dqkv (B,T,3C) += from dout (B,T,C).
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
+                        int NH);
+
+/// GELU, tanh approximation: out (N) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+void gelu_forward(float* out, const float* inp, std::int64_t N);
+void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t N);
+
+/// out (N) = a + b.
+void residual_forward(float* out, const float* a, const float* b, std::int64_t N);
+/// da, db (N) += dout.
+void residual_backward(float* da, float* db, const float* dout, std::int64_t N);
+
+/// Softmax + cross-entropy over logits (N,V) in one pass: losses (N) = -log softmax(logits)[target].
+/// With `dlogits_scale` > 0 the logits are overwritten by their gradient, (softmax - onehot) *
+/// scale, so the probabilities are never stored. Returns the sum of the N losses.
+double fused_classifier(float* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
+                        float dlogits_scale);
+
+/// Sum of squares of x (N), accumulated in double in fixed-size chunks (deterministic).
+double sum_squares(const float* x, std::int64_t N);
+
+/// AdamW on one parameter tensor (N): g = grad * grad_scale; m, v moment updates; bias-corrected
+/// step at `step` (1-based); decoupled weight decay param -= lr * weight_decay * param.
+void adamw_update(float* param, const float* grad, float* m, float* v, std::int64_t N, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, int step, float grad_scale);
+
+}  // namespace llmtrain::cpu

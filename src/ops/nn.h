@@ -1,0 +1,54 @@
+// The Transformer ops as the model calls them. Each validates its tensors once (dtype, device,
+// shape) and dispatches to the CPU reference (src/ops/cpu/nn.h) or, on cuda tensors, to the
+// CUDA kernels. Backward ops accumulate (+=) into their outputs, like their CPU references.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace llmtrain::ops {
+
+/// out (B,T,C) = wte[inp] + wpe[t]; inp (B,T) i32; wte (V,C); wpe (maxT,C).
+void encoder_forward(const Tensor& out, const Tensor& inp, const Tensor& wte, const Tensor& wpe);
+void encoder_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& inp);
+
+/// out (N,C) LayerNorm of inp (N,C) with weight, bias (C); mean, rstd (N) saved.
+void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& inp,
+                       const Tensor& weight, const Tensor& bias);
+void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
+                        const Tensor& inp, const Tensor& weight, const Tensor& mean, const Tensor& rstd);
+
+/// out (N,OC) = inp (N,C) weight^T (weight (OC,C)) + bias (OC); a bias with no data means none.
+void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias);
+void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
+                     const Tensor& inp, const Tensor& weight);
+
+/// Causal self-attention: qkv (B,T,3C) -> out (B,T,C); att (B,NH,T,T) probabilities.
+void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int NH);
+void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att, int NH);
+
+/// GELU (tanh form), elementwise; same-size tensors.
+void gelu_forward(const Tensor& out, const Tensor& inp);
+void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout);
+
+/// out = a + b; backward: da += dout, db += dout.
+void residual_forward(const Tensor& out, const Tensor& a, const Tensor& b);
+void residual_backward(const Tensor& da, const Tensor& db, const Tensor& dout);
+
+/// Softmax cross-entropy over logits (N,V) against targets (N) i32 -> losses (N); with
+/// dlogits_scale > 0 the logits become their gradient times that scale. Returns the loss sum.
+double fused_classifier(const Tensor& logits, const Tensor& losses, const Tensor& targets, float dlogits_scale);
+
+/// Sum of squares of all elements (for the global gradient norm), in double.
+double sum_squares(const Tensor& x);
+
+struct AdamWParams {
+  float lr, beta1, beta2, eps, weight_decay;
+  int step;          // 1-based, for the bias correction
+  float grad_scale;  // applied to the gradient first (clipping)
+};
+/// One AdamW step on param with grad, m, v (all the same size, f32).
+void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWParams& p);
+
+}  // namespace llmtrain::ops

@@ -1,0 +1,231 @@
+// Every op's backward against central finite differences of its forward, at three shapes
+// (odd sizes included); the remaining ops against hand computations.
+#include <cmath>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "catch_compat.h"
+#include "ops/nn.h"
+
+using namespace llmtrain;
+
+namespace {
+
+using Vec = std::vector<float>;
+
+Tensor t(Vec& v, std::initializer_list<std::int64_t> shape) { return Tensor(v.data(), DType::f32, Device::cpu, shape); }
+Tensor ti(std::vector<std::int32_t>& v, std::initializer_list<std::int64_t> shape) {
+  return Tensor(v.data(), DType::i32, Device::cpu, shape);
+}
+
+Vec random_vec(std::mt19937& rng, std::size_t n, float scale = 1.0f, float offset = 0.0f) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  Vec v(n);
+  for (auto& x : v) x = offset + scale * normal(rng);
+  return v;
+}
+
+// L = sum(out * R), computed in double. `forward` recomputes out from the current inputs.
+double weighted_sum(const Vec& out, const Vec& R) {
+  double s = 0.0;
+  for (std::size_t i = 0; i < out.size(); ++i) s += double(out[i]) * R[i];
+  return s;
+}
+
+// Compares `analytic` (dL/dx) with central differences over (up to 300 sampled) elements of x:
+// the norm of the difference over the norm of the numerical gradient must be below `tol`.
+void check_gradient(const char* what, Vec& x, const Vec& analytic, const std::function<double()>& loss,
+                    double eps = 1e-2, double tol = 2e-3) {
+  REQUIRE(analytic.size() == x.size());
+  double diff2 = 0.0, ref2 = 0.0;
+  const std::size_t stride = std::max<std::size_t>(1, x.size() / 300);
+  for (std::size_t i = 0; i < x.size(); i += stride) {
+    const float saved = x[i];
+    x[i] = saved + float(eps);
+    const double plus = loss();
+    x[i] = saved - float(eps);
+    const double minus = loss();
+    x[i] = saved;
+    const double numeric = (plus - minus) / (2 * eps);
+    diff2 += (numeric - analytic[i]) * (numeric - analytic[i]);
+    ref2 += numeric * numeric;
+  }
+  CAPTURE(what, std::sqrt(diff2), std::sqrt(ref2));
+  REQUIRE(ref2 > 0.0);  // the check is not trivially zero
+  CHECK(std::sqrt(diff2 / ref2) < tol);
+}
+
+struct Shape {
+  int B, T, C, NH;
+};
+const Shape shapes[] = {{1, 3, 4, 1}, {2, 5, 6, 2}, {3, 7, 12, 3}};
+
+}  // namespace
+
+TEST_CASE("encoder backward matches finite differences", "[ops][grad]") {
+  std::mt19937 rng(1);
+  for (const auto s : shapes) {
+    const int V = 11, maxT = s.T + 2;
+    Vec wte = random_vec(rng, V * s.C), wpe = random_vec(rng, maxT * s.C), out(s.B * s.T * s.C);
+    std::vector<std::int32_t> inp(s.B * s.T);
+    for (auto& i : inp) i = std::int32_t(rng() % V);
+    inp[0] = inp[1 % inp.size()];  // a repeated token: its gradient rows add up
+    const Vec R = random_vec(rng, out.size());
+    const auto loss = [&] {
+      ops::encoder_forward(t(out, {s.B, s.T, s.C}), ti(inp, {s.B, s.T}), t(wte, {V, s.C}), t(wpe, {maxT, s.C}));
+      return weighted_sum(out, R);
+    };
+    Vec dwte(wte.size(), 0.0f), dwpe(wpe.size(), 0.0f), dout = R;
+    ops::encoder_backward(t(dwte, {V, s.C}), t(dwpe, {maxT, s.C}), t(dout, {s.B, s.T, s.C}), ti(inp, {s.B, s.T}));
+    check_gradient("wte", wte, dwte, loss);
+    check_gradient("wpe", wpe, dwpe, loss);
+  }
+}
+
+TEST_CASE("layernorm backward matches finite differences", "[ops][grad]") {
+  std::mt19937 rng(2);
+  for (const auto s : shapes) {
+    const std::int64_t N = s.B * s.T;
+    Vec x = random_vec(rng, N * s.C, 2.0f, 0.5f), w = random_vec(rng, s.C, 0.3f, 1.0f), b = random_vec(rng, s.C);
+    Vec out(x.size()), mean(N), rstd(N);
+    const Vec R = random_vec(rng, out.size());
+    const auto loss = [&] {
+      ops::layernorm_forward(t(out, {N, s.C}), t(mean, {N}), t(rstd, {N}), t(x, {N, s.C}), t(w, {s.C}), t(b, {s.C}));
+      return weighted_sum(out, R);
+    };
+    loss();
+    Vec dx(x.size(), 0.0f), dw(s.C, 0.0f), db(s.C, 0.0f), dout = R;
+    ops::layernorm_backward(t(dx, {N, s.C}), t(dw, {s.C}), t(db, {s.C}), t(dout, {N, s.C}), t(x, {N, s.C}),
+                            t(w, {s.C}), t(mean, {N}), t(rstd, {N}));
+    check_gradient("x", x, dx, loss, 1e-3);
+    check_gradient("weight", w, dw, loss, 1e-3);
+    check_gradient("bias", b, db, loss, 1e-3);
+  }
+}
+
+TEST_CASE("matmul backward matches finite differences", "[ops][grad]") {
+  std::mt19937 rng(3);
+  for (const auto s : shapes) {
+    const std::int64_t N = s.B * s.T;
+    const int OC = 2 * s.C + 1;
+    Vec x = random_vec(rng, N * s.C), w = random_vec(rng, OC * s.C), b = random_vec(rng, OC), out(N * OC);
+    const Vec R = random_vec(rng, out.size());
+    const auto loss = [&] {
+      ops::matmul_forward(t(out, {N, OC}), t(x, {N, s.C}), t(w, {OC, s.C}), t(b, {OC}));
+      return weighted_sum(out, R);
+    };
+    Vec dx(x.size(), 0.0f), dw(w.size(), 0.0f), db(b.size(), 0.0f), dout = R;
+    ops::matmul_backward(t(dx, {N, s.C}), t(dw, {OC, s.C}), t(db, {OC}), t(dout, {N, OC}), t(x, {N, s.C}),
+                         t(w, {OC, s.C}));
+    check_gradient("x", x, dx, loss);
+    check_gradient("weight", w, dw, loss);
+    check_gradient("bias", b, db, loss);
+  }
+}
+
+TEST_CASE("attention backward matches finite differences", "[ops][grad]") {
+  std::mt19937 rng(4);
+  for (const auto s : shapes) {
+    Vec qkv = random_vec(rng, s.B * s.T * 3 * s.C), out(s.B * s.T * s.C), att(s.B * s.NH * s.T * s.T);
+    const Vec R = random_vec(rng, out.size());
+    const auto loss = [&] {
+      ops::attention_forward(t(out, {s.B, s.T, s.C}), t(att, {s.B, s.NH, s.T, s.T}), t(qkv, {s.B, s.T, 3 * s.C}), s.NH);
+      return weighted_sum(out, R);
+    };
+    loss();
+    Vec dqkv(qkv.size(), 0.0f), dout = R;
+    ops::attention_backward(t(dqkv, {s.B, s.T, 3 * s.C}), t(dout, {s.B, s.T, s.C}), t(qkv, {s.B, s.T, 3 * s.C}),
+                            t(att, {s.B, s.NH, s.T, s.T}), s.NH);
+    check_gradient("qkv", qkv, dqkv, loss, 1e-3);
+  }
+}
+
+TEST_CASE("attention is causal and its rows are probabilities", "[ops]") {
+  std::mt19937 rng(5);
+  const int B = 2, T = 5, C = 6, NH = 2;
+  Vec qkv = random_vec(rng, B * T * 3 * C), out(B * T * C), att(B * NH * T * T);
+  ops::attention_forward(t(out, {B, T, C}), t(att, {B, NH, T, T}), t(qkv, {B, T, 3 * C}), NH);
+  for (int row = 0; row < B * NH * T; ++row) {
+    const int query = row % T;
+    double sum = 0.0;
+    for (int key = 0; key < T; ++key) {
+      if (key > query) REQUIRE(att[row * T + key] == 0.0f);
+      sum += att[row * T + key];
+    }
+    REQUIRE(std::abs(sum - 1.0) < 1e-5);
+  }
+  // The first position attends only to itself: its output is its own value vector.
+  for (int h = 0; h < NH; ++h) {
+    for (int i = 0; i < C / NH; ++i) CHECK(out[h * (C / NH) + i] == qkv[2 * C + h * (C / NH) + i]);
+  }
+}
+
+TEST_CASE("gelu and residual backward match finite differences", "[ops][grad]") {
+  std::mt19937 rng(6);
+  for (const int n : {1, 7, 100}) {
+    Vec x = random_vec(rng, n, 2.0f), out(n);
+    const Vec R = random_vec(rng, n);
+    const auto gelu_loss = [&] {
+      ops::gelu_forward(t(out, {n}), t(x, {n}));
+      return weighted_sum(out, R);
+    };
+    Vec dx(n, 0.0f), dout = R;
+    ops::gelu_backward(t(dx, {n}), t(x, {n}), t(dout, {n}));
+    check_gradient("gelu", x, dx, gelu_loss, 1e-3);
+
+    Vec a = random_vec(rng, n), b = random_vec(rng, n);
+    const auto residual_loss = [&] {
+      ops::residual_forward(t(out, {n}), t(a, {n}), t(b, {n}));
+      return weighted_sum(out, R);
+    };
+    Vec da(n, 0.0f), db(n, 0.0f);
+    ops::residual_backward(t(da, {n}), t(db, {n}), t(dout, {n}));
+    check_gradient("residual a", a, da, residual_loss);
+    check_gradient("residual b", b, db, residual_loss);
+  }
+  // GELU at hand-computed points: gelu(0) = 0, gelu(1) = 0.841192 (tanh form).
+  Vec x = {0.0f, 1.0f, -1.0f}, y(3);
+  ops::gelu_forward(t(y, {3}), t(x, {3}));
+  CHECK(y[0] == 0.0f);
+  CHECK(std::abs(y[1] - 0.8411920f) < 1e-6f);
+  CHECK(std::abs(y[2] + 0.1588080f) < 1e-6f);
+}
+
+TEST_CASE("fused classifier: loss and gradient", "[ops][grad]") {
+  std::mt19937 rng(7);
+  for (const auto& [N, V] : {std::pair{1, 2}, std::pair{3, 5}, std::pair{6, 33}}) {
+    Vec logits = random_vec(rng, N * V, 2.0f), losses(N), work(logits.size());
+    std::vector<std::int32_t> targets(N);
+    for (auto& y : targets) y = std::int32_t(rng() % V);
+    const auto loss = [&] {
+      work = logits;
+      return ops::fused_classifier(t(work, {N, V}), t(losses, {N}), ti(targets, {N}), 0.0f);
+    };
+    // Hand computation for row 0: log(sum exp) - logit[target].
+    double lse = 0.0;
+    for (int v = 0; v < V; ++v) lse += std::exp(double(logits[v]));
+    const double total = loss();
+    CHECK(std::abs(losses[0] - (std::log(lse) - logits[targets[0]])) < 1e-5);
+    CHECK(work == logits);  // no gradient asked: logits untouched
+    Vec grad = logits;
+    const double same = ops::fused_classifier(t(grad, {N, V}), t(losses, {N}), ti(targets, {N}), 1.0f);
+    CHECK(same == total);
+    check_gradient("logits", logits, grad, loss, 1e-3);
+  }
+}
+
+TEST_CASE("sum of squares and AdamW match hand computations", "[ops]") {
+  Vec x = {1.0f, -2.0f, 3.0f};
+  CHECK(ops::sum_squares(t(x, {3})) == 14.0);
+  std::vector<float> big(100001, 0.5f);
+  CHECK(ops::sum_squares(t(big, {100001})) == 100001 * 0.25);
+
+  // One step from m = v = 0 at step 1: m_hat = g, v_hat = g^2, so p -= lr (sign(g) g/(|g|+eps) + wd p).
+  Vec p = {1.0f, -1.0f}, g = {0.5f, -2.0f}, m = {0.0f, 0.0f}, v = {0.0f, 0.0f};
+  ops::adamw_update(t(p, {2}), t(g, {2}), t(m, {2}), t(v, {2}), {0.1f, 0.9f, 0.95f, 0.0f, 0.01f, 1, 2.0f});
+  CHECK(std::abs(p[0] - (1.0f - 0.1f * (1.0f + 0.01f * 1.0f))) < 1e-6f);
+  CHECK(std::abs(p[1] - (-1.0f - 0.1f * (-1.0f + 0.01f * -1.0f))) < 1e-6f);
+  CHECK(std::abs(m[0] - 0.1f * 1.0f) < 1e-7f);  // (1 - beta1) * grad_scale * g
+  CHECK(std::abs(v[1] - 0.05f * 16.0f) < 1e-6f);  // (1 - beta2) * (2 * -2)^2
+}
