@@ -15,5 +15,6 @@ struct Command {
 Command add_info_command(CLI::App& parent);
 Command add_check_config_command(CLI::App& parent);
 Command add_tokenize_command(CLI::App& parent);
+Command add_train_command(CLI::App& parent);
 
 }  // namespace llmtrain::cli

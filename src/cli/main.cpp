@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
       llmtrain::cli::add_info_command(app),
       llmtrain::cli::add_check_config_command(app),
       llmtrain::cli::add_tokenize_command(app),
+      llmtrain::cli::add_train_command(app),
   };
 
   // CLI11 would only say "A subcommand is required" for a misspelt one.

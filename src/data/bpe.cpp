@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "data/json_file.h"
+#include "core/json_file.h"
 #include "data/tokenizer.h"
 
 namespace llmtrain::data {

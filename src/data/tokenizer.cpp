@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "data/json_file.h"
+#include "core/json_file.h"
 
 namespace llmtrain::data {
 namespace {

@@ -173,7 +173,7 @@ void Gpt2::ensure_acts(int B, int T) {
 double Gpt2::forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T, float dloss_scale) {
   ensure_acts(B, T);
   if (device_ != Device::cpu) throw RuntimeError("Gpt2::forward: only the CPU backend so far");
-  const std::int64_t N = std::int64_t(B) * T, C = config_.d_model;
+  const std::int64_t C = config_.d_model;
   const int NH = int(config_.n_head);
   std::memcpy(a_.inputs.data, inputs, a_.inputs.bytes());
   const Tensor none;

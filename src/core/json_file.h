@@ -1,4 +1,4 @@
-// Reading a JSON file that describes data (tokenizer files), with errors that name the file.
+// Reading a small JSON file (tokenizer files, checkpoint state), with errors that name the file.
 #pragma once
 
 #include <fstream>
@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 
-namespace llmtrain::data {
+namespace llmtrain {
 
 /// Parses the JSON file at `path`; InputError "PATH: cannot open (expected `what`)" or
 /// "PATH: not valid JSON: ...".
@@ -22,4 +22,4 @@ inline nlohmann::json read_json_file(const std::string& path, const std::string&
   }
 }
 
-}  // namespace llmtrain::data
+}  // namespace llmtrain

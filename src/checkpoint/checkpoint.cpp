@@ -1,0 +1,218 @@
+#include "checkpoint/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "checkpoint/safetensors.h"
+#include "core/error.h"
+#include "core/json_file.h"
+#include "llmtrain/build_info.h"
+
+namespace llmtrain::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Writes a small text file atomically: temporary name, fsync, rename.
+void write_text_atomic(const std::string& path, const std::string& text) {
+  const std::string temp = path + ".tmp";
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  bool ok = fd >= 0 && ::write(fd, text.data(), text.size()) == ssize_t(text.size()) && ::fsync(fd) == 0;
+  if (fd >= 0) ok = (::close(fd) == 0) && ok;
+  if (!ok) {
+    std::remove(temp.c_str());
+    throw RuntimeError(path + ": cannot write (disk full or no permission?)");
+  }
+  fs::rename(temp, path);
+}
+
+std::string step_dir_name(std::int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
+  return name;
+}
+
+// Conv1D layers of Hugging Face's GPT-2 store weights as (in, out).
+bool is_conv1d_weight(const std::string& name) {
+  return name.ends_with("attn.c_attn.weight") || name.ends_with("attn.c_proj.weight") ||
+         name.ends_with("mlp.c_fc.weight") || name.ends_with("mlp.c_proj.weight");
+}
+
+std::vector<float> transposed(const float* x, std::int64_t rows, std::int64_t cols) {
+  std::vector<float> out(std::size_t(rows * cols));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < cols; ++c) out[std::size_t(c * rows + r)] = x[r * cols + c];
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string save(const SaveRequest& r) {
+  const model::Gpt2& m = *r.model;
+  fs::create_directories(r.root);
+  const std::string name = step_dir_name(r.step);
+  const std::string dir = r.root + "/" + name;
+  fs::remove_all(dir);  // an incomplete attempt at this step (no COMPLETE) is not a checkpoint
+  fs::create_directories(dir);
+
+  std::vector<TensorToWrite> weights;
+  for (const auto& info : m.param_infos()) {
+    weights.push_back({info.name, StDtype::f32, info.shape, m.param(info).data});
+  }
+  nlohmann::json files = nlohmann::json::object();
+  const auto record = [&](const std::string& file, std::uint32_t crc) {
+    files[file] = {{"crc32", crc}, {"bytes", fs::file_size(dir + "/" + file)}};
+  };
+  record("model.safetensors", write_safetensors(dir + "/model.safetensors", weights,
+                                                {{"format", "llmtrain"}, {"arch", m.config().arch}}));
+  const std::int64_t P = m.num_params();
+  record("optim-00000.safetensors",
+         write_safetensors(dir + "/optim-00000.safetensors",
+                           {{"adamw.m", StDtype::f32, {P}, r.adam_m}, {"adamw.v", StDtype::f32, {P}, r.adam_v}},
+                           {{"range_begin", "0"}, {"range_end", std::to_string(P)}}));
+  nlohmann::json state = r.state;
+  state["step"] = r.step;
+  state["files"] = files;
+  state["llmtrain_version"] = build::version;
+  write_text_atomic(dir + "/state.json", state.dump(2) + "\n");
+  write_text_atomic(dir + "/COMPLETE", "");
+  write_text_atomic(r.root + "/latest", name + "\n");
+
+  // Only now, with a newer complete checkpoint on disk, are old ones deleted.
+  std::vector<std::string> complete;
+  for (const auto& entry : fs::directory_iterator(r.root)) {
+    const std::string n = entry.path().filename().string();
+    if (n.starts_with("step_") && fs::exists(entry.path() / "COMPLETE")) complete.push_back(n);
+  }
+  std::sort(complete.begin(), complete.end());
+  for (std::size_t i = 0; i + std::size_t(r.keep_last) < complete.size(); ++i) fs::remove_all(r.root + "/" + complete[i]);
+  return dir;
+}
+
+Found find(const std::string& path) {
+  std::string dir = path;
+  if (fs::exists(path + "/checkpoints/latest")) dir = path + "/checkpoints";
+  if (fs::exists(dir + "/latest")) {
+    std::ifstream latest(dir + "/latest");
+    std::string name;
+    std::getline(latest, name);
+    dir += "/" + name;
+  }
+  if (!fs::exists(dir + "/state.json")) {
+    throw InputError(path + ": not a checkpoint (no state.json; expected a step folder, a checkpoints folder or a run folder)");
+  }
+  if (!fs::exists(dir + "/COMPLETE")) throw InputError(dir + ": incomplete checkpoint (no COMPLETE file)");
+  Found found{dir, read_json_file(dir + "/state.json", "the state.json of a checkpoint"), {}};
+  if (!found.state.contains("config") || !found.state.contains("files")) {
+    throw InputError(dir + "/state.json: missing \"config\" or \"files\"");
+  }
+  for (const auto& [file, info] : found.state["files"].items()) {
+    const std::string file_path = dir + "/" + file;
+    if (!fs::exists(file_path)) throw InputError(file_path + ": missing (listed in state.json)");
+    const auto crc = file_crc32(file_path);
+    if (crc != info.value("crc32", std::uint64_t{0})) {
+      throw InputError(file_path + ": checksum mismatch (the file is damaged)");
+    }
+  }
+  found.config = config::parse_config(found.state["config"].dump(), dir + "/state.json");
+  return found;
+}
+
+void load_weights(const Found& found, model::Gpt2& model) {
+  const SafetensorsReader reader(found.dir + "/model.safetensors");
+  for (const auto& info : model.param_infos()) {
+    const Tensor p = model.param(info);
+    reader.read_f32(info.name, std::span<float>(p.as<float>(), std::size_t(info.numel)));
+  }
+}
+
+void export_hf(const model::Gpt2& model, const std::string& dir) {
+  const auto& c = model.config();
+  fs::create_directories(dir);
+  std::vector<std::vector<float>> keep;  // transposed copies live until written
+  std::vector<TensorToWrite> tensors;
+  for (const auto& info : model.param_infos()) {
+    const float* data = model.param(info).as<float>();
+    std::vector<std::int64_t> shape = info.shape;
+    if (is_conv1d_weight(info.name)) {
+      keep.push_back(transposed(data, shape[0], shape[1]));
+      data = keep.back().data();
+      std::swap(shape[0], shape[1]);
+    }
+    tensors.push_back({info.name, StDtype::f32, shape, data});
+  }
+  write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+  const nlohmann::json hf_config = {
+      {"architectures", {"GPT2LMHeadModel"}},
+      {"model_type", "gpt2"},
+      {"vocab_size", c.vocab_size},
+      {"n_positions", c.context_length},
+      {"n_ctx", c.context_length},
+      {"n_embd", c.d_model},
+      {"n_layer", c.n_layer},
+      {"n_head", c.n_head},
+      {"n_inner", c.ffn_hidden},
+      {"activation_function", "gelu_new"},
+      {"layer_norm_epsilon", 1e-5},
+      {"resid_pdrop", 0.0},
+      {"embd_pdrop", 0.0},
+      {"attn_pdrop", 0.0},
+      {"initializer_range", 0.02},
+      {"tie_word_embeddings", true},
+      {"scale_attn_weights", true},
+      {"torch_dtype", "float32"},
+  };
+  write_text_atomic(dir + "/config.json", hf_config.dump(2) + "\n");
+}
+
+void import_hf(const std::string& path, model::Gpt2& model) {
+  const std::string file = fs::is_directory(path) ? path + "/model.safetensors" : path;
+  if (!fs::exists(file)) throw InputError("model.init_from: " + file + ": no such file");
+  const SafetensorsReader reader(file);
+  // Names with or without GPT2LMHeadModel's "transformer." prefix.
+  const auto hf_name = [&](const std::string& name) -> const TensorInfo* {
+    if (const auto* t = reader.find(name)) return t;
+    return reader.find(name.substr(std::string("transformer.").size()));
+  };
+  std::set<std::string> used;
+  for (const auto& info : model.param_infos()) {
+    const TensorInfo* t = hf_name(info.name);
+    if (!t) throw InputError(file + ": tensor " + info.name + " is missing");
+    used.insert(t->name);
+    const bool conv = is_conv1d_weight(info.name);
+    std::vector<std::int64_t> expected = info.shape;
+    if (conv) std::swap(expected[0], expected[1]);
+    if (t->shape != expected) {
+      std::ostringstream got, want;
+      for (const auto d : t->shape) got << d << ' ';
+      for (const auto d : expected) want << d << ' ';
+      throw InputError(file + ": tensor " + t->name + " has shape [" + got.str() + "], the config needs [" +
+                       want.str() + "]");
+    }
+    float* out = model.param(info).as<float>();
+    if (!conv) {
+      reader.read_f32(t->name, std::span<float>(out, std::size_t(info.numel)));
+      continue;
+    }
+    std::vector<float> hf(std::size_t(info.numel));
+    reader.read_f32(t->name, hf);
+    const auto ours = transposed(hf.data(), expected[0], expected[1]);
+    std::copy(ours.begin(), ours.end(), out);
+  }
+  for (const auto& t : reader.tensors()) {
+    // The tied output head and the causal-mask buffers of older exports carry no parameters.
+    const bool ignorable = t.name == "lm_head.weight" || t.name.ends_with(".attn.bias") ||
+                           t.name.ends_with(".attn.masked_bias");
+    if (!used.contains(t.name) && !ignorable) throw InputError(file + ": unexpected tensor " + t.name);
+  }
+}
+
+}  // namespace llmtrain::checkpoint

@@ -1,0 +1,55 @@
+// Checkpoints (DESIGN.md layout) and Hugging Face GPT-2 weights in and out.
+//
+//   DIR/step_00000100/model.safetensors   fp32 weights, named and laid out as in the model
+//   DIR/step_00000100/optim-00000.safetensors  AdamW m and v as a range of the flat buffer
+//   DIR/step_00000100/state.json          step, tokens, sampler, world size, config, checksums
+//   DIR/step_00000100/COMPLETE            written last
+//   DIR/latest                            names the newest complete checkpoint
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "config/config.h"
+#include "model/gpt2.h"
+
+namespace llmtrain::checkpoint {
+
+struct SaveRequest {
+  std::string root;            // DIR above
+  std::int64_t step = 0;
+  std::int64_t keep_last = 3;  // older complete checkpoints are deleted after this one is complete
+  const model::Gpt2* model = nullptr;
+  const float* adam_m = nullptr;  // (P,) host
+  const float* adam_v = nullptr;  // (P,) host
+  nlohmann::json state;        // step, tokens_seen, sampler, ... ; "files" is added here
+};
+
+/// Writes one checkpoint (each file to a temporary name, fsynced, renamed), then COMPLETE, then
+/// `latest`, then deletes checkpoints beyond keep_last. Returns the checkpoint's folder.
+std::string save(const SaveRequest& request);
+
+/// A checkpoint found from a path: a step folder, a checkpoints folder (its `latest`) or a run
+/// folder (RUN/checkpoints/latest). Its files are checked against the checksums in state.json.
+struct Found {
+  std::string dir;
+  nlohmann::json state;
+  config::Config config;
+};
+Found find(const std::string& path);
+
+/// Fills the model's parameters from DIR/model.safetensors of a found checkpoint.
+void load_weights(const Found& found, model::Gpt2& model);
+
+/// Writes DIR/model.safetensors and DIR/config.json that transformers' GPT2LMHeadModel loads
+/// (Conv1D weights transposed to (in, out), tied lm_head left out).
+void export_hf(const model::Gpt2& model, const std::string& dir);
+
+/// Reads Hugging Face GPT-2 weights (a model.safetensors file, or a folder holding one) into the
+/// model; names with or without the "transformer." prefix; F32, BF16 or F16. InputError naming
+/// the file and tensor on any missing, unexpected or misshapen tensor.
+void import_hf(const std::string& path, model::Gpt2& model);
+
+}  // namespace llmtrain::checkpoint

@@ -1,0 +1,472 @@
+#include "checkpoint/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <utility>
+
+#include "core/error.h"
+
+static_assert(std::endian::native == std::endian::little,
+              "tensor bytes are read and written in place: little-endian only");
+
+namespace llmtrain::checkpoint {
+namespace {
+
+constexpr std::size_t length_bytes = 8;                 // the uint64 header length
+constexpr std::size_t io_chunk = std::size_t(1) << 30;  // below Linux's 2 GiB per read/write, zlib's uInt
+
+struct DtypeEntry {
+  StDtype dtype;
+  const char* name;
+  std::size_t size;
+};
+constexpr DtypeEntry dtype_table[] = {
+    {StDtype::f32, "F32", 4}, {StDtype::bf16, "BF16", 2}, {StDtype::f16, "F16", 2}, {StDtype::i32, "I32", 4},
+    {StDtype::i64, "I64", 8}, {StDtype::u16, "U16", 2},   {StDtype::u8, "U8", 1},
+};
+
+const DtypeEntry& entry_of(StDtype t) {
+  for (const auto& e : dtype_table) {
+    if (e.dtype == t) return e;
+  }
+  throw RuntimeError("safetensors: dtype enum value " + std::to_string(int(t)) + " out of range");
+}
+
+std::string errno_text() {
+  return std::strerror(errno);
+}
+
+// numel(shape) * element_size, or nullopt when a dim is negative or the product overflows.
+std::optional<std::uint64_t> checked_bytes(const std::vector<std::int64_t>& shape, std::size_t element_size) {
+  if (std::any_of(shape.begin(), shape.end(), [](std::int64_t d) { return d < 0; })) return std::nullopt;
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;  // empty, whatever the other dims
+  std::uint64_t product = element_size;
+  bool overflow = false;
+  for (const std::int64_t d : shape)
+    overflow = overflow || __builtin_mul_overflow(product, std::uint64_t(d), &product);
+  if (overflow || product > std::uint64_t(std::numeric_limits<std::int64_t>::max())) return std::nullopt;
+  return product;
+}
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s.append(i ? ", " : "").append(std::to_string(shape[i]));
+  return s + "]";
+}
+
+std::string offsets_text(std::size_t begin, std::size_t end) {
+  return "[" + std::to_string(begin) + ", " + std::to_string(end) + "]";
+}
+
+std::uint32_t crc32_update(std::uint32_t crc, const unsigned char* bytes, std::size_t n) {
+  while (n > 0) {
+    const std::size_t chunk = std::min(n, io_chunk);
+    crc = static_cast<std::uint32_t>(::crc32(crc, bytes, static_cast<uInt>(chunk)));
+    bytes += chunk;
+    n -= chunk;
+  }
+  return crc;
+}
+
+// One tensor entry of the header, validated; `data_bytes` is the size of the data buffer.
+TensorInfo parse_tensor_entry(const std::string& path, const std::string& name, const nlohmann::json& entry,
+                              std::size_t data_start, std::size_t data_bytes) {
+  const auto bad = [&](const std::string& what) -> InputError {
+    return InputError(path + ": tensor '" + name + "': " + what);
+  };
+  if (!entry.is_object())
+    throw bad("expected an object with dtype, shape and data_offsets, got " + entry.dump());
+  for (const char* key : {"dtype", "shape", "data_offsets"}) {
+    if (!entry.contains(key)) throw bad(std::string("missing \"") + key + "\"");
+  }
+  TensorInfo info;
+  info.name = name;
+
+  const auto& dtype = entry["dtype"];
+  if (!dtype.is_string()) throw bad("\"dtype\" must be a string, got " + dtype.dump());
+  const auto parsed = parse_st_dtype(dtype.get_ref<const std::string&>());
+  if (!parsed)
+    throw bad("unsupported dtype " + dtype.dump() + " (expected F32, BF16, F16, I32, I64, U16 or U8)");
+  info.dtype = *parsed;
+
+  const auto& shape = entry["shape"];
+  if (!shape.is_array()) throw bad("\"shape\" must be an array of integers, got " + shape.dump());
+  for (const auto& d : shape) {
+    if (!d.is_number_integer()) throw bad("\"shape\" must be an array of integers, got " + shape.dump());
+    if (!d.is_number_unsigned())
+      throw bad("negative dim " + std::to_string(d.get<std::int64_t>()) + " in shape " + shape.dump());
+    if (d.get<std::uint64_t>() > std::uint64_t(std::numeric_limits<std::int64_t>::max())) {
+      throw bad("dim too large in shape " + shape.dump());
+    }
+    info.shape.push_back(d.get<std::int64_t>());
+  }
+
+  const auto& offsets = entry["data_offsets"];
+  if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+      !offsets[1].is_number_unsigned()) {
+    throw bad("\"data_offsets\" must be [begin, end], two non-negative integers, got " + offsets.dump());
+  }
+  const std::uint64_t begin = offsets[0].get<std::uint64_t>(), end = offsets[1].get<std::uint64_t>();
+  if (end < begin) throw bad("data_offsets " + offsets_text(begin, end) + " end before they begin");
+  if (end > data_bytes) {
+    throw bad("data_offsets " + offsets_text(begin, end) +
+              " run past the end of the file: the tensor would end at byte " +
+              (end > std::numeric_limits<std::uint64_t>::max() - data_start
+                   ? std::string("(overflow)")
+                   : std::to_string(data_start + end)) +
+              ", the file has " + std::to_string(data_start + data_bytes) + " bytes");
+  }
+  info.begin = begin;
+  info.end = end;
+
+  const auto expected = checked_bytes(info.shape, st_dtype_size(info.dtype));
+  if (!expected) throw bad("shape " + shape_text(info.shape) + " has too many elements");
+  if (*expected != end - begin) {
+    throw bad("data_offsets " + offsets_text(begin, end) + " hold " + std::to_string(end - begin) +
+              " bytes, but " + st_dtype_name(info.dtype) + " " + shape_text(info.shape) + " needs " +
+              std::to_string(*expected) + " (at file byte " + std::to_string(data_start + begin) + ")");
+  }
+  return info;
+}
+
+// The temporary file a writer fills: removed by the destructor unless committed.
+class TempFile {
+ public:
+  explicit TempFile(const std::string& path) : path_(path), temp_(path + ".tmp") {
+    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw RuntimeError(path_ + ": cannot create " + temp_ + ": " + errno_text());
+  }
+  ~TempFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(temp_.c_str());
+  }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+
+  void write(const void* data, std::size_t n) {
+    const auto* bytes = static_cast<const unsigned char*>(data);
+    crc_ = crc32_update(crc_, bytes, n);
+    while (n > 0) {
+      const ssize_t written = ::write(fd_, bytes, std::min(n, io_chunk));
+      if (written < 0 && errno == EINTR) continue;
+      if (written <= 0) throw RuntimeError(path_ + ": cannot write " + temp_ + ": " + errno_text());
+      bytes += written;
+      n -= std::size_t(written);
+    }
+  }
+
+  // fsync, close, rename into place, then fsync the directory so the rename survives a crash.
+  void commit() {
+    if (::fsync(fd_) != 0) throw RuntimeError(path_ + ": cannot sync " + temp_ + ": " + errno_text());
+    const int fd = std::exchange(fd_, -1);
+    if (::close(fd) != 0) throw RuntimeError(path_ + ": cannot close " + temp_ + ": " + errno_text());
+    if (::rename(temp_.c_str(), path_.c_str()) != 0) {
+      throw RuntimeError(path_ + ": cannot rename " + temp_ + " into place: " + errno_text());
+    }
+    committed_ = true;
+    // Best effort: the file is complete and in place; some filesystems refuse fsync on a directory.
+    std::string dir = std::filesystem::path(path_).parent_path().string();
+    if (dir.empty()) dir = ".";
+    const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir_fd >= 0) {
+      ::fsync(dir_fd);
+      ::close(dir_fd);
+    }
+  }
+
+  std::uint32_t crc() const { return crc_; }
+
+ private:
+  std::string path_;
+  std::string temp_;
+  int fd_ = -1;
+  bool committed_ = false;
+  std::uint32_t crc_ = static_cast<std::uint32_t>(::crc32(0, nullptr, 0));
+};
+
+}  // namespace
+
+const char* st_dtype_name(StDtype t) {
+  return entry_of(t).name;
+}
+
+std::size_t st_dtype_size(StDtype t) {
+  return entry_of(t).size;
+}
+
+std::optional<StDtype> parse_st_dtype(std::string_view name) {
+  for (const auto& e : dtype_table) {
+    if (name == e.name) return e.dtype;
+  }
+  return std::nullopt;
+}
+
+float bf16_to_f32(std::uint16_t bits) {
+  return std::bit_cast<float>(std::uint32_t(bits) << 16);
+}
+
+float f16_to_f32(std::uint16_t bits) {
+  const std::uint32_t sign = std::uint32_t(bits & 0x8000u) << 16;
+  std::uint32_t exponent = (bits >> 10) & 0x1Fu;
+  std::uint32_t mantissa = bits & 0x3FFu;
+  std::uint32_t out;
+  if (exponent == 0x1F) {  // inf or NaN: keep the payload
+    out = sign | 0x7F800000u | (mantissa << 13);
+  } else if (exponent != 0) {  // normal: rebias 15 -> 127
+    out = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {  // +-0
+    out = sign;
+  } else {
+    // Subnormal, mantissa * 2^-24, which is a normal float: shift the leading 1 into the implicit
+    // bit (bit 10), starting from 2^-14's biased float exponent (113) and lowering it per shift.
+    exponent = 113;
+    while ((mantissa & 0x400u) == 0) {
+      mantissa <<= 1;
+      --exponent;
+    }
+    out = sign | (exponent << 23) | ((mantissa & 0x3FFu) << 13);
+  }
+  return std::bit_cast<float>(out);
+}
+
+std::int64_t TensorInfo::numel() const {
+  std::int64_t n = 1;
+  for (const std::int64_t d : shape) n *= d;
+  return n;
+}
+
+SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw InputError(path + ": cannot open safetensors file: " + errno_text());
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const std::string why = errno_text();
+    ::close(fd);
+    throw InputError(path + ": cannot stat safetensors file: " + why);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw InputError(path + ": not a regular file");
+  }
+  map_bytes_ = static_cast<std::size_t>(st.st_size);
+  if (map_bytes_ < length_bytes) {
+    ::close(fd);
+    throw InputError(path + ": byte " + std::to_string(map_bytes_) +
+                     ": file ends inside the 8-byte header length (" + std::to_string(map_bytes_) +
+                     " bytes; not a safetensors file)");
+  }
+  void* map = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_SHARED, fd, 0);
+  const std::string map_error = errno_text();
+  ::close(fd);
+  if (map == MAP_FAILED) throw InputError(path + ": cannot map safetensors file: " + map_error);
+  map_ = static_cast<const std::byte*>(map);
+
+  try {
+    std::uint64_t header_bytes = 0;
+    for (std::size_t i = 0; i < length_bytes; ++i) header_bytes |= std::uint64_t(map_[i]) << (8 * i);
+    if (header_bytes > map_bytes_ - length_bytes) {
+      throw InputError(path + ": byte 0: header length " + std::to_string(header_bytes) +
+                       " runs past the end of the file (" + std::to_string(map_bytes_) + " bytes)");
+    }
+    data_start_ = length_bytes + header_bytes;
+    const auto* text = reinterpret_cast<const char*>(map_) + length_bytes;
+
+    // The JSON object keeps the last of repeated keys; the callback sees every top-level key first.
+    std::set<std::string> seen;
+    std::string repeated;
+    const nlohmann::json::parser_callback_t note_keys = [&](int depth, nlohmann::json::parse_event_t event,
+                                                            nlohmann::json& parsed) {
+      if (depth == 1 && event == nlohmann::json::parse_event_t::key && parsed.is_string() &&
+          !seen.insert(parsed.get<std::string>()).second && repeated.empty()) {
+        repeated = parsed.get<std::string>();
+      }
+      return true;
+    };
+    nlohmann::json header;
+    try {
+      header = nlohmann::json::parse(text, text + header_bytes, note_keys);
+    } catch (const nlohmann::json::parse_error& e) {
+      std::string detail = e.what();
+      if (const auto bracket = detail.find("] "); bracket != std::string::npos) detail.erase(0, bracket + 2);
+      throw InputError(path + ": byte " + std::to_string(length_bytes + (e.byte > 0 ? e.byte - 1 : 0)) +
+                       ": header is not valid JSON (" + detail + ")");
+    }
+    if (!header.is_object()) {
+      throw InputError(path + ": byte " + std::to_string(length_bytes) +
+                       ": header must be a JSON object, got " + std::string(header.type_name()));
+    }
+    if (!repeated.empty()) throw InputError(path + ": header names '" + repeated + "' more than once");
+
+    const std::size_t data_bytes = map_bytes_ - data_start_;
+    for (const auto& [name, entry] : header.items()) {
+      if (name == "__metadata__") {
+        if (!entry.is_object()) throw InputError(path + ": \"__metadata__\" must be an object of strings");
+        for (const auto& [key, value] : entry.items()) {
+          if (!value.is_string()) {
+            throw InputError(path + ": \"__metadata__\" value of '" + key + "' must be a string, got " +
+                             value.dump());
+          }
+          metadata_.emplace(key, value.get<std::string>());
+        }
+        continue;
+      }
+      tensors_.push_back(parse_tensor_entry(path, name, entry, data_start_, data_bytes));
+    }
+
+    // In file order; tensors with bytes must not share any (empty ones share none).
+    std::stable_sort(tensors_.begin(), tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {
+      return std::pair(a.begin, a.end) < std::pair(b.begin, b.end);
+    });
+    const TensorInfo* last = nullptr;  // the non-empty tensor that ends furthest so far
+    for (const auto& t : tensors_) {
+      if (t.num_bytes() == 0) continue;
+      if (last && t.begin < last->end) {
+        throw InputError(path + ": tensor '" + t.name + "': data_offsets " + offsets_text(t.begin, t.end) +
+                         " overlap tensor '" + last->name + "' " + offsets_text(last->begin, last->end) +
+                         " (at file byte " + std::to_string(data_start_ + t.begin) + ")");
+      }
+      last = &t;
+    }
+    for (std::size_t i = 0; i < tensors_.size(); ++i) index_.emplace(tensors_[i].name, i);
+  } catch (...) {
+    ::munmap(const_cast<std::byte*>(map_), map_bytes_);
+    throw;
+  }
+}
+
+SafetensorsReader::~SafetensorsReader() {
+  if (map_) ::munmap(const_cast<std::byte*>(map_), map_bytes_);
+}
+
+SafetensorsReader::SafetensorsReader(SafetensorsReader&& other) noexcept
+    : path_(std::move(other.path_)),
+      map_(std::exchange(other.map_, nullptr)),
+      map_bytes_(other.map_bytes_),
+      data_start_(other.data_start_),
+      tensors_(std::move(other.tensors_)),
+      index_(std::move(other.index_)),
+      metadata_(std::move(other.metadata_)) {}
+
+const TensorInfo* SafetensorsReader::find(std::string_view name) const {
+  const auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &tensors_[it->second];
+}
+
+std::span<const std::byte> SafetensorsReader::data(const TensorInfo& info) const {
+  if (info.begin > info.end || info.end > map_bytes_ - data_start_) {
+    throw RuntimeError(path_ + ": tensor '" + info.name + "': data_offsets " +
+                       offsets_text(info.begin, info.end) + " are not this file's");
+  }
+  return {map_ + data_start_ + info.begin, info.num_bytes()};
+}
+
+void SafetensorsReader::read_f32(std::string_view name, std::span<float> out) const {
+  const TensorInfo* info = find(name);
+  if (!info) throw InputError(path_ + ": no tensor '" + std::string(name) + "'");
+  const std::size_t n = static_cast<std::size_t>(info->numel());
+  if (n != out.size()) {
+    throw InputError(path_ + ": tensor '" + info->name + "' has " + std::to_string(n) + " elements (shape " +
+                     shape_text(info->shape) + "), expected " + std::to_string(out.size()));
+  }
+  const std::byte* src = data(*info).data();
+  switch (info->dtype) {
+    case StDtype::f32:
+      if (n > 0) std::memcpy(out.data(), src, n * sizeof(float));
+      return;
+    case StDtype::bf16:
+    case StDtype::f16: {
+      const bool is_bf16 = info->dtype == StDtype::bf16;
+      for (std::size_t i = 0; i < n; ++i) {
+        std::uint16_t bits;
+        std::memcpy(&bits, src + 2 * i, 2);
+        out[i] = is_bf16 ? bf16_to_f32(bits) : f16_to_f32(bits);
+      }
+      return;
+    }
+    default:
+      throw InputError(path_ + ": tensor '" + info->name + "' is " + st_dtype_name(info->dtype) +
+                       ", expected a float type (F32, BF16 or F16)");
+  }
+}
+
+std::uint32_t write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                                const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<std::size_t> sizes;  // bytes of each tensor, in order
+  sizes.reserve(tensors.size());
+  std::set<std::string_view> names;
+  std::size_t offset = 0;
+  for (const auto& t : tensors) {
+    const auto bad = [&](const std::string& what) {
+      return RuntimeError(path + ": cannot write tensor '" + t.name + "': " + what);
+    };
+    if (t.name == "__metadata__") throw bad("the name is reserved for the metadata");
+    if (!names.insert(t.name).second) throw bad("a tensor of that name comes twice");
+    const auto bytes = checked_bytes(t.shape, st_dtype_size(t.dtype));
+    if (!bytes) throw bad("shape " + shape_text(t.shape) + " has a negative dim or too many elements");
+    if (*bytes > 0 && t.data == nullptr) throw bad("data is null");
+    nlohmann::ordered_json entry;
+    entry["dtype"] = st_dtype_name(t.dtype);
+    entry["shape"] = t.shape;
+    entry["data_offsets"] = {offset, offset + *bytes};
+    header[t.name] = std::move(entry);
+    sizes.push_back(*bytes);
+    offset += *bytes;
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception& e) {  // a name or metadata string that is not UTF-8
+    throw RuntimeError(path + ": cannot write the header: " + e.what());
+  }
+  // Padded so that the data buffer starts 8-byte aligned (8 + N is a multiple of 8).
+  text.append((length_bytes - text.size() % length_bytes) % length_bytes, ' ');
+  unsigned char length[length_bytes];
+  for (std::size_t i = 0; i < length_bytes; ++i) {
+    length[i] = static_cast<unsigned char>(std::uint64_t(text.size()) >> (8 * i));
+  }
+
+  TempFile file(path);
+  file.write(length, length_bytes);
+  file.write(text.data(), text.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (sizes[i] > 0) file.write(tensors[i].data, sizes[i]);
+  }
+  file.commit();
+  return file.crc();
+}
+
+std::uint32_t file_crc32(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw RuntimeError(path + ": cannot open for its CRC-32: " + errno_text());
+  std::vector<unsigned char> buffer(std::size_t(1) << 20);
+  auto crc = static_cast<std::uint32_t>(::crc32(0, nullptr, 0));
+  while (true) {
+    const ssize_t n = ::read(fd, buffer.data(), buffer.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const std::string why = errno_text();
+      ::close(fd);
+      throw RuntimeError(path + ": cannot read for its CRC-32: " + why);
+    }
+    if (n == 0) break;
+    crc = crc32_update(crc, buffer.data(), std::size_t(n));
+  }
+  ::close(fd);
+  return crc;
+}
+
+}  // namespace llmtrain::checkpoint

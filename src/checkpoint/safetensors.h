@@ -1,0 +1,103 @@
+// Safetensors files (Hugging Face's format), read memory-mapped and written atomically.
+//
+// Layout: an 8-byte little-endian uint64 N, then N bytes of JSON header, then the data buffer.
+// The header maps each tensor name to {"dtype", "shape", "data_offsets": [begin, end]}, offsets
+// relative to the start of the data buffer, plus an optional "__metadata__" of string -> string.
+// Every field is validated on open, so a reader that opened holds only tensors whose bytes lie
+// inside the file, do not overlap and match their shape.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace llmtrain::checkpoint {
+
+/// The element types llmtrain reads and writes ("F32", "BF16", ... in the file).
+enum class StDtype : std::uint8_t { f32, bf16, f16, i32, i64, u16, u8 };
+
+/// The dtype's name in a safetensors header: "F32", "BF16", "F16", "I32", "I64", "U16", "U8".
+const char* st_dtype_name(StDtype t);
+/// The dtype a header name stands for; nullopt for names llmtrain does not support.
+std::optional<StDtype> parse_st_dtype(std::string_view name);
+/// Bytes per element.
+std::size_t st_dtype_size(StDtype t);
+
+/// bfloat16 bits to float32: they are its upper 16 bits.
+float bf16_to_f32(std::uint16_t bits);
+/// IEEE binary16 bits to float32, exact (subnormals, infinities, NaN payloads included).
+float f16_to_f32(std::uint16_t bits);
+
+/// One tensor of a file as its header describes it; [begin, end) is relative to the data buffer.
+struct TensorInfo {
+  std::string name;
+  StDtype dtype = StDtype::f32;
+  std::vector<std::int64_t> shape;  // [] is a scalar (one element)
+  std::size_t begin = 0;
+  std::size_t end = 0;
+
+  /// Product of the dims (1 for a scalar, 0 when any dim is 0).
+  std::int64_t numel() const;
+  std::size_t num_bytes() const { return end - begin; }
+};
+
+/// A read-only, memory-mapped safetensors file. The constructor validates the whole header and
+/// throws InputError "PATH: ..." naming the tensor or byte offset of the first problem.
+class SafetensorsReader {
+ public:
+  explicit SafetensorsReader(const std::string& path);
+  ~SafetensorsReader();
+  SafetensorsReader(SafetensorsReader&& other) noexcept;
+  SafetensorsReader& operator=(SafetensorsReader&&) = delete;
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+
+  /// Every tensor, in the order of their data_offsets (the order of their bytes in the file).
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  /// The tensor called `name`, or nullptr if the file has none.
+  const TensorInfo* find(std::string_view name) const;
+  /// The tensor's bytes, in place in the mapping (valid while this reader lives).
+  std::span<const std::byte> data(const TensorInfo& info) const;
+  /// Copies a tensor into `out` as float32 (from F32, BF16 or F16), checking the element count;
+  /// InputError naming the tensor when it is absent, of another dtype or of another size.
+  void read_f32(std::string_view name, std::span<float> out) const;
+  /// The header's "__metadata__" (empty when it has none).
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const std::string& path() const { return path_; }
+  /// Byte offset of the data buffer in the file (8 + header length).
+  std::size_t data_start() const { return data_start_; }
+
+ private:
+  std::string path_;
+  const std::byte* map_ = nullptr;
+  std::size_t map_bytes_ = 0;
+  std::size_t data_start_ = 0;
+  std::vector<TensorInfo> tensors_;
+  std::map<std::string, std::size_t, std::less<>> index_;  // name -> position in tensors_
+  std::map<std::string, std::string> metadata_;
+};
+
+/// A tensor to write: `data` points at numel(shape) * st_dtype_size(dtype) bytes, host memory.
+struct TensorToWrite {
+  std::string name;
+  StDtype dtype = StDtype::f32;
+  std::vector<std::int64_t> shape;
+  const void* data = nullptr;
+};
+
+/// Writes atomically: PATH.tmp, fsync, rename; header padded with spaces to a multiple of 8;
+/// tensors stored in the given order. Returns the CRC-32 (zlib crc32) of the whole file as written.
+/// RuntimeError naming the path on any I/O failure (disk full, permission) or bad argument (a
+/// negative dim, a repeated name), and the temp file is removed.
+std::uint32_t write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                                const std::map<std::string, std::string>& metadata = {});
+
+/// CRC-32 of a whole file (zlib), streamed in chunks; RuntimeError if unreadable.
+std::uint32_t file_crc32(const std::string& path);
+
+}  // namespace llmtrain::checkpoint

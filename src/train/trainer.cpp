@@ -1,0 +1,199 @@
+#include "train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "core/error.h"
+#include "data/shard.h"
+#include "train/adamw.h"
+#include "train/schedule.h"
+
+namespace llmtrain::train {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+std::string format_duration(double seconds) {
+  const auto s = static_cast<long long>(seconds + 0.5);
+  char text[32];
+  if (s >= 3600) {
+    std::snprintf(text, sizeof text, "%lld:%02lld:%02lld", s / 3600, (s / 60) % 60, s % 60);
+  } else {
+    std::snprintf(text, sizeof text, "%lld:%02lld", s / 60, s % 60);
+  }
+  return text;
+}
+
+std::string format_rate(double per_second) {
+  char text[32];
+  if (per_second >= 1e6) {
+    std::snprintf(text, sizeof text, "%.2fM", per_second / 1e6);
+  } else if (per_second >= 1e3) {
+    std::snprintf(text, sizeof text, "%.1fk", per_second / 1e3);
+  } else {
+    std::snprintf(text, sizeof text, "%.0f", per_second);
+  }
+  return text;
+}
+
+// Appends one JSON object per line and flushes, so a killed run keeps every line it logged.
+class MetricsLog {
+ public:
+  explicit MetricsLog(const std::string& path) : path_(path), out_(path, std::ios::app) {
+    if (!out_) throw RuntimeError(path + ": cannot open for writing");
+  }
+  void write(const nlohmann::json& line) {
+    out_ << line.dump() << '\n';
+    out_.flush();
+    if (!out_) throw RuntimeError(path_ + ": write failed (disk full?)");
+  }
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+}  // namespace
+
+double evaluate(model::Gpt2& model, const data::TokenDataset& data, const config::Config& config,
+                std::int64_t batches) {
+  const auto& t = config.train;
+  const int T = int(config.model.context_length), B = int(t.micro_batch_size);
+  data::DistributedSampler sampler({data.num_samples(), t.global_batch_size, B, 1, 0, false, 0});
+  batches = std::min(batches, sampler.updates_per_epoch());
+  std::vector<std::int64_t> indices(static_cast<std::size_t>(B));
+  std::vector<std::int32_t> inputs(std::size_t(B) * T), targets(inputs.size());
+  double sum = 0.0;
+  std::int64_t count = 0;
+  for (std::int64_t k = 0; k < batches; ++k) {
+    for (std::int64_t m = 0; m < sampler.micro_steps(); ++m) {
+      sampler.micro_batch(m, indices);
+      for (int b = 0; b < B; ++b) data.read_sample(indices[b], inputs.data() + b * T, targets.data() + b * T);
+      sum += model.forward(inputs.data(), targets.data(), B, T, 0.0f);
+      count += std::int64_t(B) * T;
+    }
+    sampler.advance();
+  }
+  return sum / double(count);
+}
+
+TrainSummary run_training(const TrainOptions& options) {
+  const config::Config& config = options.config;
+  const auto& tc = config.train;
+  const auto& oc = config.optim;
+  if (options.device != Device::cpu) {
+    throw InputError("--device cuda: training runs on the CPU backend only so far (use --device cpu)");
+  }
+  if (fs::exists(options.run_dir + "/metrics.jsonl")) {
+    throw InputError(options.run_dir + ": already holds a run (metrics.jsonl); choose another --run-dir");
+  }
+  if (config.data.train.empty()) throw InputError("data.train: no training data given");
+
+  // Data first: a bad shard stops the run before anything is written.
+  const int T = int(config.model.context_length), B = int(tc.micro_batch_size);
+  const auto vocab = std::uint32_t(config.model.vocab_size);
+  const data::TokenDataset train_data(data::expand_paths(config.data.train, "data.train"), T, vocab);
+  std::unique_ptr<data::TokenDataset> val_data;
+  if (!config.data.val.empty()) {
+    val_data = std::make_unique<data::TokenDataset>(data::expand_paths(config.data.val, "data.val"), T, vocab);
+    if (val_data->num_samples() < tc.global_batch_size) {
+      throw InputError("data.val: " + std::to_string(val_data->num_samples()) +
+                       " samples, fewer than one global batch (" + std::to_string(tc.global_batch_size) + ")");
+    }
+  }
+  const std::int64_t accum = config::grad_accum_steps(config, 1);
+  const data::SamplerOptions sampler_options{train_data.num_samples(), tc.global_batch_size, B, 1, 0,
+                                             config.data.shuffle, std::uint64_t(config.data.seed)};
+  data::BatchLoader loader(train_data, sampler_options, {});
+
+  model::Gpt2 model(config.model, options.device);
+  if (config.model.init_from.empty()) {
+    model.init_weights(std::uint64_t(tc.seed));
+  } else {
+    checkpoint::import_hf(config.model.init_from, model);
+  }
+  const std::int64_t P = model.num_params();
+  AdamW optimizer(P);
+
+  fs::create_directories(options.run_dir);
+  const nlohmann::json resolved = config::to_json(config);
+  {
+    std::ofstream out(options.run_dir + "/config.json");
+    out << resolved.dump(2) << "\n";
+    if (!out) throw RuntimeError(options.run_dir + "/config.json: cannot write");
+  }
+  MetricsLog metrics(options.run_dir + "/metrics.jsonl");
+  const std::string checkpoint_root =
+      config.checkpoint.dir.empty() ? options.run_dir + "/checkpoints" : config.checkpoint.dir;
+  if (options.progress) {
+    std::fprintf(stderr, "train: %lld parameters, %lld train samples of %d tokens, %lld micro-step(s) of %d per update\n",
+                 static_cast<long long>(P), static_cast<long long>(train_data.num_samples()), T,
+                 static_cast<long long>(accum), B);
+  }
+
+  TrainSummary summary;
+  std::int64_t tokens_seen = 0;
+  data::SamplerState sampler_state;
+  const auto save = [&](std::int64_t step) {
+    nlohmann::json state = {{"tokens_seen", tokens_seen},
+                            {"sampler", {{"epoch", sampler_state.epoch}, {"next_sample", sampler_state.next_sample}}},
+                            {"world_size", 1},
+                            {"zero_stage", config.dist.zero_stage},
+                            {"config", resolved}};
+    summary.last_checkpoint = checkpoint::save(
+        {checkpoint_root, step, config.checkpoint.keep_last, &model, optimizer.m(), optimizer.v(), state});
+  };
+
+  const auto start = Clock::now();
+  const double tokens_per_step = double(tc.global_batch_size) * T;
+  for (std::int64_t step = 1; step <= tc.max_steps; ++step) {
+    const auto step_start = Clock::now();
+    model.zero_grads();
+    double loss_sum = 0.0;
+    for (std::int64_t m = 0; m < accum; ++m) {
+      const data::MicroBatch batch = loader.next();
+      // d(mean loss over the whole update)/dlogits: each micro-step adds 1 / (G T) per position.
+      loss_sum += model.forward(batch.inputs.data(), batch.targets.data(), B, T, float(1.0 / tokens_per_step));
+      model.backward();
+      sampler_state = batch.after;
+    }
+    const double loss = loss_sum / tokens_per_step;
+    const double lr = learning_rate(oc, tc.max_steps, step);
+    const double grad_norm = optimizer.update(model, oc, tc.grad_clip, lr, step);
+    tokens_seen += std::int64_t(tokens_per_step);
+    const double step_seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    metrics.write({{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
+                   {"tokens_per_s", tokens_per_step / step_seconds}, {"mfu", nullptr}, {"elapsed_s", elapsed}});
+    summary.final_loss = loss;
+    if (options.progress && (step % tc.log_every == 0 || step == 1 || step == tc.max_steps)) {
+      const double eta = elapsed / double(step) * double(tc.max_steps - step);
+      std::fprintf(stderr, "step %lld/%lld | loss %.4f | lr %.2e | norm %.3f | %s tok/s | %s elapsed, ETA %s\n",
+                   static_cast<long long>(step), static_cast<long long>(tc.max_steps), loss, lr, grad_norm,
+                   format_rate(tokens_per_step / step_seconds).c_str(), format_duration(elapsed).c_str(),
+                   format_duration(eta).c_str());
+    }
+    const bool last = step == tc.max_steps;
+    if (val_data && ((tc.eval_every > 0 && step % tc.eval_every == 0) || last)) {
+      const double val_loss = evaluate(model, *val_data, config, tc.eval_batches);
+      metrics.write({{"step", step}, {"val_loss", val_loss}});
+      summary.final_val_loss = val_loss;
+      if (options.progress) std::fprintf(stderr, "step %lld/%lld | val_loss %.4f\n", static_cast<long long>(step),
+                                          static_cast<long long>(tc.max_steps), val_loss);
+    }
+    if ((config.checkpoint.every > 0 && step % config.checkpoint.every == 0) || last) save(step);
+    summary.steps = step;
+  }
+  summary.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return summary;
+}
+
+}  // namespace llmtrain::train

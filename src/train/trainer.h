@@ -1,0 +1,37 @@
+// The training loop: data, model, AdamW, schedule, validation, metrics, checkpoints.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "config/config.h"
+#include "data/dataset.h"
+#include "model/gpt2.h"
+
+namespace llmtrain::train {
+
+struct TrainOptions {
+  config::Config config;
+  std::string run_dir;
+  Device device = Device::cpu;
+  bool progress = true;  // progress lines on stderr
+};
+
+struct TrainSummary {
+  std::int64_t steps = 0;
+  double final_loss = 0;      // of the last update's batch
+  double final_val_loss = -1;  // of the last validation, -1 when none ran
+  double seconds = 0;
+  std::string last_checkpoint;
+};
+
+/// Trains as the config says, writing RUN_DIR/config.json, metrics.jsonl and checkpoints.
+/// InputError (exit 2) for bad data or a run folder that already holds a run.
+TrainSummary run_training(const TrainOptions& options);
+
+/// Mean loss over `batches` global batches of `data` in order (no shuffling), micro-batches of
+/// the config's micro_batch_size; at most as many batches as the data holds.
+double evaluate(model::Gpt2& model, const data::TokenDataset& data, const config::Config& config,
+                std::int64_t batches);
+
+}  // namespace llmtrain::train
