@@ -9,7 +9,7 @@ packages=(
   build-essential g++ cmake pkg-config git ca-certificates
   libcli11-dev nlohmann-json3-dev catch2
   libopenmpi-dev openmpi-bin
-  libopenblas-dev libpcre2-dev zlib1g-dev
+  libopenblas-dev libopenblas0-openmp libpcre2-dev zlib1g-dev
   python3 python3-numpy
   fortunes
 )

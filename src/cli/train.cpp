@@ -16,6 +16,7 @@ Command add_train_command(CLI::App& parent) {
     std::vector<std::string> sets;
     std::string run_dir;
     std::string device = "auto";
+    bool profile_ops = false;
   };
   auto options = std::make_shared<Options>();
   CLI::App* app = parent.add_subcommand("train", "Train a model as a config describes");
@@ -27,6 +28,7 @@ Command add_train_command(CLI::App& parent) {
   app->add_option("--device", options->device, "auto | cpu | cuda (auto: cpu until the CUDA training path lands)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
+  app->add_flag("--profile-ops", options->profile_ops, "Print the time spent in each op at the end");
 
   return {app, [options] {
             std::vector<config::Override> overrides;
@@ -37,6 +39,7 @@ Command add_train_command(CLI::App& parent) {
                             ? "runs/" + std::filesystem::path(options->config_path).stem().string()
                             : options->run_dir;
             o.device = options->device == "cuda" ? Device::cuda : Device::cpu;
+            o.profile_ops = options->profile_ops;
             const train::TrainSummary s = train::run_training(o);
             std::printf("train: %lld steps in %.1f s; final loss %.4f", static_cast<long long>(s.steps), s.seconds,
                         s.final_loss);

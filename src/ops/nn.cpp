@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "ops/cpu/nn.h"
+#include "ops/profile.h"
 
 namespace llmtrain::ops {
 namespace {
@@ -34,6 +35,7 @@ int as_int(std::int64_t x) { return static_cast<int>(x); }
 }  // namespace
 
 void encoder_forward(const Tensor& out, const Tensor& inp, const Tensor& wte, const Tensor& wpe) {
+  const OpTimer timer("encoder_forward");
   const auto B = inp.shape[0], T = inp.shape[1], C = wte.shape[1];
   expect("encoder_forward", "inp", inp, DType::i32, {-1, -1});
   expect("encoder_forward", "out", out, DType::f32, {B, T, C});
@@ -46,6 +48,7 @@ void encoder_forward(const Tensor& out, const Tensor& inp, const Tensor& wte, co
 }
 
 void encoder_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& inp) {
+  const OpTimer timer("encoder_backward");
   const auto B = inp.shape[0], T = inp.shape[1], C = dwte.shape[1];
   expect("encoder_backward", "inp", inp, DType::i32, {-1, -1});
   expect("encoder_backward", "dout", dout, DType::f32, {B, T, C});
@@ -58,6 +61,7 @@ void encoder_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout
 
 void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& inp,
                        const Tensor& weight, const Tensor& bias) {
+  const OpTimer timer("layernorm_forward");
   const auto N = inp.shape[0], C = inp.shape[1];
   expect("layernorm_forward", "inp", inp, DType::f32, {N, C});
   expect("layernorm_forward", "out", out, DType::f32, {N, C});
@@ -72,6 +76,7 @@ void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd
 
 void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
                         const Tensor& inp, const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
+  const OpTimer timer("layernorm_backward");
   const auto N = inp.shape[0], C = inp.shape[1];
   expect("layernorm_backward", "inp", inp, DType::f32, {N, C});
   expect("layernorm_backward", "dinp", dinp, DType::f32, {N, C});
@@ -87,6 +92,7 @@ void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor&
 }
 
 void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias) {
+  const OpTimer timer("matmul_forward");
   const auto N = inp.shape[0], C = inp.shape[1], OC = weight.shape[0];
   expect("matmul_forward", "inp", inp, DType::f32, {N, C});
   expect("matmul_forward", "weight", weight, DType::f32, {OC, C});
@@ -99,6 +105,7 @@ void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, 
 
 void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
                      const Tensor& inp, const Tensor& weight) {
+  const OpTimer timer("matmul_backward");
   const auto N = inp.shape[0], C = inp.shape[1], OC = weight.shape[0];
   expect("matmul_backward", "inp", inp, DType::f32, {N, C});
   expect("matmul_backward", "dinp", dinp, DType::f32, {N, C});
@@ -112,6 +119,7 @@ void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& db
 }
 
 void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int NH) {
+  const OpTimer timer("attention_forward");
   const auto B = qkv.shape[0], T = qkv.shape[1], C = qkv.shape[2] / 3;
   expect("attention_forward", "qkv", qkv, DType::f32, {B, T, 3 * C});
   expect("attention_forward", "out", out, DType::f32, {B, T, C});
@@ -122,6 +130,7 @@ void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, 
 }
 
 void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att, int NH) {
+  const OpTimer timer("attention_backward");
   const auto B = qkv.shape[0], T = qkv.shape[1], C = qkv.shape[2] / 3;
   expect("attention_backward", "qkv", qkv, DType::f32, {B, T, 3 * C});
   expect("attention_backward", "dqkv", dqkv, DType::f32, {B, T, 3 * C});
@@ -146,26 +155,31 @@ void expect_same_size(const char* op, std::initializer_list<const Tensor*> tenso
 }  // namespace
 
 void gelu_forward(const Tensor& out, const Tensor& inp) {
+  const OpTimer timer("gelu_forward");
   expect_same_size("gelu_forward", {&out, &inp});
   cpu::gelu_forward(out.as<float>(), inp.as<float>(), inp.numel());
 }
 
 void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout) {
+  const OpTimer timer("gelu_backward");
   expect_same_size("gelu_backward", {&dinp, &inp, &dout});
   cpu::gelu_backward(dinp.as<float>(), inp.as<float>(), dout.as<float>(), inp.numel());
 }
 
 void residual_forward(const Tensor& out, const Tensor& a, const Tensor& b) {
+  const OpTimer timer("residual_forward");
   expect_same_size("residual_forward", {&out, &a, &b});
   cpu::residual_forward(out.as<float>(), a.as<float>(), b.as<float>(), out.numel());
 }
 
 void residual_backward(const Tensor& da, const Tensor& db, const Tensor& dout) {
+  const OpTimer timer("residual_backward");
   expect_same_size("residual_backward", {&da, &db, &dout});
   cpu::residual_backward(da.as<float>(), db.as<float>(), dout.as<float>(), dout.numel());
 }
 
 double fused_classifier(const Tensor& logits, const Tensor& losses, const Tensor& targets, float dlogits_scale) {
+  const OpTimer timer("fused_classifier");
   const auto N = logits.shape[0], V = logits.shape[1];
   expect("fused_classifier", "logits", logits, DType::f32, {N, V});
   expect("fused_classifier", "losses", losses, DType::f32, {N});
@@ -176,11 +190,13 @@ double fused_classifier(const Tensor& logits, const Tensor& losses, const Tensor
 }
 
 double sum_squares(const Tensor& x) {
+  const OpTimer timer("sum_squares");
   expect_same_size("sum_squares", {&x});
   return cpu::sum_squares(x.as<float>(), x.numel());
 }
 
 void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWParams& p) {
+  const OpTimer timer("adamw_update");
   expect_same_size("adamw_update", {&param, &grad, &m, &v});
   cpu::adamw_update(param.as<float>(), grad.as<float>(), m.as<float>(), v.as<float>(), param.numel(), p.lr, p.beta1,
                     p.beta2, p.eps, p.weight_decay, p.step, p.grad_scale);

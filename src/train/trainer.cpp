@@ -12,6 +12,7 @@
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "data/shard.h"
+#include "ops/profile.h"
 #include "train/adamw.h"
 #include "train/schedule.h"
 
@@ -152,6 +153,7 @@ TrainSummary run_training(const TrainOptions& options) {
         {checkpoint_root, step, config.checkpoint.keep_last, &model, optimizer.m(), optimizer.v(), state});
   };
 
+  ops::enable_profiling(options.profile_ops);
   const auto start = Clock::now();
   const double tokens_per_step = double(tc.global_batch_size) * T;
   for (std::int64_t step = 1; step <= tc.max_steps; ++step) {
@@ -193,6 +195,16 @@ TrainSummary run_training(const TrainOptions& options) {
     summary.steps = step;
   }
   summary.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  if (options.profile_ops) {
+    double total = 0.0;
+    for (const auto& op : ops::profile_report()) total += op.seconds;
+    std::fprintf(stderr, "op time (%.2f s in ops of %.2f s in all):\n", total, summary.seconds);
+    for (const auto& op : ops::profile_report()) {
+      std::fprintf(stderr, "  %-20s %8lld calls %9.3f s %5.1f%%\n", op.name.c_str(), static_cast<long long>(op.calls),
+                   op.seconds, 100.0 * op.seconds / summary.seconds);
+    }
+    ops::enable_profiling(false);
+  }
   return summary;
 }
 

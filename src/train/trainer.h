@@ -14,7 +14,8 @@ struct TrainOptions {
   config::Config config;
   std::string run_dir;
   Device device = Device::cpu;
-  bool progress = true;  // progress lines on stderr
+  bool progress = true;        // progress lines on stderr
+  bool profile_ops = false;    // print the time spent in each op at the end
 };
 
 struct TrainSummary {

@@ -22,6 +22,7 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
         for (int t2 = 0; t2 <= t; ++t2) {
           const float* k = qkv + (std::int64_t(b) * T + t2) * C3 + C + h * HS;
           float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
           for (int i = 0; i < HS; ++i) dot += q[i] * k[i];
           row[t2] = dot * scale;
           if (row[t2] > max_score) max_score = row[t2];
@@ -40,6 +41,7 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
         for (int t2 = 0; t2 <= t; ++t2) {
           const float* v = qkv + (std::int64_t(b) * T + t2) * C3 + 2 * C + h * HS;
           const float p = row[t2];
+#pragma omp simd
           for (int i = 0; i < HS; ++i) o[i] += p * v[i];
         }
       }
@@ -68,6 +70,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
           const float* v = qkv + (std::int64_t(b) * T + t2) * C3 + 2 * C + h * HS;
           float* dv = dqkv + (std::int64_t(b) * T + t2) * C3 + 2 * C + h * HS;
           float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
           for (int i = 0; i < HS; ++i) {
             dot += dy[i] * v[i];
             dv[i] += row[t2] * dy[i];
@@ -80,6 +83,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
           const float ds = row[t2] * (datt[t2] - weighted) * scale;
           const float* k = qkv + (std::int64_t(b) * T + t2) * C3 + C + h * HS;
           float* dk = dqkv + (std::int64_t(b) * T + t2) * C3 + C + h * HS;
+#pragma omp simd
           for (int i = 0; i < HS; ++i) {
             dq[i] += ds * k[i];
             dk[i] += ds * q[i];
