@@ -1,5 +1,6 @@
 // The llmtrain binary as users call it: exit codes, one-line errors, --help, info, check-config.
 #include <filesystem>
+#include <fstream>
 
 #include <nlohmann/json.hpp>
 
@@ -27,7 +28,7 @@ TEST_CASE("--help and --version work for the program and every subcommand", "[cl
   const auto version = run_llmtrain({"--version"});
   CHECK(version.exit_code == 0);
   CHECK(version.out.rfind("llmtrain 0.", 0) == 0);
-  for (const std::string sub : {"info", "check-config", "tokenize"}) {
+  for (const std::string sub : {"info", "check-config", "tokenize", "train", "eval", "generate", "export"}) {
     CAPTURE(sub);
     const auto help = run_llmtrain({sub, "--help"});
     CHECK(help.exit_code == 0);
@@ -109,4 +110,80 @@ TEST_CASE("tokenize writes shards, and bad input exits 2 without touching existi
                     "--val-fraction: expected a number in [0, 1)");
   // The shards of the first run are still there and whole: 1024 header bytes + 12 uint16 tokens.
   CHECK(std::filesystem::file_size(out + "/train_000000.bin") == 1024 + 2 * 12);
+}
+
+TEST_CASE("train, eval, generate and export work end to end on a tiny run", "[cli][train]") {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog " + std::to_string(i % 7) + "\n";
+  const std::string corpus = dir.write("corpus.txt", text);
+  const std::string shards = dir.path() + "/shards";
+  REQUIRE(run_llmtrain({"tokenize", "--input", corpus, "--output", shards}).exit_code == 0);
+  const std::string config = dir.write("tiny.json", R"({
+    "model": {"vocab_size": 256, "context_length": 16, "n_layer": 1, "n_head": 2, "d_model": 16},
+    "data": {"train": ")" + shards + R"(/train_*.bin", "val": ")" + shards + R"(/val_*.bin"},
+    "train": {"micro_batch_size": 2, "global_batch_size": 4, "max_steps": 6, "log_every": 2, "eval_every": 3,
+              "eval_batches": 2},
+    "optim": {"lr": 0.01, "warmup_steps": 1},
+    "checkpoint": {"every": 2, "keep_last": 2}})");
+  const std::string run = dir.path() + "/run";
+
+  const auto trained = run_llmtrain({"train", "--config", config, "--run-dir", run});
+  CAPTURE(trained.err);
+  REQUIRE(trained.exit_code == 0);
+  CHECK(trained.err.find("step 6/6 | loss") != std::string::npos);
+  // metrics.jsonl: one line per step, plus the validation lines at steps 3 and 6.
+  std::ifstream metrics(run + "/metrics.jsonl");
+  int steps = 0, evals = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const auto m = nlohmann::json::parse(line);
+    if (m.contains("val_loss")) {
+      ++evals;
+    } else {
+      CHECK(m["step"] == ++steps);
+      CHECK(m["loss"].get<double>() > 0);
+      CHECK(m.contains("lr"));
+      CHECK(m.contains("grad_norm"));
+      CHECK(m.contains("tokens_per_s"));
+    }
+  }
+  CHECK(steps == 6);
+  CHECK(evals == 2);
+  CHECK(nlohmann::json::parse(std::ifstream(run + "/config.json"))["train"]["max_steps"] == 6);
+  // Checkpoints at 2, 4 and 6; keep_last 2 leaves 4 and 6.
+  CHECK(!std::filesystem::exists(run + "/checkpoints/step_00000002"));
+  CHECK(std::filesystem::exists(run + "/checkpoints/step_00000004/COMPLETE"));
+  CHECK(std::filesystem::exists(run + "/checkpoints/step_00000006/optim-00000.safetensors"));
+
+  // A second run into the same folder is refused; nothing is touched.
+  check_input_error(run_llmtrain({"train", "--config", config, "--run-dir", run}), "already holds a run");
+
+  const auto evaluated = run_llmtrain({"eval", "--checkpoint", run});
+  CAPTURE(evaluated.err);
+  CHECK(evaluated.exit_code == 0);
+  CHECK(evaluated.out.find("step 6: val_loss") != std::string::npos);
+
+  const std::vector<std::string> generate = {"generate", "--checkpoint", run, "--prompt", "the ", "--max-new-tokens",
+                                             "12", "--seed", "5", "--top-k", "20"};
+  const auto first = run_llmtrain(generate);
+  const auto second = run_llmtrain(generate);
+  CAPTURE(first.err);
+  REQUIRE(first.exit_code == 0);
+  CHECK(first.out.rfind("the ", 0) == 0);
+  CHECK(first.out.size() == 4 + 12 + 1);  // prompt, 12 byte tokens, newline
+  CHECK(first.out == second.out);        // same seed, same text
+
+  const auto exported = run_llmtrain({"export", "--checkpoint", run + "/checkpoints/step_00000004", "--output",
+                                      dir.path() + "/hf"});
+  CHECK(exported.exit_code == 0);
+  CHECK(std::filesystem::exists(dir.path() + "/hf/model.safetensors"));
+  CHECK(std::filesystem::exists(dir.path() + "/hf/config.json"));
+
+  // A damaged checkpoint file is detected by its checksum.
+  {
+    std::fstream f(run + "/checkpoints/step_00000006/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-1, std::ios::end);
+    f.put('\x7f');
+  }
+  check_input_error(run_llmtrain({"eval", "--checkpoint", run}), "model.safetensors: checksum mismatch");
 }

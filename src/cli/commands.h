@@ -16,5 +16,8 @@ Command add_info_command(CLI::App& parent);
 Command add_check_config_command(CLI::App& parent);
 Command add_tokenize_command(CLI::App& parent);
 Command add_train_command(CLI::App& parent);
+Command add_generate_command(CLI::App& parent);
+Command add_eval_command(CLI::App& parent);
+Command add_export_command(CLI::App& parent);
 
 }  // namespace llmtrain::cli

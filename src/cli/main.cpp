@@ -40,6 +40,9 @@ int main(int argc, char** argv) {
       llmtrain::cli::add_check_config_command(app),
       llmtrain::cli::add_tokenize_command(app),
       llmtrain::cli::add_train_command(app),
+      llmtrain::cli::add_eval_command(app),
+      llmtrain::cli::add_generate_command(app),
+      llmtrain::cli::add_export_command(app),
   };
 
   // CLI11 would only say "A subcommand is required" for a misspelt one.

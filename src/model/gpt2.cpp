@@ -243,6 +243,68 @@ void Gpt2::backward() {
 
 void Gpt2::zero_grads() { std::memset(grads_.data(), 0, grads_.bytes()); }
 
+void Gpt2::ensure_decoder() {
+  if (d_.buffer.data()) return;
+  const std::int64_t C = config_.d_model, F4 = config_.ffn_hidden, V = config_.vocab_size,
+                     maxT = config_.context_length;
+  for (const bool measure : {true, false}) {
+    Carver carver{measure ? nullptr : static_cast<char*>(d_.buffer.data()), device_};
+    d_.token = carver.take(DType::i32, {1, 1});
+    d_.x = carver.take(DType::f32, {1, C});
+    d_.ln = carver.take(DType::f32, {1, C});
+    d_.mean = carver.take(DType::f32, {1});
+    d_.rstd = carver.take(DType::f32, {1});
+    d_.qkv = carver.take(DType::f32, {1, 3 * C});
+    d_.atty = carver.take(DType::f32, {1, C});
+    d_.proj = carver.take(DType::f32, {1, C});
+    d_.x2 = carver.take(DType::f32, {1, C});
+    d_.fch = carver.take(DType::f32, {1, F4});
+    d_.fch_gelu = carver.take(DType::f32, {1, F4});
+    d_.logits = carver.take(DType::f32, {1, V});
+    d_.k_cache.clear();
+    d_.v_cache.clear();
+    for (std::int64_t l = 0; l < config_.n_layer; ++l) {
+      d_.k_cache.push_back(carver.take(DType::f32, {maxT, C}));
+      d_.v_cache.push_back(carver.take(DType::f32, {maxT, C}));
+    }
+    if (measure) d_.buffer = ops::Buffer(device_, carver.used);
+  }
+}
+
+Tensor Gpt2::decode_step(std::int32_t token, int pos) {
+  if (pos < 0 || pos >= config_.context_length) {
+    throw RuntimeError("Gpt2::decode_step: position " + std::to_string(pos) + " outside the context");
+  }
+  ensure_decoder();
+  const std::int64_t C = config_.d_model;
+  const int NH = int(config_.n_head);
+  const auto row = [&](const Tensor& t, std::int64_t r, std::int64_t offset, std::int64_t width) {
+    return Tensor(t.as<float>() + r * t.shape[1] + offset, DType::f32, t.device, {width});
+  };
+  ops::copy(d_.token, Tensor(&token, DType::i32, Device::cpu, {1, 1}));
+  // Position `pos` of the table is position 0 of this view.
+  const Tensor wpe_from_pos(p_.wpe.as<float>() + pos * C, DType::f32, device_, {1, C});
+  ops::encoder_forward(d_.x.reshape({1, 1, C}), d_.token, p_.wte, wpe_from_pos);
+  for (std::size_t l = 0; l < p_.layers.size(); ++l) {
+    const LayerParams& lp = p_.layers[l];
+    ops::layernorm_forward(d_.ln, d_.mean, d_.rstd, d_.x, lp.ln1_w, lp.ln1_b);
+    ops::matmul_forward(d_.qkv, d_.ln, lp.qkv_w, lp.qkv_b);
+    ops::copy(row(d_.k_cache[l], pos, 0, C), row(d_.qkv, 0, C, C));
+    ops::copy(row(d_.v_cache[l], pos, 0, C), row(d_.qkv, 0, 2 * C, C));
+    ops::attention_decode(d_.atty.reshape({C}), row(d_.qkv, 0, 0, C), d_.k_cache[l], d_.v_cache[l], pos, NH);
+    ops::matmul_forward(d_.proj, d_.atty, lp.attproj_w, lp.attproj_b);
+    ops::residual_forward(d_.x2, d_.x, d_.proj);
+    ops::layernorm_forward(d_.ln, d_.mean, d_.rstd, d_.x2, lp.ln2_w, lp.ln2_b);
+    ops::matmul_forward(d_.fch, d_.ln, lp.fc_w, lp.fc_b);
+    ops::gelu_forward(d_.fch_gelu, d_.fch);
+    ops::matmul_forward(d_.proj, d_.fch_gelu, lp.fcproj_w, lp.fcproj_b);
+    ops::residual_forward(d_.x, d_.x2, d_.proj);
+  }
+  ops::layernorm_forward(d_.ln, d_.mean, d_.rstd, d_.x, p_.lnf_w, p_.lnf_b);
+  ops::matmul_forward(d_.logits, d_.ln, p_.wte, Tensor());
+  return d_.logits.reshape({config_.vocab_size});
+}
+
 Tensor Gpt2::logits() const {
   return a_.logits.reshape({acts_B_, acts_T_, config_.vocab_size});
 }

@@ -54,6 +54,11 @@ class Gpt2 {
   /// (B,T,V) logits of the last forward without dloss_scale.
   Tensor logits() const;
 
+  /// Incremental decoding of one sequence with a KV cache: feed its tokens at positions 0, 1,
+  /// 2, ... (below context_length), each costing one position; returns the (V,) logits that
+  /// predict the next token. Position 0 starts a new sequence.
+  Tensor decode_step(std::int32_t token, int pos);
+
  private:
   struct LayerParams {
     Tensor ln1_w, ln1_b, qkv_w, qkv_b, attproj_w, attproj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
@@ -82,6 +87,15 @@ class Gpt2 {
   std::int64_t num_params_ = 0;
   ops::Buffer params_, grads_;
   Params p_, g_;
+
+  // Buffers of decode_step: one position's activations and each layer's key/value cache.
+  struct Decoder {
+    ops::Buffer buffer;
+    Tensor token, x, ln, mean, rstd, qkv, atty, proj, x2, fch, fch_gelu, logits;
+    std::vector<Tensor> k_cache, v_cache;  // per layer (maxT, C)
+  };
+  void ensure_decoder();
+  Decoder d_;
 
   int acts_B_ = 0, acts_T_ = 0;
   ops::Buffer acts_buffer_, grad_acts_buffer_;

@@ -141,6 +141,21 @@ void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qk
                           as_int(T), as_int(C), NH);
 }
 
+void attention_decode(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int pos,
+                      int NH) {
+  const OpTimer timer("attention_decode");
+  const auto C = q.shape[0], maxT = k_cache.shape[0];
+  expect("attention_decode", "q", q, DType::f32, {C});
+  expect("attention_decode", "out", out, DType::f32, {C});
+  expect("attention_decode", "k_cache", k_cache, DType::f32, {maxT, C});
+  expect("attention_decode", "v_cache", v_cache, DType::f32, {maxT, C});
+  if (pos < 0 || pos >= maxT || NH <= 0 || C % NH != 0) {
+    throw RuntimeError("ops::attention_decode: position " + std::to_string(pos) + " outside the cache, or NH does not divide C");
+  }
+  on_cpu("attention_decode", {&out, &q, &k_cache, &v_cache});
+  cpu::attention_decode(out.as<float>(), q.as<float>(), k_cache.as<float>(), v_cache.as<float>(), pos, as_int(C), NH);
+}
+
 namespace {
 void expect_same_size(const char* op, std::initializer_list<const Tensor*> tensors) {
   const Tensor& first = **tensors.begin();

@@ -28,6 +28,10 @@ void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& db
 void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int NH);
 void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att, int NH);
 
+/// One new position of one sequence: out (C) from q (C) and the caches (maxT, C) up to `pos`.
+void attention_decode(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int pos,
+                      int NH);
+
 /// GELU (tanh form), elementwise; same-size tensors.
 void gelu_forward(const Tensor& out, const Tensor& inp);
 void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout);

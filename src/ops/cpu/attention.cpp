@@ -1,5 +1,6 @@
 // Causal multi-head self-attention, one (batch, head, query row) at a time. The probabilities
 // (B,NH,T,T) are kept for backward; entries above the diagonal are written as zero.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -90,6 +91,37 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
           }
         }
       }
+    }
+  }
+}
+
+void attention_decode(float* out, const float* q, const float* k_cache, const float* v_cache, int pos, int C,
+                      int NH) {
+  const int HS = C / NH;
+  const float scale = 1.0f / std::sqrt(float(HS));
+  std::vector<float> row(std::size_t(pos) + 1);
+  for (int h = 0; h < NH; ++h) {
+    float max_score = -std::numeric_limits<float>::infinity();
+    for (int t2 = 0; t2 <= pos; ++t2) {
+      const float* k = k_cache + std::int64_t(t2) * C + h * HS;
+      float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+      for (int i = 0; i < HS; ++i) dot += q[h * HS + i] * k[i];
+      row[t2] = dot * scale;
+      max_score = std::max(max_score, row[t2]);
+    }
+    float sum = 0.0f;
+    for (int t2 = 0; t2 <= pos; ++t2) {
+      row[t2] = std::exp(row[t2] - max_score);
+      sum += row[t2];
+    }
+    float* o = out + h * HS;
+    for (int i = 0; i < HS; ++i) o[i] = 0.0f;
+    for (int t2 = 0; t2 <= pos; ++t2) {
+      const float p = row[t2] / sum;
+      const float* v = v_cache + std::int64_t(t2) * C + h * HS;
+#pragma omp simd
+      for (int i = 0; i < HS; ++i) o[i] += p * v[i];
     }
   }
 }

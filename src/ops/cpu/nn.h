@@ -37,6 +37,10 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
                         int NH);
 
+/// Attention of one new position `pos` of one sequence against a KV cache: out (C) from q (C)
+/// and the cached keys and values k_cache, v_cache (maxT, C) of positions 0..pos.
+void attention_decode(float* out, const float* q, const float* k_cache, const float* v_cache, int pos, int C, int NH);
+
 /// GELU, tanh approximation: out (N) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 void gelu_forward(float* out, const float* inp, std::int64_t N);
 void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t N);
