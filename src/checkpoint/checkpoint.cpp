@@ -134,6 +134,12 @@ void load_weights(const Found& found, model::Gpt2& model) {
   }
 }
 
+model::Gpt2 load_model(const Found& found) {
+  model::Gpt2 model(found.config.model, Device::cpu);
+  load_weights(found, model);
+  return model;
+}
+
 void export_hf(const model::Gpt2& model, const std::string& dir) {
   const auto& c = model.config();
   fs::create_directories(dir);

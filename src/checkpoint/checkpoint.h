@@ -43,6 +43,9 @@ Found find(const std::string& path);
 /// Fills the model's parameters from DIR/model.safetensors of a found checkpoint.
 void load_weights(const Found& found, model::Gpt2& model);
 
+/// The checkpoint's model on the CPU, built from its config, with its weights.
+model::Gpt2 load_model(const Found& found);
+
 /// Writes DIR/model.safetensors and DIR/config.json that transformers' GPT2LMHeadModel loads
 /// (Conv1D weights transposed to (in, out), tied lm_head left out).
 void export_hf(const model::Gpt2& model, const std::string& dir);

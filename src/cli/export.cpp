@@ -21,8 +21,7 @@ Command add_export_command(CLI::App& parent) {
 
   return {app, [o] {
             const checkpoint::Found found = checkpoint::find(o->checkpoint);
-            model::Gpt2 model(found.config.model, Device::cpu);
-            checkpoint::load_weights(found, model);
+            model::Gpt2 model = checkpoint::load_model(found);
             checkpoint::export_hf(model, o->output);
             std::printf("export: %s -> %s/model.safetensors, %s/config.json (GPT2LMHeadModel)\n", found.dir.c_str(),
                         o->output.c_str(), o->output.c_str());

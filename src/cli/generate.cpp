@@ -53,8 +53,7 @@ Command add_generate_command(CLI::App& parent) {
               throw InputError("tokenizer has " + std::to_string(tokenizer->vocab_size()) +
                                " tokens, more than the model's model.vocab_size");
             }
-            model::Gpt2 model(found.config.model, Device::cpu);
-            checkpoint::load_weights(found, model);
+            model::Gpt2 model = checkpoint::load_model(found);
 
             std::vector<std::uint32_t> tokens;
             if (!o->prompt.empty()) {
@@ -74,23 +73,29 @@ Command add_generate_command(CLI::App& parent) {
             const model::SamplingOptions sampling{o->temperature, o->top_k, o->top_p};
             std::uint64_t rng = o->seed;
             std::fputs(o->prompt.c_str(), stdout);
+            // Past the context, the cache is rebuilt from the last half of the context (each new
+            // token still costs one position; a rebuild costs context/2 once per context/2 tokens).
             Tensor logits;
-            for (std::size_t pos = 0; pos < tokens.size(); ++pos) logits = model.decode_step(std::int32_t(tokens[pos]), int(pos));
-            int produced = 0;
-            for (; produced < o->max_new_tokens; ++produced) {
+            int pos = 0;
+            const auto feed = [&](std::size_t first) {
+              for (pos = 0; first + std::size_t(pos) < tokens.size(); ++pos) {
+                logits = model.decode_step(std::int32_t(tokens[first + std::size_t(pos)]), pos);
+              }
+            };
+            feed(0);
+            for (int produced = 0; produced < o->max_new_tokens; ++produced) {
               const std::int32_t next = model::sample_token(logits.as<float>(), V, sampling, rng);
               const auto text = tokenizer->token_bytes(std::uint32_t(next));
               std::fwrite(text.data(), 1, text.size(), stdout);
               std::fflush(stdout);
               tokens.push_back(std::uint32_t(next));
-              if (int(tokens.size()) >= context) break;
-              logits = model.decode_step(next, int(tokens.size()) - 1);
+              if (pos == context) {
+                feed(tokens.size() - std::size_t(context / 2));
+              } else {
+                logits = model.decode_step(next, pos++);
+              }
             }
             std::fputc('\n', stdout);
-            if (produced < o->max_new_tokens) {
-              std::fprintf(stderr, "generate: stopped after %d tokens at the model's context length (%d)\n",
-                           produced + 1, context);
-            }
             return 0;
           }};
 }

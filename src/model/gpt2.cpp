@@ -60,7 +60,9 @@ Tensor shaped(void* data, Device device, const std::vector<std::int64_t>& shape)
 }  // namespace
 
 Gpt2::Gpt2(const config::ModelConfig& config, Device device) : config_(config), device_(device) {
-  if (config.arch != "gpt2") throw InputError("model.arch: this model is gpt2, got \"" + config.arch + "\"");
+  if (config.arch != "gpt2") {
+    throw InputError("model.arch: \"" + config.arch + "\" models are not implemented yet; use \"gpt2\"");
+  }
   Params layout;
   layout.layers.resize(std::size_t(config.n_layer));
   for_each_param(config_, layout, [&](const std::string& name, const std::vector<std::int64_t>& shape, Tensor&) {
