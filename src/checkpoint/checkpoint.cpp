@@ -55,45 +55,72 @@ std::vector<float> transposed(const float* x, std::int64_t rows, std::int64_t co
 
 }  // namespace
 
-std::string save(const SaveRequest& r) {
+std::string save(const SaveRequest& r, dist::Communicator& comm) {
   const model::Gpt2& m = *r.model;
-  fs::create_directories(r.root);
+  const int rank = comm.rank(), W = comm.world_size();
   const std::string name = step_dir_name(r.step);
   const std::string dir = r.root + "/" + name;
-  fs::remove_all(dir);  // an incomplete attempt at this step (no COMPLETE) is not a checkpoint
-  fs::create_directories(dir);
-
-  std::vector<TensorToWrite> weights;
-  for (const auto& info : m.param_infos()) {
-    weights.push_back({info.name, StDtype::f32, info.shape, m.param(info).data});
+  if (rank == 0) {
+    fs::create_directories(r.root);
+    fs::remove_all(dir);  // an incomplete attempt at this step (no COMPLETE) is not a checkpoint
+    fs::create_directories(dir);
   }
-  nlohmann::json files = nlohmann::json::object();
-  const auto record = [&](const std::string& file, std::uint32_t crc) {
-    files[file] = {{"crc32", crc}, {"bytes", fs::file_size(dir + "/" + file)}};
+  comm.barrier();
+
+  // Each rank's file checksum and size land in its slot; a max-reduction gathers them on all ranks.
+  std::vector<std::int64_t> crc(std::size_t(W) + 1, -1), bytes(std::size_t(W) + 1, -1);
+  const auto file_of = [](int shard) {
+    char file[40];
+    std::snprintf(file, sizeof file, "optim-%05d.safetensors", shard);
+    return std::string(file);
   };
-  record("model.safetensors", write_safetensors(dir + "/model.safetensors", weights,
-                                                {{"format", "llmtrain"}, {"arch", m.config().arch}}));
   const std::int64_t P = m.num_params();
-  record("optim-00000.safetensors",
-         write_safetensors(dir + "/optim-00000.safetensors",
-                           {{"adamw.m", StDtype::f32, {P}, r.adam_m}, {"adamw.v", StDtype::f32, {P}, r.adam_v}},
-                           {{"range_begin", "0"}, {"range_end", std::to_string(P)}}));
-  nlohmann::json state = r.state;
-  state["step"] = r.step;
-  state["files"] = files;
-  state["llmtrain_version"] = build::version;
-  write_text_atomic(dir + "/state.json", state.dump(2) + "\n");
-  write_text_atomic(dir + "/COMPLETE", "");
-  write_text_atomic(r.root + "/latest", name + "\n");
-
-  // Only now, with a newer complete checkpoint on disk, are old ones deleted.
-  std::vector<std::string> complete;
-  for (const auto& entry : fs::directory_iterator(r.root)) {
-    const std::string n = entry.path().filename().string();
-    if (n.starts_with("step_") && fs::exists(entry.path() / "COMPLETE")) complete.push_back(n);
+  const bool whole_state = r.optimizer.begin == 0 && r.optimizer.end == P;
+  if (!whole_state || rank == 0) {
+    const std::int64_t n = r.optimizer.end - r.optimizer.begin;
+    const std::string path = dir + "/" + file_of(rank);
+    crc[std::size_t(rank)] = write_safetensors(
+        path, {{"adamw.m", StDtype::f32, {n}, r.optimizer.m}, {"adamw.v", StDtype::f32, {n}, r.optimizer.v}},
+        {{"range_begin", std::to_string(r.optimizer.begin)}, {"range_end", std::to_string(r.optimizer.end)},
+         {"rank", std::to_string(rank)}, {"world_size", std::to_string(W)}});
+    bytes[std::size_t(rank)] = std::int64_t(fs::file_size(path));
   }
-  std::sort(complete.begin(), complete.end());
-  for (std::size_t i = 0; i + std::size_t(r.keep_last) < complete.size(); ++i) fs::remove_all(r.root + "/" + complete[i]);
+  if (rank == 0) {
+    std::vector<TensorToWrite> weights;
+    for (const auto& info : m.param_infos()) weights.push_back({info.name, StDtype::f32, info.shape, m.param(info).data});
+    crc[std::size_t(W)] = write_safetensors(dir + "/model.safetensors", weights,
+                                            {{"format", "llmtrain"}, {"arch", m.config().arch}});
+    bytes[std::size_t(W)] = std::int64_t(fs::file_size(dir + "/model.safetensors"));
+  }
+  comm.all_reduce_max(crc.data(), std::int64_t(crc.size()));
+  comm.all_reduce_max(bytes.data(), std::int64_t(bytes.size()));
+
+  if (rank == 0) {
+    nlohmann::json files = nlohmann::json::object();
+    files["model.safetensors"] = {{"crc32", crc[std::size_t(W)]}, {"bytes", bytes[std::size_t(W)]}};
+    for (int k = 0; k < W; ++k) {
+      if (crc[std::size_t(k)] >= 0) files[file_of(k)] = {{"crc32", crc[std::size_t(k)]}, {"bytes", bytes[std::size_t(k)]}};
+    }
+    nlohmann::json state = r.state;
+    state["step"] = r.step;
+    state["files"] = files;
+    state["llmtrain_version"] = build::version;
+    write_text_atomic(dir + "/state.json", state.dump(2) + "\n");
+    write_text_atomic(dir + "/COMPLETE", "");
+    write_text_atomic(r.root + "/latest", name + "\n");
+
+    // Only now, with a newer complete checkpoint on disk, are old ones deleted.
+    std::vector<std::string> complete;
+    for (const auto& entry : fs::directory_iterator(r.root)) {
+      const std::string n = entry.path().filename().string();
+      if (n.starts_with("step_") && fs::exists(entry.path() / "COMPLETE")) complete.push_back(n);
+    }
+    std::sort(complete.begin(), complete.end());
+    for (std::size_t i = 0; i + std::size_t(r.keep_last) < complete.size(); ++i) {
+      fs::remove_all(r.root + "/" + complete[i]);
+    }
+  }
+  comm.barrier();
   return dir;
 }
 

@@ -13,23 +13,33 @@
 #include <nlohmann/json.hpp>
 
 #include "config/config.h"
+#include "dist/communicator.h"
 #include "model/gpt2.h"
 
 namespace llmtrain::checkpoint {
+
+/// One rank's AdamW state: the flat-buffer range [begin, end) and its moments (end - begin each).
+struct OptimizerShard {
+  std::int64_t begin = 0, end = 0;
+  const float* m = nullptr;
+  const float* v = nullptr;
+};
 
 struct SaveRequest {
   std::string root;            // DIR above
   std::int64_t step = 0;
   std::int64_t keep_last = 3;  // older complete checkpoints are deleted after this one is complete
   const model::Gpt2* model = nullptr;
-  const float* adam_m = nullptr;  // (P,) host
-  const float* adam_v = nullptr;  // (P,) host
-  nlohmann::json state;        // step, tokens_seen, sampler, ... ; "files" is added here
+  OptimizerShard optimizer;    // this rank's
+  nlohmann::json state;        // tokens_seen, sampler, ... ; "step" and "files" are added here
 };
 
-/// Writes one checkpoint (each file to a temporary name, fsynced, renamed), then COMPLETE, then
-/// `latest`, then deletes checkpoints beyond keep_last. Returns the checkpoint's folder.
-std::string save(const SaveRequest& request);
+/// Writes one checkpoint, every rank its part: rank 0 the weights, each rank its optimizer range
+/// as optim-RANK.safetensors (only rank 0 when every rank holds the whole state); each file to a
+/// temporary name, fsynced, renamed. After a barrier rank 0 writes state.json (with every file's
+/// checksum), then COMPLETE, then `latest`, then deletes checkpoints beyond keep_last. Called by
+/// every rank; returns the checkpoint's folder.
+std::string save(const SaveRequest& request, dist::Communicator& comm);
 
 /// A checkpoint found from a path: a step folder, a checkpoints folder (its `latest`) or a run
 /// folder (RUN/checkpoints/latest). Its files are checked against the checksums in state.json.

@@ -41,6 +41,7 @@ Command add_train_command(CLI::App& parent) {
             o.device = options->device == "cuda" ? Device::cuda : Device::cpu;
             o.profile_ops = options->profile_ops;
             const train::TrainSummary s = train::run_training(o);
+            if (!s.lead) return 0;  // rank 0 reports for the job
             std::printf("train: %lld steps in %.1f s; final loss %.4f", static_cast<long long>(s.steps), s.seconds,
                         s.final_loss);
             if (s.final_val_loss >= 0) std::printf(", val_loss %.4f", s.final_val_loss);

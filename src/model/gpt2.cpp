@@ -71,6 +71,13 @@ Gpt2::Gpt2(const config::ModelConfig& config, Device device) : config_(config), 
     num_params_ += info.numel;
     infos_.push_back(std::move(info));
   });
+  // Layer l's parameters end where those of layer l - 1 (or, for layer 0, wpe) begin.
+  for (std::int64_t l = 0; l < config.n_layer; ++l) {
+    const std::string next = l == 0 ? "transformer.wpe.weight" : "transformer.h." + std::to_string(l - 1) + ".ln_1.weight";
+    for (const auto& info : infos_) {
+      if (info.name == next) layer_grads_end_.push_back(info.offset);
+    }
+  }
   params_ = ops::Buffer(device, std::size_t(num_params_) * sizeof(float));
   grads_ = ops::Buffer(device, std::size_t(num_params_) * sizeof(float));
   p_ = bind_params(params_);
@@ -204,7 +211,7 @@ double Gpt2::forward(const std::int32_t* inputs, const std::int32_t* targets, in
   return ops::fused_classifier(a_.logits, a_.losses, a_.targets, dloss_scale);
 }
 
-void Gpt2::backward() {
+void Gpt2::backward(const std::function<void(std::int64_t)>& grads_ready) {
   const int B = acts_B_, T = acts_T_;
   const std::int64_t C = config_.d_model;
   const int NH = int(config_.n_head);
@@ -239,8 +246,10 @@ void Gpt2::backward() {
     ops::matmul_backward(lga.ln1, lg.qkv_w, lg.qkv_b, lga.qkv, la.ln1, lp.qkv_w);
     ops::layernorm_backward(dresidual_in, lg.ln1_w, lg.ln1_b, lga.ln1, residual_in, lp.ln1_w, la.ln1_mean,
                             la.ln1_rstd);
+    if (grads_ready) grads_ready(layer_grads_end_[l]);
   }
   ops::encoder_backward(g_.wte, g_.wpe, ga_.encoded.reshape({B, T, C}), a_.inputs);
+  if (grads_ready) grads_ready(num_params_);
 }
 
 void Gpt2::zero_grads() { std::memset(grads_.data(), 0, grads_.bytes()); }

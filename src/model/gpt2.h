@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -47,8 +48,10 @@ class Gpt2 {
   /// over the B T positions; with dloss_scale > 0 it also leaves d(loss sum * dloss_scale)/dlogits
   /// in place of the logits, ready for backward(). Without targets returns 0 and keeps the logits.
   double forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T, float dloss_scale);
-  /// Adds this micro-batch's gradients into grads() (after forward with dloss_scale > 0).
-  void backward();
+  /// Adds this micro-batch's gradients into grads() (after forward with dloss_scale > 0). As
+  /// backward goes, `grads_ready(n)` (if given) says that the first n elements of grads() are final,
+  /// so their reduction across ranks can start while the rest is computed.
+  void backward(const std::function<void(std::int64_t)>& grads_ready = {});
   void zero_grads();
 
   /// (B,T,V) logits of the last forward without dloss_scale.
@@ -85,6 +88,7 @@ class Gpt2 {
   Device device_;
   std::vector<ParamInfo> infos_;
   std::int64_t num_params_ = 0;
+  std::vector<std::int64_t> layer_grads_end_;  // per layer l: grads [0, end) are final after its backward
   ops::Buffer params_, grads_;
   Params p_, g_;
 

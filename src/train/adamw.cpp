@@ -1,22 +1,33 @@
 #include "train/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "ops/nn.h"
 
 namespace llmtrain::train {
 
-double AdamW::update(model::Gpt2& model, const config::OptimConfig& optim, double grad_clip, double lr,
-                     std::int64_t step) {
-  const double norm = std::sqrt(ops::sum_squares(model.grads()));
-  const double scale = grad_clip > 0 && norm > grad_clip ? grad_clip / (norm + 1e-6) : 1.0;
+void AdamW::update(model::Gpt2& model, const float* grads, double grad_norm, const config::OptimConfig& optim,
+                   double grad_clip, double lr, std::int64_t step) {
+  const double scale = grad_clip > 0 && grad_norm > grad_clip ? grad_clip / (grad_norm + 1e-6) : 1.0;
+  float* params = model.params().as<float>();
   for (const auto& info : model.param_infos()) {
-    const Tensor m(m_.data() + info.offset, DType::f32, Device::cpu, {info.numel});
-    const Tensor v(v_.data() + info.offset, DType::f32, Device::cpu, {info.numel});
-    ops::adamw_update(model.param(info).reshape({info.numel}), model.grad(info).reshape({info.numel}), m, v,
+    // The part of this parameter inside [begin, end).
+    const std::int64_t lo = std::max(info.offset, begin_), hi = std::min(info.offset + info.numel, end_);
+    if (lo >= hi) continue;
+    const auto view = [](float* data, std::int64_t n) { return Tensor(data, DType::f32, Device::cpu, {n}); };
+    float* g = const_cast<float*>(grads + (lo - begin_));
+    ops::adamw_update(view(params + lo, hi - lo), view(g, hi - lo), view(m_.data() + (lo - begin_), hi - lo),
+                      view(v_.data() + (lo - begin_), hi - lo),
                       {float(lr), float(optim.beta1), float(optim.beta2), float(optim.eps),
                        info.decay ? float(optim.weight_decay) : 0.0f, int(step), float(scale)});
   }
+}
+
+double AdamW::update(model::Gpt2& model, const config::OptimConfig& optim, double grad_clip, double lr,
+                     std::int64_t step) {
+  const double norm = std::sqrt(ops::sum_squares(model.grads()));
+  update(model, model.grads().as<float>(), norm, optim, grad_clip, lr, step);
   return norm;
 }
 

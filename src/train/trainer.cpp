@@ -12,8 +12,10 @@
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "data/shard.h"
+#include "ops/nn.h"
 #include "ops/profile.h"
 #include "train/adamw.h"
+#include "train/grad_sync.h"
 #include "train/schedule.h"
 
 namespace llmtrain::train {
@@ -65,10 +67,11 @@ class MetricsLog {
 }  // namespace
 
 double evaluate(model::Gpt2& model, const data::TokenDataset& data, const config::Config& config,
-                std::int64_t batches) {
+                std::int64_t batches, dist::Communicator* comm) {
   const auto& t = config.train;
   const int T = int(config.model.context_length), B = int(t.micro_batch_size);
-  data::DistributedSampler sampler({data.num_samples(), t.global_batch_size, B, 1, 0, false, 0});
+  const int W = comm ? comm->world_size() : 1, rank = comm ? comm->rank() : 0;
+  data::DistributedSampler sampler({data.num_samples(), t.global_batch_size, B, W, rank, false, 0});
   batches = std::min(batches, sampler.updates_per_epoch());
   std::vector<std::int64_t> indices(static_cast<std::size_t>(B));
   std::vector<std::int32_t> inputs(std::size_t(B) * T), targets(inputs.size());
@@ -83,7 +86,9 @@ double evaluate(model::Gpt2& model, const data::TokenDataset& data, const config
     }
     sampler.advance();
   }
-  return sum / double(count);
+  double totals[2] = {sum, double(count)};
+  if (comm) comm->all_reduce_sum(totals, 2);
+  return totals[0] / totals[1];
 }
 
 TrainSummary run_training(const TrainOptions& options) {
@@ -97,6 +102,10 @@ TrainSummary run_training(const TrainOptions& options) {
     throw InputError(options.run_dir + ": already holds a run (metrics.jsonl); choose another --run-dir");
   }
   if (config.data.train.empty()) throw InputError("data.train: no training data given");
+  const std::unique_ptr<dist::Communicator> comm = dist::make_communicator(options.progress, config.dist.timeout_s);
+  const int rank = comm->rank(), W = comm->world_size();
+  const bool lead = rank == 0;  // the rank that prints and writes run files
+  const bool progress = options.progress && lead;
 
   // Data first: a bad shard stops the run before anything is written.
   const int T = int(config.model.context_length), B = int(tc.micro_batch_size);
@@ -110,8 +119,8 @@ TrainSummary run_training(const TrainOptions& options) {
                        " samples, fewer than one global batch (" + std::to_string(tc.global_batch_size) + ")");
     }
   }
-  const std::int64_t accum = config::grad_accum_steps(config, 1);
-  const data::SamplerOptions sampler_options{train_data.num_samples(), tc.global_batch_size, B, 1, 0,
+  const std::int64_t accum = config::grad_accum_steps(config, W);
+  const data::SamplerOptions sampler_options{train_data.num_samples(), tc.global_batch_size, B, W, rank,
                                              config.data.shuffle, std::uint64_t(config.data.seed)};
   data::BatchLoader loader(train_data, sampler_options, {});
 
@@ -122,22 +131,27 @@ TrainSummary run_training(const TrainOptions& options) {
     checkpoint::import_hf(config.model.init_from, model);
   }
   const std::int64_t P = model.num_params();
-  AdamW optimizer(P);
+  comm->broadcast(model.params().as<float>(), P, 0);  // identical weights on every rank
+  GradientSync sync(*comm, model.grads().as<float>(), P, config.dist.bucket_mb, int(config.dist.zero_stage));
+  AdamW optimizer(sync.begin(), sync.end());
 
-  fs::create_directories(options.run_dir);
   const nlohmann::json resolved = config::to_json(config);
-  {
+  std::unique_ptr<MetricsLog> metrics;
+  if (lead) {
+    fs::create_directories(options.run_dir);
     std::ofstream out(options.run_dir + "/config.json");
     out << resolved.dump(2) << "\n";
     if (!out) throw RuntimeError(options.run_dir + "/config.json: cannot write");
+    metrics = std::make_unique<MetricsLog>(options.run_dir + "/metrics.jsonl");
   }
-  MetricsLog metrics(options.run_dir + "/metrics.jsonl");
   const std::string checkpoint_root =
       config.checkpoint.dir.empty() ? options.run_dir + "/checkpoints" : config.checkpoint.dir;
-  if (options.progress) {
-    std::fprintf(stderr, "train: %lld parameters, %lld train samples of %d tokens, %lld micro-step(s) of %d per update\n",
-                 static_cast<long long>(P), static_cast<long long>(train_data.num_samples()), T,
-                 static_cast<long long>(accum), B);
+  if (progress) {
+    std::fprintf(stderr,
+                 "train: %lld parameters, %lld train samples of %d tokens, %d rank(s) x %lld micro-step(s) of %d "
+                 "per update, ZeRO %lld\n",
+                 static_cast<long long>(P), static_cast<long long>(train_data.num_samples()), T, W,
+                 static_cast<long long>(accum), B, static_cast<long long>(config.dist.zero_stage));
   }
 
   TrainSummary summary;
@@ -146,11 +160,13 @@ TrainSummary run_training(const TrainOptions& options) {
   const auto save = [&](std::int64_t step) {
     nlohmann::json state = {{"tokens_seen", tokens_seen},
                             {"sampler", {{"epoch", sampler_state.epoch}, {"next_sample", sampler_state.next_sample}}},
-                            {"world_size", 1},
+                            {"world_size", W},
                             {"zero_stage", config.dist.zero_stage},
                             {"config", resolved}};
-    summary.last_checkpoint = checkpoint::save(
-        {checkpoint_root, step, config.checkpoint.keep_last, &model, optimizer.m(), optimizer.v(), state});
+    summary.last_checkpoint = checkpoint::save({checkpoint_root, step, config.checkpoint.keep_last, &model,
+                                                {optimizer.begin(), optimizer.end(), optimizer.m(), optimizer.v()},
+                                                state},
+                                               *comm);
   };
 
   ops::enable_profiling(options.profile_ops);
@@ -164,19 +180,36 @@ TrainSummary run_training(const TrainOptions& options) {
       const data::MicroBatch batch = loader.next();
       // d(mean loss over the whole update)/dlogits: each micro-step adds 1 / (G T) per position.
       loss_sum += model.forward(batch.inputs.data(), batch.targets.data(), B, T, float(1.0 / tokens_per_step));
-      model.backward();
+      if (m + 1 < accum) {
+        model.backward();  // no communication before the last micro-step
+      } else {
+        model.backward([&](std::int64_t ready) { sync.on_ready(ready); });
+      }
       sampler_state = batch.after;
     }
-    const double loss = loss_sum / tokens_per_step;
+    sync.finish();
+    // Loss and gradient norm over all ranks; each rank's shard (ZeRO) or the whole buffer (0).
+    double sums[2] = {loss_sum, ops::sum_squares(Tensor(const_cast<float*>(sync.grads()), DType::f32, Device::cpu,
+                                                       {sync.end() - sync.begin()}))};
+    if (config.dist.zero_stage == 0) {
+      comm->all_reduce_sum(sums, 1);
+    } else {
+      comm->all_reduce_sum(sums, 2);
+    }
+    const double loss = sums[0] / tokens_per_step;
+    const double grad_norm = std::sqrt(sums[1]);
     const double lr = learning_rate(oc, tc.max_steps, step);
-    const double grad_norm = optimizer.update(model, oc, tc.grad_clip, lr, step);
+    optimizer.update(model, sync.grads(), grad_norm, oc, tc.grad_clip, lr, step);
+    sync.gather_params(model.params().as<float>());
     tokens_seen += std::int64_t(tokens_per_step);
     const double step_seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-    metrics.write({{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
-                   {"tokens_per_s", tokens_per_step / step_seconds}, {"mfu", nullptr}, {"elapsed_s", elapsed}});
+    if (metrics) {
+      metrics->write({{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
+                      {"tokens_per_s", tokens_per_step / step_seconds}, {"mfu", nullptr}, {"elapsed_s", elapsed}});
+    }
     summary.final_loss = loss;
-    if (options.progress && (step % tc.log_every == 0 || step == 1 || step == tc.max_steps)) {
+    if (progress && (step % tc.log_every == 0 || step == 1 || step == tc.max_steps)) {
       const double eta = elapsed / double(step) * double(tc.max_steps - step);
       std::fprintf(stderr, "step %lld/%lld | loss %.4f | lr %.2e | norm %.3f | %s tok/s | %s elapsed, ETA %s\n",
                    static_cast<long long>(step), static_cast<long long>(tc.max_steps), loss, lr, grad_norm,
@@ -185,16 +218,19 @@ TrainSummary run_training(const TrainOptions& options) {
     }
     const bool last = step == tc.max_steps;
     if (val_data && ((tc.eval_every > 0 && step % tc.eval_every == 0) || last)) {
-      const double val_loss = evaluate(model, *val_data, config, tc.eval_batches);
-      metrics.write({{"step", step}, {"val_loss", val_loss}});
+      const double val_loss = evaluate(model, *val_data, config, tc.eval_batches, comm.get());
+      if (metrics) metrics->write({{"step", step}, {"val_loss", val_loss}});
       summary.final_val_loss = val_loss;
-      if (options.progress) std::fprintf(stderr, "step %lld/%lld | val_loss %.4f\n", static_cast<long long>(step),
-                                          static_cast<long long>(tc.max_steps), val_loss);
+      if (progress) {
+        std::fprintf(stderr, "step %lld/%lld | val_loss %.4f\n", static_cast<long long>(step),
+                     static_cast<long long>(tc.max_steps), val_loss);
+      }
     }
     if ((config.checkpoint.every > 0 && step % config.checkpoint.every == 0) || last) save(step);
     summary.steps = step;
   }
   summary.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  summary.lead = lead;
   if (options.profile_ops) {
     double total = 0.0;
     for (const auto& op : ops::profile_report()) total += op.seconds;

@@ -6,6 +6,7 @@
 
 #include "config/config.h"
 #include "data/dataset.h"
+#include "dist/communicator.h"
 #include "model/gpt2.h"
 
 namespace llmtrain::train {
@@ -24,6 +25,7 @@ struct TrainSummary {
   double final_val_loss = -1;  // of the last validation, -1 when none ran
   double seconds = 0;
   std::string last_checkpoint;
+  bool lead = true;  // this process is rank 0 (the one that reports)
 };
 
 /// Trains as the config says, writing RUN_DIR/config.json, metrics.jsonl and checkpoints.
@@ -31,8 +33,9 @@ struct TrainSummary {
 TrainSummary run_training(const TrainOptions& options);
 
 /// Mean loss over `batches` global batches of `data` in order (no shuffling), micro-batches of
-/// the config's micro_batch_size; at most as many batches as the data holds.
+/// the config's micro_batch_size; at most as many batches as the data holds. With `comm`, each
+/// rank evaluates its part of every batch and all get the mean over all.
 double evaluate(model::Gpt2& model, const data::TokenDataset& data, const config::Config& config,
-                std::int64_t batches);
+                std::int64_t batches, dist::Communicator* comm = nullptr);
 
 }  // namespace llmtrain::train

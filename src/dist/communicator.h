@@ -1,0 +1,54 @@
+// The one interface distributed code talks to: collectives over the ranks of a job. Counts are
+// element counts of typed buffers. Implementations: a single process (world size 1) and MPI over
+// host memory (the CPU backend); NCCL over device memory joins with the CUDA training path.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace llmtrain::dist {
+
+/// A started non-blocking collective; wait() finishes it.
+class Request {
+ public:
+  virtual ~Request() = default;
+  virtual void wait() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  /// "single", "mpi", ...
+  virtual std::string name() const = 0;
+
+  /// data (count) = sum over ranks, in place.
+  virtual void all_reduce_sum(float* data, std::int64_t count) = 0;
+  virtual void all_reduce_sum(double* data, std::int64_t count) = 0;
+  /// data (count) = max over ranks, in place.
+  virtual void all_reduce_max(std::int64_t* data, std::int64_t count) = 0;
+  /// Starts data (count) = sum over ranks; the buffer must not be touched until wait().
+  virtual std::unique_ptr<Request> start_all_reduce_sum(float* data, std::int64_t count) = 0;
+  /// recv (shard) = sum over ranks of send[rank * shard, (rank + 1) * shard); send is (W * shard).
+  virtual void reduce_scatter_sum(const float* send, float* recv, std::int64_t shard) = 0;
+  /// recv (W * shard) = every rank's send (shard), in rank order.
+  virtual void all_gather(const float* send, float* recv, std::int64_t shard) = 0;
+  /// data (count) = root's data.
+  virtual void broadcast(float* data, std::int64_t count, int root) = 0;
+  virtual void barrier() = 0;
+};
+
+/// World size 1: every collective is the identity.
+std::unique_ptr<Communicator> make_single_communicator();
+
+/// The job's processes: MPI when this process was started by mpirun or srun (and the build has
+/// MPI), else a single process. Logs its choice on rank 0 when `verbose`. A collective that
+/// does not finish within `timeout_s` (a rank died or hangs) aborts every rank with a message.
+std::unique_ptr<Communicator> make_communicator(bool verbose, double timeout_s = 600.0);
+
+/// True when the environment says this process is one of several started by mpirun or srun.
+bool launched_by_mpi();
+
+}  // namespace llmtrain::dist

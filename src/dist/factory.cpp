@@ -1,0 +1,40 @@
+#include <cstdio>
+#include <cstdlib>
+
+#include "core/error.h"
+#include "dist/communicator.h"
+
+namespace llmtrain::dist {
+
+#if LLMTRAIN_HAVE_MPI
+std::unique_ptr<Communicator> make_mpi_communicator(double timeout_s);
+#endif
+
+bool launched_by_mpi() {
+  // Open MPI's mpirun, MPICH/Hydra and PMIx launchers, and Slurm's srun with several tasks.
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
+    if (std::getenv(name)) return true;
+  }
+  const char* slurm_tasks = std::getenv("SLURM_NTASKS");
+  return slurm_tasks && std::atoi(slurm_tasks) > 1 && std::getenv("SLURM_PROCID");
+}
+
+std::unique_ptr<Communicator> make_communicator(bool verbose, double timeout_s) {
+  std::unique_ptr<Communicator> comm;
+  if (launched_by_mpi()) {
+#if LLMTRAIN_HAVE_MPI
+    comm = make_mpi_communicator(timeout_s);
+#else
+    (void)timeout_s;
+    throw RuntimeError("started by mpirun/srun, but this llmtrain was built without MPI (-DLLMTRAIN_MPI=ON)");
+#endif
+  } else {
+    comm = make_single_communicator();
+  }
+  if (verbose && comm->rank() == 0) {
+    std::fprintf(stderr, "dist: %s communicator, %d rank(s)\n", comm->name().c_str(), comm->world_size());
+  }
+  return comm;
+}
+
+}  // namespace llmtrain::dist

@@ -1,0 +1,36 @@
+#include <cstring>
+
+#include "dist/communicator.h"
+
+namespace llmtrain::dist {
+namespace {
+
+class Done final : public Request {
+ public:
+  void wait() override {}
+};
+
+class SingleCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  std::string name() const override { return "single"; }
+  void all_reduce_sum(float*, std::int64_t) override {}
+  void all_reduce_sum(double*, std::int64_t) override {}
+  void all_reduce_max(std::int64_t*, std::int64_t) override {}
+  std::unique_ptr<Request> start_all_reduce_sum(float*, std::int64_t) override { return std::make_unique<Done>(); }
+  void reduce_scatter_sum(const float* send, float* recv, std::int64_t shard) override {
+    if (send != recv) std::memmove(recv, send, std::size_t(shard) * sizeof(float));
+  }
+  void all_gather(const float* send, float* recv, std::int64_t shard) override {
+    if (send != recv) std::memmove(recv, send, std::size_t(shard) * sizeof(float));
+  }
+  void broadcast(float*, std::int64_t, int) override {}
+  void barrier() override {}
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_single_communicator() { return std::make_unique<SingleCommunicator>(); }
+
+}  // namespace llmtrain::dist

@@ -1,0 +1,54 @@
+#include "train/grad_sync.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace llmtrain::train {
+
+GradientSync::GradientSync(dist::Communicator& comm, float* grads, std::int64_t num_params, double bucket_mb,
+                           int zero_stage)
+    : comm_(comm), grads_(grads), P_(num_params), zero_stage_(zero_stage) {
+  const int W = comm.world_size();
+  if (zero_stage == 0) {
+    begin_ = 0;
+    end_ = P_;
+    const auto bucket = std::max<std::int64_t>(1, std::int64_t(bucket_mb * 1024 * 1024 / sizeof(float)));
+    for (std::int64_t e = bucket; e < P_ + bucket; e += bucket) bucket_ends_.push_back(std::min(e, P_));
+  } else {
+    shard_size_ = (P_ + W - 1) / W;  // any parameter count: the last shard is padded
+    begin_ = std::min(P_, comm.rank() * shard_size_);
+    end_ = std::min(P_, begin_ + shard_size_);
+    padded_.assign(std::size_t(shard_size_ * W), 0.0f);
+    shard_.assign(std::size_t(shard_size_), 0.0f);
+  }
+}
+
+void GradientSync::on_ready(std::int64_t ready) {
+  if (zero_stage_ != 0 || comm_.world_size() == 1) return;
+  while (next_bucket_ < bucket_ends_.size() && bucket_ends_[next_bucket_] <= ready) {
+    const std::int64_t first = next_bucket_ ? bucket_ends_[next_bucket_ - 1] : 0;
+    pending_.push_back(comm_.start_all_reduce_sum(grads_ + first, bucket_ends_[next_bucket_] - first));
+    ++next_bucket_;
+  }
+}
+
+void GradientSync::finish() {
+  if (zero_stage_ == 0) {
+    on_ready(P_);
+    for (auto& request : pending_) request->wait();
+    pending_.clear();
+    next_bucket_ = 0;
+    return;
+  }
+  std::memcpy(padded_.data(), grads_, std::size_t(P_) * sizeof(float));
+  comm_.reduce_scatter_sum(padded_.data(), shard_.data(), shard_size_);
+}
+
+void GradientSync::gather_params(float* params) {
+  if (zero_stage_ == 0) return;
+  std::memcpy(padded_.data() + comm_.rank() * shard_size_, params + begin_, std::size_t(end_ - begin_) * sizeof(float));
+  comm_.all_gather(padded_.data() + comm_.rank() * shard_size_, padded_.data(), shard_size_);
+  std::memcpy(params, padded_.data(), std::size_t(P_) * sizeof(float));
+}
+
+}  // namespace llmtrain::train

@@ -1,0 +1,47 @@
+// Data-parallel gradient reduction, and the ZeRO shards of the flat parameter buffer.
+//
+// ZeRO 0: the gradient buffer is cut into buckets of dist.bucket_mb, in buffer order (the last
+// layers first); on the last micro-step of an update each bucket's all-reduce starts as soon as
+// backward has finished it. ZeRO 1 and 2: the buffer, padded to a multiple of the world size, is
+// reduce-scattered after backward; rank r then owns elements [r S, (r+1) S) (S = padded / W) of
+// the gradients and of the AdamW state, and the updated weights are all-gathered.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "dist/communicator.h"
+
+namespace llmtrain::train {
+
+class GradientSync {
+ public:
+  GradientSync(dist::Communicator& comm, float* grads, std::int64_t num_params, double bucket_mb, int zero_stage);
+
+  /// The flat-buffer range whose optimizer update this rank makes.
+  std::int64_t begin() const { return begin_; }
+  std::int64_t end() const { return end_; }
+  /// Gradients of [begin, end), summed over ranks (valid after finish()).
+  const float* grads() const { return zero_stage_ ? shard_.data() : grads_ + begin_; }
+
+  /// Backward has finished the first `ready` gradient elements (last micro-step only).
+  void on_ready(std::int64_t ready);
+  /// Completes the reduction of the whole buffer.
+  void finish();
+  /// After this rank updated params [begin, end): gives every rank every updated weight (ZeRO 1/2).
+  void gather_params(float* params);
+
+ private:
+  dist::Communicator& comm_;
+  float* grads_;
+  std::int64_t P_;
+  int zero_stage_;
+  std::int64_t begin_ = 0, end_ = 0, shard_size_ = 0;
+  std::vector<std::int64_t> bucket_ends_;
+  std::size_t next_bucket_ = 0;
+  std::vector<std::unique_ptr<dist::Request>> pending_;
+  std::vector<float> padded_, shard_;
+};
+
+}  // namespace llmtrain::train

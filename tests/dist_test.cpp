@@ -1,0 +1,99 @@
+// Data parallelism under mpirun: world sizes 1, 2 and 4 and ZeRO stages 0, 1 and 2 train the same
+// model to the same losses and weights.
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "catch_compat.h"
+#include "checkpoint/safetensors.h"
+#include "process.h"
+#include "weights_compare.h"
+
+using llmtrain::test::run_llmtrain;
+using llmtrain::test::TempDir;
+
+namespace {
+
+std::vector<double> losses(const std::string& run) {
+  std::vector<double> out;
+  std::ifstream in(run + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto m = nlohmann::json::parse(line);
+    out.push_back(m.contains("loss") ? m["loss"].get<double>() : m["val_loss"].get<double>());
+  }
+  return out;
+}
+
+// Runs `llmtrain ARGS` under mpirun with `ranks` processes, one thread each.
+int mpirun(int ranks, const std::string& args, const std::string& log) {
+  const std::string command = "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " LLMTRAIN_MPIEXEC
+                              " --allow-run-as-root --oversubscribe -np " + std::to_string(ranks) + " " +
+                              LLMTRAIN_BINARY " " + args + " >" + log + " 2>&1";
+  const int status = std::system(command.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+}  // namespace
+
+TEST_CASE("world sizes 1, 2, 4 and ZeRO 0, 1, 2 give the same losses and weights", "[dist][mpi]") {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 3000; ++i) text += "alpha beta gamma delta "[i % 24];
+  for (int i = 0; i < 3000; ++i) text += std::to_string(i * 7919 % 1000) + " ";
+  const std::string corpus = dir.write("corpus.txt", text);
+  REQUIRE(run_llmtrain({"tokenize", "--input", corpus, "--output", dir.path() + "/shards"}).exit_code == 0);
+  // 20 updates of 8 sequences: 4 micro-steps of 2 at world size 1, 2 at 2, 1 at 4. Small
+  // buckets, so that the gradient all-reduce runs in many pieces.
+  const std::string config = dir.write("c.json", R"({
+    "model": {"vocab_size": 256, "context_length": 16, "n_layer": 2, "n_head": 2, "d_model": 16},
+    "data": {"train": ")" + dir.path() + R"(/shards/train_*.bin", "val": ")" + dir.path() + R"(/shards/val_*.bin"},
+    "train": {"micro_batch_size": 2, "global_batch_size": 8, "max_steps": 20, "eval_every": 10, "eval_batches": 2},
+    "optim": {"lr": 0.01, "warmup_steps": 2},
+    "dist": {"bucket_mb": 0.01},
+    "checkpoint": {"every": 10}})");
+
+  const std::string reference = dir.path() + "/w1";
+  REQUIRE(run_llmtrain({"train", "--config", config, "--run-dir", reference}).exit_code == 0);
+  const auto reference_losses = losses(reference);
+  REQUIRE(reference_losses.size() == 22);  // 20 steps, 2 validations
+  const llmtrain::checkpoint::SafetensorsReader reference_weights(reference + "/checkpoints/step_00000020/model.safetensors");
+
+  for (const int ranks : {2, 4}) {
+    for (const int zero : {0, 1, 2}) {
+      CAPTURE(ranks, zero);
+      const std::string run = dir.path() + "/w" + std::to_string(ranks) + "z" + std::to_string(zero);
+      const int status = mpirun(ranks, "train --config " + config + " --run-dir " + run + " --set dist.zero_stage=" +
+                                            std::to_string(zero), run + ".log");
+      if (status != 0) {
+        std::ifstream log(run + ".log");
+        FAIL("mpirun exit " << status << ": " << std::string(std::istreambuf_iterator<char>(log), {}));
+      }
+      const auto got = losses(run);
+      REQUIRE(got.size() == reference_losses.size());
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        REQUIRE(std::abs(got[i] - reference_losses[i]) <= 1e-5 * std::abs(reference_losses[i]));
+      }
+      const std::string step_dir = run + "/checkpoints/step_00000020";
+      const llmtrain::checkpoint::SafetensorsReader weights(step_dir + "/model.safetensors");
+      for (const auto& t : reference_weights.tensors()) {
+        std::vector<float> a(std::size_t(t.numel())), b(a.size());
+        reference_weights.read_f32(t.name, a);
+        weights.read_f32(t.name, b);
+        bool key_bias_ok = false;
+        const double error = llmtrain::test::weights_relative_error(t.name, b, a, 16, 20 * 0.01, &key_bias_ok);
+        CAPTURE(t.name, error);
+        CHECK(error <= 1e-5);
+        CHECK(key_bias_ok);
+      }
+      // ZeRO: one optimizer file per rank; without it, rank 0 writes the whole state.
+      CHECK(std::filesystem::exists(step_dir + "/optim-00000.safetensors"));
+      CHECK(std::filesystem::exists(step_dir + "/optim-00001.safetensors") == (zero > 0));
+      const auto state = nlohmann::json::parse(std::ifstream(step_dir + "/state.json"));
+      CHECK(state["world_size"] == ranks);
+      CHECK(state["files"].size() == std::size_t(zero > 0 ? ranks + 1 : 2));
+    }
+  }
+}
