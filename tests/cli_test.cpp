@@ -28,7 +28,7 @@ TEST_CASE("--help and --version work for the program and every subcommand", "[cl
   const auto version = run_llmtrain({"--version"});
   CHECK(version.exit_code == 0);
   CHECK(version.out.rfind("llmtrain 0.", 0) == 0);
-  for (const std::string sub : {"info", "check-config", "tokenize", "train", "eval", "generate", "export"}) {
+  for (const std::string sub : {"info", "check-config", "tokenize", "train", "eval", "generate", "export", "plan"}) {
     CAPTURE(sub);
     const auto help = run_llmtrain({sub, "--help"});
     CHECK(help.exit_code == 0);
@@ -186,4 +186,18 @@ TEST_CASE("train, eval, generate and export work end to end on a tiny run", "[cl
     f.put('\x7f');
   }
   check_input_error(run_llmtrain({"eval", "--checkpoint", run}), "model.safetensors: checksum mismatch");
+}
+
+TEST_CASE("plan: GPT-2 124M's parameter count and memory per rank", "[cli][plan]") {
+  const auto r = run_llmtrain({"plan", "--config", LLMTRAIN_SOURCE_DIR "/configs/gpt2-124m.json", "--world-size", "8"});
+  CAPTURE(r.out, r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("parameters: 124,439,808") != std::string::npos);
+  // fp32 weights: 4 x 124,439,808 B = 474.70 MiB. ZeRO 1 at 8 ranks: m and v of a shard of
+  // ceil(124,439,808 / 8) = 15,554,976 parameters, 8 B each = 118.68 MiB.
+  CHECK(r.out.find("fp32 ZeRO 0     474.70 MiB") != std::string::npos);
+  CHECK(r.out.find("fp32 ZeRO 1     474.70 MiB   474.70 MiB   118.68 MiB") != std::string::npos);
+  check_input_error(run_llmtrain({"plan", "--config", LLMTRAIN_SOURCE_DIR "/configs/gpt2-124m.json", "--world-size",
+                                  "3"}),
+                    "train.global_batch_size: must be a multiple of train.micro_batch_size x world size (16 x 3 = 48)");
 }

@@ -1,5 +1,6 @@
 // llmtrain's entry point: parses the command line and turns errors into exit codes.
 #include <algorithm>
+#include <cstdlib>
 #include <iostream>
 #include <new>
 #include <string>
@@ -20,8 +21,18 @@ std::string one_line(std::string text) {
   return text;
 }
 
+// Under mpirun or srun every rank meets the same bad input; only the first reports it.
+bool is_first_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"}) {
+    if (const char* value = std::getenv(name)) return std::atoi(value) == 0;
+  }
+  return true;
+}
+
 int report(const std::string& message, llmtrain::ExitCode code) {
-  std::cerr << "llmtrain: error: " << one_line(message) << std::endl;
+  if (code != llmtrain::ExitCode::bad_input || is_first_rank()) {
+    std::cerr << "llmtrain: error: " << one_line(message) << std::endl;
+  }
   return static_cast<int>(code);
 }
 
@@ -43,6 +54,7 @@ int main(int argc, char** argv) {
       llmtrain::cli::add_eval_command(app),
       llmtrain::cli::add_generate_command(app),
       llmtrain::cli::add_export_command(app),
+      llmtrain::cli::add_plan_command(app),
   };
 
   // CLI11 would only say "A subcommand is required" for a misspelt one.

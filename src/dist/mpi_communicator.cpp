@@ -3,7 +3,10 @@
 // instead of hanging it.
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
+#include <deque>
+#include <vector>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -46,7 +49,10 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm_size(MPI_COMM_WORLD, &world_);
   }
   ~MpiCommunicator() override {
-    if (owns_mpi_) MPI_Finalize();
+    if (!owns_mpi_) return;
+    barrier();
+    drain_heartbeats();
+    MPI_Finalize();
   }
 
   int rank() const override { return rank_; }
@@ -105,28 +111,109 @@ class MpiCommunicator final : public Communicator {
     wait(r, "barrier");
   }
 
-  // Polls until done; past the timeout, stops every rank (MPI_Abort) with a message.
+  // Polls until done; past the timeout, stops every rank (MPI_Abort) with a message. On the side,
+  // every other rank tells rank 0 when it enters a collective and, while it waits in one, once a
+  // second that it is alive; so rank 0 can name the ranks that never arrived or stopped answering.
   void wait(MPI_Request& request, const char* operation) {
-    const auto start = std::chrono::steady_clock::now();
+    ++seq_;
+    send_heartbeat();
+    const auto start = Clock::now();
+    auto last_beat = start;
     int done = 0;
     for (int spins = 0;; ++spins) {
       check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      if (rank_ == 0) collect_heartbeats();
       if (done) return;
       if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
-      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (waited > timeout_s_) {
-        std::fprintf(stderr,
-                     "llmtrain: error: rank %d: %s did not finish within dist.timeout_s = %.0f s: another rank "
-                     "died or hangs; stopping every rank\n",
-                     rank_, operation, timeout_s_);
-        std::fflush(stderr);
-        MPI_Abort(MPI_COMM_WORLD, 1);
-        std::_Exit(1);
+      const auto now = Clock::now();
+      if (rank_ != 0 && now - last_beat > std::chrono::seconds(1)) {
+        send_heartbeat();
+        last_beat = now;
       }
+      if (std::chrono::duration<double>(now - start).count() > timeout_s_) abort_job(operation);
     }
   }
 
  private:
+  using Clock = std::chrono::steady_clock;
+  static constexpr int heartbeat_tag = 7301;
+  static constexpr int count_tag = 7302;
+
+  struct Heartbeat {
+    std::int64_t seq;
+    MPI_Request request;
+  };
+
+  [[noreturn]] void abort_job(const char* operation) {
+    std::string missing;
+    for (int r = 1; r < world_ && rank_ == 0; ++r) {
+      const bool silent = Clock::now() - last_heard_[std::size_t(r)] > std::chrono::milliseconds(2500);
+      if (arrived_[std::size_t(r)] < seq_ || silent) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    const std::string who = rank_ != 0        ? "rank 0 names the missing rank(s)"
+                            : missing.empty() ? "every rank is in it, but it did not complete"
+                                              : "rank(s) " + missing + " never arrived or stopped responding (dead or hung)";
+    std::fprintf(stderr,
+                 "llmtrain: error: rank %d: %s (collective #%lld) did not finish within dist.timeout_s = %.0f s: %s; "
+                 "stopping every rank\n",
+                 rank_, operation, static_cast<long long>(seq_), timeout_s_, who.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::_Exit(1);
+  }
+
+  void send_heartbeat() {
+    if (rank_ == 0) {
+      if (arrived_.empty()) {
+        arrived_.assign(std::size_t(world_), 0);
+        received_.assign(std::size_t(world_), 0);
+        last_heard_.assign(std::size_t(world_), Clock::now());
+      }
+      return;
+    }
+    while (!sends_.empty()) {  // completed sends are dropped; the rest stay alive until taken
+      int done = 0;
+      MPI_Test(&sends_.front().request, &done, MPI_STATUS_IGNORE);
+      if (!done) break;
+      sends_.pop_front();
+    }
+    sends_.push_back({seq_, MPI_REQUEST_NULL});
+    MPI_Isend(&sends_.back().seq, 1, MPI_INT64_T, 0, heartbeat_tag, MPI_COMM_WORLD, &sends_.back().request);
+    ++sent_;
+  }
+
+  void receive_heartbeat(int source) {
+    std::int64_t seq = 0;
+    MPI_Recv(&seq, 1, MPI_INT64_T, source, heartbeat_tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    auto& last = arrived_[std::size_t(source)];
+    last = std::max(last, seq);
+    received_[std::size_t(source)] += 1;
+    last_heard_[std::size_t(source)] = Clock::now();
+  }
+
+  void collect_heartbeats() {
+    for (int flag = 1; flag;) {
+      MPI_Status status;
+      MPI_Iprobe(MPI_ANY_SOURCE, heartbeat_tag, MPI_COMM_WORLD, &flag, &status);
+      if (flag) receive_heartbeat(status.MPI_SOURCE);
+    }
+  }
+
+  // At the end every rank says how many heartbeats it sent and rank 0 takes them all, so no
+  // send is left pending when MPI shuts down.
+  void drain_heartbeats() {
+    if (rank_ == 0) {
+      for (int r = 1; r < world_; ++r) {
+        std::int64_t count = 0;
+        MPI_Recv(&count, 1, MPI_INT64_T, r, count_tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        while (received_[std::size_t(r)] < count) receive_heartbeat(r);
+      }
+    } else {
+      MPI_Send(&sent_, 1, MPI_INT64_T, 0, count_tag, MPI_COMM_WORLD);
+      for (auto& h : sends_) MPI_Wait(&h.request, MPI_STATUS_IGNORE);
+    }
+  }
+
   struct Pending final : Request {
     explicit Pending(MpiCommunicator& c) : comm(c) {}
     void wait() override { comm.wait(mpi, "all_reduce (gradient bucket)"); }
@@ -135,6 +222,12 @@ class MpiCommunicator final : public Communicator {
   };
 
   double timeout_s_;
+  std::int64_t seq_ = 0;                       // collectives entered by this rank
+  std::int64_t sent_ = 0;                      // ranks > 0: heartbeats sent
+  std::deque<Heartbeat> sends_;                // ranks > 0: heartbeats in flight (deque: stable addresses)
+  std::vector<std::int64_t> arrived_;          // rank 0: the last collective each rank entered
+  std::vector<std::int64_t> received_;         // rank 0: heartbeats taken from each rank
+  std::vector<Clock::time_point> last_heard_;  // rank 0: when each rank last sent one
   bool owns_mpi_ = false;
   int rank_ = 0;
   int world_ = 1;

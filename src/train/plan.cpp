@@ -1,0 +1,40 @@
+#include "train/plan.h"
+
+namespace llmtrain::train {
+
+std::int64_t parameter_count(const config::ModelConfig& m) {
+  const std::int64_t C = m.d_model, F = m.ffn_hidden;
+  const std::int64_t per_layer = 2 * 2 * C              // ln_1, ln_2
+                                 + 3 * C * C + 3 * C    // qkv
+                                 + C * C + C            // attention projection
+                                 + F * C + F + C * F + C;  // MLP
+  return m.vocab_size * C + m.context_length * C + m.n_layer * per_layer + 2 * C;
+}
+
+std::int64_t activation_bytes_per_sequence(const config::ModelConfig& m, bool bf16) {
+  const std::int64_t C = m.d_model, F = m.ffn_hidden, T = m.context_length, NH = m.n_head;
+  // Per token, as Gpt2::bind_acts lays them out: each layer's ln1, qkv (3C), atty, attproj,
+  // residual2, ln2, fcproj, residual3 (9 C in all), fch and fch_gelu (2 F), attention
+  // probabilities (NH T), two means and two rstds; then encoded, lnf, logits (V), lnf mean/rstd,
+  // loss; inputs and targets (4-byte ints).
+  const std::int64_t per_token_elements =
+      m.n_layer * (9 * C + 2 * F + NH * T + 4) + 2 * C + m.vocab_size + 3;
+  const std::int64_t element = bf16 ? 2 : 4;
+  return 2 * T * (per_token_elements * element + 2 * 4);  // activations and their gradients
+}
+
+MemoryPlan plan_memory(const config::Config& config, int world_size, int zero_stage, bool bf16,
+                       std::int64_t micro_batch) {
+  const std::int64_t P = parameter_count(config.model);
+  const std::int64_t shard = (P + world_size - 1) / world_size;
+  MemoryPlan plan;
+  const std::int64_t element = bf16 ? 2 : 4;
+  plan.weights = element * P;
+  plan.gradients = element * (zero_stage >= 2 ? shard : P);
+  const std::int64_t optimizer_per_param = bf16 ? 12 : 8;  // m, v (and fp32 master weights)
+  plan.optimizer = optimizer_per_param * (zero_stage >= 1 ? shard : P);
+  plan.activations = micro_batch * activation_bytes_per_sequence(config.model, bf16);
+  return plan;
+}
+
+}  // namespace llmtrain::train

@@ -1,0 +1,32 @@
+// Memory planning: what one rank holds for a config at a world size, precision and ZeRO stage.
+#pragma once
+
+#include <cstdint>
+
+#include "config/config.h"
+
+namespace llmtrain::train {
+
+struct MemoryPlan {
+  std::int64_t weights = 0;      // the working copy of the weights every rank holds
+  std::int64_t gradients = 0;
+  std::int64_t optimizer = 0;    // AdamW m and v, and fp32 master weights for bf16
+  std::int64_t activations = 0;  // for one micro-batch, with their gradients
+  std::int64_t total() const { return weights + gradients + optimizer + activations; }
+};
+
+/// Exact parameter count of the config's model.
+std::int64_t parameter_count(const config::ModelConfig& model);
+
+/// Activation bytes per sequence of context_length tokens: the buffers the model allocates for
+/// one micro-batch row (the CPU backend's layout: every activation kept for backward, and as
+/// many again for their gradients), at 4 bytes (fp32) or 2 (bf16) per element.
+std::int64_t activation_bytes_per_sequence(const config::ModelConfig& model, bool bf16);
+
+/// Bytes per rank. fp32: 4-byte weights, gradients, m and v. bf16: 2-byte weights and gradients,
+/// plus 4-byte master weights, m and v. ZeRO 1 shards the optimizer part over `world_size`
+/// ranks, ZeRO 2 the gradients too (shards padded to equal size).
+MemoryPlan plan_memory(const config::Config& config, int world_size, int zero_stage, bool bf16,
+                       std::int64_t micro_batch);
+
+}  // namespace llmtrain::train

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# A rank that hangs (SIGSTOP) or dies (SIGKILL) mid-run: the job must stop within dist.timeout_s
+# plus a few seconds, naming the missing rank, and never hang.
+# Usage: dist_hang_test.sh LLMTRAIN MPIEXEC
+set -uo pipefail
+llmtrain="$1"
+mpiexec="$2"
+work=$(mktemp -d)
+trap 'pkill -KILL -f "$work/run" 2>/dev/null; rm -rf "$work"' EXIT
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+fail() { echo "FAILED: $*"; exit 1; }
+
+for i in $(seq 1 400); do printf 'the quick brown fox %d jumps over the lazy dog\n' "$i"; done > "$work/text.txt"
+"$llmtrain" tokenize --input "$work/text.txt" --output "$work/data" >/dev/null || fail "tokenize"
+cat > "$work/c.json" <<JSON
+{"model": {"vocab_size": 256, "context_length": 16, "n_layer": 1, "n_head": 2, "d_model": 16},
+ "data": {"train": "$work/data/train_*.bin"},
+ "train": {"micro_batch_size": 2, "global_batch_size": 4, "max_steps": 100000000, "log_every": 100000},
+ "optim": {"warmup_steps": 0},
+ "dist": {"timeout_s": 5},
+ "checkpoint": {"every": 0}}
+JSON
+
+# The pid of rank R of the run in folder $1.
+rank_pid() {
+  for pid in $(pgrep -f "llmtrain train --config $work/c.json --run-dir $1"); do
+    if tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2"; then echo "$pid"; return; fi
+  done
+}
+
+# Starts a 2-rank run, waits until it trains, sends SIGNAL to rank 1, and checks how the job ends.
+check() {
+  local signal="$1" expect="$2" run="$work/run-$1"
+  "$mpiexec" --allow-run-as-root --oversubscribe -np 2 "$llmtrain" train --config "$work/c.json" --run-dir "$run" \
+    > "$run.log" 2>&1 &
+  local job=$!
+  for _ in $(seq 1 200); do [[ -s "$run/metrics.jsonl" ]] && break; sleep 0.1; done
+  [[ -s "$run/metrics.jsonl" ]] || fail "$signal: the run did not start: $(cat "$run.log")"
+  local pid; pid=$(rank_pid "$run" 1)
+  [[ -n "$pid" ]] || fail "$signal: rank 1 not found"
+  local start=$SECONDS
+  kill "-$signal" "$pid"
+  local waited=0
+  while kill -0 "$job" 2>/dev/null && (( waited < 60 )); do sleep 0.5; waited=$((SECONDS - start)); done
+  if kill -0 "$job" 2>/dev/null; then kill -KILL "$job"; fail "$signal: the job still runs after 60 s (hang)"; fi
+  wait "$job"; local status=$?
+  kill -KILL "$pid" 2>/dev/null
+  local took=$((SECONDS - start))
+  echo "$signal: job ended after ${took} s with exit status $status"
+  (( status != 0 )) || fail "$signal: exit status 0"
+  (( took <= 5 + 10 )) || fail "$signal: took ${took} s, more than dist.timeout_s + 10 s"
+  grep -q -- "$expect" "$run.log" || fail "$signal: the log does not say '$expect': $(cat "$run.log")"
+  grep -- "$expect" "$run.log" | head -n 1
+}
+
+check STOP "rank(s) 1 never arrived"   # hung: llmtrain's watchdog names it
+check KILL "rank 1"                    # dead: the launcher notices and names it
+echo "2 passed, 0 failed"
