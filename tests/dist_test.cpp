@@ -52,7 +52,7 @@ TEST_CASE("world sizes 1, 2, 4 and ZeRO 0, 1, 2 give the same losses and weights
     "data": {"train": ")" + dir.path() + R"(/shards/train_*.bin", "val": ")" + dir.path() + R"(/shards/val_*.bin"},
     "train": {"micro_batch_size": 2, "global_batch_size": 8, "max_steps": 20, "eval_every": 10, "eval_batches": 2},
     "optim": {"lr": 0.01, "warmup_steps": 2},
-    "dist": {"bucket_mb": 0.01},
+    "dist": {"bucket_mb": 0.01, "replica_check_every": 5},
     "checkpoint": {"every": 10}})");
 
   const std::string reference = dir.path() + "/w1";

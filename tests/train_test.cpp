@@ -4,6 +4,7 @@
 
 #include "catch_compat.h"
 #include "model/sampling.h"
+#include "train/grad_sync.h"
 #include "train/schedule.h"
 
 using namespace llmtrain;
@@ -52,4 +53,10 @@ TEST_CASE("sampling: greedy, top-k, top-p and the softmax frequencies", "[genera
   for (int i = 0; i < 100; ++i) {
     REQUIRE(model::sample_token(logits, 4, {0.9f, 3, 0.9f}, a) == model::sample_token(logits, 4, {0.9f, 3, 0.9f}, b));
   }
+}
+
+TEST_CASE("the replica check names the ranks whose checksum differs from rank 0's", "[train][dist]") {
+  CHECK(train::ranks_differing_from_first({7, 7, 7, 7}).empty());
+  CHECK(train::ranks_differing_from_first({7, 7, 9, 7, 8}) == std::vector<int>{2, 4});
+  CHECK(train::ranks_differing_from_first({7}).empty());
 }

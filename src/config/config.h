@@ -134,12 +134,14 @@ struct DistConfig {
   std::int64_t zero_stage = 0;
   double bucket_mb = 25.0;
   double timeout_s = 600.0;
+  std::int64_t replica_check_every = 100;  // steps between weight checksum comparisons; 0: never
 
   template <class Visitor>
   void fields(Visitor&& v) {
     v("zero_stage", zero_stage, IntRange{0, 2});
     v("bucket_mb", bucket_mb, positive);
     v("timeout_s", timeout_s, positive);
+    v("replica_check_every", replica_check_every, IntRange{0});
   }
 };
 

@@ -2,6 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
+
+#include <zlib.h>
+
+#include "core/error.h"
 
 namespace llmtrain::train {
 
@@ -49,6 +54,33 @@ void GradientSync::gather_params(float* params) {
   std::memcpy(padded_.data() + comm_.rank() * shard_size_, params + begin_, std::size_t(end_ - begin_) * sizeof(float));
   comm_.all_gather(padded_.data() + comm_.rank() * shard_size_, padded_.data(), shard_size_);
   std::memcpy(params, padded_.data(), std::size_t(P_) * sizeof(float));
+}
+
+std::vector<int> ranks_differing_from_first(const std::vector<std::int64_t>& checksums) {
+  std::vector<int> out;
+  for (std::size_t r = 1; r < checksums.size(); ++r) {
+    if (checksums[r] != checksums[0]) out.push_back(int(r));
+  }
+  return out;
+}
+
+void check_replicas(dist::Communicator& comm, const float* params, std::int64_t P, std::int64_t step) {
+  std::vector<std::int64_t> checksums(std::size_t(comm.world_size()), -1);
+  uLong crc = crc32(0L, Z_NULL, 0);
+  const auto* bytes = reinterpret_cast<const Bytef*>(params);
+  for (std::int64_t done = 0, total = P * std::int64_t(sizeof(float)); done < total;) {
+    const auto chunk = uInt(std::min<std::int64_t>(total - done, 1 << 30));
+    crc = crc32(crc, bytes + done, chunk);
+    done += chunk;
+  }
+  checksums[std::size_t(comm.rank())] = std::int64_t(crc);
+  comm.all_reduce_max(checksums.data(), std::int64_t(checksums.size()));
+  const auto differing = ranks_differing_from_first(checksums);
+  if (differing.empty()) return;
+  std::string ranks;
+  for (const int r : differing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  throw RuntimeError("after step " + std::to_string(step) + " the weights of rank(s) " + ranks +
+                     " differ from rank 0's (replica check): the ranks have diverged");
 }
 
 }  // namespace llmtrain::train

@@ -44,4 +44,11 @@ class GradientSync {
   std::vector<float> padded_, shard_;
 };
 
+/// The ranks whose weight checksum differs from rank 0's (checksums indexed by rank).
+std::vector<int> ranks_differing_from_first(const std::vector<std::int64_t>& checksums);
+
+/// Compares a CRC-32 of the weights (P,) across ranks; RuntimeError on every rank naming the
+/// ranks whose weights differ from rank 0's.
+void check_replicas(dist::Communicator& comm, const float* params, std::int64_t P, std::int64_t step);
+
 }  // namespace llmtrain::train

@@ -201,6 +201,9 @@ TrainSummary run_training(const TrainOptions& options) {
     const double lr = learning_rate(oc, tc.max_steps, step);
     optimizer.update(model, sync.grads(), grad_norm, oc, tc.grad_clip, lr, step);
     sync.gather_params(model.params().as<float>());
+    if (W > 1 && config.dist.replica_check_every > 0 && step % config.dist.replica_check_every == 0) {
+      check_replicas(*comm, model.params().as<float>(), P, step);
+    }
     tokens_seen += std::int64_t(tokens_per_step);
     const double step_seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
