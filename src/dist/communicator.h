@@ -21,6 +21,8 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
+  /// The rank among the processes of this node (which GPU a rank uses).
+  virtual int local_rank() const { return rank(); }
   /// "single", "mpi", ...
   virtual std::string name() const = 0;
 

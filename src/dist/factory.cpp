@@ -34,6 +34,9 @@ std::unique_ptr<Communicator> make_communicator(bool verbose, double timeout_s) 
   if (verbose && comm->rank() == 0) {
     std::fprintf(stderr, "dist: %s communicator, %d rank(s)\n", comm->name().c_str(), comm->world_size());
   }
+  if (verbose && comm->world_size() > 1) {
+    std::fprintf(stderr, "dist: rank %d is local rank %d of its node\n", comm->rank(), comm->local_rank());
+  }
   return comm;
 }
 

@@ -47,6 +47,10 @@ class MpiCommunicator final : public Communicator {
     }
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &world_);
+    MPI_Comm node;  // the ranks that share this node's memory
+    check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+    MPI_Comm_rank(node, &local_rank_);
+    MPI_Comm_free(&node);
   }
   ~MpiCommunicator() override {
     if (!owns_mpi_) return;
@@ -57,6 +61,7 @@ class MpiCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
+  int local_rank() const override { return local_rank_; }
   std::string name() const override { return "mpi"; }
 
   void all_reduce_sum(float* data, std::int64_t count) override {
@@ -231,6 +236,7 @@ class MpiCommunicator final : public Communicator {
   bool owns_mpi_ = false;
   int rank_ = 0;
   int world_ = 1;
+  int local_rank_ = 0;
 };
 
 }  // namespace

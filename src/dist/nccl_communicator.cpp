@@ -1,0 +1,154 @@
+// NCCL over device memory: the communicator of the CUDA backend. The unique id goes from rank 0
+// to every rank over MPI; the communicator is created non-blocking and every operation is polled
+// (stream query plus ncclCommGetAsyncError), so that a dead or hung rank makes it abort the
+// communicator and stop with a message instead of hanging. Buffers passed in are device memory.
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "dist/communicator.h"
+#include "dist/nccl_communicator.h"
+
+namespace llmtrain::dist {
+namespace {
+
+[[noreturn]] void nccl_failed(ncclResult_t status, const char* call) {
+  throw RuntimeError(std::string("NCCL error in ") + call + ": " + ncclGetErrorString(status));
+}
+
+void check(ncclResult_t status, const char* call) {
+  if (status != ncclSuccess && status != ncclInProgress) nccl_failed(status, call);
+}
+
+void check(cudaError_t status, const char* call) {
+  if (status != cudaSuccess) throw RuntimeError(std::string("CUDA error in ") + call + ": " + cudaGetErrorString(status));
+}
+
+class Done final : public Request {
+ public:
+  explicit Done(std::function<void()> finish) : finish_(std::move(finish)) {}
+  void wait() override { finish_(); }
+
+ private:
+  std::function<void()> finish_;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(Communicator& host, int device, double timeout_s) : host_(host), timeout_s_(timeout_s) {
+    check(cudaSetDevice(device), "cudaSetDevice");
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    ncclUniqueId id;
+    if (host.rank() == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    // The id is 128 bytes: sent as 32 floats over the host communicator.
+    static_assert(sizeof(ncclUniqueId) % sizeof(float) == 0, "ncclUniqueId is not a whole number of floats");
+    std::vector<float> words(sizeof(ncclUniqueId) / sizeof(float));
+    std::memcpy(words.data(), &id, sizeof id);
+    host.broadcast(words.data(), std::int64_t(words.size()), 0);
+    std::memcpy(&id, words.data(), sizeof id);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    check(ncclCommInitRankConfig(&comm_, host.world_size(), id, host.rank(), &config), "ncclCommInitRankConfig");
+    poll_comm("ncclCommInitRank");
+  }
+  ~NcclCommunicator() override {
+    if (comm_) ncclCommDestroy(comm_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return host_.rank(); }
+  int world_size() const override { return host_.world_size(); }
+  std::string name() const override { return "nccl"; }
+
+  void all_reduce_sum(float* data, std::int64_t count) override {
+    check(ncclAllReduce(data, data, std::size_t(count), ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce");
+    finish("all_reduce");
+  }
+  void all_reduce_sum(double* data, std::int64_t count) override {
+    check(ncclAllReduce(data, data, std::size_t(count), ncclDouble, ncclSum, comm_, stream_), "ncclAllReduce");
+    finish("all_reduce");
+  }
+  void all_reduce_max(std::int64_t* data, std::int64_t count) override {
+    check(ncclAllReduce(data, data, std::size_t(count), ncclInt64, ncclMax, comm_, stream_), "ncclAllReduce");
+    finish("all_reduce (max)");
+  }
+  std::unique_ptr<Request> start_all_reduce_sum(float* data, std::int64_t count) override {
+    check(ncclAllReduce(data, data, std::size_t(count), ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce");
+    return std::make_unique<Done>([this] { finish("all_reduce (gradient bucket)"); });
+  }
+  void reduce_scatter_sum(const float* send, float* recv, std::int64_t shard) override {
+    check(ncclReduceScatter(send, recv, std::size_t(shard), ncclFloat, ncclSum, comm_, stream_), "ncclReduceScatter");
+    finish("reduce_scatter");
+  }
+  void all_gather(const float* send, float* recv, std::int64_t shard) override {
+    check(ncclAllGather(send, recv, std::size_t(shard), ncclFloat, comm_, stream_), "ncclAllGather");
+    finish("all_gather");
+  }
+  void broadcast(float* data, std::int64_t count, int root) override {
+    check(ncclBroadcast(data, data, std::size_t(count), ncclFloat, root, comm_, stream_), "ncclBroadcast");
+    finish("broadcast");
+  }
+  void barrier() override { host_.barrier(); }
+
+ private:
+  // Waits for the communicator's pending work (init) without blocking inside NCCL.
+  void poll_comm(const char* operation) {
+    const auto start = std::chrono::steady_clock::now();
+    ncclResult_t state = ncclInProgress;
+    while (state == ncclInProgress) {
+      check(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
+      if (state != ncclInProgress && state != ncclSuccess) nccl_failed(state, operation);
+      timeout_if_late(start, operation);
+      std::this_thread::yield();
+    }
+  }
+
+  // Waits for the stream, watching for asynchronous NCCL errors and the timeout.
+  void finish(const char* operation) {
+    const auto start = std::chrono::steady_clock::now();
+    while (true) {
+      const cudaError_t done = cudaStreamQuery(stream_);
+      if (done == cudaSuccess) return;
+      if (done != cudaErrorNotReady) check(done, operation);
+      ncclResult_t state = ncclSuccess;
+      check(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
+      if (state != ncclSuccess && state != ncclInProgress) {
+        ncclCommAbort(comm_);
+        comm_ = nullptr;
+        nccl_failed(state, operation);
+      }
+      timeout_if_late(start, operation);
+      std::this_thread::yield();
+    }
+  }
+
+  void timeout_if_late(std::chrono::steady_clock::time_point start, const char* operation) {
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (waited <= timeout_s_) return;
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
+    throw RuntimeError("rank " + std::to_string(rank()) + ": NCCL " + operation + " did not finish within dist.timeout_s = " +
+                       std::to_string(int(timeout_s_)) + " s: another rank died or hangs; communicator aborted");
+  }
+
+  Communicator& host_;
+  double timeout_s_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(Communicator& host, int device, double timeout_s) {
+  return std::make_unique<NcclCommunicator>(host, device, timeout_s);
+}
+
+}  // namespace llmtrain::dist
