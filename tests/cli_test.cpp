@@ -155,8 +155,9 @@ TEST_CASE("train, eval, generate and export work end to end on a tiny run", "[cl
   CHECK(std::filesystem::exists(run + "/checkpoints/step_00000004/COMPLETE"));
   CHECK(std::filesystem::exists(run + "/checkpoints/step_00000006/optim-00000.safetensors"));
 
-  // A second run into the same folder is refused; nothing is touched.
-  check_input_error(run_llmtrain({"train", "--config", config, "--run-dir", run}), "already holds a run");
+  // A new run into the same folder is refused; nothing is touched.
+  check_input_error(run_llmtrain({"train", "--config", config, "--run-dir", run, "--resume", "never"}),
+                    "already holds a run");
 
   const auto evaluated = run_llmtrain({"eval", "--checkpoint", run});
   CAPTURE(evaluated.err);

@@ -153,6 +153,43 @@ Found find(const std::string& path) {
   return found;
 }
 
+std::vector<std::string> complete_checkpoints(const std::string& root) {
+  std::vector<std::string> out;
+  if (!fs::is_directory(root)) return out;
+  for (const auto& entry : fs::directory_iterator(root)) {
+    const std::string n = entry.path().filename().string();
+    if (n.starts_with("step_") && fs::exists(entry.path() / "COMPLETE")) out.push_back(entry.path().string());
+  }
+  std::sort(out.rbegin(), out.rend());  // step_%08d names sort by step
+  return out;
+}
+
+void load_optimizer(const Found& found, std::int64_t begin, std::int64_t end, float* m, float* v) {
+  std::int64_t covered = 0;
+  for (const auto& [file, unused] : found.state["files"].items()) {
+    if (!file.starts_with("optim-")) continue;
+    const SafetensorsReader reader(found.dir + "/" + file);
+    const auto& meta = reader.metadata();
+    if (!meta.contains("range_begin") || !meta.contains("range_end")) {
+      throw InputError(reader.path() + ": no range_begin/range_end in its metadata");
+    }
+    const std::int64_t file_begin = std::stoll(meta.at("range_begin")), file_end = std::stoll(meta.at("range_end"));
+    const std::int64_t lo = std::max(begin, file_begin), hi = std::min(end, file_end);
+    if (lo >= hi) continue;
+    std::vector<float> part(std::size_t(file_end - file_begin));
+    for (const auto& [name, out] : {std::pair{"adamw.m", m}, std::pair{"adamw.v", v}}) {
+      reader.read_f32(name, part);
+      std::copy(part.begin() + (lo - file_begin), part.begin() + (hi - file_begin), out + (lo - begin));
+    }
+    covered += hi - lo;
+  }
+  if (covered != end - begin) {
+    throw InputError(found.dir + ": the optimizer files cover " + std::to_string(covered) + " of the " +
+                     std::to_string(end - begin) + " elements [" + std::to_string(begin) + ", " +
+                     std::to_string(end) + ") this rank needs");
+  }
+}
+
 void load_weights(const Found& found, model::Gpt2& model) {
   const SafetensorsReader reader(found.dir + "/model.safetensors");
   for (const auto& info : model.param_infos()) {

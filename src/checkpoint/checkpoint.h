@@ -50,6 +50,13 @@ struct Found {
 };
 Found find(const std::string& path);
 
+/// The step folders under `root` that hold a COMPLETE file, newest first (full paths).
+std::vector<std::string> complete_checkpoints(const std::string& root);
+
+/// Fills m and v (end - begin each) with the AdamW state of flat-buffer range [begin, end), taken
+/// from the checkpoint's optimizer files whatever world size and ZeRO stage wrote them.
+void load_optimizer(const Found& found, std::int64_t begin, std::int64_t end, float* m, float* v);
+
 /// Fills the model's parameters from DIR/model.safetensors of a found checkpoint.
 void load_weights(const Found& found, model::Gpt2& model);
 

@@ -17,6 +17,7 @@ Command add_train_command(CLI::App& parent) {
     std::string run_dir;
     std::string device = "auto";
     bool profile_ops = false;
+    std::string resume = "auto";
   };
   auto options = std::make_shared<Options>();
   CLI::App* app = parent.add_subcommand("train", "Train a model as a config describes");
@@ -27,6 +28,9 @@ Command add_train_command(CLI::App& parent) {
   app->add_option("--run-dir", options->run_dir, "Run folder (default: runs/<config name>)");
   app->add_option("--device", options->device, "auto | cpu | cuda (auto: cpu until the CUDA training path lands)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  app->add_option("--resume", options->resume,
+                  "auto: continue from the newest complete checkpoint of the run, if any | never | a checkpoint path")
       ->capture_default_str();
   app->add_flag("--profile-ops", options->profile_ops, "Print the time spent in each op at the end");
 
@@ -40,7 +44,12 @@ Command add_train_command(CLI::App& parent) {
                             : options->run_dir;
             o.device = options->device == "cuda" ? Device::cuda : Device::cpu;
             o.profile_ops = options->profile_ops;
+            o.resume = options->resume;
             const train::TrainSummary s = train::run_training(o);
+            if (s.preempted) {
+              if (s.lead) std::fprintf(stderr, "llmtrain: stopped by a signal; checkpoint %s written; run the same command to resume\n", s.last_checkpoint.c_str());
+              return static_cast<int>(ExitCode::preempted);
+            }
             if (!s.lead) return 0;  // rank 0 reports for the job
             std::printf("train: %lld steps in %.1f s; final loss %.4f", static_cast<long long>(s.steps), s.seconds,
                         s.final_loss);

@@ -92,6 +92,7 @@ struct TrainConfig {
   std::int64_t eval_every = 100;  // 0: no periodic validation
   std::int64_t eval_batches = 20;
   std::string precision = "fp32";
+  std::int64_t max_bad_steps = 5;  // non-finite updates in a row before the run stops
 
   template <class Visitor>
   void fields(Visitor&& v) {
@@ -104,6 +105,7 @@ struct TrainConfig {
     v("eval_every", eval_every, IntRange{0});
     v("eval_batches", eval_batches, IntRange{1});
     v("precision", precision, OneOf{{"fp32", "bf16"}});
+    v("max_bad_steps", max_bad_steps, IntRange{1});
   }
 };
 

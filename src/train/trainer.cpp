@@ -1,6 +1,10 @@
 #include "train/trainer.h"
 
+#include <atomic>
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <optional>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -64,6 +68,96 @@ class MetricsLog {
   std::ofstream out_;
 };
 
+// The checkpoint to continue from: --resume never: none (and the run folder must be new);
+// auto: the newest complete checkpoint that verifies, skipping damaged ones with a warning; PATH:
+// that one, or exit 2 naming what is wrong.
+std::optional<checkpoint::Found> find_resume_point(const TrainOptions& options, const std::string& root, bool lead) {
+  const bool has_metrics = fs::exists(options.run_dir + "/metrics.jsonl");
+  std::optional<checkpoint::Found> found;
+  if (options.resume == "never") {
+    if (has_metrics) {
+      throw InputError(options.run_dir + ": already holds a run (metrics.jsonl); choose another --run-dir or --resume auto");
+    }
+  } else if (options.resume == "auto") {
+    for (const auto& dir : checkpoint::complete_checkpoints(root)) {
+      try {
+        found = checkpoint::find(dir);
+        break;
+      } catch (const InputError& e) {
+        if (lead) std::fprintf(stderr, "train: warning: skipping damaged checkpoint: %s\n", e.what());
+      }
+    }
+  } else {
+    found = checkpoint::find(options.resume);
+  }
+  if (!found) return found;
+  // The run must continue the same model on the same data order.
+  const config::Config& saved = found->config;
+  const config::Config& now = options.config;
+  const auto saved_model = config::to_json(saved)["model"], now_model = config::to_json(now)["model"];
+  for (const auto& [key, value] : saved_model.items()) {
+    if (key != "init_from" && now_model[key] != value) {
+      throw InputError("model." + key + ": the checkpoint " + found->dir + " has " + value.dump() + ", the config " +
+                       now_model[key].dump() + "; use --resume never and a new --run-dir for another model");
+    }
+  }
+  if (saved.train.global_batch_size != now.train.global_batch_size) {
+    throw InputError("train.global_batch_size: the checkpoint " + found->dir + " was trained with " +
+                     std::to_string(saved.train.global_batch_size) + "; resuming needs the same data order");
+  }
+  return found;
+}
+
+// Rewrites metrics.jsonl keeping only the lines of steps up to `last_step` (all of them when the
+// file does not exist: nothing to do).
+void keep_metrics_up_to(const std::string& path, std::int64_t last_step) {
+  if (!fs::exists(path)) return;
+  std::ifstream in(path);
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    try {
+      if (nlohmann::json::parse(line).value("step", std::int64_t{0}) <= last_step) kept += line + "\n";
+    } catch (const nlohmann::json::exception&) {
+      // a line cut short by a crash: dropped
+    }
+  }
+  in.close();
+  std::ofstream out(path + ".tmp", std::ios::trunc);
+  out << kept;
+  out.close();
+  if (!out) throw RuntimeError(path + ": cannot rewrite");
+  fs::rename(path + ".tmp", path);
+}
+
+// SIGTERM, SIGINT and SIGUSR1 ask the run to stop at the next update boundary (after a
+// checkpoint); a second SIGINT ends the process at once.
+std::atomic<int> stop_requests{0};
+extern "C" void on_stop_signal(int signal) {
+  if (signal == SIGINT && stop_requests.load() > 0) std::_Exit(128 + SIGINT);
+  stop_requests.fetch_add(1);
+}
+
+class SignalWatch {
+ public:
+  SignalWatch() {
+    stop_requests = 0;
+    struct sigaction action {};
+    action.sa_handler = on_stop_signal;
+    sigemptyset(&action.sa_mask);
+    for (int i = 0; i < 3; ++i) sigaction(signals_[i], &action, &previous_[i]);
+  }
+  ~SignalWatch() {
+    for (int i = 0; i < 3; ++i) sigaction(signals_[i], &previous_[i], nullptr);
+  }
+  SignalWatch(const SignalWatch&) = delete;
+  SignalWatch& operator=(const SignalWatch&) = delete;
+  bool raised() const { return stop_requests.load() > 0; }
+
+ private:
+  static constexpr int signals_[3] = {SIGTERM, SIGINT, SIGUSR1};
+  struct sigaction previous_[3];
+};
+
 }  // namespace
 
 double evaluate(model::Gpt2& model, const data::TokenDataset& data, const config::Config& config,
@@ -98,14 +192,15 @@ TrainSummary run_training(const TrainOptions& options) {
   if (options.device != Device::cpu) {
     throw InputError("--device cuda: training runs on the CPU backend only so far (use --device cpu)");
   }
-  if (fs::exists(options.run_dir + "/metrics.jsonl")) {
-    throw InputError(options.run_dir + ": already holds a run (metrics.jsonl); choose another --run-dir");
-  }
   if (config.data.train.empty()) throw InputError("data.train: no training data given");
-  const std::unique_ptr<dist::Communicator> comm = dist::make_communicator(options.progress, config.dist.timeout_s);
+  const std::string checkpoint_root =
+      config.checkpoint.dir.empty() ? options.run_dir + "/checkpoints" : config.checkpoint.dir;
+  const std::unique_ptr<dist::Communicator> comm = dist::make_communicator(false, config.dist.timeout_s);
   const int rank = comm->rank(), W = comm->world_size();
   const bool lead = rank == 0;  // the rank that prints and writes run files
   const bool progress = options.progress && lead;
+  const std::optional<checkpoint::Found> resume = find_resume_point(options, checkpoint_root, lead);
+  if (progress) std::fprintf(stderr, "dist: %s communicator, %d rank(s)\n", comm->name().c_str(), W);
 
   // Data first: a bad shard stops the run before anything is written.
   const int T = int(config.model.context_length), B = int(tc.micro_batch_size);
@@ -122,10 +217,21 @@ TrainSummary run_training(const TrainOptions& options) {
   const std::int64_t accum = config::grad_accum_steps(config, W);
   const data::SamplerOptions sampler_options{train_data.num_samples(), tc.global_batch_size, B, W, rank,
                                              config.data.shuffle, std::uint64_t(config.data.seed)};
-  data::BatchLoader loader(train_data, sampler_options, {});
+  data::SamplerState sampler_state;
+  std::int64_t first_step = 1, tokens_seen = 0;
+  if (resume) {
+    const auto& state = resume->state;
+    sampler_state = {state.at("sampler").at("epoch").get<std::int64_t>(),
+                     state.at("sampler").at("next_sample").get<std::int64_t>()};
+    first_step = state.at("step").get<std::int64_t>() + 1;
+    tokens_seen = state.at("tokens_seen").get<std::int64_t>();
+  }
+  data::BatchLoader loader(train_data, sampler_options, sampler_state);
 
   model::Gpt2 model(config.model, options.device);
-  if (config.model.init_from.empty()) {
+  if (resume) {
+    checkpoint::load_weights(*resume, model);
+  } else if (config.model.init_from.empty()) {
     model.init_weights(std::uint64_t(tc.seed));
   } else {
     checkpoint::import_hf(config.model.init_from, model);
@@ -134,6 +240,7 @@ TrainSummary run_training(const TrainOptions& options) {
   comm->broadcast(model.params().as<float>(), P, 0);  // identical weights on every rank
   GradientSync sync(*comm, model.grads().as<float>(), P, config.dist.bucket_mb, int(config.dist.zero_stage));
   AdamW optimizer(sync.begin(), sync.end());
+  if (resume) checkpoint::load_optimizer(*resume, sync.begin(), sync.end(), optimizer.m(), optimizer.v());
 
   const nlohmann::json resolved = config::to_json(config);
   std::unique_ptr<MetricsLog> metrics;
@@ -142,10 +249,14 @@ TrainSummary run_training(const TrainOptions& options) {
     std::ofstream out(options.run_dir + "/config.json");
     out << resolved.dump(2) << "\n";
     if (!out) throw RuntimeError(options.run_dir + "/config.json: cannot write");
+    // Lines past the resumed step are logged again as those steps are redone.
+    keep_metrics_up_to(options.run_dir + "/metrics.jsonl", first_step - 1);
     metrics = std::make_unique<MetricsLog>(options.run_dir + "/metrics.jsonl");
   }
-  const std::string checkpoint_root =
-      config.checkpoint.dir.empty() ? options.run_dir + "/checkpoints" : config.checkpoint.dir;
+  if (progress && resume) {
+    std::fprintf(stderr, "train: resuming from %s (step %lld)\n", resume->dir.c_str(),
+                 static_cast<long long>(first_step - 1));
+  }
   if (progress) {
     std::fprintf(stderr,
                  "train: %lld parameters, %lld train samples of %d tokens, %d rank(s) x %lld micro-step(s) of %d "
@@ -155,8 +266,6 @@ TrainSummary run_training(const TrainOptions& options) {
   }
 
   TrainSummary summary;
-  std::int64_t tokens_seen = 0;
-  data::SamplerState sampler_state;
   const auto save = [&](std::int64_t step) {
     nlohmann::json state = {{"tokens_seen", tokens_seen},
                             {"sampler", {{"epoch", sampler_state.epoch}, {"next_sample", sampler_state.next_sample}}},
@@ -172,7 +281,9 @@ TrainSummary run_training(const TrainOptions& options) {
   ops::enable_profiling(options.profile_ops);
   const auto start = Clock::now();
   const double tokens_per_step = double(tc.global_batch_size) * T;
-  for (std::int64_t step = 1; step <= tc.max_steps; ++step) {
+  const SignalWatch signals;
+  std::int64_t bad_in_a_row = 0;
+  for (std::int64_t step = first_step; step <= tc.max_steps; ++step) {
     const auto step_start = Clock::now();
     model.zero_grads();
     double loss_sum = 0.0;
@@ -199,12 +310,30 @@ TrainSummary run_training(const TrainOptions& options) {
     const double loss = sums[0] / tokens_per_step;
     const double grad_norm = std::sqrt(sums[1]);
     const double lr = learning_rate(oc, tc.max_steps, step);
+    tokens_seen += std::int64_t(tokens_per_step);
+    // NaN guard: a non-finite loss or gradient norm skips the update (the same on every rank,
+    // since both are reduced over all ranks).
+    if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
+      ++bad_in_a_row;
+      if (metrics) metrics->write({{"step", step}, {"skipped", true}, {"bad_steps_in_a_row", bad_in_a_row}});
+      if (progress) {
+        std::fprintf(stderr, "step %lld/%lld | non-finite loss or gradient norm: update skipped (%lld in a row)\n",
+                     static_cast<long long>(step), static_cast<long long>(tc.max_steps),
+                     static_cast<long long>(bad_in_a_row));
+      }
+      if (bad_in_a_row >= tc.max_bad_steps) {
+        throw RuntimeError(std::to_string(bad_in_a_row) + " updates in a row had a non-finite loss or gradient norm "
+                           "(train.max_bad_steps); stopping at step " + std::to_string(step) +
+                           ": lower optim.lr or check the data");
+      }
+      continue;
+    }
+    bad_in_a_row = 0;
     optimizer.update(model, sync.grads(), grad_norm, oc, tc.grad_clip, lr, step);
     sync.gather_params(model.params().as<float>());
     if (W > 1 && config.dist.replica_check_every > 0 && step % config.dist.replica_check_every == 0) {
       check_replicas(*comm, model.params().as<float>(), P, step);
     }
-    tokens_seen += std::int64_t(tokens_per_step);
     const double step_seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     if (metrics) {
@@ -229,8 +358,17 @@ TrainSummary run_training(const TrainOptions& options) {
                      static_cast<long long>(tc.max_steps), val_loss);
       }
     }
-    if ((config.checkpoint.every > 0 && step % config.checkpoint.every == 0) || last) save(step);
+    // A stop signal on any rank: all agree at this update boundary, save and stop.
+    std::int64_t stop = signals.raised() ? 1 : 0;
+    comm->all_reduce_max(&stop, 1);
+    if ((config.checkpoint.every > 0 && step % config.checkpoint.every == 0) || last || stop) save(step);
     summary.steps = step;
+    if (stop && !last) {
+      summary.preempted = true;
+      if (progress) std::fprintf(stderr, "train: stopped by a signal after step %lld; checkpoint written\n",
+                                 static_cast<long long>(step));
+      break;
+    }
   }
   summary.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   summary.lead = lead;

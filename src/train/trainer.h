@@ -17,6 +17,7 @@ struct TrainOptions {
   Device device = Device::cpu;
   bool progress = true;        // progress lines on stderr
   bool profile_ops = false;    // print the time spent in each op at the end
+  std::string resume = "auto";  // auto | never | a checkpoint path
 };
 
 struct TrainSummary {
@@ -25,7 +26,8 @@ struct TrainSummary {
   double final_val_loss = -1;  // of the last validation, -1 when none ran
   double seconds = 0;
   std::string last_checkpoint;
-  bool lead = true;  // this process is rank 0 (the one that reports)
+  bool lead = true;        // this process is rank 0 (the one that reports)
+  bool preempted = false;  // stopped by a signal after writing a checkpoint (exit 75)
 };
 
 /// Trains as the config says, writing RUN_DIR/config.json, metrics.jsonl and checkpoints.
