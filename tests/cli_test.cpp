@@ -28,7 +28,7 @@ TEST_CASE("--help and --version work for the program and every subcommand", "[cl
   const auto version = run_llmtrain({"--version"});
   CHECK(version.exit_code == 0);
   CHECK(version.out.rfind("llmtrain 0.", 0) == 0);
-  for (const std::string sub : {"info", "check-config", "tokenize", "train", "eval", "generate", "export", "plan"}) {
+  for (const std::string sub : {"info", "check-config", "tokenize", "train", "eval", "generate", "export", "plan", "inspect"}) {
     CAPTURE(sub);
     const auto help = run_llmtrain({sub, "--help"});
     CHECK(help.exit_code == 0);
@@ -180,6 +180,12 @@ TEST_CASE("train, eval, generate and export work end to end on a tiny run", "[cl
   CHECK(std::filesystem::exists(dir.path() + "/hf/model.safetensors"));
   CHECK(std::filesystem::exists(dir.path() + "/hf/config.json"));
 
+  const auto inspected = run_llmtrain({"inspect", "--checkpoint", run});
+  CAPTURE(inspected.out);
+  CHECK(inspected.exit_code == 0);
+  CHECK(inspected.out.find("step 6, 384 tokens seen, world size 1") != std::string::npos);
+  CHECK(inspected.out.find("every file verifies") != std::string::npos);
+
   // A damaged checkpoint file is detected by its checksum.
   {
     std::fstream f(run + "/checkpoints/step_00000006/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
@@ -187,6 +193,10 @@ TEST_CASE("train, eval, generate and export work end to end on a tiny run", "[cl
     f.put('\x7f');
   }
   check_input_error(run_llmtrain({"eval", "--checkpoint", run}), "model.safetensors: checksum mismatch");
+  const auto damaged = run_llmtrain({"inspect", "--checkpoint", run});
+  CHECK(damaged.exit_code == 2);
+  CHECK(damaged.out.find("model.safetensors") != std::string::npos);
+  CHECK(damaged.out.find("CHECKSUM MISMATCH") != std::string::npos);
 }
 
 TEST_CASE("plan: GPT-2 124M's parameter count and memory per rank", "[cli][plan]") {

@@ -124,7 +124,7 @@ std::string save(const SaveRequest& r, dist::Communicator& comm) {
   return dir;
 }
 
-Found find(const std::string& path) {
+std::string resolve_dir(const std::string& path) {
   std::string dir = path;
   if (fs::exists(path + "/checkpoints/latest")) dir = path + "/checkpoints";
   if (fs::exists(dir + "/latest")) {
@@ -133,6 +133,11 @@ Found find(const std::string& path) {
     std::getline(latest, name);
     dir += "/" + name;
   }
+  return dir;
+}
+
+Found find(const std::string& path) {
+  const std::string dir = resolve_dir(path);
   if (!fs::exists(dir + "/state.json")) {
     throw InputError(path + ": not a checkpoint (no state.json; expected a step folder, a checkpoints folder or a run folder)");
   }

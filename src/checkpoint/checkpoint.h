@@ -43,6 +43,9 @@ std::string save(const SaveRequest& request, dist::Communicator& comm);
 
 /// A checkpoint found from a path: a step folder, a checkpoints folder (its `latest`) or a run
 /// folder (RUN/checkpoints/latest). Its files are checked against the checksums in state.json.
+/// The step folder a path names: itself, or the one `latest` names in it or in its checkpoints/.
+std::string resolve_dir(const std::string& path);
+
 struct Found {
   std::string dir;
   nlohmann::json state;

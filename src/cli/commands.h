@@ -20,5 +20,6 @@ Command add_generate_command(CLI::App& parent);
 Command add_eval_command(CLI::App& parent);
 Command add_export_command(CLI::App& parent);
 Command add_plan_command(CLI::App& parent);
+Command add_inspect_command(CLI::App& parent);
 
 }  // namespace llmtrain::cli

@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
       llmtrain::cli::add_generate_command(app),
       llmtrain::cli::add_export_command(app),
       llmtrain::cli::add_plan_command(app),
+      llmtrain::cli::add_inspect_command(app),
   };
 
   // CLI11 would only say "A subcommand is required" for a misspelt one.
