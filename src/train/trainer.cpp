@@ -272,10 +272,18 @@ TrainSummary run_training(const TrainOptions& options) {
                             {"world_size", W},
                             {"zero_stage", config.dist.zero_stage},
                             {"config", resolved}};
+    const auto save_start = Clock::now();
     summary.last_checkpoint = checkpoint::save({checkpoint_root, step, config.checkpoint.keep_last, &model,
                                                 {optimizer.begin(), optimizer.end(), optimizer.m(), optimizer.v()},
                                                 state},
                                                *comm);
+    if (progress) {
+      std::uintmax_t bytes = 0;
+      for (const auto& entry : fs::directory_iterator(summary.last_checkpoint)) bytes += entry.file_size();
+      const double seconds = std::chrono::duration<double>(Clock::now() - save_start).count();
+      std::fprintf(stderr, "checkpoint %s: %.1f MB in %.2f s (%.0f MB/s)\n", summary.last_checkpoint.c_str(),
+                   double(bytes) / 1e6, seconds, double(bytes) / 1e6 / std::max(seconds, 1e-9));
+    }
   };
 
   ops::enable_profiling(options.profile_ops);
