@@ -212,3 +212,30 @@ TEST_CASE("plan: GPT-2 124M's parameter count and memory per rank", "[cli][plan]
                                   "3"}),
                     "train.global_batch_size: must be a multiple of train.micro_batch_size x world size (16 x 3 = 48)");
 }
+
+TEST_CASE("NaN guard: non-finite updates are skipped, and too many in a row stop the run", "[cli][train]") {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 300; ++i) text += "some text to train on " + std::to_string(i) + "\n";
+  const std::string corpus = dir.write("corpus.txt", text);
+  REQUIRE(run_llmtrain({"tokenize", "--input", corpus, "--output", dir.path() + "/shards"}).exit_code == 0);
+  // A learning rate of 1e38 sends the weights to infinity after the first update.
+  const std::string config = dir.write("c.json", R"({
+    "model": {"vocab_size": 256, "context_length": 16, "n_layer": 1, "n_head": 2, "d_model": 16},
+    "data": {"train": ")" + dir.path() + R"(/shards/train_*.bin"},
+    "train": {"micro_batch_size": 2, "global_batch_size": 2, "max_steps": 50, "grad_clip": 0, "max_bad_steps": 3},
+    "optim": {"lr": 1e38, "min_lr": 0, "warmup_steps": 0, "schedule": "constant", "weight_decay": 0}})");
+  const auto r = run_llmtrain({"train", "--config", config, "--run-dir", dir.path() + "/run"});
+  CAPTURE(r.err);
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.find("update skipped (1 in a row)") != std::string::npos);
+  CHECK(r.err.find("llmtrain: error: 3 updates in a row had a non-finite loss or gradient norm") != std::string::npos);
+  std::ifstream metrics(dir.path() + "/run/metrics.jsonl");
+  int skipped = 0;
+  for (std::string line; std::getline(metrics, line);) skipped += nlohmann::json::parse(line).value("skipped", false);
+  CHECK(skipped == 3);
+
+  const auto bf16 = run_llmtrain({"train", "--config", config, "--run-dir", dir.path() + "/run2", "--set",
+                                  "train.precision=bf16"});
+  check_input_error(bf16, "train.precision: \"bf16\" needs the CUDA backend");
+}

@@ -193,6 +193,9 @@ TrainSummary run_training(const TrainOptions& options) {
     throw InputError("--device cuda: training runs on the CPU backend only so far (use --device cpu)");
   }
   if (config.data.train.empty()) throw InputError("data.train: no training data given");
+  if (config.train.precision != "fp32") {
+    throw InputError("train.precision: \"" + config.train.precision + "\" needs the CUDA backend; the CPU backend trains in fp32");
+  }
   const std::string checkpoint_root =
       config.checkpoint.dir.empty() ? options.run_dir + "/checkpoints" : config.checkpoint.dir;
   const std::unique_ptr<dist::Communicator> comm = dist::make_communicator(false, config.dist.timeout_s);
