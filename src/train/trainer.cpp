@@ -20,6 +20,7 @@
 #include "ops/profile.h"
 #include "train/adamw.h"
 #include "train/grad_sync.h"
+#include "train/tensorboard.h"
 #include "train/schedule.h"
 
 namespace llmtrain::train {
@@ -247,6 +248,7 @@ TrainSummary run_training(const TrainOptions& options) {
 
   const nlohmann::json resolved = config::to_json(config);
   std::unique_ptr<MetricsLog> metrics;
+  std::unique_ptr<TensorBoardWriter> tensorboard;
   if (lead) {
     fs::create_directories(options.run_dir);
     std::ofstream out(options.run_dir + "/config.json");
@@ -255,6 +257,7 @@ TrainSummary run_training(const TrainOptions& options) {
     // Lines past the resumed step are logged again as those steps are redone.
     keep_metrics_up_to(options.run_dir + "/metrics.jsonl", first_step - 1);
     metrics = std::make_unique<MetricsLog>(options.run_dir + "/metrics.jsonl");
+    tensorboard = std::make_unique<TensorBoardWriter>(options.run_dir + "/tb");
   }
   if (progress && resume) {
     std::fprintf(stderr, "train: resuming from %s (step %lld)\n", resume->dir.c_str(),
@@ -350,6 +353,10 @@ TrainSummary run_training(const TrainOptions& options) {
     if (metrics) {
       metrics->write({{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
                       {"tokens_per_s", tokens_per_step / step_seconds}, {"mfu", nullptr}, {"elapsed_s", elapsed}});
+      tensorboard->scalar("loss", loss, step);
+      tensorboard->scalar("lr", lr, step);
+      tensorboard->scalar("grad_norm", grad_norm, step);
+      tensorboard->scalar("tokens_per_s", tokens_per_step / step_seconds, step);
     }
     summary.final_loss = loss;
     if (progress && (step % tc.log_every == 0 || step == 1 || step == tc.max_steps)) {
@@ -362,7 +369,10 @@ TrainSummary run_training(const TrainOptions& options) {
     const bool last = step == tc.max_steps;
     if (val_data && ((tc.eval_every > 0 && step % tc.eval_every == 0) || last)) {
       const double val_loss = evaluate(model, *val_data, config, tc.eval_batches, comm.get());
-      if (metrics) metrics->write({{"step", step}, {"val_loss", val_loss}});
+      if (metrics) {
+        metrics->write({{"step", step}, {"val_loss", val_loss}});
+        tensorboard->scalar("val_loss", val_loss, step);
+      }
       summary.final_val_loss = val_loss;
       if (progress) {
         std::fprintf(stderr, "step %lld/%lld | val_loss %.4f\n", static_cast<long long>(step),
