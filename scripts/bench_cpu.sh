@@ -21,4 +21,4 @@ echo "CPU training, GPT-2 L=4 C=256 NH=4 T=256 B=8 V=256, fp32, $threads threads
 printf '  %-10s %10s tokens/s\n' llmtrain "$ours" pytorch "$theirs"
 /usr/bin/python3 -c "print(f'  ratio      {float($ours) / float($theirs):10.2f}x (goal: >= 1.5x)')"
 echo "llmtrain time per op ($steps steps):"
-sed -n '/^op time/,$p' "$work/train.err" | sed 's/^/  /'
+sed -n '/op time/,$p' "$work/train.err" | sed -E 's/^\[[^]]*\] /  /'

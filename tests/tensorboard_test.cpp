@@ -114,7 +114,7 @@ TEST_CASE("a run's TensorBoard records verify and hold metrics.jsonl's losses", 
     }
   }
   CHECK(version == "brain.Event:2");
-  CHECK(records == 1 + 8 * 4 + 2);  // version, 4 scalars per step, 2 validations
+  CHECK(records == 1 + 8 * 5 + 2);  // version, 5 scalars per step (loss, lr, grad_norm, tokens_per_s, memory_gb), 2 validations
   std::ifstream metrics(run + "/metrics.jsonl");
   int compared = 0;
   for (std::string line; std::getline(metrics, line);) {

@@ -93,6 +93,7 @@ struct TrainConfig {
   std::int64_t eval_batches = 20;
   std::string precision = "fp32";
   std::int64_t max_bad_steps = 5;  // non-finite updates in a row before the run stops
+  double peak_tflops = 0.0;        // dense peak of one device for MFU; 0: unknown (MFU not reported)
 
   template <class Visitor>
   void fields(Visitor&& v) {
@@ -106,6 +107,7 @@ struct TrainConfig {
     v("eval_batches", eval_batches, IntRange{1});
     v("precision", precision, OneOf{{"fp32", "bf16"}});
     v("max_bad_steps", max_bad_steps, IntRange{1});
+    v("peak_tflops", peak_tflops, non_negative);
   }
 };
 

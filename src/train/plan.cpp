@@ -11,6 +11,12 @@ std::int64_t parameter_count(const config::ModelConfig& m) {
   return m.vocab_size * C + m.context_length * C + m.n_layer * per_layer + 2 * C;
 }
 
+double flops_per_token(const config::ModelConfig& m) {
+  const double head_size = double(m.d_model) / double(m.n_head);
+  return 6.0 * double(parameter_count(m)) +
+         12.0 * double(m.n_layer) * double(m.n_head) * head_size * double(m.context_length);
+}
+
 std::int64_t activation_bytes_per_sequence(const config::ModelConfig& m, bool bf16) {
   const std::int64_t C = m.d_model, F = m.ffn_hidden, T = m.context_length, NH = m.n_head;
   // Per token, as Gpt2::bind_acts lays them out: each layer's ln1, qkv (3C), atty, attproj,

@@ -18,6 +18,10 @@ struct MemoryPlan {
 /// Exact parameter count of the config's model.
 std::int64_t parameter_count(const config::ModelConfig& model);
 
+/// Training FLOPs per token: 6 N + 12 L H Q T (N parameters, L layers, H heads of size Q, context
+/// T): the matmuls forward and backward plus attention's scores and weighted sums.
+double flops_per_token(const config::ModelConfig& model);
+
 /// Activation bytes per sequence of context_length tokens: the buffers the model allocates for
 /// one micro-batch row (the CPU backend's layout: every activation kept for backward, and as
 /// many again for their gradients), at 4 bytes (fp32) or 2 (bf16) per element.

@@ -20,6 +20,8 @@
 #include "ops/profile.h"
 #include "train/adamw.h"
 #include "train/grad_sync.h"
+#include "train/plan.h"
+#include "train/run_log.h"
 #include "train/tensorboard.h"
 #include "train/schedule.h"
 
@@ -204,7 +206,6 @@ TrainSummary run_training(const TrainOptions& options) {
   const bool lead = rank == 0;  // the rank that prints and writes run files
   const bool progress = options.progress && lead;
   const std::optional<checkpoint::Found> resume = find_resume_point(options, checkpoint_root, lead);
-  if (progress) std::fprintf(stderr, "dist: %s communicator, %d rank(s)\n", comm->name().c_str(), W);
 
   // Data first: a bad shard stops the run before anything is written.
   const int T = int(config.model.context_length), B = int(tc.micro_batch_size);
@@ -259,14 +260,18 @@ TrainSummary run_training(const TrainOptions& options) {
     metrics = std::make_unique<MetricsLog>(options.run_dir + "/metrics.jsonl");
     tensorboard = std::make_unique<TensorBoardWriter>(options.run_dir + "/tb");
   }
-  if (progress && resume) {
-    std::fprintf(stderr, "train: resuming from %s (step %lld)\n", resume->dir.c_str(),
+  comm->barrier();  // the run folder exists before every rank opens its log in it
+  RunLog log(options.run_dir, rank, progress);
+  const bool logging = options.progress;  // every rank logs to its file; rank 0 also to stderr
+  if (logging) log.line("dist: %s communicator, %d rank(s), this is rank %d (local rank %d)", comm->name().c_str(), W, rank, comm->local_rank());
+  if (logging && resume) {
+    log.line("train: resuming from %s (step %lld)", resume->dir.c_str(),
                  static_cast<long long>(first_step - 1));
   }
-  if (progress) {
-    std::fprintf(stderr,
+  if (logging) {
+    log.line(
                  "train: %lld parameters, %lld train samples of %d tokens, %d rank(s) x %lld micro-step(s) of %d "
-                 "per update, ZeRO %lld\n",
+                 "per update, ZeRO %lld",
                  static_cast<long long>(P), static_cast<long long>(train_data.num_samples()), T, W,
                  static_cast<long long>(accum), B, static_cast<long long>(config.dist.zero_stage));
   }
@@ -283,11 +288,11 @@ TrainSummary run_training(const TrainOptions& options) {
                                                 {optimizer.begin(), optimizer.end(), optimizer.m(), optimizer.v()},
                                                 state},
                                                *comm);
-    if (progress) {
+    if (logging) {
       std::uintmax_t bytes = 0;
       for (const auto& entry : fs::directory_iterator(summary.last_checkpoint)) bytes += entry.file_size();
       const double seconds = std::chrono::duration<double>(Clock::now() - save_start).count();
-      std::fprintf(stderr, "checkpoint %s: %.1f MB in %.2f s (%.0f MB/s)\n", summary.last_checkpoint.c_str(),
+      log.line("checkpoint %s: %.1f MB in %.2f s (%.0f MB/s)", summary.last_checkpoint.c_str(),
                    double(bytes) / 1e6, seconds, double(bytes) / 1e6 / std::max(seconds, 1e-9));
     }
   };
@@ -299,6 +304,7 @@ TrainSummary run_training(const TrainOptions& options) {
   std::int64_t bad_in_a_row = 0;
   for (std::int64_t step = first_step; step <= tc.max_steps; ++step) {
     const auto step_start = Clock::now();
+    log.step_started(step);
     model.zero_grads();
     double loss_sum = 0.0;
     for (std::int64_t m = 0; m < accum; ++m) {
@@ -330,8 +336,8 @@ TrainSummary run_training(const TrainOptions& options) {
     if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
       ++bad_in_a_row;
       if (metrics) metrics->write({{"step", step}, {"skipped", true}, {"bad_steps_in_a_row", bad_in_a_row}});
-      if (progress) {
-        std::fprintf(stderr, "step %lld/%lld | non-finite loss or gradient norm: update skipped (%lld in a row)\n",
+      if (logging) {
+        log.line("step %lld/%lld | non-finite loss or gradient norm: update skipped (%lld in a row)",
                      static_cast<long long>(step), static_cast<long long>(tc.max_steps),
                      static_cast<long long>(bad_in_a_row));
       }
@@ -350,21 +356,32 @@ TrainSummary run_training(const TrainOptions& options) {
     }
     const double step_seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    const double tokens_per_s = tokens_per_step / step_seconds;
+    // MFU against the configured per-device peak (none is known for CPUs: then null).
+    const nlohmann::json mfu = tc.peak_tflops > 0
+                                   ? nlohmann::json(tokens_per_s * flops_per_token(config.model) / (tc.peak_tflops * 1e12 * W))
+                                   : nlohmann::json(nullptr);
+    const MemoryUse memory = process_memory();
     if (metrics) {
       metrics->write({{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
-                      {"tokens_per_s", tokens_per_step / step_seconds}, {"mfu", nullptr}, {"elapsed_s", elapsed}});
+                      {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"elapsed_s", elapsed},
+                      {"memory_bytes", memory.current}, {"peak_memory_bytes", memory.peak}});
       tensorboard->scalar("loss", loss, step);
       tensorboard->scalar("lr", lr, step);
       tensorboard->scalar("grad_norm", grad_norm, step);
-      tensorboard->scalar("tokens_per_s", tokens_per_step / step_seconds, step);
+      tensorboard->scalar("tokens_per_s", tokens_per_s, step);
+      if (!mfu.is_null()) tensorboard->scalar("mfu", mfu.get<double>(), step);
+      tensorboard->scalar("memory_gb", double(memory.current) / 1e9, step);
     }
     summary.final_loss = loss;
-    if (progress && (step % tc.log_every == 0 || step == 1 || step == tc.max_steps)) {
+    if (logging && (step % tc.log_every == 0 || step == 1 || step == tc.max_steps)) {
       const double eta = elapsed / double(step) * double(tc.max_steps - step);
-      std::fprintf(stderr, "step %lld/%lld | loss %.4f | lr %.2e | norm %.3f | %s tok/s | %s elapsed, ETA %s\n",
-                   static_cast<long long>(step), static_cast<long long>(tc.max_steps), loss, lr, grad_norm,
-                   format_rate(tokens_per_step / step_seconds).c_str(), format_duration(elapsed).c_str(),
-                   format_duration(eta).c_str());
+      char mfu_text[32] = "";
+      if (!mfu.is_null()) std::snprintf(mfu_text, sizeof mfu_text, " | mfu %.1f%%", 100.0 * mfu.get<double>());
+      log.line("step %lld/%lld | loss %.4f | lr %.2e | norm %.3f | %s tok/s%s | mem %.2f GB (peak %.2f) | %s elapsed, ETA %s",
+               static_cast<long long>(step), static_cast<long long>(tc.max_steps), loss, lr, grad_norm,
+               format_rate(tokens_per_s).c_str(), mfu_text, double(memory.current) / 1e9, double(memory.peak) / 1e9,
+               format_duration(elapsed).c_str(), format_duration(eta).c_str());
     }
     const bool last = step == tc.max_steps;
     if (val_data && ((tc.eval_every > 0 && step % tc.eval_every == 0) || last)) {
@@ -374,8 +391,8 @@ TrainSummary run_training(const TrainOptions& options) {
         tensorboard->scalar("val_loss", val_loss, step);
       }
       summary.final_val_loss = val_loss;
-      if (progress) {
-        std::fprintf(stderr, "step %lld/%lld | val_loss %.4f\n", static_cast<long long>(step),
+      if (logging) {
+        log.line("step %lld/%lld | val_loss %.4f", static_cast<long long>(step),
                      static_cast<long long>(tc.max_steps), val_loss);
       }
     }
@@ -386,7 +403,7 @@ TrainSummary run_training(const TrainOptions& options) {
     summary.steps = step;
     if (stop && !last) {
       summary.preempted = true;
-      if (progress) std::fprintf(stderr, "train: stopped by a signal after step %lld; checkpoint written\n",
+      if (logging) log.line("train: stopped by a signal after step %lld; checkpoint written",
                                  static_cast<long long>(step));
       break;
     }
@@ -396,9 +413,9 @@ TrainSummary run_training(const TrainOptions& options) {
   if (options.profile_ops) {
     double total = 0.0;
     for (const auto& op : ops::profile_report()) total += op.seconds;
-    std::fprintf(stderr, "op time (%.2f s in ops of %.2f s in all):\n", total, summary.seconds);
+    log.line("op time (%.2f s in ops of %.2f s in all):", total, summary.seconds);
     for (const auto& op : ops::profile_report()) {
-      std::fprintf(stderr, "  %-20s %8lld calls %9.3f s %5.1f%%\n", op.name.c_str(), static_cast<long long>(op.calls),
+      log.line("  %-20s %8lld calls %9.3f s %5.1f%%", op.name.c_str(), static_cast<long long>(op.calls),
                    op.seconds, 100.0 * op.seconds / summary.seconds);
     }
     ops::enable_profiling(false);
