@@ -8,7 +8,7 @@ ARG CUDA_IMAGE_TAG=13.0.0-cudnn
 
 FROM nvidia/cuda:${CUDA_IMAGE_TAG}-devel-ubuntu24.04 AS build
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      build-essential cmake git libcli11-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin \
+      build-essential cmake git libcli11-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin libopenblas0-openmp \
       libopenblas-dev libpcre2-dev zlib1g-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
@@ -17,13 +17,26 @@ RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DLLMTRAI
     && cmake --build build -j "$(nproc)" --target llmtrain
 
 FROM nvidia/cuda:${CUDA_IMAGE_TAG}-runtime-ubuntu24.04
+# openssh: Open MPI's launcher reaches the other nodes' containers over ssh (multi-node runs).
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      openmpi-bin libopenmpi3t64 libopenblas0-pthread libpcre2-8-0 zlib1g \
+      openmpi-bin libopenmpi3t64 libopenblas0-openmp libpcre2-8-0 zlib1g openssh-client openssh-server \
     && rm -rf /var/lib/apt/lists/* \
-    && useradd --create-home --uid 1000 llmtrain
+    && useradd --create-home --uid 1000 llmtrain \
+    && mkdir -p /home/llmtrain/.ssh /home/llmtrain/sshd \
+    && ssh-keygen -q -t ed25519 -N "" -f /home/llmtrain/sshd/host_key \
+    && printf 'Port 2222\nHostKey /home/llmtrain/sshd/host_key\nPidFile /home/llmtrain/sshd/sshd.pid\nPasswordAuthentication no\nAuthorizedKeysFile /run/secrets/llmtrain_authorized_keys\n' \
+         > /home/llmtrain/sshd/sshd_config \
+    && printf 'Host *\n  Port 2222\n  IdentityFile /run/secrets/llmtrain_ssh_key\n  StrictHostKeyChecking accept-new\n' \
+         > /home/llmtrain/.ssh/config \
+    && chown -R llmtrain:llmtrain /home/llmtrain
 COPY --from=build /src/build/src/llmtrain /usr/local/bin/llmtrain
 COPY --from=build /src/configs /opt/llmtrain/configs
 USER llmtrain
 WORKDIR /home/llmtrain
 ENTRYPOINT ["llmtrain"]
 CMD ["info"]
+# Multi-node: on every node but the first, run the ssh daemon as the non-root user, keys mounted
+# as secrets (never baked into the image):
+#   docker run --gpus all --network host -v keys:/run/secrets:ro --entrypoint /usr/sbin/sshd \
+#     llmtrain -D -f /home/llmtrain/sshd/sshd_config
+# and on the first node launch mpirun with a hostfile naming the nodes (see README).
