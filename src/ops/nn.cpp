@@ -193,6 +193,65 @@ void residual_backward(const Tensor& da, const Tensor& db, const Tensor& dout) {
   cpu::residual_backward(da.as<float>(), db.as<float>(), dout.as<float>(), dout.numel());
 }
 
+void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight, float eps) {
+  const OpTimer timer("rmsnorm_forward");
+  const auto N = inp.shape[0], C = inp.shape[1];
+  expect("rmsnorm_forward", "inp", inp, DType::f32, {N, C});
+  expect("rmsnorm_forward", "out", out, DType::f32, {N, C});
+  expect("rmsnorm_forward", "rstd", rstd, DType::f32, {N});
+  expect("rmsnorm_forward", "weight", weight, DType::f32, {C});
+  on_cpu("rmsnorm_forward", {&out, &rstd, &inp, &weight});
+  cpu::rmsnorm_forward(out.as<float>(), rstd.as<float>(), inp.as<float>(), weight.as<float>(), N, as_int(C), eps);
+}
+
+void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
+                      const Tensor& weight, const Tensor& rstd) {
+  const OpTimer timer("rmsnorm_backward");
+  const auto N = inp.shape[0], C = inp.shape[1];
+  expect("rmsnorm_backward", "inp", inp, DType::f32, {N, C});
+  expect("rmsnorm_backward", "dinp", dinp, DType::f32, {N, C});
+  expect("rmsnorm_backward", "dout", dout, DType::f32, {N, C});
+  expect("rmsnorm_backward", "dweight", dweight, DType::f32, {C});
+  expect("rmsnorm_backward", "weight", weight, DType::f32, {C});
+  expect("rmsnorm_backward", "rstd", rstd, DType::f32, {N});
+  on_cpu("rmsnorm_backward", {&dinp, &dweight, &dout, &inp, &weight, &rstd});
+  cpu::rmsnorm_backward(dinp.as<float>(), dweight.as<float>(), dout.as<float>(), inp.as<float>(), weight.as<float>(),
+                        rstd.as<float>(), N, as_int(C));
+}
+
+void rope_forward(const Tensor& out, const Tensor& inp, float theta) {
+  const OpTimer timer("rope_forward");
+  const auto B = inp.shape[0], T = inp.shape[1], NH = inp.shape[2], HS = inp.shape[3];
+  expect("rope_forward", "inp", inp, DType::f32, {B, T, NH, HS});
+  expect("rope_forward", "out", out, DType::f32, {B, T, NH, HS});
+  if (HS % 2 != 0) throw RuntimeError("ops::rope_forward: the head size must be even");
+  on_cpu("rope_forward", {&out, &inp});
+  cpu::rope_forward(out.as<float>(), inp.as<float>(), as_int(B), as_int(T), as_int(NH), as_int(HS), theta);
+}
+
+void rope_backward(const Tensor& dinp, const Tensor& dout, float theta) {
+  const OpTimer timer("rope_backward");
+  const auto B = dout.shape[0], T = dout.shape[1], NH = dout.shape[2], HS = dout.shape[3];
+  expect("rope_backward", "dout", dout, DType::f32, {B, T, NH, HS});
+  expect("rope_backward", "dinp", dinp, DType::f32, {B, T, NH, HS});
+  if (HS % 2 != 0) throw RuntimeError("ops::rope_backward: the head size must be even");
+  on_cpu("rope_backward", {&dinp, &dout});
+  cpu::rope_backward(dinp.as<float>(), dout.as<float>(), as_int(B), as_int(T), as_int(NH), as_int(HS), theta);
+}
+
+void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) {
+  const OpTimer timer("swiglu_forward");
+  expect_same_size("swiglu_forward", {&out, &gate, &up});
+  cpu::swiglu_forward(out.as<float>(), gate.as<float>(), up.as<float>(), out.numel());
+}
+
+void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout, const Tensor& gate, const Tensor& up) {
+  const OpTimer timer("swiglu_backward");
+  expect_same_size("swiglu_backward", {&dgate, &dup, &dout, &gate, &up});
+  cpu::swiglu_backward(dgate.as<float>(), dup.as<float>(), dout.as<float>(), gate.as<float>(), up.as<float>(),
+                       dout.numel());
+}
+
 double fused_classifier(const Tensor& logits, const Tensor& losses, const Tensor& targets, float dlogits_scale) {
   const OpTimer timer("fused_classifier");
   const auto N = logits.shape[0], V = logits.shape[1];

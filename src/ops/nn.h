@@ -40,6 +40,19 @@ void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout);
 void residual_forward(const Tensor& out, const Tensor& a, const Tensor& b);
 void residual_backward(const Tensor& da, const Tensor& db, const Tensor& dout);
 
+/// RMSNorm: out (N,C) from inp (N,C), weight (C); rstd (N) saved.
+void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight, float eps);
+void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
+                      const Tensor& weight, const Tensor& rstd);
+
+/// Rotary embedding (rotate_half layout) on (B,T,NH,HS) tensors; position t is the T index.
+void rope_forward(const Tensor& out, const Tensor& inp, float theta);
+void rope_backward(const Tensor& dinp, const Tensor& dout, float theta);
+
+/// SwiGLU: out = silu(gate) * up, elementwise; same-size tensors.
+void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up);
+void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout, const Tensor& gate, const Tensor& up);
+
 /// Softmax cross-entropy over logits (N,V) against targets (N) i32 -> losses (N); with
 /// dlogits_scale > 0 the logits become their gradient times that scale. Returns the loss sum.
 double fused_classifier(const Tensor& logits, const Tensor& losses, const Tensor& targets, float dlogits_scale);

@@ -50,6 +50,23 @@ void residual_forward(float* out, const float* a, const float* b, std::int64_t N
 /// da, db (N) += dout.
 void residual_backward(float* da, float* db, const float* dout, std::int64_t N);
 
+/// RMSNorm (Llama): out (N,C) = inp / sqrt(mean(inp^2) + eps) * weight; rstd (N) saved.
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, std::int64_t N, int C, float eps);
+/// dinp (N,C), dweight (C) += from dout (N,C).
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, std::int64_t N, int C);
+
+/// Rotary position embedding in Hugging Face's rotate_half layout, on x (B,T,NH,HS): for each
+/// head, element i < HS/2 pairs with i + HS/2 and both turn by the angle t * theta^(-2i/HS).
+void rope_forward(float* out, const float* inp, int B, int T, int NH, int HS, float theta);
+/// dinp (B,T,NH,HS) += the inverse rotation of dout.
+void rope_backward(float* dinp, const float* dout, int B, int T, int NH, int HS, float theta);
+
+/// SwiGLU (Llama's MLP): out (N) = silu(gate) * up, silu(x) = x / (1 + e^-x).
+void swiglu_forward(float* out, const float* gate, const float* up, std::int64_t N);
+/// dgate, dup (N) += from dout (N).
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, std::int64_t N);
+
 /// Softmax + cross-entropy over logits (N,V) in one pass: losses (N) = -log softmax(logits)[target].
 /// With `dlogits_scale` > 0 the logits are overwritten by their gradient, (softmax - onehot) *
 /// scale, so the probabilities are never stored. Returns the sum of the N losses.
