@@ -82,3 +82,38 @@ TEST_CASE("SwiGLU: hand values and finite differences", "[ops][llama][grad]") {
     check_gradient("up", u, du, loss);
   }
 }
+
+TEST_CASE("grouped-query attention: finite differences, and NKV = NH equals plain attention", "[ops][llama][grad]") {
+  std::mt19937 rng(14);
+  const int B = 2, T = 5, NH = 4, HS = 3, C = NH * HS;
+  for (const int NKV : {1, 2, 4}) {
+    CAPTURE(NKV);
+    const int width = (NH + 2 * NKV) * HS;
+    Vec qkv = random_vec(rng, std::size_t(B) * T * width), out(std::size_t(B) * T * C), att(std::size_t(B) * NH * T * T);
+    const Vec R = random_vec(rng, out.size());
+    const auto loss = [&] {
+      ops::attention_forward(t(out, {B, T, C}), t(att, {B, NH, T, T}), t(qkv, {B, T, width}), NH, NKV);
+      return weighted_sum(out, R);
+    };
+    loss();
+    Vec dqkv(qkv.size(), 0.0f), dout = R;
+    ops::attention_backward(t(dqkv, {B, T, width}), t(dout, {B, T, C}), t(qkv, {B, T, width}), t(att, {B, NH, T, T}),
+                            NH, NKV);
+    check_gradient("qkv", qkv, dqkv, loss, 1e-3);
+  }
+  // With one kv head, every query head attends with the same keys and values: expanding them to
+  // NH copies and running plain attention gives the same output.
+  const int width1 = (NH + 2) * HS;
+  Vec grouped = random_vec(rng, std::size_t(B) * T * width1), expanded(std::size_t(B) * T * 3 * C);
+  for (int bt = 0; bt < B * T; ++bt) {
+    for (int i = 0; i < C; ++i) {
+      expanded[std::size_t(bt * 3 * C + i)] = grouped[std::size_t(bt * width1 + i)];                             // q
+      expanded[std::size_t(bt * 3 * C + C + i)] = grouped[std::size_t(bt * width1 + C + i % HS)];                // k
+      expanded[std::size_t(bt * 3 * C + 2 * C + i)] = grouped[std::size_t(bt * width1 + C + HS + i % HS)];       // v
+    }
+  }
+  Vec a(std::size_t(B) * T * C), b(a.size()), att(std::size_t(B) * NH * T * T);
+  ops::attention_forward(t(a, {B, T, C}), t(att, {B, NH, T, T}), t(grouped, {B, T, width1}), NH, 1);
+  ops::attention_forward(t(b, {B, T, C}), t(att, {B, NH, T, T}), t(expanded, {B, T, 3 * C}), NH);
+  for (std::size_t i = 0; i < a.size(); ++i) REQUIRE(std::abs(a[i] - b[i]) < 1e-6f);
+}

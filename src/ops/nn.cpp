@@ -118,27 +118,37 @@ void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& db
                        weight.as<float>(), N, as_int(C), as_int(OC));
 }
 
-void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int NH) {
+void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int NH, int NKV) {
   const OpTimer timer("attention_forward");
-  const auto B = qkv.shape[0], T = qkv.shape[1], C = qkv.shape[2] / 3;
-  expect("attention_forward", "qkv", qkv, DType::f32, {B, T, 3 * C});
+  const auto B = out.shape[0], T = out.shape[1], C = out.shape[2];
+  if (NKV == 0) NKV = NH;
+  if (NH <= 0 || C % NH != 0 || NKV <= 0 || NH % NKV != 0) {
+    throw RuntimeError("ops::attention_forward: NH must divide C and NKV must divide NH");
+  }
+  const std::int64_t width = (NH + 2 * NKV) * (C / NH);
   expect("attention_forward", "out", out, DType::f32, {B, T, C});
+  expect("attention_forward", "qkv", qkv, DType::f32, {B, T, width});
   expect("attention_forward", "att", att, DType::f32, {B, NH, T, T});
-  if (NH <= 0 || C % NH != 0) throw RuntimeError("ops::attention_forward: NH must divide C");
   on_cpu("attention_forward", {&out, &att, &qkv});
-  cpu::attention_forward(out.as<float>(), att.as<float>(), qkv.as<float>(), as_int(B), as_int(T), as_int(C), NH);
+  cpu::attention_forward(out.as<float>(), att.as<float>(), qkv.as<float>(), as_int(B), as_int(T), as_int(C), NH, NKV);
 }
 
-void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att, int NH) {
+void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att, int NH,
+                        int NKV) {
   const OpTimer timer("attention_backward");
-  const auto B = qkv.shape[0], T = qkv.shape[1], C = qkv.shape[2] / 3;
-  expect("attention_backward", "qkv", qkv, DType::f32, {B, T, 3 * C});
-  expect("attention_backward", "dqkv", dqkv, DType::f32, {B, T, 3 * C});
+  const auto B = dout.shape[0], T = dout.shape[1], C = dout.shape[2];
+  if (NKV == 0) NKV = NH;
+  if (NH <= 0 || C % NH != 0 || NKV <= 0 || NH % NKV != 0) {
+    throw RuntimeError("ops::attention_backward: NH must divide C and NKV must divide NH");
+  }
+  const std::int64_t width = (NH + 2 * NKV) * (C / NH);
   expect("attention_backward", "dout", dout, DType::f32, {B, T, C});
+  expect("attention_backward", "qkv", qkv, DType::f32, {B, T, width});
+  expect("attention_backward", "dqkv", dqkv, DType::f32, {B, T, width});
   expect("attention_backward", "att", att, DType::f32, {B, NH, T, T});
   on_cpu("attention_backward", {&dqkv, &dout, &qkv, &att});
-  cpu::attention_backward(dqkv.as<float>(), dout.as<float>(), qkv.as<float>(), att.as<float>(), as_int(B),
-                          as_int(T), as_int(C), NH);
+  cpu::attention_backward(dqkv.as<float>(), dout.as<float>(), qkv.as<float>(), att.as<float>(), as_int(B), as_int(T),
+                          as_int(C), NH, NKV);
 }
 
 void attention_decode(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int pos,

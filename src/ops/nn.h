@@ -24,9 +24,11 @@ void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, 
 void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
                      const Tensor& inp, const Tensor& weight);
 
-/// Causal self-attention: qkv (B,T,3C) -> out (B,T,C); att (B,NH,T,T) probabilities.
-void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int NH);
-void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att, int NH);
+/// Causal self-attention: qkv (B,T,(NH+2NKV)HS) -> out (B,T,NH HS); att (B,NH,T,T) probabilities.
+/// NKV key/value heads (grouped-query attention); 0 means NH (GPT-2: qkv is (B,T,3C)).
+void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int NH, int NKV = 0);
+void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att, int NH,
+                        int NKV = 0);
 
 /// One new position of one sequence: out (C) from q (C) and the caches (maxT, C) up to `pos`.
 void attention_decode(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int pos,

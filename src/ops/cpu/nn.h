@@ -30,12 +30,13 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, std::int64_t N, int C, int OC);
 
-/// Causal self-attention. qkv (B,T,3C): q, k, v side by side, heads contiguous HS slices.
-/// out (B,T,C); att (B,NH,T,T) keeps the softmax probabilities for backward (row t: keys 0..t).
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
-/// dqkv (B,T,3C) += from dout (B,T,C).
+/// Causal self-attention with NKV key/value heads (NKV divides NH; GPT-2: NKV = NH). qkv
+/// (B,T,(NH+2NKV)HS): NH query heads, NKV key heads, NKV value heads, each a contiguous HS slice;
+/// C = NH HS. out (B,T,C); att (B,NH,T,T) keeps the probabilities for backward (row t: keys 0..t).
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, int NKV);
+/// dqkv (B,T,(NH+2NKV)HS) += from dout (B,T,C).
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                        int NH);
+                        int NH, int NKV);
 
 /// Attention of one new position `pos` of one sequence against a KV cache: out (C) from q (C)
 /// and the cached keys and values k_cache, v_cache (maxT, C) of positions 0..pos.
