@@ -51,7 +51,7 @@ losses() { grep -o '"loss":[^,}]*' "$1/metrics.jsonl"; }
 
 # 1. SIGKILL at random moments.
 for ranks in 1 2; do
-  config "$work/kill.json" 1200 3 1
+  config "$work/kill.json" 3000 3 1  # long enough that 12 kills always come before the end
   launch "$ranks" train --config "$work/kill.json" --run-dir "$work/ref$ranks" >/dev/null 2>&1 || fail "reference run ($ranks rank(s))"
   kills=0
   RANDOM=$((42 + ranks))
