@@ -10,7 +10,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev catch2
   libopenmpi-dev openmpi-bin
   libopenblas-dev libopenblas0-openmp libpcre2-dev zlib1g-dev
-  python3 python3-numpy python3-yaml
+  python3 python3-numpy python3-yaml procps
   fortunes
 )
 # Optional: PyTorch for golden files and the CPU benchmark (`scripts/setup.sh --with-torch`).
