@@ -7,6 +7,7 @@
 #endif
 
 #include "cuda_check.h"
+#include "stream.h"
 
 namespace llmtrain::cuda {
 namespace {
@@ -81,12 +82,28 @@ void* device_malloc(std::size_t bytes) {
 
 void device_free(void* pointer) noexcept { cudaFree(pointer); }
 
+// Copies and fills run on the compute stream, in order with the ops' kernels: that stream is
+// non-blocking, so a plain cudaMemcpy (legacy default stream) would not wait for them, nor they
+// for it. Copies from or to the host then wait for the stream (the host buffer may be reused, or
+// read, as soon as they return); device-only ones stay asynchronous, like cudaMemcpy's.
 void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes) {
-  LLMTRAIN_CUDA_CHECK(cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice));
+  const cudaStream_t stream = compute_stream();
+  LLMTRAIN_CUDA_CHECK(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, stream));
+  LLMTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes) {
-  LLMTRAIN_CUDA_CHECK(cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost));
+  const cudaStream_t stream = compute_stream();
+  LLMTRAIN_CUDA_CHECK(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, stream));
+  LLMTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+void copy_on_device(void* device_dst, const void* device_src, std::size_t bytes) {
+  LLMTRAIN_CUDA_CHECK(cudaMemcpyAsync(device_dst, device_src, bytes, cudaMemcpyDeviceToDevice, compute_stream()));
+}
+
+void fill_zero(void* device_dst, std::size_t bytes) {
+  LLMTRAIN_CUDA_CHECK(cudaMemsetAsync(device_dst, 0, bytes, compute_stream()));
 }
 
 void synchronize() { LLMTRAIN_CUDA_CHECK(cudaDeviceSynchronize()); }

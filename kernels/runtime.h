@@ -40,6 +40,8 @@ void* device_malloc(std::size_t bytes);
 void device_free(void* pointer) noexcept;
 void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes);
 void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes);
+void copy_on_device(void* device_dst, const void* device_src, std::size_t bytes);
+void fill_zero(void* device_dst, std::size_t bytes);
 void synchronize();
 
 }  // namespace llmtrain::cuda

@@ -1,19 +1,22 @@
 #!/usr/bin/env python3
-"""Generate the GPT-2 golden reference file used by the C++ tests.
+"""Generate the golden reference files (GPT-2 and Llama) used by the C++ tests.
 
 Usage:
-    /usr/bin/python3 scripts/gen_reference.py [--out PATH]
+    /usr/bin/python3 scripts/gen_reference.py [--arch gpt2|llama] [--out PATH]
     /usr/bin/python3 scripts/gen_reference.py --check FILE
 
-Without --check, builds a tiny GPT-2 (B=2, T=8, V=61, C=32, NH=4, L=2,
-F=128, maxT=16) from a fixed seed, computes in float64 (from float32-rounded
+Without --check, builds a tiny model from a fixed seed: GPT-2 (B=2, T=8, V=61,
+C=32, NH=4, L=2, F=128, maxT=16) or Llama (the same sizes with NKV=2 key/value
+heads, F=96, RMSNorm, rotary embeddings in the rotate_half layout, SwiGLU, no
+biases, an untied output head), computes in float64 (from float32-rounded
 parameters) the logits, the mean cross-entropy loss and the gradients of every
 parameter, then runs 10 hand-written AdamW steps on the same batch (global
 grad-norm clipping at 1.0, lr 1e-3, betas (0.9, 0.95), eps 1e-8, decoupled
 weight decay 0.1 on 2-D params only). The hand-written AdamW is cross-checked
-once against torch.optim.AdamW. Everything is written in the safetensors
-format (written by hand; no `safetensors` package needed) to
-tests/data/gpt2_reference.safetensors by default.
+once against torch.optim.AdamW, and the Llama forward pass against
+transformers' LlamaForCausalLM when transformers is installed. Everything is
+written in the safetensors format (written by hand; no `safetensors` package
+needed) to tests/data/<arch>_reference.safetensors by default.
 
 Tensors in the file:
     inputs, targets            I32 (B, T)
@@ -41,7 +44,9 @@ import torch
 # ----------------------------------------------------------------------------
 # configuration
 
+ARCH = "gpt2"  # set by --arch
 B, T, V, C, NH, L, F, MAXT = 2, 8, 61, 32, 4, 2, 128, 16
+NKV, F_LLAMA, ROPE_THETA, RMS_EPS = 2, 96, 10000.0, 1e-5
 GRAD_CLIP = 1.0
 LR = 1e-3
 BETA1, BETA2 = 0.9, 0.95
@@ -59,8 +64,31 @@ METADATA = {
 }
 
 
+def llama_param_specs():
+    """LlamaForCausalLM's parameters (names and (out, in) shapes)."""
+    hs = C // NH
+    specs = [("model.embed_tokens.weight", (V, C), "matrix")]
+    for l in range(L):
+        p = "model.layers.%d." % l
+        specs += [
+            (p + "input_layernorm.weight", (C,), "ln_weight"),
+            (p + "self_attn.q_proj.weight", (NH * hs, C), "matrix"),
+            (p + "self_attn.k_proj.weight", (NKV * hs, C), "matrix"),
+            (p + "self_attn.v_proj.weight", (NKV * hs, C), "matrix"),
+            (p + "self_attn.o_proj.weight", (C, NH * hs), "matrix"),
+            (p + "post_attention_layernorm.weight", (C,), "ln_weight"),
+            (p + "mlp.gate_proj.weight", (F_LLAMA, C), "matrix"),
+            (p + "mlp.up_proj.weight", (F_LLAMA, C), "matrix"),
+            (p + "mlp.down_proj.weight", (C, F_LLAMA), "matrix"),
+        ]
+    specs += [("model.norm.weight", (C,), "ln_weight"), ("lm_head.weight", (V, C), "matrix")]
+    return specs
+
+
 def param_specs():
     """Ordered list of (name, shape, kind); kind picks the init distribution."""
+    if ARCH == "llama":
+        return llama_param_specs()
     specs = [
         ("transformer.wte.weight", (V, C), "matrix"),
         ("transformer.wpe.weight", (MAXT, C), "matrix"),
@@ -144,8 +172,93 @@ def attention(x, w_qkv, b_qkv, w_proj, b_proj):
     return linear(y, w_proj, b_proj)
 
 
+def rmsnorm(x, w):
+    return x * torch.rsqrt((x * x).mean(dim=-1, keepdim=True) + RMS_EPS) * w
+
+
+def rotary(x):
+    """x (B, H, T, hs): pairs (i, i + hs/2) turn by t * theta^(-2i/hs) (rotate_half layout)."""
+    t, hs = x.shape[2], x.shape[3]
+    inv_freq = ROPE_THETA ** (-torch.arange(0, hs, 2, dtype=torch.float64) / hs)
+    angles = torch.arange(t, dtype=torch.float64)[:, None] * inv_freq[None, :]  # (T, hs/2)
+    cos = torch.cat([angles, angles], dim=-1).cos()
+    sin = torch.cat([angles, angles], dim=-1).sin()
+    x1, x2 = x[..., :hs // 2], x[..., hs // 2:]
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def llama_attention(x, wq, wk, wv, wo):
+    bsz, t, c = x.shape
+    hs = c // NH
+
+    def heads(z, n):  # (B, T, n hs) -> (B, n, T, hs)
+        return z.reshape(bsz, t, n, hs).permute(0, 2, 1, 3)
+
+    q = rotary(heads(x @ wq.t(), NH))
+    k = rotary(heads(x @ wk.t(), NKV))
+    v = heads(x @ wv.t(), NKV)
+    k = k.repeat_interleave(NH // NKV, dim=1)  # query head h reads key/value head h // (NH/NKV)
+    v = v.repeat_interleave(NH // NKV, dim=1)
+    att = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(hs))
+    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    att = torch.softmax(att.masked_fill(~causal, float("-inf")), dim=-1)
+    y = (att @ v).permute(0, 2, 1, 3).reshape(bsz, t, c)
+    return y @ wo.t()
+
+
+def llama_forward(p, inputs, targets):
+    x = p["model.embed_tokens.weight"][inputs.long()]
+    for l in range(L):
+        h = "model.layers.%d." % l
+        x = x + llama_attention(rmsnorm(x, p[h + "input_layernorm.weight"]),
+                                p[h + "self_attn.q_proj.weight"], p[h + "self_attn.k_proj.weight"],
+                                p[h + "self_attn.v_proj.weight"], p[h + "self_attn.o_proj.weight"])
+        m = rmsnorm(x, p[h + "post_attention_layernorm.weight"])
+        gate = m @ p[h + "mlp.gate_proj.weight"].t()
+        up = m @ p[h + "mlp.up_proj.weight"].t()
+        x = x + (gate * torch.sigmoid(gate) * up) @ p[h + "mlp.down_proj.weight"].t()
+    logits = rmsnorm(x, p["model.norm.weight"]) @ p["lm_head.weight"].t()  # untied head
+    logprobs = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
+    loss = -logprobs.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1).mean()
+    return logits, loss
+
+
+def cross_check_transformers(p64, inputs, logits):
+    """The Llama logits against transformers' LlamaForCausalLM, when it is installed."""
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError:
+        print("transformers not installed: LlamaForCausalLM cross-check skipped")
+        return True
+    cfg = LlamaConfig(vocab_size=V, hidden_size=C, intermediate_size=F_LLAMA, num_hidden_layers=L,
+                      num_attention_heads=NH, num_key_value_heads=NKV, max_position_embeddings=MAXT,
+                      rms_norm_eps=RMS_EPS, rope_theta=ROPE_THETA, tie_word_embeddings=False,
+                      attention_bias=False)
+    model = LlamaForCausalLM(cfg).to(torch.float64).eval()
+    missing, unexpected = model.load_state_dict(p64, strict=False)
+    missing = [n for n in missing if not n.endswith("rotary_emb.inv_freq")]
+    if missing or unexpected:
+        print("ERROR: LlamaForCausalLM names differ: missing %s, unexpected %s" % (missing, unexpected),
+              file=sys.stderr)
+        return False
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # some versions build the causal mask in the default dtype
+    try:
+        with torch.no_grad():
+            theirs = model(inputs.long()).logits
+    finally:
+        torch.set_default_dtype(previous)
+    diff = float((theirs - logits).abs().max())
+    print("transformers LlamaForCausalLM cross-check: max |logit diff| = %.3e" % diff)
+    # transformers builds its rotary tables in float32, so agreement is at float32 rounding
+    # (~1e-7); a wrong layout, head grouping or name would differ by ~1e-1.
+    return diff < 1e-5
+
+
 def forward(p, inputs, targets):
     """p: dict name -> float64 tensor. Returns (logits, loss)."""
+    if ARCH == "llama":
+        return llama_forward(p, inputs, targets)
     idx = inputs.long()
     t = idx.shape[1]
     pos = torch.arange(t)
@@ -302,12 +415,19 @@ def check(path):
 # ----------------------------------------------------------------------------
 
 def main():
-    default_out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
-                               "tests", "data", "gpt2_reference.safetensors")
+    global ARCH, METADATA
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.path.normpath(default_out))
+    ap.add_argument("--arch", choices=["gpt2", "llama"], default="gpt2")
+    ap.add_argument("--out", help="output file (default tests/data/<arch>_reference.safetensors)")
     ap.add_argument("--check", metavar="FILE", help="read FILE and print its tensors")
     args = ap.parse_args()
+    ARCH = args.arch
+    if ARCH == "llama":
+        METADATA = dict(METADATA, arch="llama", NKV=str(NKV), F=str(F_LLAMA), rope_theta=str(ROPE_THETA),
+                        norm_eps=str(RMS_EPS))
+    if not args.out:
+        args.out = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                                 "data", ARCH + "_reference.safetensors"))
 
     if args.check:
         check(args.check)
@@ -323,11 +443,13 @@ def main():
     total = 0.0
     for n, g in grads.items():
         total += float((g * g).sum())
-    for n in ["transformer.wte.weight", "transformer.wpe.weight",
-              "transformer.h.0.attn.c_attn.weight", "transformer.h.1.mlp.c_fc.bias",
-              "transformer.h.1.ln_2.weight", "transformer.ln_f.bias"]:
+    for n in list(grads)[:3] + list(grads)[-3:]:
         print("  %-40s %.6e" % (n, float(grads[n].norm())))
     print("  %-40s %.6e" % ("global", math.sqrt(total)))
+
+    if ARCH == "llama" and not cross_check_transformers(p64, inputs, logits):
+        print("ERROR: the Llama reference disagrees with transformers", file=sys.stderr)
+        return 1
 
     final, losses, norms = train_hand(p64, inputs, targets)
     print("adamw losses:")
@@ -359,8 +481,8 @@ def main():
 
     # round-trip sanity check
     _, back = read_safetensors(args.out)
-    assert np.array_equal(back["param/transformer.wte.weight"],
-                          params32["transformer.wte.weight"].numpy())
+    first = names[0]
+    assert np.array_equal(back["param/" + first], params32[first].numpy())
     assert np.array_equal(back["inputs"], inputs.numpy())
     return 0
 

@@ -1,5 +1,5 @@
-// Hugging Face GPT-2 export and import: names and shapes as GPT2LMHeadModel has them, and a
-// bit-exact round trip.
+// Hugging Face export and import: names and shapes as GPT2LMHeadModel and LlamaForCausalLM have
+// them, bit-exact round trips, sharded checkpoints, and clear errors for files that do not fit.
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +10,8 @@
 #include "catch_compat.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
+#include "model/gpt2.h"
+#include "model/llama.h"
 #include "core/error.h"
 #include "process.h"
 
@@ -26,6 +28,23 @@ config::ModelConfig small_config() {
   c.n_kv_head = 2;
   c.d_model = 8;
   c.ffn_hidden = 32;
+  return c;
+}
+
+// A Llama with grouped-query attention (4 query heads, 2 key/value heads of size 4).
+config::ModelConfig small_llama(bool tied = false) {
+  config::ModelConfig c;
+  c.arch = "llama";
+  c.vocab_size = 50;
+  c.context_length = 12;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.d_model = 16;
+  c.ffn_hidden = 40;
+  c.rope_theta = 500000.0;
+  c.norm_eps = 1e-6;
+  c.tie_embeddings = tied;
   return c;
 }
 
@@ -112,4 +131,115 @@ TEST_CASE("init_from rejects files that do not fit the model, naming file and te
     CHECK(std::string(e.what()).find(dir.path() + "/model.safetensors: tensor transformer.ln_f.weight has shape [8 ]") == 0);
   }
   CHECK_THROWS_AS(checkpoint::import_hf(dir.path() + "/nothing-here", b), InputError);
+}
+
+TEST_CASE("export writes LlamaForCausalLM's names, shapes and config", "[checkpoint][export][llama]") {
+  for (const bool tied : {false, true}) {
+    CAPTURE(tied);
+    test::TempDir dir;
+    model::Llama m(small_llama(tied), Device::cpu);
+    m.init_weights(3);
+    checkpoint::export_hf(m, dir.path());
+
+    // LlamaForCausalLM's state dict for hidden_size 16, intermediate_size 40, 4 attention heads,
+    // 2 key/value heads (head_dim 4), vocab 50, written from its documentation: nn.Linear
+    // weights are (out_features, in_features), no biases; lm_head only when untied.
+    std::map<std::string, std::vector<std::int64_t>> expected = {{"model.embed_tokens.weight", {50, 16}},
+                                                                 {"model.norm.weight", {16}}};
+    if (!tied) expected["lm_head.weight"] = {50, 16};
+    for (int l = 0; l < 2; ++l) {
+      const std::string h = "model.layers." + std::to_string(l) + ".";
+      expected[h + "input_layernorm.weight"] = {16};
+      expected[h + "self_attn.q_proj.weight"] = {16, 16};
+      expected[h + "self_attn.k_proj.weight"] = {8, 16};
+      expected[h + "self_attn.v_proj.weight"] = {8, 16};
+      expected[h + "self_attn.o_proj.weight"] = {16, 16};
+      expected[h + "post_attention_layernorm.weight"] = {16};
+      expected[h + "mlp.gate_proj.weight"] = {40, 16};
+      expected[h + "mlp.up_proj.weight"] = {40, 16};
+      expected[h + "mlp.down_proj.weight"] = {16, 40};
+    }
+    const checkpoint::SafetensorsReader file(dir.path() + "/model.safetensors");
+    CHECK(file.tensors().size() == expected.size());
+    for (const auto& [name, shape] : expected) {
+      CAPTURE(name);
+      const auto* t = file.find(name);
+      REQUIRE(t != nullptr);
+      CHECK(t->shape == shape);
+    }
+    const auto config = nlohmann::json::parse(std::ifstream(dir.path() + "/config.json"));
+    CHECK(config["architectures"][0] == "LlamaForCausalLM");
+    CHECK(config["model_type"] == "llama");
+    CHECK(config["hidden_size"] == 16);
+    CHECK(config["intermediate_size"] == 40);
+    CHECK(config["num_hidden_layers"] == 2);
+    CHECK(config["num_attention_heads"] == 4);
+    CHECK(config["num_key_value_heads"] == 2);
+    CHECK(config["max_position_embeddings"] == 12);
+    CHECK(config["vocab_size"] == 50);
+    CHECK(config["rope_theta"] == 500000.0);
+    CHECK(config["rms_norm_eps"] == 1e-6);
+    CHECK(config["hidden_act"] == "silu");
+    CHECK(config["tie_word_embeddings"] == tied);
+  }
+}
+
+TEST_CASE("Llama export then init_from round-trips the weights bit for bit", "[checkpoint][export][llama]") {
+  test::TempDir dir;
+  model::Llama a(small_llama(), Device::cpu), b(small_llama(), Device::cpu);
+  a.init_weights(11);
+  b.init_weights(12);
+  REQUIRE(std::memcmp(a.params().data, b.params().data, a.params().bytes()) != 0);
+  checkpoint::export_hf(a, dir.path());
+  checkpoint::import_hf(dir.path(), b);
+  CHECK(std::memcmp(a.params().data, b.params().data, a.params().bytes()) == 0);
+}
+
+TEST_CASE("init_from reads sharded checkpoints and checks a Llama folder's config.json", "[checkpoint][export][llama]") {
+  test::TempDir dir;
+  model::Llama a(small_llama(), Device::cpu);
+  a.init_weights(5);
+  checkpoint::export_hf(a, dir.path() + "/one");
+  // Split the export into two shards with an index, as large Hugging Face checkpoints come.
+  const checkpoint::SafetensorsReader whole(dir.path() + "/one/model.safetensors");
+  std::vector<checkpoint::TensorToWrite> first, second;
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (const auto& t : whole.tensors()) {
+    const bool in_first = t.name.find("layers.1.") == std::string::npos;
+    (in_first ? first : second).push_back({t.name, t.dtype, t.shape, whole.data(t).data()});
+    weight_map[t.name] = in_first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  }
+  const std::string sharded = dir.path() + "/sharded";
+  std::filesystem::create_directories(sharded);
+  checkpoint::write_safetensors(sharded + "/model-00001-of-00002.safetensors", first, {});
+  checkpoint::write_safetensors(sharded + "/model-00002-of-00002.safetensors", second, {});
+  std::ofstream(sharded + "/model.safetensors.index.json") << nlohmann::json{{"weight_map", weight_map}}.dump();
+  std::filesystem::copy_file(dir.path() + "/one/config.json", sharded + "/config.json");
+
+  model::Llama b(small_llama(), Device::cpu);
+  checkpoint::import_hf(sharded, b);
+  CHECK(std::memcmp(a.params().data, b.params().data, a.params().bytes()) == 0);
+
+  // The folder's config.json says rope_theta 500000; a run configured otherwise is refused.
+  auto other = small_llama();
+  other.rope_theta = 10000.0;
+  model::Llama c(other, Device::cpu);
+  try {
+    checkpoint::import_hf(sharded, c);
+    FAIL("no error");
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()).find("model.rope_theta: the config has 10000, but " + sharded + "/config.json") == 0);
+  }
+  // An untied config against a tied export: lm_head.weight is missing.
+  test::TempDir tied_dir;
+  model::Llama tied(small_llama(true), Device::cpu);
+  tied.init_weights(2);
+  checkpoint::export_hf(tied, tied_dir.path());
+  std::filesystem::remove(tied_dir.path() + "/config.json");
+  try {
+    checkpoint::import_hf(tied_dir.path(), c);
+    FAIL("no error");
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()) == tied_dir.path() + "/model.safetensors: tensor lm_head.weight is missing");
+  }
 }

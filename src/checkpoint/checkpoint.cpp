@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
+#include <memory>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -56,7 +58,7 @@ std::vector<float> transposed(const float* x, std::int64_t rows, std::int64_t co
 }  // namespace
 
 std::string save(const SaveRequest& r, dist::Communicator& comm) {
-  const model::Gpt2& m = *r.model;
+  const model::Model& m = *r.model;
   const int rank = comm.rank(), W = comm.world_size();
   const std::string name = step_dir_name(r.step);
   const std::string dir = r.root + "/" + name;
@@ -195,7 +197,7 @@ void load_optimizer(const Found& found, std::int64_t begin, std::int64_t end, fl
   }
 }
 
-void load_weights(const Found& found, model::Gpt2& model) {
+void load_weights(const Found& found, model::Model& model) {
   const SafetensorsReader reader(found.dir + "/model.safetensors");
   for (const auto& info : model.param_infos()) {
     const Tensor p = model.param(info);
@@ -203,29 +205,45 @@ void load_weights(const Found& found, model::Gpt2& model) {
   }
 }
 
-model::Gpt2 load_model(const Found& found) {
-  model::Gpt2 model(found.config.model, Device::cpu);
-  load_weights(found, model);
+std::unique_ptr<model::Model> load_model(const Found& found) {
+  auto model = model::make_model(found.config.model, Device::cpu);
+  load_weights(found, *model);
   return model;
 }
 
-void export_hf(const model::Gpt2& model, const std::string& dir) {
-  const auto& c = model.config();
-  fs::create_directories(dir);
-  std::vector<std::vector<float>> keep;  // transposed copies live until written
-  std::vector<TensorToWrite> tensors;
-  for (const auto& info : model.param_infos()) {
-    const float* data = model.param(info).as<float>();
-    std::vector<std::int64_t> shape = info.shape;
-    if (is_conv1d_weight(info.name)) {
-      keep.push_back(transposed(data, shape[0], shape[1]));
-      data = keep.back().data();
-      std::swap(shape[0], shape[1]);
-    }
-    tensors.push_back({info.name, StDtype::f32, shape, data});
+std::string hf_architecture(const config::ModelConfig& c) {
+  return c.arch == "llama" ? "LlamaForCausalLM" : "GPT2LMHeadModel";
+}
+
+namespace {
+
+// config.json as transformers' GPT2Config or LlamaConfig reads it.
+nlohmann::json hf_config_json(const config::ModelConfig& c) {
+  if (c.arch == "llama") {
+    return {
+        {"architectures", {"LlamaForCausalLM"}},
+        {"model_type", "llama"},
+        {"vocab_size", c.vocab_size},
+        {"hidden_size", c.d_model},
+        {"intermediate_size", c.ffn_hidden},
+        {"num_hidden_layers", c.n_layer},
+        {"num_attention_heads", c.n_head},
+        {"num_key_value_heads", c.n_kv_head},
+        {"head_dim", c.d_model / c.n_head},
+        {"max_position_embeddings", c.context_length},
+        {"rms_norm_eps", c.norm_eps},
+        {"rope_theta", c.rope_theta},
+        {"rope_scaling", nullptr},
+        {"hidden_act", "silu"},
+        {"attention_bias", false},
+        {"attention_dropout", 0.0},
+        {"mlp_bias", false},
+        {"tie_word_embeddings", c.tie_embeddings},
+        {"initializer_range", 0.02},
+        {"torch_dtype", "float32"},
+    };
   }
-  write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
-  const nlohmann::json hf_config = {
+  return {
       {"architectures", {"GPT2LMHeadModel"}},
       {"model_type", "gpt2"},
       {"vocab_size", c.vocab_size},
@@ -245,22 +263,120 @@ void export_hf(const model::Gpt2& model, const std::string& dir) {
       {"scale_attn_weights", true},
       {"torch_dtype", "float32"},
   };
-  write_text_atomic(dir + "/config.json", hf_config.dump(2) + "\n");
 }
 
-void import_hf(const std::string& path, model::Gpt2& model) {
-  const std::string file = fs::is_directory(path) ? path + "/model.safetensors" : path;
-  if (!fs::exists(file)) throw InputError("model.init_from: " + file + ": no such file");
-  const SafetensorsReader reader(file);
-  // Names with or without GPT2LMHeadModel's "transformer." prefix.
-  const auto hf_name = [&](const std::string& name) -> const TensorInfo* {
-    if (const auto* t = reader.find(name)) return t;
-    return reader.find(name.substr(std::string("transformer.").size()));
+// The tensors of a Hugging Face checkpoint: one safetensors file, or the shards a
+// model.safetensors.index.json names.
+class HfTensors {
+ public:
+  explicit HfTensors(const std::string& path) {
+    if (!fs::is_directory(path)) {
+      if (!fs::exists(path)) throw InputError("model.init_from: " + path + ": no such file");
+      open(path);
+      return;
+    }
+    if (fs::exists(path + "/model.safetensors")) {
+      open(path + "/model.safetensors");
+      return;
+    }
+    const std::string index = path + "/model.safetensors.index.json";
+    if (!fs::exists(index)) {
+      throw InputError("model.init_from: " + path + ": no model.safetensors or model.safetensors.index.json in it");
+    }
+    const nlohmann::json map = read_json_file(index, "a safetensors shard index");
+    if (!map.contains("weight_map") || !map["weight_map"].is_object()) {
+      throw InputError(index + ": no \"weight_map\" object");
+    }
+    std::set<std::string> files;
+    for (const auto& [name, file] : map["weight_map"].items()) {
+      if (!file.is_string()) throw InputError(index + ": weight_map." + name + " is not a file name");
+      files.insert(file.get<std::string>());
+    }
+    for (const auto& file : files) open(path + "/" + file);
+  }
+
+  /// The reader holding `name` and the tensor's entry, or {nullptr, nullptr}.
+  std::pair<const SafetensorsReader*, const TensorInfo*> find(const std::string& name) const {
+    for (const auto& reader : readers_) {
+      if (const TensorInfo* t = reader->find(name)) return {reader.get(), t};
+    }
+    return {nullptr, nullptr};
+  }
+  const std::vector<std::unique_ptr<SafetensorsReader>>& readers() const { return readers_; }
+  std::string describe() const { return readers_.size() == 1 ? readers_[0]->path() : path_of_shards(); }
+
+ private:
+  void open(const std::string& file) { readers_.push_back(std::make_unique<SafetensorsReader>(file)); }
+  std::string path_of_shards() const {
+    return fs::path(readers_.front()->path()).parent_path().string() + " (" + std::to_string(readers_.size()) +
+           " shards)";
+  }
+  std::vector<std::unique_ptr<SafetensorsReader>> readers_;
+};
+
+// A Llama folder's config.json must agree with the run's config on what the weights' shapes do
+// not show (rotary base, norm epsilon, tying); a mismatch would silently change the model.
+void check_hf_llama_config(const std::string& path, const config::ModelConfig& c) {
+  const std::string file = (fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path()) / "config.json";
+  if (!fs::exists(file)) return;
+  const nlohmann::json hf = read_json_file(file, "a Hugging Face config.json");
+  const auto check = [&](const char* hf_key, double ours, const char* our_key) {
+    if (!hf.contains(hf_key) || !hf[hf_key].is_number()) return;
+    const double theirs = hf[hf_key].get<double>();
+    if (std::abs(theirs - ours) > 1e-9 * std::max(1.0, std::abs(ours))) {
+      std::ostringstream message;
+      message << "model." << our_key << ": the config has " << ours << ", but " << file << " has " << hf_key << " = "
+              << theirs;
+      throw InputError(message.str());
+    }
+  };
+  check("rope_theta", c.rope_theta, "rope_theta");
+  check("rms_norm_eps", c.norm_eps, "norm_eps");
+  if (hf.contains("tie_word_embeddings") && hf["tie_word_embeddings"].is_boolean() &&
+      hf["tie_word_embeddings"].get<bool>() != c.tie_embeddings) {
+    throw InputError(std::string("model.tie_embeddings: the config has ") + (c.tie_embeddings ? "true" : "false") +
+                     ", but " + file + " has tie_word_embeddings = " +
+                     (hf["tie_word_embeddings"].get<bool>() ? "true" : "false"));
+  }
+}
+
+}  // namespace
+
+void export_hf(const model::Model& model, const std::string& dir) {
+  fs::create_directories(dir);
+  std::vector<std::vector<float>> keep;  // transposed copies live until written
+  std::vector<TensorToWrite> tensors;
+  for (const auto& info : model.param_infos()) {
+    const float* data = model.param(info).as<float>();
+    std::vector<std::int64_t> shape = info.shape;
+    if (is_conv1d_weight(info.name)) {
+      keep.push_back(transposed(data, shape[0], shape[1]));
+      data = keep.back().data();
+      std::swap(shape[0], shape[1]);
+    }
+    tensors.push_back({info.name, StDtype::f32, shape, data});
+  }
+  write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+  write_text_atomic(dir + "/config.json", hf_config_json(model.config()).dump(2) + "\n");
+}
+
+void import_hf(const std::string& path, model::Model& model) {
+  const bool llama = model.config().arch == "llama";
+  const HfTensors source(path);
+  if (llama) check_hf_llama_config(path, model.config());
+  const std::string where = source.describe();
+  // GPT-2 names with or without GPT2LMHeadModel's "transformer." prefix.
+  const auto hf_name = [&](const std::string& name) {
+    auto found = source.find(name);
+    if (!found.second && name.starts_with("transformer.")) {
+      found = source.find(name.substr(std::string("transformer.").size()));
+    }
+    return found;
   };
   std::set<std::string> used;
   for (const auto& info : model.param_infos()) {
-    const TensorInfo* t = hf_name(info.name);
-    if (!t) throw InputError(file + ": tensor " + info.name + " is missing");
+    const auto [reader, t] = hf_name(info.name);
+    if (!t) throw InputError(where + ": tensor " + info.name + " is missing");
     used.insert(t->name);
     const bool conv = is_conv1d_weight(info.name);
     std::vector<std::int64_t> expected = info.shape;
@@ -269,24 +385,28 @@ void import_hf(const std::string& path, model::Gpt2& model) {
       std::ostringstream got, want;
       for (const auto d : t->shape) got << d << ' ';
       for (const auto d : expected) want << d << ' ';
-      throw InputError(file + ": tensor " + t->name + " has shape [" + got.str() + "], the config needs [" +
+      throw InputError(reader->path() + ": tensor " + t->name + " has shape [" + got.str() + "], the config needs [" +
                        want.str() + "]");
     }
     float* out = model.param(info).as<float>();
     if (!conv) {
-      reader.read_f32(t->name, std::span<float>(out, std::size_t(info.numel)));
+      reader->read_f32(t->name, std::span<float>(out, std::size_t(info.numel)));
       continue;
     }
     std::vector<float> hf(std::size_t(info.numel));
-    reader.read_f32(t->name, hf);
+    reader->read_f32(t->name, hf);
     const auto ours = transposed(hf.data(), expected[0], expected[1]);
     std::copy(ours.begin(), ours.end(), out);
   }
-  for (const auto& t : reader.tensors()) {
-    // The tied output head and the causal-mask buffers of older exports carry no parameters.
-    const bool ignorable = t.name == "lm_head.weight" || t.name.ends_with(".attn.bias") ||
-                           t.name.ends_with(".attn.masked_bias");
-    if (!used.contains(t.name) && !ignorable) throw InputError(file + ": unexpected tensor " + t.name);
+  for (const auto& reader : source.readers()) {
+    for (const auto& t : reader->tensors()) {
+      // A tied output head, the causal-mask buffers of older GPT-2 exports and the rotary
+      // frequency buffers of older Llama exports carry no parameters.
+      const bool ignorable = (t.name == "lm_head.weight" && model.config().tie_embeddings) ||
+                             t.name.ends_with(".attn.bias") || t.name.ends_with(".attn.masked_bias") ||
+                             t.name.ends_with(".rotary_emb.inv_freq");
+      if (!used.contains(t.name) && !ignorable) throw InputError(reader->path() + ": unexpected tensor " + t.name);
+    }
   }
 }
 

@@ -14,7 +14,7 @@
 
 #include "config/config.h"
 #include "dist/communicator.h"
-#include "model/gpt2.h"
+#include "model/model.h"
 
 namespace llmtrain::checkpoint {
 
@@ -29,7 +29,7 @@ struct SaveRequest {
   std::string root;            // DIR above
   std::int64_t step = 0;
   std::int64_t keep_last = 3;  // older complete checkpoints are deleted after this one is complete
-  const model::Gpt2* model = nullptr;
+  const model::Model* model = nullptr;
   OptimizerShard optimizer;    // this rank's
   nlohmann::json state;        // tokens_seen, sampler, ... ; "step" and "files" are added here
 };
@@ -61,18 +61,23 @@ std::vector<std::string> complete_checkpoints(const std::string& root);
 void load_optimizer(const Found& found, std::int64_t begin, std::int64_t end, float* m, float* v);
 
 /// Fills the model's parameters from DIR/model.safetensors of a found checkpoint.
-void load_weights(const Found& found, model::Gpt2& model);
+void load_weights(const Found& found, model::Model& model);
 
 /// The checkpoint's model on the CPU, built from its config, with its weights.
-model::Gpt2 load_model(const Found& found);
+std::unique_ptr<model::Model> load_model(const Found& found);
 
-/// Writes DIR/model.safetensors and DIR/config.json that transformers' GPT2LMHeadModel loads
-/// (Conv1D weights transposed to (in, out), tied lm_head left out).
-void export_hf(const model::Gpt2& model, const std::string& dir);
+/// "GPT2LMHeadModel" or "LlamaForCausalLM": the transformers class of this config's exports.
+std::string hf_architecture(const config::ModelConfig& config);
 
-/// Reads Hugging Face GPT-2 weights (a model.safetensors file, or a folder holding one) into the
-/// model; names with or without the "transformer." prefix; F32, BF16 or F16. InputError naming
-/// the file and tensor on any missing, unexpected or misshapen tensor.
-void import_hf(const std::string& path, model::Gpt2& model);
+/// Writes DIR/model.safetensors and DIR/config.json that transformers' GPT2LMHeadModel or
+/// LlamaForCausalLM loads (GPT-2's Conv1D weights transposed to (in, out); a tied lm_head left out).
+void export_hf(const model::Model& model, const std::string& dir);
+
+/// Reads Hugging Face weights into the model: a safetensors file, or a folder holding
+/// model.safetensors or the shards model.safetensors.index.json lists; GPT-2 names with or without
+/// the "transformer." prefix; F32, BF16 or F16. InputError naming the file and tensor on any
+/// missing, unexpected or misshapen tensor, and (Llama) when the folder's config.json disagrees
+/// with the config on rope_theta, rms_norm_eps or tie_word_embeddings.
+void import_hf(const std::string& path, model::Model& model);
 
 }  // namespace llmtrain::checkpoint

@@ -4,7 +4,6 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <bit>
@@ -16,6 +15,7 @@
 #include <set>
 #include <utility>
 
+#include "core/crc32.h"
 #include "core/error.h"
 
 static_assert(std::endian::native == std::endian::little,
@@ -25,7 +25,7 @@ namespace llmtrain::checkpoint {
 namespace {
 
 constexpr std::size_t length_bytes = 8;                 // the uint64 header length
-constexpr std::size_t io_chunk = std::size_t(1) << 30;  // below Linux's 2 GiB per read/write, zlib's uInt
+constexpr std::size_t io_chunk = std::size_t(1) << 30;  // below Linux's 2 GiB per read/write
 
 struct DtypeEntry {
   StDtype dtype;
@@ -68,16 +68,6 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
 
 std::string offsets_text(std::size_t begin, std::size_t end) {
   return "[" + std::to_string(begin) + ", " + std::to_string(end) + "]";
-}
-
-std::uint32_t crc32_update(std::uint32_t crc, const unsigned char* bytes, std::size_t n) {
-  while (n > 0) {
-    const std::size_t chunk = std::min(n, io_chunk);
-    crc = static_cast<std::uint32_t>(::crc32(crc, bytes, static_cast<uInt>(chunk)));
-    bytes += chunk;
-    n -= chunk;
-  }
-  return crc;
 }
 
 // One tensor entry of the header, validated; `data_bytes` is the size of the data buffer.
@@ -157,7 +147,7 @@ class TempFile {
 
   void write(const void* data, std::size_t n) {
     const auto* bytes = static_cast<const unsigned char*>(data);
-    crc_ = crc32_update(crc_, bytes, n);
+    crc_ = crc32(bytes, n, crc_);
     while (n > 0) {
       const ssize_t written = ::write(fd_, bytes, std::min(n, io_chunk));
       if (written < 0 && errno == EINTR) continue;
@@ -193,7 +183,7 @@ class TempFile {
   std::string temp_;
   int fd_ = -1;
   bool committed_ = false;
-  std::uint32_t crc_ = static_cast<std::uint32_t>(::crc32(0, nullptr, 0));
+  std::uint32_t crc_ = 0;  // CRC-32 of nothing
 };
 
 }  // namespace
@@ -453,7 +443,7 @@ std::uint32_t file_crc32(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw RuntimeError(path + ": cannot open for its CRC-32: " + errno_text());
   std::vector<unsigned char> buffer(std::size_t(1) << 20);
-  auto crc = static_cast<std::uint32_t>(::crc32(0, nullptr, 0));
+  std::uint32_t crc = 0;
   while (true) {
     const ssize_t n = ::read(fd, buffer.data(), buffer.size());
     if (n < 0 && errno == EINTR) continue;
@@ -463,7 +453,7 @@ std::uint32_t file_crc32(const std::string& path) {
       throw RuntimeError(path + ": cannot read for its CRC-32: " + why);
     }
     if (n == 0) break;
-    crc = crc32_update(crc, buffer.data(), std::size_t(n));
+    crc = crc32(buffer.data(), std::size_t(n), crc);
   }
   ::close(fd);
   return crc;

@@ -91,13 +91,13 @@ struct TensorToWrite {
 };
 
 /// Writes atomically: PATH.tmp, fsync, rename; header padded with spaces to a multiple of 8;
-/// tensors stored in the given order. Returns the CRC-32 (zlib crc32) of the whole file as written.
+/// tensors stored in the given order. Returns the CRC-32 (as zlib's crc32) of the whole file as written.
 /// RuntimeError naming the path on any I/O failure (disk full, permission) or bad argument (a
 /// negative dim, a repeated name), and the temp file is removed.
 std::uint32_t write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                                 const std::map<std::string, std::string>& metadata = {});
 
-/// CRC-32 of a whole file (zlib), streamed in chunks; RuntimeError if unreadable.
+/// CRC-32 of a whole file (as zlib's), streamed in chunks; RuntimeError if unreadable.
 std::uint32_t file_crc32(const std::string& path);
 
 }  // namespace llmtrain::checkpoint

@@ -35,7 +35,8 @@ Command add_eval_command(CLI::App& parent) {
                                " samples, fewer than one global batch (" +
                                std::to_string(config.train.global_batch_size) + ")");
             }
-            model::Gpt2 model = checkpoint::load_model(found);
+            const auto loaded = checkpoint::load_model(found);
+            model::Model& model = *loaded;
             const std::int64_t batches = o->batches > 0 ? o->batches : config.train.eval_batches;
             const double loss = train::evaluate(model, data, config, batches);
             std::printf("eval: %s step %lld: val_loss %.4f\n", found.dir.c_str(),

@@ -21,10 +21,11 @@ Command add_export_command(CLI::App& parent) {
 
   return {app, [o] {
             const checkpoint::Found found = checkpoint::find(o->checkpoint);
-            model::Gpt2 model = checkpoint::load_model(found);
+            const auto loaded = checkpoint::load_model(found);
+            model::Model& model = *loaded;
             checkpoint::export_hf(model, o->output);
-            std::printf("export: %s -> %s/model.safetensors, %s/config.json (GPT2LMHeadModel)\n", found.dir.c_str(),
-                        o->output.c_str(), o->output.c_str());
+            std::printf("export: %s -> %s/model.safetensors, %s/config.json (%s)\n", found.dir.c_str(),
+                        o->output.c_str(), o->output.c_str(), checkpoint::hf_architecture(model.config()).c_str());
             return 0;
           }};
 }

@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
-#include "model/gpt2.h"
+#include "model/model.h"
 #include "model/sampling.h"
 
 namespace llmtrain::cli {
@@ -53,7 +53,8 @@ Command add_generate_command(CLI::App& parent) {
               throw InputError("tokenizer has " + std::to_string(tokenizer->vocab_size()) +
                                " tokens, more than the model's model.vocab_size");
             }
-            model::Gpt2 model = checkpoint::load_model(found);
+            const auto loaded = checkpoint::load_model(found);
+            model::Model& model = *loaded;
 
             std::vector<std::uint32_t> tokens;
             if (!o->prompt.empty()) {

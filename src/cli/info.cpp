@@ -11,9 +11,11 @@
 #include "kernels/runtime.h"
 #endif
 
+#if LLMTRAIN_HAVE_OPENBLAS
 // OpenBLAS's own introspection; declared here because the cblas.h found first may be another BLAS's.
 extern "C" char* openblas_get_config(void);
 extern "C" int openblas_get_num_threads(void);
+#endif
 
 namespace llmtrain::cli {
 namespace {
@@ -35,8 +37,12 @@ int run_info() {
   print_row("cuda", "not built (CPU-only build)");
 #endif
   print_row("mpi", dist::mpi_library_version());
+#if LLMTRAIN_HAVE_OPENBLAS
   print_row("blas", std::string(openblas_get_config()) + ", " +
                         std::to_string(openblas_get_num_threads()) + " threads");
+#else
+  print_row("blas", "none: CPU matmul is a plain OpenMP loop (slow; built without OpenBLAS)");
+#endif
 
   std::cout << "runtime\n";
   print_row("cpu threads", std::to_string(std::thread::hardware_concurrency()));

@@ -74,13 +74,15 @@ Command add_plan_command(CLI::App& parent) {
             std::printf("batch: micro-batch %lld x %lld tokens, %lld micro-step(s) per update of %lld sequences\n",
                         static_cast<long long>(c.train.micro_batch_size), static_cast<long long>(m.context_length),
                         static_cast<long long>(accum), static_cast<long long>(c.train.global_batch_size));
+            std::printf("activations: recompute %s; training FLOPs per token %.4g (6 N + 12 L H Q T)\n",
+                        c.train.recompute.c_str(), train::flops_per_token(m));
             std::printf("%-13s %12s %12s %12s %12s %12s %16s\n", "per rank", "weights", "gradients", "optimizer",
                         "activations", "total", "max micro-batch");
             for (const bool bf16 : {false, true}) {
               for (const int zero : {0, 1, 2}) {
                 const auto p = train::plan_memory(c, o->world_size, zero, bf16, c.train.micro_batch_size);
                 const std::int64_t fixed = p.weights + p.gradients + p.optimizer;
-                const std::int64_t per_sequence = train::activation_bytes_per_sequence(m, bf16);
+                const std::int64_t per_sequence = train::activation_bytes_per_sequence(m, bf16, c.train.recompute);
                 const std::int64_t largest = fixed < memory ? (memory - fixed) / per_sequence : 0;
                 char label[32];
                 std::snprintf(label, sizeof label, "%s ZeRO %d", bf16 ? "bf16" : "fp32", zero);

@@ -26,7 +26,7 @@ Command add_train_command(CLI::App& parent) {
       ->type_name("KEY=VALUE")
       ->allow_extra_args(false);
   app->add_option("--run-dir", options->run_dir, "Run folder (default: runs/<config name>)");
-  app->add_option("--device", options->device, "auto | cpu | cuda (auto: cpu until the CUDA training path lands)")
+  app->add_option("--device", options->device, "auto | cpu | cuda (auto: cpu for now; the fp32 CUDA path, one GPU per job, must be asked for)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   app->add_option("--resume", options->resume,

@@ -324,6 +324,9 @@ void resolve_and_check(Config& c, const Origins& o) {
     fail_rule(o, "model.n_kv_head", "model.arch", "gpt2 has no grouped-query attention: must equal model.n_head (" +
                                    std::to_string(m.n_head) + ") or be 0, got " + std::to_string(m.n_kv_head));
   }
+  if (m.arch == "gpt2" && !m.tie_embeddings) {
+    fail_rule(o, "model.tie_embeddings", "model.arch", "gpt2 always ties its output head to the token embedding: must be true");
+  }
   if (m.arch == "llama" && (m.d_model / m.n_head) % 2 != 0) {
     fail_rule(o, "model.n_head", "model.d_model", "llama's rotary embeddings need an even head size (d_model / n_head), got " +
                                 std::to_string(m.d_model / m.n_head));
@@ -363,6 +366,9 @@ Config from_json(const json& root, const Origins& origins) {
       section.fields(SectionReader{*it, section_name, origins});
     }
   });
+  // GPT-2 always ties its output head to the token embedding; Llama models usually do not.
+  const auto model = root.find("model");
+  if (model == root.end() || !model->contains("tie_embeddings")) config.model.tie_embeddings = config.model.arch == "gpt2";
   resolve_and_check(config, origins);
   return config;
 }

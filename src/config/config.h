@@ -51,6 +51,9 @@ struct ModelConfig {
   std::int64_t n_kv_head = 0;   // 0: same as n_head (resolved on load)
   std::int64_t d_model = 768;
   std::int64_t ffn_hidden = 0;  // 0: 4 * d_model (resolved on load)
+  double norm_eps = 1e-5;       // llama: RMSNorm epsilon
+  double rope_theta = 10000.0;  // llama: rotary embedding base
+  bool tie_embeddings = true;   // output head shares the token embedding; unset: gpt2 true, llama false
   std::string init_from;        // Hugging Face style safetensors file or folder; empty: random init
 
   template <class Visitor>
@@ -63,6 +66,9 @@ struct ModelConfig {
     v("n_kv_head", n_kv_head, IntRange{0, 1024});
     v("d_model", d_model, IntRange{1, 1 << 17});
     v("ffn_hidden", ffn_hidden, IntRange{0, 1 << 20});
+    v("norm_eps", norm_eps, NumberRange{0.0, 1.0, true, true});
+    v("rope_theta", rope_theta, positive);
+    v("tie_embeddings", tie_embeddings, Boolean{});
     v("init_from", init_from, AnyString{});
   }
 };
@@ -94,6 +100,7 @@ struct TrainConfig {
   std::string precision = "fp32";
   std::int64_t max_bad_steps = 5;  // non-finite updates in a row before the run stops
   double peak_tflops = 0.0;        // dense peak of one device for MFU; 0: unknown (MFU not reported)
+  std::string recompute = "none";  // activations backward recomputes: none | mlp | full
 
   template <class Visitor>
   void fields(Visitor&& v) {
@@ -108,6 +115,7 @@ struct TrainConfig {
     v("precision", precision, OneOf{{"fp32", "bf16"}});
     v("max_bad_steps", max_bad_steps, IntRange{1});
     v("peak_tflops", peak_tflops, non_negative);
+    v("recompute", recompute, OneOf{{"none", "mlp", "full"}});
   }
 };
 

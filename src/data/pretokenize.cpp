@@ -1,13 +1,16 @@
 // GPT-2's pre-tokenization with PCRE2 (JIT-compiled, Unicode properties), as OpenAI's encoder
-// and tiktoken's "gpt2" encoding split text before BPE.
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-
+// and tiktoken's "gpt2" encoding split text before BPE. A build without PCRE2 (LLMTRAIN_HAVE_PCRE2
+// unset: a GPU node with only the CUDA toolkit) has no BPE tokenizers: an approximation of the
+// Unicode classes would give other token ids without saying so.
 #include <memory>
 #include <string>
 
 #include "core/error.h"
 #include "data/tokenizer.h"
+
+#if LLMTRAIN_HAVE_PCRE2
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
 
 namespace llmtrain::data {
 namespace {
@@ -62,4 +65,21 @@ void pretokenize(std::string_view text, std::vector<std::string_view>& pieces) {
   if (offset < text.size()) pieces.push_back(text.substr(offset));
 }
 
+bool have_pretokenizer() { return true; }
+
 }  // namespace llmtrain::data
+
+#else  // no PCRE2
+
+namespace llmtrain::data {
+
+void pretokenize(std::string_view, std::vector<std::string_view>&) {
+  throw InputError("this build has no PCRE2, which GPT-2's pre-tokenization needs: the BPE tokenizers "
+                   "(gpt2:DIR, bpe:N) are unavailable; use --tokenizer byte, or install libpcre2-dev and rebuild");
+}
+
+bool have_pretokenizer() { return false; }
+
+}  // namespace llmtrain::data
+
+#endif

@@ -63,7 +63,11 @@ BpeVocabulary train_bpe(const std::vector<std::string_view>& documents, std::uin
 
 /// Splits `text` into GPT-2's pre-tokenization pieces (the exact pattern, Unicode letter and
 /// number classes). Bytes that are not valid UTF-8 become pieces of their own. Thread-safe.
+/// InputError in a build without PCRE2 (see have_pretokenizer).
 void pretokenize(std::string_view text, std::vector<std::string_view>& pieces);
+
+/// Whether this build has GPT-2's pre-tokenization (PCRE2), which BPE encoding and training need.
+bool have_pretokenizer();
 
 /// The tokenizer a spec names: "byte", "gpt2:DIR".
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec);

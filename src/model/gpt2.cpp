@@ -10,20 +10,6 @@
 namespace llmtrain::model {
 namespace {
 
-// Hands out consecutive 64-byte aligned tensors from one allocation; with a null base it only
-// measures how many bytes they need.
-struct Carver {
-  char* base;
-  Device device;
-  std::size_t used = 0;
-
-  Tensor take(DType dtype, std::initializer_list<std::int64_t> shape) {
-    Tensor t(base ? base + used : nullptr, dtype, device, shape);
-    used += (t.bytes() + 63) / 64 * 64;
-    return t;
-  }
-};
-
 // Calls f(name, shape, slot) for every parameter, in flat-buffer order.
 template <class ParamsT, class F>
 void for_each_param(const config::ModelConfig& c, ParamsT& p, F&& f) {
@@ -50,81 +36,48 @@ void for_each_param(const config::ModelConfig& c, ParamsT& p, F&& f) {
   f("transformer.wte.weight", std::vector<std::int64_t>{c.vocab_size, C}, p.wte);
 }
 
-Tensor shaped(void* data, Device device, const std::vector<std::int64_t>& shape) {
-  Tensor t(data, DType::f32, device, {});
-  t.ndim = int(shape.size());
-  for (int i = 0; i < t.ndim; ++i) t.shape[i] = shape[i];
-  return t;
-}
-
 }  // namespace
 
-Gpt2::Gpt2(const config::ModelConfig& config, Device device) : config_(config), device_(device) {
-  if (config.arch != "gpt2") {
-    throw InputError("model.arch: \"" + config.arch + "\" models are not implemented yet; use \"gpt2\"");
+Gpt2::Gpt2(const config::ModelConfig& config, Device device, Recompute recompute) : Model(config, device) {
+  if (config.arch != "gpt2") throw RuntimeError("Gpt2: config has model.arch \"" + config.arch + "\"");
+  if (recompute != Recompute::none) {
+    throw InputError("train.recompute: activation recomputation is implemented for llama models only so far");
   }
   Params layout;
   layout.layers.resize(std::size_t(config.n_layer));
   for_each_param(config_, layout, [&](const std::string& name, const std::vector<std::int64_t>& shape, Tensor&) {
-    ParamInfo info{name, shape, num_params_, 1, shape.size() == 2};
-    for (const auto d : shape) info.numel *= d;
-    num_params_ += info.numel;
-    infos_.push_back(std::move(info));
+    add_param(name, shape);
   });
+  allocate();
   // Layer l's parameters end where those of layer l - 1 (or, for layer 0, wpe) begin.
   for (std::int64_t l = 0; l < config.n_layer; ++l) {
-    const std::string next = l == 0 ? "transformer.wpe.weight" : "transformer.h." + std::to_string(l - 1) + ".ln_1.weight";
-    for (const auto& info : infos_) {
-      if (info.name == next) layer_grads_end_.push_back(info.offset);
-    }
+    layer_grads_end_.push_back(
+        offset_of(l == 0 ? "transformer.wpe.weight" : "transformer.h." + std::to_string(l - 1) + ".ln_1.weight"));
   }
-  params_ = ops::Buffer(device, std::size_t(num_params_) * sizeof(float));
-  grads_ = ops::Buffer(device, std::size_t(num_params_) * sizeof(float));
-  p_ = bind_params(params_);
-  g_ = bind_params(grads_);
-  zero_grads();
+  p_ = bind_params(false);
+  g_ = bind_params(true);
 }
 
-Gpt2::Params Gpt2::bind_params(const ops::Buffer& buffer) const {
+Gpt2::Params Gpt2::bind_params(bool grads) const {
   Params p;
   p.layers.resize(std::size_t(config_.n_layer));
   std::size_t index = 0;
-  for_each_param(config_, p, [&](const std::string&, const std::vector<std::int64_t>& shape, Tensor& slot) {
-    slot = shaped(static_cast<float*>(buffer.data()) + infos_[index++].offset, device_, shape);
+  for_each_param(config_, p, [&](const std::string&, const std::vector<std::int64_t>&, Tensor& slot) {
+    const ParamInfo& info = param_infos()[index++];
+    slot = grads ? grad(info) : param(info);
   });
   return p;
 }
 
-const ParamInfo& Gpt2::param_info(const std::string& name) const {
-  for (const auto& info : infos_) {
-    if (info.name == name) return info;
-  }
-  throw RuntimeError("Gpt2: no parameter named " + name);
-}
-
-Tensor Gpt2::param(const ParamInfo& info) const {
-  return shaped(static_cast<float*>(params_.data()) + info.offset, device_, info.shape);
-}
-
-Tensor Gpt2::grad(const ParamInfo& info) const {
-  return shaped(static_cast<float*>(grads_.data()) + info.offset, device_, info.shape);
-}
-
 void Gpt2::init_weights(std::uint64_t seed) {
-  if (device_ != Device::cpu) throw RuntimeError("Gpt2::init_weights: initialise on the CPU, then copy");
   const float residual_std = 0.02f / std::sqrt(2.0f * float(config_.n_layer));
-  float* base = static_cast<float*>(params_.data());
-  for (const auto& info : infos_) {
-    float* w = base + info.offset;
-    const bool layernorm = info.name.find(".ln_") != std::string::npos;
+  for (const auto& info : param_infos()) {
     if (info.shape.size() == 1) {
-      const bool is_weight = info.name.ends_with(".weight");
-      for (std::int64_t i = 0; i < info.numel; ++i) w[i] = layernorm && is_weight ? 1.0f : 0.0f;
+      const bool layernorm_weight = info.name.find(".ln_") != std::string::npos && info.name.ends_with(".weight");
+      init_constant(info, layernorm_weight ? 1.0f : 0.0f);
       continue;
     }
-    const bool residual_projection = info.name.ends_with("c_proj.weight");
-    const float std = residual_projection ? residual_std : 0.02f;
-    for (std::int64_t i = 0; i < info.numel; ++i) w[i] = std * normal_at(seed, std::uint64_t(info.offset + i));
+    init_normal(info, seed, info.name.ends_with("c_proj.weight") ? residual_std : 0.02f);
   }
 }
 
@@ -143,7 +96,7 @@ Gpt2::Acts Gpt2::bind_acts(ops::Buffer& buffer, int B, int T, bool measure_only,
     la.ln1_rstd = carver.take(DType::f32, {N});
     la.qkv = carver.take(DType::f32, {N, 3 * C});
     la.atty = carver.take(DType::f32, {N, C});
-    la.att = carver.take(DType::f32, {B, NH, T, T});
+    la.lse = carver.take(DType::f32, {B, NH, T});
     la.attproj = carver.take(DType::f32, {N, C});
     la.residual2 = carver.take(DType::f32, {N, C});
     la.ln2 = carver.take(DType::f32, {N, C});
@@ -164,6 +117,13 @@ Gpt2::Acts Gpt2::bind_acts(ops::Buffer& buffer, int B, int T, bool measure_only,
   return a;
 }
 
+std::size_t Gpt2::activation_bytes(int B, int T) const {
+  std::size_t bytes = 0;
+  ops::Buffer none;
+  bind_acts(none, B, T, true, &bytes);
+  return 2 * bytes;  // values and gradients
+}
+
 void Gpt2::ensure_acts(int B, int T) {
   if (T < 1 || T > config_.context_length || B < 1) {
     throw RuntimeError("Gpt2: batch (" + std::to_string(B) + ", " + std::to_string(T) + ") outside the model's context");
@@ -181,10 +141,9 @@ void Gpt2::ensure_acts(int B, int T) {
 
 double Gpt2::forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T, float dloss_scale) {
   ensure_acts(B, T);
-  if (device_ != Device::cpu) throw RuntimeError("Gpt2::forward: only the CPU backend so far");
   const std::int64_t C = config_.d_model;
   const int NH = int(config_.n_head);
-  std::memcpy(a_.inputs.data, inputs, a_.inputs.bytes());
+  ops::copy(a_.inputs, Tensor(const_cast<std::int32_t*>(inputs), DType::i32, Device::cpu, {B, T}));
   const Tensor none;
 
   ops::encoder_forward(a_.encoded.reshape({B, T, C}), a_.inputs, p_.wte, p_.wpe);
@@ -194,7 +153,7 @@ double Gpt2::forward(const std::int32_t* inputs, const std::int32_t* targets, in
     LayerActs& la = a_.layers[l];
     ops::layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, *residual, lp.ln1_w, lp.ln1_b);
     ops::matmul_forward(la.qkv, la.ln1, lp.qkv_w, lp.qkv_b);
-    ops::attention_forward(la.atty.reshape({B, T, C}), la.att, la.qkv.reshape({B, T, 3 * C}), NH);
+    ops::flash_attention_forward(la.atty.reshape({B, T, C}), la.lse, la.qkv.reshape({B, T, 3 * C}), NH);
     ops::matmul_forward(la.attproj, la.atty, lp.attproj_w, lp.attproj_b);
     ops::residual_forward(la.residual2, *residual, la.attproj);
     ops::layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, lp.ln2_w, lp.ln2_b);
@@ -207,7 +166,7 @@ double Gpt2::forward(const std::int32_t* inputs, const std::int32_t* targets, in
   ops::layernorm_forward(a_.lnf, a_.lnf_mean, a_.lnf_rstd, *residual, p_.lnf_w, p_.lnf_b);
   ops::matmul_forward(a_.logits, a_.lnf, p_.wte, none);  // tied embeddings
   if (!targets) return 0.0;
-  std::memcpy(a_.targets.data, targets, a_.targets.bytes());
+  ops::copy(a_.targets, Tensor(const_cast<std::int32_t*>(targets), DType::i32, Device::cpu, {a_.targets.shape[0]}));
   return ops::fused_classifier(a_.logits, a_.losses, a_.targets, dloss_scale);
 }
 
@@ -215,7 +174,7 @@ void Gpt2::backward(const std::function<void(std::int64_t)>& grads_ready) {
   const int B = acts_B_, T = acts_T_;
   const std::int64_t C = config_.d_model;
   const int NH = int(config_.n_head);
-  std::memset(grad_acts_buffer_.data(), 0, grad_acts_buffer_.bytes());
+  ops::zero(grad_acts_buffer_.view(DType::f32, {std::int64_t(grad_acts_buffer_.bytes() / 4)}));
   const Tensor none;
   const Tensor& dlogits = a_.logits;  // fused_classifier left the gradient there
 
@@ -241,18 +200,16 @@ void Gpt2::backward(const std::function<void(std::int64_t)>& grads_ready) {
                             la.ln2_rstd);
     ops::residual_backward(dresidual_in, lga.attproj, lga.residual2);
     ops::matmul_backward(lga.atty, lg.attproj_w, lg.attproj_b, lga.attproj, la.atty, lp.attproj_w);
-    ops::attention_backward(lga.qkv.reshape({B, T, 3 * C}), lga.atty.reshape({B, T, C}), la.qkv.reshape({B, T, 3 * C}),
-                            la.att, NH);
+    ops::flash_attention_backward(lga.qkv.reshape({B, T, 3 * C}), lga.atty.reshape({B, T, C}),
+                                  la.qkv.reshape({B, T, 3 * C}), la.atty.reshape({B, T, C}), la.lse, NH);
     ops::matmul_backward(lga.ln1, lg.qkv_w, lg.qkv_b, lga.qkv, la.ln1, lp.qkv_w);
     ops::layernorm_backward(dresidual_in, lg.ln1_w, lg.ln1_b, lga.ln1, residual_in, lp.ln1_w, la.ln1_mean,
                             la.ln1_rstd);
     if (grads_ready) grads_ready(layer_grads_end_[l]);
   }
   ops::encoder_backward(g_.wte, g_.wpe, ga_.encoded.reshape({B, T, C}), a_.inputs);
-  if (grads_ready) grads_ready(num_params_);
+  if (grads_ready) grads_ready(num_params());
 }
-
-void Gpt2::zero_grads() { std::memset(grads_.data(), 0, grads_.bytes()); }
 
 void Gpt2::ensure_decoder() {
   if (d_.buffer.data()) return;

@@ -1,66 +1,24 @@
-// GPT-2, built only from ops::. All parameters live in one flat fp32 buffer and their gradients
-// in another, laid out in reverse layer order (ln_f, layer L-1, ..., layer 0, wpe, wte) so that
-// the gradients backward finishes first form the front of the buffer: all-reduce buckets, ZeRO
-// shards and checkpoints are ranges of these buffers.
+// GPT-2, built only from ops::. Parameters are named as in Hugging Face's GPT2LMHeadModel and
+// laid out in the flat buffer in backward-completion order (ln_f, layer L-1, ..., layer 0, wpe,
+// wte); the output head is tied to the token embedding.
 #pragma once
 
-#include <cstdint>
-#include <functional>
-#include <string>
-#include <vector>
-
-#include "config/config.h"
-#include "core/tensor.h"
-#include "ops/buffer.h"
+#include "model/model.h"
 
 namespace llmtrain::model {
 
-/// One parameter tensor: its Hugging Face GPT-2 name (weights in torch.nn.Linear's (out, in)
-/// layout), shape, place in the flat buffer and whether AdamW decays it (2-D tensors only).
-struct ParamInfo {
-  std::string name;
-  std::vector<std::int64_t> shape;
-  std::int64_t offset = 0;
-  std::int64_t numel = 0;
-  bool decay = false;
-};
-
-class Gpt2 {
+class Gpt2 final : public Model {
  public:
-  Gpt2(const config::ModelConfig& config, Device device);
-
-  const config::ModelConfig& config() const { return config_; }
-  const std::vector<ParamInfo>& param_infos() const { return infos_; }
-  const ParamInfo& param_info(const std::string& name) const;
-  std::int64_t num_params() const { return num_params_; }
-
-  Tensor params() const { return params_.view(DType::f32, {num_params_}); }  // (P,)
-  Tensor grads() const { return grads_.view(DType::f32, {num_params_}); }    // (P,)
-  /// A view of one parameter (or its gradient) with its shape.
-  Tensor param(const ParamInfo& info) const;
-  Tensor grad(const ParamInfo& info) const;
+  Gpt2(const config::ModelConfig& config, Device device, Recompute recompute = Recompute::none);
 
   /// GPT-2's initialisation: normal(0, 0.02), residual projections 0.02 / sqrt(2 L), biases 0,
-  /// LayerNorm weights 1. Element i of the flat buffer depends only on (seed, i).
-  void init_weights(std::uint64_t seed);
-
-  /// Forward pass on inputs (B,T) with T <= context_length. With targets, returns the summed loss
-  /// over the B T positions; with dloss_scale > 0 it also leaves d(loss sum * dloss_scale)/dlogits
-  /// in place of the logits, ready for backward(). Without targets returns 0 and keeps the logits.
-  double forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T, float dloss_scale);
-  /// Adds this micro-batch's gradients into grads() (after forward with dloss_scale > 0). As
-  /// backward goes, `grads_ready(n)` (if given) says that the first n elements of grads() are final,
-  /// so their reduction across ranks can start while the rest is computed.
-  void backward(const std::function<void(std::int64_t)>& grads_ready = {});
-  void zero_grads();
-
-  /// (B,T,V) logits of the last forward without dloss_scale.
-  Tensor logits() const;
-
-  /// Incremental decoding of one sequence with a KV cache: feed its tokens at positions 0, 1,
-  /// 2, ... (below context_length), each costing one position; returns the (V,) logits that
-  /// predict the next token. Position 0 starts a new sequence.
-  Tensor decode_step(std::int32_t token, int pos);
+  /// LayerNorm weights 1.
+  void init_weights(std::uint64_t seed) override;
+  double forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T, float dloss_scale) override;
+  void backward(const std::function<void(std::int64_t)>& grads_ready = {}) override;
+  Tensor logits() const override;
+  Tensor decode_step(std::int32_t token, int pos) override;
+  std::size_t activation_bytes(int B, int T) const override;
 
  private:
   struct LayerParams {
@@ -72,7 +30,7 @@ class Gpt2 {
   };
   // Activations of one micro-batch (and, in a second set, their gradients).
   struct LayerActs {
-    Tensor ln1, ln1_mean, ln1_rstd, qkv, atty, att, attproj, residual2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu,
+    Tensor ln1, ln1_mean, ln1_rstd, qkv, atty, lse, attproj, residual2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu,
         fcproj, residual3;
   };
   struct Acts {
@@ -80,16 +38,11 @@ class Gpt2 {
     std::vector<LayerActs> layers;
   };
 
-  Params bind_params(const ops::Buffer& buffer) const;
+  Params bind_params(bool grads) const;
   Acts bind_acts(ops::Buffer& buffer, int B, int T, bool measure_only, std::size_t* bytes) const;
   void ensure_acts(int B, int T);
 
-  config::ModelConfig config_;
-  Device device_;
-  std::vector<ParamInfo> infos_;
-  std::int64_t num_params_ = 0;
   std::vector<std::int64_t> layer_grads_end_;  // per layer l: grads [0, end) are final after its backward
-  ops::Buffer params_, grads_;
   Params p_, g_;
 
   // Buffers of decode_step: one position's activations and each layer's key/value cache.

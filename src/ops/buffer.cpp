@@ -94,8 +94,20 @@ void copy(const Tensor& dst, const Tensor& src) {
   } else if (dst.device == Device::cpu && src.device == Device::cuda) {
     cuda::copy_to_host(dst.data, src.data, n);
   } else {
-    throw RuntimeError("ops::copy: device to device copies are not supported yet");
+    cuda::copy_on_device(dst.data, src.data, n);
   }
+#else
+  no_cuda();
+#endif
+}
+
+void zero(const Tensor& t) {
+  if (t.device == Device::cpu) {
+    std::memset(t.data, 0, t.bytes());
+    return;
+  }
+#if LLMTRAIN_HAVE_CUDA
+  cuda::fill_zero(t.data, t.bytes());
 #else
   no_cuda();
 #endif

@@ -40,4 +40,7 @@ class Buffer {
 /// dst = src, between any two devices; same dtype and element count.
 void copy(const Tensor& dst, const Tensor& src);
 
+/// Sets every element of t to zero.
+void zero(const Tensor& t);
+
 }  // namespace llmtrain::ops

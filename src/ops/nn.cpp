@@ -6,6 +6,19 @@
 #include "core/error.h"
 #include "ops/cpu/nn.h"
 #include "ops/profile.h"
+#if LLMTRAIN_HAVE_CUDA
+#include "kernels/flash_attention.h"
+#include "kernels/nn.h"
+#include "kernels/stream.h"
+#endif
+
+// `return call;` for an op's CUDA kernel (cuda::op(..., stream)); nothing in a build without
+// CUDA, where on_cuda() has already refused cuda tensors.
+#if LLMTRAIN_HAVE_CUDA
+#define LLMTRAIN_RETURN_CUDA(call) return call
+#else
+#define LLMTRAIN_RETURN_CUDA(call) (void)0
+#endif
 
 namespace llmtrain::ops {
 namespace {
@@ -21,12 +34,32 @@ void expect(const char* op, const char* name, const Tensor& t, DType dtype, std:
                      ", expected " + want + "]");
 }
 
-// All arguments on one device; only the CPU backend has these ops so far.
-void on_cpu(const char* op, std::initializer_list<const Tensor*> tensors) {
+// All arguments with data (an absent bias has none) on one device; true when that is the GPU.
+// A build without CUDA refuses cuda tensors here, so its CUDA branches are never reached.
+bool on_cuda(const char* op, std::initializer_list<const Tensor*> tensors) {
+  const Tensor* first = nullptr;
   for (const Tensor* t : tensors) {
-    if (t->data && t->device != Device::cpu) {
-      throw RuntimeError(std::string("ops::") + op + ": no CUDA kernel yet; run with --device cpu");
+    if (!t->data) continue;
+    if (!first) {
+      first = t;
+    } else if (t->device != first->device) {
+      throw RuntimeError(std::string("ops::") + op + ": arguments on different devices (" +
+                         device_name(first->device) + " and " + device_name(t->device) + ")");
     }
+  }
+  if (!first || first->device != Device::cuda) return false;
+#if !LLMTRAIN_HAVE_CUDA
+  throw RuntimeError(std::string("ops::") + op +
+                     ": cuda tensors in a build without CUDA (configure with -DLLMTRAIN_CUDA=ON)");
+#endif
+  return true;
+}
+
+// The full attention with stored probabilities has no CUDA kernel: on the GPU, attention is
+// flash_attention_forward/backward.
+void cpu_only(const char* op, std::initializer_list<const Tensor*> tensors) {
+  if (on_cuda(op, tensors)) {
+    throw RuntimeError(std::string("ops::") + op + ": CPU only; on the GPU use flash_attention_*");
   }
 }
 
@@ -40,9 +73,15 @@ void encoder_forward(const Tensor& out, const Tensor& inp, const Tensor& wte, co
   expect("encoder_forward", "inp", inp, DType::i32, {-1, -1});
   expect("encoder_forward", "out", out, DType::f32, {B, T, C});
   expect("encoder_forward", "wte", wte, DType::f32, {-1, C});
-  expect("encoder_forward", "wpe", wpe, DType::f32, {-1, C});
-  if (wpe.shape[0] < T) throw RuntimeError("ops::encoder_forward: T exceeds the position table");
-  on_cpu("encoder_forward", {&out, &inp, &wte, &wpe});
+  if (wpe.data) {
+    expect("encoder_forward", "wpe", wpe, DType::f32, {-1, C});
+    if (wpe.shape[0] < T) throw RuntimeError("ops::encoder_forward: T exceeds the position table");
+  }
+  if (on_cuda("encoder_forward", {&out, &inp, &wte, &wpe})) {
+    LLMTRAIN_RETURN_CUDA(cuda::encoder_forward(out.as<float>(), inp.as<std::int32_t>(), wte.as<float>(),
+                                               wpe.as<float>(), as_int(B), as_int(T), as_int(C),
+                                               cuda::compute_stream()));
+  }
   cpu::encoder_forward(out.as<float>(), inp.as<std::int32_t>(), wte.as<float>(), wpe.as<float>(), as_int(B),
                        as_int(T), as_int(C));
 }
@@ -53,8 +92,14 @@ void encoder_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout
   expect("encoder_backward", "inp", inp, DType::i32, {-1, -1});
   expect("encoder_backward", "dout", dout, DType::f32, {B, T, C});
   expect("encoder_backward", "dwte", dwte, DType::f32, {-1, C});
-  expect("encoder_backward", "dwpe", dwpe, DType::f32, {-1, C});
-  on_cpu("encoder_backward", {&dwte, &dwpe, &dout, &inp});
+  if (dwpe.data) expect("encoder_backward", "dwpe", dwpe, DType::f32, {-1, C});
+  if (dwpe.data && dwpe.shape[0] < T)
+    throw RuntimeError("ops::encoder_backward: T exceeds the position table");
+  if (on_cuda("encoder_backward", {&dwte, &dwpe, &dout, &inp})) {
+    LLMTRAIN_RETURN_CUDA(cuda::encoder_backward(dwte.as<float>(), dwpe.as<float>(), dout.as<float>(),
+                                                inp.as<std::int32_t>(), as_int(B), as_int(T), as_int(C),
+                                                cuda::compute_stream()));
+  }
   cpu::encoder_backward(dwte.as<float>(), dwpe.as<float>(), dout.as<float>(), inp.as<std::int32_t>(), as_int(B),
                         as_int(T), as_int(C));
 }
@@ -69,7 +114,11 @@ void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd
   expect("layernorm_forward", "rstd", rstd, DType::f32, {N});
   expect("layernorm_forward", "weight", weight, DType::f32, {C});
   expect("layernorm_forward", "bias", bias, DType::f32, {C});
-  on_cpu("layernorm_forward", {&out, &mean, &rstd, &inp, &weight, &bias});
+  if (on_cuda("layernorm_forward", {&out, &mean, &rstd, &inp, &weight, &bias})) {
+    LLMTRAIN_RETURN_CUDA(cuda::layernorm_forward(out.as<float>(), mean.as<float>(), rstd.as<float>(),
+                                                 inp.as<float>(), weight.as<float>(), bias.as<float>(), N,
+                                                 as_int(C), cuda::compute_stream()));
+  }
   cpu::layernorm_forward(out.as<float>(), mean.as<float>(), rstd.as<float>(), inp.as<float>(), weight.as<float>(),
                          bias.as<float>(), N, as_int(C));
 }
@@ -86,7 +135,11 @@ void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor&
   expect("layernorm_backward", "weight", weight, DType::f32, {C});
   expect("layernorm_backward", "mean", mean, DType::f32, {N});
   expect("layernorm_backward", "rstd", rstd, DType::f32, {N});
-  on_cpu("layernorm_backward", {&dinp, &dweight, &dbias, &dout, &inp, &weight, &mean, &rstd});
+  if (on_cuda("layernorm_backward", {&dinp, &dweight, &dbias, &dout, &inp, &weight, &mean, &rstd})) {
+    LLMTRAIN_RETURN_CUDA(cuda::layernorm_backward(
+        dinp.as<float>(), dweight.as<float>(), dbias.as<float>(), dout.as<float>(), inp.as<float>(),
+        weight.as<float>(), mean.as<float>(), rstd.as<float>(), N, as_int(C), cuda::compute_stream()));
+  }
   cpu::layernorm_backward(dinp.as<float>(), dweight.as<float>(), dbias.as<float>(), dout.as<float>(),
                           inp.as<float>(), weight.as<float>(), mean.as<float>(), rstd.as<float>(), N, as_int(C));
 }
@@ -98,7 +151,11 @@ void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, 
   expect("matmul_forward", "weight", weight, DType::f32, {OC, C});
   expect("matmul_forward", "out", out, DType::f32, {N, OC});
   if (bias.data) expect("matmul_forward", "bias", bias, DType::f32, {OC});
-  on_cpu("matmul_forward", {&out, &inp, &weight, &bias});
+  if (on_cuda("matmul_forward", {&out, &inp, &weight, &bias})) {
+    LLMTRAIN_RETURN_CUDA(cuda::matmul_forward(out.as<float>(), inp.as<float>(), weight.as<float>(),
+                                              bias.as<float>(), N, as_int(C), as_int(OC),
+                                              cuda::compute_stream()));
+  }
   cpu::matmul_forward(out.as<float>(), inp.as<float>(), weight.as<float>(), bias.as<float>(), N, as_int(C),
                       as_int(OC));
 }
@@ -113,7 +170,11 @@ void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& db
   expect("matmul_backward", "dweight", dweight, DType::f32, {OC, C});
   expect("matmul_backward", "dout", dout, DType::f32, {N, OC});
   if (dbias.data) expect("matmul_backward", "dbias", dbias, DType::f32, {OC});
-  on_cpu("matmul_backward", {&dinp, &dweight, &dbias, &dout, &inp, &weight});
+  if (on_cuda("matmul_backward", {&dinp, &dweight, &dbias, &dout, &inp, &weight})) {
+    LLMTRAIN_RETURN_CUDA(cuda::matmul_backward(dinp.as<float>(), dweight.as<float>(), dbias.as<float>(),
+                                               dout.as<float>(), inp.as<float>(), weight.as<float>(), N,
+                                               as_int(C), as_int(OC), cuda::compute_stream()));
+  }
   cpu::matmul_backward(dinp.as<float>(), dweight.as<float>(), dbias.as<float>(), dout.as<float>(), inp.as<float>(),
                        weight.as<float>(), N, as_int(C), as_int(OC));
 }
@@ -129,7 +190,7 @@ void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, 
   expect("attention_forward", "out", out, DType::f32, {B, T, C});
   expect("attention_forward", "qkv", qkv, DType::f32, {B, T, width});
   expect("attention_forward", "att", att, DType::f32, {B, NH, T, T});
-  on_cpu("attention_forward", {&out, &att, &qkv});
+  cpu_only("attention_forward", {&out, &att, &qkv});
   cpu::attention_forward(out.as<float>(), att.as<float>(), qkv.as<float>(), as_int(B), as_int(T), as_int(C), NH, NKV);
 }
 
@@ -146,24 +207,78 @@ void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qk
   expect("attention_backward", "qkv", qkv, DType::f32, {B, T, width});
   expect("attention_backward", "dqkv", dqkv, DType::f32, {B, T, width});
   expect("attention_backward", "att", att, DType::f32, {B, NH, T, T});
-  on_cpu("attention_backward", {&dqkv, &dout, &qkv, &att});
+  cpu_only("attention_backward", {&dqkv, &dout, &qkv, &att});
   cpu::attention_backward(dqkv.as<float>(), dout.as<float>(), qkv.as<float>(), att.as<float>(), as_int(B), as_int(T),
                           as_int(C), NH, NKV);
 }
 
 void attention_decode(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int pos,
-                      int NH) {
+                      int NH, int NKV) {
   const OpTimer timer("attention_decode");
+  if (NKV == 0) NKV = NH;
   const auto C = q.shape[0], maxT = k_cache.shape[0];
+  if (NH <= 0 || C % NH != 0 || NKV <= 0 || NH % NKV != 0) {
+    throw RuntimeError("ops::attention_decode: NH must divide C and NKV must divide NH");
+  }
+  const auto KVC = C / NH * NKV;
   expect("attention_decode", "q", q, DType::f32, {C});
   expect("attention_decode", "out", out, DType::f32, {C});
-  expect("attention_decode", "k_cache", k_cache, DType::f32, {maxT, C});
-  expect("attention_decode", "v_cache", v_cache, DType::f32, {maxT, C});
-  if (pos < 0 || pos >= maxT || NH <= 0 || C % NH != 0) {
-    throw RuntimeError("ops::attention_decode: position " + std::to_string(pos) + " outside the cache, or NH does not divide C");
+  expect("attention_decode", "k_cache", k_cache, DType::f32, {maxT, KVC});
+  expect("attention_decode", "v_cache", v_cache, DType::f32, {maxT, KVC});
+  if (pos < 0 || pos >= maxT) {
+    throw RuntimeError("ops::attention_decode: position " + std::to_string(pos) + " outside the cache");
   }
-  on_cpu("attention_decode", {&out, &q, &k_cache, &v_cache});
-  cpu::attention_decode(out.as<float>(), q.as<float>(), k_cache.as<float>(), v_cache.as<float>(), pos, as_int(C), NH);
+  if (on_cuda("attention_decode", {&out, &q, &k_cache, &v_cache})) {
+    LLMTRAIN_RETURN_CUDA(cuda::attention_decode(out.as<float>(), q.as<float>(), k_cache.as<float>(),
+                                                v_cache.as<float>(), pos, as_int(C), NH, NKV,
+                                                cuda::compute_stream()));
+  }
+  cpu::attention_decode(out.as<float>(), q.as<float>(), k_cache.as<float>(), v_cache.as<float>(), pos, as_int(C), NH,
+                        NKV);
+}
+
+namespace {
+// Flash attention's head counts: NKV 0 becomes NH; returns the qkv row width (NH+2NKV)HS.
+std::int64_t flash_qkv_width(const char* op, std::int64_t C, int NH, int& NKV) {
+  if (NKV == 0) NKV = NH;
+  if (NH <= 0 || C % NH != 0 || NKV <= 0 || NH % NKV != 0) {
+    throw RuntimeError(std::string("ops::") + op + ": NH must divide C and NKV must divide NH");
+  }
+  return (NH + 2 * NKV) * (C / NH);
+}
+}  // namespace
+
+void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int NH, int NKV) {
+  const OpTimer timer("flash_attention_forward");
+  const auto B = out.shape[0], T = out.shape[1], C = out.shape[2];
+  const std::int64_t width = flash_qkv_width("flash_attention_forward", C, NH, NKV);
+  expect("flash_attention_forward", "out", out, DType::f32, {B, T, C});
+  expect("flash_attention_forward", "qkv", qkv, DType::f32, {B, T, width});
+  expect("flash_attention_forward", "lse", lse, DType::f32, {B, NH, T});
+  if (on_cuda("flash_attention_forward", {&out, &lse, &qkv})) {
+    LLMTRAIN_RETURN_CUDA(cuda::flash_attention_forward(out.as<float>(), lse.as<float>(), qkv.as<float>(), as_int(B),
+        as_int(T), as_int(C), NH, NKV, cuda::compute_stream()));
+  }
+  cpu::flash_attention_forward(out.as<float>(), lse.as<float>(), qkv.as<float>(), as_int(B), as_int(T), as_int(C), NH,
+                               NKV);
+}
+
+void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                              const Tensor& lse, int NH, int NKV) {
+  const OpTimer timer("flash_attention_backward");
+  const auto B = dout.shape[0], T = dout.shape[1], C = dout.shape[2];
+  const std::int64_t width = flash_qkv_width("flash_attention_backward", C, NH, NKV);
+  expect("flash_attention_backward", "dout", dout, DType::f32, {B, T, C});
+  expect("flash_attention_backward", "out", out, DType::f32, {B, T, C});
+  expect("flash_attention_backward", "qkv", qkv, DType::f32, {B, T, width});
+  expect("flash_attention_backward", "dqkv", dqkv, DType::f32, {B, T, width});
+  expect("flash_attention_backward", "lse", lse, DType::f32, {B, NH, T});
+  if (on_cuda("flash_attention_backward", {&dqkv, &dout, &qkv, &out, &lse})) {
+    LLMTRAIN_RETURN_CUDA(cuda::flash_attention_backward(dqkv.as<float>(), dout.as<float>(), qkv.as<float>(),
+        out.as<float>(), lse.as<float>(), as_int(B), as_int(T), as_int(C), NH, NKV, cuda::compute_stream()));
+  }
+  cpu::flash_attention_backward(dqkv.as<float>(), dout.as<float>(), qkv.as<float>(), out.as<float>(), lse.as<float>(),
+                                as_int(B), as_int(T), as_int(C), NH, NKV);
 }
 
 namespace {
@@ -175,31 +290,46 @@ void expect_same_size(const char* op, std::initializer_list<const Tensor*> tenso
                          " elements, got " + (t->data ? t->describe() : "null"));
     }
   }
-  on_cpu(op, tensors);
 }
 }  // namespace
 
 void gelu_forward(const Tensor& out, const Tensor& inp) {
   const OpTimer timer("gelu_forward");
   expect_same_size("gelu_forward", {&out, &inp});
+  if (on_cuda("gelu_forward", {&out, &inp})) {
+    LLMTRAIN_RETURN_CUDA(
+        cuda::gelu_forward(out.as<float>(), inp.as<float>(), inp.numel(), cuda::compute_stream()));
+  }
   cpu::gelu_forward(out.as<float>(), inp.as<float>(), inp.numel());
 }
 
 void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout) {
   const OpTimer timer("gelu_backward");
   expect_same_size("gelu_backward", {&dinp, &inp, &dout});
+  if (on_cuda("gelu_backward", {&dinp, &inp, &dout})) {
+    LLMTRAIN_RETURN_CUDA(cuda::gelu_backward(dinp.as<float>(), inp.as<float>(), dout.as<float>(), inp.numel(),
+                                             cuda::compute_stream()));
+  }
   cpu::gelu_backward(dinp.as<float>(), inp.as<float>(), dout.as<float>(), inp.numel());
 }
 
 void residual_forward(const Tensor& out, const Tensor& a, const Tensor& b) {
   const OpTimer timer("residual_forward");
   expect_same_size("residual_forward", {&out, &a, &b});
+  if (on_cuda("residual_forward", {&out, &a, &b})) {
+    LLMTRAIN_RETURN_CUDA(cuda::residual_forward(out.as<float>(), a.as<float>(), b.as<float>(), out.numel(),
+                                                cuda::compute_stream()));
+  }
   cpu::residual_forward(out.as<float>(), a.as<float>(), b.as<float>(), out.numel());
 }
 
 void residual_backward(const Tensor& da, const Tensor& db, const Tensor& dout) {
   const OpTimer timer("residual_backward");
   expect_same_size("residual_backward", {&da, &db, &dout});
+  if (on_cuda("residual_backward", {&da, &db, &dout})) {
+    LLMTRAIN_RETURN_CUDA(cuda::residual_backward(da.as<float>(), db.as<float>(), dout.as<float>(),
+                                                 dout.numel(), cuda::compute_stream()));
+  }
   cpu::residual_backward(da.as<float>(), db.as<float>(), dout.as<float>(), dout.numel());
 }
 
@@ -210,7 +340,11 @@ void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, c
   expect("rmsnorm_forward", "out", out, DType::f32, {N, C});
   expect("rmsnorm_forward", "rstd", rstd, DType::f32, {N});
   expect("rmsnorm_forward", "weight", weight, DType::f32, {C});
-  on_cpu("rmsnorm_forward", {&out, &rstd, &inp, &weight});
+  if (on_cuda("rmsnorm_forward", {&out, &rstd, &inp, &weight})) {
+    LLMTRAIN_RETURN_CUDA(cuda::rmsnorm_forward(out.as<float>(), rstd.as<float>(), inp.as<float>(),
+                                               weight.as<float>(), N, as_int(C), eps,
+                                               cuda::compute_stream()));
+  }
   cpu::rmsnorm_forward(out.as<float>(), rstd.as<float>(), inp.as<float>(), weight.as<float>(), N, as_int(C), eps);
 }
 
@@ -224,40 +358,65 @@ void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& d
   expect("rmsnorm_backward", "dweight", dweight, DType::f32, {C});
   expect("rmsnorm_backward", "weight", weight, DType::f32, {C});
   expect("rmsnorm_backward", "rstd", rstd, DType::f32, {N});
-  on_cpu("rmsnorm_backward", {&dinp, &dweight, &dout, &inp, &weight, &rstd});
+  if (on_cuda("rmsnorm_backward", {&dinp, &dweight, &dout, &inp, &weight, &rstd})) {
+    LLMTRAIN_RETURN_CUDA(cuda::rmsnorm_backward(dinp.as<float>(), dweight.as<float>(), dout.as<float>(),
+                                                inp.as<float>(), weight.as<float>(), rstd.as<float>(), N,
+                                                as_int(C), cuda::compute_stream()));
+  }
   cpu::rmsnorm_backward(dinp.as<float>(), dweight.as<float>(), dout.as<float>(), inp.as<float>(), weight.as<float>(),
                         rstd.as<float>(), N, as_int(C));
 }
 
-void rope_forward(const Tensor& out, const Tensor& inp, float theta) {
+void rope_forward(const Tensor& out, const Tensor& inp, float theta, int rotated_heads, int pos0) {
   const OpTimer timer("rope_forward");
   const auto B = inp.shape[0], T = inp.shape[1], NH = inp.shape[2], HS = inp.shape[3];
   expect("rope_forward", "inp", inp, DType::f32, {B, T, NH, HS});
   expect("rope_forward", "out", out, DType::f32, {B, T, NH, HS});
   if (HS % 2 != 0) throw RuntimeError("ops::rope_forward: the head size must be even");
-  on_cpu("rope_forward", {&out, &inp});
-  cpu::rope_forward(out.as<float>(), inp.as<float>(), as_int(B), as_int(T), as_int(NH), as_int(HS), theta);
+  if (rotated_heads < 0 || rotated_heads > NH) rotated_heads = as_int(NH);
+  if (on_cuda("rope_forward", {&out, &inp})) {
+    LLMTRAIN_RETURN_CUDA(cuda::rope_forward(out.as<float>(), inp.as<float>(), as_int(B), as_int(T),
+                                            as_int(NH), as_int(HS), rotated_heads, pos0, theta,
+                                            cuda::compute_stream()));
+  }
+  cpu::rope_forward(out.as<float>(), inp.as<float>(), as_int(B), as_int(T), as_int(NH), as_int(HS), rotated_heads, pos0,
+                    theta);
 }
 
-void rope_backward(const Tensor& dinp, const Tensor& dout, float theta) {
+void rope_backward(const Tensor& dinp, const Tensor& dout, float theta, int rotated_heads, int pos0) {
   const OpTimer timer("rope_backward");
   const auto B = dout.shape[0], T = dout.shape[1], NH = dout.shape[2], HS = dout.shape[3];
   expect("rope_backward", "dout", dout, DType::f32, {B, T, NH, HS});
   expect("rope_backward", "dinp", dinp, DType::f32, {B, T, NH, HS});
   if (HS % 2 != 0) throw RuntimeError("ops::rope_backward: the head size must be even");
-  on_cpu("rope_backward", {&dinp, &dout});
-  cpu::rope_backward(dinp.as<float>(), dout.as<float>(), as_int(B), as_int(T), as_int(NH), as_int(HS), theta);
+  if (rotated_heads < 0 || rotated_heads > NH) rotated_heads = as_int(NH);
+  if (on_cuda("rope_backward", {&dinp, &dout})) {
+    LLMTRAIN_RETURN_CUDA(cuda::rope_backward(dinp.as<float>(), dout.as<float>(), as_int(B), as_int(T),
+                                             as_int(NH), as_int(HS), rotated_heads, pos0, theta,
+                                             cuda::compute_stream()));
+  }
+  cpu::rope_backward(dinp.as<float>(), dout.as<float>(), as_int(B), as_int(T), as_int(NH), as_int(HS), rotated_heads,
+                     pos0, theta);
 }
 
 void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) {
   const OpTimer timer("swiglu_forward");
   expect_same_size("swiglu_forward", {&out, &gate, &up});
+  if (on_cuda("swiglu_forward", {&out, &gate, &up})) {
+    LLMTRAIN_RETURN_CUDA(cuda::swiglu_forward(out.as<float>(), gate.as<float>(), up.as<float>(), out.numel(),
+                                              cuda::compute_stream()));
+  }
   cpu::swiglu_forward(out.as<float>(), gate.as<float>(), up.as<float>(), out.numel());
 }
 
 void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout, const Tensor& gate, const Tensor& up) {
   const OpTimer timer("swiglu_backward");
   expect_same_size("swiglu_backward", {&dgate, &dup, &dout, &gate, &up});
+  if (on_cuda("swiglu_backward", {&dgate, &dup, &dout, &gate, &up})) {
+    LLMTRAIN_RETURN_CUDA(cuda::swiglu_backward(dgate.as<float>(), dup.as<float>(), dout.as<float>(),
+                                               gate.as<float>(), up.as<float>(), dout.numel(),
+                                               cuda::compute_stream()));
+  }
   cpu::swiglu_backward(dgate.as<float>(), dup.as<float>(), dout.as<float>(), gate.as<float>(), up.as<float>(),
                        dout.numel());
 }
@@ -268,7 +427,11 @@ double fused_classifier(const Tensor& logits, const Tensor& losses, const Tensor
   expect("fused_classifier", "logits", logits, DType::f32, {N, V});
   expect("fused_classifier", "losses", losses, DType::f32, {N});
   expect("fused_classifier", "targets", targets, DType::i32, {N});
-  on_cpu("fused_classifier", {&logits, &losses, &targets});
+  if (on_cuda("fused_classifier", {&logits, &losses, &targets})) {
+    LLMTRAIN_RETURN_CUDA(cuda::fused_classifier(logits.as<float>(), losses.as<float>(),
+                                                targets.as<std::int32_t>(), N, as_int(V), dlogits_scale,
+                                                cuda::compute_stream()));
+  }
   return cpu::fused_classifier(logits.as<float>(), losses.as<float>(), targets.as<std::int32_t>(), N, as_int(V),
                                dlogits_scale);
 }
@@ -276,12 +439,20 @@ double fused_classifier(const Tensor& logits, const Tensor& losses, const Tensor
 double sum_squares(const Tensor& x) {
   const OpTimer timer("sum_squares");
   expect_same_size("sum_squares", {&x});
+  if (on_cuda("sum_squares", {&x})) {
+    LLMTRAIN_RETURN_CUDA(cuda::sum_squares(x.as<float>(), x.numel(), cuda::compute_stream()));
+  }
   return cpu::sum_squares(x.as<float>(), x.numel());
 }
 
 void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWParams& p) {
   const OpTimer timer("adamw_update");
   expect_same_size("adamw_update", {&param, &grad, &m, &v});
+  if (on_cuda("adamw_update", {&param, &grad, &m, &v})) {
+    LLMTRAIN_RETURN_CUDA(cuda::adamw_update(param.as<float>(), grad.as<float>(), m.as<float>(), v.as<float>(),
+                                            param.numel(), p.lr, p.beta1, p.beta2, p.eps, p.weight_decay,
+                                            p.step, p.grad_scale, cuda::compute_stream()));
+  }
   cpu::adamw_update(param.as<float>(), grad.as<float>(), m.as<float>(), v.as<float>(), param.numel(), p.lr, p.beta1,
                     p.beta2, p.eps, p.weight_decay, p.step, p.grad_scale);
 }

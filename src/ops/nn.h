@@ -9,7 +9,7 @@
 
 namespace llmtrain::ops {
 
-/// out (B,T,C) = wte[inp] + wpe[t]; inp (B,T) i32; wte (V,C); wpe (maxT,C).
+/// out (B,T,C) = wte[inp] + wpe[t]; inp (B,T) i32; wte (V,C); wpe (maxT,C), or no data for none.
 void encoder_forward(const Tensor& out, const Tensor& inp, const Tensor& wte, const Tensor& wpe);
 void encoder_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& inp);
 
@@ -30,9 +30,17 @@ void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, 
 void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att, int NH,
                         int NKV = 0);
 
-/// One new position of one sequence: out (C) from q (C) and the caches (maxT, C) up to `pos`.
+/// The same attention, memory-lean (flash attention): out (B,T,NH HS) and lse (B,NH,T) f32, the
+/// log-sum-exp of each row's scaled scores; nothing of size T x T is stored. CPU or CUDA.
+void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int NH, int NKV = 0);
+/// dqkv += the gradient from dout (B,T,NH HS), recomputing the probabilities from qkv, out and lse.
+void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                              const Tensor& lse, int NH, int NKV = 0);
+
+/// One new position of one sequence: out (C) from q (C) and the caches (maxT, NKV HS) up to `pos`
+/// (NKV 0: NH).
 void attention_decode(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int pos,
-                      int NH);
+                      int NH, int NKV = 0);
 
 /// GELU (tanh form), elementwise; same-size tensors.
 void gelu_forward(const Tensor& out, const Tensor& inp);
@@ -47,9 +55,10 @@ void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, c
 void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
                       const Tensor& weight, const Tensor& rstd);
 
-/// Rotary embedding (rotate_half layout) on (B,T,NH,HS) tensors; position t is the T index.
-void rope_forward(const Tensor& out, const Tensor& inp, float theta);
-void rope_backward(const Tensor& dinp, const Tensor& dout, float theta);
+/// Rotary embedding (rotate_half layout) on (B,T,H,HS) tensors: heads below `rotated_heads` (-1:
+/// all) turn by their position pos0 + t, the others pass through unchanged.
+void rope_forward(const Tensor& out, const Tensor& inp, float theta, int rotated_heads = -1, int pos0 = 0);
+void rope_backward(const Tensor& dinp, const Tensor& dout, float theta, int rotated_heads = -1, int pos0 = 0);
 
 /// SwiGLU: out = silu(gate) * up, elementwise; same-size tensors.
 void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up);

@@ -4,6 +4,7 @@
 #include "ops/cpu/scale.h"
 #if LLMTRAIN_HAVE_CUDA
 #include "kernels/scale.h"
+#include "kernels/stream.h"
 #endif
 
 namespace llmtrain::ops {
@@ -18,7 +19,7 @@ void scale(const Tensor& out, const Tensor& in, float alpha) {
     return;
   }
 #if LLMTRAIN_HAVE_CUDA
-  cuda::scale(out.as<float>(), in.as<const float>(), alpha, in.numel(), /*stream=*/nullptr);
+  cuda::scale(out.as<float>(), in.as<const float>(), alpha, in.numel(), cuda::compute_stream());
 #else
   throw RuntimeError("ops::scale: a cuda tensor in a build without CUDA");
 #endif

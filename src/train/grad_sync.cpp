@@ -4,8 +4,7 @@
 #include <cstring>
 #include <string>
 
-#include <zlib.h>
-
+#include "core/crc32.h"
 #include "core/error.h"
 
 namespace llmtrain::train {
@@ -66,14 +65,7 @@ std::vector<int> ranks_differing_from_first(const std::vector<std::int64_t>& che
 
 void check_replicas(dist::Communicator& comm, const float* params, std::int64_t P, std::int64_t step) {
   std::vector<std::int64_t> checksums(std::size_t(comm.world_size()), -1);
-  uLong crc = crc32(0L, Z_NULL, 0);
-  const auto* bytes = reinterpret_cast<const Bytef*>(params);
-  for (std::int64_t done = 0, total = P * std::int64_t(sizeof(float)); done < total;) {
-    const auto chunk = uInt(std::min<std::int64_t>(total - done, 1 << 30));
-    crc = crc32(crc, bytes + done, chunk);
-    done += chunk;
-  }
-  checksums[std::size_t(comm.rank())] = std::int64_t(crc);
+  checksums[std::size_t(comm.rank())] = std::int64_t(crc32(params, std::size_t(P) * sizeof(float)));
   comm.all_reduce_max(checksums.data(), std::int64_t(checksums.size()));
   const auto differing = ranks_differing_from_first(checksums);
   if (differing.empty()) return;

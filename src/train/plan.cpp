@@ -4,6 +4,14 @@ namespace llmtrain::train {
 
 std::int64_t parameter_count(const config::ModelConfig& m) {
   const std::int64_t C = m.d_model, F = m.ffn_hidden;
+  if (m.arch == "llama") {
+    const std::int64_t HS = C / m.n_head, q = m.n_head * HS, kv = m.n_kv_head * HS;
+    const std::int64_t per_layer = 2 * C                 // input and post-attention RMSNorm
+                                   + (q + 2 * kv) * C    // q, k, v projections
+                                   + C * q               // o projection
+                                   + 3 * F * C;          // gate, up, down
+    return m.vocab_size * C * (m.tie_embeddings ? 1 : 2) + m.n_layer * per_layer + C;
+  }
   const std::int64_t per_layer = 2 * 2 * C              // ln_1, ln_2
                                  + 3 * C * C + 3 * C    // qkv
                                  + C * C + C            // attention projection
@@ -17,15 +25,40 @@ double flops_per_token(const config::ModelConfig& m) {
          12.0 * double(m.n_layer) * double(m.n_head) * head_size * double(m.context_length);
 }
 
-std::int64_t activation_bytes_per_sequence(const config::ModelConfig& m, bool bf16) {
+namespace {
+
+// Elements per token of Llama::bind_acts's layout, for the recompute mode.
+std::int64_t llama_elements_per_token(const config::ModelConfig& m, const std::string& recompute) {
+  const std::int64_t C = m.d_model, F = m.ffn_hidden, NH = m.n_head, L = m.n_layer;
+  const std::int64_t QKV = (NH + 2 * m.n_kv_head) * (C / NH);
+  const std::int64_t attention_block = 4 * C + 2 + QKV + NH;  // ln1, atty, residual2, ln2, 2 rstd, qkvr, log-sum-exp
+  const std::int64_t mlp_block = 3 * F;                           // gate, up, SwiGLU output
+  std::int64_t layers = 0, shared = QKV + 2 * C;                   // pre-rotation qkv, two branch outputs
+  if (recompute == "full") {
+    layers = L * C;
+    shared += attention_block + mlp_block;
+  } else if (recompute == "mlp") {
+    layers = L * (attention_block + C);
+    shared += mlp_block;
+  } else {
+    layers = L * (attention_block + mlp_block + C);
+  }
+  const std::int64_t head = C + 1 + m.vocab_size + 1;                 // lnf, rstd, logits, loss
+  const std::int64_t gradients = 2 * C + 3 * C + 2 * QKV + 3 * F;    // residual, lnf; one layer's scratch
+  return C + layers + shared + head + gradients;
+}
+
+}  // namespace
+
+std::int64_t activation_bytes_per_sequence(const config::ModelConfig& m, bool bf16, const std::string& recompute) {
   const std::int64_t C = m.d_model, F = m.ffn_hidden, T = m.context_length, NH = m.n_head;
-  // Per token, as Gpt2::bind_acts lays them out: each layer's ln1, qkv (3C), atty, attproj,
-  // residual2, ln2, fcproj, residual3 (9 C in all), fch and fch_gelu (2 F), attention
-  // probabilities (NH T), two means and two rstds; then encoded, lnf, logits (V), lnf mean/rstd,
-  // loss; inputs and targets (4-byte ints).
-  const std::int64_t per_token_elements =
-      m.n_layer * (9 * C + 2 * F + NH * T + 4) + 2 * C + m.vocab_size + 3;
   const std::int64_t element = bf16 ? 2 : 4;
+  if (m.arch == "llama") return T * (llama_elements_per_token(m, recompute) * element + 2 * 4);
+  // Per token, as Gpt2::bind_acts lays them out: each layer's ln1, qkv (3C), atty, attproj,
+  // residual2, ln2, fcproj, residual3 (10 C in all), fch and fch_gelu (2 F), attention
+  // log-sum-exp (NH), two means and two rstds; then encoded, lnf, logits (V), lnf mean/rstd,
+  // loss; inputs and targets (4-byte ints).
+  const std::int64_t per_token_elements = m.n_layer * (10 * C + 2 * F + NH + 4) + 2 * C + m.vocab_size + 3;
   return 2 * T * (per_token_elements * element + 2 * 4);  // activations and their gradients
 }
 
@@ -39,7 +72,7 @@ MemoryPlan plan_memory(const config::Config& config, int world_size, int zero_st
   plan.gradients = element * (zero_stage >= 2 ? shard : P);
   const std::int64_t optimizer_per_param = bf16 ? 12 : 8;  // m, v (and fp32 master weights)
   plan.optimizer = optimizer_per_param * (zero_stage >= 1 ? shard : P);
-  plan.activations = micro_batch * activation_bytes_per_sequence(config.model, bf16);
+  plan.activations = micro_batch * activation_bytes_per_sequence(config.model, bf16, config.train.recompute);
   return plan;
 }
 

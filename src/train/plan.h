@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "config/config.h"
 
@@ -23,9 +24,11 @@ std::int64_t parameter_count(const config::ModelConfig& model);
 double flops_per_token(const config::ModelConfig& model);
 
 /// Activation bytes per sequence of context_length tokens: the buffers the model allocates for
-/// one micro-batch row (the CPU backend's layout: every activation kept for backward, and as
-/// many again for their gradients), at 4 bytes (fp32) or 2 (bf16) per element.
-std::int64_t activation_bytes_per_sequence(const config::ModelConfig& model, bool bf16);
+/// one micro-batch row (GPT-2: every activation kept for backward, and as many again for their
+/// gradients; Llama: per train.recompute `recompute`, with one layer's worth of gradient scratch),
+/// at 4 bytes (fp32) or 2 (bf16) per element, without the 64-byte alignment of each buffer.
+std::int64_t activation_bytes_per_sequence(const config::ModelConfig& model, bool bf16,
+                                           const std::string& recompute = "none");
 
 /// Bytes per rank. fp32: 4-byte weights, gradients, m and v. bf16: 2-byte weights and gradients,
 /// plus 4-byte master weights, m and v. ZeRO 1 shards the optimizer part over `world_size`

@@ -163,7 +163,7 @@ class SignalWatch {
 
 }  // namespace
 
-double evaluate(model::Gpt2& model, const data::TokenDataset& data, const config::Config& config,
+double evaluate(model::Model& model, const data::TokenDataset& data, const config::Config& config,
                 std::int64_t batches, dist::Communicator* comm) {
   const auto& t = config.train;
   const int T = int(config.model.context_length), B = int(t.micro_batch_size);
@@ -192,12 +192,14 @@ TrainSummary run_training(const TrainOptions& options) {
   const config::Config& config = options.config;
   const auto& tc = config.train;
   const auto& oc = config.optim;
-  if (options.device != Device::cpu) {
-    throw InputError("--device cuda: training runs on the CPU backend only so far (use --device cpu)");
+  const Device device = options.device;
+  if (device == Device::cuda) {
+    std::string why;
+    if (!ops::cuda_available(&why)) throw InputError("--device cuda: no usable CUDA device: " + why);
   }
   if (config.data.train.empty()) throw InputError("data.train: no training data given");
   if (config.train.precision != "fp32") {
-    throw InputError("train.precision: \"" + config.train.precision + "\" needs the CUDA backend; the CPU backend trains in fp32");
+    throw InputError("train.precision: \"" + config.train.precision + "\" (mixed precision) is not implemented yet; use \"fp32\"");
   }
   const std::string checkpoint_root =
       config.checkpoint.dir.empty() ? options.run_dir + "/checkpoints" : config.checkpoint.dir;
@@ -205,6 +207,11 @@ TrainSummary run_training(const TrainOptions& options) {
   const int rank = comm->rank(), W = comm->world_size();
   const bool lead = rank == 0;  // the rank that prints and writes run files
   const bool progress = options.progress && lead;
+  if (device == Device::cuda && W > 1) {
+    throw InputError("--device cuda at world size " + std::to_string(W) +
+                     ": multi-GPU training needs the NCCL gradient path, which is not wired into training yet; "
+                     "run one process per job, or train on the CPU backend");
+  }
   const std::optional<checkpoint::Found> resume = find_resume_point(options, checkpoint_root, lead);
 
   // Data first: a bad shard stops the run before anything is written.
@@ -233,19 +240,37 @@ TrainSummary run_training(const TrainOptions& options) {
   }
   data::BatchLoader loader(train_data, sampler_options, sampler_state);
 
-  model::Gpt2 model(config.model, options.device);
+  const auto model_owner = model::make_model(config.model, device, model::parse_recompute(tc.recompute));
+  model::Model& model = *model_owner;
+  // Weights are initialised, read and written on the CPU: on a GPU through a host copy.
+  const auto host_owner = device == Device::cpu ? nullptr : model::make_model(config.model, Device::cpu);
+  model::Model& host = host_owner ? *host_owner : model;
   if (resume) {
-    checkpoint::load_weights(*resume, model);
+    checkpoint::load_weights(*resume, host);
   } else if (config.model.init_from.empty()) {
-    model.init_weights(std::uint64_t(tc.seed));
+    host.init_weights(std::uint64_t(tc.seed));
   } else {
-    checkpoint::import_hf(config.model.init_from, model);
+    checkpoint::import_hf(config.model.init_from, host);
   }
   const std::int64_t P = model.num_params();
-  comm->broadcast(model.params().as<float>(), P, 0);  // identical weights on every rank
-  GradientSync sync(*comm, model.grads().as<float>(), P, config.dist.bucket_mb, int(config.dist.zero_stage));
-  AdamW optimizer(sync.begin(), sync.end());
-  if (resume) checkpoint::load_optimizer(*resume, sync.begin(), sync.end(), optimizer.m(), optimizer.v());
+  comm->broadcast(host.params().as<float>(), P, 0);  // identical weights on every rank
+  if (host_owner) ops::copy(model.params(), host.params());
+  // (One GPU process: nothing to shard, and the sync's host-side ZeRO buffers must not see device memory.)
+  GradientSync sync(*comm, model.grads().as<float>(), P, config.dist.bucket_mb,
+                    device == Device::cpu ? int(config.dist.zero_stage) : 0);
+  AdamW optimizer(sync.begin(), sync.end(), device);
+  const std::int64_t shard = sync.end() - sync.begin();
+  const auto host_vector = [](const Tensor& t) {
+    std::vector<float> out(std::size_t(t.numel()));
+    ops::copy(Tensor(out.data(), DType::f32, Device::cpu, {t.numel()}), t);
+    return out;
+  };
+  if (resume) {
+    std::vector<float> m(static_cast<std::size_t>(shard)), v(static_cast<std::size_t>(shard));
+    checkpoint::load_optimizer(*resume, sync.begin(), sync.end(), m.data(), v.data());
+    ops::copy(optimizer.m(), Tensor(m.data(), DType::f32, Device::cpu, {shard}));
+    ops::copy(optimizer.v(), Tensor(v.data(), DType::f32, Device::cpu, {shard}));
+  }
 
   const nlohmann::json resolved = config::to_json(config);
   std::unique_ptr<MetricsLog> metrics;
@@ -284,10 +309,12 @@ TrainSummary run_training(const TrainOptions& options) {
                             {"zero_stage", config.dist.zero_stage},
                             {"config", resolved}};
     const auto save_start = Clock::now();
-    summary.last_checkpoint = checkpoint::save({checkpoint_root, step, config.checkpoint.keep_last, &model,
-                                                {optimizer.begin(), optimizer.end(), optimizer.m(), optimizer.v()},
-                                                state},
-                                               *comm);
+    if (host_owner) ops::copy(host.params(), model.params());
+    const std::vector<float> m = host_vector(optimizer.m()), v = host_vector(optimizer.v());
+    summary.last_checkpoint = checkpoint::save(
+        {checkpoint_root, step, config.checkpoint.keep_last, &host, {optimizer.begin(), optimizer.end(), m.data(), v.data()},
+         state},
+        *comm);
     if (logging) {
       std::uintmax_t bytes = 0;
       for (const auto& entry : fs::directory_iterator(summary.last_checkpoint)) bytes += entry.file_size();
@@ -320,8 +347,8 @@ TrainSummary run_training(const TrainOptions& options) {
     }
     sync.finish();
     // Loss and gradient norm over all ranks; each rank's shard (ZeRO) or the whole buffer (0).
-    double sums[2] = {loss_sum, ops::sum_squares(Tensor(const_cast<float*>(sync.grads()), DType::f32, Device::cpu,
-                                                       {sync.end() - sync.begin()}))};
+    const Tensor grads(const_cast<float*>(sync.grads()), DType::f32, device, {shard});
+    double sums[2] = {loss_sum, ops::sum_squares(grads)};
     if (config.dist.zero_stage == 0) {
       comm->all_reduce_sum(sums, 1);
     } else {
@@ -349,7 +376,7 @@ TrainSummary run_training(const TrainOptions& options) {
       continue;
     }
     bad_in_a_row = 0;
-    optimizer.update(model, sync.grads(), grad_norm, oc, tc.grad_clip, lr, step);
+    optimizer.update(model, grads, grad_norm, oc, tc.grad_clip, lr, step);
     sync.gather_params(model.params().as<float>());
     if (W > 1 && config.dist.replica_check_every > 0 && step % config.dist.replica_check_every == 0) {
       check_replicas(*comm, model.params().as<float>(), P, step);

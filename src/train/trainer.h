@@ -7,7 +7,7 @@
 #include "config/config.h"
 #include "data/dataset.h"
 #include "dist/communicator.h"
-#include "model/gpt2.h"
+#include "model/model.h"
 
 namespace llmtrain::train {
 
@@ -37,7 +37,7 @@ TrainSummary run_training(const TrainOptions& options);
 /// Mean loss over `batches` global batches of `data` in order (no shuffling), micro-batches of
 /// the config's micro_batch_size; at most as many batches as the data holds. With `comm`, each
 /// rank evaluates its part of every batch and all get the mean over all.
-double evaluate(model::Gpt2& model, const data::TokenDataset& data, const config::Config& config,
+double evaluate(model::Model& model, const data::TokenDataset& data, const config::Config& config,
                 std::int64_t batches, dist::Communicator* comm = nullptr);
 
 }  // namespace llmtrain::train

@@ -103,14 +103,14 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 }
 
 void attention_decode(float* out, const float* q, const float* k_cache, const float* v_cache, int pos, int C,
-                      int NH) {
-  const int HS = C / NH;
+                      int NH, int NKV) {
+  const int HS = C / NH, group = NH / NKV, KVC = NKV * HS;
   const float scale = 1.0f / std::sqrt(float(HS));
   std::vector<float> row(std::size_t(pos) + 1);
   for (int h = 0; h < NH; ++h) {
     float max_score = -std::numeric_limits<float>::infinity();
     for (int t2 = 0; t2 <= pos; ++t2) {
-      const float* k = k_cache + std::int64_t(t2) * C + h * HS;
+      const float* k = k_cache + std::int64_t(t2) * KVC + (h / group) * HS;
       float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
       for (int i = 0; i < HS; ++i) dot += q[h * HS + i] * k[i];
@@ -126,7 +126,7 @@ void attention_decode(float* out, const float* q, const float* k_cache, const fl
     for (int i = 0; i < HS; ++i) o[i] = 0.0f;
     for (int t2 = 0; t2 <= pos; ++t2) {
       const float p = row[t2] / sum;
-      const float* v = v_cache + std::int64_t(t2) * C + h * HS;
+      const float* v = v_cache + std::int64_t(t2) * KVC + (h / group) * HS;
 #pragma omp simd
       for (int i = 0; i < HS; ++i) o[i] += p * v[i];
     }

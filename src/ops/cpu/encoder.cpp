@@ -6,8 +6,12 @@ void encoder_forward(float* out, const std::int32_t* inp, const float* wte, cons
 #pragma omp parallel for
   for (std::int64_t bt = 0; bt < std::int64_t(B) * T; ++bt) {
     const float* token_row = wte + std::int64_t(inp[bt]) * C;
-    const float* position_row = wpe + (bt % T) * C;
     float* out_row = out + bt * C;
+    if (!wpe) {
+      for (int c = 0; c < C; ++c) out_row[c] = token_row[c];
+      continue;
+    }
+    const float* position_row = wpe + (bt % T) * C;
     for (int c = 0; c < C; ++c) out_row[c] = token_row[c] + position_row[c];
   }
 }
@@ -20,7 +24,7 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const std::in
     for (std::int64_t bt = 0; bt < std::int64_t(B) * T; ++bt) {
       const float g = dout[bt * C + c];
       dwte[std::int64_t(inp[bt]) * C + c] += g;
-      dwpe[(bt % T) * C + c] += g;
+      if (dwpe) dwpe[(bt % T) * C + c] += g;
     }
   }
 }

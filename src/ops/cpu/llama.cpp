@@ -55,19 +55,22 @@ void rope_angles(int t, int HS, float theta, std::vector<float>& cosines, std::v
   }
 }
 
-// Turns each (x_i, x_{i+HS/2}) pair by +angle (forward) or -angle (backward, the transpose).
-void rope_apply(float* out, const float* inp, int B, int T, int NH, int HS, float theta, float direction,
-                bool accumulate) {
+// Turns each (x_i, x_{i+HS/2}) pair of heads [0, n_rot) by +angle (forward) or -angle (backward,
+// the transpose); heads [n_rot, H) pass through unchanged.
+void rope_apply(float* out, const float* inp, int B, int T, int H, int HS, int n_rot, int pos0, float theta,
+                float direction, bool accumulate) {
   const int half = HS / 2;
 #pragma omp parallel for
   for (int t = 0; t < T; ++t) {
     std::vector<float> cosines, sines;
-    rope_angles(t, HS, theta, cosines, sines);
+    rope_angles(pos0 + t, HS, theta, cosines, sines);
     for (int b = 0; b < B; ++b) {
-      for (int h = 0; h < NH; ++h) {
-        const std::int64_t base = ((std::int64_t(b) * T + t) * NH + h) * HS;
+      for (int h = 0; h < H; ++h) {
+        const std::int64_t base = ((std::int64_t(b) * T + t) * H + h) * HS;
         for (int i = 0; i < half; ++i) {
-          const float c = cosines[std::size_t(i)], s = direction * sines[std::size_t(i)];
+          const bool rotate = h < n_rot;
+          const float c = rotate ? cosines[std::size_t(i)] : 1.0f;
+          const float s = rotate ? direction * sines[std::size_t(i)] : 0.0f;
           const float x1 = inp[base + i], x2 = inp[base + i + half];
           const float y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
           if (accumulate) {
@@ -85,12 +88,12 @@ void rope_apply(float* out, const float* inp, int B, int T, int NH, int HS, floa
 
 }  // namespace
 
-void rope_forward(float* out, const float* inp, int B, int T, int NH, int HS, float theta) {
-  rope_apply(out, inp, B, T, NH, HS, theta, 1.0f, false);
+void rope_forward(float* out, const float* inp, int B, int T, int H, int HS, int n_rot, int pos0, float theta) {
+  rope_apply(out, inp, B, T, H, HS, n_rot, pos0, theta, 1.0f, false);
 }
 
-void rope_backward(float* dinp, const float* dout, int B, int T, int NH, int HS, float theta) {
-  rope_apply(dinp, dout, B, T, NH, HS, theta, -1.0f, true);
+void rope_backward(float* dinp, const float* dout, int B, int T, int H, int HS, int n_rot, int pos0, float theta) {
+  rope_apply(dinp, dout, B, T, H, HS, n_rot, pos0, theta, -1.0f, true);
 }
 
 void swiglu_forward(float* out, const float* gate, const float* up, std::int64_t N) {

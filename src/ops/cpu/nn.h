@@ -12,9 +12,10 @@
 
 namespace llmtrain::cpu {
 
-/// out (B,T,C) = wte[inp] + wpe[t]; inp (B,T); wte (V,C); wpe (maxT,C).
+/// out (B,T,C) = wte[inp] + wpe[t]; inp (B,T); wte (V,C); wpe (maxT,C), or null for no position
+/// table (Llama: positions enter through the rotary embedding).
 void encoder_forward(float* out, const std::int32_t* inp, const float* wte, const float* wpe, int B, int T, int C);
-/// dwte (V,C) and dwpe (maxT,C) += from dout (B,T,C).
+/// dwte (V,C) and dwpe (maxT,C, or null) += from dout (B,T,C).
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* inp, int B, int T, int C);
 
 /// out (N,C) = (inp - mean) * rstd * weight + bias; mean, rstd (N) saved for backward.
@@ -38,9 +39,19 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
                         int NH, int NKV);
 
+/// The same attention without the probabilities (flash-attention interface): out (B,T,C) and
+/// lse (B,NH,T), the log-sum-exp of each row's scaled scores, from qkv (B,T,(NH+2NKV)HS).
+void flash_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV);
+/// dqkv (B,T,(NH+2NKV)HS) += from dout (B,T,C), recomputing the probabilities from qkv and lse
+/// (B,NH,T); out (B,T,C) gives D = rowsum(dout * out).
+void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                              int B, int T, int C, int NH, int NKV);
+
 /// Attention of one new position `pos` of one sequence against a KV cache: out (C) from q (C)
-/// and the cached keys and values k_cache, v_cache (maxT, C) of positions 0..pos.
-void attention_decode(float* out, const float* q, const float* k_cache, const float* v_cache, int pos, int C, int NH);
+/// and the cached keys and values k_cache, v_cache (maxT, NKV HS) of positions 0..pos; query head
+/// h reads key/value head h / (NH / NKV), so grouped heads are cached once.
+void attention_decode(float* out, const float* q, const float* k_cache, const float* v_cache, int pos, int C, int NH,
+                      int NKV);
 
 /// GELU, tanh approximation: out (N) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 void gelu_forward(float* out, const float* inp, std::int64_t N);
@@ -57,11 +68,13 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
                       const float* rstd, std::int64_t N, int C);
 
-/// Rotary position embedding in Hugging Face's rotate_half layout, on x (B,T,NH,HS): for each
-/// head, element i < HS/2 pairs with i + HS/2 and both turn by the angle t * theta^(-2i/HS).
-void rope_forward(float* out, const float* inp, int B, int T, int NH, int HS, float theta);
-/// dinp (B,T,NH,HS) += the inverse rotation of dout.
-void rope_backward(float* dinp, const float* dout, int B, int T, int NH, int HS, float theta);
+/// Rotary position embedding in Hugging Face's rotate_half layout, on x (B,T,H,HS): for heads
+/// h < n_rot, element i < HS/2 pairs with i + HS/2 and both turn by the angle
+/// (pos0 + t) * theta^(-2i/HS); heads n_rot..H-1 are copied unchanged (so one call rotates the
+/// query and key heads of a packed qkv and passes its value heads through).
+void rope_forward(float* out, const float* inp, int B, int T, int H, int HS, int n_rot, int pos0, float theta);
+/// dinp (B,T,H,HS) += the inverse rotation of dout (heads below n_rot; the others pass through).
+void rope_backward(float* dinp, const float* dout, int B, int T, int H, int HS, int n_rot, int pos0, float theta);
 
 /// SwiGLU (Llama's MLP): out (N) = silu(gate) * up, silu(x) = x / (1 + e^-x).
 void swiglu_forward(float* out, const float* gate, const float* up, std::int64_t N);

@@ -1,0 +1,98 @@
+// CUDA twins of the CPU reference ops (src/ops/cpu/nn.h): the same names, the same arguments in
+// the same order, plus the stream to run on; the same semantics, fp32. All pointers are device
+// memory. Every backward op ACCUMULATES (+=) into its outputs, as on the CPU.
+//
+// B batch, T time, C channels, V vocabulary, NH heads, HS = C / NH head size, OC output
+// channels, N = B * T rows. Pointers need only their element alignment: each launcher takes a
+// 128-bit path when the pointers (and row lengths) allow it, a scalar one otherwise.
+//
+// Full causal attention (forward and backward) is not here: it has its own kernels (flash
+// attention); attention_decode, for generation, is.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace llmtrain::cuda {
+
+// kernels/encoder.cu
+/// out (B,T,C) = wte[inp] + wpe[t]; inp (B,T); wte (V,C); wpe (maxT,C) or null (no position table).
+void encoder_forward(float* out, const std::int32_t* inp, const float* wte, const float* wpe, int B, int T,
+                     int C, cudaStream_t stream);
+/// dwte (V,C) and dwpe (maxT,C, or null) += from dout (B,T,C); inp (B,T). Deterministic (no atomics).
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* inp, int B, int T,
+                      int C, cudaStream_t stream);
+
+// kernels/layernorm.cu
+/// out (N,C) = (inp (N,C) - mean) * rstd * weight (C) + bias (C); mean, rstd (N) saved.
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, std::int64_t N, int C, cudaStream_t stream);
+/// dinp (N,C), dweight (C), dbias (C) += from dout (N,C), inp (N,C), weight (C), mean, rstd (N).
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, std::int64_t N, int C,
+                        cudaStream_t stream);
+
+// kernels/matmul.cu (cuBLASLt)
+/// out (N,OC) = inp (N,C) weight^T + bias; weight (OC,C); bias (OC) or null.
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, std::int64_t N,
+                    int C, int OC, cudaStream_t stream);
+/// dinp (N,C), dweight (OC,C), dbias (OC, may be null) += from dout (N,OC), inp (N,C), weight (OC,C).
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, std::int64_t N, int C, int OC, cudaStream_t stream);
+/// Lets fp32 matmuls use TF32 tensor cores (about 8x faster, 10-bit mantissa inputs). Off by
+/// default, so that results match the CPU reference to fp32 accuracy.
+void set_matmul_tf32(bool allow);
+
+// kernels/attention_decode.cu
+/// One new position `pos` of one sequence: out (C) from q (C) and the caches k_cache, v_cache
+/// (maxT, NKV HS) of positions 0..pos; NH query heads, query head h reads cached head h / (NH / NKV).
+void attention_decode(float* out, const float* q, const float* k_cache, const float* v_cache, int pos, int C,
+                      int NH, int NKV, cudaStream_t stream);
+
+// kernels/elementwise.cu
+/// out (N) = GELU(inp (N)), tanh form.
+void gelu_forward(float* out, const float* inp, std::int64_t N, cudaStream_t stream);
+/// dinp (N) += GELU'(inp (N)) * dout (N).
+void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t N, cudaStream_t stream);
+/// out (N) = a (N) + b (N).
+void residual_forward(float* out, const float* a, const float* b, std::int64_t N, cudaStream_t stream);
+/// da (N), db (N) += dout (N).
+void residual_backward(float* da, float* db, const float* dout, std::int64_t N, cudaStream_t stream);
+
+// kernels/llama.cu
+/// out (N,C) = inp (N,C) / sqrt(mean(inp^2) + eps) * weight (C); rstd (N) saved.
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, std::int64_t N, int C,
+                     float eps, cudaStream_t stream);
+/// dinp (N,C), dweight (C) += from dout (N,C), inp (N,C), weight (C), rstd (N).
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, std::int64_t N, int C, cudaStream_t stream);
+/// out (B,T,H,HS) = inp (B,T,H,HS) with heads h < n_rot turned by the angles
+/// (pos0 + t) theta^(-2i/HS) (rotate_half layout), the other heads copied; HS even.
+void rope_forward(float* out, const float* inp, int B, int T, int H, int HS, int n_rot, int pos0, float theta,
+                  cudaStream_t stream);
+/// dinp (B,T,H,HS) += the inverse rotation of dout (B,T,H,HS) (heads below n_rot; the others pass through).
+void rope_backward(float* dinp, const float* dout, int B, int T, int H, int HS, int n_rot, int pos0,
+                   float theta, cudaStream_t stream);
+/// out (N) = silu(gate (N)) * up (N).
+void swiglu_forward(float* out, const float* gate, const float* up, std::int64_t N, cudaStream_t stream);
+/// dgate (N), dup (N) += from dout (N), gate (N), up (N).
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
+                     std::int64_t N, cudaStream_t stream);
+
+// kernels/classifier.cu
+/// losses (N) = -log softmax(logits (N,V))[targets (N)]; with dlogits_scale > 0 the logits are
+/// overwritten by (softmax - onehot) * dlogits_scale. Returns the loss sum (synchronises the
+/// stream). A target outside [0, V) gives a NaN loss (the CPU reference reads out of bounds).
+double fused_classifier(float* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
+                        float dlogits_scale, cudaStream_t stream);
+
+// kernels/optimizer.cu
+/// Sum of squares of x (N), accumulated in double, deterministic (synchronises the stream).
+double sum_squares(const float* x, std::int64_t N, cudaStream_t stream);
+/// AdamW on param, grad, m, v (N), as cpu::adamw_update.
+void adamw_update(float* param, const float* grad, float* m, float* v, std::int64_t N, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, int step, float grad_scale,
+                  cudaStream_t stream);
+
+}  // namespace llmtrain::cuda

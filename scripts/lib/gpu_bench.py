@@ -1,0 +1,614 @@
+#!/usr/bin/env python3
+"""Training benchmark helpers shared by scripts/gpu_check.sh and scripts/bench_vs_pytorch.py.
+
+Standard library only (a GPU node may have nothing else). Subcommands:
+  shard DIR [--tokens N] [--vocab V] [--seed S]      synthetic token shard DIR/train_000000.bin
+  bench --binary B --config C [...] --out FILE.json  micro-batch search, timed run, top kernels
+  report --bench FILE.json [--tests ...] [...]       the one table gpu_check.sh prints
+  cuda-tests --build DIR [--tag T] --out FILE.json   runs every Catch2 test case tagged [cuda]
+  self-test                                          checks the parsers and the table on made-up input
+
+MFU = tokens/s x (6 N + 12 L H Q T) / peak, with N parameters, L layers, H heads of size Q and
+context T (matmuls forward and backward, plus attention's scores and weighted sums), against the
+device's dense peak for the precision that ran (bf16 tensor cores; for fp32 the plain fp32 peak,
+since llmtrain's fp32 path does not use TF32).
+"""
+import argparse
+import csv
+import io
+import json
+import os
+import re
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import xml.etree.ElementTree as ET
+
+SHARD_MAGIC, SHARD_VERSION = 20240520, 1
+
+# Dense (no sparsity) peaks of one device in TFLOP/s, from NVIDIA's datasheets: bf16 tensor
+# cores, TF32 tensor cores, fp32 CUDA cores. First matching name wins (most specific first).
+PEAKS = [
+    ("H200", {"bf16": 989.0, "tf32": 494.5, "fp32": 67.0}),
+    ("GH200", {"bf16": 989.0, "tf32": 494.5, "fp32": 67.0}),
+    ("H100 PCIe", {"bf16": 756.0, "tf32": 378.0, "fp32": 51.0}),
+    ("H100 NVL", {"bf16": 835.0, "tf32": 417.5, "fp32": 60.0}),
+    ("H100", {"bf16": 989.0, "tf32": 494.5, "fp32": 67.0}),  # SXM
+    ("H800", {"bf16": 989.0, "tf32": 494.5, "fp32": 67.0}),
+    ("A100", {"bf16": 312.0, "tf32": 156.0, "fp32": 19.5}),
+    ("A800", {"bf16": 312.0, "tf32": 156.0, "fp32": 19.5}),
+    ("L40S", {"bf16": 362.0, "tf32": 183.0, "fp32": 91.6}),
+    ("A10", {"bf16": 125.0, "tf32": 62.5, "fp32": 31.2}),
+]
+
+OOM_PATTERN = re.compile(r"out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|OutOfMemory", re.I)
+
+
+def peak_tflops(gpu_name, precision, override=None):
+    """(TFLOP/s, what it is) for `precision` ("bf16" or "fp32") on the named GPU; (None, why) if unknown."""
+    if override:
+        return float(override), f"{float(override):g} TFLOP/s (PEAK_TFLOPS, given)"
+    for key, peaks in PEAKS:
+        if key in gpu_name and not (key == "A10" and "A100" in gpu_name):
+            if precision == "bf16":
+                return peaks["bf16"], f"{peaks['bf16']:g} TFLOP/s ({key} bf16 dense peak)"
+            return peaks["fp32"], (f"{peaks['fp32']:g} TFLOP/s ({key} fp32 peak without TF32, as llmtrain's fp32 "
+                                    f"path runs; TF32 would be {peaks['tf32']:g})")
+    return None, f"unknown peak for '{gpu_name}': set PEAK_TFLOPS"
+
+
+def model_dims(config):
+    """Resolved GPT-2 dimensions of a config dict (defaults as llmtrain's: ffn_hidden 0 -> 4 C)."""
+    m = config["model"]
+    C = int(m["d_model"])
+    return {"V": int(m["vocab_size"]), "T": int(m["context_length"]), "L": int(m["n_layer"]),
+            "H": int(m["n_head"]), "C": C, "F": int(m.get("ffn_hidden") or 4 * C)}
+
+
+def gpt2_parameters(d):
+    """Parameters of a GPT-2 (tied embeddings), as llmtrain's parameter_count."""
+    C, F = d["C"], d["F"]
+    per_layer = 4 * C + 3 * C * C + 3 * C + C * C + C + F * C + F + C * F + C
+    return d["V"] * C + d["T"] * C + d["L"] * per_layer + 2 * C
+
+
+def flops_per_token(d, n_params):
+    Q = d["C"] / d["H"]
+    return 6.0 * n_params + 12.0 * d["L"] * d["H"] * Q * d["T"]
+
+
+def write_shard(path, n_tokens, vocab, seed=1):
+    """A shard in llm.c's format (256 int32 header, uint16 tokens) of pseudo-random tokens < vocab."""
+    if vocab > 65536:
+        raise ValueError("uint16 shards hold vocabularies up to 65,536 tokens")
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    header = [0] * 256
+    header[:3] = [SHARD_MAGIC, SHARD_VERSION, n_tokens]
+    state = (seed * 6364136223846793005 + 1442695040888963407) & (2**64 - 1)
+    tokens = bytearray(2 * n_tokens)
+    for i in range(n_tokens):  # a 64-bit LCG: the same tokens everywhere for the same seed
+        state = (state * 6364136223846793005 + 1442695040888963407) & (2**64 - 1)
+        struct.pack_into("<H", tokens, 2 * i, (state >> 33) % vocab)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", *header))
+        f.write(tokens)
+    return path
+
+
+def deep_merge(base, over):
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+class GpuMemorySampler:
+    """Largest GPU memory nvidia-smi reports for one process, sampled in a thread."""
+
+    def __init__(self, pid, period_s=0.2):
+        self.pid, self.period_s, self.peak_mib = pid, period_s, None
+        self._stop = threading.Event()
+        self._thread = None
+        if shutil.which("nvidia-smi"):
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                                     capture_output=True, text=True, timeout=10).stdout
+                for line in out.splitlines():
+                    fields = [f.strip() for f in line.split(",")]
+                    if len(fields) == 2 and fields[0] == str(self.pid) and fields[1].isdigit():
+                        self.peak_mib = max(self.peak_mib or 0, int(fields[1]))
+            except (OSError, subprocess.SubprocessError):
+                pass
+            self._stop.wait(self.period_s)
+
+    def stop(self):
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=15)
+        return self.peak_mib
+
+
+def summarize_metrics(path, skip=None):
+    """Median tokens/s after warm-up, the steps it covers, and the largest host RSS, from metrics.jsonl."""
+    rows = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                row = json.loads(line)
+                if "loss" in row and "tokens_per_s" in row:
+                    rows.append(row)
+    if not rows:
+        return None
+    if skip is None:
+        skip = min(5, len(rows) // 3)  # warm-up: allocation, autotuning, first page faults
+    timed = rows[skip:] or rows[-1:]
+    peak_host = max((r.get("peak_memory_bytes") or 0) for r in rows)
+    return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed), "steps": len(rows),
+            "timed_steps": [timed[0]["step"], timed[-1]["step"]], "peak_host_bytes": peak_host,
+            "final_loss": rows[-1]["loss"]}
+
+
+def first_error_line(text):
+    lines = [l for l in text.splitlines() if l.strip()]
+    for l in lines:
+        if "error" in l.lower():
+            return l.strip()
+    return lines[-1].strip() if lines else "(no output)"
+
+
+def run_llmtrain(binary, config, workdir, device, steps, batch, precision, peak=None, profile_ops=False,
+                 wrapper=None, timeout_s=600, env=None):
+    """One `llmtrain train` run of `config` (a dict) with micro-batch = global batch = `batch`.
+    Returns {"ok", "exit_code", "oom", "error", "metrics", "peak_gpu_mib", "stderr", "seconds"}."""
+    run_dir = os.path.join(workdir, f"run-b{batch}-{int(time.time() * 1000) % 10**8}")
+    cfg = deep_merge(config, {
+        "train": {"micro_batch_size": batch, "global_batch_size": batch, "max_steps": steps, "log_every": 1,
+                  "eval_every": 0, "precision": precision, **({"peak_tflops": peak} if peak else {})},
+        "data": {"val": []},
+        "checkpoint": {"every": 0, "keep_last": 1},
+        # The learning rate does not change the speed; the warm-up must fit in the run.
+        "optim": {"warmup_steps": min(int(config.get("optim", {}).get("warmup_steps", 0)), steps)},
+    })
+    cfg_path = os.path.join(workdir, f"bench-b{batch}.json")
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f, indent=1)
+    cmd = list(wrapper or []) + [binary, "train", "--config", cfg_path, "--run-dir", run_dir, "--device", device,
+                                 "--resume", "never"]
+    if profile_ops:
+        cmd.append("--profile-ops")
+    start = time.time()
+    err_path = os.path.join(workdir, f"train-b{batch}.err")
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        sampler = GpuMemorySampler(proc.pid)
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            code = None
+        peak_gpu = sampler.stop()
+    with open(err_path, errors="replace") as f:
+        stderr = f.read()
+    metrics_path = os.path.join(run_dir, "metrics.jsonl")
+    metrics = summarize_metrics(metrics_path) if os.path.exists(metrics_path) else None
+    result = {"ok": code == 0 and metrics is not None, "exit_code": code, "oom": bool(OOM_PATTERN.search(stderr)),
+              "metrics": metrics, "peak_gpu_mib": peak_gpu, "stderr": stderr, "seconds": time.time() - start,
+              "command": " ".join(cmd), "run_dir": run_dir}
+    if code is None:
+        result["error"] = f"timed out after {timeout_s} s"
+    elif not result["ok"]:
+        result["error"] = first_error_line(stderr) if code != 0 else "no metrics.jsonl written"
+    shutil.rmtree(os.path.join(run_dir, "checkpoints"), ignore_errors=True)  # GPT-2 124M: 1.5 GB each
+    return result
+
+
+def search_batch(binary, config, workdir, device, precision, candidates, probe_steps, timeout_s, peak=None):
+    """Largest candidate micro-batch whose short run succeeds; stops at the first failure that is
+    not out-of-memory. Returns (batch or None, [attempt summaries], last failed result or None)."""
+    attempts, last = [], None
+    for b in candidates:
+        r = run_llmtrain(binary, config, workdir, device, probe_steps, b, precision, peak=peak, timeout_s=timeout_s)
+        attempts.append({"batch": b, "ok": r["ok"], "oom": r["oom"], "error": r.get("error"), "seconds": round(r["seconds"], 1)})
+        if r["ok"]:
+            return b, attempts, None
+        last = r
+        if not r["oom"]:
+            break
+    return None, attempts, last
+
+
+def parse_nsys_kernel_csv(text, top=10):
+    """Top kernels from `nsys stats --report cuda_gpu_kern_sum --format csv` (or the older gpukernsum)."""
+    lines = text.splitlines()
+    start = next((i for i, l in enumerate(lines) if "Name" in l and ("Time" in l or "Total" in l)), None)
+    if start is None:
+        return []
+    rows = list(csv.DictReader(io.StringIO("\n".join(lines[start:]))))
+
+    def field(row, *names):
+        for n in names:
+            for k, v in row.items():
+                if k and k.strip().lower() == n.lower():
+                    return v
+        return None
+
+    kernels = []
+    for row in rows:
+        name, total = field(row, "Name"), field(row, "Total Time (ns)", "Total Time")
+        if not name or total is None:
+            continue
+        try:
+            kernels.append({"name": name, "total_ms": float(total.replace(",", "")) / 1e6,
+                            "calls": int(float((field(row, "Instances", "Count", "Calls") or "0").replace(",", ""))),
+                            "percent": float((field(row, "Time (%)", "Time(%)") or "nan").replace(",", ""))})
+        except ValueError:
+            continue
+    kernels.sort(key=lambda k: -k["total_ms"])
+    return kernels[:top]
+
+
+def parse_profile_ops(stderr, top=10):
+    """Top ops from llmtrain's --profile-ops lines: `  name  N calls  S s  P%`."""
+    ops = []
+    for line in stderr.splitlines():
+        m = re.search(r"^\s*(?:\[[^]]*\]\s*)?(\S+)\s+(\d+) calls\s+([\d.]+) s\s+([\d.]+)%\s*$", line)
+        if m:
+            ops.append({"name": m.group(1), "calls": int(m.group(2)), "total_ms": float(m.group(3)) * 1e3,
+                        "percent": float(m.group(4))})
+    ops.sort(key=lambda k: -k["total_ms"])
+    return ops[:top]
+
+
+def find_nsys():
+    found = shutil.which("nsys")
+    if found:
+        return found
+    for root in [os.environ.get("CUDA_HOME", "/usr/local/cuda"), "/opt/nvidia/nsight-systems"]:
+        for dirpath, _, files in os.walk(root):
+            if "nsys" in files and dirpath.endswith("bin") and dirpath.count(os.sep) - root.count(os.sep) < 4:
+                return os.path.join(dirpath, "nsys")
+    return None
+
+
+def top_kernels(binary, config, workdir, device, batch, precision, steps, timeout_s):
+    """The 10 most expensive kernels of a short run (nsys), else llmtrain's own op times."""
+    nsys = find_nsys() if device == "cuda" else None
+    if nsys:
+        out = os.path.join(workdir, "profile")
+        r = run_llmtrain(binary, config, workdir, device, steps, batch, precision, timeout_s=timeout_s,
+                         wrapper=[nsys, "profile", "--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none",
+                                  "--force-overwrite=true", "-o", out])
+        if not r["ok"]:
+            return {"source": f"nsys ({nsys})", "error": r.get("error"), "kernels": []}
+        for report in ["cuda_gpu_kern_sum", "gpukernsum"]:
+            p = subprocess.run([nsys, "stats", "--report", report, "--format", "csv", "--output", "-", out + ".nsys-rep"],
+                               capture_output=True, text=True)
+            kernels = parse_nsys_kernel_csv(p.stdout)
+            if kernels:
+                return {"source": f"nsys, {steps} steps", "kernels": kernels}
+        return {"source": f"nsys ({nsys})", "error": "nsys stats gave no kernel summary", "kernels": []}
+    r = run_llmtrain(binary, config, workdir, device, steps, batch, precision, profile_ops=True, timeout_s=timeout_s)
+    if not r["ok"]:
+        return {"source": "llmtrain --profile-ops", "error": r.get("error"), "kernels": []}
+    return {"source": f"llmtrain --profile-ops, {steps} steps (no nsys: ops by host wall-clock, not kernels)",
+            "kernels": parse_profile_ops(r["stderr"])}
+
+
+def parse_catch_xml(text):
+    """Test cases of a Catch2 XML report (v2 or v3): [(name, "passed" | "failed" | "skipped")].
+    Skipped: a v3 skip, or the "SKIPPED:" warning that LLMTRAIN_SKIP leaves under v2."""
+    cases = []
+    for tc in ET.fromstring(text).iter("TestCase"):
+        result = tc.find("OverallResult")
+        ok = result is not None and result.get("success") == "true"
+        skipped = (result is not None and int(result.get("skips", "0") or 0) > 0) or tc.find(".//Skip") is not None or any(
+            (w.text or "").strip().startswith("SKIPPED:") for w in tc.iter("Warning"))
+        cases.append((tc.get("name"), "failed" if not ok else "skipped" if skipped else "passed"))
+    return cases
+
+
+def run_tagged_tests(build_dir, tag="[cuda]", timeout_s=900):
+    """Runs each test binary of BUILD/tests with the Catch2 tag filter; counts its cases."""
+    tests_dir = os.path.abspath(os.path.join(build_dir, "tests"))
+    names = os.listdir(tests_dir) if os.path.isdir(tests_dir) else []
+    binaries = sorted(os.path.join(tests_dir, f) for f in names
+                      if f.startswith("test_") and "." not in f and os.access(os.path.join(tests_dir, f), os.X_OK)
+                      and os.path.isfile(os.path.join(tests_dir, f)))
+    summary = {"passed": 0, "failed": 0, "skipped": 0, "binaries": 0, "failures": [], "skips": [], "problems": []}
+    if not binaries:
+        summary["problems"].append(f"no test binaries (test_*) in {tests_dir}: was the build made with BUILD_TESTING=ON?")
+    for binary in binaries:
+        xml_path = binary + ".cuda-tests.xml"
+        try:
+            p = subprocess.run([binary, tag, "--reporter", "xml", "--out", xml_path], capture_output=True, text=True,
+                               timeout=timeout_s, cwd=tests_dir)
+            code = p.returncode
+        except subprocess.TimeoutExpired:
+            code = None
+        except OSError as e:
+            summary["problems"].append(f"{os.path.basename(binary)}: cannot run: {e}")
+            continue
+        try:
+            with open(xml_path, errors="replace") as f:
+                cases = parse_catch_xml(f.read())
+        except (OSError, ET.ParseError) as e:
+            name = os.path.basename(binary)
+            why = f"timed out after {timeout_s} s" if code is None else f"exit code {code}, unreadable report ({e})"
+            summary["failed"] += 1
+            summary["failures"].append(f"{name}: crashed or hung ({why})")
+            summary["binaries"] += 1
+            continue
+        if not cases:
+            continue  # no test case with this tag
+        summary["binaries"] += 1
+        for name, outcome in cases:
+            summary[outcome] += 1
+            if outcome == "failed":
+                summary["failures"].append(f"{os.path.basename(binary)}: {name}")
+            elif outcome == "skipped":
+                summary["skips"].append(f"{os.path.basename(binary)}: {name}")
+        if code not in (0, None) and not any(o == "failed" for _, o in cases):
+            summary["problems"].append(f"{os.path.basename(binary)} exited {code} with no failed case")
+    if binaries and summary["binaries"] == 0:
+        summary["problems"].append(f"no test case tagged {tag} in {len(binaries)} test binaries")
+    summary["line"] = (f"{summary['passed']} passed, {summary['failed']} failed, {summary['skipped']} skipped "
+                       f"({summary['binaries']} test binaries with {tag} cases)")
+    return summary
+
+
+def cmd_cuda_tests(a):
+    summary = run_tagged_tests(a.build, a.tag)
+    with open(a.out, "w") as f:
+        json.dump(summary, f, indent=1)
+    print(summary["line"])
+    for line in summary["failures"]:
+        print(f"  FAILED  {line}")
+    for line in summary["skips"]:
+        print(f"  skipped {line}")
+    for line in summary["problems"]:
+        print(f"  problem {line}")
+    return 0 if summary["failed"] == 0 and not summary["problems"] else 1
+
+
+def cmd_shard(a):
+    path = write_shard(os.path.join(a.dir, "train_000000.bin"), a.tokens, a.vocab, a.seed)
+    print(path)
+
+
+def cmd_bench(a):
+    with open(a.config) as f:
+        config = json.load(f)
+    config = deep_merge(config, {"data": {"train": [os.path.join(a.data, "train_*.bin")]}})
+    d = model_dims(config)
+    precision = a.precision or config.get("train", {}).get("precision", "fp32")
+    if a.device == "cpu":
+        peak, peak_text = None, "none for CPUs"
+    else:
+        peak, peak_text = peak_tflops(a.gpu_name or "", precision, os.environ.get("PEAK_TFLOPS"))
+    workdir = tempfile.mkdtemp(prefix="llmtrain-bench-", dir=a.workdir)
+    candidates = [int(b) for b in a.batches.split(",")]
+    result = {"gpu": a.gpu_name, "device": a.device, "precision": precision, "dims": d,
+              "params": gpt2_parameters(d), "peak_tflops": peak, "peak_text": peak_text, "candidates": candidates}
+    result["flops_per_token"] = flops_per_token(d, result["params"])
+    batch, attempts, failure = search_batch(a.binary, config, workdir, a.device, precision, candidates,
+                                            a.probe_steps, a.timeout, peak=peak)
+    result["attempts"] = attempts
+    if batch is None:
+        result["error"] = (failure or {}).get("error", "no micro-batch ran")
+        if failure and failure["oom"]:
+            result["error"] = f"out of memory even at micro-batch {candidates[-1]}: {failure['error']}"
+        result["command"] = (failure or {}).get("command")
+    else:
+        result["batch"] = batch
+        main = run_llmtrain(a.binary, config, workdir, a.device, a.steps, batch, precision, peak=peak,
+                            timeout_s=a.timeout)
+        result["command"] = main["command"]
+        if not main["ok"]:
+            result["error"] = main.get("error")
+        else:
+            m = main["metrics"]
+            result.update({"tokens_per_s": m["tokens_per_s"], "timed_steps": m["timed_steps"], "steps": m["steps"],
+                           "peak_host_bytes": m["peak_host_bytes"], "peak_gpu_mib": main["peak_gpu_mib"],
+                           "final_loss": m["final_loss"]})
+            if peak:
+                result["mfu"] = m["tokens_per_s"] * result["flops_per_token"] / (peak * 1e12)
+            if a.profile_steps > 0:
+                result["top"] = top_kernels(a.binary, config, workdir, a.device, batch, precision, a.profile_steps,
+                                            a.timeout)
+    if not a.keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+    with open(a.out, "w") as f:
+        json.dump(result, f, indent=1)
+    return 0 if "error" not in result else 1
+
+
+def fmt_bytes(n):
+    return f"{n / 2**30:.1f} GiB" if n else "n/a"
+
+
+def render_table(bench, header, tests, build):
+    """The table gpu_check.sh prints: one row per check, then the benchmark's figures and kernels."""
+    rows = []
+    rows.append(("build", build or "n/a"))
+    rows.append(("[cuda] tests", tests or "n/a"))
+    d = bench.get("dims") or {}
+    n = bench.get("params", 0)
+    size = f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
+    shape = f"GPT-2 {size}, T={d.get('T')}, {bench.get('precision')}" if d else "GPT-2 124M"
+    tried = ",".join(str(b) for b in bench.get("candidates", []))
+    if "error" in bench:
+        not_run = bench["error"].startswith(("not run", "skipped"))
+        rows.append(("benchmark", bench["error"] if not_run else f"FAILED: {bench['error']}"))
+        if bench.get("attempts"):
+            rows.append(("  micro-batches tried", "; ".join(
+                f"{t['batch']}: {'ok' if t['ok'] else 'out of memory' if t['oom'] else 'failed'}" for t in bench["attempts"])))
+        if bench.get("command"):
+            rows.append(("  command", bench["command"]))
+    else:
+        rows.append(("benchmark", f"ok: {shape}, micro-batch {bench['batch']} (largest that ran of {tried}), "
+                                  f"median of steps {bench['timed_steps'][0]}-{bench['timed_steps'][1]}"))
+    tps = bench.get("tokens_per_s")
+    rows.append(("tokens/s", f"{tps:,.0f}" if tps else "n/a"))
+    if bench.get("mfu") is not None:
+        rows.append(("MFU", f"{100 * bench['mfu']:.1f}%"))
+    else:
+        rows.append(("MFU", "n/a" + (f" ({bench['peak_text']})" if bench.get("peak_text") and not bench.get("peak_tflops") else "")))
+    if d:
+        Q = d["C"] // d["H"]
+        rows.append(("  formula", f"tokens/s x (6N + 12 L H Q T) / peak; N={bench['params']:,}, L={d['L']}, H={d['H']}, "
+                                  f"Q={Q}, T={d['T']}: {bench['flops_per_token']:.3e} flop/token"))
+    rows.append(("  peak", bench.get("peak_text", "n/a")))
+    gpu_mib = bench.get("peak_gpu_mib")
+    rows.append(("peak GPU memory", f"{gpu_mib / 1024:.1f} GiB (nvidia-smi, sampled every 0.2 s)" if gpu_mib else "n/a"))
+    rows.append(("peak host memory", fmt_bytes(bench.get("peak_host_bytes")) + (" (VmHWM)" if bench.get("peak_host_bytes") else "")))
+    top = bench.get("top") or {}
+    if top.get("kernels"):
+        rows.append((f"top {len(top['kernels'])} kernels", top["source"]))
+        for i, k in enumerate(top["kernels"], 1):
+            pct = f"{k['percent']:5.1f}%" if k.get("percent") == k.get("percent") else "   n/a"
+            name = k["name"] if len(k["name"]) <= 90 else k["name"][:87] + "..."
+            rows.append((f"  {i:2d}. {pct}", f"{k['total_ms']:10.2f} ms {k['calls']:7d} calls  {name}"))
+    elif top.get("error"):
+        rows.append(("top 10 kernels", f"FAILED ({top['source']}): {top['error']}"))
+    else:
+        rows.append(("top 10 kernels", "n/a (benchmark did not run)" if "error" in bench else "n/a"))
+    width = max(len(r[0]) for r in rows)
+    out = [header] if header else []
+    rule = "-" * (width + 2) + "+" + "-" * 60
+    out.append(rule)
+    for key, value in rows:
+        out.append(f" {key.ljust(width)} | {value}")
+    out.append(rule)
+    return "\n".join(out)
+
+
+def cmd_report(a):
+    bench = {}
+    if a.bench and os.path.exists(a.bench):
+        with open(a.bench) as f:
+            bench = json.load(f)
+    elif a.bench_error:
+        bench = {"error": a.bench_error}
+    print(render_table(bench, a.header, a.tests, a.build))
+    return 0
+
+
+def cmd_self_test(_):
+    """Parsers, MFU and the table on made-up input: what can be checked without a GPU."""
+    d = {"V": 50257, "T": 1024, "L": 12, "H": 12, "C": 768, "F": 3072}
+    assert gpt2_parameters(d) == 124439808, gpt2_parameters(d)  # README: llmtrain plan's count
+    assert abs(flops_per_token(d, 124439808) - (6 * 124439808 + 12 * 12 * 12 * 64 * 1024)) < 1
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16")[0] == 989.0
+    assert peak_tflops("NVIDIA H100 PCIe", "bf16")[0] == 756.0
+    assert peak_tflops("NVIDIA A100-SXM4-80GB", "fp32")[0] == 19.5
+    assert peak_tflops("NVIDIA A10", "bf16")[0] == 125.0
+    assert "TF32 would be 494.5" in peak_tflops("NVIDIA H200", "fp32")[1]
+    assert peak_tflops("Tesla T4", "bf16")[0] is None
+    assert peak_tflops("Tesla T4", "bf16", "65")[0] == 65.0
+    csv_text = ("Processing [report.sqlite] with [cuda_gpu_kern_sum.py]...\n"
+                "Time (%),Total Time (ns),Instances,Avg (ns),Med (ns),Min (ns),Max (ns),StdDev (ns),Name\n"
+                "61.5,\"1,230,000\",120,10250.0,10000.0,9000,12000,100.0,\"sm90_xmma_gemm_bf16bf16, kernel\"\n"
+                "20.0,400000,60,6666.7,6600.0,6000,7000,50.0,layernorm_forward_kernel\n"
+                "18.5,370000,30,12333.3,12000.0,11000,13000,70.0,adamw_kernel\n")
+    k = parse_nsys_kernel_csv(csv_text)
+    assert [x["name"] for x in k] == ["sm90_xmma_gemm_bf16bf16, kernel", "layernorm_forward_kernel", "adamw_kernel"], k
+    assert abs(k[0]["total_ms"] - 1.23) < 1e-9 and k[0]["calls"] == 120 and k[0]["percent"] == 61.5
+    log = ("[2025-01-01 00:00:00 rank 0] op time (2.00 s in ops of 2.50 s in all):\n"
+           "[2025-01-01 00:00:00 rank 0]   matmul_backward          120 calls     0.900 s  36.0%\n"
+           "[2025-01-01 00:00:00 rank 0]   matmul_forward           120 calls     0.400 s  16.0%\n")
+    ops = parse_profile_ops(log)
+    assert [o["name"] for o in ops] == ["matmul_backward", "matmul_forward"] and ops[0]["calls"] == 120, ops
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_shard(os.path.join(tmp, "train_000000.bin"), 1000, 50257, seed=3)
+        raw = open(path, "rb").read()
+        assert len(raw) == 1024 + 2000 and struct.unpack_from("<3i", raw) == (SHARD_MAGIC, 1, 1000)
+        assert max(struct.unpack_from("<1000H", raw, 1024)) < 50257
+        metrics = os.path.join(tmp, "metrics.jsonl")
+        with open(metrics, "w") as f:
+            for s in range(1, 11):
+                f.write(json.dumps({"step": s, "loss": 5.0, "tokens_per_s": 100.0 * s, "peak_memory_bytes": s << 20}) + "\n")
+            f.write(json.dumps({"step": 10, "val_loss": 4.0}) + "\n")
+        m = summarize_metrics(metrics)
+        assert m["timed_steps"] == [4, 10] and m["tokens_per_s"] == 700.0 and m["peak_host_bytes"] == 10 << 20, m
+    bench = {"dims": d, "params": 124439808, "flops_per_token": flops_per_token(d, 124439808), "precision": "bf16",
+             "candidates": [64, 32], "batch": 32, "timed_steps": [6, 30], "tokens_per_s": 500000.0,
+             "peak_tflops": 989.0, "peak_text": "989 TFLOP/s (H200 bf16 dense peak)",
+             "mfu": 500000.0 * flops_per_token(d, 124439808) / 989e12, "peak_gpu_mib": 61440,
+             "peak_host_bytes": 3 << 30, "top": {"source": "nsys, 10 steps", "kernels": k}}
+    table = render_table(bench, "header", "3 passed, 0 failed, 0 skipped", "ok")
+    for want in ["tokens/s", "500,000", "MFU", "43.5%", "6N + 12 L H Q T", "60.0 GiB", "adamw_kernel"]:
+        assert want in table, (want, table)
+    failed = render_table({"error": "llmtrain: error: --device cuda: not yet", "attempts": [{"batch": 64, "ok": False, "oom": False}]},
+                          "", "n/a", "ok")
+    assert "FAILED: llmtrain: error: --device cuda: not yet" in failed and "64: failed" in failed, failed
+    v2 = ('<?xml version="1.0" encoding="UTF-8"?><Catch name="t"><Group name="t">'
+          '<TestCase name="a, b" tags="[cuda]"><OverallResult success="true"/></TestCase>'
+          '<TestCase name="c" tags="[cuda]"><Warning>SKIPPED: no CUDA device: none</Warning>'
+          '<OverallResult success="true"/></TestCase>'
+          '<TestCase name="d" tags="[cuda]"><Expression success="false"/><OverallResult success="false"/></TestCase>'
+          '</Group></Catch>')
+    assert parse_catch_xml(v2) == [("a, b", "passed"), ("c", "skipped"), ("d", "failed")], parse_catch_xml(v2)
+    v3 = ('<Catch2TestRun name="t"><TestCase name="e" tags="[cuda]"><Skip filename="x" line="1">no GPU</Skip>'
+          '<OverallResult success="true" skips="1"/></TestCase></Catch2TestRun>')
+    assert parse_catch_xml(v3) == [("e", "skipped")]
+    print("gpu_bench.py self-test: ok")
+    return 0
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("shard", help="write a synthetic token shard")
+    s.add_argument("dir")
+    s.add_argument("--tokens", type=int, default=1 << 21)
+    s.add_argument("--vocab", type=int, default=50257)
+    s.add_argument("--seed", type=int, default=1)
+    s.set_defaults(func=cmd_shard)
+    b = sub.add_parser("bench", help="micro-batch search, timed run, top kernels -> JSON")
+    b.add_argument("--binary", required=True)
+    b.add_argument("--config", required=True)
+    b.add_argument("--data", required=True, help="folder with train_*.bin")
+    b.add_argument("--device", default="cuda")
+    b.add_argument("--gpu-name", default="")
+    b.add_argument("--precision", choices=["bf16", "fp32"])
+    b.add_argument("--batches", default="64,32,16,8,4,2,1")
+    b.add_argument("--probe-steps", type=int, default=3)
+    b.add_argument("--steps", type=int, default=30)
+    b.add_argument("--profile-steps", type=int, default=10)
+    b.add_argument("--timeout", type=int, default=300, help="seconds per llmtrain run")
+    b.add_argument("--workdir", default=None)
+    b.add_argument("--keep", action="store_true", help="keep the runs' folders")
+    b.add_argument("--out", required=True)
+    b.set_defaults(func=cmd_bench)
+    r = sub.add_parser("report", help="print the table")
+    r.add_argument("--bench")
+    r.add_argument("--bench-error")
+    r.add_argument("--tests")
+    r.add_argument("--build")
+    r.add_argument("--header", default="")
+    r.set_defaults(func=cmd_report)
+    c = sub.add_parser("cuda-tests", help="run every Catch2 test case with a tag, count the outcomes")
+    c.add_argument("--build", required=True)
+    c.add_argument("--tag", default="[cuda]")
+    c.add_argument("--out", required=True)
+    c.set_defaults(func=cmd_cuda_tests)
+    t = sub.add_parser("self-test", help="check the parsers and the table on made-up input")
+    t.set_defaults(func=cmd_self_test)
+    a = p.parse_args(argv)
+    return a.func(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

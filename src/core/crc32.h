@@ -1,0 +1,23 @@
+// CRC-32 as zlib, PNG and Python's zlib.crc32 compute it (reflected polynomial 0xEDB88320).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace llmtrain {
+
+/// CRC-32 of `n` bytes, continuing from `previous` (the CRC of the bytes before them; 0 to start),
+/// so that crc32(b, n_b, crc32(a, n_a)) is the CRC of a then b. crc32("123456789") == 0xCBF43926.
+/// zlib's where the build has zlib (faster), else crc32_builtin.
+std::uint32_t crc32(const void* bytes, std::size_t n, std::uint32_t previous = 0);
+
+/// CRC-32 of a string's bytes, continuing from `previous`.
+inline std::uint32_t crc32(std::string_view bytes, std::uint32_t previous = 0) {
+  return crc32(bytes.data(), bytes.size(), previous);
+}
+
+/// The same CRC-32 computed by our own table-driven code (what crc32 uses in a build without zlib).
+std::uint32_t crc32_builtin(const void* bytes, std::size_t n, std::uint32_t previous = 0);
+
+}  // namespace llmtrain

@@ -1,0 +1,334 @@
+#include "model/llama.h"
+
+#include <cmath>
+#include <string>
+
+#include "core/error.h"
+#include "ops/nn.h"
+
+namespace llmtrain::model {
+namespace {
+
+std::string layer_prefix(std::int64_t l) { return "model.layers." + std::to_string(l) + "."; }
+
+// A view of `width` elements of row r of a 2-D tensor, starting at column `offset`.
+Tensor row_slice(const Tensor& t, std::int64_t r, std::int64_t offset, std::int64_t width) {
+  return Tensor(t.as<float>() + r * t.shape[1] + offset, DType::f32, t.device, {width});
+}
+
+}  // namespace
+
+Llama::Llama(const config::ModelConfig& config, Device device, Recompute recompute)
+    : Model(config, device), recompute_(recompute) {
+  if (config.arch != "llama") throw RuntimeError("Llama: config has model.arch \"" + config.arch + "\"");
+  const std::int64_t C = config.d_model, F = config.ffn_hidden, V = config.vocab_size, NH = config.n_head,
+                     NKV = config.n_kv_head;
+  HS_ = C / NH;
+  QKV_ = (NH + 2 * NKV) * HS_;
+  if (!config.tie_embeddings) add_param("lm_head.weight", {V, C});
+  add_param("model.norm.weight", {C});
+  for (std::int64_t l = config.n_layer - 1; l >= 0; --l) {
+    const std::string h = layer_prefix(l);
+    add_param(h + "input_layernorm.weight", {C});
+    // q, k and v stay adjacent: together they are the one ((NH + 2 NKV) HS, C) matrix of the fused matmul.
+    add_param(h + "self_attn.q_proj.weight", {NH * HS_, C});
+    add_param(h + "self_attn.k_proj.weight", {NKV * HS_, C});
+    add_param(h + "self_attn.v_proj.weight", {NKV * HS_, C});
+    add_param(h + "self_attn.o_proj.weight", {C, NH * HS_});
+    add_param(h + "post_attention_layernorm.weight", {C});
+    add_param(h + "mlp.gate_proj.weight", {F, C});
+    add_param(h + "mlp.up_proj.weight", {F, C});
+    add_param(h + "mlp.down_proj.weight", {C, F});
+  }
+  add_param("model.embed_tokens.weight", {V, C});
+  allocate();
+  // Layer l's gradients are final once its backward is done: they end where layer l - 1's begin.
+  for (std::int64_t l = 0; l < config.n_layer; ++l) {
+    layer_grads_end_.push_back(
+        offset_of(l == 0 ? "model.embed_tokens.weight" : layer_prefix(l - 1) + "input_layernorm.weight"));
+  }
+  p_ = bind_params(false);
+  g_ = bind_params(true);
+}
+
+Llama::Params Llama::bind_params(bool grads) const {
+  Params p;
+  p.embed = param_named("model.embed_tokens.weight", grads);
+  p.norm = param_named("model.norm.weight", grads);
+  p.head = config_.tie_embeddings ? p.embed : param_named("lm_head.weight", grads);
+  for (std::int64_t l = 0; l < config_.n_layer; ++l) {
+    const std::string h = layer_prefix(l);
+    LayerParams lp;
+    lp.in_norm = param_named(h + "input_layernorm.weight", grads);
+    const Tensor q = param_named(h + "self_attn.q_proj.weight", grads);
+    lp.qkv = Tensor(q.data, DType::f32, device_, {QKV_, config_.d_model});
+    lp.o = param_named(h + "self_attn.o_proj.weight", grads);
+    lp.post_norm = param_named(h + "post_attention_layernorm.weight", grads);
+    lp.gate = param_named(h + "mlp.gate_proj.weight", grads);
+    lp.up = param_named(h + "mlp.up_proj.weight", grads);
+    lp.down = param_named(h + "mlp.down_proj.weight", grads);
+    p.layers.push_back(lp);
+  }
+  return p;
+}
+
+void Llama::init_weights(std::uint64_t seed) {
+  // normal(0, 0.02) for every matrix, the two projections that feed the residual stream scaled by
+  // 1 / sqrt(2 L) (as GPT-2 does, so the stream's variance does not grow with depth); norms 1.
+  const float residual_std = 0.02f / std::sqrt(2.0f * float(config_.n_layer));
+  for (const auto& info : param_infos()) {
+    if (info.shape.size() == 1) {
+      init_constant(info, 1.0f);
+    } else {
+      const bool residual = info.name.ends_with("o_proj.weight") || info.name.ends_with("down_proj.weight");
+      init_normal(info, seed, residual ? residual_std : 0.02f);
+    }
+  }
+}
+
+int Llama::rotated_heads() const { return int(config_.n_head + config_.n_kv_head); }
+
+std::size_t Llama::bind_acts(char* base, int B, int T, Acts& a, GradActs& g) const {
+  Carver carver{base, device_};
+  const std::int64_t N = std::int64_t(B) * T, C = config_.d_model, F = config_.ffn_hidden, V = config_.vocab_size,
+                     NH = config_.n_head;
+  const auto take = [&](std::initializer_list<std::int64_t> shape) { return carver.take(DType::f32, shape); };
+  a = Acts();
+  a.inputs = carver.take(DType::i32, {B, T});
+  a.targets = carver.take(DType::i32, {N});
+  a.encoded = take({N, C});
+
+  // One copy shared by all layers: what backward never reads (the pre-rotation qkv and the two
+  // branch outputs) and what it recomputes.
+  LayerActs shared;
+  shared.qkv = take({N, QKV_});
+  shared.attproj = take({N, C});
+  shared.down = take({N, C});
+  const bool full = recompute_ == Recompute::full;
+  if (recompute_ != Recompute::none) {
+    shared.gate = take({N, F});
+    shared.up = take({N, F});
+    shared.swi = take({N, F});
+  }
+  if (full) {
+    shared.ln1 = take({N, C});
+    shared.rstd1 = take({N});
+    shared.qkvr = take({N, QKV_});
+    shared.atty = take({N, C});
+    shared.lse = take({B, NH, T});
+    shared.residual2 = take({N, C});
+    shared.ln2 = take({N, C});
+    shared.rstd2 = take({N});
+  }
+  for (std::int64_t l = 0; l < config_.n_layer; ++l) {
+    LayerActs la = shared;
+    if (!full) {
+      la.ln1 = take({N, C});
+      la.rstd1 = take({N});
+      la.qkvr = take({N, QKV_});
+      la.atty = take({N, C});
+      la.lse = take({B, NH, T});
+      la.residual2 = take({N, C});
+      la.ln2 = take({N, C});
+      la.rstd2 = take({N});
+    }
+    if (recompute_ == Recompute::none) {
+      la.gate = take({N, F});
+      la.up = take({N, F});
+      la.swi = take({N, F});
+    }
+    la.residual3 = take({N, C});
+    a.layers.push_back(la);
+  }
+  a.lnf = take({N, C});
+  a.rstdf = take({N});
+  a.logits = take({N, V});
+  a.losses = take({N});
+
+  g.residual = take({N, C});
+  g.lnf = take({N, C});
+  const std::size_t scratch_begin = carver.used;
+  g.ln1 = take({N, C});
+  g.qkv = take({N, QKV_});
+  g.qkvr = take({N, QKV_});
+  g.atty = take({N, C});
+  g.ln2 = take({N, C});
+  g.gate = take({N, F});
+  g.up = take({N, F});
+  g.swi = take({N, F});
+  g.scratch = Tensor(base ? base + scratch_begin : nullptr, DType::f32, device_,
+                     {std::int64_t(carver.used - scratch_begin) / 4});
+  return carver.used;
+}
+
+std::size_t Llama::activation_bytes(int B, int T) const {
+  Acts a;
+  GradActs g;
+  return bind_acts(nullptr, B, T, a, g);
+}
+
+void Llama::ensure_acts(int B, int T) {
+  if (T < 1 || T > config_.context_length || B < 1) {
+    throw RuntimeError("Llama: batch (" + std::to_string(B) + ", " + std::to_string(T) +
+                       ") outside the model's context");
+  }
+  if (B == acts_B_ && T == acts_T_) return;
+  acts_buffer_ = ops::Buffer();
+  acts_buffer_ = ops::Buffer(device_, activation_bytes(B, T));
+  bind_acts(static_cast<char*>(acts_buffer_.data()), B, T, a_, ga_);
+  acts_B_ = B;
+  acts_T_ = T;
+}
+
+void Llama::forward_mlp(const LayerParams& lp, const LayerActs& la) {
+  const Tensor none;
+  ops::matmul_forward(la.gate, la.ln2, lp.gate, none);
+  ops::matmul_forward(la.up, la.ln2, lp.up, none);
+  ops::swiglu_forward(la.swi, la.gate, la.up);
+}
+
+void Llama::forward_layer(std::size_t l) {
+  const int B = acts_B_, T = acts_T_;
+  const std::int64_t C = config_.d_model, NH = config_.n_head, NKV = config_.n_kv_head;
+  const auto eps = float(config_.norm_eps), theta = float(config_.rope_theta);
+  const LayerParams& lp = p_.layers[l];
+  const LayerActs& la = a_.layers[l];
+  const Tensor& x = l ? a_.layers[l - 1].residual3 : a_.encoded;
+  const Tensor none;
+  ops::rmsnorm_forward(la.ln1, la.rstd1, x, lp.in_norm, eps);
+  ops::matmul_forward(la.qkv, la.ln1, lp.qkv, none);
+  ops::rope_forward(la.qkvr.reshape({B, T, NH + 2 * NKV, HS_}), la.qkv.reshape({B, T, NH + 2 * NKV, HS_}), theta,
+                    rotated_heads());
+  ops::flash_attention_forward(la.atty.reshape({B, T, C}), la.lse, la.qkvr.reshape({B, T, QKV_}), int(NH), int(NKV));
+  ops::matmul_forward(la.attproj, la.atty, lp.o, none);
+  ops::residual_forward(la.residual2, x, la.attproj);
+  ops::rmsnorm_forward(la.ln2, la.rstd2, la.residual2, lp.post_norm, eps);
+  forward_mlp(lp, la);
+  ops::matmul_forward(la.down, la.swi, lp.down, none);
+  ops::residual_forward(la.residual3, la.residual2, la.down);
+}
+
+double Llama::forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T, float dloss_scale) {
+  ensure_acts(B, T);
+  ops::copy(a_.inputs, Tensor(const_cast<std::int32_t*>(inputs), DType::i32, Device::cpu, {B, T}));
+  ops::encoder_forward(a_.encoded.reshape({B, T, config_.d_model}), a_.inputs, p_.embed, Tensor());
+  for (std::size_t l = 0; l < a_.layers.size(); ++l) forward_layer(l);
+  const Tensor& last = a_.layers.empty() ? a_.encoded : a_.layers.back().residual3;
+  ops::rmsnorm_forward(a_.lnf, a_.rstdf, last, p_.norm, float(config_.norm_eps));
+  ops::matmul_forward(a_.logits, a_.lnf, p_.head, Tensor());
+  if (!targets) return 0.0;
+  ops::copy(a_.targets, Tensor(const_cast<std::int32_t*>(targets), DType::i32, Device::cpu, {a_.targets.shape[0]}));
+  return ops::fused_classifier(a_.logits, a_.losses, a_.targets, dloss_scale);
+}
+
+void Llama::backward(const std::function<void(std::int64_t)>& grads_ready) {
+  const int B = acts_B_, T = acts_T_;
+  const std::int64_t C = config_.d_model, NH = config_.n_head, NKV = config_.n_kv_head;
+  const float theta = float(config_.rope_theta);
+  const Tensor none;
+  const Tensor& dlogits = a_.logits;  // fused_classifier left the gradient there
+  // d(residual stream): each residual connection adds its branch's input gradient in place.
+  const Tensor& dresidual = ga_.residual;
+  ops::zero(dresidual);
+  ops::zero(ga_.lnf);
+  ops::matmul_backward(ga_.lnf, g_.head, none, dlogits, a_.lnf, p_.head);
+  const Tensor& last = a_.layers.empty() ? a_.encoded : a_.layers.back().residual3;
+  ops::rmsnorm_backward(dresidual, g_.norm, ga_.lnf, last, p_.norm, a_.rstdf);
+  for (std::size_t l = a_.layers.size(); l-- > 0;) {
+    const LayerParams& lp = p_.layers[l];
+    const LayerParams& lg = g_.layers[l];
+    const LayerActs& la = a_.layers[l];
+    const Tensor& x = l ? a_.layers[l - 1].residual3 : a_.encoded;
+    if (recompute_ == Recompute::full) {
+      forward_layer(l);
+    } else if (recompute_ == Recompute::mlp) {
+      forward_mlp(lp, la);
+    }
+    ops::zero(ga_.scratch);
+    // MLP branch: residual3 = residual2 + down(swiglu(gate(ln2), up(ln2))).
+    ops::matmul_backward(ga_.swi, lg.down, none, dresidual, la.swi, lp.down);
+    ops::swiglu_backward(ga_.gate, ga_.up, ga_.swi, la.gate, la.up);
+    ops::matmul_backward(ga_.ln2, lg.gate, none, ga_.gate, la.ln2, lp.gate);
+    ops::matmul_backward(ga_.ln2, lg.up, none, ga_.up, la.ln2, lp.up);
+    ops::rmsnorm_backward(dresidual, lg.post_norm, ga_.ln2, la.residual2, lp.post_norm, la.rstd2);
+    // Attention branch: residual2 = x + o(attention(rope(qkv(ln1)))).
+    ops::matmul_backward(ga_.atty, lg.o, none, dresidual, la.atty, lp.o);
+    ops::flash_attention_backward(ga_.qkvr.reshape({B, T, QKV_}), ga_.atty.reshape({B, T, C}),
+                                  la.qkvr.reshape({B, T, QKV_}), la.atty.reshape({B, T, C}), la.lse, int(NH), int(NKV));
+    ops::rope_backward(ga_.qkv.reshape({B, T, NH + 2 * NKV, HS_}), ga_.qkvr.reshape({B, T, NH + 2 * NKV, HS_}), theta,
+                       rotated_heads());
+    ops::matmul_backward(ga_.ln1, lg.qkv, none, ga_.qkv, la.ln1, lp.qkv);
+    ops::rmsnorm_backward(dresidual, lg.in_norm, ga_.ln1, x, lp.in_norm, la.rstd1);
+    if (grads_ready) grads_ready(layer_grads_end_[l]);
+  }
+  ops::encoder_backward(g_.embed, Tensor(), dresidual.reshape({B, T, C}), a_.inputs);
+  if (grads_ready) grads_ready(num_params());
+}
+
+Tensor Llama::logits() const { return a_.logits.reshape({acts_B_, acts_T_, config_.vocab_size}); }
+
+void Llama::ensure_decoder() {
+  if (d_.buffer.data()) return;
+  const std::int64_t C = config_.d_model, F = config_.ffn_hidden, V = config_.vocab_size,
+                     maxT = config_.context_length, KVC = config_.n_kv_head * HS_;
+  for (const bool measure : {true, false}) {
+    Carver carver{measure ? nullptr : static_cast<char*>(d_.buffer.data()), device_};
+    const auto take = [&](std::initializer_list<std::int64_t> shape) { return carver.take(DType::f32, shape); };
+    d_.token = carver.take(DType::i32, {1, 1});
+    d_.x = take({1, C});
+    d_.ln = take({1, C});
+    d_.rstd = take({1});
+    d_.qkv = take({1, QKV_});
+    d_.qkvr = take({1, QKV_});
+    d_.atty = take({1, C});
+    d_.proj = take({1, C});
+    d_.x2 = take({1, C});
+    d_.gate = take({1, F});
+    d_.up = take({1, F});
+    d_.swi = take({1, F});
+    d_.logits = take({1, V});
+    d_.k_cache.clear();
+    d_.v_cache.clear();
+    for (std::int64_t l = 0; l < config_.n_layer; ++l) {
+      d_.k_cache.push_back(take({maxT, KVC}));
+      d_.v_cache.push_back(take({maxT, KVC}));
+    }
+    if (measure) d_.buffer = ops::Buffer(device_, carver.used);
+  }
+}
+
+Tensor Llama::decode_step(std::int32_t token, int pos) {
+  if (pos < 0 || pos >= config_.context_length) {
+    throw RuntimeError("Llama::decode_step: position " + std::to_string(pos) + " outside the context");
+  }
+  ensure_decoder();
+  const std::int64_t C = config_.d_model, NH = config_.n_head, NKV = config_.n_kv_head, KVC = NKV * HS_;
+  const auto eps = float(config_.norm_eps), theta = float(config_.rope_theta);
+  const Tensor none;
+  ops::copy(d_.token, Tensor(&token, DType::i32, Device::cpu, {1, 1}));
+  ops::encoder_forward(d_.x.reshape({1, 1, C}), d_.token, p_.embed, none);
+  for (std::size_t l = 0; l < p_.layers.size(); ++l) {
+    const LayerParams& lp = p_.layers[l];
+    ops::rmsnorm_forward(d_.ln, d_.rstd, d_.x, lp.in_norm, eps);
+    ops::matmul_forward(d_.qkv, d_.ln, lp.qkv, none);
+    ops::rope_forward(d_.qkvr.reshape({1, 1, NH + 2 * NKV, HS_}), d_.qkv.reshape({1, 1, NH + 2 * NKV, HS_}), theta,
+                      rotated_heads(), pos);
+    ops::copy(row_slice(d_.k_cache[l], pos, 0, KVC), row_slice(d_.qkvr, 0, C, KVC));
+    ops::copy(row_slice(d_.v_cache[l], pos, 0, KVC), row_slice(d_.qkvr, 0, C + KVC, KVC));
+    ops::attention_decode(d_.atty.reshape({C}), row_slice(d_.qkvr, 0, 0, C), d_.k_cache[l], d_.v_cache[l], pos, int(NH),
+                          int(NKV));
+    ops::matmul_forward(d_.proj, d_.atty, lp.o, none);
+    ops::residual_forward(d_.x2, d_.x, d_.proj);
+    ops::rmsnorm_forward(d_.ln, d_.rstd, d_.x2, lp.post_norm, eps);
+    ops::matmul_forward(d_.gate, d_.ln, lp.gate, none);
+    ops::matmul_forward(d_.up, d_.ln, lp.up, none);
+    ops::swiglu_forward(d_.swi, d_.gate, d_.up);
+    ops::matmul_forward(d_.proj, d_.swi, lp.down, none);
+    ops::residual_forward(d_.x, d_.x2, d_.proj);
+  }
+  ops::rmsnorm_forward(d_.ln, d_.rstd, d_.x, p_.norm, eps);
+  ops::matmul_forward(d_.logits, d_.ln, p_.head, none);
+  return d_.logits.reshape({config_.vocab_size});
+}
+
+}  // namespace llmtrain::model

@@ -1,0 +1,82 @@
+// A Llama-style decoder built only from ops::: RMSNorm, rotary position embeddings (Hugging
+// Face's rotate_half layout), grouped-query attention, a SwiGLU MLP, no biases, and an output head
+// that is its own matrix unless model.tie_embeddings. Parameters are named as in Hugging Face's
+// LlamaForCausalLM and laid out in the flat buffer in backward-completion order: lm_head (when
+// untied), model.norm, layers L-1 .. 0, model.embed_tokens.
+//
+// Activation memory: the residual stream needs only ONE gradient buffer, accumulated in place
+// through the whole backward pass (each residual connection adds its branch's input gradient to
+// it), and every other activation gradient lives in one layer-sized scratch reused by all layers.
+// train.recompute trades compute for the forward activations: "mlp" recomputes the gate, up and
+// SwiGLU outputs from the kept RMSNorm output, "full" keeps only each layer's output and reruns
+// the layer's forward pass during backward.
+#pragma once
+
+#include "model/model.h"
+
+namespace llmtrain::model {
+
+class Llama final : public Model {
+ public:
+  Llama(const config::ModelConfig& config, Device device, Recompute recompute = Recompute::none);
+
+  void init_weights(std::uint64_t seed) override;
+  double forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T, float dloss_scale) override;
+  void backward(const std::function<void(std::int64_t)>& grads_ready = {}) override;
+  Tensor logits() const override;
+  Tensor decode_step(std::int32_t token, int pos) override;
+  std::size_t activation_bytes(int B, int T) const override;
+
+ private:
+  struct LayerParams {
+    Tensor in_norm, qkv, o, post_norm, gate, up, down;  // qkv: q_proj, k_proj, v_proj stacked ((NH+2NKV)HS, C)
+  };
+  struct Params {
+    Tensor embed, norm, head;
+    std::vector<LayerParams> layers;
+  };
+  // Forward activations of one layer; which of them are the layer's own and which share one
+  // scratch with every other layer depends on the recompute mode (see bind_acts).
+  struct LayerActs {
+    Tensor ln1, rstd1, qkv, qkvr, atty, lse, attproj, residual2, ln2, rstd2, gate, up, swi, down, residual3;
+  };
+  struct Acts {
+    Tensor inputs, targets, encoded, lnf, rstdf, logits, losses;
+    std::vector<LayerActs> layers;
+  };
+  // Activation gradients: the residual stream's, and one layer's worth of scratch.
+  struct GradActs {
+    Tensor residual, lnf, ln1, qkv, qkvr, atty, ln2, gate, up, swi;
+    Tensor scratch;  // all of ln1 .. swi, zeroed before each layer's backward
+  };
+
+  Params bind_params(bool grads) const;
+  /// Lays the activations of (B,T) out from `base` into a, g; with a null base only measures.
+  std::size_t bind_acts(char* base, int B, int T, Acts& a, GradActs& g) const;
+  void ensure_acts(int B, int T);
+  void forward_layer(std::size_t l);
+  void forward_mlp(const LayerParams& lp, const LayerActs& la);
+  int rotated_heads() const;
+
+  Recompute recompute_;
+  std::int64_t HS_, QKV_;  // head size; width of the packed q, k, v rows ((NH + 2 NKV) HS)
+  std::vector<std::int64_t> layer_grads_end_;
+  Params p_, g_;
+
+  int acts_B_ = 0, acts_T_ = 0;
+  ops::Buffer acts_buffer_;
+  Acts a_;
+  GradActs ga_;
+
+  // Buffers of decode_step: one position's activations and each layer's key/value cache, whose
+  // rows hold the NKV grouped heads once ((maxT, NKV HS)).
+  struct Decoder {
+    ops::Buffer buffer;
+    Tensor token, x, ln, rstd, qkv, qkvr, atty, proj, x2, gate, up, swi, logits;
+    std::vector<Tensor> k_cache, v_cache;
+  };
+  void ensure_decoder();
+  Decoder d_;
+};
+
+}  // namespace llmtrain::model

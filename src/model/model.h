@@ -1,0 +1,117 @@
+// The model interface the trainer, checkpoints and text generation use, and the parts every
+// architecture shares: all parameters live in one flat fp32 buffer and their gradients in another,
+// laid out in the order backward finishes them (output head first, embeddings last), so that
+// all-reduce buckets, ZeRO shards and checkpoints are ranges of these buffers.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "core/tensor.h"
+#include "ops/buffer.h"
+
+namespace llmtrain::model {
+
+/// One parameter tensor: its Hugging Face name (weights in torch.nn.Linear's (out, in) layout),
+/// shape, place in the flat buffer and whether AdamW decays it (2-D tensors only).
+struct ParamInfo {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::int64_t offset = 0;
+  std::int64_t numel = 0;
+  bool decay = false;
+};
+
+/// Which activations backward recomputes instead of keeping from forward (config train.recompute).
+enum class Recompute { none, mlp, full };
+Recompute parse_recompute(const std::string& name);
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const config::ModelConfig& config() const { return config_; }
+  Device device() const { return device_; }
+  const std::vector<ParamInfo>& param_infos() const { return infos_; }
+  const ParamInfo& param_info(const std::string& name) const;
+  std::int64_t num_params() const { return num_params_; }
+
+  Tensor params() const { return params_.view(DType::f32, {num_params_}); }  // (P,)
+  Tensor grads() const { return grads_.view(DType::f32, {num_params_}); }    // (P,)
+  /// A view of one parameter (or its gradient) with its shape.
+  Tensor param(const ParamInfo& info) const;
+  Tensor grad(const ParamInfo& info) const;
+  void zero_grads();
+
+  /// The architecture's initialisation; element i of the flat buffer depends only on (seed, i).
+  virtual void init_weights(std::uint64_t seed) = 0;
+
+  /// Forward pass on inputs (B,T) with T <= context_length. With targets, returns the summed loss
+  /// over the B T positions; with dloss_scale > 0 it also leaves d(loss sum * dloss_scale)/dlogits
+  /// in place of the logits, ready for backward(). Without targets returns 0 and keeps the logits.
+  virtual double forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T,
+                         float dloss_scale) = 0;
+  /// Adds this micro-batch's gradients into grads() (after forward with dloss_scale > 0). As
+  /// backward goes, `grads_ready(n)` (if given) says that the first n elements of grads() are final,
+  /// so their reduction across ranks can start while the rest is computed.
+  virtual void backward(const std::function<void(std::int64_t)>& grads_ready = {}) = 0;
+
+  /// (B,T,V) logits of the last forward without dloss_scale.
+  virtual Tensor logits() const = 0;
+
+  /// Incremental decoding of one sequence with a KV cache: feed its tokens at positions 0, 1,
+  /// 2, ... (below context_length), each costing one position; returns the (V,) logits that
+  /// predict the next token. Position 0 starts a new sequence.
+  virtual Tensor decode_step(std::int32_t token, int pos) = 0;
+
+  /// Bytes of activation memory forward and backward need at (B,T) (both sets: values and gradients).
+  virtual std::size_t activation_bytes(int B, int T) const = 0;
+
+ protected:
+  Model(const config::ModelConfig& config, Device device);
+
+  /// Appends a parameter to the flat layout (in backward-completion order); then allocate().
+  void add_param(const std::string& name, std::vector<std::int64_t> shape);
+  void allocate();
+  /// Flat offset where the parameter `name` starts.
+  std::int64_t offset_of(const std::string& name) const { return param_info(name).offset; }
+  /// The parameter (or, with grads, its gradient) tensor called `name`.
+  Tensor param_named(const std::string& name, bool grads) const;
+  /// GPT-2 style initialisation of one parameter: normal(0, std) from (seed, flat index).
+  void init_normal(const ParamInfo& info, std::uint64_t seed, float std);
+  void init_constant(const ParamInfo& info, float value);
+
+  config::ModelConfig config_;
+  Device device_;
+
+ private:
+  std::vector<ParamInfo> infos_;
+  std::int64_t num_params_ = 0;
+  ops::Buffer params_, grads_;
+};
+
+/// The model of config.arch ("gpt2" or "llama"), its parameters allocated and uninitialised.
+std::unique_ptr<Model> make_model(const config::ModelConfig& config, Device device,
+                                  Recompute recompute = Recompute::none);
+
+/// Hands out consecutive 64-byte aligned tensors from one allocation; with a null base it only
+/// measures how many bytes they need.
+struct Carver {
+  char* base;
+  Device device;
+  std::size_t used = 0;
+
+  Tensor take(DType dtype, std::initializer_list<std::int64_t> shape) {
+    Tensor t(base ? base + used : nullptr, dtype, device, shape);
+    used += (t.bytes() + 63) / 64 * 64;
+    return t;
+  }
+};
+
+}  // namespace llmtrain::model

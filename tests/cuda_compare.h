@@ -1,0 +1,159 @@
+// Comparing a CUDA op with its CPU reference, in the manner of ggml's test-backend-ops: device
+// copies of host arrays framed by sentinel elements that must survive (out-of-bounds writes),
+// an explicit NaN/Inf check, errors normalised by the reference's magnitude, and a check that
+// the result is not trivially zero or unchanged. Uses only the public ops API (no CUDA headers),
+// so any test may include it.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "catch_compat.h"
+#include "core/tensor.h"
+#include "ops/buffer.h"
+
+namespace llmtrain::test {
+
+template <class T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::f32;
+}
+template <>
+constexpr DType dtype_of<std::int32_t>() {
+  return DType::i32;
+}
+
+/// The sentinel bit pattern: a NaN with a payload for floats (so "still NaN" is not enough: the
+/// bits must be unchanged), an unlikely value for integers.
+template <class T>
+T sentinel() {
+  static_assert(sizeof(T) == 4, "4-byte elements only");
+  const std::uint32_t bits = 0x7fc0dead;
+  T value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+/// A copy of a host array in device memory, after `offset` leading sentinels (offset 1 makes the
+/// view 4 bytes off 16-byte alignment: the kernels' scalar paths) and before `trailing_guard`
+/// trailing ones.
+template <class T>
+class DeviceArray {
+ public:
+  static constexpr std::size_t trailing_guard = 8;
+
+  explicit DeviceArray(const std::vector<T>& host, std::size_t offset = 0)
+      : n_(host.size()),
+        offset_(offset),
+        buffer_(Device::cuda, (offset + host.size() + trailing_guard) * sizeof(T)) {
+    std::vector<T> framed(offset_ + n_ + trailing_guard, sentinel<T>());
+    std::copy(host.begin(), host.end(), framed.begin() + std::ptrdiff_t(offset_));
+    ops::copy(whole(), Tensor(framed.data(), dtype_of<T>(), Device::cpu, {std::int64_t(framed.size())}));
+  }
+
+  /// The data (without the sentinels) as a device tensor of this shape.
+  Tensor tensor(std::initializer_list<std::int64_t> shape) const {
+    const Tensor t(data(), dtype_of<T>(), Device::cuda, shape);
+    REQUIRE(std::size_t(t.numel()) == n_);
+    return t;
+  }
+  T* data() const { return static_cast<T*>(buffer_.data()) + offset_; }
+
+  /// The data, copied back.
+  std::vector<T> to_host() const {
+    const std::vector<T> framed = framed_to_host();
+    return std::vector<T>(framed.begin() + std::ptrdiff_t(offset_),
+                          framed.begin() + std::ptrdiff_t(offset_ + n_));
+  }
+
+  /// True when every sentinel before and after the data still has its bits.
+  bool guards_intact() const {
+    const std::vector<T> framed = framed_to_host();
+    const T expected = sentinel<T>();
+    for (std::size_t i = 0; i < framed.size(); ++i) {
+      if (i >= offset_ && i < offset_ + n_) continue;
+      if (std::memcmp(&framed[i], &expected, sizeof(T)) != 0) return false;
+    }
+    return true;
+  }
+
+ private:
+  Tensor whole() const {
+    return Tensor(buffer_.data(), dtype_of<T>(), Device::cuda, {std::int64_t(offset_ + n_ + trailing_guard)});
+  }
+  std::vector<T> framed_to_host() const {
+    std::vector<T> framed(offset_ + n_ + trailing_guard);
+    ops::copy(Tensor(framed.data(), dtype_of<T>(), Device::cpu, {std::int64_t(framed.size())}), whole());
+    return framed;
+  }
+
+  std::size_t n_, offset_;
+  ops::Buffer buffer_;
+};
+
+/// Uniform random floats in [lo, hi) (faster than normals for the large test arrays).
+inline std::vector<float> uniform_vec(std::mt19937& rng, std::size_t n, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+/// max |result - reference| / max |reference|, with the reference's magnitude floored at 1e-30.
+inline double normalized_error(const std::vector<float>& result, const std::vector<float>& reference) {
+  double max_diff = 0.0, max_ref = 0.0;
+  for (std::size_t i = 0; i < reference.size(); ++i) {
+    max_diff = std::max(max_diff, std::abs(double(result[i]) - double(reference[i])));
+    max_ref = std::max(max_ref, std::abs(double(reference[i])));
+  }
+  return max_diff / std::max(max_ref, 1e-30);
+}
+
+/// Requires `result` (from the device) to be finite, the reference finite and not all zero, and
+/// their normalised error (above) at most `tolerance`.
+inline void require_close(const std::string& what, const std::vector<float>& result,
+                          const std::vector<float>& reference, double tolerance) {
+  REQUIRE(result.size() == reference.size());
+  std::size_t bad_result = 0, bad_reference = 0, first_bad = result.size();
+  double max_ref = 0.0;
+  for (std::size_t i = 0; i < result.size(); ++i) {
+    if (!std::isfinite(result[i]) && bad_result++ == 0) first_bad = i;
+    if (!std::isfinite(reference[i])) ++bad_reference;
+    max_ref = std::max(max_ref, std::abs(double(reference[i])));
+  }
+  const double error = normalized_error(result, reference);
+  INFO(what << ": " << result.size() << " elements, " << bad_result << " NaN/Inf from the device (first at "
+            << first_bad << "), normalised error " << error << " (tolerance " << tolerance
+            << "), max |reference| " << max_ref);
+  REQUIRE(bad_reference == 0);
+  REQUIRE(bad_result == 0);
+  REQUIRE(max_ref > 0.0);  // not trivially zero
+  REQUIRE(error <= tolerance);
+}
+
+/// Requires the op to have changed `after` from `before` somewhere (an accumulating op that
+/// added nothing would pass require_close against a reference that also added nothing).
+inline void require_changed(const std::string& what, const std::vector<float>& after,
+                            const std::vector<float>& before) {
+  bool changed = false;
+  for (std::size_t i = 0; i < after.size() && !changed; ++i) changed = after[i] != before[i];
+  INFO(what << " was not changed by the op");
+  REQUIRE(changed);
+}
+
+/// Requires every sentinel around the device array to be intact.
+template <class T>
+void require_guards(const std::string& what, const DeviceArray<T>& array) {
+  INFO(what << ": a sentinel before or after the array was overwritten");
+  REQUIRE(array.guards_intact());
+}
+
+}  // namespace llmtrain::test

@@ -1,0 +1,277 @@
+// Flash attention: the CPU reference against the probability-storing attention op and finite
+// differences; the CUDA kernels against the CPU reference over a grid of shapes, with NaN
+// sentinels around every output, NaN/Inf checks and accumulation into a pre-filled gradient.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "catch_compat.h"
+#include "core/error.h"
+#include "cuda_compare.h"
+#include "grad_check.h"
+#include "ops/buffer.h"
+#include "ops/nn.h"
+
+using namespace llmtrain;
+using namespace llmtrain::test;
+
+namespace {
+
+// Attention shapes: qkv (B,T,(NH+2NKV)HS), out (B,T,NH HS), lse (B,NH,T).
+struct AttnShape {
+  int B, T, NH, NKV, HS;
+  int C() const { return NH * HS; }
+  int width() const { return (NH + 2 * NKV) * HS; }
+  std::size_t n_qkv() const { return std::size_t(B) * T * width(); }
+  std::size_t n_out() const { return std::size_t(B) * T * C(); }
+  std::size_t n_lse() const { return std::size_t(B) * NH * T; }
+};
+
+// Largest |a - b| over |b| floored at 1 (so near-zero elements are compared absolutely).
+double max_mixed_error(const Vec& a, const Vec& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::abs(double(a[i]) - b[i]) / std::max(1.0, std::abs(double(b[i]))));
+  }
+  return worst;
+}
+
+// The flash forward and backward on the CPU: out, lse and dqkv (starting from `dqkv0`).
+struct FlashResult {
+  Vec out, lse, dqkv;
+};
+FlashResult cpu_flash(const AttnShape& s, Vec& qkv, Vec& dout, const Vec& dqkv0) {
+  const int B = s.B, T = s.T, NH = s.NH, C = s.C(), W = s.width();
+  FlashResult r{Vec(s.n_out()), Vec(s.n_lse()), dqkv0};
+  ops::flash_attention_forward(t(r.out, {B, T, C}), t(r.lse, {B, NH, T}), t(qkv, {B, T, W}), NH, s.NKV);
+  ops::flash_attention_backward(t(r.dqkv, {B, T, W}), t(dout, {B, T, C}), t(qkv, {B, T, W}), t(r.out, {B, T, C}),
+                                t(r.lse, {B, NH, T}), NH, s.NKV);
+  return r;
+}
+
+// log-sum-exp of the scaled scores of row t of head h, in double.
+double row_lse(const AttnShape& s, const Vec& qkv, int b, int h, int t) {
+  const int W = s.width(), kvh = h / (s.NH / s.NKV);
+  const double scale = 1.0 / std::sqrt(double(s.HS));
+  std::vector<double> score(std::size_t(t) + 1);
+  for (int t2 = 0; t2 <= t; ++t2) {
+    double dot = 0.0;
+    for (int i = 0; i < s.HS; ++i) {
+      dot += double(qkv[(std::size_t(b) * s.T + t) * W + std::size_t(h) * s.HS + i]) *
+             qkv[(std::size_t(b) * s.T + t2) * W + s.C() + std::size_t(kvh) * s.HS + i];
+    }
+    score[std::size_t(t2)] = dot * scale;
+  }
+  const double m = *std::max_element(score.begin(), score.end());
+  double sum = 0.0;
+  for (const double x : score) sum += std::exp(x - m);
+  return m + std::log(sum);
+}
+
+}  // namespace
+
+TEST_CASE("flash attention matches the probability-storing attention on the cpu", "[ops][flash]") {
+  std::mt19937 rng(21);
+  const int NH = 4;
+  for (const int B : {1, 2}) {
+    for (const int T : {1, 2, 7, 16, 33}) {
+      for (const int NKV : {NH, NH / 2, 1}) {
+        for (const int HS : {8, 16, 64}) {
+          const AttnShape s{B, T, NH, NKV, HS};
+          const int C = s.C(), W = s.width();
+          CAPTURE(B, T, NKV, HS);
+          Vec qkv = random_vec(rng, s.n_qkv(), 1.5f), dout = random_vec(rng, s.n_out());
+          const Vec dqkv0 = random_vec(rng, s.n_qkv());  // backward accumulates into this
+          const FlashResult flash = cpu_flash(s, qkv, dout, dqkv0);
+
+          Vec out(s.n_out()), att(std::size_t(B) * NH * T * T), dqkv = dqkv0;
+          ops::attention_forward(t(out, {B, T, C}), t(att, {B, NH, T, T}), t(qkv, {B, T, W}), NH, NKV);
+          ops::attention_backward(t(dqkv, {B, T, W}), t(dout, {B, T, C}), t(qkv, {B, T, W}), t(att, {B, NH, T, T}),
+                                  NH, NKV);
+          CHECK(max_mixed_error(flash.out, out) < 1e-5);
+          CHECK(max_mixed_error(flash.dqkv, dqkv) < 1e-5);
+
+          // lse against a double-precision computation, every row.
+          double worst = 0.0;
+          for (int b = 0; b < B; ++b) {
+            for (int h = 0; h < NH; ++h) {
+              for (int t2 = 0; t2 < T; ++t2) {
+                const double want = row_lse(s, qkv, b, h, t2);
+                const double got = flash.lse[(std::size_t(b) * NH + h) * T + t2];
+                worst = std::max(worst, std::abs(got - want) / std::max(1.0, std::abs(want)));
+              }
+            }
+          }
+          CHECK(worst < 1e-5);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("flash attention backward matches finite differences", "[ops][flash][grad]") {
+  std::mt19937 rng(22);
+  const int B = 2, T = 5, NH = 4, HS = 3, C = NH * HS;
+  for (const int NKV : {4, 2, 1}) {
+    CAPTURE(NKV);
+    const int W = (NH + 2 * NKV) * HS;
+    Vec qkv = random_vec(rng, std::size_t(B) * T * W), out(std::size_t(B) * T * C), lse(std::size_t(B) * NH * T);
+    const Vec R = random_vec(rng, out.size());
+    const auto loss = [&] {
+      ops::flash_attention_forward(t(out, {B, T, C}), t(lse, {B, NH, T}), t(qkv, {B, T, W}), NH, NKV);
+      return weighted_sum(out, R);
+    };
+    loss();
+    Vec dqkv(qkv.size(), 0.0f), dout = R;
+    ops::flash_attention_backward(t(dqkv, {B, T, W}), t(dout, {B, T, C}), t(qkv, {B, T, W}), t(out, {B, T, C}),
+                                  t(lse, {B, NH, T}), NH, NKV);
+    check_gradient("qkv", qkv, dqkv, loss, 1e-3);
+  }
+}
+
+TEST_CASE("flash attention rejects inconsistent tensors", "[ops][flash]") {
+  const int B = 1, T = 3, NH = 2, HS = 4, C = NH * HS;
+  Vec qkv(std::size_t(B) * T * 3 * C), out(std::size_t(B) * T * C), lse(std::size_t(B) * NH * T), dqkv(qkv.size());
+  CHECK_NOTHROW(ops::flash_attention_forward(t(out, {B, T, C}), t(lse, {B, NH, T}), t(qkv, {B, T, 3 * C}), NH));
+  CHECK_THROWS(ops::flash_attention_forward(t(out, {B, T, C}), t(lse, {B, T, NH}), t(qkv, {B, T, 3 * C}), NH));
+  CHECK_THROWS(ops::flash_attention_forward(t(out, {B, T, C}), t(lse, {B, NH, T}), t(qkv, {B, T, 3 * C}), 3));
+  CHECK_THROWS(ops::flash_attention_forward(t(out, {B, T, C}), t(lse, {B, NH, T}), t(qkv, {B, T, 3 * C}), NH, 1));
+  CHECK_THROWS(ops::flash_attention_backward(t(dqkv, {B, T, C}), t(out, {B, T, C}), t(qkv, {B, T, 3 * C}),
+                                             t(out, {B, T, C}), t(lse, {B, NH, T}), NH));
+  CHECK_THROWS(ops::flash_attention_backward(t(dqkv, {B, T, 3 * C}), t(out, {B, T, C}), t(qkv, {B, T, 3 * C}),
+                                             t(out, {B, T, C}), Tensor(), NH));
+}
+
+namespace {
+
+// Row t of head h of the attention output, in double.
+std::vector<double> row_out(const AttnShape& s, const Vec& qkv, int b, int h, int t) {
+  const int W = s.width(), kvh = h / (s.NH / s.NKV);
+  const double scale = 1.0 / std::sqrt(double(s.HS)), lse = row_lse(s, qkv, b, h, t);
+  std::vector<double> o(std::size_t(s.HS), 0.0);
+  for (int t2 = 0; t2 <= t; ++t2) {
+    double dot = 0.0;
+    for (int i = 0; i < s.HS; ++i) {
+      dot += double(qkv[(std::size_t(b) * s.T + t) * W + std::size_t(h) * s.HS + i]) *
+             qkv[(std::size_t(b) * s.T + t2) * W + s.C() + std::size_t(kvh) * s.HS + i];
+    }
+    const double p = std::exp(dot * scale - lse);
+    for (int i = 0; i < s.HS; ++i) {
+      o[std::size_t(i)] += p * qkv[(std::size_t(b) * s.T + t2) * W + s.C() + std::size_t(s.NKV + kvh) * s.HS + i];
+    }
+  }
+  return o;
+}
+
+Vec nan_vec(std::size_t n) { return Vec(n, std::numeric_limits<float>::quiet_NaN()); }
+
+// The columns [from, to) of every row of x (rows, W), minus the same of `base`.
+Vec increment(const Vec& x, const Vec& base, int W, int from, int to) {
+  Vec r;
+  for (std::size_t row = 0; row < x.size() / std::size_t(W); ++row) {
+    for (int i = from; i < to; ++i) r.push_back(x[row * W + i] - base[row * W + i]);
+  }
+  return r;
+}
+
+bool all_zero(const Vec& v) {
+  return std::all_of(v.begin(), v.end(), [](float x) { return x == 0.0f; });
+}
+
+}  // namespace
+
+TEST_CASE("cuda flash attention matches the cpu reference", "[cuda][ops][flash]") {
+  std::string why;
+  if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
+  constexpr double tol = 1e-4;  // fp32: other summation orders and exp2f, over up to 1024 keys
+  std::mt19937 rng(23);
+  const int NH = 4;
+  std::size_t offset = 0;
+  for (const int B : {1, 2}) {
+    for (const int T : {1, 7, 64, 65, 300, 1024}) {
+      for (const int HS : {16, 64, 128}) {
+        for (const int NKV : {NH, NH / 2, 1}) {
+          const AttnShape s{B, T, NH, NKV, HS};
+          const int C = s.C(), W = s.width();
+          offset = 1 - offset;  // every other case 4 bytes off 16-byte alignment
+          CAPTURE(B, T, HS, NKV, offset);
+          Vec qkv = random_vec(rng, s.n_qkv(), 1.5f), dout = random_vec(rng, s.n_out());
+          const Vec dqkv0 = random_vec(rng, s.n_qkv());  // nonzero: the backward must accumulate
+          const FlashResult want = cpu_flash(s, qkv, dout, dqkv0);
+
+          // Outputs start as NaN: an element never written fails the NaN check.
+          const DeviceArray<float> d_qkv(qkv, offset), d_dout(dout, offset), d_dqkv(dqkv0, offset);
+          const DeviceArray<float> d_out(nan_vec(s.n_out()), offset), d_lse(nan_vec(s.n_lse()), offset);
+          ops::flash_attention_forward(d_out.tensor({B, T, C}), d_lse.tensor({B, NH, T}), d_qkv.tensor({B, T, W}), NH,
+                                       NKV);
+          ops::flash_attention_backward(d_dqkv.tensor({B, T, W}), d_dout.tensor({B, T, C}), d_qkv.tensor({B, T, W}),
+                                        d_out.tensor({B, T, C}), d_lse.tensor({B, NH, T}), NH, NKV);
+          require_close("out", d_out.to_host(), want.out, tol);
+          require_close("lse", d_lse.to_host(), want.lse, tol);
+          const Vec dqkv = d_dqkv.to_host();
+          require_changed("dqkv", dqkv, dqkv0);
+          // What the backward added, against what the CPU added; with T = 1 the q and k parts add
+          // nothing (one key: a constant softmax), else each part must add something.
+          require_close("dqkv increment", increment(dqkv, dqkv0, W, 0, W), increment(want.dqkv, dqkv0, W, 0, W), tol);
+          if (T > 1) {
+            CHECK_FALSE(all_zero(increment(dqkv, dqkv0, W, 0, C)));                // dq
+            CHECK_FALSE(all_zero(increment(dqkv, dqkv0, W, C, C + NKV * HS)));     // dk
+          }
+          CHECK_FALSE(all_zero(increment(dqkv, dqkv0, W, C + NKV * HS, W)));       // dv
+          for (const auto* a : {&d_qkv, &d_dout, &d_dqkv, &d_out, &d_lse}) require_guards("flash attention", *a);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda flash attention forward at T = 8192", "[cuda][ops][flash]") {
+  std::string why;
+  if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
+  const AttnShape s{1, 8192, 2, 2, 64};
+  const int B = s.B, T = s.T, NH = s.NH, C = s.C(), W = s.width();
+  std::mt19937 rng(24);
+  const Vec qkv = random_vec(rng, s.n_qkv(), 1.5f);
+  const DeviceArray<float> d_qkv(qkv), d_out(nan_vec(s.n_out())), d_lse(nan_vec(s.n_lse()));
+  ops::flash_attention_forward(d_out.tensor({B, T, C}), d_lse.tensor({B, NH, T}), d_qkv.tensor({B, T, W}), NH, s.NKV);
+  const Vec out = d_out.to_host(), lse = d_lse.to_host();
+  require_guards("out", d_out);
+  require_guards("lse", d_lse);
+  CHECK(std::all_of(out.begin(), out.end(), [](float x) { return std::isfinite(x); }));
+  CHECK(std::all_of(lse.begin(), lse.end(), [](float x) { return std::isfinite(x); }));
+  // A few rows against a double-precision computation: the first, tile edges, the last.
+  for (const int t2 : {0, 1, 31, 32, 63, 64, 65, 1000, 4095, 4096, 8190, 8191}) {
+    for (int h = 0; h < NH; ++h) {
+      CAPTURE(t2, h);
+      const std::vector<double> want = row_out(s, qkv, 0, h, t2);
+      double worst = 0.0, scale = 0.0;
+      for (int i = 0; i < s.HS; ++i) {
+        worst = std::max(worst, std::abs(out[std::size_t(t2) * C + std::size_t(h) * s.HS + i] - want[std::size_t(i)]));
+        scale = std::max(scale, std::abs(want[std::size_t(i)]));
+      }
+      REQUIRE(scale > 0.0);
+      CHECK(worst / scale < 1e-4);
+      const double want_lse = row_lse(s, qkv, 0, h, t2);
+      CHECK(std::abs(lse[std::size_t(h) * T + t2] - want_lse) / std::max(1.0, std::abs(want_lse)) < 1e-4);
+    }
+  }
+}
+
+TEST_CASE("cuda flash attention rejects unsupported head sizes", "[cuda][ops][flash]") {
+  std::string why;
+  if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
+  const AttnShape s{1, 4, 2, 2, 8};  // HS 8: fine on the CPU, not instantiated on CUDA
+  const DeviceArray<float> d_qkv(Vec(s.n_qkv(), 0.5f)), d_out(nan_vec(s.n_out())), d_lse(nan_vec(s.n_lse()));
+  std::string message;
+  try {
+    ops::flash_attention_forward(d_out.tensor({1, 4, s.C()}), d_lse.tensor({1, 2, 4}), d_qkv.tensor({1, 4, s.width()}),
+                                 2);
+  } catch (const RuntimeError& e) {
+    message = e.what();
+  }
+  CHECK(message.find("head size 8") != std::string::npos);
+}

@@ -1,0 +1,244 @@
+// GPT-2 and Llama against the golden files of independent PyTorch models
+// (scripts/gen_reference.py, float64; its Llama is also checked there against transformers'
+// LlamaForCausalLM): logits, loss, every parameter gradient, and ten AdamW steps with clipping.
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "catch_compat.h"
+#include "checkpoint/safetensors.h"
+#include "model/gpt2.h"
+#include "model/llama.h"
+#include "train/adamw.h"
+#include "train/plan.h"
+#include "weights_compare.h"
+
+using namespace llmtrain;
+
+namespace {
+
+
+std::vector<float> read(const checkpoint::SafetensorsReader& r, const std::string& name) {
+  const auto* info = r.find(name);
+  REQUIRE(info != nullptr);
+  std::vector<float> out(std::size_t(info->numel()));
+  r.read_f32(name, out);
+  return out;
+}
+
+std::vector<std::int32_t> read_i32(const checkpoint::SafetensorsReader& r, const std::string& name) {
+  const auto* info = r.find(name);
+  REQUIRE(info != nullptr);
+  const auto bytes = r.data(*info);
+  std::vector<std::int32_t> out(bytes.size() / 4);
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
+}
+
+// |a - b| / |b| over whole tensors.
+double relative_error(const float* a, const std::vector<float>& b) {
+  double diff = 0.0, ref = 0.0;
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    ref += double(b[i]) * b[i];
+  }
+  return std::sqrt(diff / ref);
+}
+
+struct Golden {
+  checkpoint::SafetensorsReader file;
+  config::Config config;
+  int B, T;
+  std::vector<std::int32_t> inputs, targets;
+
+  explicit Golden(const std::string& arch)
+      : file(LLMTRAIN_SOURCE_DIR "/tests/data/" + arch + "_reference.safetensors") {
+    const auto& meta = file.metadata();
+    config.model.arch = arch;
+    B = std::stoi(meta.at("B"));
+    T = std::stoi(meta.at("T"));
+    config.model.vocab_size = std::stoi(meta.at("V"));
+    config.model.context_length = std::stoi(meta.at("maxT"));
+    config.model.n_layer = std::stoi(meta.at("L"));
+    config.model.n_head = std::stoi(meta.at("NH"));
+    config.model.n_kv_head = meta.contains("NKV") ? std::stoi(meta.at("NKV")) : config.model.n_head;
+    config.model.tie_embeddings = arch == "gpt2";
+    if (arch == "llama") {
+      config.model.rope_theta = std::stod(meta.at("rope_theta"));
+      config.model.norm_eps = std::stod(meta.at("norm_eps"));
+    }
+    config.model.d_model = std::stoi(meta.at("C"));
+    config.model.ffn_hidden = std::stoi(meta.at("F"));
+    config.optim.lr = std::stod(meta.at("lr"));
+    config.optim.beta1 = std::stod(meta.at("beta1"));
+    config.optim.beta2 = std::stod(meta.at("beta2"));
+    config.optim.eps = std::stod(meta.at("eps"));
+    config.optim.weight_decay = std::stod(meta.at("weight_decay"));
+    config.train.grad_clip = std::stod(meta.at("grad_clip"));
+    inputs = read_i32(file, "inputs");
+    targets = read_i32(file, "targets");
+  }
+
+  std::unique_ptr<model::Model> make_model(model::Recompute recompute = model::Recompute::none) const {
+    auto m = model::make_model(config.model, Device::cpu, recompute);
+    for (const auto& info : m->param_infos()) {
+      file.read_f32("param/" + info.name, std::span<float>(m->param(info).as<float>(), std::size_t(info.numel)));
+    }
+    return m;
+  }
+};
+
+void check_forward_backward(const std::string& arch, model::Recompute recompute = model::Recompute::none) {
+  const Golden g(arch);
+  const auto owner = g.make_model(recompute);
+  model::Model& m = *owner;
+  const double n = double(g.B) * g.T;
+
+  const double loss = m.forward(g.inputs.data(), g.targets.data(), g.B, g.T, 0.0f) / n;
+  const float reference_loss = read(g.file, "loss")[0];
+  CAPTURE(loss, reference_loss);
+  CHECK(std::abs(loss - reference_loss) / reference_loss < 1e-5);
+  CHECK(relative_error(m.logits().as<float>(), read(g.file, "logits")) < 1e-5);
+
+  // Twice, so that a second backward over reused scratch memory is checked too.
+  for (int round = 0; round < 2; ++round) {
+    m.zero_grads();
+    m.forward(g.inputs.data(), g.targets.data(), g.B, g.T, float(1.0 / n));
+    m.backward();
+    for (const auto& info : m.param_infos()) {
+      CAPTURE(round, info.name);
+      const double error = relative_error(m.grad(info).as<float>(), read(g.file, "grad/" + info.name));
+      CAPTURE(error);
+      CHECK(error < 1e-4);
+    }
+  }
+}
+
+void check_adamw_steps(const std::string& arch) {
+  const Golden g(arch);
+  const auto owner = g.make_model();
+  model::Model& m = *owner;
+  train::AdamW optimizer(0, m.num_params());
+  const auto reference = read(g.file, "adamw_losses");
+  const double n = double(g.B) * g.T;
+  for (std::size_t step = 1; step <= reference.size(); ++step) {
+    m.zero_grads();
+    const double loss = m.forward(g.inputs.data(), g.targets.data(), g.B, g.T, float(1.0 / n)) / n;
+    m.backward();
+    CAPTURE(step, loss, reference[step - 1]);
+    CHECK(std::abs(loss - reference[step - 1]) / reference[step - 1] < 1e-4);
+    optimizer.update(m, g.config.optim, g.config.train.grad_clip, g.config.optim.lr, std::int64_t(step));
+  }
+  for (const auto& info : m.param_infos()) {
+    const std::vector<float> got(m.param(info).as<float>(), m.param(info).as<float>() + info.numel);
+    bool key_bias_ok = false;
+    const double error = test::weights_relative_error(info.name, got, read(g.file, "adamw_final/" + info.name),
+                                                      g.config.model.d_model, 10 * g.config.optim.lr, &key_bias_ok);
+    CAPTURE(info.name, error);
+    CHECK(error < 1e-4);
+    CHECK(key_bias_ok);
+  }
+}
+
+void check_decoding(const std::string& arch) {
+  const Golden g(arch);
+  const auto owner = g.make_model();
+  model::Model& m = *owner;
+  m.forward(g.inputs.data(), nullptr, 1, g.T, 0.0f);  // the first sequence, all positions at once
+  const std::vector<float> full(m.logits().as<float>(), m.logits().as<float>() + m.logits().numel());
+  const std::int64_t V = g.config.model.vocab_size;
+  for (int round = 0; round < 2; ++round) {  // the second sequence restarts at position 0
+    for (int pos = 0; pos < g.T; ++pos) {
+      const Tensor step = m.decode_step(g.inputs[std::size_t(pos)], pos);
+      const std::vector<float> expected(full.begin() + pos * V, full.begin() + (pos + 1) * V);
+      CAPTURE(round, pos);
+      CHECK(relative_error(step.as<float>(), expected) < 1e-5);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("GPT-2 logits, loss and gradients match the PyTorch golden file", "[model][golden]") {
+  check_forward_backward("gpt2");
+}
+
+TEST_CASE("Llama logits, loss and gradients match the PyTorch golden file", "[model][golden][llama]") {
+  check_forward_backward("llama");
+}
+
+TEST_CASE("Llama with recomputed activations gives the same gradients", "[model][golden][llama]") {
+  check_forward_backward("llama", model::Recompute::mlp);
+  check_forward_backward("llama", model::Recompute::full);
+}
+
+TEST_CASE("ten AdamW steps follow the PyTorch loss curve", "[model][golden][optim]") { check_adamw_steps("gpt2"); }
+
+TEST_CASE("ten AdamW steps of Llama follow the PyTorch loss curve", "[model][golden][optim][llama]") {
+  check_adamw_steps("llama");
+}
+
+TEST_CASE("the flat buffers put the last layers first and every parameter once", "[model]") {
+  config::ModelConfig c;
+  c.vocab_size = 10;
+  c.context_length = 6;
+  c.n_layer = 3;
+  c.n_head = 2;
+  c.n_kv_head = 2;
+  c.d_model = 4;
+  c.ffn_hidden = 16;
+  const model::Gpt2 m(c, Device::cpu);
+  const auto& infos = m.param_infos();
+  CHECK(infos.front().name == "transformer.ln_f.weight");
+  CHECK(infos[2].name == "transformer.h.2.ln_1.weight");
+  CHECK(infos.back().name == "transformer.wte.weight");
+  std::int64_t expected_offset = 0;
+  for (const auto& info : infos) {
+    CHECK(info.offset == expected_offset);
+    expected_offset += info.numel;
+    CHECK(info.decay == (info.shape.size() == 2));
+  }
+  // wte (V C) + wpe (T C) + per layer: two LayerNorms (4 C), qkv (3C C + 3C), attention projection
+  // (C C + C), MLP (F C + F + C F + C); + ln_f (2 C).
+  const std::int64_t C = 4, F = 16, L = 3;
+  const std::int64_t per_layer = 4 * C + 3 * C * C + 3 * C + C * C + C + F * C + F + C * F + C;
+  CHECK(m.num_params() == 10 * C + 6 * C + L * per_layer + 2 * C);
+}
+
+TEST_CASE("decoding with the KV cache gives the logits of the full forward pass", "[model][generate]") {
+  check_decoding("gpt2");
+}
+
+TEST_CASE("Llama decoding with the grouped KV cache gives the logits of the full forward pass",
+          "[model][generate][llama]") {
+  check_decoding("llama");
+}
+
+TEST_CASE("plan's parameter count and activation memory agree with the models' own layouts", "[model][plan]") {
+  for (const std::string arch : {"gpt2", "llama"}) {
+    for (const std::string recompute : {"none", "mlp", "full"}) {
+      if (arch == "gpt2" && recompute != "none") continue;
+      config::ModelConfig c;
+      c.arch = arch;
+      c.vocab_size = 37;
+      c.context_length = 12;
+      c.n_layer = 3;
+      c.n_head = 4;
+      c.n_kv_head = arch == "llama" ? 2 : 4;
+      c.d_model = 16;
+      c.ffn_hidden = arch == "llama" ? 40 : 64;
+      c.tie_embeddings = arch == "gpt2";
+      CAPTURE(arch, recompute);
+      const auto m = model::make_model(c, Device::cpu, model::parse_recompute(recompute));
+      CHECK(train::parameter_count(c) == m->num_params());
+      const int B = 3;
+      const auto planned = B * train::activation_bytes_per_sequence(c, false, recompute);
+      const auto actual = std::int64_t(m->activation_bytes(B, int(c.context_length)));
+      // The model rounds each of its (at most 40 + 20 L) buffers up to 64 bytes; the plan does not.
+      CAPTURE(planned, actual);
+      CHECK(actual >= planned);
+      CHECK(actual - planned <= 64 * (40 + 20 * c.n_layer));
+    }
+  }
+}
