@@ -1,5 +1,9 @@
 #include "runtime.h"
 
+#include <algorithm>
+#include <mutex>
+#include <unordered_map>
+
 #include <cublasLt.h>
 #include <nccl.h>
 #if LLMTRAIN_HAVE_CUDNN
@@ -74,13 +78,63 @@ std::string nccl_version() {
   return library_version(static_cast<std::size_t>(v));
 }
 
+namespace {
+
+// Bytes of our device buffers now and at most so far (library workspaces and the memory pool's
+// scratch are not counted; device_memory() reports what the device as a whole has in use).
+struct Allocations {
+  std::mutex mutex;
+  std::unordered_map<void*, std::size_t> sizes;
+  std::size_t current = 0, peak = 0;
+};
+
+Allocations& allocations() {
+  static Allocations a;
+  return a;
+}
+
+}  // namespace
+
 void* device_malloc(std::size_t bytes) {
   void* pointer = nullptr;
-  LLMTRAIN_CUDA_CHECK(cudaMalloc(&pointer, bytes));
+  const cudaError_t status = cudaMalloc(&pointer, bytes);
+  if (status == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // clear it: the process may go on (a smaller batch, a clean stop)
+    const DeviceMemory m = device_memory();
+    throw RuntimeError("out of device memory: " + std::to_string(bytes) + " bytes requested, " +
+                       std::to_string(m.free) + " of " + std::to_string(m.total) +
+                       " bytes free (reduce train.micro_batch_size, or set train.recompute)");
+  }
+  LLMTRAIN_CUDA_CHECK(status);
+  Allocations& a = allocations();
+  std::lock_guard lock(a.mutex);
+  a.sizes[pointer] = bytes;
+  a.current += bytes;
+  a.peak = std::max(a.peak, a.current);
   return pointer;
 }
 
-void device_free(void* pointer) noexcept { cudaFree(pointer); }
+void device_free(void* pointer) noexcept {
+  cudaFree(pointer);
+  Allocations& a = allocations();
+  std::lock_guard lock(a.mutex);
+  if (const auto it = a.sizes.find(pointer); it != a.sizes.end()) {
+    a.current -= it->second;
+    a.sizes.erase(it);
+  }
+}
+
+BufferMemory buffer_memory() {
+  Allocations& a = allocations();
+  std::lock_guard lock(a.mutex);
+  return {a.current, a.peak};
+}
+
+DeviceMemory device_memory() {
+  std::size_t free = 0, total = 0;
+  LLMTRAIN_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return {free, total};
+}
 
 // Copies and fills run on the compute stream, in order with the ops' kernels: that stream is
 // non-blocking, so a plain cudaMemcpy (legacy default stream) would not wait for them, nor they
@@ -104,6 +158,15 @@ void copy_on_device(void* device_dst, const void* device_src, std::size_t bytes)
 
 void fill_zero(void* device_dst, std::size_t bytes) {
   LLMTRAIN_CUDA_CHECK(cudaMemsetAsync(device_dst, 0, bytes, compute_stream()));
+}
+
+int use_device_for_local_rank(int local_rank) {
+  int count = 0;
+  LLMTRAIN_CUDA_CHECK(cudaGetDeviceCount(&count));
+  if (count < 1) throw RuntimeError("no CUDA device");
+  const int device = local_rank % count;
+  LLMTRAIN_CUDA_CHECK(cudaSetDevice(device));
+  return device;
 }
 
 void synchronize() { LLMTRAIN_CUDA_CHECK(cudaDeviceSynchronize()); }

@@ -43,5 +43,20 @@ void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes);
 void copy_on_device(void* device_dst, const void* device_src, std::size_t bytes);
 void fill_zero(void* device_dst, std::size_t bytes);
 void synchronize();
+/// Makes device (local_rank mod the device count) this process's device; call before any other
+/// CUDA work (streams, handles and buffers belong to the device current when they are made).
+/// Returns the device index.
+int use_device_for_local_rank(int local_rank);
+
+/// Bytes held by device_malloc'ed buffers: now, and the most at any time so far.
+struct BufferMemory {
+  std::size_t current = 0, peak = 0;
+};
+BufferMemory buffer_memory();
+/// The current device's free and total memory (cudaMemGetInfo).
+struct DeviceMemory {
+  std::size_t free = 0, total = 0;
+};
+DeviceMemory device_memory();
 
 }  // namespace llmtrain::cuda

@@ -11,7 +11,7 @@
 # and the CPU-only configuration is skipped, so that it fits in 8 minutes on one H100/H200 (16
 # cores); the table's header gives the time it took.
 #
-# Usage: scripts/gpu_check.sh [--dry-run] [--build-dir DIR] [--steps N] [--precision bf16|fp32]
+# Usage: scripts/gpu_check.sh [--dry-run] [--build-dir DIR] [--steps N] [--precision fp32|bf16]
 #                             [--batches 64,32,16,8,4,2,1] [--skip-tests] [--skip-bench]
 #   --dry-run   check the tools, print what would run and the table's rows; needs no GPU
 # Environment: JOBS (default: nproc), CUDA_ARCHS (default: the GPUs' compute capabilities),
@@ -24,7 +24,8 @@ cd "$(dirname "$0")/.."
 repo="$(pwd)"
 
 dry_run=0 skip_tests=0 skip_bench=0
-build_dir=build-gpu steps=30 precision="" batches="64,32,16,8,4,2,1"
+# fp32 until the bf16 mixed-precision path exists (the trainer refuses bf16 so far).
+build_dir=build-gpu steps=30 precision="fp32" batches="64,32,16,8,4,2,1"
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 while (($#)); do
   case "$1" in

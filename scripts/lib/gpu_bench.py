@@ -472,7 +472,10 @@ def render_table(bench, header, tests, build):
     rows.append(("  peak", bench.get("peak_text", "n/a")))
     gpu_mib = bench.get("peak_gpu_mib")
     rows.append(("peak GPU memory", f"{gpu_mib / 1024:.1f} GiB (nvidia-smi, sampled every 0.2 s)" if gpu_mib else "n/a"))
-    rows.append(("peak host memory", fmt_bytes(bench.get("peak_host_bytes")) + (" (VmHWM)" if bench.get("peak_host_bytes") else "")))
+    # llmtrain's own figure: the process's VmHWM on the CPU backend, the GPU's peak on CUDA.
+    own = bench.get("peak_host_bytes")
+    where = "GPU" if bench.get("device") == "cuda" else "process VmHWM"
+    rows.append(("peak memory, llmtrain", fmt_bytes(own) + (f" (metrics.jsonl peak_memory_bytes: {where})" if own else "")))
     top = bench.get("top") or {}
     if top.get("kernels"):
         rows.append((f"top {len(top['kernels'])} kernels", top["source"]))

@@ -2,6 +2,9 @@
 // to every rank over MPI; the communicator is created non-blocking and every operation is polled
 // (stream query plus ncclCommGetAsyncError), so that a dead or hung rank makes it abort the
 // communicator and stop with a message instead of hanging. Buffers passed in are device memory.
+// Ordering: each collective's stream first waits (an event) for the work enqueued so far on the
+// ops' compute stream, which wrote its input; the host then waits for the collective (finish),
+// so whatever the compute stream does next sees its result.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -15,6 +18,7 @@
 
 #include "core/error.h"
 #include "dist/communicator.h"
+#include "kernels/stream.h"
 #include "dist/nccl_communicator.h"
 
 namespace llmtrain::dist {
@@ -46,6 +50,7 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(Communicator& host, int device, double timeout_s) : host_(host), timeout_s_(timeout_s) {
     check(cudaSetDevice(device), "cudaSetDevice");
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming), "cudaEventCreate");
     ncclUniqueId id;
     if (host.rank() == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
     // The id is 128 bytes: sent as 32 floats over the host communicator.
@@ -61,6 +66,7 @@ class NcclCommunicator final : public Communicator {
   }
   ~NcclCommunicator() override {
     if (comm_) ncclCommDestroy(comm_);
+    if (compute_done_) cudaEventDestroy(compute_done_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -69,36 +75,49 @@ class NcclCommunicator final : public Communicator {
   std::string name() const override { return "nccl"; }
 
   void all_reduce_sum(float* data, std::int64_t count) override {
+    after_compute();
     check(ncclAllReduce(data, data, std::size_t(count), ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce");
     finish("all_reduce");
   }
   void all_reduce_sum(double* data, std::int64_t count) override {
+    after_compute();
     check(ncclAllReduce(data, data, std::size_t(count), ncclDouble, ncclSum, comm_, stream_), "ncclAllReduce");
     finish("all_reduce");
   }
   void all_reduce_max(std::int64_t* data, std::int64_t count) override {
+    after_compute();
     check(ncclAllReduce(data, data, std::size_t(count), ncclInt64, ncclMax, comm_, stream_), "ncclAllReduce");
     finish("all_reduce (max)");
   }
   std::unique_ptr<Request> start_all_reduce_sum(float* data, std::int64_t count) override {
+    after_compute();
     check(ncclAllReduce(data, data, std::size_t(count), ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce");
     return std::make_unique<Done>([this] { finish("all_reduce (gradient bucket)"); });
   }
   void reduce_scatter_sum(const float* send, float* recv, std::int64_t shard) override {
+    after_compute();
     check(ncclReduceScatter(send, recv, std::size_t(shard), ncclFloat, ncclSum, comm_, stream_), "ncclReduceScatter");
     finish("reduce_scatter");
   }
   void all_gather(const float* send, float* recv, std::int64_t shard) override {
+    after_compute();
     check(ncclAllGather(send, recv, std::size_t(shard), ncclFloat, comm_, stream_), "ncclAllGather");
     finish("all_gather");
   }
   void broadcast(float* data, std::int64_t count, int root) override {
+    after_compute();
     check(ncclBroadcast(data, data, std::size_t(count), ncclFloat, root, comm_, stream_), "ncclBroadcast");
     finish("broadcast");
   }
   void barrier() override { host_.barrier(); }
 
  private:
+  // Makes this communicator's stream wait for what the compute stream has been given so far.
+  void after_compute() {
+    check(cudaEventRecord(compute_done_, cuda::compute_stream()), "cudaEventRecord");
+    check(cudaStreamWaitEvent(stream_, compute_done_, 0), "cudaStreamWaitEvent");
+  }
+
   // Waits for the communicator's pending work (init) without blocking inside NCCL.
   void poll_comm(const char* operation) {
     const auto start = std::chrono::steady_clock::now();
@@ -143,6 +162,7 @@ class NcclCommunicator final : public Communicator {
   double timeout_s_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t compute_done_ = nullptr;
 };
 
 }  // namespace

@@ -101,6 +101,27 @@ void copy(const Tensor& dst, const Tensor& src) {
 #endif
 }
 
+int use_cuda_device(int local_rank) {
+#if LLMTRAIN_HAVE_CUDA
+  return cuda::use_device_for_local_rank(local_rank);
+#else
+  (void)local_rank;
+  no_cuda();
+#endif
+}
+
+DeviceMemoryUse device_memory_use() {
+  DeviceMemoryUse use;
+#if LLMTRAIN_HAVE_CUDA
+  const cuda::BufferMemory buffers = cuda::buffer_memory();
+  if (buffers.peak == 0) return use;
+  const cuda::DeviceMemory device = cuda::device_memory();
+  use = {std::int64_t(buffers.current), std::int64_t(buffers.peak), std::int64_t(device.total - device.free),
+         std::int64_t(device.total)};
+#endif
+  return use;
+}
+
 void zero(const Tensor& t) {
   if (t.device == Device::cpu) {
     std::memset(t.data, 0, t.bytes());

@@ -40,7 +40,19 @@ class Buffer {
 /// dst = src, between any two devices; same dtype and element count.
 void copy(const Tensor& dst, const Tensor& src);
 
+/// Binds this process to GPU (local_rank mod the number of GPUs) before any CUDA work; returns
+/// its index. RuntimeError in a build without CUDA.
+int use_cuda_device(int local_rank);
+
 /// Sets every element of t to zero.
 void zero(const Tensor& t);
+
+/// Device memory of this process's current GPU: bytes held by our buffers (now and at most so
+/// far) and in use on the whole device (buffers, library workspaces, the CUDA context). All zero
+/// in a build without CUDA or before any device buffer exists.
+struct DeviceMemoryUse {
+  std::int64_t buffers = 0, buffers_peak = 0, device_used = 0, device_total = 0;
+};
+DeviceMemoryUse device_memory_use();
 
 }  // namespace llmtrain::ops

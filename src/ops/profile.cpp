@@ -5,6 +5,10 @@
 #include <map>
 #include <mutex>
 
+#if LLMTRAIN_HAVE_CUDA
+#include "kernels/runtime.h"
+#endif
+
 namespace llmtrain::ops {
 namespace {
 
@@ -39,12 +43,27 @@ std::vector<OpTime> profile_report() {
   return out;
 }
 
+namespace {
+
+// CUDA ops only enqueue work: while profiling, wait for the device around each op so that its
+// time is the kernels' (once device buffers exist, i.e. the CUDA backend is in use).
+void wait_for_device() {
+#if LLMTRAIN_HAVE_CUDA
+  if (cuda::buffer_memory().peak > 0) cuda::synchronize();
+#endif
+}
+
+}  // namespace
+
 OpTimer::OpTimer(const char* name) : name_(profile().on ? name : nullptr) {
-  if (name_) start_ = std::chrono::steady_clock::now();
+  if (!name_) return;
+  wait_for_device();
+  start_ = std::chrono::steady_clock::now();
 }
 
 OpTimer::~OpTimer() {
   if (!name_) return;
+  wait_for_device();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   Profile& p = profile();
   std::lock_guard lock(p.mutex);

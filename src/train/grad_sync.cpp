@@ -8,10 +8,18 @@
 #include "core/error.h"
 
 namespace llmtrain::train {
+namespace {
+
+// Elements [begin, begin + n) of a 1-D tensor.
+Tensor slice(const Tensor& t, std::int64_t begin, std::int64_t n) {
+  return Tensor(t.as<float>() + begin, t.dtype, t.device, {n});
+}
+
+}  // namespace
 
 GradientSync::GradientSync(dist::Communicator& comm, float* grads, std::int64_t num_params, double bucket_mb,
-                           int zero_stage)
-    : comm_(comm), grads_(grads), P_(num_params), zero_stage_(zero_stage) {
+                           int zero_stage, Device device)
+    : comm_(comm), grads_(grads), P_(num_params), zero_stage_(zero_stage), device_(device) {
   const int W = comm.world_size();
   if (zero_stage == 0) {
     begin_ = 0;
@@ -22,8 +30,12 @@ GradientSync::GradientSync(dist::Communicator& comm, float* grads, std::int64_t 
     shard_size_ = (P_ + W - 1) / W;  // any parameter count: the last shard is padded
     begin_ = std::min(P_, comm.rank() * shard_size_);
     end_ = std::min(P_, begin_ + shard_size_);
-    padded_.assign(std::size_t(shard_size_ * W), 0.0f);
-    shard_.assign(std::size_t(shard_size_), 0.0f);
+    padded_buffer_ = ops::Buffer(device, std::size_t(shard_size_ * W) * sizeof(float));
+    shard_buffer_ = ops::Buffer(device, std::size_t(shard_size_) * sizeof(float));
+    padded_ = padded_buffer_.view(DType::f32, {shard_size_ * W});
+    shard_ = shard_buffer_.view(DType::f32, {shard_size_});
+    ops::zero(padded_);  // the padding past P stays zero
+    ops::zero(shard_);
   }
 }
 
@@ -44,15 +56,16 @@ void GradientSync::finish() {
     next_bucket_ = 0;
     return;
   }
-  std::memcpy(padded_.data(), grads_, std::size_t(P_) * sizeof(float));
-  comm_.reduce_scatter_sum(padded_.data(), shard_.data(), shard_size_);
+  ops::copy(slice(padded_, 0, P_), Tensor(grads_, DType::f32, device_, {P_}));
+  comm_.reduce_scatter_sum(padded_.as<float>(), shard_.as<float>(), shard_size_);
 }
 
 void GradientSync::gather_params(float* params) {
   if (zero_stage_ == 0) return;
-  std::memcpy(padded_.data() + comm_.rank() * shard_size_, params + begin_, std::size_t(end_ - begin_) * sizeof(float));
-  comm_.all_gather(padded_.data() + comm_.rank() * shard_size_, padded_.data(), shard_size_);
-  std::memcpy(params, padded_.data(), std::size_t(P_) * sizeof(float));
+  const std::int64_t mine = comm_.rank() * shard_size_;
+  ops::copy(slice(padded_, mine, end_ - begin_), Tensor(params + begin_, DType::f32, device_, {end_ - begin_}));
+  comm_.all_gather(padded_.as<float>() + mine, padded_.as<float>(), shard_size_);
+  ops::copy(Tensor(params, DType::f32, device_, {P_}), slice(padded_, 0, P_));
 }
 
 std::vector<int> ranks_differing_from_first(const std::vector<std::int64_t>& checksums) {

@@ -11,19 +11,23 @@
 #include <memory>
 #include <vector>
 
+#include "core/tensor.h"
 #include "dist/communicator.h"
+#include "ops/buffer.h"
 
 namespace llmtrain::train {
 
 class GradientSync {
  public:
-  GradientSync(dist::Communicator& comm, float* grads, std::int64_t num_params, double bucket_mb, int zero_stage);
+  /// `grads` (num_params,) live on `device`; `comm` must reach memory there (NCCL for CUDA).
+  GradientSync(dist::Communicator& comm, float* grads, std::int64_t num_params, double bucket_mb, int zero_stage,
+               Device device = Device::cpu);
 
   /// The flat-buffer range whose optimizer update this rank makes.
   std::int64_t begin() const { return begin_; }
   std::int64_t end() const { return end_; }
   /// Gradients of [begin, end), summed over ranks (valid after finish()).
-  const float* grads() const { return zero_stage_ ? shard_.data() : grads_ + begin_; }
+  const float* grads() const { return zero_stage_ ? shard_.as<float>() : grads_ + begin_; }
 
   /// Backward has finished the first `ready` gradient elements (last micro-step only).
   void on_ready(std::int64_t ready);
@@ -41,7 +45,9 @@ class GradientSync {
   std::vector<std::int64_t> bucket_ends_;
   std::size_t next_bucket_ = 0;
   std::vector<std::unique_ptr<dist::Request>> pending_;
-  std::vector<float> padded_, shard_;
+  Device device_;
+  ops::Buffer padded_buffer_, shard_buffer_;  // ZeRO: (W S) and (S,) on the gradients' device
+  Tensor padded_, shard_;
 };
 
 /// The ranks whose weight checksum differs from rank 0's (checksums indexed by rank).

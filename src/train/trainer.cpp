@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -16,6 +17,7 @@
 #include "checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "data/shard.h"
+#include "dist/nccl_communicator.h"
 #include "ops/nn.h"
 #include "ops/profile.h"
 #include "train/adamw.h"
@@ -207,11 +209,20 @@ TrainSummary run_training(const TrainOptions& options) {
   const int rank = comm->rank(), W = comm->world_size();
   const bool lead = rank == 0;  // the rank that prints and writes run files
   const bool progress = options.progress && lead;
-  if (device == Device::cuda && W > 1) {
-    throw InputError("--device cuda at world size " + std::to_string(W) +
-                     ": multi-GPU training needs the NCCL gradient path, which is not wired into training yet; "
-                     "run one process per job, or train on the CPU backend");
+  // On GPUs: one per process (by local rank), and NCCL for the gradients and ZeRO's shards; the
+  // host communicator keeps the small collectives (losses, checksums, barriers).
+  std::unique_ptr<dist::Communicator> device_comm;
+  if (device == Device::cuda) {
+    const int gpu = ops::use_cuda_device(comm->local_rank());
+    if (W > 1) {
+#if LLMTRAIN_HAVE_CUDA
+      device_comm = dist::make_nccl_communicator(*comm, gpu, config.dist.timeout_s);
+#else
+      (void)gpu;
+#endif
+    }
   }
+  dist::Communicator& grad_comm = device_comm ? *device_comm : *comm;
   const std::optional<checkpoint::Found> resume = find_resume_point(options, checkpoint_root, lead);
 
   // Data first: a bad shard stops the run before anything is written.
@@ -255,9 +266,9 @@ TrainSummary run_training(const TrainOptions& options) {
   const std::int64_t P = model.num_params();
   comm->broadcast(host.params().as<float>(), P, 0);  // identical weights on every rank
   if (host_owner) ops::copy(model.params(), host.params());
-  // (One GPU process: nothing to shard, and the sync's host-side ZeRO buffers must not see device memory.)
-  GradientSync sync(*comm, model.grads().as<float>(), P, config.dist.bucket_mb,
-                    device == Device::cpu ? int(config.dist.zero_stage) : 0);
+  // (One GPU process has nothing to shard, and no device communicator.)
+  GradientSync sync(grad_comm, model.grads().as<float>(), P, config.dist.bucket_mb,
+                    device == Device::cuda && W == 1 ? 0 : int(config.dist.zero_stage), device);
   AdamW optimizer(sync.begin(), sync.end(), device);
   const std::int64_t shard = sync.end() - sync.begin();
   const auto host_vector = [](const Tensor& t) {
@@ -328,7 +339,7 @@ TrainSummary run_training(const TrainOptions& options) {
   const auto start = Clock::now();
   const double tokens_per_step = double(tc.global_batch_size) * T;
   const SignalWatch signals;
-  std::int64_t bad_in_a_row = 0;
+  std::int64_t bad_in_a_row = 0, device_peak = 0;
   for (std::int64_t step = first_step; step <= tc.max_steps; ++step) {
     const auto step_start = Clock::now();
     log.step_started(step);
@@ -379,7 +390,8 @@ TrainSummary run_training(const TrainOptions& options) {
     optimizer.update(model, grads, grad_norm, oc, tc.grad_clip, lr, step);
     sync.gather_params(model.params().as<float>());
     if (W > 1 && config.dist.replica_check_every > 0 && step % config.dist.replica_check_every == 0) {
-      check_replicas(*comm, model.params().as<float>(), P, step);
+      if (host_owner) ops::copy(host.params(), model.params());
+      check_replicas(*comm, host.params().as<float>(), P, step);
     }
     const double step_seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
@@ -388,7 +400,13 @@ TrainSummary run_training(const TrainOptions& options) {
     const nlohmann::json mfu = tc.peak_tflops > 0
                                    ? nlohmann::json(tokens_per_s * flops_per_token(config.model) / (tc.peak_tflops * 1e12 * W))
                                    : nlohmann::json(nullptr);
-    const MemoryUse memory = process_memory();
+    // Memory: of the process on the CPU backend; of the GPU (its peak sampled here) on CUDA.
+    MemoryUse memory = process_memory();
+    if (device == Device::cuda) {
+      const ops::DeviceMemoryUse gpu = ops::device_memory_use();
+      device_peak = std::max(device_peak, gpu.device_used);
+      memory = {gpu.device_used, device_peak};
+    }
     if (metrics) {
       metrics->write({{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", grad_norm},
                       {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"elapsed_s", elapsed},
