@@ -2,6 +2,7 @@
 // (scripts/gen_reference.py, float64; its Llama is also checked there against transformers'
 // LlamaForCausalLM): logits, loss, every parameter gradient, and ten AdamW steps with clipping.
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -11,6 +12,8 @@
 #include "model/gpt2.h"
 #include "model/llama.h"
 #include "train/adamw.h"
+#include "ops/buffer.h"
+#include "ops/nn.h"
 #include "train/plan.h"
 #include "weights_compare.h"
 
@@ -241,4 +244,54 @@ TEST_CASE("plan's parameter count and activation memory agree with the models' o
       CHECK(actual - planned <= 64 * (40 + 20 * c.n_layer));
     }
   }
+}
+
+TEST_CASE("bf16 mixed precision follows the float64 reference to bf16 accuracy", "[model][golden][bf16]") {
+  for (const std::string arch : {"gpt2", "llama"}) {
+    CAPTURE(arch);
+    const Golden g(arch);
+    const auto f32 = g.make_model();
+    auto m = model::make_model(g.config.model, Device::cpu, model::Recompute::none, DType::bf16);
+    ops::copy(m->params(), f32->params());
+    const double n = double(g.B) * g.T;
+    m->zero_grads();
+    const double loss = m->forward(g.inputs.data(), g.targets.data(), g.B, g.T, float(1.0 / n)) / n;
+    const float reference_loss = read(g.file, "loss")[0];
+    CAPTURE(loss, reference_loss);
+    CHECK(std::abs(loss - reference_loss) / reference_loss < 1e-2);
+    m->backward();
+    // Gradients in f32, from bf16 activations: a few bf16 ulps (2^-8) of error, summed over layers.
+    for (const auto& info : m->param_infos()) {
+      const double error = relative_error(m->grad(info).as<float>(), read(g.file, "grad/" + info.name));
+      CAPTURE(info.name, error);
+      CHECK(error < 5e-2);
+    }
+    // The master weights stay f32 and untouched; the working copy is their bf16 rounding.
+    CHECK(m->params().dtype == DType::f32);
+    CHECK(std::memcmp(m->params().data, f32->params().data, f32->params().bytes()) == 0);
+  }
+}
+
+TEST_CASE("convert rounds to the nearest bf16, ties to even", "[ops][bf16]") {
+  const std::vector<float> in = {1.0f, 1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -2.5f, 1e-40f, 65536.0f * 65536.0f,
+                                 std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()};
+  std::vector<std::uint16_t> bits(in.size());
+  ops::convert(Tensor(bits.data(), DType::bf16, Device::cpu, {std::int64_t(in.size())}),
+               Tensor(const_cast<float*>(in.data()), DType::f32, Device::cpu, {std::int64_t(in.size())}));
+  // 1 + 2^-8 is halfway between 1 (even mantissa) and 1 + 2^-7: to 1. 1 + 3 2^-8 is halfway
+  // between 1 + 2^-7 (odd) and 1 + 2^-6: up.
+  CHECK(bits[0] == 0x3F80);
+  CHECK(bits[1] == 0x3F80);
+  CHECK(bits[2] == 0x3F82);
+  CHECK(bits[3] == 0xC020);
+  CHECK(bits[5] == 0x4F80);
+  CHECK(bits[6] == 0x7F80);
+  CHECK((bits[7] & 0x7F80) == 0x7F80);
+  CHECK((bits[7] & 0x007F) != 0);  // still a NaN
+  std::vector<float> back(in.size());
+  ops::convert(Tensor(back.data(), DType::f32, Device::cpu, {std::int64_t(in.size())}),
+               Tensor(bits.data(), DType::bf16, Device::cpu, {std::int64_t(in.size())}));
+  CHECK(back[2] == 1.0f + 0x1p-6f);
+  CHECK(back[3] == -2.5f);
+  CHECK(back[4] == 0x1p-133f);  // 1e-40 = 1.09 x 2^-133, a float subnormal: bf16 keeps multiples of 2^-133
 }

@@ -38,7 +38,8 @@ void for_each_param(const config::ModelConfig& c, ParamsT& p, F&& f) {
 
 }  // namespace
 
-Gpt2::Gpt2(const config::ModelConfig& config, Device device, Recompute recompute) : Model(config, device) {
+Gpt2::Gpt2(const config::ModelConfig& config, Device device, Recompute recompute, DType compute)
+    : Model(config, device, compute) {
   if (config.arch != "gpt2") throw RuntimeError("Gpt2: config has model.arch \"" + config.arch + "\"");
   if (recompute != Recompute::none) {
     throw InputError("train.recompute: activation recomputation is implemented for llama models only so far");
@@ -64,7 +65,7 @@ Gpt2::Params Gpt2::bind_params(bool grads) const {
   std::size_t index = 0;
   for_each_param(config_, p, [&](const std::string&, const std::vector<std::int64_t>&, Tensor& slot) {
     const ParamInfo& info = param_infos()[index++];
-    slot = grads ? grad(info) : param(info);
+    slot = grads ? grad(info) : weight(info);
   });
   return p;
 }
@@ -88,30 +89,30 @@ Gpt2::Acts Gpt2::bind_acts(ops::Buffer& buffer, int B, int T, bool measure_only,
   Acts a;
   a.inputs = carver.take(DType::i32, {B, T});
   a.targets = carver.take(DType::i32, {N});
-  a.encoded = carver.take(DType::f32, {N, C});
+  a.encoded = carver.take(compute_, {N, C});
   for (std::int64_t l = 0; l < config_.n_layer; ++l) {
     LayerActs la;
-    la.ln1 = carver.take(DType::f32, {N, C});
+    la.ln1 = carver.take(compute_, {N, C});
     la.ln1_mean = carver.take(DType::f32, {N});
     la.ln1_rstd = carver.take(DType::f32, {N});
-    la.qkv = carver.take(DType::f32, {N, 3 * C});
-    la.atty = carver.take(DType::f32, {N, C});
+    la.qkv = carver.take(compute_, {N, 3 * C});
+    la.atty = carver.take(compute_, {N, C});
     la.lse = carver.take(DType::f32, {B, NH, T});
-    la.attproj = carver.take(DType::f32, {N, C});
-    la.residual2 = carver.take(DType::f32, {N, C});
-    la.ln2 = carver.take(DType::f32, {N, C});
+    la.attproj = carver.take(compute_, {N, C});
+    la.residual2 = carver.take(compute_, {N, C});
+    la.ln2 = carver.take(compute_, {N, C});
     la.ln2_mean = carver.take(DType::f32, {N});
     la.ln2_rstd = carver.take(DType::f32, {N});
-    la.fch = carver.take(DType::f32, {N, F4});
-    la.fch_gelu = carver.take(DType::f32, {N, F4});
-    la.fcproj = carver.take(DType::f32, {N, C});
-    la.residual3 = carver.take(DType::f32, {N, C});
+    la.fch = carver.take(compute_, {N, F4});
+    la.fch_gelu = carver.take(compute_, {N, F4});
+    la.fcproj = carver.take(compute_, {N, C});
+    la.residual3 = carver.take(compute_, {N, C});
     a.layers.push_back(la);
   }
-  a.lnf = carver.take(DType::f32, {N, C});
+  a.lnf = carver.take(compute_, {N, C});
   a.lnf_mean = carver.take(DType::f32, {N});
   a.lnf_rstd = carver.take(DType::f32, {N});
-  a.logits = carver.take(DType::f32, {N, V});
+  a.logits = carver.take(compute_, {N, V});
   a.losses = carver.take(DType::f32, {N});
   if (bytes) *bytes = carver.used;
   return a;
@@ -141,6 +142,7 @@ void Gpt2::ensure_acts(int B, int T) {
 
 double Gpt2::forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T, float dloss_scale) {
   ensure_acts(B, T);
+  prepare_weights();
   const std::int64_t C = config_.d_model;
   const int NH = int(config_.n_head);
   ops::copy(a_.inputs, Tensor(const_cast<std::int32_t*>(inputs), DType::i32, Device::cpu, {B, T}));
@@ -174,7 +176,7 @@ void Gpt2::backward(const std::function<void(std::int64_t)>& grads_ready) {
   const int B = acts_B_, T = acts_T_;
   const std::int64_t C = config_.d_model;
   const int NH = int(config_.n_head);
-  ops::zero(grad_acts_buffer_.view(DType::f32, {std::int64_t(grad_acts_buffer_.bytes() / 4)}));
+  ops::zero(grad_acts_buffer_.view(DType::u16, {std::int64_t(grad_acts_buffer_.bytes() / 2)}));
   const Tensor none;
   const Tensor& dlogits = a_.logits;  // fused_classifier left the gradient there
 
@@ -218,22 +220,22 @@ void Gpt2::ensure_decoder() {
   for (const bool measure : {true, false}) {
     Carver carver{measure ? nullptr : static_cast<char*>(d_.buffer.data()), device_};
     d_.token = carver.take(DType::i32, {1, 1});
-    d_.x = carver.take(DType::f32, {1, C});
-    d_.ln = carver.take(DType::f32, {1, C});
+    d_.x = carver.take(compute_, {1, C});
+    d_.ln = carver.take(compute_, {1, C});
     d_.mean = carver.take(DType::f32, {1});
     d_.rstd = carver.take(DType::f32, {1});
-    d_.qkv = carver.take(DType::f32, {1, 3 * C});
-    d_.atty = carver.take(DType::f32, {1, C});
-    d_.proj = carver.take(DType::f32, {1, C});
-    d_.x2 = carver.take(DType::f32, {1, C});
-    d_.fch = carver.take(DType::f32, {1, F4});
-    d_.fch_gelu = carver.take(DType::f32, {1, F4});
-    d_.logits = carver.take(DType::f32, {1, V});
+    d_.qkv = carver.take(compute_, {1, 3 * C});
+    d_.atty = carver.take(compute_, {1, C});
+    d_.proj = carver.take(compute_, {1, C});
+    d_.x2 = carver.take(compute_, {1, C});
+    d_.fch = carver.take(compute_, {1, F4});
+    d_.fch_gelu = carver.take(compute_, {1, F4});
+    d_.logits = carver.take(compute_, {1, V});
     d_.k_cache.clear();
     d_.v_cache.clear();
     for (std::int64_t l = 0; l < config_.n_layer; ++l) {
-      d_.k_cache.push_back(carver.take(DType::f32, {maxT, C}));
-      d_.v_cache.push_back(carver.take(DType::f32, {maxT, C}));
+      d_.k_cache.push_back(carver.take(compute_, {maxT, C}));
+      d_.v_cache.push_back(carver.take(compute_, {maxT, C}));
     }
     if (measure) d_.buffer = ops::Buffer(device_, carver.used);
   }
@@ -244,14 +246,17 @@ Tensor Gpt2::decode_step(std::int32_t token, int pos) {
     throw RuntimeError("Gpt2::decode_step: position " + std::to_string(pos) + " outside the context");
   }
   ensure_decoder();
+  if (pos == 0) prepare_weights();
   const std::int64_t C = config_.d_model;
   const int NH = int(config_.n_head);
   const auto row = [&](const Tensor& t, std::int64_t r, std::int64_t offset, std::int64_t width) {
-    return Tensor(t.as<float>() + r * t.shape[1] + offset, DType::f32, t.device, {width});
+    char* base = static_cast<char*>(t.data) + std::size_t(r * t.shape[1] + offset) * dtype_size(t.dtype);
+    return Tensor(base, t.dtype, t.device, {width});
   };
   ops::copy(d_.token, Tensor(&token, DType::i32, Device::cpu, {1, 1}));
   // Position `pos` of the table is position 0 of this view.
-  const Tensor wpe_from_pos(p_.wpe.as<float>() + pos * C, DType::f32, device_, {1, C});
+  const Tensor wpe_from_pos(static_cast<char*>(p_.wpe.data) + std::size_t(pos * C) * dtype_size(p_.wpe.dtype),
+                            p_.wpe.dtype, device_, {1, C});
   ops::encoder_forward(d_.x.reshape({1, 1, C}), d_.token, p_.wte, wpe_from_pos);
   for (std::size_t l = 0; l < p_.layers.size(); ++l) {
     const LayerParams& lp = p_.layers[l];
@@ -270,11 +275,11 @@ Tensor Gpt2::decode_step(std::int32_t token, int pos) {
   }
   ops::layernorm_forward(d_.ln, d_.mean, d_.rstd, d_.x, p_.lnf_w, p_.lnf_b);
   ops::matmul_forward(d_.logits, d_.ln, p_.wte, Tensor());
-  return d_.logits.reshape({config_.vocab_size});
+  return as_f32(d_.logits, logits_f32_).reshape({config_.vocab_size});
 }
 
-Tensor Gpt2::logits() const {
-  return a_.logits.reshape({acts_B_, acts_T_, config_.vocab_size});
+Tensor Gpt2::logits() {
+  return as_f32(a_.logits, logits_f32_).reshape({acts_B_, acts_T_, config_.vocab_size});
 }
 
 }  // namespace llmtrain::model

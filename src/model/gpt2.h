@@ -9,14 +9,15 @@ namespace llmtrain::model {
 
 class Gpt2 final : public Model {
  public:
-  Gpt2(const config::ModelConfig& config, Device device, Recompute recompute = Recompute::none);
+  Gpt2(const config::ModelConfig& config, Device device, Recompute recompute = Recompute::none,
+       DType compute = DType::f32);
 
   /// GPT-2's initialisation: normal(0, 0.02), residual projections 0.02 / sqrt(2 L), biases 0,
   /// LayerNorm weights 1.
   void init_weights(std::uint64_t seed) override;
   double forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T, float dloss_scale) override;
   void backward(const std::function<void(std::int64_t)>& grads_ready = {}) override;
-  Tensor logits() const override;
+  Tensor logits() override;
   Tensor decode_step(std::int32_t token, int pos) override;
   std::size_t activation_bytes(int B, int T) const override;
 
@@ -55,7 +56,7 @@ class Gpt2 final : public Model {
   Decoder d_;
 
   int acts_B_ = 0, acts_T_ = 0;
-  ops::Buffer acts_buffer_, grad_acts_buffer_;
+  ops::Buffer acts_buffer_, grad_acts_buffer_, logits_f32_;  // logits_f32_: f32 logits in mixed precision
   Acts a_, ga_;
 };
 

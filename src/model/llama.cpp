@@ -13,13 +13,14 @@ std::string layer_prefix(std::int64_t l) { return "model.layers." + std::to_stri
 
 // A view of `width` elements of row r of a 2-D tensor, starting at column `offset`.
 Tensor row_slice(const Tensor& t, std::int64_t r, std::int64_t offset, std::int64_t width) {
-  return Tensor(t.as<float>() + r * t.shape[1] + offset, DType::f32, t.device, {width});
+  char* base = static_cast<char*>(t.data) + std::size_t(r * t.shape[1] + offset) * dtype_size(t.dtype);
+  return Tensor(base, t.dtype, t.device, {width});
 }
 
 }  // namespace
 
-Llama::Llama(const config::ModelConfig& config, Device device, Recompute recompute)
-    : Model(config, device), recompute_(recompute) {
+Llama::Llama(const config::ModelConfig& config, Device device, Recompute recompute, DType compute)
+    : Model(config, device, compute), recompute_(recompute) {
   if (config.arch != "llama") throw RuntimeError("Llama: config has model.arch \"" + config.arch + "\"");
   const std::int64_t C = config.d_model, F = config.ffn_hidden, V = config.vocab_size, NH = config.n_head,
                      NKV = config.n_kv_head;
@@ -61,7 +62,7 @@ Llama::Params Llama::bind_params(bool grads) const {
     LayerParams lp;
     lp.in_norm = param_named(h + "input_layernorm.weight", grads);
     const Tensor q = param_named(h + "self_attn.q_proj.weight", grads);
-    lp.qkv = Tensor(q.data, DType::f32, device_, {QKV_, config_.d_model});
+    lp.qkv = Tensor(q.data, q.dtype, device_, {QKV_, config_.d_model});
     lp.o = param_named(h + "self_attn.o_proj.weight", grads);
     lp.post_norm = param_named(h + "post_attention_layernorm.weight", grads);
     lp.gate = param_named(h + "mlp.gate_proj.weight", grads);
@@ -92,7 +93,9 @@ std::size_t Llama::bind_acts(char* base, int B, int T, Acts& a, GradActs& g) con
   Carver carver{base, device_};
   const std::int64_t N = std::int64_t(B) * T, C = config_.d_model, F = config_.ffn_hidden, V = config_.vocab_size,
                      NH = config_.n_head;
-  const auto take = [&](std::initializer_list<std::int64_t> shape) { return carver.take(DType::f32, shape); };
+  // Activations in the compute dtype; statistics (rstd, lse, losses) always f32.
+  const auto take = [&](std::initializer_list<std::int64_t> shape) { return carver.take(compute_, shape); };
+  const auto stat = [&](std::initializer_list<std::int64_t> shape) { return carver.take(DType::f32, shape); };
   a = Acts();
   a.inputs = carver.take(DType::i32, {B, T});
   a.targets = carver.take(DType::i32, {N});
@@ -112,25 +115,25 @@ std::size_t Llama::bind_acts(char* base, int B, int T, Acts& a, GradActs& g) con
   }
   if (full) {
     shared.ln1 = take({N, C});
-    shared.rstd1 = take({N});
+    shared.rstd1 = stat({N});
     shared.qkvr = take({N, QKV_});
     shared.atty = take({N, C});
-    shared.lse = take({B, NH, T});
+    shared.lse = stat({B, NH, T});
     shared.residual2 = take({N, C});
     shared.ln2 = take({N, C});
-    shared.rstd2 = take({N});
+    shared.rstd2 = stat({N});
   }
   for (std::int64_t l = 0; l < config_.n_layer; ++l) {
     LayerActs la = shared;
     if (!full) {
       la.ln1 = take({N, C});
-      la.rstd1 = take({N});
+      la.rstd1 = stat({N});
       la.qkvr = take({N, QKV_});
       la.atty = take({N, C});
-      la.lse = take({B, NH, T});
+      la.lse = stat({B, NH, T});
       la.residual2 = take({N, C});
       la.ln2 = take({N, C});
-      la.rstd2 = take({N});
+      la.rstd2 = stat({N});
     }
     if (recompute_ == Recompute::none) {
       la.gate = take({N, F});
@@ -141,9 +144,9 @@ std::size_t Llama::bind_acts(char* base, int B, int T, Acts& a, GradActs& g) con
     a.layers.push_back(la);
   }
   a.lnf = take({N, C});
-  a.rstdf = take({N});
+  a.rstdf = stat({N});
   a.logits = take({N, V});
-  a.losses = take({N});
+  a.losses = stat({N});
 
   g.residual = take({N, C});
   g.lnf = take({N, C});
@@ -156,8 +159,8 @@ std::size_t Llama::bind_acts(char* base, int B, int T, Acts& a, GradActs& g) con
   g.gate = take({N, F});
   g.up = take({N, F});
   g.swi = take({N, F});
-  g.scratch = Tensor(base ? base + scratch_begin : nullptr, DType::f32, device_,
-                     {std::int64_t(carver.used - scratch_begin) / 4});
+  g.scratch = Tensor(base ? base + scratch_begin : nullptr, DType::u16, device_,
+                     {std::int64_t(carver.used - scratch_begin) / 2});  // raw bytes, for zeroing
   return carver.used;
 }
 
@@ -210,6 +213,7 @@ void Llama::forward_layer(std::size_t l) {
 
 double Llama::forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T, float dloss_scale) {
   ensure_acts(B, T);
+  prepare_weights();
   ops::copy(a_.inputs, Tensor(const_cast<std::int32_t*>(inputs), DType::i32, Device::cpu, {B, T}));
   ops::encoder_forward(a_.encoded.reshape({B, T, config_.d_model}), a_.inputs, p_.embed, Tensor());
   for (std::size_t l = 0; l < a_.layers.size(); ++l) forward_layer(l);
@@ -265,7 +269,9 @@ void Llama::backward(const std::function<void(std::int64_t)>& grads_ready) {
   if (grads_ready) grads_ready(num_params());
 }
 
-Tensor Llama::logits() const { return a_.logits.reshape({acts_B_, acts_T_, config_.vocab_size}); }
+Tensor Llama::logits() {
+  return as_f32(a_.logits, logits_f32_).reshape({acts_B_, acts_T_, config_.vocab_size});
+}
 
 void Llama::ensure_decoder() {
   if (d_.buffer.data()) return;
@@ -273,11 +279,11 @@ void Llama::ensure_decoder() {
                      maxT = config_.context_length, KVC = config_.n_kv_head * HS_;
   for (const bool measure : {true, false}) {
     Carver carver{measure ? nullptr : static_cast<char*>(d_.buffer.data()), device_};
-    const auto take = [&](std::initializer_list<std::int64_t> shape) { return carver.take(DType::f32, shape); };
+    const auto take = [&](std::initializer_list<std::int64_t> shape) { return carver.take(compute_, shape); };
     d_.token = carver.take(DType::i32, {1, 1});
     d_.x = take({1, C});
     d_.ln = take({1, C});
-    d_.rstd = take({1});
+    d_.rstd = carver.take(DType::f32, {1});
     d_.qkv = take({1, QKV_});
     d_.qkvr = take({1, QKV_});
     d_.atty = take({1, C});
@@ -302,6 +308,7 @@ Tensor Llama::decode_step(std::int32_t token, int pos) {
     throw RuntimeError("Llama::decode_step: position " + std::to_string(pos) + " outside the context");
   }
   ensure_decoder();
+  if (pos == 0) prepare_weights();
   const std::int64_t C = config_.d_model, NH = config_.n_head, NKV = config_.n_kv_head, KVC = NKV * HS_;
   const auto eps = float(config_.norm_eps), theta = float(config_.rope_theta);
   const Tensor none;
@@ -328,7 +335,7 @@ Tensor Llama::decode_step(std::int32_t token, int pos) {
   }
   ops::rmsnorm_forward(d_.ln, d_.rstd, d_.x, p_.norm, eps);
   ops::matmul_forward(d_.logits, d_.ln, p_.head, none);
-  return d_.logits.reshape({config_.vocab_size});
+  return as_f32(d_.logits, logits_f32_).reshape({config_.vocab_size});
 }
 
 }  // namespace llmtrain::model

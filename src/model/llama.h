@@ -18,12 +18,13 @@ namespace llmtrain::model {
 
 class Llama final : public Model {
  public:
-  Llama(const config::ModelConfig& config, Device device, Recompute recompute = Recompute::none);
+  Llama(const config::ModelConfig& config, Device device, Recompute recompute = Recompute::none,
+        DType compute = DType::f32);
 
   void init_weights(std::uint64_t seed) override;
   double forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T, float dloss_scale) override;
   void backward(const std::function<void(std::int64_t)>& grads_ready = {}) override;
-  Tensor logits() const override;
+  Tensor logits() override;
   Tensor decode_step(std::int32_t token, int pos) override;
   std::size_t activation_bytes(int B, int T) const override;
 
@@ -64,7 +65,7 @@ class Llama final : public Model {
   Params p_, g_;
 
   int acts_B_ = 0, acts_T_ = 0;
-  ops::Buffer acts_buffer_;
+  ops::Buffer acts_buffer_, logits_f32_;  // logits_f32_: logits() and decode_step() in mixed precision
   Acts a_;
   GradActs ga_;
 

@@ -4,6 +4,7 @@
 #include "core/rng.h"
 #include "model/gpt2.h"
 #include "model/llama.h"
+#include "ops/nn.h"
 
 namespace llmtrain::model {
 
@@ -14,7 +15,16 @@ Recompute parse_recompute(const std::string& name) {
   throw InputError("train.recompute: expected \"none\", \"mlp\" or \"full\", got \"" + name + "\"");
 }
 
-Model::Model(const config::ModelConfig& config, Device device) : config_(config), device_(device) {}
+DType precision_dtype(const std::string& precision) {
+  if (precision == "fp32") return DType::f32;
+  if (precision == "bf16") return DType::bf16;
+  throw InputError("train.precision: expected \"fp32\" or \"bf16\", got \"" + precision + "\"");
+}
+
+Model::Model(const config::ModelConfig& config, Device device, DType compute)
+    : config_(config), device_(device), compute_(compute) {
+  if (compute != DType::f32 && compute != DType::bf16) throw RuntimeError("model: compute dtype must be f32 or bf16");
+}
 
 void Model::add_param(const std::string& name, std::vector<std::int64_t> shape) {
   ParamInfo info{name, std::move(shape), num_params_, 1, false};
@@ -27,7 +37,24 @@ void Model::add_param(const std::string& name, std::vector<std::int64_t> shape) 
 void Model::allocate() {
   params_ = ops::Buffer(device_, std::size_t(num_params_) * sizeof(float));
   grads_ = ops::Buffer(device_, std::size_t(num_params_) * sizeof(float));
+  if (compute_ == DType::bf16) working_ = ops::Buffer(device_, std::size_t(num_params_) * dtype_size(DType::bf16));
   zero_grads();
+}
+
+void Model::prepare_weights() {
+  if (compute_ == DType::bf16) ops::convert(working_.view(DType::bf16, {num_params_}), params());
+}
+
+Tensor Model::as_f32(const Tensor& t, ops::Buffer& scratch) const {
+  if (t.dtype == DType::f32) return t;
+  if (scratch.bytes() < std::size_t(t.numel()) * sizeof(float)) {
+    scratch = ops::Buffer(device_, std::size_t(t.numel()) * sizeof(float));
+  }
+  Tensor wide = t;
+  wide.data = scratch.data();
+  wide.dtype = DType::f32;
+  ops::convert(wide, t);
+  return wide;
 }
 
 const ParamInfo& Model::param_info(const std::string& name) const {
@@ -39,8 +66,8 @@ const ParamInfo& Model::param_info(const std::string& name) const {
 
 namespace {
 
-Tensor shaped(float* data, Device device, const std::vector<std::int64_t>& shape) {
-  Tensor t(data, DType::f32, device, {});
+Tensor shaped(void* data, DType dtype, Device device, const std::vector<std::int64_t>& shape) {
+  Tensor t(data, dtype, device, {});
   t.ndim = int(shape.size());
   for (int i = 0; i < t.ndim; ++i) t.shape[std::size_t(i)] = shape[std::size_t(i)];
   return t;
@@ -49,16 +76,21 @@ Tensor shaped(float* data, Device device, const std::vector<std::int64_t>& shape
 }  // namespace
 
 Tensor Model::param(const ParamInfo& info) const {
-  return shaped(static_cast<float*>(params_.data()) + info.offset, device_, info.shape);
+  return shaped(static_cast<float*>(params_.data()) + info.offset, DType::f32, device_, info.shape);
 }
 
 Tensor Model::grad(const ParamInfo& info) const {
-  return shaped(static_cast<float*>(grads_.data()) + info.offset, device_, info.shape);
+  return shaped(static_cast<float*>(grads_.data()) + info.offset, DType::f32, device_, info.shape);
+}
+
+Tensor Model::weight(const ParamInfo& info) const {
+  if (compute_ == DType::f32) return param(info);
+  return shaped(static_cast<std::uint16_t*>(working_.data()) + info.offset, DType::bf16, device_, info.shape);
 }
 
 Tensor Model::param_named(const std::string& name, bool grads) const {
   const ParamInfo& info = param_info(name);
-  return grads ? grad(info) : param(info);
+  return grads ? grad(info) : weight(info);
 }
 
 void Model::zero_grads() {
@@ -77,9 +109,10 @@ void Model::init_constant(const ParamInfo& info, float value) {
   for (std::int64_t i = 0; i < info.numel; ++i) w[i] = value;
 }
 
-std::unique_ptr<Model> make_model(const config::ModelConfig& config, Device device, Recompute recompute) {
-  if (config.arch == "gpt2") return std::make_unique<Gpt2>(config, device, recompute);
-  if (config.arch == "llama") return std::make_unique<Llama>(config, device, recompute);
+std::unique_ptr<Model> make_model(const config::ModelConfig& config, Device device, Recompute recompute,
+                                  DType compute) {
+  if (config.arch == "gpt2") return std::make_unique<Gpt2>(config, device, recompute, compute);
+  if (config.arch == "llama") return std::make_unique<Llama>(config, device, recompute, compute);
   throw InputError("model.arch: unknown architecture \"" + config.arch + "\"");
 }
 

@@ -38,12 +38,15 @@ class Model {
 
   const config::ModelConfig& config() const { return config_; }
   Device device() const { return device_; }
+  /// f32, or bf16 for mixed precision: the dtype of the activations and of the working copy of
+  /// the weights that forward and backward use (params() stay the f32 master weights).
+  DType compute_dtype() const { return compute_; }
   const std::vector<ParamInfo>& param_infos() const { return infos_; }
   const ParamInfo& param_info(const std::string& name) const;
   std::int64_t num_params() const { return num_params_; }
 
-  Tensor params() const { return params_.view(DType::f32, {num_params_}); }  // (P,)
-  Tensor grads() const { return grads_.view(DType::f32, {num_params_}); }    // (P,)
+  Tensor params() const { return params_.view(DType::f32, {num_params_}); }  // (P,) f32 master weights
+  Tensor grads() const { return grads_.view(DType::f32, {num_params_}); }    // (P,) f32
   /// A view of one parameter (or its gradient) with its shape.
   Tensor param(const ParamInfo& info) const;
   Tensor grad(const ParamInfo& info) const;
@@ -62,43 +65,54 @@ class Model {
   /// so their reduction across ranks can start while the rest is computed.
   virtual void backward(const std::function<void(std::int64_t)>& grads_ready = {}) = 0;
 
-  /// (B,T,V) logits of the last forward without dloss_scale.
-  virtual Tensor logits() const = 0;
+  /// (B,T,V) f32 logits of the last forward without dloss_scale.
+  virtual Tensor logits() = 0;
 
   /// Incremental decoding of one sequence with a KV cache: feed its tokens at positions 0, 1,
-  /// 2, ... (below context_length), each costing one position; returns the (V,) logits that
-  /// predict the next token. Position 0 starts a new sequence.
+  /// 2, ... (below context_length), each costing one position; returns the (V,) f32 logits that
+  /// predict the next token. Position 0 starts a new sequence (and picks up changed weights).
   virtual Tensor decode_step(std::int32_t token, int pos) = 0;
 
   /// Bytes of activation memory forward and backward need at (B,T) (both sets: values and gradients).
   virtual std::size_t activation_bytes(int B, int T) const = 0;
 
  protected:
-  Model(const config::ModelConfig& config, Device device);
+  Model(const config::ModelConfig& config, Device device, DType compute);
 
   /// Appends a parameter to the flat layout (in backward-completion order); then allocate().
   void add_param(const std::string& name, std::vector<std::int64_t> shape);
   void allocate();
   /// Flat offset where the parameter `name` starts.
   std::int64_t offset_of(const std::string& name) const { return param_info(name).offset; }
-  /// The parameter (or, with grads, its gradient) tensor called `name`.
+  /// The weight as forward and backward read it (the bf16 working copy in mixed precision), or,
+  /// with grads, its f32 gradient.
+  Tensor weight(const ParamInfo& info) const;
   Tensor param_named(const std::string& name, bool grads) const;
+  /// Mixed precision: refreshes the bf16 working copy from the master weights. Forward passes
+  /// call it first, so that updates, loads and copies into params() are always seen.
+  void prepare_weights();
+  /// t as f32: t itself, or (bf16) its conversion into `scratch`.
+  Tensor as_f32(const Tensor& t, ops::Buffer& scratch) const;
   /// GPT-2 style initialisation of one parameter: normal(0, std) from (seed, flat index).
   void init_normal(const ParamInfo& info, std::uint64_t seed, float std);
   void init_constant(const ParamInfo& info, float value);
 
   config::ModelConfig config_;
   Device device_;
+  DType compute_;
 
  private:
   std::vector<ParamInfo> infos_;
   std::int64_t num_params_ = 0;
-  ops::Buffer params_, grads_;
+  ops::Buffer params_, grads_, working_;  // working_: bf16 weights in mixed precision
 };
 
-/// The model of config.arch ("gpt2" or "llama"), its parameters allocated and uninitialised.
+/// The model of config.arch ("gpt2" or "llama"), its parameters allocated and uninitialised;
+/// `compute` f32, or bf16 for mixed precision (train.precision).
 std::unique_ptr<Model> make_model(const config::ModelConfig& config, Device device,
-                                  Recompute recompute = Recompute::none);
+                                  Recompute recompute = Recompute::none, DType compute = DType::f32);
+/// The compute dtype of train.precision ("fp32" or "bf16").
+DType precision_dtype(const std::string& precision);
 
 /// Hands out consecutive 64-byte aligned tensors from one allocation; with a null base it only
 /// measures how many bytes they need.

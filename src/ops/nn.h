@@ -1,6 +1,11 @@
 // The Transformer ops as the model calls them. Each validates its tensors once (dtype, device,
 // shape) and dispatches to the CPU reference (src/ops/cpu/nn.h) or, on cuda tensors, to the
 // CUDA kernels. Backward ops accumulate (+=) into their outputs, like their CPU references.
+//
+// Precision: activations, their gradients and the weights an op reads are all f32, or all bf16
+// (mixed precision); weight gradients (dweight, dbias, dwte, ...) and statistics (mean, rstd,
+// lse, losses) are always f32. On the CPU, bf16 ops run the f32 reference on widened copies and
+// round their outputs once: slow, and meant for checking the mixed-precision path.
 #pragma once
 
 #include <cstdint>
@@ -67,6 +72,9 @@ void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
 /// Softmax cross-entropy over logits (N,V) against targets (N) i32 -> losses (N); with
 /// dlogits_scale > 0 the logits become their gradient times that scale. Returns the loss sum.
 double fused_classifier(const Tensor& logits, const Tensor& losses, const Tensor& targets, float dlogits_scale);
+
+/// out = in, converting f32 -> bf16 (round to nearest even) or bf16 -> f32; same element count.
+void convert(const Tensor& out, const Tensor& in);
 
 /// Sum of squares of all elements (for the global gradient norm), in double.
 double sum_squares(const Tensor& x);

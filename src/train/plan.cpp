@@ -67,11 +67,11 @@ MemoryPlan plan_memory(const config::Config& config, int world_size, int zero_st
   const std::int64_t P = parameter_count(config.model);
   const std::int64_t shard = (P + world_size - 1) / world_size;
   MemoryPlan plan;
-  const std::int64_t element = bf16 ? 2 : 4;
-  plan.weights = element * P;
-  plan.gradients = element * (zero_stage >= 2 ? shard : P);
-  const std::int64_t optimizer_per_param = bf16 ? 12 : 8;  // m, v (and fp32 master weights)
-  plan.optimizer = optimizer_per_param * (zero_stage >= 1 ? shard : P);
+  // Every rank keeps the f32 master weights (and, in bf16, a 2-byte working copy) and f32
+  // gradients; ZeRO 1 shards AdamW's m and v, ZeRO 2 the gradients too.
+  plan.weights = (bf16 ? 4 + 2 : 4) * P;
+  plan.gradients = 4 * (zero_stage >= 2 ? shard : P);
+  plan.optimizer = 8 * (zero_stage >= 1 ? shard : P);
   plan.activations = micro_batch * activation_bytes_per_sequence(config.model, bf16, config.train.recompute);
   return plan;
 }

@@ -9,9 +9,9 @@
 namespace llmtrain::train {
 
 struct MemoryPlan {
-  std::int64_t weights = 0;      // the working copy of the weights every rank holds
+  std::int64_t weights = 0;      // f32 master weights (and the bf16 working copy) every rank holds
   std::int64_t gradients = 0;
-  std::int64_t optimizer = 0;    // AdamW m and v, and fp32 master weights for bf16
+  std::int64_t optimizer = 0;    // AdamW m and v
   std::int64_t activations = 0;  // for one micro-batch, with their gradients
   std::int64_t total() const { return weights + gradients + optimizer + activations; }
 };
@@ -30,9 +30,9 @@ double flops_per_token(const config::ModelConfig& model);
 std::int64_t activation_bytes_per_sequence(const config::ModelConfig& model, bool bf16,
                                            const std::string& recompute = "none");
 
-/// Bytes per rank. fp32: 4-byte weights, gradients, m and v. bf16: 2-byte weights and gradients,
-/// plus 4-byte master weights, m and v. ZeRO 1 shards the optimizer part over `world_size`
-/// ranks, ZeRO 2 the gradients too (shards padded to equal size).
+/// Bytes per rank. fp32: 4-byte weights, gradients, AdamW m and v. bf16 (mixed precision): the
+/// same plus a 2-byte working copy of the weights, and 2-byte activations. ZeRO 1 shards m and v
+/// over `world_size` ranks, ZeRO 2 the gradients too (shards padded to equal size).
 MemoryPlan plan_memory(const config::Config& config, int world_size, int zero_stage, bool bf16,
                        std::int64_t micro_batch);
 

@@ -200,9 +200,6 @@ TrainSummary run_training(const TrainOptions& options) {
     if (!ops::cuda_available(&why)) throw InputError("--device cuda: no usable CUDA device: " + why);
   }
   if (config.data.train.empty()) throw InputError("data.train: no training data given");
-  if (config.train.precision != "fp32") {
-    throw InputError("train.precision: \"" + config.train.precision + "\" (mixed precision) is not implemented yet; use \"fp32\"");
-  }
   const std::string checkpoint_root =
       config.checkpoint.dir.empty() ? options.run_dir + "/checkpoints" : config.checkpoint.dir;
   const std::unique_ptr<dist::Communicator> comm = dist::make_communicator(false, config.dist.timeout_s);
@@ -251,7 +248,8 @@ TrainSummary run_training(const TrainOptions& options) {
   }
   data::BatchLoader loader(train_data, sampler_options, sampler_state);
 
-  const auto model_owner = model::make_model(config.model, device, model::parse_recompute(tc.recompute));
+  const auto model_owner = model::make_model(config.model, device, model::parse_recompute(tc.recompute),
+                                             model::precision_dtype(tc.precision));
   model::Model& model = *model_owner;
   // Weights are initialised, read and written on the CPU: on a GPU through a host copy.
   const auto host_owner = device == Device::cpu ? nullptr : model::make_model(config.model, Device::cpu);
