@@ -54,6 +54,7 @@ struct ModelConfig {
   double norm_eps = 1e-5;       // llama: RMSNorm epsilon
   double rope_theta = 10000.0;  // llama: rotary embedding base
   bool tie_embeddings = true;   // output head shares the token embedding; unset: gpt2 true, llama false
+  std::string attention = "flash";  // GPU attention kernels: our flash attention, or cuDNN's fused attention
   std::string init_from;        // Hugging Face style safetensors file or folder; empty: random init
 
   template <class Visitor>
@@ -69,6 +70,7 @@ struct ModelConfig {
     v("norm_eps", norm_eps, NumberRange{0.0, 1.0, true, true});
     v("rope_theta", rope_theta, positive);
     v("tie_embeddings", tie_embeddings, Boolean{});
+    v("attention", attention, OneOf{{"flash", "cudnn"}});
     v("init_from", init_from, AnyString{});
   }
 };

@@ -155,7 +155,8 @@ double Gpt2::forward(const std::int32_t* inputs, const std::int32_t* targets, in
     LayerActs& la = a_.layers[l];
     ops::layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, *residual, lp.ln1_w, lp.ln1_b);
     ops::matmul_forward(la.qkv, la.ln1, lp.qkv_w, lp.qkv_b);
-    ops::flash_attention_forward(la.atty.reshape({B, T, C}), la.lse, la.qkv.reshape({B, T, 3 * C}), NH);
+    ops::flash_attention_forward(la.atty.reshape({B, T, C}), la.lse, la.qkv.reshape({B, T, 3 * C}), NH, NH,
+                                 attention_kernels_);
     ops::matmul_forward(la.attproj, la.atty, lp.attproj_w, lp.attproj_b);
     ops::residual_forward(la.residual2, *residual, la.attproj);
     ops::layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, lp.ln2_w, lp.ln2_b);
@@ -203,7 +204,8 @@ void Gpt2::backward(const std::function<void(std::int64_t)>& grads_ready) {
     ops::residual_backward(dresidual_in, lga.attproj, lga.residual2);
     ops::matmul_backward(lga.atty, lg.attproj_w, lg.attproj_b, lga.attproj, la.atty, lp.attproj_w);
     ops::flash_attention_backward(lga.qkv.reshape({B, T, 3 * C}), lga.atty.reshape({B, T, C}),
-                                  la.qkv.reshape({B, T, 3 * C}), la.atty.reshape({B, T, C}), la.lse, NH);
+                                  la.qkv.reshape({B, T, 3 * C}), la.atty.reshape({B, T, C}), la.lse, NH, NH,
+                                  attention_kernels_);
     ops::matmul_backward(lga.ln1, lg.qkv_w, lg.qkv_b, lga.qkv, la.ln1, lp.qkv_w);
     ops::layernorm_backward(dresidual_in, lg.ln1_w, lg.ln1_b, lga.ln1, residual_in, lp.ln1_w, la.ln1_mean,
                             la.ln1_rstd);

@@ -202,7 +202,8 @@ void Llama::forward_layer(std::size_t l) {
   ops::matmul_forward(la.qkv, la.ln1, lp.qkv, none);
   ops::rope_forward(la.qkvr.reshape({B, T, NH + 2 * NKV, HS_}), la.qkv.reshape({B, T, NH + 2 * NKV, HS_}), theta,
                     rotated_heads());
-  ops::flash_attention_forward(la.atty.reshape({B, T, C}), la.lse, la.qkvr.reshape({B, T, QKV_}), int(NH), int(NKV));
+  ops::flash_attention_forward(la.atty.reshape({B, T, C}), la.lse, la.qkvr.reshape({B, T, QKV_}), int(NH), int(NKV),
+                               attention_kernels_);
   ops::matmul_forward(la.attproj, la.atty, lp.o, none);
   ops::residual_forward(la.residual2, x, la.attproj);
   ops::rmsnorm_forward(la.ln2, la.rstd2, la.residual2, lp.post_norm, eps);
@@ -258,7 +259,8 @@ void Llama::backward(const std::function<void(std::int64_t)>& grads_ready) {
     // Attention branch: residual2 = x + o(attention(rope(qkv(ln1)))).
     ops::matmul_backward(ga_.atty, lg.o, none, dresidual, la.atty, lp.o);
     ops::flash_attention_backward(ga_.qkvr.reshape({B, T, QKV_}), ga_.atty.reshape({B, T, C}),
-                                  la.qkvr.reshape({B, T, QKV_}), la.atty.reshape({B, T, C}), la.lse, int(NH), int(NKV));
+                                  la.qkvr.reshape({B, T, QKV_}), la.atty.reshape({B, T, C}), la.lse, int(NH), int(NKV),
+                                  attention_kernels_);
     ops::rope_backward(ga_.qkv.reshape({B, T, NH + 2 * NKV, HS_}), ga_.qkvr.reshape({B, T, NH + 2 * NKV, HS_}), theta,
                        rotated_heads());
     ops::matmul_backward(ga_.ln1, lg.qkv, none, ga_.qkv, la.ln1, lp.qkv);

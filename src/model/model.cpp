@@ -22,7 +22,10 @@ DType precision_dtype(const std::string& precision) {
 }
 
 Model::Model(const config::ModelConfig& config, Device device, DType compute)
-    : config_(config), device_(device), compute_(compute) {
+    : config_(config),
+      device_(device),
+      compute_(compute),
+      attention_kernels_(ops::parse_attention_kernels(config.attention)) {
   if (compute != DType::f32 && compute != DType::bf16) throw RuntimeError("model: compute dtype must be f32 or bf16");
 }
 

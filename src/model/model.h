@@ -13,6 +13,7 @@
 #include "config/config.h"
 #include "core/tensor.h"
 #include "ops/buffer.h"
+#include "ops/nn.h"
 
 namespace llmtrain::model {
 
@@ -100,6 +101,7 @@ class Model {
   config::ModelConfig config_;
   Device device_;
   DType compute_;
+  ops::AttentionKernels attention_kernels_;  // model.attention
 
  private:
   std::vector<ParamInfo> infos_;

@@ -23,6 +23,13 @@
 #else
 #define LLMTRAIN_RETURN_CUDA(call) (void)0
 #endif
+// The same for cuDNN's fused attention (kernels/cudnn_attention.h).
+#if LLMTRAIN_HAVE_CUDA && LLMTRAIN_HAVE_CUDNN_ATTENTION
+#define LLMTRAIN_RETURN_CUDNN(call) return call
+#else
+#define LLMTRAIN_RETURN_CUDNN(call) \
+  throw RuntimeError("model.attention \"cudnn\": this build has no cuDNN attention (use \"flash\")")
+#endif
 // The same for an op's bf16 kernel (cuda::op overloads on __nv_bfloat16).
 #if LLMTRAIN_HAVE_CUDA && LLMTRAIN_HAVE_CUDA_BF16
 #define LLMTRAIN_RETURN_CUDA_BF16(call) return call
@@ -378,7 +385,24 @@ std::int64_t flash_qkv_width(const char* op, std::int64_t C, int NH, int& NKV) {
 }
 }  // namespace
 
-void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int NH, int NKV) {
+AttentionKernels parse_attention_kernels(const std::string& name) {
+  if (name == "flash") return AttentionKernels::flash;
+  if (name == "cudnn") return AttentionKernels::cudnn;
+  throw InputError("model.attention: expected \"flash\" or \"cudnn\", got \"" + name + "\"");
+}
+
+namespace {
+// cuDNN's fused attention takes bf16 (or fp16) only.
+void check_cudnn_attention(const char* op, DType act) {
+  if (act != DType::bf16) {
+    throw InputError(std::string("model.attention: \"cudnn\" needs train.precision \"bf16\" (cuDNN's fused "
+                                 "attention has no fp32 kernels); ") + op + " got " + dtype_name(act));
+  }
+}
+}  // namespace
+
+void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int NH, int NKV,
+                             AttentionKernels kernels) {
   const OpTimer timer("flash_attention_forward");
   const auto B = out.shape[0], T = out.shape[1], C = out.shape[2];
   const std::int64_t width = flash_qkv_width("flash_attention_forward", C, NH, NKV);
@@ -387,6 +411,11 @@ void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
   expect("flash_attention_forward", "qkv", qkv, act, {B, T, width});
   expect("flash_attention_forward", "lse", lse, DType::f32, {B, NH, T});
   if (on_cuda("flash_attention_forward", {&out, &lse, &qkv})) {
+    if (kernels == AttentionKernels::cudnn) {
+      check_cudnn_attention("flash_attention_forward", act);
+      LLMTRAIN_RETURN_CUDNN(cuda::cudnn_attention_forward(bf(out), lse.as<float>(), bf(qkv), as_int(B), as_int(T),
+                                                          as_int(C), NH, NKV, cuda::compute_stream()));
+    }
     if (act == DType::bf16) {
       LLMTRAIN_RETURN_CUDA_BF16(cuda::flash_attention_forward(bf(out), lse.as<float>(), bf(qkv), as_int(B), as_int(T),
                                                               as_int(C), NH, NKV, cuda::compute_stream()));
@@ -403,7 +432,7 @@ void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
 }
 
 void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                              const Tensor& lse, int NH, int NKV) {
+                              const Tensor& lse, int NH, int NKV, AttentionKernels kernels) {
   const OpTimer timer("flash_attention_backward");
   const auto B = dout.shape[0], T = dout.shape[1], C = dout.shape[2];
   const std::int64_t width = flash_qkv_width("flash_attention_backward", C, NH, NKV);
@@ -414,6 +443,12 @@ void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tens
   expect("flash_attention_backward", "dqkv", dqkv, act, {B, T, width});
   expect("flash_attention_backward", "lse", lse, DType::f32, {B, NH, T});
   if (on_cuda("flash_attention_backward", {&dqkv, &dout, &qkv, &out, &lse})) {
+    if (kernels == AttentionKernels::cudnn) {
+      check_cudnn_attention("flash_attention_backward", act);
+      LLMTRAIN_RETURN_CUDNN(cuda::cudnn_attention_backward(bf(dqkv), bf(dout), bf(qkv), bf(out), lse.as<float>(),
+                                                           as_int(B), as_int(T), as_int(C), NH, NKV,
+                                                           cuda::compute_stream()));
+    }
     if (act == DType::bf16) {
       LLMTRAIN_RETURN_CUDA_BF16(cuda::flash_attention_backward(bf(dqkv), bf(dout), bf(qkv), bf(out), lse.as<float>(),
                                                                as_int(B), as_int(T), as_int(C), NH, NKV,

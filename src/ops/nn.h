@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "core/tensor.h"
 
@@ -35,12 +36,19 @@ void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, 
 void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att, int NH,
                         int NKV = 0);
 
+/// Which GPU kernels compute flash_attention_*: ours, or cuDNN's fused attention (bf16 only).
+/// The CPU reference serves both.
+enum class AttentionKernels { flash, cudnn };
+AttentionKernels parse_attention_kernels(const std::string& name);  // config model.attention
+
 /// The same attention, memory-lean (flash attention): out (B,T,NH HS) and lse (B,NH,T) f32, the
 /// log-sum-exp of each row's scaled scores; nothing of size T x T is stored. CPU or CUDA.
-void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int NH, int NKV = 0);
+void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int NH, int NKV = 0,
+                             AttentionKernels kernels = AttentionKernels::flash);
 /// dqkv += the gradient from dout (B,T,NH HS), recomputing the probabilities from qkv, out and lse.
 void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                              const Tensor& lse, int NH, int NKV = 0);
+                              const Tensor& lse, int NH, int NKV = 0,
+                              AttentionKernels kernels = AttentionKernels::flash);
 
 /// One new position of one sequence: out (C) from q (C) and the caches (maxT, NKV HS) up to `pos`
 /// (NKV 0: NH).

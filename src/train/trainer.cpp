@@ -101,7 +101,8 @@ std::optional<checkpoint::Found> find_resume_point(const TrainOptions& options, 
   const config::Config& now = options.config;
   const auto saved_model = config::to_json(saved)["model"], now_model = config::to_json(now)["model"];
   for (const auto& [key, value] : saved_model.items()) {
-    if (key != "init_from" && now_model[key] != value) {
+    // Where the weights came from and which attention kernels run do not change the model.
+    if (key != "init_from" && key != "attention" && now_model[key] != value) {
       throw InputError("model." + key + ": the checkpoint " + found->dir + " has " + value.dump() + ", the config " +
                        now_model[key].dump() + "; use --resume never and a new --run-dir for another model");
     }
