@@ -332,6 +332,56 @@ TEST_CASE("train --device cuda follows the CPU run's losses", "[cli][train][cuda
     }
     CHECK(lines == 10);  // 8 steps, 2 validations
   }
+  // Determinism: no atomics in any reduction, so a second run gives the same weights bit for bit.
+  const auto again = run_llmtrain({"train", "--config", dir.path() + "/llama.json", "--run-dir",
+                                   dir.path() + "/gpu-llama-again", "--device", "cuda"});
+  REQUIRE(again.exit_code == 0);
+  const auto bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string last = "/checkpoints/step_00000008/model.safetensors";
+  CHECK(bytes(dir.path() + "/gpu-llama" + last) == bytes(dir.path() + "/gpu-llama-again" + last));
+}
+
+TEST_CASE("bf16 on the GPU follows the CPU's bf16 emulation, with flash and cuDNN attention", "[cli][train][cuda][bf16]") {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog " + std::to_string(i % 7) + "\n";
+  const std::string shards = dir.path() + "/shards";
+  REQUIRE(run_llmtrain({"tokenize", "--input", dir.write("corpus.txt", text), "--output", shards}).exit_code == 0);
+  // Head size 64, which cuDNN's fused attention supports.
+  const std::string config = dir.write("c.json", R"({
+    "model": {"arch": "llama", "vocab_size": 256, "context_length": 64, "n_layer": 2, "n_head": 2, "n_kv_head": 1,
+              "d_model": 128},
+    "data": {"train": ")" + shards + R"(/train_*.bin"},
+    "train": {"micro_batch_size": 4, "global_batch_size": 8, "max_steps": 8, "log_every": 1, "precision": "bf16"},
+    "optim": {"lr": 0.003, "warmup_steps": 2}})");
+  const auto losses = [&](const std::string& name, const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"train", "--config", config, "--run-dir", dir.path() + "/" + name};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const auto r = run_llmtrain(args);
+    if (r.exit_code == 2 && r.err.find("no usable CUDA device") != std::string::npos) {
+      LLMTRAIN_SKIP("no CUDA device: " + r.err);
+    }
+    CAPTURE(name, r.err);
+    REQUIRE(r.exit_code == 0);
+    std::vector<double> out;
+    std::ifstream metrics(dir.path() + "/" + name + "/metrics.jsonl");
+    for (std::string line; std::getline(metrics, line);) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+    return out;
+  };
+  const auto gpu = losses("gpu", {"--device", "cuda"});
+  const auto cudnn = losses("cudnn", {"--device", "cuda", "--set", "model.attention=cudnn"});
+  const auto cpu = losses("cpu", {});
+  REQUIRE(cpu.size() == 8);
+  REQUIRE(gpu.size() == 8);
+  REQUIRE(cudnn.size() == 8);
+  for (std::size_t i = 0; i < cpu.size(); ++i) {
+    CAPTURE(i, cpu[i], gpu[i], cudnn[i]);
+    CHECK(std::abs(gpu[i] - cpu[i]) <= 1e-2 * cpu[i]);
+    CHECK(std::abs(cudnn[i] - cpu[i]) <= 1e-2 * cpu[i]);
+  }
 }
 
 TEST_CASE("bf16 mixed precision trains along the fp32 loss curve (CPU emulation)", "[cli][train][bf16]") {
