@@ -357,13 +357,10 @@ TEST_CASE("bf16 on the GPU follows the CPU's bf16 emulation, with flash and cuDN
     "data": {"train": ")" + shards + R"(/train_*.bin"},
     "train": {"micro_batch_size": 4, "global_batch_size": 8, "max_steps": 8, "log_every": 1, "precision": "bf16"},
     "optim": {"lr": 0.003, "warmup_steps": 2}})");
-  const auto losses = [&](const std::string& name, const std::vector<std::string>& extra) {
+  const auto losses = [&](const std::string& name, const std::vector<std::string>& extra) -> std::vector<double> {
     std::vector<std::string> args = {"train", "--config", config, "--run-dir", dir.path() + "/" + name};
     args.insert(args.end(), extra.begin(), extra.end());
     const auto r = run_llmtrain(args);
-    if (r.exit_code == 2 && r.err.find("no usable CUDA device") != std::string::npos) {
-      LLMTRAIN_SKIP("no CUDA device: " + r.err);
-    }
     CAPTURE(name, r.err);
     REQUIRE(r.exit_code == 0);
     std::vector<double> out;
@@ -371,6 +368,11 @@ TEST_CASE("bf16 on the GPU follows the CPU's bf16 emulation, with flash and cuDN
     for (std::string line; std::getline(metrics, line);) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
     return out;
   };
+  const auto probe = run_llmtrain({"train", "--config", config, "--run-dir", dir.path() + "/probe", "--device", "cuda",
+                                   "--set", "train.max_steps=1", "--set", "optim.warmup_steps=0"});
+  if (probe.exit_code == 2 && probe.err.find("no usable CUDA device") != std::string::npos) {
+    LLMTRAIN_SKIP("no CUDA device: " + probe.err);
+  }
   const auto gpu = losses("gpu", {"--device", "cuda"});
   const auto cudnn = losses("cudnn", {"--device", "cuda", "--set", "model.attention=cudnn"});
   const auto cpu = losses("cpu", {});
