@@ -39,11 +39,8 @@ void for_each_param(const config::ModelConfig& c, ParamsT& p, F&& f) {
 }  // namespace
 
 Gpt2::Gpt2(const config::ModelConfig& config, Device device, Recompute recompute, DType compute)
-    : Model(config, device, compute) {
+    : Model(config, device, compute), recompute_(recompute) {
   if (config.arch != "gpt2") throw RuntimeError("Gpt2: config has model.arch \"" + config.arch + "\"");
-  if (recompute != Recompute::none) {
-    throw InputError("train.recompute: activation recomputation is implemented for llama models only so far");
-  }
   Params layout;
   layout.layers.resize(std::size_t(config.n_layer));
   for_each_param(config_, layout, [&](const std::string& name, const std::vector<std::int64_t>& shape, Tensor&) {
@@ -82,47 +79,75 @@ void Gpt2::init_weights(std::uint64_t seed) {
   }
 }
 
-Gpt2::Acts Gpt2::bind_acts(ops::Buffer& buffer, int B, int T, bool measure_only, std::size_t* bytes) const {
-  Carver carver{measure_only ? nullptr : static_cast<char*>(buffer.data()), device_};
+std::size_t Gpt2::bind_acts(char* base, int B, int T, Acts& a, GradActs& g) const {
+  Carver carver{base, device_};
   const std::int64_t N = std::int64_t(B) * T, C = config_.d_model, F4 = config_.ffn_hidden, V = config_.vocab_size,
                      NH = config_.n_head;
-  Acts a;
+  // Activations in the compute dtype; statistics (means, rstds, lse, losses) always f32.
+  const auto take = [&](std::initializer_list<std::int64_t> shape) { return carver.take(compute_, shape); };
+  const auto stat = [&](std::initializer_list<std::int64_t> shape) { return carver.take(DType::f32, shape); };
+  a = Acts();
   a.inputs = carver.take(DType::i32, {B, T});
   a.targets = carver.take(DType::i32, {N});
-  a.encoded = carver.take(compute_, {N, C});
+  a.encoded = take({N, C});
+
+  // One copy shared by all layers: the two branch outputs (backward never reads them) and what
+  // backward recomputes.
+  LayerActs shared;
+  shared.attproj = take({N, C});
+  shared.fcproj = take({N, C});
+  const bool full = recompute_ == Recompute::full;
+  if (recompute_ != Recompute::none) {
+    shared.fch = take({N, F4});
+    shared.fch_gelu = take({N, F4});
+  }
+  const auto attention_block = [&](LayerActs& la) {
+    la.ln1 = take({N, C});
+    la.ln1_mean = stat({N});
+    la.ln1_rstd = stat({N});
+    la.qkv = take({N, 3 * C});
+    la.atty = take({N, C});
+    la.lse = stat({B, NH, T});
+    la.residual2 = take({N, C});
+    la.ln2 = take({N, C});
+    la.ln2_mean = stat({N});
+    la.ln2_rstd = stat({N});
+  };
+  if (full) attention_block(shared);
   for (std::int64_t l = 0; l < config_.n_layer; ++l) {
-    LayerActs la;
-    la.ln1 = carver.take(compute_, {N, C});
-    la.ln1_mean = carver.take(DType::f32, {N});
-    la.ln1_rstd = carver.take(DType::f32, {N});
-    la.qkv = carver.take(compute_, {N, 3 * C});
-    la.atty = carver.take(compute_, {N, C});
-    la.lse = carver.take(DType::f32, {B, NH, T});
-    la.attproj = carver.take(compute_, {N, C});
-    la.residual2 = carver.take(compute_, {N, C});
-    la.ln2 = carver.take(compute_, {N, C});
-    la.ln2_mean = carver.take(DType::f32, {N});
-    la.ln2_rstd = carver.take(DType::f32, {N});
-    la.fch = carver.take(compute_, {N, F4});
-    la.fch_gelu = carver.take(compute_, {N, F4});
-    la.fcproj = carver.take(compute_, {N, C});
-    la.residual3 = carver.take(compute_, {N, C});
+    LayerActs la = shared;
+    if (!full) attention_block(la);
+    if (recompute_ == Recompute::none) {
+      la.fch = take({N, F4});
+      la.fch_gelu = take({N, F4});
+    }
+    la.residual3 = take({N, C});
     a.layers.push_back(la);
   }
-  a.lnf = carver.take(compute_, {N, C});
-  a.lnf_mean = carver.take(DType::f32, {N});
-  a.lnf_rstd = carver.take(DType::f32, {N});
-  a.logits = carver.take(compute_, {N, V});
-  a.losses = carver.take(DType::f32, {N});
-  if (bytes) *bytes = carver.used;
-  return a;
+  a.lnf = take({N, C});
+  a.lnf_mean = stat({N});
+  a.lnf_rstd = stat({N});
+  a.logits = take({N, V});
+  a.losses = stat({N});
+
+  g.residual = take({N, C});
+  g.lnf = take({N, C});
+  const std::size_t scratch_begin = carver.used;
+  g.ln1 = take({N, C});
+  g.qkv = take({N, 3 * C});
+  g.atty = take({N, C});
+  g.ln2 = take({N, C});
+  g.fch = take({N, F4});
+  g.fch_gelu = take({N, F4});
+  g.scratch = Tensor(base ? base + scratch_begin : nullptr, DType::u16, device_,
+                     {std::int64_t(carver.used - scratch_begin) / 2});  // raw bytes, for zeroing
+  return carver.used;
 }
 
 std::size_t Gpt2::activation_bytes(int B, int T) const {
-  std::size_t bytes = 0;
-  ops::Buffer none;
-  bind_acts(none, B, T, true, &bytes);
-  return 2 * bytes;  // values and gradients
+  Acts a;
+  GradActs g;
+  return bind_acts(nullptr, B, T, a, g);
 }
 
 void Gpt2::ensure_acts(int B, int T) {
@@ -130,44 +155,47 @@ void Gpt2::ensure_acts(int B, int T) {
     throw RuntimeError("Gpt2: batch (" + std::to_string(B) + ", " + std::to_string(T) + ") outside the model's context");
   }
   if (B == acts_B_ && T == acts_T_) return;
-  std::size_t bytes = 0;
-  bind_acts(acts_buffer_, B, T, true, &bytes);
-  acts_buffer_ = ops::Buffer(device_, bytes);
-  grad_acts_buffer_ = ops::Buffer(device_, bytes);
-  a_ = bind_acts(acts_buffer_, B, T, false, nullptr);
-  ga_ = bind_acts(grad_acts_buffer_, B, T, false, nullptr);
+  acts_buffer_ = ops::Buffer();
+  acts_buffer_ = ops::Buffer(device_, activation_bytes(B, T));
+  bind_acts(static_cast<char*>(acts_buffer_.data()), B, T, a_, ga_);
   acts_B_ = B;
   acts_T_ = T;
+}
+
+void Gpt2::forward_mlp(const LayerParams& lp, const LayerActs& la) {
+  ops::matmul_forward(la.fch, la.ln2, lp.fc_w, lp.fc_b);
+  ops::gelu_forward(la.fch_gelu, la.fch);
+}
+
+void Gpt2::forward_layer(std::size_t l) {
+  const int B = acts_B_, T = acts_T_;
+  const std::int64_t C = config_.d_model;
+  const int NH = int(config_.n_head);
+  const LayerParams& lp = p_.layers[l];
+  const LayerActs& la = a_.layers[l];
+  const Tensor& x = l ? a_.layers[l - 1].residual3 : a_.encoded;
+  ops::layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, x, lp.ln1_w, lp.ln1_b);
+  ops::matmul_forward(la.qkv, la.ln1, lp.qkv_w, lp.qkv_b);
+  ops::flash_attention_forward(la.atty.reshape({B, T, C}), la.lse, la.qkv.reshape({B, T, 3 * C}), NH, NH,
+                               attention_kernels_);
+  ops::matmul_forward(la.attproj, la.atty, lp.attproj_w, lp.attproj_b);
+  ops::residual_forward(la.residual2, x, la.attproj);
+  ops::layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, lp.ln2_w, lp.ln2_b);
+  forward_mlp(lp, la);
+  ops::matmul_forward(la.fcproj, la.fch_gelu, lp.fcproj_w, lp.fcproj_b);
+  ops::residual_forward(la.residual3, la.residual2, la.fcproj);
 }
 
 double Gpt2::forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T, float dloss_scale) {
   ensure_acts(B, T);
   prepare_weights();
   const std::int64_t C = config_.d_model;
-  const int NH = int(config_.n_head);
   ops::copy(a_.inputs, Tensor(const_cast<std::int32_t*>(inputs), DType::i32, Device::cpu, {B, T}));
-  const Tensor none;
-
   ops::encoder_forward(a_.encoded.reshape({B, T, C}), a_.inputs, p_.wte, p_.wpe);
-  const Tensor* residual = &a_.encoded;
-  for (std::size_t l = 0; l < a_.layers.size(); ++l) {
-    const LayerParams& lp = p_.layers[l];
-    LayerActs& la = a_.layers[l];
-    ops::layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, *residual, lp.ln1_w, lp.ln1_b);
-    ops::matmul_forward(la.qkv, la.ln1, lp.qkv_w, lp.qkv_b);
-    ops::flash_attention_forward(la.atty.reshape({B, T, C}), la.lse, la.qkv.reshape({B, T, 3 * C}), NH, NH,
-                                 attention_kernels_);
-    ops::matmul_forward(la.attproj, la.atty, lp.attproj_w, lp.attproj_b);
-    ops::residual_forward(la.residual2, *residual, la.attproj);
-    ops::layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, lp.ln2_w, lp.ln2_b);
-    ops::matmul_forward(la.fch, la.ln2, lp.fc_w, lp.fc_b);
-    ops::gelu_forward(la.fch_gelu, la.fch);
-    ops::matmul_forward(la.fcproj, la.fch_gelu, lp.fcproj_w, lp.fcproj_b);
-    ops::residual_forward(la.residual3, la.residual2, la.fcproj);
-    residual = &la.residual3;
-  }
-  ops::layernorm_forward(a_.lnf, a_.lnf_mean, a_.lnf_rstd, *residual, p_.lnf_w, p_.lnf_b);
-  ops::matmul_forward(a_.logits, a_.lnf, p_.wte, none);  // tied embeddings
+  for (std::size_t l = 0; l < a_.layers.size(); ++l) forward_layer(l);
+  const Tensor& last = a_.layers.empty() ? a_.encoded : a_.layers.back().residual3;
+  ops::layernorm_forward(a_.lnf, a_.lnf_mean, a_.lnf_rstd, last, p_.lnf_w, p_.lnf_b);
+  ops::matmul_forward(a_.logits, a_.lnf, p_.wte, Tensor());  // tied embeddings
   if (!targets) return 0.0;
   ops::copy(a_.targets, Tensor(const_cast<std::int32_t*>(targets), DType::i32, Device::cpu, {a_.targets.shape[0]}));
   return ops::fused_classifier(a_.logits, a_.losses, a_.targets, dloss_scale);
@@ -177,41 +205,41 @@ void Gpt2::backward(const std::function<void(std::int64_t)>& grads_ready) {
   const int B = acts_B_, T = acts_T_;
   const std::int64_t C = config_.d_model;
   const int NH = int(config_.n_head);
-  ops::zero(grad_acts_buffer_.view(DType::u16, {std::int64_t(grad_acts_buffer_.bytes() / 2)}));
   const Tensor none;
   const Tensor& dlogits = a_.logits;  // fused_classifier left the gradient there
-
+  // d(residual stream): each residual connection adds its branch's input gradient in place.
+  const Tensor& dresidual = ga_.residual;
+  ops::zero(dresidual);
+  ops::zero(ga_.lnf);
   ops::matmul_backward(ga_.lnf, g_.wte, none, dlogits, a_.lnf, p_.wte);
-  const std::size_t L = a_.layers.size();
-  const Tensor& last_residual = L ? a_.layers[L - 1].residual3 : a_.encoded;
-  const Tensor& dlast_residual = L ? ga_.layers[L - 1].residual3 : ga_.encoded;
-  ops::layernorm_backward(dlast_residual, g_.lnf_w, g_.lnf_b, ga_.lnf, last_residual, p_.lnf_w, a_.lnf_mean,
-                          a_.lnf_rstd);
-  for (std::size_t l = L; l-- > 0;) {
+  const Tensor& last = a_.layers.empty() ? a_.encoded : a_.layers.back().residual3;
+  ops::layernorm_backward(dresidual, g_.lnf_w, g_.lnf_b, ga_.lnf, last, p_.lnf_w, a_.lnf_mean, a_.lnf_rstd);
+  for (std::size_t l = a_.layers.size(); l-- > 0;) {
     const LayerParams& lp = p_.layers[l];
     const LayerParams& lg = g_.layers[l];
     const LayerActs& la = a_.layers[l];
-    const LayerActs& lga = ga_.layers[l];
-    const Tensor& residual_in = l ? a_.layers[l - 1].residual3 : a_.encoded;
-    const Tensor& dresidual_in = l ? ga_.layers[l - 1].residual3 : ga_.encoded;
-
-    ops::residual_backward(lga.residual2, lga.fcproj, lga.residual3);
-    ops::matmul_backward(lga.fch_gelu, lg.fcproj_w, lg.fcproj_b, lga.fcproj, la.fch_gelu, lp.fcproj_w);
-    ops::gelu_backward(lga.fch, la.fch, lga.fch_gelu);
-    ops::matmul_backward(lga.ln2, lg.fc_w, lg.fc_b, lga.fch, la.ln2, lp.fc_w);
-    ops::layernorm_backward(lga.residual2, lg.ln2_w, lg.ln2_b, lga.ln2, la.residual2, lp.ln2_w, la.ln2_mean,
-                            la.ln2_rstd);
-    ops::residual_backward(dresidual_in, lga.attproj, lga.residual2);
-    ops::matmul_backward(lga.atty, lg.attproj_w, lg.attproj_b, lga.attproj, la.atty, lp.attproj_w);
-    ops::flash_attention_backward(lga.qkv.reshape({B, T, 3 * C}), lga.atty.reshape({B, T, C}),
+    const Tensor& x = l ? a_.layers[l - 1].residual3 : a_.encoded;
+    if (recompute_ == Recompute::full) {
+      forward_layer(l);
+    } else if (recompute_ == Recompute::mlp) {
+      forward_mlp(lp, la);
+    }
+    ops::zero(ga_.scratch);
+    // MLP branch: residual3 = residual2 + c_proj(gelu(c_fc(ln2))).
+    ops::matmul_backward(ga_.fch_gelu, lg.fcproj_w, lg.fcproj_b, dresidual, la.fch_gelu, lp.fcproj_w);
+    ops::gelu_backward(ga_.fch, la.fch, ga_.fch_gelu);
+    ops::matmul_backward(ga_.ln2, lg.fc_w, lg.fc_b, ga_.fch, la.ln2, lp.fc_w);
+    ops::layernorm_backward(dresidual, lg.ln2_w, lg.ln2_b, ga_.ln2, la.residual2, lp.ln2_w, la.ln2_mean, la.ln2_rstd);
+    // Attention branch: residual2 = x + c_proj(attention(c_attn(ln1))).
+    ops::matmul_backward(ga_.atty, lg.attproj_w, lg.attproj_b, dresidual, la.atty, lp.attproj_w);
+    ops::flash_attention_backward(ga_.qkv.reshape({B, T, 3 * C}), ga_.atty.reshape({B, T, C}),
                                   la.qkv.reshape({B, T, 3 * C}), la.atty.reshape({B, T, C}), la.lse, NH, NH,
                                   attention_kernels_);
-    ops::matmul_backward(lga.ln1, lg.qkv_w, lg.qkv_b, lga.qkv, la.ln1, lp.qkv_w);
-    ops::layernorm_backward(dresidual_in, lg.ln1_w, lg.ln1_b, lga.ln1, residual_in, lp.ln1_w, la.ln1_mean,
-                            la.ln1_rstd);
+    ops::matmul_backward(ga_.ln1, lg.qkv_w, lg.qkv_b, ga_.qkv, la.ln1, lp.qkv_w);
+    ops::layernorm_backward(dresidual, lg.ln1_w, lg.ln1_b, ga_.ln1, x, lp.ln1_w, la.ln1_mean, la.ln1_rstd);
     if (grads_ready) grads_ready(layer_grads_end_[l]);
   }
-  ops::encoder_backward(g_.wte, g_.wpe, ga_.encoded.reshape({B, T, C}), a_.inputs);
+  ops::encoder_backward(g_.wte, g_.wpe, dresidual.reshape({B, T, C}), a_.inputs);
   if (grads_ready) grads_ready(num_params());
 }
 

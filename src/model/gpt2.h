@@ -1,6 +1,8 @@
 // GPT-2, built only from ops::. Parameters are named as in Hugging Face's GPT2LMHeadModel and
 // laid out in the flat buffer in backward-completion order (ln_f, layer L-1, ..., layer 0, wpe,
-// wte); the output head is tied to the token embedding.
+// wte); the output head is tied to the token embedding. Activation memory as in llama.h: one
+// residual-stream gradient accumulated in place, one layer's scratch for the other gradients,
+// and train.recompute ("mlp": c_fc and GELU outputs; "full": all but each layer's output).
 #pragma once
 
 #include "model/model.h"
@@ -29,7 +31,8 @@ class Gpt2 final : public Model {
     Tensor wte, wpe, lnf_w, lnf_b;
     std::vector<LayerParams> layers;
   };
-  // Activations of one micro-batch (and, in a second set, their gradients).
+  // Forward activations of one layer; which are the layer's own and which share one scratch with
+  // every other layer depends on the recompute mode (see bind_acts).
   struct LayerActs {
     Tensor ln1, ln1_mean, ln1_rstd, qkv, atty, lse, attproj, residual2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu,
         fcproj, residual3;
@@ -38,11 +41,20 @@ class Gpt2 final : public Model {
     Tensor inputs, targets, encoded, lnf, lnf_mean, lnf_rstd, logits, losses;
     std::vector<LayerActs> layers;
   };
+  // Activation gradients: the residual stream's, and one layer's worth of scratch.
+  struct GradActs {
+    Tensor residual, lnf, ln1, qkv, atty, ln2, fch, fch_gelu;
+    Tensor scratch;  // all of ln1 .. fch_gelu, zeroed before each layer's backward
+  };
 
   Params bind_params(bool grads) const;
-  Acts bind_acts(ops::Buffer& buffer, int B, int T, bool measure_only, std::size_t* bytes) const;
+  /// Lays the activations of (B,T) out from `base` into a, g; with a null base only measures.
+  std::size_t bind_acts(char* base, int B, int T, Acts& a, GradActs& g) const;
   void ensure_acts(int B, int T);
+  void forward_layer(std::size_t l);
+  void forward_mlp(const LayerParams& lp, const LayerActs& la);
 
+  Recompute recompute_;
   std::vector<std::int64_t> layer_grads_end_;  // per layer l: grads [0, end) are final after its backward
   Params p_, g_;
 
@@ -56,8 +68,9 @@ class Gpt2 final : public Model {
   Decoder d_;
 
   int acts_B_ = 0, acts_T_ = 0;
-  ops::Buffer acts_buffer_, grad_acts_buffer_, logits_f32_;  // logits_f32_: f32 logits in mixed precision
-  Acts a_, ga_;
+  ops::Buffer acts_buffer_, logits_f32_;  // logits_f32_: f32 logits in mixed precision
+  Acts a_;
+  GradActs ga_;
 };
 
 }  // namespace llmtrain::model

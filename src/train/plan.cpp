@@ -48,18 +48,34 @@ std::int64_t llama_elements_per_token(const config::ModelConfig& m, const std::s
   return C + layers + shared + head + gradients;
 }
 
+// Elements per token of Gpt2::bind_acts's layout, for the recompute mode.
+std::int64_t gpt2_elements_per_token(const config::ModelConfig& m, const std::string& recompute) {
+  const std::int64_t C = m.d_model, F = m.ffn_hidden, NH = m.n_head, L = m.n_layer;
+  // ln1, qkv (3C), atty, residual2, ln2, two means, two rstds, log-sum-exp.
+  const std::int64_t attention_block = 7 * C + 4 + NH;
+  const std::int64_t mlp_block = 2 * F;  // c_fc output and its GELU
+  std::int64_t layers = 0, shared = 2 * C;  // the two branch outputs
+  if (recompute == "full") {
+    layers = L * C;
+    shared += attention_block + mlp_block;
+  } else if (recompute == "mlp") {
+    layers = L * (attention_block + C);
+    shared += mlp_block;
+  } else {
+    layers = L * (attention_block + mlp_block + C);
+  }
+  const std::int64_t head = C + 2 + m.vocab_size + 1;           // lnf, mean, rstd, logits, loss
+  const std::int64_t gradients = 2 * C + 6 * C + 2 * F;         // residual, lnf; one layer's scratch
+  return C + layers + shared + head + gradients;
+}
+
 }  // namespace
 
 std::int64_t activation_bytes_per_sequence(const config::ModelConfig& m, bool bf16, const std::string& recompute) {
-  const std::int64_t C = m.d_model, F = m.ffn_hidden, T = m.context_length, NH = m.n_head;
   const std::int64_t element = bf16 ? 2 : 4;
-  if (m.arch == "llama") return T * (llama_elements_per_token(m, recompute) * element + 2 * 4);
-  // Per token, as Gpt2::bind_acts lays them out: each layer's ln1, qkv (3C), atty, attproj,
-  // residual2, ln2, fcproj, residual3 (10 C in all), fch and fch_gelu (2 F), attention
-  // log-sum-exp (NH), two means and two rstds; then encoded, lnf, logits (V), lnf mean/rstd,
-  // loss; inputs and targets (4-byte ints).
-  const std::int64_t per_token_elements = m.n_layer * (10 * C + 2 * F + NH + 4) + 2 * C + m.vocab_size + 3;
-  return 2 * T * (per_token_elements * element + 2 * 4);  // activations and their gradients
+  const std::int64_t per_token = m.arch == "llama" ? llama_elements_per_token(m, recompute)
+                                                   : gpt2_elements_per_token(m, recompute);
+  return m.context_length * (per_token * element + 2 * 4);  // and the 4-byte inputs and targets
 }
 
 MemoryPlan plan_memory(const config::Config& config, int world_size, int zero_stage, bool bf16,

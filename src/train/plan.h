@@ -24,9 +24,9 @@ std::int64_t parameter_count(const config::ModelConfig& model);
 double flops_per_token(const config::ModelConfig& model);
 
 /// Activation bytes per sequence of context_length tokens: the buffers the model allocates for
-/// one micro-batch row (GPT-2: every activation kept for backward, and as many again for their
-/// gradients; Llama: per train.recompute `recompute`, with one layer's worth of gradient scratch),
-/// at 4 bytes (fp32) or 2 (bf16) per element, without the 64-byte alignment of each buffer.
+/// one micro-batch row (as Gpt2 and Llama lay them out for train.recompute `recompute`, with one
+/// layer's worth of gradient scratch), at 4 bytes (fp32) or 2 (bf16) per element, without the
+/// 64-byte alignment of each buffer.
 std::int64_t activation_bytes_per_sequence(const config::ModelConfig& model, bool bf16,
                                            const std::string& recompute = "none");
 
