@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Loads an `llmtrain export --format hf` folder with Hugging Face transformers and prints the
-mean next-token loss of GPT2LMHeadModel on the first N samples of token shards, sample i being
-tokens [i T, i T + T] as llmtrain reads them. Compare it with `llmtrain eval` on the same data.
+mean next-token loss of its model (GPT2LMHeadModel or LlamaForCausalLM, as config.json says) on
+the first N samples of token shards, sample i being tokens [i T, i T + T] as llmtrain reads them.
+Compare it with `llmtrain eval` on the same data.
 
 Usage: check_hf_export.py --hf DIR --shards 'GLOB' --samples N
 Needs: python3-torch, and transformers + safetensors from PyPI.
@@ -13,7 +14,7 @@ import os
 
 import numpy as np
 import torch
-from transformers import GPT2LMHeadModel
+from transformers import AutoModelForCausalLM
 
 
 def read_tokens(paths):
@@ -30,8 +31,9 @@ def main():
     p.add_argument("--shards", required=True)
     p.add_argument("--samples", type=int, required=True)
     a = p.parse_args()
-    model = GPT2LMHeadModel.from_pretrained(a.hf).eval()
-    T = json.load(open(os.path.join(a.hf, "config.json")))["n_positions"]
+    model = AutoModelForCausalLM.from_pretrained(a.hf, torch_dtype=torch.float32).eval()
+    config = json.load(open(os.path.join(a.hf, "config.json")))
+    T = config["n_positions"] if "n_positions" in config else config["max_position_embeddings"]
     samples = []
     for tokens in read_tokens(glob.glob(a.shards)):
         for i in range((len(tokens) - 1) // T):
