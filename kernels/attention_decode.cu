@@ -8,7 +8,8 @@
 // memory, (warps + 1) * HS floats with q, so any head size up to a few thousand fits; the warp
 // count shrinks for very large heads. Scalar loads (lanes read consecutive channels, coalesced):
 // latency-bound by design (NH blocks); the full-sequence attention used in training is
-// elsewhere (flash attention).
+// elsewhere (flash attention). bf16 (mixed precision): the same kernel reading bf16 q and caches
+// into fp32 (q staged in shared memory as fp32), the output rounded once.
 #include <cmath>
 #include <string>
 
@@ -75,10 +76,9 @@ __global__ void attention_decode_kernel(Elem* out /* (C) */, const Elem* q /* (C
   }
 }
 
-}  // namespace
-
-void attention_decode(float* out, const float* q, const float* k_cache, const float* v_cache, int pos, int C,
-                      int NH, int NKV, cudaStream_t stream) {
+template <class Elem>
+void attention_decode_dispatch(Elem* out, const Elem* q, const Elem* k_cache, const Elem* v_cache, int pos,
+                               int C, int NH, int NKV, cudaStream_t stream) {
   if (NH <= 0 || C % NH != 0 || NKV <= 0 || NH % NKV != 0 || pos < 0) {
     throw RuntimeError("cuda::attention_decode: NH must divide C, NKV must divide NH, and pos must be >= 0");
   }
@@ -91,9 +91,21 @@ void attention_decode(float* out, const float* q, const float* k_cache, const fl
     throw RuntimeError("cuda::attention_decode: head size " + std::to_string(HS) + " is too large");
   }
   const float scale = 1.0f / std::sqrt(float(HS));
-  attention_decode_kernel<float><<<unsigned(NH), unsigned(warps * warp_size), shared_bytes, stream>>>(
+  attention_decode_kernel<Elem><<<unsigned(NH), unsigned(warps * warp_size), shared_bytes, stream>>>(
       out, q, k_cache, v_cache, pos, HS, NKV, NH / NKV, scale);
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void attention_decode(float* out, const float* q, const float* k_cache, const float* v_cache, int pos, int C,
+                      int NH, int NKV, cudaStream_t stream) {
+  attention_decode_dispatch(out, q, k_cache, v_cache, pos, C, NH, NKV, stream);
+}
+
+void attention_decode(bf16* out, const bf16* q, const bf16* k_cache, const bf16* v_cache, int pos, int C,
+                      int NH, int NKV, cudaStream_t stream) {
+  attention_decode_dispatch(out, q, k_cache, v_cache, pos, C, NH, NKV, stream);
 }
 
 }  // namespace llmtrain::cuda

@@ -7,7 +7,9 @@
 // summed in double by a deterministic two-pass reduction (reduce.cuh), and the sum is copied to
 // the host, which waits for the stream. A NaN logit makes its row's loss NaN, as on the CPU (the
 // trainer's NaN guard relies on it); a target outside [0, V) gives a NaN loss instead of a read
-// out of bounds.
+// out of bounds. bf16 logits (mixed precision): the same kernel, 8 logits per 128-bit access
+// when V % 8 == 0; the softmax, the loss and the gradient in fp32, the gradient rounded once to
+// bf16 as it overwrites the logits; the losses stay fp32.
 #include <cmath>
 
 #include "cuda_check.h"
@@ -71,21 +73,32 @@ struct Identity {
   __device__ double operator()(float x) const { return double(x); }
 };
 
-}  // namespace
-
-double fused_classifier(float* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
-                        float dlogits_scale, cudaStream_t stream) {
+template <class Elem>
+double fused_classifier_dispatch(Elem* logits, float* losses, const std::int32_t* targets, std::int64_t N,
+                                 int V, float dlogits_scale, cudaStream_t stream) {
   if (N <= 0) return 0.0;
   if (N > INT32_MAX) throw RuntimeError("cuda::fused_classifier: more than 2^31 - 1 rows");
-  if (V % vec_width<float> == 0 && aligned16({logits})) {
-    fused_classifier_kernel<float, vec_width<float>>
+  if (V % vec_width<Elem> == 0 && aligned16({logits})) {
+    fused_classifier_kernel<Elem, vec_width<Elem>>
         <<<unsigned(N), classifier_block, 0, stream>>>(logits, losses, targets, V, dlogits_scale);
   } else {
-    fused_classifier_kernel<float, 1>
+    fused_classifier_kernel<Elem, 1>
         <<<unsigned(N), classifier_block, 0, stream>>>(logits, losses, targets, V, dlogits_scale);
   }
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
   return sum_to_host(losses, N, Identity{}, stream);
+}
+
+}  // namespace
+
+double fused_classifier(float* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
+                        float dlogits_scale, cudaStream_t stream) {
+  return fused_classifier_dispatch(logits, losses, targets, N, V, dlogits_scale, stream);
+}
+
+double fused_classifier(bf16* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
+                        float dlogits_scale, cudaStream_t stream) {
+  return fused_classifier_dispatch(logits, losses, targets, N, V, dlogits_scale, stream);
 }
 
 }  // namespace llmtrain::cuda

@@ -2,7 +2,9 @@
 // (elementwise_launch.cuh), computing in float. GELU uses the same formula as the CPU
 // reference, x * logistic(2u) with u = sqrt(2/pi) (x + 0.044715 x^3), with the accurate expf
 // (no fast-math), so the two agree to a few ulp. Backward ops add into their outputs; where two
-// outputs could alias, each is read, added to and stored in turn, as the CPU loop does.
+// outputs could alias, each is read, added to and stored in turn, as the CPU loop does. bf16:
+// the same ops on bf16 arrays (8 elements per 128-bit access), fp32 arithmetic, one rounding per
+// store.
 #include "cuda_check.h"
 #include "elementwise_launch.cuh"
 #include "nn.h"
@@ -108,6 +110,22 @@ void residual_forward(float* out, const float* a, const float* b, std::int64_t N
 
 void residual_backward(float* da, float* db, const float* dout, std::int64_t N, cudaStream_t stream) {
   launch_elementwise<float>(ResidualBackward<float>{da, db, dout}, N, aligned16({da, db, dout}), stream);
+}
+
+void gelu_forward(bf16* out, const bf16* inp, std::int64_t N, cudaStream_t stream) {
+  launch_elementwise<bf16>(GeluForward<bf16>{out, inp}, N, aligned16({out, inp}), stream);
+}
+
+void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, std::int64_t N, cudaStream_t stream) {
+  launch_elementwise<bf16>(GeluBackward<bf16>{dinp, inp, dout}, N, aligned16({dinp, inp, dout}), stream);
+}
+
+void residual_forward(bf16* out, const bf16* a, const bf16* b, std::int64_t N, cudaStream_t stream) {
+  launch_elementwise<bf16>(ResidualForward<bf16>{out, a, b}, N, aligned16({out, a, b}), stream);
+}
+
+void residual_backward(bf16* da, bf16* db, const bf16* dout, std::int64_t N, cudaStream_t stream) {
+  launch_elementwise<bf16>(ResidualBackward<bf16>{da, db, dout}, N, aligned16({da, db, dout}), stream);
 }
 
 }  // namespace llmtrain::cuda

@@ -11,6 +11,9 @@
 //    owner, and the sums are bit-identical to the CPU reference's. Cost: a sort of B*T keys
 //    (tens of microseconds) and the walk; the walk is serial in the length of a run, so a batch
 //    dominated by one token (padding) is slower, never wrong.
+//  - bf16 (mixed precision): bf16 tables and dout, fp32 dwte and dwpe; the kernels take the
+//    gradient's and the activations' types apart, and move 8 channels per thread (one 128-bit
+//    access of bf16, two of the fp32 gradient).
 #include <cub/device/device_radix_sort.cuh>
 
 #include "cuda_check.h"
@@ -41,8 +44,9 @@ __global__ void encoder_forward_kernel(Elem* out /* (B*T,C) */, const std::int32
   }
 }
 
-template <class Elem, int W>
-__global__ void encoder_dwpe_kernel(Elem* dwpe /* (maxT,C) */, const Elem* dout /* (B,T,C) */, int B, int T,
+// Grad: the gradient's storage type (float); Elem: dout's (float or bf16).
+template <class Grad, class Elem, int W>
+__global__ void encoder_dwpe_kernel(Grad* dwpe /* (maxT,C) */, const Elem* dout /* (B,T,C) */, int B, int T,
                                     int C) {
   const int chunks_per_row = C / W;
   const std::int64_t total = std::int64_t(T) * chunks_per_row;
@@ -50,19 +54,15 @@ __global__ void encoder_dwpe_kernel(Elem* dwpe /* (maxT,C) */, const Elem* dout 
   for (std::int64_t idx = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
     const std::int64_t t = idx / chunks_per_row;
     const int c = int(idx % chunks_per_row) * W;
-    const Chunk<Elem, W> old = load_chunk<W>(dwpe + t * C + c);
     float acc[W];
-#pragma unroll
-    for (int k = 0; k < W; ++k) acc[k] = to_float(old.e[k]);
+    load_floats<W>(dwpe + t * C + c, acc);
     for (int b = 0; b < B; ++b) {
-      const Chunk<Elem, W> g = load_chunk<W>(dout + (std::int64_t(b) * T + t) * C + c);
+      float g[W];
+      load_floats<W>(dout + (std::int64_t(b) * T + t) * C + c, g);
 #pragma unroll
-      for (int k = 0; k < W; ++k) acc[k] += to_float(g.e[k]);
+      for (int k = 0; k < W; ++k) acc[k] += g[k];
     }
-    Chunk<Elem, W> r;
-#pragma unroll
-    for (int k = 0; k < W; ++k) r.e[k] = from_float<Elem>(acc[k]);
-    store_chunk<W>(dwpe + t * C + c, r);
+    store_floats<W>(dwpe + t * C + c, acc);
   }
 }
 
@@ -75,8 +75,8 @@ __global__ void iota_kernel(std::int32_t* out /* (n) */, int n) {
 
 // grid (BT, channel chunks): block x = one position of the sorted order, which works only if
 // it starts a run of equal tokens.
-template <class Elem, int W>
-__global__ void encoder_dwte_kernel(Elem* dwte /* (V,C) */, const Elem* dout /* (B*T,C) */,
+template <class Grad, class Elem, int W>
+__global__ void encoder_dwte_kernel(Grad* dwte /* (V,C) */, const Elem* dout /* (B*T,C) */,
                                     const std::int32_t* tokens /* (BT) sorted */,
                                     const std::int32_t* rows /* (BT) row of each sorted token */, int BT,
                                     int C) {
@@ -85,31 +85,27 @@ __global__ void encoder_dwte_kernel(Elem* dwte /* (V,C) */, const Elem* dout /* 
   if (first > 0 && tokens[first - 1] == token) return;  // not the start of a run
   const int c = (blockIdx.y * blockDim.x + threadIdx.x) * W;
   if (c >= C) return;
-  Elem* target = dwte + std::int64_t(token) * C + c;
-  const Chunk<Elem, W> old = load_chunk<W>(target);
+  Grad* target = dwte + std::int64_t(token) * C + c;
   float acc[W];
-#pragma unroll
-  for (int k = 0; k < W; ++k) acc[k] = to_float(old.e[k]);
+  load_floats<W>(target, acc);
 #pragma unroll 4
   for (int j = first; j < BT && tokens[j] == token; ++j) {
-    const Chunk<Elem, W> g = load_chunk<W>(dout + std::int64_t(rows[j]) * C + c);
+    float g[W];
+    load_floats<W>(dout + std::int64_t(rows[j]) * C + c, g);
 #pragma unroll
-    for (int k = 0; k < W; ++k) acc[k] += to_float(g.e[k]);
+    for (int k = 0; k < W; ++k) acc[k] += g[k];
   }
-  Chunk<Elem, W> r;
-#pragma unroll
-  for (int k = 0; k < W; ++k) r.e[k] = from_float<Elem>(acc[k]);
-  store_chunk<W>(target, r);
+  store_floats<W>(target, acc);
 }
 
-template <class Elem, int W>
-void encoder_backward_launch(Elem* dwte, Elem* dwpe, const Elem* dout, const std::int32_t* inp, int B, int T,
+template <class Grad, class Elem, int W>
+void encoder_backward_launch(Grad* dwte, Grad* dwpe, const Elem* dout, const std::int32_t* inp, int B, int T,
                              int C, cudaStream_t stream) {
   constexpr int block = 256;
   const int BT = B * T;
   const int chunks_per_row = C / W;
   if (dwpe) {
-    encoder_dwpe_kernel<Elem, W>
+    encoder_dwpe_kernel<Grad, Elem, W>
         <<<grid_for(std::int64_t(T) * chunks_per_row, block), block, 0, stream>>>(dwpe, dout, B, T, C);
     LLMTRAIN_CUDA_CHECK(cudaGetLastError());
   }
@@ -136,40 +132,63 @@ void encoder_backward_launch(Elem* dwte, Elem* dwpe, const Elem* dout, const std
   const int threads =
       int(std::min<std::int64_t>(block, (chunks_per_row + warp_size - 1) / warp_size * warp_size));
   const unsigned channel_blocks = unsigned((chunks_per_row + threads - 1) / threads);
-  encoder_dwte_kernel<Elem, W>
+  encoder_dwte_kernel<Grad, Elem, W>
       <<<dim3(unsigned(BT), channel_blocks), threads, 0, stream>>>(dwte, dout, tokens, rows, BT, C);
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+template <class Elem>
+void encoder_forward_dispatch(Elem* out, const std::int32_t* inp, const Elem* wte, const Elem* wpe, int B,
+                              int T, int C, cudaStream_t stream) {
+  const std::int64_t BT = std::int64_t(B) * T;
+  if (BT == 0 || C == 0) return;
+  constexpr int block = 256;
+  constexpr int V = vec_width<Elem>;
+  if (C % V == 0 && aligned16({out, wte, wpe})) {
+    encoder_forward_kernel<Elem, V>
+        <<<grid_for(BT * (C / V), block), block, 0, stream>>>(out, inp, wte, wpe, BT, T, C);
+  } else {
+    encoder_forward_kernel<Elem, 1>
+        <<<grid_for(BT * C, block), block, 0, stream>>>(out, inp, wte, wpe, BT, T, C);
+  }
+  LLMTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+// The vector width follows dout's type: 4 channels per thread in fp32, 8 in bf16.
+template <class Grad, class Elem>
+void encoder_backward_dispatch(Grad* dwte, Grad* dwpe, const Elem* dout, const std::int32_t* inp, int B,
+                               int T, int C, cudaStream_t stream) {
+  if (std::int64_t(B) * T == 0 || C == 0) return;
+  if (std::int64_t(B) * T > INT32_MAX)
+    throw RuntimeError("cuda::encoder_backward: B * T must fit in 32 bits");
+  constexpr int V = vec_width<Elem>;
+  if (C % V == 0 && aligned16({dwte, dwpe, dout})) {
+    encoder_backward_launch<Grad, Elem, V>(dwte, dwpe, dout, inp, B, T, C, stream);
+  } else {
+    encoder_backward_launch<Grad, Elem, 1>(dwte, dwpe, dout, inp, B, T, C, stream);
+  }
 }
 
 }  // namespace
 
 void encoder_forward(float* out, const std::int32_t* inp, const float* wte, const float* wpe, int B, int T,
                      int C, cudaStream_t stream) {
-  const std::int64_t BT = std::int64_t(B) * T;
-  if (BT == 0 || C == 0) return;
-  constexpr int block = 256;
-  constexpr int V = vec_width<float>;
-  if (C % V == 0 && aligned16({out, wte, wpe})) {
-    encoder_forward_kernel<float, V>
-        <<<grid_for(BT * (C / V), block), block, 0, stream>>>(out, inp, wte, wpe, BT, T, C);
-  } else {
-    encoder_forward_kernel<float, 1>
-        <<<grid_for(BT * C, block), block, 0, stream>>>(out, inp, wte, wpe, BT, T, C);
-  }
-  LLMTRAIN_CUDA_CHECK(cudaGetLastError());
+  encoder_forward_dispatch(out, inp, wte, wpe, B, T, C, stream);
 }
 
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* inp, int B, int T,
                       int C, cudaStream_t stream) {
-  if (std::int64_t(B) * T == 0 || C == 0) return;
-  if (std::int64_t(B) * T > INT32_MAX)
-    throw RuntimeError("cuda::encoder_backward: B * T must fit in 32 bits");
-  constexpr int V = vec_width<float>;
-  if (C % V == 0 && aligned16({dwte, dwpe, dout})) {
-    encoder_backward_launch<float, V>(dwte, dwpe, dout, inp, B, T, C, stream);
-  } else {
-    encoder_backward_launch<float, 1>(dwte, dwpe, dout, inp, B, T, C, stream);
-  }
+  encoder_backward_dispatch(dwte, dwpe, dout, inp, B, T, C, stream);
+}
+
+void encoder_forward(bf16* out, const std::int32_t* inp, const bf16* wte, const bf16* wpe, int B, int T,
+                     int C, cudaStream_t stream) {
+  encoder_forward_dispatch(out, inp, wte, wpe, B, T, C, stream);
+}
+
+void encoder_backward(float* dwte, float* dwpe, const bf16* dout, const std::int32_t* inp, int B, int T,
+                      int C, cudaStream_t stream) {
+  encoder_backward_dispatch(dwte, dwpe, dout, inp, B, T, C, stream);
 }
 
 }  // namespace llmtrain::cuda

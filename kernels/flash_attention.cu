@@ -1,6 +1,8 @@
 // Causal flash attention in the style of FlashAttention-2, fp32 on CUDA cores, element type a
 // template parameter (loads and stores convert to fp32; all arithmetic is fp32). CPU reference:
-// src/ops/cpu/flash_attention.cpp.
+// src/ops/cpu/flash_attention.cpp. Instantiated for float and for bf16 (mixed precision: bf16
+// qkv, out, dout, dqkv; fp32 lse, D and shared-memory tiles, so the same kernels, tiles and
+// shared memory; each bf16 output element is rounded once, dqkv after its fp32 += ).
 //
 // Forward: a block owns BR query rows of one (b, h) and streams the key/value tiles 0..causal
 // limit through shared memory, keeping a running max and sum per row (online softmax, in log2
@@ -52,12 +54,17 @@ struct Tiles {
   static constexpr int dq_cols = 32;                                  // keys per step
 };
 
-// fp32 conversion of the element type: float now; __nv_bfloat16 (which converts both ways,
-// rounding to nearest) later, with all arithmetic still in fp32.
+// fp32 conversion of the element type; all arithmetic is fp32.
 template <class scalar_t>
 struct Element {
   static __device__ __forceinline__ float load(scalar_t x) { return static_cast<float>(x); }
   static __device__ __forceinline__ scalar_t store(float x) { return static_cast<scalar_t>(x); }
+};
+// bf16: exact widening; stores round to nearest even.
+template <>
+struct Element<__nv_bfloat16> {
+  static __device__ __forceinline__ float load(__nv_bfloat16 x) { return __bfloat162float(x); }
+  static __device__ __forceinline__ __nv_bfloat16 store(float x) { return __float2bfloat16_rn(x); }
 };
 
 // Rows [row0, row0 + ROWS) of one head's HS-wide slice (rows `stride` elements apart) into the
@@ -489,30 +496,52 @@ void check_shape(const char* op, int B, int T, int C, int NH, int NKV) {
   }
 }
 
+template <class scalar_t>
+void forward_dispatch(scalar_t* out, float* lse, const scalar_t* qkv, int B, int T, int C, int NH, int NKV,
+                      cudaStream_t stream) {
+  check_shape("flash_attention_forward", B, T, C, NH, NKV);
+  if (B == 0 || T == 0) return;
+  switch (C / NH) {
+    case 16: return forward_launch<scalar_t, 16>(out, lse, qkv, B, T, NH, NKV, stream);
+    case 32: return forward_launch<scalar_t, 32>(out, lse, qkv, B, T, NH, NKV, stream);
+    case 64: return forward_launch<scalar_t, 64>(out, lse, qkv, B, T, NH, NKV, stream);
+    default: return forward_launch<scalar_t, 128>(out, lse, qkv, B, T, NH, NKV, stream);
+  }
+}
+
+template <class scalar_t>
+void backward_dispatch(scalar_t* dqkv, const scalar_t* dout, const scalar_t* qkv, const scalar_t* out,
+                       const float* lse, int B, int T, int C, int NH, int NKV, cudaStream_t stream) {
+  check_shape("flash_attention_backward", B, T, C, NH, NKV);
+  if (B == 0 || T == 0) return;
+  switch (C / NH) {
+    case 16: return backward_launch<scalar_t, 16>(dqkv, dout, qkv, out, lse, B, T, NH, NKV, stream);
+    case 32: return backward_launch<scalar_t, 32>(dqkv, dout, qkv, out, lse, B, T, NH, NKV, stream);
+    case 64: return backward_launch<scalar_t, 64>(dqkv, dout, qkv, out, lse, B, T, NH, NKV, stream);
+    default: return backward_launch<scalar_t, 128>(dqkv, dout, qkv, out, lse, B, T, NH, NKV, stream);
+  }
+}
+
 }  // namespace
 
 void flash_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV,
                              cudaStream_t stream) {
-  check_shape("flash_attention_forward", B, T, C, NH, NKV);
-  if (B == 0 || T == 0) return;
-  switch (C / NH) {
-    case 16: return forward_launch<float, 16>(out, lse, qkv, B, T, NH, NKV, stream);
-    case 32: return forward_launch<float, 32>(out, lse, qkv, B, T, NH, NKV, stream);
-    case 64: return forward_launch<float, 64>(out, lse, qkv, B, T, NH, NKV, stream);
-    default: return forward_launch<float, 128>(out, lse, qkv, B, T, NH, NKV, stream);
-  }
+  forward_dispatch(out, lse, qkv, B, T, C, NH, NKV, stream);
 }
 
 void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                               const float* lse, int B, int T, int C, int NH, int NKV, cudaStream_t stream) {
-  check_shape("flash_attention_backward", B, T, C, NH, NKV);
-  if (B == 0 || T == 0) return;
-  switch (C / NH) {
-    case 16: return backward_launch<float, 16>(dqkv, dout, qkv, out, lse, B, T, NH, NKV, stream);
-    case 32: return backward_launch<float, 32>(dqkv, dout, qkv, out, lse, B, T, NH, NKV, stream);
-    case 64: return backward_launch<float, 64>(dqkv, dout, qkv, out, lse, B, T, NH, NKV, stream);
-    default: return backward_launch<float, 128>(dqkv, dout, qkv, out, lse, B, T, NH, NKV, stream);
-  }
+  backward_dispatch(dqkv, dout, qkv, out, lse, B, T, C, NH, NKV, stream);
+}
+
+void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, int NKV,
+                             cudaStream_t stream) {
+  forward_dispatch(out, lse, qkv, B, T, C, NH, NKV, stream);
+}
+
+void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
+                              const float* lse, int B, int T, int C, int NH, int NKV, cudaStream_t stream) {
+  backward_dispatch(dqkv, dout, qkv, out, lse, B, T, C, NH, NKV, stream);
 }
 
 }  // namespace llmtrain::cuda

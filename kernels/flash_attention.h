@@ -1,11 +1,15 @@
-// Causal flash attention (fp32), memory-lean: the forward saves the log-sum-exp of each row's
-// scaled scores instead of the (B,NH,T,T) probabilities; the backward recomputes them.
+// Causal flash attention (fp32; and bf16 storage with fp32 arithmetic), memory-lean: the forward
+// saves the log-sum-exp of each row's scaled scores instead of the (B,NH,T,T) probabilities; the
+// backward recomputes them.
 // CPU twins: cpu::flash_attention_forward/backward (src/ops/cpu/nn.h), same arguments plus a stream.
 // qkv (B,T,(NH+2NKV)HS): NH query heads, then NKV key heads, then NKV value heads, each a
 // contiguous HS slice; C = NH HS; query head h reads kv head h / (NH/NKV); NKV divides NH.
 // Head sizes 16, 32, 64 and 128; others throw RuntimeError. All pointers are device memory.
+// The bf16 overloads read and write bf16 activations and gradients; lse stays fp32, and every
+// product, sum and exponential is fp32 (tiles staged in shared memory as fp32).
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 namespace llmtrain::cuda {
@@ -17,6 +21,18 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, int B, in
 /// dqkv (B,T,(NH+2NKV)HS) += from dout (B,T,C), given the forward's qkv, out (B,T,C) and lse (B,NH,T).
 /// Deterministic (no atomics). Uses a stream-ordered scratch of B NH T floats.
 void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                              const float* lse, int B, int T, int C, int NH, int NKV, cudaStream_t stream);
+
+/// The 16-bit storage type of mixed precision (also declared, identically, in nn.h).
+using bf16 = __nv_bfloat16;
+
+/// bf16 out (B,T,C) and fp32 lse (B,NH,T) from bf16 qkv (B,T,(NH+2NKV)HS).
+void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, int NKV,
+                             cudaStream_t stream);
+
+/// bf16 dqkv (B,T,(NH+2NKV)HS) += from bf16 dout (B,T,C), qkv, out (B,T,C) and fp32 lse (B,NH,T);
+/// each element of dqkv is read, added to in fp32 and rounded once.
+void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
                               const float* lse, int B, int T, int C, int NH, int NKV, cudaStream_t stream);
 
 }  // namespace llmtrain::cuda

@@ -4,6 +4,8 @@
 // the variance is two-pass, sum((x - mean)^2), as on the CPU (no E[x^2] - mean^2
 // cancellation); re-reading the row hits L1/L2. Weight and bias gradients are column sums over
 // the N rows (reduce.cuh: slab partials then a fixed-order pass, no atomics, deterministic).
+// bf16 (mixed precision): the same kernels on bf16 rows, weight and bias (8 per 128-bit access,
+// C % 8 == 0), fp32 statistics and arithmetic, fp32 weight and bias gradients.
 #include "cuda_check.h"
 #include "launch.cuh"
 #include "nn.h"
@@ -123,37 +125,61 @@ unsigned row_blocks(std::int64_t N) {
   return unsigned((N + rows_per_block - 1) / rows_per_block);
 }
 
-}  // namespace
-
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, std::int64_t N, int C, cudaStream_t stream) {
+template <class Elem>
+void layernorm_forward_dispatch(Elem* out, float* mean, float* rstd, const Elem* inp, const Elem* weight,
+                                const Elem* bias, std::int64_t N, int C, cudaStream_t stream) {
   if (N <= 0) return;
   constexpr int block = rows_per_block * warp_size;
-  if (C % vec_width<float> == 0 && aligned16({out, inp, weight, bias})) {
-    layernorm_forward_kernel<float, vec_width<float>>
+  if (C % vec_width<Elem> == 0 && aligned16({out, inp, weight, bias})) {
+    layernorm_forward_kernel<Elem, vec_width<Elem>>
         <<<row_blocks(N), block, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);
   } else {
-    layernorm_forward_kernel<float, 1>
+    layernorm_forward_kernel<Elem, 1>
         <<<row_blocks(N), block, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);
   }
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
 }
 
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, std::int64_t N, int C,
-                        cudaStream_t stream) {
+template <class Elem>
+void layernorm_backward_dispatch(Elem* dinp, float* dweight, float* dbias, const Elem* dout, const Elem* inp,
+                                 const Elem* weight, const float* mean, const float* rstd, std::int64_t N,
+                                 int C, cudaStream_t stream) {
   if (N <= 0) return;
   constexpr int block = rows_per_block * warp_size;
-  if (C % vec_width<float> == 0 && aligned16({dinp, dout, inp, weight})) {
-    layernorm_backward_kernel<float, vec_width<float>>
+  if (C % vec_width<Elem> == 0 && aligned16({dinp, dout, inp, weight})) {
+    layernorm_backward_kernel<Elem, vec_width<Elem>>
         <<<row_blocks(N), block, 0, stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
   } else {
-    layernorm_backward_kernel<float, 1>
+    layernorm_backward_kernel<Elem, 1>
         <<<row_blocks(N), block, 0, stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
   }
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
-  column_sums<2>(ColumnOutputs<2>{{dweight, dbias}}, LayernormParamGrads<float>{dout, inp, mean, rstd, C}, N,
+  column_sums<2>(ColumnOutputs<2>{{dweight, dbias}}, LayernormParamGrads<Elem>{dout, inp, mean, rstd, C}, N,
                  C, stream);
+}
+
+}  // namespace
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, std::int64_t N, int C, cudaStream_t stream) {
+  layernorm_forward_dispatch(out, mean, rstd, inp, weight, bias, N, C, stream);
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, std::int64_t N, int C,
+                        cudaStream_t stream) {
+  layernorm_backward_dispatch(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, stream);
+}
+
+void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* weight,
+                       const bf16* bias, std::int64_t N, int C, cudaStream_t stream) {
+  layernorm_forward_dispatch(out, mean, rstd, inp, weight, bias, N, C, stream);
+}
+
+void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
+                        const bf16* weight, const float* mean, const float* rstd, std::int64_t N, int C,
+                        cudaStream_t stream) {
+  layernorm_backward_dispatch(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, stream);
 }
 
 }  // namespace llmtrain::cuda

@@ -9,6 +9,9 @@
 //    loads of x[i..], x[i+HS/2..] and the table) when HS/2 % 4 == 0 and the pointers are
 //    aligned. Heads from n_rot on (the value heads of a packed qkv) pass through.
 //  - SwiGLU: elementwise (elementwise_launch.cuh), the CPU reference's formulas.
+//  - bf16 (mixed precision): the same kernels on bf16 activations and weight (8 per 128-bit
+//    access), fp32 rstd, arithmetic and weight gradient; the RoPE table stays fp32 (two 128-bit
+//    loads per 8 pairs).
 #include "cuda_check.h"
 #include "elementwise_launch.cuh"
 #include "launch.cuh"
@@ -136,15 +139,15 @@ __global__ void rope_kernel(Elem* out /* (B,T,H,HS) */, const Elem* inp /* (B,T,
     const bool rotate = int(head % H) < n_rot;
     const std::int64_t base = head * HS;
     const Chunk<Elem, W> x1 = load_chunk<W>(inp + base + i), x2 = load_chunk<W>(inp + base + half + i);
-    Chunk<float, W> cv, sv;
+    float cv[W], sv[W];
     if (rotate) {
-      cv = load_chunk<W>(cosines + std::int64_t(t) * half + i);
-      sv = load_chunk<W>(sines + std::int64_t(t) * half + i);
+      load_floats<W>(cosines + std::int64_t(t) * half + i, cv);
+      load_floats<W>(sines + std::int64_t(t) * half + i, sv);
     } else {
 #pragma unroll
       for (int k = 0; k < W; ++k) {
-        cv.e[k] = 1.0f;
-        sv.e[k] = 0.0f;
+        cv[k] = 1.0f;
+        sv[k] = 0.0f;
       }
     }
     Chunk<Elem, W> y1, y2;
@@ -154,7 +157,7 @@ __global__ void rope_kernel(Elem* out /* (B,T,H,HS) */, const Elem* inp /* (B,T,
     }
 #pragma unroll
     for (int k = 0; k < W; ++k) {
-      const float c = cv.e[k], s = direction * sv.e[k];
+      const float c = cv[k], s = direction * sv[k];
       const float a = to_float(x1.e[k]), b = to_float(x2.e[k]);
       float r1 = a * c - b * s, r2 = b * c + a * s;
       if constexpr (Accumulate) {
@@ -169,8 +172,8 @@ __global__ void rope_kernel(Elem* out /* (B,T,H,HS) */, const Elem* inp /* (B,T,
   }
 }
 
-template <bool Accumulate>
-void rope_apply(float* out, const float* inp, int B, int T, int H, int HS, int n_rot, int pos0, float theta,
+template <bool Accumulate, class Elem>
+void rope_apply(Elem* out, const Elem* inp, int B, int T, int H, int HS, int n_rot, int pos0, float theta,
                 float direction, cudaStream_t stream) {
   const int half = HS / 2;
   const std::int64_t heads = std::int64_t(B) * T * H;
@@ -183,12 +186,12 @@ void rope_apply(float* out, const float* inp, int B, int T, int H, int HS, int n
   rope_table_kernel<<<grid_for(std::int64_t(T) * half, block), block, 0, stream>>>(cosines, sines, T, HS,
                                                                                    pos0, theta);
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
-  constexpr int V = vec_width<float>;
+  constexpr int V = vec_width<Elem>;
   if (half % V == 0 && aligned16({out, inp})) {
-    rope_kernel<float, V, Accumulate><<<grid_for(heads * (half / V), block), block, 0, stream>>>(
+    rope_kernel<Elem, V, Accumulate><<<grid_for(heads * (half / V), block), block, 0, stream>>>(
         out, inp, cosines, sines, heads, T, H, HS, n_rot, direction);
   } else {
-    rope_kernel<float, 1, Accumulate><<<grid_for(heads * half, block), block, 0, stream>>>(
+    rope_kernel<Elem, 1, Accumulate><<<grid_for(heads * half, block), block, 0, stream>>>(
         out, inp, cosines, sines, heads, T, H, HS, n_rot, direction);
   }
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
@@ -243,34 +246,47 @@ struct SwigluBackward {
   }
 };
 
-}  // namespace
-
-void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, std::int64_t N, int C,
-                     float eps, cudaStream_t stream) {
+template <class Elem>
+void rmsnorm_forward_dispatch(Elem* out, float* rstd, const Elem* inp, const Elem* weight, std::int64_t N,
+                              int C, float eps, cudaStream_t stream) {
   if (N <= 0) return;
   constexpr int block = rows_per_block * warp_size;
-  if (C % vec_width<float> == 0 && aligned16({out, inp, weight})) {
-    rmsnorm_forward_kernel<float, vec_width<float>>
+  if (C % vec_width<Elem> == 0 && aligned16({out, inp, weight})) {
+    rmsnorm_forward_kernel<Elem, vec_width<Elem>>
         <<<row_blocks(N), block, 0, stream>>>(out, rstd, inp, weight, N, C, eps);
   } else {
-    rmsnorm_forward_kernel<float, 1><<<row_blocks(N), block, 0, stream>>>(out, rstd, inp, weight, N, C, eps);
+    rmsnorm_forward_kernel<Elem, 1><<<row_blocks(N), block, 0, stream>>>(out, rstd, inp, weight, N, C, eps);
   }
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
 }
 
-void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
-                      const float* rstd, std::int64_t N, int C, cudaStream_t stream) {
+template <class Elem>
+void rmsnorm_backward_dispatch(Elem* dinp, float* dweight, const Elem* dout, const Elem* inp,
+                               const Elem* weight, const float* rstd, std::int64_t N, int C,
+                               cudaStream_t stream) {
   if (N <= 0) return;
   constexpr int block = rows_per_block * warp_size;
-  if (C % vec_width<float> == 0 && aligned16({dinp, dout, inp, weight})) {
-    rmsnorm_backward_kernel<float, vec_width<float>>
+  if (C % vec_width<Elem> == 0 && aligned16({dinp, dout, inp, weight})) {
+    rmsnorm_backward_kernel<Elem, vec_width<Elem>>
         <<<row_blocks(N), block, 0, stream>>>(dinp, dout, inp, weight, rstd, N, C);
   } else {
-    rmsnorm_backward_kernel<float, 1>
+    rmsnorm_backward_kernel<Elem, 1>
         <<<row_blocks(N), block, 0, stream>>>(dinp, dout, inp, weight, rstd, N, C);
   }
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
-  column_sums<1>(ColumnOutputs<1>{{dweight}}, RmsnormWeightGrad<float>{dout, inp, rstd, C}, N, C, stream);
+  column_sums<1>(ColumnOutputs<1>{{dweight}}, RmsnormWeightGrad<Elem>{dout, inp, rstd, C}, N, C, stream);
+}
+
+}  // namespace
+
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, std::int64_t N, int C,
+                     float eps, cudaStream_t stream) {
+  rmsnorm_forward_dispatch(out, rstd, inp, weight, N, C, eps, stream);
+}
+
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, std::int64_t N, int C, cudaStream_t stream) {
+  rmsnorm_backward_dispatch(dinp, dweight, dout, inp, weight, rstd, N, C, stream);
 }
 
 void rope_forward(float* out, const float* inp, int B, int T, int H, int HS, int n_rot, int pos0, float theta,
@@ -291,6 +307,36 @@ void swiglu_backward(float* dgate, float* dup, const float* dout, const float* g
                      std::int64_t N, cudaStream_t stream) {
   launch_elementwise<float>(SwigluBackward<float>{dgate, dup, dout, gate, up}, N,
                             aligned16({dgate, dup, dout, gate, up}), stream);
+}
+
+void rmsnorm_forward(bf16* out, float* rstd, const bf16* inp, const bf16* weight, std::int64_t N, int C,
+                     float eps, cudaStream_t stream) {
+  rmsnorm_forward_dispatch(out, rstd, inp, weight, N, C, eps, stream);
+}
+
+void rmsnorm_backward(bf16* dinp, float* dweight, const bf16* dout, const bf16* inp, const bf16* weight,
+                      const float* rstd, std::int64_t N, int C, cudaStream_t stream) {
+  rmsnorm_backward_dispatch(dinp, dweight, dout, inp, weight, rstd, N, C, stream);
+}
+
+void rope_forward(bf16* out, const bf16* inp, int B, int T, int H, int HS, int n_rot, int pos0, float theta,
+                  cudaStream_t stream) {
+  rope_apply<false>(out, inp, B, T, H, HS, n_rot, pos0, theta, 1.0f, stream);
+}
+
+void rope_backward(bf16* dinp, const bf16* dout, int B, int T, int H, int HS, int n_rot, int pos0,
+                   float theta, cudaStream_t stream) {
+  rope_apply<true>(dinp, dout, B, T, H, HS, n_rot, pos0, theta, -1.0f, stream);
+}
+
+void swiglu_forward(bf16* out, const bf16* gate, const bf16* up, std::int64_t N, cudaStream_t stream) {
+  launch_elementwise<bf16>(SwigluForward<bf16>{out, gate, up}, N, aligned16({out, gate, up}), stream);
+}
+
+void swiglu_backward(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate, const bf16* up,
+                     std::int64_t N, cudaStream_t stream) {
+  launch_elementwise<bf16>(SwigluBackward<bf16>{dgate, dup, dout, gate, up}, N,
+                           aligned16({dgate, dup, dout, gate, up}), stream);
 }
 
 }  // namespace llmtrain::cuda

@@ -8,6 +8,11 @@
 //    overwrites instead of adding, and would need a buffer and a second pass anyway.
 //  - fp32 in and out with CUBLAS_COMPUTE_32F (true fp32 products: matches the CPU to ~1e-6),
 //    or CUBLAS_COMPUTE_32F_FAST_TF32 after set_matmul_tf32(true).
+//  - bf16 (mixed precision): bf16 A and B (tensor cores), CUBLAS_COMPUTE_32F (fp32 accumulation;
+//    the TF32 switch does not apply). out and dinp are bf16 D matrices (the += of dinp reads the
+//    old bf16 value as C with beta = 1: one rounding per op); dweight is an fp32 D matrix, so the
+//    gradient accumulates in fp32; the bias is bf16 (cuBLASLt's bias type defaults to D's), dbias
+//    an fp32 column sum of the bf16 dout as in fp32.
 //  - The algorithm for a shape comes from cuBLASLt's heuristic once, then from a cache keyed by
 //    everything the heuristic sees (shape, transposes, epilogue, compute type, and the pointer
 //    alignments: parameter views into the flat buffer are not always 256-byte aligned, and an
@@ -20,24 +25,29 @@
 
 #include "cublaslt_context.h"
 #include "cuda_check.h"
+#include "launch.cuh"
 #include "nn.h"
 #include "reduce.cuh"
+#include "vector_io.cuh"
 
 namespace llmtrain::cuda {
 namespace {
 
-// D (m x n) = op(A) op(B) [+ bias per row] + beta D, all column-major; op(A) is m x k.
+// D (m x n) = op(A) op(B) [+ bias per row] + beta D, all column-major; op(A) is m x k. A and B
+// have one element type, D (and the bias) another.
 struct Gemm {
   bool trans_a = false, trans_b = false;
   std::uint64_t m = 0, n = 0, k = 0;
   std::int64_t lda = 0, ldb = 0, ldd = 0;
+  cudaDataType_t ab_type = CUDA_R_32F, d_type = CUDA_R_32F;
 };
 
-// The largest power of two (4 to 256) dividing the address: what cuBLASLt may assume.
+// The largest power of two (2 to 256) dividing the address: what cuBLASLt may assume. fp32
+// pointers are always at least 4-byte aligned; a bf16 view may be only 2.
 std::uint32_t alignment_of(const void* p) {
   const auto address = reinterpret_cast<std::uintptr_t>(p);
   std::uint32_t alignment = 256;
-  while (alignment > 4 && address % alignment != 0) alignment /= 2;
+  while (alignment > 2 && address % alignment != 0) alignment /= 2;
   return alignment;
 }
 
@@ -89,10 +99,11 @@ class Preference {
   cublasLtMatmulPreference_t preference_ = nullptr;
 };
 
-// trans_a, trans_b, m, n, k, lda, ldb, ldd, bias, tf32, alignments of A, B, D, bias.
-using AlgoKey =
-    std::tuple<bool, bool, std::uint64_t, std::uint64_t, std::uint64_t, std::int64_t, std::int64_t,
-               std::int64_t, bool, bool, std::uint32_t, std::uint32_t, std::uint32_t, std::uint32_t>;
+// trans_a, trans_b, m, n, k, lda, ldb, ldd, bias, tf32, alignments of A, B, D, bias, types of
+// A/B and D.
+using AlgoKey = std::tuple<bool, bool, std::uint64_t, std::uint64_t, std::uint64_t, std::int64_t,
+                           std::int64_t, std::int64_t, bool, bool, std::uint32_t, std::uint32_t,
+                           std::uint32_t, std::uint32_t, int, int>;
 
 class AlgoCache {
  public:
@@ -104,19 +115,29 @@ class AlgoCache {
   std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
 };
 
-void gemm(const Gemm& g, const float* A, const float* B, float* D, const float* bias, float beta,
+void gemm(const Gemm& g, const void* A, const void* B, void* D, const void* bias, float beta,
           cudaStream_t stream) {
+  // A bias view below 16-byte alignment (a bf16 one may be 2-byte aligned) goes through an
+  // aligned stream-ordered copy: cuBLASLt states no alignment rule for the BIAS epilogue's
+  // vector, and the copy (m elements) costs next to nothing.
+  const std::size_t bias_bytes = g.m * (g.d_type == CUDA_R_16BF ? 2 : 4);
+  const StreamScratch aligned_bias(bias && alignment_of(bias) < 16 ? bias_bytes : 0, stream);
+  if (bias && alignment_of(bias) < 16) {
+    LLMTRAIN_CUDA_CHECK(
+        cudaMemcpyAsync(aligned_bias.at<char>(), bias, bias_bytes, cudaMemcpyDeviceToDevice, stream));
+    bias = aligned_bias.at<char>();
+  }
   CublasLtContext& context = CublasLtContext::get();
-  const bool tf32 = context.allow_tf32();
+  const bool tf32 = g.ab_type == CUDA_R_32F && context.allow_tf32();  // TF32 rounds fp32 inputs only
   MatmulDesc desc(tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
   desc.set(CUBLASLT_MATMUL_DESC_TRANSA, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
   desc.set(CUBLASLT_MATMUL_DESC_TRANSB, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
   desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
   if (bias) desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
   // Stored shapes: op(A) = A^T means A is stored k x m.
-  const Layout a(CUDA_R_32F, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda);
-  const Layout b(CUDA_R_32F, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb);
-  const Layout d(CUDA_R_32F, g.m, g.n, g.ldd);
+  const Layout a(g.ab_type, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda);
+  const Layout b(g.ab_type, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb);
+  const Layout d(g.d_type, g.m, g.n, g.ldd);
 
   const AlgoKey key{g.trans_a,
                     g.trans_b,
@@ -131,7 +152,9 @@ void gemm(const Gemm& g, const float* A, const float* B, float* D, const float* 
                     alignment_of(A),
                     alignment_of(B),
                     alignment_of(D),
-                    bias ? alignment_of(bias) : 0u};
+                    bias ? alignment_of(bias) : 0u,
+                    int(g.ab_type),
+                    int(g.d_type)};
   cublasLtMatmulAlgo_t algo;
   {
     AlgoCache& cache = AlgoCache::get();
@@ -153,7 +176,11 @@ void gemm(const Gemm& g, const float* A, const float* B, float* D, const float* 
                                                            &found_count));
       if (found_count == 0) {
         throw RuntimeError("cuBLASLt has no algorithm for the matmul m=" + std::to_string(g.m) + " n=" +
-                           std::to_string(g.n) + " k=" + std::to_string(g.k) + (bias ? " with bias" : ""));
+                           std::to_string(g.n) + " k=" + std::to_string(g.k) + (bias ? " with bias" : "") +
+                           (g.ab_type == CUDA_R_16BF ? " (bf16 inputs, " : " (fp32 inputs, ") +
+                           (g.d_type == CUDA_R_16BF ? "bf16 output)" : "fp32 output)") + ", alignments " +
+                           std::to_string(alignment_of(A)) + "/" + std::to_string(alignment_of(B)) + "/" +
+                           std::to_string(alignment_of(D)) + " bytes");
       }
       algo = result.algo;
       cache.algos.emplace(key, algo);
@@ -166,20 +193,30 @@ void gemm(const Gemm& g, const float* A, const float* B, float* D, const float* 
 }
 
 // Per (row, channel) of dout (N,OC): the bias gradient term.
+template <class Elem>
 struct BiasGrad {
-  const float* dout;  // (N,OC)
+  const Elem* dout;  // (N,OC)
   int OC;
-  __device__ void operator()(std::int64_t i, int c, float (&v)[1]) const { v[0] = dout[i * OC + c]; }
+  __device__ void operator()(std::int64_t i, int c, float (&v)[1]) const {
+    v[0] = to_float(dout[i * OC + c]);
+  }
 };
 
-}  // namespace
-
-void set_matmul_tf32(bool allow) {
-  CublasLtContext::get().set_allow_tf32(allow);
+template <class T>
+constexpr cudaDataType_t data_type();
+template <>
+constexpr cudaDataType_t data_type<float>() {
+  return CUDA_R_32F;
+}
+template <>
+constexpr cudaDataType_t data_type<bf16>() {
+  return CUDA_R_16BF;
 }
 
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, std::int64_t N,
-                    int C, int OC, cudaStream_t stream) {
+// Elem: the type of the activations and weights (fp32 or bf16); dweight and dbias are fp32.
+template <class Elem>
+void matmul_forward_gemms(Elem* out, const Elem* inp, const Elem* weight, const Elem* bias, std::int64_t N,
+                          int C, int OC, cudaStream_t stream) {
   if (N <= 0 || OC <= 0) return;
   // out^T (OC x N) = W^T (OC x C; W stored column-major C x OC) inp^T (C x N) [+ bias]
   Gemm g;
@@ -190,11 +227,13 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
   g.lda = C;
   g.ldb = C;
   g.ldd = OC;
+  g.ab_type = g.d_type = data_type<Elem>();
   gemm(g, weight, inp, out, bias, 0.0f, stream);
 }
 
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, std::int64_t N, int C, int OC, cudaStream_t stream) {
+template <class Elem>
+void matmul_backward_gemms(Elem* dinp, float* dweight, float* dbias, const Elem* dout, const Elem* inp,
+                           const Elem* weight, std::int64_t N, int C, int OC, cudaStream_t stream) {
   if (N <= 0 || OC <= 0 || C <= 0) return;
   // dinp^T (C x N) += W^T (C x OC, W stored column-major) dout^T (OC x N)
   Gemm dx;
@@ -204,6 +243,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   dx.lda = C;
   dx.ldb = OC;
   dx.ldd = C;
+  dx.ab_type = dx.d_type = data_type<Elem>();
   gemm(dx, weight, dout, dinp, nullptr, 1.0f, stream);
   // dweight^T (C x OC) += inp^T (C x N) dout (N x OC; dout^T stored column-major OC x N)
   Gemm dw;
@@ -214,8 +254,36 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   dw.lda = C;
   dw.ldb = OC;
   dw.ldd = C;
+  dw.ab_type = data_type<Elem>();
+  dw.d_type = CUDA_R_32F;  // the weight gradient accumulates in fp32
   gemm(dw, inp, dout, dweight, nullptr, 1.0f, stream);
-  if (dbias) column_sums<1>(ColumnOutputs<1>{{dbias}}, BiasGrad{dout, OC}, N, OC, stream);
+  if (dbias) column_sums<1>(ColumnOutputs<1>{{dbias}}, BiasGrad<Elem>{dout, OC}, N, OC, stream);
+}
+
+}  // namespace
+
+void set_matmul_tf32(bool allow) {
+  CublasLtContext::get().set_allow_tf32(allow);
+}
+
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, std::int64_t N,
+                    int C, int OC, cudaStream_t stream) {
+  matmul_forward_gemms(out, inp, weight, bias, N, C, OC, stream);
+}
+
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, std::int64_t N, int C, int OC, cudaStream_t stream) {
+  matmul_backward_gemms(dinp, dweight, dbias, dout, inp, weight, N, C, OC, stream);
+}
+
+void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, std::int64_t N, int C,
+                    int OC, cudaStream_t stream) {
+  matmul_forward_gemms(out, inp, weight, bias, N, C, OC, stream);
+}
+
+void matmul_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
+                     const bf16* weight, std::int64_t N, int C, int OC, cudaStream_t stream) {
+  matmul_backward_gemms(dinp, dweight, dbias, dout, inp, weight, N, C, OC, stream);
 }
 
 }  // namespace llmtrain::cuda

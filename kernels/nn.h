@@ -2,6 +2,12 @@
 // the same order, plus the stream to run on; the same semantics, fp32. All pointers are device
 // memory. Every backward op ACCUMULATES (+=) into its outputs, as on the CPU.
 //
+// Mixed precision: each op also has a bf16 overload (at the end). Activations, their gradients
+// and the working copy of the weights are bf16; weight gradients (dweight, dbias, dwte, dwpe)
+// and statistics (mean, rstd, lse, losses) stay fp32. Inside, every kernel loads bf16 as float,
+// computes and accumulates in fp32, and rounds to nearest even once on each store (a bf16
+// output that is accumulated into is read, added to in fp32, and rounded).
+//
 // B batch, T time, C channels, V vocabulary, NH heads, HS = C / NH head size, OC output
 // channels, N = B * T rows. Pointers need only their element alignment: each launcher takes a
 // 128-bit path when the pointers (and row lengths) allow it, a scalar one otherwise.
@@ -10,11 +16,15 @@
 // attention); attention_decode, for generation, is.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 
 namespace llmtrain::cuda {
+
+/// The 16-bit storage type of mixed precision: bfloat16 (8 exponent bits, 7 mantissa bits).
+using bf16 = __nv_bfloat16;
 
 // kernels/encoder.cu
 /// out (B,T,C) = wte[inp] + wpe[t]; inp (B,T); wte (V,C); wpe (maxT,C) or null (no position table).
@@ -94,5 +104,81 @@ double sum_squares(const float* x, std::int64_t N, cudaStream_t stream);
 void adamw_update(float* param, const float* grad, float* m, float* v, std::int64_t N, float lr, float beta1,
                   float beta2, float eps, float weight_decay, int step, float grad_scale,
                   cudaStream_t stream);
+
+// ---- mixed precision (bf16): the same ops, conventions above -----------------------------------
+// Pointers of 16-bit elements need only 2-byte alignment; the 128-bit paths move 8 bf16 and need
+// the pointers 16-byte aligned and the row lengths multiples of 8.
+
+// kernels/convert.cu
+/// out (N) = in (N) rounded to bf16, to nearest even (NaN stays NaN; beyond the bf16 range, +-inf).
+void convert(bf16* out, const float* in, std::int64_t N, cudaStream_t stream);
+/// out (N) = in (N) widened to float (exact).
+void convert(float* out, const bf16* in, std::int64_t N, cudaStream_t stream);
+
+// kernels/encoder.cu
+/// out (B,T,C) = wte[inp] + wpe[t]; wte (V,C), wpe (maxT,C) or null; the sum in fp32.
+void encoder_forward(bf16* out, const std::int32_t* inp, const bf16* wte, const bf16* wpe, int B, int T,
+                     int C, cudaStream_t stream);
+/// dwte (V,C) and dwpe (maxT,C, or null), fp32, += from dout (B,T,C). Deterministic.
+void encoder_backward(float* dwte, float* dwpe, const bf16* dout, const std::int32_t* inp, int B, int T,
+                      int C, cudaStream_t stream);
+
+// kernels/layernorm.cu
+/// out (N,C) from inp (N,C), weight, bias (C); mean, rstd (N) fp32.
+void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* weight,
+                       const bf16* bias, std::int64_t N, int C, cudaStream_t stream);
+/// dinp (N,C) bf16 and dweight, dbias (C) fp32 += from dout, inp (N,C), weight (C), mean, rstd (N).
+void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
+                        const bf16* weight, const float* mean, const float* rstd, std::int64_t N, int C,
+                        cudaStream_t stream);
+
+// kernels/matmul.cu (cuBLASLt: bf16 inputs, fp32 accumulation, CUBLAS_COMPUTE_32F)
+/// out (N,OC) = inp (N,C) weight^T + bias; weight (OC,C); bias (OC) or null; rounded once.
+void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, std::int64_t N, int C,
+                    int OC, cudaStream_t stream);
+/// dinp (N,C) bf16 += (one rounding of the sum), dweight (OC,C) and dbias (OC, may be null) fp32 +=,
+/// from dout (N,OC), inp (N,C), weight (OC,C).
+void matmul_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
+                     const bf16* weight, std::int64_t N, int C, int OC, cudaStream_t stream);
+
+// kernels/attention_decode.cu
+/// out (C) from q (C) and the caches k_cache, v_cache (maxT, NKV HS), positions 0..pos.
+void attention_decode(bf16* out, const bf16* q, const bf16* k_cache, const bf16* v_cache, int pos, int C,
+                      int NH, int NKV, cudaStream_t stream);
+
+// kernels/elementwise.cu
+/// out (N) = GELU(inp (N)).
+void gelu_forward(bf16* out, const bf16* inp, std::int64_t N, cudaStream_t stream);
+/// dinp (N) += GELU'(inp (N)) * dout (N).
+void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, std::int64_t N, cudaStream_t stream);
+/// out (N) = a (N) + b (N).
+void residual_forward(bf16* out, const bf16* a, const bf16* b, std::int64_t N, cudaStream_t stream);
+/// da (N), db (N) += dout (N).
+void residual_backward(bf16* da, bf16* db, const bf16* dout, std::int64_t N, cudaStream_t stream);
+
+// kernels/llama.cu
+/// out (N,C) from inp (N,C), weight (C); rstd (N) fp32.
+void rmsnorm_forward(bf16* out, float* rstd, const bf16* inp, const bf16* weight, std::int64_t N, int C,
+                     float eps, cudaStream_t stream);
+/// dinp (N,C) bf16 and dweight (C) fp32 += from dout, inp (N,C), weight (C), rstd (N).
+void rmsnorm_backward(bf16* dinp, float* dweight, const bf16* dout, const bf16* inp, const bf16* weight,
+                      const float* rstd, std::int64_t N, int C, cudaStream_t stream);
+/// out (B,T,H,HS) = inp (B,T,H,HS) rotated (heads below n_rot), angles in double as in fp32.
+void rope_forward(bf16* out, const bf16* inp, int B, int T, int H, int HS, int n_rot, int pos0, float theta,
+                  cudaStream_t stream);
+/// dinp (B,T,H,HS) += the inverse rotation of dout (B,T,H,HS).
+void rope_backward(bf16* dinp, const bf16* dout, int B, int T, int H, int HS, int n_rot, int pos0,
+                   float theta, cudaStream_t stream);
+/// out (N) = silu(gate (N)) * up (N).
+void swiglu_forward(bf16* out, const bf16* gate, const bf16* up, std::int64_t N, cudaStream_t stream);
+/// dgate (N), dup (N) += from dout (N), gate (N), up (N).
+void swiglu_backward(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate, const bf16* up,
+                     std::int64_t N, cudaStream_t stream);
+
+// kernels/classifier.cu
+/// losses (N) fp32 from logits (N,V) bf16, softmax in fp32; with dlogits_scale > 0 the logits are
+/// overwritten by the gradient, rounded to bf16. Returns the loss sum (synchronises the stream).
+double fused_classifier(bf16* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
+                        float dlogits_scale, cudaStream_t stream);
 
 }  // namespace llmtrain::cuda

@@ -2,7 +2,8 @@
 // copies of host arrays framed by sentinel elements that must survive (out-of-bounds writes),
 // an explicit NaN/Inf check, errors normalised by the reference's magnitude, and a check that
 // the result is not trivially zero or unchanged. Uses only the public ops API (no CUDA headers),
-// so any test may include it.
+// so any test may include it. bf16 arrays are Bf16 on the host (the 16 bits, no arithmetic), made
+// with the round-to-nearest-even helper below, and compared after widening to float.
 #pragma once
 
 #include <algorithm>
@@ -20,6 +21,45 @@
 
 namespace llmtrain::test {
 
+/// A bfloat16 as the host holds it: the upper 16 bits of an IEEE float.
+struct Bf16 {
+  std::uint16_t bits;
+};
+
+/// float -> bf16, rounded to nearest, ties to even (as __float2bfloat16_rn): infinities stay,
+/// finite values beyond the largest bf16 become infinities, NaN stays a (quiet) NaN.
+inline Bf16 to_bf16(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return Bf16{std::uint16_t((u >> 16) | 0x0040u)};  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);  // a carry out of the mantissa bumps the exponent: exact RNE
+  return Bf16{std::uint16_t(u >> 16)};
+}
+
+/// bf16 -> float, exact.
+inline float to_float(Bf16 x) {
+  const std::uint32_t u = std::uint32_t(x.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+inline std::vector<Bf16> to_bf16(const std::vector<float>& v) {
+  std::vector<Bf16> r(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) r[i] = to_bf16(v[i]);
+  return r;
+}
+inline std::vector<float> to_float(const std::vector<Bf16>& v) {
+  std::vector<float> r(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) r[i] = to_float(v[i]);
+  return r;
+}
+/// Every element rounded to bf16, as float: the exact values a bf16 kernel reads, to feed the
+/// fp32 CPU reference.
+inline std::vector<float> round_bf16(const std::vector<float>& v) {
+  return to_float(to_bf16(v));
+}
+
 template <class T>
 constexpr DType dtype_of();
 template <>
@@ -30,21 +70,30 @@ template <>
 constexpr DType dtype_of<std::int32_t>() {
   return DType::i32;
 }
+template <>
+constexpr DType dtype_of<Bf16>() {
+  return DType::bf16;
+}
 
-/// The sentinel bit pattern: a NaN with a payload for floats (so "still NaN" is not enough: the
-/// bits must be unchanged), an unlikely value for integers.
+/// The sentinel bit pattern: a NaN with a payload for floats and bf16 (so "still NaN" is not
+/// enough: the bits must be unchanged), an unlikely value for integers.
 template <class T>
 T sentinel() {
-  static_assert(sizeof(T) == 4, "4-byte elements only");
-  const std::uint32_t bits = 0x7fc0dead;
+  static_assert(sizeof(T) == 4 || sizeof(T) == 2, "4- or 2-byte elements only");
   T value;
-  std::memcpy(&value, &bits, sizeof value);
+  if constexpr (sizeof(T) == 4) {
+    const std::uint32_t bits = 0x7fc0dead;
+    std::memcpy(&value, &bits, sizeof value);
+  } else {
+    const std::uint16_t bits = 0x7fad;  // bf16: exponent all ones, mantissa 0x2d
+    std::memcpy(&value, &bits, sizeof value);
+  }
   return value;
 }
 
 /// A copy of a host array in device memory, after `offset` leading sentinels (offset 1 makes the
-/// view 4 bytes off 16-byte alignment: the kernels' scalar paths) and before `trailing_guard`
-/// trailing ones.
+/// view one element, 4 bytes (2 for Bf16), off 16-byte alignment: the kernels' scalar paths) and
+/// before `trailing_guard` trailing ones.
 template <class T>
 class DeviceArray {
  public:

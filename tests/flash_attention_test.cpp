@@ -1,11 +1,14 @@
 // Flash attention: the CPU reference against the probability-storing attention op and finite
 // differences; the CUDA kernels against the CPU reference over a grid of shapes, with NaN
-// sentinels around every output, NaN/Inf checks and accumulation into a pre-filled gradient.
+// sentinels around every output, NaN/Inf checks and accumulation into a pre-filled gradient; the
+// bf16 kernels (called directly, in a CUDA build) against the CPU reference run on the same
+// bf16-rounded inputs; cuDNN's fused attention (kernels/cudnn_attention.h) against both.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "catch_compat.h"
@@ -14,6 +17,11 @@
 #include "grad_check.h"
 #include "ops/buffer.h"
 #include "ops/nn.h"
+#if LLMTRAIN_HAVE_CUDA
+#include "kernels/cudnn_attention.h"
+#include "kernels/flash_attention.h"
+#include "kernels/stream.h"
+#endif
 
 using namespace llmtrain;
 using namespace llmtrain::test;
@@ -274,4 +282,160 @@ TEST_CASE("cuda flash attention rejects unsupported head sizes", "[cuda][ops][fl
     message = e.what();
   }
   CHECK(message.find("head size 8") != std::string::npos);
+}
+
+TEST_CASE("cuda bf16 flash attention matches the cpu reference", "[cuda][bf16][flash]") {
+  std::string why;
+  if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
+#if LLMTRAIN_HAVE_CUDA
+  // bf16 outputs: a few ulps (2^-8 relative) of the largest element; lse is fp32 from the same
+  // bf16 inputs as the reference.
+  constexpr double bf16_tol = 1e-2, lse_tol = 2e-3;
+  const auto bf = [](const DeviceArray<Bf16>& a) { return reinterpret_cast<cuda::bf16*>(a.data()); };
+  std::mt19937 rng(223);
+  const int NH = 4;
+  std::size_t offset = 0;
+  for (const int B : {1, 2}) {
+    for (const int T : {1, 7, 64, 65, 300}) {
+      for (const int HS : {16, 64, 128}) {
+        for (const int NKV : {NH, NH / 2, 1}) {
+          const AttnShape s{B, T, NH, NKV, HS};
+          const int C = s.C(), W = s.width();
+          offset = 1 - offset;  // every other case 2 bytes off 16-byte alignment
+          CAPTURE(B, T, HS, NKV, offset);
+          Vec qkv = round_bf16(random_vec(rng, s.n_qkv(), 1.5f)),
+              dout = round_bf16(random_vec(rng, s.n_out()));
+          // Pre-filled, smaller than what the backward adds, so that each part's error is measured
+          // against its gradient rather than against the starting values.
+          const Vec dqkv0 = round_bf16(random_vec(rng, s.n_qkv(), 0.1f));
+          const FlashResult want = cpu_flash(s, qkv, dout, dqkv0);
+
+          // Outputs start as NaN: an element never written fails the NaN check.
+          const DeviceArray<Bf16> d_qkv(to_bf16(qkv), offset), d_dout(to_bf16(dout), offset),
+              d_dqkv(to_bf16(dqkv0), offset), d_out(to_bf16(nan_vec(s.n_out())), offset);
+          const DeviceArray<float> d_lse(nan_vec(s.n_lse()), offset);
+          const cudaStream_t stream = cuda::compute_stream();
+          cuda::flash_attention_forward(bf(d_out), d_lse.data(), bf(d_qkv), B, T, C, NH, NKV, stream);
+          cuda::flash_attention_backward(bf(d_dqkv), bf(d_dout), bf(d_qkv), bf(d_out), d_lse.data(), B, T, C,
+                                         NH, NKV, stream);
+          require_close("out", to_float(d_out.to_host()), want.out, bf16_tol);
+          require_close("lse", d_lse.to_host(), want.lse, lse_tol);
+          const Vec dqkv = to_float(d_dqkv.to_host());
+          require_changed("dqkv", dqkv, dqkv0);
+          // dq, dk and dv (totals, after the +=) each against its own largest element.
+          const Vec zeros(dqkv.size(), 0.0f);
+          require_close("dq", increment(dqkv, zeros, W, 0, C), increment(want.dqkv, zeros, W, 0, C),
+                        bf16_tol);
+          require_close("dk", increment(dqkv, zeros, W, C, C + NKV * HS),
+                        increment(want.dqkv, zeros, W, C, C + NKV * HS), bf16_tol);
+          require_close("dv", increment(dqkv, zeros, W, C + NKV * HS, W),
+                        increment(want.dqkv, zeros, W, C + NKV * HS, W), bf16_tol);
+          // With T = 1 the q and k parts add nothing (one key: a constant softmax); else each part
+          // must have changed.
+          if (T > 1) {
+            CHECK_FALSE(all_zero(increment(dqkv, dqkv0, W, 0, C)));             // dq
+            CHECK_FALSE(all_zero(increment(dqkv, dqkv0, W, C, C + NKV * HS)));  // dk
+          }
+          CHECK_FALSE(all_zero(increment(dqkv, dqkv0, W, C + NKV * HS, W)));  // dv
+          for (const auto* a : {&d_qkv, &d_dout, &d_dqkv, &d_out}) require_guards("bf16 flash attention", *a);
+          require_guards("lse", d_lse);
+        }
+      }
+    }
+  }
+#endif
+}
+
+TEST_CASE("cudnn fused attention matches the cpu reference and the bf16 kernels", "[cuda][cudnn][flash]") {
+  std::string why;
+  if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
+#if LLMTRAIN_HAVE_CUDA
+  if (!cuda::cudnn_attention_available(&why)) LLMTRAIN_SKIP("no cuDNN attention here: " + why);
+  // As the bf16 kernels' test: bf16 outputs to a few ulps of the largest element, lse fp32.
+  constexpr double bf16_tol = 1e-2, lse_tol = 2e-3;
+  const auto bf = [](const DeviceArray<Bf16>& a) { return reinterpret_cast<__nv_bfloat16*>(a.data()); };
+  const cudaStream_t stream = cuda::compute_stream();
+  std::mt19937 rng(224);
+  const int NH = 4;
+  for (const int B : {1, 2}) {
+    for (const int T : {1, 64, 257}) {
+      for (const int HS : {64, 128}) {
+        for (const int NKV : {NH, NH / 2}) {
+          const AttnShape s{B, T, NH, NKV, HS};
+          const int C = s.C(), W = s.width();
+          CAPTURE(B, T, HS, NKV);
+          if (!cuda::cudnn_attention_supported(B, T, C, NH, NKV, &why)) {
+            // cuDNN may lack an engine for an edge shape (say T = 1), but a graph it refuses at
+            // the plainest shape is a mistake in the graph, not a gap in cuDNN.
+            if (B == 1 && T == 64 && HS == 64 && NKV == NH) FAIL("cuDNN refuses the plainest shape: " << why);
+            WARN("cuDNN has no engine for this shape, not compared: " << why);
+            continue;
+          }
+          Vec qkv = round_bf16(random_vec(rng, s.n_qkv(), 1.5f)),
+              dout = round_bf16(random_vec(rng, s.n_out()));
+          const Vec dqkv0 = round_bf16(random_vec(rng, s.n_qkv(), 0.1f));  // the backward adds to this
+          const FlashResult want = cpu_flash(s, qkv, dout, dqkv0);
+
+          // 16-byte aligned (cuDNN's requirement); outputs start as NaN, so an element never written
+          // fails the NaN check, and sentinels frame every array.
+          const DeviceArray<Bf16> d_qkv(to_bf16(qkv)), d_dout(to_bf16(dout)), d_dqkv(to_bf16(dqkv0)),
+              d_out(to_bf16(nan_vec(s.n_out())));
+          const DeviceArray<float> d_lse(nan_vec(s.n_lse()));
+          cuda::cudnn_attention_forward(bf(d_out), d_lse.data(), bf(d_qkv), B, T, C, NH, NKV, stream);
+          cuda::cudnn_attention_backward(bf(d_dqkv), bf(d_dout), bf(d_qkv), bf(d_out), d_lse.data(), B, T, C,
+                                         NH, NKV, stream);
+          const Vec out = to_float(d_out.to_host()), lse = d_lse.to_host(), dqkv = to_float(d_dqkv.to_host());
+          require_close("out", out, want.out, bf16_tol);
+          require_close("lse", lse, want.lse, lse_tol);
+          require_changed("dqkv", dqkv, dqkv0);
+          // dq, dk and dv (totals, after the +=) each against its own largest element.
+          const Vec zeros(dqkv.size(), 0.0f);
+          require_close("dq", increment(dqkv, zeros, W, 0, C), increment(want.dqkv, zeros, W, 0, C),
+                        bf16_tol);
+          require_close("dk", increment(dqkv, zeros, W, C, C + NKV * HS),
+                        increment(want.dqkv, zeros, W, C, C + NKV * HS), bf16_tol);
+          require_close("dv", increment(dqkv, zeros, W, C + NKV * HS, W),
+                        increment(want.dqkv, zeros, W, C + NKV * HS, W), bf16_tol);
+          if (T > 1) {  // with one key the softmax is constant: dq and dk add nothing
+            CHECK_FALSE(all_zero(increment(dqkv, dqkv0, W, 0, C)));
+            CHECK_FALSE(all_zero(increment(dqkv, dqkv0, W, C, C + NKV * HS)));
+          }
+          CHECK_FALSE(all_zero(increment(dqkv, dqkv0, W, C + NKV * HS, W)));
+          for (const auto* a : {&d_qkv, &d_dout, &d_dqkv, &d_out}) require_guards("cudnn attention", *a);
+          require_guards("lse", d_lse);
+
+          // Against our bf16 kernels directly, on the same inputs (and cuDNN's out and lse for the
+          // backward, so that only the backward differs).
+          const DeviceArray<Bf16> k_out(to_bf16(nan_vec(s.n_out()))), k_dqkv(to_bf16(dqkv0));
+          const DeviceArray<float> k_lse(nan_vec(s.n_lse()));
+          cuda::flash_attention_forward(bf(k_out), k_lse.data(), bf(d_qkv), B, T, C, NH, NKV, stream);
+          cuda::flash_attention_backward(bf(k_dqkv), bf(d_dout), bf(d_qkv), bf(d_out), d_lse.data(), B, T, C,
+                                         NH, NKV, stream);
+          require_close("out, cuDNN against the bf16 kernel", out, to_float(k_out.to_host()), bf16_tol);
+          require_close("lse, cuDNN against the bf16 kernel", lse, k_lse.to_host(), lse_tol);
+          const Vec k_dqkv_host = to_float(k_dqkv.to_host());
+          for (const auto& [name, from, to] : {std::tuple{"dq", 0, C}, std::tuple{"dk", C, C + NKV * HS},
+                                               std::tuple{"dv", C + NKV * HS, W}}) {
+            require_close(std::string(name) + ", cuDNN against the bf16 kernel",
+                          increment(dqkv, zeros, W, from, to), increment(k_dqkv_host, zeros, W, from, to),
+                          bf16_tol);
+          }
+        }
+      }
+    }
+  }
+
+  // A pointer off 16-byte alignment is refused, not passed to cuDNN.
+  const AttnShape s{1, 64, NH, NH, 64};
+  const DeviceArray<Bf16> d_qkv(to_bf16(round_bf16(random_vec(rng, s.n_qkv()))), 1),
+      d_out(to_bf16(nan_vec(s.n_out())));
+  const DeviceArray<float> d_lse(nan_vec(s.n_lse()));
+  std::string message;
+  try {
+    cuda::cudnn_attention_forward(bf(d_out), d_lse.data(), bf(d_qkv), s.B, s.T, s.C(), NH, NH, stream);
+  } catch (const RuntimeError& e) {
+    message = e.what();
+  }
+  CHECK(message.find("16-byte aligned") != std::string::npos);
+#endif
 }

@@ -11,31 +11,19 @@
 #if LLMTRAIN_HAVE_CUDA
 #include <cuda_bf16.h>
 
+#include "kernels/cudnn_attention.h"
 #include "kernels/flash_attention.h"
 #include "kernels/nn.h"
 #include "kernels/stream.h"
 #endif
 
-// `return call;` for an op's CUDA kernel (cuda::op(..., stream)); nothing in a build without
-// CUDA, where on_cuda() has already refused cuda tensors.
+// `return call;` for an op's CUDA kernel (cuda::op(..., stream), its fp32 or bf16 overload, or
+// cuDNN's attention); nothing in a build without CUDA, where on_cuda() has already refused cuda
+// tensors.
 #if LLMTRAIN_HAVE_CUDA
 #define LLMTRAIN_RETURN_CUDA(call) return call
 #else
 #define LLMTRAIN_RETURN_CUDA(call) (void)0
-#endif
-// The same for cuDNN's fused attention (kernels/cudnn_attention.h).
-#if LLMTRAIN_HAVE_CUDA && LLMTRAIN_HAVE_CUDNN_ATTENTION
-#define LLMTRAIN_RETURN_CUDNN(call) return call
-#else
-#define LLMTRAIN_RETURN_CUDNN(call) \
-  throw RuntimeError("model.attention \"cudnn\": this build has no cuDNN attention (use \"flash\")")
-#endif
-// The same for an op's bf16 kernel (cuda::op overloads on __nv_bfloat16).
-#if LLMTRAIN_HAVE_CUDA && LLMTRAIN_HAVE_CUDA_BF16
-#define LLMTRAIN_RETURN_CUDA_BF16(call) return call
-#else
-#define LLMTRAIN_RETURN_CUDA_BF16(call) \
-  throw RuntimeError("bf16 tensors on the GPU: the bf16 CUDA kernels are not in this build yet")
 #endif
 
 namespace llmtrain::ops {
@@ -147,7 +135,7 @@ void encoder_forward(const Tensor& out, const Tensor& inp, const Tensor& wte, co
   }
   if (on_cuda("encoder_forward", {&out, &inp, &wte, &wpe})) {
     if (act == DType::bf16) {
-      LLMTRAIN_RETURN_CUDA_BF16(cuda::encoder_forward(bf(out), inp.as<std::int32_t>(), bf(wte), bf(wpe), as_int(B),
+      LLMTRAIN_RETURN_CUDA(cuda::encoder_forward(bf(out), inp.as<std::int32_t>(), bf(wte), bf(wpe), as_int(B),
                                                       as_int(T), as_int(C), cuda::compute_stream()));
     }
     LLMTRAIN_RETURN_CUDA(cuda::encoder_forward(out.as<float>(), inp.as<std::int32_t>(), wte.as<float>(),
@@ -174,7 +162,7 @@ void encoder_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout
     throw RuntimeError("ops::encoder_backward: T exceeds the position table");
   if (on_cuda("encoder_backward", {&dwte, &dwpe, &dout, &inp})) {
     if (act == DType::bf16) {
-      LLMTRAIN_RETURN_CUDA_BF16(cuda::encoder_backward(dwte.as<float>(), dwpe.as<float>(), bf(dout),
+      LLMTRAIN_RETURN_CUDA(cuda::encoder_backward(dwte.as<float>(), dwpe.as<float>(), bf(dout),
                                                        inp.as<std::int32_t>(), as_int(B), as_int(T), as_int(C),
                                                        cuda::compute_stream()));
     }
@@ -203,7 +191,7 @@ void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd
   expect("layernorm_forward", "bias", bias, act, {C});
   if (on_cuda("layernorm_forward", {&out, &mean, &rstd, &inp, &weight, &bias})) {
     if (act == DType::bf16) {
-      LLMTRAIN_RETURN_CUDA_BF16(cuda::layernorm_forward(bf(out), mean.as<float>(), rstd.as<float>(), bf(inp),
+      LLMTRAIN_RETURN_CUDA(cuda::layernorm_forward(bf(out), mean.as<float>(), rstd.as<float>(), bf(inp),
                                                         bf(weight), bf(bias), N, as_int(C), cuda::compute_stream()));
     }
     LLMTRAIN_RETURN_CUDA(cuda::layernorm_forward(out.as<float>(), mean.as<float>(), rstd.as<float>(),
@@ -233,7 +221,7 @@ void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor&
   expect("layernorm_backward", "rstd", rstd, DType::f32, {N});
   if (on_cuda("layernorm_backward", {&dinp, &dweight, &dbias, &dout, &inp, &weight, &mean, &rstd})) {
     if (act == DType::bf16) {
-      LLMTRAIN_RETURN_CUDA_BF16(cuda::layernorm_backward(bf(dinp), dweight.as<float>(), dbias.as<float>(), bf(dout),
+      LLMTRAIN_RETURN_CUDA(cuda::layernorm_backward(bf(dinp), dweight.as<float>(), dbias.as<float>(), bf(dout),
                                                          bf(inp), bf(weight), mean.as<float>(), rstd.as<float>(), N,
                                                          as_int(C), cuda::compute_stream()));
     }
@@ -259,7 +247,7 @@ void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, 
   if (bias.data) expect("matmul_forward", "bias", bias, act, {OC});
   if (on_cuda("matmul_forward", {&out, &inp, &weight, &bias})) {
     if (act == DType::bf16) {
-      LLMTRAIN_RETURN_CUDA_BF16(cuda::matmul_forward(bf(out), bf(inp), bf(weight), bf(bias), N, as_int(C), as_int(OC),
+      LLMTRAIN_RETURN_CUDA(cuda::matmul_forward(bf(out), bf(inp), bf(weight), bf(bias), N, as_int(C), as_int(OC),
                                                      cuda::compute_stream()));
     }
     LLMTRAIN_RETURN_CUDA(cuda::matmul_forward(out.as<float>(), inp.as<float>(), weight.as<float>(),
@@ -287,7 +275,7 @@ void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& db
   if (dbias.data) expect("matmul_backward", "dbias", dbias, DType::f32, {OC});
   if (on_cuda("matmul_backward", {&dinp, &dweight, &dbias, &dout, &inp, &weight})) {
     if (act == DType::bf16) {
-      LLMTRAIN_RETURN_CUDA_BF16(cuda::matmul_backward(bf(dinp), dweight.as<float>(), dbias.as<float>(), bf(dout),
+      LLMTRAIN_RETURN_CUDA(cuda::matmul_backward(bf(dinp), dweight.as<float>(), dbias.as<float>(), bf(dout),
                                                       bf(inp), bf(weight), N, as_int(C), as_int(OC),
                                                       cuda::compute_stream()));
     }
@@ -355,7 +343,7 @@ void attention_decode(const Tensor& out, const Tensor& q, const Tensor& k_cache,
   }
   if (on_cuda("attention_decode", {&out, &q, &k_cache, &v_cache})) {
     if (act == DType::bf16) {
-      LLMTRAIN_RETURN_CUDA_BF16(cuda::attention_decode(bf(out), bf(q), bf(k_cache), bf(v_cache), pos, as_int(C), NH,
+      LLMTRAIN_RETURN_CUDA(cuda::attention_decode(bf(out), bf(q), bf(k_cache), bf(v_cache), pos, as_int(C), NH,
                                                        NKV, cuda::compute_stream()));
     }
     LLMTRAIN_RETURN_CUDA(cuda::attention_decode(out.as<float>(), q.as<float>(), k_cache.as<float>(),
@@ -413,11 +401,11 @@ void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
   if (on_cuda("flash_attention_forward", {&out, &lse, &qkv})) {
     if (kernels == AttentionKernels::cudnn) {
       check_cudnn_attention("flash_attention_forward", act);
-      LLMTRAIN_RETURN_CUDNN(cuda::cudnn_attention_forward(bf(out), lse.as<float>(), bf(qkv), as_int(B), as_int(T),
+      LLMTRAIN_RETURN_CUDA(cuda::cudnn_attention_forward(bf(out), lse.as<float>(), bf(qkv), as_int(B), as_int(T),
                                                           as_int(C), NH, NKV, cuda::compute_stream()));
     }
     if (act == DType::bf16) {
-      LLMTRAIN_RETURN_CUDA_BF16(cuda::flash_attention_forward(bf(out), lse.as<float>(), bf(qkv), as_int(B), as_int(T),
+      LLMTRAIN_RETURN_CUDA(cuda::flash_attention_forward(bf(out), lse.as<float>(), bf(qkv), as_int(B), as_int(T),
                                                               as_int(C), NH, NKV, cuda::compute_stream()));
     }
     LLMTRAIN_RETURN_CUDA(cuda::flash_attention_forward(out.as<float>(), lse.as<float>(), qkv.as<float>(), as_int(B),
@@ -445,12 +433,12 @@ void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tens
   if (on_cuda("flash_attention_backward", {&dqkv, &dout, &qkv, &out, &lse})) {
     if (kernels == AttentionKernels::cudnn) {
       check_cudnn_attention("flash_attention_backward", act);
-      LLMTRAIN_RETURN_CUDNN(cuda::cudnn_attention_backward(bf(dqkv), bf(dout), bf(qkv), bf(out), lse.as<float>(),
+      LLMTRAIN_RETURN_CUDA(cuda::cudnn_attention_backward(bf(dqkv), bf(dout), bf(qkv), bf(out), lse.as<float>(),
                                                            as_int(B), as_int(T), as_int(C), NH, NKV,
                                                            cuda::compute_stream()));
     }
     if (act == DType::bf16) {
-      LLMTRAIN_RETURN_CUDA_BF16(cuda::flash_attention_backward(bf(dqkv), bf(dout), bf(qkv), bf(out), lse.as<float>(),
+      LLMTRAIN_RETURN_CUDA(cuda::flash_attention_backward(bf(dqkv), bf(dout), bf(qkv), bf(out), lse.as<float>(),
                                                                as_int(B), as_int(T), as_int(C), NH, NKV,
                                                                cuda::compute_stream()));
     }
@@ -485,7 +473,7 @@ void gelu_forward(const Tensor& out, const Tensor& inp) {
   const DType act = expect_same_size("gelu_forward", {&out, &inp});
   if (on_cuda("gelu_forward", {&out, &inp})) {
     if (act == DType::bf16) {
-      LLMTRAIN_RETURN_CUDA_BF16(cuda::gelu_forward(bf(out), bf(inp), inp.numel(), cuda::compute_stream()));
+      LLMTRAIN_RETURN_CUDA(cuda::gelu_forward(bf(out), bf(inp), inp.numel(), cuda::compute_stream()));
     }
     LLMTRAIN_RETURN_CUDA(cuda::gelu_forward(out.as<float>(), inp.as<float>(), inp.numel(), cuda::compute_stream()));
   }
@@ -501,7 +489,7 @@ void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout) {
   const DType act = expect_same_size("gelu_backward", {&dinp, &inp, &dout});
   if (on_cuda("gelu_backward", {&dinp, &inp, &dout})) {
     if (act == DType::bf16) {
-      LLMTRAIN_RETURN_CUDA_BF16(cuda::gelu_backward(bf(dinp), bf(inp), bf(dout), inp.numel(), cuda::compute_stream()));
+      LLMTRAIN_RETURN_CUDA(cuda::gelu_backward(bf(dinp), bf(inp), bf(dout), inp.numel(), cuda::compute_stream()));
     }
     LLMTRAIN_RETURN_CUDA(cuda::gelu_backward(dinp.as<float>(), inp.as<float>(), dout.as<float>(), inp.numel(), cuda::compute_stream()));
   }
@@ -517,7 +505,7 @@ void residual_forward(const Tensor& out, const Tensor& a, const Tensor& b) {
   const DType act = expect_same_size("residual_forward", {&out, &a, &b});
   if (on_cuda("residual_forward", {&out, &a, &b})) {
     if (act == DType::bf16) {
-      LLMTRAIN_RETURN_CUDA_BF16(cuda::residual_forward(bf(out), bf(a), bf(b), out.numel(), cuda::compute_stream()));
+      LLMTRAIN_RETURN_CUDA(cuda::residual_forward(bf(out), bf(a), bf(b), out.numel(), cuda::compute_stream()));
     }
     LLMTRAIN_RETURN_CUDA(cuda::residual_forward(out.as<float>(), a.as<float>(), b.as<float>(), out.numel(), cuda::compute_stream()));
   }
@@ -533,7 +521,7 @@ void residual_backward(const Tensor& da, const Tensor& db, const Tensor& dout) {
   const DType act = expect_same_size("residual_backward", {&da, &db, &dout});
   if (on_cuda("residual_backward", {&da, &db, &dout})) {
     if (act == DType::bf16) {
-      LLMTRAIN_RETURN_CUDA_BF16(cuda::residual_backward(bf(da), bf(db), bf(dout), dout.numel(), cuda::compute_stream()));
+      LLMTRAIN_RETURN_CUDA(cuda::residual_backward(bf(da), bf(db), bf(dout), dout.numel(), cuda::compute_stream()));
     }
     LLMTRAIN_RETURN_CUDA(cuda::residual_backward(da.as<float>(), db.as<float>(), dout.as<float>(), dout.numel(), cuda::compute_stream()));
   }
@@ -554,7 +542,7 @@ void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, c
   expect("rmsnorm_forward", "weight", weight, act, {C});
   if (on_cuda("rmsnorm_forward", {&out, &rstd, &inp, &weight})) {
     if (act == DType::bf16) {
-      LLMTRAIN_RETURN_CUDA_BF16(cuda::rmsnorm_forward(bf(out), rstd.as<float>(), bf(inp), bf(weight), N, as_int(C), eps,
+      LLMTRAIN_RETURN_CUDA(cuda::rmsnorm_forward(bf(out), rstd.as<float>(), bf(inp), bf(weight), N, as_int(C), eps,
                                                       cuda::compute_stream()));
     }
     LLMTRAIN_RETURN_CUDA(cuda::rmsnorm_forward(out.as<float>(), rstd.as<float>(), inp.as<float>(),
@@ -581,7 +569,7 @@ void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& d
   expect("rmsnorm_backward", "rstd", rstd, DType::f32, {N});
   if (on_cuda("rmsnorm_backward", {&dinp, &dweight, &dout, &inp, &weight, &rstd})) {
     if (act == DType::bf16) {
-      LLMTRAIN_RETURN_CUDA_BF16(cuda::rmsnorm_backward(bf(dinp), dweight.as<float>(), bf(dout), bf(inp), bf(weight),
+      LLMTRAIN_RETURN_CUDA(cuda::rmsnorm_backward(bf(dinp), dweight.as<float>(), bf(dout), bf(inp), bf(weight),
                                                        rstd.as<float>(), N, as_int(C), cuda::compute_stream()));
     }
     LLMTRAIN_RETURN_CUDA(cuda::rmsnorm_backward(dinp.as<float>(), dweight.as<float>(), dout.as<float>(),
@@ -606,7 +594,7 @@ void rope_forward(const Tensor& out, const Tensor& inp, float theta, int rotated
   if (rotated_heads < 0 || rotated_heads > NH) rotated_heads = as_int(NH);
   if (on_cuda("rope_forward", {&out, &inp})) {
     if (act == DType::bf16) {
-      LLMTRAIN_RETURN_CUDA_BF16(cuda::rope_forward(bf(out), bf(inp), as_int(B), as_int(T), as_int(NH), as_int(HS),
+      LLMTRAIN_RETURN_CUDA(cuda::rope_forward(bf(out), bf(inp), as_int(B), as_int(T), as_int(NH), as_int(HS),
                                                rotated_heads, pos0, theta, cuda::compute_stream()));
     }
     LLMTRAIN_RETURN_CUDA(cuda::rope_forward(out.as<float>(), inp.as<float>(), as_int(B), as_int(T), as_int(NH), as_int(HS),
@@ -630,7 +618,7 @@ void rope_backward(const Tensor& dinp, const Tensor& dout, float theta, int rota
   if (rotated_heads < 0 || rotated_heads > NH) rotated_heads = as_int(NH);
   if (on_cuda("rope_backward", {&dinp, &dout})) {
     if (act == DType::bf16) {
-      LLMTRAIN_RETURN_CUDA_BF16(cuda::rope_backward(bf(dinp), bf(dout), as_int(B), as_int(T), as_int(NH), as_int(HS),
+      LLMTRAIN_RETURN_CUDA(cuda::rope_backward(bf(dinp), bf(dout), as_int(B), as_int(T), as_int(NH), as_int(HS),
                                                rotated_heads, pos0, theta, cuda::compute_stream()));
     }
     LLMTRAIN_RETURN_CUDA(cuda::rope_backward(dinp.as<float>(), dout.as<float>(), as_int(B), as_int(T), as_int(NH), as_int(HS),
@@ -649,7 +637,7 @@ void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) {
   const DType act = expect_same_size("swiglu_forward", {&out, &gate, &up});
   if (on_cuda("swiglu_forward", {&out, &gate, &up})) {
     if (act == DType::bf16) {
-      LLMTRAIN_RETURN_CUDA_BF16(cuda::swiglu_forward(bf(out), bf(gate), bf(up), out.numel(), cuda::compute_stream()));
+      LLMTRAIN_RETURN_CUDA(cuda::swiglu_forward(bf(out), bf(gate), bf(up), out.numel(), cuda::compute_stream()));
     }
     LLMTRAIN_RETURN_CUDA(cuda::swiglu_forward(out.as<float>(), gate.as<float>(), up.as<float>(), out.numel(), cuda::compute_stream()));
   }
@@ -665,7 +653,7 @@ void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
   const DType act = expect_same_size("swiglu_backward", {&dgate, &dup, &dout, &gate, &up});
   if (on_cuda("swiglu_backward", {&dgate, &dup, &dout, &gate, &up})) {
     if (act == DType::bf16) {
-      LLMTRAIN_RETURN_CUDA_BF16(cuda::swiglu_backward(bf(dgate), bf(dup), bf(dout), bf(gate), bf(up), dout.numel(), cuda::compute_stream()));
+      LLMTRAIN_RETURN_CUDA(cuda::swiglu_backward(bf(dgate), bf(dup), bf(dout), bf(gate), bf(up), dout.numel(), cuda::compute_stream()));
     }
     LLMTRAIN_RETURN_CUDA(cuda::swiglu_backward(dgate.as<float>(), dup.as<float>(), dout.as<float>(), gate.as<float>(), up.as<float>(), dout.numel(), cuda::compute_stream()));
   }
@@ -685,7 +673,7 @@ double fused_classifier(const Tensor& logits, const Tensor& losses, const Tensor
   expect("fused_classifier", "targets", targets, DType::i32, {N});
   if (on_cuda("fused_classifier", {&logits, &losses, &targets})) {
     if (act == DType::bf16) {
-      LLMTRAIN_RETURN_CUDA_BF16(cuda::fused_classifier(bf(logits), losses.as<float>(), targets.as<std::int32_t>(), N,
+      LLMTRAIN_RETURN_CUDA(cuda::fused_classifier(bf(logits), losses.as<float>(), targets.as<std::int32_t>(), N,
                                                        as_int(V), dlogits_scale, cuda::compute_stream()));
     }
     LLMTRAIN_RETURN_CUDA(cuda::fused_classifier(logits.as<float>(), losses.as<float>(),
@@ -731,8 +719,8 @@ void convert(const Tensor& out, const Tensor& in) {
   }
   const std::int64_t N = in.numel();
   if (on_cuda("convert", {&out, &in})) {
-    if (narrowing) LLMTRAIN_RETURN_CUDA_BF16(cuda::convert(bf(out), in.as<float>(), N, cuda::compute_stream()));
-    LLMTRAIN_RETURN_CUDA_BF16(cuda::convert(out.as<float>(), bf(in), N, cuda::compute_stream()));
+    if (narrowing) LLMTRAIN_RETURN_CUDA(cuda::convert(bf(out), in.as<float>(), N, cuda::compute_stream()));
+    LLMTRAIN_RETURN_CUDA(cuda::convert(out.as<float>(), bf(in), N, cuda::compute_stream()));
   }
   if (narrowing) {
     auto* bits = out.as<std::uint16_t>();
