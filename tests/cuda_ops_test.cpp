@@ -22,11 +22,11 @@
 #include "core/error.h"
 #include "cuda_compare.h"
 #include "grad_check.h"
-#include "kernels/nn.h"
-#include "kernels/stream.h"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/stream.h"
 #include "ops/buffer.h"
-#include "ops/cpu/nn.h"
-#include "ops/nn.h"
+#include "ops/cpu/reference.h"
+#include "ops/ops.h"
 
 using namespace llmtrain;
 using namespace llmtrain::test;

@@ -16,11 +16,11 @@
 #include "cuda_compare.h"
 #include "grad_check.h"
 #include "ops/buffer.h"
-#include "ops/nn.h"
+#include "ops/ops.h"
 #if LLMTRAIN_HAVE_CUDA
-#include "kernels/cudnn_attention.h"
-#include "kernels/flash_attention.h"
-#include "kernels/stream.h"
+#include "ops/cuda/cudnn_attention.h"
+#include "ops/cuda/flash_attention.h"
+#include "ops/cuda/stream.h"
 #endif
 
 using namespace llmtrain;

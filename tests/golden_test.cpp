@@ -13,7 +13,7 @@
 #include "model/llama.h"
 #include "train/adamw.h"
 #include "ops/buffer.h"
-#include "ops/nn.h"
+#include "ops/ops.h"
 #include "train/plan.h"
 #include "weights_compare.h"
 

@@ -4,7 +4,7 @@
 
 #include "catch_compat.h"
 #include "grad_check.h"
-#include "ops/nn.h"
+#include "ops/ops.h"
 
 using namespace llmtrain;
 using namespace llmtrain::test;

@@ -8,7 +8,7 @@
 #include "core/strings.h"
 #include "dist/mpi_runtime.h"
 #if LLMTRAIN_HAVE_CUDA
-#include "kernels/runtime.h"
+#include "ops/cuda/runtime.h"
 #endif
 
 #if LLMTRAIN_HAVE_OPENBLAS

@@ -18,7 +18,7 @@
 
 #include "core/error.h"
 #include "dist/communicator.h"
-#include "kernels/stream.h"
+#include "ops/cuda/stream.h"
 #include "dist/nccl_communicator.h"
 
 namespace llmtrain::dist {

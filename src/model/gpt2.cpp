@@ -5,7 +5,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "ops/nn.h"
+#include "ops/ops.h"
 
 namespace llmtrain::model {
 namespace {

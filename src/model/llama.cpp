@@ -4,7 +4,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "ops/nn.h"
+#include "ops/ops.h"
 
 namespace llmtrain::model {
 namespace {

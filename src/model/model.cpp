@@ -4,7 +4,7 @@
 #include "core/rng.h"
 #include "model/gpt2.h"
 #include "model/llama.h"
-#include "ops/nn.h"
+#include "ops/ops.h"
 
 namespace llmtrain::model {
 

@@ -13,7 +13,7 @@
 #include "config/config.h"
 #include "core/tensor.h"
 #include "ops/buffer.h"
-#include "ops/nn.h"
+#include "ops/ops.h"
 
 namespace llmtrain::model {
 

@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #if LLMTRAIN_HAVE_CUDA
-#include "kernels/runtime.h"
+#include "ops/cuda/runtime.h"
 #endif
 
 namespace llmtrain::ops {

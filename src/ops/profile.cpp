@@ -6,7 +6,7 @@
 #include <mutex>
 
 #if LLMTRAIN_HAVE_CUDA
-#include "kernels/runtime.h"
+#include "ops/cuda/runtime.h"
 #endif
 
 namespace llmtrain::ops {

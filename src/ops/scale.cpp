@@ -3,8 +3,8 @@
 #include "core/error.h"
 #include "ops/cpu/scale.h"
 #if LLMTRAIN_HAVE_CUDA
-#include "kernels/scale.h"
-#include "kernels/stream.h"
+#include "ops/cuda/scale.h"
+#include "ops/cuda/stream.h"
 #endif
 
 namespace llmtrain::ops {

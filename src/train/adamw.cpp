@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "ops/nn.h"
+#include "ops/ops.h"
 
 namespace llmtrain::train {
 

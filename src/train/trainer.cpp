@@ -18,7 +18,7 @@
 #include "core/error.h"
 #include "data/shard.h"
 #include "dist/nccl_communicator.h"
-#include "ops/nn.h"
+#include "ops/ops.h"
 #include "ops/profile.h"
 #include "train/adamw.h"
 #include "train/grad_sync.h"

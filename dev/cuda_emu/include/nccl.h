@@ -1,4 +1,4 @@
-// NCCL for the CPU emulation: only what kernels/runtime.cu asks (the version). The NCCL
+// NCCL for the CPU emulation: only what src/ops/cuda/runtime.cu asks (the version). The NCCL
 // communicator (src/dist) is not part of the emulated build.
 #pragma once
 

@@ -242,8 +242,13 @@ std::string describe_pointer(const void* pointer) {
   std::lock_guard lock(r.mutex);
   const auto it = find_allocation(r, pointer, true);
   if (it == r.allocations.end()) return std::string(address) + " (not device memory)";
-  return std::string(address) + " (" + std::to_string(reinterpret_cast<std::uintptr_t>(pointer) - it->first) +
-         " bytes into a device allocation of " + std::to_string(it->second.bytes) + ")";
+  const std::uintptr_t offset = reinterpret_cast<std::uintptr_t>(pointer) - it->first;
+  if (offset == it->second.bytes) {
+    return std::string(address) + " (just past the end of a device allocation of " + std::to_string(offset) +
+           " bytes: not device memory)";
+  }
+  return std::string(address) + " (" + std::to_string(offset) + " bytes into a device allocation of " +
+         std::to_string(it->second.bytes) + ")";
 }
 
 bool check_device_range(const void* pointer, std::size_t bytes, const char* what) {
@@ -614,7 +619,7 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void* fu
 
 cudaError_t cudaFuncSetCacheConfig(const void*, cudaFuncCache) { return cudaSuccess; }
 
-// ---- NCCL's version (kernels/runtime.cu asks it) ---------------------------------------------------------
+// ---- NCCL's version (src/ops/cuda/runtime.cu asks it) ---------------------------------------------------------
 
 ncclResult_t ncclGetVersion(int* version) {
   *version = 0;

@@ -23,8 +23,13 @@
 // collectives (within the lanes of the mask), the end of the grid (every thread before the host's
 // next step). The emulator's own bookkeeping on a fiber is hidden from TSan. So TSan reports
 // shared-memory races within a block and global-memory races between blocks, even though blocks
-// run one after another. (A fiber runs one thread of each block in turn, which orders those two
-// threads; the thread-to-fiber assignment rotates from block to block so that these pairs differ.)
+// run one after another. TSan's runtime tracks at most 256 threads precisely (beyond that,
+// threads share "slots" and inherit each other's history, which hides races), so a block gets at
+// most 64 TSan contexts, made when it starts and destroyed when it ends: consecutive threads
+// share one when the block has more than 64 (races between those are not seen). A fiber's stack
+// is reused by the next thread that runs on it, which is ordered after the previous one (a
+// token), and the thread-to-fiber assignment moves by the block size from block to block, so
+// that consecutive blocks use different stacks.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -173,7 +178,8 @@ struct Fiber {
   void* sp = nullptr;
   char* stack = nullptr;  // lowest usable byte; a PROT_NONE guard page below it
   void* fake_stack = nullptr;
-  void* tsan_fiber = nullptr;
+  void* tsan_fiber = nullptr;  // the TSan context of the thread it runs (shared by a few threads)
+  char stack_token = 0;        // orders the threads that use this stack one after another (TSan)
   bool fresh = true;     // the context must be (re)initialised before the next switch in
   bool in_body = false;  // inside the kernel (a block abandoned now needs a fresh context)
   State state = State::done;
@@ -270,6 +276,7 @@ struct Worker {
   std::vector<Fiber*> slot = std::vector<Fiber*>(max_block_threads);
   unsigned rotation = 0;
   void* tsan_scheduler = nullptr;
+  std::vector<void*> tsan_contexts;  // of the current block
   void* scheduler_sp = nullptr;
   void* scheduler_fake_stack = nullptr;
   const void* scheduler_stack_bottom = nullptr;
@@ -373,6 +380,7 @@ void yield_to_scheduler(Fiber* f) {
       launch = tls_worker->block->launch;
       f->in_body = true;
     }
+    hb_acquire(&f->stack_token);  // the stack's previous thread is done with it
     try {
       launch->body(launch->closure);
     } catch (const AbortBlock&) {
@@ -383,6 +391,7 @@ void yield_to_scheduler(Fiber* f) {
       tls_worker->block->aborted = true;
     }
     hb_release(launch->end_token);
+    hb_release(&f->stack_token);
     {
       const HarnessScope scope;
       f->in_body = false;
@@ -393,6 +402,7 @@ void yield_to_scheduler(Fiber* f) {
 }
 
 void init_context(Fiber& f) {
+  const HarnessScope scope;  // the initial frame on a stack the previous thread used (TSan)
   if (!f.stack) {
     const std::size_t page = Worker::page_size();
     void* p = mmap(nullptr, stack_bytes + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
@@ -425,9 +435,6 @@ void init_context(Fiber& f) {
   ret[-7] = 0x1f80ull | (0x037full << 32);
   f.sp = &ret[-7];
   f.fake_stack = nullptr;
-#if LLMTRAIN_EMU_TSAN
-  if (!f.tsan_fiber) f.tsan_fiber = __tsan_create_fiber(0);
-#endif
   f.fresh = false;
   f.in_body = false;
 }
@@ -695,7 +702,19 @@ void run_block(Launch& launch, uint3 block_index) {
   w.tsan_scheduler = __tsan_get_current_fiber();
 #endif
   for (unsigned i = 0; i < n; ++i) w.slot[i] = &w.fibers[(i + w.rotation) % max_block_threads];
-  w.rotation = (w.rotation + 257) % max_block_threads;
+  w.rotation = (w.rotation + std::min(n, 512u)) % max_block_threads;  // the next block: other stacks
+#if LLMTRAIN_EMU_TSAN
+  {
+    constexpr unsigned max_contexts = 64;
+    const unsigned per_context = (n + max_contexts - 1) / max_contexts;
+    w.tsan_contexts.resize((n + per_context - 1) / per_context);
+    for (void*& c : w.tsan_contexts) c = __tsan_create_fiber(0);
+    for (unsigned i = 0; i < n; ++i) {
+      w.slot[i]->tsan_fiber = w.tsan_contexts[i / per_context];
+      w.slot[i]->fresh = true;  // a new context must not return through frames of an old one
+    }
+  }
+#endif
   if (w.ready.size() < n) w.ready.resize(n);
   w.ready_head = w.ready_count = 0;
   w.at_barrier.clear();
@@ -759,6 +778,10 @@ void run_block(Launch& launch, uint3 block_index) {
     std::lock_guard lock(launch.mutex);
     launch.static_shared = std::max(launch.static_shared, b.static_bytes);
   }
+#if LLMTRAIN_EMU_TSAN
+  for (void* c : w.tsan_contexts) __tsan_destroy_fiber(c);  // their threads are parked or done
+  w.tsan_contexts.clear();
+#endif
   for (const SharedVariable& v : b.shared) free_block(v.data, v.bytes);
   free_block(b.dynamic, launch.config.shared_bytes);
   {

@@ -86,6 +86,25 @@ __global__ void same_element(float* out) { out[threadIdx.x] = float(blockIdx.x);
 
 __global__ void own_element(float* out) { out[blockIdx.x * blockDim.x + threadIdx.x] = float(blockIdx.x); }
 
+// A block reduction called twice, without the barrier that keeps the second call's writes of
+// the per-warp results from overtaking other warps' reads of the first call's.
+__device__ float block_sum_unsafe(float x) {
+  __shared__ float per_warp[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  if (lane == 0) per_warp[warp] = x;  // a __syncthreads belongs before this
+  __syncthreads();
+  x = lane < warps ? per_warp[lane] : 0.0f;
+  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+
+__global__ void reduce_twice(float* out) {
+  const float a = block_sum_unsafe(1.0f);
+  const float b = block_sum_unsafe(2.0f);
+  if (threadIdx.x == 0) out[blockIdx.x] = a + b;
+}
+
 __global__ void copy_kernel(const float* in, float* out) { out[threadIdx.x] = in[threadIdx.x]; }
 
 __global__ void trap_kernel(float*) { __trap(); }
@@ -149,6 +168,11 @@ int run(const std::string& scenario) {
     own_element<<<2, 32>>>(out);
     const auto h = to_host(out, 64);
     return result(h[0] != 0.0f || h[63] != 1.0f, "two blocks, one element each");
+  }
+  if (scenario == "reduce_missing_barrier") {  // 512 threads; hidden by any sequential order
+    reduce_twice<<<2, 512>>>(out);
+    const auto h = to_host(out, 2);
+    return result(h[0] != 1536.0f, "block reduction without its first barrier gives " + std::to_string(h[0]));
   }
   if (scenario == "correct_warp_collectives") {
     warp_sum<<<1, 32>>>(out);
@@ -293,6 +317,7 @@ int run(const std::string& scenario) {
 int main(int argc, char** argv) {
   const char* scenarios =
       "race_missing_syncthreads correct_syncthreads race_hidden_by_order race_between_blocks disjoint_blocks "
+      "reduce_missing_barrier "
       "correct_warp_collectives "
       "shuffle_after_exit deadlock mismatched_masks partial_warp_full_mask shared_overflow global_overflow "
       "misaligned_float4 launch_bounds dynamic_shared_without_optin dynamic_shared_with_optin block_too_large "

@@ -7,7 +7,7 @@
 #include <limits>
 #include <vector>
 
-#include "ops/cpu/nn.h"
+#include "ops/cpu/reference.h"
 
 namespace llmtrain::cpu {
 

@@ -2,7 +2,7 @@
 #include <numeric>
 #include <vector>
 
-#include "ops/cpu/nn.h"
+#include "ops/cpu/reference.h"
 
 namespace llmtrain::cpu {
 

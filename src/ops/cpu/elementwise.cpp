@@ -1,6 +1,6 @@
 #include <cmath>
 
-#include "ops/cpu/nn.h"
+#include "ops/cpu/reference.h"
 
 namespace llmtrain::cpu {
 

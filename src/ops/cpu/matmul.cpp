@@ -11,7 +11,7 @@
 
 #include <algorithm>
 
-#include "ops/cpu/nn.h"
+#include "ops/cpu/reference.h"
 
 namespace llmtrain::cpu {
 

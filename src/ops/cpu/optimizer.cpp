@@ -1,7 +1,7 @@
 #include <cmath>
 #include <vector>
 
-#include "ops/cpu/nn.h"
+#include "ops/cpu/reference.h"
 
 namespace llmtrain::cpu {
 

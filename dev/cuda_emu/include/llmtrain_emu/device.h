@@ -26,7 +26,7 @@
 #define __managed__
 #define __grid_constant__
 // Every __shared__ declaration must have been rewritten by preprocess_cuda.py; one that was not
-// (a header outside kernels/?) fails to compile here, naming this macro.
+// (a header outside src/ops/cuda/?) fails to compile here, naming this macro.
 #define __shared__ LLMTRAIN_EMU_SHARED_DECLARATION_NOT_REWRITTEN_BY_PREPROCESS_CUDA_PY
 
 inline thread_local uint3 threadIdx{0, 0, 0};

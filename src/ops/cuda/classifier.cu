@@ -14,7 +14,7 @@
 
 #include "cuda_check.h"
 #include "launch.cuh"
-#include "nn.h"
+#include "kernels.h"
 #include "reduce.cuh"
 #include "vector_io.cuh"
 

@@ -5,7 +5,7 @@
 // bf16 -> float is exact.
 #include "cuda_check.h"
 #include "elementwise_launch.cuh"
-#include "nn.h"
+#include "kernels.h"
 #include "vector_io.cuh"
 
 namespace llmtrain::cuda {

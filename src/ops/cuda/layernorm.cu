@@ -8,7 +8,7 @@
 // C % 8 == 0), fp32 statistics and arithmetic, fp32 weight and bias gradients.
 #include "cuda_check.h"
 #include "launch.cuh"
-#include "nn.h"
+#include "kernels.h"
 #include "reduce.cuh"
 #include "vector_io.cuh"
 

@@ -26,7 +26,7 @@
 #include "cublaslt_context.h"
 #include "cuda_check.h"
 #include "launch.cuh"
-#include "nn.h"
+#include "kernels.h"
 #include "reduce.cuh"
 #include "vector_io.cuh"
 

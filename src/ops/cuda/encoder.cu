@@ -18,7 +18,7 @@
 
 #include "cuda_check.h"
 #include "launch.cuh"
-#include "nn.h"
+#include "kernels.h"
 #include "vector_io.cuh"
 
 namespace llmtrain::cuda {

@@ -15,7 +15,7 @@
 #include "cuda_check.h"
 #include "elementwise_launch.cuh"
 #include "launch.cuh"
-#include "nn.h"
+#include "kernels.h"
 #include "reduce.cuh"
 #include "vector_io.cuh"
 

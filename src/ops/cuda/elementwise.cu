@@ -7,7 +7,7 @@
 // store.
 #include "cuda_check.h"
 #include "elementwise_launch.cuh"
-#include "nn.h"
+#include "kernels.h"
 #include "vector_io.cuh"
 
 namespace llmtrain::cuda {

@@ -1,4 +1,4 @@
-#include "ops/nn.h"
+#include "ops/ops.h"
 
 #include <deque>
 #include <string>
@@ -6,15 +6,15 @@
 
 #include "core/bf16.h"
 #include "core/error.h"
-#include "ops/cpu/nn.h"
+#include "ops/cpu/reference.h"
 #include "ops/profile.h"
 #if LLMTRAIN_HAVE_CUDA
 #include <cuda_bf16.h>
 
-#include "kernels/cudnn_attention.h"
-#include "kernels/flash_attention.h"
-#include "kernels/nn.h"
-#include "kernels/stream.h"
+#include "ops/cuda/cudnn_attention.h"
+#include "ops/cuda/flash_attention.h"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/stream.h"
 #endif
 
 // `return call;` for an op's CUDA kernel (cuda::op(..., stream), its fp32 or bf16 overload, or

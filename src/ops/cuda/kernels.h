@@ -26,7 +26,7 @@ namespace llmtrain::cuda {
 /// The 16-bit storage type of mixed precision: bfloat16 (8 exponent bits, 7 mantissa bits).
 using bf16 = __nv_bfloat16;
 
-// kernels/encoder.cu
+// src/ops/cuda/encoder.cu
 /// out (B,T,C) = wte[inp] + wpe[t]; inp (B,T); wte (V,C); wpe (maxT,C) or null (no position table).
 void encoder_forward(float* out, const std::int32_t* inp, const float* wte, const float* wpe, int B, int T,
                      int C, cudaStream_t stream);
@@ -34,7 +34,7 @@ void encoder_forward(float* out, const std::int32_t* inp, const float* wte, cons
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* inp, int B, int T,
                       int C, cudaStream_t stream);
 
-// kernels/layernorm.cu
+// src/ops/cuda/layernorm.cu
 /// out (N,C) = (inp (N,C) - mean) * rstd * weight (C) + bias (C); mean, rstd (N) saved.
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, std::int64_t N, int C, cudaStream_t stream);
@@ -43,7 +43,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         const float* weight, const float* mean, const float* rstd, std::int64_t N, int C,
                         cudaStream_t stream);
 
-// kernels/matmul.cu (cuBLASLt)
+// src/ops/cuda/matmul.cu (cuBLASLt)
 /// out (N,OC) = inp (N,C) weight^T + bias; weight (OC,C); bias (OC) or null.
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, std::int64_t N,
                     int C, int OC, cudaStream_t stream);
@@ -54,13 +54,13 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 /// default, so that results match the CPU reference to fp32 accuracy.
 void set_matmul_tf32(bool allow);
 
-// kernels/attention_decode.cu
+// src/ops/cuda/attention_decode.cu
 /// One new position `pos` of one sequence: out (C) from q (C) and the caches k_cache, v_cache
 /// (maxT, NKV HS) of positions 0..pos; NH query heads, query head h reads cached head h / (NH / NKV).
 void attention_decode(float* out, const float* q, const float* k_cache, const float* v_cache, int pos, int C,
                       int NH, int NKV, cudaStream_t stream);
 
-// kernels/elementwise.cu
+// src/ops/cuda/elementwise.cu
 /// out (N) = GELU(inp (N)), tanh form.
 void gelu_forward(float* out, const float* inp, std::int64_t N, cudaStream_t stream);
 /// dinp (N) += GELU'(inp (N)) * dout (N).
@@ -70,7 +70,7 @@ void residual_forward(float* out, const float* a, const float* b, std::int64_t N
 /// da (N), db (N) += dout (N).
 void residual_backward(float* da, float* db, const float* dout, std::int64_t N, cudaStream_t stream);
 
-// kernels/llama.cu
+// src/ops/cuda/llama.cu
 /// out (N,C) = inp (N,C) / sqrt(mean(inp^2) + eps) * weight (C); rstd (N) saved.
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, std::int64_t N, int C,
                      float eps, cudaStream_t stream);
@@ -90,14 +90,14 @@ void swiglu_forward(float* out, const float* gate, const float* up, std::int64_t
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
                      std::int64_t N, cudaStream_t stream);
 
-// kernels/classifier.cu
+// src/ops/cuda/classifier.cu
 /// losses (N) = -log softmax(logits (N,V))[targets (N)]; with dlogits_scale > 0 the logits are
 /// overwritten by (softmax - onehot) * dlogits_scale. Returns the loss sum (synchronises the
 /// stream). A target outside [0, V) gives a NaN loss (the CPU reference reads out of bounds).
 double fused_classifier(float* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
                         float dlogits_scale, cudaStream_t stream);
 
-// kernels/optimizer.cu
+// src/ops/cuda/optimizer.cu
 /// Sum of squares of x (N), accumulated in double, deterministic (synchronises the stream).
 double sum_squares(const float* x, std::int64_t N, cudaStream_t stream);
 /// AdamW on param, grad, m, v (N), as cpu::adamw_update.
@@ -109,13 +109,13 @@ void adamw_update(float* param, const float* grad, float* m, float* v, std::int6
 // Pointers of 16-bit elements need only 2-byte alignment; the 128-bit paths move 8 bf16 and need
 // the pointers 16-byte aligned and the row lengths multiples of 8.
 
-// kernels/convert.cu
+// src/ops/cuda/convert.cu
 /// out (N) = in (N) rounded to bf16, to nearest even (NaN stays NaN; beyond the bf16 range, +-inf).
 void convert(bf16* out, const float* in, std::int64_t N, cudaStream_t stream);
 /// out (N) = in (N) widened to float (exact).
 void convert(float* out, const bf16* in, std::int64_t N, cudaStream_t stream);
 
-// kernels/encoder.cu
+// src/ops/cuda/encoder.cu
 /// out (B,T,C) = wte[inp] + wpe[t]; wte (V,C), wpe (maxT,C) or null; the sum in fp32.
 void encoder_forward(bf16* out, const std::int32_t* inp, const bf16* wte, const bf16* wpe, int B, int T,
                      int C, cudaStream_t stream);
@@ -123,7 +123,7 @@ void encoder_forward(bf16* out, const std::int32_t* inp, const bf16* wte, const 
 void encoder_backward(float* dwte, float* dwpe, const bf16* dout, const std::int32_t* inp, int B, int T,
                       int C, cudaStream_t stream);
 
-// kernels/layernorm.cu
+// src/ops/cuda/layernorm.cu
 /// out (N,C) from inp (N,C), weight, bias (C); mean, rstd (N) fp32.
 void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* weight,
                        const bf16* bias, std::int64_t N, int C, cudaStream_t stream);
@@ -132,7 +132,7 @@ void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* do
                         const bf16* weight, const float* mean, const float* rstd, std::int64_t N, int C,
                         cudaStream_t stream);
 
-// kernels/matmul.cu (cuBLASLt: bf16 inputs, fp32 accumulation, CUBLAS_COMPUTE_32F)
+// src/ops/cuda/matmul.cu (cuBLASLt: bf16 inputs, fp32 accumulation, CUBLAS_COMPUTE_32F)
 /// out (N,OC) = inp (N,C) weight^T + bias; weight (OC,C); bias (OC) or null; rounded once.
 void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, std::int64_t N, int C,
                     int OC, cudaStream_t stream);
@@ -141,12 +141,12 @@ void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* 
 void matmul_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
                      const bf16* weight, std::int64_t N, int C, int OC, cudaStream_t stream);
 
-// kernels/attention_decode.cu
+// src/ops/cuda/attention_decode.cu
 /// out (C) from q (C) and the caches k_cache, v_cache (maxT, NKV HS), positions 0..pos.
 void attention_decode(bf16* out, const bf16* q, const bf16* k_cache, const bf16* v_cache, int pos, int C,
                       int NH, int NKV, cudaStream_t stream);
 
-// kernels/elementwise.cu
+// src/ops/cuda/elementwise.cu
 /// out (N) = GELU(inp (N)).
 void gelu_forward(bf16* out, const bf16* inp, std::int64_t N, cudaStream_t stream);
 /// dinp (N) += GELU'(inp (N)) * dout (N).
@@ -156,7 +156,7 @@ void residual_forward(bf16* out, const bf16* a, const bf16* b, std::int64_t N, c
 /// da (N), db (N) += dout (N).
 void residual_backward(bf16* da, bf16* db, const bf16* dout, std::int64_t N, cudaStream_t stream);
 
-// kernels/llama.cu
+// src/ops/cuda/llama.cu
 /// out (N,C) from inp (N,C), weight (C); rstd (N) fp32.
 void rmsnorm_forward(bf16* out, float* rstd, const bf16* inp, const bf16* weight, std::int64_t N, int C,
                      float eps, cudaStream_t stream);
@@ -175,7 +175,7 @@ void swiglu_forward(bf16* out, const bf16* gate, const bf16* up, std::int64_t N,
 void swiglu_backward(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate, const bf16* up,
                      std::int64_t N, cudaStream_t stream);
 
-// kernels/classifier.cu
+// src/ops/cuda/classifier.cu
 /// losses (N) fp32 from logits (N,V) bf16, softmax in fp32; with dlogits_scale > 0 the logits are
 /// overwritten by the gradient, rounded to bf16. Returns the loss sum (synchronises the stream).
 double fused_classifier(bf16* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
