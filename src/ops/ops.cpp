@@ -373,12 +373,6 @@ std::int64_t flash_qkv_width(const char* op, std::int64_t C, int NH, int& NKV) {
 }
 }  // namespace
 
-AttentionKernels parse_attention_kernels(const std::string& name) {
-  if (name == "flash") return AttentionKernels::flash;
-  if (name == "cudnn") return AttentionKernels::cudnn;
-  throw InputError("model.attention: expected \"flash\" or \"cudnn\", got \"" + name + "\"");
-}
-
 namespace {
 // cuDNN's fused attention takes bf16 (or fp16) only.
 void check_cudnn_attention(const char* op, DType act) {

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 
+#include "config/choices.h"
 #include "core/tensor.h"
 
 namespace llmtrain::ops {
@@ -38,8 +39,7 @@ void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qk
 
 /// Which GPU kernels compute flash_attention_*: ours, or cuDNN's fused attention (bf16 only).
 /// The CPU reference serves both.
-enum class AttentionKernels { flash, cudnn };
-AttentionKernels parse_attention_kernels(const std::string& name);  // config model.attention
+using AttentionKernels = config::Attention;  // config model.attention
 
 /// The same attention, memory-lean (flash attention): out (B,T,NH HS) and lse (B,NH,T) f32, the
 /// log-sum-exp of each row's scaled scores; nothing of size T x T is stored. CPU or CUDA.
