@@ -147,12 +147,6 @@ void attention_decode(const Tensor& out, const Tensor& q, const Tensor& k_cache,
   });
 }
 
-AttentionKernels parse_attention_kernels(const std::string& name) {
-  if (name == "flash") return AttentionKernels::flash;
-  if (name == "cudnn") return AttentionKernels::cudnn;
-  throw InputError("model.attention: expected \"flash\" or \"cudnn\", got \"" + name + "\"");
-}
-
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int NH, int NKV,
                              AttentionKernels kernels) {
   const Op op("flash_attention_forward");

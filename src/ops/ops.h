@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 
+#include "config/choices.h"
 #include "core/tensor.h"
 #include "ops/elementwise.h"
 
@@ -33,8 +34,7 @@ void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& db
 
 /// Which GPU kernels compute flash_attention_*: ours, or cuDNN's fused attention (bf16 only).
 /// The CPU reference serves both.
-enum class AttentionKernels { flash, cudnn };
-AttentionKernels parse_attention_kernels(const std::string& name);  // config model.attention
+using AttentionKernels = config::Attention;  // config model.attention
 
 /// Causal self-attention, memory-lean (flash attention): qkv (B,T,(NH+2NKV)HS) holds NH query, NKV
 /// key and NKV value heads (grouped-query attention; NKV 0 means NH, GPT-2's qkv (B,T,3C)) ->
