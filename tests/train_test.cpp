@@ -63,7 +63,7 @@ TEST_CASE("the replica check names the ranks whose checksum differs from rank 0'
   CHECK(train::ranks_differing_from_first({7}).empty());
 }
 
-TEST_CASE("resuming keeps the model's shape and the data order; other keys may change", "[train][config]") {
+TEST_CASE("a resume keeps the model's shape and the data order, and may change the other keys", "[train][config]") {
   for (const char* key : {"model.arch", "model.n_layer", "model.d_model", "model.vocab_size", "model.tie_embeddings",
                           "train.global_batch_size"}) {
     CAPTURE(key);
