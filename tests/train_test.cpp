@@ -1,8 +1,10 @@
-// Learning-rate schedule and token sampling against hand computations.
+// Learning-rate schedule, token sampling and the replica check against hand computations; the keys
+// a resume may change.
 #include <cmath>
 #include <numbers>
 
 #include "catch_compat.h"
+#include "config/config.h"
 #include "model/sampling.h"
 #include "train/grad_sync.h"
 #include "train/schedule.h"
@@ -59,4 +61,17 @@ TEST_CASE("the replica check names the ranks whose checksum differs from rank 0'
   CHECK(train::ranks_differing_from_first({7, 7, 7, 7}).empty());
   CHECK(train::ranks_differing_from_first({7, 7, 9, 7, 8}) == std::vector<int>{2, 4});
   CHECK(train::ranks_differing_from_first({7}).empty());
+}
+
+TEST_CASE("a resume keeps the model's shape and the data order, and may change the other keys", "[train][config]") {
+  for (const char* key : {"model.arch", "model.n_layer", "model.d_model", "model.vocab_size", "model.tie_embeddings",
+                          "train.global_batch_size"}) {
+    CAPTURE(key);
+    CHECK_FALSE(config::may_change_on_resume(key));
+  }
+  for (const char* key : {"model.init_from", "model.attention", "train.max_steps", "train.micro_batch_size",
+                          "optim.lr", "dist.zero_stage", "checkpoint.every", "no.such_key"}) {
+    CAPTURE(key);
+    CHECK(config::may_change_on_resume(key));
+  }
 }

@@ -142,12 +142,14 @@ void read_value(const json& v, const std::string& path, bool& out, const Boolean
   out = v.get<bool>();
 }
 
-// Collects the key names of one section.
+// Collects the key names of one section, and those that must match on resume.
 struct KeyCollector {
   std::vector<std::string> keys;
+  std::vector<std::string> must_match;
   template <class T, class C>
-  void operator()(const char* key, T&, const C&) {
+  void operator()(const char* key, T&, const C&, OnResume on_resume = OnResume::may_change) {
     keys.emplace_back(key);
+    if (on_resume == OnResume::must_match) must_match.emplace_back(key);
   }
 };
 
@@ -201,7 +203,7 @@ struct SectionReader {
   const Origins& origins;
 
   template <class T, class C>
-  void operator()(const char* key, T& member, const C& constraint) {
+  void operator()(const char* key, T& member, const C& constraint, OnResume = OnResume::may_change) {
     const auto it = object.find(key);
     if (it != object.end()) read_value(*it, section + "." + key, member, constraint, origins);
   }
@@ -211,7 +213,7 @@ struct SectionReader {
 struct SectionWriter {
   json& object;
   template <class T, class C>
-  void operator()(const char* key, const T& member, const C&) {
+  void operator()(const char* key, const T& member, const C&, OnResume = OnResume::may_change) {
     if constexpr (Choice<T>) {
       object[key] = to_string(member);
       return;
@@ -409,6 +411,20 @@ Config load_config(const std::string& path, const std::vector<Override>& overrid
     throw InputError(path + ": config file is empty (expected a JSON object)");
   }
   return parse_config(text.str(), path, overrides);
+}
+
+bool may_change_on_resume(const std::string& key_path) {
+  static const auto must_match = [] {
+    std::set<std::string> out;
+    Config defaults;
+    defaults.sections([&](const char* name, auto& section) {
+      KeyCollector collector;
+      section.fields(collector);
+      for (const auto& key : collector.must_match) out.insert(std::string(name) + "." + key);
+    });
+    return out;
+  }();
+  return !must_match.contains(key_path);
 }
 
 json to_json(const Config& config) {

@@ -47,6 +47,11 @@ struct AnyString {};
 /// true or false.
 struct Boolean {};
 
+/// Whether a key may differ between a checkpoint's config and the config that resumes from it:
+/// the model's shape and the data order (global_batch_size) must stay; the rest may change.
+/// A field's optional fourth descriptor; may_change when not given.
+enum class OnResume { may_change, must_match };
+
 struct ModelConfig {
   Arch arch = Arch::gpt2;
   std::int64_t vocab_size = 50257;
@@ -64,17 +69,17 @@ struct ModelConfig {
 
   template <class Visitor>
   void fields(Visitor&& v) {
-    v("arch", arch, Named{});
-    v("vocab_size", vocab_size, IntRange{1, std::int64_t{1} << 31});
-    v("context_length", context_length, IntRange{1, 1 << 20});
-    v("n_layer", n_layer, IntRange{1, 1024});
-    v("n_head", n_head, IntRange{1, 1024});
-    v("n_kv_head", n_kv_head, IntRange{0, 1024});
-    v("d_model", d_model, IntRange{1, 1 << 17});
-    v("ffn_hidden", ffn_hidden, IntRange{0, 1 << 20});
-    v("norm_eps", norm_eps, NumberRange{0.0, 1.0, true, true});
-    v("rope_theta", rope_theta, positive);
-    v("tie_embeddings", tie_embeddings, Boolean{});
+    v("arch", arch, Named{}, OnResume::must_match);
+    v("vocab_size", vocab_size, IntRange{1, std::int64_t{1} << 31}, OnResume::must_match);
+    v("context_length", context_length, IntRange{1, 1 << 20}, OnResume::must_match);
+    v("n_layer", n_layer, IntRange{1, 1024}, OnResume::must_match);
+    v("n_head", n_head, IntRange{1, 1024}, OnResume::must_match);
+    v("n_kv_head", n_kv_head, IntRange{0, 1024}, OnResume::must_match);
+    v("d_model", d_model, IntRange{1, 1 << 17}, OnResume::must_match);
+    v("ffn_hidden", ffn_hidden, IntRange{0, 1 << 20}, OnResume::must_match);
+    v("norm_eps", norm_eps, NumberRange{0.0, 1.0, true, true}, OnResume::must_match);
+    v("rope_theta", rope_theta, positive, OnResume::must_match);
+    v("tie_embeddings", tie_embeddings, Boolean{}, OnResume::must_match);
     v("attention", attention, Named{});
     v("init_from", init_from, AnyString{});
   }
@@ -112,7 +117,7 @@ struct TrainConfig {
   template <class Visitor>
   void fields(Visitor&& v) {
     v("micro_batch_size", micro_batch_size, IntRange{1});
-    v("global_batch_size", global_batch_size, IntRange{1});
+    v("global_batch_size", global_batch_size, IntRange{1}, OnResume::must_match);
     v("max_steps", max_steps, IntRange{1});
     v("grad_clip", grad_clip, non_negative);
     v("seed", seed, IntRange{0});
@@ -209,6 +214,10 @@ Config load_config(const std::string& path, const std::vector<Override>& overrid
 /// Same as load_config, from JSON text already in memory; `origin` names it in errors.
 Config parse_config(const std::string& text, const std::string& origin,
                     const std::vector<Override>& overrides = {});
+
+/// False for the keys whose fields say OnResume::must_match ("model.n_layer"); true for the
+/// others, and for any key path the config does not have.
+bool may_change_on_resume(const std::string& key_path);
 
 /// The resolved config: every key, defaults filled in.
 nlohmann::json to_json(const Config& config);

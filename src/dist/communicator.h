@@ -7,6 +7,8 @@
 #include <memory>
 #include <string>
 
+#include "core/tensor.h"
+
 namespace llmtrain::dist {
 
 /// A started non-blocking collective; wait() finishes it.
@@ -49,6 +51,23 @@ std::unique_ptr<Communicator> make_single_communicator();
 /// MPI), else a single process. Logs its choice on rank 0 when `verbose`. A collective that
 /// does not finish within `timeout_s` (a rank died or hangs) aborts every rank with a message.
 std::unique_ptr<Communicator> make_communicator(bool verbose, double timeout_s = 600.0);
+
+/// The communicators of one training process. Today every rank is a data-parallel replica of the
+/// whole model, so there is one group, reached over host memory (`world`) and, on GPUs, over
+/// device memory (`data_device`, NCCL). A mesh (data x tensor x pipeline) adds its groups here.
+struct Communicators {
+  std::unique_ptr<Communicator> world;        // every rank, host memory: losses, checksums, barriers, checkpoints
+  std::unique_ptr<Communicator> data_device;  // the data-parallel group over device memory; null: `world` serves
+
+  /// The data-parallel group over host memory (scalars: losses, norms; the sampler's rank).
+  Communicator& data_host() const { return *world; }
+  /// The data-parallel group over the memory the gradients live in (NCCL for CUDA with several ranks).
+  Communicator& data() const { return data_device ? *data_device : *world; }
+};
+
+/// make_communicator's choice for the host, and for `device` cuda: binds this process to its GPU
+/// (by local rank) and, with several ranks, adds NCCL over that GPU for the gradients.
+Communicators make_communicators(Device device, double timeout_s = 600.0);
 
 /// True when the environment says this process is one of several started by mpirun or srun.
 bool launched_by_mpi();

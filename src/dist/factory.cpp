@@ -3,6 +3,8 @@
 
 #include "core/error.h"
 #include "dist/communicator.h"
+#include "dist/nccl_communicator.h"
+#include "ops/buffer.h"
 
 namespace llmtrain::dist {
 
@@ -38,6 +40,23 @@ std::unique_ptr<Communicator> make_communicator(bool verbose, double timeout_s) 
     std::fprintf(stderr, "dist: rank %d is local rank %d of its node\n", comm->rank(), comm->local_rank());
   }
   return comm;
+}
+
+Communicators make_communicators(Device device, double timeout_s) {
+  Communicators comms;
+  comms.world = make_communicator(false, timeout_s);
+  if (device == Device::cuda) {
+    const int gpu = ops::use_cuda_device(comms.world->local_rank());
+    // One GPU process has nothing to reduce: no device communicator.
+    if (comms.world->world_size() > 1) {
+#if LLMTRAIN_HAVE_CUDA
+      comms.data_device = make_nccl_communicator(*comms.world, gpu, timeout_s);
+#else
+      (void)gpu;
+#endif
+    }
+  }
+  return comms;
 }
 
 }  // namespace llmtrain::dist

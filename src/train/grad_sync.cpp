@@ -1,11 +1,13 @@
 #include "train/grad_sync.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 
 #include "core/crc32.h"
 #include "core/error.h"
+#include "ops/ops.h"
 
 namespace llmtrain::train {
 namespace {
@@ -17,11 +19,18 @@ Tensor slice(const Tensor& t, std::int64_t begin, std::int64_t n) {
 
 }  // namespace
 
-GradientSync::GradientSync(dist::Communicator& comm, float* grads, std::int64_t num_params, double bucket_mb,
-                           int zero_stage, Device device)
-    : comm_(comm), grads_(grads), P_(num_params), zero_stage_(zero_stage), device_(device) {
+GradientSync::GradientSync(dist::Communicator& comm, dist::Communicator& host_comm, const Tensor& grads,
+                           double bucket_mb, int zero_stage)
+    : comm_(comm),
+      host_comm_(host_comm),
+      grads_(grads.as<float>()),
+      P_(grads.numel()),
+      // One rank: the shard would be the whole buffer (the same arithmetic as ZeRO 0), and on a
+      // GPU there is no device communicator to reduce-scatter with.
+      zero_stage_(comm.world_size() == 1 ? 0 : zero_stage),
+      device_(grads.device) {
   const int W = comm.world_size();
-  if (zero_stage == 0) {
+  if (zero_stage_ == 0) {
     begin_ = 0;
     end_ = P_;
     const auto bucket = std::max<std::int64_t>(1, std::int64_t(bucket_mb * 1024 * 1024 / sizeof(float)));
@@ -30,13 +39,17 @@ GradientSync::GradientSync(dist::Communicator& comm, float* grads, std::int64_t 
     shard_size_ = (P_ + W - 1) / W;  // any parameter count: the last shard is padded
     begin_ = std::min(P_, comm.rank() * shard_size_);
     end_ = std::min(P_, begin_ + shard_size_);
-    padded_buffer_ = ops::Buffer(device, std::size_t(shard_size_ * W) * sizeof(float));
-    shard_buffer_ = ops::Buffer(device, std::size_t(shard_size_) * sizeof(float));
+    padded_buffer_ = ops::Buffer(device_, std::size_t(shard_size_ * W) * sizeof(float));
+    shard_buffer_ = ops::Buffer(device_, std::size_t(shard_size_) * sizeof(float));
     padded_ = padded_buffer_.view(DType::f32, {shard_size_ * W});
     shard_ = shard_buffer_.view(DType::f32, {shard_size_});
     ops::zero(padded_);  // the padding past P stays zero
     ops::zero(shard_);
   }
+}
+
+Tensor GradientSync::grads() const {
+  return Tensor(zero_stage_ ? shard_.as<float>() : grads_ + begin_, DType::f32, device_, {end_ - begin_});
 }
 
 void GradientSync::on_ready(std::int64_t ready) {
@@ -48,16 +61,22 @@ void GradientSync::on_ready(std::int64_t ready) {
   }
 }
 
-void GradientSync::finish() {
+double GradientSync::finish(double& loss_sum) {
   if (zero_stage_ == 0) {
     on_ready(P_);
     for (auto& request : pending_) request->wait();
     pending_.clear();
     next_bucket_ = 0;
-    return;
+  } else {
+    ops::copy(slice(padded_, 0, P_), Tensor(grads_, DType::f32, device_, {P_}));
+    comm_.reduce_scatter_sum(padded_.as<float>(), shard_.as<float>(), shard_size_);
   }
-  ops::copy(slice(padded_, 0, P_), Tensor(grads_, DType::f32, device_, {P_}));
-  comm_.reduce_scatter_sum(padded_.as<float>(), shard_.as<float>(), shard_size_);
+  // ZeRO 0: every rank holds the whole summed buffer, only the loss needs summing; else each
+  // rank's shard adds its squares.
+  double sums[2] = {loss_sum, ops::sum_squares(grads())};
+  host_comm_.all_reduce_sum(sums, zero_stage_ == 0 ? 1 : 2);
+  loss_sum = sums[0];
+  return std::sqrt(sums[1]);
 }
 
 void GradientSync::gather_params(float* params) {

@@ -17,35 +17,43 @@
 
 namespace llmtrain::train {
 
+// Owns the data-parallel reduction of the gradients: the buckets (ZeRO 0) or the shards (ZeRO 1/2),
+// the stage actually used (a single rank has nothing to shard: 0), and the global gradient norm.
 class GradientSync {
  public:
-  /// `grads` (num_params,) live on `device`; `comm` must reach memory there (NCCL for CUDA).
-  GradientSync(dist::Communicator& comm, float* grads, std::int64_t num_params, double bucket_mb, int zero_stage,
-               Device device = Device::cpu);
+  /// `grads` (P,) f32, the model's flat gradient buffer; `comm` is the data-parallel group over
+  /// the memory they live in (NCCL for CUDA), `host_comm` the same ranks over host memory (for
+  /// the norm). `zero_stage` as configured.
+  GradientSync(dist::Communicator& comm, dist::Communicator& host_comm, const Tensor& grads, double bucket_mb,
+               int zero_stage);
 
   /// The flat-buffer range whose optimizer update this rank makes.
   std::int64_t begin() const { return begin_; }
   std::int64_t end() const { return end_; }
-  /// Gradients of [begin, end), summed over ranks (valid after finish()).
-  const float* grads() const { return zero_stage_ ? shard_.as<float>() : grads_ + begin_; }
+  /// The ZeRO stage in use (0 on a single rank, whatever the config says).
+  int zero_stage() const { return zero_stage_; }
+  /// Gradients of [begin, end) (end - begin,), summed over ranks (valid after finish()).
+  Tensor grads() const;
 
   /// Backward has finished the first `ready` gradient elements (last micro-step only).
   void on_ready(std::int64_t ready);
-  /// Completes the reduction of the whole buffer.
-  void finish();
+  /// Completes the reduction of the whole buffer and returns the global gradient norm. `loss_sum`
+  /// (this rank's) is summed over ranks in the same collective as the norm's squares.
+  double finish(double& loss_sum);
   /// After this rank updated params [begin, end): gives every rank every updated weight (ZeRO 1/2).
   void gather_params(float* params);
 
  private:
   dist::Communicator& comm_;
+  dist::Communicator& host_comm_;
   float* grads_;
   std::int64_t P_;
   int zero_stage_;
+  Device device_;
   std::int64_t begin_ = 0, end_ = 0, shard_size_ = 0;
   std::vector<std::int64_t> bucket_ends_;
   std::size_t next_bucket_ = 0;
   std::vector<std::unique_ptr<dist::Request>> pending_;
-  Device device_;
   ops::Buffer padded_buffer_, shard_buffer_;  // ZeRO: (W S) and (S,) on the gradients' device
   Tensor padded_, shard_;
 };

@@ -35,11 +35,15 @@ RunLog::~RunLog() {
 }
 
 void RunLog::line(const char* format, ...) {
-  char text[1024];
   va_list args;
   va_start(args, format);
-  std::vsnprintf(text, sizeof text, format, args);
+  vline(format, args);
   va_end(args);
+}
+
+void RunLog::vline(const char* format, va_list args) {
+  char text[1024];
+  std::vsnprintf(text, sizeof text, format, args);
   const std::time_t now = std::time(nullptr);
   std::tm local{};
   localtime_r(&now, &local);

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <mutex>
@@ -24,6 +25,8 @@ class RunLog {
 
   /// One line, printf-style, without the trailing newline.
   void line(const char* format, ...) __attribute__((format(printf, 2, 3)));
+  /// The same with the arguments as a va_list.
+  void vline(const char* format, va_list args) __attribute__((format(printf, 2, 0)));
 
   /// Marks the start of update `step`: from then on, every `heartbeat_s` without a new call the
   /// heartbeat thread logs that the update is still running.

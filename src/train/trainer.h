@@ -1,13 +1,20 @@
-// The training loop: data, model, AdamW, schedule, validation, metrics, checkpoints.
+// The training loop in parts: the Trainer (one optimizer update at a time), the Reporter
+// (train/reporter.h: progress lines, metrics.jsonl, TensorBoard), the Checkpointer
+// (train/checkpointer.h: resume, saves, stop signals), and run_training, which composes them.
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 
+#include "checkpoint/checkpoint.h"
 #include "config/config.h"
 #include "data/dataset.h"
 #include "dist/communicator.h"
 #include "model/model.h"
+#include "train/adamw.h"
+#include "train/grad_sync.h"
 
 namespace llmtrain::train {
 
@@ -28,6 +35,61 @@ struct TrainSummary {
   std::string last_checkpoint;
   bool lead = true;        // this process is rank 0 (the one that reports)
   bool preempted = false;  // stopped by a signal after writing a checkpoint (exit 75)
+};
+
+/// What one optimizer update did.
+struct StepResult {
+  double loss = 0;       // mean over the update's batch, before the update
+  double grad_norm = 0;  // global, before clipping
+  double lr = 0;
+  double seconds = 0;    // wall time of the update
+  bool skipped = false;  // non-finite loss or norm: no update made
+  std::int64_t bad_in_a_row = 0;
+};
+
+/// Owns one rank's training state: the data (train and validation), the model (and its host copy
+/// on a GPU), the gradient sync, AdamW, the sampler position and the tokens seen. Built from a
+/// checkpoint when `resume` is given, else from the config's initialisation.
+class Trainer {
+ public:
+  /// Reads the data first (a bad shard stops the run before anything is written), then builds
+  /// the model, identical on every rank, and the optimizer.
+  Trainer(const TrainOptions& options, const dist::Communicators& comms, const checkpoint::Found* resume);
+
+  /// One optimizer update, number `step` (1-based): the micro-steps, the gradient sync, clipping
+  /// and AdamW. A non-finite loss or gradient norm skips the update (the same on every rank).
+  StepResult step(std::int64_t step);
+
+  /// The validation loss over train.eval_batches of data.val; nullopt when there is no data.val.
+  std::optional<double> validate();
+
+  /// The first update this run makes (1, or the resumed checkpoint's step + 1).
+  std::int64_t first_step() const { return first_step_; }
+  std::int64_t num_params() const { return model_->num_params(); }
+  std::int64_t train_samples() const { return train_data_.num_samples(); }
+  std::int64_t micro_steps() const { return accum_; }
+  std::int64_t tokens_seen() const { return tokens_seen_; }
+  data::SamplerState sampler_state() const { return sampler_state_; }
+  const AdamW& optimizer() const { return *optimizer_; }
+  /// The fp32 weights on the CPU, brought up to date (a copy from the GPU where the model is there).
+  const model::Model& host_weights();
+
+ private:
+  const config::Config& config_;
+  Device device_;
+  dist::Communicator& world_;      // every rank, host memory
+  dist::Communicator& data_comm_;  // the data-parallel group, host memory
+  std::int64_t accum_ = 1;
+  double tokens_per_step_ = 0;
+  data::TokenDataset train_data_;
+  std::unique_ptr<data::TokenDataset> val_data_;
+  std::int64_t first_step_ = 1, tokens_seen_ = 0, bad_in_a_row_ = 0;
+  data::SamplerState sampler_state_;
+  std::unique_ptr<data::BatchLoader> loader_;
+  std::unique_ptr<model::Model> model_;
+  std::unique_ptr<model::Model> host_;  // weights on the CPU when the model is on a GPU; else null
+  std::unique_ptr<GradientSync> sync_;
+  std::unique_ptr<AdamW> optimizer_;
 };
 
 /// Trains as the config says, writing RUN_DIR/config.json, metrics.jsonl and checkpoints.

@@ -1,0 +1,180 @@
+#include "train/reporter.h"
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <filesystem>
+
+#include "core/error.h"
+#include "ops/buffer.h"
+#include "ops/profile.h"
+#include "train/plan.h"
+
+namespace llmtrain::train {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+std::string format_duration(double seconds) {
+  const auto s = static_cast<long long>(seconds + 0.5);
+  char text[32];
+  if (s >= 3600) {
+    std::snprintf(text, sizeof text, "%lld:%02lld:%02lld", s / 3600, (s / 60) % 60, s % 60);
+  } else {
+    std::snprintf(text, sizeof text, "%lld:%02lld", s / 60, s % 60);
+  }
+  return text;
+}
+
+std::string format_rate(double per_second) {
+  char text[32];
+  if (per_second >= 1e6) {
+    std::snprintf(text, sizeof text, "%.2fM", per_second / 1e6);
+  } else if (per_second >= 1e3) {
+    std::snprintf(text, sizeof text, "%.1fk", per_second / 1e3);
+  } else {
+    std::snprintf(text, sizeof text, "%.0f", per_second);
+  }
+  return text;
+}
+
+}  // namespace
+
+MetricsLog::MetricsLog(const std::string& path) : path_(path), out_(path, std::ios::app) {
+  if (!out_) throw RuntimeError(path + ": cannot open for writing");
+}
+
+void MetricsLog::write(const nlohmann::json& line) {
+  out_ << line.dump() << '\n';
+  out_.flush();
+  if (!out_) throw RuntimeError(path_ + ": write failed (disk full?)");
+}
+
+void keep_metrics_up_to(const std::string& path, std::int64_t last_step) {
+  if (!fs::exists(path)) return;
+  std::ifstream in(path);
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    try {
+      if (nlohmann::json::parse(line).value("step", std::int64_t{0}) <= last_step) kept += line + "\n";
+    } catch (const nlohmann::json::exception&) {
+      // a line cut short by a crash: dropped
+    }
+  }
+  in.close();
+  std::ofstream out(path + ".tmp", std::ios::trunc);
+  out << kept;
+  out.close();
+  if (!out) throw RuntimeError(path + ": cannot rewrite");
+  fs::rename(path + ".tmp", path);
+}
+
+Reporter::Reporter(const TrainOptions& options, dist::Communicator& world, std::int64_t first_step)
+    : config_(options.config), device_(options.device), world_size_(world.world_size()), logging_(options.progress) {
+  const bool lead = world.rank() == 0;  // the rank that prints and writes run files
+  if (lead) {
+    fs::create_directories(options.run_dir);
+    std::ofstream out(options.run_dir + "/config.json");
+    out << config::to_json(config_).dump(2) << "\n";
+    if (!out) throw RuntimeError(options.run_dir + "/config.json: cannot write");
+    keep_metrics_up_to(options.run_dir + "/metrics.jsonl", first_step - 1);
+    metrics_ = std::make_unique<MetricsLog>(options.run_dir + "/metrics.jsonl");
+    tensorboard_ = std::make_unique<TensorBoardWriter>(options.run_dir + "/tb");
+  }
+  world.barrier();  // the run folder exists before every rank opens its log in it
+  log_ = std::make_unique<RunLog>(options.run_dir, world.rank(), options.progress && lead);
+}
+
+void Reporter::info(const char* format, ...) {
+  if (!logging_) return;
+  va_list args;
+  va_start(args, format);
+  log_->vline(format, args);
+  va_end(args);
+}
+
+void Reporter::run_started(const dist::Communicator& world, const Trainer& trainer, const checkpoint::Found* resume) {
+  info("dist: %s communicator, %d rank(s), this is rank %d (local rank %d)", world.name().c_str(),
+       world.world_size(), world.rank(), world.local_rank());
+  if (resume) {
+    info("train: resuming from %s (step %lld)", resume->dir.c_str(), static_cast<long long>(trainer.first_step() - 1));
+  }
+  info("train: %lld parameters, %lld train samples of %d tokens, %d rank(s) x %lld micro-step(s) of %d "
+       "per update, ZeRO %lld",
+       static_cast<long long>(trainer.num_params()), static_cast<long long>(trainer.train_samples()),
+       int(config_.model.context_length), world.world_size(), static_cast<long long>(trainer.micro_steps()),
+       int(config_.train.micro_batch_size), static_cast<long long>(config_.dist.zero_stage));
+}
+
+void Reporter::start_clock() { start_ = Clock::now(); }
+
+double Reporter::elapsed() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+
+void Reporter::step_started(std::int64_t step) { log_->step_started(step); }
+
+void Reporter::update(std::int64_t step, const StepResult& result) {
+  const auto& tc = config_.train;
+  const double elapsed_s = elapsed();
+  const double tokens_per_s = double(tc.global_batch_size) * double(config_.model.context_length) / result.seconds;
+  // MFU against the configured per-device peak (none is known for CPUs: then null).
+  const nlohmann::json mfu =
+      tc.peak_tflops > 0
+          ? nlohmann::json(tokens_per_s * flops_per_token(config_.model) / (tc.peak_tflops * 1e12 * world_size_))
+          : nlohmann::json(nullptr);
+  // Memory: of the process on the CPU backend; of the GPU (its peak sampled here) on CUDA.
+  MemoryUse memory = process_memory();
+  if (device_ == Device::cuda) {
+    const ops::DeviceMemoryUse gpu = ops::device_memory_use();
+    device_peak_ = std::max(device_peak_, gpu.device_used);
+    memory = {gpu.device_used, device_peak_};
+  }
+  if (metrics_) {
+    metrics_->write({{"step", step}, {"loss", result.loss}, {"lr", result.lr}, {"grad_norm", result.grad_norm},
+                     {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"elapsed_s", elapsed_s},
+                     {"memory_bytes", memory.current}, {"peak_memory_bytes", memory.peak}});
+    tensorboard_->scalar("loss", result.loss, step);
+    tensorboard_->scalar("lr", result.lr, step);
+    tensorboard_->scalar("grad_norm", result.grad_norm, step);
+    tensorboard_->scalar("tokens_per_s", tokens_per_s, step);
+    if (!mfu.is_null()) tensorboard_->scalar("mfu", mfu.get<double>(), step);
+    tensorboard_->scalar("memory_gb", double(memory.current) / 1e9, step);
+  }
+  if (logging_ && (step % tc.log_every == 0 || step == 1 || step == tc.max_steps)) {
+    const double eta = elapsed_s / double(step) * double(tc.max_steps - step);
+    char mfu_text[32] = "";
+    if (!mfu.is_null()) std::snprintf(mfu_text, sizeof mfu_text, " | mfu %.1f%%", 100.0 * mfu.get<double>());
+    log_->line("step %lld/%lld | loss %.4f | lr %.2e | norm %.3f | %s tok/s%s | mem %.2f GB (peak %.2f) | %s elapsed, ETA %s",
+               static_cast<long long>(step), static_cast<long long>(tc.max_steps), result.loss, result.lr,
+               result.grad_norm, format_rate(tokens_per_s).c_str(), mfu_text, double(memory.current) / 1e9,
+               double(memory.peak) / 1e9, format_duration(elapsed_s).c_str(), format_duration(eta).c_str());
+  }
+}
+
+void Reporter::skipped(std::int64_t step, std::int64_t bad_in_a_row) {
+  if (metrics_) metrics_->write({{"step", step}, {"skipped", true}, {"bad_steps_in_a_row", bad_in_a_row}});
+  info("step %lld/%lld | non-finite loss or gradient norm: update skipped (%lld in a row)",
+       static_cast<long long>(step), static_cast<long long>(config_.train.max_steps),
+       static_cast<long long>(bad_in_a_row));
+}
+
+void Reporter::validation(std::int64_t step, double val_loss) {
+  if (metrics_) {
+    metrics_->write({{"step", step}, {"val_loss", val_loss}});
+    tensorboard_->scalar("val_loss", val_loss, step);
+  }
+  info("step %lld/%lld | val_loss %.4f", static_cast<long long>(step),
+       static_cast<long long>(config_.train.max_steps), val_loss);
+}
+
+void Reporter::op_profile(double seconds) {
+  double total = 0.0;
+  for (const auto& op : ops::profile_report()) total += op.seconds;
+  log_->line("op time (%.2f s in ops of %.2f s in all):", total, seconds);
+  for (const auto& op : ops::profile_report()) {
+    log_->line("  %-20s %8lld calls %9.3f s %5.1f%%", op.name.c_str(), static_cast<long long>(op.calls), op.seconds,
+               100.0 * op.seconds / seconds);
+  }
+}
+
+}  // namespace llmtrain::train

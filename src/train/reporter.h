@@ -1,0 +1,79 @@
+// What a training run reports, and where: progress lines (train/run_log.h), RUN_DIR/config.json,
+// RUN_DIR/metrics.jsonl (one JSON object per line, flushed) and TensorBoard scalars.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "dist/communicator.h"
+#include "train/run_log.h"
+#include "train/tensorboard.h"
+#include "train/trainer.h"
+
+namespace llmtrain::train {
+
+/// Appends one JSON object per line and flushes, so a killed run keeps every line it logged.
+class MetricsLog {
+ public:
+  explicit MetricsLog(const std::string& path);
+  void write(const nlohmann::json& line);
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+/// Rewrites metrics.jsonl at `path` keeping only the lines of steps up to `last_step` (nothing to
+/// do when the file does not exist); lines cut short by a crash are dropped.
+void keep_metrics_up_to(const std::string& path, std::int64_t last_step);
+
+/// Owns the run's reports: this rank's log (RunLog: its own file, and stderr on rank 0), and on
+/// rank 0 the run folder's config.json, metrics.jsonl and TensorBoard events. Turns an update's
+/// figures into tokens/s, MFU and memory use; keeps the run's clock.
+class Reporter {
+ public:
+  /// Rank 0 writes RUN_DIR/config.json and keeps metrics.jsonl up to `first_step` - 1 (lines past
+  /// a resumed step are logged again as those steps are redone); after a barrier on `world`,
+  /// every rank opens its log.
+  Reporter(const TrainOptions& options, dist::Communicator& world, std::int64_t first_step);
+
+  /// Whether progress lines are on (every rank logs to its file; rank 0 also to stderr).
+  bool logging() const { return logging_; }
+  /// One progress line, printf-style, when logging() (else nothing).
+  void info(const char* format, ...) __attribute__((format(printf, 2, 3)));
+
+  /// The communicators, the resume point and the shape of the run.
+  void run_started(const dist::Communicator& world, const Trainer& trainer, const checkpoint::Found* resume);
+  /// Starts the clock of elapsed_s, ETA and the run's duration.
+  void start_clock();
+  /// Seconds since start_clock().
+  double elapsed() const;
+  /// Update `step` has begun (the heartbeat watches it).
+  void step_started(std::int64_t step);
+  /// A finished update: its metrics line, TensorBoard scalars and (every log_every) progress line.
+  void update(std::int64_t step, const StepResult& result);
+  /// An update skipped by the NaN guard.
+  void skipped(std::int64_t step, std::int64_t bad_in_a_row);
+  void validation(std::int64_t step, double val_loss);
+  /// The time spent in each op (after a run with --profile-ops), of `seconds` in all.
+  void op_profile(double seconds);
+
+ private:
+  const config::Config& config_;
+  Device device_;
+  int world_size_;
+  bool logging_;
+  std::unique_ptr<MetricsLog> metrics_;             // rank 0 only
+  std::unique_ptr<TensorBoardWriter> tensorboard_;  // rank 0 only
+  std::unique_ptr<RunLog> log_;
+  std::chrono::steady_clock::time_point start_;
+  std::int64_t device_peak_ = 0;  // of the GPU's memory in use, as sampled after updates
+};
+
+}  // namespace llmtrain::train
