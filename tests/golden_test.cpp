@@ -131,7 +131,9 @@ void check_adamw_steps(const std::string& arch) {
     m.backward();
     CAPTURE(step, loss, reference[step - 1]);
     CHECK(std::abs(loss - reference[step - 1]) / reference[step - 1] < 1e-4);
-    optimizer.update(m, g.config.optim, g.config.train.grad_clip, g.config.optim.lr, std::int64_t(step));
+    const double norm = std::sqrt(ops::sum_squares(m.grads()));
+    optimizer.update(m, m.grads(), norm, g.config.optim, g.config.train.grad_clip, g.config.optim.lr,
+                     std::int64_t(step));
   }
   for (const auto& info : m.param_infos()) {
     const std::vector<float> got(m.param(info).as<float>(), m.param(info).as<float>() + info.numel);

@@ -35,11 +35,4 @@ void AdamW::update(model::Model& model, const Tensor& grads, double grad_norm, c
   }
 }
 
-double AdamW::update(model::Model& model, const config::OptimConfig& optim, double grad_clip, double lr,
-                     std::int64_t step) {
-  const double norm = std::sqrt(ops::sum_squares(model.grads()));
-  update(model, model.grads(), norm, optim, grad_clip, lr, step);
-  return norm;
-}
-
 }  // namespace llmtrain::train

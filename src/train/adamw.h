@@ -21,10 +21,6 @@ class AdamW {
   /// most `grad_clip` (0: no clipping). Weight decay only on 2-D parameters.
   void update(model::Model& model, const Tensor& grads, double grad_norm, const config::OptimConfig& optim,
               double grad_clip, double lr, std::int64_t step);
-  /// The same on one process, over the whole buffer: computes the norm of model.grads().
-  /// Returns that norm (before clipping).
-  double update(model::Model& model, const config::OptimConfig& optim, double grad_clip, double lr,
-                std::int64_t step);
 
   std::int64_t begin() const { return begin_; }
   std::int64_t end() const { return end_; }
