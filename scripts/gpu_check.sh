@@ -155,8 +155,12 @@ if [[ -z "$nvcc" ]]; then
   problems+=("nvcc not found (\$CUDA_HOME/bin, /usr/local/cuda/bin, the PATH, or the wheel nvidia-cuda-nvcc / cuda-toolkit of $python)")
 else
   cuda_root="$(cd "$(dirname "$nvcc")/.." && pwd)"
-  nvcc_version="$("$nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
-  found+=("nvcc $nvcc_version: $nvcc")
+  nvcc_version="$("$nvcc" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p' || true)"
+  if [[ -n "$nvcc_version" ]]; then
+    found+=("nvcc $nvcc_version: $nvcc")
+  else
+    problems+=("$nvcc does not run (nvcc --version failed)")
+  fi
   for d in "$cuda_root"/targets/*-linux/include "$cuda_root/include" "$(w cuda_runtime /include)" "$(w cublas /include)"; do
     [[ -d "$d" ]] && cuda_inc+=("$d")
   done
@@ -177,7 +181,9 @@ if [[ -n "$nvcc" ]]; then
     if path="$(first_lib "$lib" "${cuda_lib[@]}")"; then
       found+=("$lib: $path")
       run_libs+=("$(dirname "$path")")
+      # (FindCUDAToolkit calls the runtime CUDA_CUDART first, CUDA_cudart_LIBRARY after.)
       [[ "$path" == *.so ]] || cmake_flags+=(-DCUDA_${lib}_LIBRARY="$path")
+      [[ "$path" == *.so || "$lib" != cudart ]] || cmake_flags+=(-DCUDA_CUDART="$path")
     else
       problems+=("lib$lib.so not found beside $nvcc (lib64, targets/*/lib, lib) nor in the wheels nvidia.cuda_runtime / nvidia.cublas")
     fi
@@ -185,6 +191,9 @@ if [[ -n "$nvcc" ]]; then
   if ! header_dir="$(for d in "${cuda_inc[@]}"; do [[ -f "$d/cublasLt.h" ]] && echo "$d" && break; done)" || [[ -z "$header_dir" ]]; then
     problems+=("cublasLt.h not found beside $nvcc nor in the wheel nvidia.cublas")
   fi
+  cccl=0  # CUDA's C++ library (cuda_fp16.h includes <nv/target>): the toolkit's include/cccl, or include/
+  for d in "${cuda_inc[@]}"; do [[ -f "$d/cccl/nv/target" || -f "$d/nv/target" ]] && cccl=1; done
+  ((cccl)) || problems+=("CCCL headers (nv/target) not found beside $nvcc: the wheel nvidia-cuda-cccl, or a full toolkit")
   # nvcc links the static CUDA runtime from lib64 beside it; a wheel has lib/ only.
   if [[ ! -d "$cuda_root/lib64" ]] && static="$(compgen -G "$cuda_root/lib/libcudart_static.a" || compgen -G "$(w cuda_runtime /lib)/libcudart_static.a")"; then
     export LIBRARY_PATH="$(dirname "$static")${LIBRARY_PATH:+:$LIBRARY_PATH}"
@@ -238,7 +247,7 @@ done
 ((use_vendor)) && cmake_flags+=(-DLLMTRAIN_VENDOR_DIR="$vendor_dir")
 
 mpi="ON"
-if ! command -v mpicxx >/dev/null; then
+if [[ ! -x "$(command -v mpicxx || true)" ]]; then  # (command -v also names a file that cannot run)
   mpi="OFF"
   cmake_flags+=(-DLLMTRAIN_MPI=OFF)
 fi

@@ -93,7 +93,8 @@ PROFILE
     done
     for f in libcudart.so.13 libcudart_static.a libcudadevrt.a; do ln -s "$(rel "$(readlink -f "$lib/$f")")" "$cu13/lib/$f"; done
   fi
-  # cuBLAS, as the nvidia-cublas wheel adds it to nvidia/cu13.
+  # cuBLAS and CCCL, as the nvidia-cublas and nvidia-cuda-cccl wheels add them to nvidia/cu13.
+  [[ -e "$cu13/include/cccl" ]] || ln -s "$(rel "$(readlink -f "$inc/cccl")")" "$cu13/include/cccl"
   for f in "$inc"/cublas*.h; do [[ -e "$cu13/include/$(basename "$f")" ]] || ln -s "$(rel "$(readlink -f "$f")")" "$cu13/include/"; done
   for f in libcublas.so.13 libcublasLt.so.13; do ln -sf "$(rel "$(readlink -f "$lib/$f")")" "$cu13/lib/$f"; done
   # The interpreter that knows the wheels.
@@ -118,7 +119,8 @@ for d in /usr/include/nlohmann /usr/include/CLI /usr/include/catch2 /usr/include
   [[ -d "$d" ]] && hidden+=("$d")
 done
 for d in "${hidden[@]}"; do mount --bind "$empty" "$d"; done
-for f in $(command -v -a mpicxx mpic++ mpiCC 2>/dev/null | sort -u); do mount --bind "$sim/not-executable" "$f"; hidden+=("$f"); done
+# Programs the bare node lacks: MPI's compiler wrappers, and any nvcc outside the wheels (wrappers too).
+for f in $(type -ap mpicxx mpic++ mpiCC nvcc | sort -u); do mount --bind "$sim/not-executable" "$f"; hidden+=("$f"); done
 for lib in /usr/lib/*/libnccl.so* /usr/lib/*/libcudnn*.so*; do
   [[ -f "$lib" ]] && { mount --bind "$sim/not-executable" "$lib"; hidden+=("$lib"); }
 done
