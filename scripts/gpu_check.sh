@@ -182,7 +182,7 @@ if [[ -n "$nvcc" ]]; then
       found+=("$lib: $path")
       run_libs+=("$(dirname "$path")")
       # (FindCUDAToolkit calls the runtime CUDA_CUDART first, CUDA_cudart_LIBRARY after.)
-      [[ "$path" == *.so ]] || cmake_flags+=(-DCUDA_${lib}_LIBRARY="$path")
+      [[ "$path" == *.so ]] || cmake_flags+=("-DCUDA_${lib}_LIBRARY=$path")
       [[ "$path" == *.so || "$lib" != cudart ]] || cmake_flags+=(-DCUDA_CUDART="$path")
     else
       problems+=("lib$lib.so not found beside $nvcc (lib64, targets/*/lib, lib) nor in the wheels nvidia.cuda_runtime / nvidia.cublas")
@@ -196,7 +196,8 @@ if [[ -n "$nvcc" ]]; then
   ((cccl)) || problems+=("CCCL headers (nv/target) not found beside $nvcc: the wheel nvidia-cuda-cccl, or a full toolkit")
   # nvcc links the static CUDA runtime from lib64 beside it; a wheel has lib/ only.
   if [[ ! -d "$cuda_root/lib64" ]] && static="$(compgen -G "$cuda_root/lib/libcudart_static.a" || compgen -G "$(w cuda_runtime /lib)/libcudart_static.a")"; then
-    export LIBRARY_PATH="$(dirname "$static")${LIBRARY_PATH:+:$LIBRARY_PATH}"
+    LIBRARY_PATH="$(dirname "$static")${LIBRARY_PATH:+:$LIBRARY_PATH}"
+    export LIBRARY_PATH
   fi
 fi
 
@@ -279,7 +280,8 @@ cmake_flags+=(-DCMAKE_CUDA_ARCHITECTURES="$archs")
 
 # The built binaries find the wheels' libraries through this.
 if ((${#run_libs[@]})); then
-  export LD_LIBRARY_PATH="$(printf '%s\n' "${run_libs[@]}" | awk '!seen[$0]++' | paste -sd: -)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  LD_LIBRARY_PATH="$(printf '%s\n' "${run_libs[@]}" | awk '!seen[$0]++' | paste -sd: -)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export LD_LIBRARY_PATH
 fi
 
 gpus_text="no GPU"

@@ -130,7 +130,7 @@ export PATH
 
 echo "simulated bare node: hidden ${hidden[*]}"
 echo "  python3 -> $(python3 -c 'import nvidia.nccl, nvidia.cudnn, nvidia.cu13; print(*[list(m.__path__)[0] for m in (nvidia.cu13, nvidia.nccl, nvidia.cudnn)])')"
-echo "  nvcc on the PATH: $(command -v nvcc || echo none); mpicxx: $(command -v mpicxx || echo none); nlohmann: $(ls /usr/include/nlohmann 2>/dev/null | wc -l) files"
+echo "  runnable nvcc on the PATH: $([[ -x "$(command -v nvcc)" ]] && command -v nvcc || echo none); runnable mpicxx: $([[ -x "$(command -v mpicxx)" ]] && echo yes || echo no); /usr/include/nlohmann: $(find /usr/include/nlohmann -type f 2>/dev/null | wc -l) files"
 if curl -s --max-time 5 -o /dev/null https://github.com 2>/dev/null; then echo "FAILED: the network is reachable"; exit 1; fi
 echo "  network: unreachable"
 
@@ -151,7 +151,8 @@ if ! nice -n 10 scripts/gpu_check.sh --build-only --build-dir "$work/build" --ou
 fi
 grep -E "NCCL|cuDNN|CUDA  |MPI  |vendored" "$work/build/gpu_check/configure.log" || true
 # The binaries start with the wheels' libraries (LD_LIBRARY_PATH as gpu_check sets it, read back from its JSON).
-export LD_LIBRARY_PATH="$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["ld_library_path"])' "$sim/gpu_check.json")"
+LD_LIBRARY_PATH="$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["ld_library_path"])' "$sim/gpu_check.json")"
+export LD_LIBRARY_PATH
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 ldd "$work/build/src/llmtrain" | grep -E "nccl|cudnn|cublas|cudart" || true
 if ldd "$work/build/src/llmtrain" | grep -q "not found"; then echo "FAILED: unresolved libraries"; exit 1; fi
