@@ -75,17 +75,19 @@ constexpr DType dtype_of<Bf16>() {
   return DType::bf16;
 }
 
-/// The sentinel bit pattern: a NaN with a payload for floats and bf16 (so "still NaN" is not
-/// enough: the bits must be unchanged), an unlikely value for integers.
+/// The sentinel bit pattern: a signalling NaN with a payload for floats and bf16 (so "still NaN"
+/// is not enough: the bits must be unchanged; and arithmetic on it gives a quiet NaN, other bits,
+/// so a value computed from a neighbouring sentinel and written out of bounds shows too: with a
+/// quiet NaN, x86's add would pass its payload on unchanged), an unlikely value for integers.
 template <class T>
 T sentinel() {
   static_assert(sizeof(T) == 4 || sizeof(T) == 2, "4- or 2-byte elements only");
   T value;
   if constexpr (sizeof(T) == 4) {
-    const std::uint32_t bits = 0x7fc0dead;
+    const std::uint32_t bits = 0x7fa0dead;  // exponent all ones, quiet bit (0x00400000) clear
     std::memcpy(&value, &bits, sizeof value);
   } else {
-    const std::uint16_t bits = 0x7fad;  // bf16: exponent all ones, mantissa 0x2d
+    const std::uint16_t bits = 0x7fad;  // bf16: exponent all ones, mantissa 0x2d, quiet bit (0x40) clear
     std::memcpy(&value, &bits, sizeof value);
   }
   return value;
