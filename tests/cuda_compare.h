@@ -158,20 +158,22 @@ inline std::vector<float> uniform_vec(std::mt19937& rng, std::size_t n, float lo
   return v;
 }
 
-/// max |result - reference| / max |reference|, with the reference's magnitude floored at 1e-30.
-inline double normalized_error(const std::vector<float>& result, const std::vector<float>& reference) {
+/// max |result - reference| / max |reference|, with the reference's magnitude floored at
+/// `scale_floor` (a quantity whose error does not shrink with it, such as a loss near 0) and 1e-30.
+inline double normalized_error(const std::vector<float>& result, const std::vector<float>& reference,
+                               double scale_floor = 0.0) {
   double max_diff = 0.0, max_ref = 0.0;
   for (std::size_t i = 0; i < reference.size(); ++i) {
     max_diff = std::max(max_diff, std::abs(double(result[i]) - double(reference[i])));
     max_ref = std::max(max_ref, std::abs(double(reference[i])));
   }
-  return max_diff / std::max(max_ref, 1e-30);
+  return max_diff / std::max({max_ref, scale_floor, 1e-30});
 }
 
 /// Requires `result` (from the device) to be finite, the reference finite and not all zero, and
 /// their normalised error (above) at most `tolerance`.
 inline void require_close(const std::string& what, const std::vector<float>& result,
-                          const std::vector<float>& reference, double tolerance) {
+                          const std::vector<float>& reference, double tolerance, double scale_floor = 0.0) {
   REQUIRE(result.size() == reference.size());
   std::size_t bad_result = 0, bad_reference = 0, first_bad = result.size();
   double max_ref = 0.0;
@@ -180,7 +182,7 @@ inline void require_close(const std::string& what, const std::vector<float>& res
     if (!std::isfinite(reference[i])) ++bad_reference;
     max_ref = std::max(max_ref, std::abs(double(reference[i])));
   }
-  const double error = normalized_error(result, reference);
+  const double error = normalized_error(result, reference, scale_floor);
   INFO(what << ": " << result.size() << " elements, " << bad_result << " NaN/Inf from the device (first at "
             << first_bad << "), normalised error " << error << " (tolerance " << tolerance
             << "), max |reference| " << max_ref);
