@@ -6,7 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/setup.sh
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF
+# The same build folder and options as scripts/test.sh (which adds its own explicitly), so that
+# either script may run first; only the binary is built here.
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j "${JOBS:-$(nproc)}" --target llmtrain
 build/src/llmtrain info
 

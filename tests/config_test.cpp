@@ -62,12 +62,18 @@ TEST_CASE("bad configs are rejected with the key path and the reason", "[config]
       {R"({"train": {"max_steps": 18446744073709551615}})", {}, "train.max_steps: expected an integer >= 1"},
       {R"({"model": {"arch": "gtp2"}})", {}, R"(model.arch: expected one of "gpt2", "llama", got "gtp2"; did you mean "gpt2"?)"},
       {R"({"train": {"precision": "fp16"}})", {}, R"(train.precision: expected one of "fp32", "bf16", got "fp16")"},
+      {R"({"model": {"attention": "cudnn9"}})", {}, R"(model.attention: expected one of "flash", "cudnn", got "cudnn9"; did you mean "cudnn"?)"},
+      {R"({"train": {"recompute": "mlps"}})", {}, R"(train.recompute: expected one of "none", "mlp", "full", got "mlps"; did you mean "mlp"?)"},
       // rules between keys
       {R"({"model": {"d_model": 100, "n_head": 3}})", {}, "model.n_head: must divide model.d_model (100), got 3"},
       {R"({"model": {"arch": "llama", "n_head": 8, "n_kv_head": 3, "d_model": 64}})", {}, "model.n_kv_head: must divide model.n_head (8), got 3"},
       {R"({"model": {"n_head": 8, "n_kv_head": 2, "d_model": 64}})", {}, "model.n_kv_head: gpt2 has no grouped-query attention"},
       {R"({"train": {"micro_batch_size": 4, "global_batch_size": 6}})", {}, "train.global_batch_size: must be a multiple of train.micro_batch_size (4), got 6"},
       {R"({"optim": {"lr": 1e-4, "min_lr": 1e-3}})", {}, "optim.min_lr: must be <= optim.lr"},
+      // cuDNN's fused attention has bf16 kernels only: a config error, not a failure at the first op.
+      {R"({"model": {"attention": "cudnn"}})", {}, R"(model.attention: "cudnn" needs train.precision "bf16" (cuDNN's fused attention has no fp32 kernels), got "fp32" (in test.json))"},
+      {R"({"model": {"attention": "cudnn"}, "train": {"precision": "bf16"}})", {"train.precision=fp32"}, R"(model.attention: "cudnn" needs train.precision "bf16" (cuDNN's fused attention has no fp32 kernels), got "fp32" (from --set train.precision=fp32))"},
+      {R"({"model": {"attention": "cudnn"}, "train": {"precision": "bf16"}})", {}, ""},
       {R"({"train": {"max_steps": 10}, "optim": {"warmup_steps": 20}})", {}, "optim.warmup_steps: must be <= train.max_steps (10), got 20"},
       // malformed JSON: line and column
       {"{\n  \"model\": {\n    \"n_layer\": 2,\n  }\n}", {}, "test.json:4:3: malformed JSON"},
@@ -122,7 +128,7 @@ TEST_CASE("files that cannot be read are input errors naming the file", "[config
 
 TEST_CASE("defaults, derived keys and overrides resolve as documented", "[config]") {
   const config::Config d = config::parse_config("{}", "test.json");
-  CHECK(d.model.arch == "gpt2");
+  CHECK(d.model.arch == config::Arch::gpt2);
   CHECK(d.model.n_kv_head == d.model.n_head);      // 0 -> n_head
   CHECK(d.model.ffn_hidden == 4 * d.model.d_model);  // 0 -> 4 C for gpt2
 
@@ -137,7 +143,7 @@ TEST_CASE("defaults, derived keys and overrides resolve as documented", "[config
   CHECK(o.model.n_layer == 2);  // later sources win
   REQUIRE(o.data.train.size() == 1);
   CHECK(o.data.train[0] == "data/train_*.bin");  // not JSON, so taken as a string
-  CHECK(o.train.precision == "bf16");
+  CHECK(o.train.precision == config::Precision::bf16);
   CHECK(o.optim.lr == 1000.0);
 
   const config::Config list = config::parse_config(R"({"data": {"train": ["a.bin", "b.bin"]}})", "t");
@@ -154,6 +160,18 @@ TEST_CASE("the resolved config reads back to itself", "[config]") {
   CHECK(once["model"]["ffn_hidden"] == 384);
   CHECK(once["data"]["val"] == "v");
   CHECK(once.size() == 6);
+  // The typed choices are written by name, as the JSON config spells them.
+  CHECK(once["model"]["arch"] == "gpt2");
+  CHECK(once["model"]["attention"] == "flash");
+  CHECK(once["train"]["precision"] == "fp32");
+  CHECK(once["train"]["recompute"] == "none");
+  const config::Config llama = config::parse_config(
+      R"({"model": {"arch": "llama", "attention": "cudnn"}, "train": {"precision": "bf16", "recompute": "full"}})", "t");
+  const nlohmann::json named = config::to_json(llama);
+  CHECK(named["model"]["arch"] == "llama");
+  CHECK(named["model"]["attention"] == "cudnn");
+  CHECK(named["train"]["precision"] == "bf16");
+  CHECK(named["train"]["recompute"] == "full");
 }
 
 TEST_CASE("grad_accum_steps needs global batch divisible by micro batch x world size", "[config]") {

@@ -14,7 +14,7 @@ namespace {
 
 config::ModelConfig tiny(const std::string& arch) {
   config::ModelConfig c;
-  c.arch = arch;
+  c.arch = *config::parse_choice<config::Arch>(arch);
   c.vocab_size = 97;  // odd sizes everywhere
   c.context_length = 33;
   c.n_layer = 2;

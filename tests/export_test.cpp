@@ -34,7 +34,7 @@ config::ModelConfig small_config() {
 // A Llama with grouped-query attention (4 query heads, 2 key/value heads of size 4).
 config::ModelConfig small_llama(bool tied = false) {
   config::ModelConfig c;
-  c.arch = "llama";
+  c.arch = config::Arch::llama;
   c.vocab_size = 50;
   c.context_length = 12;
   c.n_layer = 2;

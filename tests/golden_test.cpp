@@ -58,7 +58,7 @@ struct Golden {
   explicit Golden(const std::string& arch)
       : file(LLMTRAIN_SOURCE_DIR "/tests/data/" + arch + "_reference.safetensors") {
     const auto& meta = file.metadata();
-    config.model.arch = arch;
+    config.model.arch = *config::parse_choice<config::Arch>(arch);
     B = std::stoi(meta.at("B"));
     T = std::stoi(meta.at("T"));
     config.model.vocab_size = std::stoi(meta.at("V"));
@@ -223,9 +223,9 @@ TEST_CASE("Llama decoding with the grouped KV cache gives the logits of the full
 
 TEST_CASE("plan's parameter count and activation memory agree with the models' own layouts", "[model][plan]") {
   for (const std::string arch : {"gpt2", "llama"}) {
-    for (const std::string recompute : {"none", "mlp", "full"}) {
+    for (const auto recompute : {config::Recompute::none, config::Recompute::mlp, config::Recompute::full}) {
       config::ModelConfig c;
-      c.arch = arch;
+      c.arch = *config::parse_choice<config::Arch>(arch);
       c.vocab_size = 37;
       c.context_length = 12;
       c.n_layer = 3;
@@ -234,16 +234,25 @@ TEST_CASE("plan's parameter count and activation memory agree with the models' o
       c.d_model = 16;
       c.ffn_hidden = arch == "llama" ? 40 : 64;
       c.tie_embeddings = arch == "gpt2";
-      CAPTURE(arch, recompute);
-      const auto m = model::make_model(c, Device::cpu, model::parse_recompute(recompute));
+      CAPTURE(arch, config::to_string(recompute));
+      const auto m = model::make_model(c, Device::cpu, recompute);
       CHECK(train::parameter_count(c) == m->num_params());
       const int B = 3;
       const auto planned = B * train::activation_bytes_per_sequence(c, false, recompute);
       const auto actual = std::int64_t(m->activation_bytes(B, int(c.context_length)));
-      // The model rounds each of its (at most 40 + 20 L) buffers up to 64 bytes; the plan does not.
+      // The model rounds each of its (at most 40 + 20 L) buffers up to 64 bytes, at B sequences;
+      // the plan measures one sequence (rounded the same way) and multiplies.
       CAPTURE(planned, actual);
       CHECK(actual >= planned);
       CHECK(actual - planned <= 64 * (40 + 20 * c.n_layer));
+      // One sequence: the plan is the model's own buffer, byte for byte, in fp32 and in bf16
+      // (whose statistics stay f32).
+      for (const bool bf16 : {false, true}) {
+        CAPTURE(bf16);
+        const auto mixed = model::make_model(c, Device::cpu, recompute, bf16 ? DType::bf16 : DType::f32);
+        CHECK(train::activation_bytes_per_sequence(c, bf16, recompute) ==
+              std::int64_t(mixed->activation_bytes(1, int(c.context_length))));
+      }
     }
   }
 }

@@ -4,6 +4,7 @@
 
 #include "catch_compat.h"
 #include "grad_check.h"
+#include "ops/cpu/reference.h"
 #include "ops/ops.h"
 
 using namespace llmtrain;
@@ -92,13 +93,12 @@ TEST_CASE("grouped-query attention: finite differences, and NKV = NH equals plai
     Vec qkv = random_vec(rng, std::size_t(B) * T * width), out(std::size_t(B) * T * C), att(std::size_t(B) * NH * T * T);
     const Vec R = random_vec(rng, out.size());
     const auto loss = [&] {
-      ops::attention_forward(t(out, {B, T, C}), t(att, {B, NH, T, T}), t(qkv, {B, T, width}), NH, NKV);
+      cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, NKV);
       return weighted_sum(out, R);
     };
     loss();
     Vec dqkv(qkv.size(), 0.0f), dout = R;
-    ops::attention_backward(t(dqkv, {B, T, width}), t(dout, {B, T, C}), t(qkv, {B, T, width}), t(att, {B, NH, T, T}),
-                            NH, NKV);
+    cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH, NKV);
     check_gradient("qkv", qkv, dqkv, loss, 1e-3);
   }
   // With one kv head, every query head attends with the same keys and values: expanding them to
@@ -113,7 +113,7 @@ TEST_CASE("grouped-query attention: finite differences, and NKV = NH equals plai
     }
   }
   Vec a(std::size_t(B) * T * C), b(a.size()), att(std::size_t(B) * NH * T * T);
-  ops::attention_forward(t(a, {B, T, C}), t(att, {B, NH, T, T}), t(grouped, {B, T, width1}), NH, 1);
-  ops::attention_forward(t(b, {B, T, C}), t(att, {B, NH, T, T}), t(expanded, {B, T, 3 * C}), NH);
+  cpu::attention_forward(a.data(), att.data(), grouped.data(), B, T, C, NH, 1);
+  cpu::attention_forward(b.data(), att.data(), expanded.data(), B, T, C, NH, NH);
   for (std::size_t i = 0; i < a.size(); ++i) REQUIRE(std::abs(a[i] - b[i]) < 1e-6f);
 }

@@ -7,6 +7,7 @@
 
 #include "catch_compat.h"
 #include "grad_check.h"
+#include "ops/cpu/reference.h"
 #include "ops/ops.h"
 
 using namespace llmtrain;
@@ -80,13 +81,12 @@ TEST_CASE("attention backward matches finite differences", "[ops][grad]") {
     Vec qkv = random_vec(rng, s.B * s.T * 3 * s.C), out(s.B * s.T * s.C), att(s.B * s.NH * s.T * s.T);
     const Vec R = random_vec(rng, out.size());
     const auto loss = [&] {
-      ops::attention_forward(t(out, {s.B, s.T, s.C}), t(att, {s.B, s.NH, s.T, s.T}), t(qkv, {s.B, s.T, 3 * s.C}), s.NH);
+      cpu::attention_forward(out.data(), att.data(), qkv.data(), s.B, s.T, s.C, s.NH, s.NH);
       return weighted_sum(out, R);
     };
     loss();
     Vec dqkv(qkv.size(), 0.0f), dout = R;
-    ops::attention_backward(t(dqkv, {s.B, s.T, 3 * s.C}), t(dout, {s.B, s.T, s.C}), t(qkv, {s.B, s.T, 3 * s.C}),
-                            t(att, {s.B, s.NH, s.T, s.T}), s.NH);
+    cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), s.B, s.T, s.C, s.NH, s.NH);
     check_gradient("qkv", qkv, dqkv, loss, 1e-3);
   }
 }
@@ -95,7 +95,7 @@ TEST_CASE("attention is causal and its rows are probabilities", "[ops]") {
   std::mt19937 rng(5);
   const int B = 2, T = 5, C = 6, NH = 2;
   Vec qkv = random_vec(rng, B * T * 3 * C), out(B * T * C), att(B * NH * T * T);
-  ops::attention_forward(t(out, {B, T, C}), t(att, {B, NH, T, T}), t(qkv, {B, T, 3 * C}), NH);
+  cpu::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, NH);
   for (int row = 0; row < B * NH * T; ++row) {
     const int query = row % T;
     double sum = 0.0;

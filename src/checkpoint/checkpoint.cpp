@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/json_file.h"
 #include "llmtrain/build_info.h"
+#include "model/arch.h"
 
 namespace llmtrain::checkpoint {
 namespace {
@@ -39,12 +40,6 @@ std::string step_dir_name(std::int64_t step) {
   char name[32];
   std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
   return name;
-}
-
-// Conv1D layers of Hugging Face's GPT-2 store weights as (in, out).
-bool is_conv1d_weight(const std::string& name) {
-  return name.ends_with("attn.c_attn.weight") || name.ends_with("attn.c_proj.weight") ||
-         name.ends_with("mlp.c_fc.weight") || name.ends_with("mlp.c_proj.weight");
 }
 
 std::vector<float> transposed(const float* x, std::int64_t rows, std::int64_t cols) {
@@ -91,7 +86,7 @@ std::string save(const SaveRequest& r, dist::Communicator& comm) {
     std::vector<TensorToWrite> weights;
     for (const auto& info : m.param_infos()) weights.push_back({info.name, StDtype::f32, info.shape, m.param(info).data});
     crc[std::size_t(W)] = write_safetensors(dir + "/model.safetensors", weights,
-                                            {{"format", "llmtrain"}, {"arch", m.config().arch}});
+                                            {{"format", "llmtrain"}, {"arch", config::to_string(m.config().arch)}});
     bytes[std::size_t(W)] = std::int64_t(fs::file_size(dir + "/model.safetensors"));
   }
   comm.all_reduce_max(crc.data(), std::int64_t(crc.size()));
@@ -211,59 +206,9 @@ std::unique_ptr<model::Model> load_model(const Found& found) {
   return model;
 }
 
-std::string hf_architecture(const config::ModelConfig& c) {
-  return c.arch == "llama" ? "LlamaForCausalLM" : "GPT2LMHeadModel";
-}
+std::string hf_architecture(const config::ModelConfig& c) { return model::arch_spec(c.arch).hf_architecture; }
 
 namespace {
-
-// config.json as transformers' GPT2Config or LlamaConfig reads it.
-nlohmann::json hf_config_json(const config::ModelConfig& c) {
-  if (c.arch == "llama") {
-    return {
-        {"architectures", {"LlamaForCausalLM"}},
-        {"model_type", "llama"},
-        {"vocab_size", c.vocab_size},
-        {"hidden_size", c.d_model},
-        {"intermediate_size", c.ffn_hidden},
-        {"num_hidden_layers", c.n_layer},
-        {"num_attention_heads", c.n_head},
-        {"num_key_value_heads", c.n_kv_head},
-        {"head_dim", c.d_model / c.n_head},
-        {"max_position_embeddings", c.context_length},
-        {"rms_norm_eps", c.norm_eps},
-        {"rope_theta", c.rope_theta},
-        {"rope_scaling", nullptr},
-        {"hidden_act", "silu"},
-        {"attention_bias", false},
-        {"attention_dropout", 0.0},
-        {"mlp_bias", false},
-        {"tie_word_embeddings", c.tie_embeddings},
-        {"initializer_range", 0.02},
-        {"torch_dtype", "float32"},
-    };
-  }
-  return {
-      {"architectures", {"GPT2LMHeadModel"}},
-      {"model_type", "gpt2"},
-      {"vocab_size", c.vocab_size},
-      {"n_positions", c.context_length},
-      {"n_ctx", c.context_length},
-      {"n_embd", c.d_model},
-      {"n_layer", c.n_layer},
-      {"n_head", c.n_head},
-      {"n_inner", c.ffn_hidden},
-      {"activation_function", "gelu_new"},
-      {"layer_norm_epsilon", 1e-5},
-      {"resid_pdrop", 0.0},
-      {"embd_pdrop", 0.0},
-      {"attn_pdrop", 0.0},
-      {"initializer_range", 0.02},
-      {"tie_word_embeddings", true},
-      {"scale_attn_weights", true},
-      {"torch_dtype", "float32"},
-  };
-}
 
 // The tensors of a Hugging Face checkpoint: one safetensors file, or the shards a
 // model.safetensors.index.json names.
@@ -314,42 +259,45 @@ class HfTensors {
   std::vector<std::unique_ptr<SafetensorsReader>> readers_;
 };
 
-// A Llama folder's config.json must agree with the run's config on what the weights' shapes do
-// not show (rotary base, norm epsilon, tying); a mismatch would silently change the model.
-void check_hf_llama_config(const std::string& path, const config::ModelConfig& c) {
+// A folder's config.json must agree with the run's config on what the weights' shapes do not show
+// (Llama: rotary base, norm epsilon, tying); a mismatch would silently change the model.
+void check_hf_config(const std::string& path, const config::ModelConfig& c, const model::ArchSpec& spec) {
+  if (spec.hf_checked_keys.empty()) return;
   const std::string file = (fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path()) / "config.json";
   if (!fs::exists(file)) return;
   const nlohmann::json hf = read_json_file(file, "a Hugging Face config.json");
-  const auto check = [&](const char* hf_key, double ours, const char* our_key) {
-    if (!hf.contains(hf_key) || !hf[hf_key].is_number()) return;
-    const double theirs = hf[hf_key].get<double>();
-    if (std::abs(theirs - ours) > 1e-9 * std::max(1.0, std::abs(ours))) {
+  const nlohmann::json expected = spec.hf_config(c);
+  for (const auto& [hf_key, our_key] : spec.hf_checked_keys) {
+    if (!hf.contains(hf_key)) continue;
+    const nlohmann::json& theirs = hf[hf_key];
+    const nlohmann::json& ours = expected.at(hf_key);
+    if (ours.is_boolean()) {
+      if (!theirs.is_boolean() || theirs.get<bool>() == ours.get<bool>()) continue;
+      throw InputError("model." + our_key + ": the config has " + (ours.get<bool>() ? "true" : "false") + ", but " +
+                       file + " has " + hf_key + " = " + (theirs.get<bool>() ? "true" : "false"));
+    }
+    if (!theirs.is_number()) continue;
+    const double a = theirs.get<double>(), b = ours.get<double>();
+    if (std::abs(a - b) > 1e-9 * std::max(1.0, std::abs(b))) {
       std::ostringstream message;
-      message << "model." << our_key << ": the config has " << ours << ", but " << file << " has " << hf_key << " = "
-              << theirs;
+      message << "model." << our_key << ": the config has " << b << ", but " << file << " has " << hf_key << " = "
+              << a;
       throw InputError(message.str());
     }
-  };
-  check("rope_theta", c.rope_theta, "rope_theta");
-  check("rms_norm_eps", c.norm_eps, "norm_eps");
-  if (hf.contains("tie_word_embeddings") && hf["tie_word_embeddings"].is_boolean() &&
-      hf["tie_word_embeddings"].get<bool>() != c.tie_embeddings) {
-    throw InputError(std::string("model.tie_embeddings: the config has ") + (c.tie_embeddings ? "true" : "false") +
-                     ", but " + file + " has tie_word_embeddings = " +
-                     (hf["tie_word_embeddings"].get<bool>() ? "true" : "false"));
   }
 }
 
 }  // namespace
 
 void export_hf(const model::Model& model, const std::string& dir) {
+  const model::ArchSpec& spec = model::arch_spec(model.config().arch);
   fs::create_directories(dir);
   std::vector<std::vector<float>> keep;  // transposed copies live until written
   std::vector<TensorToWrite> tensors;
   for (const auto& info : model.param_infos()) {
     const float* data = model.param(info).as<float>();
     std::vector<std::int64_t> shape = info.shape;
-    if (is_conv1d_weight(info.name)) {
+    if (spec.hf_transposed(info.name)) {
       keep.push_back(transposed(data, shape[0], shape[1]));
       data = keep.back().data();
       std::swap(shape[0], shape[1]);
@@ -357,20 +305,19 @@ void export_hf(const model::Model& model, const std::string& dir) {
     tensors.push_back({info.name, StDtype::f32, shape, data});
   }
   write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
-  write_text_atomic(dir + "/config.json", hf_config_json(model.config()).dump(2) + "\n");
+  write_text_atomic(dir + "/config.json", spec.hf_config(model.config()).dump(2) + "\n");
 }
 
 void import_hf(const std::string& path, model::Model& model) {
-  const bool llama = model.config().arch == "llama";
+  const model::ArchSpec& spec = model::arch_spec(model.config().arch);
   const HfTensors source(path);
-  if (llama) check_hf_llama_config(path, model.config());
+  check_hf_config(path, model.config(), spec);
   const std::string where = source.describe();
-  // GPT-2 names with or without GPT2LMHeadModel's "transformer." prefix.
+  // Names with or without the prefix published files may leave out (GPT2LMHeadModel's "transformer.").
+  const std::string prefix = spec.hf_optional_prefix;
   const auto hf_name = [&](const std::string& name) {
     auto found = source.find(name);
-    if (!found.second && name.starts_with("transformer.")) {
-      found = source.find(name.substr(std::string("transformer.").size()));
-    }
+    if (!found.second && !prefix.empty() && name.starts_with(prefix)) found = source.find(name.substr(prefix.size()));
     return found;
   };
   std::set<std::string> used;
@@ -378,7 +325,7 @@ void import_hf(const std::string& path, model::Model& model) {
     const auto [reader, t] = hf_name(info.name);
     if (!t) throw InputError(where + ": tensor " + info.name + " is missing");
     used.insert(t->name);
-    const bool conv = is_conv1d_weight(info.name);
+    const bool conv = spec.hf_transposed(info.name);
     std::vector<std::int64_t> expected = info.shape;
     if (conv) std::swap(expected[0], expected[1]);
     if (t->shape != expected) {

@@ -67,7 +67,7 @@ Command add_plan_command(CLI::App& parent) {
             const auto& m = c.model;
             std::printf("plan: %s at world size %d\n", o->config_path.c_str(), o->world_size);
             std::printf("parameters: %s (%s: %lld layers, d_model %lld, %lld heads, ffn %lld, vocab %lld, context %lld)\n",
-                        with_commas(train::parameter_count(m)).c_str(), m.arch.c_str(),
+                        with_commas(train::parameter_count(m)).c_str(), config::to_string(m.arch).c_str(),
                         static_cast<long long>(m.n_layer), static_cast<long long>(m.d_model),
                         static_cast<long long>(m.n_head), static_cast<long long>(m.ffn_hidden),
                         static_cast<long long>(m.vocab_size), static_cast<long long>(m.context_length));
@@ -75,7 +75,7 @@ Command add_plan_command(CLI::App& parent) {
                         static_cast<long long>(c.train.micro_batch_size), static_cast<long long>(m.context_length),
                         static_cast<long long>(accum), static_cast<long long>(c.train.global_batch_size));
             std::printf("activations: recompute %s; training FLOPs per token %.4g (6 N + 12 L H Q T)\n",
-                        c.train.recompute.c_str(), train::flops_per_token(m));
+                        config::to_string(c.train.recompute).c_str(), train::flops_per_token(m));
             std::printf("%-13s %12s %12s %12s %12s %12s %16s\n", "per rank", "weights", "gradients", "optimizer",
                         "activations", "total", "max micro-batch");
             for (const bool bf16 : {false, true}) {

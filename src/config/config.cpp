@@ -108,6 +108,13 @@ void read_value(const json& v, const std::string& path, std::string& out, const 
   fail(o, path, expected + ", got " + shown(v) + (near.empty() ? "" : "; did you mean \"" + near + "\"?"));
 }
 
+template <Choice E>
+void read_value(const json& v, const std::string& path, E& out, const Named&, const Origins& o) {
+  std::string name;
+  read_value(v, path, name, OneOf{std::vector<std::string>(ChoiceNames<E>::values.begin(), ChoiceNames<E>::values.end())}, o);
+  out = *parse_choice<E>(name);
+}
+
 void read_value(const json& v, const std::string& path, std::string& out, const AnyString&,
                 const Origins& o) {
   if (!v.is_string()) fail(o, path, "expected a string, got " + shown(v));
@@ -205,6 +212,10 @@ struct SectionWriter {
   json& object;
   template <class T, class C>
   void operator()(const char* key, const T& member, const C&) {
+    if constexpr (Choice<T>) {
+      object[key] = to_string(member);
+      return;
+    }
     if constexpr (std::is_same_v<T, std::vector<std::string>>) {
       if (member.size() == 1) {
         object[key] = member.front();
@@ -310,7 +321,7 @@ void resolve_and_check(Config& c, const Origins& o) {
   if (m.n_kv_head == 0) m.n_kv_head = m.n_head;
   if (m.ffn_hidden == 0) {
     // GPT-2: 4 C. Llama: 2/3 of 4 C (SwiGLU has three matrices), rounded up to a multiple of 256.
-    m.ffn_hidden = m.arch == "gpt2" ? 4 * m.d_model : (8 * m.d_model / 3 + 255) / 256 * 256;
+    m.ffn_hidden = m.arch == Arch::gpt2 ? 4 * m.d_model : (8 * m.d_model / 3 + 255) / 256 * 256;
   }
   if (m.d_model % m.n_head != 0) {
     fail_rule(o, "model.n_head", "model.d_model", "must divide model.d_model (" + std::to_string(m.d_model) + "), got " +
@@ -320,18 +331,23 @@ void resolve_and_check(Config& c, const Origins& o) {
     fail_rule(o, "model.n_kv_head", "model.n_head", "must divide model.n_head (" + std::to_string(m.n_head) + "), got " +
                                    std::to_string(m.n_kv_head));
   }
-  if (m.arch == "gpt2" && m.n_kv_head != m.n_head) {
+  if (m.arch == Arch::gpt2 && m.n_kv_head != m.n_head) {
     fail_rule(o, "model.n_kv_head", "model.arch", "gpt2 has no grouped-query attention: must equal model.n_head (" +
                                    std::to_string(m.n_head) + ") or be 0, got " + std::to_string(m.n_kv_head));
   }
-  if (m.arch == "gpt2" && !m.tie_embeddings) {
+  if (m.arch == Arch::gpt2 && !m.tie_embeddings) {
     fail_rule(o, "model.tie_embeddings", "model.arch", "gpt2 always ties its output head to the token embedding: must be true");
   }
-  if (m.arch == "llama" && (m.d_model / m.n_head) % 2 != 0) {
+  if (m.arch == Arch::llama && (m.d_model / m.n_head) % 2 != 0) {
     fail_rule(o, "model.n_head", "model.d_model", "llama's rotary embeddings need an even head size (d_model / n_head), got " +
                                 std::to_string(m.d_model / m.n_head));
   }
   const auto& t = c.train;
+  if (m.attention == Attention::cudnn && t.precision != Precision::bf16) {
+    fail_rule(o, "model.attention", "train.precision",
+              "\"cudnn\" needs train.precision \"bf16\" (cuDNN's fused attention has no fp32 kernels), got \"" +
+                  to_string(t.precision) + "\"");
+  }
   if (t.global_batch_size % t.micro_batch_size != 0) {
     fail_rule(o, "train.global_batch_size", "train.micro_batch_size", "must be a multiple of train.micro_batch_size (" +
                                            std::to_string(t.micro_batch_size) + "), got " +
@@ -368,7 +384,7 @@ Config from_json(const json& root, const Origins& origins) {
   });
   // GPT-2 always ties its output head to the token embedding; Llama models usually do not.
   const auto model = root.find("model");
-  if (model == root.end() || !model->contains("tie_embeddings")) config.model.tie_embeddings = config.model.arch == "gpt2";
+  if (model == root.end() || !model->contains("tie_embeddings")) config.model.tie_embeddings = config.model.arch == Arch::gpt2;
   resolve_and_check(config, origins);
   return config;
 }

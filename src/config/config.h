@@ -12,6 +12,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "config/choices.h"
+
 namespace llmtrain::config {
 
 /// An integer in [min, max].
@@ -36,6 +38,9 @@ struct OneOf {
   std::vector<std::string> values;
 };
 
+/// One of an enum's names (config/choices.h): the member's type says which.
+struct Named {};
+
 /// Any string (paths). A list of paths accepts a string or an array of strings.
 struct AnyString {};
 
@@ -43,7 +48,7 @@ struct AnyString {};
 struct Boolean {};
 
 struct ModelConfig {
-  std::string arch = "gpt2";
+  Arch arch = Arch::gpt2;
   std::int64_t vocab_size = 50257;
   std::int64_t context_length = 1024;
   std::int64_t n_layer = 12;
@@ -54,12 +59,12 @@ struct ModelConfig {
   double norm_eps = 1e-5;       // llama: RMSNorm epsilon
   double rope_theta = 10000.0;  // llama: rotary embedding base
   bool tie_embeddings = true;   // output head shares the token embedding; unset: gpt2 true, llama false
-  std::string attention = "flash";  // GPU attention kernels: our flash attention, or cuDNN's fused attention
+  Attention attention = Attention::flash;  // GPU attention kernels: our flash attention, or cuDNN's fused attention
   std::string init_from;        // Hugging Face style safetensors file or folder; empty: random init
 
   template <class Visitor>
   void fields(Visitor&& v) {
-    v("arch", arch, OneOf{{"gpt2", "llama"}});
+    v("arch", arch, Named{});
     v("vocab_size", vocab_size, IntRange{1, std::int64_t{1} << 31});
     v("context_length", context_length, IntRange{1, 1 << 20});
     v("n_layer", n_layer, IntRange{1, 1024});
@@ -70,7 +75,7 @@ struct ModelConfig {
     v("norm_eps", norm_eps, NumberRange{0.0, 1.0, true, true});
     v("rope_theta", rope_theta, positive);
     v("tie_embeddings", tie_embeddings, Boolean{});
-    v("attention", attention, OneOf{{"flash", "cudnn"}});
+    v("attention", attention, Named{});
     v("init_from", init_from, AnyString{});
   }
 };
@@ -99,10 +104,10 @@ struct TrainConfig {
   std::int64_t log_every = 10;
   std::int64_t eval_every = 100;  // 0: no periodic validation
   std::int64_t eval_batches = 20;
-  std::string precision = "fp32";
+  Precision precision = Precision::fp32;
   std::int64_t max_bad_steps = 5;  // non-finite updates in a row before the run stops
   double peak_tflops = 0.0;        // dense peak of one device for MFU; 0: unknown (MFU not reported)
-  std::string recompute = "none";  // activations backward recomputes: none | mlp | full
+  Recompute recompute = Recompute::none;  // activations backward recomputes
 
   template <class Visitor>
   void fields(Visitor&& v) {
@@ -114,10 +119,10 @@ struct TrainConfig {
     v("log_every", log_every, IntRange{1});
     v("eval_every", eval_every, IntRange{0});
     v("eval_batches", eval_batches, IntRange{1});
-    v("precision", precision, OneOf{{"fp32", "bf16"}});
+    v("precision", precision, Named{});
     v("max_bad_steps", max_bad_steps, IntRange{1});
     v("peak_tflops", peak_tflops, non_negative);
-    v("recompute", recompute, OneOf{{"none", "mlp", "full"}});
+    v("recompute", recompute, Named{});
   }
 };
 

@@ -40,7 +40,9 @@ void for_each_param(const config::ModelConfig& c, ParamsT& p, F&& f) {
 
 Gpt2::Gpt2(const config::ModelConfig& config, Device device, Recompute recompute, DType compute)
     : Model(config, device, compute), recompute_(recompute) {
-  if (config.arch != "gpt2") throw RuntimeError("Gpt2: config has model.arch \"" + config.arch + "\"");
+  if (config.arch != config::Arch::gpt2) {
+    throw RuntimeError("Gpt2: config has model.arch \"" + config::to_string(config.arch) + "\"");
+  }
   Params layout;
   layout.layers.resize(std::size_t(config.n_layer));
   for_each_param(config_, layout, [&](const std::string& name, const std::vector<std::int64_t>& shape, Tensor&) {
@@ -54,6 +56,18 @@ Gpt2::Gpt2(const config::ModelConfig& config, Device device, Recompute recompute
   }
   p_ = bind_params(false);
   g_ = bind_params(true);
+}
+
+std::int64_t Gpt2::parameter_count(const config::ModelConfig& config) {
+  Params layout;
+  layout.layers.resize(std::size_t(config.n_layer));
+  std::int64_t count = 0;
+  for_each_param(config, layout, [&](const std::string&, const std::vector<std::int64_t>& shape, Tensor&) {
+    std::int64_t numel = 1;
+    for (const auto d : shape) numel *= d;
+    count += numel;
+  });
+  return count;
 }
 
 Gpt2::Params Gpt2::bind_params(bool grads) const {
@@ -79,12 +93,12 @@ void Gpt2::init_weights(std::uint64_t seed) {
   }
 }
 
-std::size_t Gpt2::bind_acts(char* base, int B, int T, Acts& a, GradActs& g) const {
-  Carver carver{base, device_};
-  const std::int64_t N = std::int64_t(B) * T, C = config_.d_model, F4 = config_.ffn_hidden, V = config_.vocab_size,
-                     NH = config_.n_head;
+std::size_t Gpt2::bind_acts(const config::ModelConfig& config, Recompute recompute, DType compute, Carver& carver,
+                           int B, int T, Acts& a, GradActs& g) {
+  const std::int64_t N = std::int64_t(B) * T, C = config.d_model, F4 = config.ffn_hidden, V = config.vocab_size,
+                     NH = config.n_head;
   // Activations in the compute dtype; statistics (means, rstds, lse, losses) always f32.
-  const auto take = [&](std::initializer_list<std::int64_t> shape) { return carver.take(compute_, shape); };
+  const auto take = [&](std::initializer_list<std::int64_t> shape) { return carver.take(compute, shape); };
   const auto stat = [&](std::initializer_list<std::int64_t> shape) { return carver.take(DType::f32, shape); };
   a = Acts();
   a.inputs = carver.take(DType::i32, {B, T});
@@ -96,8 +110,8 @@ std::size_t Gpt2::bind_acts(char* base, int B, int T, Acts& a, GradActs& g) cons
   LayerActs shared;
   shared.attproj = take({N, C});
   shared.fcproj = take({N, C});
-  const bool full = recompute_ == Recompute::full;
-  if (recompute_ != Recompute::none) {
+  const bool full = recompute == Recompute::full;
+  if (recompute != Recompute::none) {
     shared.fch = take({N, F4});
     shared.fch_gelu = take({N, F4});
   }
@@ -114,10 +128,10 @@ std::size_t Gpt2::bind_acts(char* base, int B, int T, Acts& a, GradActs& g) cons
     la.ln2_rstd = stat({N});
   };
   if (full) attention_block(shared);
-  for (std::int64_t l = 0; l < config_.n_layer; ++l) {
+  for (std::int64_t l = 0; l < config.n_layer; ++l) {
     LayerActs la = shared;
     if (!full) attention_block(la);
-    if (recompute_ == Recompute::none) {
+    if (recompute == Recompute::none) {
       la.fch = take({N, F4});
       la.fch_gelu = take({N, F4});
     }
@@ -139,15 +153,20 @@ std::size_t Gpt2::bind_acts(char* base, int B, int T, Acts& a, GradActs& g) cons
   g.ln2 = take({N, C});
   g.fch = take({N, F4});
   g.fch_gelu = take({N, F4});
-  g.scratch = Tensor(base ? base + scratch_begin : nullptr, DType::u16, device_,
-                     {std::int64_t(carver.used - scratch_begin) / 2});  // raw bytes, for zeroing
+  g.scratch = carver.raw_since(scratch_begin);
   return carver.used;
 }
 
-std::size_t Gpt2::activation_bytes(int B, int T) const {
+std::size_t Gpt2::measure_activations(const config::ModelConfig& config, Recompute recompute, DType compute, int B,
+                                      int T) {
+  Carver carver = Carver::measuring();
   Acts a;
   GradActs g;
-  return bind_acts(nullptr, B, T, a, g);
+  return bind_acts(config, recompute, compute, carver, B, T, a, g);
+}
+
+std::size_t Gpt2::activation_bytes(int B, int T) const {
+  return measure_activations(config_, recompute_, compute_, B, T);
 }
 
 void Gpt2::ensure_acts(int B, int T) {
@@ -157,7 +176,8 @@ void Gpt2::ensure_acts(int B, int T) {
   if (B == acts_B_ && T == acts_T_) return;
   acts_buffer_ = ops::Buffer();
   acts_buffer_ = ops::Buffer(device_, activation_bytes(B, T));
-  bind_acts(static_cast<char*>(acts_buffer_.data()), B, T, a_, ga_);
+  Carver carver{static_cast<char*>(acts_buffer_.data()), device_};
+  bind_acts(config_, recompute_, compute_, carver, B, T, a_, ga_);
   acts_B_ = B;
   acts_T_ = T;
 }

@@ -23,6 +23,12 @@ class Gpt2 final : public Model {
   Tensor decode_step(std::int32_t token, int pos) override;
   std::size_t activation_bytes(int B, int T) const override;
 
+  /// Exact parameter count of `config`, from the parameter list alone (nothing allocated).
+  static std::int64_t parameter_count(const config::ModelConfig& config);
+  /// Activation bytes at (B,T): bind_acts with a measuring Carver (nothing allocated).
+  static std::size_t measure_activations(const config::ModelConfig& config, Recompute recompute, DType compute,
+                                         int B, int T);
+
  private:
   struct LayerParams {
     Tensor ln1_w, ln1_b, qkv_w, qkv_b, attproj_w, attproj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
@@ -48,8 +54,10 @@ class Gpt2 final : public Model {
   };
 
   Params bind_params(bool grads) const;
-  /// Lays the activations of (B,T) out from `base` into a, g; with a null base only measures.
-  std::size_t bind_acts(char* base, int B, int T, Acts& a, GradActs& g) const;
+  /// Lays the activations of (B,T) out with `carver` into a, g; returns the bytes they take. The
+  /// one activation layout: a measuring Carver sizes the buffer (and `plan`), a real one binds it.
+  static std::size_t bind_acts(const config::ModelConfig& config, Recompute recompute, DType compute, Carver& carver,
+                               int B, int T, Acts& a, GradActs& g);
   void ensure_acts(int B, int T);
   void forward_layer(std::size_t l);
   void forward_mlp(const LayerParams& lp, const LayerActs& la);

@@ -17,31 +17,39 @@ Tensor row_slice(const Tensor& t, std::int64_t r, std::int64_t offset, std::int6
   return Tensor(base, t.dtype, t.device, {width});
 }
 
+// Calls f(name, shape) for every parameter, in flat-buffer order.
+template <class F>
+void for_each_param(const config::ModelConfig& c, F&& f) {
+  const std::int64_t C = c.d_model, F4 = c.ffn_hidden, V = c.vocab_size, HS = c.d_model / c.n_head;
+  const std::int64_t NH = c.n_head, NKV = c.n_kv_head;
+  if (!c.tie_embeddings) f("lm_head.weight", std::vector<std::int64_t>{V, C});
+  f("model.norm.weight", std::vector<std::int64_t>{C});
+  for (std::int64_t l = c.n_layer - 1; l >= 0; --l) {
+    const std::string h = layer_prefix(l);
+    f(h + "input_layernorm.weight", std::vector<std::int64_t>{C});
+    // q, k and v stay adjacent: together they are the one ((NH + 2 NKV) HS, C) matrix of the fused matmul.
+    f(h + "self_attn.q_proj.weight", std::vector<std::int64_t>{NH * HS, C});
+    f(h + "self_attn.k_proj.weight", std::vector<std::int64_t>{NKV * HS, C});
+    f(h + "self_attn.v_proj.weight", std::vector<std::int64_t>{NKV * HS, C});
+    f(h + "self_attn.o_proj.weight", std::vector<std::int64_t>{C, NH * HS});
+    f(h + "post_attention_layernorm.weight", std::vector<std::int64_t>{C});
+    f(h + "mlp.gate_proj.weight", std::vector<std::int64_t>{F4, C});
+    f(h + "mlp.up_proj.weight", std::vector<std::int64_t>{F4, C});
+    f(h + "mlp.down_proj.weight", std::vector<std::int64_t>{C, F4});
+  }
+  f("model.embed_tokens.weight", std::vector<std::int64_t>{V, C});
+}
+
 }  // namespace
 
 Llama::Llama(const config::ModelConfig& config, Device device, Recompute recompute, DType compute)
     : Model(config, device, compute), recompute_(recompute) {
-  if (config.arch != "llama") throw RuntimeError("Llama: config has model.arch \"" + config.arch + "\"");
-  const std::int64_t C = config.d_model, F = config.ffn_hidden, V = config.vocab_size, NH = config.n_head,
-                     NKV = config.n_kv_head;
-  HS_ = C / NH;
-  QKV_ = (NH + 2 * NKV) * HS_;
-  if (!config.tie_embeddings) add_param("lm_head.weight", {V, C});
-  add_param("model.norm.weight", {C});
-  for (std::int64_t l = config.n_layer - 1; l >= 0; --l) {
-    const std::string h = layer_prefix(l);
-    add_param(h + "input_layernorm.weight", {C});
-    // q, k and v stay adjacent: together they are the one ((NH + 2 NKV) HS, C) matrix of the fused matmul.
-    add_param(h + "self_attn.q_proj.weight", {NH * HS_, C});
-    add_param(h + "self_attn.k_proj.weight", {NKV * HS_, C});
-    add_param(h + "self_attn.v_proj.weight", {NKV * HS_, C});
-    add_param(h + "self_attn.o_proj.weight", {C, NH * HS_});
-    add_param(h + "post_attention_layernorm.weight", {C});
-    add_param(h + "mlp.gate_proj.weight", {F, C});
-    add_param(h + "mlp.up_proj.weight", {F, C});
-    add_param(h + "mlp.down_proj.weight", {C, F});
+  if (config.arch != config::Arch::llama) {
+    throw RuntimeError("Llama: config has model.arch \"" + config::to_string(config.arch) + "\"");
   }
-  add_param("model.embed_tokens.weight", {V, C});
+  HS_ = config.d_model / config.n_head;
+  QKV_ = (config.n_head + 2 * config.n_kv_head) * HS_;
+  for_each_param(config, [&](const std::string& name, const std::vector<std::int64_t>& shape) { add_param(name, shape); });
   allocate();
   // Layer l's gradients are final once its backward is done: they end where layer l - 1's begin.
   for (std::int64_t l = 0; l < config.n_layer; ++l) {
@@ -50,6 +58,16 @@ Llama::Llama(const config::ModelConfig& config, Device device, Recompute recompu
   }
   p_ = bind_params(false);
   g_ = bind_params(true);
+}
+
+std::int64_t Llama::parameter_count(const config::ModelConfig& config) {
+  std::int64_t count = 0;
+  for_each_param(config, [&](const std::string&, const std::vector<std::int64_t>& shape) {
+    std::int64_t numel = 1;
+    for (const auto d : shape) numel *= d;
+    count += numel;
+  });
+  return count;
 }
 
 Llama::Params Llama::bind_params(bool grads) const {
@@ -89,12 +107,12 @@ void Llama::init_weights(std::uint64_t seed) {
 
 int Llama::rotated_heads() const { return int(config_.n_head + config_.n_kv_head); }
 
-std::size_t Llama::bind_acts(char* base, int B, int T, Acts& a, GradActs& g) const {
-  Carver carver{base, device_};
-  const std::int64_t N = std::int64_t(B) * T, C = config_.d_model, F = config_.ffn_hidden, V = config_.vocab_size,
-                     NH = config_.n_head;
+std::size_t Llama::bind_acts(const config::ModelConfig& config, Recompute recompute, DType compute, Carver& carver,
+                            int B, int T, Acts& a, GradActs& g) {
+  const std::int64_t N = std::int64_t(B) * T, C = config.d_model, F = config.ffn_hidden, V = config.vocab_size,
+                     NH = config.n_head, QKV = (NH + 2 * config.n_kv_head) * (C / NH);
   // Activations in the compute dtype; statistics (rstd, lse, losses) always f32.
-  const auto take = [&](std::initializer_list<std::int64_t> shape) { return carver.take(compute_, shape); };
+  const auto take = [&](std::initializer_list<std::int64_t> shape) { return carver.take(compute, shape); };
   const auto stat = [&](std::initializer_list<std::int64_t> shape) { return carver.take(DType::f32, shape); };
   a = Acts();
   a.inputs = carver.take(DType::i32, {B, T});
@@ -104,11 +122,11 @@ std::size_t Llama::bind_acts(char* base, int B, int T, Acts& a, GradActs& g) con
   // One copy shared by all layers: what backward never reads (the pre-rotation qkv and the two
   // branch outputs) and what it recomputes.
   LayerActs shared;
-  shared.qkv = take({N, QKV_});
+  shared.qkv = take({N, QKV});
   shared.attproj = take({N, C});
   shared.down = take({N, C});
-  const bool full = recompute_ == Recompute::full;
-  if (recompute_ != Recompute::none) {
+  const bool full = recompute == Recompute::full;
+  if (recompute != Recompute::none) {
     shared.gate = take({N, F});
     shared.up = take({N, F});
     shared.swi = take({N, F});
@@ -116,26 +134,26 @@ std::size_t Llama::bind_acts(char* base, int B, int T, Acts& a, GradActs& g) con
   if (full) {
     shared.ln1 = take({N, C});
     shared.rstd1 = stat({N});
-    shared.qkvr = take({N, QKV_});
+    shared.qkvr = take({N, QKV});
     shared.atty = take({N, C});
     shared.lse = stat({B, NH, T});
     shared.residual2 = take({N, C});
     shared.ln2 = take({N, C});
     shared.rstd2 = stat({N});
   }
-  for (std::int64_t l = 0; l < config_.n_layer; ++l) {
+  for (std::int64_t l = 0; l < config.n_layer; ++l) {
     LayerActs la = shared;
     if (!full) {
       la.ln1 = take({N, C});
       la.rstd1 = stat({N});
-      la.qkvr = take({N, QKV_});
+      la.qkvr = take({N, QKV});
       la.atty = take({N, C});
       la.lse = stat({B, NH, T});
       la.residual2 = take({N, C});
       la.ln2 = take({N, C});
       la.rstd2 = stat({N});
     }
-    if (recompute_ == Recompute::none) {
+    if (recompute == Recompute::none) {
       la.gate = take({N, F});
       la.up = take({N, F});
       la.swi = take({N, F});
@@ -152,22 +170,27 @@ std::size_t Llama::bind_acts(char* base, int B, int T, Acts& a, GradActs& g) con
   g.lnf = take({N, C});
   const std::size_t scratch_begin = carver.used;
   g.ln1 = take({N, C});
-  g.qkv = take({N, QKV_});
-  g.qkvr = take({N, QKV_});
+  g.qkv = take({N, QKV});
+  g.qkvr = take({N, QKV});
   g.atty = take({N, C});
   g.ln2 = take({N, C});
   g.gate = take({N, F});
   g.up = take({N, F});
   g.swi = take({N, F});
-  g.scratch = Tensor(base ? base + scratch_begin : nullptr, DType::u16, device_,
-                     {std::int64_t(carver.used - scratch_begin) / 2});  // raw bytes, for zeroing
+  g.scratch = carver.raw_since(scratch_begin);
   return carver.used;
 }
 
-std::size_t Llama::activation_bytes(int B, int T) const {
+std::size_t Llama::measure_activations(const config::ModelConfig& config, Recompute recompute, DType compute, int B,
+                                       int T) {
+  Carver carver = Carver::measuring();
   Acts a;
   GradActs g;
-  return bind_acts(nullptr, B, T, a, g);
+  return bind_acts(config, recompute, compute, carver, B, T, a, g);
+}
+
+std::size_t Llama::activation_bytes(int B, int T) const {
+  return measure_activations(config_, recompute_, compute_, B, T);
 }
 
 void Llama::ensure_acts(int B, int T) {
@@ -178,7 +201,8 @@ void Llama::ensure_acts(int B, int T) {
   if (B == acts_B_ && T == acts_T_) return;
   acts_buffer_ = ops::Buffer();
   acts_buffer_ = ops::Buffer(device_, activation_bytes(B, T));
-  bind_acts(static_cast<char*>(acts_buffer_.data()), B, T, a_, ga_);
+  Carver carver{static_cast<char*>(acts_buffer_.data()), device_};
+  bind_acts(config_, recompute_, compute_, carver, B, T, a_, ga_);
   acts_B_ = B;
   acts_T_ = T;
 }

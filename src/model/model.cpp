@@ -2,30 +2,20 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "model/gpt2.h"
-#include "model/llama.h"
+#include "model/arch.h"
 #include "ops/ops.h"
 
 namespace llmtrain::model {
 
-Recompute parse_recompute(const std::string& name) {
-  if (name == "none") return Recompute::none;
-  if (name == "mlp") return Recompute::mlp;
-  if (name == "full") return Recompute::full;
-  throw InputError("train.recompute: expected \"none\", \"mlp\" or \"full\", got \"" + name + "\"");
-}
-
-DType precision_dtype(const std::string& precision) {
-  if (precision == "fp32") return DType::f32;
-  if (precision == "bf16") return DType::bf16;
-  throw InputError("train.precision: expected \"fp32\" or \"bf16\", got \"" + precision + "\"");
+DType precision_dtype(config::Precision precision) {
+  return precision == config::Precision::bf16 ? DType::bf16 : DType::f32;
 }
 
 Model::Model(const config::ModelConfig& config, Device device, DType compute)
     : config_(config),
       device_(device),
       compute_(compute),
-      attention_kernels_(ops::parse_attention_kernels(config.attention)) {
+      attention_kernels_(config.attention) {
   if (compute != DType::f32 && compute != DType::bf16) throw RuntimeError("model: compute dtype must be f32 or bf16");
 }
 
@@ -114,9 +104,7 @@ void Model::init_constant(const ParamInfo& info, float value) {
 
 std::unique_ptr<Model> make_model(const config::ModelConfig& config, Device device, Recompute recompute,
                                   DType compute) {
-  if (config.arch == "gpt2") return std::make_unique<Gpt2>(config, device, recompute, compute);
-  if (config.arch == "llama") return std::make_unique<Llama>(config, device, recompute, compute);
-  throw InputError("model.arch: unknown architecture \"" + config.arch + "\"");
+  return arch_spec(config.arch).make(config, device, recompute, compute);
 }
 
 }  // namespace llmtrain::model

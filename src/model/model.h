@@ -28,8 +28,7 @@ struct ParamInfo {
 };
 
 /// Which activations backward recomputes instead of keeping from forward (config train.recompute).
-enum class Recompute { none, mlp, full };
-Recompute parse_recompute(const std::string& name);
+using Recompute = config::Recompute;
 
 class Model {
  public:
@@ -109,24 +108,31 @@ class Model {
   ops::Buffer params_, grads_, working_;  // working_: bf16 weights in mixed precision
 };
 
-/// The model of config.arch ("gpt2" or "llama"), its parameters allocated and uninitialised;
+/// The model of config.arch (model::arch_spec), its parameters allocated and uninitialised;
 /// `compute` f32, or bf16 for mixed precision (train.precision).
 std::unique_ptr<Model> make_model(const config::ModelConfig& config, Device device,
                                   Recompute recompute = Recompute::none, DType compute = DType::f32);
-/// The compute dtype of train.precision ("fp32" or "bf16").
-DType precision_dtype(const std::string& precision);
+/// The compute dtype of train.precision: f32 or bf16.
+DType precision_dtype(config::Precision precision);
 
-/// Hands out consecutive 64-byte aligned tensors from one allocation; with a null base it only
-/// measures how many bytes they need.
+/// Hands out consecutive 64-byte aligned tensors from one allocation. A measuring Carver (null
+/// base) allocates nothing and hands out tensors without data: it only counts the bytes, so that
+/// the same layout code sizes the buffer, carves it, and answers `llmtrain plan`.
 struct Carver {
   char* base;
   Device device;
   std::size_t used = 0;
 
+  static Carver measuring(Device device = Device::cpu) { return Carver{nullptr, device}; }
+
   Tensor take(DType dtype, std::initializer_list<std::int64_t> shape) {
     Tensor t(base ? base + used : nullptr, dtype, device, shape);
     used += (t.bytes() + 63) / 64 * 64;
     return t;
+  }
+  /// The bytes handed out since offset `begin`, as one raw u16 tensor (for zeroing them at once).
+  Tensor raw_since(std::size_t begin) const {
+    return Tensor(base ? base + begin : nullptr, DType::u16, device, {std::int64_t(used - begin) / 2});
   }
 };
 

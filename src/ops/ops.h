@@ -1,6 +1,6 @@
 // The Transformer ops as the model calls them. Each validates its tensors once (dtype, device,
-// shape) and dispatches to the CPU reference (src/ops/cpu/nn.h) or, on cuda tensors, to the
-// CUDA kernels. Backward ops accumulate (+=) into their outputs, like their CPU references.
+// shape) and dispatches (src/ops/dispatch.h) to the CPU reference (src/ops/cpu/reference.h) or, on
+// cuda tensors, to the CUDA kernels (src/ops/cuda/kernels.h). Backward ops accumulate (+=) into their outputs, like their CPU references.
 //
 // Precision: activations, their gradients and the weights an op reads are all f32, or all bf16
 // (mixed precision); weight gradients (dweight, dbias, dwte, ...) and statistics (mean, rstd,
@@ -11,7 +11,9 @@
 #include <cstdint>
 #include <string>
 
+#include "config/choices.h"
 #include "core/tensor.h"
+#include "ops/elementwise.h"
 
 namespace llmtrain::ops {
 
@@ -30,19 +32,14 @@ void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, 
 void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
                      const Tensor& inp, const Tensor& weight);
 
-/// Causal self-attention: qkv (B,T,(NH+2NKV)HS) -> out (B,T,NH HS); att (B,NH,T,T) probabilities.
-/// NKV key/value heads (grouped-query attention); 0 means NH (GPT-2: qkv is (B,T,3C)).
-void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int NH, int NKV = 0);
-void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att, int NH,
-                        int NKV = 0);
-
 /// Which GPU kernels compute flash_attention_*: ours, or cuDNN's fused attention (bf16 only).
 /// The CPU reference serves both.
-enum class AttentionKernels { flash, cudnn };
-AttentionKernels parse_attention_kernels(const std::string& name);  // config model.attention
+using AttentionKernels = config::Attention;  // config model.attention
 
-/// The same attention, memory-lean (flash attention): out (B,T,NH HS) and lse (B,NH,T) f32, the
-/// log-sum-exp of each row's scaled scores; nothing of size T x T is stored. CPU or CUDA.
+/// Causal self-attention, memory-lean (flash attention): qkv (B,T,(NH+2NKV)HS) holds NH query, NKV
+/// key and NKV value heads (grouped-query attention; NKV 0 means NH, GPT-2's qkv (B,T,3C)) ->
+/// out (B,T,NH HS) and lse (B,NH,T) f32, the log-sum-exp of each row's scaled scores; nothing of
+/// size T x T is stored.
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int NH, int NKV = 0,
                              AttentionKernels kernels = AttentionKernels::flash);
 /// dqkv += the gradient from dout (B,T,NH HS), recomputing the probabilities from qkv, out and lse.
@@ -55,14 +52,6 @@ void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tens
 void attention_decode(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int pos,
                       int NH, int NKV = 0);
 
-/// GELU (tanh form), elementwise; same-size tensors.
-void gelu_forward(const Tensor& out, const Tensor& inp);
-void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout);
-
-/// out = a + b; backward: da += dout, db += dout.
-void residual_forward(const Tensor& out, const Tensor& a, const Tensor& b);
-void residual_backward(const Tensor& da, const Tensor& db, const Tensor& dout);
-
 /// RMSNorm: out (N,C) from inp (N,C), weight (C); rstd (N) saved.
 void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight, float eps);
 void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
@@ -73,9 +62,11 @@ void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& d
 void rope_forward(const Tensor& out, const Tensor& inp, float theta, int rotated_heads = -1, int pos0 = 0);
 void rope_backward(const Tensor& dinp, const Tensor& dout, float theta, int rotated_heads = -1, int pos0 = 0);
 
-/// SwiGLU: out = silu(gate) * up, elementwise; same-size tensors.
-void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up);
-void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout, const Tensor& gate, const Tensor& up);
+/// The elementwise ops (GELU, residual, SwiGLU): one line each in elementwise.def.
+#define LLMTRAIN_ELEMENTWISE(name, outputs, inputs) \
+  void name(LLMTRAIN_EW_LIST(LLMTRAIN_EW_TENSOR, outputs), LLMTRAIN_EW_LIST(LLMTRAIN_EW_TENSOR, inputs));
+#include "ops/elementwise.def"
+#undef LLMTRAIN_ELEMENTWISE
 
 /// Softmax cross-entropy over logits (N,V) against targets (N) i32 -> losses (N); with
 /// dlogits_scale > 0 the logits become their gradient times that scale. Returns the loss sum.

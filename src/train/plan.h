@@ -2,7 +2,6 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 
 #include "config/config.h"
 
@@ -16,19 +15,19 @@ struct MemoryPlan {
   std::int64_t total() const { return weights + gradients + optimizer + activations; }
 };
 
-/// Exact parameter count of the config's model.
+/// Exact parameter count of the config's model (its ArchSpec: the model's own parameter list).
 std::int64_t parameter_count(const config::ModelConfig& model);
 
 /// Training FLOPs per token: 6 N + 12 L H Q T (N parameters, L layers, H heads of size Q, context
 /// T): the matmuls forward and backward plus attention's scores and weighted sums.
 double flops_per_token(const config::ModelConfig& model);
 
-/// Activation bytes per sequence of context_length tokens: the buffers the model allocates for
-/// one micro-batch row (as Gpt2 and Llama lay them out for train.recompute `recompute`, with one
-/// layer's worth of gradient scratch), at 4 bytes (fp32) or 2 (bf16) per element, without the
-/// 64-byte alignment of each buffer.
+/// Activation bytes per sequence of context_length tokens: the buffer the model allocates for a
+/// micro-batch of one (its activations, for train.recompute `recompute`, and their gradients),
+/// measured by the model's own layout code (ArchSpec::activation_bytes) with fp32 or bf16
+/// activations.
 std::int64_t activation_bytes_per_sequence(const config::ModelConfig& model, bool bf16,
-                                           const std::string& recompute = "none");
+                                           config::Recompute recompute = config::Recompute::none);
 
 /// Bytes per rank. fp32: 4-byte weights, gradients, AdamW m and v. bf16 (mixed precision): the
 /// same plus a 2-byte working copy of the weights, and 2-byte activations. ZeRO 1 shards m and v

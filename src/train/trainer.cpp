@@ -249,7 +249,7 @@ TrainSummary run_training(const TrainOptions& options) {
   }
   data::BatchLoader loader(train_data, sampler_options, sampler_state);
 
-  const auto model_owner = model::make_model(config.model, device, model::parse_recompute(tc.recompute),
+  const auto model_owner = model::make_model(config.model, device, tc.recompute,
                                              model::precision_dtype(tc.precision));
   model::Model& model = *model_owner;
   // Weights are initialised, read and written on the CPU: on a GPU through a host copy.

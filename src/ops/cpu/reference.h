@@ -1,4 +1,4 @@
-// CPU reference implementations of the Transformer ops, fp32. The CUDA twins (kernels/) take
+// CPU reference implementations of the Transformer ops, fp32. The CUDA twins (src/ops/cuda/kernels.h) take
 // the same arguments in the same order, plus a stream.
 //
 // Conventions: B batch, T time, C channels, V vocabulary, NH heads, HS = C / NH head size,
@@ -9,6 +9,8 @@
 #pragma once
 
 #include <cstdint>
+
+#include "ops/elementwise.h"
 
 namespace llmtrain::cpu {
 
@@ -34,6 +36,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 /// Causal self-attention with NKV key/value heads (NKV divides NH; GPT-2: NKV = NH). qkv
 /// (B,T,(NH+2NKV)HS): NH query heads, NKV key heads, NKV value heads, each a contiguous HS slice;
 /// C = NH HS. out (B,T,C); att (B,NH,T,T) keeps the probabilities for backward (row t: keys 0..t).
+/// Not an op: the model uses flash attention; this textbook form is the tests' independent check of it.
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, int NKV);
 /// dqkv (B,T,(NH+2NKV)HS) += from dout (B,T,C).
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
@@ -53,15 +56,12 @@ void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, 
 void attention_decode(float* out, const float* q, const float* k_cache, const float* v_cache, int pos, int C, int NH,
                       int NKV);
 
-/// GELU, tanh approximation: out (N) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-void gelu_forward(float* out, const float* inp, std::int64_t N);
-void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t N);
-
-/// out (N) = a + b.
-void residual_forward(float* out, const float* a, const float* b, std::int64_t N);
-/// da, db (N) += dout.
-void residual_backward(float* da, float* db, const float* dout, std::int64_t N);
-
+/// The elementwise ops of src/ops/elementwise.def: (outputs..., inputs..., N).
+#define LLMTRAIN_ELEMENTWISE(name, outputs, inputs)                                                  \
+  void name(LLMTRAIN_EW_LIST(LLMTRAIN_EW_F32_OUT, outputs), LLMTRAIN_EW_LIST(LLMTRAIN_EW_F32_IN, inputs), \
+            std::int64_t N);
+#include "ops/elementwise.def"
+#undef LLMTRAIN_ELEMENTWISE
 /// RMSNorm (Llama): out (N,C) = inp / sqrt(mean(inp^2) + eps) * weight; rstd (N) saved.
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, std::int64_t N, int C, float eps);
 /// dinp (N,C), dweight (C) += from dout (N,C).
@@ -75,11 +75,6 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 void rope_forward(float* out, const float* inp, int B, int T, int H, int HS, int n_rot, int pos0, float theta);
 /// dinp (B,T,H,HS) += the inverse rotation of dout (heads below n_rot; the others pass through).
 void rope_backward(float* dinp, const float* dout, int B, int T, int H, int HS, int n_rot, int pos0, float theta);
-
-/// SwiGLU (Llama's MLP): out (N) = silu(gate) * up, silu(x) = x / (1 + e^-x).
-void swiglu_forward(float* out, const float* gate, const float* up, std::int64_t N);
-/// dgate, dup (N) += from dout (N).
-void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, std::int64_t N);
 
 /// Softmax + cross-entropy over logits (N,V) in one pass: losses (N) = -log softmax(logits)[target].
 /// With `dlogits_scale` > 0 the logits are overwritten by their gradient, (softmax - onehot) *

@@ -1,6 +1,6 @@
 // Causal self-attention through cuDNN's fused flash-attention engines (the cuDNN 9 backend graph
 // API), bf16 only: an alternative to the bf16 kernels of flash_attention.h with the same packed
-// layout and the same contract. CPU twins: cpu::flash_attention_forward/backward (src/ops/cpu/nn.h).
+// layout and the same contract. CPU twins: cpu::flash_attention_forward/backward (src/ops/cpu/reference.h).
 // qkv (B,T,(NH+2NKV)HS): NH query heads, then NKV key heads, then NKV value heads, each a
 // contiguous HS slice; C = NH HS; query head h reads kv head h / (NH/NKV); NKV divides NH.
 // lse (B,NH,T) is fp32, the natural-log log-sum-exp of each row's scores scaled by 1/sqrt(HS).

@@ -1,7 +1,7 @@
 // Causal flash attention (fp32; and bf16 storage with fp32 arithmetic), memory-lean: the forward
 // saves the log-sum-exp of each row's scaled scores instead of the (B,NH,T,T) probabilities; the
 // backward recomputes them.
-// CPU twins: cpu::flash_attention_forward/backward (src/ops/cpu/nn.h), same arguments plus a stream.
+// CPU twins: cpu::flash_attention_forward/backward (src/ops/cpu/reference.h), same arguments plus a stream.
 // qkv (B,T,(NH+2NKV)HS): NH query heads, then NKV key heads, then NKV value heads, each a
 // contiguous HS slice; C = NH HS; query head h reads kv head h / (NH/NKV); NKV divides NH.
 // Head sizes 16, 32, 64 and 128; others throw RuntimeError. All pointers are device memory.
@@ -23,7 +23,7 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, int B, in
 void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                               const float* lse, int B, int T, int C, int NH, int NKV, cudaStream_t stream);
 
-/// The 16-bit storage type of mixed precision (also declared, identically, in nn.h).
+/// The 16-bit storage type of mixed precision (also declared, identically, in kernels.h).
 using bf16 = __nv_bfloat16;
 
 /// bf16 out (B,T,C) and fp32 lse (B,NH,T) from bf16 qkv (B,T,(NH+2NKV)HS).

@@ -1,4 +1,4 @@
-// CUDA twins of the CPU reference ops (src/ops/cpu/nn.h): the same names, the same arguments in
+// CUDA twins of the CPU reference ops (src/ops/cpu/reference.h): the same names, the same arguments in
 // the same order, plus the stream to run on; the same semantics, fp32. All pointers are device
 // memory. Every backward op ACCUMULATES (+=) into its outputs, as on the CPU.
 //
@@ -20,6 +20,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+
+#include "ops/elementwise.h"
 
 namespace llmtrain::cuda {
 
@@ -60,15 +62,15 @@ void set_matmul_tf32(bool allow);
 void attention_decode(float* out, const float* q, const float* k_cache, const float* v_cache, int pos, int C,
                       int NH, int NKV, cudaStream_t stream);
 
-// src/ops/cuda/elementwise.cu
-/// out (N) = GELU(inp (N)), tanh form.
-void gelu_forward(float* out, const float* inp, std::int64_t N, cudaStream_t stream);
-/// dinp (N) += GELU'(inp (N)) * dout (N).
-void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t N, cudaStream_t stream);
-/// out (N) = a (N) + b (N).
-void residual_forward(float* out, const float* a, const float* b, std::int64_t N, cudaStream_t stream);
-/// da (N), db (N) += dout (N).
-void residual_backward(float* da, float* db, const float* dout, std::int64_t N, cudaStream_t stream);
+// src/ops/cuda/elementwise.cu, src/ops/cuda/llama.cu: the elementwise ops of src/ops/elementwise.def,
+// (outputs..., inputs..., N, stream), fp32 and bf16.
+#define LLMTRAIN_ELEMENTWISE(name, outputs, inputs)                                                  \
+  void name(LLMTRAIN_EW_LIST(LLMTRAIN_EW_F32_OUT, outputs), LLMTRAIN_EW_LIST(LLMTRAIN_EW_F32_IN, inputs), \
+            std::int64_t N, cudaStream_t stream);                                                   \
+  void name(LLMTRAIN_EW_LIST(LLMTRAIN_EW_BF16_OUT, outputs), LLMTRAIN_EW_LIST(LLMTRAIN_EW_BF16_IN, inputs), \
+            std::int64_t N, cudaStream_t stream);
+#include "ops/elementwise.def"
+#undef LLMTRAIN_ELEMENTWISE
 
 // src/ops/cuda/llama.cu
 /// out (N,C) = inp (N,C) / sqrt(mean(inp^2) + eps) * weight (C); rstd (N) saved.
@@ -84,12 +86,6 @@ void rope_forward(float* out, const float* inp, int B, int T, int H, int HS, int
 /// dinp (B,T,H,HS) += the inverse rotation of dout (B,T,H,HS) (heads below n_rot; the others pass through).
 void rope_backward(float* dinp, const float* dout, int B, int T, int H, int HS, int n_rot, int pos0,
                    float theta, cudaStream_t stream);
-/// out (N) = silu(gate (N)) * up (N).
-void swiglu_forward(float* out, const float* gate, const float* up, std::int64_t N, cudaStream_t stream);
-/// dgate (N), dup (N) += from dout (N), gate (N), up (N).
-void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
-                     std::int64_t N, cudaStream_t stream);
-
 // src/ops/cuda/classifier.cu
 /// losses (N) = -log softmax(logits (N,V))[targets (N)]; with dlogits_scale > 0 the logits are
 /// overwritten by (softmax - onehot) * dlogits_scale. Returns the loss sum (synchronises the
@@ -146,16 +142,6 @@ void matmul_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout,
 void attention_decode(bf16* out, const bf16* q, const bf16* k_cache, const bf16* v_cache, int pos, int C,
                       int NH, int NKV, cudaStream_t stream);
 
-// src/ops/cuda/elementwise.cu
-/// out (N) = GELU(inp (N)).
-void gelu_forward(bf16* out, const bf16* inp, std::int64_t N, cudaStream_t stream);
-/// dinp (N) += GELU'(inp (N)) * dout (N).
-void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, std::int64_t N, cudaStream_t stream);
-/// out (N) = a (N) + b (N).
-void residual_forward(bf16* out, const bf16* a, const bf16* b, std::int64_t N, cudaStream_t stream);
-/// da (N), db (N) += dout (N).
-void residual_backward(bf16* da, bf16* db, const bf16* dout, std::int64_t N, cudaStream_t stream);
-
 // src/ops/cuda/llama.cu
 /// out (N,C) from inp (N,C), weight (C); rstd (N) fp32.
 void rmsnorm_forward(bf16* out, float* rstd, const bf16* inp, const bf16* weight, std::int64_t N, int C,
@@ -169,12 +155,6 @@ void rope_forward(bf16* out, const bf16* inp, int B, int T, int H, int HS, int n
 /// dinp (B,T,H,HS) += the inverse rotation of dout (B,T,H,HS).
 void rope_backward(bf16* dinp, const bf16* dout, int B, int T, int H, int HS, int n_rot, int pos0,
                    float theta, cudaStream_t stream);
-/// out (N) = silu(gate (N)) * up (N).
-void swiglu_forward(bf16* out, const bf16* gate, const bf16* up, std::int64_t N, cudaStream_t stream);
-/// dgate (N), dup (N) += from dout (N), gate (N), up (N).
-void swiglu_backward(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate, const bf16* up,
-                     std::int64_t N, cudaStream_t stream);
-
 // src/ops/cuda/classifier.cu
 /// losses (N) fp32 from logits (N,V) bf16, softmax in fp32; with dlogits_scale > 0 the logits are
 /// overwritten by the gradient, rounded to bf16. Returns the loss sum (synchronises the stream).

@@ -1,0 +1,64 @@
+// The config keys that choose among a fixed list of names (model.arch, model.attention,
+// train.precision, train.recompute), as enums. The config loader parses each name once; code
+// below it compares enums, and to_string() gives back the name the JSON config spells (for the
+// resolved config and for messages).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace llmtrain::config {
+
+/// model.arch: GPT-2 or Llama (model::ArchSpec says what each one builds).
+enum class Arch { gpt2, llama };
+/// model.attention: the GPU's attention kernels, our flash attention or cuDNN's fused attention.
+enum class Attention { flash, cudnn };
+/// train.precision: fp32, or bf16 mixed precision.
+enum class Precision { fp32, bf16 };
+/// train.recompute: which activations backward recomputes instead of keeping from forward.
+enum class Recompute { none, mlp, full };
+
+/// The names of a choice's values, in the order the enum declares them.
+template <class E>
+struct ChoiceNames;
+template <>
+struct ChoiceNames<Arch> {
+  static constexpr std::array<std::string_view, 2> values{"gpt2", "llama"};
+};
+template <>
+struct ChoiceNames<Attention> {
+  static constexpr std::array<std::string_view, 2> values{"flash", "cudnn"};
+};
+template <>
+struct ChoiceNames<Precision> {
+  static constexpr std::array<std::string_view, 2> values{"fp32", "bf16"};
+};
+template <>
+struct ChoiceNames<Recompute> {
+  static constexpr std::array<std::string_view, 3> values{"none", "mlp", "full"};
+};
+
+/// An enum the config reads by name.
+template <class E>
+concept Choice = requires { ChoiceNames<E>::values; };
+
+/// The name the config spells: to_string(Arch::llama) == "llama".
+template <Choice E>
+std::string to_string(E value) {
+  return std::string(ChoiceNames<E>::values[std::size_t(value)]);
+}
+
+/// The value named `name`; nullopt for a name not in the list.
+template <Choice E>
+std::optional<E> parse_choice(std::string_view name) {
+  const auto& names = ChoiceNames<E>::values;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == name) return E(i);
+  }
+  return std::nullopt;
+}
+
+}  // namespace llmtrain::config

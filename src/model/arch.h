@@ -1,0 +1,48 @@
+// One ArchSpec per architecture (model.arch): everything that differs between GPT-2 and Llama
+// outside their model classes, in one place, so that no other code switches on the architecture.
+// Parameter count and activation bytes come from the models' own parameter lists and activation
+// layout code (measured, nothing allocated), so `llmtrain plan` cannot disagree with the models.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "config/config.h"
+#include "model/model.h"
+
+namespace llmtrain::model {
+
+struct ArchSpec {
+  config::Arch arch;
+  /// The model, its parameters allocated and uninitialised (make_model calls this).
+  std::unique_ptr<Model> (*make)(const config::ModelConfig& config, Device device, Recompute recompute,
+                                 DType compute);
+  /// Exact parameter count, from the model's parameter list.
+  std::int64_t (*parameter_count)(const config::ModelConfig& config);
+  /// Bytes of the activation buffer at (B,T), measured by the model's layout code.
+  std::size_t (*activation_bytes)(const config::ModelConfig& config, Recompute recompute, DType compute, int B,
+                                  int T);
+
+  // Hugging Face (export --format hf, model.init_from).
+  const char* hf_architecture;  // the transformers class that loads the export
+  /// The export's config.json, as that class's config reads it.
+  nlohmann::json (*hf_config)(const config::ModelConfig& config);
+  /// Whether Hugging Face stores this parameter transposed, (in, out) (GPT-2's Conv1D weights).
+  bool (*hf_transposed)(const std::string& name);
+  /// A name prefix that published files may leave out ("transformer." of GPT2LMHeadModel), or "".
+  const char* hf_optional_prefix;
+  /// config.json keys that a model.init_from folder must agree on, as (Hugging Face key, model.* key):
+  /// what the weights' shapes do not show.
+  std::vector<std::pair<std::string, std::string>> hf_checked_keys;
+};
+
+/// The spec of model.arch.
+const ArchSpec& arch_spec(config::Arch arch);
+
+}  // namespace llmtrain::model

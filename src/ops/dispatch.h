@@ -1,0 +1,211 @@
+// The op dispatcher: how every op of ops.h runs, written once.
+//
+// An op (src/ops/ops.cpp) validates its tensors through an `Op`, then hands `Op::run` its kernels
+// (LLMTRAIN_KERNELS(name): cpu::name of src/ops/cpu/reference.h and cuda::name of
+// src/ops/cuda/kernels.h) and ONE description of the kernels' arguments: a generic lambda that maps
+// the op's tensors through a view,
+//
+//     [&](auto v) { return std::tuple(v.out(out), v.f32(mean), v.in(inp), N, C); }
+//
+// where v.in(t) / v.out(t) are an activation tensor that the kernel reads / writes (or accumulates
+// into), v.f32(t) a tensor that is f32 at every precision (weight gradients, statistics) and
+// v.i32(t) token ids. `run` calls the lambda once with a probe that checks every tensor is on one
+// device, then once more for the implementation that fits the device and the activation dtype:
+//
+//   cpu  f32   the reference on the tensors' data;
+//   cpu  bf16  the reference on f32 copies of the bf16 tensors; outputs are rounded back to bf16
+//              (nearest even) after the call: the f32 op's result rounded once, which is what the
+//              CUDA kernels compute up to the order of their fp32 sums. A check of the mixed-precision
+//              path, not a fast one;
+//   cuda f32, cuda bf16   the kernel's overload for float or __nv_bfloat16 pointers, on the compute
+//              stream (an op without a kernel for that element type throws).
+//
+// Nothing here is seen by the model: it includes ops.h only.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "core/tensor.h"
+#include "ops/profile.h"
+#if LLMTRAIN_HAVE_CUDA
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/stream.h"
+#endif
+
+namespace llmtrain::ops::dispatch {
+
+// ---- kernels --------------------------------------------------------------------------------------
+
+/// Stands for a missing kernel (every CUDA kernel, in a build without CUDA).
+struct NoKernel {};
+
+template <class Cpu, class Cuda>
+struct Kernels {
+  Cpu cpu;
+  Cuda cuda;
+};
+
+// Each kernel is wrapped in a generic lambda, so that an overload set (fp32 and bf16) can be passed
+// around and an overload that does not exist is detected (std::is_invocable) rather than a
+// compile error.
+#define LLMTRAIN_CPU_KERNEL(name) \
+  [](auto... kernel_args) -> decltype(::llmtrain::cpu::name(kernel_args...)) { \
+    return ::llmtrain::cpu::name(kernel_args...);                               \
+  }
+#if LLMTRAIN_HAVE_CUDA
+#define LLMTRAIN_CUDA_KERNEL(name)                                                       \
+  [](auto... kernel_args) -> decltype(::llmtrain::cuda::name(kernel_args..., cudaStream_t{})) { \
+    return ::llmtrain::cuda::name(kernel_args..., ::llmtrain::cuda::compute_stream());        \
+  }
+#else
+#define LLMTRAIN_CUDA_KERNEL(name) ::llmtrain::ops::dispatch::NoKernel{}
+#endif
+/// The CPU reference and the CUDA kernel of one name.
+#define LLMTRAIN_KERNELS(name) ::llmtrain::ops::dispatch::Kernels{LLMTRAIN_CPU_KERNEL(name), LLMTRAIN_CUDA_KERNEL(name)}
+
+// ---- views ----------------------------------------------------------------------------------------
+
+/// The device of an op's tensors (those with data: an absent bias has none).
+class Devices {
+ public:
+  explicit Devices(const char* op) : op_(op) {}
+  /// Throws if `t` is on another device than the tensors seen before.
+  void see(const Tensor& t);
+  /// True when the tensors are on the GPU; throws if they are, in a build without CUDA.
+  bool on_cuda() const;
+
+ private:
+  const char* op_;
+  const Tensor* first_ = nullptr;
+};
+
+/// The view that only looks at the tensors' devices.
+struct DeviceProbe {
+  Devices* devices;
+  std::nullptr_t in(const Tensor& t) const { return see(t); }
+  std::nullptr_t out(const Tensor& t) const { return see(t); }
+  std::nullptr_t f32(const Tensor& t) const { return see(t); }
+  std::nullptr_t i32(const Tensor& t) const { return see(t); }
+  std::nullptr_t see(const Tensor& t) const {
+    devices->see(t);
+    return nullptr;
+  }
+};
+
+/// The tensors' own data, activations as `Act`.
+template <class Act>
+struct Direct {
+  Act* in(const Tensor& t) const { return t.as<Act>(); }
+  Act* out(const Tensor& t) const { return t.as<Act>(); }
+  float* f32(const Tensor& t) const { return t.as<float>(); }
+  std::int32_t* i32(const Tensor& t) const { return t.as<std::int32_t>(); }
+};
+
+/// f32 copies of bf16 tensors for the CPU reference; the outputs are rounded back into their
+/// tensors when this object goes. Accumulated outputs (+=) work, as their values are copied in.
+class Widened {
+ public:
+  Widened() = default;
+  Widened(const Widened&) = delete;
+  Widened& operator=(const Widened&) = delete;
+  ~Widened();
+
+  float* in(const Tensor& t) { return widen(t, false); }
+  float* out(const Tensor& t) { return widen(t, true); }
+  float* f32(const Tensor& t) const { return t.as<float>(); }
+  std::int32_t* i32(const Tensor& t) const { return t.as<std::int32_t>(); }
+
+ private:
+  struct Copy {
+    Tensor target;
+    std::vector<float> values;
+    bool output;
+  };
+  float* widen(const Tensor& t, bool output);
+  std::deque<Copy> copies_;  // a deque keeps each copy's address as more are added
+};
+
+/// A view passed by reference into the argument lambda (which takes `auto v` by value).
+struct WidenedRef {
+  Widened* w;
+  float* in(const Tensor& t) const { return w->in(t); }
+  float* out(const Tensor& t) const { return w->out(t); }
+  float* f32(const Tensor& t) const { return t.as<float>(); }
+  std::int32_t* i32(const Tensor& t) const { return t.as<std::int32_t>(); }
+};
+
+// ---- the op ---------------------------------------------------------------------------------------
+
+/// Whether F can be called with the elements of a std::tuple.
+template <class F, class Tuple>
+struct Applicable : std::false_type {};
+template <class F, class... A>
+struct Applicable<F, std::tuple<A...>> : std::is_invocable<const F&, A...> {};
+
+/// One call of one op: its name (in errors and the profile) and its timer.
+class Op {
+ public:
+  explicit Op(const char* name) : name_(name), timer_(name) {}
+
+  /// The precision of the op's activations: f32, or bf16 for mixed precision; else throws.
+  DType activation(const Tensor& t) const;
+  /// Throws unless `t` has data of `dtype` and `shape` (a -1 matches any size).
+  void expect(const char* arg, const Tensor& t, DType dtype, std::vector<std::int64_t> shape) const;
+  /// Elementwise ops: throws unless every tensor has data of one dtype and size; returns the dtype
+  /// (the first tensor's: f32, or bf16 unless `f32_only`).
+  DType expect_same_size(std::initializer_list<const Tensor*> tensors, bool f32_only = false) const;
+  /// Throws RuntimeError("ops::NAME: what").
+  [[noreturn]] void fail(const std::string& what) const;
+  /// True when the tensors (with data) are on the GPU; throws as Devices::on_cuda.
+  bool on_cuda(std::initializer_list<const Tensor*> tensors) const;
+
+  /// Runs the op's kernels on the arguments `args_of(view)` (see the top of this file); returns
+  /// what the kernel returns.
+  template <class K, class ArgsOf>
+  decltype(auto) run(const K& kernels, DType act, ArgsOf&& args_of) const {
+    static_assert(Applicable<decltype(kernels.cpu), decltype(args_of(Direct<float>{}))>::value,
+                  "the CPU reference does not take these arguments");
+    Devices devices(name_);
+    args_of(DeviceProbe{&devices});
+    if (devices.on_cuda()) {
+      if constexpr (!std::is_same_v<std::decay_t<decltype(kernels.cuda)>, NoKernel>) {
+#if LLMTRAIN_HAVE_CUDA
+        if (act == DType::bf16) return call(kernels.cuda, args_of(Direct<cuda::bf16>{}), "bf16 CUDA");
+        return call(kernels.cuda, args_of(Direct<float>{}), "f32 CUDA");
+#endif
+      }
+      fail("no CUDA kernel");
+    }
+    if (act == DType::bf16) {
+      Widened widened;
+      return call(kernels.cpu, args_of(WidenedRef{&widened}), "bf16 CPU");
+    }
+    return call(kernels.cpu, args_of(Direct<float>{}), "f32 CPU");
+  }
+
+ private:
+  // The kernel on these arguments, or an error when it has no overload for them (cuDNN has no f32
+  // attention): the result type is then the CPU reference's, which every op's kernels share.
+  template <class F, class Tuple>
+  decltype(auto) call(const F& kernel, Tuple&& args, const char* dtype) const {
+    if constexpr (Applicable<F, std::decay_t<Tuple>>::value) {
+      return std::apply(kernel, std::forward<Tuple>(args));
+    } else {
+      fail(std::string("no ") + dtype + " kernel");
+    }
+  }
+
+  const char* name_;
+  OpTimer timer_;
+};
+
+inline int as_int(std::int64_t x) { return static_cast<int>(x); }
+
+}  // namespace llmtrain::ops::dispatch
