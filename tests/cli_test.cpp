@@ -394,7 +394,7 @@ TEST_CASE("bf16 on the GPU follows the CPU's bf16 emulation, with flash and cuDN
   }
 }
 
-TEST_CASE("auto attention picks cuDNN on a GPU in bf16 where cuDNN accepts the shape; a refused cudnn stops at start-up",
+TEST_CASE("auto attention picks cuDNN on a GPU in bf16 where cuDNN accepts the shape, and a refused cudnn stops at start-up",
           "[cli][train][cuda][bf16]") {
   TempDir dir;
   std::string text;
