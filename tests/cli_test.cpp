@@ -57,6 +57,10 @@ TEST_CASE("check-config prints the resolved config", "[cli]") {
   CHECK(resolved["model"]["n_head"] == 4);
   CHECK(resolved["model"]["n_kv_head"] == 4);
   CHECK(resolved["optim"]["lr"] == 0.001);
+  CHECK(resolved["model"]["attention"] == "auto");  // the default; train resolves it at start-up
+  const auto flash = run_llmtrain({"check-config", "--config", path, "--set", "model.attention=flash"});
+  REQUIRE(flash.exit_code == 0);
+  CHECK(nlohmann::json::parse(flash.out)["model"]["attention"] == "flash");
 }
 
 TEST_CASE("check-config rejects bad configs with exit 2 naming the file and key", "[cli]") {
@@ -132,6 +136,9 @@ TEST_CASE("train, eval, generate and export work end to end on a tiny run", "[cl
   CAPTURE(trained.err);
   REQUIRE(trained.exit_code == 0);
   CHECK(trained.err.find("step 6/6 | loss") != std::string::npos);
+  // model.attention "auto" (the default) is resolved at start-up and said once.
+  CHECK(trained.err.find("attention: flash (CPU: ") != std::string::npos);
+  CHECK(nlohmann::json::parse(std::ifstream(run + "/config.json"))["model"]["attention"] == "auto");
   // metrics.jsonl: one line per step, plus the validation lines at steps 3 and 6.
   std::ifstream metrics(run + "/metrics.jsonl");
   int steps = 0, evals = 0;
@@ -322,6 +329,7 @@ TEST_CASE("train --device cuda follows the CPU run's losses", "[cli][train][cuda
     }
     CAPTURE(arch, gpu.err);
     REQUIRE(gpu.exit_code == 0);
+    CHECK(gpu.err.find("attention: flash (fp32: ") != std::string::npos);  // "auto" in fp32
     std::ifstream a(dir.path() + "/cpu-" + arch + "/metrics.jsonl"), b(dir.path() + "/gpu-" + arch + "/metrics.jsonl");
     int lines = 0;
     for (std::string la, lb; std::getline(a, la) && std::getline(b, lb); ++lines) {
@@ -373,7 +381,7 @@ TEST_CASE("bf16 on the GPU follows the CPU's bf16 emulation, with flash and cuDN
   if (probe.exit_code == 2 && probe.err.find("no usable CUDA device") != std::string::npos) {
     LLMTRAIN_SKIP("no CUDA device: " + probe.err);
   }
-  const auto gpu = losses("gpu", {"--device", "cuda"});
+  const auto gpu = losses("gpu", {"--device", "cuda", "--set", "model.attention=flash"});
   const auto cudnn = losses("cudnn", {"--device", "cuda", "--set", "model.attention=cudnn"});
   const auto cpu = losses("cpu", {});
   REQUIRE(cpu.size() == 8);
@@ -384,6 +392,44 @@ TEST_CASE("bf16 on the GPU follows the CPU's bf16 emulation, with flash and cuDN
     CHECK(std::abs(gpu[i] - cpu[i]) <= 1e-2 * cpu[i]);
     CHECK(std::abs(cudnn[i] - cpu[i]) <= 1e-2 * cpu[i]);
   }
+}
+
+TEST_CASE("auto attention picks cuDNN on a GPU in bf16 where cuDNN accepts the shape, and a refused cudnn stops at start-up",
+          "[cli][train][cuda][bf16]") {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog " + std::to_string(i % 7) + "\n";
+  const std::string shards = dir.path() + "/shards";
+  REQUIRE(run_llmtrain({"tokenize", "--input", dir.write("corpus.txt", text), "--output", shards}).exit_code == 0);
+  // Head size 64, which cuDNN's fused attention supports.
+  const std::string config = dir.write("c.json", R"({
+    "model": {"arch": "llama", "vocab_size": 256, "context_length": 64, "n_layer": 2, "n_head": 2, "n_kv_head": 1,
+              "d_model": 128},
+    "data": {"train": ")" + shards + R"(/train_*.bin"},
+    "train": {"micro_batch_size": 4, "global_batch_size": 8, "max_steps": 2, "log_every": 1, "precision": "bf16"},
+    "optim": {"lr": 0.003, "warmup_steps": 0}})");
+  const auto run = run_llmtrain({"train", "--config", config, "--run-dir", dir.path() + "/auto", "--device", "cuda"});
+  if (run.exit_code == 2 && run.err.find("no usable CUDA device") != std::string::npos) {
+    LLMTRAIN_SKIP("no CUDA device: " + run.err);
+  }
+  CAPTURE(run.err);
+  REQUIRE(run.exit_code == 0);
+  // Where cuDNN cannot run at all (not built, older than 9.16, a GPU before Ampere), auto says so
+  // and uses flash: nothing more to check here. Where it runs, it must accept head size 64.
+  const auto line_start = run.err.find("attention: ");
+  REQUIRE(line_start != std::string::npos);
+  const std::string line = run.err.substr(line_start, run.err.find('\n', line_start) - line_start);
+  if (line.rfind("attention: flash (bf16, but ", 0) == 0 && line.find(" refuses B=") == std::string::npos) {
+    LLMTRAIN_SKIP("cuDNN cannot run here, and auto said so: " + line);
+  }
+  CHECK(line.rfind("attention: cudnn (bf16, cuDNN ", 0) == 0);
+  // Head size 12, not a multiple of 8: cuDNN refuses it, and an explicit "cudnn" is an input error
+  // before the run folder is written.
+  const auto refused = run_llmtrain({"train", "--config", config, "--run-dir", dir.path() + "/refused", "--device",
+                                     "cuda", "--set", "model.attention=cudnn", "--set", "model.d_model=24"});
+  check_input_error(refused, R"(model.attention: "cudnn": cuDNN )");
+  CHECK(refused.err.find("refuses B=4 T=64 C=24 NH=2 NKV=1 (head size 12)") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir.path() + "/refused/config.json"));
 }
 
 TEST_CASE("bf16 mixed precision trains along the fp32 loss curve (CPU emulation)", "[cli][train][bf16]") {

@@ -62,7 +62,7 @@ TEST_CASE("bad configs are rejected with the key path and the reason", "[config]
       {R"({"train": {"max_steps": 18446744073709551615}})", {}, "train.max_steps: expected an integer >= 1"},
       {R"({"model": {"arch": "gtp2"}})", {}, R"(model.arch: expected one of "gpt2", "llama", got "gtp2"; did you mean "gpt2"?)"},
       {R"({"train": {"precision": "fp16"}})", {}, R"(train.precision: expected one of "fp32", "bf16", got "fp16")"},
-      {R"({"model": {"attention": "cudnn9"}})", {}, R"(model.attention: expected one of "flash", "cudnn", got "cudnn9"; did you mean "cudnn"?)"},
+      {R"({"model": {"attention": "cudnn9"}})", {}, R"(model.attention: expected one of "auto", "flash", "cudnn", got "cudnn9"; did you mean "cudnn"?)"},
       {R"({"train": {"recompute": "mlps"}})", {}, R"(train.recompute: expected one of "none", "mlp", "full", got "mlps"; did you mean "mlp"?)"},
       // rules between keys
       {R"({"model": {"d_model": 100, "n_head": 3}})", {}, "model.n_head: must divide model.d_model (100), got 3"},
@@ -74,6 +74,9 @@ TEST_CASE("bad configs are rejected with the key path and the reason", "[config]
       {R"({"model": {"attention": "cudnn"}})", {}, R"(model.attention: "cudnn" needs train.precision "bf16" (cuDNN's fused attention has no fp32 kernels), got "fp32" (in test.json))"},
       {R"({"model": {"attention": "cudnn"}, "train": {"precision": "bf16"}})", {"train.precision=fp32"}, R"(model.attention: "cudnn" needs train.precision "bf16" (cuDNN's fused attention has no fp32 kernels), got "fp32" (from --set train.precision=fp32))"},
       {R"({"model": {"attention": "cudnn"}, "train": {"precision": "bf16"}})", {}, ""},
+      // "auto" resolves at start-up: to flash with fp32, so it is never a config error.
+      {R"({"model": {"attention": "auto"}})", {}, ""},
+      {R"({"model": {"attention": "auto"}, "train": {"precision": "bf16"}})", {}, ""},
       {R"({"train": {"max_steps": 10}, "optim": {"warmup_steps": 20}})", {}, "optim.warmup_steps: must be <= train.max_steps (10), got 20"},
       // malformed JSON: line and column
       {"{\n  \"model\": {\n    \"n_layer\": 2,\n  }\n}", {}, "test.json:4:3: malformed JSON"},
@@ -162,7 +165,7 @@ TEST_CASE("the resolved config reads back to itself", "[config]") {
   CHECK(once.size() == 6);
   // The typed choices are written by name, as the JSON config spells them.
   CHECK(once["model"]["arch"] == "gpt2");
-  CHECK(once["model"]["attention"] == "flash");
+  CHECK(once["model"]["attention"] == "auto");  // the default, written as asked (resolved at start-up)
   CHECK(once["train"]["precision"] == "fp32");
   CHECK(once["train"]["recompute"] == "none");
   const config::Config llama = config::parse_config(
@@ -170,6 +173,8 @@ TEST_CASE("the resolved config reads back to itself", "[config]") {
   const nlohmann::json named = config::to_json(llama);
   CHECK(named["model"]["arch"] == "llama");
   CHECK(named["model"]["attention"] == "cudnn");
+  CHECK(config::parse_config(R"({"model": {"attention": "flash"}})", "t").model.attention == config::Attention::flash);
+  CHECK(config::parse_config("{}", "t").model.attention == config::Attention::automatic);
   CHECK(named["train"]["precision"] == "bf16");
   CHECK(named["train"]["recompute"] == "full");
 }

@@ -14,8 +14,10 @@ namespace llmtrain::config {
 
 /// model.arch: GPT-2 or Llama (model::ArchSpec says what each one builds).
 enum class Arch { gpt2, llama };
-/// model.attention: the GPU's attention kernels, our flash attention or cuDNN's fused attention.
-enum class Attention { flash, cudnn };
+/// model.attention: the GPU's attention kernels. `automatic` (spelled "auto") is resolved once at
+/// start-up, for the run's device, precision and shape, into flash or cudnn
+/// (model/attention_choice.h); the ops see only that resolved choice (ops::AttentionKernels).
+enum class Attention { automatic, flash, cudnn };
 /// train.precision: fp32, or bf16 mixed precision.
 enum class Precision { fp32, bf16 };
 /// train.recompute: which activations backward recomputes instead of keeping from forward.
@@ -30,7 +32,7 @@ struct ChoiceNames<Arch> {
 };
 template <>
 struct ChoiceNames<Attention> {
-  static constexpr std::array<std::string_view, 2> values{"flash", "cudnn"};
+  static constexpr std::array<std::string_view, 3> values{"auto", "flash", "cudnn"};
 };
 template <>
 struct ChoiceNames<Precision> {

@@ -64,7 +64,7 @@ struct ModelConfig {
   double norm_eps = 1e-5;       // llama: RMSNorm epsilon
   double rope_theta = 10000.0;  // llama: rotary embedding base
   bool tie_embeddings = true;   // output head shares the token embedding; unset: gpt2 true, llama false
-  Attention attention = Attention::flash;  // GPU attention kernels: our flash attention, or cuDNN's fused attention
+  Attention attention = Attention::automatic;  // GPU attention kernels: auto, our flash attention, or cuDNN's fused attention
   std::string init_from;        // Hugging Face style safetensors file or folder; empty: random init
 
   template <class Visitor>

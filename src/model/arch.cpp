@@ -10,8 +10,9 @@ namespace llmtrain::model {
 namespace {
 
 template <class M>
-std::unique_ptr<Model> make(const config::ModelConfig& config, Device device, Recompute recompute, DType compute) {
-  return std::make_unique<M>(config, device, recompute, compute);
+std::unique_ptr<Model> make(const config::ModelConfig& config, Device device, Recompute recompute, DType compute,
+                            ops::AttentionKernels attention) {
+  return std::make_unique<M>(config, device, recompute, compute, attention);
 }
 
 // transformers' GPT2Config.

@@ -38,8 +38,9 @@ void for_each_param(const config::ModelConfig& c, ParamsT& p, F&& f) {
 
 }  // namespace
 
-Gpt2::Gpt2(const config::ModelConfig& config, Device device, Recompute recompute, DType compute)
-    : Model(config, device, compute), recompute_(recompute) {
+Gpt2::Gpt2(const config::ModelConfig& config, Device device, Recompute recompute, DType compute,
+           ops::AttentionKernels attention)
+    : Model(config, device, compute, attention), recompute_(recompute) {
   if (config.arch != config::Arch::gpt2) {
     throw RuntimeError("Gpt2: config has model.arch \"" + config::to_string(config.arch) + "\"");
   }

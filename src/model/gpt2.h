@@ -12,7 +12,7 @@ namespace llmtrain::model {
 class Gpt2 final : public Model {
  public:
   Gpt2(const config::ModelConfig& config, Device device, Recompute recompute = Recompute::none,
-       DType compute = DType::f32);
+       DType compute = DType::f32, ops::AttentionKernels attention = ops::AttentionKernels::flash);
 
   /// GPT-2's initialisation: normal(0, 0.02), residual projections 0.02 / sqrt(2 L), biases 0,
   /// LayerNorm weights 1.

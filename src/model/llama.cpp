@@ -42,8 +42,9 @@ void for_each_param(const config::ModelConfig& c, F&& f) {
 
 }  // namespace
 
-Llama::Llama(const config::ModelConfig& config, Device device, Recompute recompute, DType compute)
-    : Model(config, device, compute), recompute_(recompute) {
+Llama::Llama(const config::ModelConfig& config, Device device, Recompute recompute, DType compute,
+             ops::AttentionKernels attention)
+    : Model(config, device, compute, attention), recompute_(recompute) {
   if (config.arch != config::Arch::llama) {
     throw RuntimeError("Llama: config has model.arch \"" + config::to_string(config.arch) + "\"");
   }

@@ -19,7 +19,7 @@ namespace llmtrain::model {
 class Llama final : public Model {
  public:
   Llama(const config::ModelConfig& config, Device device, Recompute recompute = Recompute::none,
-        DType compute = DType::f32);
+        DType compute = DType::f32, ops::AttentionKernels attention = ops::AttentionKernels::flash);
 
   void init_weights(std::uint64_t seed) override;
   double forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T, float dloss_scale) override;

@@ -11,11 +11,11 @@ DType precision_dtype(config::Precision precision) {
   return precision == config::Precision::bf16 ? DType::bf16 : DType::f32;
 }
 
-Model::Model(const config::ModelConfig& config, Device device, DType compute)
+Model::Model(const config::ModelConfig& config, Device device, DType compute, ops::AttentionKernels attention)
     : config_(config),
       device_(device),
       compute_(compute),
-      attention_kernels_(config.attention) {
+      attention_kernels_(attention) {
   if (compute != DType::f32 && compute != DType::bf16) throw RuntimeError("model: compute dtype must be f32 or bf16");
 }
 
@@ -103,8 +103,8 @@ void Model::init_constant(const ParamInfo& info, float value) {
 }
 
 std::unique_ptr<Model> make_model(const config::ModelConfig& config, Device device, Recompute recompute,
-                                  DType compute) {
-  return arch_spec(config.arch).make(config, device, recompute, compute);
+                                  DType compute, ops::AttentionKernels attention) {
+  return arch_spec(config.arch).make(config, device, recompute, compute, attention);
 }
 
 }  // namespace llmtrain::model

@@ -77,7 +77,7 @@ class Model {
   virtual std::size_t activation_bytes(int B, int T) const = 0;
 
  protected:
-  Model(const config::ModelConfig& config, Device device, DType compute);
+  Model(const config::ModelConfig& config, Device device, DType compute, ops::AttentionKernels attention);
 
   /// Appends a parameter to the flat layout (in backward-completion order); then allocate().
   void add_param(const std::string& name, std::vector<std::int64_t> shape);
@@ -100,7 +100,7 @@ class Model {
   config::ModelConfig config_;
   Device device_;
   DType compute_;
-  ops::AttentionKernels attention_kernels_;  // model.attention
+  ops::AttentionKernels attention_kernels_;  // model.attention as resolved at start-up
 
  private:
   std::vector<ParamInfo> infos_;
@@ -109,9 +109,12 @@ class Model {
 };
 
 /// The model of config.arch (model::arch_spec), its parameters allocated and uninitialised;
-/// `compute` f32, or bf16 for mixed precision (train.precision).
+/// `compute` f32, or bf16 for mixed precision (train.precision). config.attention is not read:
+/// `attention` is its resolved value (resolve_attention in model/attention_choice.h; on the CPU
+/// the reference serves both, so flash is as good as any).
 std::unique_ptr<Model> make_model(const config::ModelConfig& config, Device device,
-                                  Recompute recompute = Recompute::none, DType compute = DType::f32);
+                                  Recompute recompute = Recompute::none, DType compute = DType::f32,
+                                  ops::AttentionKernels attention = ops::AttentionKernels::flash);
 /// The compute dtype of train.precision: f32 or bf16.
 DType precision_dtype(config::Precision precision);
 

@@ -13,6 +13,7 @@
 #if LLMTRAIN_HAVE_CUDA
 #include "ops/cuda/cudnn_attention.h"
 #include "ops/cuda/flash_attention.h"
+#include "ops/cuda/runtime.h"
 #endif
 
 namespace llmtrain::ops {
@@ -156,6 +157,32 @@ void attention_decode(const Tensor& out, const Tensor& q, const Tensor& k_cache,
   op.run(LLMTRAIN_KERNELS(attention_decode), act, [&](auto v) {
     return std::tuple(v.out(out), v.in(q), v.in(rows(k_cache)), v.in(rows(v_cache)), pos, as_int(C), NH, NKV);
   });
+}
+
+bool cudnn_attention_available(std::string* why_not) {
+#if LLMTRAIN_HAVE_CUDA
+  return cuda::cudnn_attention_available(why_not);
+#else
+  *why_not = "this build has no CUDA";
+  return false;
+#endif
+}
+
+bool cudnn_attention_supported(int B, int T, int C, int NH, int NKV, std::string* why_not) {
+#if LLMTRAIN_HAVE_CUDA
+  return cuda::cudnn_attention_supported(B, T, C, NH, NKV, why_not);
+#else
+  (void)B, (void)T, (void)C, (void)NH, (void)NKV;
+  return cudnn_attention_available(why_not);
+#endif
+}
+
+std::string cudnn_version() {
+#if LLMTRAIN_HAVE_CUDA
+  return cuda::cudnn_version();
+#else
+  return "not built";
+#endif
 }
 
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int NH, int NKV,

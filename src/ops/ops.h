@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <string>
 
-#include "config/choices.h"
 #include "core/tensor.h"
 #include "ops/elementwise.h"
 
@@ -33,8 +32,19 @@ void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& db
                      const Tensor& inp, const Tensor& weight);
 
 /// Which GPU kernels compute flash_attention_*: ours, or cuDNN's fused attention (bf16 only).
-/// The CPU reference serves both.
-using AttentionKernels = config::Attention;  // config model.attention
+/// The CPU reference serves both. Deliberately not config::Attention: the config's "auto" is
+/// resolved at start-up (model/attention_choice.h), so it has no value here.
+enum class AttentionKernels { flash, cudnn };
+
+/// Whether cuDNN's fused attention can run in this process (a build with cuDNN 9.16 or newer, a
+/// GPU of compute capability 8.0 or newer); else false, with the reason in *why_not (not null).
+bool cudnn_attention_available(std::string* why_not);
+/// Whether cuDNN accepts both attention graphs (forward, backward) for q heads NH, kv heads NKV
+/// and C = NH HS at (B,T) on the current GPU: builds and keeps their plans (seconds, the first
+/// time); else false, with cuDNN's reason in *why_not (not null).
+bool cudnn_attention_supported(int B, int T, int C, int NH, int NKV, std::string* why_not);
+/// The cuDNN library's version ("9.10.2"), or "not built".
+std::string cudnn_version();
 
 /// Causal self-attention, memory-lean (flash attention): qkv (B,T,(NH+2NKV)HS) holds NH query, NKV
 /// key and NKV value heads (grouped-query attention; NKV 0 means NH, GPT-2's qkv (B,T,3C)) ->

@@ -100,6 +100,7 @@ void Reporter::run_started(const dist::Communicator& world, const Trainer& train
   if (resume) {
     info("train: resuming from %s (step %lld)", resume->dir.c_str(), static_cast<long long>(trainer.first_step() - 1));
   }
+  info("%s", trainer.attention().describe().c_str());
   info("train: %lld parameters, %lld train samples of %d tokens, %d rank(s) x %lld micro-step(s) of %d "
        "per update, ZeRO %lld",
        static_cast<long long>(trainer.num_params()), static_cast<long long>(trainer.train_samples()),

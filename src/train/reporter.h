@@ -48,7 +48,7 @@ class Reporter {
   /// One progress line, printf-style, when logging() (else nothing).
   void info(const char* format, ...) __attribute__((format(printf, 2, 3)));
 
-  /// The communicators, the resume point and the shape of the run.
+  /// The communicators, the resume point, the attention kernels chosen and the shape of the run.
   void run_started(const dist::Communicator& world, const Trainer& trainer, const checkpoint::Found* resume);
   /// Starts the clock of elapsed_s, ETA and the run's duration.
   void start_clock();

@@ -18,6 +18,31 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// cuDNN's answers agreed by every rank: "yes" only where all say yes. So all ranks choose the same
+// kernels, and a "cudnn" refused on one rank is an InputError on every rank (rank 0 reports it;
+// the others would otherwise wait for it in the first collective until dist.timeout_s).
+// resolve_attention's calls depend only on the config and the agreed answers, so every rank makes
+// the same calls.
+class AgreedCudnnProbe final : public model::CudnnAttentionProbe {
+ public:
+  AgreedCudnnProbe(model::CudnnAttentionProbe& local, dist::Communicator& world) : local_(local), world_(world) {}
+  bool available(std::string* why_not) override { return agree(local_.available(why_not), why_not); }
+  bool accepts(const model::AttentionShape& shape, std::string* why_not) override {
+    return agree(local_.accepts(shape, why_not), why_not);
+  }
+  std::string version() override { return local_.version(); }
+
+ private:
+  bool agree(bool here, std::string* why_not) {
+    std::int64_t refused = here ? 0 : 1;
+    world_.all_reduce_max(&refused, 1);
+    if (here && refused != 0) *why_not = "another rank's cuDNN refuses it";
+    return refused == 0;
+  }
+  model::CudnnAttentionProbe& local_;
+  dist::Communicator& world_;
+};
+
 }  // namespace
 
 double evaluate(model::Model& model, const data::TokenDataset& data, const config::Config& config,
@@ -74,8 +99,13 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
                            data_comm_.rank(), config_.data.shuffle, std::uint64_t(config_.data.seed)},
       sampler_state_);
 
-  model_ = model::make_model(config_.model, device_, tc.recompute,
-                             model::precision_dtype(tc.precision));
+  {
+    const auto cudnn = model::make_cudnn_probe();
+    AgreedCudnnProbe agreed(*cudnn, world_);
+    attention_ = model::resolve_attention(config_, device_, agreed);
+  }
+  model_ = model::make_model(config_.model, device_, tc.recompute, model::precision_dtype(tc.precision),
+                             attention_.kernels);
   // Weights are initialised, read and written on the CPU: on a GPU through a host copy.
   if (device_ != Device::cpu) host_ = model::make_model(config_.model, Device::cpu);
   model::Model& host = host_ ? *host_ : *model_;

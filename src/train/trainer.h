@@ -12,6 +12,7 @@
 #include "config/config.h"
 #include "data/dataset.h"
 #include "dist/communicator.h"
+#include "model/attention_choice.h"
 #include "model/model.h"
 #include "train/adamw.h"
 #include "train/grad_sync.h"
@@ -52,8 +53,9 @@ struct StepResult {
 /// checkpoint when `resume` is given, else from the config's initialisation.
 class Trainer {
  public:
-  /// Reads the data first (a bad shard stops the run before anything is written), then builds
-  /// the model, identical on every rank, and the optimizer.
+  /// Reads the data first (a bad shard stops the run before anything is written), resolves
+  /// model.attention (every rank the same way; InputError for a "cudnn" that cuDNN refuses), then
+  /// builds the model, identical on every rank, and the optimizer.
   Trainer(const TrainOptions& options, const dist::Communicators& comms, const checkpoint::Found* resume);
 
   /// One optimizer update, number `step` (1-based): the micro-steps, the gradient sync, clipping
@@ -71,6 +73,8 @@ class Trainer {
   std::int64_t tokens_seen() const { return tokens_seen_; }
   data::SamplerState sampler_state() const { return sampler_state_; }
   const AdamW& optimizer() const { return *optimizer_; }
+  /// The attention kernels model.attention resolved to, and why.
+  const model::AttentionChoice& attention() const { return attention_; }
   /// The fp32 weights on the CPU, brought up to date (a copy from the GPU where the model is there).
   const model::Model& host_weights();
 
@@ -85,6 +89,7 @@ class Trainer {
   std::unique_ptr<data::TokenDataset> val_data_;
   std::int64_t first_step_ = 1, tokens_seen_ = 0, bad_in_a_row_ = 0;
   data::SamplerState sampler_state_;
+  model::AttentionChoice attention_;
   std::unique_ptr<data::BatchLoader> loader_;
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<model::Model> host_;  // weights on the CPU when the model is on a GPU; else null

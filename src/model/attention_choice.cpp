@@ -1,0 +1,82 @@
+#include "model/attention_choice.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace llmtrain::model {
+namespace {
+
+// cuDNN's messages can span lines; an error message and a log line are one line each.
+std::string one_line(std::string text) {
+  std::replace(text.begin(), text.end(), '\n', ' ');
+  return text;
+}
+
+// ops::cudnn_attention_*, as a probe.
+class CudnnLibraryProbe final : public CudnnAttentionProbe {
+ public:
+  bool available(std::string* why_not) override { return ops::cudnn_attention_available(why_not); }
+  bool accepts(const AttentionShape& s, std::string* why_not) override {
+    return ops::cudnn_attention_supported(s.B, s.T, s.C, s.NH, s.NKV, why_not);
+  }
+  std::string version() override { return ops::cudnn_version(); }
+};
+
+}  // namespace
+
+std::string AttentionShape::describe() const {
+  return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
+         " NH=" + std::to_string(NH) + " NKV=" + std::to_string(NKV) +
+         " (head size " + std::to_string(NH > 0 ? C / NH : 0) + ")";
+}
+
+AttentionShape attention_shape(const config::Config& config) {
+  const auto& m = config.model;
+  return {int(config.train.micro_batch_size), int(m.context_length), int(m.d_model), int(m.n_head),
+          int(m.n_kv_head > 0 ? m.n_kv_head : m.n_head)};
+}
+
+std::unique_ptr<CudnnAttentionProbe> make_cudnn_probe() { return std::make_unique<CudnnLibraryProbe>(); }
+
+std::string AttentionChoice::describe() const {
+  return std::string("attention: ") + (kernels == ops::AttentionKernels::cudnn ? "cudnn" : "flash") + " (" +
+         reason + ")";
+}
+
+AttentionChoice resolve_attention(const config::Config& config, Device device, CudnnAttentionProbe& probe) {
+  using config::Attention;
+  using ops::AttentionKernels;
+  const Attention asked = config.model.attention;
+  if (device == Device::cpu) {
+    // The CPU reference serves both choices; "cudnn" is kept so that a CPU run reads as configured.
+    if (asked == Attention::cudnn) return {AttentionKernels::cudnn, "as configured; on the CPU the reference computes it"};
+    return {AttentionKernels::flash, "CPU: the reference computes attention for either choice"};
+  }
+  if (asked == Attention::flash) return {AttentionKernels::flash, "as configured"};
+  const bool bf16 = config.train.precision == config::Precision::bf16;
+  if (!bf16) {  // "cudnn" with fp32 never gets here: the config loader rejects it
+    return {AttentionKernels::flash, "fp32: cuDNN's fused attention needs train.precision \"bf16\""};
+  }
+  const AttentionShape shape = attention_shape(config);
+  std::string why;
+  if (!probe.available(&why)) {
+    if (asked == Attention::cudnn) {
+      throw InputError("model.attention: \"cudnn\" cannot run here (" + shape.describe() + "): " + one_line(why) +
+                       "; use \"auto\" or \"flash\"");
+    }
+    return {AttentionKernels::flash, "bf16, but " + one_line(why)};
+  }
+  if (!probe.accepts(shape, &why)) {
+    if (asked == Attention::cudnn) {
+      throw InputError("model.attention: \"cudnn\": cuDNN " + probe.version() + " refuses " + shape.describe() +
+                       ": " + one_line(why) + "; use \"auto\" or \"flash\"");
+    }
+    return {AttentionKernels::flash, "bf16, but cuDNN " + probe.version() + " refuses " + shape.describe() + ": " +
+                                         one_line(why)};
+  }
+  return {AttentionKernels::cudnn, std::string(asked == Attention::cudnn ? "as configured" : "bf16") + ", cuDNN " +
+                                       probe.version() + " accepts " + shape.describe()};
+}
+
+}  // namespace llmtrain::model
