@@ -157,6 +157,7 @@ def main():
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (torch and llmtrain's OpenMP)")
     p.add_argument("--llmtrain", metavar="BINARY", help="also train llmtrain on the same shapes")
+    p.add_argument("--json", metavar="FILE", help="write PyTorch's result here (gpu_check.sh's suite reads it)")
     a = p.parse_args()
 
     d = dict(TINY) if a.tiny else {"V": 50257, "T": 1024, "L": 12, "H": 12, "C": 768, "F": 3072}
@@ -179,7 +180,18 @@ def main():
     print(f"model: GPT-2 L={d['L']} H={d['H']} C={d['C']} V={d['V']}, {n_params:,} parameters; micro-batch {batch}, "
           f"T={d['T']}, {precision}, {steps} timed steps after {warmup}; device: {device_name}; "
           f"PyTorch {torch.__version__}")
-    mine = pytorch_rate(d, batch, steps, warmup, a.device, precision, compile_wanted)
+    try:
+        mine = pytorch_rate(d, batch, steps, warmup, a.device, precision, compile_wanted)
+    except torch.cuda.OutOfMemoryError as e:
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"error": f"out of memory at micro-batch {batch}: {str(e).splitlines()[0]}", "oom": True}, f)
+        print(f"pytorch : out of memory at micro-batch {batch}")
+        return 1
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({**mine, "batch": batch, "steps": steps, "warmup": warmup, "torch": torch.__version__,
+                       "precision": precision}, f, indent=1)
     assert mine["params"] == n_params, (mine["params"], n_params)  # the same model as llmtrain's count
 
     def mfu_text(rate):

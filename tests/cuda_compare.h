@@ -75,17 +75,19 @@ constexpr DType dtype_of<Bf16>() {
   return DType::bf16;
 }
 
-/// The sentinel bit pattern: a NaN with a payload for floats and bf16 (so "still NaN" is not
-/// enough: the bits must be unchanged), an unlikely value for integers.
+/// The sentinel bit pattern: a signalling NaN with a payload for floats and bf16 (so "still NaN"
+/// is not enough: the bits must be unchanged; and arithmetic on it gives a quiet NaN, other bits,
+/// so a value computed from a neighbouring sentinel and written out of bounds shows too: with a
+/// quiet NaN, x86's add would pass its payload on unchanged), an unlikely value for integers.
 template <class T>
 T sentinel() {
   static_assert(sizeof(T) == 4 || sizeof(T) == 2, "4- or 2-byte elements only");
   T value;
   if constexpr (sizeof(T) == 4) {
-    const std::uint32_t bits = 0x7fc0dead;
+    const std::uint32_t bits = 0x7fa0dead;  // exponent all ones, quiet bit (0x00400000) clear
     std::memcpy(&value, &bits, sizeof value);
   } else {
-    const std::uint16_t bits = 0x7fad;  // bf16: exponent all ones, mantissa 0x2d
+    const std::uint16_t bits = 0x7fad;  // bf16: exponent all ones, mantissa 0x2d, quiet bit (0x40) clear
     std::memcpy(&value, &bits, sizeof value);
   }
   return value;
@@ -156,20 +158,22 @@ inline std::vector<float> uniform_vec(std::mt19937& rng, std::size_t n, float lo
   return v;
 }
 
-/// max |result - reference| / max |reference|, with the reference's magnitude floored at 1e-30.
-inline double normalized_error(const std::vector<float>& result, const std::vector<float>& reference) {
+/// max |result - reference| / max |reference|, with the reference's magnitude floored at
+/// `scale_floor` (a quantity whose error does not shrink with it, such as a loss near 0) and 1e-30.
+inline double normalized_error(const std::vector<float>& result, const std::vector<float>& reference,
+                               double scale_floor = 0.0) {
   double max_diff = 0.0, max_ref = 0.0;
   for (std::size_t i = 0; i < reference.size(); ++i) {
     max_diff = std::max(max_diff, std::abs(double(result[i]) - double(reference[i])));
     max_ref = std::max(max_ref, std::abs(double(reference[i])));
   }
-  return max_diff / std::max(max_ref, 1e-30);
+  return max_diff / std::max({max_ref, scale_floor, 1e-30});
 }
 
 /// Requires `result` (from the device) to be finite, the reference finite and not all zero, and
 /// their normalised error (above) at most `tolerance`.
 inline void require_close(const std::string& what, const std::vector<float>& result,
-                          const std::vector<float>& reference, double tolerance) {
+                          const std::vector<float>& reference, double tolerance, double scale_floor = 0.0) {
   REQUIRE(result.size() == reference.size());
   std::size_t bad_result = 0, bad_reference = 0, first_bad = result.size();
   double max_ref = 0.0;
@@ -178,7 +182,7 @@ inline void require_close(const std::string& what, const std::vector<float>& res
     if (!std::isfinite(reference[i])) ++bad_reference;
     max_ref = std::max(max_ref, std::abs(double(reference[i])));
   }
-  const double error = normalized_error(result, reference);
+  const double error = normalized_error(result, reference, scale_floor);
   INFO(what << ": " << result.size() << " elements, " << bad_result << " NaN/Inf from the device (first at "
             << first_bad << "), normalised error " << error << " (tolerance " << tolerance
             << "), max |reference| " << max_ref);

@@ -17,7 +17,7 @@ ok() { echo "ok: $1"; passed=$((passed + 1)); }
 bad() { echo "FAILED: $1"; failed=$((failed + 1)); }
 check() { local what="$1"; shift; if "$@" > "$tmp/out" 2>&1; then ok "$what"; else bad "$what"; cat "$tmp/out"; fi; }
 
-check "bash -n gpu_check.sh vendor_deps.sh" bash -n scripts/gpu_check.sh scripts/vendor_deps.sh
+check "bash -n gpu_check.sh vendor_deps.sh gpu_bare_node_test.sh" bash -n scripts/gpu_check.sh scripts/vendor_deps.sh tests/gpu_bare_node_test.sh
 if command -v shellcheck >/dev/null; then
   check "shellcheck" shellcheck scripts/gpu_check.sh scripts/vendor_deps.sh
 fi

@@ -285,24 +285,27 @@ def find_nsys():
 def top_kernels(binary, config, workdir, device, batch, precision, steps, timeout_s):
     """The 10 most expensive kernels of a short run (nsys), else llmtrain's own op times."""
     nsys = find_nsys() if device == "cuda" else None
+    nsys_failure = ""
     if nsys:
         out = os.path.join(workdir, "profile")
         r = run_llmtrain(binary, config, workdir, device, steps, batch, precision, timeout_s=timeout_s,
                          wrapper=[nsys, "profile", "--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none",
                                   "--force-overwrite=true", "-o", out])
-        if not r["ok"]:
-            return {"source": f"nsys ({nsys})", "error": r.get("error"), "kernels": []}
-        for report in ["cuda_gpu_kern_sum", "gpukernsum"]:
-            p = subprocess.run([nsys, "stats", "--report", report, "--format", "csv", "--output", "-", out + ".nsys-rep"],
-                               capture_output=True, text=True)
-            kernels = parse_nsys_kernel_csv(p.stdout)
-            if kernels:
-                return {"source": f"nsys, {steps} steps", "kernels": kernels}
-        return {"source": f"nsys ({nsys})", "error": "nsys stats gave no kernel summary", "kernels": []}
+        if r["ok"]:
+            for report in ["cuda_gpu_kern_sum", "gpukernsum"]:
+                p = subprocess.run([nsys, "stats", "--report", report, "--format", "csv", "--output", "-",
+                                    out + ".nsys-rep"], capture_output=True, text=True)
+                kernels = parse_nsys_kernel_csv(p.stdout)
+                if kernels:
+                    return {"source": f"nsys, {steps} steps", "kernels": kernels}
+            nsys_failure = "nsys stats gave no kernel summary"
+        else:
+            nsys_failure = r.get("error") or "failed"
+        nsys_failure = f"; nsys ({nsys}) failed: {nsys_failure}"  # then llmtrain's own op times
     r = run_llmtrain(binary, config, workdir, device, steps, batch, precision, profile_ops=True, timeout_s=timeout_s)
     if not r["ok"]:
         return {"source": "llmtrain --profile-ops", "error": r.get("error"), "kernels": []}
-    return {"source": f"llmtrain --profile-ops, {steps} steps (no nsys: ops by host wall-clock, not kernels)",
+    return {"source": f"llmtrain --profile-ops, {steps} steps (ops by wall-clock, not kernels{nsys_failure or '; no nsys'})",
             "kernels": parse_profile_ops(r["stderr"])}
 
 
@@ -369,7 +372,7 @@ def run_tagged_tests(build_dir, tag="[cuda]", timeout_s=900):
 
 
 def cmd_cuda_tests(a):
-    summary = run_tagged_tests(a.build, a.tag)
+    summary = run_tagged_tests(a.build, a.tag, a.timeout)
     with open(a.out, "w") as f:
         json.dump(summary, f, indent=1)
     print(summary["line"])
@@ -432,6 +435,157 @@ def cmd_bench(a):
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)
     return 0 if "error" not in result else 1
+
+
+def run_pytorch(python, batch, steps, precision, workdir, timeout_s):
+    """scripts/bench_vs_pytorch.py on the GPU at `batch` (GPT-2 124M, T=1024): its JSON, or {"error", "oom"}."""
+    out = os.path.join(workdir, f"pytorch-b{batch}.json")
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench_vs_pytorch.py")
+    cmd = [python, script, "--device", "cuda", "--batch", str(batch), "--steps", str(steps), "--precision", precision,
+           "--json", out]
+    start = time.time()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        text, code = p.stdout + p.stderr, p.returncode
+    except subprocess.TimeoutExpired as e:
+        text, code = ((e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")), None
+    result = {}
+    if os.path.exists(out):
+        with open(out) as f:
+            result = json.load(f)
+    result.update({"command": " ".join(cmd), "seconds": time.time() - start, "log_tail": text[-3000:]})
+    if code is None:
+        result["error"] = f"timed out after {timeout_s:.0f} s"
+    elif code != 0 and "error" not in result:
+        result["error"] = first_error_line(text)
+    result["oom"] = bool(result.get("oom")) or bool(OOM_PATTERN.search(text)) and code != 0
+    return result
+
+
+def cmd_suite(a):
+    """llmtrain with each attention path at the largest micro-batch that fits, PyTorch on the same
+    shapes, then the top kernels; every stage only if the time left (--deadline) allows it."""
+    with open(a.config) as f:
+        config = json.load(f)
+    config = deep_merge(config, {"data": {"train": [os.path.join(a.data, "train_*.bin")]}})
+    d = model_dims(config)
+    precision = a.precision
+    peak, peak_text = peak_tflops(a.gpu_name or "", precision, os.environ.get("PEAK_TFLOPS"))
+    deadline = a.deadline or time.time() + 3600
+    workdir = tempfile.mkdtemp(prefix="llmtrain-suite-", dir=a.workdir)
+    candidates = [int(b) for b in a.batches.split(",")]
+    res = {"gpu": a.gpu_name, "precision": precision, "dims": d, "params": gpt2_parameters(d), "peak_tflops": peak,
+           "peak_text": peak_text, "candidates": candidates, "rows": [], "skipped": [], "failures": []}
+    res["flops_per_token"] = flops_per_token(d, res["params"])
+    estimate = {"llmtrain": 60.0, "pytorch": 150.0, "profile": 45.0}  # seconds, until one was timed
+
+    def left():
+        return deadline - time.time()
+
+    def save():
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+    def fits(kind, what):
+        if left() >= estimate[kind]:
+            return True
+        res["skipped"].append(f"{what}: skipped, {max(0, left()):.0f} s left of the budget and it takes about "
+                              f"{estimate[kind]:.0f} s")
+        return False
+
+    largest = None  # the largest micro-batch that ran: no other path needs to try more
+    for path in a.attention.split(","):
+        row = {"name": f"llmtrain, {path} attention", "kind": "llmtrain", "attention": path, "attempts": []}
+        res["rows"].append(row)
+        cfg = deep_merge(config, {"model": {"attention": path}})
+        for b in [b for b in candidates if largest is None or b <= largest]:
+            if not fits("llmtrain", f"{row['name']}, micro-batch {b}"):
+                row["error"] = "not run: out of time"
+                break
+            r = run_llmtrain(a.binary, cfg, workdir, "cuda", a.steps, b, precision, peak=peak,
+                             timeout_s=max(10, min(a.timeout, left())))
+            if r["ok"]:
+                estimate["llmtrain"] = r["seconds"]
+            row["attempts"].append({"batch": b, "ok": r["ok"], "oom": r["oom"], "error": r.get("error"),
+                                    "seconds": round(r["seconds"], 1)})
+            row["command"] = r["command"]
+            if r["ok"]:
+                m = r["metrics"]
+                own = m.get("peak_host_bytes") or 0  # on CUDA, llmtrain's own figure is the GPU's peak
+                row.update({"batch": b, "tokens_per_s": m["tokens_per_s"], "timed_steps": m["timed_steps"],
+                            "final_loss": m["final_loss"], "seconds": round(r["seconds"], 1),
+                            "peak_gpu_mib": own / 2**20 if own else r["peak_gpu_mib"],
+                            "peak_source": "llmtrain's own" if own else "nvidia-smi"})
+                if peak:
+                    row["mfu"] = m["tokens_per_s"] * res["flops_per_token"] / (peak * 1e12)
+                largest = b if largest is None else min(largest, b)
+                row.pop("error", None)
+                break
+            row["error"] = r.get("error") or "failed"
+            if not r["oom"]:
+                res["failures"].append({"what": row["name"], "error": row["error"], "command": r["command"],
+                                        "log_tail": r["stderr"][-4000:]})
+                break
+        else:
+            if "batch" not in row and row["attempts"]:
+                row["error"] = f"out of memory even at micro-batch {row['attempts'][-1]['batch']}"
+        save()
+
+    if a.pytorch:
+        row = {"name": "PyTorch (bf16 autocast, SDPA, fused AdamW, torch.compile)" if precision == "bf16"
+               else "PyTorch (fp32, SDPA, fused AdamW, torch.compile)", "kind": "pytorch", "attempts": []}
+        res["rows"].append(row)
+        b = largest or candidates[0]
+        while b >= 1:
+            if not fits("pytorch", f"PyTorch, micro-batch {b}"):
+                row["error"] = "not run: out of time"
+                break
+            r = run_pytorch(a.pytorch, b, a.steps, precision, workdir, max(10, left()))
+            row["attempts"].append({"batch": b, "ok": "error" not in r, "oom": r["oom"], "error": r.get("error"),
+                                    "seconds": round(r["seconds"], 1)})
+            row["command"] = r["command"]
+            if "error" not in r:
+                estimate["pytorch"] = r["seconds"]
+                row.update({"batch": b, "tokens_per_s": r["tokens_per_s"], "features": r.get("features"),
+                            "peak_gpu_mib": (r.get("peak_gib") or 0) * 1024 or None, "peak_source": "torch.cuda.max_memory_allocated",
+                            "seconds": round(r["seconds"], 1), "torch": r.get("torch")})
+                if peak:
+                    row["mfu"] = r["tokens_per_s"] * res["flops_per_token"] / (peak * 1e12)
+                row.pop("error", None)
+                break
+            row["error"] = r["error"]
+            if not r["oom"]:
+                res["failures"].append({"what": row["name"], "error": r["error"], "command": r["command"],
+                                        "log_tail": r["log_tail"]})
+                break
+            b //= 2
+        save()
+
+    torch_rows = [r for r in res["rows"] if r["kind"] == "pytorch" and r.get("tokens_per_s")]
+    for row in res["rows"]:
+        if row["kind"] == "llmtrain" and row.get("tokens_per_s") and torch_rows:
+            ref = torch_rows[0]
+            row["ratio"] = row["tokens_per_s"] / ref["tokens_per_s"]
+            if ref["batch"] != row["batch"]:
+                row["ratio_note"] = f"PyTorch at micro-batch {ref['batch']}"
+
+    for row in [r for r in res["rows"] if r["kind"] == "llmtrain" and r.get("batch")]:
+        if a.profile_steps <= 0 or not fits("profile", f"top kernels, {row['attention']} attention"):
+            continue
+        cfg = deep_merge(config, {"model": {"attention": row["attention"]}})
+        t0 = time.time()
+        row["top"] = top_kernels(a.binary, cfg, workdir, "cuda", row["batch"], precision, a.profile_steps,
+                                 max(10, min(a.timeout, left())))
+        estimate["profile"] = time.time() - t0
+        if row["top"].get("error"):
+            res["failures"].append({"what": f"top kernels, {row['attention']} attention ({row['top']['source']})",
+                                    "error": row["top"]["error"]})
+        save()
+    if not a.keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+    save()
+    bad = [r for r in res["rows"] if "error" in r] or res["failures"]
+    return 1 if bad else 0
 
 
 def fmt_bytes(n):
@@ -497,14 +651,112 @@ def render_table(bench, header, tests, build):
     return "\n".join(out)
 
 
+def render_suite(suite, header, tests, build, problems=(), notes=()):
+    """The table of a gpu_check.sh run: its checks, one row per training run, then the top kernels."""
+    out = [header] if header else []
+    checks = [("build", build or "n/a"), ("[cuda] tests", tests or "n/a")]
+    checks += [("missing", p) for p in problems] + [("note", n) for n in notes]
+    d = suite.get("dims") or {}
+    if d:
+        checks.append(("shape", f"GPT-2 {suite.get('params', 0) / 1e6:.0f}M, T={d.get('T')}, {suite.get('precision')}, "
+                                f"micro-batch: the largest of {','.join(str(b) for b in suite.get('candidates', []))} that fits"))
+        checks.append(("MFU", f"tokens/s x (6N + 12 L H Q T) / peak = {suite['flops_per_token']:.3e} flop/token; "
+                              f"peak {suite.get('peak_text', 'n/a')}"))
+    if suite.get("error"):
+        checks.append(("benchmark", suite["error"]))
+    width = max(len(k) for k, _ in checks)
+    for key, value in checks:
+        out.append(f" {key.ljust(width)} | {value}")
+    rows = [("run", "micro-batch", "tokens/s", "MFU", "peak GPU mem", "vs PyTorch")]
+    for r in suite.get("rows", []):
+        if r.get("tokens_per_s"):
+            ratio = f"{r['ratio']:.2f}x" if r.get("ratio") else ("1.00x" if r["kind"] == "pytorch" else "n/a")
+            if r.get("ratio_note"):
+                ratio += f" ({r['ratio_note']})"
+            mem = f"{r['peak_gpu_mib'] / 1024:.1f} GiB" if r.get("peak_gpu_mib") else "n/a"
+            mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "n/a"
+            rows.append((r["name"], str(r["batch"]), f"{r['tokens_per_s']:,.0f}", mfu, mem, ratio))
+        else:
+            tried = "; ".join(f"{t['batch']}: {'out of memory' if t['oom'] else 'failed'}" for t in r.get("attempts", []))
+            rows.append((r["name"], "-", "FAILED" if not str(r.get("error", "")).startswith("not run") else "-", "", "",
+                         f"{r.get('error')}" + (f" (tried {tried})" if tried else "")))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    rule = "-" * (sum(widths) + 3 * len(widths) + 12)
+    out.append(rule)
+    for row in rows:
+        out.append(" " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+                   + " | " + row[-1])
+    out.append(rule)
+    for s in suite.get("skipped", []):
+        out.append(f" skipped: {s}")
+    for r in suite.get("rows", []):
+        top = r.get("top") or {}
+        if top.get("kernels"):
+            out.append(f" top {len(top['kernels'])} kernels, {r['name']} ({top['source']}):")
+            for i, k in enumerate(top["kernels"], 1):
+                pct = f"{k['percent']:5.1f}%" if k.get("percent") == k.get("percent") else "   n/a"
+                name = k["name"] if len(k["name"]) <= 90 else k["name"][:87] + "..."
+                out.append(f"  {i:2d}. {pct} {k['total_ms']:10.2f} ms {k['calls']:7d} calls  {name}")
+        elif top.get("error"):
+            out.append(f" top kernels, {r['name']}: FAILED ({top['source']}): {top['error']}")
+    return "\n".join(out)
+
+
+def tail_of(path, lines=40):
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return ""
+
+
 def cmd_report(a):
-    bench = {}
-    if a.bench and os.path.exists(a.bench):
+    suite, bench, tests = None, {}, None
+    if a.suite and os.path.exists(a.suite):
+        with open(a.suite) as f:
+            suite = json.load(f)
+    elif a.bench and os.path.exists(a.bench):
         with open(a.bench) as f:
             bench = json.load(f)
-    elif a.bench_error:
-        bench = {"error": a.bench_error}
-    print(render_table(bench, a.header, a.tests, a.build))
+    if a.bench_error:
+        if suite is None and not bench:
+            suite = {"error": a.bench_error} if (a.problem or a.json or a.note) else None
+            bench = {"error": a.bench_error}
+    if a.tests_json and os.path.exists(a.tests_json):
+        with open(a.tests_json) as f:
+            tests = json.load(f)
+    if suite is not None:
+        table = render_suite(suite, a.header, a.tests, a.build, a.problem or [], a.note or [])
+    else:
+        table = render_table(bench, a.header, a.tests, a.build)
+        if a.problem:
+            table += "\n" + "\n".join(f" missing: {p}" for p in a.problem)
+    print(table)
+    if a.json:
+        doc = {"header": a.header, "build": a.build, "tests": a.tests, "tests_detail": tests,
+               "problems": a.problem or [], "notes": a.note or [], "found": a.found or [],
+               "ld_library_path": a.ld_library_path, "benchmark": suite if suite is not None else bench, "table": table}
+        with open(a.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    if a.failures_log:  # everything that failed, with the end of its log
+        parts = [f"missing: {p}" for p in a.problem or []]
+        if a.build and a.build.startswith("FAILED") and a.logs:
+            for name in ("configure.log", "build.log"):
+                parts.append(f"== {a.build}\n-- {name}, last lines:\n" + tail_of(os.path.join(a.logs, name), 60))
+        if tests and (tests.get("failed") or tests.get("problems")):
+            parts.append("== [cuda] tests: " + tests.get("line", "") + "\n" +
+                         "\n".join(f"  FAILED  {x}" for x in tests.get("failures", [])) + "\n" +
+                         "\n".join(f"  problem {x}" for x in tests.get("problems", [])))
+            if a.logs:
+                parts.append(tail_of(os.path.join(a.logs, "cuda_tests.txt"), 80))
+        for f_ in (suite or {}).get("failures", []):
+            parts.append(f"== {f_['what']}: {f_['error']}\n" + (f"command: {f_['command']}\n" if f_.get("command") else "")
+                         + f_.get("log_tail", ""))
+        for r in (suite or {}).get("rows", []):
+            if r.get("error") and not any(f_["what"] == r["name"] for f_ in suite.get("failures", [])):
+                parts.append(f"== {r['name']}: {r['error']}")
+        with open(a.failures_log, "w") as f:
+            f.write("\n".join(parts) + ("\n" if parts else "nothing failed\n"))
     return 0
 
 
@@ -595,17 +847,44 @@ def main(argv=None):
     b.add_argument("--keep", action="store_true", help="keep the runs' folders")
     b.add_argument("--out", required=True)
     b.set_defaults(func=cmd_bench)
+    u = sub.add_parser("suite", help="each attention path, PyTorch, top kernels, within a deadline -> JSON")
+    u.add_argument("--binary", required=True)
+    u.add_argument("--config", required=True)
+    u.add_argument("--data", required=True, help="folder with train_*.bin")
+    u.add_argument("--gpu-name", default="")
+    u.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    u.add_argument("--attention", default="flash,cudnn")
+    u.add_argument("--batches", default="64,32,16,8,4,2,1")
+    u.add_argument("--steps", type=int, default=30)
+    u.add_argument("--profile-steps", type=int, default=10)
+    u.add_argument("--pytorch", metavar="PYTHON", help="also run scripts/bench_vs_pytorch.py with this interpreter")
+    u.add_argument("--deadline", type=float, default=0, help="seconds since the epoch by which to be done")
+    u.add_argument("--timeout", type=int, default=300, help="seconds per llmtrain run")
+    u.add_argument("--workdir", default=None)
+    u.add_argument("--keep", action="store_true")
+    u.add_argument("--out", required=True)
+    u.set_defaults(func=cmd_suite)
     r = sub.add_parser("report", help="print the table")
     r.add_argument("--bench")
     r.add_argument("--bench-error")
     r.add_argument("--tests")
     r.add_argument("--build")
     r.add_argument("--header", default="")
+    r.add_argument("--suite", help="gpu_bench.py suite's JSON")
+    r.add_argument("--tests-json", help="gpu_bench.py cuda-tests' JSON")
+    r.add_argument("--problem", action="append", help="a missing piece (repeatable)")
+    r.add_argument("--note", action="append")
+    r.add_argument("--found", action="append")
+    r.add_argument("--ld-library-path", default="")
+    r.add_argument("--json", help="write the table and everything behind it here")
+    r.add_argument("--failures-log", help="write what failed, with the end of each log, here")
+    r.add_argument("--logs", help="the folder with configure.log, build.log, cuda_tests.txt")
     r.set_defaults(func=cmd_report)
     c = sub.add_parser("cuda-tests", help="run every Catch2 test case with a tag, count the outcomes")
     c.add_argument("--build", required=True)
     c.add_argument("--tag", default="[cuda]")
     c.add_argument("--out", required=True)
+    c.add_argument("--timeout", type=int, default=900, help="seconds per test binary")
     c.set_defaults(func=cmd_cuda_tests)
     t = sub.add_parser("self-test", help="check the parsers and the table on made-up input")
     t.set_defaults(func=cmd_self_test)

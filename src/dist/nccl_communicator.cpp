@@ -2,6 +2,9 @@
 // to every rank over MPI; the communicator is created non-blocking and every operation is polled
 // (stream query plus ncclCommGetAsyncError), so that a dead or hung rank makes it abort the
 // communicator and stop with a message instead of hanging. Buffers passed in are device memory.
+// On a non-blocking communicator a call may return ncclInProgress before its work is on the
+// stream: each call is then polled (ncclCommGetAsyncError) until it has left that state, before
+// the stream is queried, else the stream would look idle and the caller read unreduced data.
 // Ordering: each collective's stream first waits (an event) for the work enqueued so far on the
 // ops' compute stream, which wrote its input; the host then waits for the collective (finish),
 // so whatever the compute stream does next sees its result.
@@ -28,6 +31,7 @@ namespace {
   throw RuntimeError(std::string("NCCL error in ") + call + ": " + ncclGetErrorString(status));
 }
 
+// For calls after which nothing waits on NCCL's state (the communicator's own set-up is polled).
 void check(ncclResult_t status, const char* call) {
   if (status != ncclSuccess && status != ncclInProgress) nccl_failed(status, call);
 }
@@ -76,37 +80,37 @@ class NcclCommunicator final : public Communicator {
 
   void all_reduce_sum(float* data, std::int64_t count) override {
     after_compute();
-    check(ncclAllReduce(data, data, std::size_t(count), ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce");
+    enqueued(ncclAllReduce(data, data, std::size_t(count), ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce");
     finish("all_reduce");
   }
   void all_reduce_sum(double* data, std::int64_t count) override {
     after_compute();
-    check(ncclAllReduce(data, data, std::size_t(count), ncclDouble, ncclSum, comm_, stream_), "ncclAllReduce");
+    enqueued(ncclAllReduce(data, data, std::size_t(count), ncclDouble, ncclSum, comm_, stream_), "ncclAllReduce");
     finish("all_reduce");
   }
   void all_reduce_max(std::int64_t* data, std::int64_t count) override {
     after_compute();
-    check(ncclAllReduce(data, data, std::size_t(count), ncclInt64, ncclMax, comm_, stream_), "ncclAllReduce");
+    enqueued(ncclAllReduce(data, data, std::size_t(count), ncclInt64, ncclMax, comm_, stream_), "ncclAllReduce");
     finish("all_reduce (max)");
   }
   std::unique_ptr<Request> start_all_reduce_sum(float* data, std::int64_t count) override {
     after_compute();
-    check(ncclAllReduce(data, data, std::size_t(count), ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce");
+    enqueued(ncclAllReduce(data, data, std::size_t(count), ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce");
     return std::make_unique<Done>([this] { finish("all_reduce (gradient bucket)"); });
   }
   void reduce_scatter_sum(const float* send, float* recv, std::int64_t shard) override {
     after_compute();
-    check(ncclReduceScatter(send, recv, std::size_t(shard), ncclFloat, ncclSum, comm_, stream_), "ncclReduceScatter");
+    enqueued(ncclReduceScatter(send, recv, std::size_t(shard), ncclFloat, ncclSum, comm_, stream_), "ncclReduceScatter");
     finish("reduce_scatter");
   }
   void all_gather(const float* send, float* recv, std::int64_t shard) override {
     after_compute();
-    check(ncclAllGather(send, recv, std::size_t(shard), ncclFloat, comm_, stream_), "ncclAllGather");
+    enqueued(ncclAllGather(send, recv, std::size_t(shard), ncclFloat, comm_, stream_), "ncclAllGather");
     finish("all_gather");
   }
   void broadcast(float* data, std::int64_t count, int root) override {
     after_compute();
-    check(ncclBroadcast(data, data, std::size_t(count), ncclFloat, root, comm_, stream_), "ncclBroadcast");
+    enqueued(ncclBroadcast(data, data, std::size_t(count), ncclFloat, root, comm_, stream_), "ncclBroadcast");
     finish("broadcast");
   }
   void barrier() override { host_.barrier(); }
@@ -118,16 +122,29 @@ class NcclCommunicator final : public Communicator {
     check(cudaStreamWaitEvent(stream_, compute_done_, 0), "cudaStreamWaitEvent");
   }
 
-  // Waits for the communicator's pending work (init) without blocking inside NCCL.
+  // Waits for the communicator's pending work (its set-up, or a call that returned
+  // ncclInProgress) without blocking inside NCCL; an error or the timeout aborts it.
   void poll_comm(const char* operation) {
     const auto start = std::chrono::steady_clock::now();
     ncclResult_t state = ncclInProgress;
-    while (state == ncclInProgress) {
+    while (true) {
       check(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
-      if (state != ncclInProgress && state != ncclSuccess) nccl_failed(state, operation);
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) {
+        ncclCommAbort(comm_);
+        comm_ = nullptr;
+        nccl_failed(state, operation);
+      }
       timeout_if_late(start, operation);
       std::this_thread::yield();
     }
+  }
+
+  // A collective's status: returns once its work is on the stream (ncclInProgress: polled until then).
+  void enqueued(ncclResult_t status, const char* call) {
+    if (status == ncclSuccess) return;
+    if (status != ncclInProgress) nccl_failed(status, call);
+    poll_comm(call);
   }
 
   // Waits for the stream, watching for asynchronous NCCL errors and the timeout.

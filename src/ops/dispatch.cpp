@@ -5,17 +5,19 @@
 namespace llmtrain::ops::dispatch {
 
 void Devices::see(const Tensor& t) {
+  // The device is kept by value: argument lists may hold temporary views (attention_decode's rows).
   if (!t.data) return;
-  if (!first_) {
-    first_ = &t;
-  } else if (t.device != first_->device) {
-    throw RuntimeError(std::string("ops::") + op_ + ": arguments on different devices (" +
-                       device_name(first_->device) + " and " + device_name(t.device) + ")");
+  if (!seen_) {
+    seen_ = true;
+    device_ = t.device;
+  } else if (t.device != device_) {
+    throw RuntimeError(std::string("ops::") + op_ + ": arguments on different devices (" + device_name(device_) +
+                       " and " + device_name(t.device) + ")");
   }
 }
 
 bool Devices::on_cuda() const {
-  if (!first_ || first_->device != Device::cuda) return false;
+  if (!seen_ || device_ != Device::cuda) return false;
 #if !LLMTRAIN_HAVE_CUDA
   throw RuntimeError(std::string("ops::") + op_ +
                      ": cuda tensors in a build without CUDA (configure with -DLLMTRAIN_CUDA=ON)");

@@ -83,7 +83,8 @@ class Devices {
 
  private:
   const char* op_;
-  const Tensor* first_ = nullptr;
+  bool seen_ = false;  // a tensor with data; then its device:
+  Device device_ = Device::cpu;
 };
 
 /// The view that only looks at the tensors' devices.

@@ -5,6 +5,7 @@
 #include <array>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "core/bf16.h"
 #include "ops/cpu/reference.h"
@@ -51,38 +52,48 @@ void encoder_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout
   });
 }
 
-void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& inp,
-                       const Tensor& weight, const Tensor& bias) {
-  const Op op("layernorm_forward");
+namespace {
+using Named = std::pair<const char*, const Tensor*>;
+struct Rows {
+  std::int64_t N;
+  int C;
+  DType act;
+};
+// The norms' checks (LayerNorm, RMSNorm): inp (N,C) sets the precision; the other activations
+// (N,C) and the per-channel weights (C) are in it; the weight gradients (C) and the statistics
+// (N) are f32.
+Rows norm_checks(const Op& op, const Tensor& inp, std::initializer_list<Named> activations,
+                 std::initializer_list<Named> weights, std::initializer_list<Named> weight_grads,
+                 std::initializer_list<Named> statistics) {
   const auto N = inp.shape[0], C = inp.shape[1];
   const DType act = op.activation(inp);
   op.expect("inp", inp, act, {N, C});
-  op.expect("out", out, act, {N, C});
-  op.expect("mean", mean, DType::f32, {N});
-  op.expect("rstd", rstd, DType::f32, {N});
-  op.expect("weight", weight, act, {C});
-  op.expect("bias", bias, act, {C});
+  for (const auto& [name, t] : activations) op.expect(name, *t, act, {N, C});
+  for (const auto& [name, t] : weights) op.expect(name, *t, act, {C});
+  for (const auto& [name, t] : weight_grads) op.expect(name, *t, DType::f32, {C});
+  for (const auto& [name, t] : statistics) op.expect(name, *t, DType::f32, {N});
+  return {N, as_int(C), act};
+}
+}  // namespace
+
+void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& inp,
+                       const Tensor& weight, const Tensor& bias) {
+  const Op op("layernorm_forward");
+  const auto [N, C, act] =
+      norm_checks(op, inp, {{"out", &out}}, {{"weight", &weight}, {"bias", &bias}}, {}, {{"mean", &mean}, {"rstd", &rstd}});
   op.run(LLMTRAIN_KERNELS(layernorm_forward), act, [&](auto v) {
-    return std::tuple(v.out(out), v.f32(mean), v.f32(rstd), v.in(inp), v.in(weight), v.in(bias), N, as_int(C));
+    return std::tuple(v.out(out), v.f32(mean), v.f32(rstd), v.in(inp), v.in(weight), v.in(bias), N, C);
   });
 }
 
 void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
                         const Tensor& inp, const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
   const Op op("layernorm_backward");
-  const auto N = inp.shape[0], C = inp.shape[1];
-  const DType act = op.activation(inp);
-  op.expect("inp", inp, act, {N, C});
-  op.expect("dinp", dinp, act, {N, C});
-  op.expect("dout", dout, act, {N, C});
-  op.expect("dweight", dweight, DType::f32, {C});
-  op.expect("dbias", dbias, DType::f32, {C});
-  op.expect("weight", weight, act, {C});
-  op.expect("mean", mean, DType::f32, {N});
-  op.expect("rstd", rstd, DType::f32, {N});
+  const auto [N, C, act] = norm_checks(op, inp, {{"dinp", &dinp}, {"dout", &dout}}, {{"weight", &weight}},
+                                       {{"dweight", &dweight}, {"dbias", &dbias}}, {{"mean", &mean}, {"rstd", &rstd}});
   op.run(LLMTRAIN_KERNELS(layernorm_backward), act, [&](auto v) {
     return std::tuple(v.out(dinp), v.f32(dweight), v.f32(dbias), v.in(dout), v.in(inp), v.in(weight), v.f32(mean),
-                      v.f32(rstd), N, as_int(C));
+                      v.f32(rstd), N, C);
   });
 }
 
@@ -206,30 +217,19 @@ void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tens
 
 void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight, float eps) {
   const Op op("rmsnorm_forward");
-  const auto N = inp.shape[0], C = inp.shape[1];
-  const DType act = op.activation(inp);
-  op.expect("inp", inp, act, {N, C});
-  op.expect("out", out, act, {N, C});
-  op.expect("rstd", rstd, DType::f32, {N});
-  op.expect("weight", weight, act, {C});
+  const auto [N, C, act] = norm_checks(op, inp, {{"out", &out}}, {{"weight", &weight}}, {}, {{"rstd", &rstd}});
   op.run(LLMTRAIN_KERNELS(rmsnorm_forward), act, [&](auto v) {
-    return std::tuple(v.out(out), v.f32(rstd), v.in(inp), v.in(weight), N, as_int(C), eps);
+    return std::tuple(v.out(out), v.f32(rstd), v.in(inp), v.in(weight), N, C, eps);
   });
 }
 
 void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
                       const Tensor& weight, const Tensor& rstd) {
   const Op op("rmsnorm_backward");
-  const auto N = inp.shape[0], C = inp.shape[1];
-  const DType act = op.activation(inp);
-  op.expect("inp", inp, act, {N, C});
-  op.expect("dinp", dinp, act, {N, C});
-  op.expect("dout", dout, act, {N, C});
-  op.expect("dweight", dweight, DType::f32, {C});
-  op.expect("weight", weight, act, {C});
-  op.expect("rstd", rstd, DType::f32, {N});
+  const auto [N, C, act] = norm_checks(op, inp, {{"dinp", &dinp}, {"dout", &dout}}, {{"weight", &weight}},
+                                       {{"dweight", &dweight}}, {{"rstd", &rstd}});
   op.run(LLMTRAIN_KERNELS(rmsnorm_backward), act, [&](auto v) {
-    return std::tuple(v.out(dinp), v.f32(dweight), v.in(dout), v.in(inp), v.in(weight), v.f32(rstd), N, as_int(C));
+    return std::tuple(v.out(dinp), v.f32(dweight), v.in(dout), v.in(inp), v.in(weight), v.f32(rstd), N, C);
   });
 }
 

@@ -1,6 +1,15 @@
-// NCCL for the CPU emulation: only what src/ops/cuda/runtime.cu asks (the version). The NCCL
-// communicator (src/dist) is not part of the emulated build.
+// NCCL for the CPU emulation: the version (src/ops/cuda/runtime.cu) and what the NCCL
+// communicator (src/dist/nccl_communicator.cpp) calls, in one process. A communicator of N ranks
+// stands for N ranks that all hold this process's data (so a sum is N times it). A non-blocking
+// communicator (config.blocking = 0) returns ncclInProgress from every call and does the work
+// only when ncclCommGetAsyncError has been polled LLMTRAIN_EMU_NCCL_POLLS times (default 3):
+// reading the result earlier shows the data unreduced, as a GPU could. A call made while the
+// previous one is still in progress fails with ncclInvalidUsage, as NCCL asks.
 #pragma once
+
+#include <cstddef>
+
+#include "cuda_runtime_api.h"
 
 typedef enum {
   ncclSuccess = 0,
@@ -9,12 +18,36 @@ typedef enum {
   ncclInternalError = 3,
   ncclInvalidArgument = 4,
   ncclInvalidUsage = 5,
+  ncclRemoteError = 6,
+  ncclInProgress = 7,
 } ncclResult_t;
 
 #define NCCL_MAJOR 2
 #define NCCL_MINOR 0
 #define NCCL_PATCH 0
 
-/// 0: the emulation has no NCCL ("0.0.0").
+typedef struct llmtrain_emu_nccl_comm* ncclComm_t;
+typedef struct { char internal[128]; } ncclUniqueId;
+typedef enum { ncclInt64 = 4, ncclFloat = 7, ncclDouble = 8 } ncclDataType_t;
+typedef enum { ncclSum = 0, ncclMax = 3 } ncclRedOp_t;
+typedef struct {
+  int blocking;
+} ncclConfig_t;
+#define NCCL_CONFIG_INITIALIZER {1}
+
+/// 0: the emulation has no real NCCL ("0.0.0").
 ncclResult_t ncclGetVersion(int* version);
 const char* ncclGetErrorString(ncclResult_t result);
+ncclResult_t ncclGetUniqueId(ncclUniqueId* id);
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank, ncclConfig_t* config);
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state);
+ncclResult_t ncclCommDestroy(ncclComm_t comm);
+ncclResult_t ncclCommAbort(ncclComm_t comm);
+ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recv_count, ncclDataType_t type, ncclRedOp_t op,
+                               ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclAllGather(const void* send, void* recv, size_t send_count, ncclDataType_t type, ncclComm_t comm,
+                           cudaStream_t stream);
+ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root, ncclComm_t comm,
+                           cudaStream_t stream);
