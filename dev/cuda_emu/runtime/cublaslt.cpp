@@ -5,15 +5,21 @@
 //   D = epilogue(alpha op(A) op(B) + beta C)
 // in double for every element, rounding once to D's type (C is not read when beta == 0, as in
 // BLAS). TF32 and bf16-fast compute types round the inputs first, as tensor cores do.
+// The heuristic offers several algorithms (all the same GEMM); the test hooks of
+// llmtrain_emu/cublaslt_control.h set how many, and how many of them cublasLtMatmul turns down.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "cublasLt.h"
 #include "cuda_bf16.h"
 #include "internal.h"
+#include "llmtrain_emu/cublaslt_control.h"
 
 struct cublasLtContext {
   int magic;
@@ -250,7 +256,45 @@ cublasStatus_t check_problem(const cublasLtMatmulDescEmu* desc, const cublasLtMa
   return CUBLAS_STATUS_SUCCESS;
 }
 
+// The test hooks' settings and counts.
+struct Control {
+  std::mutex mutex;
+  llmtrain_emu::CublasLtCandidates candidates;
+  llmtrain_emu::CublasLtCounts counts;
+  Control() {
+    const auto env_int = [](const char* name, int fallback) {
+      const char* v = std::getenv(name);
+      return v && *v ? std::atoi(v) : fallback;
+    };
+    candidates.offered = std::max(0, env_int("LLMTRAIN_EMU_CUBLASLT_OFFERED", candidates.offered));
+    candidates.rejected = std::max(0, env_int("LLMTRAIN_EMU_CUBLASLT_REJECTED", candidates.rejected));
+  }
+};
+Control& control() {
+  static Control c;
+  return c;
+}
+
 }  // namespace
+
+namespace llmtrain_emu {
+
+void set_cublaslt_candidates(CublasLtCandidates candidates) {
+  const std::lock_guard<std::mutex> lock(control().mutex);
+  control().candidates = candidates;
+}
+
+CublasLtCandidates cublaslt_candidates() {
+  const std::lock_guard<std::mutex> lock(control().mutex);
+  return control().candidates;
+}
+
+CublasLtCounts cublaslt_counts() {
+  const std::lock_guard<std::mutex> lock(control().mutex);
+  return control().counts;
+}
+
+}  // namespace llmtrain_emu
 
 // ---- handles and versions -----------------------------------------------------------------------------
 
@@ -428,8 +472,9 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
 
 // ---- heuristic and matmul --------------------------------------------------------------------------------------
 
-// The emulated algorithm records the alignments it was chosen for (data[0..3]) and the workspace
-// limit (data[4]); data[7] marks it as one of ours.
+// The emulated algorithm records the alignments it was chosen for (data[0..3]), the workspace it
+// needs (data[4]), its rank in the heuristic's answer (data[5]) and whether cublasLtMatmul turns
+// it down (data[6]: the test hooks); data[7] marks it as one of ours.
 constexpr std::uint64_t algo_marker = 0x6c6c6d747261696eull;
 
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
@@ -453,15 +498,29 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
       pref->min_alignment[3] < out_element) {
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
-  cublasLtMatmulHeuristicResult_t& r = results[0];
-  std::memset(&r, 0, sizeof r);
-  for (int i = 0; i < 4; ++i) r.algo.data[i] = pref->min_alignment[i];
-  r.algo.data[4] = pref->max_workspace;
-  r.algo.data[7] = algo_marker;
-  r.workspaceSize = 0;
-  r.state = CUBLAS_STATUS_SUCCESS;
-  r.wavesCount = 1.0f;
-  *returned = 1;
+  llmtrain_emu::CublasLtCandidates candidates;
+  {
+    const std::lock_guard<std::mutex> lock(control().mutex);
+    ++control().counts.heuristic_calls;
+    candidates = control().candidates;
+  }
+  if (candidates.offered == 0) return CUBLAS_STATUS_NOT_SUPPORTED;  // cuBLASLt's answer when it has none
+  const int count = std::min(requested, candidates.offered);
+  for (int rank = 0; rank < count; ++rank) {
+    cublasLtMatmulHeuristicResult_t& r = results[rank];
+    std::memset(&r, 0, sizeof r);
+    for (int i = 0; i < 4; ++i) r.algo.data[i] = pref->min_alignment[i];
+    // Ranks after the first need some workspace (1 MiB each, within the preference's limit), so
+    // that a caller passing less than the heuristic said is caught.
+    r.workspaceSize = std::min<std::uint64_t>(pref->max_workspace, std::uint64_t(rank) << 20);
+    r.algo.data[4] = r.workspaceSize;
+    r.algo.data[5] = std::uint64_t(rank);
+    r.algo.data[6] = rank < candidates.rejected ? 1 : 0;
+    r.algo.data[7] = algo_marker;
+    r.state = CUBLAS_STATUS_SUCCESS;
+    r.wavesCount = 1.0f;
+  }
+  *returned = count;
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -495,8 +554,21 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
       return CUBLAS_STATUS_INVALID_VALUE;
     }
   }
+  {
+    const std::lock_guard<std::mutex> lock(control().mutex);
+    ++control().counts.matmul_calls;
+  }
   if (algo) {
     if (algo->data[7] != algo_marker) return bad(CUBLAS_STATUS_INVALID_VALUE, "the algorithm was not made by the heuristic");
+    if (algo->data[6] != 0) {  // turned down by the test hooks, before anything is touched
+      const std::lock_guard<std::mutex> lock(control().mutex);
+      ++control().counts.rejected_calls;
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    if (workspace_bytes < algo->data[4]) {
+      return bad(CUBLAS_STATUS_INVALID_VALUE, "workspace of " + std::to_string(workspace_bytes) +
+                                                  " bytes, the algorithm needs " + std::to_string(algo->data[4]));
+    }
     for (int i = 0; i < 4; ++i) {
       if (alignment_of(pointers[i]) < algo->data[i]) {
         return bad(CUBLAS_STATUS_EXECUTION_FAILED,
@@ -596,6 +668,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     }
     for (std::uint64_t j = 0; j < n; ++j)
       for (std::uint64_t i = 0; i < m; ++i) store(D, at(*d_desc, i, j, batch), d_desc->type, result[j * m + i]);
+  }
+  {
+    const std::lock_guard<std::mutex> lock(control().mutex);
+    control().counts.last_rank = algo ? int(algo->data[5]) : -1;
   }
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -13,15 +13,17 @@
 //    old bf16 value as C with beta = 1: one rounding per op); dweight is an fp32 D matrix, so the
 //    gradient accumulates in fp32; the bias is bf16 (cuBLASLt's bias type defaults to D's), dbias
 //    an fp32 column sum of the bf16 dout as in fp32.
-//  - The algorithm for a shape comes from cuBLASLt's heuristic once, then from a cache keyed by
-//    everything the heuristic sees (shape, transposes, epilogue, compute type, and the pointer
-//    alignments: parameter views into the flat buffer are not always 256-byte aligned, and an
-//    algorithm chosen for aligned pointers may not run on others).
+//  - The algorithm for a shape is chosen once per process (AlgoCache, below, says how) and cached
+//    under everything the heuristic sees (shape, transposes, epilogue, compute type, and the
+//    pointer alignments: parameter views into the flat buffer are not always 256-byte aligned, and
+//    an algorithm chosen for aligned pointers may not run on others).
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "cublaslt_context.h"
 #include "cuda_check.h"
@@ -40,6 +42,10 @@ struct Gemm {
   std::uint64_t m = 0, n = 0, k = 0;
   std::int64_t lda = 0, ldb = 0, ldd = 0;
   cudaDataType_t ab_type = CUDA_R_32F, d_type = CUDA_R_32F;
+  // For error messages: which product of which call ("forward out = inp W^T"), in its (N,C,OC).
+  const char* what = "";
+  std::int64_t N = 0;
+  int C = 0, OC = 0;
 };
 
 // The largest power of two (2 to 256) dividing the address: what cuBLASLt may assume. fp32
@@ -105,15 +111,70 @@ using AlgoKey = std::tuple<bool, bool, std::uint64_t, std::uint64_t, std::uint64
                            std::int64_t, std::int64_t, bool, bool, std::uint32_t, std::uint32_t,
                            std::uint32_t, std::uint32_t, int, int>;
 
+// The algorithm for each key, chosen on the key's first matmul:
+//  - the heuristic is asked for up to max_algo_candidates algorithms, best first (its order is
+//    fixed for one GPU model, cuBLASLt version and problem, so the choice is the same every run);
+//  - a candidate needing more workspace than ours (32 MiB, cublaslt_context.cu) is passed over;
+//  - the candidates run the matmul in that order until one succeeds; that one has done the
+//    call's work and is cached. A candidate that cublasLtMatmul rejects (NOT_SUPPORTED,
+//    INVALID_VALUE, ARCH_MISMATCH: statuses of its argument checks, returned before anything is
+//    launched, so D is untouched even when beta = 1 accumulates into it) moves on to the next;
+//    any other status (EXECUTION_FAILED: a launch failed) or a CUDA error pending after a
+//    rejection throws at once;
+//  - no candidate (the heuristic returned none, or every one was passed over or rejected)
+//    throws a RuntimeError naming the matmul, its shape, types and alignments.
+// Later matmuls of the key run the cached algorithm (one algorithm per key for the process's
+// life: the same results call after call) and throw if it fails.
+constexpr int max_algo_candidates = 8;
+
 class AlgoCache {
  public:
   static AlgoCache& get() {
     static AlgoCache cache;
     return cache;
   }
-  std::mutex mutex;
-  std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;
+  std::optional<cublasLtMatmulAlgo_t> find(const AlgoKey& key) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    const auto found = algos_.find(key);
+    if (found == algos_.end()) return std::nullopt;
+    return found->second;
+  }
+  // The first algorithm recorded for a key stays (two threads choosing at once choose the same).
+  void insert(const AlgoKey& key, const cublasLtMatmulAlgo_t& algo) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    algos_.emplace(key, algo);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<AlgoKey, cublasLtMatmulAlgo_t> algos_;
 };
+
+// The statuses with which cublasLtMatmul turns down an algorithm for a problem, before it
+// launches anything.
+bool rejects_algorithm(cublasStatus_t status) {
+  return status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE ||
+         status == CUBLAS_STATUS_ARCH_MISMATCH;
+}
+
+const char* type_name(cudaDataType_t type) {
+  return type == CUDA_R_16BF ? "bf16" : type == CUDA_R_32F ? "fp32" : "other";
+}
+
+// "forward out = inp W^T (N=4, C=8, OC=16): bf16 inputs, bf16 output, fp32 compute, column-major
+// m=16 n=4 k=8, A transposed, B not transposed, ld 8/8/16, bias epilogue, alignment A/B/D/bias
+// 256/2/256/256 bytes"
+std::string describe(const Gemm& g, bool tf32, const void* A, const void* B, const void* D, const void* bias) {
+  return std::string(g.what) + " (N=" + std::to_string(g.N) + ", C=" + std::to_string(g.C) +
+         ", OC=" + std::to_string(g.OC) + "): " + type_name(g.ab_type) + " inputs, " + type_name(g.d_type) +
+         " output, " + (tf32 ? "tf32" : "fp32") + " compute, column-major m=" + std::to_string(g.m) +
+         " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) + ", A " +
+         (g.trans_a ? "transposed" : "not transposed") + ", B " + (g.trans_b ? "transposed" : "not transposed") +
+         ", ld " + std::to_string(g.lda) + "/" + std::to_string(g.ldb) + "/" + std::to_string(g.ldd) + ", " +
+         (bias ? "bias epilogue" : "no epilogue") + ", alignment A/B/D/bias " + std::to_string(alignment_of(A)) +
+         "/" + std::to_string(alignment_of(B)) + "/" + std::to_string(alignment_of(D)) + "/" +
+         (bias ? std::to_string(alignment_of(bias)) : std::string("-")) + " bytes";
+}
 
 void gemm(const Gemm& g, const void* A, const void* B, void* D, const void* bias, float beta,
           cudaStream_t stream) {
@@ -138,6 +199,11 @@ void gemm(const Gemm& g, const void* A, const void* B, void* D, const void* bias
   const Layout a(g.ab_type, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda);
   const Layout b(g.ab_type, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb);
   const Layout d(g.d_type, g.m, g.n, g.ldd);
+  const float alpha = 1.0f;
+  const auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(context.handle(), desc.get(), &alpha, A, a.get(), B, b.get(), &beta, D, d.get(), D,
+                          d.get(), &algo, context.workspace(), context.workspace_bytes(), stream);
+  };
 
   const AlgoKey key{g.trans_a,
                     g.trans_b,
@@ -155,41 +221,56 @@ void gemm(const Gemm& g, const void* A, const void* B, void* D, const void* bias
                     bias ? alignment_of(bias) : 0u,
                     int(g.ab_type),
                     int(g.d_type)};
-  cublasLtMatmulAlgo_t algo;
-  {
-    AlgoCache& cache = AlgoCache::get();
-    const std::lock_guard<std::mutex> lock(cache.mutex);
-    const auto found = cache.algos.find(key);
-    if (found != cache.algos.end()) {
-      algo = found->second;
-    } else {
-      Preference preference;
-      preference.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, std::uint64_t(context.workspace_bytes()));
-      preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(A));
-      preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(B));
-      preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(D));
-      preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(D));
-      cublasLtMatmulHeuristicResult_t result{};
-      int found_count = 0;
-      LLMTRAIN_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(context.handle(), desc.get(), a.get(), b.get(),
-                                                           d.get(), d.get(), preference.get(), 1, &result,
-                                                           &found_count));
-      if (found_count == 0) {
-        throw RuntimeError("cuBLASLt has no algorithm for the matmul m=" + std::to_string(g.m) + " n=" +
-                           std::to_string(g.n) + " k=" + std::to_string(g.k) + (bias ? " with bias" : "") +
-                           (g.ab_type == CUDA_R_16BF ? " (bf16 inputs, " : " (fp32 inputs, ") +
-                           (g.d_type == CUDA_R_16BF ? "bf16 output)" : "fp32 output)") + ", alignments " +
-                           std::to_string(alignment_of(A)) + "/" + std::to_string(alignment_of(B)) + "/" +
-                           std::to_string(alignment_of(D)) + " bytes");
-      }
-      algo = result.algo;
-      cache.algos.emplace(key, algo);
-    }
+  AlgoCache& cache = AlgoCache::get();
+  if (const std::optional<cublasLtMatmulAlgo_t> algo = cache.find(key)) {
+    LLMTRAIN_CUBLAS_CHECK(run(*algo));
+    return;
   }
-  const float alpha = 1.0f;
-  LLMTRAIN_CUBLAS_CHECK(cublasLtMatmul(context.handle(), desc.get(), &alpha, A, a.get(), B, b.get(), &beta, D,
-                                       d.get(), D, d.get(), &algo, context.workspace(),
-                                       context.workspace_bytes(), stream));
+
+  Preference preference;
+  preference.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, std::uint64_t(context.workspace_bytes()));
+  preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(A));
+  preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(B));
+  preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(D));
+  preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(D));
+  std::vector<cublasLtMatmulHeuristicResult_t> candidates(max_algo_candidates);
+  int candidate_count = 0;
+  // With no algorithm for the problem the heuristic returns NOT_SUPPORTED (and a count of 0).
+  const cublasStatus_t heuristic =
+      cublasLtMatmulAlgoGetHeuristic(context.handle(), desc.get(), a.get(), b.get(), d.get(), d.get(),
+                                     preference.get(), max_algo_candidates, candidates.data(), &candidate_count);
+  std::string tried = heuristic == CUBLAS_STATUS_SUCCESS
+                          ? "the heuristic offered " + std::to_string(candidate_count) + " algorithm(s)"
+                          : std::string("the heuristic returned ") + cublasLtGetStatusString(heuristic);
+  if (heuristic != CUBLAS_STATUS_SUCCESS) candidate_count = 0;
+  for (int i = 0; i < candidate_count; ++i) {
+    const cublasLtMatmulHeuristicResult_t& candidate = candidates[std::size_t(i)];
+    tried += "; #" + std::to_string(i) + ": ";
+    if (candidate.state != CUBLAS_STATUS_SUCCESS) {
+      tried += std::string("state ") + cublasLtGetStatusString(candidate.state);
+      continue;
+    }
+    if (candidate.workspaceSize > context.workspace_bytes()) {
+      tried += "needs " + std::to_string(candidate.workspaceSize) + " bytes of workspace, we have " +
+               std::to_string(context.workspace_bytes());
+      continue;
+    }
+    const cublasStatus_t status = run(candidate.algo);
+    if (status == CUBLAS_STATUS_SUCCESS) {
+      cache.insert(key, candidate.algo);
+      return;
+    }
+    if (!rejects_algorithm(status)) {
+      throw_cublas_error(status, ("cublasLtMatmul (algorithm #" + std::to_string(i) + " for " +
+                                  describe(g, tf32, A, B, D, bias) + ")")
+                                     .c_str(),
+                         __FILE__, __LINE__);
+    }
+    LLMTRAIN_CUDA_CHECK(cudaPeekAtLastError());  // a CUDA error is not the algorithm's
+    tried += cublasLtGetStatusString(status);
+  }
+  throw RuntimeError("cuBLASLt has no algorithm that runs the matmul " + describe(g, tf32, A, B, D, bias) + " (" +
+                     tried + ")");
 }
 
 // Per (row, channel) of dout (N,OC): the bias gradient term.
@@ -228,6 +309,10 @@ void matmul_forward_gemms(Elem* out, const Elem* inp, const Elem* weight, const 
   g.ldb = C;
   g.ldd = OC;
   g.ab_type = g.d_type = data_type<Elem>();
+  g.what = "forward out = inp W^T";
+  g.N = N;
+  g.C = C;
+  g.OC = OC;
   gemm(g, weight, inp, out, bias, 0.0f, stream);
 }
 
@@ -244,6 +329,10 @@ void matmul_backward_gemms(Elem* dinp, float* dweight, float* dbias, const Elem*
   dx.ldb = OC;
   dx.ldd = C;
   dx.ab_type = dx.d_type = data_type<Elem>();
+  dx.what = "backward dinp += dout W";
+  dx.N = N;
+  dx.C = C;
+  dx.OC = OC;
   gemm(dx, weight, dout, dinp, nullptr, 1.0f, stream);
   // dweight^T (C x OC) += inp^T (C x N) dout (N x OC; dout^T stored column-major OC x N)
   Gemm dw;
@@ -256,6 +345,10 @@ void matmul_backward_gemms(Elem* dinp, float* dweight, float* dbias, const Elem*
   dw.ldd = C;
   dw.ab_type = data_type<Elem>();
   dw.d_type = CUDA_R_32F;  // the weight gradient accumulates in fp32
+  dw.what = "backward dweight += dout^T inp";
+  dw.N = N;
+  dw.C = C;
+  dw.OC = OC;
   gemm(dw, inp, dout, dweight, nullptr, 1.0f, stream);
   if (dbias) column_sums<1>(ColumnOutputs<1>{{dbias}}, BiasGrad<Elem>{dout, OC}, N, OC, stream);
 }
