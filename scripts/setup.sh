@@ -10,13 +10,21 @@ packages=(
   libcli11-dev nlohmann-json3-dev catch2
   libopenmpi-dev openmpi-bin
   libopenblas-dev libopenblas0-openmp libpcre2-dev zlib1g-dev
+  libonnx-dev libprotobuf-dev protobuf-compiler
   python3 python3-numpy python3-yaml procps
   fortunes
 )
 # Optional: PyTorch for golden files and the CPU benchmark (`scripts/setup.sh --with-torch`).
-if [[ "${1:-}" == "--with-torch" ]]; then
-  packages+=(python3-torch python3-matplotlib)
-fi
+# Optional: the ONNX Python packages for tests/onnx_export_test.py (`scripts/setup.sh --with-onnx`),
+# from PyPI into the system Python 3 (Debian packages none).
+with_onnx=0
+for arg in "$@"; do
+  case "$arg" in
+    --with-torch) packages+=(python3-torch python3-matplotlib) ;;
+    --with-onnx) with_onnx=1; packages+=(python3-pip) ;;
+    *) echo "setup.sh: unknown option $arg (known: --with-torch, --with-onnx)" >&2; exit 2 ;;
+  esac
+done
 
 sudo_cmd=()
 if [[ "$(id -u)" -ne 0 ]]; then
@@ -45,4 +53,9 @@ if [[ -x "$cuda_home/bin/nvcc" ]]; then
   echo "setup.sh: CUDA toolkit found at $cuda_home ($("$cuda_home/bin/nvcc" --version | tail -n 2 | head -n 1))"
 else
   echo "setup.sh: no CUDA toolkit at $cuda_home: the build will be CPU-only (set CUDA_HOME to use another)"
+fi
+
+if ((with_onnx)); then
+  echo "setup.sh: installing onnx and onnxruntime from PyPI for /usr/bin/python3"
+  "${sudo_cmd[@]}" /usr/bin/python3 -m pip install --quiet --break-system-packages onnx onnxruntime
 fi

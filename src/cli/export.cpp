@@ -1,31 +1,97 @@
-// llmtrain export: a checkpoint as Hugging Face transformers files.
+// llmtrain export: a checkpoint as Hugging Face transformers files, or as an ONNX graph.
+#include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/onnx_export.h"
 #include "cli/commands.h"
+#include "core/error.h"
+#include "data/shard.h"
+#include "model/arch.h"
 
 namespace llmtrain::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Copies the tokenizer files recorded next to the run's training shards (tokenize writes them
+// there) into dir; returns how many. A run whose shards are gone exports without them.
+int copy_tokenizer_files(const config::Config& config, const std::string& dir) {
+  std::vector<std::string> shards;
+  try {
+    shards = data::expand_paths(config.data.train, "data.train");
+  } catch (const Error&) {
+    return 0;
+  }
+  if (shards.empty()) return 0;
+  const fs::path from = fs::path(shards.front()).parent_path();
+  int copied = 0;
+  for (const char* name : {"tokenizer.json", "encoder.json", "vocab.bpe"}) {
+    if (!fs::exists(from / name)) continue;
+    fs::copy_file(from / name, fs::path(dir) / name, fs::copy_options::overwrite_existing);
+    ++copied;
+  }
+  return copied;
+}
+
+}  // namespace
 
 Command add_export_command(CLI::App& parent) {
   struct Options {
-    std::string checkpoint, output, format = "hf";
+    std::string checkpoint, output, format = "hf", dtype = "fp32";
+    bool no_cache = false, external_data = false;
   };
   auto o = std::make_shared<Options>();
   CLI::App* app = parent.add_subcommand("export", "Write a checkpoint's weights for other tools");
   app->add_option("--checkpoint", o->checkpoint, "Checkpoint folder, checkpoints folder or run folder")->required();
-  app->add_option("--output", o->output, "Folder for model.safetensors and config.json")->required();
-  app->add_option("--format", o->format, "hf: Hugging Face transformers (GPT2LMHeadModel)")
-      ->check(CLI::IsMember({"hf"}))
+  app->add_option("--output", o->output, "Folder for the exported files")->required();
+  app->add_option("--format", o->format,
+                  "hf: Hugging Face transformers (model.safetensors, config.json); onnx: model.onnx for ONNX Runtime")
+      ->check(CLI::IsMember({"hf", "onnx"}))
       ->capture_default_str();
+  app->add_option("--dtype", o->dtype, "onnx: weights stored as fp32 or fp16 (computation stays fp32)")
+      ->check(CLI::IsMember({"fp32", "fp16"}))
+      ->capture_default_str();
+  app->add_flag("--no-cache", o->no_cache, "onnx: no past_key_values inputs nor present outputs");
+  app->add_flag("--external-data", o->external_data,
+                "onnx: weights in model.onnx.data even below 2 GB (always past 2 GB)");
 
   return {app, [o] {
+            if (o->format == "onnx" && !checkpoint::onnx_available()) {
+              throw InputError("export --format onnx: this build has no ONNX support; install libonnx-dev and "
+                               "libprotobuf-dev (scripts/setup.sh) and rebuild");
+            }
+            if (o->format != "onnx" && (o->no_cache || o->external_data || o->dtype != "fp32")) {
+              throw InputError("export: --dtype, --no-cache and --external-data apply to --format onnx only");
+            }
+            const auto start = std::chrono::steady_clock::now();
             const checkpoint::Found found = checkpoint::find(o->checkpoint);
             const auto loaded = checkpoint::load_model(found);
             model::Model& model = *loaded;
-            checkpoint::export_hf(model, o->output);
-            std::printf("export: %s -> %s/model.safetensors, %s/config.json (%s)\n", found.dir.c_str(),
-                        o->output.c_str(), o->output.c_str(), checkpoint::hf_architecture(model.config()).c_str());
+            if (o->format == "hf") {
+              checkpoint::export_hf(model, o->output);
+              std::printf("export: %s -> %s/model.safetensors, %s/config.json (%s)\n", found.dir.c_str(),
+                          o->output.c_str(), o->output.c_str(), checkpoint::hf_architecture(model.config()).c_str());
+              return 0;
+            }
+            checkpoint::OnnxOptions options;
+            options.fp16 = o->dtype == "fp16";
+            options.kv_cache = !o->no_cache;
+            options.external_data = o->external_data;
+            const auto result = checkpoint::export_onnx(model, o->output, options);
+            // config.json as transformers (and Optimum) read it: architecture, vocabulary, shapes.
+            const model::ArchSpec& spec = model::arch_spec(model.config().arch);
+            std::ofstream(o->output + "/config.json") << spec.hf_config(model.config()).dump(2) << "\n";
+            const int tokenizer_files = copy_tokenizer_files(found.config, o->output);
+            const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            std::printf("export: %s -> %s/model.onnx%s (opset 17, %d nodes, %.1f MB of %s weights, %s), config.json, "
+                        "%d tokenizer file(s); %.1f s\n",
+                        found.dir.c_str(), o->output.c_str(), result.external_data ? " + model.onnx.data" : "",
+                        result.nodes, double(result.weight_bytes) / 1e6, o->dtype.c_str(),
+                        options.kv_cache ? "with KV cache" : "no cache", tokenizer_files, seconds);
             return 0;
           }};
 }
