@@ -168,9 +168,9 @@ def one_model(work, name, config):
     print(f"--- {name} ({config})", flush=True)
     cfg = os.path.join(SOURCE, "configs", config)
     run_dir = os.path.join(work, "run-" + name)
-    run("train", "--config", cfg, "--run-dir", run_dir, "--set", "train.max_steps=8",
+    run("train", "--config", cfg, "--run-dir", run_dir, "--set", "train.max_steps=150",
         "--set", f"data.train={work}/data/train_*.bin", "--set", f"data.val={work}/data/val_*.bin",
-        "--set", "checkpoint.every=8", "--set", "train.eval_every=0", "--set", "train.log_every=100")
+        "--set", "checkpoint.every=150", "--set", "train.eval_every=0", "--set", "train.log_every=100")
     dirs = {k: os.path.join(work, f"{k}-{name}") for k in ("onnx", "nocache", "fp16", "ext", "hf")}
     run("export", "--checkpoint", run_dir, "--output", dirs["onnx"], "--format", "onnx")
     run("export", "--checkpoint", run_dir, "--output", dirs["nocache"], "--format", "onnx", "--no-cache")
