@@ -56,6 +56,8 @@ else
 fi
 
 if ((with_onnx)); then
+  # numpy is held below 2: a numpy 2 from PyPI would shadow Debian's and break Debian's PyTorch
+  # (built against numpy 1); onnx needs at least 1.25.
   echo "setup.sh: installing onnx and onnxruntime from PyPI for /usr/bin/python3"
-  "${sudo_cmd[@]}" /usr/bin/python3 -m pip install --quiet --break-system-packages onnx onnxruntime
+  "${sudo_cmd[@]}" /usr/bin/python3 -m pip install --quiet --break-system-packages onnx onnxruntime 'numpy>=1.25,<2'
 fi
