@@ -1,6 +1,7 @@
 // The Transformer ops as the model calls them. Each validates its tensors once (dtype, device,
 // shape) and dispatches (src/ops/dispatch.h) to the CPU reference (src/ops/cpu/reference.h) or, on
-// cuda tensors, to the CUDA kernels (src/ops/cuda/kernels.h). Backward ops accumulate (+=) into their outputs, like their CPU references.
+// cuda tensors, to the CUDA kernels (src/ops/cuda/kernels.h). Backward ops accumulate (+=) into
+// their outputs, like their CPU references.
 //
 // Precision: activations, their gradients and the weights an op reads are all f32, or all bf16
 // (mixed precision); weight gradients (dweight, dbias, dwte, ...) and statistics (mean, rstd,
