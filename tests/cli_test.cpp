@@ -22,6 +22,26 @@ void check_input_error(const llmtrain::test::ProcessResult& r, const std::string
   CHECK(r.out.empty());
 }
 
+// Token shards (byte tokenizer) of a small repeated English text, in DIR/shards; returns that folder.
+std::string fox_shards(const TempDir& dir) {
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog " + std::to_string(i % 7) + "\n";
+  const std::string shards = dir.path() + "/shards";
+  REQUIRE(run_llmtrain({"tokenize", "--input", dir.write("corpus.txt", text), "--output", shards}).exit_code == 0);
+  return shards;
+}
+
+// A tiny bf16 Llama config (GQA, head size 64, which cuDNN's fused attention supports) on `shards`.
+std::string cudnn_llama_config(const TempDir& dir, const std::string& shards, int max_steps, int warmup_steps) {
+  return dir.write("c.json", R"({
+    "model": {"arch": "llama", "vocab_size": 256, "context_length": 64, "n_layer": 2, "n_head": 2, "n_kv_head": 1,
+              "d_model": 128},
+    "data": {"train": ")" + shards + R"(/train_*.bin"},
+    "train": {"micro_batch_size": 4, "global_batch_size": 8, "max_steps": )" + std::to_string(max_steps) +
+                               R"(, "log_every": 1, "precision": "bf16"},
+    "optim": {"lr": 0.003, "warmup_steps": )" + std::to_string(warmup_steps) + "}}");
+}
+
 }  // namespace
 
 TEST_CASE("--help and --version work for the program and every subcommand", "[cli]") {
@@ -118,11 +138,7 @@ TEST_CASE("tokenize writes shards, and bad input exits 2 without touching existi
 
 TEST_CASE("train, eval, generate and export work end to end on a tiny run", "[cli][train]") {
   TempDir dir;
-  std::string text;
-  for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog " + std::to_string(i % 7) + "\n";
-  const std::string corpus = dir.write("corpus.txt", text);
-  const std::string shards = dir.path() + "/shards";
-  REQUIRE(run_llmtrain({"tokenize", "--input", corpus, "--output", shards}).exit_code == 0);
+  const std::string shards = fox_shards(dir);
   const std::string config = dir.write("tiny.json", R"({
     "model": {"vocab_size": 256, "context_length": 16, "n_layer": 1, "n_head": 2, "d_model": 16},
     "data": {"train": ")" + shards + R"(/train_*.bin", "val": ")" + shards + R"(/val_*.bin"},
@@ -252,11 +268,7 @@ TEST_CASE("NaN guard: non-finite updates are skipped, and too many in a row stop
 
 TEST_CASE("Llama: train with recomputation, generate, export, and start a run from the export", "[cli][train][llama]") {
   TempDir dir;
-  std::string text;
-  for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog " + std::to_string(i % 7) + "\n";
-  const std::string corpus = dir.write("corpus.txt", text);
-  const std::string shards = dir.path() + "/shards";
-  REQUIRE(run_llmtrain({"tokenize", "--input", corpus, "--output", shards}).exit_code == 0);
+  const std::string shards = fox_shards(dir);
   const auto write_config = [&](const std::string& name, const std::string& extra_model, int steps) {
     return dir.write(name, R"({
       "model": {"arch": "llama", "vocab_size": 256, "context_length": 16, "n_layer": 2, "n_head": 4, "n_kv_head": 2,
@@ -309,10 +321,7 @@ TEST_CASE("Llama: train with recomputation, generate, export, and start a run fr
 
 TEST_CASE("train --device cuda follows the CPU run's losses", "[cli][train][cuda]") {
   TempDir dir;
-  std::string text;
-  for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog " + std::to_string(i % 7) + "\n";
-  const std::string shards = dir.path() + "/shards";
-  REQUIRE(run_llmtrain({"tokenize", "--input", dir.write("corpus.txt", text), "--output", shards}).exit_code == 0);
+  const std::string shards = fox_shards(dir);
   for (const std::string arch : {"gpt2", "llama"}) {
     const std::string config = dir.write(arch + ".json", R"({
       "model": {"arch": ")" + arch + R"(", "vocab_size": 256, "context_length": 32, "n_layer": 2, "n_head": 4,
@@ -354,17 +363,8 @@ TEST_CASE("train --device cuda follows the CPU run's losses", "[cli][train][cuda
 
 TEST_CASE("bf16 on the GPU follows the CPU's bf16 emulation, with flash and cuDNN attention", "[cli][train][cuda][bf16]") {
   TempDir dir;
-  std::string text;
-  for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog " + std::to_string(i % 7) + "\n";
-  const std::string shards = dir.path() + "/shards";
-  REQUIRE(run_llmtrain({"tokenize", "--input", dir.write("corpus.txt", text), "--output", shards}).exit_code == 0);
-  // Head size 64, which cuDNN's fused attention supports.
-  const std::string config = dir.write("c.json", R"({
-    "model": {"arch": "llama", "vocab_size": 256, "context_length": 64, "n_layer": 2, "n_head": 2, "n_kv_head": 1,
-              "d_model": 128},
-    "data": {"train": ")" + shards + R"(/train_*.bin"},
-    "train": {"micro_batch_size": 4, "global_batch_size": 8, "max_steps": 8, "log_every": 1, "precision": "bf16"},
-    "optim": {"lr": 0.003, "warmup_steps": 2}})");
+  const std::string shards = fox_shards(dir);
+  const std::string config = cudnn_llama_config(dir, shards, 8, 2);
   const auto losses = [&](const std::string& name, const std::vector<std::string>& extra) -> std::vector<double> {
     std::vector<std::string> args = {"train", "--config", config, "--run-dir", dir.path() + "/" + name};
     args.insert(args.end(), extra.begin(), extra.end());
@@ -397,17 +397,8 @@ TEST_CASE("bf16 on the GPU follows the CPU's bf16 emulation, with flash and cuDN
 TEST_CASE("auto attention picks cuDNN on a GPU in bf16 where cuDNN accepts the shape, and a refused cudnn stops at start-up",
           "[cli][train][cuda][bf16]") {
   TempDir dir;
-  std::string text;
-  for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog " + std::to_string(i % 7) + "\n";
-  const std::string shards = dir.path() + "/shards";
-  REQUIRE(run_llmtrain({"tokenize", "--input", dir.write("corpus.txt", text), "--output", shards}).exit_code == 0);
-  // Head size 64, which cuDNN's fused attention supports.
-  const std::string config = dir.write("c.json", R"({
-    "model": {"arch": "llama", "vocab_size": 256, "context_length": 64, "n_layer": 2, "n_head": 2, "n_kv_head": 1,
-              "d_model": 128},
-    "data": {"train": ")" + shards + R"(/train_*.bin"},
-    "train": {"micro_batch_size": 4, "global_batch_size": 8, "max_steps": 2, "log_every": 1, "precision": "bf16"},
-    "optim": {"lr": 0.003, "warmup_steps": 0}})");
+  const std::string shards = fox_shards(dir);
+  const std::string config = cudnn_llama_config(dir, shards, 2, 0);
   const auto run = run_llmtrain({"train", "--config", config, "--run-dir", dir.path() + "/auto", "--device", "cuda"});
   if (run.exit_code == 2 && run.err.find("no usable CUDA device") != std::string::npos) {
     LLMTRAIN_SKIP("no CUDA device: " + run.err);
@@ -434,10 +425,7 @@ TEST_CASE("auto attention picks cuDNN on a GPU in bf16 where cuDNN accepts the s
 
 TEST_CASE("bf16 mixed precision trains along the fp32 loss curve (CPU emulation)", "[cli][train][bf16]") {
   TempDir dir;
-  std::string text;
-  for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog " + std::to_string(i % 7) + "\n";
-  const std::string shards = dir.path() + "/shards";
-  REQUIRE(run_llmtrain({"tokenize", "--input", dir.write("corpus.txt", text), "--output", shards}).exit_code == 0);
+  const std::string shards = fox_shards(dir);
   const std::string config = dir.write("c.json", R"({
     "model": {"arch": "llama", "vocab_size": 256, "context_length": 16, "n_layer": 2, "n_head": 4, "n_kv_head": 2,
               "d_model": 32},

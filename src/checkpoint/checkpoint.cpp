@@ -305,7 +305,11 @@ void export_hf(const model::Model& model, const std::string& dir) {
     tensors.push_back({info.name, StDtype::f32, shape, data});
   }
   write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
-  write_text_atomic(dir + "/config.json", spec.hf_config(model.config()).dump(2) + "\n");
+  write_hf_config(model.config(), dir);
+}
+
+void write_hf_config(const config::ModelConfig& config, const std::string& dir) {
+  write_text_atomic(dir + "/config.json", model::arch_spec(config.arch).hf_config(config).dump(2) + "\n");
 }
 
 void import_hf(const std::string& path, model::Model& model) {

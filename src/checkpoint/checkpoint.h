@@ -72,6 +72,9 @@ std::string hf_architecture(const config::ModelConfig& config);
 /// Writes DIR/model.safetensors and DIR/config.json that transformers' GPT2LMHeadModel or
 /// LlamaForCausalLM loads (GPT-2's Conv1D weights transposed to (in, out); a tied lm_head left out).
 void export_hf(const model::Model& model, const std::string& dir);
+/// Writes DIR/config.json as transformers (and Optimum, beside an ONNX export) read it:
+/// architecture, vocabulary and shapes. Written atomically.
+void write_hf_config(const config::ModelConfig& config, const std::string& dir);
 
 /// Reads Hugging Face weights into the model: a safetensors file, or a folder holding
 /// model.safetensors or the shards model.safetensors.index.json lists; GPT-2 names with or without

@@ -2,7 +2,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 
 #include "checkpoint/checkpoint.h"
@@ -10,7 +9,6 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "data/shard.h"
-#include "model/arch.h"
 
 namespace llmtrain::cli {
 namespace {
@@ -82,9 +80,7 @@ Command add_export_command(CLI::App& parent) {
             options.kv_cache = !o->no_cache;
             options.external_data = o->external_data;
             const auto result = checkpoint::export_onnx(model, o->output, options);
-            // config.json as transformers (and Optimum) read it: architecture, vocabulary, shapes.
-            const model::ArchSpec& spec = model::arch_spec(model.config().arch);
-            std::ofstream(o->output + "/config.json") << spec.hf_config(model.config()).dump(2) << "\n";
+            checkpoint::write_hf_config(model.config(), o->output);
             const int tokenizer_files = copy_tokenizer_files(found.config, o->output);
             const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
             std::printf("export: %s -> %s/model.onnx%s (opset 17, %d nodes, %.1f MB of %s weights, %s), config.json, "

@@ -120,8 +120,6 @@ class Widened {
 
   float* in(const Tensor& t) { return widen(t, false); }
   float* out(const Tensor& t) { return widen(t, true); }
-  float* f32(const Tensor& t) const { return t.as<float>(); }
-  std::int32_t* i32(const Tensor& t) const { return t.as<std::int32_t>(); }
 
  private:
   struct Copy {
@@ -133,7 +131,7 @@ class Widened {
   std::deque<Copy> copies_;  // a deque keeps each copy's address as more are added
 };
 
-/// A view passed by reference into the argument lambda (which takes `auto v` by value).
+/// The view over a Widened (the argument lambda takes its view by value; Widened is not copyable).
 struct WidenedRef {
   Widened* w;
   float* in(const Tensor& t) const { return w->in(t); }
