@@ -233,7 +233,25 @@ TEST_CASE("plan: GPT-2 124M's parameter count and memory per rank", "[cli][plan]
   CHECK(r.out.find("fp32 ZeRO 1     474.70 MiB   474.70 MiB   118.68 MiB") != std::string::npos);
   check_input_error(run_llmtrain({"plan", "--config", LLMTRAIN_SOURCE_DIR "/configs/gpt2-124m.json", "--world-size",
                                   "3"}),
-                    "train.global_batch_size: must be a multiple of train.micro_batch_size x world size (16 x 3 = 48)");
+                    "train.global_batch_size: must be a multiple of train.micro_batch_size x data-parallel size (16 x 3 = 48)");
+}
+
+TEST_CASE("plan: the mesh, and sizes that do not divide the world", "[cli][plan]") {
+  const std::string config = LLMTRAIN_SOURCE_DIR "/configs/gpt2-124m.json";
+  // 8 ranks, 2 per tensor group: 4 data-parallel replicas, so ZeRO 1 shards m and v four ways:
+  // ceil(124,439,808 / 4) = 31,109,952 parameters x 8 B = 237.35 MiB.
+  const auto r = run_llmtrain({"plan", "--config", config, "--world-size", "8", "--set", "dist.tensor_parallel=2"});
+  CAPTURE(r.out, r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("mesh: 8 rank(s) = tensor 2 x data 4 x pipeline 1") != std::string::npos);
+  CHECK(r.out.find("fp32 ZeRO 1     474.70 MiB   474.70 MiB   237.35 MiB") != std::string::npos);
+  check_input_error(run_llmtrain({"plan", "--config", config, "--world-size", "6", "--set", "dist.pipeline_parallel=4"}),
+                    "dist.tensor_parallel x dist.pipeline_parallel (1 x 4 = 4) must divide the number of ranks, 6");
+  // Training refuses the axes whose model splits are not built.
+  TempDir dir;
+  check_input_error(run_llmtrain({"train", "--config", config, "--run-dir", dir.path() + "/run", "--set",
+                                  "dist.tensor_parallel=2"}),
+                    "dist.tensor_parallel = 2: this llmtrain trains data-parallel meshes only");
 }
 
 TEST_CASE("NaN guard: non-finite updates are skipped, and too many in a row stop the run", "[cli][train]") {

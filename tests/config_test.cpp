@@ -179,7 +179,7 @@ TEST_CASE("the resolved config reads back to itself", "[config]") {
   CHECK(named["train"]["recompute"] == "full");
 }
 
-TEST_CASE("grad_accum_steps needs global batch divisible by micro batch x world size", "[config]") {
+TEST_CASE("grad_accum_steps needs global batch divisible by micro batch x data-parallel size", "[config]") {
   const config::Config c =
       config::parse_config(R"({"train": {"micro_batch_size": 2, "global_batch_size": 16}})", "t");
   CHECK(config::grad_accum_steps(c, 1) == 8);
@@ -190,7 +190,7 @@ TEST_CASE("grad_accum_steps needs global batch divisible by micro batch x world 
     FAIL("no error");
   } catch (const InputError& e) {
     CHECK(std::string(e.what()) ==
-          "train.global_batch_size: must be a multiple of train.micro_batch_size x world size (2 x 3 = 6), got 16");
+          "train.global_batch_size: must be a multiple of train.micro_batch_size x data-parallel size (2 x 3 = 6), got 16");
   }
 }
 

@@ -7,6 +7,7 @@
 #include "config/config.h"
 #include "core/error.h"
 #include "core/strings.h"
+#include "dist/mesh.h"
 #include "train/plan.h"
 
 namespace llmtrain::cli {
@@ -63,9 +64,16 @@ Command add_plan_command(CLI::App& parent) {
             for (const auto& s : o->sets) overrides.push_back({s});
             const config::Config c = config::load_config(o->config_path, overrides);
             const std::int64_t memory = parse_memory(o->device_memory);
-            const std::int64_t accum = config::grad_accum_steps(c, o->world_size);
+            const dist::Mesh mesh =
+                dist::Mesh::of(o->world_size, int(c.dist.tensor_parallel), int(c.dist.pipeline_parallel));
+            const std::int64_t accum = config::grad_accum_steps(c, mesh.data);
             const auto& m = c.model;
             std::printf("plan: %s at world size %d\n", o->config_path.c_str(), o->world_size);
+            std::printf("mesh: %s\n", mesh.describe().c_str());
+            if (mesh.tensor * mesh.pipeline > 1) {
+              std::printf("mesh: the figures below keep the whole model on every rank (tensor and pipeline splits "
+                          "are not counted yet, and train refuses them)\n");
+            }
             std::printf("parameters: %s (%s: %lld layers, d_model %lld, %lld heads, ffn %lld, vocab %lld, context %lld)\n",
                         with_commas(train::parameter_count(m)).c_str(), config::to_string(m.arch).c_str(),
                         static_cast<long long>(m.n_layer), static_cast<long long>(m.d_model),
@@ -80,7 +88,7 @@ Command add_plan_command(CLI::App& parent) {
                         "activations", "total", "max micro-batch");
             for (const bool bf16 : {false, true}) {
               for (const int zero : {0, 1, 2}) {
-                const auto p = train::plan_memory(c, o->world_size, zero, bf16, c.train.micro_batch_size);
+                const auto p = train::plan_memory(c, mesh.data, zero, bf16, c.train.micro_batch_size);
                 const std::int64_t fixed = p.weights + p.gradients + p.optimizer;
                 const std::int64_t per_sequence = train::activation_bytes_per_sequence(m, bf16, c.train.recompute);
                 const std::int64_t largest = fixed < memory ? (memory - fixed) / per_sequence : 0;

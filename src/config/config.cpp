@@ -438,12 +438,12 @@ json to_json(const Config& config) {
   return root;
 }
 
-std::int64_t grad_accum_steps(const Config& config, int world_size) {
+std::int64_t grad_accum_steps(const Config& config, int data_parallel_size) {
   const auto& t = config.train;
-  const std::int64_t per_micro_step = t.micro_batch_size * world_size;
+  const std::int64_t per_micro_step = t.micro_batch_size * data_parallel_size;
   if (t.global_batch_size % per_micro_step != 0) {
-    throw InputError("train.global_batch_size: must be a multiple of train.micro_batch_size x world size (" +
-                     std::to_string(t.micro_batch_size) + " x " + std::to_string(world_size) + " = " +
+    throw InputError("train.global_batch_size: must be a multiple of train.micro_batch_size x data-parallel size (" +
+                     std::to_string(t.micro_batch_size) + " x " + std::to_string(data_parallel_size) + " = " +
                      std::to_string(per_micro_step) + "), got " + std::to_string(t.global_batch_size));
   }
   return t.global_batch_size / per_micro_step;

@@ -156,6 +156,8 @@ struct OptimConfig {
 
 struct DistConfig {
   std::int64_t zero_stage = 0;
+  std::int64_t tensor_parallel = 1;    // ranks per tensor-parallel group (the fastest mesh axis)
+  std::int64_t pipeline_parallel = 1;  // pipeline stages (the slowest mesh axis)
   double bucket_mb = 25.0;
   double timeout_s = 600.0;
   std::int64_t replica_check_every = 100;  // steps between weight checksum comparisons; 0: never
@@ -163,6 +165,8 @@ struct DistConfig {
   template <class Visitor>
   void fields(Visitor&& v) {
     v("zero_stage", zero_stage, IntRange{0, 2});
+    v("tensor_parallel", tensor_parallel, IntRange{1, 4096});
+    v("pipeline_parallel", pipeline_parallel, IntRange{1, 4096});
     v("bucket_mb", bucket_mb, positive);
     v("timeout_s", timeout_s, positive);
     v("replica_check_every", replica_check_every, IntRange{0});
@@ -222,8 +226,8 @@ bool may_change_on_resume(const std::string& key_path);
 /// The resolved config: every key, defaults filled in.
 nlohmann::json to_json(const Config& config);
 
-/// Checks that need the world size: global_batch_size divisible by micro_batch_size x world.
-/// Returns the number of gradient-accumulation micro-steps per update.
-std::int64_t grad_accum_steps(const Config& config, int world_size);
+/// Checks that need the mesh: global_batch_size divisible by micro_batch_size x the data-parallel
+/// size (the ranks that see different data). Returns the gradient-accumulation micro-steps per update.
+std::int64_t grad_accum_steps(const Config& config, int data_parallel_size);
 
 }  // namespace llmtrain::config

@@ -27,7 +27,7 @@ DistributedSampler::DistributedSampler(const SamplerOptions& options, SamplerSta
   const auto& o = options_;
   const std::int64_t per_micro_step = o.micro_batch * o.world_size;
   if (o.global_batch % per_micro_step != 0) {
-    throw InputError("train.global_batch_size: must be a multiple of train.micro_batch_size x world size (" +
+    throw InputError("train.global_batch_size: must be a multiple of train.micro_batch_size x data-parallel size (" +
                      std::to_string(o.micro_batch) + " x " + std::to_string(o.world_size) + "), got " +
                      std::to_string(o.global_batch));
   }

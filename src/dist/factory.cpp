@@ -42,15 +42,33 @@ std::unique_ptr<Communicator> make_communicator(bool verbose, double timeout_s) 
   return comm;
 }
 
-Communicators make_communicators(Device device, double timeout_s) {
+Communicators split_mesh(std::unique_ptr<Communicator> world, const Mesh& mesh) {
+  if (mesh.world() != world->world_size()) {
+    throw RuntimeError("a mesh of " + std::to_string(mesh.world()) + " ranks on a job of " +
+                       std::to_string(world->world_size()));
+  }
   Communicators comms;
-  comms.world = make_communicator(false, timeout_s);
+  comms.mesh = mesh;
+  const Mesh::Coord at = mesh.coord(world->rank());
+  // Each group: the ranks that agree on the other two coordinates (the color), in the order of
+  // the group's own coordinate (the key).
+  comms.data_group = world->split(at.tensor + mesh.tensor * at.pipeline, at.data);
+  comms.tensor_group = world->split(at.data + mesh.data * at.pipeline, at.tensor);
+  comms.pipeline_group = world->split(at.tensor + mesh.tensor * at.data, at.pipeline);
+  comms.world = std::move(world);
+  return comms;
+}
+
+Communicators make_communicators(Device device, double timeout_s, int tensor_parallel, int pipeline_parallel) {
+  std::unique_ptr<Communicator> world = make_communicator(false, timeout_s);
+  const Mesh mesh = Mesh::of(world->world_size(), tensor_parallel, pipeline_parallel);
+  Communicators comms = split_mesh(std::move(world), mesh);
   if (device == Device::cuda) {
     const int gpu = ops::use_cuda_device(comms.world->local_rank());
     // One GPU process has nothing to reduce: no device communicator.
-    if (comms.world->world_size() > 1) {
+    if (comms.data_group->world_size() > 1) {
 #if LLMTRAIN_HAVE_CUDA
-      comms.data_device = make_nccl_communicator(*comms.world, gpu, timeout_s);
+      comms.data_device = make_nccl_communicator(*comms.data_group, gpu, timeout_s);
 #else
       (void)gpu;
 #endif

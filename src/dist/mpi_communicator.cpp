@@ -37,6 +37,7 @@ int as_count(std::int64_t count) {
 
 class MpiCommunicator final : public Communicator {
  public:
+  /// The job's processes (MPI_COMM_WORLD); initialises MPI unless something already did.
   explicit MpiCommunicator(double timeout_s) : timeout_s_(timeout_s) {
     int initialized = 0;
     MPI_Initialized(&initialized);
@@ -45,18 +46,22 @@ class MpiCommunicator final : public Communicator {
       check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
       owns_mpi_ = true;
     }
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-    MPI_Comm_size(MPI_COMM_WORLD, &world_);
-    MPI_Comm node;  // the ranks that share this node's memory
-    check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
-    MPI_Comm_rank(node, &local_rank_);
-    MPI_Comm_free(&node);
+    adopt(MPI_COMM_WORLD);
   }
+  /// A group split from another (owns `comm`).
+  MpiCommunicator(MPI_Comm comm, double timeout_s) : timeout_s_(timeout_s), owns_comm_(true) { adopt(comm); }
   ~MpiCommunicator() override {
-    if (!owns_mpi_) return;
-    barrier();
+    if (!owns_mpi_ && !owns_comm_) return;
+    do_barrier();
     drain_heartbeats();
-    MPI_Finalize();
+    if (owns_comm_) MPI_Comm_free(&comm_);
+    if (owns_mpi_) MPI_Finalize();
+  }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    MPI_Comm group;
+    check(MPI_Comm_split(comm_, color, key, &group), "MPI_Comm_split");
+    return std::make_unique<MpiCommunicator>(group, timeout_s_);
   }
 
   int rank() const override { return rank_; }
@@ -64,55 +69,55 @@ class MpiCommunicator final : public Communicator {
   int local_rank() const override { return local_rank_; }
   std::string name() const override { return "mpi"; }
 
-  void all_reduce_sum(float* data, std::int64_t count) override {
+  void do_all_reduce_sum(float* data, std::int64_t count) override {
     MPI_Request r;
-    check(MPI_Iallreduce(MPI_IN_PLACE, data, as_count(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &r), "MPI_Iallreduce");
+    check(MPI_Iallreduce(MPI_IN_PLACE, data, as_count(count), MPI_FLOAT, MPI_SUM, comm_, &r), "MPI_Iallreduce");
     wait(r, "all_reduce");
   }
-  void all_reduce_sum(double* data, std::int64_t count) override {
+  void do_all_reduce_sum(double* data, std::int64_t count) override {
     MPI_Request r;
-    check(MPI_Iallreduce(MPI_IN_PLACE, data, as_count(count), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &r), "MPI_Iallreduce");
+    check(MPI_Iallreduce(MPI_IN_PLACE, data, as_count(count), MPI_DOUBLE, MPI_SUM, comm_, &r), "MPI_Iallreduce");
     wait(r, "all_reduce");
   }
-  void all_reduce_max(std::int64_t* data, std::int64_t count) override {
+  void do_all_reduce_max(std::int64_t* data, std::int64_t count) override {
     MPI_Request r;
-    check(MPI_Iallreduce(MPI_IN_PLACE, data, as_count(count), MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD, &r),
+    check(MPI_Iallreduce(MPI_IN_PLACE, data, as_count(count), MPI_INT64_T, MPI_MAX, comm_, &r),
           "MPI_Iallreduce");
     wait(r, "all_reduce (max)");
   }
 
-  std::unique_ptr<Request> start_all_reduce_sum(float* data, std::int64_t count) override {
+  std::unique_ptr<Request> do_start_all_reduce_sum(float* data, std::int64_t count) override {
     auto request = std::make_unique<Pending>(*this);
-    check(MPI_Iallreduce(MPI_IN_PLACE, data, as_count(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &request->mpi),
+    check(MPI_Iallreduce(MPI_IN_PLACE, data, as_count(count), MPI_FLOAT, MPI_SUM, comm_, &request->mpi),
           "MPI_Iallreduce");
     return request;
   }
 
-  void reduce_scatter_sum(const float* send, float* recv, std::int64_t shard) override {
+  void do_reduce_scatter_sum(const float* send, float* recv, std::int64_t shard) override {
     MPI_Request r;
-    check(MPI_Ireduce_scatter_block(send, recv, as_count(shard), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &r),
+    check(MPI_Ireduce_scatter_block(send, recv, as_count(shard), MPI_FLOAT, MPI_SUM, comm_, &r),
           "MPI_Ireduce_scatter_block");
     wait(r, "reduce_scatter");
   }
 
-  void all_gather(const float* send, float* recv, std::int64_t shard) override {
+  void do_all_gather(const float* send, float* recv, std::int64_t shard) override {
     MPI_Request r;
     // This rank's part already in place in recv is MPI_IN_PLACE (MPI forbids overlapping buffers).
     const void* source = send == recv + rank_ * shard ? MPI_IN_PLACE : send;
-    check(MPI_Iallgather(source, as_count(shard), MPI_FLOAT, recv, as_count(shard), MPI_FLOAT, MPI_COMM_WORLD, &r),
+    check(MPI_Iallgather(source, as_count(shard), MPI_FLOAT, recv, as_count(shard), MPI_FLOAT, comm_, &r),
           "MPI_Iallgather");
     wait(r, "all_gather");
   }
 
-  void broadcast(float* data, std::int64_t count, int root) override {
+  void do_broadcast(float* data, std::int64_t count, int root) override {
     MPI_Request r;
-    check(MPI_Ibcast(data, as_count(count), MPI_FLOAT, root, MPI_COMM_WORLD, &r), "MPI_Ibcast");
+    check(MPI_Ibcast(data, as_count(count), MPI_FLOAT, root, comm_, &r), "MPI_Ibcast");
     wait(r, "broadcast");
   }
 
-  void barrier() override {
+  void do_barrier() override {
     MPI_Request r;
-    check(MPI_Ibarrier(MPI_COMM_WORLD, &r), "MPI_Ibarrier");
+    check(MPI_Ibarrier(comm_, &r), "MPI_Ibarrier");
     wait(r, "barrier");
   }
 
@@ -149,21 +154,44 @@ class MpiCommunicator final : public Communicator {
     MPI_Request request;
   };
 
+  // Takes `comm` as this communicator's group: rank, size, rank within the node, and the job
+  // ranks of its members (messages name ranks as mpirun numbers them).
+  void adopt(MPI_Comm comm) {
+    comm_ = comm;
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &world_);
+    MPI_Comm node;  // the ranks that share this node's memory
+    check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+    MPI_Comm_rank(node, &local_rank_);
+    MPI_Comm_free(&node);
+    MPI_Group group, job;
+    MPI_Comm_group(comm_, &group);
+    MPI_Comm_group(MPI_COMM_WORLD, &job);
+    std::vector<int> members(static_cast<std::size_t>(world_));
+    for (int r = 0; r < world_; ++r) members[std::size_t(r)] = r;
+    job_ranks_.resize(std::size_t(world_));
+    MPI_Group_translate_ranks(group, world_, members.data(), job, job_ranks_.data());
+    MPI_Group_free(&group);
+    MPI_Group_free(&job);
+  }
+
   [[noreturn]] void abort_job(const char* operation) {
     std::string missing;
     for (int r = 1; r < world_ && rank_ == 0; ++r) {
       const bool silent = Clock::now() - last_heard_[std::size_t(r)] > std::chrono::milliseconds(2500);
-      if (arrived_[std::size_t(r)] < seq_ || silent) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      if (arrived_[std::size_t(r)] < seq_ || silent) {
+        missing += (missing.empty() ? "" : ", ") + std::to_string(job_ranks_[std::size_t(r)]);
+      }
     }
-    const std::string who = rank_ != 0        ? "rank 0 names the missing rank(s)"
+    const std::string who = rank_ != 0        ? "rank " + std::to_string(job_ranks_[0]) + " names the missing rank(s)"
                             : missing.empty() ? "every rank is in it, but it did not complete"
                                               : "rank(s) " + missing + " never arrived or stopped responding (dead or hung)";
     std::fprintf(stderr,
                  "llmtrain: error: rank %d: %s (collective #%lld) did not finish within dist.timeout_s = %.0f s: %s; "
                  "stopping every rank\n",
-                 rank_, operation, static_cast<long long>(seq_), timeout_s_, who.c_str());
+                 job_ranks_[std::size_t(rank_)], operation, static_cast<long long>(seq_), timeout_s_, who.c_str());
     std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Abort(MPI_COMM_WORLD, 1);  // the whole job, not just this group
     std::_Exit(1);
   }
 
@@ -183,13 +211,13 @@ class MpiCommunicator final : public Communicator {
       sends_.pop_front();
     }
     sends_.push_back({seq_, MPI_REQUEST_NULL});
-    MPI_Isend(&sends_.back().seq, 1, MPI_INT64_T, 0, heartbeat_tag, MPI_COMM_WORLD, &sends_.back().request);
+    MPI_Isend(&sends_.back().seq, 1, MPI_INT64_T, 0, heartbeat_tag, comm_, &sends_.back().request);
     ++sent_;
   }
 
   void receive_heartbeat(int source) {
     std::int64_t seq = 0;
-    MPI_Recv(&seq, 1, MPI_INT64_T, source, heartbeat_tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    MPI_Recv(&seq, 1, MPI_INT64_T, source, heartbeat_tag, comm_, MPI_STATUS_IGNORE);
     auto& last = arrived_[std::size_t(source)];
     last = std::max(last, seq);
     received_[std::size_t(source)] += 1;
@@ -199,7 +227,7 @@ class MpiCommunicator final : public Communicator {
   void collect_heartbeats() {
     for (int flag = 1; flag;) {
       MPI_Status status;
-      MPI_Iprobe(MPI_ANY_SOURCE, heartbeat_tag, MPI_COMM_WORLD, &flag, &status);
+      MPI_Iprobe(MPI_ANY_SOURCE, heartbeat_tag, comm_, &flag, &status);
       if (flag) receive_heartbeat(status.MPI_SOURCE);
     }
   }
@@ -210,11 +238,11 @@ class MpiCommunicator final : public Communicator {
     if (rank_ == 0) {
       for (int r = 1; r < world_; ++r) {
         std::int64_t count = 0;
-        MPI_Recv(&count, 1, MPI_INT64_T, r, count_tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        MPI_Recv(&count, 1, MPI_INT64_T, r, count_tag, comm_, MPI_STATUS_IGNORE);
         while (received_[std::size_t(r)] < count) receive_heartbeat(r);
       }
     } else {
-      MPI_Send(&sent_, 1, MPI_INT64_T, 0, count_tag, MPI_COMM_WORLD);
+      MPI_Send(&sent_, 1, MPI_INT64_T, 0, count_tag, comm_);
       for (auto& h : sends_) MPI_Wait(&h.request, MPI_STATUS_IGNORE);
     }
   }
@@ -233,7 +261,10 @@ class MpiCommunicator final : public Communicator {
   std::vector<std::int64_t> arrived_;          // rank 0: the last collective each rank entered
   std::vector<std::int64_t> received_;         // rank 0: heartbeats taken from each rank
   std::vector<Clock::time_point> last_heard_;  // rank 0: when each rank last sent one
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::vector<int> job_ranks_;  // MPI_COMM_WORLD rank of each member
   bool owns_mpi_ = false;
+  bool owns_comm_ = false;
   int rank_ = 0;
   int world_ = 1;
   int local_rank_ = 0;

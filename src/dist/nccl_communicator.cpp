@@ -51,7 +51,12 @@ class Done final : public Request {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(Communicator& host, int device, double timeout_s) : host_(host), timeout_s_(timeout_s) {
+  NcclCommunicator(std::unique_ptr<Communicator> owned_host, int device, double timeout_s)
+      : NcclCommunicator(*owned_host, device, timeout_s) {
+    owned_host_ = std::move(owned_host);
+  }
+  NcclCommunicator(Communicator& host, int device, double timeout_s)
+      : host_(host), device_(device), timeout_s_(timeout_s) {
     check(cudaSetDevice(device), "cudaSetDevice");
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     check(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming), "cudaEventCreate");
@@ -77,43 +82,49 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return host_.rank(); }
   int world_size() const override { return host_.world_size(); }
   std::string name() const override { return "nccl"; }
+  /// The host group splits; the new group gets its own NCCL id over it and owns it.
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    return std::make_unique<NcclCommunicator>(host_.split(color, key), device_, timeout_s_);
+  }
 
-  void all_reduce_sum(float* data, std::int64_t count) override {
+ protected:
+
+  void do_all_reduce_sum(float* data, std::int64_t count) override {
     after_compute();
     enqueued(ncclAllReduce(data, data, std::size_t(count), ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce");
     finish("all_reduce");
   }
-  void all_reduce_sum(double* data, std::int64_t count) override {
+  void do_all_reduce_sum(double* data, std::int64_t count) override {
     after_compute();
     enqueued(ncclAllReduce(data, data, std::size_t(count), ncclDouble, ncclSum, comm_, stream_), "ncclAllReduce");
     finish("all_reduce");
   }
-  void all_reduce_max(std::int64_t* data, std::int64_t count) override {
+  void do_all_reduce_max(std::int64_t* data, std::int64_t count) override {
     after_compute();
     enqueued(ncclAllReduce(data, data, std::size_t(count), ncclInt64, ncclMax, comm_, stream_), "ncclAllReduce");
     finish("all_reduce (max)");
   }
-  std::unique_ptr<Request> start_all_reduce_sum(float* data, std::int64_t count) override {
+  std::unique_ptr<Request> do_start_all_reduce_sum(float* data, std::int64_t count) override {
     after_compute();
     enqueued(ncclAllReduce(data, data, std::size_t(count), ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce");
     return std::make_unique<Done>([this] { finish("all_reduce (gradient bucket)"); });
   }
-  void reduce_scatter_sum(const float* send, float* recv, std::int64_t shard) override {
+  void do_reduce_scatter_sum(const float* send, float* recv, std::int64_t shard) override {
     after_compute();
     enqueued(ncclReduceScatter(send, recv, std::size_t(shard), ncclFloat, ncclSum, comm_, stream_), "ncclReduceScatter");
     finish("reduce_scatter");
   }
-  void all_gather(const float* send, float* recv, std::int64_t shard) override {
+  void do_all_gather(const float* send, float* recv, std::int64_t shard) override {
     after_compute();
     enqueued(ncclAllGather(send, recv, std::size_t(shard), ncclFloat, comm_, stream_), "ncclAllGather");
     finish("all_gather");
   }
-  void broadcast(float* data, std::int64_t count, int root) override {
+  void do_broadcast(float* data, std::int64_t count, int root) override {
     after_compute();
     enqueued(ncclBroadcast(data, data, std::size_t(count), ncclFloat, root, comm_, stream_), "ncclBroadcast");
     finish("broadcast");
   }
-  void barrier() override { host_.barrier(); }
+  void do_barrier() override { host_.barrier(); }
 
  private:
   // Makes this communicator's stream wait for what the compute stream has been given so far.
@@ -176,6 +187,8 @@ class NcclCommunicator final : public Communicator {
   }
 
   Communicator& host_;
+  std::unique_ptr<Communicator> owned_host_;  // a split's host group, which host_ then refers to
+  int device_;
   double timeout_s_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;

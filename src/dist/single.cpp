@@ -15,18 +15,21 @@ class SingleCommunicator final : public Communicator {
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
   std::string name() const override { return "single"; }
-  void all_reduce_sum(float*, std::int64_t) override {}
-  void all_reduce_sum(double*, std::int64_t) override {}
-  void all_reduce_max(std::int64_t*, std::int64_t) override {}
-  std::unique_ptr<Request> start_all_reduce_sum(float*, std::int64_t) override { return std::make_unique<Done>(); }
-  void reduce_scatter_sum(const float* send, float* recv, std::int64_t shard) override {
+  std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<SingleCommunicator>(); }
+
+ protected:
+  void do_all_reduce_sum(float*, std::int64_t) override {}
+  void do_all_reduce_sum(double*, std::int64_t) override {}
+  void do_all_reduce_max(std::int64_t*, std::int64_t) override {}
+  std::unique_ptr<Request> do_start_all_reduce_sum(float*, std::int64_t) override { return std::make_unique<Done>(); }
+  void do_reduce_scatter_sum(const float* send, float* recv, std::int64_t shard) override {
     if (send != recv) std::memmove(recv, send, std::size_t(shard) * sizeof(float));
   }
-  void all_gather(const float* send, float* recv, std::int64_t shard) override {
+  void do_all_gather(const float* send, float* recv, std::int64_t shard) override {
     if (send != recv) std::memmove(recv, send, std::size_t(shard) * sizeof(float));
   }
-  void broadcast(float*, std::int64_t, int) override {}
-  void barrier() override {}
+  void do_broadcast(float*, std::int64_t, int) override {}
+  void do_barrier() override {}
 };
 
 }  // namespace

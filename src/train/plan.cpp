@@ -17,10 +17,10 @@ std::int64_t activation_bytes_per_sequence(const config::ModelConfig& m, bool bf
   return std::int64_t(model::arch_spec(m.arch).activation_bytes(m, recompute, compute, 1, int(m.context_length)));
 }
 
-MemoryPlan plan_memory(const config::Config& config, int world_size, int zero_stage, bool bf16,
+MemoryPlan plan_memory(const config::Config& config, int data_parallel_size, int zero_stage, bool bf16,
                        std::int64_t micro_batch) {
   const std::int64_t P = parameter_count(config.model);
-  const std::int64_t shard = (P + world_size - 1) / world_size;
+  const std::int64_t shard = (P + data_parallel_size - 1) / data_parallel_size;
   MemoryPlan plan;
   // Every rank keeps the f32 master weights (and, in bf16, a 2-byte working copy) and f32
   // gradients; ZeRO 1 shards AdamW's m and v, ZeRO 2 the gradients too.

@@ -31,8 +31,9 @@ std::int64_t activation_bytes_per_sequence(const config::ModelConfig& model, boo
 
 /// Bytes per rank. fp32: 4-byte weights, gradients, AdamW m and v. bf16 (mixed precision): the
 /// same plus a 2-byte working copy of the weights, and 2-byte activations. ZeRO 1 shards m and v
-/// over `world_size` ranks, ZeRO 2 the gradients too (shards padded to equal size).
-MemoryPlan plan_memory(const config::Config& config, int world_size, int zero_stage, bool bf16,
+/// over the `data_parallel_size` ranks of a data-parallel group, ZeRO 2 the gradients too (shards
+/// padded to equal size).
+MemoryPlan plan_memory(const config::Config& config, int data_parallel_size, int zero_stage, bool bf16,
                        std::int64_t micro_batch);
 
 }  // namespace llmtrain::train

@@ -94,17 +94,19 @@ void Reporter::info(const char* format, ...) {
   va_end(args);
 }
 
-void Reporter::run_started(const dist::Communicator& world, const Trainer& trainer, const checkpoint::Found* resume) {
+void Reporter::run_started(const dist::Communicators& comms, const Trainer& trainer, const checkpoint::Found* resume) {
+  const dist::Communicator& world = *comms.world;
   info("dist: %s communicator, %d rank(s), this is rank %d (local rank %d)", world.name().c_str(),
        world.world_size(), world.rank(), world.local_rank());
+  info("dist: mesh %s", comms.mesh.describe().c_str());
   if (resume) {
     info("train: resuming from %s (step %lld)", resume->dir.c_str(), static_cast<long long>(trainer.first_step() - 1));
   }
   info("%s", trainer.attention().describe().c_str());
-  info("train: %lld parameters, %lld train samples of %d tokens, %d rank(s) x %lld micro-step(s) of %d "
-       "per update, ZeRO %lld",
+  info("train: %lld parameters, %lld train samples of %d tokens, %d data-parallel rank(s) x %lld micro-step(s) "
+       "of %d per update, ZeRO %lld",
        static_cast<long long>(trainer.num_params()), static_cast<long long>(trainer.train_samples()),
-       int(config_.model.context_length), world.world_size(), static_cast<long long>(trainer.micro_steps()),
+       int(config_.model.context_length), comms.mesh.data, static_cast<long long>(trainer.micro_steps()),
        int(config_.train.micro_batch_size), static_cast<long long>(config_.dist.zero_stage));
 }
 

@@ -49,7 +49,7 @@ class Reporter {
   void info(const char* format, ...) __attribute__((format(printf, 2, 3)));
 
   /// The communicators, the resume point, the attention kernels chosen and the shape of the run.
-  void run_started(const dist::Communicator& world, const Trainer& trainer, const checkpoint::Found* resume);
+  void run_started(const dist::Communicators& comms, const Trainer& trainer, const checkpoint::Found* resume);
   /// Starts the clock of elapsed_s, ETA and the run's duration.
   void start_clock();
   /// Seconds since start_clock().

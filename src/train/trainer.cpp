@@ -192,14 +192,24 @@ TrainSummary run_training(const TrainOptions& options) {
     if (!ops::cuda_available(&why)) throw InputError("--device cuda: no usable CUDA device: " + why);
   }
   if (config.data.train.empty()) throw InputError("data.train: no training data given");
-  const dist::Communicators comms = dist::make_communicators(options.device, config.dist.timeout_s);
+  // The mesh's other axes arrive with tensor and pipeline parallelism; until then only their
+  // default is a model this trainer can split.
+  for (const auto& [key, value] : {std::pair{"dist.tensor_parallel", config.dist.tensor_parallel},
+                                   std::pair{"dist.pipeline_parallel", config.dist.pipeline_parallel}}) {
+    if (value != 1) {
+      throw InputError(std::string(key) + " = " + std::to_string(value) +
+                       ": this llmtrain trains data-parallel meshes only (tensor and pipeline size 1)");
+    }
+  }
+  const dist::Communicators comms = dist::make_communicators(
+      options.device, config.dist.timeout_s, int(config.dist.tensor_parallel), int(config.dist.pipeline_parallel));
   dist::Communicator& world = *comms.world;
   TrainSummary summary;
   summary.lead = world.rank() == 0;
   const std::optional<checkpoint::Found> resume = find_resume_point(options, summary.lead);
   Trainer trainer(options, comms, resume ? &*resume : nullptr);
   Reporter reporter(options, world, trainer.first_step());
-  reporter.run_started(world, trainer, resume ? &*resume : nullptr);
+  reporter.run_started(comms, trainer, resume ? &*resume : nullptr);
   Checkpointer checkpointer(options, world, reporter);  // watches stop signals from here on
 
   ops::enable_profiling(options.profile_ops);

@@ -21,14 +21,17 @@ class TwoRanksHost final : public dist::Communicator {
   int rank() const override { return 0; }
   int world_size() const override { return 2; }
   std::string name() const override { return "two-ranks-host"; }
-  void all_reduce_sum(float*, std::int64_t) override {}
-  void all_reduce_sum(double*, std::int64_t) override {}
-  void all_reduce_max(std::int64_t*, std::int64_t) override {}
-  std::unique_ptr<dist::Request> start_all_reduce_sum(float*, std::int64_t) override { return nullptr; }
-  void reduce_scatter_sum(const float*, float*, std::int64_t) override {}
-  void all_gather(const float*, float*, std::int64_t) override {}
-  void broadcast(float*, std::int64_t, int) override {}
-  void barrier() override {}
+  std::unique_ptr<dist::Communicator> split(int, int) override { return nullptr; }
+
+ protected:
+  void do_all_reduce_sum(float*, std::int64_t) override {}
+  void do_all_reduce_sum(double*, std::int64_t) override {}
+  void do_all_reduce_max(std::int64_t*, std::int64_t) override {}
+  std::unique_ptr<dist::Request> do_start_all_reduce_sum(float*, std::int64_t) override { return nullptr; }
+  void do_reduce_scatter_sum(const float*, float*, std::int64_t) override {}
+  void do_all_gather(const float*, float*, std::int64_t) override {}
+  void do_broadcast(float*, std::int64_t, int) override {}
+  void do_barrier() override {}
 };
 
 std::vector<float> read(const float* device, size_t n) {

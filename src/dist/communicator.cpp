@@ -1,0 +1,83 @@
+// The counting half of every communicator: each collective adds what this rank sends, as the ring
+// algorithm sends it, before the implementation runs it.
+#include "dist/communicator.h"
+
+namespace llmtrain::dist {
+
+double Traffic::total_bytes() const {
+  double sum = 0;
+  for (double b : bytes) sum += b;
+  return sum;
+}
+
+std::int64_t Traffic::total_calls() const {
+  std::int64_t sum = 0;
+  for (std::int64_t c : calls) sum += c;
+  return sum;
+}
+
+const char* Traffic::name(Kind kind) {
+  switch (kind) {
+    case all_reduce: return "all-reduce";
+    case reduce_scatter: return "reduce-scatter";
+    case all_gather: return "all-gather";
+    case broadcast: return "broadcast";
+    case barrier: return "barrier";
+    case kinds: break;
+  }
+  return "?";
+}
+
+void Communicator::count(Traffic::Kind kind, double bytes) {
+  traffic_.calls[kind] += 1;
+  traffic_.bytes[kind] += bytes;
+}
+
+namespace {
+
+// The share of a buffer that one rank sends in a ring over n ranks: (n-1)/n.
+double ring_share(int n) { return n > 1 ? double(n - 1) / n : 0.0; }
+
+}  // namespace
+
+void Communicator::all_reduce_sum(float* data, std::int64_t count) {
+  this->count(Traffic::all_reduce, 2 * ring_share(world_size()) * double(count) * sizeof(float));
+  do_all_reduce_sum(data, count);
+}
+
+void Communicator::all_reduce_sum(double* data, std::int64_t count) {
+  this->count(Traffic::all_reduce, 2 * ring_share(world_size()) * double(count) * sizeof(double));
+  do_all_reduce_sum(data, count);
+}
+
+void Communicator::all_reduce_max(std::int64_t* data, std::int64_t count) {
+  this->count(Traffic::all_reduce, 2 * ring_share(world_size()) * double(count) * sizeof(std::int64_t));
+  do_all_reduce_max(data, count);
+}
+
+std::unique_ptr<Request> Communicator::start_all_reduce_sum(float* data, std::int64_t count) {
+  this->count(Traffic::all_reduce, 2 * ring_share(world_size()) * double(count) * sizeof(float));
+  return do_start_all_reduce_sum(data, count);
+}
+
+void Communicator::reduce_scatter_sum(const float* send, float* recv, std::int64_t shard) {
+  count(Traffic::reduce_scatter, ring_share(world_size()) * double(world_size()) * double(shard) * sizeof(float));
+  do_reduce_scatter_sum(send, recv, shard);
+}
+
+void Communicator::all_gather(const float* send, float* recv, std::int64_t shard) {
+  count(Traffic::all_gather, ring_share(world_size()) * double(world_size()) * double(shard) * sizeof(float));
+  do_all_gather(send, recv, shard);
+}
+
+void Communicator::broadcast(float* data, std::int64_t count, int root) {
+  this->count(Traffic::broadcast, ring_share(world_size()) * double(count) * sizeof(float));
+  do_broadcast(data, count, root);
+}
+
+void Communicator::barrier() {
+  count(Traffic::barrier, 0.0);
+  do_barrier();
+}
+
+}  // namespace llmtrain::dist
