@@ -2,6 +2,7 @@
 // does not finish within the timeout (a rank died or hangs) stops the job with a clear message
 // instead of hanging it.
 #include <mpi.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
@@ -50,7 +51,15 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm node;  // the ranks that share this node's memory
     check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
     MPI_Comm_rank(node, &local_rank_);
+    int local_size = 1;
+    MPI_Comm_size(node, &local_size);
     MPI_Comm_free(&node);
+    // Threads per rank: OMP_NUM_THREADS when set; otherwise the cores this rank may run on, shared
+    // among the node's ranks. OpenMP's default, a thread per core in every rank, oversubscribes
+    // the node, and each parallel region then waits for descheduled threads.
+    if (local_size > 1 && !std::getenv("OMP_NUM_THREADS")) {
+      omp_set_num_threads(std::max(1, omp_get_num_procs() / local_size));
+    }
   }
   ~MpiCommunicator() override {
     if (!owns_mpi_) return;
