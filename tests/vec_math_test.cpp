@@ -9,9 +9,9 @@
 
 using namespace llmtrain;
 
-TEST_CASE("exp_vec is within 2 ulp of exp over [-87, 88]", "[ops][vec]") {
+TEST_CASE("exp_vec is within 2 ulp of exp over [-80, 80]", "[ops][vec]") {
   std::vector<float> x, y;
-  for (float v = -87.0f; v <= 88.0f; v += 0.0007f) x.push_back(v);
+  for (float v = -80.0f; v <= 80.0f; v += 0.0007f) x.push_back(v);
   for (const float v : {0.0f, -0.0f, 1e-8f, -1e-8f, 0.5f * 0.6931472f, -0.5f * 0.6931472f}) x.push_back(v);
   y.resize(x.size());
 #pragma omp simd
@@ -26,12 +26,12 @@ TEST_CASE("exp_vec is within 2 ulp of exp over [-87, 88]", "[ops][vec]") {
   CAPTURE(worst_ulp);
   CHECK(worst_ulp <= 2.0);
   CHECK(cpu::exp_vec(0.0f) == 1.0f);
-  // Clamped outside the range: finite and ordered, no NaN.
-  CHECK(cpu::exp_vec(-1000.0f) > 0.0f);
-  CHECK(cpu::exp_vec(-1000.0f) < 2e-38f);
-  CHECK(std::isfinite(cpu::exp_vec(1000.0f)));
-  CHECK(cpu::exp_vec(1000.0f) > 1e38f);
-  CHECK(cpu::exp_vec(-std::numeric_limits<float>::infinity()) < 2e-38f);
+  // Clamped outside the range: e^-80 and e^80, normal floats (no subnormals, no inf, no NaN).
+  const float lowest = cpu::exp_vec(-1000.0f), highest = cpu::exp_vec(1000.0f);
+  CHECK(std::abs(lowest / float(std::exp(-80.0)) - 1.0f) < 1e-6f);
+  CHECK(std::abs(highest / float(std::exp(80.0)) - 1.0f) < 1e-6f);
+  CHECK(std::isnormal(1.0f / (1.0f + highest)));
+  CHECK(cpu::exp_vec(-std::numeric_limits<float>::infinity()) == lowest);
 }
 
 TEST_CASE("small work stays on the calling thread", "[ops][vec]") {

@@ -3,7 +3,7 @@
 // std::exp is a call into libm that GCC does not vectorise without -ffast-math, so loops with an
 // exp in them ran one element at a time. exp_vec is branch-free arithmetic on floats and their bits
 // that the compiler turns into SIMD code inside `#pragma omp simd` loops (-O3, x86-64 baseline SSE2:
-// 4 lanes). Accuracy: within 2 ulp of std::exp on [-87, 88] (tests/ops_vec_math_test.cpp).
+// 4 lanes). Accuracy: within 2 ulp of std::exp on [-80, 80] (tests/ops_vec_math_test.cpp).
 #pragma once
 
 #include <algorithm>
@@ -12,10 +12,13 @@
 
 namespace llmtrain::cpu {
 
-/// e^x for x in [-87.3, 88.3] (clamped to that range: e^-87.3 ~ 1.2e-38 below, e^88.3 ~ 2.2e38 above). Inline so that
-/// `#pragma omp simd` loops vectorise through it.
+/// e^x for x in [-80, 80], clamped to that range: e^-80 ~ 1.8e-35, e^80 ~ 5.5e34. Inline so that
+/// `#pragma omp simd` loops vectorise through it. The range keeps results and their reciprocals
+/// (x / (1 + e^-x) in GELU and SiLU) clear of subnormal floats, which cost a microcode assist of
+/// ~100 cycles per operation on x86: with a clamp at 88.3, GELU forward took 2x longer than with
+/// scalar std::exp, computing x / e^88.3 in the discarded lanes of its clamped branch.
 inline float exp_vec(float x) {
-  x = std::min(std::max(x, -87.3f), 88.3f);
+  x = std::min(std::max(x, -80.0f), 80.0f);
   // x = n ln2 + r, |r| <= ln2/2; n rounded to nearest by the 1.5 * 2^23 trick (no rint call).
   constexpr float log2e = 1.44269504088896341f, round_magic = 12582912.0f;
   const float shifted = x * log2e + round_magic;
