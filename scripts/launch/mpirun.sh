@@ -25,7 +25,7 @@ args=(-np "$ranks" --bind-to none)
 [[ -n "$hostfile" ]] && args+=(--hostfile "$hostfile")
 [[ "$(id -u)" -eq 0 ]] && args+=(--allow-run-as-root)
 # Pass the environment that matters to every rank.
-for name in $(compgen -e | grep -E '^(NCCL_|CUDA_|OMP_NUM_THREADS$|OPENBLAS_NUM_THREADS$|LD_LIBRARY_PATH$)' || true); do
+for name in $(compgen -e | grep -E '^(NCCL_|CUDA_|OMP_NUM_THREADS$|OMP_WAIT_POLICY$|GOMP_SPINCOUNT$|OPENBLAS_NUM_THREADS$|LD_LIBRARY_PATH$)' || true); do
   args+=(-x "$name")
 done
 exec mpirun "${args[@]}" "$llmtrain" "$@"

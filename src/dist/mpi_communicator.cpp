@@ -2,6 +2,7 @@
 // does not finish within the timeout (a rank died or hangs) stops the job with a clear message
 // instead of hanging it.
 #include <mpi.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
@@ -47,6 +48,12 @@ class MpiCommunicator final : public Communicator {
       owns_mpi_ = true;
     }
     adopt(MPI_COMM_WORLD);
+    // Threads per rank: OMP_NUM_THREADS when set; otherwise the cores this rank may run on, shared
+    // among the node's ranks. OpenMP's default, a thread per core in every rank, oversubscribes
+    // the node, and each parallel region then waits for descheduled threads.
+    if (local_size_ > 1 && !std::getenv("OMP_NUM_THREADS")) {
+      omp_set_num_threads(std::max(1, omp_get_num_procs() / local_size_));
+    }
   }
   /// A group split from another (owns `comm`).
   MpiCommunicator(MPI_Comm comm, double timeout_s) : timeout_s_(timeout_s), owns_comm_(true) { adopt(comm); }
@@ -163,6 +170,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm node;  // the ranks that share this node's memory
     check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
     MPI_Comm_rank(node, &local_rank_);
+    MPI_Comm_size(node, &local_size_);
     MPI_Comm_free(&node);
     MPI_Group group, job;
     MPI_Comm_group(comm_, &group);
@@ -268,6 +276,7 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0;
   int world_ = 1;
   int local_rank_ = 0;
+  int local_size_ = 1;  // ranks of this group on this node
 };
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include "core/bf16.h"
 #include "ops/cpu/reference.h"
+#include "ops/cpu/vec_math.h"
 #include "ops/dispatch.h"
 #if LLMTRAIN_HAVE_CUDA
 #include "ops/cuda/cudnn_attention.h"
@@ -338,13 +339,13 @@ void convert(const Tensor& out, const Tensor& in) {
   if (narrowing) {
     auto* bits = out.as<std::uint16_t>();
     const float* x = in.as<float>();
-#pragma omp parallel for simd
+#pragma omp parallel for simd if (cpu::worth_threads(N))
     for (std::int64_t i = 0; i < N; ++i) bits[i] = float_to_bf16_bits(x[i]);
     return;
   }
   float* x = out.as<float>();
   const auto* bits = in.as<std::uint16_t>();
-#pragma omp parallel for simd
+#pragma omp parallel for simd if (cpu::worth_threads(N))
   for (std::int64_t i = 0; i < N; ++i) x[i] = bf16_bits_to_float(bits[i]);
 }
 

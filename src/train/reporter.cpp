@@ -1,5 +1,7 @@
 #include "train/reporter.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cstdarg>
 #include <cstdio>
@@ -96,8 +98,8 @@ void Reporter::info(const char* format, ...) {
 
 void Reporter::run_started(const dist::Communicators& comms, const Trainer& trainer, const checkpoint::Found* resume) {
   const dist::Communicator& world = *comms.world;
-  info("dist: %s communicator, %d rank(s), this is rank %d (local rank %d)", world.name().c_str(),
-       world.world_size(), world.rank(), world.local_rank());
+  info("dist: %s communicator, %d rank(s), this is rank %d (local rank %d), %d CPU threads", world.name().c_str(),
+       world.world_size(), world.rank(), world.local_rank(), omp_get_max_threads());
   info("dist: mesh %s", comms.mesh.describe().c_str());
   if (resume) {
     info("train: resuming from %s (step %lld)", resume->dir.c_str(), static_cast<long long>(trainer.first_step() - 1));

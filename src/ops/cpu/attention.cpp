@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ops/cpu/reference.h"
+#include "ops/cpu/vec_math.h"
 
 namespace llmtrain::cpu {
 
@@ -16,7 +17,7 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
   const float scale = 1.0f / std::sqrt(float(HS));
   const std::int64_t C3 = std::int64_t(NH + 2 * NKV) * HS;  // qkv row width
   const std::int64_t k_at = C, v_at = C + std::int64_t(NKV) * HS;
-#pragma omp parallel for collapse(3)
+#pragma omp parallel for collapse(3) if (worth_threads(std::int64_t(B) * NH * T * T * HS))
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < NH; ++h) {
       for (int t = 0; t < T; ++t) {
@@ -61,7 +62,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   const std::int64_t k_at = C, v_at = C + std::int64_t(NKV) * HS;
   // Parallel over (batch, kv head) only: every row of every query head of a group adds into the
   // same dk and dv, so one thread does a whole group, heads and rows in a fixed order.
-#pragma omp parallel for collapse(2)
+#pragma omp parallel for collapse(2) if (worth_threads(std::int64_t(B) * NH * T * T * HS))
   for (int b = 0; b < B; ++b) {
     for (int kvh = 0; kvh < NKV; ++kvh) {
       std::vector<float> datt(T);

@@ -3,12 +3,13 @@
 #include <vector>
 
 #include "ops/cpu/reference.h"
+#include "ops/cpu/vec_math.h"
 
 namespace llmtrain::cpu {
 
 double fused_classifier(float* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
                         float dlogits_scale) {
-#pragma omp parallel for
+#pragma omp parallel for if (worth_threads(N * V * 20))
   for (std::int64_t i = 0; i < N; ++i) {
     float* row = logits + i * V;
     float max_logit = row[0];

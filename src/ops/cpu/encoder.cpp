@@ -1,9 +1,10 @@
 #include "ops/cpu/reference.h"
+#include "ops/cpu/vec_math.h"
 
 namespace llmtrain::cpu {
 
 void encoder_forward(float* out, const std::int32_t* inp, const float* wte, const float* wpe, int B, int T, int C) {
-#pragma omp parallel for
+#pragma omp parallel for if (worth_threads(std::int64_t(B) * T * C))
   for (std::int64_t bt = 0; bt < std::int64_t(B) * T; ++bt) {
     const float* token_row = wte + std::int64_t(inp[bt]) * C;
     float* out_row = out + bt * C;
@@ -19,7 +20,7 @@ void encoder_forward(float* out, const std::int32_t* inp, const float* wte, cons
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* inp, int B, int T, int C) {
   // Parallel over channels: each thread owns a slice of columns of dwte and dwpe, so the
   // scatter-add by token id needs no atomics and sums in row order (deterministic).
-#pragma omp parallel for
+#pragma omp parallel for if (worth_threads(std::int64_t(B) * T * C * 2))
   for (int c = 0; c < C; ++c) {
     for (std::int64_t bt = 0; bt < std::int64_t(B) * T; ++bt) {
       const float g = dout[bt * C + c];

@@ -1,25 +1,34 @@
+// LayerNorm, row by row. Reductions are float `omp simd` reductions (several partial sums, then
+// added: vectorised and at least as accurate as one running sum); the weight gradients are summed
+// over rows by one thread per slice of channels, rows outer, so that each pass reads whole rows.
+#include <algorithm>
 #include <cmath>
 
 #include "ops/cpu/reference.h"
+#include "ops/cpu/vec_math.h"
 
 namespace llmtrain::cpu {
 
 namespace {
 constexpr float layernorm_eps = 1e-5f;  // GPT-2's
-}
+constexpr int channel_slice = 64;       // channels per task of the weight-gradient sums
+}  // namespace
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, std::int64_t N, int C) {
-#pragma omp parallel for
+#pragma omp parallel for if (worth_threads(N * C * 4))
   for (std::int64_t i = 0; i < N; ++i) {
     const float* x = inp + i * C;
-    double sum = 0.0;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
     for (int c = 0; c < C; ++c) sum += x[c];
-    const float m = float(sum / C);
-    double var = 0.0;
-    for (int c = 0; c < C; ++c) var += double(x[c] - m) * (x[c] - m);
-    const float s = 1.0f / std::sqrt(float(var / C) + layernorm_eps);
+    const float m = sum / float(C);
+    float var = 0.0f;  // two passes: no cancellation for rows far from zero
+#pragma omp simd reduction(+ : var)
+    for (int c = 0; c < C; ++c) var += (x[c] - m) * (x[c] - m);
+    const float s = 1.0f / std::sqrt(var / float(C) + layernorm_eps);
     float* y = out + i * C;
+#pragma omp simd
     for (int c = 0; c < C; ++c) y[c] = (x[c] - m) * s * weight[c] + bias[c];
     mean[i] = m;
     rstd[i] = s;
@@ -28,37 +37,48 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, std::int64_t N, int C) {
+  const bool threads = worth_threads(N * C * 6);
   // dinp, row by row: dx = rstd (dnorm - mean(dnorm) - norm mean(dnorm norm)), dnorm = w dy.
-#pragma omp parallel for
+#pragma omp parallel for if (threads)
   for (std::int64_t i = 0; i < N; ++i) {
     const float* x = inp + i * C;
     const float* dy = dout + i * C;
-    float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+    const float m = mean[i], s = rstd[i];
+    float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
+#pragma omp simd reduction(+ : dnorm_sum, dnorm_norm_sum)
     for (int c = 0; c < C; ++c) {
-      const float norm = (x[c] - mean[i]) * rstd[i];
       const float dnorm = weight[c] * dy[c];
-      dnorm_mean += dnorm;
-      dnorm_norm_mean += dnorm * norm;
+      dnorm_sum += dnorm;
+      dnorm_norm_sum += dnorm * ((x[c] - m) * s);
     }
-    dnorm_mean /= C;
-    dnorm_norm_mean /= C;
+    const float dnorm_mean = dnorm_sum / float(C), dnorm_norm_mean = dnorm_norm_sum / float(C);
     float* dx = dinp + i * C;
+#pragma omp simd
     for (int c = 0; c < C; ++c) {
-      const float norm = (x[c] - mean[i]) * rstd[i];
-      dx[c] += (weight[c] * dy[c] - dnorm_mean - norm * dnorm_norm_mean) * rstd[i];
+      const float norm = (x[c] - m) * s;
+      dx[c] += (weight[c] * dy[c] - dnorm_mean - norm * dnorm_norm_mean) * s;
     }
   }
-  // dweight, dbias: each thread owns a slice of channels and sums over rows in order.
-#pragma omp parallel for
-  for (int c = 0; c < C; ++c) {
-    float dw = 0.0f, db = 0.0f;
+  // dweight, dbias: each task owns a slice of channels and adds the rows in order.
+  const int slices = (C + channel_slice - 1) / channel_slice;
+#pragma omp parallel for if (threads)
+  for (int slice = 0; slice < slices; ++slice) {
+    const int c0 = slice * channel_slice, c1 = std::min(C, c0 + channel_slice);
+    float dw[channel_slice] = {}, db[channel_slice] = {};
     for (std::int64_t i = 0; i < N; ++i) {
-      const float dy = dout[i * C + c];
-      dw += (inp[i * C + c] - mean[i]) * rstd[i] * dy;
-      db += dy;
+      const float* x = inp + i * C;
+      const float* dy = dout + i * C;
+      const float m = mean[i], s = rstd[i];
+#pragma omp simd
+      for (int c = c0; c < c1; ++c) {
+        dw[c - c0] += (x[c] - m) * s * dy[c];
+        db[c - c0] += dy[c];
+      }
     }
-    dweight[c] += dw;
-    dbias[c] += db;
+    for (int c = c0; c < c1; ++c) {
+      dweight[c] += dw[c - c0];
+      dbias[c] += db[c - c0];
+    }
   }
 }
 

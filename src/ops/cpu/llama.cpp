@@ -3,11 +3,12 @@
 #include <vector>
 
 #include "ops/cpu/reference.h"
+#include "ops/cpu/vec_math.h"
 
 namespace llmtrain::cpu {
 
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, std::int64_t N, int C, float eps) {
-#pragma omp parallel for
+#pragma omp parallel for if (worth_threads(N * C * 3))
   for (std::int64_t i = 0; i < N; ++i) {
     const float* x = inp + i * C;
     double sum_squares = 0.0;
@@ -22,7 +23,7 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
                       const float* rstd, std::int64_t N, int C) {
   // y = w n, n = x s, s = (mean(x^2) + eps)^-1/2: dx = s (w dy - n mean(w dy n)).
-#pragma omp parallel for
+#pragma omp parallel for if (worth_threads(N * C * 6))
   for (std::int64_t i = 0; i < N; ++i) {
     const float* x = inp + i * C;
     const float* dy = dout + i * C;
@@ -33,7 +34,7 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
     for (int c = 0; c < C; ++c) dx[c] += rstd[i] * (weight[c] * dy[c] - x[c] * rstd[i] * dot);
   }
   // dweight: each thread owns channels and sums over rows in order (deterministic).
-#pragma omp parallel for
+#pragma omp parallel for if (worth_threads(N * C * 3))
   for (int c = 0; c < C; ++c) {
     float dw = 0.0f;
     for (std::int64_t i = 0; i < N; ++i) dw += inp[i * C + c] * rstd[i] * dout[i * C + c];
@@ -60,7 +61,7 @@ void rope_angles(int t, int HS, float theta, std::vector<float>& cosines, std::v
 void rope_apply(float* out, const float* inp, int B, int T, int H, int HS, int n_rot, int pos0, float theta,
                 float direction, bool accumulate) {
   const int half = HS / 2;
-#pragma omp parallel for
+#pragma omp parallel for if (worth_threads(std::int64_t(T) * (HS * 20 + std::int64_t(B) * H * HS * 2)))
   for (int t = 0; t < T; ++t) {
     std::vector<float> cosines, sines;
     rope_angles(pos0 + t, HS, theta, cosines, sines);
@@ -97,14 +98,14 @@ void rope_backward(float* dinp, const float* dout, int B, int T, int H, int HS, 
 }
 
 void swiglu_forward(float* out, const float* gate, const float* up, std::int64_t N) {
-#pragma omp parallel for simd
-  for (std::int64_t i = 0; i < N; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+#pragma omp parallel for simd if (worth_threads(N * 14))
+  for (std::int64_t i = 0; i < N; ++i) out[i] = gate[i] / (1.0f + exp_vec(-gate[i])) * up[i];
 }
 
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, std::int64_t N) {
-#pragma omp parallel for simd
+#pragma omp parallel for simd if (worth_threads(N * 18))
   for (std::int64_t i = 0; i < N; ++i) {
-    const float s = 1.0f / (1.0f + std::exp(-gate[i]));
+    const float s = 1.0f / (1.0f + exp_vec(-gate[i]));
     const float silu = gate[i] * s;
     dgate[i] += dout[i] * up[i] * s * (1.0f + gate[i] * (1.0f - s));
     dup[i] += dout[i] * silu;

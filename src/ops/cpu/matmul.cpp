@@ -12,15 +12,38 @@
 #include <algorithm>
 
 #include "ops/cpu/reference.h"
+#include "ops/cpu/vec_math.h"
 
 namespace llmtrain::cpu {
+
+namespace {
+
+// dbias (OC) += column sums of dout (N,OC): each task owns a slice of outputs and adds whole row
+// pieces in row order (vectorised, deterministic).
+void bias_backward(float* dbias, const float* dout, std::int64_t N, int OC) {
+  constexpr int slice = 64;
+  const int slices = (OC + slice - 1) / slice;
+#pragma omp parallel for if (worth_threads(N * OC))
+  for (int k = 0; k < slices; ++k) {
+    const int o0 = k * slice, o1 = std::min(OC, o0 + slice);
+    float sum[slice] = {};
+    for (std::int64_t i = 0; i < N; ++i) {
+      const float* row = dout + i * OC;
+#pragma omp simd
+      for (int o = o0; o < o1; ++o) sum[o - o0] += row[o];
+    }
+    for (int o = o0; o < o1; ++o) dbias[o] += sum[o - o0];
+  }
+}
+
+}  // namespace
 
 #if LLMTRAIN_HAVE_OPENBLAS
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, std::int64_t N, int C,
                     int OC) {
   if (bias) {
-#pragma omp parallel for
+#pragma omp parallel for if (worth_threads(N * OC))
     for (std::int64_t i = 0; i < N; ++i) {
       for (int o = 0; o < OC; ++o) out[i * OC + o] = bias[o];
     }
@@ -36,14 +59,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(N), C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
   // dweight (OC,C) += dout^T (OC,N) x inp (N,C)
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, int(N), 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
-  if (dbias) {
-#pragma omp parallel for
-    for (int o = 0; o < OC; ++o) {
-      float sum = 0.0f;
-      for (std::int64_t i = 0; i < N; ++i) sum += dout[i * OC + o];
-      dbias[o] += sum;
-    }
-  }
+  if (dbias) bias_backward(dbias, dout, N, OC);
 }
 
 #else  // no BLAS: blocked OpenMP loops
@@ -76,7 +92,7 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
                     int OC) {
   // out (N,OC) = inp (N,C) x weight^T (C,OC) + bias: dot products of contiguous rows, four
   // weight rows against one input row per pass.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threads(N * C * OC))
   for (std::int64_t i0 = 0; i0 < N; i0 += outer_block) {
     const std::int64_t i1 = std::min(N, i0 + outer_block);
     for (std::int64_t o0 = 0; o0 < OC; o0 += inner_block) {
@@ -112,7 +128,7 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, std::int64_t N, int C, int OC) {
   // dinp (N,C) += dout (N,OC) x weight (OC,C): each row of dinp gathers weight rows, four at a time.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threads(N * C * OC))
   for (std::int64_t i0 = 0; i0 < N; i0 += outer_block) {
     const std::int64_t i1 = std::min(N, i0 + outer_block);
     for (std::int64_t o0 = 0; o0 < OC; o0 += inner_block) {
@@ -132,7 +148,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     }
   }
   // dweight (OC,C) += dout^T (OC,N) x inp (N,C): each row of dweight gathers input rows, four at a time.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (worth_threads(N * C * OC))
   for (std::int64_t o0 = 0; o0 < OC; o0 += outer_block) {
     const std::int64_t o1 = std::min<std::int64_t>(OC, o0 + outer_block);
     for (std::int64_t i0 = 0; i0 < N; i0 += inner_block) {
@@ -151,14 +167,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
       }
     }
   }
-  if (dbias) {
-#pragma omp parallel for
-    for (int o = 0; o < OC; ++o) {
-      float sum = 0.0f;
-      for (std::int64_t i = 0; i < N; ++i) sum += dout[i * OC + o];
-      dbias[o] += sum;
-    }
-  }
+  if (dbias) bias_backward(dbias, dout, N, OC);
 }
 
 #endif

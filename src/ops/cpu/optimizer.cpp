@@ -2,6 +2,7 @@
 #include <vector>
 
 #include "ops/cpu/reference.h"
+#include "ops/cpu/vec_math.h"
 
 namespace llmtrain::cpu {
 
@@ -10,7 +11,7 @@ double sum_squares(const float* x, std::int64_t N) {
   constexpr std::int64_t chunk = 1 << 14;
   const std::int64_t chunks = (N + chunk - 1) / chunk;
   std::vector<double> partial(std::size_t(chunks), 0.0);
-#pragma omp parallel for
+#pragma omp parallel for if (worth_threads(N))
   for (std::int64_t k = 0; k < chunks; ++k) {
     double s = 0.0;
     const std::int64_t end = std::min(N, (k + 1) * chunk);
@@ -26,7 +27,7 @@ void adamw_update(float* param, const float* grad, float* m, float* v, std::int6
                   float beta2, float eps, float weight_decay, int step, float grad_scale) {
   const float m_correction = 1.0f / (1.0f - std::pow(beta1, float(step)));
   const float v_correction = 1.0f / (1.0f - std::pow(beta2, float(step)));
-#pragma omp parallel for
+#pragma omp parallel for simd if (worth_threads(N * 12))
   for (std::int64_t i = 0; i < N; ++i) {
     const float g = grad[i] * grad_scale;
     m[i] = beta1 * m[i] + (1.0f - beta1) * g;

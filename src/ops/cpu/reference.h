@@ -4,8 +4,9 @@
 // Conventions: B batch, T time, C channels, V vocabulary, NH heads, HS = C / NH head size,
 // OC output channels, N = B * T rows. Every backward op ACCUMULATES (+=) into its outputs, both
 // parameter and activation gradients; the caller zeroes them when a new accumulation starts.
-// Loops are parallelised over rows with OpenMP; reductions over rows (weight gradients) sum
-// per-thread partials in a fixed order, so results are deterministic for a fixed thread count.
+// Loops are parallelised over rows with OpenMP, above a grain of work only (vec_math.h: smaller
+// work runs on the calling thread); reductions over rows (weight gradients) sum per-thread
+// partials in a fixed order, so results are deterministic for a fixed thread count.
 #pragma once
 
 #include <cstdint>
