@@ -71,7 +71,7 @@ void keep_metrics_up_to(const std::string& path, std::int64_t last_step) {
 }
 
 Reporter::Reporter(const TrainOptions& options, dist::Communicator& world, std::int64_t first_step)
-    : config_(options.config), device_(options.device), world_size_(world.world_size()), logging_(options.progress) {
+    : config_(options.config), device_(options.device), device_note_(options.device_note), world_size_(world.world_size()), logging_(options.progress) {
   const bool lead = world.rank() == 0;  // the rank that prints and writes run files
   if (lead) {
     fs::create_directories(options.run_dir);
@@ -97,6 +97,7 @@ void Reporter::info(const char* format, ...) {
 void Reporter::run_started(const dist::Communicator& world, const Trainer& trainer, const checkpoint::Found* resume) {
   info("dist: %s communicator, %d rank(s), this is rank %d (local rank %d)", world.name().c_str(),
        world.world_size(), world.rank(), world.local_rank());
+  if (!device_note_.empty()) info("train: %s", device_note_.c_str());
   if (resume) {
     info("train: resuming from %s (step %lld)", resume->dir.c_str(), static_cast<long long>(trainer.first_step() - 1));
   }

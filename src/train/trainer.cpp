@@ -184,7 +184,22 @@ const model::Model& Trainer::host_weights() {
   return *host_;
 }
 
-TrainSummary run_training(const TrainOptions& options) {
+TrainOptions resolve_device(TrainOptions options) {
+  if (!options.device_auto) return options;
+  std::string why_not;
+  if (ops::cuda_available(&why_not)) {
+    options.device = Device::cuda;
+    options.device_note = "device auto: cuda (this build has CUDA and a device is visible)";
+  } else {
+    options.device = Device::cpu;
+    options.device_note = "device auto: cpu (no CUDA device: " + why_not + ")";
+  }
+  options.device_auto = false;
+  return options;
+}
+
+TrainSummary run_training(const TrainOptions& requested) {
+  const TrainOptions options = resolve_device(requested);
   const config::Config& config = options.config;
   const auto& tc = config.train;
   if (options.device == Device::cuda) {
