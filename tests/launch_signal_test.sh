@@ -21,15 +21,8 @@ passed=0
 pass() { echo "ok: $*"; passed=$((passed + 1)); }
 fail() { echo "FAILED: $*"; echo "$passed passed, 1 failed"; exit 1; }
 
-for i in $(seq 1 400); do printf 'the quick brown fox %d jumps over the lazy dog\n' "$i"; done > "$work/text.txt"
-"$llmtrain" tokenize --input "$work/text.txt" --output "$work/data" >/dev/null || fail "tokenize"
-cat > "$work/c.json" <<JSON
-{"model": {"vocab_size": 256, "context_length": 16, "n_layer": 1, "n_head": 2, "d_model": 16},
- "data": {"train": "$work/data/train_*.bin"},
- "train": {"micro_batch_size": 2, "global_batch_size": 4, "max_steps": 100000000, "log_every": 1},
- "optim": {"warmup_steps": 0},
- "checkpoint": {"every": 0}}
-JSON
+source "$(dirname "${BASH_SOURCE[0]}")/tiny_run.sh"
+tiny_run "$work" "$llmtrain" 1 || fail "tokenize"
 run="$work/run"
 cmd=(bash "$source_dir/scripts/launch/mpirun.sh" -n 2 -- train --config "$work/c.json" --run-dir "$run")
 steps() { grep -o '"step":[0-9]*' "$run/metrics.jsonl" | cut -d: -f2; }

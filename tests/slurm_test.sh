@@ -111,15 +111,8 @@ echo "slurm $(sinfo --version | awk '{print $2}'): node $host with $(nproc) CPUs
 
 # A tiny model that trains for ever; log_every comes from the command line, through slurm.sbatch.
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 LLMTRAIN="$llmtrain"
-for i in $(seq 1 400); do printf 'the quick brown fox %d jumps over the lazy dog\n' "$i"; done > "$work/text.txt"
-"$llmtrain" tokenize --input "$work/text.txt" --output "$work/data" >/dev/null || fail "tokenize"
-cat > "$work/c.json" <<JSON
-{"model": {"vocab_size": 256, "context_length": 16, "n_layer": 1, "n_head": 2, "d_model": 16},
- "data": {"train": "$work/data/train_*.bin"},
- "train": {"micro_batch_size": 2, "global_batch_size": 4, "max_steps": 100000000, "log_every": 100000},
- "optim": {"warmup_steps": 0},
- "checkpoint": {"every": 0}}
-JSON
+source "$(dirname "${BASH_SOURCE[0]}")/tiny_run.sh"
+tiny_run "$work" "$llmtrain" 100000 || fail "tokenize"
 run="$work/run"
 cd "$work"
 # The README's command, CPU ranks.
