@@ -24,7 +24,7 @@ fail() { echo "FAILED: $*"; echo "$passed passed, 1 failed"; exit 1; }
 source "$(dirname "${BASH_SOURCE[0]}")/tiny_run.sh"
 tiny_run "$work" "$llmtrain" 1 || fail "tokenize"
 run="$work/run"
-cmd=(bash "$source_dir/scripts/launch/mpirun.sh" -n 2 -- train --config "$work/c.json" --run-dir "$run")
+cmd=(bash "$source_dir/scripts/launch/mpirun.sh" -n 2 -- train --config "$work/c.json" --run-dir "$run" --device cpu)  # 2 ranks cannot share a GPU
 steps() { grep -o '"step":[0-9]*' "$run/metrics.jsonl" | cut -d: -f2; }
 
 # interrupt SIGNAL ROUND: runs the command until it has logged steps past the ones already there,
