@@ -70,6 +70,8 @@ head -c 1024 /dev/urandom > "$work/munge.key" && chmod 400 "$work/munge.key"
 munged --force --key-file="$work/munge.key" --socket="$work/munge.sock" --pid-file="$work/munged.pid" \
   --log-file="$work/log/munged.log" --seed-file="$work/munged.seed" || fail "munged did not start"
 port=$((20000 + RANDOM % 20000))
+cpus=$(getconf _NPROCESSORS_ONLN)  # not nproc, which follows OMP_NUM_THREADS
+(( cpus >= 2 )) || cpus=2
 cat > "$work/slurm.conf" <<CONF
 ClusterName=llmtraintest
 SlurmctldHost=$host(127.0.0.1)
@@ -98,7 +100,9 @@ MpiDefault=pmix
 ReturnToService=2
 KillWait=10
 MinJobAge=600
-NodeName=$host NodeAddr=127.0.0.1 CPUs=$(nproc) State=UNKNOWN
+# At least 2 CPUs, whatever the hardware has (config_overrides): the job runs 2 ranks.
+SlurmdParameters=config_overrides
+NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
 PartitionName=test Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 CONF
 export SLURM_CONF="$work/slurm.conf"
@@ -107,7 +111,7 @@ slurmd || fail "slurmd did not start"
 for _ in $(seq 1 100); do [[ "$(sinfo -h -o %T 2>/dev/null)" == idle ]] && break; sleep 0.2; done
 [[ "$(sinfo -h -o %T 2>/dev/null)" == idle ]] || fail "the node did not come up: $(sinfo 2>&1)"
 srun --mpi=list 2>&1 | grep -qw pmix || skip "Slurm has no pmix plugin (srun --mpi=list)"
-echo "slurm $(sinfo --version | awk '{print $2}'): node $host with $(nproc) CPUs, up"
+echo "slurm $(sinfo --version | awk '{print $2}'): node $host with $cpus CPUs, up"
 
 # A tiny model that trains for ever; log_every=1 comes from the command line, through slurm.sbatch
 # (--device cpu too: 2 ranks cannot share one GPU, which --device auto would pick where one is visible).
