@@ -467,7 +467,7 @@ TEST_CASE("train --device auto picks CUDA where info lists a device, else the CP
   CAPTURE(r.err);
   REQUIRE(r.exit_code == 0);
   if (gpu_visible) {
-    CHECK(r.err.find("train: device auto: cuda (this build has CUDA and a device is visible)") != std::string::npos);
+    CHECK(r.err.find("train: device auto: cuda (this build has CUDA and ") != std::string::npos);
   } else {
     CHECK(r.err.find("train: device auto: cpu (no CUDA device: ") != std::string::npos);
     // A CPU-only build names that as the reason.
@@ -480,6 +480,6 @@ TEST_CASE("train --device auto picks CUDA where info lists a device, else the CP
   CHECK(cpu.exit_code == 0);
   CHECK(cpu.err.find("device auto") == std::string::npos);
   // --help says what auto means.
-  CHECK(run_llmtrain({"train", "--help"}).out.find("auto: cuda when this build has CUDA and a device is visible") !=
+  CHECK(run_llmtrain({"train", "--help"}).out.find("auto: cuda when this build has CUDA and every rank of a node") !=
         std::string::npos);
 }

@@ -26,7 +26,7 @@ Command add_train_command(CLI::App& parent) {
       ->type_name("KEY=VALUE")
       ->allow_extra_args(false);
   app->add_option("--run-dir", options->run_dir, "Run folder (default: runs/<config name>)");
-  app->add_option("--device", options->device, "auto | cpu | cuda (auto: cuda when this build has CUDA and a device is visible, else cpu; the log says which)")
+  app->add_option("--device", options->device, "auto | cpu | cuda (auto: cuda when this build has CUDA and every rank of a node has a visible GPU of its own, else cpu; the log says which and why)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   app->add_option("--resume", options->resume,

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -68,6 +69,9 @@ struct Communicators {
 /// make_communicator's choice for the host, and for `device` cuda: binds this process to its GPU
 /// (by local rank) and, with several ranks, adds NCCL over that GPU for the gradients.
 Communicators make_communicators(Device device, double timeout_s = 600.0);
+/// The same, with the device chosen by `choose` once the host communicator exists (it may run
+/// collectives on it, so that every rank makes the same choice).
+Communicators make_communicators(const std::function<Device(Communicator& world)>& choose, double timeout_s);
 
 /// True when the environment says this process is one of several started by mpirun or srun.
 bool launched_by_mpi();

@@ -43,8 +43,13 @@ std::unique_ptr<Communicator> make_communicator(bool verbose, double timeout_s) 
 }
 
 Communicators make_communicators(Device device, double timeout_s) {
+  return make_communicators([device](Communicator&) { return device; }, timeout_s);
+}
+
+Communicators make_communicators(const std::function<Device(Communicator& world)>& choose, double timeout_s) {
   Communicators comms;
   comms.world = make_communicator(false, timeout_s);
+  const Device device = choose(*comms.world);
   if (device == Device::cuda) {
     const int gpu = ops::use_cuda_device(comms.world->local_rank());
     // One GPU process has nothing to reduce: no device communicator.

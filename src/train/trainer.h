@@ -30,9 +30,10 @@ struct TrainOptions {
   std::string resume = "auto";  // auto | never | a checkpoint path
 };
 
-/// --device auto: CUDA when this build has it and a device is visible, else the CPU; device_note
-/// says which and why. Options without device_auto come back as they are.
-TrainOptions resolve_device(TrainOptions options);
+/// --device auto: CUDA when this build has it and every rank of each node can have a device of
+/// its own, else the CPU (all ranks agree through `world`); device_note says which and why.
+/// Options without device_auto are left as they are.
+void resolve_device(TrainOptions& options, dist::Communicator& world);
 
 struct TrainSummary {
   std::int64_t steps = 0;
