@@ -12,7 +12,7 @@ source scripts/lib/bench_setup.sh
 bench_setup 8 "$steps"
 cores=$(nproc)  # before OMP_NUM_THREADS, which nproc obeys
 export OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads"
-"$build/src/llmtrain" train --config "$work/bench.json" --run-dir "$work/run" --profile-ops 2> "$work/train.err" >/dev/null
+"$build/src/llmtrain" train --config "$work/bench.json" --run-dir "$work/run" --device cpu --profile-ops 2> "$work/train.err" >/dev/null
 # Median over the steps after the first five (warm-up: page faults, thread start).
 ours=$(median_rate "$work/run/metrics.jsonl" 5)
 theirs=$(/usr/bin/python3 scripts/torch_step_rate.py --threads "$threads" --steps 20)
