@@ -23,7 +23,6 @@ RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-ins
     && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 1000 llmtrain \
     && mkdir -p /home/llmtrain/.ssh /home/llmtrain/sshd \
-    && ssh-keygen -q -t ed25519 -N "" -f /home/llmtrain/sshd/host_key \
     && printf 'Port 2222\nHostKey /home/llmtrain/sshd/host_key\nPidFile /home/llmtrain/sshd/sshd.pid\nPasswordAuthentication no\nAuthorizedKeysFile /run/secrets/llmtrain_authorized_keys\n' \
          > /home/llmtrain/sshd/sshd_config \
     && printf 'Host *\n  Port 2222\n  IdentityFile /run/secrets/llmtrain_ssh_key\n  StrictHostKeyChecking accept-new\n' \
@@ -31,12 +30,16 @@ RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-ins
     && chown -R llmtrain:llmtrain /home/llmtrain
 COPY --from=build /src/build/src/llmtrain /usr/local/bin/llmtrain
 COPY --from=build /src/configs /opt/llmtrain/configs
+# No host key in any layer: llmtrain-sshd generates one when the container starts (or copies the
+# mounted secret llmtrain_host_key). mpirun.sh turns a SIGTERM to the launcher into exit 75.
+COPY scripts/launch/container-sshd.sh /usr/local/bin/llmtrain-sshd
+COPY scripts/launch/mpirun.sh /opt/llmtrain/launch/mpirun.sh
 USER llmtrain
 WORKDIR /home/llmtrain
 ENTRYPOINT ["llmtrain"]
 CMD ["info"]
 # Multi-node: on every node but the first, run the ssh daemon as the non-root user, keys mounted
-# as secrets (never baked into the image):
-#   docker run --gpus all --network host -v keys:/run/secrets:ro --entrypoint /usr/sbin/sshd \
-#     llmtrain -D -f /home/llmtrain/sshd/sshd_config
+# as secrets (never baked into the image); its host key is made when the container starts, or
+# taken from the secret llmtrain_host_key:
+#   docker run --gpus all --network host -v keys:/run/secrets:ro --entrypoint llmtrain-sshd llmtrain
 # and on the first node launch mpirun with a hostfile naming the nodes (see README).

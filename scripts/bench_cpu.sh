@@ -17,7 +17,7 @@ cores=$(nproc)  # before OMP_NUM_THREADS, which nproc obeys
 export OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads"
 ours=() theirs=()
 for round in $(seq "$rounds"); do
-  "$build/src/llmtrain" train --config "$work/bench.json" --run-dir "$work/run$round" --profile-ops \
+  "$build/src/llmtrain" train --config "$work/bench.json" --run-dir "$work/run$round" --device cpu --profile-ops \
     2> "$work/train$round.err" >/dev/null
   ours+=("$(median_rate "$work/run$round/metrics.jsonl" 3)")  # after warm-up: page faults, thread start
   theirs+=("$(/usr/bin/python3 scripts/torch_step_rate.py --threads "$threads" --steps "$steps")")

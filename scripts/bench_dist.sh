@@ -10,10 +10,10 @@ source scripts/lib/bench_setup.sh
 bench_setup 16 "$steps"
 cores=$(nproc)  # before OMP_NUM_THREADS, which nproc obeys
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-"$build/src/llmtrain" train --config "$work/bench.json" --run-dir "$work/w1" >/dev/null 2>&1
+"$build/src/llmtrain" train --config "$work/bench.json" --run-dir "$work/w1" --device cpu >/dev/null 2>&1
 one=$(median_rate "$work/w1/metrics.jsonl" 3)
 mpirun --allow-run-as-root --oversubscribe -np 2 "$build/src/llmtrain" train --config "$work/bench.json" \
-  --run-dir "$work/w2" >/dev/null 2>&1
+  --run-dir "$work/w2" --device cpu >/dev/null 2>&1
 two=$(median_rate "$work/w2/metrics.jsonl" 3)
 echo "CPU data parallelism, GPT-2 L=4 C=256 T=256, global batch 16, 1 thread per rank, $cores cores"
 printf '  %-8s %10s tokens/s\n' "1 rank" "$one" "2 ranks" "$two"

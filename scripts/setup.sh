@@ -12,6 +12,7 @@ packages=(
   libopenblas-dev libopenblas0-openmp libpcre2-dev zlib1g-dev
   libonnx-dev libprotobuf-dev protobuf-compiler
   python3 python3-numpy python3-yaml procps
+  slurm-wlm munge  # tests/slurm_test.sh runs scripts/launch/slurm.sbatch under a real single-node Slurm
   fortunes
 )
 # Optional: PyTorch for golden files and the CPU benchmark (`scripts/setup.sh --with-torch`).

@@ -469,3 +469,35 @@ TEST_CASE("bf16 mixed precision trains along the fp32 loss curve (CPU emulation)
   }
   CHECK(bf16.back() < bf16.front() - 0.5);  // and it learns
 }
+
+TEST_CASE("train --device auto picks CUDA where info lists a device, else the CPU, and says why", "[cli][train]") {
+  const auto info = run_llmtrain({"info"});
+  REQUIRE(info.exit_code == 0);
+  const bool gpu_visible = info.out.find("cuda:0") != std::string::npos;  // info lists each device it sees
+  TempDir dir;
+  const std::string shards = fox_shards(dir);
+  const std::string config = dir.write("c.json", R"({
+    "model": {"vocab_size": 256, "context_length": 16, "n_layer": 1, "n_head": 2, "d_model": 16},
+    "data": {"train": ")" + shards + R"(/train_*.bin"},
+    "train": {"micro_batch_size": 2, "global_batch_size": 2, "max_steps": 2, "log_every": 1},
+    "optim": {"warmup_steps": 0}})");
+  const auto r = run_llmtrain({"train", "--config", config, "--run-dir", dir.path() + "/run", "--device", "auto"});
+  CAPTURE(r.err);
+  REQUIRE(r.exit_code == 0);
+  if (gpu_visible) {
+    CHECK(r.err.find("train: device auto: cuda (this build has CUDA and ") != std::string::npos);
+  } else {
+    CHECK(r.err.find("train: device auto: cpu (no CUDA device: ") != std::string::npos);
+    // A CPU-only build names that as the reason.
+    if (info.out.find("not built (CPU-only build)") != std::string::npos) {
+      CHECK(r.err.find("device auto: cpu (no CUDA device: built without CUDA)") != std::string::npos);
+    }
+  }
+  // An explicit device is not "auto": no such line.
+  const auto cpu = run_llmtrain({"train", "--config", config, "--run-dir", dir.path() + "/run-cpu", "--device", "cpu"});
+  CHECK(cpu.exit_code == 0);
+  CHECK(cpu.err.find("device auto") == std::string::npos);
+  // --help says what auto means.
+  CHECK(run_llmtrain({"train", "--help"}).out.find("auto: cuda when this build has CUDA and every rank of a node") !=
+        std::string::npos);
+}

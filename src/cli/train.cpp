@@ -26,7 +26,7 @@ Command add_train_command(CLI::App& parent) {
       ->type_name("KEY=VALUE")
       ->allow_extra_args(false);
   app->add_option("--run-dir", options->run_dir, "Run folder (default: runs/<config name>)");
-  app->add_option("--device", options->device, "auto | cpu | cuda (auto: cpu for now; the fp32 CUDA path, one GPU per job, must be asked for)")
+  app->add_option("--device", options->device, "auto | cpu | cuda (auto: cuda when this build has CUDA and every rank of a node has a visible GPU of its own, else cpu; the log says which and why)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   app->add_option("--resume", options->resume,
@@ -43,6 +43,7 @@ Command add_train_command(CLI::App& parent) {
                             ? "runs/" + std::filesystem::path(options->config_path).stem().string()
                             : options->run_dir;
             o.device = options->device == "cuda" ? Device::cuda : Device::cpu;
+            o.device_auto = options->device == "auto";
             o.profile_ops = options->profile_ops;
             o.resume = options->resume;
             const train::TrainSummary s = train::run_training(o);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -113,9 +114,13 @@ Communicators split_mesh(std::unique_ptr<Communicator> world, const Mesh& mesh);
 /// make_communicator's choice for the host, and for `device` cuda: binds this process to its GPU
 /// (by local rank) and, with several ranks, adds NCCL over that GPU for the gradients.
 /// Its groups are those of a `tensor_parallel` x data x `pipeline_parallel` mesh over the job's
-/// ranks (ConfigError naming the keys when they do not divide the world size).
+/// ranks (InputError naming the keys when they do not divide the world size).
 Communicators make_communicators(Device device, double timeout_s = 600.0, int tensor_parallel = 1,
                                  int pipeline_parallel = 1);
+/// The same, with the device chosen by `choose` once the host communicator exists (it may run
+/// collectives on it, so that every rank makes the same choice).
+Communicators make_communicators(const std::function<Device(Communicator& world)>& choose, double timeout_s,
+                                 int tensor_parallel = 1, int pipeline_parallel = 1);
 
 /// True when the environment says this process is one of several started by mpirun or srun.
 bool launched_by_mpi();

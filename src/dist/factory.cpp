@@ -60,8 +60,14 @@ Communicators split_mesh(std::unique_ptr<Communicator> world, const Mesh& mesh) 
 }
 
 Communicators make_communicators(Device device, double timeout_s, int tensor_parallel, int pipeline_parallel) {
+  return make_communicators([device](Communicator&) { return device; }, timeout_s, tensor_parallel, pipeline_parallel);
+}
+
+Communicators make_communicators(const std::function<Device(Communicator& world)>& choose, double timeout_s,
+                                 int tensor_parallel, int pipeline_parallel) {
   std::unique_ptr<Communicator> world = make_communicator(false, timeout_s);
   const Mesh mesh = Mesh::of(world->world_size(), tensor_parallel, pipeline_parallel);
+  const Device device = choose(*world);
   Communicators comms = split_mesh(std::move(world), mesh);
   if (device == Device::cuda) {
     const int gpu = ops::use_cuda_device(comms.world->local_rank());

@@ -30,6 +30,17 @@ bool cuda_available(std::string* why_not) {
 #endif
 }
 
+int cuda_device_count(std::string* why_none) {
+#if LLMTRAIN_HAVE_CUDA
+  const cuda::DeviceReport report = cuda::query_devices();
+  if (why_none) *why_none = report.why_none;
+  return static_cast<int>(report.devices.size());
+#else
+  if (why_none) *why_none = "built without CUDA";
+  return 0;
+#endif
+}
+
 Buffer::Buffer(Device device, std::size_t bytes) : bytes_(bytes), device_(device) {
   if (bytes == 0) return;
   if (device == Device::cpu) {

@@ -10,6 +10,9 @@ namespace llmtrain::ops {
 
 /// True when this binary has the CUDA backend and a device is usable; `why_not` gets the reason.
 bool cuda_available(std::string* why_not = nullptr);
+/// The CUDA devices this process can use (0 without the CUDA backend); `why_none` gets the reason
+/// when there are none.
+int cuda_device_count(std::string* why_none = nullptr);
 
 /// Move-only owner of `bytes` bytes on `device` (CPU memory is 64-byte aligned).
 class Buffer {

@@ -73,7 +73,7 @@ void keep_metrics_up_to(const std::string& path, std::int64_t last_step) {
 }
 
 Reporter::Reporter(const TrainOptions& options, dist::Communicator& world, std::int64_t first_step)
-    : config_(options.config), device_(options.device), world_size_(world.world_size()), logging_(options.progress) {
+    : config_(options.config), device_(options.device), device_note_(options.device_note), world_size_(world.world_size()), logging_(options.progress) {
   const bool lead = world.rank() == 0;  // the rank that prints and writes run files
   if (lead) {
     fs::create_directories(options.run_dir);
@@ -101,6 +101,7 @@ void Reporter::run_started(const dist::Communicators& comms, const Trainer& trai
   info("dist: %s communicator, %d rank(s), this is rank %d (local rank %d), %d CPU threads", world.name().c_str(),
        world.world_size(), world.rank(), world.local_rank(), omp_get_max_threads());
   info("dist: mesh %s", comms.mesh.describe().c_str());
+  if (!device_note_.empty()) info("train: %s", device_note_.c_str());
   if (resume) {
     info("train: resuming from %s (step %lld)", resume->dir.c_str(), static_cast<long long>(trainer.first_step() - 1));
   }

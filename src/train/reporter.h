@@ -67,6 +67,7 @@ class Reporter {
  private:
   const config::Config& config_;
   Device device_;
+  std::string device_note_;  // which device --device auto picked, and why
   int world_size_;
   bool logging_;
   std::unique_ptr<MetricsLog> metrics_;             // rank 0 only

@@ -184,7 +184,31 @@ const model::Model& Trainer::host_weights() {
   return *host_;
 }
 
-TrainSummary run_training(const TrainOptions& options) {
+void resolve_device(TrainOptions& options, dist::Communicator& world) {
+  if (!options.device_auto) return;
+  options.device_auto = false;
+  std::string why_none;
+  const int devices = ops::cuda_device_count(&why_none);
+  // Every rank of a node needs a GPU of its own (NCCL refuses two ranks on one device), and all
+  // ranks must agree: one rank short of a GPU puts the whole job on the CPU.
+  std::int64_t short_of_gpu = devices > world.local_rank() ? 0 : 1;
+  world.all_reduce_max(&short_of_gpu, 1);
+  if (!short_of_gpu) {
+    options.device = Device::cuda;
+    options.device_note = "device auto: cuda (this build has CUDA and " + std::to_string(devices) +
+                          " device(s) visible, one per rank of this node)";
+  } else {
+    options.device = Device::cpu;
+    options.device_note = devices == 0 ? "device auto: cpu (no CUDA device: " + why_none + ")"
+                          : devices <= world.local_rank()
+                              ? "device auto: cpu (" + std::to_string(devices) + " CUDA device(s) for local rank " +
+                                    std::to_string(world.local_rank()) + ": every rank of a node needs its own)"
+                              : "device auto: cpu (another rank has no CUDA device of its own)";
+  }
+}
+
+TrainSummary run_training(const TrainOptions& requested) {
+  TrainOptions options = requested;  // --device auto is resolved with the ranks below
   const config::Config& config = options.config;
   const auto& tc = config.train;
   if (options.device == Device::cuda) {
@@ -202,7 +226,11 @@ TrainSummary run_training(const TrainOptions& options) {
     }
   }
   const dist::Communicators comms = dist::make_communicators(
-      options.device, config.dist.timeout_s, int(config.dist.tensor_parallel), int(config.dist.pipeline_parallel));
+      [&options](dist::Communicator& world) {
+        resolve_device(options, world);
+        return options.device;
+      },
+      config.dist.timeout_s, int(config.dist.tensor_parallel), int(config.dist.pipeline_parallel));
   dist::Communicator& world = *comms.world;
   TrainSummary summary;
   summary.lead = world.rank() == 0;

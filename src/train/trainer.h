@@ -23,10 +23,17 @@ struct TrainOptions {
   config::Config config;
   std::string run_dir;
   Device device = Device::cpu;
+  bool device_auto = false;    // --device auto: run_training picks CUDA or the CPU (resolve_device)
+  std::string device_note;     // why that device was picked, for the log
   bool progress = true;        // progress lines on stderr
   bool profile_ops = false;    // print the time spent in each op at the end
   std::string resume = "auto";  // auto | never | a checkpoint path
 };
+
+/// --device auto: CUDA when this build has it and every rank of each node can have a device of
+/// its own, else the CPU (all ranks agree through `world`); device_note says which and why.
+/// Options without device_auto are left as they are.
+void resolve_device(TrainOptions& options, dist::Communicator& world);
 
 struct TrainSummary {
   std::int64_t steps = 0;
