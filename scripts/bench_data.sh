@@ -41,7 +41,7 @@ if [[ -f "$gpt2_vocab/encoder.json" ]]; then
   for name in long_line small; do
     start=$(date +%s.%N)
     line=$("$build/src/llmtrain" tokenize --input "$work/$name.txt" --output "$work/out_$name" \
-           --tokenizer "gpt2:$gpt2_vocab" --threads 1 --force)
+           --tokenizer "gpt2:$gpt2_vocab" --threads 1 --force 2>/dev/null)
     seconds=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.2f", e - s }')
     case $name in
       long_line) echo "gpt2, 10 MB line without spaces: $seconds s for the run ($(grep -o 'encoding [0-9.]* MB/s' <<<"$line"))" ;;
