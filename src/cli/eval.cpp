@@ -1,6 +1,7 @@
 // llmtrain eval: validation loss of a checkpoint, and (--dump-logits) the logits of its first
 // micro-batch for comparison with other runtimes.
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -56,6 +57,13 @@ Command add_eval_command(CLI::App& parent) {
                   "file: NumPy .npy, float32, shape (B, T, V)");
 
   return {app, [o] {
+            if (!o->dump_logits.empty()) {  // before the evaluation, not after it
+              const std::filesystem::path dump(o->dump_logits), folder = dump.parent_path();
+              if (std::filesystem::is_directory(dump)) throw InputError("--dump-logits " + o->dump_logits + ": is a folder");
+              if (!folder.empty() && !std::filesystem::is_directory(folder)) {
+                throw InputError("--dump-logits " + o->dump_logits + ": no folder " + folder.string());
+              }
+            }
             const checkpoint::Found found = checkpoint::find(o->checkpoint);
             const config::Config& config = found.config;
             const std::vector<std::string> patterns = o->data.empty() ? config.data.val : std::vector{o->data};
