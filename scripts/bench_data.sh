@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Data pipeline benchmark. Prints:
 #   - tokenizer throughput (encoding MB/s) for byte and GPT-2 BPE, with 1 and 2 threads;
+#   - GPT-2 BPE on a pathological input, a 10 MB line of letters without spaces (one BPE piece:
+#     encoding must stay near linear), and the fixed cost of a run on a 1 KB file (reading the
+#     vocabulary, writing it next to the shards);
 #   - loader throughput (tokens/s delivered by the background loader, T=256, B=8, shuffled);
 #   - what a CPU training step consumes (a PyTorch GPT-2 step, L=4 C=256 T=256 B=8 V=256, 2 threads)
 #     and the ratio loader / training step (goal: at least 100).
@@ -31,6 +34,21 @@ for tok in "${tokenizers[@]}"; do
     printf '%-10s %8s %12s\n' "${tok%%:*}" "$threads" "$(sed -E 's/.*encoding ([0-9.]+) MB\/s.*/\1/' <<<"$line")"
   done
 done
+
+if [[ -f "$gpt2_vocab/encoder.json" ]]; then
+  { LC_ALL=C tr -dc 'a-z' </dev/urandom || true; } | head -c 10000000 >"$work/long_line.txt"  # tr: SIGPIPE
+  head -c 1000 "$corpus" >"$work/small.txt"
+  for name in long_line small; do
+    start=$(date +%s.%N)
+    line=$("$build/src/llmtrain" tokenize --input "$work/$name.txt" --output "$work/out_$name" \
+           --tokenizer "gpt2:$gpt2_vocab" --threads 1 --force 2>/dev/null)
+    seconds=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.2f", e - s }')
+    case $name in
+      long_line) echo "gpt2, 10 MB line without spaces: $seconds s for the run ($(grep -o 'encoding [0-9.]* MB/s' <<<"$line"))" ;;
+      small) echo "gpt2, 1 KB file: $seconds s for the run (vocabulary read + saved beside the shards)" ;;
+    esac
+  done
+fi
 
 loader_line=$("$build/bench/bench_loader" --shards "$work/out/train_*.bin" --T 256 --B 8 --seconds 3)
 echo "$loader_line"

@@ -3,10 +3,10 @@
 GQA (configs/tiny.json, configs/tiny-llama.json) trained a few steps on byte-tokenized text:
 
   1. onnx.checker.check_model (full_check) passes on the cached and the --no-cache export;
-  2. ONNX Runtime's logits on a batch of 2 sequences of different lengths (right-padded, with
-     attention_mask; also left-padded through the --no-cache graph, which counts positions along
-     the mask) equal, within 1e-4, a NumPy float64 forward of the Hugging Face export
-     (model.safetensors read directly: the same weights through an independent implementation);
+  2. ONNX Runtime's logits on a batch of 2 sequences of different lengths (right- and left-padded,
+     with attention_mask; cached and --no-cache graphs) equal, within 1e-4, `llmtrain eval
+     --dump-logits`'s and those of the Hugging Face export run by `transformers` (skipped visibly
+     where transformers is missing: scripts/setup.sh --with-torch --with-onnx);
   3. ONNX Runtime's mean loss over the first eval batch equals `llmtrain eval`'s val_loss (printed
      to 4 decimals);
   4. greedy decoding of 32 tokens through the cache inputs and outputs (past_key_values.*,
@@ -50,85 +50,26 @@ def run(*args):
     return r.stdout
 
 
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(n))
-        blob = f.read()
-    out = {}
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        assert meta["dtype"] == "F32", meta
-        a, b = meta["data_offsets"]
-        out[name] = np.frombuffer(blob[a:b], dtype="<f4").reshape(meta["shape"]).astype(np.float64)
-    return out
+def load_transformers(hf_dir):
+    """The Hugging Face export loaded by transformers (float32, eager attention), or None where
+    transformers is not installed."""
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+    except ImportError as e:
+        print(f"SKIPPED: the comparison with transformers needs torch and transformers ({e}); "
+              "install them with scripts/setup.sh --with-torch --with-onnx")
+        return None
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32, attn_implementation="eager")
+    model.eval()
 
-
-def reference_logits(hf_dir, ids):
-    """Logits (S, V) of one unpadded sequence: the Hugging Face model's math in NumPy float64."""
-    cfg = json.load(open(os.path.join(hf_dir, "config.json")))
-    w = read_safetensors(os.path.join(hf_dir, "model.safetensors"))
-    S = len(ids)
-    causal = np.tril(np.ones((S, S), dtype=bool))
-
-    def attend(q, k, v, nh, nkv):  # q (S, nh*hs), k v (S, nkv*hs)
-        hs = q.shape[1] // nh
-        q = q.reshape(S, nh, hs).transpose(1, 0, 2)
-        k = np.repeat(k.reshape(S, nkv, hs).transpose(1, 0, 2), nh // nkv, axis=0)
-        v = np.repeat(v.reshape(S, nkv, hs).transpose(1, 0, 2), nh // nkv, axis=0)
-        s = np.where(causal, q @ k.transpose(0, 2, 1) / np.sqrt(hs), -np.inf)
-        p = np.exp(s - s.max(-1, keepdims=True))
-        p /= p.sum(-1, keepdims=True)
-        return (p @ v).transpose(1, 0, 2).reshape(S, nh * hs)
-
-    if cfg["model_type"] == "gpt2":
-        def ln(x, p):
-            m = x.mean(-1, keepdims=True)
-            var = ((x - m) ** 2).mean(-1, keepdims=True)
-            return (x - m) / np.sqrt(var + cfg.get("layer_norm_epsilon", 1e-5)) * w[p + ".weight"] + w[p + ".bias"]
-
-        def conv(x, p):  # Conv1D: weight (in, out)
-            return x @ w[p + ".weight"] + w[p + ".bias"]
-
-        x = w["transformer.wte.weight"][ids] + w["transformer.wpe.weight"][np.arange(S)]
-        C, nh = x.shape[1], cfg["n_head"]
-        for l in range(cfg["n_layer"]):
-            h = f"transformer.h.{l}."
-            qkv = conv(ln(x, h + "ln_1"), h + "attn.c_attn")
-            x = x + conv(attend(qkv[:, :C], qkv[:, C:2 * C], qkv[:, 2 * C:], nh, nh), h + "attn.c_proj")
-            u = conv(ln(x, h + "ln_2"), h + "mlp.c_fc")
-            u = 0.5 * u * (1 + np.tanh(np.sqrt(2 / np.pi) * (u + 0.044715 * u ** 3)))
-            x = x + conv(u, h + "mlp.c_proj")
-        return ln(x, "transformer.ln_f") @ w["transformer.wte.weight"].T
-
-    eps, theta = cfg["rms_norm_eps"], cfg.get("rope_theta", 10000.0)
-    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-
-    def rms(x, p):
-        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w[p + ".weight"]
-
-    def rope(x, n):  # x (S, n*hs), rotate_half
-        hs = x.shape[1] // n
-        ang = np.arange(S)[:, None] * theta ** (-np.arange(0, hs, 2) / hs)[None, :]
-        cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
-        x = x.reshape(S, n, hs)
-        rot = np.concatenate([-x[..., hs // 2:], x[..., :hs // 2]], -1)
-        return (x * cos[:, None] + rot * sin[:, None]).reshape(S, n * hs)
-
-    x = w["model.embed_tokens.weight"][ids]
-    for l in range(cfg["num_hidden_layers"]):
-        h = f"model.layers.{l}."
-        a = rms(x, h + "input_layernorm")
-        q = rope(a @ w[h + "self_attn.q_proj.weight"].T, nh)
-        k = rope(a @ w[h + "self_attn.k_proj.weight"].T, nkv)
-        v = a @ w[h + "self_attn.v_proj.weight"].T
-        x = x + attend(q, k, v, nh, nkv) @ w[h + "self_attn.o_proj.weight"].T
-        m = rms(x, h + "post_attention_layernorm")
-        g = m @ w[h + "mlp.gate_proj.weight"].T
-        x = x + (g / (1 + np.exp(-g)) * (m @ w[h + "mlp.up_proj.weight"].T)) @ w[h + "mlp.down_proj.weight"].T
-    head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
-    return rms(x, "model.norm") @ head.T
+    def logits(ids, mask, positions):
+        with torch.no_grad():
+            out = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+                        position_ids=torch.from_numpy(positions), use_cache=False)
+        return out.logits.numpy()
+    return logits
 
 
 def empty_past(sess, batch):
@@ -191,11 +132,25 @@ def one_model(work, name, config):
     nocache = ort.InferenceSession(os.path.join(dirs["nocache"], "model.onnx"), opts,
                                    providers=["CPUExecutionProvider"])
 
-    # 2. Two sequences of lengths 23 and 11.
-    rng = np.random.default_rng(0)
-    seqs = [rng.integers(32, 127, size=23), rng.integers(32, 127, size=11)]
+    # 2. and 3. llmtrain eval on its first batch of validation samples (in order): its val_loss,
+    # and its logits (--dump-logits, (B, T, V) of the first micro-batch).
+    c = json.load(open(cfg))
+    T, G = c["model"]["context_length"], c["train"]["global_batch_size"]
+    dump = os.path.join(work, f"eval-logits-{name}.npy")
+    out = run("eval", "--checkpoint", run_dir, "--batches", "1", "--dump-logits", dump).decode()
+    eval_loss = float(out.split("val_loss")[1].split()[0])
+    eval_logits = np.load(dump)
+    check(eval_logits.shape == (c["train"]["micro_batch_size"], T, 256) and eval_logits.dtype == np.float32,
+          f"{name}: eval --dump-logits writes (B, T, V) float32 ({eval_logits.shape})")
+    val = np.fromfile(os.path.join(work, "data", "val_000000.bin"), dtype="<u2", offset=1024).astype(np.int64)
+    batch = np.stack([val[i * T:i * T + T + 1] for i in range(G)])
+
+    # A batch of 2 sequences of different lengths: the first 23 and 11 tokens of validation samples
+    # 0 and 1, right- and left-padded, with attention_mask. The model is causal, so eval's logits
+    # of the whole samples hold those of the prefixes in their first positions.
+    seqs = [batch[0, :23], batch[1, :11]]
     S = max(len(s) for s in seqs)
-    refs = [reference_logits(dirs["hf"], s) for s in seqs]
+    hf = load_transformers(dirs["hf"])
     for padding in ("right", "left"):
         ids = np.zeros((2, S), dtype=np.int64)
         mask = np.zeros((2, S), dtype=np.int64)
@@ -207,18 +162,16 @@ def one_model(work, name, config):
         positions = np.clip(np.cumsum(mask, axis=1) - 1, 0, None)
         results = {"--no-cache": nocache.run(["logits"], {"input_ids": ids, "attention_mask": mask})[0]}
         results["cache"] = cached_forward(sess, ids, mask, positions, empty_past(sess, 2))[0]
+        hf_logits = hf(ids, mask, positions) if hf else None
         for graph, logits in results.items():
-            diff = max(np.abs(logits[b, a:e] - refs[b]).max() for b, (a, e) in enumerate(spans))
+            diff = max(np.abs(logits[b, a:e] - eval_logits[b, :e - a]).max() for b, (a, e) in enumerate(spans))
             check(diff < TOL, f"{name}: {graph} graph, {padding}-padded batch (lengths 23, 11): "
-                  f"max |logits - NumPy reference of the HF export| = {diff:.2e} < {TOL}")
+                  f"max |ONNX Runtime logits - llmtrain eval logits| = {diff:.2e} < {TOL}")
+            if hf_logits is not None:
+                diff = max(np.abs(logits[b, a:e] - hf_logits[b, a:e]).max() for b, (a, e) in enumerate(spans))
+                check(diff < TOL, f"{name}: {graph} graph, {padding}-padded batch: max |ONNX Runtime logits - "
+                      f"transformers logits of the HF export| = {diff:.2e} < {TOL}")
 
-    # 3. llmtrain eval's loss on its first batch of validation samples (in order).
-    c = json.load(open(cfg))
-    T, G = c["model"]["context_length"], c["train"]["global_batch_size"]
-    out = run("eval", "--checkpoint", run_dir, "--batches", "1").decode()
-    eval_loss = float(out.split("val_loss")[1].split()[0])
-    val = np.fromfile(os.path.join(work, "data", "val_000000.bin"), dtype="<u2", offset=1024).astype(np.int64)
-    batch = np.stack([val[i * T:i * T + T + 1] for i in range(G)])
     logits = nocache.run(["logits"], {"input_ids": batch[:, :-1],
                                       "attention_mask": np.ones((G, T), dtype=np.int64)})[0].astype(np.float64)
     lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)

@@ -1,10 +1,13 @@
 // Tokenizers: hand-checked BPE on a hand-made vocabulary, hand-checked BPE training, round trips,
 // and (where the GPT-2 files are present) the ids of an independent GPT-2 encoder.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <random>
 #include <sstream>
+#include <unordered_map>
 
 #include <nlohmann/json.hpp>
 
@@ -269,4 +272,172 @@ TEST_CASE("tinyshakespeare with GPT-2's vocabulary gives the reference ids", "[t
   CHECK(V(ids.begin(), ids.begin() + 64) == golden["first"].get<V>());
   CHECK(V(ids.end() - 16, ids.end()) == golden["last"].get<V>());
   CHECK(tok->decode(ids) == text.str());
+}
+
+namespace {
+
+// An independent reference for BPE encoding: the plain rule, on byte strings. Find the adjacent
+// pair of lowest rank, merge it everywhere left to right, repeat. Quadratic, so short inputs only.
+class ReferenceBpe {
+ public:
+  explicit ReferenceBpe(const BpeVocabulary& v) {
+    for (std::uint32_t id = 0; id < v.tokens.size(); ++id) {
+      if (!(v.eot && *v.eot == id)) id_.emplace(v.tokens[id], id);
+    }
+    for (std::uint32_t r = 0; r < v.merges.size(); ++r) {
+      rank_.emplace(v.tokens[v.merges[r].first] + '\0' + v.tokens[v.merges[r].second], r);
+    }
+  }
+
+  std::vector<std::uint32_t> encode(std::string_view text) const {
+    std::vector<std::string_view> pieces;
+    pretokenize(text, pieces);
+    std::vector<std::uint32_t> ids;
+    for (const auto piece : pieces) {
+      std::vector<std::string> parts;
+      for (const char c : piece) parts.emplace_back(1, c);
+      while (true) {
+        std::size_t best = std::numeric_limits<std::size_t>::max();
+        for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
+          const auto it = rank_.find(parts[i] + '\0' + parts[i + 1]);
+          if (it != rank_.end()) best = std::min(best, it->second);
+        }
+        if (best == std::numeric_limits<std::size_t>::max()) break;
+        std::vector<std::string> merged;
+        for (std::size_t i = 0; i < parts.size(); ++i) {
+          const auto it = i + 1 < parts.size() ? rank_.find(parts[i] + '\0' + parts[i + 1]) : rank_.end();
+          if (it != rank_.end() && it->second == best) {
+            merged.push_back(parts[i] + parts[i + 1]);
+            ++i;
+          } else {
+            merged.push_back(parts[i]);
+          }
+        }
+        parts = std::move(merged);
+      }
+      for (const auto& p : parts) ids.push_back(id_.at(p));
+    }
+    return ids;
+  }
+
+ private:
+  std::unordered_map<std::string, std::uint32_t> id_;       // first id of each byte string
+  std::unordered_map<std::string, std::size_t> rank_;       // "left\0right" -> first rank
+};
+
+// A random vocabulary over `alphabet`: `count` merges of random pairs of known tokens, listed in a
+// shuffled order, so that a merge may rank before the merges that build its parts. A merge list
+// in training order never does that, but any vocab.bpe file is accepted.
+BpeVocabulary random_vocabulary(std::mt19937& rng, const std::string& alphabet, int count, bool shuffle) {
+  BpeVocabulary v = hand_vocabulary();
+  v.tokens.pop_back();  // <|endoftext|> goes last again below
+  v.merges.clear();
+  v.tokens.resize(256);
+  std::vector<std::string> known;
+  for (const char c : alphabet) known.emplace_back(1, c);
+  const auto id_of = [&](const std::string& s) {
+    return std::uint32_t(std::find(v.tokens.begin(), v.tokens.end(), s) - v.tokens.begin());
+  };
+  for (int tries = 0; int(v.merges.size()) < count && tries < 100 * count; ++tries) {
+    const std::string a = known[rng() % known.size()], b = known[rng() % known.size()];
+    if (a.size() + b.size() > 8 || id_of(a + b) < v.tokens.size()) continue;
+    v.merges.emplace_back(id_of(a), id_of(b));
+    v.tokens.push_back(a + b);
+    known.push_back(a + b);
+  }
+  if (shuffle) std::shuffle(v.merges.begin(), v.merges.end(), rng);
+  v.eot = std::uint32_t(v.tokens.size());
+  v.tokens.push_back("<|endoftext|>");
+  return v;
+}
+
+std::string random_text(std::mt19937& rng, const std::string& alphabet, std::size_t n) {
+  std::string s(n, ' ');
+  for (auto& c : s) c = alphabet[rng() % alphabet.size()];
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("BPE encoding equals the plain reference rule on random vocabularies and inputs", "[tokenizer]") {
+  SKIP_WITHOUT_PCRE2();
+  std::mt19937 rng(2024);
+  int compared = 0;
+  for (int vocab_trial = 0; vocab_trial < 40; ++vocab_trial) {
+    const std::string alphabet = vocab_trial % 2 ? "ab" : "abc x";
+    const BpeVocabulary v = random_vocabulary(rng, alphabet, 5 + int(rng() % 40), vocab_trial % 4 < 2);
+    const auto tok = make_bpe_tokenizer(v);
+    const ReferenceBpe reference(v);
+    for (int trial = 0; trial < 25; ++trial) {
+      std::string text;
+      switch (trial % 5) {
+        case 0: text = random_text(rng, alphabet, rng() % 40); break;
+        case 1: text = random_text(rng, alphabet, 300 + rng() % 700); break;      // long words
+        case 2: text = std::string(1 + rng() % 500, alphabet[rng() % alphabet.size()]); break;  // one letter
+        case 3: {  // a short pattern repeated: many equal pairs, merges that overlap
+          const std::string unit = random_text(rng, "ab", 1 + rng() % 4);
+          for (std::size_t i = 0, n = 1 + rng() % 200; i < n; ++i) text += unit;
+          break;
+        }
+        default: text = random_text(rng, alphabet, rng() % 40) + random_utf8(rng, rng() % 20); break;
+      }
+      INFO("vocabulary " << vocab_trial << ", text \"" << text << "\"");
+      REQUIRE(tok->encode(text) == reference.encode(text));
+      ++compared;
+    }
+  }
+  CHECK(compared == 1000);
+
+  // Hand-worked case of a merge list out of training order: "ab"+"a" ranks before "a"+"b".
+  // "abab": the lowest rank present is (a, b) -> ab ab, everywhere, before (ab, a) can apply;
+  // merging (ab, a) as soon as it appears would give "aba" "b" instead.
+  BpeVocabulary v = hand_vocabulary();
+  v.tokens.pop_back();
+  v.merges.clear();
+  v.tokens.resize(256);
+  v.tokens.push_back("ab");   // 256
+  v.tokens.push_back("aba");  // 257
+  v.merges = {{256, gpt2_byte_id('a')}, {gpt2_byte_id('a'), gpt2_byte_id('b')}};
+  v.eot = 258;
+  v.tokens.push_back("<|endoftext|>");
+  CHECK(make_bpe_tokenizer(v)->encode("abab") == std::vector<std::uint32_t>{256, 256});
+  CHECK(make_bpe_tokenizer(v)->encode("aba") == std::vector<std::uint32_t>{257});
+}
+
+TEST_CASE("BPE encoding equals the plain reference rule on a trained vocabulary and on long runs", "[tokenizer]") {
+  SKIP_WITHOUT_PCRE2();
+  std::mt19937 rng(7);
+  std::string corpus;
+  for (int i = 0; i < 300; ++i) corpus += random_text(rng, "abcde", 1 + rng() % 12) + " ";
+  const BpeVocabulary v = train_bpe({corpus}, 256 + 200 + 1);
+  const auto tok = make_bpe_tokenizer(v);
+  const ReferenceBpe reference(v);
+  for (int trial = 0; trial < 40; ++trial) {
+    const std::string text = trial % 2 ? random_text(rng, "abcde", 2000) : random_text(rng, "abcde  ", 500);
+    REQUIRE(tok->encode(text) == reference.encode(text));
+  }
+  // A 4 MB run without a break: linear time (the old rescan took minutes), and it decodes back.
+  const std::string run = random_text(rng, "abcde", 4 << 20);
+  const auto ids = tok->encode(run);
+  CHECK(ids.size() < run.size() / 2);
+  CHECK(tok->decode(ids) == run);
+}
+
+TEST_CASE("GPT-2's vocabulary: the encoder equals the plain reference rule on long words", "[tokenizer][shared-data]") {
+  SKIP_WITHOUT_PCRE2();
+  const std::string shared = LLMTRAIN_SOURCE_DIR "/../shared/data";
+  if (!std::filesystem::exists(shared + "/gpt2/encoder.json")) LLMTRAIN_SKIP("../shared/data/gpt2 not present");
+  const BpeVocabulary v = read_bpe_files(shared + "/gpt2");
+  const auto tok = make_bpe_tokenizer(v);
+  const ReferenceBpe reference(v);
+  std::mt19937 rng(99);
+  const std::vector<std::string> alphabets = {"abcdefghijklmnopqrstuvwxyz", "etaoinshr", "ab", "0123456789", "!?.,;:-",
+                                              "ABCDEFGHIJKLMNOPQRSTUVWXYZabc"};
+  for (const auto& alphabet : alphabets) {
+    for (const std::size_t n : {std::size_t(100), std::size_t(3000)}) {
+      const std::string text = random_text(rng, alphabet, n);
+      INFO("alphabet " << alphabet << ", " << n << " bytes");
+      REQUIRE(tok->encode(text) == reference.encode(text));
+    }
+  }
 }

@@ -9,6 +9,7 @@
 #include "checkpoint/onnx_export.h"
 
 #include "core/error.h"
+#include "ops/buffer.h"
 
 #if LLMTRAIN_HAVE_ONNX
 
@@ -148,6 +149,9 @@ class GraphBuilder {
         }
       }
     }
+    // Every weight is read once (fused QKV: three disjoint row blocks; a tied head reuses the
+    // embedding's initializer), so each can go as soon as it is copied.
+    if (options_.release_weights) ops::release_pages(data, std::size_t(numel) * sizeof(float));
     weight_bytes_ += std::int64_t(bytes.size());
     if (external_) {
       const auto offset = std::int64_t(external_->tellp());

@@ -20,6 +20,10 @@ struct OnnxOptions {
   bool fp16 = false;          // weights stored as float16 (cast to float in the graph; computation stays f32)
   bool kv_cache = true;       // position_ids, past_key_values.* inputs and present.* outputs
   bool external_data = false; // weights in model.onnx.data even below protobuf's 2 GB limit
+  /// Hand each weight's memory back to the OS once it is copied into the graph, so that the export
+  /// holds the weights about once (the model's values read as zero afterwards): for a model
+  /// loaded only to be exported.
+  bool release_weights = false;
 };
 
 struct OnnxExportResult {

@@ -17,6 +17,7 @@
 
 #include "core/crc32.h"
 #include "core/error.h"
+#include "ops/buffer.h"
 
 static_assert(std::endian::native == std::endian::little,
               "tensor bytes are read and written in place: little-endian only");
@@ -374,6 +375,9 @@ void SafetensorsReader::read_f32(std::string_view name, std::span<float> out) co
   switch (info->dtype) {
     case StDtype::f32:
       if (n > 0) std::memcpy(out.data(), src, n * sizeof(float));
+      // The mapped pages leave this process once copied (the page cache keeps them): loading a
+      // model then holds its weights once, not twice (GPT-2 124M: about 0.5 GB less at peak).
+      ops::release_pages(src, n * sizeof(float));
       return;
     case StDtype::bf16:
     case StDtype::f16: {

@@ -1,6 +1,10 @@
-// llmtrain eval: validation loss of a checkpoint.
+// llmtrain eval: validation loss of a checkpoint, and (--dump-logits) the logits of its first
+// micro-batch for comparison with other runtimes.
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <string>
 
 #include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
@@ -10,10 +14,36 @@
 #include "train/trainer.h"
 
 namespace llmtrain::cli {
+namespace {
+
+// Writes a little-endian float32 C-order array in NumPy's .npy format (version 1.0).
+void write_npy(const std::string& path, const float* data, const std::vector<std::int64_t>& shape) {
+  std::string dims;
+  std::int64_t count = 1;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    dims += (i ? ", " : "") + std::to_string(shape[i]);
+    count *= shape[i];
+  }
+  if (shape.size() == 1) dims += ',';  // Python's one-element tuple
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + dims + "), }";
+  header.append(63 - (10 + header.size()) % 64, ' ');  // magic + lengths + header + \n: 64-byte multiple
+  header += '\n';
+  const char magic[8] = {'\x93', 'N', 'U', 'M', 'P', 'Y', 1, 0};
+  const std::uint16_t header_len = std::uint16_t(header.size());
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(magic, 8);
+  const char len[2] = {char(header_len & 0xFF), char(header_len >> 8)};
+  out.write(len, 2);
+  out.write(header.data(), std::streamsize(header.size()));
+  out.write(reinterpret_cast<const char*>(data), std::streamsize(count * std::int64_t(sizeof(float))));
+  if (!out) throw RuntimeError(path + ": cannot write the logits");
+}
+
+}  // namespace
 
 Command add_eval_command(CLI::App& parent) {
   struct Options {
-    std::string checkpoint, data;
+    std::string checkpoint, data, dump_logits;
     std::int64_t batches = 0;
   };
   auto o = std::make_shared<Options>();
@@ -22,8 +52,18 @@ Command add_eval_command(CLI::App& parent) {
   app->add_option("--data", o->data, "Token shards (path or glob; default: the run's data.val)");
   app->add_option("--batches", o->batches, "Global batches to evaluate (default: the run's train.eval_batches)")
       ->check(CLI::PositiveNumber);
+  app->add_option("--dump-logits", o->dump_logits,
+                  "Also write the logits of the first micro-batch (validation samples 0..B-1 in order) to this "
+                  "file: NumPy .npy, float32, shape (B, T, V)");
 
   return {app, [o] {
+            if (!o->dump_logits.empty()) {  // before the evaluation, not after it
+              const std::filesystem::path dump(o->dump_logits), folder = dump.parent_path();
+              if (std::filesystem::is_directory(dump)) throw InputError("--dump-logits " + o->dump_logits + ": is a folder");
+              if (!folder.empty() && !std::filesystem::is_directory(folder)) {
+                throw InputError("--dump-logits " + o->dump_logits + ": no folder " + folder.string());
+              }
+            }
             const checkpoint::Found found = checkpoint::find(o->checkpoint);
             const config::Config& config = found.config;
             const std::vector<std::string> patterns = o->data.empty() ? config.data.val : std::vector{o->data};
@@ -41,6 +81,16 @@ Command add_eval_command(CLI::App& parent) {
             const double loss = train::evaluate(model, data, config, batches);
             std::printf("eval: %s step %lld: val_loss %.4f\n", found.dir.c_str(),
                         static_cast<long long>(found.state.value("step", std::int64_t{0})), loss);
+            if (!o->dump_logits.empty()) {
+              const auto& t = config.train;
+              const int B = int(t.micro_batch_size), T = int(config.model.context_length);
+              data::BatchLoader loader(data, {data.num_samples(), t.global_batch_size, B, 1, 0, false, 0}, {});
+              const data::MicroBatch batch = loader.next();  // the samples evaluate() starts with
+              model.forward(batch.inputs.data(), nullptr, B, T, 0.0f);
+              write_npy(o->dump_logits, model.logits().as<float>(), {B, T, config.model.vocab_size});
+              std::printf("eval: logits of samples 0..%d (%d x %d x %lld float32) -> %s\n", B - 1, B, T,
+                          static_cast<long long>(config.model.vocab_size), o->dump_logits.c_str());
+            }
             return 0;
           }};
 }

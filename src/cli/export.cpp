@@ -79,6 +79,7 @@ Command add_export_command(CLI::App& parent) {
             options.fp16 = o->dtype == "fp16";
             options.kv_cache = !o->no_cache;
             options.external_data = o->external_data;
+            options.release_weights = true;  // the model is not used after this
             const auto result = checkpoint::export_onnx(model, o->output, options);
             checkpoint::write_hf_config(model.config(), o->output);
             const int tokenizer_files = copy_tokenizer_files(found.config, o->output);

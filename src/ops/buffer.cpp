@@ -1,8 +1,11 @@
 #include "ops/buffer.h"
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <utility>
 
 #include "core/error.h"
@@ -55,10 +58,24 @@ Buffer::Buffer(Device device, std::size_t bytes) : bytes_(bytes), device_(device
   }
 }
 
+Buffer Buffer::zeroed_cpu(std::size_t bytes) {
+  Buffer b;
+  b.bytes_ = bytes;
+  if (bytes == 0) return b;
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);  // page aligned
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  b.data_ = p;
+  b.mapped_ = true;
+  return b;
+}
+
 Buffer::~Buffer() { release(); }
 
 Buffer::Buffer(Buffer&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)), device_(other.device_) {}
+    : data_(std::exchange(other.data_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)),
+      device_(other.device_),
+      mapped_(std::exchange(other.mapped_, false)) {}
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {
@@ -66,13 +83,17 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
     device_ = other.device_;
+    mapped_ = std::exchange(other.mapped_, false);
   }
   return *this;
 }
 
 void Buffer::release() noexcept {
   if (!data_) return;
-  if (device_ == Device::cpu) {
+  if (mapped_) {
+    munmap(data_, bytes_);
+    mapped_ = false;
+  } else if (device_ == Device::cpu) {
     std::free(data_);
   } else {
 #if LLMTRAIN_HAVE_CUDA
@@ -80,6 +101,13 @@ void Buffer::release() noexcept {
 #endif
   }
   data_ = nullptr;
+}
+
+void release_pages(const void* data, std::size_t bytes) {
+  const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = (reinterpret_cast<std::uintptr_t>(data) + page - 1) / page * page;
+  const auto end = (reinterpret_cast<std::uintptr_t>(data) + bytes) / page * page;
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
 Tensor Buffer::view(DType dtype, std::initializer_list<std::int64_t> shape) const {

@@ -19,6 +19,9 @@ class Buffer {
  public:
   Buffer() = default;
   Buffer(Device device, std::size_t bytes);
+  /// `bytes` zero bytes of CPU memory mapped from the OS: a page takes memory only once written
+  /// (so the gradients of a model loaded for export, eval or generate cost none).
+  static Buffer zeroed_cpu(std::size_t bytes);
   ~Buffer();
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;
@@ -38,7 +41,12 @@ class Buffer {
   void* data_ = nullptr;
   std::size_t bytes_ = 0;
   Device device_ = Device::cpu;
+  bool mapped_ = false;  // from zeroed_cpu: munmap, not free
 };
+
+/// Hands the whole pages inside [data, data + bytes) of CPU memory back to the OS: anonymous
+/// memory then reads as zero, a read-only file mapping reads the file again. For data read once.
+void release_pages(const void* data, std::size_t bytes);
 
 /// dst = src, between any two devices; same dtype and element count.
 void copy(const Tensor& dst, const Tensor& src);
