@@ -44,10 +44,27 @@ Buffer::Buffer(Device device, std::size_t bytes) : bytes_(bytes), device_(device
   }
 }
 
+Buffer Buffer::host_staging(std::size_t bytes) {
+  Buffer out;
+#if LLMTRAIN_HAVE_CUDA
+  if (bytes > 0 && cuda::device_available()) {
+    out.data_ = cuda::host_pinned_malloc(bytes);
+    out.pinned_ = out.data_ != nullptr;
+  }
+#endif
+  if (!out.data_) out = Buffer(Device::cpu, bytes);
+  out.bytes_ = bytes;
+  if (bytes > 0) std::memset(out.data_, 0, bytes);  // fault every page in now, not during a save
+  return out;
+}
+
 Buffer::~Buffer() { release(); }
 
 Buffer::Buffer(Buffer&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)), device_(other.device_) {}
+    : data_(std::exchange(other.data_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)),
+      device_(other.device_),
+      pinned_(std::exchange(other.pinned_, false)) {}
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {
@@ -55,13 +72,18 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
     device_ = other.device_;
+    pinned_ = std::exchange(other.pinned_, false);
   }
   return *this;
 }
 
 void Buffer::release() noexcept {
   if (!data_) return;
-  if (device_ == Device::cpu) {
+  if (pinned_) {
+#if LLMTRAIN_HAVE_CUDA
+    cuda::host_pinned_free(data_);
+#endif
+  } else if (device_ == Device::cpu) {
     std::free(data_);
   } else {
 #if LLMTRAIN_HAVE_CUDA
