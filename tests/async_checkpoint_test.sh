@@ -87,7 +87,7 @@ pass "the world-size-4 background checkpoint resumes at world size 2 with the sa
 
 # A model whose checkpoint (about 40 MB) takes long enough to write that a signal can land
 # during it: the moment is when a temporary file appears in a step folder.
-config "$work/big.json" 400 3 0 256 4
+config "$work/big.json" 15 3 0 256 4
 "$llmtrain" train --config "$work/big.json" --run-dir "$work/bigref" >"$work/bigref.log" 2>&1 || fail "reference run: $(tail -n 3 "$work/bigref.log")"
 during_write() {  # during_write RUN: waits until a background write is under way (at most 60 s)
   for _ in $(seq 1 6000); do

@@ -143,7 +143,7 @@ std::optional<checkpoint::Found> find_resume_point(const TrainOptions& options, 
 struct Checkpointer::Pending {
   checkpoint::SaveRequest request;
   std::string dir;
-  double stall_s = 0.0, waited_s = 0.0;
+  double stall_s = 0.0, waited_s = 0.0, copy_s = 0.0;
   std::thread writer;
   std::atomic<bool> done{false};
   checkpoint::WrittenPart part;
@@ -242,7 +242,7 @@ void Checkpointer::finish(const char* why) {
     reporter_.info("checkpoint %s: %s waited %.3f s for its background write", p->dir.c_str(), why, waited);
   }
   const checkpoint::Committed done = checkpoint::commit(p->request, p->part, world_);
-  reporter_.checkpoint_saved(p->request.step, done, {p->stall_s, p->waited_s, true});
+  reporter_.checkpoint_saved(p->request.step, done, {p->stall_s, p->waited_s, p->copy_s, true});
 }
 
 std::string Checkpointer::save(std::int64_t step, Trainer& trainer) {
@@ -271,7 +271,7 @@ std::string Checkpointer::save(std::int64_t step, Trainer& trainer) {
     const checkpoint::Committed done =
         checkpoint::commit(request, checkpoint::write_part(request, dir, world_.rank(), world_.world_size()), world_);
     const double stall = seconds_since(save_start);
-    reporter_.checkpoint_saved(step, done, {stall, 0.0, false});
+    reporter_.checkpoint_saved(step, done, {stall, 0.0, 0.0, false});
     return dir;
   }
 
@@ -307,7 +307,9 @@ std::string Checkpointer::save(std::int64_t step, Trainer& trainer) {
   // From a GPU the copies are made here (at pinned-memory speed); on the CPU by the writer thread.
   const bool on_cpu = trainer.params().device == Device::cpu;
   if (!on_cpu) {
+    const auto copy_start = Clock::now();
     for (const auto& [dst, src] : copies) stage(dst, src);
+    p->copy_s = seconds_since(copy_start);
     copies.clear();
   }
   p->copied = on_cpu ? false : true;
@@ -317,7 +319,9 @@ std::string Checkpointer::save(std::int64_t step, Trainer& trainer) {
   Pending* raw = p.get();
   const int rank = world_.rank(), world_size = world_.world_size();
   p->writer = std::thread([raw, rank, world_size, copies = std::move(copies)] {
+    const auto copy_start = Clock::now();
     for (const auto& [dst, src] : copies) std::memcpy(dst, src.as<float>(), std::size_t(src.numel()) * sizeof(float));
+    if (!copies.empty()) raw->copy_s = seconds_since(copy_start);
     {
       std::lock_guard lock(raw->mutex);
       raw->copied = true;

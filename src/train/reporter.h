@@ -33,12 +33,14 @@ class MetricsLog {
 /// do when the file does not exist); lines cut short by a crash are dropped.
 void keep_metrics_up_to(const std::string& path, std::int64_t last_step);
 
-/// How a save held up training: the time the training thread spent in it (copying into the
-/// staging buffer, or the whole write when synchronous), and the part of that spent waiting for
-/// the previous save to finish.
+/// How a save held up training: the time the training thread spent in it (at the step boundary
+/// and, on the CPU, waiting in the next update for the staging copy; the whole write when
+/// synchronous), the part of that spent waiting for the previous save to finish, and how long the
+/// copy into the staging buffer took (made by the background thread on the CPU).
 struct SaveStall {
   double stall_s = 0.0;
   double waited_s = 0.0;
+  double copy_s = 0.0;
   bool background = false;
 };
 
