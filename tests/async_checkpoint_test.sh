@@ -104,6 +104,7 @@ for round in 1 2 3; do
   # Past the first checkpoint (so there is one to keep), then into a write.
   for _ in $(seq 1 6000); do [[ -f "$work/killed/checkpoints/latest" ]] && break; sleep 0.01; done
   during_write "$work/killed" || fail "kill $round: no background write seen"
+  sleep "0.0$((RANDOM % 5))"  # somewhere in the write
   before=$(cat "$work/killed/checkpoints/latest")
   kill -KILL "$job"
   wait "$job" 2>/dev/null
