@@ -8,23 +8,7 @@
 #  3. SIGTERM while a background write is under way: that save and one at the stop are finished,
 #     exit 75; the resubmitted run ends bit-identical.
 # Usage: async_checkpoint_test.sh LLMTRAIN MPIEXEC
-set -uo pipefail
-llmtrain="$1"
-mpiexec="$2"
-work=$(mktemp -d)
-cleanup() {
-  pkill -KILL -f "run-dir $work/" 2>/dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-passed=0
-pass() { echo "ok: $*"; passed=$((passed + 1)); }
-fail() { echo "FAILED: $*"; echo "$passed passed, 1 failed"; exit 1; }
-mpi() { "$mpiexec" --allow-run-as-root --oversubscribe -np "$@"; }
-
-for i in $(seq 1 600); do printf 'line %d of the async checkpoint test corpus, with some words\n' "$i"; done > "$work/text.txt"
-"$llmtrain" tokenize --input "$work/text.txt" --output "$work/data" >/dev/null || fail "tokenize"
+source "$(dirname "$0")/checkpoint_test_setup.sh"
 config() {  # config FILE MAX_STEPS EVERY ZERO D_MODEL N_LAYER
   cat > "$1" <<JSON
 {"model": {"vocab_size": 256, "context_length": 32, "n_layer": $6, "n_head": 2, "d_model": $5},
