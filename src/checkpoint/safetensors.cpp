@@ -151,8 +151,11 @@ class TempFile {
   // Reserves the file's blocks up front: a full disk fails here, before anything is written.
   void reserve(std::size_t total) {
     if (total == 0 || ::fallocate(fd_, 0, 0, off_t(total)) == 0) return;
-    if (errno == EOPNOTSUPP || errno == ENOSYS) return;  // the file system cannot: find out while writing
-    throw RuntimeError(path_ + ": cannot write " + temp_ + ": " + errno_text());
+    // Out of space or quota: say so now. Anything else (a file system or device that cannot
+    // reserve): the writes find out.
+    if (errno == ENOSPC || errno == EDQUOT || errno == EFBIG) {
+      throw RuntimeError(path_ + ": cannot write " + temp_ + ": " + errno_text());
+    }
   }
 
   void write(const void* data, std::size_t n) {

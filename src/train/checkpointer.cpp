@@ -162,9 +162,9 @@ Checkpointer::Checkpointer(const TrainOptions& options, dist::Communicator& worl
   if (!config_.checkpoint.async) return;
   // This rank's staging: the weights on rank 0, its optimizer range where it writes one.
   const AdamW& optimizer = trainer.optimizer();
-  const bool writes_optimizer = world_.rank() == 0 || optimizer.begin() != 0 || optimizer.end() != trainer.num_params();
-  const std::int64_t floats =
-      (world_.rank() == 0 ? trainer.num_params() : 0) + (writes_optimizer ? 2 * (optimizer.end() - optimizer.begin()) : 0);
+  stages_optimizer_ = world_.rank() == 0 || optimizer.begin() != 0 || optimizer.end() != trainer.num_params();
+  const std::int64_t floats = (world_.rank() == 0 ? trainer.num_params() : 0) +
+                              (stages_optimizer_ ? 2 * (optimizer.end() - optimizer.begin()) : 0);
   const std::int64_t bytes = floats * std::int64_t(sizeof(float));
   // Memory allows when the staging buffers of the ranks on this node take at most half of what is
   // available (the ranks of a node hold about equal parts: this rank's times their number).
@@ -298,7 +298,7 @@ std::string Checkpointer::save(std::int64_t step, Trainer& trainer) {
   }
   const std::int64_t n = optimizer.end() - optimizer.begin();
   request.optimizer = {optimizer.begin(), optimizer.end(), nullptr, nullptr};
-  if (next + 2 * n <= static_cast<float*>(staging_.data()) + staging_.bytes() / sizeof(float)) {
+  if (stages_optimizer_) {
     copies.emplace_back(next, optimizer.m());
     copies.emplace_back(next + n, optimizer.v());
     request.optimizer.m = next;
@@ -312,7 +312,7 @@ std::string Checkpointer::save(std::int64_t step, Trainer& trainer) {
     p->copy_s = seconds_since(copy_start);
     copies.clear();
   }
-  p->copied = on_cpu ? false : true;
+  p->copied = !on_cpu;
   p->request = std::move(request);
   p->waited_s = waited;
   p->stall_s = seconds_since(save_start);

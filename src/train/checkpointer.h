@@ -74,6 +74,7 @@ class Checkpointer {
   nlohmann::json resolved_;  // the config, as saved in state.json
   std::unique_ptr<StopSignals> signals_;
   bool async_ = false;
+  bool stages_optimizer_ = false;    // async: this rank writes an optimizer file (with ZeRO, or rank 0)
   Trainer* trainer_ = nullptr;       // async: whose updates wait for the staging copy
   ops::Buffer staging_;              // async: this rank's weights (rank 0), m and v
   std::unique_ptr<Pending> pending_;  // the save being written in the background
