@@ -4,8 +4,9 @@
 #   1. four training steps saving at steps 2 and 4, in the background (checkpoint.async, the
 #      default): each save's write time and throughput, and how long training stalled for it;
 #   2. the same with synchronous saves (checkpoint.async false), for comparison;
-#   3. dd of as many bytes with fsync (conv=fsync) to the same folder, before and after the two
-#      runs (the disk is shared: the faster of the two is the reference);
+#   3. dd with fsync (conv=fsync) of the same bytes (the checkpoint's files, read from a copy in
+#      memory, /dev/shm) to the same folder, before and after the synchronous run (the disk is
+#      shared: the faster of the two is the reference). Not zeros: some disks write zeros faster;
 #   4. resuming from the last checkpoint with its pages dropped from the page cache: the whole
 #      process (checksums verified, weights and optimizer state loaded, no step taken).
 # Prints the figures and the two ratios of issue 21's targets; exits 1 when any figure cannot be
@@ -35,11 +36,11 @@ JSON
 saves() {
   sed -n 's/.*checkpoint .*step_[0-9]*: \([0-9.]*\) MB written in \([0-9.]*\) s (\([0-9.]*\) MB\/s).*training stalled \([0-9.]*\) s.*/\1 \2 \3 \4/p' "$1"
 }
-# Seconds dd takes to write BYTES (rounded down to MiB) with fsync into DIR.
+# Seconds dd takes to write the bytes of file $1 with fsync into DIR.
 dd_seconds() {
   local start end
   start=$(date +%s.%N)
-  dd if=/dev/zero of="$dir/plain.bin" bs=1M count=$(($1 / 1048576)) conv=fsync status=none
+  dd if="$1" of="$dir/plain.bin" bs=1M conv=fsync status=none
   end=$(date +%s.%N)
   rm -f "$dir/plain.bin"
   /usr/bin/python3 -c "print($end - $start)"
@@ -57,12 +58,18 @@ run() {  # run NAME ASYNC
 }
 
 mkdir -p "$dir"
-dd_before=$(dd_seconds 1484400000)  # the size of this checkpoint (checked below)
 async=$(run async true)
-sync=$(run sync false)
 bytes=$(du -b -c "$dir"/async/step_00000004/* | tail -n 1 | cut -f1)
 (( bytes > 1480000000 && bytes < 1490000000 )) || die "the checkpoint holds $bytes bytes, expected about 1484 MB"
-dd_after=$(dd_seconds "$bytes")
+memory="${TMPFS:-/dev/shm}"
+[[ -d "$memory" ]] || die "no $memory for dd's source (set TMPFS to a memory file system)"
+same_bytes="$memory/bench_checkpoint.$$"
+trap 'rm -rf "$work" "$same_bytes"' EXIT
+cat "$dir"/async/step_00000004/* > "$same_bytes"
+dd_before=$(dd_seconds "$same_bytes")
+sync=$(run sync false)
+dd_after=$(dd_seconds "$same_bytes")
+rm -f "$same_bytes"
 
 # Resume: drop the checkpoint's pages from the page cache first (dd's nocache advice), so that
 # the files are read from the disk; max_steps is the checkpoint's step, so no update is made.
@@ -85,7 +92,7 @@ for name, saves in runs.items():
     for k, (mb, write_s, rate, stall_s) in enumerate(saves):
         print(f"  {name} save {k + 1}: written in {write_s:.2f} s ({rate:.0f} MB/s), training stalled {stall_s:.3f} s "
               f"({100 * stall_s / write_s:.2f}% of the write time)")
-print(f"  dd with fsync, same bytes, same disk: {dd1:.2f} s before the runs, {dd2:.2f} s after "
+print(f"  dd with fsync, same bytes, same disk: {dd1:.2f} s before the synchronous run, {dd2:.2f} s after "
       f"(the faster: {dd_rate:.0f} MB/s)")
 print(f"  resume from the last checkpoint, read from the disk (verify, load; whole process): {r1 - r0:.2f} s")
 worst = min(rate for _, _, rate, _ in runs["background (async)"])

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -158,12 +159,25 @@ class TempFile {
     }
   }
 
+  // Each chunk's CRC-32 is computed by a second thread while this one writes the chunk: the two
+  // read the same memory side by side, so the checksum costs no time of its own.
   void write(const void* data, std::size_t n) {
     const auto* bytes = static_cast<const unsigned char*>(data);
     while (n > 0) {
       const std::size_t piece = std::min(n, chunk_);
-      crc_ = crc32(bytes, piece, crc_);
-      write_all(bytes, piece);
+      if (piece < min_parallel_crc) {
+        crc_ = crc32(bytes, piece, crc_);
+        write_all(bytes, piece);
+      } else {
+        auto crc = std::async(std::launch::async, [bytes, piece, previous = crc_] { return crc32(bytes, piece, previous); });
+        try {
+          write_all(bytes, piece);
+        } catch (...) {
+          crc.wait();
+          throw;
+        }
+        crc_ = crc.get();
+      }
       bytes += piece;
       n -= piece;
     }
@@ -207,6 +221,7 @@ class TempFile {
   }
 
   static constexpr std::size_t min_writeback = std::size_t(1) << 20;
+  static constexpr std::size_t min_parallel_crc = std::size_t(1) << 20;
   std::string path_;
   std::string temp_;
   std::size_t chunk_;
