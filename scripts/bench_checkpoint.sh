@@ -1,28 +1,102 @@
 #!/usr/bin/env bash
-# Checkpoint save throughput against a plain sequential write of the same bytes to the same disk
-# (dd with fsync). The model is GPT-2 124M's shape with a 64-token context (weights 498 MB; a
-# checkpoint holds weights, m and v: about 1.5 GB); one training step, then the save.
-# Environment: DIR (where to write; default a temporary folder under the repository), BUILD_DIR.
+# Checkpoint cost on GPT-2 124M's shape (64-token context; weights 498 MB, with AdamW's m and v
+# about 1.5 GB a checkpoint), against a plain sequential write of the same bytes to the same disk:
+#   1. four training steps saving at steps 2 and 4, in the background (checkpoint.async, the
+#      default): each save's write time and throughput, and how long training stalled for it;
+#   2. the same with synchronous saves (checkpoint.async false), for comparison;
+#   3. dd with fsync (conv=fsync) of the same bytes (the checkpoint's files, read from a copy in
+#      memory, /dev/shm) to the same folder, before and after the synchronous run (the disk is
+#      shared: the faster of the two is the reference). Not zeros: some disks write zeros faster;
+#   4. resuming from the last checkpoint with its pages dropped from the page cache: the whole
+#      process (checksums verified, weights and optimizer state loaded, no step taken).
+# Prints the figures and the two ratios of issue 21's targets; exits 1 when any figure cannot be
+# read from the logs (it never ends silently).
+# Environment: DIR (where to write; default a temporary folder), BUILD_DIR (default build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/bench_setup.sh
 bench_setup 1 1
 dir="${DIR:-$work}"
-cat > "$work/save.json" <<JSON
+llmtrain="$build/src/llmtrain"
+die() { echo "bench_checkpoint: error: $*" >&2; exit 1; }
+
+config() {  # config FILE ASYNC CHECKPOINT_DIR
+  cat > "$1" <<JSON
 {
   "model": {"vocab_size": 50257, "context_length": 64, "n_layer": 12, "n_head": 12, "d_model": 768},
   "data": {"train": "$work/data/train_*.bin"},
-  "train": {"micro_batch_size": 1, "global_batch_size": 1, "max_steps": 1},
+  "train": {"micro_batch_size": 1, "global_batch_size": 1, "max_steps": 4, "log_every": 1},
   "optim": {"warmup_steps": 0},
-  "checkpoint": {"every": 1, "dir": "$dir/checkpoints"}
+  "checkpoint": {"every": 2, "keep_last": 2, "async": $2, "dir": "$3"}
 }
 JSON
-line=$(OMP_NUM_THREADS="$(nproc)" "$build/src/llmtrain" train --config "$work/save.json" --run-dir "$work/run" 2>&1 |
-       grep '^checkpoint ')
-echo "llmtrain save: ${line#* }"
-bytes=$(du -b -c "$dir"/checkpoints/step_*/* | tail -n 1 | cut -f1)
-start=$(date +%s.%N)
-dd if=/dev/zero of="$dir/plain.bin" bs=1M count=$((bytes / 1048576)) conv=fsync status=none
-end=$(date +%s.%N)
-rm -f "$dir/plain.bin"
-/usr/bin/python3 -c "print(f'plain sequential write (dd, fsync): {$bytes / 1e6:.1f} MB in {$end - $start:.2f} s ({$bytes / 1e6 / ($end - $start):.0f} MB/s)')"
+}
+
+# The save lines of a run's log as "MB WRITE_S MB_PER_S STALL_S", one per save.
+saves() {
+  sed -n 's/.*checkpoint .*step_[0-9]*: \([0-9.]*\) MB written in \([0-9.]*\) s (\([0-9.]*\) MB\/s).*training stalled \([0-9.]*\) s.*/\1 \2 \3 \4/p' "$1"
+}
+# Seconds dd takes to write the bytes of file $1 with fsync into DIR.
+dd_seconds() {
+  local start end
+  start=$(date +%s.%N)
+  dd if="$1" of="$dir/plain.bin" bs=1M conv=fsync status=none
+  end=$(date +%s.%N)
+  rm -f "$dir/plain.bin"
+  /usr/bin/python3 -c "print($end - $start)"
+}
+
+run() {  # run NAME ASYNC
+  rm -rf "$dir/$1"
+  config "$work/$1.json" "$2" "$dir/$1"
+  OMP_NUM_THREADS="$(nproc)" "$llmtrain" train --config "$work/$1.json" --run-dir "$work/run-$1" >"$work/$1.log" 2>&1 ||
+    die "the $1 run failed: $(tail -n 3 "$work/$1.log")"
+  local lines
+  lines=$(saves "$work/$1.log")
+  [[ $(wc -l <<<"$lines") == 2 ]] || die "expected 2 save lines in the $1 run's log, found: $(grep checkpoint "$work/$1.log" || true)"
+  echo "$lines"
+}
+
+mkdir -p "$dir"
+async=$(run async true)
+bytes=$(du -b -c "$dir"/async/step_00000004/* | tail -n 1 | cut -f1)
+(( bytes > 1480000000 && bytes < 1490000000 )) || die "the checkpoint holds $bytes bytes, expected about 1484 MB"
+memory="${TMPFS:-/dev/shm}"
+[[ -d "$memory" ]] || die "no $memory for dd's source (set TMPFS to a memory file system)"
+same_bytes="$memory/bench_checkpoint.$$"
+trap 'rm -rf "$work" "$same_bytes"' EXIT
+cat "$dir"/async/step_00000004/* > "$same_bytes"
+dd_before=$(dd_seconds "$same_bytes")
+sync=$(run sync false)
+dd_after=$(dd_seconds "$same_bytes")
+rm -f "$same_bytes"
+
+# Resume: drop the checkpoint's pages from the page cache first (dd's nocache advice), so that
+# the files are read from the disk; max_steps is the checkpoint's step, so no update is made.
+for f in "$dir"/async/step_00000004/*; do dd if="$f" iflag=nocache count=0 status=none; done
+cp -r "$work/run-async" "$work/run-resume"
+start_resume=$(date +%s.%N)
+OMP_NUM_THREADS="$(nproc)" "$llmtrain" train --config "$work/async.json" --run-dir "$work/run-resume" \
+  --resume "$dir/async/step_00000004" >"$work/resume.log" 2>&1 || die "resume failed: $(tail -n 3 "$work/resume.log")"
+end_resume=$(date +%s.%N)
+grep -q "resuming from .*step_00000004" "$work/resume.log" || die "the resumed run does not say it resumed: $(cat "$work/resume.log")"
+
+/usr/bin/python3 - "$bytes" "$dd_before" "$dd_after" "$start_resume" "$end_resume" "$async" "$sync" <<'PY'
+import sys
+nbytes, dd1, dd2, r0, r1 = int(sys.argv[1]), *map(float, sys.argv[2:6])
+parse = lambda text: [tuple(map(float, line.split())) for line in text.strip().splitlines()]
+runs = {"background (async)": parse(sys.argv[6]), "synchronous": parse(sys.argv[7])}
+dd_rate = nbytes / 1e6 / min(dd1, dd2)
+print(f"checkpoint of GPT-2 124M's shape: {nbytes / 1e6:.1f} MB (weights, AdamW m and v)")
+for name, saves in runs.items():
+    for k, (mb, write_s, rate, stall_s) in enumerate(saves):
+        print(f"  {name} save {k + 1}: written in {write_s:.2f} s ({rate:.0f} MB/s), training stalled {stall_s:.3f} s "
+              f"({100 * stall_s / write_s:.2f}% of the write time)")
+print(f"  dd with fsync, same bytes, same disk: {dd1:.2f} s before the synchronous run, {dd2:.2f} s after "
+      f"(the faster: {dd_rate:.0f} MB/s)")
+print(f"  resume from the last checkpoint, read from the disk (verify, load; whole process): {r1 - r0:.2f} s")
+worst = min(rate for _, _, rate, _ in runs["background (async)"])
+stall = max(stall_s / write_s for _, write_s, _, stall_s in runs["background (async)"])
+print(f"save throughput / dd's: {100 * worst / dd_rate:.0f}% (slower background save; target >= 80%)")
+print(f"background stall / write time: {100 * stall:.2f}% (worst save; target < 10%)")
+PY

@@ -157,10 +157,15 @@ TEST_CASE("train, eval, generate and export work end to end on a tiny run", "[cl
   CHECK(nlohmann::json::parse(std::ifstream(run + "/config.json"))["model"]["attention"] == "auto");
   // metrics.jsonl: one line per step, plus the validation lines at steps 3 and 6.
   std::ifstream metrics(run + "/metrics.jsonl");
-  int steps = 0, evals = 0;
+  int steps = 0, evals = 0, saves = 0;
   for (std::string line; std::getline(metrics, line);) {
     const auto m = nlohmann::json::parse(line);
-    if (m.contains("val_loss")) {
+    if (m.contains("checkpoint")) {
+      CHECK(m["step"] == 2 * ++saves);
+      CHECK(m["checkpoint_bytes"].get<std::int64_t>() > 0);
+      CHECK(m["checkpoint_write_s"].get<double>() > 0);
+      CHECK(m["checkpoint_stall_s"].get<double>() >= 0);
+    } else if (m.contains("val_loss")) {
       ++evals;
     } else {
       CHECK(m["step"] == ++steps);
@@ -172,6 +177,7 @@ TEST_CASE("train, eval, generate and export work end to end on a tiny run", "[cl
   }
   CHECK(steps == 6);
   CHECK(evals == 2);
+  CHECK(saves == 3);  // checkpoint.every 2: each save's size, write time and stall
   CHECK(nlohmann::json::parse(std::ifstream(run + "/config.json"))["train"]["max_steps"] == 6);
   // Checkpoints at 2, 4 and 6; keep_last 2 leaves 4 and 6.
   CHECK(!std::filesystem::exists(run + "/checkpoints/step_00000002"));
@@ -391,7 +397,10 @@ TEST_CASE("bf16 on the GPU follows the CPU's bf16 emulation, with flash and cuDN
     REQUIRE(r.exit_code == 0);
     std::vector<double> out;
     std::ifstream metrics(dir.path() + "/" + name + "/metrics.jsonl");
-    for (std::string line; std::getline(metrics, line);) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+    for (std::string line; std::getline(metrics, line);) {
+      const auto m = nlohmann::json::parse(line);
+      if (m.contains("loss")) out.push_back(m["loss"].get<double>());
+    }
     return out;
   };
   const auto probe = run_llmtrain({"train", "--config", config, "--run-dir", dir.path() + "/probe", "--device", "cuda",
@@ -457,7 +466,10 @@ TEST_CASE("bf16 mixed precision trains along the fp32 loss curve (CPU emulation)
     REQUIRE(r.exit_code == 0);
     std::vector<double> out;
     std::ifstream metrics(run + "/metrics.jsonl");
-    for (std::string line; std::getline(metrics, line);) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+    for (std::string line; std::getline(metrics, line);) {
+      const auto m = nlohmann::json::parse(line);
+      if (m.contains("loss")) out.push_back(m["loss"].get<double>());
+    }
     return out;
   };
   const auto f32 = losses("fp32"), bf16 = losses("bf16");

@@ -22,6 +22,7 @@ std::vector<double> losses(const std::string& run) {
   std::ifstream in(run + "/metrics.jsonl");
   for (std::string line; std::getline(in, line);) {
     const auto m = nlohmann::json::parse(line);
+    if (m.contains("checkpoint")) continue;  // a save's size and timings
     out.push_back(m.contains("loss") ? m["loss"].get<double>() : m["val_loss"].get<double>());
   }
   return out;

@@ -8,24 +8,7 @@
 #  4. Damaged checkpoints: auto-resume falls back to the previous one; --resume PATH exits 2 naming
 #     the file; a full disk while saving stops the run and leaves the previous checkpoint usable.
 # Usage: resume_test.sh LLMTRAIN MPIEXEC
-set -uo pipefail
-llmtrain="$1"
-mpiexec="$2"
-work=$(mktemp -d)
-cleanup() {
-  pkill -KILL -f "run-dir $work/" 2>/dev/null
-  mountpoint -q "$work/full" 2>/dev/null && umount "$work/full"
-  rm -rf "$work"
-}
-trap cleanup EXIT
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-passed=0
-pass() { echo "ok: $*"; passed=$((passed + 1)); }
-fail() { echo "FAILED: $*"; echo "$passed passed, 1 failed"; exit 1; }
-mpi() { "$mpiexec" --allow-run-as-root --oversubscribe -np "$@"; }
-
-for i in $(seq 1 600); do printf 'line %d of the resume test corpus, with some words\n' "$i"; done > "$work/text.txt"
-"$llmtrain" tokenize --input "$work/text.txt" --output "$work/data" >/dev/null || fail "tokenize"
+source "$(dirname "$0")/checkpoint_test_setup.sh"
 config() {  # config FILE MAX_STEPS EVERY ZERO
   cat > "$1" <<JSON
 {"model": {"vocab_size": 256, "context_length": 32, "n_layer": 2, "n_head": 2, "d_model": 32},

@@ -4,9 +4,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <map>
+#include <thread>
 #include <memory>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -52,73 +56,154 @@ std::vector<float> transposed(const float* x, std::int64_t rows, std::int64_t co
 
 }  // namespace
 
-std::string save(const SaveRequest& r, dist::Communicator& comm) {
-  const model::Model& m = *r.model;
-  const int rank = comm.rank(), W = comm.world_size();
-  const std::string name = step_dir_name(r.step);
-  const std::string dir = r.root + "/" + name;
-  if (rank == 0) {
-    fs::create_directories(r.root);
+std::int64_t WrittenPart::bytes() const {
+  std::int64_t total = 0;
+  for (const auto& f : files) total += f.bytes;
+  return total;
+}
+
+namespace {
+
+std::string optim_file(int shard) {
+  char file[40];
+  std::snprintf(file, sizeof file, "optim-%05d.safetensors", shard);
+  return file;
+}
+
+}  // namespace
+
+std::string prepare_dir(const std::string& root, std::int64_t step, dist::Communicator& comm) {
+  const std::string dir = root + "/" + step_dir_name(step);
+  if (comm.rank() == 0) {
+    fs::create_directories(root);
     fs::remove_all(dir);  // an incomplete attempt at this step (no COMPLETE) is not a checkpoint
     fs::create_directories(dir);
   }
   comm.barrier();
+  return dir;
+}
 
-  // Each rank's file checksum and size land in its slot; a max-reduction gathers them on all ranks.
-  std::vector<std::int64_t> crc(std::size_t(W) + 1, -1), bytes(std::size_t(W) + 1, -1);
-  const auto file_of = [](int shard) {
-    char file[40];
-    std::snprintf(file, sizeof file, "optim-%05d.safetensors", shard);
-    return std::string(file);
+WrittenPart write_part(const SaveRequest& r, const std::string& dir, int rank, int world_size) {
+  const model::Model& m = *r.model;
+  const auto start = std::chrono::steady_clock::now();
+  struct Job {
+    std::string name;
+    std::vector<TensorToWrite> tensors;
+    std::map<std::string, std::string> metadata;
+    WrittenPart::File written;
+    std::string error;
   };
+  std::vector<Job> jobs;
   const std::int64_t P = m.num_params();
   const bool whole_state = r.optimizer.begin == 0 && r.optimizer.end == P;
   if (!whole_state || rank == 0) {
     const std::int64_t n = r.optimizer.end - r.optimizer.begin;
-    const std::string path = dir + "/" + file_of(rank);
-    crc[std::size_t(rank)] = write_safetensors(
-        path, {{"adamw.m", StDtype::f32, {n}, r.optimizer.m}, {"adamw.v", StDtype::f32, {n}, r.optimizer.v}},
-        {{"range_begin", std::to_string(r.optimizer.begin)}, {"range_end", std::to_string(r.optimizer.end)},
-         {"rank", std::to_string(rank)}, {"world_size", std::to_string(W)}});
-    bytes[std::size_t(rank)] = std::int64_t(fs::file_size(path));
+    jobs.push_back({optim_file(rank),
+                    {{"adamw.m", StDtype::f32, {n}, r.optimizer.m}, {"adamw.v", StDtype::f32, {n}, r.optimizer.v}},
+                    {{"range_begin", std::to_string(r.optimizer.begin)},
+                     {"range_end", std::to_string(r.optimizer.end)},
+                     {"rank", std::to_string(rank)},
+                     {"world_size", std::to_string(world_size)}},
+                    {},
+                    {}});
   }
   if (rank == 0) {
-    std::vector<TensorToWrite> weights;
-    for (const auto& info : m.param_infos()) weights.push_back({info.name, StDtype::f32, info.shape, m.param(info).data});
-    crc[std::size_t(W)] = write_safetensors(dir + "/model.safetensors", weights,
-                                            {{"format", "llmtrain"}, {"arch", config::to_string(m.config().arch)}});
-    bytes[std::size_t(W)] = std::int64_t(fs::file_size(dir + "/model.safetensors"));
+    const float* flat = r.weights ? r.weights : m.params().as<float>();
+    Job weights{"model.safetensors", {}, {{"format", "llmtrain"}, {"arch", config::to_string(m.config().arch)}}, {}, {}};
+    for (const auto& info : m.param_infos()) weights.tensors.push_back({info.name, StDtype::f32, info.shape, flat + info.offset});
+    jobs.push_back(std::move(weights));
   }
+  const auto run = [&](Job& job) {
+    try {
+      const std::string path = dir + "/" + job.name;
+      const std::uint32_t crc = write_safetensors(path, job.tensors, job.metadata, r.write_chunk);
+      job.written = {job.name, crc, std::int64_t(fs::file_size(path))};
+    } catch (const std::exception& e) {
+      job.error = e.what();
+    }
+  };
+  // The files of one rank go to the disk side by side: one thread each beyond the first.
+  std::vector<std::thread> threads;
+  for (std::size_t i = 1; i < jobs.size(); ++i) threads.emplace_back(run, std::ref(jobs[i]));
+  if (!jobs.empty()) run(jobs[0]);
+  for (auto& t : threads) t.join();
+
+  WrittenPart part;
+  for (auto& job : jobs) {
+    if (!job.error.empty() && part.error.empty()) part.error = job.error;
+    part.files.push_back(job.written);
+  }
+  part.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return part;
+}
+
+Committed commit(const SaveRequest& r, const WrittenPart& mine, dist::Communicator& comm) {
+  const int rank = comm.rank(), W = comm.world_size();
+  const std::string name = step_dir_name(r.step);
+  const std::string dir = r.root + "/" + name;
+  // Agreement first: the lowest rank whose writing failed (W when none did).
+  std::int64_t failed = mine.error.empty() ? -W : -rank;
+  comm.all_reduce_max(&failed, 1);
+  if (-failed != W) {
+    if (!mine.error.empty()) throw RuntimeError(mine.error);
+    throw RuntimeError(dir + ": rank " + std::to_string(-failed) + " could not write its part of the checkpoint");
+  }
+
+  // Each rank's file checksum and size land in its slot (the weights in slot W); a max-reduction
+  // gathers them on all ranks, with the slowest write time at the end.
+  std::vector<std::int64_t> crc(std::size_t(W) + 1, -1), bytes(std::size_t(W) + 2, -1);
+  for (const auto& f : mine.files) {
+    const std::size_t slot = f.name == "model.safetensors" ? std::size_t(W) : std::size_t(rank);
+    crc[slot] = f.crc32;
+    bytes[slot] = f.bytes;
+  }
+  bytes[std::size_t(W) + 1] = std::int64_t(mine.seconds * 1e6);
   comm.all_reduce_max(crc.data(), std::int64_t(crc.size()));
   comm.all_reduce_max(bytes.data(), std::int64_t(bytes.size()));
 
+  Committed done{dir, 0, double(bytes[std::size_t(W) + 1]) / 1e6};
+  for (std::size_t k = 0; k <= std::size_t(W); ++k) done.bytes += std::max<std::int64_t>(bytes[k], 0);
+  std::string error;
   if (rank == 0) {
-    nlohmann::json files = nlohmann::json::object();
-    files["model.safetensors"] = {{"crc32", crc[std::size_t(W)]}, {"bytes", bytes[std::size_t(W)]}};
-    for (int k = 0; k < W; ++k) {
-      if (crc[std::size_t(k)] >= 0) files[file_of(k)] = {{"crc32", crc[std::size_t(k)]}, {"bytes", bytes[std::size_t(k)]}};
-    }
-    nlohmann::json state = r.state;
-    state["step"] = r.step;
-    state["files"] = files;
-    state["llmtrain_version"] = build::version;
-    write_text_atomic(dir + "/state.json", state.dump(2) + "\n");
-    write_text_atomic(dir + "/COMPLETE", "");
-    write_text_atomic(r.root + "/latest", name + "\n");
+    try {
+      nlohmann::json files = nlohmann::json::object();
+      files["model.safetensors"] = {{"crc32", crc[std::size_t(W)]}, {"bytes", bytes[std::size_t(W)]}};
+      for (int k = 0; k < W; ++k) {
+        if (crc[std::size_t(k)] >= 0) files[optim_file(k)] = {{"crc32", crc[std::size_t(k)]}, {"bytes", bytes[std::size_t(k)]}};
+      }
+      nlohmann::json state = r.state;
+      state["step"] = r.step;
+      state["files"] = files;
+      state["llmtrain_version"] = build::version;
+      write_text_atomic(dir + "/state.json", state.dump(2) + "\n");
+      write_text_atomic(dir + "/COMPLETE", "");
+      write_text_atomic(r.root + "/latest", name + "\n");
 
-    // Only now, with a newer complete checkpoint on disk, are old ones deleted.
-    std::vector<std::string> complete;
-    for (const auto& entry : fs::directory_iterator(r.root)) {
-      const std::string n = entry.path().filename().string();
-      if (n.starts_with("step_") && fs::exists(entry.path() / "COMPLETE")) complete.push_back(n);
-    }
-    std::sort(complete.begin(), complete.end());
-    for (std::size_t i = 0; i + std::size_t(r.keep_last) < complete.size(); ++i) {
-      fs::remove_all(r.root + "/" + complete[i]);
+      // Only now, with a newer complete checkpoint on disk, are old ones deleted.
+      std::vector<std::string> complete;
+      for (const auto& entry : fs::directory_iterator(r.root)) {
+        const std::string n = entry.path().filename().string();
+        if (n.starts_with("step_") && fs::exists(entry.path() / "COMPLETE")) complete.push_back(n);
+      }
+      std::sort(complete.begin(), complete.end());
+      for (std::size_t i = 0; i + std::size_t(r.keep_last) < complete.size(); ++i) {
+        fs::remove_all(r.root + "/" + complete[i]);
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
     }
   }
-  comm.barrier();
-  return dir;
+  // Rank 0's outcome on every rank, so that none goes on alone when the commit failed.
+  std::int64_t commit_failed = error.empty() ? 0 : 1;
+  if (W > 1) comm.all_reduce_max(&commit_failed, 1);
+  if (!error.empty()) throw RuntimeError(error);
+  if (commit_failed) throw RuntimeError(dir + ": rank 0 could not complete the checkpoint");
+  return done;
+}
+
+std::string save(const SaveRequest& r, dist::Communicator& comm) {
+  const std::string dir = prepare_dir(r.root, r.step, comm);
+  return commit(r, write_part(r, dir, comm.rank(), comm.world_size()), comm).dir;
 }
 
 std::string resolve_dir(const std::string& path) {
@@ -178,9 +263,17 @@ void load_optimizer(const Found& found, std::int64_t begin, std::int64_t end, fl
     const std::int64_t file_begin = std::stoll(meta.at("range_begin")), file_end = std::stoll(meta.at("range_end"));
     const std::int64_t lo = std::max(begin, file_begin), hi = std::min(end, file_end);
     if (lo >= hi) continue;
-    std::vector<float> part(std::size_t(file_end - file_begin));
     for (const auto& [name, out] : {std::pair{"adamw.m", m}, std::pair{"adamw.v", v}}) {
-      reader.read_f32(name, part);
+      const TensorInfo* t = reader.find(name);
+      if (t && t->dtype == StDtype::f32 && t->shape == std::vector<std::int64_t>{file_end - file_begin}) {
+        // Straight from the file's mapping: only the pages of the range this rank needs are read.
+        const std::byte* bytes = reader.data(*t).data();
+        std::memcpy(out + (lo - begin), bytes + std::size_t(lo - file_begin) * sizeof(float),
+                    std::size_t(hi - lo) * sizeof(float));
+        continue;
+      }
+      std::vector<float> part(std::size_t(file_end - file_begin));
+      reader.read_f32(name, part);  // another dtype or size: converted, or refused naming the tensor
       std::copy(part.begin() + (lo - file_begin), part.begin() + (hi - file_begin), out + (lo - begin));
     }
     covered += hi - lo;

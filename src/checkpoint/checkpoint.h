@@ -7,8 +7,10 @@
 //   DIR/latest                            names the newest complete checkpoint
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -29,16 +31,50 @@ struct SaveRequest {
   std::string root;            // DIR above
   std::int64_t step = 0;
   std::int64_t keep_last = 3;  // older complete checkpoints are deleted after this one is complete
-  const model::Model* model = nullptr;
+  const model::Model* model = nullptr;  // names and shapes of the weights
+  const float* weights = nullptr;       // the flat weights to write (host memory); null: the model's params()
   OptimizerShard optimizer;    // this rank's
   nlohmann::json state;        // tokens_seen, sampler, ... ; "step" and "files" are added here
+  std::size_t write_chunk = 32 << 20;  // bytes per write(2) call
 };
 
-/// Writes one checkpoint, every rank its part: rank 0 the weights, each rank its optimizer range
-/// as optim-RANK.safetensors (only rank 0 when every rank holds the whole state); each file to a
-/// temporary name, fsynced, renamed. After a barrier rank 0 writes state.json (with every file's
-/// checksum), then COMPLETE, then `latest`, then deletes checkpoints beyond keep_last. Called by
-/// every rank; returns the checkpoint's folder.
+/// What one rank wrote of a checkpoint: each file's name, CRC-32 and size, or why it could not.
+struct WrittenPart {
+  struct File {
+    std::string name;
+    std::uint32_t crc32 = 0;
+    std::int64_t bytes = 0;
+  };
+  std::vector<File> files;
+  std::string error;     // empty: every file is written, fsynced and renamed into place
+  double seconds = 0.0;  // from the first byte to the last file's rename
+  std::int64_t bytes() const;
+};
+
+/// A checkpoint made complete by commit(): every rank's bytes, and the slowest rank's write time.
+struct Committed {
+  std::string dir;
+  std::int64_t bytes = 0;
+  double write_seconds = 0.0;
+};
+
+/// A save in three parts, so that the writing can run in the background (train/checkpointer.h):
+/// 1. prepare_dir (collective): rank 0 removes an earlier attempt at this step that never became
+///    complete and creates the step folder; then a barrier. Returns the folder.
+std::string prepare_dir(const std::string& root, std::int64_t step, dist::Communicator& comm);
+/// 2. write_part (no communication; any thread): this rank's files. Rank 0 the weights, each rank
+///    its optimizer range as optim-RANK.safetensors (only rank 0 when every rank holds the whole
+///    state), each file in its own thread, streamed to a temporary name with its CRC-32 computed
+///    as it goes, fsynced, renamed. An I/O failure is returned in `error`, not thrown.
+WrittenPart write_part(const SaveRequest& request, const std::string& dir, int rank, int world_size);
+/// 3. commit (collective, every rank with its write_part): the ranks agree that all their files
+///    are durable (else RuntimeError on every rank: on a failing rank its own error, on the others
+///    which rank failed). Then rank 0 writes state.json (with every file's checksum), COMPLETE,
+///    `latest`, and deletes checkpoints beyond keep_last. So a crash at any moment before leaves
+///    the previous checkpoint as `latest`, whole.
+Committed commit(const SaveRequest& request, const WrittenPart& mine, dist::Communicator& comm);
+
+/// The three parts in a row (called by every rank); returns the checkpoint's folder.
 std::string save(const SaveRequest& request, dist::Communicator& comm);
 
 /// A checkpoint found from a path: a step folder, a checkpoints folder (its `latest`) or a run

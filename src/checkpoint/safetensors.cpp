@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -132,10 +133,13 @@ TensorInfo parse_tensor_entry(const std::string& path, const std::string& name, 
   return info;
 }
 
-// The temporary file a writer fills: removed by the destructor unless committed.
+// The temporary file a writer fills: removed by the destructor unless committed. Bytes go out in
+// large sequential write(2) calls; each chunk's CRC-32 is taken just before it is written (no
+// second pass over the file), and the kernel is asked to start writing it back to the disk at
+// once, so that the final fsync finds little left to do.
 class TempFile {
  public:
-  explicit TempFile(const std::string& path) : path_(path), temp_(path + ".tmp") {
+  TempFile(const std::string& path, std::size_t chunk) : path_(path), temp_(path + ".tmp"), chunk_(chunk) {
     fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd_ < 0) throw RuntimeError(path_ + ": cannot create " + temp_ + ": " + errno_text());
   }
@@ -146,15 +150,37 @@ class TempFile {
   TempFile(const TempFile&) = delete;
   TempFile& operator=(const TempFile&) = delete;
 
+  // Reserves the file's blocks up front: a full disk fails here, before anything is written.
+  void reserve(std::size_t total) {
+    if (total == 0 || ::fallocate(fd_, 0, 0, off_t(total)) == 0) return;
+    // Out of space or quota: say so now. Anything else (a file system or device that cannot
+    // reserve): the writes find out.
+    if (errno == ENOSPC || errno == EDQUOT || errno == EFBIG) {
+      throw RuntimeError(path_ + ": cannot write " + temp_ + ": " + errno_text());
+    }
+  }
+
+  // Each chunk's CRC-32 is computed by a second thread while this one writes the chunk: the two
+  // read the same memory side by side, so the checksum costs no time of its own.
   void write(const void* data, std::size_t n) {
     const auto* bytes = static_cast<const unsigned char*>(data);
-    crc_ = crc32(bytes, n, crc_);
     while (n > 0) {
-      const ssize_t written = ::write(fd_, bytes, std::min(n, io_chunk));
-      if (written < 0 && errno == EINTR) continue;
-      if (written <= 0) throw RuntimeError(path_ + ": cannot write " + temp_ + ": " + errno_text());
-      bytes += written;
-      n -= std::size_t(written);
+      const std::size_t piece = std::min(n, chunk_);
+      if (piece < min_parallel_crc) {
+        crc_ = crc32(bytes, piece, crc_);
+        write_all(bytes, piece);
+      } else {
+        auto crc = std::async(std::launch::async, [bytes, piece, previous = crc_] { return crc32(bytes, piece, previous); });
+        try {
+          write_all(bytes, piece);
+        } catch (...) {
+          crc.wait();
+          throw;
+        }
+        crc_ = crc.get();
+      }
+      bytes += piece;
+      n -= piece;
     }
   }
 
@@ -178,13 +204,32 @@ class TempFile {
   }
 
   std::uint32_t crc() const { return crc_; }
+  std::size_t bytes() const { return written_; }
 
  private:
+  void write_all(const unsigned char* bytes, std::size_t n) {
+    const std::size_t start = written_;
+    while (n > 0) {
+      const ssize_t written = ::write(fd_, bytes, std::min(n, io_chunk));
+      if (written < 0 && errno == EINTR) continue;
+      if (written <= 0) throw RuntimeError(path_ + ": cannot write " + temp_ + ": " + errno_text());
+      bytes += written;
+      n -= std::size_t(written);
+      written_ += std::size_t(written);
+    }
+    // Start the write-back of what was just written (best effort; fsync in commit() is the guarantee).
+    if (written_ - start >= min_writeback) ::sync_file_range(fd_, off_t(start), off_t(written_ - start), SYNC_FILE_RANGE_WRITE);
+  }
+
+  static constexpr std::size_t min_writeback = std::size_t(1) << 20;
+  static constexpr std::size_t min_parallel_crc = std::size_t(1) << 20;
   std::string path_;
   std::string temp_;
+  std::size_t chunk_;
   int fd_ = -1;
   bool committed_ = false;
   std::uint32_t crc_ = 0;  // CRC-32 of nothing
+  std::size_t written_ = 0;
 };
 
 }  // namespace
@@ -396,7 +441,7 @@ void SafetensorsReader::read_f32(std::string_view name, std::span<float> out) co
 }
 
 std::uint32_t write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
-                                const std::map<std::string, std::string>& metadata) {
+                                const std::map<std::string, std::string>& metadata, std::size_t chunk_bytes) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::vector<std::size_t> sizes;  // bytes of each tensor, in order
@@ -433,7 +478,8 @@ std::uint32_t write_safetensors(const std::string& path, const std::vector<Tenso
     length[i] = static_cast<unsigned char>(std::uint64_t(text.size()) >> (8 * i));
   }
 
-  TempFile file(path);
+  TempFile file(path, std::clamp<std::size_t>(chunk_bytes, 1, io_chunk));
+  file.reserve(length_bytes + text.size() + offset);
   file.write(length, length_bytes);
   file.write(text.data(), text.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
@@ -446,20 +492,26 @@ std::uint32_t write_safetensors(const std::string& path, const std::vector<Tenso
 std::uint32_t file_crc32(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw RuntimeError(path + ": cannot open for its CRC-32: " + errno_text());
-  std::vector<unsigned char> buffer(std::size_t(1) << 20);
-  std::uint32_t crc = 0;
-  while (true) {
-    const ssize_t n = ::read(fd, buffer.data(), buffer.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const std::string why = errno_text();
-      ::close(fd);
-      throw RuntimeError(path + ": cannot read for its CRC-32: " + why);
-    }
-    if (n == 0) break;
-    crc = crc32(buffer.data(), std::size_t(n), crc);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const std::string why = errno_text();
+    ::close(fd);
+    throw RuntimeError(path + ": cannot stat for its CRC-32: " + why);
   }
+  const std::size_t size = std::size_t(st.st_size);
+  if (size == 0) {
+    ::close(fd);
+    return 0;
+  }
+  // Read through a mapping, which the kernel reads ahead of the CRC (and whose pages a resume then
+  // finds in the page cache when it maps the file again to load it).
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  const std::string map_error = errno_text();
   ::close(fd);
+  if (map == MAP_FAILED) throw RuntimeError(path + ": cannot map for its CRC-32: " + map_error);
+  ::madvise(map, size, MADV_SEQUENTIAL);
+  const std::uint32_t crc = crc32(map, size);
+  ::munmap(map, size);
   return crc;
 }
 

@@ -90,14 +90,21 @@ struct TensorToWrite {
   const void* data = nullptr;
 };
 
-/// Writes atomically: PATH.tmp, fsync, rename; header padded with spaces to a multiple of 8;
-/// tensors stored in the given order. Returns the CRC-32 (as zlib's crc32) of the whole file as written.
-/// RuntimeError naming the path on any I/O failure (disk full, permission) or bad argument (a
-/// negative dim, a repeated name), and the temp file is removed.
-std::uint32_t write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
-                                const std::map<std::string, std::string>& metadata = {});
+/// The size of the write(2) calls write_safetensors streams a file in, unless told otherwise.
+inline constexpr std::size_t default_write_chunk = std::size_t(32) << 20;
 
-/// CRC-32 of a whole file (as zlib's), streamed in chunks; RuntimeError if unreadable.
+/// Writes atomically: PATH.tmp (its blocks reserved first, so a full disk fails before any byte
+/// is written), fsync, rename; header padded with spaces to a multiple of 8; tensors stored in the
+/// given order, straight from their memory in sequential writes of `chunk_bytes`, each chunk's
+/// write-back to the disk started as soon as it is written. Returns the CRC-32 (as zlib's crc32)
+/// of the whole file, computed chunk by chunk as it is written. RuntimeError naming the path on
+/// any I/O failure (disk full, permission) or bad argument (a negative dim, a repeated name), and
+/// the temp file is removed.
+std::uint32_t write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                                const std::map<std::string, std::string>& metadata = {},
+                                std::size_t chunk_bytes = default_write_chunk);
+
+/// CRC-32 of a whole file (as zlib's), read through a memory mapping; RuntimeError if unreadable.
 std::uint32_t file_crc32(const std::string& path);
 
 }  // namespace llmtrain::checkpoint

@@ -177,12 +177,14 @@ struct CheckpointConfig {
   std::int64_t every = 1000;  // steps between checkpoints; 0: only at the end of the run
   std::int64_t keep_last = 3;
   std::string dir;  // empty: RUN_DIR/checkpoints
+  bool async = true;  // written by a background thread from a host copy (where memory allows)
 
   template <class Visitor>
   void fields(Visitor&& v) {
     v("every", every, IntRange{0});
     v("keep_last", keep_last, IntRange{1});
     v("dir", dir, AnyString{});
+    v("async", async, Boolean{});
   }
 };
 

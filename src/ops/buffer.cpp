@@ -69,13 +69,28 @@ Buffer Buffer::zeroed_cpu(std::size_t bytes) {
   return b;
 }
 
+Buffer Buffer::host_staging(std::size_t bytes) {
+  Buffer out;
+#if LLMTRAIN_HAVE_CUDA
+  if (bytes > 0 && cuda::device_available()) {
+    out.data_ = cuda::host_pinned_malloc(bytes);
+    out.pinned_ = out.data_ != nullptr;
+  }
+#endif
+  if (!out.data_) out = Buffer(Device::cpu, bytes);
+  out.bytes_ = bytes;
+  if (bytes > 0) std::memset(out.data_, 0, bytes);  // fault every page in now, not during a save
+  return out;
+}
+
 Buffer::~Buffer() { release(); }
 
 Buffer::Buffer(Buffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
       bytes_(std::exchange(other.bytes_, 0)),
       device_(other.device_),
-      mapped_(std::exchange(other.mapped_, false)) {}
+      mapped_(std::exchange(other.mapped_, false)),
+      pinned_(std::exchange(other.pinned_, false)) {}
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {
@@ -84,6 +99,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     bytes_ = std::exchange(other.bytes_, 0);
     device_ = other.device_;
     mapped_ = std::exchange(other.mapped_, false);
+    pinned_ = std::exchange(other.pinned_, false);
   }
   return *this;
 }
@@ -93,6 +109,11 @@ void Buffer::release() noexcept {
   if (mapped_) {
     munmap(data_, bytes_);
     mapped_ = false;
+  } else if (pinned_) {
+#if LLMTRAIN_HAVE_CUDA
+    cuda::host_pinned_free(data_);
+#endif
+    pinned_ = false;
   } else if (device_ == Device::cpu) {
     std::free(data_);
   } else {

@@ -28,7 +28,13 @@ class Buffer {
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
 
+  /// Host memory to stage copies from the device in: page-locked (pinned) where this build has
+  /// CUDA and a device is usable, else ordinary; every page is touched here, so that the first
+  /// copy into it pays no page faults. pinned() says which it got.
+  static Buffer host_staging(std::size_t bytes);
+
   void* data() const { return data_; }
+  bool pinned() const { return pinned_; }
   std::size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
 
@@ -42,6 +48,7 @@ class Buffer {
   std::size_t bytes_ = 0;
   Device device_ = Device::cpu;
   bool mapped_ = false;  // from zeroed_cpu: munmap, not free
+  bool pinned_ = false;  // from host_staging on a CUDA machine: pinned host memory
 };
 
 /// Hands the whole pages inside [data, data + bytes) of CPU memory back to the OS: anonymous

@@ -6,7 +6,12 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <condition_variable>
 #include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -50,6 +55,35 @@ std::vector<float> host_vector(const Tensor& t) {
   std::vector<float> out(std::size_t(t.numel()));
   ops::copy(Tensor(out.data(), DType::f32, Device::cpu, {t.numel()}), t);
   return out;
+}
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+// dst = src (src on the GPU): into the pinned staging buffer.
+void stage(float* dst, const Tensor& src) { ops::copy(Tensor(dst, DType::f32, Device::cpu, {src.numel()}), src); }
+
+// How many ranks share this node, as the MPI launcher says (else, to be safe, all of them).
+int ranks_on_this_node(int world_size) {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"}) {
+    if (const char* value = std::getenv(name)) {
+      const int n = std::atoi(value);
+      if (n > 0) return std::min(n, world_size);
+    }
+  }
+  return world_size;
+}
+
+// MemAvailable of /proc/meminfo in bytes; -1 where it cannot be read.
+std::int64_t memory_available() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  std::int64_t kb = 0;
+  std::string unit;
+  while (meminfo >> key >> kb) {
+    std::getline(meminfo, unit);
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return -1;
 }
 
 }  // namespace
@@ -103,24 +137,112 @@ std::optional<checkpoint::Found> find_resume_point(const TrainOptions& options, 
   return found;
 }
 
-Checkpointer::Checkpointer(const TrainOptions& options, dist::Communicator& world, Reporter& reporter)
+// The save being written in the background: what it writes and the thread writing it. On the
+// CPU that thread also makes the staging copy, while the next update's forward and backward
+// passes (which only read the weights) run; the update waits for `copied` before it changes them.
+struct Checkpointer::Pending {
+  checkpoint::SaveRequest request;
+  std::string dir;
+  double stall_s = 0.0, waited_s = 0.0, copy_s = 0.0;
+  std::thread writer;
+  std::atomic<bool> done{false};
+  checkpoint::WrittenPart part;
+  std::mutex mutex;
+  std::condition_variable copy_done;
+  bool copied = true;
+};
+
+Checkpointer::Checkpointer(const TrainOptions& options, dist::Communicator& world, Reporter& reporter, Trainer& trainer)
     : config_(options.config),
       root_(checkpoint_root(options)),
       world_(world),
       reporter_(reporter),
       resolved_(config::to_json(options.config)),
-      signals_(std::make_unique<StopSignals>()) {}
+      signals_(std::make_unique<StopSignals>()) {
+  if (!config_.checkpoint.async) return;
+  // This rank's staging: the weights on rank 0, its optimizer range where it writes one.
+  const AdamW& optimizer = trainer.optimizer();
+  stages_optimizer_ = world_.rank() == 0 || optimizer.begin() != 0 || optimizer.end() != trainer.num_params();
+  const std::int64_t floats = (world_.rank() == 0 ? trainer.num_params() : 0) +
+                              (stages_optimizer_ ? 2 * (optimizer.end() - optimizer.begin()) : 0);
+  const std::int64_t bytes = floats * std::int64_t(sizeof(float));
+  // Memory allows when the staging buffers of the ranks on this node take at most half of what is
+  // available (the ranks of a node hold about equal parts: this rank's times their number).
+  const std::int64_t available = memory_available();
+  std::int64_t need = bytes;
+  world_.all_reduce_max(&need, 1);
+  const int local_ranks = ranks_on_this_node(world_.world_size());
+  const std::int64_t node_need = need * local_ranks;
+  // Every rank decides alike (saves are collectives): synchronously if any rank lacks the memory.
+  std::int64_t sync = available >= 0 && node_need > available / 2 ? 1 : 0;
+  world_.all_reduce_max(&sync, 1);
+  if (sync) {
+    reporter_.info("checkpoint: saving synchronously, not in the background: %d rank(s) on this node would need "
+                   "up to %.2f GB of host staging buffers, more than half of the memory available (%.2f GB)",
+                   local_ranks, double(node_need) / 1e9, double(available) / 1e9);
+    return;
+  }
+  async_ = true;
+  staging_ = ops::Buffer::host_staging(std::size_t(bytes));
+  trainer_ = &trainer;
+  trainer.set_before_update([this] { wait_for_copy(); });
+  reporter_.info("checkpoint: saving in the background from a %.1f MB host staging buffer%s",
+                 double(bytes) / 1e6, staging_.pinned() ? " (pinned)" : "");
+}
 
-Checkpointer::~Checkpointer() = default;
+Checkpointer::~Checkpointer() {
+  if (trainer_) trainer_->set_before_update({});
+  if (!pending_) return;
+  // Leaving on an error: the files are finished either way; only alone may we mark them complete.
+  pending_->writer.join();
+  if (world_.world_size() == 1) {
+    try {
+      finish("an error stopped the run");
+    } catch (const std::exception& e) {
+      reporter_.info("checkpoint %s: not completed: %s", pending_ ? pending_->dir.c_str() : "", e.what());
+    }
+  } else {
+    reporter_.info("checkpoint %s: files written, but left incomplete: an error stopped the run, so the "
+                   "ranks cannot agree that all of theirs are", pending_->dir.c_str());
+  }
+}
 
 bool Checkpointer::stop_requested() {
-  std::int64_t stop = signals_->raised() ? 1 : 0;
-  world_.all_reduce_max(&stop, 1);
-  return stop != 0;
+  // One reduction for both questions: a stop signal anywhere, and a background writer still busy.
+  std::int64_t flags[2] = {signals_->raised() ? 1 : 0, pending_ && !pending_->done.load() ? 1 : 0};
+  world_.all_reduce_max(flags, 2);
+  if (pending_ && flags[1] == 0) finish(nullptr);
+  return flags[0] != 0;
 }
 
 bool Checkpointer::due(std::int64_t step) const {
   return config_.checkpoint.every > 0 && step % config_.checkpoint.every == 0;
+}
+
+void Checkpointer::wait_for_copy() {
+  if (!pending_) return;
+  std::unique_lock lock(pending_->mutex);
+  if (pending_->copied) return;
+  const auto start = Clock::now();
+  pending_->copy_done.wait(lock, [&] { return pending_->copied; });
+  pending_->stall_s += seconds_since(start);
+}
+
+void Checkpointer::flush() {
+  if (pending_) finish("the end of training");
+}
+
+// Waits for this rank's writer, then commits with every rank (a collective) and reports.
+void Checkpointer::finish(const char* why) {
+  std::unique_ptr<Pending> p = std::move(pending_);
+  const auto wait_start = Clock::now();
+  if (p->writer.joinable()) p->writer.join();
+  const double waited = seconds_since(wait_start);
+  if (why && waited >= 0.001) {
+    reporter_.info("checkpoint %s: %s waited %.3f s for its background write", p->dir.c_str(), why, waited);
+  }
+  const checkpoint::Committed done = checkpoint::commit(p->request, p->part, world_);
+  reporter_.checkpoint_saved(p->request.step, done, {p->stall_s, p->waited_s, p->copy_s, true});
 }
 
 std::string Checkpointer::save(std::int64_t step, Trainer& trainer) {
@@ -131,21 +253,89 @@ std::string Checkpointer::save(std::int64_t step, Trainer& trainer) {
                           {"zero_stage", config_.dist.zero_stage},
                           {"config", resolved_}};
   const auto save_start = Clock::now();
-  const model::Model& weights = trainer.host_weights();
   const AdamW& optimizer = trainer.optimizer();
-  const std::vector<float> m = host_vector(optimizer.m()), v = host_vector(optimizer.v());
-  const std::string dir = checkpoint::save(
-      {root_, step, config_.checkpoint.keep_last, &weights, {optimizer.begin(), optimizer.end(), m.data(), v.data()},
-       state},
-      world_);
-  if (reporter_.logging()) {
-    std::uintmax_t bytes = 0;
-    for (const auto& entry : fs::directory_iterator(dir)) bytes += entry.file_size();
-    const double seconds = std::chrono::duration<double>(Clock::now() - save_start).count();
-    reporter_.info("checkpoint %s: %.1f MB in %.2f s (%.0f MB/s)", dir.c_str(), double(bytes) / 1e6, seconds,
-                   double(bytes) / 1e6 / std::max(seconds, 1e-9));
+  checkpoint::SaveRequest request{root_, step, config_.checkpoint.keep_last, nullptr, nullptr, {}, state};
+  if (!async_) {
+    const model::Model& weights = trainer.host_weights();
+    request.model = &weights;
+    // On the CPU the optimizer state is written from where it lives; from a GPU through a copy.
+    std::vector<float> m, v;
+    request.optimizer = {optimizer.begin(), optimizer.end(), optimizer.m().as<float>(), optimizer.v().as<float>()};
+    if (optimizer.m().device != Device::cpu) {
+      m = host_vector(optimizer.m());
+      v = host_vector(optimizer.v());
+      request.optimizer.m = m.data();
+      request.optimizer.v = v.data();
+    }
+    const std::string dir = checkpoint::prepare_dir(root_, step, world_);
+    const checkpoint::Committed done =
+        checkpoint::commit(request, checkpoint::write_part(request, dir, world_.rank(), world_.world_size()), world_);
+    const double stall = seconds_since(save_start);
+    reporter_.checkpoint_saved(step, done, {stall, 0.0, 0.0, false});
+    return dir;
   }
-  return dir;
+
+  // A save still being written: this one waits for it (its commit is a collective, on every rank).
+  double waited = 0.0;
+  if (pending_) {
+    const std::int64_t previous = pending_->request.step;
+    const auto wait_start = Clock::now();
+    finish(nullptr);
+    waited = seconds_since(wait_start);
+    reporter_.info("checkpoint: the save of step %lld waited %.3f s for step %lld's to finish writing",
+                   static_cast<long long>(step), waited, static_cast<long long>(previous));
+  }
+  auto p = std::make_unique<Pending>();
+  p->dir = checkpoint::prepare_dir(root_, step, world_);
+  // The staging buffer holds the weights (rank 0), then m and v where this rank writes them.
+  float* next = static_cast<float*>(staging_.data());
+  std::vector<std::pair<float*, Tensor>> copies;  // staging <- what it saves
+  request.model = &trainer.model();  // names and shapes; the bytes come from request.weights
+  if (world_.rank() == 0) {
+    copies.emplace_back(next, trainer.params());
+    request.weights = next;
+    next += trainer.num_params();
+  }
+  const std::int64_t n = optimizer.end() - optimizer.begin();
+  request.optimizer = {optimizer.begin(), optimizer.end(), nullptr, nullptr};
+  if (stages_optimizer_) {
+    copies.emplace_back(next, optimizer.m());
+    copies.emplace_back(next + n, optimizer.v());
+    request.optimizer.m = next;
+    request.optimizer.v = next + n;
+  }
+  // From a GPU the copies are made here (at pinned-memory speed); on the CPU by the writer thread.
+  const bool on_cpu = trainer.params().device == Device::cpu;
+  if (!on_cpu) {
+    const auto copy_start = Clock::now();
+    for (const auto& [dst, src] : copies) stage(dst, src);
+    p->copy_s = seconds_since(copy_start);
+    copies.clear();
+  }
+  p->copied = !on_cpu;
+  p->request = std::move(request);
+  p->waited_s = waited;
+  p->stall_s = seconds_since(save_start);
+  Pending* raw = p.get();
+  const int rank = world_.rank(), world_size = world_.world_size();
+  p->writer = std::thread([raw, rank, world_size, copies = std::move(copies)] {
+    const auto copy_start = Clock::now();
+    for (const auto& [dst, src] : copies) std::memcpy(dst, src.as<float>(), std::size_t(src.numel()) * sizeof(float));
+    if (!copies.empty()) raw->copy_s = seconds_since(copy_start);
+    {
+      std::lock_guard lock(raw->mutex);
+      raw->copied = true;
+    }
+    raw->copy_done.notify_all();
+    try {
+      raw->part = checkpoint::write_part(raw->request, raw->dir, rank, world_size);
+    } catch (const std::exception& e) {
+      raw->part.error = e.what();
+    }
+    raw->done.store(true);
+  });
+  pending_ = std::move(p);
+  return pending_->dir;
 }
 
 }  // namespace llmtrain::train

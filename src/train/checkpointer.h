@@ -11,6 +11,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "dist/communicator.h"
+#include "ops/buffer.h"
 #include "train/reporter.h"
 #include "train/trainer.h"
 
@@ -30,28 +31,53 @@ class StopSignals;
 /// Owns the saving of a run: when a checkpoint is due (checkpoint.every, or a stop signal on any
 /// rank), writing it (keeping checkpoint.keep_last) from the Trainer's state, and, for its
 /// lifetime, the handlers of SIGTERM, SIGINT and SIGUSR1 (a second SIGINT ends the process at once).
+///
+/// With checkpoint.async (and the memory for it) each rank's part of a save is copied into a host
+/// staging buffer kept between saves: from a GPU at the step boundary (into pinned memory); on the
+/// CPU by the background thread while the next update's forward and backward passes run, that
+/// update waiting for the copy only before it changes the weights. The same thread then writes
+/// the files. No MPI call is made from that thread: at a later update
+/// boundary (stop_requested()) the ranks find that every writer has finished, agree, and rank 0
+/// marks the checkpoint COMPLETE and moves `latest`. A save that comes while the previous one is
+/// still being written waits for it; flush() (end of training, a stop signal) waits for the last.
 class Checkpointer {
  public:
-  Checkpointer(const TrainOptions& options, dist::Communicator& world, Reporter& reporter);
+  Checkpointer(const TrainOptions& options, dist::Communicator& world, Reporter& reporter, Trainer& trainer);
+  /// On the way out of an error, a save still being written is finished (its files made durable)
+  /// and, at world size 1, committed; with more ranks it stays incomplete (the ranks cannot be
+  /// relied on to agree then) and the previous checkpoint remains `latest`.
   ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
   /// Whether a stop signal reached any rank; every rank must call it at the same update boundary
-  /// (a collective), and all get the same answer.
+  /// (a collective), and all get the same answer. It also commits a background save once every
+  /// rank has written its files.
   bool stop_requested();
   /// Whether checkpoint.every asks for a checkpoint after update `step`.
   bool due(std::int64_t step) const;
-  /// Writes the checkpoint of update `step` (a collective); returns its folder.
+  /// Starts (async) or writes (sync) the checkpoint of update `step` (a collective); returns its
+  /// folder, complete once flush() or a later stop_requested() has committed it.
   std::string save(std::int64_t step, Trainer& trainer);
+  /// Waits for the save being written, if any, and commits it (a collective).
+  void flush();
 
  private:
+  struct Pending;
+  void finish(const char* why);
+  void wait_for_copy();
+
   const config::Config& config_;
   std::string root_;
   dist::Communicator& world_;
   Reporter& reporter_;
   nlohmann::json resolved_;  // the config, as saved in state.json
   std::unique_ptr<StopSignals> signals_;
+  bool async_ = false;
+  bool stages_optimizer_ = false;    // async: this rank writes an optimizer file (with ZeRO, or rank 0)
+  Trainer* trainer_ = nullptr;       // async: whose updates wait for the staging copy
+  ops::Buffer staging_;              // async: this rank's weights (rank 0), m and v
+  std::unique_ptr<Pending> pending_;  // the save being written in the background
 };
 
 }  // namespace llmtrain::train

@@ -113,6 +113,27 @@ void Reporter::run_started(const dist::Communicators& comms, const Trainer& trai
        int(config_.train.micro_batch_size), static_cast<long long>(config_.dist.zero_stage));
 }
 
+void Reporter::checkpoint_saved(std::int64_t step, const checkpoint::Committed& saved, const SaveStall& stall) {
+  const double mb = double(saved.bytes) / 1e6;
+  const double rate = mb / std::max(saved.write_seconds, 1e-9);
+  const std::string name = fs::path(saved.dir).filename().string();
+  if (stall.background) {
+    info("checkpoint %s: %.1f MB written in %.2f s (%.0f MB/s) in the background; training stalled %.4f s "
+         "(%.4f s of it waiting for the previous save); the staging copy took %.3f s",
+         saved.dir.c_str(), mb, saved.write_seconds, rate, stall.stall_s, stall.waited_s, stall.copy_s);
+  } else {
+    info("checkpoint %s: %.1f MB written in %.2f s (%.0f MB/s); training stalled %.4f s (synchronous save)",
+         saved.dir.c_str(), mb, saved.write_seconds, rate, stall.stall_s);
+  }
+  if (metrics_) {
+    metrics_->write({{"step", step}, {"checkpoint", name}, {"checkpoint_bytes", saved.bytes},
+                     {"checkpoint_write_s", saved.write_seconds}, {"checkpoint_mb_per_s", rate},
+                     {"checkpoint_stall_s", stall.stall_s}, {"checkpoint_waited_s", stall.waited_s},
+                     {"checkpoint_copy_s", stall.copy_s},
+                     {"checkpoint_background", stall.background}});
+  }
+}
+
 void Reporter::start_clock() { start_ = Clock::now(); }
 
 double Reporter::elapsed() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }

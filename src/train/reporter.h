@@ -33,6 +33,17 @@ class MetricsLog {
 /// do when the file does not exist); lines cut short by a crash are dropped.
 void keep_metrics_up_to(const std::string& path, std::int64_t last_step);
 
+/// How a save held up training: the time the training thread spent in it (at the step boundary
+/// and, on the CPU, waiting in the next update for the staging copy; the whole write when
+/// synchronous), the part of that spent waiting for the previous save to finish, and how long the
+/// copy into the staging buffer took (made by the background thread on the CPU).
+struct SaveStall {
+  double stall_s = 0.0;
+  double waited_s = 0.0;
+  double copy_s = 0.0;
+  bool background = false;
+};
+
 /// Owns the run's reports: this rank's log (RunLog: its own file, and stderr on rank 0), and on
 /// rank 0 the run folder's config.json, metrics.jsonl and TensorBoard events. Turns an update's
 /// figures into tokens/s, MFU and memory use; keeps the run's clock.
@@ -61,6 +72,9 @@ class Reporter {
   /// An update skipped by the NaN guard.
   void skipped(std::int64_t step, std::int64_t bad_in_a_row);
   void validation(std::int64_t step, double val_loss);
+  /// A checkpoint made complete: a progress line and a metrics line with its size, write time and
+  /// throughput (all ranks' bytes over the slowest rank's time) and the stall it caused.
+  void checkpoint_saved(std::int64_t step, const checkpoint::Committed& saved, const SaveStall& stall);
   /// The time spent in each op (after a run with --profile-ops), of `seconds` in all.
   void op_profile(double seconds);
 

@@ -163,6 +163,7 @@ StepResult Trainer::step(std::int64_t step) {
     return result;
   }
   bad_in_a_row_ = 0;
+  if (before_update_) before_update_();
   optimizer_->update(*model_, sync_->grads(), result.grad_norm, config_.optim, tc.grad_clip, result.lr, step);
   sync_->gather_params(model_->params().as<float>());
   const auto every = config_.dist.replica_check_every;
@@ -238,7 +239,7 @@ TrainSummary run_training(const TrainOptions& requested) {
   Trainer trainer(options, comms, resume ? &*resume : nullptr);
   Reporter reporter(options, world, trainer.first_step());
   reporter.run_started(comms, trainer, resume ? &*resume : nullptr);
-  Checkpointer checkpointer(options, world, reporter);  // watches stop signals from here on
+  Checkpointer checkpointer(options, world, reporter, trainer);  // watches stop signals from here on
 
   ops::enable_profiling(options.profile_ops);
   reporter.start_clock();
@@ -248,6 +249,7 @@ TrainSummary run_training(const TrainOptions& requested) {
     if (result.skipped) {
       reporter.skipped(step, result.bad_in_a_row);
       if (result.bad_in_a_row >= tc.max_bad_steps) {
+        checkpointer.flush();  // every rank stops here alike: a save being written is completed
         throw RuntimeError(std::to_string(result.bad_in_a_row) + " updates in a row had a non-finite loss or gradient norm "
                            "(train.max_bad_steps); stopping at step " + std::to_string(step) +
                            ": lower optim.lr or check the data");
@@ -268,11 +270,13 @@ TrainSummary run_training(const TrainOptions& requested) {
     if (checkpointer.due(step) || last || stop) summary.last_checkpoint = checkpointer.save(step, trainer);
     summary.steps = step;
     if (stop && !last) {
+      checkpointer.flush();
       summary.preempted = true;
       reporter.info("train: stopped by a signal after step %lld; checkpoint written", static_cast<long long>(step));
       break;
     }
   }
+  checkpointer.flush();
   summary.seconds = reporter.elapsed();
   if (options.profile_ops) {
     reporter.op_profile(summary.seconds);

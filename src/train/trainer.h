@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -82,6 +83,12 @@ class Trainer {
   const AdamW& optimizer() const { return *optimizer_; }
   /// The attention kernels model.attention resolved to, and why.
   const model::AttentionChoice& attention() const { return attention_; }
+  /// Called in each update before the weights and optimizer state change (a background
+  /// checkpoint may still be copying them); empty: nothing to wait for.
+  void set_before_update(std::function<void()> hook) { before_update_ = std::move(hook); }
+  /// The model as it trains (on the GPU when it runs there); params() are its fp32 master weights.
+  const model::Model& model() const { return *model_; }
+  Tensor params() const { return model_->params(); }
   /// The fp32 weights on the CPU, brought up to date (a copy from the GPU where the model is there).
   const model::Model& host_weights();
 
@@ -102,6 +109,7 @@ class Trainer {
   std::unique_ptr<model::Model> host_;  // weights on the CPU when the model is on a GPU; else null
   std::unique_ptr<GradientSync> sync_;
   std::unique_ptr<AdamW> optimizer_;
+  std::function<void()> before_update_;
 };
 
 /// Trains as the config says, writing RUN_DIR/config.json, metrics.jsonl and checkpoints.

@@ -124,6 +124,18 @@ void device_free(void* pointer) noexcept {
   }
 }
 
+void* host_pinned_malloc(std::size_t bytes) {
+  void* pointer = nullptr;
+  const cudaError_t status = cudaHostAlloc(&pointer, bytes, cudaHostAllocDefault);
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();  // not fatal: the caller falls back to ordinary memory
+    return nullptr;
+  }
+  return pointer;
+}
+
+void host_pinned_free(void* pointer) noexcept { cudaFreeHost(pointer); }
+
 BufferMemory buffer_memory() {
   Allocations& a = allocations();
   std::lock_guard lock(a.mutex);

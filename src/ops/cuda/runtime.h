@@ -38,6 +38,10 @@ std::string nccl_version();
 /// Raw device memory (throws RuntimeError on failure) and synchronous copies.
 void* device_malloc(std::size_t bytes);
 void device_free(void* pointer) noexcept;
+/// Page-locked host memory (cudaHostAlloc), which device<->host copies reach at full speed;
+/// nullptr when it cannot be had.
+void* host_pinned_malloc(std::size_t bytes);
+void host_pinned_free(void* pointer) noexcept;
 void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes);
 void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes);
 void copy_on_device(void* device_dst, const void* device_src, std::size_t bytes);
