@@ -25,7 +25,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/tiny_run.sh"
 tiny_run "$work" "$llmtrain" 1 || fail "tokenize"
 run="$work/run"
 cmd=(bash "$source_dir/scripts/launch/mpirun.sh" -n 2 -- train --config "$work/c.json" --run-dir "$run" --device cpu)  # 2 ranks cannot share a GPU
-steps() { grep -o '"step":[0-9]*' "$run/metrics.jsonl" | cut -d: -f2; }
+# Training steps only (checkpoint records carry a step too).
+steps() { grep '"loss":' "$run/metrics.jsonl" | grep -o '"step":[0-9]*' | cut -d: -f2; }
 
 # interrupt SIGNAL ROUND: runs the command until it has logged steps past the ones already there,
 # sends SIGNAL to the launcher, and checks exit 75 and the checkpoint it names.

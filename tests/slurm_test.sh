@@ -125,7 +125,8 @@ job=$(sbatch --parsable --nodes=1 --ntasks-per-node=2 "$source_dir/scripts/launc
         "$work/c.json" "$run" --set train.log_every=1 --device cpu) || fail "sbatch refused the job"
 out="$work/llmtrain-$job.out"
 ln -s "$out" "$work/job-$job.out"
-steps() { [[ -f "$run/metrics.jsonl" ]] && grep -o '"step":[0-9]*' "$run/metrics.jsonl" | cut -d: -f2; }
+# Training steps only (checkpoint records carry a step too).
+steps() { [[ -f "$run/metrics.jsonl" ]] && grep '"loss":' "$run/metrics.jsonl" | grep -o '"step":[0-9]*' | cut -d: -f2; }
 last_step() { steps | tail -n 1; }
 field() { scontrol show job "$job" | grep -oE "(^| )$1=[^ ]*" | head -n 1 | cut -d= -f2; }
 
