@@ -9,6 +9,7 @@
 #include "checkpoint/onnx_export.h"
 
 #include "core/error.h"
+#include "core/files.h"
 
 #if LLMTRAIN_HAVE_ONNX
 
@@ -477,22 +478,20 @@ OnnxExportResult export_onnx(const model::Model& model, const std::string& dir, 
 
   // The checker reads external data relative to the model file: in memory it checks inline
   // weights, from the written file external ones (the file is then small: the graph only).
-  const std::string path = dir + "/model.onnx", tmp = path + ".tmp";
+  AtomicFile out(dir + "/model.onnx");  // an exclusive temporary, renamed into place once checked
   const auto checked = [&](const auto& what) {
     try {
       onnx::checker::check_model(what);
     } catch (const std::exception& e) {
-      fs::remove(tmp);
       throw RuntimeError(std::string("export_onnx: the ONNX checker rejects the graph: ") + e.what());
     }
   };
   if (!external) checked(proto);
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out || !proto.SerializeToOstream(&out)) throw RuntimeError(tmp + ": write failed");
-  }
-  if (external) checked(tmp);
-  fs::rename(tmp, path);
+  std::string bytes;
+  if (!proto.SerializeToString(&bytes)) throw RuntimeError(out.path() + ": cannot serialize the graph");
+  out.write(bytes);
+  if (external) checked(out.temp_path());
+  out.commit();
   if (!external) fs::remove(dir + "/" + data_name);
   return {builder.weight_bytes(), external, graph->node_size()};
 }

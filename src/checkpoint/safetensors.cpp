@@ -17,6 +17,8 @@
 
 #include "core/crc32.h"
 #include "core/error.h"
+#include "core/files.h"
+#include "core/json_file.h"
 
 static_assert(std::endian::native == std::endian::little,
               "tensor bytes are read and written in place: little-endian only");
@@ -25,7 +27,6 @@ namespace llmtrain::checkpoint {
 namespace {
 
 constexpr std::size_t length_bytes = 8;                 // the uint64 header length
-constexpr std::size_t io_chunk = std::size_t(1) << 30;  // below Linux's 2 GiB per read/write
 
 struct DtypeEntry {
   StDtype dtype;
@@ -77,7 +78,7 @@ TensorInfo parse_tensor_entry(const std::string& path, const std::string& name, 
     return InputError(path + ": tensor '" + name + "': " + what);
   };
   if (!entry.is_object())
-    throw bad("expected an object with dtype, shape and data_offsets, got " + entry.dump());
+    throw bad("expected an object with dtype, shape and data_offsets, got " + json_excerpt(entry));
   for (const char* key : {"dtype", "shape", "data_offsets"}) {
     if (!entry.contains(key)) throw bad(std::string("missing \"") + key + "\"");
   }
@@ -85,20 +86,20 @@ TensorInfo parse_tensor_entry(const std::string& path, const std::string& name, 
   info.name = name;
 
   const auto& dtype = entry["dtype"];
-  if (!dtype.is_string()) throw bad("\"dtype\" must be a string, got " + dtype.dump());
+  if (!dtype.is_string()) throw bad("\"dtype\" must be a string, got " + json_excerpt(dtype));
   const auto parsed = parse_st_dtype(dtype.get_ref<const std::string&>());
   if (!parsed)
-    throw bad("unsupported dtype " + dtype.dump() + " (expected F32, BF16, F16, I32, I64, U16 or U8)");
+    throw bad("unsupported dtype " + json_excerpt(dtype) + " (expected F32, BF16, F16, I32, I64, U16 or U8)");
   info.dtype = *parsed;
 
   const auto& shape = entry["shape"];
-  if (!shape.is_array()) throw bad("\"shape\" must be an array of integers, got " + shape.dump());
+  if (!shape.is_array()) throw bad("\"shape\" must be an array of integers, got " + json_excerpt(shape));
   for (const auto& d : shape) {
-    if (!d.is_number_integer()) throw bad("\"shape\" must be an array of integers, got " + shape.dump());
+    if (!d.is_number_integer()) throw bad("\"shape\" must be an array of integers, got " + json_excerpt(shape));
     if (!d.is_number_unsigned())
-      throw bad("negative dim " + std::to_string(d.get<std::int64_t>()) + " in shape " + shape.dump());
+      throw bad("negative dim " + std::to_string(d.get<std::int64_t>()) + " in shape " + json_excerpt(shape));
     if (d.get<std::uint64_t>() > std::uint64_t(std::numeric_limits<std::int64_t>::max())) {
-      throw bad("dim too large in shape " + shape.dump());
+      throw bad("dim too large in shape " + json_excerpt(shape));
     }
     info.shape.push_back(d.get<std::int64_t>());
   }
@@ -106,7 +107,7 @@ TensorInfo parse_tensor_entry(const std::string& path, const std::string& name, 
   const auto& offsets = entry["data_offsets"];
   if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
       !offsets[1].is_number_unsigned()) {
-    throw bad("\"data_offsets\" must be [begin, end], two non-negative integers, got " + offsets.dump());
+    throw bad("\"data_offsets\" must be [begin, end], two non-negative integers, got " + json_excerpt(offsets));
   }
   const std::uint64_t begin = offsets[0].get<std::uint64_t>(), end = offsets[1].get<std::uint64_t>();
   if (end < begin) throw bad("data_offsets " + offsets_text(begin, end) + " end before they begin");
@@ -131,58 +132,21 @@ TensorInfo parse_tensor_entry(const std::string& path, const std::string& name, 
   return info;
 }
 
-// The temporary file a writer fills: removed by the destructor unless committed.
+// The file a writer fills (core/files.h: an exclusive temporary, renamed on commit), with the
+// CRC-32 of its bytes.
 class TempFile {
  public:
-  explicit TempFile(const std::string& path) : path_(path), temp_(path + ".tmp") {
-    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) throw RuntimeError(path_ + ": cannot create " + temp_ + ": " + errno_text());
-  }
-  ~TempFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(temp_.c_str());
-  }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
+  explicit TempFile(const std::string& path) : file_(path) {}
 
   void write(const void* data, std::size_t n) {
-    const auto* bytes = static_cast<const unsigned char*>(data);
-    crc_ = crc32(bytes, n, crc_);
-    while (n > 0) {
-      const ssize_t written = ::write(fd_, bytes, std::min(n, io_chunk));
-      if (written < 0 && errno == EINTR) continue;
-      if (written <= 0) throw RuntimeError(path_ + ": cannot write " + temp_ + ": " + errno_text());
-      bytes += written;
-      n -= std::size_t(written);
-    }
+    crc_ = crc32(static_cast<const unsigned char*>(data), n, crc_);
+    file_.write(data, n);
   }
-
-  // fsync, close, rename into place, then fsync the directory so the rename survives a crash.
-  void commit() {
-    if (::fsync(fd_) != 0) throw RuntimeError(path_ + ": cannot sync " + temp_ + ": " + errno_text());
-    const int fd = std::exchange(fd_, -1);
-    if (::close(fd) != 0) throw RuntimeError(path_ + ": cannot close " + temp_ + ": " + errno_text());
-    if (::rename(temp_.c_str(), path_.c_str()) != 0) {
-      throw RuntimeError(path_ + ": cannot rename " + temp_ + " into place: " + errno_text());
-    }
-    committed_ = true;
-    // Best effort: the file is complete and in place; some filesystems refuse fsync on a directory.
-    std::string dir = std::filesystem::path(path_).parent_path().string();
-    if (dir.empty()) dir = ".";
-    const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dir_fd >= 0) {
-      ::fsync(dir_fd);
-      ::close(dir_fd);
-    }
-  }
-
+  void commit() { file_.commit(); }
   std::uint32_t crc() const { return crc_; }
 
  private:
-  std::string path_;
-  std::string temp_;
-  int fd_ = -1;
-  bool committed_ = false;
+  AtomicFile file_;
   std::uint32_t crc_ = 0;  // CRC-32 of nothing
 };
 
@@ -238,7 +202,7 @@ std::int64_t TensorInfo::numel() const {
 }
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // a FIFO must not block
   if (fd < 0) throw InputError(path + ": cannot open safetensors file: " + errno_text());
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -278,6 +242,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     std::string repeated;
     const nlohmann::json::parser_callback_t note_keys = [&](int depth, nlohmann::json::parse_event_t event,
                                                             nlohmann::json& parsed) {
+      check_json_depth(depth, event, path + ": header");
       if (depth == 1 && event == nlohmann::json::parse_event_t::key && parsed.is_string() &&
           !seen.insert(parsed.get<std::string>()).second && repeated.empty()) {
         repeated = parsed.get<std::string>();
@@ -306,7 +271,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
         for (const auto& [key, value] : entry.items()) {
           if (!value.is_string()) {
             throw InputError(path + ": \"__metadata__\" value of '" + key + "' must be a string, got " +
-                             value.dump());
+                             json_excerpt(value));
           }
           metadata_.emplace(key, value.get<std::string>());
         }
@@ -440,8 +405,13 @@ std::uint32_t write_safetensors(const std::string& path, const std::vector<Tenso
 }
 
 std::uint32_t file_crc32(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw RuntimeError(path + ": cannot open for its CRC-32: " + errno_text());
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw InputError(path + ": not a regular file");
+  }
   std::vector<unsigned char> buffer(std::size_t(1) << 20);
   std::uint32_t crc = 0;
   while (true) {

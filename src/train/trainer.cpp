@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "data/shard.h"
 #include "ops/buffer.h"
 #include "ops/profile.h"
@@ -192,6 +193,9 @@ TrainSummary run_training(const TrainOptions& options) {
     if (!ops::cuda_available(&why)) throw InputError("--device cuda: no usable CUDA device: " + why);
   }
   if (config.data.train.empty()) throw InputError("data.train: no training data given");
+  // Before any data is loaded or model built: the run's folders must be folders.
+  require_output_folder(options.run_dir, "--run-dir");
+  if (!config.checkpoint.dir.empty()) require_output_folder(config.checkpoint.dir, "checkpoint.dir");
   const dist::Communicators comms = dist::make_communicators(options.device, config.dist.timeout_s);
   dist::Communicator& world = *comms.world;
   TrainSummary summary;
