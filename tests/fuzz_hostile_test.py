@@ -74,6 +74,26 @@ def tree_hashes(root):
     return out
 
 
+SPECIAL = {"a directory": "dir", "a FIFO": "fifo", "a link to /dev/zero": "zero", "a link loop": "loop",
+           "a dangling link": "dangling", "missing": "missing"}
+
+
+def make_special(path, how):
+    """Puts at `path` what does not belong where a file is read: dir, fifo, zero, loop, dangling, missing."""
+    if os.path.lexists(path):
+        shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+    if how == "dir":
+        os.makedirs(path)
+    elif how == "fifo":
+        os.mkfifo(path)
+    elif how == "zero":
+        os.symlink("/dev/zero", path)
+    elif how == "loop":
+        os.symlink(path, path)
+    elif how == "dangling":
+        os.symlink(path + ".nowhere", path)
+
+
 def deep(n, open_="[", close="]", inner="1"):
     return open_ * n + inner + close * n
 
@@ -194,16 +214,7 @@ for name, data in shard_variants.items():
 for name in ["a directory", "a FIFO", "a link to /dev/zero", "a link loop", "a dangling link"]:
     d = case_dir()
     shard = f"{d}/bad.bin"
-    if name == "a directory":
-        os.makedirs(shard)
-    elif name == "a FIFO":
-        os.mkfifo(shard)
-    elif name == "a link to /dev/zero":
-        os.symlink("/dev/zero", shard)
-    elif name == "a link loop":
-        os.symlink(shard, shard)
-    else:
-        os.symlink(f"{d}/nowhere.bin", shard)
+    make_special(shard, SPECIAL[name])
     add("shard", f"train on shard: {name}",
         ["train", "--config", config_with(d, data__train=shard, data__val=[]), "--run-dir", f"{d}/run"], "bad.bin")
     add("shard", f"eval on shard: {name}", ["eval", "--checkpoint", RUN, "--data", shard], "bad.bin")
@@ -277,12 +288,8 @@ for name in ["a directory without weights", "a FIFO", "a link to /dev/zero", "in
              "index weight_map a list", "index nested 50000 deep", "index a directory"]:
     d = case_dir()
     path = f"{d}/weights"
-    if name == "a directory without weights":
-        os.makedirs(path)
-    elif name == "a FIFO":
-        os.mkfifo(path)
-    elif name == "a link to /dev/zero":
-        os.symlink("/dev/zero", path)
+    if not name.startswith("index"):
+        make_special(path, SPECIAL.get(name, "dir"))
     else:
         os.makedirs(path)
         index = f"{path}/model.safetensors.index.json"
@@ -349,18 +356,7 @@ def model_with(fn):
 
 
 def replace_file(name, how):
-    def mutate(step):
-        path = f"{step}/{name}"
-        os.remove(path)
-        if how == "dir":
-            os.makedirs(path)
-        elif how == "fifo":
-            os.mkfifo(path)
-        elif how == "zero":
-            os.symlink("/dev/zero", path)
-        elif how == "loop":
-            os.symlink(path, path)
-    return mutate
+    return lambda step: make_special(f"{step}/{name}", how)
 
 
 def flip_byte(name, offset):
@@ -374,13 +370,8 @@ def flip_byte(name, offset):
 def set_latest(how):
     def mutate(step):
         latest = os.path.join(os.path.dirname(step), "latest")
-        os.remove(latest)
-        if how == "loop":
-            os.symlink(latest, latest)
-        elif how == "dir":
-            os.makedirs(latest)
-        elif how == "fifo":
-            os.mkfifo(latest)
+        if how in ("loop", "dir", "fifo"):
+            make_special(latest, how)
         else:
             write(latest, how)
     return mutate
@@ -424,6 +415,9 @@ checkpoint_variants = [
     ("config model.n_head 0", with_state(lambda s: s["config"]["model"].update(n_head=0)), ALL, "n_head"),
     ("config model.arch a number", with_state(lambda s: s["config"]["model"].update(arch=3)), ALL, "arch"),
     ("config model.d_model 2^40", with_state(lambda s: s["config"]["model"].update(d_model=2**40)), ALL, "d_model"),
+    ("config describing a far larger model", with_state(lambda s: s["config"]["model"].update(
+        n_layer=1000, d_model=8192, n_head=64, n_kv_head=64, ffn_hidden=32768)), ("eval", "generate", "export"),
+     "cannot hold"),
     ("config invalid UTF-8", state_text(json.dumps(state).replace('"gpt2"', '"gpt2\\udcff"', 1)), ALL, "state.json"),
     ("state.json raw invalid UTF-8", lambda step: write(f"{step}/state.json", read(f"{step}/state.json")
                                                         .replace(b'"gpt2"', b'"gp\xff\xfe"', 1)), ALL, "state.json"),
@@ -560,14 +554,7 @@ for name in ("encoder.json", "vocab.bpe", "tokenizer.json"):
 for name in ("a directory", "a FIFO", "a link to /dev/zero", "a link loop", "missing"):
     d = case_dir()
     path = f"{d}/input.txt"
-    if name == "a directory":
-        os.makedirs(path)
-    elif name == "a FIFO":
-        os.mkfifo(path)
-    elif name == "a link to /dev/zero":
-        os.symlink("/dev/zero", path)
-    elif name == "a link loop":
-        os.symlink(path, path)
+    make_special(path, SPECIAL[name])
     add("text", f"tokenize --input {name}", ["tokenize", "--input", path, "--output", f"{d}/out"], "input.txt")
 d = case_dir()
 add("text", "tokenize --output an existing file",
@@ -617,14 +604,7 @@ for name, text in config_texts.items():
 for name in ("a directory", "a FIFO", "a link to /dev/zero", "a link loop", "missing"):
     d = case_dir()
     path = f"{d}/config.json"
-    if name == "a directory":
-        os.makedirs(path)
-    elif name == "a FIFO":
-        os.mkfifo(path)
-    elif name == "a link to /dev/zero":
-        os.symlink("/dev/zero", path)
-    elif name == "a link loop":
-        os.symlink(path, path)
+    make_special(path, SPECIAL[name])
     add("command line", f"check-config: config {name}", ["check-config", "--config", path], "config.json")
 
 set_values = {

@@ -292,6 +292,14 @@ void load_weights(const Found& found, model::Model& model) {
 }
 
 std::unique_ptr<model::Model> load_model(const Found& found) {
+  // The config must describe a model whose weights the file can hold, before they are allocated.
+  const double params = double(model::arch_spec(found.config.model.arch).parameter_count(found.config.model));
+  const double bytes = double(found.state.at("files").at("model.safetensors").at("bytes").get<std::int64_t>());
+  if (4.0 * params > bytes) {
+    throw InputError(found.dir + "/model.safetensors: " + std::to_string(std::int64_t(bytes)) +
+                     " bytes cannot hold the " + std::to_string(std::int64_t(params)) +
+                     " fp32 parameters of the model in state.json's config");
+  }
   auto model = model::make_model(found.config.model, Device::cpu);
   load_weights(found, *model);
   return model;

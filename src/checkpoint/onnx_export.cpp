@@ -456,6 +456,10 @@ OnnxExportResult export_onnx(const model::Model& model, const std::string& dir, 
   const std::string data_name = "model.onnx.data";
   std::ofstream data;
   if (external) {
+    // Written in place (model.onnx names it); whatever held the name before, a link included, is
+    // removed first rather than written through.
+    std::error_code ignored;
+    fs::remove(dir + "/" + data_name, ignored);
     data.open(dir + "/" + data_name, std::ios::binary | std::ios::trunc);
     if (!data) throw RuntimeError(dir + "/" + data_name + ": cannot open for writing");
   }
