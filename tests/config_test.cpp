@@ -140,7 +140,7 @@ TEST_CASE("files that cannot be read are input errors naming the file", "[config
   }
 }
 
-TEST_CASE("--set: bytes that are not UTF-8 are shown escaped, and nesting is bounded", "[config]") {
+TEST_CASE("overrides: bytes that are not UTF-8 are shown escaped, and nesting is bounded", "[config]") {
   const auto error_of = [](const std::string& set) {
     try {
       config::parse_config("{}", "t.json", {{set}});
