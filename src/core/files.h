@@ -50,6 +50,9 @@ class AtomicFile {
   void commit();
   const std::string& path() const { return path_; }
   const std::string& temp_path() const { return temp_; }
+  /// The temporary's descriptor, for writers with their own I/O (fallocate, sync_file_range);
+  /// valid until commit().
+  int fd() const { return fd_; }
 
  private:
   std::string path_;
