@@ -86,7 +86,7 @@ TEST_CASE("check-config prints the resolved config", "[cli]") {
 TEST_CASE("check-config rejects bad configs with exit 2 naming the file and key", "[cli]") {
   TempDir dir;
   check_input_error(run_llmtrain({"check-config", "--config", dir.path() + "/missing.json"}),
-                    "missing.json: cannot open config file");
+                    "missing.json: cannot open (expected a JSON config file)");
   const std::string bad = dir.write("bad.json", R"({"optim": {"lr": -1}})");
   check_input_error(run_llmtrain({"check-config", "--config", bad}),
                     "optim.lr: expected a number > 0, got -1 (in " + bad + ")");

@@ -116,7 +116,8 @@ TEST_CASE("files that cannot be read are input errors naming the file", "[config
     config::load_config(missing.string());
     FAIL("no error");
   } catch (const InputError& e) {
-    CHECK(std::string(e.what()) == missing.string() + ": cannot open config file");
+    CHECK(std::string(e.what()) ==
+          missing.string() + ": cannot open (expected a JSON config file): No such file or directory");
   }
   const auto empty = std::filesystem::temp_directory_path() / "llmtrain-empty-config.json";
   std::ofstream(empty) << "  \n";
@@ -127,6 +128,33 @@ TEST_CASE("files that cannot be read are input errors naming the file", "[config
     CHECK(std::string(e.what()).find("config file is empty") != std::string::npos);
   }
   std::filesystem::remove(empty);
+  // A folder is not read as an empty file, nor /dev/zero forever.
+  for (const std::string& path : {std::filesystem::temp_directory_path().string(), std::string("/dev/zero")}) {
+    try {
+      config::load_config(path);
+      FAIL("no error");
+    } catch (const InputError& e) {
+      CHECK(std::string(e.what()) == path + (path == "/dev/zero" ? ": is a device" : ": is a directory") +
+                                         " (expected a JSON config file, a regular file)");
+    }
+  }
+}
+
+TEST_CASE("overrides: bytes that are not UTF-8 are shown escaped, and nesting is bounded", "[config]") {
+  const auto error_of = [](const std::string& set) {
+    try {
+      config::parse_config("{}", "t.json", {{set}});
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(error_of(std::string("model.arch=gp") + char(0xff)) ==
+        "--set \"model.arch=gp\\xff\": byte 13 is not valid UTF-8 (config values are UTF-8 text)");
+  // 65 levels: one more than accepted; the message shows a bounded excerpt of the text.
+  CHECK(error_of("model.vocab_size=" + std::string(65, '[') + std::string(65, ']')) ==
+        "--set \"model.vocab_size=" + std::string(39, '[') +  // cut at 60 characters in all
+            "...: JSON nested deeper than 64 levels (the most accepted)");
 }
 
 TEST_CASE("defaults, derived keys and overrides resolve as documented", "[config]") {

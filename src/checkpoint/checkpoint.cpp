@@ -1,10 +1,13 @@
 #include "checkpoint/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
+#include <optional>
 #include <cmath>
 #include <map>
 #include <thread>
@@ -18,6 +21,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/json_file.h"
 #include "llmtrain/build_info.h"
 #include "model/arch.h"
@@ -27,18 +31,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Writes a small text file atomically: temporary name, fsync, rename.
-void write_text_atomic(const std::string& path, const std::string& text) {
-  const std::string temp = path + ".tmp";
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  bool ok = fd >= 0 && ::write(fd, text.data(), text.size()) == ssize_t(text.size()) && ::fsync(fd) == 0;
-  if (fd >= 0) ok = (::close(fd) == 0) && ok;
-  if (!ok) {
-    std::remove(temp.c_str());
-    throw RuntimeError(path + ": cannot write (disk full or no permission?)");
-  }
-  fs::rename(temp, path);
-}
+// Writes a small text file atomically: an exclusive temporary name, fsync, rename (core/files.h).
+void write_text_atomic(const std::string& path, const std::string& text) { write_file_atomic(path, text); }
 
 std::string step_dir_name(std::int64_t step) {
   char name[32];
@@ -206,13 +200,90 @@ std::string save(const SaveRequest& r, dist::Communicator& comm) {
   return commit(r, write_part(r, dir, comm.rank(), comm.world_size()), comm).dir;
 }
 
+namespace {
+
+// The bounds of state.json's numbers: far beyond any real run, far below overflow.
+constexpr std::int64_t max_step = 1'000'000'000'000;
+constexpr std::int64_t max_count = std::int64_t(1) << 56;  // tokens, samples, bytes, epochs
+constexpr std::int64_t max_world_size = 1 << 20;
+
+// state.json's key `key` of `object` as an integer in [lo, hi]; InputError naming file and key.
+std::int64_t state_int(const nlohmann::json& object, const std::string& key, const std::string& where,
+                       std::int64_t lo, std::int64_t hi) {
+  const std::string name = where + ": " + key;
+  if (!object.contains(key)) throw InputError(name + ": missing (expected an integer from " + std::to_string(lo) + ")");
+  const nlohmann::json& v = object.at(key);
+  const bool in_range = v.is_number_integer() &&
+                        (v.is_number_unsigned() ? v.get<std::uint64_t>() <= std::uint64_t(hi)
+                                                : v.get<std::int64_t>() >= lo && v.get<std::int64_t>() <= hi);
+  if (!in_range || v.get<std::int64_t>() < lo) {
+    throw InputError(name + ": expected an integer from " + std::to_string(lo) + " to " + std::to_string(hi) +
+                     ", got " + json_excerpt(v));
+  }
+  return v.get<std::int64_t>();
+}
+
+const nlohmann::json& state_object(const nlohmann::json& object, const std::string& key, const std::string& where) {
+  if (!object.contains(key) || !object.at(key).is_object()) {
+    throw InputError(where + ": " + key + ": expected an object, got " +
+                     (object.contains(key) ? json_excerpt(object.at(key)) : std::string("nothing (missing)")));
+  }
+  return object.at(key);
+}
+
+// A regular file's size by lstat (a link, a folder or a device is refused), or InputError.
+std::uint64_t listed_file_size(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) throw InputError(path + ": missing (listed in state.json)");
+  if (!S_ISREG(st.st_mode)) throw InputError(path + ": not a regular file (listed in state.json)");
+  return std::uint64_t(st.st_size);
+}
+
+// The whole of a decimal integer, or nullopt (no sign games, no trailing text, no overflow).
+std::optional<std::int64_t> parse_int(const std::string& text) {
+  std::int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || text.empty()) return std::nullopt;
+  return value;
+}
+
+}  // namespace
+
+void validate_state(const nlohmann::json& state, const std::string& file) {
+  if (!state.is_object()) throw InputError(file + ": expected a JSON object, got " + json_excerpt(state));
+  state_int(state, "step", file, 0, max_step);
+  state_int(state, "tokens_seen", file, 0, max_count);
+  state_int(state, "world_size", file, 1, max_world_size);
+  state_int(state, "zero_stage", file, 0, 3);
+  const nlohmann::json& sampler = state_object(state, "sampler", file);
+  state_int(sampler, "epoch", file + ": sampler", 0, max_count);
+  state_int(sampler, "next_sample", file + ": sampler", 0, max_count);
+  state_object(state, "config", file);
+  const nlohmann::json& files = state_object(state, "files", file);
+  if (!files.contains("model.safetensors")) throw InputError(file + ": files: model.safetensors is not listed");
+  for (const auto& [name, info] : files.items()) {
+    if (!is_plain_file_name(name)) {
+      throw InputError(file + ": files: " + json_excerpt(name) + " is not a plain file name (no '/', not '..')");
+    }
+    const std::string where = file + ": files." + name;
+    if (!info.is_object()) throw InputError(where + ": expected an object, got " + json_excerpt(info));
+    state_int(info, "crc32", where, 0, 0xFFFFFFFFll);
+    state_int(info, "bytes", where, 0, max_count);
+  }
+}
+
 std::string resolve_dir(const std::string& path) {
+  // `latest` is a small text file naming a step folder beside it; a link loop, a folder or a
+  // device in its place is an error, not a crash or a hang.
   std::string dir = path;
-  if (fs::exists(path + "/checkpoints/latest")) dir = path + "/checkpoints";
-  if (fs::exists(dir + "/latest")) {
-    std::ifstream latest(dir + "/latest");
-    std::string name;
-    std::getline(latest, name);
+  if (path_exists(path + "/checkpoints/latest")) dir = path + "/checkpoints";
+  if (path_exists(dir + "/latest")) {
+    const std::string latest = dir + "/latest";
+    std::string name = read_regular_file(latest, "a file naming the newest step folder", 4096);
+    if (const auto end = name.find('\n'); end != std::string::npos) name.resize(end);
+    if (!is_plain_file_name(name)) {
+      throw InputError(latest + ": expected the name of a step folder beside it, got " + json_excerpt(name));
+    }
     dir += "/" + name;
   }
   return dir;
@@ -220,32 +291,38 @@ std::string resolve_dir(const std::string& path) {
 
 Found find(const std::string& path) {
   const std::string dir = resolve_dir(path);
-  if (!fs::exists(dir + "/state.json")) {
+  if (!path_exists(dir + "/state.json")) {
     throw InputError(path + ": not a checkpoint (no state.json; expected a step folder, a checkpoints folder or a run folder)");
   }
-  if (!fs::exists(dir + "/COMPLETE")) throw InputError(dir + ": incomplete checkpoint (no COMPLETE file)");
-  Found found{dir, read_json_file(dir + "/state.json", "the state.json of a checkpoint"), {}};
-  if (!found.state.contains("config") || !found.state.contains("files")) {
-    throw InputError(dir + "/state.json: missing \"config\" or \"files\"");
+  if (!path_exists(dir + "/COMPLETE")) throw InputError(dir + ": incomplete checkpoint (no COMPLETE file)");
+  const std::string state_file = dir + "/state.json";
+  Found found{dir, read_json_file(state_file, "the state.json of a checkpoint"), {}};
+  validate_state(found.state, state_file);
+  // Sizes first (cheap, and no read of a file that is not what was written), then checksums.
+  for (const auto& [file, info] : found.state["files"].items()) {
+    const std::string file_path = dir + "/" + file;
+    const std::uint64_t bytes = listed_file_size(file_path);
+    if (bytes != info.at("bytes").get<std::uint64_t>()) {
+      throw InputError(file_path + ": " + std::to_string(bytes) + " bytes, state.json says " +
+                       std::to_string(info.at("bytes").get<std::uint64_t>()) + " (the file is damaged)");
+    }
   }
   for (const auto& [file, info] : found.state["files"].items()) {
     const std::string file_path = dir + "/" + file;
-    if (!fs::exists(file_path)) throw InputError(file_path + ": missing (listed in state.json)");
-    const auto crc = file_crc32(file_path);
-    if (crc != info.value("crc32", std::uint64_t{0})) {
+    if (file_crc32(file_path) != info.at("crc32").get<std::uint64_t>()) {
       throw InputError(file_path + ": checksum mismatch (the file is damaged)");
     }
   }
-  found.config = config::parse_config(found.state["config"].dump(), dir + "/state.json");
+  found.config = config::parse_config(found.state["config"].dump(), state_file);
   return found;
 }
 
 std::vector<std::string> complete_checkpoints(const std::string& root) {
   std::vector<std::string> out;
-  if (!fs::is_directory(root)) return out;
+  if (!is_directory(root)) return out;
   for (const auto& entry : fs::directory_iterator(root)) {
     const std::string n = entry.path().filename().string();
-    if (n.starts_with("step_") && fs::exists(entry.path() / "COMPLETE")) out.push_back(entry.path().string());
+    if (n.starts_with("step_") && path_exists((entry.path() / "COMPLETE").string())) out.push_back(entry.path().string());
   }
   std::sort(out.rbegin(), out.rend());  // step_%08d names sort by step
   return out;
@@ -260,21 +337,29 @@ void load_optimizer(const Found& found, std::int64_t begin, std::int64_t end, fl
     if (!meta.contains("range_begin") || !meta.contains("range_end")) {
       throw InputError(reader.path() + ": no range_begin/range_end in its metadata");
     }
-    const std::int64_t file_begin = std::stoll(meta.at("range_begin")), file_end = std::stoll(meta.at("range_end"));
-    const std::int64_t lo = std::max(begin, file_begin), hi = std::min(end, file_end);
+    const auto file_begin = parse_int(meta.at("range_begin")), file_end = parse_int(meta.at("range_end"));
+    if (!file_begin || !file_end || *file_begin < 0 || *file_end < *file_begin) {
+      throw InputError(reader.path() + ": metadata range_begin/range_end: expected integers 0 <= begin <= end, got " +
+                       json_excerpt(meta.at("range_begin")) + " and " + json_excerpt(meta.at("range_end")));
+    }
+    // The range must agree with the tensors' sizes before anything is allocated for it.
+    for (const char* name : {"adamw.m", "adamw.v"}) {
+      const TensorInfo* t = reader.find(name);
+      if (!t) throw InputError(reader.path() + ": no tensor " + name);
+      if (t->dtype != StDtype::f32 || t->shape.size() != 1 || t->shape[0] != *file_end - *file_begin) {
+        throw InputError(reader.path() + ": tensor " + name + " must be F32 of shape [" +
+                         std::to_string(*file_end - *file_begin) + "] (the metadata's range [" +
+                         std::to_string(*file_begin) + ", " + std::to_string(*file_end) + "))");
+      }
+    }
+    const std::int64_t lo = std::max(begin, *file_begin), hi = std::min(end, *file_end);
     if (lo >= hi) continue;
     for (const auto& [name, out] : {std::pair{"adamw.m", m}, std::pair{"adamw.v", v}}) {
-      const TensorInfo* t = reader.find(name);
-      if (t && t->dtype == StDtype::f32 && t->shape == std::vector<std::int64_t>{file_end - file_begin}) {
-        // Straight from the file's mapping: only the pages of the range this rank needs are read.
-        const std::byte* bytes = reader.data(*t).data();
-        std::memcpy(out + (lo - begin), bytes + std::size_t(lo - file_begin) * sizeof(float),
-                    std::size_t(hi - lo) * sizeof(float));
-        continue;
-      }
-      std::vector<float> part(std::size_t(file_end - file_begin));
-      reader.read_f32(name, part);  // another dtype or size: converted, or refused naming the tensor
-      std::copy(part.begin() + (lo - file_begin), part.begin() + (hi - file_begin), out + (lo - begin));
+      // Checked above: F32 of the range's length. Straight from the file's mapping: only the
+      // pages of the range this rank needs are read.
+      const std::byte* bytes = reader.data(*reader.find(name)).data();
+      std::memcpy(out + (lo - begin), bytes + std::size_t(lo - *file_begin) * sizeof(float),
+                  std::size_t(hi - lo) * sizeof(float));
     }
     covered += hi - lo;
   }
@@ -294,6 +379,14 @@ void load_weights(const Found& found, model::Model& model) {
 }
 
 std::unique_ptr<model::Model> load_model(const Found& found) {
+  // The config must describe a model whose weights the file can hold, before they are allocated.
+  const double params = double(model::arch_spec(found.config.model.arch).parameter_count(found.config.model));
+  const double bytes = double(found.state.at("files").at("model.safetensors").at("bytes").get<std::int64_t>());
+  if (4.0 * params > bytes) {
+    throw InputError(found.dir + "/model.safetensors: " + std::to_string(std::int64_t(bytes)) +
+                     " bytes cannot hold the " + std::to_string(std::int64_t(params)) +
+                     " fp32 parameters of the model in state.json's config");
+  }
   auto model = model::make_model(found.config.model, Device::cpu);
   load_weights(found, *model);
   return model;
@@ -308,17 +401,17 @@ namespace {
 class HfTensors {
  public:
   explicit HfTensors(const std::string& path) {
-    if (!fs::is_directory(path)) {
-      if (!fs::exists(path)) throw InputError("model.init_from: " + path + ": no such file");
+    if (!is_directory(path)) {
+      if (!path_exists(path)) throw InputError("model.init_from: " + path + ": no such file");
       open(path);
       return;
     }
-    if (fs::exists(path + "/model.safetensors")) {
+    if (path_exists(path + "/model.safetensors")) {
       open(path + "/model.safetensors");
       return;
     }
     const std::string index = path + "/model.safetensors.index.json";
-    if (!fs::exists(index)) {
+    if (!path_exists(index)) {
       throw InputError("model.init_from: " + path + ": no model.safetensors or model.safetensors.index.json in it");
     }
     const nlohmann::json map = read_json_file(index, "a safetensors shard index");
@@ -327,7 +420,10 @@ class HfTensors {
     }
     std::set<std::string> files;
     for (const auto& [name, file] : map["weight_map"].items()) {
-      if (!file.is_string()) throw InputError(index + ": weight_map." + name + " is not a file name");
+      if (!file.is_string() || !is_plain_file_name(file.get<std::string>())) {
+        throw InputError(index + ": weight_map." + name + ": expected a plain file name beside the index, got " +
+                         json_excerpt(file));
+      }
       files.insert(file.get<std::string>());
     }
     for (const auto& file : files) open(path + "/" + file);
@@ -356,8 +452,8 @@ class HfTensors {
 // (Llama: rotary base, norm epsilon, tying); a mismatch would silently change the model.
 void check_hf_config(const std::string& path, const config::ModelConfig& c, const model::ArchSpec& spec) {
   if (spec.hf_checked_keys.empty()) return;
-  const std::string file = (fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path()) / "config.json";
-  if (!fs::exists(file)) return;
+  const std::string file = (is_directory(path) ? fs::path(path) : fs::path(path).parent_path()) / "config.json";
+  if (!path_exists(file)) return;
   const nlohmann::json hf = read_json_file(file, "a Hugging Face config.json");
   const nlohmann::json expected = spec.hf_config(c);
   for (const auto& [hf_key, our_key] : spec.hf_checked_keys) {

@@ -82,6 +82,11 @@ std::string save(const SaveRequest& request, dist::Communicator& comm);
 /// The step folder a path names: itself, or the one `latest` names in it or in its checkpoints/.
 std::string resolve_dir(const std::string& path);
 
+/// InputError naming `file` and the key unless `state` is a state.json as save() writes it: step,
+/// tokens_seen, world_size, zero_stage, sampler.{epoch,next_sample} integers in range, a config
+/// object, and files: plain file names (model.safetensors among them) with crc32 and bytes.
+void validate_state(const nlohmann::json& state, const std::string& file);
+
 struct Found {
   std::string dir;
   nlohmann::json state;

@@ -9,6 +9,7 @@
 #include "checkpoint/onnx_export.h"
 
 #include "core/error.h"
+#include "core/files.h"
 #include "ops/buffer.h"
 
 #if LLMTRAIN_HAVE_ONNX
@@ -459,6 +460,10 @@ OnnxExportResult export_onnx(const model::Model& model, const std::string& dir, 
   const std::string data_name = "model.onnx.data";
   std::ofstream data;
   if (external) {
+    // Written in place (model.onnx names it); whatever held the name before, a link included, is
+    // removed first rather than written through.
+    std::error_code ignored;
+    fs::remove(dir + "/" + data_name, ignored);
     data.open(dir + "/" + data_name, std::ios::binary | std::ios::trunc);
     if (!data) throw RuntimeError(dir + "/" + data_name + ": cannot open for writing");
   }
@@ -481,22 +486,20 @@ OnnxExportResult export_onnx(const model::Model& model, const std::string& dir, 
 
   // The checker reads external data relative to the model file: in memory it checks inline
   // weights, from the written file external ones (the file is then small: the graph only).
-  const std::string path = dir + "/model.onnx", tmp = path + ".tmp";
+  AtomicFile out(dir + "/model.onnx");  // an exclusive temporary, renamed into place once checked
   const auto checked = [&](const auto& what) {
     try {
       onnx::checker::check_model(what);
     } catch (const std::exception& e) {
-      fs::remove(tmp);
       throw RuntimeError(std::string("export_onnx: the ONNX checker rejects the graph: ") + e.what());
     }
   };
   if (!external) checked(proto);
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out || !proto.SerializeToOstream(&out)) throw RuntimeError(tmp + ": write failed");
-  }
-  if (external) checked(tmp);
-  fs::rename(tmp, path);
+  std::string bytes;
+  if (!proto.SerializeToString(&bytes)) throw RuntimeError(out.path() + ": cannot serialize the graph");
+  out.write(bytes);
+  if (external) checked(out.temp_path());
+  out.commit();
   if (!external) fs::remove(dir + "/" + data_name);
   return {builder.weight_bytes(), external, graph->node_size()};
 }

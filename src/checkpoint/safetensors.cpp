@@ -18,6 +18,8 @@
 
 #include "core/crc32.h"
 #include "core/error.h"
+#include "core/files.h"
+#include "core/json_file.h"
 #include "ops/buffer.h"
 
 static_assert(std::endian::native == std::endian::little,
@@ -27,7 +29,6 @@ namespace llmtrain::checkpoint {
 namespace {
 
 constexpr std::size_t length_bytes = 8;                 // the uint64 header length
-constexpr std::size_t io_chunk = std::size_t(1) << 30;  // below Linux's 2 GiB per read/write
 
 struct DtypeEntry {
   StDtype dtype;
@@ -79,7 +80,7 @@ TensorInfo parse_tensor_entry(const std::string& path, const std::string& name, 
     return InputError(path + ": tensor '" + name + "': " + what);
   };
   if (!entry.is_object())
-    throw bad("expected an object with dtype, shape and data_offsets, got " + entry.dump());
+    throw bad("expected an object with dtype, shape and data_offsets, got " + json_excerpt(entry));
   for (const char* key : {"dtype", "shape", "data_offsets"}) {
     if (!entry.contains(key)) throw bad(std::string("missing \"") + key + "\"");
   }
@@ -87,20 +88,20 @@ TensorInfo parse_tensor_entry(const std::string& path, const std::string& name, 
   info.name = name;
 
   const auto& dtype = entry["dtype"];
-  if (!dtype.is_string()) throw bad("\"dtype\" must be a string, got " + dtype.dump());
+  if (!dtype.is_string()) throw bad("\"dtype\" must be a string, got " + json_excerpt(dtype));
   const auto parsed = parse_st_dtype(dtype.get_ref<const std::string&>());
   if (!parsed)
-    throw bad("unsupported dtype " + dtype.dump() + " (expected F32, BF16, F16, I32, I64, U16 or U8)");
+    throw bad("unsupported dtype " + json_excerpt(dtype) + " (expected F32, BF16, F16, I32, I64, U16 or U8)");
   info.dtype = *parsed;
 
   const auto& shape = entry["shape"];
-  if (!shape.is_array()) throw bad("\"shape\" must be an array of integers, got " + shape.dump());
+  if (!shape.is_array()) throw bad("\"shape\" must be an array of integers, got " + json_excerpt(shape));
   for (const auto& d : shape) {
-    if (!d.is_number_integer()) throw bad("\"shape\" must be an array of integers, got " + shape.dump());
+    if (!d.is_number_integer()) throw bad("\"shape\" must be an array of integers, got " + json_excerpt(shape));
     if (!d.is_number_unsigned())
-      throw bad("negative dim " + std::to_string(d.get<std::int64_t>()) + " in shape " + shape.dump());
+      throw bad("negative dim " + std::to_string(d.get<std::int64_t>()) + " in shape " + json_excerpt(shape));
     if (d.get<std::uint64_t>() > std::uint64_t(std::numeric_limits<std::int64_t>::max())) {
-      throw bad("dim too large in shape " + shape.dump());
+      throw bad("dim too large in shape " + json_excerpt(shape));
     }
     info.shape.push_back(d.get<std::int64_t>());
   }
@@ -108,7 +109,7 @@ TensorInfo parse_tensor_entry(const std::string& path, const std::string& name, 
   const auto& offsets = entry["data_offsets"];
   if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
       !offsets[1].is_number_unsigned()) {
-    throw bad("\"data_offsets\" must be [begin, end], two non-negative integers, got " + offsets.dump());
+    throw bad("\"data_offsets\" must be [begin, end], two non-negative integers, got " + json_excerpt(offsets));
   }
   const std::uint64_t begin = offsets[0].get<std::uint64_t>(), end = offsets[1].get<std::uint64_t>();
   if (end < begin) throw bad("data_offsets " + offsets_text(begin, end) + " end before they begin");
@@ -133,30 +134,22 @@ TensorInfo parse_tensor_entry(const std::string& path, const std::string& name, 
   return info;
 }
 
-// The temporary file a writer fills: removed by the destructor unless committed. Bytes go out in
-// large sequential write(2) calls; each chunk's CRC-32 is taken just before it is written (no
-// second pass over the file), and the kernel is asked to start writing it back to the disk at
-// once, so that the final fsync finds little left to do.
+// The temporary file a writer fills (core/files.h: created exclusively, never through a link;
+// renamed into place on commit, else removed). Bytes go out in large sequential write(2) calls;
+// each chunk's CRC-32 is taken while it is written (no second pass over the file), and the kernel
+// is asked to start writing it back to the disk at once, so that the final fsync finds little
+// left to do.
 class TempFile {
  public:
-  TempFile(const std::string& path, std::size_t chunk) : path_(path), temp_(path + ".tmp"), chunk_(chunk) {
-    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) throw RuntimeError(path_ + ": cannot create " + temp_ + ": " + errno_text());
-  }
-  ~TempFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(temp_.c_str());
-  }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
+  TempFile(const std::string& path, std::size_t chunk) : file_(path), chunk_(chunk) {}
 
   // Reserves the file's blocks up front: a full disk fails here, before anything is written.
   void reserve(std::size_t total) {
-    if (total == 0 || ::fallocate(fd_, 0, 0, off_t(total)) == 0) return;
+    if (total == 0 || ::fallocate(file_.fd(), 0, 0, off_t(total)) == 0) return;
     // Out of space or quota: say so now. Anything else (a file system or device that cannot
     // reserve): the writes find out.
     if (errno == ENOSPC || errno == EDQUOT || errno == EFBIG) {
-      throw RuntimeError(path_ + ": cannot write " + temp_ + ": " + errno_text());
+      throw RuntimeError(file_.path() + ": cannot write " + file_.temp_path() + ": " + errno_text());
     }
   }
 
@@ -183,26 +176,7 @@ class TempFile {
       n -= piece;
     }
   }
-
-  // fsync, close, rename into place, then fsync the directory so the rename survives a crash.
-  void commit() {
-    if (::fsync(fd_) != 0) throw RuntimeError(path_ + ": cannot sync " + temp_ + ": " + errno_text());
-    const int fd = std::exchange(fd_, -1);
-    if (::close(fd) != 0) throw RuntimeError(path_ + ": cannot close " + temp_ + ": " + errno_text());
-    if (::rename(temp_.c_str(), path_.c_str()) != 0) {
-      throw RuntimeError(path_ + ": cannot rename " + temp_ + " into place: " + errno_text());
-    }
-    committed_ = true;
-    // Best effort: the file is complete and in place; some filesystems refuse fsync on a directory.
-    std::string dir = std::filesystem::path(path_).parent_path().string();
-    if (dir.empty()) dir = ".";
-    const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dir_fd >= 0) {
-      ::fsync(dir_fd);
-      ::close(dir_fd);
-    }
-  }
-
+  void commit() { file_.commit(); }
   std::uint32_t crc() const { return crc_; }
   std::size_t bytes() const { return written_; }
 
@@ -210,24 +184,21 @@ class TempFile {
   void write_all(const unsigned char* bytes, std::size_t n) {
     const std::size_t start = written_;
     while (n > 0) {
-      const ssize_t written = ::write(fd_, bytes, std::min(n, io_chunk));
+      const ssize_t written = ::write(file_.fd(), bytes, std::min(n, io_chunk));
       if (written < 0 && errno == EINTR) continue;
-      if (written <= 0) throw RuntimeError(path_ + ": cannot write " + temp_ + ": " + errno_text());
+      if (written <= 0) throw RuntimeError(file_.path() + ": cannot write " + file_.temp_path() + ": " + errno_text());
       bytes += written;
       n -= std::size_t(written);
       written_ += std::size_t(written);
     }
     // Start the write-back of what was just written (best effort; fsync in commit() is the guarantee).
-    if (written_ - start >= min_writeback) ::sync_file_range(fd_, off_t(start), off_t(written_ - start), SYNC_FILE_RANGE_WRITE);
+    if (written_ - start >= min_writeback) ::sync_file_range(file_.fd(), off_t(start), off_t(written_ - start), SYNC_FILE_RANGE_WRITE);
   }
 
   static constexpr std::size_t min_writeback = std::size_t(1) << 20;
   static constexpr std::size_t min_parallel_crc = std::size_t(1) << 20;
-  std::string path_;
-  std::string temp_;
+  AtomicFile file_;
   std::size_t chunk_;
-  int fd_ = -1;
-  bool committed_ = false;
   std::uint32_t crc_ = 0;  // CRC-32 of nothing
   std::size_t written_ = 0;
 };
@@ -284,7 +255,7 @@ std::int64_t TensorInfo::numel() const {
 }
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // a FIFO must not block
   if (fd < 0) throw InputError(path + ": cannot open safetensors file: " + errno_text());
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -324,6 +295,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     std::string repeated;
     const nlohmann::json::parser_callback_t note_keys = [&](int depth, nlohmann::json::parse_event_t event,
                                                             nlohmann::json& parsed) {
+      check_json_depth(depth, event, path + ": header");
       if (depth == 1 && event == nlohmann::json::parse_event_t::key && parsed.is_string() &&
           !seen.insert(parsed.get<std::string>()).second && repeated.empty()) {
         repeated = parsed.get<std::string>();
@@ -352,7 +324,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
         for (const auto& [key, value] : entry.items()) {
           if (!value.is_string()) {
             throw InputError(path + ": \"__metadata__\" value of '" + key + "' must be a string, got " +
-                             value.dump());
+                             json_excerpt(value));
           }
           metadata_.emplace(key, value.get<std::string>());
         }
@@ -490,13 +462,12 @@ std::uint32_t write_safetensors(const std::string& path, const std::vector<Tenso
 }
 
 std::uint32_t file_crc32(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw RuntimeError(path + ": cannot open for its CRC-32: " + errno_text());
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const std::string why = errno_text();
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw RuntimeError(path + ": cannot stat for its CRC-32: " + why);
+    throw InputError(path + ": not a regular file");
   }
   const std::size_t size = std::size_t(st.st_size);
   if (size == 0) {

@@ -8,6 +8,7 @@
 #include "checkpoint/onnx_export.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "data/shard.h"
 
 namespace llmtrain::cli {
@@ -28,8 +29,8 @@ int copy_tokenizer_files(const config::Config& config, const std::string& dir) {
   const fs::path from = fs::path(shards.front()).parent_path();
   int copied = 0;
   for (const char* name : {"tokenizer.json", "encoder.json", "vocab.bpe"}) {
-    if (!fs::exists(from / name)) continue;
-    fs::copy_file(from / name, fs::path(dir) / name, fs::copy_options::overwrite_existing);
+    if (!path_exists((from / name).string())) continue;
+    write_file_atomic((fs::path(dir) / name).string(), read_regular_file((from / name).string(), "a tokenizer file"));
     ++copied;
   }
   return copied;
@@ -66,7 +67,15 @@ Command add_export_command(CLI::App& parent) {
               throw InputError("export: --dtype, --no-cache and --external-data apply to --format onnx only");
             }
             const auto start = std::chrono::steady_clock::now();
+            require_output_folder(o->output, "--output");
             const checkpoint::Found found = checkpoint::find(o->checkpoint);
+            // The export must not overwrite what it reads: the step folder, or a folder between it
+            // and the path named (a run folder holds a config.json, as an export does).
+            if (same_or_inside(o->output, found.dir) ||
+                (same_or_inside(found.dir, o->output) && same_or_inside(o->output, o->checkpoint))) {
+              throw InputError("--output: " + o->output + " overlaps the checkpoint " + found.dir +
+                               " that it exports; choose a folder outside it");
+            }
             const auto loaded = checkpoint::load_model(found);
             model::Model& model = *loaded;
             if (o->format == "hf") {

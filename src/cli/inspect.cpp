@@ -1,4 +1,6 @@
 // llmtrain inspect: what a checkpoint holds, and whether every file verifies.
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -7,6 +9,7 @@
 #include "checkpoint/safetensors.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "core/json_file.h"
 #include "core/strings.h"
 
@@ -20,33 +23,49 @@ Command add_inspect_command(CLI::App& parent) {
   return {app, [path] {
             // Not checkpoint::find(), which stops at the first damaged file: inspect reports every file.
             const std::string dir = checkpoint::resolve_dir(*path);
-            const auto state = read_json_file(dir + "/state.json", "the state.json of a checkpoint");
-            const bool complete = std::filesystem::exists(dir + "/COMPLETE");
-            const auto& m = state.at("config").at("model");
+            const std::string state_file = dir + "/state.json";
+            const auto state = read_json_file(state_file, "the state.json of a checkpoint");
+            checkpoint::validate_state(state, state_file);
+            const config::ModelConfig m = config::parse_config(state.at("config").dump(), state_file).model;
+            const bool complete = path_exists(dir + "/COMPLETE");
+            const auto integer = [](const nlohmann::json& v) { return static_cast<long long>(v.get<std::int64_t>()); };
             std::printf("checkpoint %s%s\n", dir.c_str(), complete ? "" : "  (INCOMPLETE: no COMPLETE file)");
             std::printf("  step %lld, %lld tokens seen, world size %lld, ZeRO %lld, sampler epoch %lld next sample %lld\n",
-                        static_cast<long long>(state.value("step", 0)), static_cast<long long>(state.value("tokens_seen", 0)),
-                        static_cast<long long>(state.value("world_size", 0)), static_cast<long long>(state.value("zero_stage", 0)),
-                        static_cast<long long>(state.at("sampler").value("epoch", 0)),
-                        static_cast<long long>(state.at("sampler").value("next_sample", 0)));
-            std::printf("  model %s: %s layers, d_model %s, %s heads, vocab %s, context %s\n", m.at("arch").get<std::string>().c_str(),
-                        m.at("n_layer").dump().c_str(), m.at("d_model").dump().c_str(), m.at("n_head").dump().c_str(),
-                        m.at("vocab_size").dump().c_str(), m.at("context_length").dump().c_str());
+                        integer(state.at("step")), integer(state.at("tokens_seen")), integer(state.at("world_size")),
+                        integer(state.at("zero_stage")), integer(state.at("sampler").at("epoch")),
+                        integer(state.at("sampler").at("next_sample")));
+            std::printf("  model %s: %lld layers, d_model %lld, %lld heads, vocab %lld, context %lld\n",
+                        config::to_string(m.arch).c_str(), static_cast<long long>(m.n_layer),
+                        static_cast<long long>(m.d_model), static_cast<long long>(m.n_head),
+                        static_cast<long long>(m.vocab_size), static_cast<long long>(m.context_length));
             bool all_ok = complete;
+            std::string damaged = complete ? "" : " no COMPLETE file;";
             for (const auto& [file, info] : state.at("files").items()) {
               const std::string full = dir + "/" + file;
               std::string verdict = "ok";
-              if (!std::filesystem::exists(full)) {
+              struct stat st {};
+              if (::lstat(full.c_str(), &st) != 0) {
                 verdict = "MISSING";
-              } else if (checkpoint::file_crc32(full) != info.value("crc32", std::uint64_t{0})) {
+              } else if (!S_ISREG(st.st_mode)) {
+                verdict = "NOT A REGULAR FILE";
+              } else if (std::uint64_t(st.st_size) != info.at("bytes").get<std::uint64_t>()) {
+                verdict = "SIZE MISMATCH";
+              } else if (checkpoint::file_crc32(full) != info.at("crc32").get<std::uint64_t>()) {
                 verdict = "CHECKSUM MISMATCH";
               }
               all_ok = all_ok && verdict == "ok";
-              std::printf("  %-26s %12s  crc32 %08llx  %s\n", file.c_str(), format_bytes(double(info.value("bytes", 0))).c_str(),
-                          static_cast<unsigned long long>(info.value("crc32", std::uint64_t{0})), verdict.c_str());
+              if (verdict != "ok") damaged += " " + file + " " + verdict + ";";
+              std::printf("  %-26s %12s  crc32 %08llx  %s\n", file.c_str(),
+                          format_bytes(double(info.at("bytes").get<std::int64_t>())).c_str(),
+                          static_cast<unsigned long long>(info.at("crc32").get<std::uint64_t>()), verdict.c_str());
             }
-            std::printf("%s\n", all_ok ? "every file verifies" : "this checkpoint is damaged");
-            return all_ok ? 0 : static_cast<int>(ExitCode::bad_input);
+            if (!all_ok) {
+              std::fflush(stdout);
+              damaged.pop_back();
+              throw InputError(dir + ": this checkpoint is damaged:" + damaged);
+            }
+            std::printf("every file verifies\n");
+            return 0;
           }};
 }
 

@@ -14,10 +14,18 @@
 
 namespace {
 
-// Messages are one line: a library message with line breaks is folded.
+// Messages are one line: a library message with line breaks is folded, bytes that are not
+// UTF-8 (user text echoed back) are shown escaped, and a message is cut at a few kilobytes.
 std::string one_line(std::string text) {
+  constexpr std::size_t max_bytes = 2000;
   std::replace(text.begin(), text.end(), '\n', ' ');
   while (!text.empty() && text.back() == ' ') text.pop_back();
+  text = llmtrain::escape_text(text);
+  if (text.size() > max_bytes) {
+    std::size_t cut = max_bytes;
+    while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // not inside a character
+    text = text.substr(0, cut) + "... (message cut)";
+  }
   return text;
 }
 

@@ -10,6 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/files.h"
+#include "core/json_file.h"
 #include "core/strings.h"
 
 namespace llmtrain::config {
@@ -33,23 +35,24 @@ struct Origins {
   }
 };
 
+// A key path as an error shows it: a hostile file's key may be any length.
+std::string shown_key(const std::string& path, std::size_t limit = 120) {
+  return path.size() <= limit ? path : path.substr(0, limit - 3) + "...";
+}
+
 [[noreturn]] void fail(const Origins& origins, const std::string& path, const std::string& what) {
-  throw InputError(path + ": " + what + " (" + origins.of(path) + ")");
+  throw InputError(shown_key(path) + ": " + what + " (" + shown_key(origins.of(path), 400) + ")");
 }
 
 // A rule between two keys: blamed on `path`, but a --set of `other` is named when it gave `other`.
 [[noreturn]] void fail_rule(const Origins& origins, const std::string& path, const std::string& other,
                             const std::string& what) {
   const std::string from_other = origins.of(other);
-  const std::string where = from_other.starts_with("from --set") ? from_other : origins.of(path);
-  throw InputError(path + ": " + what + " (" + where + ")");
+  const std::string where = shown_key(from_other.starts_with("from --set") ? from_other : origins.of(path), 400);
+  throw InputError(shown_key(path) + ": " + what + " (" + where + ")");
 }
 
-std::string shown(const json& value) {
-  std::string text = value.dump();
-  if (text.size() > 60) text = text.substr(0, 57) + "...";
-  return text;
-}
+std::string shown(const json& value) { return json_excerpt(value); }
 
 std::string format_number(double x) {
   std::ostringstream out;
@@ -246,15 +249,16 @@ json parse_strict(const std::string& text, const std::string& origin) {
     }
     return p;
   };
-  json::parser_callback_t on_event = [&](int, json::parse_event_t event, json& parsed) {
+  json::parser_callback_t on_event = [&](int depth, json::parse_event_t event, json& parsed) {
     using E = json::parse_event_t;
+    check_json_depth(depth, event, origin);
     if (event == E::object_start) frames.push_back({true, {}, {}});
     if (event == E::array_start) frames.push_back({false, {}, {}});
     if (event == E::object_end || event == E::array_end) frames.pop_back();
     if (event == E::key) {
       frames.back().key = parsed.get<std::string>();
       if (!frames.back().seen.insert(frames.back().key).second) {
-        throw InputError(path() + ": duplicate key (in " + origin + ")");
+        throw InputError(shown_key(path()) + ": duplicate key (in " + origin + ")");
       }
     }
     return true;
@@ -293,8 +297,16 @@ void apply_override(json& root, const std::string& text, Origins& origins) {
   }
   const std::string key = text.substr(0, eq);
   const std::string value_text = text.substr(eq + 1);
+  if (std::size_t bad = 0; !is_valid_utf8(text, &bad)) {
+    throw InputError("--set " + json_excerpt(text, 120) + ": byte " + std::to_string(bad) +
+                     " is not valid UTF-8 (config values are UTF-8 text)");
+  }
   // The value is JSON when it parses as JSON, else a plain string (so paths need no quotes).
-  json value = json::parse(value_text, nullptr, /*allow_exceptions=*/false);
+  const json::parser_callback_t guard = [&](int depth, json::parse_event_t event, json&) {
+    check_json_depth(depth, event, "--set " + json_excerpt(text));
+    return true;
+  };
+  json value = json::parse(value_text, guard, /*allow_exceptions=*/false);
   if (value.is_discarded()) value = value_text;
 
   json* node = &root;
@@ -402,15 +414,11 @@ Config parse_config(const std::string& text, const std::string& origin, const st
 
 Config load_config(const std::string& path, const std::vector<Override>& overrides) {
   if (path.empty()) return parse_config("", "(defaults)", overrides);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot open config file");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw InputError(path + ": cannot read config file");
-  if (text.str().find_first_not_of(" \t\r\n") == std::string::npos) {
+  const std::string text = read_regular_file(path, "a JSON config file", std::uint64_t(64) << 20);
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos) {
     throw InputError(path + ": config file is empty (expected a JSON object)");
   }
-  return parse_config(text.str(), path, overrides);
+  return parse_config(text, path, overrides);
 }
 
 bool may_change_on_resume(const std::string& key_path) {

@@ -1,25 +1,94 @@
-// Reading a small JSON file (tokenizer files, checkpoint state), with errors that name the file.
+// Reading JSON from files and users (tokenizer files, checkpoint state, safetensors headers,
+// configs), with errors that name the file, a bound on nesting, and bounded excerpts of values.
 #pragma once
 
-#include <fstream>
+#include <cstddef>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/files.h"
+#include "core/strings.h"
 
 namespace llmtrain {
 
-/// Parses the JSON file at `path`; InputError "PATH: cannot open (expected `what`)" or
-/// "PATH: not valid JSON: ...".
-inline nlohmann::json read_json_file(const std::string& path, const std::string& what) {
-  std::ifstream in(path);
-  if (!in) throw InputError(path + ": cannot open (expected " + what + ")");
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(path + ": not valid JSON: " + e.what());
+/// The deepest nesting of arrays and objects accepted anywhere llmtrain reads JSON. Real files
+/// need a handful of levels; the bound keeps every later walk of a value (printing, comparing)
+/// far from the stack's end.
+constexpr int max_json_depth = 64;
+
+/// For a parser callback: InputError "WHERE: JSON nested deeper than 64 levels" when an object
+/// or array starts at `depth` (0 for the top level) beyond the bound.
+inline void check_json_depth(int depth, nlohmann::json::parse_event_t event, const std::string& where) {
+  using E = nlohmann::json::parse_event_t;
+  if ((event == E::object_start || event == E::array_start) && depth >= max_json_depth) {
+    throw InputError(where + ": JSON nested deeper than " + std::to_string(max_json_depth) +
+                     " levels (the most accepted)");
   }
+}
+
+namespace detail {
+inline void append_excerpt(const nlohmann::json& v, std::string& out, std::size_t limit) {
+  if (out.size() > limit) return;
+  if (v.is_string()) {
+    const std::string& s = v.get_ref<const std::string&>();
+    out += '"';
+    out += escape_text(std::string_view(s).substr(0, limit + 1 - std::min(limit, out.size())));
+    out += '"';
+  } else if (v.is_object()) {
+    out += '{';
+    bool first = true;
+    for (auto it = v.begin(); it != v.end() && out.size() <= limit; ++it) {
+      if (!first) out += ',';
+      first = false;
+      out += '"' + escape_text(std::string_view(it.key()).substr(0, limit)) + "\":";
+      append_excerpt(it.value(), out, limit);
+    }
+    out += '}';
+  } else if (v.is_array()) {
+    out += '[';
+    bool first = true;
+    for (auto it = v.begin(); it != v.end() && out.size() <= limit; ++it) {
+      if (!first) out += ',';
+      first = false;
+      append_excerpt(*it, out, limit);
+    }
+    out += ']';
+  } else {
+    out += v.dump();  // a number, true, false or null: short, never throws
+  }
+}
+}  // namespace detail
+
+/// A value for an error message: compact JSON (as dump() writes it) of at most about `limit` characters ("..." when
+/// cut), bytes that are not UTF-8 shown as \xNN, never walking deeper than the text it prints.
+inline std::string json_excerpt(const nlohmann::json& value, std::size_t limit = 60) {
+  std::string out;
+  detail::append_excerpt(value, out, limit);
+  if (out.size() > limit) out = out.substr(0, limit - 3) + "...";
+  return out;
+}
+
+/// Parses `text`, bounding the nesting; InputError "WHERE: not valid JSON: ..." on a syntax error.
+inline nlohmann::json parse_json_text(std::string_view text, const std::string& where) {
+  const nlohmann::json::parser_callback_t guard = [&](int depth, nlohmann::json::parse_event_t event,
+                                                      nlohmann::json&) {
+    check_json_depth(depth, event, where);
+    return true;
+  };
+  try {
+    return nlohmann::json::parse(text.begin(), text.end(), guard);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(where + ": not valid JSON: " + e.what());
+  }
+}
+
+/// Parses the JSON file at `path` (a regular file of at most 1 GiB); InputError "PATH: cannot
+/// open (expected `what`)", "PATH: is a directory ...", or "PATH: not valid JSON: ...".
+inline nlohmann::json read_json_file(const std::string& path, const std::string& what) {
+  return parse_json_text(read_regular_file(path, what, std::uint64_t(1) << 30), path);
 }
 
 }  // namespace llmtrain

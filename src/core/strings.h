@@ -18,6 +18,13 @@ std::string closest_match(std::string_view word, const std::vector<std::string>&
 std::string join_quoted(const std::vector<std::string>& items, std::string_view separator,
                         std::string_view quote = "\"");
 
+/// `text` safe to print on one line: valid UTF-8 kept, other bytes and control characters shown
+/// as \xNN (a backslash doubled), so that user text in a message is never raw binary.
+std::string escape_text(std::string_view text);
+
+/// Whether `text` is valid UTF-8; when not and `bad_byte` is given, the offset of the first bad byte.
+bool is_valid_utf8(std::string_view text, std::size_t* bad_byte = nullptr);
+
 /// Bytes in human units: "1.50 GiB".
 std::string format_bytes(double bytes);
 

@@ -293,7 +293,7 @@ BpeVocabulary read_bpe_files(const std::string& dir) {
   std::string bytes;
   for (const auto& [text, id_json] : encoder.items()) {
     if (!id_json.is_number_unsigned() || id_json.get<std::uint64_t>() >= encoder.size()) {
-      throw InputError(encoder_path + ": token \"" + text + "\": id must be an integer below " +
+      throw InputError(encoder_path + ": token " + json_excerpt(text) + ": id must be an integer below " +
                        std::to_string(encoder.size()));
     }
     const auto id = id_json.get<std::uint32_t>();
@@ -303,13 +303,12 @@ BpeVocabulary read_bpe_files(const std::string& dir) {
       vocab.eot = id;
       bytes = text;
     } else if (!unicode_to_bytes(text, bytes)) {
-      throw InputError(encoder_path + ": token \"" + text + "\" is not in GPT-2's byte-to-character form");
+      throw InputError(encoder_path + ": token " + json_excerpt(text) + " is not in GPT-2's byte-to-character form");
     }
     vocab.tokens[id] = bytes;
   }
 
-  std::ifstream merges_file(merges_path);
-  if (!merges_file) throw InputError(merges_path + ": cannot open (expected GPT-2's vocab.bpe)");
+  std::istringstream merges_file(read_regular_file(merges_path, "GPT-2's vocab.bpe", std::uint64_t(1) << 30));
   std::unordered_map<std::string, std::uint32_t> id_of;
   for (std::uint32_t id = 0; id < vocab.tokens.size(); ++id) {
     if (!(vocab.eot && *vocab.eot == id)) id_of.emplace(vocab.tokens[id], id);

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/files.h"
 
 static_assert(std::endian::native == std::endian::little, "shard files are read in place: little-endian only");
 
@@ -28,12 +29,16 @@ namespace {
 }  // namespace
 
 ShardFile::ShardFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // a FIFO must not block
   if (fd < 0) throw InputError(path + ": cannot open shard: " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     ::close(fd);
     throw InputError(path + ": cannot stat shard: " + std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw InputError(path + ": not a regular file (expected a token shard)");
   }
   map_bytes_ = static_cast<std::size_t>(st.st_size);
   if (map_bytes_ < shard_header_bytes) {
@@ -115,24 +120,15 @@ void write_shard(const std::string& path, std::span<const std::uint32_t> tokens,
   header[1] = wide ? 2 : 1;
   header[2] = static_cast<std::int32_t>(tokens.size());
 
-  const std::string temp = path + ".tmp";
-  std::FILE* f = std::fopen(temp.c_str(), "wb");
-  if (!f) throw RuntimeError(temp + ": cannot create: " + std::strerror(errno));
-  bool ok = std::fwrite(header, sizeof header, 1, f) == 1;
+  AtomicFile file(path);
+  file.write(header, sizeof header);
   if (wide) {
-    ok = ok && std::fwrite(tokens.data(), 4, tokens.size(), f) == tokens.size();
+    file.write(tokens.data(), tokens.size() * 4);
   } else {
-    std::vector<std::uint16_t> narrow(tokens.begin(), tokens.end());
-    ok = ok && std::fwrite(narrow.data(), 2, narrow.size(), f) == narrow.size();
+    const std::vector<std::uint16_t> narrow(tokens.begin(), tokens.end());
+    file.write(narrow.data(), narrow.size() * 2);
   }
-  ok = ok && std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
-  const int saved_errno = errno;
-  ok = (std::fclose(f) == 0) && ok;
-  if (!ok) {
-    std::remove(temp.c_str());
-    throw RuntimeError(temp + ": write failed: " + std::strerror(saved_errno));
-  }
-  std::filesystem::rename(temp, path);
+  file.commit();
 }
 
 std::vector<std::string> expand_paths(const std::vector<std::string>& patterns, const std::string& key) {

@@ -7,11 +7,13 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
 
@@ -26,14 +28,7 @@ bool is_shard_file(const fs::path& path) {
   return (name.starts_with("train_") || name.starts_with("val_")) && name.ends_with(".bin");
 }
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot open input file");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw InputError(path + ": cannot read input file");
-  return text.str();
-}
+std::string read_text_file(const std::string& path) { return read_regular_file(path, "a text input file"); }
 
 // Splits `text` into pieces of about `target` bytes, cutting only right after a newline that is
 // followed by a printable ASCII character: GPT-2's pattern always ends a piece there (no
@@ -76,14 +71,19 @@ TokenizeReport tokenize_files(const TokenizeOptions& options) {
   if (!(options.val_fraction >= 0.0 && options.val_fraction < 1.0)) {
     throw InputError("--val-fraction: expected a number in [0, 1), got " + std::to_string(options.val_fraction));
   }
-  if (options.shard_tokens < 1) throw InputError("--shard-tokens: expected an integer >= 1");
+  if (options.shard_tokens < 1 || options.shard_tokens > std::numeric_limits<std::int32_t>::max()) {
+    throw InputError("--shard-tokens: expected an integer from 1 to 2147483647 (a shard's header counts in int32)");
+  }
 
-  // Refuse to mix with or silently replace earlier shards.
-  fs::create_directories(options.output_dir);
-  for (const auto& entry : fs::directory_iterator(options.output_dir)) {
-    if (is_shard_file(entry.path()) && !options.force) {
-      throw InputError(options.output_dir + ": already holds shards (" + entry.path().filename().string() +
-                       "); use --force to replace them");
+  // Refuse to mix with or silently replace earlier shards. Nothing is created before the inputs
+  // and the tokenizer have been read.
+  require_output_folder(options.output_dir, "--output");
+  if (is_directory(options.output_dir)) {
+    for (const auto& entry : fs::directory_iterator(options.output_dir)) {
+      if (is_shard_file(entry.path()) && !options.force) {
+        throw InputError(options.output_dir + ": already holds shards (" + entry.path().filename().string() +
+                         "); use --force to replace them");
+      }
     }
   }
 
@@ -166,6 +166,7 @@ TokenizeReport tokenize_files(const TokenizeOptions& options) {
   report.train_tokens = std::int64_t(stream.size()) - report.val_tokens;
 
   // Remove shards of an earlier run (only reached with --force), then write the new ones.
+  fs::create_directories(options.output_dir);
   for (const auto& entry : fs::directory_iterator(options.output_dir)) {
     if (is_shard_file(entry.path())) fs::remove(entry.path());
   }

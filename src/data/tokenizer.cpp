@@ -43,7 +43,7 @@ std::unique_ptr<Tokenizer> make_byte_tokenizer() { return std::make_unique<ByteT
 
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec) {
   if (spec == "byte") return make_byte_tokenizer();
-  if (spec.starts_with("gpt2:")) return make_bpe_tokenizer(read_bpe_files(spec.substr(5)));
+  if (spec.starts_with("gpt2:") && spec.size() > 5) return make_bpe_tokenizer(read_bpe_files(spec.substr(5)));
   throw InputError("--tokenizer " + spec + ": expected byte, gpt2:DIR or bpe:VOCAB_SIZE");
 }
 
@@ -54,18 +54,19 @@ void save_tokenizer(const Tokenizer& tokenizer, const std::string& dir) {
     save_bpe_files(*vocab, dir);
     record["files"] = {"encoder.json", "vocab.bpe"};
   }
-  std::ofstream out(dir + "/tokenizer.json");
-  out << record.dump(2) << "\n";
-  if (!out) throw RuntimeError(dir + "/tokenizer.json: cannot write");
+  write_file_atomic(dir + "/tokenizer.json", record.dump(2) + "\n");
 }
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
   const std::string path = dir + "/tokenizer.json";
   const nlohmann::json record = read_json_file(path, "the tokenizer.json that llmtrain tokenize writes next to the shards");
-  const std::string kind = record.value("kind", "");
+  if (!record.is_object() || !record.contains("kind") || !record.at("kind").is_string()) {
+    throw InputError(path + ": kind: expected \"byte\" or \"gpt2\"");
+  }
+  const std::string kind = record.at("kind").get<std::string>();
   if (kind == "byte") return make_byte_tokenizer();
   if (kind == "gpt2") return make_bpe_tokenizer(read_bpe_files(dir));
-  throw InputError(path + ": kind: expected \"byte\" or \"gpt2\", got \"" + kind + "\"");
+  throw InputError(path + ": kind: expected \"byte\" or \"gpt2\", got " + json_excerpt(kind));
 }
 
 }  // namespace llmtrain::data

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "ops/buffer.h"
 
 namespace llmtrain::train {
@@ -115,7 +116,7 @@ std::string checkpoint_root(const TrainOptions& options) {
 }
 
 std::optional<checkpoint::Found> find_resume_point(const TrainOptions& options, bool lead) {
-  const bool has_metrics = fs::exists(options.run_dir + "/metrics.jsonl");
+  const bool has_metrics = path_exists(options.run_dir + "/metrics.jsonl");
   std::optional<checkpoint::Found> found;
   if (options.resume == "never") {
     if (has_metrics) {

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "ops/buffer.h"
 #include "ops/profile.h"
 #include "train/plan.h"
@@ -65,11 +66,7 @@ void keep_metrics_up_to(const std::string& path, std::int64_t last_step) {
     }
   }
   in.close();
-  std::ofstream out(path + ".tmp", std::ios::trunc);
-  out << kept;
-  out.close();
-  if (!out) throw RuntimeError(path + ": cannot rewrite");
-  fs::rename(path + ".tmp", path);
+  write_file_atomic(path, kept);
 }
 
 Reporter::Reporter(const TrainOptions& options, dist::Communicator& world, std::int64_t first_step)
@@ -77,9 +74,7 @@ Reporter::Reporter(const TrainOptions& options, dist::Communicator& world, std::
   const bool lead = world.rank() == 0;  // the rank that prints and writes run files
   if (lead) {
     fs::create_directories(options.run_dir);
-    std::ofstream out(options.run_dir + "/config.json");
-    out << config::to_json(config_).dump(2) << "\n";
-    if (!out) throw RuntimeError(options.run_dir + "/config.json: cannot write");
+    write_file_atomic(options.run_dir + "/config.json", config::to_json(config_).dump(2) + "\n");
     keep_metrics_up_to(options.run_dir + "/metrics.jsonl", first_step - 1);
     metrics_ = std::make_unique<MetricsLog>(options.run_dir + "/metrics.jsonl");
     tensorboard_ = std::make_unique<TensorBoardWriter>(options.run_dir + "/tb");

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "data/shard.h"
 #include "ops/buffer.h"
 #include "ops/profile.h"
@@ -217,6 +218,9 @@ TrainSummary run_training(const TrainOptions& requested) {
     if (!ops::cuda_available(&why)) throw InputError("--device cuda: no usable CUDA device: " + why);
   }
   if (config.data.train.empty()) throw InputError("data.train: no training data given");
+  // Before any data is loaded or model built: the run's folders must be folders.
+  require_output_folder(options.run_dir, "--run-dir");
+  if (!config.checkpoint.dir.empty()) require_output_folder(config.checkpoint.dir, "checkpoint.dir");
   // The mesh's other axes arrive with tensor and pipeline parallelism; until then only their
   // default is a model this trainer can split.
   for (const auto& [key, value] : {std::pair{"dist.tensor_parallel", config.dist.tensor_parallel},
