@@ -29,6 +29,7 @@ namespace llmtrain::checkpoint {
 namespace {
 
 constexpr std::size_t length_bytes = 8;                 // the uint64 header length
+constexpr std::size_t io_chunk = std::size_t(1) << 30;  // below Linux's 2 GiB per write
 
 struct DtypeEntry {
   StDtype dtype;
