@@ -75,7 +75,7 @@ config "$work/big.json" 15 3 0 256 4
 "$llmtrain" train --config "$work/big.json" --run-dir "$work/bigref" >"$work/bigref.log" 2>&1 || fail "reference run: $(tail -n 3 "$work/bigref.log")"
 during_write() {  # during_write RUN: waits until a background write is under way (at most 60 s)
   for _ in $(seq 1 6000); do
-    compgen -G "$1/checkpoints/step_*/*.tmp" >/dev/null && return 0
+    compgen -G "$1/checkpoints/step_*/*.tmp*" >/dev/null && return 0
     sleep 0.01
   done
   return 1
@@ -114,7 +114,7 @@ wait "$job"; status=$?
 stopped=$(cat "$work/term/checkpoints/latest")
 grep -q "stopped by a signal after step $((10#${stopped#step_}))" "$work/term.log" ||
   fail "SIGTERM: latest ($stopped) is not the checkpoint of the stop: $(tail -n 5 "$work/term.log")"
-compgen -G "$work/term/checkpoints/step_*/*.tmp" >/dev/null && fail "SIGTERM: temporary files left: $(ls "$work"/term/checkpoints/*)"
+compgen -G "$work/term/checkpoints/step_*/*.tmp*" >/dev/null && fail "SIGTERM: temporary files left: $(ls "$work"/term/checkpoints/*)"
 "$llmtrain" train --config "$work/big.json" --run-dir "$work/term" >>"$work/term.log" 2>&1 || fail "resubmitted run: $(tail -n 3 "$work/term.log")"
 same_final "$work/bigref" "$work/term" || fail "SIGTERM: the resubmitted run differs from the uninterrupted one"
 pass "SIGTERM during a background write: exit 75 with $stopped complete; the resubmitted run ends bit-identical"
