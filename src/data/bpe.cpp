@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <fstream>
 #include <functional>
 #include <limits>
 #include <sstream>
@@ -14,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/files.h"
 #include "core/json_file.h"
 #include "data/tokenizer.h"
 
@@ -368,11 +368,10 @@ void save_bpe_files(const BpeVocabulary& vocab, const std::string& dir) {
     merges += bytes_to_unicode(vocab.tokens[b]);
     merges += '\n';
   }
-  std::ofstream encoder_file(dir + "/encoder.json", std::ios::binary);
-  encoder_file.write(encoder.data(), std::streamsize(encoder.size()));
-  std::ofstream merges_file(dir + "/vocab.bpe", std::ios::binary);
-  merges_file.write(merges.data(), std::streamsize(merges.size()));
-  if (!encoder_file || !merges_file) throw RuntimeError(dir + ": cannot write encoder.json / vocab.bpe");
+  // Exclusive temporaries renamed into place: a planted link is never followed, and a crash
+  // leaves the old files or the new ones.
+  write_file_atomic(dir + "/encoder.json", encoder);
+  write_file_atomic(dir + "/vocab.bpe", merges);
 }
 
 std::unique_ptr<Tokenizer> make_bpe_tokenizer(BpeVocabulary vocab) {
