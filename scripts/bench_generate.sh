@@ -27,7 +27,8 @@ if [[ -z "$checkpoint" ]]; then
   "$llmtrain" tokenize --input "${corpus[@]}" --output "$work/data" --tokenizer byte --val-fraction 0.05 >/dev/null
   "$llmtrain" train --config configs/quickstart.json --run-dir "$work/run" --set train.max_steps="$steps" \
     --set "data.train=$work/data/train_*.bin" --set "data.val=$work/data/val_*.bin" --set train.eval_every=0 \
-    --set checkpoint.every="$steps" >/dev/null 2>&1
+    --set checkpoint.every="$steps" --set optim.warmup_steps=$((steps / 3)) >"$work/train.log" 2>&1 ||
+    { echo "bench_generate.sh: training the model failed:" >&2; tail -n 3 "$work/train.log" >&2; exit 1; }
   checkpoint="$work/run"
 fi
 
