@@ -35,4 +35,9 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int 
 void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
                               const float* lse, int B, int T, int C, int NH, int NKV, cudaStream_t stream);
 
+/// Whether the bf16 kernels take the tensor-core path (mma.sync, ldmatrix, cp.async) for this
+/// head size and these tensors: head sizes 64 and 128, qkv and out (forward) or qkv, out, dout
+/// and dqkv (backward) 16-byte aligned. Otherwise the CUDA-core kernels run.
+bool flash_attention_uses_tensor_cores(int head_size, const void* qkv, const void* out);
+
 }  // namespace llmtrain::cuda
