@@ -1,4 +1,7 @@
-// Causal flash attention in the style of FlashAttention-2, fp32 on CUDA cores, element type a
+// Causal flash attention in the style of FlashAttention-2. Two families of kernels: bf16 on
+// tensor cores for head sizes 64 and 128 (the "tensor cores" sections below: mma.sync, ldmatrix,
+// cp.async from mma.cuh), used by the bf16 entry points whenever the tensors are 16-byte aligned;
+// and the kernels described next, fp32 on CUDA cores, element type a
 // template parameter (loads and stores convert to fp32; all arithmetic is fp32). CPU reference:
 // src/ops/cpu/flash_attention.cpp. Instantiated for float and for bf16 (mixed precision: bf16
 // qkv, out, dout, dqkv; fp32 lse, D and shared-memory tiles, so the same kernels, tiles and
@@ -453,6 +456,52 @@ __device__ __forceinline__ void tc_load_tile(bf16* tile, const bf16* head, std::
   }
 }
 
+// The A fragment (16 x 16) of rows [row0, row0 + 16), columns [16 kk, 16 kk + 16) of a shared
+// tile with row stride S.
+template <int S>
+__device__ __forceinline__ void tc_a_fragment(std::uint32_t (&a)[4], const bf16* tile, int row0, int kk) {
+  const int lane = int(threadIdx.x) % 32;
+  tc::ldmatrix<4, false>(a, tile + (row0 + (lane / 8 % 2) * 8 + lane % 8) * S + kk * 16 + lane / 16 * 8);
+}
+
+// acc (16 x N) += a X^T for one 16-wide k step kk: a the A fragment of those 16 columns, X a
+// shared (N, S) tile whose rows are the output columns (keys or queries); so acc = A X^T after
+// all k steps.
+template <int N, int S>
+__device__ __forceinline__ void tc_product_transposed(float (&acc)[N / 8][4], const std::uint32_t (&a)[4],
+                                                      const bf16* x, int kk) {
+  const int lane = int(threadIdx.x) % 32;
+#pragma unroll
+  for (int jp = 0; jp < N / 16; ++jp) {
+    std::uint32_t f[4];  // B fragments of column tiles 2 jp (f[0], f[1]) and 2 jp + 1
+    tc::ldmatrix<4, false>(f, x + (jp * 16 + lane / 16 * 8 + lane % 8) * S + kk * 16 + (lane / 8 % 2) * 8);
+    tc::mma_bf16(acc[2 * jp], a, f[0], f[1], acc[2 * jp]);
+    tc::mma_bf16(acc[2 * jp + 1], a, f[2], f[3], acc[2 * jp + 1]);
+  }
+}
+
+// acc (16 x HS) += P Y: P (16 x N) fp32 C fragments, rounded to bf16 in registers as A
+// fragments (the C layout of two 16 x 8 tiles is the A layout of one 16 x 16 tile); Y a shared
+// (N, S) tile read transposed by ldmatrix.
+template <int HS, int N, int S>
+__device__ __forceinline__ void tc_accumulate_product(float (&acc)[HS / 8][4], const float (&p)[N / 8][4],
+                                                      const bf16* y) {
+  const int lane = int(threadIdx.x) % 32;
+#pragma unroll
+  for (int kc = 0; kc < N / 16; ++kc) {
+    const std::uint32_t a[4] = {tc::pack_bf16(p[2 * kc][0], p[2 * kc][1]), tc::pack_bf16(p[2 * kc][2], p[2 * kc][3]),
+                                tc::pack_bf16(p[2 * kc + 1][0], p[2 * kc + 1][1]),
+                                tc::pack_bf16(p[2 * kc + 1][2], p[2 * kc + 1][3])};
+#pragma unroll
+    for (int dp = 0; dp < HS / 16; ++dp) {
+      std::uint32_t f[4];  // B fragments of head-dimension tiles 2 dp (f[0], f[1]) and 2 dp + 1
+      tc::ldmatrix<4, true>(f, y + (kc * 16 + (lane / 8 % 2) * 8 + lane % 8) * S + dp * 16 + lane / 16 * 8);
+      tc::mma_bf16(acc[2 * dp], a, f[0], f[1], acc[2 * dp]);
+      tc::mma_bf16(acc[2 * dp + 1], a, f[2], f[3], acc[2 * dp + 1]);
+    }
+  }
+}
+
 // Max and sum over the 4 lanes of a quad (the threads of one fragment row).
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
@@ -515,22 +564,12 @@ __global__ void __launch_bounds__(kTcThreads)
     const bf16* vb = v_s + (step % 2) * BC * S;
     if (step == 0) {
 #pragma unroll
-      for (int kk = 0; kk < KD; ++kk) {
-        tc::ldmatrix<4, false>(qf[kk], q_s + (warp * 16 + (lane / 8 % 2) * 8 + lane % 8) * S + kk * 16 + lane / 16 * 8);
-      }
+      for (int kk = 0; kk < KD; ++kk) tc_a_fragment<S>(qf[kk], q_s, warp * 16, kk);
     }
 
     float s[NT][4] = {};
 #pragma unroll
-    for (int kk = 0; kk < KD; ++kk) {
-#pragma unroll
-      for (int jp = 0; jp < NT / 2; ++jp) {
-        std::uint32_t kf[4];  // B fragments of key tiles 2 jp (kf[0], kf[1]) and 2 jp + 1
-        tc::ldmatrix<4, false>(kf, kb + (jp * 16 + lane / 16 * 8 + lane % 8) * S + kk * 16 + (lane / 8 % 2) * 8);
-        tc::mma_bf16(s[2 * jp], qf[kk], kf[0], kf[1], s[2 * jp]);
-        tc::mma_bf16(s[2 * jp + 1], qf[kk], kf[2], kf[3], s[2 * jp + 1]);
-      }
-    }
+    for (int kk = 0; kk < KD; ++kk) tc_product_transposed<BC, S>(s, qf[kk], kb, kk);
 
     // Keys past the causal limit of a row or past T are -inf; only tiles reaching past the
     // warp's first row or past T need the test.
@@ -573,20 +612,7 @@ __global__ void __launch_bounds__(kTcThreads)
       }
     }
 
-    // O += P V over the BC keys, 16 at a time.
-#pragma unroll
-    for (int kc = 0; kc < BC / 16; ++kc) {
-      const std::uint32_t pa[4] = {tc::pack_bf16(s[2 * kc][0], s[2 * kc][1]), tc::pack_bf16(s[2 * kc][2], s[2 * kc][3]),
-                                   tc::pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]),
-                                   tc::pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3])};
-#pragma unroll
-      for (int dp = 0; dp < DT / 2; ++dp) {
-        std::uint32_t vf[4];  // B fragments of head-dimension tiles 2 dp (vf[0], vf[1]) and 2 dp + 1
-        tc::ldmatrix<4, true>(vf, vb + (kc * 16 + (lane / 8 % 2) * 8 + lane % 8) * S + dp * 16 + lane / 16 * 8);
-        tc::mma_bf16(o[2 * dp], pa, vf[0], vf[1], o[2 * dp]);
-        tc::mma_bf16(o[2 * dp + 1], pa, vf[2], vf[3], o[2 * dp + 1]);
-      }
-    }
+    tc_accumulate_product<HS, BC, S>(o, s, vb);  // O += P V
     __syncthreads();  // every warp is done with this step's buffers before step + 2 refills them
   }
 
@@ -712,20 +738,10 @@ __global__ void __launch_bounds__(kTcThreads)
 #pragma unroll
     for (int kk = 0; kk < KD; ++kk) {
       std::uint32_t ka[4], va[4];
-      const int a_row = warp * 16 + (lane / 8 % 2) * 8 + lane % 8, a_col = kk * 16 + lane / 16 * 8;
-      tc::ldmatrix<4, false>(ka, k_s + a_row * S + a_col);
-      tc::ldmatrix<4, false>(va, v_s + a_row * S + a_col);
-#pragma unroll
-      for (int jp = 0; jp < NT / 2; ++jp) {
-        const int b_row = jp * 16 + lane / 16 * 8 + lane % 8, b_col = kk * 16 + (lane / 8 % 2) * 8;
-        std::uint32_t f[4];
-        tc::ldmatrix<4, false>(f, qb + b_row * S + b_col);
-        tc::mma_bf16(st[2 * jp], ka, f[0], f[1], st[2 * jp]);
-        tc::mma_bf16(st[2 * jp + 1], ka, f[2], f[3], st[2 * jp + 1]);
-        tc::ldmatrix<4, false>(f, dob + b_row * S + b_col);
-        tc::mma_bf16(dpt[2 * jp], va, f[0], f[1], dpt[2 * jp]);
-        tc::mma_bf16(dpt[2 * jp + 1], va, f[2], f[3], dpt[2 * jp + 1]);
-      }
+      tc_a_fragment<S>(ka, k_s, warp * 16, kk);
+      tc_a_fragment<S>(va, v_s, warp * 16, kk);
+      tc_product_transposed<BQ, S>(st, ka, qb, kk);   // S^T = K Q^T
+      tc_product_transposed<BQ, S>(dpt, va, dob, kk);  // dP^T = V dO^T
     }
     // P^T and dS^T in place; k <= q < T also keeps out padded keys and queries.
 #pragma unroll
@@ -739,27 +755,8 @@ __global__ void __launch_bounds__(kTcThreads)
         st[j][e] = p;
       }
     }
-    // dV += P^T dO, dK += dS^T Q over the BQ queries, 16 at a time.
-#pragma unroll
-    for (int kc = 0; kc < BQ / 16; ++kc) {
-      const std::uint32_t pa[4] = {tc::pack_bf16(st[2 * kc][0], st[2 * kc][1]), tc::pack_bf16(st[2 * kc][2], st[2 * kc][3]),
-                                   tc::pack_bf16(st[2 * kc + 1][0], st[2 * kc + 1][1]),
-                                   tc::pack_bf16(st[2 * kc + 1][2], st[2 * kc + 1][3])};
-      const std::uint32_t dsa[4] = {
-          tc::pack_bf16(dpt[2 * kc][0], dpt[2 * kc][1]), tc::pack_bf16(dpt[2 * kc][2], dpt[2 * kc][3]),
-          tc::pack_bf16(dpt[2 * kc + 1][0], dpt[2 * kc + 1][1]), tc::pack_bf16(dpt[2 * kc + 1][2], dpt[2 * kc + 1][3])};
-#pragma unroll
-      for (int dp = 0; dp < DT / 2; ++dp) {
-        const int row = kc * 16 + (lane / 8 % 2) * 8 + lane % 8, col = dp * 16 + lane / 16 * 8;
-        std::uint32_t f[4];
-        tc::ldmatrix<4, true>(f, dob + row * S + col);
-        tc::mma_bf16(dv[2 * dp], pa, f[0], f[1], dv[2 * dp]);
-        tc::mma_bf16(dv[2 * dp + 1], pa, f[2], f[3], dv[2 * dp + 1]);
-        tc::ldmatrix<4, true>(f, qb + row * S + col);
-        tc::mma_bf16(dk[2 * dp], dsa, f[0], f[1], dk[2 * dp]);
-        tc::mma_bf16(dk[2 * dp + 1], dsa, f[2], f[3], dk[2 * dp + 1]);
-      }
-    }
+    tc_accumulate_product<HS, BQ, S>(dv, st, dob);  // dV += P^T dO
+    tc_accumulate_product<HS, BQ, S>(dk, dpt, qb);  // dK += dS^T Q (scale applied at the end)
     __syncthreads();  // every warp is done with this buffer before iteration i + 2 refills it
   }
 
@@ -825,20 +822,10 @@ __global__ void __launch_bounds__(kTcThreads)
 #pragma unroll
     for (int kk = 0; kk < KD; ++kk) {
       std::uint32_t qa[4], doa[4];
-      const int a_row = warp * 16 + (lane / 8 % 2) * 8 + lane % 8, a_col = kk * 16 + lane / 16 * 8;
-      tc::ldmatrix<4, false>(qa, q_s + a_row * S + a_col);
-      tc::ldmatrix<4, false>(doa, do_s + a_row * S + a_col);
-#pragma unroll
-      for (int jp = 0; jp < NT / 2; ++jp) {
-        const int b_row = jp * 16 + lane / 16 * 8 + lane % 8, b_col = kk * 16 + (lane / 8 % 2) * 8;
-        std::uint32_t f[4];
-        tc::ldmatrix<4, false>(f, kb + b_row * S + b_col);
-        tc::mma_bf16(s[2 * jp], qa, f[0], f[1], s[2 * jp]);
-        tc::mma_bf16(s[2 * jp + 1], qa, f[2], f[3], s[2 * jp + 1]);
-        tc::ldmatrix<4, false>(f, vb + b_row * S + b_col);
-        tc::mma_bf16(dp[2 * jp], doa, f[0], f[1], dp[2 * jp]);
-        tc::mma_bf16(dp[2 * jp + 1], doa, f[2], f[3], dp[2 * jp + 1]);
-      }
+      tc_a_fragment<S>(qa, q_s, warp * 16, kk);
+      tc_a_fragment<S>(doa, do_s, warp * 16, kk);
+      tc_product_transposed<BK, S>(s, qa, kb, kk);    // S = Q K^T
+      tc_product_transposed<BK, S>(dp, doa, vb, kk);  // dP = dO V^T
     }
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
@@ -850,20 +837,7 @@ __global__ void __launch_bounds__(kTcThreads)
         dp[j][e] = visible ? p * (dp[j][e] - row_d[hh]) : 0.0f;
       }
     }
-    // dQ += dS K over the BK keys, 16 at a time.
-#pragma unroll
-    for (int kc = 0; kc < BK / 16; ++kc) {
-      const std::uint32_t dsa[4] = {
-          tc::pack_bf16(dp[2 * kc][0], dp[2 * kc][1]), tc::pack_bf16(dp[2 * kc][2], dp[2 * kc][3]),
-          tc::pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]), tc::pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3])};
-#pragma unroll
-      for (int d2 = 0; d2 < DT / 2; ++d2) {
-        std::uint32_t f[4];
-        tc::ldmatrix<4, true>(f, kb + (kc * 16 + (lane / 8 % 2) * 8 + lane % 8) * S + d2 * 16 + lane / 16 * 8);
-        tc::mma_bf16(dq[2 * d2], dsa, f[0], f[1], dq[2 * d2]);
-        tc::mma_bf16(dq[2 * d2 + 1], dsa, f[2], f[3], dq[2 * d2 + 1]);
-      }
-    }
+    tc_accumulate_product<HS, BK, S>(dq, dp, kb);  // dQ += dS K (scale applied at the end)
     __syncthreads();
   }
   tc_add_rows<HS>(dqkv + std::int64_t(b) * T * C3 + std::int64_t(h) * HS, C3, dq, row_lo, T, scale);

@@ -5,8 +5,10 @@
 // qkv (B,T,(NH+2NKV)HS): NH query heads, then NKV key heads, then NKV value heads, each a
 // contiguous HS slice; C = NH HS; query head h reads kv head h / (NH/NKV); NKV divides NH.
 // Head sizes 16, 32, 64 and 128; others throw RuntimeError. All pointers are device memory.
-// The bf16 overloads read and write bf16 activations and gradients; lse stays fp32, and every
-// product, sum and exponential is fp32 (tiles staged in shared memory as fp32).
+// The bf16 overloads read and write bf16 activations and gradients; lse stays fp32. For head sizes
+// 64 and 128 with 16-byte aligned tensors they run on tensor cores (mma.sync: bf16 products with
+// fp32 accumulation, P and dS rounded to bf16 as matrix operands; softmax in fp32); otherwise, and
+// for fp32, every product, sum and exponential is fp32 on CUDA cores (tiles staged as fp32).
 #pragma once
 
 #include <cuda_bf16.h>
