@@ -346,6 +346,56 @@ TEST_CASE("cuda bf16 flash attention matches the cpu reference", "[cuda][bf16][f
 #endif
 }
 
+TEST_CASE("cuda bf16 tensor-core flash attention matches the cpu reference", "[cuda][bf16][flash]") {
+  std::string why;
+  if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
+#if LLMTRAIN_HAVE_CUDA
+  // The mma.sync kernels (head sizes 64 and 128, 16-byte aligned tensors): T not a multiple of
+  // the 64-row tiles, one and several key tiles, GQA groups of 1, 2 and 4. Same tolerances as the
+  // CUDA-core bf16 kernels; P is rounded to bf16 before P V here, which they stay well within.
+  constexpr double bf16_tol = 1e-2, lse_tol = 2e-3;
+  const auto bf = [](const DeviceArray<Bf16>& a) { return reinterpret_cast<cuda::bf16*>(a.data()); };
+  std::mt19937 rng(227);
+  const int NH = 4;
+  for (const int HS : {64, 128}) {
+    for (const int T : {1, 17, 64, 65, 130, 257}) {
+      for (const int NKV : {NH, NH / 2, 1}) {
+        const int B = T <= 65 ? 2 : 1;
+        const AttnShape s{B, T, NH, NKV, HS};
+        const int C = s.C(), W = s.width();
+        CAPTURE(B, T, HS, NKV);
+        Vec qkv = round_bf16(random_vec(rng, s.n_qkv(), 1.5f)), dout = round_bf16(random_vec(rng, s.n_out()));
+        const Vec dqkv0 = round_bf16(random_vec(rng, s.n_qkv(), 0.1f));
+        const FlashResult want = cpu_flash(s, qkv, dout, dqkv0);
+
+        // 8 elements (16 bytes) of leading guard: aligned, with sentinels on both sides.
+        constexpr std::size_t guard = 8;
+        const DeviceArray<Bf16> d_qkv(to_bf16(qkv), guard), d_dout(to_bf16(dout), guard),
+            d_dqkv(to_bf16(dqkv0), guard), d_out(to_bf16(nan_vec(s.n_out())), guard);
+        const DeviceArray<float> d_lse(nan_vec(s.n_lse()), 4);
+        REQUIRE(cuda::flash_attention_uses_tensor_cores(HS, d_qkv.data(), d_out.data()));
+        const cudaStream_t stream = cuda::compute_stream();
+        cuda::flash_attention_forward(bf(d_out), d_lse.data(), bf(d_qkv), B, T, C, NH, NKV, stream);
+        require_close("out", to_float(d_out.to_host()), want.out, bf16_tol);
+        require_close("lse", d_lse.to_host(), want.lse, lse_tol);
+        cuda::flash_attention_backward(bf(d_dqkv), bf(d_dout), bf(d_qkv), bf(d_out), d_lse.data(), B, T, C, NH, NKV,
+                                       stream);
+        const Vec dqkv = to_float(d_dqkv.to_host());
+        const Vec zeros(dqkv.size(), 0.0f);
+        require_close("dq", increment(dqkv, zeros, W, 0, C), increment(want.dqkv, zeros, W, 0, C), bf16_tol);
+        require_close("dk", increment(dqkv, zeros, W, C, C + NKV * HS), increment(want.dqkv, zeros, W, C, C + NKV * HS),
+                      bf16_tol);
+        require_close("dv", increment(dqkv, zeros, W, C + NKV * HS, W), increment(want.dqkv, zeros, W, C + NKV * HS, W),
+                      bf16_tol);
+        if (T > 1) CHECK_FALSE(all_zero(increment(dqkv, dqkv0, W, 0, C)));  // dq changed
+        for (const auto* a : {&d_qkv, &d_dout, &d_dqkv, &d_out}) require_guards("tensor-core flash attention", *a);
+        require_guards("lse", d_lse);
+      }
+    }
+  }
+#endif
+}
+
 TEST_CASE("cudnn fused attention matches the cpu reference and the bf16 kernels", "[cuda][cudnn][flash]") {
   std::string why;
   if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);

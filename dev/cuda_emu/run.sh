@@ -88,14 +88,16 @@ if [[ $selftest -eq 1 ]]; then
     launch_bounds=DETECTED dynamic_shared_without_optin=DETECTED dynamic_shared_with_optin=OK
     block_too_large=DETECTED host_pointer_argument=DETECTED memcpy_wrong_direction=DETECTED
     uninitialised_device_memory=DETECTED trap=DETECTED cublaslt_misaligned_pointer=DETECTED cublaslt_gemm=OK
-    reduce_missing_barrier=OK reduce_missing_barrier@random=OK"  # hidden from any sequential order
+    reduce_missing_barrier=OK reduce_missing_barrier@random=OK
+    tensor_core_product=OK tensor_core_product@reverse=OK ldmatrix_misaligned=DETECTED matrix_divergent=DETECTED"
+    # (reduce_missing_barrier: hidden from any sequential order)
   if [[ $sanitizer == thread ]]; then  # TSan: races are reported whatever the order; no ASan
     expectations="race_missing_syncthreads=TSAN correct_syncthreads=OK race_hidden_by_order@forward=TSAN
       race_between_blocks=TSAN disjoint_blocks=OK reduce_missing_barrier=TSAN correct_warp_collectives=OK
       correct_warp_collectives@reverse=OK
       shuffle_after_exit=DETECTED deadlock=DETECTED mismatched_masks=DETECTED misaligned_float4=UBSAN
       launch_bounds=DETECTED dynamic_shared_with_optin=OK host_pointer_argument=DETECTED trap=DETECTED
-      cublaslt_gemm=OK"
+      cublaslt_gemm=OK tensor_core_product=OK"
   else
     expectations="$expectations race_between_blocks=OK disjoint_blocks=OK"
   fi

@@ -476,6 +476,7 @@ const char* op_name(WarpOp op) {
     case WarpOp::any: return "__any_sync";
     case WarpOp::all: return "__all_sync";
     case WarpOp::match_any: return "__match_any_sync";
+    case WarpOp::matrix: return "a matrix instruction (mma.sync, ldmatrix)";
   }
   return "?";
 }
@@ -519,9 +520,110 @@ int shuffle_source(WarpOp op, int lane, int param, int width) {
   }
 }
 
+// True when [p, p + bytes) lies in the current block's shared memory (dynamic or a static variable).
+bool is_block_shared(const Worker& w, const void* p, std::size_t bytes) {
+  const Block& b = *w.block;
+  const auto inside = [&](const void* base, std::size_t size) {
+    const auto at = reinterpret_cast<std::uintptr_t>(p), from = reinterpret_cast<std::uintptr_t>(base);
+    return base != nullptr && at >= from && at + bytes <= from + size;
+  };
+  if (inside(b.dynamic, b.launch->config.shared_bytes)) return true;
+  for (const SharedVariable& v : b.shared) {
+    if (inside(v.data, v.bytes)) return true;
+  }
+  return false;
+}
+
+float bf16_half(std::uint32_t pair, int half) {
+  const std::uint32_t bits = half == 0 ? pair << 16 : pair & 0xffff0000u;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// A warp's matrix instruction, every lane parked in it: assembles the operands from the lanes'
+// registers by the PTX ISA's fragment layouts (groupID = lane / 4, threadID_in_group = lane % 4)
+// and gives each lane its part of the result. Returns an error message, or "" when it succeeded.
+std::string complete_matrix(Worker& w, int warp) {
+  Fiber* const* fibers = &w.slot[std::size_t(warp) * 32];
+  MatrixLane* lanes[32];
+  for (int l = 0; l < 32; ++l) lanes[l] = reinterpret_cast<MatrixLane*>(fibers[l]->value);
+  const MatrixLane& first = *lanes[0];
+  for (int l = 1; l < 32; ++l) {
+    if (lanes[l]->kind != first.kind || lanes[l]->count != first.count || lanes[l]->trans != first.trans) {
+      return "lanes 0 and " + std::to_string(l) + " of warp " + std::to_string(warp) +
+             " are in different matrix instructions (.aligned: the whole warp must run the same one)";
+    }
+  }
+  if (first.kind == MatrixKind::mma_m16n8k16_bf16) {
+    // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32: A 16x16, B 16x8 (k x n), C and D 16x8.
+    float A[16][16], B[16][8], C[16][8];
+    for (int l = 0; l < 32; ++l) {
+      const MatrixLane& L = *lanes[l];
+      const int g = l / 4, t = l % 4;
+      for (int e = 0; e < 2; ++e) {
+        A[g][2 * t + e] = bf16_half(L.a[0], e);
+        A[g + 8][2 * t + e] = bf16_half(L.a[1], e);
+        A[g][2 * t + 8 + e] = bf16_half(L.a[2], e);
+        A[g + 8][2 * t + 8 + e] = bf16_half(L.a[3], e);
+        B[2 * t + e][g] = bf16_half(L.b[0], e);
+        B[2 * t + 8 + e][g] = bf16_half(L.b[1], e);
+        C[g][2 * t + e] = L.c[e];
+        C[g + 8][2 * t + e] = L.c[2 + e];
+      }
+    }
+    for (int l = 0; l < 32; ++l) {
+      MatrixLane& L = *lanes[l];
+      const int g = l / 4, t = l % 4;
+      for (int i = 0; i < 4; ++i) {
+        const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+        // bf16 products are exact in fp32; the sum is taken in double and rounded once to fp32
+        // (the GPU's order of fp32 additions is unspecified).
+        double sum = C[row][col];
+        for (int k = 0; k < 16; ++k) sum += double(A[row][k]) * double(B[k][col]);
+        L.d[i] = float(sum);
+      }
+    }
+    return "";
+  }
+  if (first.kind == MatrixKind::ldmatrix) {
+    // ldmatrix.sync.aligned.m8n8.x{1,2,4}[.trans].shared.b16: matrix j's rows are named by lanes
+    // 8j..8j+7; lane l receives row l/4, columns 2(l%4) and 2(l%4)+1 (.trans: the transpose's).
+    if (first.count != 1 && first.count != 2 && first.count != 4) return "ldmatrix: .num must be x1, x2 or x4";
+    for (int j = 0; j < first.count; ++j) {
+      std::uint16_t M[8][8];
+      for (int r = 0; r < 8; ++r) {
+        const void* row = lanes[8 * j + r]->address;
+        if (reinterpret_cast<std::uintptr_t>(row) % 16 != 0) {
+          return "ldmatrix: lane " + std::to_string(8 * j + r) + " of warp " + std::to_string(warp) +
+                 " names a row address that is not 16-byte aligned (misaligned address)";
+        }
+        if (!is_block_shared(w, row, 16)) {
+          return "ldmatrix: lane " + std::to_string(8 * j + r) + " of warp " + std::to_string(warp) +
+                 " names a row of 16 bytes outside the block's shared memory";
+        }
+        std::memcpy(M[r], row, 16);
+      }
+      for (int l = 0; l < 32; ++l) {
+        const int g = l / 4, t = l % 4;
+        const std::uint16_t lo = first.trans ? M[2 * t][g] : M[g][2 * t];
+        const std::uint16_t hi = first.trans ? M[2 * t + 1][g] : M[g][2 * t + 1];
+        lanes[l]->out[j] = std::uint32_t(lo) | std::uint32_t(hi) << 16;
+      }
+    }
+    return "";
+  }
+  return "unknown matrix instruction";
+}
+
 void complete_warp(Worker& w, int warp) {
   Warp& W = w.warps[std::size_t(warp)];
   Fiber* const* lanes = &w.slot[std::size_t(warp) * 32];  // only the lanes of the mask are read
+  if (W.op == WarpOp::matrix) {
+    if (W.mask != 0xffffffffu) return fault(w, "a matrix instruction (.sync.aligned) with a mask that is not the full warp");
+    const std::string error = complete_matrix(w, warp);
+    if (!error.empty()) return fault(w, error + " in " + w.block->launch->where());
+  }
   unsigned ballot = 0;
   for (int l = 0; l < 32; ++l) {
     if ((W.mask >> l & 1u) && lanes[l]->value != 0) ballot |= 1u << l;
@@ -530,7 +632,8 @@ void complete_warp(Worker& w, int warp) {
     if (!(W.mask >> l & 1u)) continue;
     Fiber& f = *lanes[l];
     switch (W.op) {
-      case WarpOp::sync: f.result = 0; break;
+      case WarpOp::sync:
+      case WarpOp::matrix: f.result = 0; break;
       case WarpOp::ballot: f.result = ballot; break;
       case WarpOp::any: f.result = ballot != 0; break;
       case WarpOp::all: f.result = ballot == W.mask; break;
@@ -1040,6 +1143,28 @@ void* block_shared_storage(const void* tag, std::size_t bytes, std::size_t align
 void* dynamic_shared_storage() {
   const HarnessScope scope;
   return tls_worker->block->dynamic;
+}
+
+void cp_async_16(void* dst, const void* src, int src_bytes) {
+  std::string error;
+  {
+    const HarnessScope scope;
+    Worker& w = *tls_worker;
+    if (src_bytes < 0 || src_bytes > 16) {
+      error = "cp.async: src-size " + std::to_string(src_bytes) + " is not in [0, 16]";
+    } else if (reinterpret_cast<std::uintptr_t>(dst) % 16 != 0 || reinterpret_cast<std::uintptr_t>(src) % 16 != 0) {
+      error = "cp.async of 16 bytes: misaligned address (shared " +
+              std::to_string(reinterpret_cast<std::uintptr_t>(dst) % 16) + " bytes past 16-byte alignment, global " +
+              describe_pointer(src) + ")";
+    } else if (!is_block_shared(w, dst, 16)) {
+      error = "cp.async: the destination is not in the block's shared memory";
+    } else if (src_bytes > 0 && !is_device_range(src, std::size_t(src_bytes))) {
+      error = "cp.async: the source is not device memory: " + describe_pointer(src);
+    }
+  }
+  if (!error.empty()) device_trap(error.c_str());
+  if (src_bytes > 0) std::memcpy(dst, src, std::size_t(src_bytes));
+  if (src_bytes < 16) std::memset(static_cast<char*>(dst) + src_bytes, 0, std::size_t(16 - src_bytes));
 }
 
 void device_trap(const char* what) {

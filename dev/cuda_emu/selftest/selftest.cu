@@ -5,14 +5,18 @@
 // sanitizer catches, the sanitizer's report ends the process. dev/cuda_emu/run.sh --selftest
 // runs them all and checks each outcome against what is expected.
 #include <cublasLt.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "ops/cuda/mma.cuh"
 
 namespace {
 
@@ -108,6 +112,43 @@ __global__ void reduce_twice(float* out) {
 __global__ void copy_kernel(const float* in, float* out) { out[threadIdx.x] = in[threadIdx.x]; }
 
 __global__ void trap_kernel(float*) { __trap(); }
+
+// One warp: A (16x16), B given twice, as (n x k) = B^T and as (k x n), all bf16 row-major in
+// global memory; cp.async into padded shared tiles, ldmatrix into fragments (A: x4; B^T: x2;
+// B: x2 .trans), two mma.sync products, D = A B + 1 written row-major (16x8) twice. `shift`
+// elements added to every ldmatrix row address (8 bytes: misaligned); `diverge`: lanes 16-31
+// run ldmatrix while lanes 0-15 run mma.
+__global__ void tensor_core_product(const __nv_bfloat16* a, const __nv_bfloat16* bt, const __nv_bfloat16* b,
+                                    float* d, int shift, bool diverge) {
+  __shared__ __align__(16) __nv_bfloat16 a_s[16][24];
+  __shared__ __align__(16) __nv_bfloat16 bt_s[8][24];
+  __shared__ __align__(16) __nv_bfloat16 b_s[16][16];
+  const int lane = threadIdx.x;
+  llmtrain::cuda::tc::cp_async_16(&a_s[lane / 2][lane % 2 * 8], a + lane * 8);
+  if (lane < 16) llmtrain::cuda::tc::cp_async_16(&bt_s[lane / 2][lane % 2 * 8], bt + lane * 8);
+  if (lane < 16) llmtrain::cuda::tc::cp_async_16(&b_s[lane][0], b + lane * 8);
+  llmtrain::cuda::tc::cp_async_commit();
+  llmtrain::cuda::tc::cp_async_wait<0>();
+  __syncthreads();
+  std::uint32_t af[4], bf[2], bf_trans[2];
+  llmtrain::cuda::tc::ldmatrix<4, false>(af, &a_s[lane % 16][lane / 16 * 8 + shift]);
+  llmtrain::cuda::tc::ldmatrix<2, false>(bf, &bt_s[lane % 8][lane / 8 % 2 * 8]);
+  llmtrain::cuda::tc::ldmatrix<2, true>(bf_trans, &b_s[lane % 16][0]);
+  const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+  float d1[4], d2[4];
+  if (diverge && lane >= 16) {
+    llmtrain::cuda::tc::ldmatrix<2, false>(bf, &bt_s[lane % 8][0]);
+  } else {
+    llmtrain::cuda::tc::mma_bf16(d1, af, bf[0], bf[1], one);
+  }
+  llmtrain::cuda::tc::mma_bf16(d2, af, bf_trans[0], bf_trans[1], one);
+  const int g = lane / 4, t = lane % 4;
+  for (int i = 0; i < 4; ++i) {
+    const int at = (g + 8 * (i / 2)) * 8 + 2 * t + i % 2;
+    d[at] = d1[i];
+    d[128 + at] = d2[i];
+  }
+}
 
 float* device_floats(int count) {
   void* p = nullptr;
@@ -308,6 +349,53 @@ int run(const std::string& scenario) {
                   std::string("transposed GEMM with bias and alpha, ") + cublasLtGetStatusName(s) + ", max error " +
                       std::to_string(worst));
   }
+  if (scenario == "tensor_core_product" || scenario == "ldmatrix_misaligned" || scenario == "matrix_divergent") {
+    // Small integers over 8: exact in bf16, products and sums exact in fp32.
+    std::vector<__nv_bfloat16> a(256), bt(128), b(128);
+    std::vector<double> A(256), B(128);
+    for (int i = 0; i < 256; ++i) A[i] = double((i * 7) % 11 - 5) / 8.0;
+    for (int k = 0; k < 16; ++k) {
+      for (int j = 0; j < 8; ++j) B[k * 8 + j] = double((k * 3 + j * 5) % 9 - 4) / 4.0;
+    }
+    for (int i = 0; i < 256; ++i) a[i] = __nv_bfloat16(float(A[i]));
+    for (int k = 0; k < 16; ++k) {
+      for (int j = 0; j < 8; ++j) {
+        b[k * 8 + j] = __nv_bfloat16(float(B[k * 8 + j]));
+        bt[j * 16 + k] = b[k * 8 + j];
+      }
+    }
+    void *da = nullptr, *dbt = nullptr, *db = nullptr;
+    cudaMalloc(&da, 512);
+    cudaMalloc(&dbt, 256);
+    cudaMalloc(&db, 256);
+    cudaMemcpy(da, a.data(), 512, cudaMemcpyHostToDevice);
+    cudaMemcpy(dbt, bt.data(), 256, cudaMemcpyHostToDevice);
+    cudaMemcpy(db, b.data(), 256, cudaMemcpyHostToDevice);
+    float* dd = device_floats(256);
+    const auto* ca = static_cast<const __nv_bfloat16*>(da);
+    const auto* cbt = static_cast<const __nv_bfloat16*>(dbt);
+    const auto* cb = static_cast<const __nv_bfloat16*>(db);
+    if (scenario == "ldmatrix_misaligned") {
+      tensor_core_product<<<1, 32>>>(ca, cbt, cb, dd, 4, false);
+      return expect_error("ldmatrix with rows 8 bytes off 16-byte alignment");
+    }
+    if (scenario == "matrix_divergent") {
+      tensor_core_product<<<1, 32>>>(ca, cbt, cb, dd, 0, true);
+      return expect_error("half a warp in mma.sync, the other half in ldmatrix");
+    }
+    tensor_core_product<<<1, 32>>>(ca, cbt, cb, dd, 0, false);
+    const auto got = to_host(dd, 256);
+    double worst = 0.0;
+    for (int i = 0; i < 16; ++i) {
+      for (int j = 0; j < 8; ++j) {
+        double want = 1.0;
+        for (int k = 0; k < 16; ++k) want += A[i * 16 + k] * B[k * 8 + j];
+        worst = std::max({worst, std::abs(want - got[i * 8 + j]), std::abs(want - got[128 + i * 8 + j])});
+      }
+    }
+    return result(!(worst == 0.0), "mma.sync m16n8k16 bf16 from ldmatrix x4, x2 and x2.trans fragments and "
+                                   "cp.async tiles against a plain loop, max error " + std::to_string(worst));
+  }
   std::printf("unknown scenario %s\n", scenario.c_str());
   return 2;
 }
@@ -322,7 +410,7 @@ int main(int argc, char** argv) {
       "shuffle_after_exit deadlock mismatched_masks partial_warp_full_mask shared_overflow global_overflow "
       "misaligned_float4 launch_bounds dynamic_shared_without_optin dynamic_shared_with_optin block_too_large "
       "host_pointer_argument memcpy_wrong_direction uninitialised_device_memory trap cublaslt_misaligned_pointer "
-      "cublaslt_gemm";
+      "cublaslt_gemm tensor_core_product ldmatrix_misaligned matrix_divergent";
   if (argc != 2 || std::strcmp(argv[1], "list") == 0) {
     std::printf("%s\n", scenarios);
     return argc == 2 ? 0 : 2;

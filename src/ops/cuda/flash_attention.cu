@@ -1,4 +1,7 @@
-// Causal flash attention in the style of FlashAttention-2, fp32 on CUDA cores, element type a
+// Causal flash attention in the style of FlashAttention-2. Two families of kernels: bf16 on
+// tensor cores for head sizes 64 and 128 (the "tensor cores" sections below: mma.sync, ldmatrix,
+// cp.async from mma.cuh), used by the bf16 entry points whenever the tensors are 16-byte aligned;
+// and the kernels described next, fp32 on CUDA cores, element type a
 // template parameter (loads and stores convert to fp32; all arithmetic is fp32). CPU reference:
 // src/ops/cpu/flash_attention.cpp. Instantiated for float and for bf16 (mixed precision: bf16
 // qkv, out, dout, dqkv; fp32 lse, D and shared-memory tiles, so the same kernels, tiles and
@@ -23,10 +26,12 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "core/error.h"
 #include "cuda_check.h"
 #include "launch.cuh"
+#include "mma.cuh"
 
 namespace llmtrain::cuda {
 namespace {
@@ -419,6 +424,425 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
+// ---- tensor cores (bf16, head sizes 64 and 128) ----------------------------------------------
+//
+// FlashAttention-2 on mma.sync m16n8k16 (bf16 inputs, fp32 accumulation; src/ops/cuda/mma.cuh).
+// A block of 4 warps owns kTcRows = 64 query rows of one (b, h), 16 per warp; tiles are bf16 in
+// shared memory with rows padded by 8 elements (16 bytes), so that the 8 rows of each ldmatrix
+// phase fall on distinct banks and every row stays 16-byte aligned. Global tiles arrive by
+// 16-byte cp.async. A thread holds, of its warp's 16 rows, rows g and g + 8 (g = lane / 4) and
+// of a 16 x 8 product tile the columns 2t, 2t + 1 (t = lane % 4): row max and sum are 2 shuffles
+// within the quad of a row.
+
+constexpr int kTcThreads = 128;  // 4 warps
+constexpr int kTcRows = 64;      // query rows per forward block (16 per warp)
+constexpr int kTcCols = 64;      // keys per forward step
+constexpr int kTcPad = 8;        // bf16 elements of padding per shared row
+
+// Rows [row0, row0 + ROWS) of one head's HS-wide bf16 slice (rows `stride` elements apart, 16-byte
+// aligned) into the shared tile (ROWS, HS + kTcPad) by cp.async; rows at or past T are zero.
+template <int ROWS, int HS>
+__device__ __forceinline__ void tc_load_tile(bf16* tile, const bf16* head, std::int64_t stride, int row0, int T) {
+  constexpr int chunks = HS / 8;  // 16-byte pieces per row
+  for (int i = threadIdx.x; i < ROWS * chunks; i += kTcThreads) {
+    const int r = i / chunks, c = i % chunks;
+    bf16* dst = tile + r * (HS + kTcPad) + c * 8;
+    const int t = row0 + r;
+    if (t < T) {
+      tc::cp_async_16(dst, head + std::int64_t(t) * stride + c * 8);
+    } else {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+}
+
+// The A fragment (16 x 16) of rows [row0, row0 + 16), columns [16 kk, 16 kk + 16) of a shared
+// tile with row stride S.
+template <int S>
+__device__ __forceinline__ void tc_a_fragment(std::uint32_t (&a)[4], const bf16* tile, int row0, int kk) {
+  const int lane = int(threadIdx.x) % 32;
+  tc::ldmatrix<4, false>(a, tile + (row0 + (lane / 8 % 2) * 8 + lane % 8) * S + kk * 16 + lane / 16 * 8);
+}
+
+// acc (16 x N) += a X^T for one 16-wide k step kk: a the A fragment of those 16 columns, X a
+// shared (N, S) tile whose rows are the output columns (keys or queries); so acc = A X^T after
+// all k steps.
+template <int N, int S>
+__device__ __forceinline__ void tc_product_transposed(float (&acc)[N / 8][4], const std::uint32_t (&a)[4],
+                                                      const bf16* x, int kk) {
+  const int lane = int(threadIdx.x) % 32;
+#pragma unroll
+  for (int jp = 0; jp < N / 16; ++jp) {
+    std::uint32_t f[4];  // B fragments of column tiles 2 jp (f[0], f[1]) and 2 jp + 1
+    tc::ldmatrix<4, false>(f, x + (jp * 16 + lane / 16 * 8 + lane % 8) * S + kk * 16 + (lane / 8 % 2) * 8);
+    tc::mma_bf16(acc[2 * jp], a, f[0], f[1], acc[2 * jp]);
+    tc::mma_bf16(acc[2 * jp + 1], a, f[2], f[3], acc[2 * jp + 1]);
+  }
+}
+
+// acc (16 x HS) += P Y: P (16 x N) fp32 C fragments, rounded to bf16 in registers as A
+// fragments (the C layout of two 16 x 8 tiles is the A layout of one 16 x 16 tile); Y a shared
+// (N, S) tile read transposed by ldmatrix.
+template <int HS, int N, int S>
+__device__ __forceinline__ void tc_accumulate_product(float (&acc)[HS / 8][4], const float (&p)[N / 8][4],
+                                                      const bf16* y) {
+  const int lane = int(threadIdx.x) % 32;
+#pragma unroll
+  for (int kc = 0; kc < N / 16; ++kc) {
+    const std::uint32_t a[4] = {tc::pack_bf16(p[2 * kc][0], p[2 * kc][1]), tc::pack_bf16(p[2 * kc][2], p[2 * kc][3]),
+                                tc::pack_bf16(p[2 * kc + 1][0], p[2 * kc + 1][1]),
+                                tc::pack_bf16(p[2 * kc + 1][2], p[2 * kc + 1][3])};
+#pragma unroll
+    for (int dp = 0; dp < HS / 16; ++dp) {
+      std::uint32_t f[4];  // B fragments of head-dimension tiles 2 dp (f[0], f[1]) and 2 dp + 1
+      tc::ldmatrix<4, true>(f, y + (kc * 16 + (lane / 8 % 2) * 8 + lane % 8) * S + dp * 16 + lane / 16 * 8);
+      tc::mma_bf16(acc[2 * dp], a, f[0], f[1], acc[2 * dp]);
+      tc::mma_bf16(acc[2 * dp + 1], a, f[2], f[3], acc[2 * dp + 1]);
+    }
+  }
+}
+
+// Max and sum over the 4 lanes of a quad (the threads of one fragment row).
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Grid (query tiles, NH, B), the last query tiles (most keys) first. Q fragments stay in
+// registers for the whole loop; K and V tiles are double-buffered: the copy of step + 1 is in
+// flight while step is computed. S = Q K^T (fp32 fragments), masked and scaled to log2 units,
+// online softmax in registers; P is rounded to bf16 in registers and is directly the A operand
+// of O += P V (the C layout of two 16 x 8 score tiles is the A layout of one 16 x 16 tile).
+template <int HS>
+__global__ void __launch_bounds__(kTcThreads)
+    flash_forward_tc_kernel(bf16* out, float* lse, const bf16* qkv, int T, int NH, int NKV, float score_scale) {
+  constexpr int BR = kTcRows, BC = kTcCols, S = HS + kTcPad;
+  constexpr int KD = HS / 16;  // k steps of Q K^T
+  constexpr int NT = BC / 8;   // 8-key tiles of S per warp row block
+  constexpr int DT = HS / 8;   // 8-wide tiles of O
+  extern __shared__ float4 smem[];
+  bf16* q_s = reinterpret_cast<bf16*>(smem);  // (BR, S)
+  bf16* k_s = q_s + BR * S;                    // 2 x (BC, S)
+  bf16* v_s = k_s + 2 * BC * S;                // 2 x (BC, S)
+
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+  const int q0 = int(gridDim.x - 1 - blockIdx.x) * BR;
+  const int h = blockIdx.y, b = blockIdx.z, kvh = h / (NH / NKV);
+  const int C = NH * HS;
+  const std::int64_t C3 = std::int64_t(NH + 2 * NKV) * HS;
+  const bf16* seq = qkv + std::int64_t(b) * T * C3;
+  const bf16* k_head = seq + C + std::int64_t(kvh) * HS;
+  const bf16* v_head = seq + C + std::int64_t(NKV + kvh) * HS;
+
+  const int q_end = min(q0 + BR, T);
+  const int n_steps = (q_end - 1) / BC + 1;  // key tiles up to the causal limit of the last row
+  tc_load_tile<BR, HS>(q_s, seq + std::int64_t(h) * HS, C3, q0, T);
+  tc_load_tile<BC, HS>(k_s, k_head, C3, 0, T);
+  tc_load_tile<BC, HS>(v_s, v_head, C3, 0, T);
+  tc::cp_async_commit();
+
+  const int row_lo = q0 + warp * 16 + g;  // this thread's rows: row_lo and row_lo + 8
+  std::uint32_t qf[KD][4];
+  float o[DT][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this thread's part of the row sum
+
+  for (int step = 0; step < n_steps; ++step) {
+    const int k0 = step * BC;
+    if (step + 1 < n_steps) {
+      const int next = (step + 1) % 2;
+      tc_load_tile<BC, HS>(k_s + next * BC * S, k_head, C3, k0 + BC, T);
+      tc_load_tile<BC, HS>(v_s + next * BC * S, v_head, C3, k0 + BC, T);
+    }
+    tc::cp_async_commit();  // (possibly empty: keeps the group count uniform)
+    tc::cp_async_wait<1>();  // every group but the newest: this step's tiles (and Q) have landed
+    __syncthreads();
+    const bf16* kb = k_s + (step % 2) * BC * S;
+    const bf16* vb = v_s + (step % 2) * BC * S;
+    if (step == 0) {
+#pragma unroll
+      for (int kk = 0; kk < KD; ++kk) tc_a_fragment<S>(qf[kk], q_s, warp * 16, kk);
+    }
+
+    float s[NT][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk) tc_product_transposed<BC, S>(s, qf[kk], kb, kk);
+
+    // Keys past the causal limit of a row or past T are -inf; only tiles reaching past the
+    // warp's first row or past T need the test.
+    const bool masked = k0 + BC - 1 > q0 + warp * 16 || k0 + BC > T;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int q = row_lo + 8 * hh;
+      float row_max = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int k = k0 + j * 8 + 2 * t + e;
+          float& x = s[j][2 * hh + e];
+          x = (!masked || (k <= q && k < T)) ? x * score_scale : -INFINITY;
+          row_max = fmaxf(row_max, x);
+        }
+      }
+      const float m_new = fmaxf(m[hh], quad_max(row_max));
+      // A row with every key so far masked keeps m = -inf: exponentiate against 0 then (only rows
+      // past T; row q always sees key 0).
+      const float base = m_new == -INFINITY ? 0.0f : m_new;
+      const float correction = exp2f(m[hh] - base);
+      float row_sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[j][2 * hh + e];
+          x = exp2f(x - base);
+          row_sum += x;
+        }
+      }
+      l[hh] = l[hh] * correction + row_sum;
+      m[hh] = m_new;
+#pragma unroll
+      for (int d = 0; d < DT; ++d) {
+        o[d][2 * hh] *= correction;
+        o[d][2 * hh + 1] *= correction;
+      }
+    }
+
+    tc_accumulate_product<HS, BC, S>(o, s, vb);  // O += P V
+    __syncthreads();  // every warp is done with this step's buffers before step + 2 refills them
+  }
+
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int q = row_lo + 8 * hh;
+    const float row_l = quad_sum(l[hh]);
+    if (q >= T) continue;
+    const float inv_l = 1.0f / row_l;
+    bf16* o_row = out + (std::int64_t(b) * T + q) * C + std::int64_t(h) * HS;
+#pragma unroll
+    for (int d = 0; d < DT; ++d) {
+      *reinterpret_cast<__nv_bfloat162*>(o_row + d * 8 + 2 * t) =
+          __floats2bfloat162_rn(o[d][2 * hh] * inv_l, o[d][2 * hh + 1] * inv_l);
+    }
+    if (t == 0) lse[(std::int64_t(b) * NH + h) * T + q] = (m[hh] + log2f(row_l)) * kLn2;
+  }
+}
+
+// ---- tensor-core backward --------------------------------------------------------------------
+//
+// Two kernels after D = rowsum(dO O) (flash_backward_dot_kernel), no atomics, deterministic:
+//   dK, dV: a block owns 64 keys of one (b, kv head), 16 per warp, and streams the query tiles of
+//     every query head of the group (double-buffered cp.async of Q, dO, lse and D). Per tile a
+//     warp computes S^T = K Q^T and dP^T = V dO^T on tensor cores, P^T = exp2(S^T - lse) and
+//     dS^T = P^T (dP^T - D) in registers, then dV += P^T dO and dK += dS^T Q with P^T and dS^T
+//     rounded to bf16 in registers as the A operands.
+//   dQ: a block owns 64 queries of one (b, h), 16 per warp, and streams the key tiles up to the
+//     diagonal; it recomputes S and dP (the price of a deterministic dQ without atomics or a
+//     per-key-block scratch of partial dQ) and accumulates dQ += dS K.
+// Keys per dK/dV block and queries per dQ block: 64; streamed rows per step: 64 at HS 64 and 32
+// at HS 128 (registers: the HS 128 accumulators alone are 2 x 64 floats per thread in dK/dV).
+
+template <int HS>
+struct TcBackwardTiles {
+  static constexpr int cols = HS == 128 ? 32 : 64;  // streamed rows per step
+};
+
+// Copies (fp32, 16 bytes of 4) of `rows` values of a row of lse (times log2 e) or D into shared
+// memory for rows [q0, q0 + rows); past T: 0.
+template <int ROWS>
+__device__ __forceinline__ void tc_load_row_values(float* lse_s, float* d_s, const float* lse_row, const float* d_row,
+                                                   int q0, int T) {
+  for (int r = threadIdx.x; r < ROWS; r += kTcThreads) {
+    const int q = q0 + r;
+    lse_s[r] = q < T ? lse_row[q] * kLog2e : 0.0f;
+    d_s[r] = q < T ? d_row[q] : 0.0f;
+  }
+}
+
+// Adds `scale` times a 16 x HS fp32 accumulator (C fragments, rows row_lo and row_lo + 8 of this
+// thread) into bf16 rows of dqkv at `base` (row r at base + r * C3), rows at or past T skipped.
+template <int HS>
+__device__ __forceinline__ void tc_add_rows(bf16* base, std::int64_t C3, const float (&acc)[HS / 8][4], int row_lo,
+                                            int T, float scale) {
+  const int t = int(threadIdx.x) % 4;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = row_lo + 8 * hh;
+    if (r >= T) continue;
+    bf16* row = base + std::int64_t(r) * C3;
+#pragma unroll
+    for (int d = 0; d < HS / 8; ++d) {
+      auto* at = reinterpret_cast<__nv_bfloat162*>(row + d * 8 + 2 * t);
+      const float2 old = __bfloat1622float2(*at);
+      *at = __floats2bfloat162_rn(old.x + acc[d][2 * hh] * scale, old.y + acc[d][2 * hh + 1] * scale);
+    }
+  }
+}
+
+// Grid (key tiles, NKV, B); key tile 0 (the most query tiles) first.
+template <int HS, int BQ>
+__global__ void __launch_bounds__(kTcThreads)
+    flash_backward_dkdv_tc_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* D,
+                                  int T, int NH, int NKV, float score_scale, float scale) {
+  constexpr int BK = kTcRows, S = HS + kTcPad, KD = HS / 16, NT = BQ / 8, DT = HS / 8;
+  extern __shared__ float4 smem[];
+  bf16* k_s = reinterpret_cast<bf16*>(smem);  // (BK, S)
+  bf16* v_s = k_s + BK * S;                    // (BK, S)
+  bf16* q_s = v_s + BK * S;                    // 2 x (BQ, S)
+  bf16* do_s = q_s + 2 * BQ * S;               // 2 x (BQ, S)
+  float* lse_s = reinterpret_cast<float*>(do_s + 2 * BQ * S);  // 2 x BQ, log2 units
+  float* d_s = lse_s + 2 * BQ;                                 // 2 x BQ
+
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+  const int k0 = blockIdx.x * BK;
+  const int kvh = blockIdx.y, b = blockIdx.z, group = NH / NKV;
+  const int C = NH * HS;
+  const std::int64_t C3 = std::int64_t(NH + 2 * NKV) * HS;
+  const bf16* seq = qkv + std::int64_t(b) * T * C3;
+  const bf16* dout_seq = dout + std::int64_t(b) * T * C;
+
+  const int first_q_tile = k0 / BQ;  // earlier queries see no key of this block
+  const int per_head = (T + BQ - 1) / BQ - first_q_tile;
+  const int n_iter = group * per_head;
+  // Iteration i: query head kvh group + i / per_head, query tile first_q_tile + i % per_head.
+  const auto load = [&](int i, int buffer) {
+    const int h = kvh * group + i / per_head, q0 = (first_q_tile + i % per_head) * BQ;
+    tc_load_tile<BQ, HS>(q_s + buffer * BQ * S, seq + std::int64_t(h) * HS, C3, q0, T);
+    tc_load_tile<BQ, HS>(do_s + buffer * BQ * S, dout_seq + std::int64_t(h) * HS, C, q0, T);
+    const std::int64_t at = (std::int64_t(b) * NH + h) * T;
+    tc_load_row_values<BQ>(lse_s + buffer * BQ, d_s + buffer * BQ, lse + at, D + at, q0, T);
+  };
+  tc_load_tile<BK, HS>(k_s, seq + C + std::int64_t(kvh) * HS, C3, k0, T);
+  tc_load_tile<BK, HS>(v_s, seq + C + std::int64_t(NKV + kvh) * HS, C3, k0, T);
+  load(0, 0);
+  tc::cp_async_commit();
+
+  const int key_lo = k0 + warp * 16 + g;  // this thread's keys: key_lo and key_lo + 8
+  float dk[DT][4] = {}, dv[DT][4] = {};
+  for (int i = 0; i < n_iter; ++i) {
+    if (i + 1 < n_iter) load(i + 1, (i + 1) % 2);
+    tc::cp_async_commit();
+    tc::cp_async_wait<1>();
+    __syncthreads();  // this iteration's tiles and row values are in place
+    const int q0 = (first_q_tile + i % per_head) * BQ;
+    const bf16* qb = q_s + (i % 2) * BQ * S;
+    const bf16* dob = do_s + (i % 2) * BQ * S;
+    const float* lse_b = lse_s + (i % 2) * BQ;
+    const float* d_b = d_s + (i % 2) * BQ;
+
+    float st[NT][4] = {}, dpt[NT][4] = {};  // S^T and dP^T: this warp's 16 keys x BQ queries
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk) {
+      std::uint32_t ka[4], va[4];
+      tc_a_fragment<S>(ka, k_s, warp * 16, kk);
+      tc_a_fragment<S>(va, v_s, warp * 16, kk);
+      tc_product_transposed<BQ, S>(st, ka, qb, kk);   // S^T = K Q^T
+      tc_product_transposed<BQ, S>(dpt, va, dob, kk);  // dP^T = V dO^T
+    }
+    // P^T and dS^T in place; k <= q < T also keeps out padded keys and queries.
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int k = key_lo + 8 * (e / 2), c = j * 8 + 2 * t + e % 2, q = q0 + c;
+        const bool visible = k <= q && q < T;
+        const float p = visible ? exp2f(st[j][e] * score_scale - lse_b[c]) : 0.0f;
+        dpt[j][e] = visible ? p * (dpt[j][e] - d_b[c]) : 0.0f;
+        st[j][e] = p;
+      }
+    }
+    tc_accumulate_product<HS, BQ, S>(dv, st, dob);  // dV += P^T dO
+    tc_accumulate_product<HS, BQ, S>(dk, dpt, qb);  // dK += dS^T Q (scale applied at the end)
+    __syncthreads();  // every warp is done with this buffer before iteration i + 2 refills it
+  }
+
+  bf16* dseq = dqkv + std::int64_t(b) * T * C3;
+  tc_add_rows<HS>(dseq + C + std::int64_t(kvh) * HS, C3, dk, key_lo, T, scale);
+  tc_add_rows<HS>(dseq + C + std::int64_t(NKV + kvh) * HS, C3, dv, key_lo, T, 1.0f);
+}
+
+// Grid (query tiles, NH, B); the last tiles (most keys) first.
+template <int HS, int BK>
+__global__ void __launch_bounds__(kTcThreads)
+    flash_backward_dq_tc_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* D,
+                                int T, int NH, int NKV, float score_scale, float scale) {
+  constexpr int BQ = kTcRows, S = HS + kTcPad, KD = HS / 16, NT = BK / 8, DT = HS / 8;
+  extern __shared__ float4 smem[];
+  bf16* q_s = reinterpret_cast<bf16*>(smem);  // (BQ, S)
+  bf16* do_s = q_s + BQ * S;                   // (BQ, S)
+  bf16* k_s = do_s + BQ * S;                   // 2 x (BK, S)
+  bf16* v_s = k_s + 2 * BK * S;                // 2 x (BK, S)
+
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+  const int q0 = int(gridDim.x - 1 - blockIdx.x) * BQ;
+  const int h = blockIdx.y, b = blockIdx.z, kvh = h / (NH / NKV);
+  const int C = NH * HS;
+  const std::int64_t C3 = std::int64_t(NH + 2 * NKV) * HS;
+  const bf16* seq = qkv + std::int64_t(b) * T * C3;
+  const bf16* k_head = seq + C + std::int64_t(kvh) * HS;
+  const bf16* v_head = seq + C + std::int64_t(NKV + kvh) * HS;
+
+  const int q_end = min(q0 + BQ, T);
+  const int n_steps = (q_end - 1) / BK + 1;
+  tc_load_tile<BQ, HS>(q_s, seq + std::int64_t(h) * HS, C3, q0, T);
+  tc_load_tile<BQ, HS>(do_s, dout + std::int64_t(b) * T * C + std::int64_t(h) * HS, C, q0, T);
+  tc_load_tile<BK, HS>(k_s, k_head, C3, 0, T);
+  tc_load_tile<BK, HS>(v_s, v_head, C3, 0, T);
+  tc::cp_async_commit();
+
+  const int row_lo = q0 + warp * 16 + g;
+  float row_lse[2], row_d[2];  // lse in log2 units and D of rows row_lo, row_lo + 8
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int q = row_lo + 8 * hh;
+    const std::int64_t at = (std::int64_t(b) * NH + h) * T + q;
+    row_lse[hh] = q < T ? lse[at] * kLog2e : 0.0f;
+    row_d[hh] = q < T ? D[at] : 0.0f;
+  }
+
+  float dq[DT][4] = {};
+  for (int step = 0; step < n_steps; ++step) {
+    const int k0 = step * BK;
+    if (step + 1 < n_steps) {
+      const int next = (step + 1) % 2;
+      tc_load_tile<BK, HS>(k_s + next * BK * S, k_head, C3, k0 + BK, T);
+      tc_load_tile<BK, HS>(v_s + next * BK * S, v_head, C3, k0 + BK, T);
+    }
+    tc::cp_async_commit();
+    tc::cp_async_wait<1>();
+    __syncthreads();
+    const bf16* kb = k_s + (step % 2) * BK * S;
+    const bf16* vb = v_s + (step % 2) * BK * S;
+
+    float s[NT][4] = {}, dp[NT][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk) {
+      std::uint32_t qa[4], doa[4];
+      tc_a_fragment<S>(qa, q_s, warp * 16, kk);
+      tc_a_fragment<S>(doa, do_s, warp * 16, kk);
+      tc_product_transposed<BK, S>(s, qa, kb, kk);    // S = Q K^T
+      tc_product_transposed<BK, S>(dp, doa, vb, kk);  // dP = dO V^T
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int hh = e / 2, q = row_lo + 8 * hh, k = k0 + j * 8 + 2 * t + e % 2;
+        const bool visible = k <= q && q < T;
+        const float p = visible ? exp2f(s[j][e] * score_scale - row_lse[hh]) : 0.0f;
+        dp[j][e] = visible ? p * (dp[j][e] - row_d[hh]) : 0.0f;
+      }
+    }
+    tc_accumulate_product<HS, BK, S>(dq, dp, kb);  // dQ += dS K (scale applied at the end)
+    __syncthreads();
+  }
+  tc_add_rows<HS>(dqkv + std::int64_t(b) * T * C3 + std::int64_t(h) * HS, C3, dq, row_lo, T, scale);
+}
+
 // ---- launchers -------------------------------------------------------------------------------
 
 constexpr std::size_t tile_bytes(int rows, int width) { return std::size_t(rows) * (width + kPad) * sizeof(float); }
@@ -432,6 +856,21 @@ void allow_shared_memory(Kernel* kernel, std::size_t bytes) {
 
 int n_tiles(int T, int rows) { return (T + rows - 1) / rows; }
 
+constexpr std::size_t tc_tile_bytes(int rows, int hs) { return std::size_t(rows) * (hs + kTcPad) * sizeof(bf16); }
+
+bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+template <int HS>
+void forward_tc_launch(bf16* out, float* lse, const bf16* qkv, int B, int T, int NH, int NKV, cudaStream_t stream) {
+  constexpr std::size_t smem = tc_tile_bytes(kTcRows, HS) + 4 * tc_tile_bytes(kTcCols, HS);
+  static_assert(smem <= max_shared_bytes, "tensor-core flash forward: tiles too large for shared memory");
+  auto* kernel = flash_forward_tc_kernel<HS>;
+  allow_shared_memory(kernel, smem);
+  const float score_scale = kLog2e / sqrtf(float(HS));
+  kernel<<<dim3(n_tiles(T, kTcRows), NH, B), kTcThreads, smem, stream>>>(out, lse, qkv, T, NH, NKV, score_scale);
+  LLMTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
 template <class scalar_t, int HS>
 void forward_launch(scalar_t* out, float* lse, const scalar_t* qkv, int B, int T, int NH, int NKV,
                     cudaStream_t stream) {
@@ -443,6 +882,31 @@ void forward_launch(scalar_t* out, float* lse, const scalar_t* qkv, int B, int T
   const float score_scale = kLog2e / sqrtf(float(HS));
   kernel<<<dim3(n_tiles(T, BR), NH, B), kThreads, smem, stream>>>(out, lse, qkv, T, NH, NKV, score_scale);
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+template <int HS>
+void backward_tc_launch(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* D, int B,
+                        int T, int NH, int NKV, float score_scale, float scale, cudaStream_t stream) {
+  constexpr int cols = TcBackwardTiles<HS>::cols;
+  {
+    constexpr std::size_t smem =
+        2 * tc_tile_bytes(kTcRows, HS) + 4 * tc_tile_bytes(cols, HS) + 4 * cols * sizeof(float);
+    static_assert(smem <= max_shared_bytes, "tensor-core flash backward dK/dV: tiles too large for shared memory");
+    auto* kernel = flash_backward_dkdv_tc_kernel<HS, cols>;
+    allow_shared_memory(kernel, smem);
+    kernel<<<dim3(n_tiles(T, kTcRows), NKV, B), kTcThreads, smem, stream>>>(dqkv, dout, qkv, lse, D, T, NH, NKV,
+                                                                           score_scale, scale);
+    LLMTRAIN_CUDA_CHECK(cudaGetLastError());
+  }
+  {
+    constexpr std::size_t smem = 2 * tc_tile_bytes(kTcRows, HS) + 4 * tc_tile_bytes(cols, HS);
+    static_assert(smem <= max_shared_bytes, "tensor-core flash backward dQ: tiles too large for shared memory");
+    auto* kernel = flash_backward_dq_tc_kernel<HS, cols>;
+    allow_shared_memory(kernel, smem);
+    kernel<<<dim3(n_tiles(T, kTcRows), NH, B), kTcThreads, smem, stream>>>(dqkv, dout, qkv, lse, D, T, NH, NKV,
+                                                                          score_scale, scale);
+    LLMTRAIN_CUDA_CHECK(cudaGetLastError());
+  }
 }
 
 template <class scalar_t, int HS>
@@ -458,6 +922,11 @@ void backward_launch(scalar_t* dqkv, const scalar_t* dout, const scalar_t* qkv, 
   flash_backward_dot_kernel<scalar_t, HS><<<dot_blocks, dot_block, 0, stream>>>(D, dout, out, rows, T, NH);
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
 
+  if constexpr (std::is_same_v<scalar_t, bf16> && (HS == 64 || HS == 128)) {
+    if (flash_attention_uses_tensor_cores(HS, qkv, out) && aligned16(dout) && aligned16(dqkv)) {
+      return backward_tc_launch<HS>(dqkv, dout, qkv, lse, D, B, T, NH, NKV, score_scale, scale, stream);
+    }
+  }
   {
     constexpr int BK = Tiles<HS>::dkv_rows, BQ = Tiles<HS>::dkv_cols;
     constexpr std::size_t smem =
@@ -501,6 +970,12 @@ void forward_dispatch(scalar_t* out, float* lse, const scalar_t* qkv, int B, int
                       cudaStream_t stream) {
   check_shape("flash_attention_forward", B, T, C, NH, NKV);
   if (B == 0 || T == 0) return;
+  if constexpr (std::is_same_v<scalar_t, bf16>) {
+    if (flash_attention_uses_tensor_cores(C / NH, qkv, out)) {
+      if (C / NH == 64) return forward_tc_launch<64>(out, lse, qkv, B, T, NH, NKV, stream);
+      return forward_tc_launch<128>(out, lse, qkv, B, T, NH, NKV, stream);
+    }
+  }
   switch (C / NH) {
     case 16: return forward_launch<scalar_t, 16>(out, lse, qkv, B, T, NH, NKV, stream);
     case 32: return forward_launch<scalar_t, 32>(out, lse, qkv, B, T, NH, NKV, stream);
@@ -523,6 +998,10 @@ void backward_dispatch(scalar_t* dqkv, const scalar_t* dout, const scalar_t* qkv
 }
 
 }  // namespace
+
+bool flash_attention_uses_tensor_cores(int head_size, const void* qkv, const void* out) {
+  return (head_size == 64 || head_size == 128) && aligned16(qkv) && aligned16(out);
+}
 
 void flash_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV,
                              cudaStream_t stream) {

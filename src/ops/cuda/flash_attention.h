@@ -5,8 +5,10 @@
 // qkv (B,T,(NH+2NKV)HS): NH query heads, then NKV key heads, then NKV value heads, each a
 // contiguous HS slice; C = NH HS; query head h reads kv head h / (NH/NKV); NKV divides NH.
 // Head sizes 16, 32, 64 and 128; others throw RuntimeError. All pointers are device memory.
-// The bf16 overloads read and write bf16 activations and gradients; lse stays fp32, and every
-// product, sum and exponential is fp32 (tiles staged in shared memory as fp32).
+// The bf16 overloads read and write bf16 activations and gradients; lse stays fp32. For head sizes
+// 64 and 128 with 16-byte aligned tensors they run on tensor cores (mma.sync: bf16 products with
+// fp32 accumulation, P and dS rounded to bf16 as matrix operands; softmax in fp32); otherwise, and
+// for fp32, every product, sum and exponential is fp32 on CUDA cores (tiles staged as fp32).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -34,5 +36,10 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int 
 /// each element of dqkv is read, added to in fp32 and rounded once.
 void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
                               const float* lse, int B, int T, int C, int NH, int NKV, cudaStream_t stream);
+
+/// Whether the bf16 kernels take the tensor-core path (mma.sync, ldmatrix, cp.async) for this
+/// head size and these tensors: head sizes 64 and 128, qkv and out (forward) or qkv, out, dout
+/// and dqkv (backward) 16-byte aligned. Otherwise the CUDA-core kernels run.
+bool flash_attention_uses_tensor_cores(int head_size, const void* qkv, const void* out);
 
 }  // namespace llmtrain::cuda

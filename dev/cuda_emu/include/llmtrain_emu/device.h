@@ -28,6 +28,9 @@
 // Every __shared__ declaration must have been rewritten by preprocess_cuda.py; one that was not
 // (a header outside src/ops/cuda/?) fails to compile here, naming this macro.
 #define __shared__ LLMTRAIN_EMU_SHARED_DECLARATION_NOT_REWRITTEN_BY_PREPROCESS_CUDA_PY
+// Kernels test this to use the emulator's versions of instructions written as inline PTX on the
+// GPU (src/ops/cuda/mma.cuh: mma.sync, ldmatrix, cp.async).
+#define LLMTRAIN_CUDA_EMU 1
 
 inline thread_local uint3 threadIdx{0, 0, 0};
 inline thread_local uint3 blockIdx{0, 0, 0};
@@ -37,7 +40,7 @@ inline constexpr int warpSize = 32;
 
 namespace llmtrain_emu {
 
-enum class WarpOp : int { sync, shfl_idx, shfl_up, shfl_down, shfl_xor, ballot, any, all, match_any };
+enum class WarpOp : int { sync, shfl_idx, shfl_up, shfl_down, shfl_xor, ballot, any, all, match_any, matrix };
 
 /// The collective step of a warp: waits until every lane of `mask` has called it with the same
 /// op, mask and width, then returns this lane's result (a shuffled value, a ballot...).
@@ -90,6 +93,40 @@ T from_bits(std::uint64_t bits) {
   std::memcpy(&value, &bits, sizeof(T));
   return value;
 }
+
+}  // namespace llmtrain_emu
+
+// ---- tensor-core matrix instructions and cp.async (the PTX that src/ops/cuda/mma.cuh wraps) -----
+
+namespace llmtrain_emu {
+
+enum class MatrixKind : int { mma_m16n8k16_bf16 = 1, ldmatrix = 2 };
+
+/// One lane's part of a warp-wide matrix instruction: what it brings (registers, a row address)
+/// and, after warp_matrix returns, what it receives. The scheduler assembles the whole operands
+/// from the 32 lanes by the PTX ISA's fragment layouts (runtime/scheduler.cpp, complete_matrix).
+struct MatrixLane {
+  MatrixKind kind = MatrixKind::mma_m16n8k16_bf16;
+  int count = 0;       // ldmatrix: number of 8x8 matrices (1, 2 or 4)
+  bool trans = false;  // ldmatrix .trans
+  const void* address = nullptr;  // ldmatrix: the row this lane names
+  std::uint32_t a[4] = {}, b[2] = {};  // mma: bf16 pairs, lower column/row in the low half
+  float c[4] = {};
+  std::uint32_t out[4] = {};  // ldmatrix: the fragments received
+  float d[4] = {};            // mma: the result
+};
+
+/// The warp collective of a matrix instruction: every lane of the (full) warp must arrive with the
+/// same kind; faults on misaligned or non-shared ldmatrix rows.
+inline void warp_matrix(MatrixLane& lane) {
+  warp_collective(WarpOp::matrix, 0xffffffffu, std::uint64_t(reinterpret_cast<std::uintptr_t>(&lane)),
+                  int(lane.kind), warpSize);
+}
+
+/// cp.async.cg.shared.global with 16 bytes, done synchronously (commit and wait are no-ops): `dst`
+/// must be 16-byte aligned shared memory of the block and `src` 16-byte aligned device memory
+/// (faults otherwise); src_bytes < 16 copies that many bytes and zero-fills the rest.
+void cp_async_16(void* dst, const void* src, int src_bytes);
 
 }  // namespace llmtrain_emu
 
