@@ -126,7 +126,7 @@ void device_free(void* pointer) noexcept {
 
 void* host_pinned_malloc(std::size_t bytes) {
   void* pointer = nullptr;
-  const cudaError_t status = cudaHostAlloc(&pointer, bytes, cudaHostAllocDefault);
+  const cudaError_t status = cudaMallocHost(&pointer, bytes);  // cudaHostAlloc with default flags
   if (status != cudaSuccess) {
     (void)cudaGetLastError();  // not fatal: the caller falls back to ordinary memory
     return nullptr;
