@@ -512,7 +512,54 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// Grid (query tiles, NH, B), the last query tiles (most keys) first. Q fragments stay in
+// Grid (query tiles, NH, B), the last query tiles (most keys) first: the block's rows of one
+// (sequence, query head), the key and value heads they read, and the key tiles of BK that the
+// causal limit of its last row reaches. Shared by the forward and the dQ kernels.
+template <int HS>
+struct TcQueryBlock {
+  int q0, h, b;
+  int C;              // NH HS: width of out, dout
+  std::int64_t C3;    // (NH + 2 NKV) HS: width of qkv
+  const bf16* seq;    // this sequence's qkv rows
+  const bf16* k_head;
+  const bf16* v_head;
+  int n_steps;
+};
+
+template <int HS, int ROWS, int BK>
+__device__ __forceinline__ TcQueryBlock<HS> tc_query_block(const bf16* qkv, int T, int NH, int NKV) {
+  TcQueryBlock<HS> blk;
+  blk.q0 = int(gridDim.x - 1 - blockIdx.x) * ROWS;
+  blk.h = blockIdx.y;
+  blk.b = blockIdx.z;
+  const int kvh = blk.h / (NH / NKV);
+  blk.C = NH * HS;
+  blk.C3 = std::int64_t(NH + 2 * NKV) * HS;
+  blk.seq = qkv + std::int64_t(blk.b) * T * blk.C3;
+  blk.k_head = blk.seq + blk.C + std::int64_t(kvh) * HS;
+  blk.v_head = blk.seq + blk.C + std::int64_t(NKV + kvh) * HS;
+  blk.n_steps = (min(blk.q0 + ROWS, T) - 1) / BK + 1;
+  return blk;
+}
+
+// Double-buffered K and V (k_s, v_s: 2 x (BK, HS + kTcPad) each), step `step` of blk.n_steps:
+// starts the copy of step + 1's tiles into the other buffers, waits until this step's tiles (and
+// everything committed before them) have landed, and returns the index of this step's buffers.
+template <int HS, int BK>
+__device__ __forceinline__ int tc_next_kv(bf16* k_s, bf16* v_s, const TcQueryBlock<HS>& blk, int step, int T) {
+  constexpr int S = HS + kTcPad;
+  if (step + 1 < blk.n_steps) {
+    const int next = (step + 1) % 2, k_next = (step + 1) * BK;
+    tc_load_tile<BK, HS>(k_s + next * BK * S, blk.k_head, blk.C3, k_next, T);
+    tc_load_tile<BK, HS>(v_s + next * BK * S, blk.v_head, blk.C3, k_next, T);
+  }
+  tc::cp_async_commit();   // (possibly empty: keeps the group count uniform)
+  tc::cp_async_wait<1>();  // every group but the newest
+  __syncthreads();
+  return step % 2;
+}
+
+// Grid (query tiles, NH, B), as TcQueryBlock. Q fragments stay in
 // registers for the whole loop; K and V tiles are double-buffered: the copy of step + 1 is in
 // flight while step is computed. S = Q K^T (fp32 fragments), masked and scaled to log2 units,
 // online softmax in registers; P is rounded to bf16 in registers and is directly the A operand
@@ -530,19 +577,11 @@ __global__ void __launch_bounds__(kTcThreads)
   bf16* v_s = k_s + 2 * BC * S;                // 2 x (BC, S)
 
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
-  const int q0 = int(gridDim.x - 1 - blockIdx.x) * BR;
-  const int h = blockIdx.y, b = blockIdx.z, kvh = h / (NH / NKV);
-  const int C = NH * HS;
-  const std::int64_t C3 = std::int64_t(NH + 2 * NKV) * HS;
-  const bf16* seq = qkv + std::int64_t(b) * T * C3;
-  const bf16* k_head = seq + C + std::int64_t(kvh) * HS;
-  const bf16* v_head = seq + C + std::int64_t(NKV + kvh) * HS;
-
-  const int q_end = min(q0 + BR, T);
-  const int n_steps = (q_end - 1) / BC + 1;  // key tiles up to the causal limit of the last row
-  tc_load_tile<BR, HS>(q_s, seq + std::int64_t(h) * HS, C3, q0, T);
-  tc_load_tile<BC, HS>(k_s, k_head, C3, 0, T);
-  tc_load_tile<BC, HS>(v_s, v_head, C3, 0, T);
+  const TcQueryBlock<HS> blk = tc_query_block<HS, BR, BC>(qkv, T, NH, NKV);
+  const int q0 = blk.q0, h = blk.h, b = blk.b, C = blk.C;
+  tc_load_tile<BR, HS>(q_s, blk.seq + std::int64_t(h) * HS, blk.C3, q0, T);
+  tc_load_tile<BC, HS>(k_s, blk.k_head, blk.C3, 0, T);
+  tc_load_tile<BC, HS>(v_s, blk.v_head, blk.C3, 0, T);
   tc::cp_async_commit();
 
   const int row_lo = q0 + warp * 16 + g;  // this thread's rows: row_lo and row_lo + 8
@@ -550,18 +589,11 @@ __global__ void __launch_bounds__(kTcThreads)
   float o[DT][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this thread's part of the row sum
 
-  for (int step = 0; step < n_steps; ++step) {
+  for (int step = 0; step < blk.n_steps; ++step) {
     const int k0 = step * BC;
-    if (step + 1 < n_steps) {
-      const int next = (step + 1) % 2;
-      tc_load_tile<BC, HS>(k_s + next * BC * S, k_head, C3, k0 + BC, T);
-      tc_load_tile<BC, HS>(v_s + next * BC * S, v_head, C3, k0 + BC, T);
-    }
-    tc::cp_async_commit();  // (possibly empty: keeps the group count uniform)
-    tc::cp_async_wait<1>();  // every group but the newest: this step's tiles (and Q) have landed
-    __syncthreads();
-    const bf16* kb = k_s + (step % 2) * BC * S;
-    const bf16* vb = v_s + (step % 2) * BC * S;
+    const int buffer = tc_next_kv<HS, BC>(k_s, v_s, blk, step, T);  // this step's K, V (and Q) landed
+    const bf16* kb = k_s + buffer * BC * S;
+    const bf16* vb = v_s + buffer * BC * S;
     if (step == 0) {
 #pragma unroll
       for (int kk = 0; kk < KD; ++kk) tc_a_fragment<S>(qf[kk], q_s, warp * 16, kk);
@@ -765,7 +797,7 @@ __global__ void __launch_bounds__(kTcThreads)
   tc_add_rows<HS>(dseq + C + std::int64_t(NKV + kvh) * HS, C3, dv, key_lo, T, 1.0f);
 }
 
-// Grid (query tiles, NH, B); the last tiles (most keys) first.
+// Grid (query tiles, NH, B), as TcQueryBlock.
 template <int HS, int BK>
 __global__ void __launch_bounds__(kTcThreads)
     flash_backward_dq_tc_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* D,
@@ -778,20 +810,12 @@ __global__ void __launch_bounds__(kTcThreads)
   bf16* v_s = k_s + 2 * BK * S;                // 2 x (BK, S)
 
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
-  const int q0 = int(gridDim.x - 1 - blockIdx.x) * BQ;
-  const int h = blockIdx.y, b = blockIdx.z, kvh = h / (NH / NKV);
-  const int C = NH * HS;
-  const std::int64_t C3 = std::int64_t(NH + 2 * NKV) * HS;
-  const bf16* seq = qkv + std::int64_t(b) * T * C3;
-  const bf16* k_head = seq + C + std::int64_t(kvh) * HS;
-  const bf16* v_head = seq + C + std::int64_t(NKV + kvh) * HS;
-
-  const int q_end = min(q0 + BQ, T);
-  const int n_steps = (q_end - 1) / BK + 1;
-  tc_load_tile<BQ, HS>(q_s, seq + std::int64_t(h) * HS, C3, q0, T);
+  const TcQueryBlock<HS> blk = tc_query_block<HS, BQ, BK>(qkv, T, NH, NKV);
+  const int q0 = blk.q0, h = blk.h, b = blk.b, C = blk.C;
+  tc_load_tile<BQ, HS>(q_s, blk.seq + std::int64_t(h) * HS, blk.C3, q0, T);
   tc_load_tile<BQ, HS>(do_s, dout + std::int64_t(b) * T * C + std::int64_t(h) * HS, C, q0, T);
-  tc_load_tile<BK, HS>(k_s, k_head, C3, 0, T);
-  tc_load_tile<BK, HS>(v_s, v_head, C3, 0, T);
+  tc_load_tile<BK, HS>(k_s, blk.k_head, blk.C3, 0, T);
+  tc_load_tile<BK, HS>(v_s, blk.v_head, blk.C3, 0, T);
   tc::cp_async_commit();
 
   const int row_lo = q0 + warp * 16 + g;
@@ -805,18 +829,11 @@ __global__ void __launch_bounds__(kTcThreads)
   }
 
   float dq[DT][4] = {};
-  for (int step = 0; step < n_steps; ++step) {
+  for (int step = 0; step < blk.n_steps; ++step) {
     const int k0 = step * BK;
-    if (step + 1 < n_steps) {
-      const int next = (step + 1) % 2;
-      tc_load_tile<BK, HS>(k_s + next * BK * S, k_head, C3, k0 + BK, T);
-      tc_load_tile<BK, HS>(v_s + next * BK * S, v_head, C3, k0 + BK, T);
-    }
-    tc::cp_async_commit();
-    tc::cp_async_wait<1>();
-    __syncthreads();
-    const bf16* kb = k_s + (step % 2) * BK * S;
-    const bf16* vb = v_s + (step % 2) * BK * S;
+    const int buffer = tc_next_kv<HS, BK>(k_s, v_s, blk, step, T);
+    const bf16* kb = k_s + buffer * BK * S;
+    const bf16* vb = v_s + buffer * BK * S;
 
     float s[NT][4] = {}, dp[NT][4] = {};
 #pragma unroll
@@ -840,7 +857,7 @@ __global__ void __launch_bounds__(kTcThreads)
     tc_accumulate_product<HS, BK, S>(dq, dp, kb);  // dQ += dS K (scale applied at the end)
     __syncthreads();
   }
-  tc_add_rows<HS>(dqkv + std::int64_t(b) * T * C3 + std::int64_t(h) * HS, C3, dq, row_lo, T, scale);
+  tc_add_rows<HS>(dqkv + std::int64_t(b) * T * blk.C3 + std::int64_t(h) * HS, blk.C3, dq, row_lo, T, scale);
 }
 
 // ---- launchers -------------------------------------------------------------------------------
