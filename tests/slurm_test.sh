@@ -130,6 +130,17 @@ steps() { [[ -f "$run/metrics.jsonl" ]] && grep '"loss":' "$run/metrics.jsonl" |
 last_step() { steps | tail -n 1; }
 field() { scontrol show job "$job" | grep -oE "(^| )$1=[^ ]*" | head -n 1 | cut -d= -f2; }
 
+# logged PATTERN: waits (up to 20 s) until the job's output holds a line matching PATTERN; srun
+# forwards the ranks' output later than metrics.jsonl is written, so a single look can miss it.
+logged() {
+  local start=$SECONDS
+  while (( SECONDS - start < 20 )); do
+    grep -q "$1" "$out" && return 0
+    sleep 0.2
+  done
+  return 1
+}
+
 # running_past STEP: waits until the job runs (again) and has logged 20 steps past STEP.
 running_past() {
   local start=$SECONDS
@@ -164,7 +175,7 @@ first=$(last_step)
 pass "USR1 to the batch shell at step $at: 2 ranks checkpointed step_$(printf %08d "$first") and exited 75; job $job requeued"
 t0=$SECONDS
 running_past "$first"
-grep -q "resuming from .*step_$(printf %08d "$first") (step $first)" "$out" || fail "run 2 did not resume from step $first"
+logged "resuming from .*step_$(printf %08d "$first") (step $first)" || fail "run 2 did not resume from step $first"
 pass "run 2 started $((SECONDS - t0)) s after the requeue (with the logging of 20 steps) and resumed from step $first"
 
 # 2. TERM to the tasks, as a preemption sends it.
@@ -174,7 +185,7 @@ stopped_and_requeued 2 "TERM to the tasks"
 second=$(last_step)
 pass "TERM to the tasks: exit 75 at step $second, requeued"
 running_past "$second"
-grep -q "resuming from .*step_$(printf %08d "$second") (step $second)" "$out" || fail "run 3 did not resume from step $second"
+logged "resuming from .*step_$(printf %08d "$second") (step $second)" || fail "run 3 did not resume from step $second"
 
 # 3. Every step once, in order, over the three runs.
 [[ "$(steps | head -n "$second" | tr '\n' ' ')" == "$(seq 1 "$second" | tr '\n' ' ')" ]] \
@@ -191,6 +202,7 @@ newest=$(cat "$run/checkpoints/latest")
 newest_step=$((10#${newest#step_}))
 (( newest_step >= second )) || fail "TERM --full: latest checkpoint $newest is older than step $second"
 running_past "$newest_step"
+for _ in $(seq 1 100); do (( $(grep -c "resuming from" "$out") >= 3 )) && break; sleep 0.2; done  # run 4's line
 grep "resuming from" "$out" | tail -n 1 | grep -q "$newest (step $newest_step)" || fail "run 4 did not resume from $newest"
 # One reading of the file, which run 4 is still writing (its last line may be half there: dropped).
 seen=$(steps | head -n -1)
