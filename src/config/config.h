@@ -156,6 +156,7 @@ struct OptimConfig {
 
 struct DistConfig {
   std::int64_t zero_stage = 0;
+  bool reshard_after_forward = true;   // ZeRO 3: free each layer's gathered weights after its forward
   std::int64_t tensor_parallel = 1;    // ranks per tensor-parallel group (the fastest mesh axis)
   std::int64_t pipeline_parallel = 1;  // pipeline stages (the slowest mesh axis)
   double bucket_mb = 25.0;
@@ -164,7 +165,8 @@ struct DistConfig {
 
   template <class Visitor>
   void fields(Visitor&& v) {
-    v("zero_stage", zero_stage, IntRange{0, 2});
+    v("zero_stage", zero_stage, IntRange{0, 3});
+    v("reshard_after_forward", reshard_after_forward, Boolean{});
     v("tensor_parallel", tensor_parallel, IntRange{1, 4096});
     v("pipeline_parallel", pipeline_parallel, IntRange{1, 4096});
     v("bucket_mb", bucket_mb, positive);
