@@ -122,7 +122,7 @@ void check_adamw_steps(const std::string& arch) {
   const Golden g(arch);
   const auto owner = g.make_model();
   model::Model& m = *owner;
-  train::AdamW optimizer(0, m.num_params());
+  train::AdamW optimizer({{0, m.num_params(), 0}});
   const auto reference = read(g.file, "adamw_losses");
   const double n = double(g.B) * g.T;
   for (std::size_t step = 1; step <= reference.size(); ++step) {
@@ -132,7 +132,7 @@ void check_adamw_steps(const std::string& arch) {
     CAPTURE(step, loss, reference[step - 1]);
     CHECK(std::abs(loss - reference[step - 1]) / reference[step - 1] < 1e-4);
     const double norm = std::sqrt(ops::sum_squares(m.grads()));
-    optimizer.update(m, m.grads(), norm, g.config.optim, g.config.train.grad_clip, g.config.optim.lr,
+    optimizer.update(m.param_infos(), m.params(), m.grads(), norm, g.config.optim, g.config.train.grad_clip, g.config.optim.lr,
                      std::int64_t(step));
   }
   for (const auto& info : m.param_infos()) {

@@ -50,6 +50,12 @@ std::vector<float> transposed(const float* x, std::int64_t rows, std::int64_t co
 
 }  // namespace
 
+std::int64_t OptimizerShard::size() const {
+  std::int64_t n = 0;
+  for (const FlatRange& r : ranges) n += r.end - r.begin;
+  return n;
+}
+
 std::int64_t WrittenPart::bytes() const {
   std::int64_t total = 0;
   for (const auto& f : files) total += f.bytes;
@@ -89,15 +95,24 @@ WrittenPart write_part(const SaveRequest& r, const std::string& dir, int rank, i
   };
   std::vector<Job> jobs;
   const std::int64_t P = m.num_params();
-  const bool whole_state = r.optimizer.begin == 0 && r.optimizer.end == P;
+  const auto& ranges = r.optimizer.ranges;
+  const bool whole_state = ranges.size() == 1 && ranges[0].begin == 0 && ranges[0].end == P;
   if (!whole_state || rank == 0) {
-    const std::int64_t n = r.optimizer.end - r.optimizer.begin;
+    const std::int64_t n = r.optimizer.size();
+    std::map<std::string, std::string> metadata{{"rank", std::to_string(rank)}, {"world_size", std::to_string(world_size)}};
+    if (ranges.size() == 1) {
+      metadata["range_begin"] = std::to_string(ranges[0].begin);
+      metadata["range_end"] = std::to_string(ranges[0].end);
+    } else {
+      std::string list;
+      for (const FlatRange& range : ranges) {
+        list += (list.empty() ? "" : ",") + std::to_string(range.begin) + ":" + std::to_string(range.end);
+      }
+      metadata["ranges"] = list;
+    }
     jobs.push_back({optim_file(rank),
                     {{"adamw.m", StDtype::f32, {n}, r.optimizer.m}, {"adamw.v", StDtype::f32, {n}, r.optimizer.v}},
-                    {{"range_begin", std::to_string(r.optimizer.begin)},
-                     {"range_end", std::to_string(r.optimizer.end)},
-                     {"rank", std::to_string(rank)},
-                     {"world_size", std::to_string(world_size)}},
+                    std::move(metadata),
                     {},
                     {}});
   }
@@ -328,45 +343,83 @@ std::vector<std::string> complete_checkpoints(const std::string& root) {
   return out;
 }
 
-void load_optimizer(const Found& found, std::int64_t begin, std::int64_t end, float* m, float* v) {
-  std::int64_t covered = 0;
+namespace {
+
+// The ranges an optimizer file holds, from its metadata: "ranges" ("b0:e0,b1:e1,...") or
+// range_begin and range_end. InputError naming the file unless each is 0 <= begin <= end.
+std::vector<FlatRange> file_ranges(const SafetensorsReader& reader) {
+  const auto& meta = reader.metadata();
+  std::vector<std::pair<std::string, std::string>> texts;
+  if (meta.contains("ranges")) {
+    const std::string& list = meta.at("ranges");
+    for (std::size_t at = 0; at <= list.size();) {
+      const std::size_t comma = std::min(list.find(',', at), list.size());
+      const std::string item = list.substr(at, comma - at);
+      const std::size_t colon = item.find(':');
+      texts.emplace_back(item.substr(0, colon), colon == std::string::npos ? "" : item.substr(colon + 1));
+      at = comma + 1;
+    }
+  } else if (meta.contains("range_begin") && meta.contains("range_end")) {
+    texts.emplace_back(meta.at("range_begin"), meta.at("range_end"));
+  } else {
+    throw InputError(reader.path() + ": no range_begin/range_end or ranges in its metadata");
+  }
+  std::vector<FlatRange> ranges;
+  for (const auto& [b, e] : texts) {
+    const auto begin = parse_int(b), end = parse_int(e);
+    if (!begin || !end || *begin < 0 || *end < *begin) {
+      throw InputError(reader.path() + ": metadata range: expected integers 0 <= begin <= end, got " +
+                       json_excerpt(b) + " and " + json_excerpt(e));
+    }
+    ranges.push_back({*begin, *end});
+  }
+  return ranges;
+}
+
+}  // namespace
+
+void load_optimizer(const Found& found, const std::vector<FlatRange>& ranges, float* m, float* v) {
+  std::int64_t covered = 0, wanted = 0;
+  for (const FlatRange& r : ranges) wanted += r.end - r.begin;
   for (const auto& [file, unused] : found.state["files"].items()) {
     if (!file.starts_with("optim-")) continue;
     const SafetensorsReader reader(found.dir + "/" + file);
-    const auto& meta = reader.metadata();
-    if (!meta.contains("range_begin") || !meta.contains("range_end")) {
-      throw InputError(reader.path() + ": no range_begin/range_end in its metadata");
-    }
-    const auto file_begin = parse_int(meta.at("range_begin")), file_end = parse_int(meta.at("range_end"));
-    if (!file_begin || !file_end || *file_begin < 0 || *file_end < *file_begin) {
-      throw InputError(reader.path() + ": metadata range_begin/range_end: expected integers 0 <= begin <= end, got " +
-                       json_excerpt(meta.at("range_begin")) + " and " + json_excerpt(meta.at("range_end")));
-    }
-    // The range must agree with the tensors' sizes before anything is allocated for it.
+    const std::vector<FlatRange> held = file_ranges(reader);
+    std::int64_t held_size = 0;
+    for (const FlatRange& h : held) held_size += h.end - h.begin;
+    // The ranges must agree with the tensors' sizes before anything is read.
     for (const char* name : {"adamw.m", "adamw.v"}) {
       const TensorInfo* t = reader.find(name);
       if (!t) throw InputError(reader.path() + ": no tensor " + name);
-      if (t->dtype != StDtype::f32 || t->shape.size() != 1 || t->shape[0] != *file_end - *file_begin) {
-        throw InputError(reader.path() + ": tensor " + name + " must be F32 of shape [" +
-                         std::to_string(*file_end - *file_begin) + "] (the metadata's range [" +
-                         std::to_string(*file_begin) + ", " + std::to_string(*file_end) + "))");
+      if (t->dtype != StDtype::f32 || t->shape.size() != 1 || t->shape[0] != held_size) {
+        throw InputError(reader.path() + ": tensor " + name + " must be F32 of shape [" + std::to_string(held_size) +
+                         "] (the elements of the ranges in its metadata)");
       }
     }
-    const std::int64_t lo = std::max(begin, *file_begin), hi = std::min(end, *file_end);
-    if (lo >= hi) continue;
-    for (const auto& [name, out] : {std::pair{"adamw.m", m}, std::pair{"adamw.v", v}}) {
-      // Checked above: F32 of the range's length. Straight from the file's mapping: only the
-      // pages of the range this rank needs are read.
-      const std::byte* bytes = reader.data(*reader.find(name)).data();
-      std::memcpy(out + (lo - begin), bytes + std::size_t(lo - *file_begin) * sizeof(float),
-                  std::size_t(hi - lo) * sizeof(float));
+    const std::byte* file_m = reader.data(*reader.find("adamw.m")).data();
+    const std::byte* file_v = reader.data(*reader.find("adamw.v")).data();
+    // Every overlap of a held range with a wanted one. Straight from the file's mapping: only
+    // the pages this rank needs are read.
+    std::int64_t held_at = 0;
+    for (const FlatRange& h : held) {
+      std::int64_t wanted_at = 0;
+      for (const FlatRange& w : ranges) {
+        const std::int64_t lo = std::max(w.begin, h.begin), hi = std::min(w.end, h.end);
+        if (lo < hi) {
+          const std::size_t from = std::size_t(held_at + (lo - h.begin)) * sizeof(float);
+          const std::size_t bytes = std::size_t(hi - lo) * sizeof(float);
+          std::memcpy(m + wanted_at + (lo - w.begin), file_m + from, bytes);
+          std::memcpy(v + wanted_at + (lo - w.begin), file_v + from, bytes);
+          covered += hi - lo;
+        }
+        wanted_at += w.end - w.begin;
+      }
+      held_at += h.end - h.begin;
     }
-    covered += hi - lo;
   }
-  if (covered != end - begin) {
+  if (covered != wanted) {
     throw InputError(found.dir + ": the optimizer files cover " + std::to_string(covered) + " of the " +
-                     std::to_string(end - begin) + " elements [" + std::to_string(begin) + ", " +
-                     std::to_string(end) + ") this rank needs");
+                     std::to_string(wanted) + " elements of the flat-buffer range(s) this rank needs");
   }
 }
 

@@ -1,7 +1,7 @@
 // Checkpoints (DESIGN.md layout) and Hugging Face GPT-2 weights in and out.
 //
 //   DIR/step_00000100/model.safetensors   fp32 weights, named and laid out as in the model
-//   DIR/step_00000100/optim-00000.safetensors  AdamW m and v as a range of the flat buffer
+//   DIR/step_00000100/optim-00000.safetensors  AdamW m and v of ranges of the flat buffer
 //   DIR/step_00000100/state.json          step, tokens, sampler, world size, config, checksums
 //   DIR/step_00000100/COMPLETE            written last
 //   DIR/latest                            names the newest complete checkpoint
@@ -20,11 +20,18 @@
 
 namespace llmtrain::checkpoint {
 
-/// One rank's AdamW state: the flat-buffer range [begin, end) and its moments (end - begin each).
-struct OptimizerShard {
+/// A range [begin, end) of the model's flat parameter buffer.
+struct FlatRange {
   std::int64_t begin = 0, end = 0;
+};
+
+/// One rank's AdamW state: flat-buffer ranges, and their moments laid end to end (as many
+/// elements as the ranges hold, each). One range [0, P): every rank holds the whole state.
+struct OptimizerShard {
+  std::vector<FlatRange> ranges;
   const float* m = nullptr;
   const float* v = nullptr;
+  std::int64_t size() const;
 };
 
 struct SaveRequest {
@@ -97,9 +104,11 @@ Found find(const std::string& path);
 /// The step folders under `root` that hold a COMPLETE file, newest first (full paths).
 std::vector<std::string> complete_checkpoints(const std::string& root);
 
-/// Fills m and v (end - begin each) with the AdamW state of flat-buffer range [begin, end), taken
-/// from the checkpoint's optimizer files whatever world size and ZeRO stage wrote them.
-void load_optimizer(const Found& found, std::int64_t begin, std::int64_t end, float* m, float* v);
+/// Fills m and v with the AdamW state of the flat-buffer `ranges`, laid end to end, taken from
+/// the checkpoint's optimizer files whatever world size and ZeRO stage wrote them. A file holds
+/// one range (metadata range_begin, range_end) or several ("ranges": "b0:e0,b1:e1,..."), its
+/// tensors adamw.m and adamw.v theirs end to end.
+void load_optimizer(const Found& found, const std::vector<FlatRange>& ranges, float* m, float* v);
 
 /// Fills the model's parameters from DIR/model.safetensors of a found checkpoint.
 void load_weights(const Found& found, model::Model& model);

@@ -2,6 +2,8 @@
 // algorithm sends it, before the implementation runs it.
 #include "dist/communicator.h"
 
+#include "core/error.h"
+
 namespace llmtrain::dist {
 
 double Traffic::total_bytes() const {
@@ -61,13 +63,27 @@ std::unique_ptr<Request> Communicator::start_all_reduce_sum(float* data, std::in
 }
 
 void Communicator::reduce_scatter_sum(const float* send, float* recv, std::int64_t shard) {
+  start_reduce_scatter_sum(send, recv, shard)->wait();
+}
+
+std::unique_ptr<Request> Communicator::start_reduce_scatter_sum(const float* send, float* recv, std::int64_t shard) {
   count(Traffic::reduce_scatter, ring_share(world_size()) * double(world_size()) * double(shard) * sizeof(float));
-  do_reduce_scatter_sum(send, recv, shard);
+  return do_start_reduce_scatter_sum(send, recv, shard);
 }
 
 void Communicator::all_gather(const float* send, float* recv, std::int64_t shard) {
-  count(Traffic::all_gather, ring_share(world_size()) * double(world_size()) * double(shard) * sizeof(float));
-  do_all_gather(send, recv, shard);
+  start_all_gather(send, recv, shard, DType::f32)->wait();
+}
+
+void Communicator::all_gather(const void* send, void* recv, std::int64_t shard, DType dtype) {
+  start_all_gather(send, recv, shard, dtype)->wait();
+}
+
+std::unique_ptr<Request> Communicator::start_all_gather(const void* send, void* recv, std::int64_t shard, DType dtype) {
+  if (dtype != DType::f32 && dtype != DType::bf16) throw RuntimeError("all_gather: f32 or bf16 elements only");
+  count(Traffic::all_gather,
+        ring_share(world_size()) * double(world_size()) * double(shard) * double(dtype_size(dtype)));
+  return do_start_all_gather(send, recv, shard, dtype);
 }
 
 void Communicator::broadcast(float* data, std::int64_t count, int root) {

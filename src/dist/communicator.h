@@ -59,8 +59,15 @@ class Communicator {
   std::unique_ptr<Request> start_all_reduce_sum(float* data, std::int64_t count);
   /// recv (shard) = sum over ranks of send[rank * shard, (rank + 1) * shard); send is (W * shard).
   void reduce_scatter_sum(const float* send, float* recv, std::int64_t shard);
-  /// recv (W * shard) = every rank's send (shard), in rank order.
+  /// The same, started: neither buffer may be touched until wait().
+  std::unique_ptr<Request> start_reduce_scatter_sum(const float* send, float* recv, std::int64_t shard);
+  /// recv (W * shard) = every rank's send (shard), in rank order. `send` may be this rank's part
+  /// of recv (recv + rank * shard): in place.
   void all_gather(const float* send, float* recv, std::int64_t shard);
+  /// The same for elements of `dtype` (f32 or bf16: a working copy of weights).
+  void all_gather(const void* send, void* recv, std::int64_t shard, DType dtype);
+  /// The same, started: neither buffer may be touched until wait().
+  std::unique_ptr<Request> start_all_gather(const void* send, void* recv, std::int64_t shard, DType dtype);
   /// data (count) = root's data.
   void broadcast(float* data, std::int64_t count, int root);
   void barrier();
@@ -73,8 +80,10 @@ class Communicator {
   virtual void do_all_reduce_sum(double* data, std::int64_t count) = 0;
   virtual void do_all_reduce_max(std::int64_t* data, std::int64_t count) = 0;
   virtual std::unique_ptr<Request> do_start_all_reduce_sum(float* data, std::int64_t count) = 0;
-  virtual void do_reduce_scatter_sum(const float* send, float* recv, std::int64_t shard) = 0;
-  virtual void do_all_gather(const float* send, float* recv, std::int64_t shard) = 0;
+  virtual std::unique_ptr<Request> do_start_reduce_scatter_sum(const float* send, float* recv,
+                                                               std::int64_t shard) = 0;
+  virtual std::unique_ptr<Request> do_start_all_gather(const void* send, void* recv, std::int64_t shard,
+                                                       DType dtype) = 0;
   virtual void do_broadcast(float* data, std::int64_t count, int root) = 0;
   virtual void do_barrier() = 0;
 

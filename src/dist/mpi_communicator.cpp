@@ -94,26 +94,29 @@ class MpiCommunicator final : public Communicator {
   }
 
   std::unique_ptr<Request> do_start_all_reduce_sum(float* data, std::int64_t count) override {
-    auto request = std::make_unique<Pending>(*this);
+    auto request = std::make_unique<Pending>(*this, "all_reduce (gradient bucket)");
     check(MPI_Iallreduce(MPI_IN_PLACE, data, as_count(count), MPI_FLOAT, MPI_SUM, comm_, &request->mpi),
           "MPI_Iallreduce");
     return request;
   }
 
-  void do_reduce_scatter_sum(const float* send, float* recv, std::int64_t shard) override {
-    MPI_Request r;
-    check(MPI_Ireduce_scatter_block(send, recv, as_count(shard), MPI_FLOAT, MPI_SUM, comm_, &r),
+  std::unique_ptr<Request> do_start_reduce_scatter_sum(const float* send, float* recv, std::int64_t shard) override {
+    auto request = std::make_unique<Pending>(*this, "reduce_scatter");
+    check(MPI_Ireduce_scatter_block(send, recv, as_count(shard), MPI_FLOAT, MPI_SUM, comm_, &request->mpi),
           "MPI_Ireduce_scatter_block");
-    wait(r, "reduce_scatter");
+    return request;
   }
 
-  void do_all_gather(const float* send, float* recv, std::int64_t shard) override {
-    MPI_Request r;
+  std::unique_ptr<Request> do_start_all_gather(const void* send, void* recv, std::int64_t shard, DType dtype) override {
+    auto request = std::make_unique<Pending>(*this, "all_gather");
+    // bf16 travels as 16-bit words: a gather only moves them.
+    const MPI_Datatype type = dtype == DType::f32 ? MPI_FLOAT : MPI_UINT16_T;
     // This rank's part already in place in recv is MPI_IN_PLACE (MPI forbids overlapping buffers).
-    const void* source = send == recv + rank_ * shard ? MPI_IN_PLACE : send;
-    check(MPI_Iallgather(source, as_count(shard), MPI_FLOAT, recv, as_count(shard), MPI_FLOAT, comm_, &r),
+    const char* mine = static_cast<const char*>(recv) + std::size_t(rank_ * shard) * dtype_size(dtype);
+    const void* source = send == mine ? MPI_IN_PLACE : send;
+    check(MPI_Iallgather(source, as_count(shard), type, recv, as_count(shard), type, comm_, &request->mpi),
           "MPI_Iallgather");
-    wait(r, "all_gather");
+    return request;
   }
 
   void do_broadcast(float* data, std::int64_t count, int root) override {
@@ -256,9 +259,10 @@ class MpiCommunicator final : public Communicator {
   }
 
   struct Pending final : Request {
-    explicit Pending(MpiCommunicator& c) : comm(c) {}
-    void wait() override { comm.wait(mpi, "all_reduce (gradient bucket)"); }
+    Pending(MpiCommunicator& c, const char* what) : comm(c), operation(what) {}
+    void wait() override { comm.wait(mpi, operation); }
     MpiCommunicator& comm;
+    const char* operation;
     MPI_Request mpi = MPI_REQUEST_NULL;
   };
 

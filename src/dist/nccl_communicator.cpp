@@ -109,15 +109,17 @@ class NcclCommunicator final : public Communicator {
     enqueued(ncclAllReduce(data, data, std::size_t(count), ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce");
     return std::make_unique<Done>([this] { finish("all_reduce (gradient bucket)"); });
   }
-  void do_reduce_scatter_sum(const float* send, float* recv, std::int64_t shard) override {
+  std::unique_ptr<Request> do_start_reduce_scatter_sum(const float* send, float* recv, std::int64_t shard) override {
     after_compute();
     enqueued(ncclReduceScatter(send, recv, std::size_t(shard), ncclFloat, ncclSum, comm_, stream_), "ncclReduceScatter");
-    finish("reduce_scatter");
+    return std::make_unique<Done>([this] { finish("reduce_scatter"); });
   }
-  void do_all_gather(const float* send, float* recv, std::int64_t shard) override {
+  // In place when send is this rank's part of recv (NCCL's rule for in-place all-gathers).
+  std::unique_ptr<Request> do_start_all_gather(const void* send, void* recv, std::int64_t shard, DType dtype) override {
     after_compute();
-    enqueued(ncclAllGather(send, recv, std::size_t(shard), ncclFloat, comm_, stream_), "ncclAllGather");
-    finish("all_gather");
+    enqueued(ncclAllGather(send, recv, std::size_t(shard), dtype == DType::f32 ? ncclFloat : ncclBfloat16, comm_, stream_),
+             "ncclAllGather");
+    return std::make_unique<Done>([this] { finish("all_gather"); });
   }
   void do_broadcast(float* data, std::int64_t count, int root) override {
     after_compute();

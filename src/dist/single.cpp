@@ -22,11 +22,14 @@ class SingleCommunicator final : public Communicator {
   void do_all_reduce_sum(double*, std::int64_t) override {}
   void do_all_reduce_max(std::int64_t*, std::int64_t) override {}
   std::unique_ptr<Request> do_start_all_reduce_sum(float*, std::int64_t) override { return std::make_unique<Done>(); }
-  void do_reduce_scatter_sum(const float* send, float* recv, std::int64_t shard) override {
+  // Host memory only (on a GPU one rank has no device communicator): a copy unless in place.
+  std::unique_ptr<Request> do_start_reduce_scatter_sum(const float* send, float* recv, std::int64_t shard) override {
     if (send != recv) std::memmove(recv, send, std::size_t(shard) * sizeof(float));
+    return std::make_unique<Done>();
   }
-  void do_all_gather(const float* send, float* recv, std::int64_t shard) override {
-    if (send != recv) std::memmove(recv, send, std::size_t(shard) * sizeof(float));
+  std::unique_ptr<Request> do_start_all_gather(const void* send, void* recv, std::int64_t shard, DType dtype) override {
+    if (send != recv) std::memmove(recv, send, std::size_t(shard) * dtype_size(dtype));
+    return std::make_unique<Done>();
   }
   void do_broadcast(float*, std::int64_t, int) override {}
   void do_barrier() override {}

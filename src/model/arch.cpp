@@ -11,8 +11,8 @@ namespace {
 
 template <class M>
 std::unique_ptr<Model> make(const config::ModelConfig& config, Device device, Recompute recompute, DType compute,
-                            ops::AttentionKernels attention) {
-  return std::make_unique<M>(config, device, recompute, compute, attention);
+                            ops::AttentionKernels attention, bool sharded) {
+  return std::make_unique<M>(config, device, recompute, compute, attention, sharded);
 }
 
 // transformers' GPT2Config.

@@ -10,28 +10,32 @@
 namespace llmtrain::model {
 namespace {
 
+// Calls f(name, shape, slot) for every parameter of layer l, in flat-buffer order.
+template <class LayerT, class F>
+void for_each_layer_param(const config::ModelConfig& c, std::int64_t l, LayerT& layer, F&& f) {
+  const std::int64_t C = c.d_model, F4 = c.ffn_hidden;
+  const std::string h = "transformer.h." + std::to_string(l) + ".";
+  f(h + "ln_1.weight", std::vector<std::int64_t>{C}, layer.ln1_w);
+  f(h + "ln_1.bias", std::vector<std::int64_t>{C}, layer.ln1_b);
+  f(h + "attn.c_attn.weight", std::vector<std::int64_t>{3 * C, C}, layer.qkv_w);
+  f(h + "attn.c_attn.bias", std::vector<std::int64_t>{3 * C}, layer.qkv_b);
+  f(h + "attn.c_proj.weight", std::vector<std::int64_t>{C, C}, layer.attproj_w);
+  f(h + "attn.c_proj.bias", std::vector<std::int64_t>{C}, layer.attproj_b);
+  f(h + "ln_2.weight", std::vector<std::int64_t>{C}, layer.ln2_w);
+  f(h + "ln_2.bias", std::vector<std::int64_t>{C}, layer.ln2_b);
+  f(h + "mlp.c_fc.weight", std::vector<std::int64_t>{F4, C}, layer.fc_w);
+  f(h + "mlp.c_fc.bias", std::vector<std::int64_t>{F4}, layer.fc_b);
+  f(h + "mlp.c_proj.weight", std::vector<std::int64_t>{C, F4}, layer.fcproj_w);
+  f(h + "mlp.c_proj.bias", std::vector<std::int64_t>{C}, layer.fcproj_b);
+}
+
 // Calls f(name, shape, slot) for every parameter, in flat-buffer order.
 template <class ParamsT, class F>
 void for_each_param(const config::ModelConfig& c, ParamsT& p, F&& f) {
-  const std::int64_t C = c.d_model, F4 = c.ffn_hidden;
+  const std::int64_t C = c.d_model;
   f("transformer.ln_f.weight", std::vector<std::int64_t>{C}, p.lnf_w);
   f("transformer.ln_f.bias", std::vector<std::int64_t>{C}, p.lnf_b);
-  for (std::int64_t l = c.n_layer - 1; l >= 0; --l) {
-    const std::string h = "transformer.h." + std::to_string(l) + ".";
-    auto& layer = p.layers[std::size_t(l)];
-    f(h + "ln_1.weight", std::vector<std::int64_t>{C}, layer.ln1_w);
-    f(h + "ln_1.bias", std::vector<std::int64_t>{C}, layer.ln1_b);
-    f(h + "attn.c_attn.weight", std::vector<std::int64_t>{3 * C, C}, layer.qkv_w);
-    f(h + "attn.c_attn.bias", std::vector<std::int64_t>{3 * C}, layer.qkv_b);
-    f(h + "attn.c_proj.weight", std::vector<std::int64_t>{C, C}, layer.attproj_w);
-    f(h + "attn.c_proj.bias", std::vector<std::int64_t>{C}, layer.attproj_b);
-    f(h + "ln_2.weight", std::vector<std::int64_t>{C}, layer.ln2_w);
-    f(h + "ln_2.bias", std::vector<std::int64_t>{C}, layer.ln2_b);
-    f(h + "mlp.c_fc.weight", std::vector<std::int64_t>{F4, C}, layer.fc_w);
-    f(h + "mlp.c_fc.bias", std::vector<std::int64_t>{F4}, layer.fc_b);
-    f(h + "mlp.c_proj.weight", std::vector<std::int64_t>{C, F4}, layer.fcproj_w);
-    f(h + "mlp.c_proj.bias", std::vector<std::int64_t>{C}, layer.fcproj_b);
-  }
+  for (std::int64_t l = c.n_layer - 1; l >= 0; --l) for_each_layer_param(c, l, p.layers[std::size_t(l)], f);
   f("transformer.wpe.weight", std::vector<std::int64_t>{c.context_length, C}, p.wpe);
   f("transformer.wte.weight", std::vector<std::int64_t>{c.vocab_size, C}, p.wte);
 }
@@ -39,8 +43,8 @@ void for_each_param(const config::ModelConfig& c, ParamsT& p, F&& f) {
 }  // namespace
 
 Gpt2::Gpt2(const config::ModelConfig& config, Device device, Recompute recompute, DType compute,
-           ops::AttentionKernels attention)
-    : Model(config, device, compute, attention), recompute_(recompute) {
+           ops::AttentionKernels attention, bool sharded)
+    : Model(config, device, compute, attention, sharded), recompute_(recompute) {
   if (config.arch != config::Arch::gpt2) {
     throw RuntimeError("Gpt2: config has model.arch \"" + config::to_string(config.arch) + "\"");
   }
@@ -80,6 +84,32 @@ Gpt2::Params Gpt2::bind_params(bool grads) const {
     slot = grads ? grad(info) : weight(info);
   });
   return p;
+}
+
+Gpt2::LayerParams Gpt2::bind_layer(std::int64_t l, bool grads) const {
+  LayerParams lp;
+  // Layer l's parameters follow ln_f's two and those of layers L-1 .. l+1 (12 each).
+  std::size_t index = 2 + std::size_t(config_.n_layer - 1 - l) * 12;
+  for_each_layer_param(config_, l, lp, [&](const std::string&, const std::vector<std::int64_t>&, Tensor& slot) {
+    const ParamInfo& info = param_infos()[index++];
+    slot = grads ? grad(info) : weight(info);
+  });
+  return lp;
+}
+
+void Gpt2::bind_unit(const Unit& unit) {
+  if (unit.layer >= 0) {
+    p_.layers[std::size_t(unit.layer)] = bind_layer(unit.layer, false);
+    g_.layers[std::size_t(unit.layer)] = bind_layer(unit.layer, true);
+    return;
+  }
+  for (Params* p : {&p_, &g_}) {
+    const bool grads = p == &g_;
+    p->lnf_w = param_named("transformer.ln_f.weight", grads);
+    p->lnf_b = param_named("transformer.ln_f.bias", grads);
+    p->wpe = param_named("transformer.wpe.weight", grads);
+    p->wte = param_named("transformer.wte.weight", grads);
+  }
 }
 
 void Gpt2::init_weights(std::uint64_t seed) {
@@ -212,8 +242,13 @@ double Gpt2::forward(const std::int32_t* inputs, const std::int32_t* targets, in
   prepare_weights();
   const std::int64_t C = config_.d_model;
   ops::copy(a_.inputs, Tensor(const_cast<std::int32_t*>(inputs), DType::i32, Device::cpu, {B, T}));
+  notify(UnitEvent::forward_begins);
   ops::encoder_forward(a_.encoded.reshape({B, T, C}), a_.inputs, p_.wte, p_.wpe);
-  for (std::size_t l = 0; l < a_.layers.size(); ++l) forward_layer(l);
+  for (std::size_t l = 0; l < a_.layers.size(); ++l) {
+    notify(UnitEvent::before_forward, int(l));
+    forward_layer(l);
+    notify(UnitEvent::after_forward, int(l));
+  }
   const Tensor& last = a_.layers.empty() ? a_.encoded : a_.layers.back().residual3;
   ops::layernorm_forward(a_.lnf, a_.lnf_mean, a_.lnf_rstd, last, p_.lnf_w, p_.lnf_b);
   ops::matmul_forward(a_.logits, a_.lnf, p_.wte, Tensor());  // tied embeddings
@@ -240,6 +275,7 @@ void Gpt2::backward(const std::function<void(std::int64_t)>& grads_ready) {
     const LayerParams& lg = g_.layers[l];
     const LayerActs& la = a_.layers[l];
     const Tensor& x = l ? a_.layers[l - 1].residual3 : a_.encoded;
+    notify(UnitEvent::before_backward, int(l));
     if (recompute_ == Recompute::full) {
       forward_layer(l);
     } else if (recompute_ == Recompute::mlp) {
@@ -258,9 +294,11 @@ void Gpt2::backward(const std::function<void(std::int64_t)>& grads_ready) {
                                   attention_kernels_);
     ops::matmul_backward(ga_.ln1, lg.qkv_w, lg.qkv_b, ga_.qkv, la.ln1, lp.qkv_w);
     ops::layernorm_backward(dresidual, lg.ln1_w, lg.ln1_b, ga_.ln1, x, lp.ln1_w, la.ln1_mean, la.ln1_rstd);
+    notify(UnitEvent::after_backward, int(l));
     if (grads_ready) grads_ready(layer_grads_end_[l]);
   }
   ops::encoder_backward(g_.wte, g_.wpe, dresidual.reshape({B, T, C}), a_.inputs);
+  notify(UnitEvent::backward_ends);
   if (grads_ready) grads_ready(num_params());
 }
 

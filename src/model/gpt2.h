@@ -12,7 +12,8 @@ namespace llmtrain::model {
 class Gpt2 final : public Model {
  public:
   Gpt2(const config::ModelConfig& config, Device device, Recompute recompute = Recompute::none,
-       DType compute = DType::f32, ops::AttentionKernels attention = ops::AttentionKernels::flash);
+       DType compute = DType::f32, ops::AttentionKernels attention = ops::AttentionKernels::flash,
+       bool sharded = false);
 
   /// GPT-2's initialisation: normal(0, 0.02), residual projections 0.02 / sqrt(2 L), biases 0,
   /// LayerNorm weights 1.
@@ -54,6 +55,8 @@ class Gpt2 final : public Model {
   };
 
   Params bind_params(bool grads) const;
+  LayerParams bind_layer(std::int64_t l, bool grads) const;
+  void bind_unit(const Unit& unit) override;
   /// Lays the activations of (B,T) out with `carver` into a, g; returns the bytes they take. The
   /// one activation layout: a measuring Carver sizes the buffer (and `plan`), a real one binds it.
   static std::size_t bind_acts(const config::ModelConfig& config, Recompute recompute, DType compute, Carver& carver,

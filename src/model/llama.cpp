@@ -43,8 +43,8 @@ void for_each_param(const config::ModelConfig& c, F&& f) {
 }  // namespace
 
 Llama::Llama(const config::ModelConfig& config, Device device, Recompute recompute, DType compute,
-             ops::AttentionKernels attention)
-    : Model(config, device, compute, attention), recompute_(recompute) {
+             ops::AttentionKernels attention, bool sharded)
+    : Model(config, device, compute, attention, sharded), recompute_(recompute) {
   if (config.arch != config::Arch::llama) {
     throw RuntimeError("Llama: config has model.arch \"" + config::to_string(config.arch) + "\"");
   }
@@ -76,20 +76,36 @@ Llama::Params Llama::bind_params(bool grads) const {
   p.embed = param_named("model.embed_tokens.weight", grads);
   p.norm = param_named("model.norm.weight", grads);
   p.head = config_.tie_embeddings ? p.embed : param_named("lm_head.weight", grads);
-  for (std::int64_t l = 0; l < config_.n_layer; ++l) {
-    const std::string h = layer_prefix(l);
-    LayerParams lp;
-    lp.in_norm = param_named(h + "input_layernorm.weight", grads);
-    const Tensor q = param_named(h + "self_attn.q_proj.weight", grads);
-    lp.qkv = Tensor(q.data, q.dtype, device_, {QKV_, config_.d_model});
-    lp.o = param_named(h + "self_attn.o_proj.weight", grads);
-    lp.post_norm = param_named(h + "post_attention_layernorm.weight", grads);
-    lp.gate = param_named(h + "mlp.gate_proj.weight", grads);
-    lp.up = param_named(h + "mlp.up_proj.weight", grads);
-    lp.down = param_named(h + "mlp.down_proj.weight", grads);
-    p.layers.push_back(lp);
-  }
+  for (std::int64_t l = 0; l < config_.n_layer; ++l) p.layers.push_back(bind_layer(l, grads));
   return p;
+}
+
+Llama::LayerParams Llama::bind_layer(std::int64_t l, bool grads) const {
+  const std::string h = layer_prefix(l);
+  LayerParams lp;
+  lp.in_norm = param_named(h + "input_layernorm.weight", grads);
+  const Tensor q = param_named(h + "self_attn.q_proj.weight", grads);
+  lp.qkv = Tensor(q.data, q.dtype, device_, {QKV_, config_.d_model});
+  lp.o = param_named(h + "self_attn.o_proj.weight", grads);
+  lp.post_norm = param_named(h + "post_attention_layernorm.weight", grads);
+  lp.gate = param_named(h + "mlp.gate_proj.weight", grads);
+  lp.up = param_named(h + "mlp.up_proj.weight", grads);
+  lp.down = param_named(h + "mlp.down_proj.weight", grads);
+  return lp;
+}
+
+void Llama::bind_unit(const Unit& unit) {
+  if (unit.layer >= 0) {
+    p_.layers[std::size_t(unit.layer)] = bind_layer(unit.layer, false);
+    g_.layers[std::size_t(unit.layer)] = bind_layer(unit.layer, true);
+    return;
+  }
+  for (Params* p : {&p_, &g_}) {
+    const bool grads = p == &g_;
+    p->embed = param_named("model.embed_tokens.weight", grads);
+    p->norm = param_named("model.norm.weight", grads);
+    p->head = config_.tie_embeddings ? p->embed : param_named("lm_head.weight", grads);
+  }
 }
 
 void Llama::init_weights(std::uint64_t seed) {
@@ -241,8 +257,13 @@ double Llama::forward(const std::int32_t* inputs, const std::int32_t* targets, i
   ensure_acts(B, T);
   prepare_weights();
   ops::copy(a_.inputs, Tensor(const_cast<std::int32_t*>(inputs), DType::i32, Device::cpu, {B, T}));
+  notify(UnitEvent::forward_begins);
   ops::encoder_forward(a_.encoded.reshape({B, T, config_.d_model}), a_.inputs, p_.embed, Tensor());
-  for (std::size_t l = 0; l < a_.layers.size(); ++l) forward_layer(l);
+  for (std::size_t l = 0; l < a_.layers.size(); ++l) {
+    notify(UnitEvent::before_forward, int(l));
+    forward_layer(l);
+    notify(UnitEvent::after_forward, int(l));
+  }
   const Tensor& last = a_.layers.empty() ? a_.encoded : a_.layers.back().residual3;
   ops::rmsnorm_forward(a_.lnf, a_.rstdf, last, p_.norm, float(config_.norm_eps));
   ops::matmul_forward(a_.logits, a_.lnf, p_.head, Tensor());
@@ -269,6 +290,7 @@ void Llama::backward(const std::function<void(std::int64_t)>& grads_ready) {
     const LayerParams& lg = g_.layers[l];
     const LayerActs& la = a_.layers[l];
     const Tensor& x = l ? a_.layers[l - 1].residual3 : a_.encoded;
+    notify(UnitEvent::before_backward, int(l));
     if (recompute_ == Recompute::full) {
       forward_layer(l);
     } else if (recompute_ == Recompute::mlp) {
@@ -290,9 +312,11 @@ void Llama::backward(const std::function<void(std::int64_t)>& grads_ready) {
                        rotated_heads());
     ops::matmul_backward(ga_.ln1, lg.qkv, none, ga_.qkv, la.ln1, lp.qkv);
     ops::rmsnorm_backward(dresidual, lg.in_norm, ga_.ln1, x, lp.in_norm, la.rstd1);
+    notify(UnitEvent::after_backward, int(l));
     if (grads_ready) grads_ready(layer_grads_end_[l]);
   }
   ops::encoder_backward(g_.embed, Tensor(), dresidual.reshape({B, T, C}), a_.inputs);
+  notify(UnitEvent::backward_ends);
   if (grads_ready) grads_ready(num_params());
 }
 

@@ -19,7 +19,8 @@ namespace llmtrain::model {
 class Llama final : public Model {
  public:
   Llama(const config::ModelConfig& config, Device device, Recompute recompute = Recompute::none,
-        DType compute = DType::f32, ops::AttentionKernels attention = ops::AttentionKernels::flash);
+        DType compute = DType::f32, ops::AttentionKernels attention = ops::AttentionKernels::flash,
+        bool sharded = false);
 
   void init_weights(std::uint64_t seed) override;
   double forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T, float dloss_scale) override;
@@ -58,6 +59,8 @@ class Llama final : public Model {
   };
 
   Params bind_params(bool grads) const;
+  LayerParams bind_layer(std::int64_t l, bool grads) const;
+  void bind_unit(const Unit& unit) override;
   /// Lays the activations of (B,T) out with `carver` into a, g; returns the bytes they take. The
   /// one activation layout: a measuring Carver sizes the buffer (and `plan`), a real one binds it.
   static std::size_t bind_acts(const config::ModelConfig& config, Recompute recompute, DType compute, Carver& carver,

@@ -25,6 +25,34 @@ struct ParamInfo {
   std::int64_t offset = 0;
   std::int64_t numel = 0;
   bool decay = false;
+  int layer = -1;       // the transformer layer it belongs to; -1: outside the layers
+  std::size_t unit = 0;  // index into Model::units()
+};
+
+/// A run of the flat buffer that fully sharded data parallelism (ZeRO 3) gathers and reduces as
+/// one piece: one layer's parameters, or a run of consecutive parameters outside the layers
+/// (embeddings, final norm, untied head), which stay gathered for a whole update.
+struct Unit {
+  std::int64_t begin = 0, end = 0;  // flat range
+  int layer = -1;                   // -1: outside the layers
+  std::int64_t numel() const { return end - begin; }
+};
+
+/// The points of forward and backward at which a sharded model's weights must be in place or its
+/// gradients are complete (train/zero3.h acts on them).
+enum class UnitEvent {
+  forward_begins,   // before anything of a forward pass: the units outside the layers are needed
+  before_forward,   // layer `layer`'s weights are needed
+  after_forward,    // layer `layer`'s forward is done
+  before_backward,  // layer `layer`'s weights and a zeroed gradient buffer are needed
+  after_backward,   // layer `layer`'s gradients of this micro-batch are complete
+  backward_ends,    // the gradients of the units outside the layers are complete
+};
+
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  virtual void on(UnitEvent event, int layer) = 0;
 };
 
 /// Which activations backward recomputes instead of keeping from forward (config train.recompute).
@@ -47,6 +75,18 @@ class Model {
 
   Tensor params() const { return params_.view(DType::f32, {num_params_}); }  // (P,) f32 master weights
   Tensor grads() const { return grads_.view(DType::f32, {num_params_}); }    // (P,) f32
+
+  /// Sharded (ZeRO 3): the model holds no flat buffers; whoever shards it gives each unit its
+  /// weights (compute dtype) and gradients (f32) with set_unit_storage, as `hooks` ask for them.
+  /// params() and grads() are then empty.
+  bool sharded() const { return sharded_; }
+  const std::vector<Unit>& units() const { return units_; }
+  /// Unit u's weights (u's numel elements of compute_dtype()) and f32 gradients now live at these
+  /// addresses (sharded models only); forward and backward use them from here on.
+  void set_unit_storage(std::size_t u, void* weights, float* grads);
+  void set_hooks(UnitHooks* hooks) { hooks_ = hooks; }
+  /// Bytes of the flat buffers this model owns (weights, working copy, gradients).
+  std::size_t state_bytes() const { return params_.bytes() + grads_.bytes() + working_.bytes(); }
   /// A view of one parameter (or its gradient) with its shape.
   Tensor param(const ParamInfo& info) const;
   Tensor grad(const ParamInfo& info) const;
@@ -77,11 +117,20 @@ class Model {
   virtual std::size_t activation_bytes(int B, int T) const = 0;
 
  protected:
-  Model(const config::ModelConfig& config, Device device, DType compute, ops::AttentionKernels attention);
+  Model(const config::ModelConfig& config, Device device, DType compute, ops::AttentionKernels attention,
+        bool sharded = false);
 
   /// Appends a parameter to the flat layout (in backward-completion order); then allocate().
+  /// A name with ".h.N." or ".layers.N." in it belongs to layer N.
   void add_param(const std::string& name, std::vector<std::int64_t> shape);
+  /// Forms the units and allocates the flat buffers (none when sharded).
   void allocate();
+  /// Rebinds the architecture's tensors of unit `unit` after its storage moved.
+  virtual void bind_unit(const Unit& unit) = 0;
+  /// Tells the hooks (when sharded) that forward or backward reached `event`.
+  void notify(UnitEvent event, int layer = -1) {
+    if (hooks_) hooks_->on(event, layer);
+  }
   /// Flat offset where the parameter `name` starts.
   std::int64_t offset_of(const std::string& name) const { return param_info(name).offset; }
   /// The weight as forward and backward read it (the bf16 working copy in mixed precision), or,
@@ -105,16 +154,22 @@ class Model {
  private:
   std::vector<ParamInfo> infos_;
   std::int64_t num_params_ = 0;
+  bool sharded_ = false;
   ops::Buffer params_, grads_, working_;  // working_: bf16 weights in mixed precision
+  std::vector<Unit> units_;
+  std::vector<void*> unit_weights_;  // where each unit's weights (compute dtype) start
+  std::vector<float*> unit_grads_;   // and its gradients
+  UnitHooks* hooks_ = nullptr;
 };
 
 /// The model of config.arch (model::arch_spec), its parameters allocated and uninitialised;
 /// `compute` f32, or bf16 for mixed precision (train.precision). config.attention is not read:
 /// `attention` is its resolved value (resolve_attention in model/attention_choice.h; on the CPU
 /// the reference serves both, so flash is as good as any).
+/// `sharded`: without flat buffers, for ZeRO 3 (Model::sharded).
 std::unique_ptr<Model> make_model(const config::ModelConfig& config, Device device,
                                   Recompute recompute = Recompute::none, DType compute = DType::f32,
-                                  ops::AttentionKernels attention = ops::AttentionKernels::flash);
+                                  ops::AttentionKernels attention = ops::AttentionKernels::flash, bool sharded = false);
 /// The compute dtype of train.precision: f32 or bf16.
 DType precision_dtype(config::Precision precision);
 

@@ -1,5 +1,6 @@
-// AdamW over a range of the model's flat parameter buffer (all of it, or this rank's ZeRO
-// shard), with global-norm gradient clipping. Its moments live on the model's device.
+// AdamW over this rank's parts of the model's flat parameter buffer (all of it, its ZeRO 1/2
+// range, or its ZeRO 3 parts of every unit), with global-norm gradient clipping. Its moments live
+// on the model's device.
 #pragma once
 
 #include <cstdint>
@@ -11,24 +12,33 @@
 
 namespace llmtrain::train {
 
+/// A run of the flat buffer that this rank updates: flat elements [begin, end), stored from
+/// `local` on in the rank's local arrays (weights, gradients, m, v: the pieces end to end).
+struct Piece {
+  std::int64_t begin = 0, end = 0, local = 0;
+  std::int64_t size() const { return end - begin; }
+};
+
 class AdamW {
  public:
-  /// State for the flat-buffer elements [begin, end), zero, on `device`.
-  AdamW(std::int64_t begin, std::int64_t end, Device device = Device::cpu);
+  /// Zero state for `pieces` (their local offsets cover [0, sum of their sizes)), on `device`.
+  AdamW(std::vector<Piece> pieces, Device device = Device::cpu);
 
-  /// One AdamW step `step` (1-based) at learning rate `lr` on params [begin, end), from `grads`
-  /// (end - begin,) on the model's device, scaled so the global gradient norm `grad_norm` is at
-  /// most `grad_clip` (0: no clipping). Weight decay only on 2-D parameters.
-  void update(model::Model& model, const Tensor& grads, double grad_norm, const config::OptimConfig& optim,
-              double grad_clip, double lr, std::int64_t step);
+  /// One AdamW step `step` (1-based) at learning rate `lr`: `params` and `grads` are the local
+  /// arrays (size(),) f32 on the model's device; the gradients are scaled so the global norm
+  /// `grad_norm` is at most `grad_clip` (0: no clipping). Weight decay only on 2-D parameters
+  /// (`infos` says which flat elements are which).
+  void update(const std::vector<model::ParamInfo>& infos, const Tensor& params, const Tensor& grads,
+              double grad_norm, const config::OptimConfig& optim, double grad_clip, double lr, std::int64_t step);
 
-  std::int64_t begin() const { return begin_; }
-  std::int64_t end() const { return end_; }
-  Tensor m() const { return m_.view(DType::f32, {end_ - begin_}); }  // first moments
-  Tensor v() const { return v_.view(DType::f32, {end_ - begin_}); }  // second moments
+  const std::vector<Piece>& pieces() const { return pieces_; }
+  std::int64_t size() const { return size_; }
+  Tensor m() const { return m_.view(DType::f32, {size_}); }  // first moments
+  Tensor v() const { return v_.view(DType::f32, {size_}); }  // second moments
 
  private:
-  std::int64_t begin_, end_;
+  std::vector<Piece> pieces_;
+  std::int64_t size_ = 0;
   ops::Buffer m_, v_;
 };
 

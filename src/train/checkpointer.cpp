@@ -52,6 +52,19 @@ void check_resumable(const config::Config& saved, const config::Config& now, con
   }
 }
 
+// The flat-buffer ranges whose AdamW state this rank holds.
+std::vector<checkpoint::FlatRange> ranges_of(const AdamW& optimizer) {
+  std::vector<checkpoint::FlatRange> ranges;
+  for (const Piece& piece : optimizer.pieces()) ranges.push_back({piece.begin, piece.end});
+  return ranges;
+}
+
+// Every rank holds the whole state (ZeRO 0, or one rank): rank 0 alone writes it.
+bool holds_whole_state(const AdamW& optimizer, std::int64_t num_params) {
+  const auto& pieces = optimizer.pieces();
+  return pieces.size() == 1 && pieces[0].begin == 0 && pieces[0].end == num_params;
+}
+
 std::vector<float> host_vector(const Tensor& t) {
   std::vector<float> out(std::size_t(t.numel()));
   ops::copy(Tensor(out.data(), DType::f32, Device::cpu, {t.numel()}), t);
@@ -163,9 +176,9 @@ Checkpointer::Checkpointer(const TrainOptions& options, dist::Communicator& worl
   if (!config_.checkpoint.async) return;
   // This rank's staging: the weights on rank 0, its optimizer range where it writes one.
   const AdamW& optimizer = trainer.optimizer();
-  stages_optimizer_ = world_.rank() == 0 || optimizer.begin() != 0 || optimizer.end() != trainer.num_params();
+  stages_optimizer_ = world_.rank() == 0 || !holds_whole_state(optimizer, trainer.num_params());
   const std::int64_t floats = (world_.rank() == 0 ? trainer.num_params() : 0) +
-                              (stages_optimizer_ ? 2 * (optimizer.end() - optimizer.begin()) : 0);
+                              (stages_optimizer_ ? 2 * optimizer.size() : 0);
   const std::int64_t bytes = floats * std::int64_t(sizeof(float));
   // Memory allows when the staging buffers of the ranks on this node take at most half of what is
   // available (the ranks of a node hold about equal parts: this rank's times their number).
@@ -256,12 +269,20 @@ std::string Checkpointer::save(std::int64_t step, Trainer& trainer) {
   const auto save_start = Clock::now();
   const AdamW& optimizer = trainer.optimizer();
   checkpoint::SaveRequest request{root_, step, config_.checkpoint.keep_last, nullptr, nullptr, {}, state};
+  request.model = &trainer.model();  // names and shapes
+  const bool on_cpu = trainer.model().device() == Device::cpu;
   if (!async_) {
-    const model::Model& weights = trainer.host_weights();
-    request.model = &weights;
+    // The weights from where they live on the CPU; else assembled on rank 0 (a copy from the GPU,
+    // or gathered from the shards).
+    std::vector<float> weights;
+    if (!on_cpu || trainer.model().sharded()) {
+      if (world_.rank() == 0) weights.resize(std::size_t(trainer.num_params()));
+      trainer.gather_weights(weights.data());
+      request.weights = weights.data();
+    }
     // On the CPU the optimizer state is written from where it lives; from a GPU through a copy.
     std::vector<float> m, v;
-    request.optimizer = {optimizer.begin(), optimizer.end(), optimizer.m().as<float>(), optimizer.v().as<float>()};
+    request.optimizer = {ranges_of(optimizer), optimizer.m().as<float>(), optimizer.v().as<float>()};
     if (optimizer.m().device != Device::cpu) {
       m = host_vector(optimizer.m());
       v = host_vector(optimizer.v());
@@ -291,14 +312,21 @@ std::string Checkpointer::save(std::int64_t step, Trainer& trainer) {
   // The staging buffer holds the weights (rank 0), then m and v where this rank writes them.
   float* next = static_cast<float*>(staging_.data());
   std::vector<std::pair<float*, Tensor>> copies;  // staging <- what it saves
-  request.model = &trainer.model();  // names and shapes; the bytes come from request.weights
-  if (world_.rank() == 0) {
+  // The weights' bytes come from request.weights. Shards are gathered now (a collective, so
+  // not in the background), straight into rank 0's staging buffer.
+  if (trainer.model().sharded()) {
+    const auto gather_start = Clock::now();
+    trainer.gather_weights(world_.rank() == 0 ? next : nullptr);
+    p->copy_s += seconds_since(gather_start);
+  } else if (world_.rank() == 0) {
     copies.emplace_back(next, trainer.params());
+  }
+  if (world_.rank() == 0) {
     request.weights = next;
     next += trainer.num_params();
   }
-  const std::int64_t n = optimizer.end() - optimizer.begin();
-  request.optimizer = {optimizer.begin(), optimizer.end(), nullptr, nullptr};
+  const std::int64_t n = optimizer.size();
+  request.optimizer = {ranges_of(optimizer), nullptr, nullptr};
   if (stages_optimizer_) {
     copies.emplace_back(next, optimizer.m());
     copies.emplace_back(next + n, optimizer.v());
@@ -306,11 +334,10 @@ std::string Checkpointer::save(std::int64_t step, Trainer& trainer) {
     request.optimizer.v = next + n;
   }
   // From a GPU the copies are made here (at pinned-memory speed); on the CPU by the writer thread.
-  const bool on_cpu = trainer.params().device == Device::cpu;
   if (!on_cpu) {
     const auto copy_start = Clock::now();
     for (const auto& [dst, src] : copies) stage(dst, src);
-    p->copy_s = seconds_since(copy_start);
+    p->copy_s += seconds_since(copy_start);
     copies.clear();
   }
   p->copied = !on_cpu;

@@ -42,6 +42,8 @@ class GradientSync {
   double finish(double& loss_sum);
   /// After this rank updated params [begin, end): gives every rank every updated weight (ZeRO 1/2).
   void gather_params(float* params);
+  /// Bytes of the buffers it holds (ZeRO 1/2: the padded gradients and this rank's shard).
+  std::size_t state_bytes() const { return padded_buffer_.bytes() + shard_buffer_.bytes(); }
 
  private:
   dist::Communicator& comm_;

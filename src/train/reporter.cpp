@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/files.h"
+#include "core/strings.h"
 #include "ops/buffer.h"
 #include "ops/profile.h"
 #include "train/plan.h"
@@ -106,6 +107,12 @@ void Reporter::run_started(const dist::Communicators& comms, const Trainer& trai
        static_cast<long long>(trainer.num_params()), static_cast<long long>(trainer.train_samples()),
        int(config_.model.context_length), comms.mesh.data, static_cast<long long>(trainer.micro_steps()),
        int(config_.train.micro_batch_size), static_cast<long long>(config_.dist.zero_stage));
+  state_bytes_ = trainer.state_bytes();
+  info("train: this rank holds %s of weights, gradients and optimizer state%s", format_bytes(double(state_bytes_)).c_str(),
+       config_.dist.zero_stage == 3 ? (config_.dist.reshard_after_forward
+                                           ? " (ZeRO 3: its shards, the units outside the layers and two layer slots)"
+                                           : " (ZeRO 3: its shards, the units outside the layers and every layer gathered)")
+                                    : "");
 }
 
 void Reporter::checkpoint_saved(std::int64_t step, const checkpoint::Committed& saved, const SaveStall& stall) {
@@ -154,7 +161,8 @@ void Reporter::update(std::int64_t step, const StepResult& result) {
   if (metrics_) {
     metrics_->write({{"step", step}, {"loss", result.loss}, {"lr", result.lr}, {"grad_norm", result.grad_norm},
                      {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"elapsed_s", elapsed_s},
-                     {"memory_bytes", memory.current}, {"peak_memory_bytes", memory.peak}});
+                     {"memory_bytes", memory.current}, {"peak_memory_bytes", memory.peak},
+                     {"state_bytes", state_bytes_}, {"sent_bytes", result.sent_bytes}});
     tensorboard_->scalar("loss", result.loss, step);
     tensorboard_->scalar("lr", result.lr, step);
     tensorboard_->scalar("grad_norm", result.grad_norm, step);
@@ -166,10 +174,12 @@ void Reporter::update(std::int64_t step, const StepResult& result) {
     const double eta = elapsed_s / double(step) * double(tc.max_steps - step);
     char mfu_text[32] = "";
     if (!mfu.is_null()) std::snprintf(mfu_text, sizeof mfu_text, " | mfu %.1f%%", 100.0 * mfu.get<double>());
-    log_->line("step %lld/%lld | loss %.4f | lr %.2e | norm %.3f | %s tok/s%s | mem %.2f GB (peak %.2f) | %s elapsed, ETA %s",
+    log_->line("step %lld/%lld | loss %.4f | lr %.2e | norm %.3f | %s tok/s%s | mem %.2f GB (peak %.2f, state %s) | "
+               "%s elapsed, ETA %s",
                static_cast<long long>(step), static_cast<long long>(tc.max_steps), result.loss, result.lr,
                result.grad_norm, format_rate(tokens_per_s).c_str(), mfu_text, double(memory.current) / 1e9,
-               double(memory.peak) / 1e9, format_duration(elapsed_s).c_str(), format_duration(eta).c_str());
+               double(memory.peak) / 1e9, format_bytes(double(state_bytes_)).c_str(), format_duration(elapsed_s).c_str(),
+               format_duration(eta).c_str());
   }
 }
 

@@ -89,6 +89,7 @@ class Reporter {
   std::unique_ptr<RunLog> log_;
   std::chrono::steady_clock::time_point start_;
   std::int64_t device_peak_ = 0;  // of the GPU's memory in use, as sampled after updates
+  std::size_t state_bytes_ = 0;   // weights, gradients and optimizer state this rank holds (Trainer::state_bytes)
 };
 
 }  // namespace llmtrain::train

@@ -74,7 +74,8 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
       world_(*comms.world),
       data_comm_(comms.data_host()),
       train_data_(data::expand_paths(config_.data.train, "data.train"), config_.model.context_length,
-                  std::uint32_t(config_.model.vocab_size)) {
+                  std::uint32_t(config_.model.vocab_size)),
+      data_device_(comms.data()) {
   const auto& tc = config_.train;
   const int T = int(config_.model.context_length), B = int(tc.micro_batch_size);
   if (!config_.data.val.empty()) {
@@ -105,11 +106,18 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
     AgreedCudnnProbe agreed(*cudnn, world_);
     attention_ = model::resolve_attention(config_, device_, agreed);
   }
+  const bool sharded = config_.dist.zero_stage == 3;
   model_ = model::make_model(config_.model, device_, tc.recompute, model::precision_dtype(tc.precision),
-                             attention_.kernels);
-  // Weights are initialised, read and written on the CPU: on a GPU through a host copy.
-  if (device_ != Device::cpu) host_ = model::make_model(config_.model, Device::cpu);
-  model::Model& host = host_ ? *host_ : *model_;
+                             attention_.kernels, sharded);
+  // Weights are initialised, read and written on the CPU: through a host copy when the model is on
+  // a GPU, and through a whole model that lives only until its shards are taken under ZeRO 3.
+  std::unique_ptr<model::Model> whole;
+  if (sharded) {
+    whole = model::make_model(config_.model, Device::cpu);
+  } else if (device_ != Device::cpu) {
+    host_ = model::make_model(config_.model, Device::cpu);
+  }
+  model::Model& host = whole ? *whole : host_ ? *host_ : *model_;
   if (resume) {
     checkpoint::load_weights(*resume, host);
   } else if (config_.model.init_from.empty()) {
@@ -119,17 +127,43 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
   }
   const std::int64_t P = model_->num_params();
   world_.broadcast(host.params().as<float>(), P, 0);  // identical weights on every rank
-  if (host_) ops::copy(model_->params(), host.params());
 
-  sync_ = std::make_unique<GradientSync>(comms.data(), data_comm_, model_->grads(), config_.dist.bucket_mb,
-                                         int(config_.dist.zero_stage));
-  optimizer_ = std::make_unique<AdamW>(sync_->begin(), sync_->end(), device_);
+  std::vector<Piece> pieces;
+  if (sharded) {
+    zero3_ = std::make_unique<Zero3>(*model_, data_device_, data_comm_, config_.dist.reshard_after_forward);
+    zero3_->load(host.params().as<float>());
+    whole.reset();
+    pieces = zero3_->pieces();
+  } else {
+    if (host_) ops::copy(model_->params(), host.params());
+    sync_ = std::make_unique<GradientSync>(data_device_, data_comm_, model_->grads(), config_.dist.bucket_mb,
+                                           int(config_.dist.zero_stage));
+    pieces = {{sync_->begin(), sync_->end(), 0}};
+  }
+  optimizer_ = std::make_unique<AdamW>(pieces, device_);
   if (resume) {
-    const std::int64_t shard = sync_->end() - sync_->begin();
-    std::vector<float> m(static_cast<std::size_t>(shard)), v(static_cast<std::size_t>(shard));
-    checkpoint::load_optimizer(*resume, sync_->begin(), sync_->end(), m.data(), v.data());
-    ops::copy(optimizer_->m(), Tensor(m.data(), DType::f32, Device::cpu, {shard}));
-    ops::copy(optimizer_->v(), Tensor(v.data(), DType::f32, Device::cpu, {shard}));
+    const std::int64_t n = optimizer_->size();
+    std::vector<checkpoint::FlatRange> ranges;
+    for (const Piece& piece : pieces) ranges.push_back({piece.begin, piece.end});
+    std::vector<float> m(static_cast<std::size_t>(n)), v(static_cast<std::size_t>(n));
+    checkpoint::load_optimizer(*resume, ranges, m.data(), v.data());
+    ops::copy(optimizer_->m(), Tensor(m.data(), DType::f32, Device::cpu, {n}));
+    ops::copy(optimizer_->v(), Tensor(v.data(), DType::f32, Device::cpu, {n}));
+  }
+}
+
+std::size_t Trainer::state_bytes() const {
+  std::size_t bytes = model_->state_bytes() + optimizer_->m().bytes() + optimizer_->v().bytes();
+  if (sync_) bytes += sync_->state_bytes();
+  if (zero3_) bytes += zero3_->state_bytes();
+  return bytes;
+}
+
+void Trainer::gather_weights(float* flat) {
+  if (zero3_) {
+    zero3_->gather_weights(world_.rank() == 0 ? flat : nullptr);
+  } else if (world_.rank() == 0) {
+    ops::copy(Tensor(flat, DType::f32, Device::cpu, {model_->num_params()}), model_->params());
   }
 }
 
@@ -137,21 +171,27 @@ StepResult Trainer::step(std::int64_t step) {
   const auto start = Clock::now();
   const auto& tc = config_.train;
   const int T = int(config_.model.context_length), B = int(tc.micro_batch_size);
-  model_->zero_grads();
+  const double sent_before = data_device_.traffic().total_bytes();
+  if (zero3_) {
+    zero3_->zero_grads();
+  } else {
+    model_->zero_grads();
+  }
   double loss_sum = 0.0;
   for (std::int64_t m = 0; m < accum_; ++m) {
     const data::MicroBatch batch = loader_->next();
     // d(mean loss over the whole update)/dlogits: each micro-step adds 1 / (G T) per position.
     loss_sum += model_->forward(batch.inputs.data(), batch.targets.data(), B, T, float(1.0 / tokens_per_step_));
-    if (m + 1 < accum_) {
-      model_->backward();  // no communication before the last micro-step
+    if (zero3_ || m + 1 < accum_) {
+      model_->backward();  // ZeRO 0-2: no communication before the last micro-step; ZeRO 3: the hooks'
     } else {
       model_->backward([&](std::int64_t ready) { sync_->on_ready(ready); });
     }
     sampler_state_ = batch.after;
   }
   StepResult result;
-  result.grad_norm = sync_->finish(loss_sum);  // loss_sum is now over all ranks
+  // loss_sum is then over all ranks
+  result.grad_norm = zero3_ ? zero3_->finish(loss_sum) : sync_->finish(loss_sum);
   result.loss = loss_sum / tokens_per_step_;
   result.lr = learning_rate(config_.optim, tc.max_steps, step);
   tokens_seen_ += std::int64_t(tokens_per_step_);
@@ -165,12 +205,23 @@ StepResult Trainer::step(std::int64_t step) {
   }
   bad_in_a_row_ = 0;
   if (before_update_) before_update_();
-  optimizer_->update(*model_, sync_->grads(), result.grad_norm, config_.optim, tc.grad_clip, result.lr, step);
-  sync_->gather_params(model_->params().as<float>());
-  const auto every = config_.dist.replica_check_every;
-  if (world_.world_size() > 1 && every > 0 && step % every == 0) {
-    check_replicas(world_, host_weights().params().as<float>(), model_->num_params(), step);
+  if (zero3_) {
+    optimizer_->update(model_->param_infos(), zero3_->master(), zero3_->grads(), result.grad_norm, config_.optim,
+                       tc.grad_clip, result.lr, step);
+    zero3_->weights_changed();
+  } else {
+    const Tensor mine(model_->params().as<float>() + sync_->begin(), DType::f32, device_,
+                      {sync_->end() - sync_->begin()});
+    optimizer_->update(model_->param_infos(), mine, sync_->grads(), result.grad_norm, config_.optim, tc.grad_clip,
+                       result.lr, step);
+    sync_->gather_params(model_->params().as<float>());
+    // Replicas of the whole model can drift apart; shards have nothing to compare.
+    const auto every = config_.dist.replica_check_every;
+    if (world_.world_size() > 1 && every > 0 && step % every == 0) {
+      check_replicas(world_, host_weights().params().as<float>(), model_->num_params(), step);
+    }
   }
+  result.sent_bytes = data_device_.traffic().total_bytes() - sent_before;
   result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return result;
 }
@@ -181,6 +232,7 @@ std::optional<double> Trainer::validate() {
 }
 
 const model::Model& Trainer::host_weights() {
+  if (model_->sharded()) throw RuntimeError("host_weights: the model is sharded (ZeRO 3): gather_weights");
   if (!host_) return *model_;
   ops::copy(host_->params(), model_->params());
   return *host_;

@@ -17,6 +17,7 @@
 #include "model/model.h"
 #include "train/adamw.h"
 #include "train/grad_sync.h"
+#include "train/zero3.h"
 
 namespace llmtrain::train {
 
@@ -54,6 +55,7 @@ struct StepResult {
   double seconds = 0;    // wall time of the update
   bool skipped = false;  // non-finite loss or norm: no update made
   std::int64_t bad_in_a_row = 0;
+  double sent_bytes = 0;  // what this rank sent to its data-parallel group in the update (ring count)
 };
 
 /// Owns one rank's training state: the data (train and validation), the model (and its host copy
@@ -81,6 +83,9 @@ class Trainer {
   std::int64_t tokens_seen() const { return tokens_seen_; }
   data::SamplerState sampler_state() const { return sampler_state_; }
   const AdamW& optimizer() const { return *optimizer_; }
+  /// Bytes this rank holds of weights, gradients and optimizer state (and the buffers that
+  /// reduce or gather them), by llmtrain's own count of its buffers: constant through a run.
+  std::size_t state_bytes() const;
   /// The attention kernels model.attention resolved to, and why.
   const model::AttentionChoice& attention() const { return attention_; }
   /// Called in each update before the weights and optimizer state change (a background
@@ -90,7 +95,11 @@ class Trainer {
   const model::Model& model() const { return *model_; }
   Tensor params() const { return model_->params(); }
   /// The fp32 weights on the CPU, brought up to date (a copy from the GPU where the model is there).
+  /// Not for a sharded model (ZeRO 3): see gather_weights.
   const model::Model& host_weights();
+  /// Collective over every rank: the whole fp32 weights (P,) into `flat` (host memory) on rank 0;
+  /// the other ranks may pass null. From the shards under ZeRO 3, else a copy of the weights.
+  void gather_weights(float* flat);
 
  private:
   const config::Config& config_;
@@ -107,8 +116,10 @@ class Trainer {
   std::unique_ptr<data::BatchLoader> loader_;
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<model::Model> host_;  // weights on the CPU when the model is on a GPU; else null
-  std::unique_ptr<GradientSync> sync_;
+  std::unique_ptr<GradientSync> sync_;  // ZeRO 0, 1, 2
+  std::unique_ptr<Zero3> zero3_;        // or ZeRO 3
   std::unique_ptr<AdamW> optimizer_;
+  dist::Communicator& data_device_;     // the data-parallel group the gradients travel on
   std::function<void()> before_update_;
 };
 
