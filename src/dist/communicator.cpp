@@ -18,6 +18,15 @@ std::int64_t Traffic::total_calls() const {
   return sum;
 }
 
+Traffic Traffic::since(const Traffic& earlier) const {
+  Traffic out;
+  for (int k = 0; k < kinds; ++k) {
+    out.calls[k] = calls[k] - earlier.calls[k];
+    out.bytes[k] = bytes[k] - earlier.bytes[k];
+  }
+  return out;
+}
+
 const char* Traffic::name(Kind kind) {
   switch (kind) {
     case all_reduce: return "all-reduce";

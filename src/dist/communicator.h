@@ -31,6 +31,8 @@ struct Traffic {
 
   double total_bytes() const;
   std::int64_t total_calls() const;
+  /// What was counted after `earlier` (an earlier copy of the same counts).
+  Traffic since(const Traffic& earlier) const;
   static const char* name(Kind kind);
 };
 

@@ -171,7 +171,7 @@ StepResult Trainer::step(std::int64_t step) {
   const auto start = Clock::now();
   const auto& tc = config_.train;
   const int T = int(config_.model.context_length), B = int(tc.micro_batch_size);
-  const double sent_before = data_device_.traffic().total_bytes();
+  const dist::Traffic sent_before = data_device_.traffic();
   if (zero3_) {
     zero3_->zero_grads();
   } else {
@@ -221,7 +221,7 @@ StepResult Trainer::step(std::int64_t step) {
       check_replicas(world_, host_weights().params().as<float>(), model_->num_params(), step);
     }
   }
-  result.sent_bytes = data_device_.traffic().total_bytes() - sent_before;
+  result.sent = data_device_.traffic().since(sent_before);
   result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return result;
 }

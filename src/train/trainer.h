@@ -55,7 +55,7 @@ struct StepResult {
   double seconds = 0;    // wall time of the update
   bool skipped = false;  // non-finite loss or norm: no update made
   std::int64_t bad_in_a_row = 0;
-  double sent_bytes = 0;  // what this rank sent to its data-parallel group in the update (ring count)
+  dist::Traffic sent;     // what this rank sent to its data-parallel group in the update (ring count)
 };
 
 /// Owns one rank's training state: the data (train and validation), the model (and its host copy
