@@ -58,7 +58,7 @@ TEST_CASE("bad configs are rejected with the key path and the reason", "[config]
       {R"({"optim": {"beta2": -0.1}})", {}, "optim.beta2: expected a number in [0, 1), got -0.1"},
       {R"({"train": {"grad_clip": -1}})", {}, "train.grad_clip: expected a number >= 0, got -1"},
       {R"({"model": {"n_layer": 0}})", {}, "model.n_layer: expected an integer from 1 to 1024, got 0"},
-      {R"({"dist": {"zero_stage": 3}})", {}, "dist.zero_stage: expected an integer from 0 to 2, got 3"},
+      {R"({"dist": {"zero_stage": 4}})", {}, "dist.zero_stage: expected an integer from 0 to 3, got 4"},
       {R"({"train": {"max_steps": 18446744073709551615}})", {}, "train.max_steps: expected an integer >= 1"},
       {R"({"model": {"arch": "gtp2"}})", {}, R"(model.arch: expected one of "gpt2", "llama", got "gtp2"; did you mean "gpt2"?)"},
       {R"({"train": {"precision": "fp16"}})", {}, R"(train.precision: expected one of "fp32", "bf16", got "fp16")"},

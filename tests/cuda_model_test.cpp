@@ -1,13 +1,16 @@
 // Whole models on the CUDA backend against the CPU reference (fp32): the same weights and batch
-// give the same loss, logits and gradients, and KV-cache decoding the same logits.
+// give the same loss, logits and gradients, and KV-cache decoding the same logits; and a ZeRO-3
+// sharded model on the device against the unsharded one.
 #include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "catch_compat.h"
+#include "dist/communicator.h"
 #include "model/model.h"
 #include "ops/buffer.h"
+#include "train/zero3.h"
 
 using namespace llmtrain;
 
@@ -141,5 +144,61 @@ TEST_CASE("cuda bf16 mixed precision: loss within 1e-2 of the fp32 cpu reference
     CAPTURE(error);
     CHECK(error < 5e-2);  // f32 gradients from bf16 activations
     CHECK(finite);
+  }
+}
+
+// ZeRO 3's device side on one rank: the sharded model's weights gathered (converted to bf16) into
+// working slots, its gradients zeroed, filled and accumulated on the device, unit by unit, give
+// the same losses and gradients as the unsharded model of the same weights.
+TEST_CASE("cuda ZeRO 3: bf16 working slots and sharded gradients match the unsharded model", "[cuda][model][zero3]") {
+  std::string why;
+  if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
+  for (const auto& [arch, reshard] : {std::pair<std::string, bool>{"gpt2", true}, {"llama", false}}) {
+    CAPTURE(arch, reshard);
+    auto c = tiny(arch);
+    const auto cpu = model::make_model(c, Device::cpu);
+    cpu->init_weights(5);
+    const auto whole = model::make_model(c, Device::cuda, model::Recompute::none, DType::bf16);
+    ops::copy(whole->params(), cpu->params());
+    const auto sharded = model::make_model(c, Device::cuda, model::Recompute::none, DType::bf16,
+                                           ops::AttentionKernels::flash, true);
+    const auto comm = dist::make_single_communicator();
+    train::Zero3 zero3(*sharded, *comm, *comm, reshard);
+    zero3.load(cpu->params().as<float>());
+
+    const int B = 2, T = 29;
+    std::vector<std::int32_t> inputs(std::size_t(B) * T), targets(inputs.size());
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      inputs[i] = std::int32_t(i * 29 % std::size_t(c.vocab_size));
+      targets[i] = std::int32_t((i * 11 + 2) % std::size_t(c.vocab_size));
+    }
+    const double n = double(B) * T;
+    whole->zero_grads();
+    zero3.zero_grads();
+    for (int micro = 0; micro < 2; ++micro) {  // two micro-steps: gradients accumulate
+      const double expected = whole->forward(inputs.data(), targets.data(), B, T, float(1.0 / n));
+      const double got = sharded->forward(inputs.data(), targets.data(), B, T, float(1.0 / n));
+      CAPTURE(micro, expected, got);
+      CHECK(std::abs(got - expected) <= 1e-6 * std::abs(expected));
+      whole->backward();
+      sharded->backward();
+    }
+    double loss_sum = 0.0;
+    const double norm = zero3.finish(loss_sum);
+    const auto expected = to_host(whole->grads());
+    const auto local = to_host(zero3.grads());
+    // One rank: its pieces are every unit whole, so the local gradients are the flat ones.
+    std::vector<float> got(expected.size());
+    for (const auto& piece : zero3.pieces()) {
+      std::copy(local.begin() + piece.local, local.begin() + piece.local + piece.size(), got.begin() + piece.begin);
+    }
+    bool finite = true;
+    const double error = relative_error(got, expected, &finite);
+    CAPTURE(error, norm);
+    CHECK(error < 1e-6);
+    CHECK(finite);
+    double squares = 0.0;
+    for (const float g : expected) squares += double(g) * g;
+    CHECK(std::abs(norm - std::sqrt(squares)) <= 1e-5 * std::sqrt(squares));
   }
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the CUDA emulation (dev/cuda_emu: the project's kernels, rewritten, on the CPU, with
 # AddressSanitizer and UBSan) into build-emu/ and runs every [cuda] test case of test_cuda_ops,
-# test_ops, test_cuda_model and test_cublaslt_emu under it, one process per test case (a sanitizer abort or a
+# test_ops, test_cuda_model, test_cublaslt_emu and test_nccl_emu under it, one process per test case (a sanitizer abort or a
 # device fault ends only that case), printing one line per case and a summary.
 #
 #   dev/cuda_emu/run.sh [options] [REGEX]     REGEX: run only the cases whose name matches (grep -E)
@@ -132,7 +132,7 @@ escape_name() { sed -e 's/[],[\\]/\\&/g' <<<"$1"; }
 passed=0 failed=0 skipped=0
 failures=()
 start_all=$(date +%s)
-for bin in test_cuda_ops test_ops test_cuda_model test_cublaslt_emu; do
+for bin in test_cuda_ops test_ops test_cuda_model test_cublaslt_emu test_nccl_emu; do
   exe="$build_dir/$bin"
   [[ -x $exe ]] || { echo "missing $exe"; failed=$((failed + 1)); failures+=("$bin: not built"); continue; }
   mapfile -t cases < <("$exe" --list-test-names-only "[cuda]" | sed '/^$/d')

@@ -28,7 +28,7 @@ typedef enum {
 
 typedef struct llmtrain_emu_nccl_comm* ncclComm_t;
 typedef struct { char internal[128]; } ncclUniqueId;
-typedef enum { ncclInt64 = 4, ncclFloat = 7, ncclDouble = 8 } ncclDataType_t;
+typedef enum { ncclInt64 = 4, ncclFloat = 7, ncclDouble = 8, ncclBfloat16 = 9 } ncclDataType_t;
 typedef enum { ncclSum = 0, ncclMax = 3 } ncclRedOp_t;
 typedef struct {
   int blocking;

@@ -22,7 +22,7 @@ int polls_per_call() {
   return text ? std::atoi(text) : 3;
 }
 
-size_t type_size(ncclDataType_t type) { return type == ncclFloat ? 4 : 8; }
+size_t type_size(ncclDataType_t type) { return type == ncclFloat ? 4 : type == ncclBfloat16 ? 2 : 8; }
 
 template <typename T>
 void reduce(const void* send, void* recv, size_t count, size_t offset, ncclRedOp_t op, int nranks) {

@@ -4,6 +4,7 @@
 // same data, so a reduced buffer is twice the input and an unreduced one is not.
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -28,8 +29,10 @@ class TwoRanksHost final : public dist::Communicator {
   void do_all_reduce_sum(double*, std::int64_t) override {}
   void do_all_reduce_max(std::int64_t*, std::int64_t) override {}
   std::unique_ptr<dist::Request> do_start_all_reduce_sum(float*, std::int64_t) override { return nullptr; }
-  void do_reduce_scatter_sum(const float*, float*, std::int64_t) override {}
-  void do_all_gather(const float*, float*, std::int64_t) override {}
+  std::unique_ptr<dist::Request> do_start_reduce_scatter_sum(const float*, float*, std::int64_t) override {
+    return nullptr;
+  }
+  std::unique_ptr<dist::Request> do_start_all_gather(const void*, void*, std::int64_t, DType) override { return nullptr; }
   void do_broadcast(float*, std::int64_t, int) override {}
   void do_barrier() override {}
 };
@@ -73,6 +76,22 @@ TEST_CASE("NCCL: a collective that returns ncclInProgress is complete when the c
   REQUIRE(cudaMemcpy(gathered, both.data(), 2 * n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
   nccl->reduce_scatter_sum(gathered, data, std::int64_t(n));  // rank 0's shard, summed over 2 ranks
   CHECK(read(data, n) == doubled);
+
+  // ZeRO 3's started collectives: a reduce-scatter, and an in-place all-gather of bf16 words
+  // (rank 0's part already at the start of the buffer).
+  REQUIRE(cudaMemcpy(gathered, both.data(), 2 * n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+  nccl->start_reduce_scatter_sum(gathered, data, std::int64_t(n))->wait();
+  CHECK(read(data, n) == doubled);
+  const std::vector<std::uint16_t> words = {0x3fc0, 0xc000, 0x4050, 0x0000};  // 1.5, -2, 3.25, 0 in bf16
+  std::vector<std::uint16_t> out(2 * n, 0xffff);
+  REQUIRE(cudaMemcpy(gathered, words.data(), n * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+  nccl->start_all_gather(gathered, gathered, std::int64_t(n), DType::bf16)->wait();
+  REQUIRE(cudaMemcpy(out.data(), gathered, 2 * n * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+  std::vector<std::uint16_t> twice = words;
+  twice.insert(twice.end(), words.begin(), words.end());
+  CHECK(out == twice);
+  CHECK(nccl->traffic().calls[dist::Traffic::all_gather] == 2);
+  CHECK(nccl->traffic().bytes[dist::Traffic::all_gather] == n * 4 + n * 2);  // (2-1)/2 of 2n elements each
   cudaFree(data);
   cudaFree(gathered);
 }
