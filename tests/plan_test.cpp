@@ -18,18 +18,24 @@ namespace {
 //               gate, up and down 6 x 4 = 24 each                         -> 128
 //   root after the layers: embed_tokens 11 x 4                           -> 44
 //   P = 48 + 3 x 128 + 44 = 476
+config::ModelConfig shape(config::Arch arch, std::int64_t vocab, std::int64_t context, std::int64_t layers,
+                          std::int64_t heads, std::int64_t kv_heads, std::int64_t d_model, std::int64_t ffn, bool tied) {
+  config::ModelConfig m;
+  m.arch = arch;
+  m.vocab_size = vocab;
+  m.context_length = context;
+  m.n_layer = layers;
+  m.n_head = heads;
+  m.n_kv_head = kv_heads;
+  m.d_model = d_model;
+  m.ffn_hidden = ffn;
+  m.tie_embeddings = tied;
+  return m;
+}
+
 config::Config tiny_llama() {
   config::Config c;
-  auto& m = c.model;
-  m.arch = config::Arch::llama;
-  m.vocab_size = 11;
-  m.context_length = 8;
-  m.n_layer = 3;
-  m.n_head = 2;
-  m.n_kv_head = 1;
-  m.d_model = 4;
-  m.ffn_hidden = 6;
-  m.tie_embeddings = false;
+  c.model = shape(config::Arch::llama, 11, 8, 3, 2, 1, 4, 6, false);
   c.train.micro_batch_size = 2;
   c.train.global_batch_size = 12;
   return c;
@@ -53,15 +59,7 @@ TEST_CASE("plan: ZeRO 3 units of a tiny Llama and GPT-2, counted by hand", "[pla
   // GPT-2, vocab 10, context 8, d_model 4, ffn 16, 2 layers. Root before: ln_f 2 x 4 = 8. Each
   // layer: ln_1 8, c_attn 12 x 4 + 12 = 60, attn.c_proj 16 + 4 = 20, ln_2 8, c_fc 16 x 4 + 16 = 80,
   // mlp.c_proj 4 x 16 + 4 = 68 -> 244. Root after: wpe 8 x 4 = 32, wte 10 x 4 = 40 -> 72.
-  config::ModelConfig gpt2;
-  gpt2.arch = config::Arch::gpt2;
-  gpt2.vocab_size = 10;
-  gpt2.context_length = 8;
-  gpt2.n_layer = 2;
-  gpt2.n_head = 2;
-  gpt2.n_kv_head = 2;
-  gpt2.d_model = 4;
-  gpt2.ffn_hidden = 16;
+  const config::ModelConfig gpt2 = shape(config::Arch::gpt2, 10, 8, 2, 2, 2, 4, 16, true);
   const auto g = train::shard_units(gpt2);
   REQUIRE(g.size() == 4);
   CHECK(g[0].params == 8);
