@@ -239,9 +239,10 @@ TEST_CASE("plan: GPT-2 124M's parameter count and memory per rank", "[cli][plan]
   CHECK(r.out.find("fp32 ZeRO 0     474.70 MiB") != std::string::npos);
   CHECK(r.out.find("fp32 ZeRO 1     474.70 MiB   474.70 MiB   118.68 MiB") != std::string::npos);
   // ZeRO 3 at 8 ranks: units ln_f 1,536, 12 layers of 7,087,872, wpe + wte 39,383,808, shards
-  // 192 + 12 x 885,984 + 4,922,976 = 15,554,976 parameters (4 B: 59.34 MiB). Gathered: the root
-  // (39,385,344) and two layer slots (2 x 7,087,872), 4 B weights + 4 B gradients = 408.64 MiB.
-  CHECK(r.out.find("fp32 ZeRO 3      59.34 MiB    59.34 MiB   118.68 MiB   408.64 MiB") != std::string::npos);
+  // 192 + 12 x 885,984 + 4,922,976 = 15,554,976 parameters (4 B: 59.34 MiB). Gathered, 4 B each:
+  // the roots (39,385,344) and two layer slots (2 x 7,087,872) of weights, the roots' gradients and
+  // two gradient slots with their parts (2 x 9 x 885,984), a scratch part (4,922,976): 434.18 MiB.
+  CHECK(r.out.find("fp32 ZeRO 3      59.34 MiB    59.34 MiB   118.68 MiB   434.18 MiB") != std::string::npos);
   // Sent per update: ZeRO 0 all-reduces 4 x 124,439,808 B: 2 x 7/8 of it = 830.73 MiB. ZeRO 3
   // (4 micro-steps): per micro-step 12 layers x 7 x 885,984 x (4 + 4 + 4) B plus the roots'
   // gradients 7 x 4,923,168 x 4 B, and once the roots' weights 7 x 4,923,168 x 4 B: 3.97 GiB.

@@ -115,20 +115,42 @@ TEST_CASE("plan: memory per rank at ZeRO 0 to 3 over 3 ranks, where padding matt
   CHECK(p.optimizer == 8 * 159);
 
   // ZeRO 3: shards ceil(48/3) + 3 ceil(128/3) + ceil(44/3) = 16 + 3 x 43 + 15 = 160 parameters.
-  // Gathered: root 48 + 44 = 92 whole, layer slots of 3 x 43 = 129.
+  // Gathered: the roots padded, 3 x 16 + 3 x 15 = 93; layer slots of 3 x 43 = 129 in the compute
+  // dtype; f32 gradients for the roots (93) and 2 slots of 129 + 43; f32 scratch of 43.
   p = train::plan_memory(c, 3, 3, false, 2);
   CHECK(p.weights == 4 * 160);
   CHECK(p.gradients == 4 * 160);
   CHECK(p.optimizer == 8 * 160);
-  CHECK(p.gathered == 4 * (92 + 2 * 129) + 4 * (92 + 2 * 129));  // fp32 weights, f32 gradient slots: 2800
+  CHECK(p.gathered == 4 * (93 + 2 * 129) + 4 * (93 + 2 * (129 + 43) + 43));  // fp32: 3324
   CHECK(p.activations == activations);
-  CHECK(p.total() == 640 + 640 + 1280 + 2800 + activations);
+  CHECK(p.total() == 640 + 640 + 1280 + 3324 + activations);
   p = train::plan_memory(c, 3, 3, true, 2);
   CHECK(p.weights == 640);
-  CHECK(p.gathered == 2 * (92 + 2 * 129) + 4 * (92 + 2 * 129));  // bf16 weights: 2100
+  CHECK(p.gathered == 2 * (93 + 2 * 129) + 4 * (93 + 2 * (129 + 43) + 43));  // bf16 weights: 2622
   c.dist.reshard_after_forward = false;  // every layer stays gathered from forward to backward
   p = train::plan_memory(c, 3, 3, true, 2);
-  CHECK(p.gathered == 2 * (92 + 3 * 129) + 4 * (92 + 2 * 129));  // 2358
+  CHECK(p.gathered == 2 * (93 + 3 * 129) + 4 * (93 + 2 * (129 + 43) + 43));  // 2880
+}
+
+TEST_CASE("plan: ZeRO 3's weights, gradients, optimizer and gathered bytes equal what the trainer holds", "[plan]") {
+  // state_bytes of rank 0 (metrics.jsonl) in 1-step mpirun runs of configs/tiny-llama.json with
+  // model.n_layer 3 and dist.zero_stage 3: the buffers the trainer allocates, counted by itself.
+  struct Measured {
+    int ranks;
+    bool bf16, reshard;
+    std::int64_t state_bytes;
+  };
+  const Measured measured[] = {{2, false, true, 2650880}, {2, false, false, 2835712}, {2, true, true, 2400384},
+                               {2, true, false, 2492800}, {3, false, true, 2101324}, {3, false, false, 2286160},
+                               {3, true, true, 1850818},  {3, true, false, 1943236}};
+  config::Config c = config::load_config(LLMTRAIN_SOURCE_DIR "/configs/tiny-llama.json");
+  c.model.n_layer = 3;
+  for (const auto& m : measured) {
+    CAPTURE(m.ranks, m.bf16, m.reshard);
+    c.dist.reshard_after_forward = m.reshard;
+    const auto p = train::plan_memory(c, m.ranks, 3, m.bf16, 1);
+    CHECK(p.weights + p.gradients + p.optimizer + p.gathered == m.state_bytes);
+  }
 }
 
 TEST_CASE("plan: bytes each rank sends per update, against the ring formulas", "[plan]") {

@@ -222,7 +222,7 @@ Command add_plan_command(CLI::App& parent) {
             }
             std::printf("weights: f32 master weights (ZeRO 3: this rank's shards; bf16 ZeRO 0-2: and a bf16 working copy); "
                         "gathered: ZeRO 3's gathered weights (root units and 2 layers, or every layer without "
-                        "reshard_after_forward) and f32 gradient buffers (root units and 2 layers)\n");
+                        "reshard_after_forward), f32 gradient buffers (root units and 2 layers) and scratch\n");
             std::printf("sent/update: bytes each rank sends per optimizer update over its data-parallel group (ring "
                         "all-reduce, reduce-scatter and all-gather volumes; loss and norm all-reduces not counted)\n");
             std::printf("max micro-batch: sequences that fit in %s (%s) next to the weights, gradients, optimizer state "

@@ -52,24 +52,31 @@ MemoryPlan plan_memory(const config::Config& config, int data_parallel_size, int
   MemoryPlan plan;
   plan.activations = micro_batch * activation_bytes_per_sequence(config.model, bf16, config.train.recompute);
   if (zero_stage == 3) {
-    // Every unit sharded with padding; the root units gathered whole for the step, the layers
-    // through slots of the padded layer size.
-    std::int64_t shards = 0, root = 0, layer_slot = 0, layers = 0;
+    // The buffers train/zero3.cpp allocates: every unit sharded with padding (a rank's shards of
+    // the master weights and gradients); the root units gathered (padded) for the whole step with
+    // f32 gradient buffers of the same length; weight slots of the padded layer size in the
+    // compute dtype; two gradient slots, each the padded layer in f32 plus its reduce-scattered
+    // part; a scratch part of the largest unit.
+    std::int64_t shards = 0, root = 0, layer_shard = 0, largest_shard = 0, layers = 0;
     for (const auto& u : shard_units(config.model)) {
-      shards += ceil_div(u.params, D);
+      const std::int64_t shard = ceil_div(u.params, D);
+      shards += shard;
+      largest_shard = std::max(largest_shard, shard);
       if (u.layer) {
-        layer_slot = std::max(layer_slot, D * ceil_div(u.params, D));
+        layer_shard = std::max(layer_shard, shard);
         ++layers;
       } else {
-        root += u.params;
+        root += D * shard;
       }
     }
     const std::int64_t compute = bf16 ? 2 : 4;
-    const std::int64_t weight_slots = config.dist.reshard_after_forward ? 2 : layers;
+    const std::int64_t weight_slots = config.dist.reshard_after_forward ? std::min<std::int64_t>(2, layers) : layers;
+    const std::int64_t gradient_slots = std::min<std::int64_t>(2, layers);
     plan.weights = 4 * shards;
     plan.gradients = 4 * shards;
     plan.optimizer = 8 * shards;
-    plan.gathered = compute * (root + weight_slots * layer_slot) + 4 * (root + 2 * layer_slot);
+    plan.gathered = compute * (root + weight_slots * D * layer_shard) +
+                    4 * (root + gradient_slots * (D + 1) * layer_shard + largest_shard);
     return plan;
   }
   const std::int64_t shard = ceil_div(P, D);

@@ -14,7 +14,7 @@ struct MemoryPlan {
   std::int64_t weights = 0;      // f32 master weights a rank keeps (ZeRO 3: its shards); ZeRO 0-2 in bf16 also the 2-byte working copy
   std::int64_t gradients = 0;    // f32 gradients a rank keeps (ZeRO 2 and 3: its shard)
   std::int64_t optimizer = 0;    // AdamW m and v
-  std::int64_t gathered = 0;     // ZeRO 3's working buffers: gathered weights (compute dtype) and f32 gradient slots
+  std::int64_t gathered = 0;     // ZeRO 3's working buffers: gathered weights (compute dtype), f32 gradient slots, scratch
   std::int64_t activations = 0;  // for one micro-batch, with their gradients
   std::int64_t total() const { return weights + gradients + optimizer + gathered + activations; }
 };
@@ -50,10 +50,13 @@ std::int64_t activation_bytes_per_sequence(const config::ModelConfig& model, boo
 /// same plus a 2-byte working copy of the weights, and 2-byte activations. ZeRO 1 shards m and v
 /// over the `data_parallel_size` ranks of a data-parallel group, ZeRO 2 the gradients too (shards
 /// padded to equal size). ZeRO 3 shards each unit (shard_units) padded, ceil(n / D) parameters of
-/// it per rank, master weights, gradients, m and v alike; `gathered` holds the root units whole in
-/// the compute dtype (4 or 2 bytes) plus two layer slots of D ceil(n / D) parameters (the current
-/// layer and the prefetched next; with dist.reshard_after_forward false, all layers from forward
-/// to backward), and f32 gradient buffers for the root units and two layers.
+/// it per rank, master weights, gradients, m and v alike; `gathered` counts the working buffers
+/// train/zero3.cpp allocates: the root units gathered (D ceil(n / D) each) in the compute dtype (4
+/// or 2 bytes) with f32 gradient buffers as long, two layer slots of D ceil(n / D) parameters in
+/// the compute dtype (the current layer and the prefetched next; with dist.reshard_after_forward
+/// false one per layer), two f32 gradient slots of a layer plus its reduce-scattered part, and an
+/// f32 scratch part of the largest unit. weights + gradients + optimizer + gathered is what the
+/// trainer's state_bytes reports on rank 0.
 MemoryPlan plan_memory(const config::Config& config, int data_parallel_size, int zero_stage, bool bf16,
                        std::int64_t micro_batch);
 
