@@ -1,6 +1,7 @@
 // The llmtrain binary as users call it: exit codes, one-line errors, --help, info, check-config.
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -237,6 +238,17 @@ TEST_CASE("plan: GPT-2 124M's parameter count and memory per rank", "[cli][plan]
   // ceil(124,439,808 / 8) = 15,554,976 parameters, 8 B each = 118.68 MiB.
   CHECK(r.out.find("fp32 ZeRO 0     474.70 MiB") != std::string::npos);
   CHECK(r.out.find("fp32 ZeRO 1     474.70 MiB   474.70 MiB   118.68 MiB") != std::string::npos);
+  // ZeRO 3 at 8 ranks: units ln_f 1,536, 12 layers of 7,087,872, wpe + wte 39,383,808, shards
+  // 192 + 12 x 885,984 + 4,922,976 = 15,554,976 parameters (4 B: 59.34 MiB). Gathered, 4 B each:
+  // the roots (39,385,344) and two layer slots (2 x 7,087,872) of weights, the roots' gradients and
+  // two gradient slots with their parts (2 x 9 x 885,984), a scratch part (4,922,976): 434.18 MiB.
+  CHECK(r.out.find("fp32 ZeRO 3      59.34 MiB    59.34 MiB   118.68 MiB   434.18 MiB") != std::string::npos);
+  // Sent per update: ZeRO 0 all-reduces 4 x 124,439,808 B: 2 x 7/8 of it = 830.73 MiB. ZeRO 3
+  // (4 micro-steps): per micro-step 12 layers x 7 x 885,984 x (4 + 4 + 4) B plus the roots'
+  // gradients 7 x 4,923,168 x 4 B, and once the roots' weights 7 x 4,923,168 x 4 B: 3.97 GiB.
+  const auto row = [&](const std::string& label) { return r.out.substr(r.out.find(label), r.out.find('\n', r.out.find(label)) - r.out.find(label)); };
+  CHECK(row("fp32 ZeRO 0").find(" 830.73 MiB ") != std::string::npos);
+  CHECK(row("fp32 ZeRO 3").find(" 3.97 GiB ") != std::string::npos);
   check_input_error(run_llmtrain({"plan", "--config", LLMTRAIN_SOURCE_DIR "/configs/gpt2-124m.json", "--world-size",
                                   "3"}),
                     "train.global_batch_size: must be a multiple of train.micro_batch_size x data-parallel size (16 x 3 = 48)");
@@ -258,6 +270,53 @@ TEST_CASE("plan: the mesh, and sizes that do not divide the world", "[cli][plan]
   check_input_error(run_llmtrain({"train", "--config", config, "--run-dir", dir.path() + "/run", "--set",
                                   "dist.tensor_parallel=2"}),
                     "dist.tensor_parallel = 2: this llmtrain trains data-parallel meshes only");
+}
+
+TEST_CASE("plan --suggest: meshes that fit, least communication first, none that fits, bad flags", "[cli][plan]") {
+  const std::string config = LLMTRAIN_SOURCE_DIR "/configs/tiny-llama.json";  // 125,248 parameters, fp32
+  const auto r = run_llmtrain({"plan", "--config", config, "--suggest", "--gpus", "2", "--device-memory", "1GB"});
+  CAPTURE(r.out, r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("on 2 device(s) of 1GB") != std::string::npos);
+  // The rows between the header and the "fit:" line, with their sent/update in bytes.
+  std::vector<std::string> rows;
+  std::vector<double> sent;
+  {
+    std::istringstream lines(r.out.substr(r.out.find("mesh t x d x p")));
+    std::string line;
+    std::getline(lines, line);
+    while (std::getline(lines, line) && line.rfind("fit:", 0) != 0) {
+      rows.push_back(line);
+      const std::size_t unit = line.rfind(' ');
+      const std::size_t number = line.rfind(' ', unit - 1);
+      const std::string u = line.substr(unit + 1);
+      const double scale = u == "B" ? 1 : u == "KiB" ? 1024.0 : u == "MiB" ? 1024.0 * 1024 : u == "GiB" ? 1024.0 * 1024 * 1024 : 0;
+      CHECK(scale > 0);
+      sent.push_back(std::stod(line.substr(number + 1, unit - number - 1)) * scale);
+    }
+  }
+  REQUIRE(rows.size() >= 2);
+  for (std::size_t i = 1; i < sent.size(); ++i) CHECK(sent[i - 1] <= sent[i]);
+  // Plain data parallelism over 2 ranks, ZeRO 2: reduce-scatter and all-gather of 2 x 62,624 x 4 B,
+  // half of each sent: 500,992 B = 489.25 KiB. One micro-step (16 = 8 x 2).
+  bool data_parallel = false;
+  for (const auto& line : rows) data_parallel = data_parallel || line.rfind("1 x 2 x 1           2           1 ", 0) == 0;
+  CHECK(data_parallel);
+  CHECK(r.out.find("489.25 KiB\n") != std::string::npos);
+  // Two pipeline stages send least: a stage's 8 x 64 x 64 x 4 B activations (or their gradients)
+  // once per micro-step, 2 micro-steps: 256 KiB.
+  CHECK(rows[0].rfind("1 x 1 x 2 *", 0) == 0);
+  CHECK(rows[0].find("256.00 KiB") != std::string::npos);
+
+  // --gpus defaults to --world-size; nothing fits in 1 MB: said, and exit 0.
+  const auto none = run_llmtrain({"plan", "--config", config, "--suggest", "--world-size", "2", "--device-memory", "1MB"});
+  CHECK(none.exit_code == 0);
+  CHECK(none.out.find("on 2 device(s) of 1MB") != std::string::npos);
+  CHECK(none.out.find("none fits: no mesh of 2 device(s) with ZeRO 0-3 fits in 1MB") != std::string::npos);
+
+  check_input_error(run_llmtrain({"plan", "--config", config, "--suggest", "--gpus", "0"}), "--gpus: Value 0 not in range 1");
+  check_input_error(run_llmtrain({"plan", "--config", config, "--gpus", "2"}), "--gpus requires --suggest");
+  check_input_error(run_llmtrain({"plan", "--config", config, "--suggest", "--device-memory", "lots"}), "--device-memory lots");
 }
 
 TEST_CASE("NaN guard: non-finite updates are skipped, and too many in a row stop the run", "[cli][train]") {

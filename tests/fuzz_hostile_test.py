@@ -662,6 +662,8 @@ cli_lines = [
     ["eval", "--checkpoint", RUN, "--data", "/nonexistent/*.bin"],
     ["plan", "--config", CONFIG_FILE, "--world-size", "0"],
     ["plan", "--config", CONFIG_FILE, "--world-size", "abc"],
+    ["plan", "--config", CONFIG_FILE, "--suggest", "--gpus", "-8"],
+    ["plan", "--config", CONFIG_FILE, "--suggest", "--gpus", "99999999999"],
     ["export", "--checkpoint", RUN, "--output", f"{CASES}/x", "--format", "gguf"],
     ["inspect", "--checkpoint", "/nonexistent"],
     ["inspect", "--checkpoint", "/dev/null"],

@@ -1,7 +1,9 @@
 // llmtrain plan: parameter count and memory per rank, before a job is launched.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "config/config.h"
@@ -43,27 +45,135 @@ std::string with_commas(std::int64_t n) {
   return out;
 }
 
+std::string model_line(const config::ModelConfig& m) {
+  char line[256];
+  std::snprintf(line, sizeof line, "parameters: %s (%s: %lld layers, d_model %lld, %lld heads, %lld kv heads, ffn %lld, vocab %lld, context %lld)",
+                with_commas(train::parameter_count(m)).c_str(), config::to_string(m.arch).c_str(),
+                static_cast<long long>(m.n_layer), static_cast<long long>(m.d_model), static_cast<long long>(m.n_head),
+                static_cast<long long>(m.n_kv_head), static_cast<long long>(m.ffn_hidden),
+                static_cast<long long>(m.vocab_size), static_cast<long long>(m.context_length));
+  return line;
+}
+
+// "2 x 4 x 8 *": tensor x data x pipeline, starred when estimated.
+std::string mesh_label(const train::MeshOption& o) {
+  return std::to_string(o.mesh.tensor) + " x " + std::to_string(o.mesh.data) + " x " + std::to_string(o.mesh.pipeline) +
+         (o.estimate ? " *" : "");
+}
+
+// plan --suggest: the meshes of `gpus` ranks and ZeRO stages that fit `memory` bytes per device.
+int suggest(const config::Config& c, const std::string& config_path, int gpus, const std::string& memory_text,
+            std::int64_t memory) {
+  const auto& m = c.model;
+  const bool bf16 = c.train.precision == config::Precision::bf16;
+  std::printf("plan --suggest: %s on %d device(s) of %s (%s)\n", config_path.c_str(), gpus, memory_text.c_str(),
+              format_bytes(double(memory)).c_str());
+  std::printf("%s\n", model_line(m).c_str());
+  std::printf("batch: micro-batch %lld x %lld tokens, global batch %lld sequences; %s, recompute %s\n",
+              static_cast<long long>(c.train.micro_batch_size), static_cast<long long>(m.context_length),
+              static_cast<long long>(c.train.global_batch_size), bf16 ? "bf16" : "fp32",
+              config::to_string(c.train.recompute).c_str());
+  int skipped = 0;
+  const std::vector<train::MeshOption> options = train::mesh_options(c, gpus, &skipped);
+  if (skipped > 0) {
+    std::printf("left out: %d mesh(es) whose data-parallel size x train.micro_batch_size does not divide "
+                "train.global_batch_size\n",
+                skipped);
+  }
+  std::vector<train::MeshOption> fitting;
+  const train::MeshOption* smallest = nullptr;
+  for (const auto& o : options) {
+    if (o.memory <= memory) fitting.push_back(o);
+    if (!smallest || o.memory < smallest->memory) smallest = &o;
+  }
+  if (fitting.empty()) {
+    if (smallest) {
+      std::printf("none fits: no mesh of %d device(s) with ZeRO 0-3 fits in %s; the smallest, %s ZeRO %d, needs %s "
+                  "per rank\n",
+                  gpus, memory_text.c_str(), mesh_label(*smallest).c_str(), smallest->zero_stage,
+                  format_bytes(double(smallest->memory)).c_str());
+    } else {
+      std::printf("none fits: no mesh of %d device(s) divides the global batch\n", gpus);
+    }
+    return 0;
+  }
+  // On one mesh, a stage that needs more memory than another and sends no less (ZeRO 0 and 1
+  // next to 2: the same bytes, to the padding) is no choice.
+  std::vector<train::MeshOption> shown;
+  for (const auto& o : fitting) {
+    bool dominated = false;
+    for (const auto& q : fitting) {
+      dominated = dominated || (q.mesh.tensor == o.mesh.tensor && q.mesh.pipeline == o.mesh.pipeline &&
+                                q.memory < o.memory && q.sent <= o.sent * 1.001);
+    }
+    if (!dominated) shown.push_back(o);
+  }
+  std::stable_sort(shown.begin(), shown.end(), [](const train::MeshOption& a, const train::MeshOption& b) {
+    return a.sent != b.sent ? a.sent < b.sent : a.memory < b.memory;
+  });
+  constexpr std::size_t rows_at_most = 15;
+  const auto print_row = [](const train::MeshOption& o) {
+    std::printf("%-16s %4d %11lld %13s %13s\n", mesh_label(o).c_str(), o.zero_stage,
+                static_cast<long long>(o.micro_steps), format_bytes(double(o.memory)).c_str(),
+                format_bytes(o.sent).c_str());
+  };
+  std::printf("%-16s %4s %11s %13s %13s\n", "mesh t x d x p", "ZeRO", "micro-steps", "memory/rank", "sent/update");
+  bool data_parallel_shown = false;
+  for (std::size_t i = 0; i < shown.size() && i < rows_at_most; ++i) {
+    print_row(shown[i]);
+    data_parallel_shown = data_parallel_shown || !shown[i].estimate;
+  }
+  std::printf("fit: %zu of %zu (mesh, ZeRO stage) choices; %zu shown, least traffic first (per mesh, stages that need "
+              "more memory and send no less left out)\n",
+              fitting.size(), options.size(), std::min(shown.size(), rows_at_most));
+  if (!data_parallel_shown) {
+    // What train runs today: the best fitting choice without tensor and pipeline splits.
+    const auto best = std::find_if(shown.begin(), shown.end(), [](const train::MeshOption& o) { return !o.estimate; });
+    if (best != shown.end()) {
+      std::printf("data-parallel only (what train runs today):\n");
+      print_row(*best);
+    } else {
+      std::printf("data-parallel only (what train runs today): none fits\n");
+    }
+  }
+  std::printf("memory/rank: weights, gradients, optimizer state, ZeRO 3's gathered buffers and one micro-batch's "
+              "activations; sent/update: bytes each rank sends per optimizer update (ring collectives)\n");
+  std::printf("*: estimate (train refuses tensor and pipeline > 1 until those splits land): parameter memory / (t p), "
+              "activations / t with a stage holding its layers' activations for min(p, micro-steps) micro-batches; "
+              "sent: the data group's share / (t p) + 4 all-reduces of B x T x d_model per layer per micro-step "
+              "(tensor) + activations forward and their gradients back per micro-step (pipeline); bytes inside a node "
+              "and across the network count alike\n");
+  return 0;
+}
+
 }  // namespace
 
 Command add_plan_command(CLI::App& parent) {
   struct Options {
     std::string config_path, device_memory = "80GB";
     std::vector<std::string> sets;
-    int world_size = 1;
+    int world_size = 1, gpus = 0;
+    bool suggest = false;
   };
   auto o = std::make_shared<Options>();
   CLI::App* app = parent.add_subcommand("plan", "Parameter count and memory per rank for a config");
   app->add_option("--config", o->config_path, "JSON config file")->required();
-  app->add_option("--world-size", o->world_size, "Ranks (GPUs) of the job")->capture_default_str()->check(CLI::PositiveNumber);
+  app->add_option("--world-size", o->world_size, "Ranks (GPUs) of the job")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   app->add_option("--set", o->sets, "Override a key by its dotted path")->type_name("KEY=VALUE")->allow_extra_args(false);
   app->add_option("--device-memory", o->device_memory, "Memory of one device, for the largest micro-batch")
       ->capture_default_str();
+  CLI::Option* suggest_flag = app->add_flag(
+      "--suggest", o->suggest, "List the meshes and ZeRO stages that fit --device-memory, least communication first");
+  app->add_option("--gpus", o->gpus, "Devices for --suggest (default: --world-size)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->needs(suggest_flag);
 
   return {app, [o] {
             std::vector<config::Override> overrides;
             for (const auto& s : o->sets) overrides.push_back({s});
             const config::Config c = config::load_config(o->config_path, overrides);
             const std::int64_t memory = parse_memory(o->device_memory);
+            if (o->suggest) return suggest(c, o->config_path, o->gpus > 0 ? o->gpus : o->world_size, o->device_memory, memory);
             const dist::Mesh mesh =
                 dist::Mesh::of(o->world_size, int(c.dist.tensor_parallel), int(c.dist.pipeline_parallel));
             const std::int64_t accum = config::grad_accum_steps(c, mesh.data);
@@ -74,33 +184,49 @@ Command add_plan_command(CLI::App& parent) {
               std::printf("mesh: the figures below keep the whole model on every rank (tensor and pipeline splits "
                           "are not counted yet, and train refuses them)\n");
             }
-            std::printf("parameters: %s (%s: %lld layers, d_model %lld, %lld heads, ffn %lld, vocab %lld, context %lld)\n",
-                        with_commas(train::parameter_count(m)).c_str(), config::to_string(m.arch).c_str(),
-                        static_cast<long long>(m.n_layer), static_cast<long long>(m.d_model),
-                        static_cast<long long>(m.n_head), static_cast<long long>(m.ffn_hidden),
-                        static_cast<long long>(m.vocab_size), static_cast<long long>(m.context_length));
+            std::printf("%s\n", model_line(m).c_str());
             std::printf("batch: micro-batch %lld x %lld tokens, %lld micro-step(s) per update of %lld sequences\n",
                         static_cast<long long>(c.train.micro_batch_size), static_cast<long long>(m.context_length),
                         static_cast<long long>(accum), static_cast<long long>(c.train.global_batch_size));
             std::printf("activations: recompute %s; training FLOPs per token %.4g (6 N + 12 L H Q T)\n",
                         config::to_string(c.train.recompute).c_str(), train::flops_per_token(m));
-            std::printf("%-13s %12s %12s %12s %12s %12s %16s\n", "per rank", "weights", "gradients", "optimizer",
-                        "activations", "total", "max micro-batch");
+            std::int64_t root = 0, layer = 0;
+            for (const auto& u : train::shard_units(m)) {
+              if (u.layer) {
+                layer = u.params;
+              } else {
+                root += u.params;
+              }
+            }
+            std::printf("ZeRO 3 units: %lld layers of %s parameters, root (embeddings, head, final norm) %s; "
+                        "dist.reshard_after_forward %s\n",
+                        static_cast<long long>(m.n_layer), with_commas(layer).c_str(), with_commas(root).c_str(),
+                        c.dist.reshard_after_forward ? "true" : "false");
+            std::printf("%-13s %12s %12s %12s %12s %12s %12s %12s %16s\n", "per rank", "weights", "gradients", "optimizer",
+                        "gathered", "activations", "total", "sent/update", "max micro-batch");
             for (const bool bf16 : {false, true}) {
-              for (const int zero : {0, 1, 2}) {
+              for (const int zero : {0, 1, 2, 3}) {
                 const auto p = train::plan_memory(c, mesh.data, zero, bf16, c.train.micro_batch_size);
-                const std::int64_t fixed = p.weights + p.gradients + p.optimizer;
+                const auto sent = train::update_traffic(c, mesh.data, zero, bf16, accum);
+                const std::int64_t fixed = p.weights + p.gradients + p.optimizer + p.gathered;
                 const std::int64_t per_sequence = train::activation_bytes_per_sequence(m, bf16, c.train.recompute);
                 const std::int64_t largest = fixed < memory ? (memory - fixed) / per_sequence : 0;
                 char label[32];
                 std::snprintf(label, sizeof label, "%s ZeRO %d", bf16 ? "bf16" : "fp32", zero);
-                std::printf("%-13s %12s %12s %12s %12s %12s %16lld\n", label, format_bytes(double(p.weights)).c_str(),
-                            format_bytes(double(p.gradients)).c_str(), format_bytes(double(p.optimizer)).c_str(),
+                std::printf("%-13s %12s %12s %12s %12s %12s %12s %12s %16lld\n", label,
+                            format_bytes(double(p.weights)).c_str(), format_bytes(double(p.gradients)).c_str(),
+                            format_bytes(double(p.optimizer)).c_str(), format_bytes(double(p.gathered)).c_str(),
                             format_bytes(double(p.activations)).c_str(), format_bytes(double(p.total())).c_str(),
-                            static_cast<long long>(largest));
+                            format_bytes(sent.bytes).c_str(), static_cast<long long>(largest));
               }
             }
-            std::printf("max micro-batch: sequences that fit in %s (%s) next to the weights, gradients and optimizer state\n",
+            std::printf("weights: f32 master weights (ZeRO 3: this rank's shards; bf16 ZeRO 0-2: and a bf16 working copy); "
+                        "gathered: ZeRO 3's gathered weights (root units and 2 layers, or every layer without "
+                        "reshard_after_forward), f32 gradient buffers (root units and 2 layers) and scratch\n");
+            std::printf("sent/update: bytes each rank sends per optimizer update over its data-parallel group (ring "
+                        "all-reduce, reduce-scatter and all-gather volumes; loss and norm all-reduces not counted)\n");
+            std::printf("max micro-batch: sequences that fit in %s (%s) next to the weights, gradients, optimizer state "
+                        "and gathered buffers\n",
                         o->device_memory.c_str(), format_bytes(double(memory)).c_str());
             return 0;
           }};
