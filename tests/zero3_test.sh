@@ -147,4 +147,38 @@ PY
   pass "$arch, world size $ranks, ZeRO $zero (reshard_after_forward $reshard): collectives and bytes of an update as the algorithm needs"
 done
 
+# 4. Memory per rank: state_bytes at data-parallel sizes 1, 2 and 4, against `plan`.
+model='{"vocab_size": 256, "context_length": 32, "n_layer": 6, "n_head": 4, "d_model": 64}'
+for ranks in 1 2 4; do
+  config "$work/mem.json" 1 0 3 "$model"
+  sed -i 's/"warmup_steps": 10/"warmup_steps": 1/' "$work/mem.json"
+  launch "$ranks" train --config "$work/mem.json" --run-dir "$work/mem$ranks" >"$work/mem$ranks.log" 2>&1 ||
+    fail "memory run at world size $ranks: $(tail -n 3 "$work/mem$ranks.log")"
+  "$llmtrain" plan --config "$work/mem.json" --world-size "$ranks" >"$work/plan$ranks.txt" 2>&1 || fail "plan at world size $ranks"
+done
+/usr/bin/python3 - "$work" <<'PY' || fail "memory per rank"
+import json, re, sys
+work = sys.argv[1]
+units = {"B": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3}
+def plan_state(ranks):  # weights + gradients + optimizer + gathered of plan's "fp32 ZeRO 3" row
+    row = [l for l in open(f"{work}/plan{ranks}.txt") if l.startswith("fp32 ZeRO 3")][0]
+    sizes = re.findall(r"([0-9.]+) (B|KiB|MiB|GiB)", row)
+    return sum(float(v) * units[u] for v, u in sizes[:4])
+measured = {}
+for ranks in (1, 2, 4):
+    step = [l for l in map(json.loads, open(f"{work}/mem{ranks}/metrics.jsonl")) if "state_bytes" in l][0]
+    measured[ranks] = step["state_bytes"]
+    planned = plan_state(ranks)
+    print(f"  data-parallel size {ranks}: state {measured[ranks]} bytes, plan {planned:.0f}")
+    assert abs(measured[ranks] - planned) <= 0.005 * planned, (ranks, measured[ranks], planned)
+# The sharded part (16 bytes a parameter: weights, gradients, m, v) halves with each doubling; the
+# rest (units outside the layers and two layers' slots, gathered) does not shrink.
+P = 6 * (12 * 64 * 64 + 13 * 64) + 2 * 64 + 32 * 64 + 256 * 64
+for a, b in ((1, 2), (2, 4)):
+    saved = measured[a] - measured[b]
+    print(f"  {a} -> {b} ranks: {saved} bytes fewer, 16 P (1/{a} - 1/{b}) = {16 * P * (1 / a - 1 / b):.0f}")
+    assert saved >= 0.8 * 16 * P * (1 / a - 1 / b), saved
+PY
+pass "ZeRO 3 state per rank at data-parallel sizes 1, 2, 4 as plan says (0.5%), its sharded part falling as 1/size"
+
 echo "$passed passed, 0 failed"
