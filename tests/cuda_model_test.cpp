@@ -161,7 +161,7 @@ TEST_CASE("cuda ZeRO 3: bf16 working slots and sharded gradients match the unsha
     const auto whole = model::make_model(c, Device::cuda, model::Recompute::none, DType::bf16);
     ops::copy(whole->params(), cpu->params());
     const auto sharded = model::make_model(c, Device::cuda, model::Recompute::none, DType::bf16,
-                                           ops::AttentionKernels::flash, true);
+                                           ops::AttentionKernels::flash, model::Layout{true});
     const auto comm = dist::make_single_communicator();
     train::Zero3 zero3(*sharded, *comm, *comm, reshard);
     zero3.load(cpu->params().as<float>());

@@ -97,7 +97,7 @@ WrittenPart write_part(const SaveRequest& r, const std::string& dir, int rank, i
   const std::int64_t P = m.num_params();
   const auto& ranges = r.optimizer.ranges;
   const bool whole_state = ranges.size() == 1 && ranges[0].begin == 0 && ranges[0].end == P;
-  if (!whole_state || rank == 0) {
+  if (r.write_optimizer && (!whole_state || rank == 0)) {
     const std::int64_t n = r.optimizer.size();
     std::map<std::string, std::string> metadata{{"rank", std::to_string(rank)}, {"world_size", std::to_string(world_size)}};
     if (ranges.size() == 1) {

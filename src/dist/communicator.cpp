@@ -66,6 +66,11 @@ void Communicator::all_reduce_max(std::int64_t* data, std::int64_t count) {
   do_all_reduce_max(data, count);
 }
 
+void Communicator::all_reduce_max(float* data, std::int64_t count) {
+  this->count(Traffic::all_reduce, 2 * ring_share(world_size()) * double(count) * sizeof(float));
+  do_all_reduce_max(data, count);
+}
+
 std::unique_ptr<Request> Communicator::start_all_reduce_sum(float* data, std::int64_t count) {
   this->count(Traffic::all_reduce, 2 * ring_share(world_size()) * double(count) * sizeof(float));
   return do_start_all_reduce_sum(data, count);

@@ -57,6 +57,7 @@ class Communicator {
   void all_reduce_sum(double* data, std::int64_t count);
   /// data (count) = max over ranks, in place.
   void all_reduce_max(std::int64_t* data, std::int64_t count);
+  void all_reduce_max(float* data, std::int64_t count);
   /// Starts data (count) = sum over ranks; the buffer must not be touched until wait().
   std::unique_ptr<Request> start_all_reduce_sum(float* data, std::int64_t count);
   /// recv (shard) = sum over ranks of send[rank * shard, (rank + 1) * shard); send is (W * shard).
@@ -81,6 +82,7 @@ class Communicator {
   virtual void do_all_reduce_sum(float* data, std::int64_t count) = 0;
   virtual void do_all_reduce_sum(double* data, std::int64_t count) = 0;
   virtual void do_all_reduce_max(std::int64_t* data, std::int64_t count) = 0;
+  virtual void do_all_reduce_max(float* data, std::int64_t count) = 0;
   virtual std::unique_ptr<Request> do_start_all_reduce_sum(float* data, std::int64_t count) = 0;
   virtual std::unique_ptr<Request> do_start_reduce_scatter_sum(const float* send, float* recv,
                                                                std::int64_t shard) = 0;
@@ -112,11 +114,14 @@ struct Communicators {
   std::unique_ptr<Communicator> tensor_group;    // same data index and stage: one layer's shards
   std::unique_ptr<Communicator> pipeline_group;  // same tensor and data index: the stages in order
   std::unique_ptr<Communicator> data_device;  // the data-parallel group over device memory; null: data_group serves
+  std::unique_ptr<Communicator> tensor_device;  // the tensor-parallel group over device memory; null: tensor_group serves
 
   /// The data-parallel group over host memory (scalars: losses, norms; the sampler's rank).
   Communicator& data_host() const { return *data_group; }
   /// The data-parallel group over the memory the gradients live in (NCCL for CUDA with several ranks).
   Communicator& data() const { return data_device ? *data_device : *data_group; }
+  /// The tensor-parallel group over the memory the activations live in.
+  Communicator& tensor() const { return tensor_device ? *tensor_device : *tensor_group; }
 };
 
 /// Splits `world` into the groups of `mesh` (mesh.world() must be world's size).

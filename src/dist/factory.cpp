@@ -72,13 +72,14 @@ Communicators make_communicators(const std::function<Device(Communicator& world)
   if (device == Device::cuda) {
     const int gpu = ops::use_cuda_device(comms.world->local_rank());
     // One GPU process has nothing to reduce: no device communicator.
-    if (comms.data_group->world_size() > 1) {
 #if LLMTRAIN_HAVE_CUDA
-      comms.data_device = make_nccl_communicator(*comms.data_group, gpu, timeout_s);
-#else
-      (void)gpu;
-#endif
+    if (comms.data_group->world_size() > 1) comms.data_device = make_nccl_communicator(*comms.data_group, gpu, timeout_s);
+    if (comms.tensor_group->world_size() > 1) {
+      comms.tensor_device = make_nccl_communicator(*comms.tensor_group, gpu, timeout_s);
     }
+#else
+    (void)gpu;
+#endif
   }
   return comms;
 }

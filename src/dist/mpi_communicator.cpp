@@ -93,6 +93,12 @@ class MpiCommunicator final : public Communicator {
     wait(r, "all_reduce (max)");
   }
 
+  void do_all_reduce_max(float* data, std::int64_t count) override {
+    MPI_Request r;
+    check(MPI_Iallreduce(MPI_IN_PLACE, data, as_count(count), MPI_FLOAT, MPI_MAX, comm_, &r), "MPI_Iallreduce");
+    wait(r, "all_reduce (max)");
+  }
+
   std::unique_ptr<Request> do_start_all_reduce_sum(float* data, std::int64_t count) override {
     auto request = std::make_unique<Pending>(*this, "all_reduce (gradient bucket)");
     check(MPI_Iallreduce(MPI_IN_PLACE, data, as_count(count), MPI_FLOAT, MPI_SUM, comm_, &request->mpi),

@@ -104,6 +104,11 @@ class NcclCommunicator final : public Communicator {
     enqueued(ncclAllReduce(data, data, std::size_t(count), ncclInt64, ncclMax, comm_, stream_), "ncclAllReduce");
     finish("all_reduce (max)");
   }
+  void do_all_reduce_max(float* data, std::int64_t count) override {
+    after_compute();
+    enqueued(ncclAllReduce(data, data, std::size_t(count), ncclFloat, ncclMax, comm_, stream_), "ncclAllReduce");
+    finish("all_reduce (max)");
+  }
   std::unique_ptr<Request> do_start_all_reduce_sum(float* data, std::int64_t count) override {
     after_compute();
     enqueued(ncclAllReduce(data, data, std::size_t(count), ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce");

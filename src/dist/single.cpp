@@ -21,6 +21,7 @@ class SingleCommunicator final : public Communicator {
   void do_all_reduce_sum(float*, std::int64_t) override {}
   void do_all_reduce_sum(double*, std::int64_t) override {}
   void do_all_reduce_max(std::int64_t*, std::int64_t) override {}
+  void do_all_reduce_max(float*, std::int64_t) override {}
   std::unique_ptr<Request> do_start_all_reduce_sum(float*, std::int64_t) override { return std::make_unique<Done>(); }
   // Host memory only (on a GPU one rank has no device communicator): a copy unless in place.
   std::unique_ptr<Request> do_start_reduce_scatter_sum(const float* send, float* recv, std::int64_t shard) override {

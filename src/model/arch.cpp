@@ -11,8 +11,8 @@ namespace {
 
 template <class M>
 std::unique_ptr<Model> make(const config::ModelConfig& config, Device device, Recompute recompute, DType compute,
-                            ops::AttentionKernels attention, bool sharded) {
-  return std::make_unique<M>(config, device, recompute, compute, attention, sharded);
+                            ops::AttentionKernels attention, Layout layout) {
+  return std::make_unique<M>(config, device, recompute, compute, attention, layout);
 }
 
 // transformers' GPT2Config.
@@ -77,7 +77,9 @@ const ArchSpec gpt2_spec{
     config::Arch::gpt2,
     make<Gpt2>,
     Gpt2::parameter_count,
-    Gpt2::measure_activations,
+    [](const config::ModelConfig& c, Recompute r, DType d, int B, int T) {
+      return Gpt2::measure_activations(c, r, d, B, T);
+    },
     "GPT2LMHeadModel",
     gpt2_hf_config,
     gpt2_hf_transposed,
@@ -89,7 +91,9 @@ const ArchSpec llama_spec{
     config::Arch::llama,
     make<Llama>,
     Llama::parameter_count,
-    Llama::measure_activations,
+    [](const config::ModelConfig& c, Recompute r, DType d, int B, int T) {
+      return Llama::measure_activations(c, r, d, B, T);
+    },
     "LlamaForCausalLM",
     llama_hf_config,
     never_transposed,

@@ -22,7 +22,7 @@ struct ArchSpec {
   config::Arch arch;
   /// The model, its parameters allocated and uninitialised (make_model calls this).
   std::unique_ptr<Model> (*make)(const config::ModelConfig& config, Device device, Recompute recompute,
-                                 DType compute, ops::AttentionKernels attention, bool sharded);
+                                 DType compute, ops::AttentionKernels attention, Layout layout);
   /// Exact parameter count, from the model's parameter list.
   std::int64_t (*parameter_count)(const config::ModelConfig& config);
   /// Bytes of the activation buffer at (B,T), measured by the model's layout code.

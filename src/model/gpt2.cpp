@@ -43,15 +43,19 @@ void for_each_param(const config::ModelConfig& c, ParamsT& p, F&& f) {
 }  // namespace
 
 Gpt2::Gpt2(const config::ModelConfig& config, Device device, Recompute recompute, DType compute,
-           ops::AttentionKernels attention, bool sharded)
-    : Model(config, device, compute, attention, sharded), recompute_(recompute) {
+           ops::AttentionKernels attention, Layout layout)
+    : Model(config, device, compute, attention, layout), recompute_(recompute) {
   if (config.arch != config::Arch::gpt2) {
     throw RuntimeError("Gpt2: config has model.arch \"" + config::to_string(config.arch) + "\"");
   }
-  Params layout;
-  layout.layers.resize(std::size_t(config.n_layer));
-  for_each_param(config_, layout, [&](const std::string& name, const std::vector<std::int64_t>& shape, Tensor&) {
-    add_param(name, shape);
+  if (config.n_head % layout.tensor_size != 0 || config.ffn_hidden % layout.tensor_size != 0) {
+    throw InputError("dist.tensor_parallel = " + std::to_string(layout.tensor_size) + " must divide model.n_head (" +
+                     std::to_string(config.n_head) + ") and model.ffn_hidden (" + std::to_string(config.ffn_hidden) + ")");
+  }
+  Params params;
+  params.layers.resize(std::size_t(config.n_layer));
+  for_each_param(config_, params, [&](const std::string& name, const std::vector<std::int64_t>& shape, Tensor&) {
+    add_param(name, shape, slice_of(name));
   });
   allocate();
   // Layer l's parameters end where those of layer l - 1 (or, for layer 0, wpe) begin.
@@ -61,6 +65,23 @@ Gpt2::Gpt2(const config::ModelConfig& config, Device device, Recompute recompute
   }
   p_ = bind_params(false);
   g_ = bind_params(true);
+}
+
+TensorSlice Gpt2::slice_of(const std::string& name) const {
+  const std::int64_t C = config_.d_model, F4 = config_.ffn_hidden;
+  // Megatron's split: c_attn and c_fc by output rows (c_attn's q, k and v each by heads), their
+  // c_proj by input columns (summed after), the token embedding by vocabulary rows.
+  if (name.ends_with("attn.c_attn.weight") || name.ends_with("attn.c_attn.bias")) {
+    TensorSlice heads = even_part(0, C);
+    if (heads.whole()) return heads;
+    const auto [first, count] = heads.blocks[0];
+    return {0, {{first, count}, {C + first, count}, {2 * C + first, count}}};
+  }
+  if (name.ends_with("attn.c_proj.weight")) return even_part(1, C);
+  if (name.ends_with("mlp.c_fc.weight") || name.ends_with("mlp.c_fc.bias")) return even_part(0, F4);
+  if (name.ends_with("mlp.c_proj.weight")) return even_part(1, F4);
+  if (name == "transformer.wte.weight" && tensor_size() > 1) return {0, {{vocab_begin(), vocab_end() - vocab_begin()}}};
+  return {};
 }
 
 std::int64_t Gpt2::parameter_count(const config::ModelConfig& config) {
@@ -125,9 +146,11 @@ void Gpt2::init_weights(std::uint64_t seed) {
 }
 
 std::size_t Gpt2::bind_acts(const config::ModelConfig& config, Recompute recompute, DType compute, Carver& carver,
-                           int B, int T, Acts& a, GradActs& g) {
-  const std::int64_t N = std::int64_t(B) * T, C = config.d_model, F4 = config.ffn_hidden, V = config.vocab_size,
-                     NH = config.n_head;
+                           int B, int T, Acts& a, GradActs& g, int tensor_size) {
+  // Under tensor parallelism this rank's attention heads, MLP columns and vocabulary rows (at most).
+  const std::int64_t N = std::int64_t(B) * T, C = config.d_model, CL = C / tensor_size,
+                     F4 = config.ffn_hidden / tensor_size, V = (config.vocab_size + tensor_size - 1) / tensor_size,
+                     NH = config.n_head / tensor_size;
   // Activations in the compute dtype; statistics (means, rstds, lse, losses) always f32.
   const auto take = [&](std::initializer_list<std::int64_t> shape) { return carver.take(compute, shape); };
   const auto stat = [&](std::initializer_list<std::int64_t> shape) { return carver.take(DType::f32, shape); };
@@ -150,8 +173,8 @@ std::size_t Gpt2::bind_acts(const config::ModelConfig& config, Recompute recompu
     la.ln1 = take({N, C});
     la.ln1_mean = stat({N});
     la.ln1_rstd = stat({N});
-    la.qkv = take({N, 3 * C});
-    la.atty = take({N, C});
+    la.qkv = take({N, 3 * CL});
+    la.atty = take({N, CL});
     la.lse = stat({B, NH, T});
     la.residual2 = take({N, C});
     la.ln2 = take({N, C});
@@ -179,8 +202,8 @@ std::size_t Gpt2::bind_acts(const config::ModelConfig& config, Recompute recompu
   g.lnf = take({N, C});
   const std::size_t scratch_begin = carver.used;
   g.ln1 = take({N, C});
-  g.qkv = take({N, 3 * C});
-  g.atty = take({N, C});
+  g.qkv = take({N, 3 * CL});
+  g.atty = take({N, CL});
   g.ln2 = take({N, C});
   g.fch = take({N, F4});
   g.fch_gelu = take({N, F4});
@@ -189,15 +212,15 @@ std::size_t Gpt2::bind_acts(const config::ModelConfig& config, Recompute recompu
 }
 
 std::size_t Gpt2::measure_activations(const config::ModelConfig& config, Recompute recompute, DType compute, int B,
-                                      int T) {
+                                      int T, int tensor_size) {
   Carver carver = Carver::measuring();
   Acts a;
   GradActs g;
-  return bind_acts(config, recompute, compute, carver, B, T, a, g);
+  return bind_acts(config, recompute, compute, carver, B, T, a, g, tensor_size);
 }
 
 std::size_t Gpt2::activation_bytes(int B, int T) const {
-  return measure_activations(config_, recompute_, compute_, B, T);
+  return measure_activations(config_, recompute_, compute_, B, T, tensor_size());
 }
 
 void Gpt2::ensure_acts(int B, int T) {
@@ -208,7 +231,9 @@ void Gpt2::ensure_acts(int B, int T) {
   acts_buffer_ = ops::Buffer();
   acts_buffer_ = ops::Buffer(device_, activation_bytes(B, T));
   Carver carver{static_cast<char*>(acts_buffer_.data()), device_};
-  bind_acts(config_, recompute_, compute_, carver, B, T, a_, ga_);
+  bind_acts(config_, recompute_, compute_, carver, B, T, a_, ga_, tensor_size());
+  // This rank's vocabulary rows (bind_acts made room for the most any rank has).
+  a_.logits = Tensor(a_.logits.data, a_.logits.dtype, device_, {std::int64_t(B) * T, vocab_end() - vocab_begin()});
   acts_B_ = B;
   acts_T_ = T;
 }
@@ -220,8 +245,8 @@ void Gpt2::forward_mlp(const LayerParams& lp, const LayerActs& la) {
 
 void Gpt2::forward_layer(std::size_t l) {
   const int B = acts_B_, T = acts_T_;
-  const std::int64_t C = config_.d_model;
-  const int NH = int(config_.n_head);
+  const std::int64_t C = config_.d_model / tensor_size();  // this rank's heads' width
+  const int NH = int(config_.n_head) / tensor_size();
   const LayerParams& lp = p_.layers[l];
   const LayerActs& la = a_.layers[l];
   const Tensor& x = l ? a_.layers[l - 1].residual3 : a_.encoded;
@@ -229,11 +254,13 @@ void Gpt2::forward_layer(std::size_t l) {
   ops::matmul_forward(la.qkv, la.ln1, lp.qkv_w, lp.qkv_b);
   ops::flash_attention_forward(la.atty.reshape({B, T, C}), la.lse, la.qkv.reshape({B, T, 3 * C}), NH, NH,
                                attention_kernels_);
-  ops::matmul_forward(la.attproj, la.atty, lp.attproj_w, lp.attproj_b);
+  ops::matmul_forward(la.attproj, la.atty, lp.attproj_w, bias_once(lp.attproj_b));
+  tensor_sum(la.attproj);
   ops::residual_forward(la.residual2, x, la.attproj);
   ops::layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, lp.ln2_w, lp.ln2_b);
   forward_mlp(lp, la);
-  ops::matmul_forward(la.fcproj, la.fch_gelu, lp.fcproj_w, lp.fcproj_b);
+  ops::matmul_forward(la.fcproj, la.fch_gelu, lp.fcproj_w, bias_once(lp.fcproj_b));
+  tensor_sum(la.fcproj);
   ops::residual_forward(la.residual3, la.residual2, la.fcproj);
 }
 
@@ -243,7 +270,7 @@ double Gpt2::forward(const std::int32_t* inputs, const std::int32_t* targets, in
   const std::int64_t C = config_.d_model;
   ops::copy(a_.inputs, Tensor(const_cast<std::int32_t*>(inputs), DType::i32, Device::cpu, {B, T}));
   notify(UnitEvent::forward_begins);
-  ops::encoder_forward(a_.encoded.reshape({B, T, C}), a_.inputs, p_.wte, p_.wpe);
+  embed(a_.encoded.reshape({B, T, C}), inputs, a_.inputs, p_.wte, p_.wpe);
   for (std::size_t l = 0; l < a_.layers.size(); ++l) {
     notify(UnitEvent::before_forward, int(l));
     forward_layer(l);
@@ -254,13 +281,13 @@ double Gpt2::forward(const std::int32_t* inputs, const std::int32_t* targets, in
   ops::matmul_forward(a_.logits, a_.lnf, p_.wte, Tensor());  // tied embeddings
   if (!targets) return 0.0;
   ops::copy(a_.targets, Tensor(const_cast<std::int32_t*>(targets), DType::i32, Device::cpu, {a_.targets.shape[0]}));
-  return ops::fused_classifier(a_.logits, a_.losses, a_.targets, dloss_scale);
+  return classify(a_.logits, a_.losses, a_.targets, dloss_scale);
 }
 
 void Gpt2::backward(const std::function<void(std::int64_t)>& grads_ready) {
   const int B = acts_B_, T = acts_T_;
-  const std::int64_t C = config_.d_model;
-  const int NH = int(config_.n_head);
+  const std::int64_t C = config_.d_model, CL = C / tensor_size();  // CL: this rank's heads' width
+  const int NH = int(config_.n_head) / tensor_size();
   const Tensor none;
   const Tensor& dlogits = a_.logits;  // fused_classifier left the gradient there
   // d(residual stream): each residual connection adds its branch's input gradient in place.
@@ -268,6 +295,7 @@ void Gpt2::backward(const std::function<void(std::int64_t)>& grads_ready) {
   ops::zero(dresidual);
   ops::zero(ga_.lnf);
   ops::matmul_backward(ga_.lnf, g_.wte, none, dlogits, a_.lnf, p_.wte);
+  tensor_sum(ga_.lnf);  // each rank's vocabulary rows' share
   const Tensor& last = a_.layers.empty() ? a_.encoded : a_.layers.back().residual3;
   ops::layernorm_backward(dresidual, g_.lnf_w, g_.lnf_b, ga_.lnf, last, p_.lnf_w, a_.lnf_mean, a_.lnf_rstd);
   for (std::size_t l = a_.layers.size(); l-- > 0;) {
@@ -286,18 +314,20 @@ void Gpt2::backward(const std::function<void(std::int64_t)>& grads_ready) {
     ops::matmul_backward(ga_.fch_gelu, lg.fcproj_w, lg.fcproj_b, dresidual, la.fch_gelu, lp.fcproj_w);
     ops::gelu_backward(ga_.fch, la.fch, ga_.fch_gelu);
     ops::matmul_backward(ga_.ln2, lg.fc_w, lg.fc_b, ga_.fch, la.ln2, lp.fc_w);
+    tensor_sum(ga_.ln2);
     ops::layernorm_backward(dresidual, lg.ln2_w, lg.ln2_b, ga_.ln2, la.residual2, lp.ln2_w, la.ln2_mean, la.ln2_rstd);
     // Attention branch: residual2 = x + c_proj(attention(c_attn(ln1))).
     ops::matmul_backward(ga_.atty, lg.attproj_w, lg.attproj_b, dresidual, la.atty, lp.attproj_w);
-    ops::flash_attention_backward(ga_.qkv.reshape({B, T, 3 * C}), ga_.atty.reshape({B, T, C}),
-                                  la.qkv.reshape({B, T, 3 * C}), la.atty.reshape({B, T, C}), la.lse, NH, NH,
+    ops::flash_attention_backward(ga_.qkv.reshape({B, T, 3 * CL}), ga_.atty.reshape({B, T, CL}),
+                                  la.qkv.reshape({B, T, 3 * CL}), la.atty.reshape({B, T, CL}), la.lse, NH, NH,
                                   attention_kernels_);
     ops::matmul_backward(ga_.ln1, lg.qkv_w, lg.qkv_b, ga_.qkv, la.ln1, lp.qkv_w);
+    tensor_sum(ga_.ln1);
     ops::layernorm_backward(dresidual, lg.ln1_w, lg.ln1_b, ga_.ln1, x, lp.ln1_w, la.ln1_mean, la.ln1_rstd);
     notify(UnitEvent::after_backward, int(l));
     if (grads_ready) grads_ready(layer_grads_end_[l]);
   }
-  ops::encoder_backward(g_.wte, g_.wpe, dresidual.reshape({B, T, C}), a_.inputs);
+  embed_backward(g_.wte, g_.wpe, dresidual.reshape({B, T, C}), a_.inputs);
   notify(UnitEvent::backward_ends);
   if (grads_ready) grads_ready(num_params());
 }
@@ -334,6 +364,7 @@ Tensor Gpt2::decode_step(std::int32_t token, int pos) {
   if (pos < 0 || pos >= config_.context_length) {
     throw RuntimeError("Gpt2::decode_step: position " + std::to_string(pos) + " outside the context");
   }
+  if (tensor_size() > 1) throw RuntimeError("Gpt2::decode_step: not under tensor parallelism");
   ensure_decoder();
   if (pos == 0) prepare_weights();
   const std::int64_t C = config_.d_model;
@@ -368,6 +399,7 @@ Tensor Gpt2::decode_step(std::int32_t token, int pos) {
 }
 
 Tensor Gpt2::logits() {
+  if (tensor_size() > 1) throw RuntimeError("Gpt2::logits: each rank holds only its vocabulary columns");
   return as_f32(a_.logits, logits_f32_).reshape({acts_B_, acts_T_, config_.vocab_size});
 }
 

@@ -13,7 +13,7 @@ class Gpt2 final : public Model {
  public:
   Gpt2(const config::ModelConfig& config, Device device, Recompute recompute = Recompute::none,
        DType compute = DType::f32, ops::AttentionKernels attention = ops::AttentionKernels::flash,
-       bool sharded = false);
+       Layout layout = {});
 
   /// GPT-2's initialisation: normal(0, 0.02), residual projections 0.02 / sqrt(2 L), biases 0,
   /// LayerNorm weights 1.
@@ -27,8 +27,9 @@ class Gpt2 final : public Model {
   /// Exact parameter count of `config`, from the parameter list alone (nothing allocated).
   static std::int64_t parameter_count(const config::ModelConfig& config);
   /// Activation bytes at (B,T): bind_acts with a measuring Carver (nothing allocated).
+  /// (tensor_size: this rank's part of a tensor-parallel group of that size.)
   static std::size_t measure_activations(const config::ModelConfig& config, Recompute recompute, DType compute,
-                                         int B, int T);
+                                         int B, int T, int tensor_size = 1);
 
  private:
   struct LayerParams {
@@ -60,7 +61,9 @@ class Gpt2 final : public Model {
   /// Lays the activations of (B,T) out with `carver` into a, g; returns the bytes they take. The
   /// one activation layout: a measuring Carver sizes the buffer (and `plan`), a real one binds it.
   static std::size_t bind_acts(const config::ModelConfig& config, Recompute recompute, DType compute, Carver& carver,
-                               int B, int T, Acts& a, GradActs& g);
+                               int B, int T, Acts& a, GradActs& g, int tensor_size = 1);
+  /// This rank's part of parameter `name` under tensor parallelism.
+  TensorSlice slice_of(const std::string& name) const;
   void ensure_acts(int B, int T);
   void forward_layer(std::size_t l);
   void forward_mlp(const LayerParams& lp, const LayerActs& la);

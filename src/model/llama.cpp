@@ -43,14 +43,25 @@ void for_each_param(const config::ModelConfig& c, F&& f) {
 }  // namespace
 
 Llama::Llama(const config::ModelConfig& config, Device device, Recompute recompute, DType compute,
-             ops::AttentionKernels attention, bool sharded)
-    : Model(config, device, compute, attention, sharded), recompute_(recompute) {
+             ops::AttentionKernels attention, Layout layout)
+    : Model(config, device, compute, attention, layout), recompute_(recompute) {
   if (config.arch != config::Arch::llama) {
     throw RuntimeError("Llama: config has model.arch \"" + config::to_string(config.arch) + "\"");
   }
+  const int N = layout.tensor_size;
+  if (config.n_head % N != 0 || config.n_kv_head % N != 0 || config.ffn_hidden % N != 0) {
+    throw InputError("dist.tensor_parallel = " + std::to_string(N) + " must divide model.n_head (" +
+                     std::to_string(config.n_head) + "), model.n_kv_head (" + std::to_string(config.n_kv_head) +
+                     ") and model.ffn_hidden (" + std::to_string(config.ffn_hidden) +
+                     "); key/value heads replicated over the group are not supported yet");
+  }
   HS_ = config.d_model / config.n_head;
-  QKV_ = (config.n_head + 2 * config.n_kv_head) * HS_;
-  for_each_param(config, [&](const std::string& name, const std::vector<std::int64_t>& shape) { add_param(name, shape); });
+  NH_ = config.n_head / N;
+  NKV_ = config.n_kv_head / N;
+  QKV_ = (NH_ + 2 * NKV_) * HS_;
+  for_each_param(config, [&](const std::string& name, const std::vector<std::int64_t>& shape) {
+    add_param(name, shape, slice_of(name));
+  });
   allocate();
   // Layer l's gradients are final once its backward is done: they end where layer l - 1's begin.
   for (std::int64_t l = 0; l < config.n_layer; ++l) {
@@ -59,6 +70,23 @@ Llama::Llama(const config::ModelConfig& config, Device device, Recompute recompu
   }
   p_ = bind_params(false);
   g_ = bind_params(true);
+}
+
+TensorSlice Llama::slice_of(const std::string& name) const {
+  const std::int64_t F = config_.ffn_hidden;
+  // Megatron's split: q, k, v, gate and up by output rows (q, k and v by heads), o and down by
+  // input columns (summed after), the embedding and the head by vocabulary rows.
+  if (name.ends_with("self_attn.q_proj.weight")) return even_part(0, config_.n_head * HS_);
+  if (name.ends_with("self_attn.k_proj.weight") || name.ends_with("self_attn.v_proj.weight")) {
+    return even_part(0, config_.n_kv_head * HS_);
+  }
+  if (name.ends_with("self_attn.o_proj.weight")) return even_part(1, config_.n_head * HS_);
+  if (name.ends_with("mlp.gate_proj.weight") || name.ends_with("mlp.up_proj.weight")) return even_part(0, F);
+  if (name.ends_with("mlp.down_proj.weight")) return even_part(1, F);
+  if ((name == "model.embed_tokens.weight" || name == "lm_head.weight") && tensor_size() > 1) {
+    return {0, {{vocab_begin(), vocab_end() - vocab_begin()}}};
+  }
+  return {};
 }
 
 std::int64_t Llama::parameter_count(const config::ModelConfig& config) {
@@ -122,12 +150,14 @@ void Llama::init_weights(std::uint64_t seed) {
   }
 }
 
-int Llama::rotated_heads() const { return int(config_.n_head + config_.n_kv_head); }
+int Llama::rotated_heads() const { return int(NH_ + NKV_); }
 
 std::size_t Llama::bind_acts(const config::ModelConfig& config, Recompute recompute, DType compute, Carver& carver,
-                            int B, int T, Acts& a, GradActs& g) {
-  const std::int64_t N = std::int64_t(B) * T, C = config.d_model, F = config.ffn_hidden, V = config.vocab_size,
-                     NH = config.n_head, QKV = (NH + 2 * config.n_kv_head) * (C / NH);
+                            int B, int T, Acts& a, GradActs& g, int tensor_size) {
+  // Under tensor parallelism this rank's heads, MLP columns and vocabulary rows (at most).
+  const std::int64_t N = std::int64_t(B) * T, C = config.d_model, F = config.ffn_hidden / tensor_size,
+                     V = (config.vocab_size + tensor_size - 1) / tensor_size, NH = config.n_head / tensor_size,
+                     CL = NH * (C / config.n_head), QKV = (NH + 2 * config.n_kv_head / tensor_size) * (C / config.n_head);
   // Activations in the compute dtype; statistics (rstd, lse, losses) always f32.
   const auto take = [&](std::initializer_list<std::int64_t> shape) { return carver.take(compute, shape); };
   const auto stat = [&](std::initializer_list<std::int64_t> shape) { return carver.take(DType::f32, shape); };
@@ -152,7 +182,7 @@ std::size_t Llama::bind_acts(const config::ModelConfig& config, Recompute recomp
     shared.ln1 = take({N, C});
     shared.rstd1 = stat({N});
     shared.qkvr = take({N, QKV});
-    shared.atty = take({N, C});
+    shared.atty = take({N, CL});
     shared.lse = stat({B, NH, T});
     shared.residual2 = take({N, C});
     shared.ln2 = take({N, C});
@@ -164,7 +194,7 @@ std::size_t Llama::bind_acts(const config::ModelConfig& config, Recompute recomp
       la.ln1 = take({N, C});
       la.rstd1 = stat({N});
       la.qkvr = take({N, QKV});
-      la.atty = take({N, C});
+      la.atty = take({N, CL});
       la.lse = stat({B, NH, T});
       la.residual2 = take({N, C});
       la.ln2 = take({N, C});
@@ -189,7 +219,7 @@ std::size_t Llama::bind_acts(const config::ModelConfig& config, Recompute recomp
   g.ln1 = take({N, C});
   g.qkv = take({N, QKV});
   g.qkvr = take({N, QKV});
-  g.atty = take({N, C});
+  g.atty = take({N, CL});
   g.ln2 = take({N, C});
   g.gate = take({N, F});
   g.up = take({N, F});
@@ -199,15 +229,15 @@ std::size_t Llama::bind_acts(const config::ModelConfig& config, Recompute recomp
 }
 
 std::size_t Llama::measure_activations(const config::ModelConfig& config, Recompute recompute, DType compute, int B,
-                                       int T) {
+                                       int T, int tensor_size) {
   Carver carver = Carver::measuring();
   Acts a;
   GradActs g;
-  return bind_acts(config, recompute, compute, carver, B, T, a, g);
+  return bind_acts(config, recompute, compute, carver, B, T, a, g, tensor_size);
 }
 
 std::size_t Llama::activation_bytes(int B, int T) const {
-  return measure_activations(config_, recompute_, compute_, B, T);
+  return measure_activations(config_, recompute_, compute_, B, T, tensor_size());
 }
 
 void Llama::ensure_acts(int B, int T) {
@@ -219,7 +249,9 @@ void Llama::ensure_acts(int B, int T) {
   acts_buffer_ = ops::Buffer();
   acts_buffer_ = ops::Buffer(device_, activation_bytes(B, T));
   Carver carver{static_cast<char*>(acts_buffer_.data()), device_};
-  bind_acts(config_, recompute_, compute_, carver, B, T, a_, ga_);
+  bind_acts(config_, recompute_, compute_, carver, B, T, a_, ga_, tensor_size());
+  // This rank's vocabulary rows (bind_acts made room for the most any rank has).
+  a_.logits = Tensor(a_.logits.data, a_.logits.dtype, device_, {std::int64_t(B) * T, vocab_end() - vocab_begin()});
   acts_B_ = B;
   acts_T_ = T;
 }
@@ -233,7 +265,7 @@ void Llama::forward_mlp(const LayerParams& lp, const LayerActs& la) {
 
 void Llama::forward_layer(std::size_t l) {
   const int B = acts_B_, T = acts_T_;
-  const std::int64_t C = config_.d_model, NH = config_.n_head, NKV = config_.n_kv_head;
+  const std::int64_t NH = NH_, NKV = NKV_, C = NH * HS_;  // this rank's heads and their width
   const auto eps = float(config_.norm_eps), theta = float(config_.rope_theta);
   const LayerParams& lp = p_.layers[l];
   const LayerActs& la = a_.layers[l];
@@ -246,10 +278,12 @@ void Llama::forward_layer(std::size_t l) {
   ops::flash_attention_forward(la.atty.reshape({B, T, C}), la.lse, la.qkvr.reshape({B, T, QKV_}), int(NH), int(NKV),
                                attention_kernels_);
   ops::matmul_forward(la.attproj, la.atty, lp.o, none);
+  tensor_sum(la.attproj);
   ops::residual_forward(la.residual2, x, la.attproj);
   ops::rmsnorm_forward(la.ln2, la.rstd2, la.residual2, lp.post_norm, eps);
   forward_mlp(lp, la);
   ops::matmul_forward(la.down, la.swi, lp.down, none);
+  tensor_sum(la.down);
   ops::residual_forward(la.residual3, la.residual2, la.down);
 }
 
@@ -258,7 +292,7 @@ double Llama::forward(const std::int32_t* inputs, const std::int32_t* targets, i
   prepare_weights();
   ops::copy(a_.inputs, Tensor(const_cast<std::int32_t*>(inputs), DType::i32, Device::cpu, {B, T}));
   notify(UnitEvent::forward_begins);
-  ops::encoder_forward(a_.encoded.reshape({B, T, config_.d_model}), a_.inputs, p_.embed, Tensor());
+  embed(a_.encoded.reshape({B, T, config_.d_model}), inputs, a_.inputs, p_.embed, Tensor());
   for (std::size_t l = 0; l < a_.layers.size(); ++l) {
     notify(UnitEvent::before_forward, int(l));
     forward_layer(l);
@@ -269,12 +303,12 @@ double Llama::forward(const std::int32_t* inputs, const std::int32_t* targets, i
   ops::matmul_forward(a_.logits, a_.lnf, p_.head, Tensor());
   if (!targets) return 0.0;
   ops::copy(a_.targets, Tensor(const_cast<std::int32_t*>(targets), DType::i32, Device::cpu, {a_.targets.shape[0]}));
-  return ops::fused_classifier(a_.logits, a_.losses, a_.targets, dloss_scale);
+  return classify(a_.logits, a_.losses, a_.targets, dloss_scale);
 }
 
 void Llama::backward(const std::function<void(std::int64_t)>& grads_ready) {
   const int B = acts_B_, T = acts_T_;
-  const std::int64_t C = config_.d_model, NH = config_.n_head, NKV = config_.n_kv_head;
+  const std::int64_t C = config_.d_model, NH = NH_, NKV = NKV_, CL = NH * HS_;  // CL: this rank's heads' width
   const float theta = float(config_.rope_theta);
   const Tensor none;
   const Tensor& dlogits = a_.logits;  // fused_classifier left the gradient there
@@ -283,6 +317,7 @@ void Llama::backward(const std::function<void(std::int64_t)>& grads_ready) {
   ops::zero(dresidual);
   ops::zero(ga_.lnf);
   ops::matmul_backward(ga_.lnf, g_.head, none, dlogits, a_.lnf, p_.head);
+  tensor_sum(ga_.lnf);  // each rank's vocabulary rows' share
   const Tensor& last = a_.layers.empty() ? a_.encoded : a_.layers.back().residual3;
   ops::rmsnorm_backward(dresidual, g_.norm, ga_.lnf, last, p_.norm, a_.rstdf);
   for (std::size_t l = a_.layers.size(); l-- > 0;) {
@@ -302,25 +337,28 @@ void Llama::backward(const std::function<void(std::int64_t)>& grads_ready) {
     ops::swiglu_backward(ga_.gate, ga_.up, ga_.swi, la.gate, la.up);
     ops::matmul_backward(ga_.ln2, lg.gate, none, ga_.gate, la.ln2, lp.gate);
     ops::matmul_backward(ga_.ln2, lg.up, none, ga_.up, la.ln2, lp.up);
+    tensor_sum(ga_.ln2);
     ops::rmsnorm_backward(dresidual, lg.post_norm, ga_.ln2, la.residual2, lp.post_norm, la.rstd2);
     // Attention branch: residual2 = x + o(attention(rope(qkv(ln1)))).
     ops::matmul_backward(ga_.atty, lg.o, none, dresidual, la.atty, lp.o);
-    ops::flash_attention_backward(ga_.qkvr.reshape({B, T, QKV_}), ga_.atty.reshape({B, T, C}),
-                                  la.qkvr.reshape({B, T, QKV_}), la.atty.reshape({B, T, C}), la.lse, int(NH), int(NKV),
+    ops::flash_attention_backward(ga_.qkvr.reshape({B, T, QKV_}), ga_.atty.reshape({B, T, CL}),
+                                  la.qkvr.reshape({B, T, QKV_}), la.atty.reshape({B, T, CL}), la.lse, int(NH), int(NKV),
                                   attention_kernels_);
     ops::rope_backward(ga_.qkv.reshape({B, T, NH + 2 * NKV, HS_}), ga_.qkvr.reshape({B, T, NH + 2 * NKV, HS_}), theta,
                        rotated_heads());
     ops::matmul_backward(ga_.ln1, lg.qkv, none, ga_.qkv, la.ln1, lp.qkv);
+    tensor_sum(ga_.ln1);
     ops::rmsnorm_backward(dresidual, lg.in_norm, ga_.ln1, x, lp.in_norm, la.rstd1);
     notify(UnitEvent::after_backward, int(l));
     if (grads_ready) grads_ready(layer_grads_end_[l]);
   }
-  ops::encoder_backward(g_.embed, Tensor(), dresidual.reshape({B, T, C}), a_.inputs);
+  embed_backward(g_.embed, Tensor(), dresidual.reshape({B, T, C}), a_.inputs);
   notify(UnitEvent::backward_ends);
   if (grads_ready) grads_ready(num_params());
 }
 
 Tensor Llama::logits() {
+  if (tensor_size() > 1) throw RuntimeError("Llama::logits: each rank holds only its vocabulary columns");
   return as_f32(a_.logits, logits_f32_).reshape({acts_B_, acts_T_, config_.vocab_size});
 }
 
@@ -358,6 +396,7 @@ Tensor Llama::decode_step(std::int32_t token, int pos) {
   if (pos < 0 || pos >= config_.context_length) {
     throw RuntimeError("Llama::decode_step: position " + std::to_string(pos) + " outside the context");
   }
+  if (tensor_size() > 1) throw RuntimeError("Llama::decode_step: not under tensor parallelism");
   ensure_decoder();
   if (pos == 0) prepare_weights();
   const std::int64_t C = config_.d_model, NH = config_.n_head, NKV = config_.n_kv_head, KVC = NKV * HS_;

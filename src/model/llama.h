@@ -20,7 +20,7 @@ class Llama final : public Model {
  public:
   Llama(const config::ModelConfig& config, Device device, Recompute recompute = Recompute::none,
         DType compute = DType::f32, ops::AttentionKernels attention = ops::AttentionKernels::flash,
-        bool sharded = false);
+        Layout layout = {});
 
   void init_weights(std::uint64_t seed) override;
   double forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T, float dloss_scale) override;
@@ -32,8 +32,9 @@ class Llama final : public Model {
   /// Exact parameter count of `config`, from the parameter list alone (nothing allocated).
   static std::int64_t parameter_count(const config::ModelConfig& config);
   /// Activation bytes at (B,T): bind_acts with a measuring Carver (nothing allocated).
+  /// (tensor_size: this rank's part of a tensor-parallel group of that size.)
   static std::size_t measure_activations(const config::ModelConfig& config, Recompute recompute, DType compute,
-                                         int B, int T);
+                                         int B, int T, int tensor_size = 1);
 
  private:
   struct LayerParams {
@@ -64,7 +65,9 @@ class Llama final : public Model {
   /// Lays the activations of (B,T) out with `carver` into a, g; returns the bytes they take. The
   /// one activation layout: a measuring Carver sizes the buffer (and `plan`), a real one binds it.
   static std::size_t bind_acts(const config::ModelConfig& config, Recompute recompute, DType compute, Carver& carver,
-                               int B, int T, Acts& a, GradActs& g);
+                               int B, int T, Acts& a, GradActs& g, int tensor_size = 1);
+  /// This rank's part of parameter `name` under tensor parallelism.
+  TensorSlice slice_of(const std::string& name) const;
   void ensure_acts(int B, int T);
   void forward_layer(std::size_t l);
   void forward_mlp(const LayerParams& lp, const LayerActs& la);
@@ -72,6 +75,7 @@ class Llama final : public Model {
 
   Recompute recompute_;
   std::int64_t HS_, QKV_;  // head size; width of the packed q, k, v rows ((NH + 2 NKV) HS)
+  std::int64_t NH_, NKV_;  // this rank's query and key/value heads (all of them without tensor parallelism)
   std::vector<std::int64_t> layer_grads_end_;
   Params p_, g_;
 

@@ -12,12 +12,13 @@ DType precision_dtype(config::Precision precision) {
 }
 
 Model::Model(const config::ModelConfig& config, Device device, DType compute, ops::AttentionKernels attention,
-             bool sharded)
+             Layout layout)
     : config_(config),
       device_(device),
       compute_(compute),
       attention_kernels_(attention),
-      sharded_(sharded) {
+      layout_(layout),
+      sharded_(layout.sharded) {
   if (compute != DType::f32 && compute != DType::bf16) throw RuntimeError("model: compute dtype must be f32 or bf16");
 }
 
@@ -38,13 +39,63 @@ int layer_of(const std::string& name) {
 
 }  // namespace
 
-void Model::add_param(const std::string& name, std::vector<std::int64_t> shape) {
-  ParamInfo info{name, std::move(shape), num_params_, 1, false};
+void Model::add_param(const std::string& name, std::vector<std::int64_t> shape, TensorSlice slice) {
+  ParamInfo info;
+  info.name = name;
+  info.shape = shape;
+  info.offset = num_params_;
+  info.numel = 1;
+  info.full_shape = shape;
+  if (!slice.whole()) {
+    std::int64_t extent = 0;
+    for (const auto& [first, count] : slice.blocks) extent += count;
+    info.shape[std::size_t(slice.dim)] = extent;
+  }
+  info.slice = std::move(slice);
+  std::int64_t full = 1;
+  for (const auto d : info.full_shape) full *= d;
   for (const auto d : info.shape) info.numel *= d;
   info.decay = info.shape.size() == 2;
   info.layer = layer_of(name);
   num_params_ += info.numel;
+  logical_params_ += full;
   infos_.push_back(std::move(info));
+}
+
+std::vector<Segment> Model::segments(bool owned_only) const {
+  std::vector<Segment> out;
+  std::int64_t logical = 0;
+  for (const auto& info : infos_) {
+    std::int64_t full = 1;
+    for (const auto d : info.full_shape) full *= d;
+    const auto add = [&](std::int64_t local, std::int64_t at, std::int64_t length) {
+      if (!out.empty() && out.back().local + out.back().length == local &&
+          out.back().logical + out.back().length == at) {
+        out.back().length += length;  // runs that continue each other merge
+      } else {
+        out.push_back({local, at, length});
+      }
+    };
+    if (info.slice.whole()) {
+      if (!owned_only || layout_.tensor_rank == 0) add(info.offset, logical, info.numel);
+    } else {
+      // Elements per index of the split dimension, and how many runs of it there are.
+      std::int64_t inner = 1, outer = 1;
+      for (std::size_t d = std::size_t(info.slice.dim) + 1; d < info.full_shape.size(); ++d) inner *= info.full_shape[d];
+      for (std::size_t d = 0; d < std::size_t(info.slice.dim); ++d) outer *= info.full_shape[d];
+      const std::int64_t full_extent = info.full_shape[std::size_t(info.slice.dim)];
+      const std::int64_t local_extent = info.shape[std::size_t(info.slice.dim)];
+      for (std::int64_t o = 0; o < outer; ++o) {
+        std::int64_t at = 0;
+        for (const auto& [first, count] : info.slice.blocks) {
+          add(info.offset + (o * local_extent + at) * inner, logical + (o * full_extent + first) * inner, count * inner);
+          at += count;
+        }
+      }
+    }
+    logical += full;
+  }
+  return out;
 }
 
 void Model::allocate() {
@@ -70,6 +121,82 @@ void Model::allocate() {
     unit_weights_[u] = weights + std::size_t(units_[u].begin) * dtype_size(compute_);
     unit_grads_[u] = static_cast<float*>(grads_.data()) + units_[u].begin;
   }
+}
+
+TensorSlice Model::even_part(int dim, std::int64_t n) const {
+  const int r = layout_.tensor_rank, N = layout_.tensor_size;
+  if (N == 1) return {};
+  return {dim, {{n * r / N, n * (r + 1) / N - n * r / N}}};
+}
+
+std::int64_t Model::vocab_begin() const { return config_.vocab_size * layout_.tensor_rank / layout_.tensor_size; }
+std::int64_t Model::vocab_end() const { return config_.vocab_size * (layout_.tensor_rank + 1) / layout_.tensor_size; }
+
+void Model::tensor_sum(const Tensor& t) {
+  if (layout_.tensor_size == 1) return;
+  if (!tensor_group_) throw RuntimeError("model: tensor parallelism without a tensor group (set_tensor_group)");
+  tensor_group_->all_reduce_sum(t);
+}
+
+void Model::embed(const Tensor& out, const std::int32_t* inputs, const Tensor& device_inputs, const Tensor& wte,
+                  const Tensor& wpe) {
+  if (layout_.tensor_size == 1) {
+    ops::encoder_forward(out, device_inputs, wte, wpe);
+    return;
+  }
+  const std::int64_t C = config_.d_model, rows = vocab_end() - vocab_begin(), n = device_inputs.numel();
+  if (!vocab_table_.data()) {
+    vocab_table_ = ops::Buffer(device_, std::size_t((rows + 1) * C) * dtype_size(compute_));
+    vocab_table_grad_ = ops::Buffer(device_, std::size_t((rows + 1) * C) * sizeof(float));
+    ops::zero(vocab_table_.view(compute_, {(rows + 1) * C}));  // the zero row stays zero
+  }
+  if (vocab_ids_.bytes() < std::size_t(n) * sizeof(std::int32_t)) {
+    vocab_ids_ = ops::Buffer(device_, std::size_t(n) * sizeof(std::int32_t));
+  }
+  ops::copy(vocab_table_.view(compute_, {rows, C}), wte);
+  // Tokens of other ranks' rows read the zero row.
+  host_ids_.resize(std::size_t(n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t id = inputs[i];
+    host_ids_[std::size_t(i)] = std::int32_t(id >= vocab_begin() && id < vocab_end() ? id - vocab_begin() : rows);
+  }
+  const Tensor ids = vocab_ids_.view(DType::i32, {device_inputs.shape[0], device_inputs.shape[1]});
+  ops::copy(ids, Tensor(host_ids_.data(), DType::i32, Device::cpu, {device_inputs.shape[0], device_inputs.shape[1]}));
+  ops::encoder_forward(out, ids, vocab_table_.view(compute_, {rows + 1, C}), bias_once(wpe));
+  tensor_sum(out);
+}
+
+void Model::embed_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& device_inputs) {
+  if (layout_.tensor_size == 1) {
+    ops::encoder_backward(dwte, dwpe, dout, device_inputs);
+    return;
+  }
+  const std::int64_t C = config_.d_model, rows = vocab_end() - vocab_begin();
+  const Tensor table_grad = vocab_table_grad_.view(DType::f32, {rows + 1, C});
+  ops::zero(table_grad);
+  const Tensor ids = vocab_ids_.view(DType::i32, {device_inputs.shape[0], device_inputs.shape[1]});
+  ops::encoder_backward(table_grad, dwpe, dout, ids);
+  const Tensor mine = vocab_table_grad_.view(DType::f32, {rows * C});
+  const Tensor flat_dwte(dwte.data, DType::f32, device_, {rows * C});
+  ops::residual_forward(flat_dwte, flat_dwte, mine);  // dwte += (in place)
+}
+
+double Model::classify(const Tensor& logits, const Tensor& losses, const Tensor& targets, float dlogits_scale) {
+  if (layout_.tensor_size == 1) return ops::fused_classifier(logits, losses, targets, dlogits_scale);
+  const std::int64_t n = logits.shape[0];
+  if (classifier_stats_.bytes() < std::size_t(3 * n) * sizeof(float)) {
+    classifier_stats_ = ops::Buffer(device_, std::size_t(3 * n) * sizeof(float));
+  }
+  float* stats = static_cast<float*>(classifier_stats_.data());
+  const Tensor row_max(stats, DType::f32, device_, {n});
+  const Tensor sums(stats + n, DType::f32, device_, {2 * n});  // sum of exponentials, then the target's logit
+  const Tensor sum_exp(stats + n, DType::f32, device_, {n}), target_logit(stats + 2 * n, DType::f32, device_, {n});
+  ops::classifier_row_max(row_max, logits);
+  tensor_group_->all_reduce_max(row_max);
+  ops::classifier_row_stats(sum_exp, target_logit, logits, row_max, targets, vocab_begin());
+  tensor_group_->all_reduce_sum(sums);
+  return ops::classifier_parallel_finish(logits, losses, row_max, sum_exp, target_logit, targets, vocab_begin(),
+                                         dlogits_scale);
 }
 
 void Model::set_unit_storage(std::size_t u, void* weights, float* grads) {
@@ -151,8 +278,8 @@ void Model::init_constant(const ParamInfo& info, float value) {
 }
 
 std::unique_ptr<Model> make_model(const config::ModelConfig& config, Device device, Recompute recompute,
-                                  DType compute, ops::AttentionKernels attention, bool sharded) {
-  return arch_spec(config.arch).make(config, device, recompute, compute, attention, sharded);
+                                  DType compute, ops::AttentionKernels attention, Layout layout) {
+  return arch_spec(config.arch).make(config, device, recompute, compute, attention, layout);
 }
 
 }  // namespace llmtrain::model

@@ -17,8 +17,26 @@
 
 namespace llmtrain::model {
 
+/// Tensor parallelism: which part of a parameter this rank holds. The part is made of `blocks`
+/// (first index, count) along dimension `dim` of the whole tensor, laid end to end; dim -1: the
+/// whole tensor (replicated on every rank of the tensor group).
+struct TensorSlice {
+  int dim = -1;
+  std::vector<std::pair<std::int64_t, std::int64_t>> blocks;
+  bool whole() const { return dim < 0; }
+};
+
+/// How a model is laid out over ranks: sharded for ZeRO 3 (no flat buffers of its own), and this
+/// rank's place in its tensor-parallel group.
+struct Layout {
+  bool sharded = false;
+  int tensor_rank = 0;
+  int tensor_size = 1;
+};
+
 /// One parameter tensor: its Hugging Face name (weights in torch.nn.Linear's (out, in) layout),
-/// shape, place in the flat buffer and whether AdamW decays it (2-D tensors only).
+/// shape (this rank's part under tensor parallelism), place in the flat buffer and whether AdamW
+/// decays it (2-D tensors only).
 struct ParamInfo {
   std::string name;
   std::vector<std::int64_t> shape;
@@ -27,6 +45,23 @@ struct ParamInfo {
   bool decay = false;
   int layer = -1;       // the transformer layer it belongs to; -1: outside the layers
   std::size_t unit = 0;  // index into Model::units()
+  std::vector<std::int64_t> full_shape;  // the whole tensor's shape (= shape without tensor parallelism)
+  TensorSlice slice;                     // which part of it `shape` is
+};
+
+/// A run of elements that sits at `local` in a rank's flat buffer and at `logical` in the flat
+/// buffer of the whole model (the one-rank layout, which checkpoints keep).
+struct Segment {
+  std::int64_t local = 0, logical = 0, length = 0;
+};
+
+/// The collectives a tensor-parallel model makes inside forward and backward, over its tensor
+/// group, on tensors in the model's memory (train/ provides them over a dist::Communicator).
+class TensorGroup {
+ public:
+  virtual ~TensorGroup() = default;
+  virtual void all_reduce_sum(const Tensor& t) = 0;  // f32 or bf16
+  virtual void all_reduce_max(const Tensor& t) = 0;  // f32
 };
 
 /// A run of the flat buffer that fully sharded data parallelism (ZeRO 3) gathers and reduces as
@@ -76,6 +111,15 @@ class Model {
   Tensor params() const { return params_.view(DType::f32, {num_params_}); }  // (P,) f32 master weights
   Tensor grads() const { return grads_.view(DType::f32, {num_params_}); }    // (P,) f32
 
+  const Layout& layout() const { return layout_; }
+  /// The whole model's parameter count (num_params() is this rank's under tensor parallelism).
+  std::int64_t logical_params() const { return logical_params_; }
+  /// Where this rank's flat buffer sits in the whole model's; with `owned_only`, the parts every
+  /// rank of the tensor group holds alike are listed by tensor rank 0 alone.
+  std::vector<Segment> segments(bool owned_only) const;
+  /// Tensor parallelism: the group forward and backward reduce over (set before the first pass).
+  void set_tensor_group(TensorGroup* group) { tensor_group_ = group; }
+
   /// Sharded (ZeRO 3): the model holds no flat buffers; whoever shards it gives each unit its
   /// weights (compute dtype) and gradients (f32) with set_unit_storage, as `hooks` ask for them.
   /// params() and grads() are then empty.
@@ -118,11 +162,12 @@ class Model {
 
  protected:
   Model(const config::ModelConfig& config, Device device, DType compute, ops::AttentionKernels attention,
-        bool sharded = false);
+        Layout layout = {});
 
   /// Appends a parameter to the flat layout (in backward-completion order); then allocate().
-  /// A name with ".h.N." or ".layers.N." in it belongs to layer N.
-  void add_param(const std::string& name, std::vector<std::int64_t> shape);
+  /// A name with ".h.N." or ".layers.N." in it belongs to layer N. `shape` is the whole tensor's;
+  /// `slice` the part this rank holds (tensor parallelism).
+  void add_param(const std::string& name, std::vector<std::int64_t> shape, TensorSlice slice = {});
   /// Forms the units and allocates the flat buffers (none when sharded).
   void allocate();
   /// Rebinds the architecture's tensors of unit `unit` after its storage moved.
@@ -140,6 +185,30 @@ class Model {
   /// Mixed precision: refreshes the bf16 working copy from the master weights. Forward passes
   /// call it first, so that updates, loads and copies into params() are always seen.
   void prepare_weights();
+  // Tensor parallelism (layout().tensor_size > 1); each is the one-rank computation without it.
+  int tensor_size() const { return layout_.tensor_size; }
+  /// Sums t over the tensor group: a row-parallel matmul's partial outputs, or the input gradient
+  /// of a column-parallel one.
+  void tensor_sum(const Tensor& t);
+  /// A row-parallel matmul's bias, added by tensor rank 0 alone (the outputs are then summed).
+  Tensor bias_once(const Tensor& bias) const { return layout_.tensor_rank == 0 ? bias : Tensor(); }
+  /// This rank's rows [begin, end) of the vocabulary (embedding and output head).
+  std::int64_t vocab_begin() const;
+  std::int64_t vocab_end() const;
+  /// out (B,T,C) = wte[inputs] (+ wpe, when given); vocabulary-parallel: each rank adds the rows it
+  /// holds (its wte part), zero for the others, and the results are summed. `inputs` (B,T) is the
+  /// host copy of `device_inputs`.
+  void embed(const Tensor& out, const std::int32_t* inputs, const Tensor& device_inputs, const Tensor& wte,
+             const Tensor& wpe);
+  /// dwte (this rank's rows) and dwpe (when given) += from dout (B,T,C), after embed().
+  void embed_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& device_inputs);
+  /// fused_classifier on this rank's vocabulary columns of the logits: the row maxima and sums of
+  /// exponentials are reduced over the tensor group, so no rank holds all V columns.
+  double classify(const Tensor& logits, const Tensor& losses, const Tensor& targets, float dlogits_scale);
+  /// Tensor parallelism: a slice of `n` indices along `dim` split evenly over the group (rows or
+  /// columns r n / N .. (r + 1) n / N); the whole tensor on one rank.
+  TensorSlice even_part(int dim, std::int64_t n) const;
+
   /// t as f32: t itself, or (bf16) its conversion into `scratch`.
   Tensor as_f32(const Tensor& t, ops::Buffer& scratch) const;
   /// GPT-2 style initialisation of one parameter: normal(0, std) from (seed, flat index).
@@ -150,26 +219,34 @@ class Model {
   Device device_;
   DType compute_;
   ops::AttentionKernels attention_kernels_;  // model.attention as resolved at start-up
+  Layout layout_;
+  TensorGroup* tensor_group_ = nullptr;
 
  private:
   std::vector<ParamInfo> infos_;
   std::int64_t num_params_ = 0;
+  std::int64_t logical_params_ = 0;
   bool sharded_ = false;
   ops::Buffer params_, grads_, working_;  // working_: bf16 weights in mixed precision
   std::vector<Unit> units_;
   std::vector<void*> unit_weights_;  // where each unit's weights (compute dtype) start
   std::vector<float*> unit_grads_;   // and its gradients
   UnitHooks* hooks_ = nullptr;
+  // embed() and classify() under tensor parallelism: the embedding with a zero row after this
+  // rank's (for tokens other ranks hold), its gradient, the tokens as its row indices, and the
+  // classifier's per-row statistics.
+  ops::Buffer vocab_table_, vocab_table_grad_, vocab_ids_, classifier_stats_;
+  std::vector<std::int32_t> host_ids_;
 };
 
 /// The model of config.arch (model::arch_spec), its parameters allocated and uninitialised;
 /// `compute` f32, or bf16 for mixed precision (train.precision). config.attention is not read:
 /// `attention` is its resolved value (resolve_attention in model/attention_choice.h; on the CPU
 /// the reference serves both, so flash is as good as any).
-/// `sharded`: without flat buffers, for ZeRO 3 (Model::sharded).
+/// `layout`: sharded for ZeRO 3 (Model::sharded), this rank's tensor-parallel part.
 std::unique_ptr<Model> make_model(const config::ModelConfig& config, Device device,
                                   Recompute recompute = Recompute::none, DType compute = DType::f32,
-                                  ops::AttentionKernels attention = ops::AttentionKernels::flash, bool sharded = false);
+                                  ops::AttentionKernels attention = ops::AttentionKernels::flash, Layout layout = {});
 /// The compute dtype of train.precision: f32 or bf16.
 DType precision_dtype(config::Precision precision);
 

@@ -52,17 +52,40 @@ void check_resumable(const config::Config& saved, const config::Config& now, con
   }
 }
 
-// The flat-buffer ranges whose AdamW state this rank holds.
-std::vector<checkpoint::FlatRange> ranges_of(const AdamW& optimizer) {
+// What this rank's optimizer file holds: ranges of the whole model's flat buffer, taken from
+// these places of its local arrays, and whether it writes one at all.
+struct OptimizerPart {
   std::vector<checkpoint::FlatRange> ranges;
-  for (const Piece& piece : optimizer.pieces()) ranges.push_back({piece.begin, piece.end});
-  return ranges;
+  std::vector<Placed> placed;
+  std::int64_t size = 0;
+  bool contiguous = true;  // the places are the local arrays from 0 on, in order: no copy needed
+  bool written = false;
+};
+
+OptimizerPart optimizer_part(const Trainer& trainer, int world_rank) {
+  OptimizerPart part;
+  part.placed = trainer.optimizer_placement();
+  for (const Placed& p : part.placed) {
+    part.contiguous = part.contiguous && p.local == part.size;
+    part.ranges.push_back(p.logical);
+    part.size += p.logical.end - p.logical.begin;
+  }
+  // Every rank holds the whole state (ZeRO 0 without tensor parallelism): rank 0 alone writes it.
+  const bool whole = part.ranges.size() == 1 && part.ranges[0].begin == 0 && part.ranges[0].end == trainer.num_params();
+  part.written = trainer.writes_optimizer() && (world_rank == 0 || !whole);
+  return part;
 }
 
-// Every rank holds the whole state (ZeRO 0, or one rank): rank 0 alone writes it.
-bool holds_whole_state(const AdamW& optimizer, std::int64_t num_params) {
-  const auto& pieces = optimizer.pieces();
-  return pieces.size() == 1 && pieces[0].begin == 0 && pieces[0].end == num_params;
+// The local arrays `local` (host memory) at the places of `part`, end to end.
+std::vector<float> compacted(const float* local, const OptimizerPart& part) {
+  std::vector<float> out(std::size_t(part.size));
+  std::size_t at = 0;
+  for (const Placed& p : part.placed) {
+    const std::int64_t n = p.logical.end - p.logical.begin;
+    std::copy_n(local + p.local, n, out.begin() + std::ptrdiff_t(at));
+    at += std::size_t(n);
+  }
+  return out;
 }
 
 std::vector<float> host_vector(const Tensor& t) {
@@ -175,10 +198,9 @@ Checkpointer::Checkpointer(const TrainOptions& options, dist::Communicator& worl
       signals_(std::make_unique<StopSignals>()) {
   if (!config_.checkpoint.async) return;
   // This rank's staging: the weights on rank 0, its optimizer range where it writes one.
-  const AdamW& optimizer = trainer.optimizer();
-  stages_optimizer_ = world_.rank() == 0 || !holds_whole_state(optimizer, trainer.num_params());
-  const std::int64_t floats = (world_.rank() == 0 ? trainer.num_params() : 0) +
-                              (stages_optimizer_ ? 2 * optimizer.size() : 0);
+  const OptimizerPart part = optimizer_part(trainer, world_.rank());
+  stages_optimizer_ = part.written;
+  const std::int64_t floats = (world_.rank() == 0 ? trainer.num_params() : 0) + (stages_optimizer_ ? 2 * part.size : 0);
   const std::int64_t bytes = floats * std::int64_t(sizeof(float));
   // Memory allows when the staging buffers of the ranks on this node take at most half of what is
   // available (the ranks of a node hold about equal parts: this rank's times their number).
@@ -269,23 +291,33 @@ std::string Checkpointer::save(std::int64_t step, Trainer& trainer) {
   const auto save_start = Clock::now();
   const AdamW& optimizer = trainer.optimizer();
   checkpoint::SaveRequest request{root_, step, config_.checkpoint.keep_last, nullptr, nullptr, {}, state};
-  request.model = &trainer.model();  // names and shapes
+  request.model = &trainer.logical_model();  // names and shapes of the whole tensors
   const bool on_cpu = trainer.model().device() == Device::cpu;
+  // Rank 0's own flat weights are the whole model's on the CPU without ZeRO 3 or tensor
+  // parallelism; else they are assembled on rank 0 (a collective).
+  const bool gathered = !on_cpu || trainer.model().sharded() || trainer.model().layout().tensor_size > 1;
+  const OptimizerPart part = optimizer_part(trainer, world_.rank());
+  request.write_optimizer = part.written;
   if (!async_) {
-    // The weights from where they live on the CPU; else assembled on rank 0 (a copy from the GPU,
-    // or gathered from the shards).
     std::vector<float> weights;
-    if (!on_cpu || trainer.model().sharded()) {
+    if (gathered) {
       if (world_.rank() == 0) weights.resize(std::size_t(trainer.num_params()));
       trainer.gather_weights(weights.data());
       request.weights = weights.data();
     }
-    // On the CPU the optimizer state is written from where it lives; from a GPU through a copy.
+    // On the CPU the optimizer state is written from where it lives; from a GPU through a copy;
+    // the parts another rank writes (tensor parallelism) left out.
     std::vector<float> m, v;
-    request.optimizer = {ranges_of(optimizer), optimizer.m().as<float>(), optimizer.v().as<float>()};
+    request.optimizer = {part.ranges, optimizer.m().as<float>(), optimizer.v().as<float>()};
     if (optimizer.m().device != Device::cpu) {
       m = host_vector(optimizer.m());
       v = host_vector(optimizer.v());
+      request.optimizer.m = m.data();
+      request.optimizer.v = v.data();
+    }
+    if (!part.contiguous) {
+      m = compacted(request.optimizer.m, part);
+      v = compacted(request.optimizer.v, part);
       request.optimizer.m = m.data();
       request.optimizer.v = v.data();
     }
@@ -312,9 +344,9 @@ std::string Checkpointer::save(std::int64_t step, Trainer& trainer) {
   // The staging buffer holds the weights (rank 0), then m and v where this rank writes them.
   float* next = static_cast<float*>(staging_.data());
   std::vector<std::pair<float*, Tensor>> copies;  // staging <- what it saves
-  // The weights' bytes come from request.weights. Shards are gathered now (a collective, so
-  // not in the background), straight into rank 0's staging buffer.
-  if (trainer.model().sharded()) {
+  // The weights' bytes come from request.weights. Shards and tensor-parallel parts are gathered
+  // now (a collective, so not in the background), straight into rank 0's staging buffer.
+  if (trainer.model().sharded() || trainer.model().layout().tensor_size > 1) {
     const auto gather_start = Clock::now();
     trainer.gather_weights(world_.rank() == 0 ? next : nullptr);
     p->copy_s += seconds_since(gather_start);
@@ -325,11 +357,17 @@ std::string Checkpointer::save(std::int64_t step, Trainer& trainer) {
     request.weights = next;
     next += trainer.num_params();
   }
-  const std::int64_t n = optimizer.size();
-  request.optimizer = {ranges_of(optimizer), nullptr, nullptr};
+  const std::int64_t n = part.size;
+  request.optimizer = {part.ranges, nullptr, nullptr};
   if (stages_optimizer_) {
-    copies.emplace_back(next, optimizer.m());
-    copies.emplace_back(next + n, optimizer.v());
+    std::int64_t at = 0;
+    for (const Placed& placed : part.placed) {
+      const std::int64_t length = placed.logical.end - placed.logical.begin;
+      const auto slice = [&](const Tensor& t) { return Tensor(t.as<float>() + placed.local, DType::f32, t.device, {length}); };
+      copies.emplace_back(next + at, slice(optimizer.m()));
+      copies.emplace_back(next + n + at, slice(optimizer.v()));
+      at += length;
+    }
     request.optimizer.m = next;
     request.optimizer.v = next + n;
   }

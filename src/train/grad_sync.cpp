@@ -8,6 +8,7 @@
 #include "core/crc32.h"
 #include "core/error.h"
 #include "ops/ops.h"
+#include "train/tensor_parallel.h"
 
 namespace llmtrain::train {
 namespace {
@@ -73,9 +74,11 @@ double GradientSync::finish(double& loss_sum) {
   }
   // ZeRO 0: every rank holds the whole summed buffer, only the loss needs summing; else each
   // rank's shard adds its squares.
-  double sums[2] = {loss_sum, ops::sum_squares(grads())};
+  double sums[2] = {loss_sum, norm_.counted.empty() ? ops::sum_squares(grads())
+                                                    : sum_squares_in(grads(), {{begin_, end_, 0}}, norm_.counted)};
   host_comm_.all_reduce_sum(sums, zero_stage_ == 0 ? 1 : 2);
   loss_sum = sums[0];
+  if (norm_.tensor) norm_.tensor->all_reduce_sum(&sums[1], 1);  // the other parameters' parts
   return std::sqrt(sums[1]);
 }
 

@@ -11,11 +11,20 @@
 #include <memory>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
 #include "core/tensor.h"
 #include "dist/communicator.h"
 #include "ops/buffer.h"
 
 namespace llmtrain::train {
+
+/// Under tensor parallelism, which gradients the global norm counts on this rank (flat ranges of
+/// its buffer: a replicated parameter once in the group) and the tensor group to sum it over
+/// (host memory); empty and null without.
+struct NormScope {
+  std::vector<checkpoint::FlatRange> counted;
+  dist::Communicator* tensor = nullptr;
+};
 
 // Owns the data-parallel reduction of the gradients: the buckets (ZeRO 0) or the shards (ZeRO 1/2),
 // the stage actually used (a single rank has nothing to shard: 0), and the global gradient norm.
@@ -42,6 +51,7 @@ class GradientSync {
   double finish(double& loss_sum);
   /// After this rank updated params [begin, end): gives every rank every updated weight (ZeRO 1/2).
   void gather_params(float* params);
+  void set_norm_scope(NormScope scope) { norm_ = std::move(scope); }
   /// Bytes of the buffers it holds (ZeRO 1/2: the padded gradients and this rank's shard).
   std::size_t state_bytes() const { return padded_buffer_.bytes() + shard_buffer_.bytes(); }
 
@@ -58,6 +68,7 @@ class GradientSync {
   std::vector<std::unique_ptr<dist::Request>> pending_;
   ops::Buffer padded_buffer_, shard_buffer_;  // ZeRO: (W S) and (S,) on the gradients' device
   Tensor padded_, shard_;
+  NormScope norm_;
 };
 
 /// The ranks whose weight checksum differs from rank 0's (checksums indexed by rank).

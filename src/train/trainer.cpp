@@ -13,6 +13,7 @@
 #include "train/checkpointer.h"
 #include "train/reporter.h"
 #include "train/schedule.h"
+#include "train/tensor_parallel.h"
 
 namespace llmtrain::train {
 namespace {
@@ -75,7 +76,8 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
       data_comm_(comms.data_host()),
       train_data_(data::expand_paths(config_.data.train, "data.train"), config_.model.context_length,
                   std::uint32_t(config_.model.vocab_size)),
-      data_device_(comms.data()) {
+      data_device_(comms.data()),
+      tensor_comm_(*comms.tensor_group) {
   const auto& tc = config_.train;
   const int T = int(config_.model.context_length), B = int(tc.micro_batch_size);
   if (!config_.data.val.empty()) {
@@ -107,49 +109,82 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
     attention_ = model::resolve_attention(config_, device_, agreed);
   }
   const bool sharded = config_.dist.zero_stage == 3;
+  const model::Layout layout{sharded, comms.tensor_group->rank(), comms.tensor_group->world_size()};
   model_ = model::make_model(config_.model, device_, tc.recompute, model::precision_dtype(tc.precision),
-                             attention_.kernels, sharded);
-  // Weights are initialised, read and written on the CPU: through a host copy when the model is on
-  // a GPU, and through a whole model that lives only until its shards are taken under ZeRO 3.
+                             attention_.kernels, layout);
+  if (layout.tensor_size > 1) {
+    tensor_group_ = std::make_unique<CommTensorGroup>(comms.tensor(), device_);
+    model_->set_tensor_group(tensor_group_.get());
+  }
+  // Weights are initialised, read and written whole, on the CPU, in the one-rank layout: through
+  // a whole model that lives only until this rank has taken its part (on a GPU, under ZeRO 3 or
+  // tensor parallelism).
   std::unique_ptr<model::Model> whole;
-  if (sharded) {
-    whole = model::make_model(config_.model, Device::cpu);
-  } else if (device_ != Device::cpu) {
-    host_ = model::make_model(config_.model, Device::cpu);
-  }
-  model::Model& host = whole ? *whole : host_ ? *host_ : *model_;
+  if (sharded || layout.tensor_size > 1 || device_ != Device::cpu) whole = model::make_model(config_.model, Device::cpu);
+  model::Model& init = whole ? *whole : *model_;
   if (resume) {
-    checkpoint::load_weights(*resume, host);
+    checkpoint::load_weights(*resume, init);
   } else if (config_.model.init_from.empty()) {
-    host.init_weights(std::uint64_t(tc.seed));
+    init.init_weights(std::uint64_t(tc.seed));
   } else {
-    checkpoint::import_hf(config_.model.init_from, host);
+    checkpoint::import_hf(config_.model.init_from, init);
   }
+  world_.broadcast(init.params().as<float>(), init.num_params(), 0);  // identical weights on every rank
+  // This rank's part of them (tensor parallelism), in its flat layout.
   const std::int64_t P = model_->num_params();
-  world_.broadcast(host.params().as<float>(), P, 0);  // identical weights on every rank
+  std::vector<float> part;
+  const float* mine = init.params().as<float>();
+  if (layout.tensor_size > 1) {
+    part.resize(std::size_t(P));
+    for (const model::Segment& s : model_->segments(false)) {
+      std::copy_n(mine + s.logical, s.length, part.begin() + s.local);
+    }
+    mine = part.data();
+  }
 
+  NormScope norm;
+  if (layout.tensor_size > 1) norm = {norm_ranges(*model_), comms.tensor_group.get()};
   std::vector<Piece> pieces;
   if (sharded) {
     zero3_ = std::make_unique<Zero3>(*model_, data_device_, data_comm_, config_.dist.reshard_after_forward);
-    zero3_->load(host.params().as<float>());
-    whole.reset();
+    zero3_->set_norm_scope(norm);
+    zero3_->load(mine);
     pieces = zero3_->pieces();
   } else {
-    if (host_) ops::copy(model_->params(), host.params());
+    if (whole) ops::copy(model_->params(), Tensor(const_cast<float*>(mine), DType::f32, Device::cpu, {P}));
     sync_ = std::make_unique<GradientSync>(data_device_, data_comm_, model_->grads(), config_.dist.bucket_mb,
                                            int(config_.dist.zero_stage));
+    sync_->set_norm_scope(norm);
     pieces = {{sync_->begin(), sync_->end(), 0}};
+  }
+  whole.reset();
+  part = {};
+  if (layout.tensor_size > 1) {
+    logical_ = model::make_model(config_.model, Device::cpu, model::Recompute::none, DType::f32,
+                                 ops::AttentionKernels::flash, model::Layout{true});
   }
   optimizer_ = std::make_unique<AdamW>(pieces, device_);
   if (resume) {
+    // The state of every element of this rank's local arrays, wherever it sits in the whole model.
     const std::int64_t n = optimizer_->size();
     std::vector<checkpoint::FlatRange> ranges;
-    for (const Piece& piece : pieces) ranges.push_back({piece.begin, piece.end});
+    for (const Placed& p : place(pieces, model_->segments(false))) ranges.push_back(p.logical);
     std::vector<float> m(static_cast<std::size_t>(n)), v(static_cast<std::size_t>(n));
     checkpoint::load_optimizer(*resume, ranges, m.data(), v.data());
     ops::copy(optimizer_->m(), Tensor(m.data(), DType::f32, Device::cpu, {n}));
     ops::copy(optimizer_->v(), Tensor(v.data(), DType::f32, Device::cpu, {n}));
   }
+}
+
+const model::Model& Trainer::logical_model() const { return logical_ ? *logical_ : *model_; }
+
+std::vector<Placed> Trainer::optimizer_placement() const {
+  return place(optimizer_->pieces(), model_->segments(true));
+}
+
+bool Trainer::writes_optimizer() const {
+  // Ranks of one data-parallel group hold the same state unless ZeRO shards it.
+  return data_comm_.rank() == 0 || zero3_ || (sync_ && sync_->zero_stage() > 0);
 }
 
 std::size_t Trainer::state_bytes() const {
@@ -160,11 +195,32 @@ std::size_t Trainer::state_bytes() const {
 }
 
 void Trainer::gather_weights(float* flat) {
-  if (zero3_) {
-    zero3_->gather_weights(world_.rank() == 0 ? flat : nullptr);
-  } else if (world_.rank() == 0) {
-    ops::copy(Tensor(flat, DType::f32, Device::cpu, {model_->num_params()}), model_->params());
+  const model::Layout& layout = model_->layout();
+  const std::int64_t P = model_->num_params();
+  const bool lead = world_.rank() == 0;
+  if (layout.tensor_size == 1) {
+    if (zero3_) {
+      zero3_->gather_weights(lead ? flat : nullptr);
+    } else if (lead) {
+      ops::copy(Tensor(flat, DType::f32, Device::cpu, {P}), model_->params());
+    }
+    return;
   }
+  // Tensor parallelism: this rank's part (from the shards under ZeRO 3), then, in the tensor
+  // group of data index 0, the parts placed in the whole model's flat buffer and summed onto its
+  // rank 0 (world rank 0).
+  const bool first_replica = data_comm_.rank() == 0;
+  std::vector<float> part(first_replica ? std::size_t(P) : 0);
+  if (zero3_) {
+    zero3_->gather_weights(first_replica ? part.data() : nullptr);
+  } else if (first_replica) {
+    ops::copy(Tensor(part.data(), DType::f32, Device::cpu, {P}), model_->params());
+  }
+  if (!first_replica) return;
+  std::vector<float> logical(std::size_t(model_->logical_params()), 0.0f);
+  for (const model::Segment& s : model_->segments(true)) std::copy_n(part.begin() + s.local, s.length, logical.begin() + s.logical);
+  tensor_comm_.all_reduce_sum(logical.data(), std::int64_t(logical.size()));
+  if (lead) std::copy(logical.begin(), logical.end(), flat);
 }
 
 StepResult Trainer::step(std::int64_t step) {
@@ -215,10 +271,11 @@ StepResult Trainer::step(std::int64_t step) {
     optimizer_->update(model_->param_infos(), mine, sync_->grads(), result.grad_norm, config_.optim, tc.grad_clip,
                        result.lr, step);
     sync_->gather_params(model_->params().as<float>());
-    // Replicas of the whole model can drift apart; shards have nothing to compare.
+    // Replicas of one part of the model (the ranks of a data-parallel group) can drift apart;
+    // shards have nothing to compare.
     const auto every = config_.dist.replica_check_every;
-    if (world_.world_size() > 1 && every > 0 && step % every == 0) {
-      check_replicas(world_, host_weights().params().as<float>(), model_->num_params(), step);
+    if (data_comm_.world_size() > 1 && every > 0 && step % every == 0) {
+      check_replicas(data_comm_, host_weights().params().as<float>(), model_->num_params(), step);
     }
   }
   result.sent = data_device_.traffic().since(sent_before);
@@ -233,7 +290,11 @@ std::optional<double> Trainer::validate() {
 
 const model::Model& Trainer::host_weights() {
   if (model_->sharded()) throw RuntimeError("host_weights: the model is sharded (ZeRO 3): gather_weights");
-  if (!host_) return *model_;
+  if (device_ == Device::cpu) return *model_;
+  if (!host_) {
+    host_ = model::make_model(config_.model, Device::cpu, model::Recompute::none, DType::f32,
+                              ops::AttentionKernels::flash, model_->layout());
+  }
   ops::copy(host_->params(), model_->params());
   return *host_;
 }
@@ -273,14 +334,10 @@ TrainSummary run_training(const TrainOptions& requested) {
   // Before any data is loaded or model built: the run's folders must be folders.
   require_output_folder(options.run_dir, "--run-dir");
   if (!config.checkpoint.dir.empty()) require_output_folder(config.checkpoint.dir, "checkpoint.dir");
-  // The mesh's other axes arrive with tensor and pipeline parallelism; until then only their
-  // default is a model this trainer can split.
-  for (const auto& [key, value] : {std::pair{"dist.tensor_parallel", config.dist.tensor_parallel},
-                                   std::pair{"dist.pipeline_parallel", config.dist.pipeline_parallel}}) {
-    if (value != 1) {
-      throw InputError(std::string(key) + " = " + std::to_string(value) +
-                       ": this llmtrain trains data-parallel meshes only (tensor and pipeline size 1)");
-    }
+  // Pipeline parallelism arrives later; until then a pipeline of one stage.
+  if (config.dist.pipeline_parallel != 1) {
+    throw InputError("dist.pipeline_parallel = " + std::to_string(config.dist.pipeline_parallel) +
+                     ": this llmtrain does not train pipelines yet (pipeline size 1)");
   }
   const dist::Communicators comms = dist::make_communicators(
       [&options](dist::Communicator& world) {

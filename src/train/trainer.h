@@ -17,6 +17,7 @@
 #include "model/model.h"
 #include "train/adamw.h"
 #include "train/grad_sync.h"
+#include "train/tensor_parallel.h"
 #include "train/zero3.h"
 
 namespace llmtrain::train {
@@ -77,7 +78,8 @@ class Trainer {
 
   /// The first update this run makes (1, or the resumed checkpoint's step + 1).
   std::int64_t first_step() const { return first_step_; }
-  std::int64_t num_params() const { return model_->num_params(); }
+  /// The whole model's parameter count (every rank's parts together).
+  std::int64_t num_params() const { return model_->logical_params(); }
   std::int64_t train_samples() const { return train_data_.num_samples(); }
   std::int64_t micro_steps() const { return accum_; }
   std::int64_t tokens_seen() const { return tokens_seen_; }
@@ -91,15 +93,25 @@ class Trainer {
   /// Called in each update before the weights and optimizer state change (a background
   /// checkpoint may still be copying them); empty: nothing to wait for.
   void set_before_update(std::function<void()> hook) { before_update_ = std::move(hook); }
+  /// The whole model's parameter list (names, shapes, flat offsets of the one-rank layout): the
+  /// model itself without tensor parallelism, else a description without buffers.
+  const model::Model& logical_model() const;
   /// The model as it trains (on the GPU when it runs there); params() are its fp32 master weights.
   const model::Model& model() const { return *model_; }
   Tensor params() const { return model_->params(); }
   /// The fp32 weights on the CPU, brought up to date (a copy from the GPU where the model is there).
   /// Not for a sharded model (ZeRO 3): see gather_weights.
   const model::Model& host_weights();
-  /// Collective over every rank: the whole fp32 weights (P,) into `flat` (host memory) on rank 0;
-  /// the other ranks may pass null. From the shards under ZeRO 3, else a copy of the weights.
+  /// Collective over every rank: the whole model's fp32 weights (its logical_params(),) into
+  /// `flat` (host memory) on rank 0; the other ranks may pass null. From the shards under ZeRO 3
+  /// and the tensor-parallel parts, else a copy of the weights.
   void gather_weights(float* flat);
+  /// Where this rank's optimizer state sits in the whole model's flat buffer (the parts a
+  /// checkpoint takes from this rank: a replicated parameter's from tensor rank 0 only).
+  std::vector<Placed> optimizer_placement() const;
+  /// Whether this rank writes an optimizer file (the first rank of a data-parallel group, or
+  /// every rank when ZeRO shards the state).
+  bool writes_optimizer() const;
 
  private:
   const config::Config& config_;
@@ -115,11 +127,14 @@ class Trainer {
   model::AttentionChoice attention_;
   std::unique_ptr<data::BatchLoader> loader_;
   std::unique_ptr<model::Model> model_;
-  std::unique_ptr<model::Model> host_;  // weights on the CPU when the model is on a GPU; else null
+  std::unique_ptr<model::Model> logical_;  // logical_model() under tensor parallelism
+  std::unique_ptr<model::Model> host_;  // this rank's weights on the CPU when the model is on a GPU (host_weights)
   std::unique_ptr<GradientSync> sync_;  // ZeRO 0, 1, 2
   std::unique_ptr<Zero3> zero3_;        // or ZeRO 3
   std::unique_ptr<AdamW> optimizer_;
   dist::Communicator& data_device_;     // the data-parallel group the gradients travel on
+  dist::Communicator& tensor_comm_;     // the tensor-parallel group, host memory
+  std::unique_ptr<CommTensorGroup> tensor_group_;  // its device side, for the model
   std::function<void()> before_update_;
 };
 

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "ops/ops.h"
+#include "train/tensor_parallel.h"
 
 namespace llmtrain::train {
 
@@ -304,9 +305,12 @@ void Zero3::zero_grads() {
 }
 
 double Zero3::finish(double& loss_sum) {
-  double sums[2] = {loss_sum, local_size_ > 0 ? ops::sum_squares(grads()) : 0.0};
+  double squares = 0.0;
+  if (local_size_ > 0) squares = norm_.counted.empty() ? ops::sum_squares(grads()) : sum_squares_in(grads(), pieces_, norm_.counted);
+  double sums[2] = {loss_sum, squares};
   host_comm_.all_reduce_sum(sums, 2);
   loss_sum = sums[0];
+  if (norm_.tensor) norm_.tensor->all_reduce_sum(&sums[1], 1);  // the other parameters' parts
   return std::sqrt(sums[1]);
 }
 

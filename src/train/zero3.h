@@ -24,6 +24,7 @@
 #include "model/model.h"
 #include "ops/buffer.h"
 #include "train/adamw.h"
+#include "train/grad_sync.h"
 
 namespace llmtrain::train {
 
@@ -54,6 +55,7 @@ class Zero3 final : public model::UnitHooks {
   /// After the last micro-step's backward: waits for the reduce-scatters in flight and returns the
   /// global gradient norm; `loss_sum` (this rank's) is summed over the group in the same call.
   double finish(double& loss_sum);
+  void set_norm_scope(NormScope scope) { norm_ = std::move(scope); }
   /// After the optimizer changed the master weights: every gathered copy is out of date.
   void weights_changed();
 
@@ -95,6 +97,7 @@ class Zero3 final : public model::UnitHooks {
   std::vector<GradSlot> grad_slots_;
   std::size_t next_grad_slot_ = 0;
   ops::Buffer scratch_;  // (S_max,) f32: a unit's summed gradient part, or a weight part in f32
+  NormScope norm_;
 };
 
 }  // namespace llmtrain::train

@@ -28,6 +28,7 @@ class TwoRanksHost final : public dist::Communicator {
   void do_all_reduce_sum(float*, std::int64_t) override {}
   void do_all_reduce_sum(double*, std::int64_t) override {}
   void do_all_reduce_max(std::int64_t*, std::int64_t) override {}
+  void do_all_reduce_max(float*, std::int64_t) override {}
   std::unique_ptr<dist::Request> do_start_all_reduce_sum(float*, std::int64_t) override { return nullptr; }
   std::unique_ptr<dist::Request> do_start_reduce_scatter_sum(const float*, float*, std::int64_t) override {
     return nullptr;

@@ -1,0 +1,72 @@
+#include "train/tensor_parallel.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace llmtrain::train {
+
+void CommTensorGroup::all_reduce_sum(const Tensor& t) {
+  if (comm_.world_size() == 1) return;
+  if (t.dtype == DType::f32) {
+    comm_.all_reduce_sum(t.as<float>(), t.numel());
+    return;
+  }
+  const std::size_t bytes = std::size_t(t.numel()) * sizeof(float);
+  if (wide_.bytes() < bytes) wide_ = ops::Buffer(device_, bytes);
+  const Tensor wide = wide_.view(DType::f32, {t.numel()});
+  const Tensor flat(t.data, t.dtype, t.device, {t.numel()});
+  ops::convert(wide, flat);
+  comm_.all_reduce_sum(wide.as<float>(), t.numel());
+  ops::convert(flat, wide);
+}
+
+void CommTensorGroup::all_reduce_max(const Tensor& t) {
+  if (t.dtype != DType::f32) throw RuntimeError("tensor group: all_reduce_max of f32 only");
+  if (comm_.world_size() > 1) comm_.all_reduce_max(t.as<float>(), t.numel());
+}
+
+std::vector<Placed> place(const std::vector<Piece>& pieces, const std::vector<model::Segment>& segments) {
+  std::vector<Placed> out;
+  for (const Piece& piece : pieces) {
+    // Segments are in local order: the first that ends after the piece begins, onwards.
+    auto s = std::upper_bound(segments.begin(), segments.end(), piece.begin,
+                              [](std::int64_t at, const model::Segment& seg) { return at < seg.local + seg.length; });
+    for (; s != segments.end() && s->local < piece.end; ++s) {
+      const std::int64_t lo = std::max(piece.begin, s->local), hi = std::min(piece.end, s->local + s->length);
+      if (lo >= hi) continue;
+      out.push_back({{s->logical + (lo - s->local), s->logical + (hi - s->local)}, piece.local + (lo - piece.begin)});
+    }
+  }
+  return out;
+}
+
+std::vector<checkpoint::FlatRange> norm_ranges(const model::Model& model) {
+  std::vector<checkpoint::FlatRange> out;
+  for (const auto& info : model.param_infos()) {
+    if (model.layout().tensor_rank != 0 && info.slice.whole()) continue;
+    if (!out.empty() && out.back().end == info.offset) {
+      out.back().end += info.numel;
+    } else {
+      out.push_back({info.offset, info.offset + info.numel});
+    }
+  }
+  return out;
+}
+
+double sum_squares_in(const Tensor& local, const std::vector<Piece>& pieces,
+                      const std::vector<checkpoint::FlatRange>& counted) {
+  double sum = 0.0;
+  for (const Piece& piece : pieces) {
+    for (const auto& range : counted) {
+      const std::int64_t lo = std::max(piece.begin, range.begin), hi = std::min(piece.end, range.end);
+      if (lo >= hi) continue;
+      sum += ops::sum_squares(Tensor(local.as<float>() + piece.local + (lo - piece.begin), DType::f32, local.device,
+                                     {hi - lo}));
+    }
+  }
+  return sum;
+}
+
+}  // namespace llmtrain::train

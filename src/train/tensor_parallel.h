@@ -1,0 +1,52 @@
+// Tensor parallelism's parts outside the model: the model's collectives over a dist::Communicator,
+// and the map between a rank's local flat buffer and the whole model's (logical) one, which
+// checkpoints, initialisation and the gradient norm need.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "dist/communicator.h"
+#include "model/model.h"
+#include "ops/buffer.h"
+#include "train/adamw.h"
+
+namespace llmtrain::train {
+
+/// model::TensorGroup over a communicator of the tensor-parallel group (device memory); bf16
+/// tensors are summed in f32.
+class CommTensorGroup final : public model::TensorGroup {
+ public:
+  CommTensorGroup(dist::Communicator& comm, Device device) : comm_(comm), device_(device) {}
+  void all_reduce_sum(const Tensor& t) override;
+  void all_reduce_max(const Tensor& t) override;
+
+ private:
+  dist::Communicator& comm_;
+  Device device_;
+  ops::Buffer wide_;  // bf16 sums in f32
+};
+
+/// A run of a rank's local arrays (weights, gradients, m, v: see Piece) and where it sits in the
+/// whole model's flat buffer.
+struct Placed {
+  checkpoint::FlatRange logical;
+  std::int64_t local = 0;  // offset in the local arrays
+};
+
+/// The local arrays of `pieces` (flat ranges of the model's local buffer, end to end), placed in
+/// the whole model's flat buffer through `segments` (model::Model::segments), in local order. Parts
+/// not in `segments` (with owned_only: those another tensor rank lists) are left out.
+std::vector<Placed> place(const std::vector<Piece>& pieces, const std::vector<model::Segment>& segments);
+
+/// The flat ranges of the model's local buffer whose gradients the global norm counts on this
+/// rank: every parameter on tensor rank 0, the tensor-split ones elsewhere (a replicated
+/// parameter's gradient is the same on every rank of the group, and counts once).
+std::vector<checkpoint::FlatRange> norm_ranges(const model::Model& model);
+
+/// Sum of squares of `local` (the local arrays of `pieces`) over the flat ranges `counted`.
+double sum_squares_in(const Tensor& local, const std::vector<Piece>& pieces,
+                      const std::vector<checkpoint::FlatRange>& counted);
+
+}  // namespace llmtrain::train
