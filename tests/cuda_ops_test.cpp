@@ -82,7 +82,7 @@ struct Arg {
   Shape shape;
   Kind kind = Kind::act;
   Role role = Role::in;
-  float lo = -1.0f, hi = 1.0f;  // uniform random values in [lo, hi); i32: token ids in [0, hi)
+  float lo = -1.0f, hi = 1.0f;  // uniform random values in [lo, hi); i32: token ids in [lo, hi)
   Tol tol{0.0, 0.0};            // outputs only
   Changes changes = Changes::no;
   Compare compare = Compare::values;
@@ -426,6 +426,65 @@ std::vector<OpCase> fused_classifier_cases() {
   return cases;
 }
 
+// The vocabulary-parallel steps, each on its own: a rank's logits (N,V) are columns
+// [vocab_begin, vocab_begin + V) of a larger vocabulary. The statistics they read stand for the
+// all-reduced ones: row_max at or above every logit (as a global max is), positive sums.
+// V = 6283 is GPT-2's vocabulary over 8 ranks (odd: scalar accesses); 8 and 1000 take the 128-bit
+// paths at offset 0. Targets fall inside and (at 64 rows) on both sides of the rank's range.
+std::vector<OpCase> vocab_parallel_cases() {
+  std::vector<OpCase> cases;
+  for (const std::int64_t N : {1, 5, 64}) {
+    for (const int V : {3, 8, 1000, 6283}) {
+      const std::int64_t vocab_begin = 3 * std::int64_t(V) + 1;
+      const int outside = N >= 64 ? V / 2 + 1 : 0;  // fewer rows: some target must be this rank's
+      Arg targets = tokens("targets", {N}, 0);
+      targets.lo = float(vocab_begin - outside);
+      targets.hi = float(vocab_begin + V + outside);
+      const std::string shape = shape_name({{"N", N}, {"V", V}, {"vocab_begin", vocab_begin}});
+
+      OpCase row_max{"vocab_parallel", "row_max " + shape};
+      row_max.args = {input("logits", {N, V}, -8.0f, 8.0f), always_f32(output("row_max", {N}, f32_elementwise))};
+      row_max.run = [](const Args& a) {
+        ops::classifier_row_max(a["row_max"], a["logits"]);
+        return 0.0;
+      };
+      add(cases, row_max);
+
+      OpCase stats{"vocab_parallel", "row_stats " + shape};
+      stats.args = {input("logits", {N, V}, -8.0f, 8.0f), always_f32(input("row_max", {N}, 8.0f, 9.0f)), targets,
+                    always_f32(output("sum_exp", {N}, f32_reduction)),
+                    always_f32(output("target_logit", {N}, f32_elementwise))};
+      stats.run = [vocab_begin](const Args& a) {
+        ops::classifier_row_stats(a["sum_exp"], a["target_logit"], a["logits"], a["row_max"], a["targets"],
+                                  vocab_begin);
+        return 0.0;
+      };
+      add(cases, stats);
+
+      for (const float scale : {0.0f, 0.125f}) {
+        OpCase finish{"vocab_parallel", "finish " + shape + " dlogits=" + std::to_string(scale > 0.0f)};
+        Arg losses = always_f32(output("losses", {N}, f32_elementwise));
+        losses.scale_floor = 1.0;  // as fused_classifier's
+        finish.args = {scale > 0.0f ? range(-8.0f, 8.0f, output("logits", {N, V}, act_elementwise))
+                                    : input("logits", {N, V}, -8.0f, 8.0f),
+                       losses,
+                       always_f32(input("row_max", {N}, 8.0f, 9.0f)),
+                       always_f32(input("sum_exp", {N}, 1.0f, 50.0f)),
+                       always_f32(input("target_logit", {N}, -8.0f, 8.0f)),
+                       targets};
+        finish.run = [vocab_begin, scale](const Args& a) {
+          return ops::classifier_parallel_finish(a["logits"], a["losses"], a["row_max"], a["sum_exp"],
+                                                 a["target_logit"], a["targets"], vocab_begin, scale);
+        };
+        finish.result_tol = f32_elementwise;
+        finish.result_scale_floor = 1.0;
+        add(cases, finish);
+      }
+    }
+  }
+  return cases;
+}
+
 std::vector<OpCase> sum_squares_cases() {
   std::vector<OpCase> cases;
   for (const std::int64_t N : {std::int64_t(1), std::int64_t(3), std::int64_t(5), std::int64_t(1000),
@@ -469,7 +528,8 @@ const std::map<std::string, std::vector<OpCase>>& op_cases() {
   static const std::map<std::string, std::vector<OpCase>> table = [] {
     std::map<std::string, std::vector<OpCase>> t;
     for (auto* builder : {encoder_cases, layernorm_cases, matmul_cases, attention_decode_cases, elementwise_cases,
-                          rmsnorm_cases, rope_cases, fused_classifier_cases, sum_squares_cases, adamw_cases}) {
+                          rmsnorm_cases, rope_cases, fused_classifier_cases, vocab_parallel_cases, sum_squares_cases,
+                          adamw_cases}) {
       for (OpCase& c : builder()) t[c.op].push_back(std::move(c));
     }
     return t;
@@ -507,7 +567,7 @@ HostValues random_values(const Arg& a, DType dtype, std::mt19937& rng) {
   HostValues v;
   const std::size_t n = numel(a.shape);
   if (dtype == DType::i32) {
-    std::uniform_int_distribution<std::int32_t> dist(0, std::int32_t(a.hi) - 1);
+    std::uniform_int_distribution<std::int32_t> dist(std::int32_t(a.lo), std::int32_t(a.hi) - 1);
     v.i.resize(n);
     for (auto& x : v.i) x = dist(rng);
     return v;
@@ -715,6 +775,7 @@ LLMTRAIN_OP_TEST("swiglu")
 LLMTRAIN_OP_TEST("rmsnorm")
 LLMTRAIN_OP_TEST("rope")
 LLMTRAIN_OP_TEST("fused_classifier")
+LLMTRAIN_OP_TEST("vocab_parallel")
 LLMTRAIN_OP_TEST_F32("sum_squares")
 LLMTRAIN_OP_TEST_F32("adamw_update")
 
@@ -852,6 +913,87 @@ TEST_CASE("cuda fused_classifier propagates a NaN logit to the loss, f32 and bf1
     CHECK(std::isnan(result[1]));
     CHECK(std::isfinite(result[2]));
     CHECK(std::isnan(sum));
+  }
+}
+
+TEST_CASE("cuda vocabulary-parallel cross-entropy over 3 uneven ranks and on one rank matches the cpu "
+          "fused_classifier, f32 and bf16", "[cuda][ops][bf16]") {
+  std::string why;
+  if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
+
+  const std::int64_t N = 37;
+  const int V = 1001;
+  const float scale = 1.0f / 37.0f;
+  std::mt19937 rng(117);
+  const Vec values = uniform_vec(rng, std::size_t(N) * V, -8.0f, 8.0f);
+  std::vector<std::int32_t> targets(static_cast<std::size_t>(N));
+  for (std::size_t i = 0; i < targets.size(); ++i) targets[i] = std::int32_t((i * 271 + 5) % V);  // every range
+  // 400 columns: 128-bit accesses for f32 and bf16; 268: f32 only; 333: neither.
+  for (const std::vector<int>& widths : {std::vector<int>{400, 333, 268}, std::vector<int>{V}}) {
+    for (const DType dtype : {DType::f32, DType::bf16}) {
+      CAPTURE(widths.size(), dtype_name(dtype));
+      // The reference: the f32 CPU fused_classifier on the full (rounded) logits.
+      const Vec logits = dtype == DType::bf16 ? round_bf16(values) : values;
+      Vec want_dlogits = logits, want_losses(static_cast<std::size_t>(N));
+      const double want_sum =
+          ops::fused_classifier(t(want_dlogits, {N, V}), t(want_losses, {N}), ti(targets, {N}), scale);
+
+      std::vector<DeviceTensor> parts;  // each rank's columns
+      std::vector<std::int64_t> begins;
+      for (int begin = 0; const int w : widths) {
+        Vec columns;
+        for (std::int64_t i = 0; i < N; ++i) {
+          columns.insert(columns.end(), logits.begin() + i * V + begin, logits.begin() + i * V + begin + w);
+        }
+        parts.emplace_back(HostValues{columns, {}}, dtype, 0);
+        begins.push_back(begin);
+        begin += w;
+      }
+      const DeviceArray<std::int32_t> d_targets(targets);
+      const Tensor d_t = d_targets.tensor({N});
+      // Step 1 on each rank, the max over the ranks on the host.
+      Vec row_max(std::size_t(N), -std::numeric_limits<float>::infinity());
+      for (std::size_t r = 0; r < parts.size(); ++r) {
+        const DeviceArray<float> d_max(Vec(std::size_t(N), 0.0f));
+        ops::classifier_row_max(d_max.tensor({N}), parts[r].tensor({N, widths[r]}));
+        const Vec local = d_max.to_host();
+        for (std::size_t i = 0; i < local.size(); ++i) row_max[i] = std::max(row_max[i], local[i]);
+        require_guards("row_max", d_max);
+      }
+      // Step 2 on each rank, the sums over the ranks on the host.
+      const DeviceArray<float> d_row_max(row_max);
+      Vec sum_exp(std::size_t(N), 0.0f), target_logit(std::size_t(N), 0.0f);
+      for (std::size_t r = 0; r < parts.size(); ++r) {
+        const DeviceArray<float> d_sum(Vec(std::size_t(N), 0.0f)), d_target(Vec(std::size_t(N), 0.0f));
+        ops::classifier_row_stats(d_sum.tensor({N}), d_target.tensor({N}), parts[r].tensor({N, widths[r]}),
+                                  d_row_max.tensor({N}), d_t, begins[r]);
+        const Vec s = d_sum.to_host(), tl = d_target.to_host();
+        for (std::size_t i = 0; i < s.size(); ++i) {
+          sum_exp[i] += s[i];
+          target_logit[i] += tl[i];
+        }
+      }
+      // Step 3 on each rank: the losses and this rank's columns of the gradient.
+      const DeviceArray<float> d_sum_exp(sum_exp), d_target_logit(target_logit);
+      for (std::size_t r = 0; r < parts.size(); ++r) {
+        CAPTURE(r);
+        const DeviceArray<float> d_losses(Vec(std::size_t(N), 0.0f));
+        const double sum = ops::classifier_parallel_finish(parts[r].tensor({N, widths[r]}), d_losses.tensor({N}),
+                                                           d_row_max.tensor({N}), d_sum_exp.tensor({N}),
+                                                           d_target_logit.tensor({N}), d_t, begins[r], scale);
+        require_close("losses", d_losses.to_host(), want_losses, f32_elementwise.f32, 1.0);
+        INFO("loss sum " << sum << ", fused_classifier's " << want_sum);
+        CHECK(std::abs(sum - want_sum) <= f32_elementwise.f32 * std::abs(want_sum));
+        Vec want_columns;
+        for (std::int64_t i = 0; i < N; ++i) {
+          const auto row = want_dlogits.begin() + i * V + begins[r];
+          want_columns.insert(want_columns.end(), row, row + widths[r]);
+        }
+        const Tol tol = act_elementwise;
+        require_close("dlogits", parts[r].values(), want_columns, dtype == DType::bf16 ? tol.bf16 : tol.f32);
+        REQUIRE(parts[r].guards_intact());
+      }
+    }
   }
 }
 

@@ -307,6 +307,60 @@ double fused_classifier(const Tensor& logits, const Tensor& losses, const Tensor
   });
 }
 
+namespace {
+// The vocabulary-parallel steps' checks: logits (N,Vl) set N and the precision; the per-row
+// statistics (N) are f32 and the targets (N) i32.
+struct LocalLogits {
+  std::int64_t N;
+  int V;
+  DType act;
+};
+LocalLogits local_logits_checks(const Op& op, const Tensor& logits, std::initializer_list<Named> statistics,
+                                const Tensor* targets = nullptr, std::int64_t vocab_begin = 0) {
+  const auto N = logits.shape[0], V = logits.shape[1];
+  const DType act = op.activation(logits);
+  op.expect("logits", logits, act, {N, V});
+  for (const auto& [name, t] : statistics) op.expect(name, *t, DType::f32, {N});
+  if (targets) op.expect("targets", *targets, DType::i32, {N});
+  if (vocab_begin < 0) op.fail("vocab_begin " + std::to_string(vocab_begin) + " is negative");
+  return {N, as_int(V), act};
+}
+}  // namespace
+
+void classifier_row_max(const Tensor& row_max, const Tensor& logits) {
+  const Op op("classifier_row_max");
+  const auto [N, V, act] = local_logits_checks(op, logits, {{"row_max", &row_max}});
+  op.run(LLMTRAIN_KERNELS(classifier_row_max), act,
+         [&](auto v) { return std::tuple(v.f32(row_max), v.in(logits), N, V); });
+}
+
+void classifier_row_stats(const Tensor& sum_exp, const Tensor& target_logit, const Tensor& logits,
+                          const Tensor& row_max, const Tensor& targets, std::int64_t vocab_begin) {
+  const Op op("classifier_row_stats");
+  const auto [N, V, act] = local_logits_checks(
+      op, logits, {{"sum_exp", &sum_exp}, {"target_logit", &target_logit}, {"row_max", &row_max}}, &targets,
+      vocab_begin);
+  op.run(LLMTRAIN_KERNELS(classifier_row_stats), act, [&](auto v) {
+    return std::tuple(v.f32(sum_exp), v.f32(target_logit), v.in(logits), v.f32(row_max), v.i32(targets), N, V,
+                      vocab_begin);
+  });
+}
+
+double classifier_parallel_finish(const Tensor& logits, const Tensor& losses, const Tensor& row_max,
+                                  const Tensor& sum_exp, const Tensor& target_logit, const Tensor& targets,
+                                  std::int64_t vocab_begin, float dlogits_scale) {
+  const Op op("classifier_parallel_finish");
+  const auto [N, V, act] = local_logits_checks(
+      op, logits,
+      {{"losses", &losses}, {"row_max", &row_max}, {"sum_exp", &sum_exp}, {"target_logit", &target_logit}},
+      &targets, vocab_begin);
+  // The logits are overwritten by their gradient only when dlogits_scale > 0.
+  return op.run(LLMTRAIN_KERNELS(classifier_parallel_finish), act, [&](auto v) {
+    return std::tuple(dlogits_scale > 0 ? v.out(logits) : v.in(logits), v.f32(losses), v.f32(row_max),
+                      v.f32(sum_exp), v.f32(target_logit), v.i32(targets), N, V, vocab_begin, dlogits_scale);
+  });
+}
+
 double sum_squares(const Tensor& x) {
   const Op op("sum_squares");
   const DType act = op.expect_same_size({&x}, /*f32_only=*/true);

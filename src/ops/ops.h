@@ -83,6 +83,25 @@ void rope_backward(const Tensor& dinp, const Tensor& dout, float theta, int rota
 /// dlogits_scale > 0 the logits become their gradient times that scale. Returns the loss sum.
 double fused_classifier(const Tensor& logits, const Tensor& losses, const Tensor& targets, float dlogits_scale);
 
+/// fused_classifier with the vocabulary split over the ranks of a tensor group: logits (N,Vl)
+/// are columns [vocab_begin, vocab_begin + Vl) of the vocabulary, f32 or bf16; row_max, sum_exp,
+/// target_logit and losses (N) are f32; targets (N) i32 hold full-vocabulary ids. Between the
+/// steps the caller all-reduces over the group: the max of row_max after step 1, the sums of
+/// sum_exp and target_logit after step 2. With one rank (vocab_begin 0, Vl = V) the steps give
+/// fused_classifier's losses and gradient to rounding.
+/// 1. row_max = each row's local max.
+void classifier_row_max(const Tensor& row_max, const Tensor& logits);
+/// 2. sum_exp = the local sum of exp(logit - row_max) (row_max global); target_logit = the target's
+///    logit where this rank holds it, else 0 (NaN for a negative target, on every rank).
+void classifier_row_stats(const Tensor& sum_exp, const Tensor& target_logit, const Tensor& logits,
+                          const Tensor& row_max, const Tensor& targets, std::int64_t vocab_begin);
+/// 3. losses = log(sum_exp) + row_max - target_logit (global statistics); with dlogits_scale > 0
+///    the local logits become their gradient (softmax - onehot) times that scale. Returns the loss
+///    sum, the same on every rank.
+double classifier_parallel_finish(const Tensor& logits, const Tensor& losses, const Tensor& row_max,
+                                  const Tensor& sum_exp, const Tensor& target_logit, const Tensor& targets,
+                                  std::int64_t vocab_begin, float dlogits_scale);
+
 /// out = in, converting f32 -> bf16 (round to nearest even) or bf16 -> f32; same element count.
 void convert(const Tensor& out, const Tensor& in);
 

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <vector>
@@ -24,6 +25,60 @@ double fused_classifier(float* logits, float* losses, const std::int32_t* target
       for (int v = 0; v < V; ++v) {
         const float p = float(std::exp(double(row[v] - max_logit) - log_sum));
         row[v] = (p - (v == target ? 1.0f : 0.0f)) * dlogits_scale;
+      }
+    }
+  }
+  double total = 0.0;
+  for (std::int64_t i = 0; i < N; ++i) total += losses[i];
+  return total;
+}
+
+// ---- the vocabulary-parallel cross-entropy: logits (N,V) are columns [vocab_begin, vocab_begin + V)
+// of the full vocabulary. Each step works in the same precision as fused_classifier (sums and logs
+// in double, the statistics stored as float), so that one rank's three steps give its losses and
+// gradient to rounding.
+
+void classifier_row_max(float* row_max, const float* logits, std::int64_t N, int V) {
+#pragma omp parallel for if (worth_threads(N * V))
+  for (std::int64_t i = 0; i < N; ++i) {
+    const float* row = logits + i * V;
+    float m = -INFINITY;
+    for (int v = 0; v < V; ++v) m = std::max(m, row[v]);  // std::max(m, NaN) keeps m, as fmaxf does
+    row_max[i] = m;
+  }
+}
+
+void classifier_row_stats(float* sum_exp, float* target_logit, const float* logits, const float* row_max,
+                          const std::int32_t* targets, std::int64_t N, int V, std::int64_t vocab_begin) {
+#pragma omp parallel for if (worth_threads(N * V * 10))
+  for (std::int64_t i = 0; i < N; ++i) {
+    const float* row = logits + i * V;
+    const float m = row_max[i];
+    double sum = 0.0;
+    for (int v = 0; v < V; ++v) sum += std::exp(double(row[v] - m));
+    sum_exp[i] = float(sum);
+    const std::int64_t local = std::int64_t(targets[i]) - vocab_begin;
+    // Another rank holds the target (it contributes 0 here); a negative target is no rank's, and
+    // every rank makes it NaN so that the summed statistic, and the loss, are NaN.
+    target_logit[i] = targets[i] < 0 ? NAN : local >= 0 && local < V ? row[local] : 0.0f;
+  }
+}
+
+double classifier_parallel_finish(float* logits, float* losses, const float* row_max, const float* sum_exp,
+                                  const float* target_logit, const std::int32_t* targets, std::int64_t N, int V,
+                                  std::int64_t vocab_begin, float dlogits_scale) {
+  const bool gradient = dlogits_scale > 0.0f;
+#pragma omp parallel for if (worth_threads(gradient ? N * V * 20 : N * 20))
+  for (std::int64_t i = 0; i < N; ++i) {
+    const double log_sum = std::log(double(sum_exp[i]));
+    const float m = row_max[i];
+    losses[i] = float(log_sum - double(target_logit[i] - m));
+    if (gradient) {
+      float* row = logits + i * V;
+      const std::int64_t local = std::int64_t(targets[i]) - vocab_begin;
+      for (int v = 0; v < V; ++v) {
+        const float p = float(std::exp(double(row[v] - m) - log_sum));
+        row[v] = (p - (v == local ? 1.0f : 0.0f)) * dlogits_scale;
       }
     }
   }

@@ -83,6 +83,24 @@ void rope_backward(float* dinp, const float* dout, int B, int T, int H, int HS, 
 double fused_classifier(float* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
                         float dlogits_scale);
 
+/// The same cross-entropy with the vocabulary split over ranks (a vocabulary-parallel output
+/// head): logits (N,V) hold columns [vocab_begin, vocab_begin + V) of the full vocabulary, and no
+/// rank holds a full row. Three steps; between them the caller all-reduces over the ranks.
+/// 1. row_max (N) = the max of each row's local logits (NaNs skipped, -inf for V = 0).
+///    The caller takes the max over the ranks.
+void classifier_row_max(float* row_max, const float* logits, std::int64_t N, int V);
+/// 2. sum_exp (N) = sum over the local columns of exp(logit - row_max), row_max the global max;
+///    target_logit (N) = the logit of targets[i] (full-vocabulary ids) where this rank holds it,
+///    else 0, or NaN for a negative target. The caller sums both over the ranks.
+void classifier_row_stats(float* sum_exp, float* target_logit, const float* logits, const float* row_max,
+                          const std::int32_t* targets, std::int64_t N, int V, std::int64_t vocab_begin);
+/// 3. losses (N) = log(sum_exp) + row_max - target_logit, from the global statistics; with
+///    dlogits_scale > 0 the local logits become (softmax - onehot) * dlogits_scale, as
+///    fused_classifier's columns. Returns the sum of the N losses (the same on every rank).
+double classifier_parallel_finish(float* logits, float* losses, const float* row_max, const float* sum_exp,
+                                  const float* target_logit, const std::int32_t* targets, std::int64_t N, int V,
+                                  std::int64_t vocab_begin, float dlogits_scale);
+
 /// Sum of squares of x (N), accumulated in double in fixed-size chunks (deterministic).
 double sum_squares(const float* x, std::int64_t N);
 

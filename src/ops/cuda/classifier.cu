@@ -10,6 +10,15 @@
 // out of bounds. bf16 logits (mixed precision): the same kernel, 8 logits per 128-bit access
 // when V % 8 == 0; the softmax, the loss and the gradient in fp32, the gradient rounded once to
 // bf16 as it overwrites the logits; the losses stay fp32.
+//
+// The vocabulary-parallel cross-entropy (tensor parallelism: each rank holds a range of columns
+// of every row) splits that kernel at its reductions, which the caller completes across ranks:
+// a row-max kernel, a kernel for the local sum of exp(x - global max) and the target's logit,
+// and a finish: the losses (one thread per row) and, for the gradient, one block per row
+// writing (softmax - onehot) * scale over the local columns. Blocks of 256 threads: a rank's
+// share of the vocabulary is a few thousand columns (50257 / 8 = 6283). A NaN logit makes its
+// rank's sum, and so the row's loss, NaN; a negative target makes target_logit NaN on every rank
+// (no rank can tell a target at or above the full V: the caller's data must not hold one).
 #include <cmath>
 
 #include "cuda_check.h"
@@ -89,6 +98,125 @@ double fused_classifier_dispatch(Elem* logits, float* losses, const std::int32_t
   return sum_to_host(losses, N, Identity{}, stream);
 }
 
+// ---- the vocabulary-parallel steps --------------------------------------------------------------
+
+constexpr int parallel_block = 256;
+
+template <class Elem, int W>
+__global__ void __launch_bounds__(parallel_block)
+    classifier_row_max_kernel(float* row_max /* (N) */, const Elem* logits /* (N,V) */, int V) {
+  const Elem* x = logits + std::int64_t(blockIdx.x) * V;
+  float m = -INFINITY;
+  for (int v = threadIdx.x * W; v < V; v += blockDim.x * W) {
+    const Chunk<Elem, W> chunk = load_chunk<W>(x + v);
+#pragma unroll
+    for (int k = 0; k < W; ++k) m = fmaxf(m, to_float(chunk.e[k]));  // skips NaN, as the CPU's std::max
+  }
+  m = block_reduce(m, MaxOp{}, -INFINITY);
+  if (threadIdx.x == 0) row_max[blockIdx.x] = m;
+}
+
+template <class Elem, int W>
+__global__ void __launch_bounds__(parallel_block)
+    classifier_row_stats_kernel(float* sum_exp /* (N) */, float* target_logit /* (N) */,
+                                const Elem* logits /* (N,V) */, const float* row_max /* (N) */,
+                                const std::int32_t* targets /* (N) */, int V, std::int64_t vocab_begin) {
+  const Elem* x = logits + std::int64_t(blockIdx.x) * V;
+  const float m = row_max[blockIdx.x];
+  float s = 0.0f;
+  for (int v = threadIdx.x * W; v < V; v += blockDim.x * W) {
+    const Chunk<Elem, W> chunk = load_chunk<W>(x + v);
+#pragma unroll
+    for (int k = 0; k < W; ++k) s += expf(to_float(chunk.e[k]) - m);
+  }
+  s = block_reduce(s, SumOp{}, 0.0f);
+  if (threadIdx.x == 0) {
+    sum_exp[blockIdx.x] = s;
+    const std::int32_t target = targets[blockIdx.x];
+    const std::int64_t local = std::int64_t(target) - vocab_begin;
+    // Another rank's target adds 0 here; a negative one is no rank's: NaN on every rank.
+    target_logit[blockIdx.x] = target < 0 ? NAN : local >= 0 && local < V ? to_float(x[local]) : 0.0f;
+  }
+}
+
+__global__ void classifier_losses_kernel(float* losses /* (N) */, const float* row_max, const float* sum_exp,
+                                         const float* target_logit /* (N) each */, std::int64_t N) {
+  const std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < N) losses[i] = logf(sum_exp[i]) - (target_logit[i] - row_max[i]);
+}
+
+template <class Elem, int W>
+__global__ void __launch_bounds__(parallel_block)
+    classifier_parallel_dlogits_kernel(Elem* logits /* (N,V) */, const float* row_max, const float* sum_exp,
+                                       const std::int32_t* targets /* (N) each */, int V,
+                                       std::int64_t vocab_begin, float dlogits_scale) {
+  Elem* x = logits + std::int64_t(blockIdx.x) * V;
+  const float m = row_max[blockIdx.x];
+  const float inv_sum = 1.0f / sum_exp[blockIdx.x];
+  const std::int64_t local = std::int64_t(targets[blockIdx.x]) - vocab_begin;
+  for (int v = threadIdx.x * W; v < V; v += blockDim.x * W) {
+    Chunk<Elem, W> chunk = load_chunk<W>(x + v);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const float p = expf(to_float(chunk.e[k]) - m) * inv_sum;
+      chunk.e[k] = from_float<Elem>((p - (v + k == local ? 1.0f : 0.0f)) * dlogits_scale);
+    }
+    store_chunk<W>(x + v, chunk);
+  }
+}
+
+template <class Elem>
+void classifier_row_max_dispatch(float* row_max, const Elem* logits, std::int64_t N, int V, cudaStream_t stream) {
+  if (N <= 0) return;
+  if (N > INT32_MAX) throw RuntimeError("cuda::classifier_row_max: more than 2^31 - 1 rows");
+  if (V % vec_width<Elem> == 0 && aligned16({logits})) {
+    classifier_row_max_kernel<Elem, vec_width<Elem>><<<unsigned(N), parallel_block, 0, stream>>>(row_max, logits, V);
+  } else {
+    classifier_row_max_kernel<Elem, 1><<<unsigned(N), parallel_block, 0, stream>>>(row_max, logits, V);
+  }
+  LLMTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+template <class Elem>
+void classifier_row_stats_dispatch(float* sum_exp, float* target_logit, const Elem* logits, const float* row_max,
+                                   const std::int32_t* targets, std::int64_t N, int V, std::int64_t vocab_begin,
+                                   cudaStream_t stream) {
+  if (N <= 0) return;
+  if (N > INT32_MAX) throw RuntimeError("cuda::classifier_row_stats: more than 2^31 - 1 rows");
+  if (V % vec_width<Elem> == 0 && aligned16({logits})) {
+    classifier_row_stats_kernel<Elem, vec_width<Elem>><<<unsigned(N), parallel_block, 0, stream>>>(
+        sum_exp, target_logit, logits, row_max, targets, V, vocab_begin);
+  } else {
+    classifier_row_stats_kernel<Elem, 1><<<unsigned(N), parallel_block, 0, stream>>>(
+        sum_exp, target_logit, logits, row_max, targets, V, vocab_begin);
+  }
+  LLMTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+template <class Elem>
+double classifier_parallel_finish_dispatch(Elem* logits, float* losses, const float* row_max, const float* sum_exp,
+                                           const float* target_logit, const std::int32_t* targets, std::int64_t N,
+                                           int V, std::int64_t vocab_begin, float dlogits_scale,
+                                           cudaStream_t stream) {
+  if (N <= 0) return 0.0;
+  if (N > INT32_MAX) throw RuntimeError("cuda::classifier_parallel_finish: more than 2^31 - 1 rows");
+  constexpr int block = 256;
+  classifier_losses_kernel<<<grid_for(N, block, INT32_MAX), block, 0, stream>>>(losses, row_max, sum_exp,
+                                                                                 target_logit, N);
+  LLMTRAIN_CUDA_CHECK(cudaGetLastError());
+  if (dlogits_scale > 0.0f) {
+    if (V % vec_width<Elem> == 0 && aligned16({logits})) {
+      classifier_parallel_dlogits_kernel<Elem, vec_width<Elem>><<<unsigned(N), parallel_block, 0, stream>>>(
+          logits, row_max, sum_exp, targets, V, vocab_begin, dlogits_scale);
+    } else {
+      classifier_parallel_dlogits_kernel<Elem, 1><<<unsigned(N), parallel_block, 0, stream>>>(
+          logits, row_max, sum_exp, targets, V, vocab_begin, dlogits_scale);
+    }
+    LLMTRAIN_CUDA_CHECK(cudaGetLastError());
+  }
+  return sum_to_host(losses, N, Identity{}, stream);
+}
+
 }  // namespace
 
 double fused_classifier(float* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
@@ -99,6 +227,37 @@ double fused_classifier(float* logits, float* losses, const std::int32_t* target
 double fused_classifier(bf16* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
                         float dlogits_scale, cudaStream_t stream) {
   return fused_classifier_dispatch(logits, losses, targets, N, V, dlogits_scale, stream);
+}
+
+void classifier_row_max(float* row_max, const float* logits, std::int64_t N, int V, cudaStream_t stream) {
+  classifier_row_max_dispatch(row_max, logits, N, V, stream);
+}
+void classifier_row_max(float* row_max, const bf16* logits, std::int64_t N, int V, cudaStream_t stream) {
+  classifier_row_max_dispatch(row_max, logits, N, V, stream);
+}
+
+void classifier_row_stats(float* sum_exp, float* target_logit, const float* logits, const float* row_max,
+                          const std::int32_t* targets, std::int64_t N, int V, std::int64_t vocab_begin,
+                          cudaStream_t stream) {
+  classifier_row_stats_dispatch(sum_exp, target_logit, logits, row_max, targets, N, V, vocab_begin, stream);
+}
+void classifier_row_stats(float* sum_exp, float* target_logit, const bf16* logits, const float* row_max,
+                          const std::int32_t* targets, std::int64_t N, int V, std::int64_t vocab_begin,
+                          cudaStream_t stream) {
+  classifier_row_stats_dispatch(sum_exp, target_logit, logits, row_max, targets, N, V, vocab_begin, stream);
+}
+
+double classifier_parallel_finish(float* logits, float* losses, const float* row_max, const float* sum_exp,
+                                  const float* target_logit, const std::int32_t* targets, std::int64_t N, int V,
+                                  std::int64_t vocab_begin, float dlogits_scale, cudaStream_t stream) {
+  return classifier_parallel_finish_dispatch(logits, losses, row_max, sum_exp, target_logit, targets, N, V,
+                                             vocab_begin, dlogits_scale, stream);
+}
+double classifier_parallel_finish(bf16* logits, float* losses, const float* row_max, const float* sum_exp,
+                                  const float* target_logit, const std::int32_t* targets, std::int64_t N, int V,
+                                  std::int64_t vocab_begin, float dlogits_scale, cudaStream_t stream) {
+  return classifier_parallel_finish_dispatch(logits, losses, row_max, sum_exp, target_logit, targets, N, V,
+                                             vocab_begin, dlogits_scale, stream);
 }
 
 }  // namespace llmtrain::cuda

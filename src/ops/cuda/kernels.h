@@ -92,6 +92,20 @@ void rope_backward(float* dinp, const float* dout, int B, int T, int H, int HS, 
 /// stream). A target outside [0, V) gives a NaN loss (the CPU reference reads out of bounds).
 double fused_classifier(float* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
                         float dlogits_scale, cudaStream_t stream);
+/// The vocabulary-parallel cross-entropy (logits (N,V): columns [vocab_begin, vocab_begin + V) of
+/// the vocabulary), as the CPU reference's three steps; the caller all-reduces between them.
+/// 1. row_max (N) = each row's local max (NaNs skipped).
+void classifier_row_max(float* row_max, const float* logits, std::int64_t N, int V, cudaStream_t stream);
+/// 2. sum_exp (N) = the local sum of exp(logit - row_max); target_logit (N) = the target's logit
+///    where this rank holds it, else 0 (NaN for a negative target).
+void classifier_row_stats(float* sum_exp, float* target_logit, const float* logits, const float* row_max,
+                          const std::int32_t* targets, std::int64_t N, int V, std::int64_t vocab_begin,
+                          cudaStream_t stream);
+/// 3. losses (N) = log(sum_exp) + row_max - target_logit; with dlogits_scale > 0 the logits become
+///    (softmax - onehot) * dlogits_scale. Returns the loss sum (synchronises the stream).
+double classifier_parallel_finish(float* logits, float* losses, const float* row_max, const float* sum_exp,
+                                  const float* target_logit, const std::int32_t* targets, std::int64_t N, int V,
+                                  std::int64_t vocab_begin, float dlogits_scale, cudaStream_t stream);
 
 // src/ops/cuda/optimizer.cu
 /// Sum of squares of x (N), accumulated in double, deterministic (synchronises the stream).
@@ -160,5 +174,13 @@ void rope_backward(bf16* dinp, const bf16* dout, int B, int T, int H, int HS, in
 /// overwritten by the gradient, rounded to bf16. Returns the loss sum (synchronises the stream).
 double fused_classifier(bf16* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
                         float dlogits_scale, cudaStream_t stream);
+/// The vocabulary-parallel steps on bf16 logits, in fp32; the gradient is rounded to bf16.
+void classifier_row_max(float* row_max, const bf16* logits, std::int64_t N, int V, cudaStream_t stream);
+void classifier_row_stats(float* sum_exp, float* target_logit, const bf16* logits, const float* row_max,
+                          const std::int32_t* targets, std::int64_t N, int V, std::int64_t vocab_begin,
+                          cudaStream_t stream);
+double classifier_parallel_finish(bf16* logits, float* losses, const float* row_max, const float* sum_exp,
+                                  const float* target_logit, const std::int32_t* targets, std::int64_t N, int V,
+                                  std::int64_t vocab_begin, float dlogits_scale, cudaStream_t stream);
 
 }  // namespace llmtrain::cuda
