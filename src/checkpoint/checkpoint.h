@@ -41,9 +41,9 @@ struct SaveRequest {
   const model::Model* model = nullptr;  // names and shapes of the weights
   const float* weights = nullptr;       // the flat weights to write (host memory); null: the model's params()
   OptimizerShard optimizer;    // this rank's
-  bool write_optimizer = true;  // false: another rank writes the same state
   nlohmann::json state;        // tokens_seen, sampler, ... ; "step" and "files" are added here
   std::size_t write_chunk = 32 << 20;  // bytes per write(2) call
+  bool write_optimizer = true;  // false: another rank writes the same state
 };
 
 /// What one rank wrote of a checkpoint: each file's name, CRC-32 and size, or why it could not.
