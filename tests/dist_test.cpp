@@ -1,5 +1,5 @@
-// Data parallelism under mpirun: world sizes 1, 2 and 4 and ZeRO stages 0, 1, 2 and 3 train the
-// same model to the same losses and weights.
+// Data and tensor parallelism under mpirun: world sizes 1, 2 and 4, ZeRO stages 0, 1, 2 and 3 and
+// tensor-parallel sizes 1, 2 and 4 train the same model to the same losses and weights.
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -37,10 +37,15 @@ int mpirun(int ranks, const std::string& args, const std::string& log) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
 
-// Trains the model of `model_json` (a "model" section) at world size 1, then at 2 and 4 with each
-// ZeRO stage (and ZeRO 3 on one rank, with its layers streamed through the slots), and checks
-// that every run logs the same losses and ends with the same weights.
-void check_world_size_invariance(const std::string& model_json) {
+// One layout of the ranks: world size, tensor-parallel size (the data-parallel size is the
+// quotient) and ZeRO stage.
+struct Layout {
+  int ranks, tensor, zero;
+};
+
+// Trains the model of `model_json` (a "model" section) on one rank, then in each of `layouts`,
+// and checks that every run logs the same losses and ends with the same weights.
+void check_layout_invariance(const std::string& model_json, const std::vector<Layout>& layouts, std::int64_t d_model) {
   TempDir dir;
   std::string text;
   for (int i = 0; i < 3000; ++i) text += "alpha beta gamma delta "[i % 24];
@@ -63,13 +68,14 @@ void check_world_size_invariance(const std::string& model_json) {
   REQUIRE(reference_losses.size() == 22);  // 20 steps, 2 validations
   const llmtrain::checkpoint::SafetensorsReader reference_weights(reference + "/checkpoints/step_00000020/model.safetensors");
 
-  for (const int ranks : {1, 2, 4}) {
-    for (const int zero : {0, 1, 2, 3}) {
-      if (ranks == 1 && zero < 3) continue;  // the reference itself
-      CAPTURE(ranks, zero);
-      const std::string run = dir.path() + "/w" + std::to_string(ranks) + "z" + std::to_string(zero);
+  for (const auto [ranks, tensor, zero] : layouts) {
+    {
+      CAPTURE(ranks, tensor, zero);
+      const std::string run = dir.path() + "/w" + std::to_string(ranks) + "t" + std::to_string(tensor) + "z" +
+                              std::to_string(zero);
       const int status = mpirun(ranks, "train --config " + config + " --run-dir " + run + " --set dist.zero_stage=" +
-                                            std::to_string(zero), run + ".log");
+                                           std::to_string(zero) + " --set dist.tensor_parallel=" + std::to_string(tensor),
+                                run + ".log");
       if (status != 0) {
         std::ifstream log(run + ".log");
         FAIL("mpirun exit " << status << ": " << std::string(std::istreambuf_iterator<char>(log), {}));
@@ -86,29 +92,57 @@ void check_world_size_invariance(const std::string& model_json) {
         reference_weights.read_f32(t.name, a);
         weights.read_f32(t.name, b);
         bool key_bias_ok = false;
-        const double error = llmtrain::test::weights_relative_error(t.name, b, a, 16, 20 * 0.01, &key_bias_ok);
+        const double error = llmtrain::test::weights_relative_error(t.name, b, a, d_model, 20 * 0.01, &key_bias_ok);
         CAPTURE(t.name, error);
         CHECK(error <= 1e-5);
         CHECK(key_bias_ok);
       }
-      // ZeRO: one optimizer file per rank; without it, rank 0 writes the whole state.
+      // ZeRO: one optimizer file per rank; without it, the ranks of the first data-parallel
+      // replica write theirs (rank 0 the whole state without tensor parallelism).
       CHECK(std::filesystem::exists(step_dir + "/optim-00000.safetensors"));
-      const bool sharded = zero > 0 && ranks > 1;
-      CHECK(std::filesystem::exists(step_dir + "/optim-00001.safetensors") == sharded);
+      const bool sharded = zero == 3 || (zero > 0 && ranks > tensor);
+      const int optimizer_files = sharded ? ranks : tensor;
+      CHECK(std::filesystem::exists(step_dir + "/optim-00001.safetensors") == (optimizer_files > 1));
       const auto state = nlohmann::json::parse(std::ifstream(step_dir + "/state.json"));
       CHECK(state["world_size"] == ranks);
-      CHECK(state["files"].size() == std::size_t(sharded ? ranks + 1 : 2));
+      CHECK(state["files"].size() == std::size_t(optimizer_files + 1));
     }
   }
 }
 
 }  // namespace
 
+// Data parallelism: world sizes 2 and 4 with each ZeRO stage, and ZeRO 3 on one rank (its layers
+// streamed through the slots).
+const std::vector<Layout> data_parallel = {{1, 1, 3}, {2, 1, 0}, {2, 1, 1}, {2, 1, 2}, {2, 1, 3},
+                                           {4, 1, 0}, {4, 1, 1}, {4, 1, 2}, {4, 1, 3}};
+// Tensor parallelism 2, alone and with data parallelism 2 (ZeRO 0, 1 and 3 over the data group).
+const std::vector<Layout> tensor_parallel = {{2, 2, 0}, {2, 2, 3}, {4, 2, 0}, {4, 2, 1}, {4, 2, 3}};
+
 TEST_CASE("world sizes 1, 2, 4 and ZeRO 0, 1, 2, 3 give the same losses and weights", "[dist][mpi]") {
-  check_world_size_invariance(R"({"vocab_size": 256, "context_length": 16, "n_layer": 2, "n_head": 2, "d_model": 16})");
+  check_layout_invariance(R"({"vocab_size": 256, "context_length": 16, "n_layer": 2, "n_head": 2, "d_model": 16})",
+                          data_parallel, 16);
 }
 
 TEST_CASE("Llama: world sizes 1, 2, 4 and ZeRO 0, 1, 2, 3 give the same losses and weights", "[dist][mpi][llama]") {
-  check_world_size_invariance(R"({"arch": "llama", "vocab_size": 256, "context_length": 16, "n_layer": 2,
-                                  "n_head": 4, "n_kv_head": 2, "d_model": 16, "ffn_hidden": 40})");
+  check_layout_invariance(R"({"arch": "llama", "vocab_size": 256, "context_length": 16, "n_layer": 2,
+                              "n_head": 4, "n_kv_head": 2, "d_model": 16, "ffn_hidden": 40})",
+                          data_parallel, 16);
+}
+
+// An odd vocabulary (251): the ranks' rows of the embedding and head differ in number.
+TEST_CASE("tensor parallelism 2 and 4, alone and with data parallelism and ZeRO, gives the same losses and weights",
+          "[dist][mpi][tensor]") {
+  auto layouts = tensor_parallel;
+  layouts.push_back({4, 4, 0});
+  layouts.push_back({4, 4, 3});
+  check_layout_invariance(R"({"vocab_size": 251, "context_length": 16, "n_layer": 2, "n_head": 4, "d_model": 32})",
+                          layouts, 32);
+}
+
+TEST_CASE("Llama (GQA, untied head): tensor parallelism 2, alone and with data parallelism and ZeRO, same losses "
+          "and weights", "[dist][mpi][tensor][llama]") {
+  check_layout_invariance(R"({"arch": "llama", "vocab_size": 251, "context_length": 16, "n_layer": 2,
+                              "n_head": 4, "n_kv_head": 2, "d_model": 32, "ffn_hidden": 40})",
+                          tensor_parallel, 32);
 }

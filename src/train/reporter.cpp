@@ -159,17 +159,21 @@ void Reporter::update(std::int64_t step, const StepResult& result) {
     memory = {gpu.device_used, device_peak_};
   }
   if (metrics_) {
-    // Collectives on the data-parallel group in this update: kind -> [calls, bytes sent].
-    nlohmann::json collectives = nlohmann::json::object();
-    for (int k = 0; k < dist::Traffic::kinds; ++k) {
-      const auto kind = dist::Traffic::Kind(k);
-      if (result.sent.calls[k] > 0) collectives[dist::Traffic::name(kind)] = {result.sent.calls[k], result.sent.bytes[k]};
-    }
+    // Collectives on the data-parallel and tensor-parallel groups in this update: kind -> [calls, bytes sent].
+    const auto by_kind = [](const dist::Traffic& sent) {
+      nlohmann::json out = nlohmann::json::object();
+      for (int k = 0; k < dist::Traffic::kinds; ++k) {
+        if (sent.calls[k] > 0) out[dist::Traffic::name(dist::Traffic::Kind(k))] = {sent.calls[k], sent.bytes[k]};
+      }
+      return out;
+    };
+    const nlohmann::json collectives = by_kind(result.sent);
     metrics_->write({{"step", step}, {"loss", result.loss}, {"lr", result.lr}, {"grad_norm", result.grad_norm},
                      {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"elapsed_s", elapsed_s},
                      {"memory_bytes", memory.current}, {"peak_memory_bytes", memory.peak},
                      {"state_bytes", state_bytes_}, {"sent_bytes", result.sent.total_bytes()},
-                     {"collectives", collectives}});
+                     {"collectives", collectives}, {"tensor_collectives", by_kind(result.sent_tensor)},
+                     {"tensor_sent_bytes", result.sent_tensor.total_bytes()}});
     tensorboard_->scalar("loss", result.loss, step);
     tensorboard_->scalar("lr", result.lr, step);
     tensorboard_->scalar("grad_norm", result.grad_norm, step);

@@ -77,7 +77,8 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
       train_data_(data::expand_paths(config_.data.train, "data.train"), config_.model.context_length,
                   std::uint32_t(config_.model.vocab_size)),
       data_device_(comms.data()),
-      tensor_comm_(*comms.tensor_group) {
+      tensor_comm_(*comms.tensor_group),
+      tensor_device_(comms.tensor()) {
   const auto& tc = config_.train;
   const int T = int(config_.model.context_length), B = int(tc.micro_batch_size);
   if (!config_.data.val.empty()) {
@@ -227,7 +228,9 @@ StepResult Trainer::step(std::int64_t step) {
   const auto start = Clock::now();
   const auto& tc = config_.train;
   const int T = int(config_.model.context_length), B = int(tc.micro_batch_size);
-  const dist::Traffic sent_before = data_device_.traffic();
+  const dist::Traffic sent_before = data_device_.traffic(), tensor_before = tensor_device_.traffic();
+  // (On the CPU the host and device groups are one communicator: the norm's reduction counts there.)
+  const dist::Traffic tensor_host_before = tensor_comm_.traffic();
   if (zero3_) {
     zero3_->zero_grads();
   } else {
@@ -279,6 +282,14 @@ StepResult Trainer::step(std::int64_t step) {
     }
   }
   result.sent = data_device_.traffic().since(sent_before);
+  result.sent_tensor = tensor_device_.traffic().since(tensor_before);
+  if (&tensor_comm_ != &tensor_device_) {
+    const dist::Traffic host = tensor_comm_.traffic().since(tensor_host_before);
+    for (int k = 0; k < dist::Traffic::kinds; ++k) {
+      result.sent_tensor.calls[k] += host.calls[k];
+      result.sent_tensor.bytes[k] += host.bytes[k];
+    }
+  }
   result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return result;
 }

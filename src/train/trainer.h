@@ -56,7 +56,8 @@ struct StepResult {
   double seconds = 0;    // wall time of the update
   bool skipped = false;  // non-finite loss or norm: no update made
   std::int64_t bad_in_a_row = 0;
-  dist::Traffic sent;     // what this rank sent to its data-parallel group in the update (ring count)
+  dist::Traffic sent;         // what this rank sent to its data-parallel group in the update (ring count)
+  dist::Traffic sent_tensor;  // and to its tensor-parallel group
 };
 
 /// Owns one rank's training state: the data (train and validation), the model (and its host copy
@@ -134,6 +135,7 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   dist::Communicator& data_device_;     // the data-parallel group the gradients travel on
   dist::Communicator& tensor_comm_;     // the tensor-parallel group, host memory
+  dist::Communicator& tensor_device_;   // and over the memory the activations live in
   std::unique_ptr<CommTensorGroup> tensor_group_;  // its device side, for the model
   std::function<void()> before_update_;
 };
