@@ -60,6 +60,18 @@ mpi 2 "$llmtrain" train --config "$work/tp.json" --run-dir "$work/d2at2" --set d
 same_losses "$work/d2ref/metrics.jsonl" "$work/d2at2/metrics.jsonl" || fail "data-2 checkpoint under tensor parallel 2: losses differ"
 pass "data-2 ZeRO-1 checkpoint resumed with tensor parallel 2: same losses"
 
+# eval of a checkpoint: one rank, data-parallel ranks, and tensor parallel 2 x data 2.
+one=$("$llmtrain" eval --checkpoint "$work/t2ref" 2>&1 | tail -n 1)
+for ranks_tensor in "2 1" "4 2" "2 2"; do
+  read -r ranks tensor <<<"$ranks_tensor"
+  got=$(mpi "$ranks" "$llmtrain" eval --checkpoint "$work/t2ref" --tensor-parallel "$tensor" 2>&1 | tail -n 1)
+  [[ "$got" == "$one" && "$one" == *val_loss* ]] || fail "eval at world size $ranks, tensor parallel $tensor: '$got', one rank: '$one'"
+done
+out=$("$llmtrain" eval --checkpoint "$work/t2ref" --tensor-parallel 2 2>&1); status=$?
+(( status == 2 )) && [[ "$(grep -c 'llmtrain: error: --tensor-parallel 2: must divide' <<<"$out")" == 1 ]] ||
+  fail "eval --tensor-parallel 2 on one rank: exit $status: $out"
+pass "eval under mpirun (data 2, tensor 2 x data 2, tensor 2) prints the one-rank validation loss; a tensor size that does not divide the ranks exits 2"
+
 # 2. The tensor group's collectives in an update, against Megatron's count and ring volumes.
 llama='{"arch": "llama", "vocab_size": 251, "context_length": 32, "n_layer": 3, "n_head": 4, "n_kv_head": 2, "d_model": 32, "ffn_hidden": 40}'
 for case in "gpt2 2 2" "gpt2 4 4" "gpt2 4 2" "llama 2 2" "llama 4 2"; do

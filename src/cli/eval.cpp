@@ -1,5 +1,6 @@
 // llmtrain eval: validation loss of a checkpoint, and (--dump-logits) the logits of its first
-// micro-batch for comparison with other runtimes.
+// micro-batch for comparison with other runtimes. Under mpirun the ranks share the batches, and
+// with --tensor-parallel N each layer is split over N of them (CPU ranks).
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,8 @@
 #include "core/error.h"
 #include "data/dataset.h"
 #include "data/shard.h"
+#include "dist/communicator.h"
+#include "train/tensor_parallel.h"
 #include "train/trainer.h"
 
 namespace llmtrain::cli {
@@ -45,6 +48,7 @@ Command add_eval_command(CLI::App& parent) {
   struct Options {
     std::string checkpoint, data, dump_logits;
     std::int64_t batches = 0;
+    int tensor_parallel = 1;
   };
   auto o = std::make_shared<Options>();
   CLI::App* app = parent.add_subcommand("eval", "Validation loss of a checkpoint");
@@ -52,6 +56,10 @@ Command add_eval_command(CLI::App& parent) {
   app->add_option("--data", o->data, "Token shards (path or glob; default: the run's data.val)");
   app->add_option("--batches", o->batches, "Global batches to evaluate (default: the run's train.eval_batches)")
       ->check(CLI::PositiveNumber);
+  app->add_option("--tensor-parallel", o->tensor_parallel,
+                  "Under mpirun: ranks that split each layer (must divide the world size)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
   app->add_option("--dump-logits", o->dump_logits,
                   "Also write the logits of the first micro-batch (validation samples 0..B-1 in order) to this "
                   "file: NumPy .npy, float32, shape (B, T, V)");
@@ -64,6 +72,9 @@ Command add_eval_command(CLI::App& parent) {
                 throw InputError("--dump-logits " + o->dump_logits + ": no folder " + folder.string());
               }
             }
+            if (!o->dump_logits.empty() && o->tensor_parallel > 1) {
+              throw InputError("--dump-logits: with --tensor-parallel 1 only (each rank holds part of the vocabulary)");
+            }
             const checkpoint::Found found = checkpoint::find(o->checkpoint);
             const config::Config& config = found.config;
             const std::vector<std::string> patterns = o->data.empty() ? config.data.val : std::vector{o->data};
@@ -75,10 +86,29 @@ Command add_eval_command(CLI::App& parent) {
                                " samples, fewer than one global batch (" +
                                std::to_string(config.train.global_batch_size) + ")");
             }
-            const auto loaded = checkpoint::load_model(found);
+            // The ranks (one without mpirun) on a tensor x data mesh.
+            dist::Communicators comms;
+            try {
+              comms = dist::make_communicators(Device::cpu, config.dist.timeout_s, o->tensor_parallel, 1);
+            } catch (const InputError&) {
+              throw InputError("--tensor-parallel " + std::to_string(o->tensor_parallel) +
+                               ": must divide the number of ranks mpirun starts");
+            }
+            std::unique_ptr<model::Model> loaded = checkpoint::load_model(found);
+            std::unique_ptr<train::CommTensorGroup> group;
+            if (o->tensor_parallel > 1) {  // this rank's part of the weights
+              auto part = model::make_model(config.model, Device::cpu, model::Recompute::none, DType::f32,
+                                            ops::AttentionKernels::flash,
+                                            model::Layout{false, comms.tensor_group->rank(), o->tensor_parallel});
+              train::take_part(*loaded, *part);
+              group = std::make_unique<train::CommTensorGroup>(*comms.tensor_group, Device::cpu);
+              part->set_tensor_group(group.get());
+              loaded = std::move(part);
+            }
             model::Model& model = *loaded;
             const std::int64_t batches = o->batches > 0 ? o->batches : config.train.eval_batches;
-            const double loss = train::evaluate(model, data, config, batches);
+            const double loss = train::evaluate(model, data, config, batches, comms.data_group.get());
+            if (comms.world->rank() != 0) return 0;
             std::printf("eval: %s step %lld: val_loss %.4f\n", found.dir.c_str(),
                         static_cast<long long>(found.state.value("step", std::int64_t{0})), loss);
             if (!o->dump_logits.empty()) {
