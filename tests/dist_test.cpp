@@ -140,9 +140,13 @@ TEST_CASE("tensor parallelism 2 and 4, alone and with data parallelism and ZeRO,
                           layouts, 32);
 }
 
-TEST_CASE("Llama (GQA, untied head): tensor parallelism 2, alone and with data parallelism and ZeRO, same losses "
-          "and weights", "[dist][mpi][tensor][llama]") {
+// At tensor parallel 4 each of the 2 key/value heads is replicated on the 2 ranks whose query heads use it.
+TEST_CASE("Llama (GQA, untied head): tensor parallelism 2 and 4, alone and with data parallelism and ZeRO, same "
+          "losses and weights", "[dist][mpi][tensor][llama]") {
+  auto layouts = tensor_parallel;
+  layouts.push_back({4, 4, 0});
+  layouts.push_back({4, 4, 3});
   check_layout_invariance(R"({"arch": "llama", "vocab_size": 251, "context_length": 16, "n_layer": 2,
                               "n_head": 4, "n_kv_head": 2, "d_model": 32, "ffn_hidden": 40})",
-                          tensor_parallel, 32);
+                          layouts, 32);
 }

@@ -7,7 +7,8 @@
 #     rank sends (metrics.jsonl), against Megatron's: per layer and micro-step two all-reduces of
 #     the (B T, C) activations in forward and two in backward; the embedding's one; the
 #     vocabulary-parallel cross-entropy's max (N) and sums (2 N) and the head's input gradient;
-#     and the gradient norm's one (a double). Ring volumes: 2 (n-1)/n S.
+#     and the gradient norm's one (a double); with key/value heads replicated (Llama, size above
+#     n_kv_head), one more per layer in backward for their gradients. Ring volumes: 2 (n-1)/n S.
 #  3. Memory: the weights, gradients and optimizer state a rank holds fall as 1/size for the
 #     split parameters (the norms, GPT-2's position embedding and biases of the row-parallel
 #     projections stay whole).
@@ -74,7 +75,7 @@ pass "eval under mpirun (data 2, tensor 2 x data 2, tensor 2) prints the one-ran
 
 # 2. The tensor group's collectives in an update, against Megatron's count and ring volumes.
 llama='{"arch": "llama", "vocab_size": 251, "context_length": 32, "n_layer": 3, "n_head": 4, "n_kv_head": 2, "d_model": 32, "ffn_hidden": 40}'
-for case in "gpt2 2 2" "gpt2 4 4" "gpt2 4 2" "llama 2 2" "llama 4 2"; do
+for case in "gpt2 2 2" "gpt2 4 4" "gpt2 4 2" "llama 2 2" "llama 4 2" "llama 4 4"; do
   read -r arch ranks tensor <<<"$case"
   model=""
   [[ "$arch" == llama ]] && model="$llama"
@@ -82,9 +83,9 @@ for case in "gpt2 2 2" "gpt2 4 4" "gpt2 4 2" "llama 2 2" "llama 4 2"; do
   run="$work/comm-$arch-$ranks-$tensor"
   mpi "$ranks" "$llmtrain" train --config "$work/comm.json" --run-dir "$run" --set dist.tensor_parallel="$tensor" \
     >"$run.log" 2>&1 || fail "communication run $case: $(tail -n 3 "$run.log")"
-  /usr/bin/python3 - "$run/metrics.jsonl" "$ranks" "$tensor" <<'PY' || fail "tensor-group communication of $case"
+  /usr/bin/python3 - "$run/metrics.jsonl" "$ranks" "$tensor" "$arch" <<'PY' || fail "tensor-group communication of $case"
 import json, sys
-metrics, W, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+metrics, W, n, arch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 step = [l for l in map(json.loads, open(metrics)) if l.get("step") == 2 and "loss" in l][0]
 got = {k: (v[0], v[1]) for k, v in step["tensor_collectives"].items()}
 L, C, B, T = 3, 32, 2, 32
@@ -93,6 +94,10 @@ tokens = B * T
 ring = 2 * (n - 1) / n
 per_micro_calls = 1 + 4 * L + 3       # embedding; 2 + 2 per layer; max, sums, head's input gradient
 per_micro_bytes = ring * 4 * (tokens * C * (1 + 4 * L + 1) + tokens + 2 * tokens)
+NKV, HS = 2, 8
+if arch == "llama" and n > NKV:  # replicated key/value heads: their k and v gradients, one slot per head
+    per_micro_calls += L
+    per_micro_bytes += ring * 4 * L * NKV * 2 * HS * C
 expect = {"all-reduce": (micro * per_micro_calls + 1, micro * per_micro_bytes + ring * 8)}  # + the norm (a double)
 print(f"  tensor group: {got} expected {expect}")
 assert set(got) == set(expect), (got, expect)

@@ -49,15 +49,18 @@ Llama::Llama(const config::ModelConfig& config, Device device, Recompute recompu
     throw RuntimeError("Llama: config has model.arch \"" + config::to_string(config.arch) + "\"");
   }
   const int N = layout.tensor_size;
-  if (config.n_head % N != 0 || config.n_kv_head % N != 0 || config.ffn_hidden % N != 0) {
+  // Key/value heads are split like the query heads when N divides their number, else (N a
+  // multiple of it) each is replicated on the N / n_kv_head ranks whose query heads use it.
+  const bool kv_split = config.n_kv_head % N == 0, kv_replicated = N % config.n_kv_head == 0;
+  if (config.n_head % N != 0 || config.ffn_hidden % N != 0 || !(kv_split || kv_replicated)) {
     throw InputError("dist.tensor_parallel = " + std::to_string(N) + " must divide model.n_head (" +
-                     std::to_string(config.n_head) + "), model.n_kv_head (" + std::to_string(config.n_kv_head) +
-                     ") and model.ffn_hidden (" + std::to_string(config.ffn_hidden) +
-                     "); key/value heads replicated over the group are not supported yet");
+                     std::to_string(config.n_head) + ") and model.ffn_hidden (" + std::to_string(config.ffn_hidden) +
+                     "), and divide or be a multiple of model.n_kv_head (" + std::to_string(config.n_kv_head) + ")");
   }
   HS_ = config.d_model / config.n_head;
   NH_ = config.n_head / N;
-  NKV_ = config.n_kv_head / N;
+  NKV_ = kv_split ? config.n_kv_head / N : 1;
+  kv_sharers_ = kv_split ? 1 : N / int(config.n_kv_head);
   QKV_ = (NH_ + 2 * NKV_) * HS_;
   for_each_param(config, [&](const std::string& name, const std::vector<std::int64_t>& shape) {
     add_param(name, shape, slice_of(name));
@@ -78,7 +81,10 @@ TensorSlice Llama::slice_of(const std::string& name) const {
   // input columns (summed after), the embedding and the head by vocabulary rows.
   if (name.ends_with("self_attn.q_proj.weight")) return even_part(0, config_.n_head * HS_);
   if (name.ends_with("self_attn.k_proj.weight") || name.ends_with("self_attn.v_proj.weight")) {
-    return even_part(0, config_.n_kv_head * HS_);
+    if (kv_sharers_ == 1) return even_part(0, config_.n_kv_head * HS_);
+    // The key/value head of this rank's query heads; the first of the ranks sharing it owns it.
+    const int rank = layout_.tensor_rank;
+    return {0, {{std::int64_t(rank / kv_sharers_) * HS_, HS_}}, rank % kv_sharers_ == 0};
   }
   if (name.ends_with("self_attn.o_proj.weight")) return even_part(1, config_.n_head * HS_);
   if (name.ends_with("mlp.gate_proj.weight") || name.ends_with("mlp.up_proj.weight")) return even_part(0, F);
@@ -157,7 +163,9 @@ std::size_t Llama::bind_acts(const config::ModelConfig& config, Recompute recomp
   // Under tensor parallelism this rank's heads, MLP columns and vocabulary rows (at most).
   const std::int64_t N = std::int64_t(B) * T, C = config.d_model, F = config.ffn_hidden / tensor_size,
                      V = (config.vocab_size + tensor_size - 1) / tensor_size, NH = config.n_head / tensor_size,
-                     CL = NH * (C / config.n_head), QKV = (NH + 2 * config.n_kv_head / tensor_size) * (C / config.n_head);
+                     CL = NH * (C / config.n_head),
+                     NKV = config.n_kv_head % tensor_size == 0 ? config.n_kv_head / tensor_size : 1,  // else replicated
+                     QKV = (NH + 2 * NKV) * (C / config.n_head);
   // Activations in the compute dtype; statistics (rstd, lse, losses) always f32.
   const auto take = [&](std::initializer_list<std::int64_t> shape) { return carver.take(compute, shape); };
   const auto stat = [&](std::initializer_list<std::int64_t> shape) { return carver.take(DType::f32, shape); };
@@ -346,7 +354,11 @@ void Llama::backward(const std::function<void(std::int64_t)>& grads_ready) {
                                   attention_kernels_);
     ops::rope_backward(ga_.qkv.reshape({B, T, NH + 2 * NKV, HS_}), ga_.qkvr.reshape({B, T, NH + 2 * NKV, HS_}), theta,
                        rotated_heads());
-    ops::matmul_backward(ga_.ln1, lg.qkv, none, ga_.qkv, la.ln1, lp.qkv);
+    if (kv_sharers_ > 1) {
+      backward_qkv_shared_kv(l);
+    } else {
+      ops::matmul_backward(ga_.ln1, lg.qkv, none, ga_.qkv, la.ln1, lp.qkv);
+    }
     tensor_sum(ga_.ln1);
     ops::rmsnorm_backward(dresidual, lg.in_norm, ga_.ln1, x, lp.in_norm, la.rstd1);
     notify(UnitEvent::after_backward, int(l));
@@ -355,6 +367,33 @@ void Llama::backward(const std::function<void(std::int64_t)>& grads_ready) {
   embed_backward(g_.embed, Tensor(), dresidual.reshape({B, T, C}), a_.inputs);
   notify(UnitEvent::backward_ends);
   if (grads_ready) grads_ready(num_params());
+}
+
+// The q, k, v projection's backward when this rank's key/value head is replicated on others: the
+// gradient of its k and v rows from this micro-step is the sum over the ranks sharing the head
+// (each contributes through its own query heads). All-reduced over the whole group in a buffer with
+// one slot per key/value head; the gradient accumulated before this micro-step is kept apart.
+void Llama::backward_qkv_shared_kv(std::size_t l) {
+  const LayerParams& lp = p_.layers[l];
+  const LayerParams& lg = g_.layers[l];
+  const LayerActs& la = a_.layers[l];
+  const std::int64_t C = config_.d_model, kv = 2 * HS_ * C;  // this rank's k and v rows
+  const std::int64_t NKV = config_.n_kv_head;
+  if (kv_grads_.bytes() < std::size_t((NKV + 1) * kv) * sizeof(float)) {
+    kv_grads_ = ops::Buffer(device_, std::size_t((NKV + 1) * kv) * sizeof(float));
+  }
+  float* base = static_cast<float*>(kv_grads_.data());
+  const Tensor kept(base + NKV * kv, DType::f32, device_, {kv});  // the gradient before this micro-step
+  const Tensor slots(base, DType::f32, device_, {NKV * kv});
+  const Tensor mine(base + std::int64_t(layout_.tensor_rank / kv_sharers_) * kv, DType::f32, device_, {kv});
+  const Tensor grad(lg.qkv.as<float>() + NH_ * HS_ * C, DType::f32, device_, {kv});
+  ops::copy(kept, grad);
+  ops::zero(grad);
+  ops::matmul_backward(ga_.ln1, lg.qkv, Tensor(), ga_.qkv, la.ln1, lp.qkv);
+  ops::zero(slots);
+  ops::copy(mine, grad);
+  tensor_sum(slots);
+  ops::residual_forward(grad, kept, mine);
 }
 
 Tensor Llama::logits() {

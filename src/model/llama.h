@@ -76,6 +76,9 @@ class Llama final : public Model {
   Recompute recompute_;
   std::int64_t HS_, QKV_;  // head size; width of the packed q, k, v rows ((NH + 2 NKV) HS)
   std::int64_t NH_, NKV_;  // this rank's query and key/value heads (all of them without tensor parallelism)
+  int kv_sharers_ = 1;     // ranks that hold the same key/value head (tensor parallel size > n_kv_head)
+  ops::Buffer kv_grads_;   // backward_qkv_shared_kv's slots
+  void backward_qkv_shared_kv(std::size_t l);
   std::vector<std::int64_t> layer_grads_end_;
   Params p_, g_;
 

@@ -76,8 +76,10 @@ std::vector<Segment> Model::segments(bool owned_only) const {
         out.push_back({local, at, length});
       }
     };
-    if (info.slice.whole()) {
-      if (!owned_only || layout_.tensor_rank == 0) add(info.offset, logical, info.numel);
+    if (owned_only && !info.slice.owned_by(layout_.tensor_rank)) {
+      // another rank of the group lists it
+    } else if (info.slice.whole()) {
+      add(info.offset, logical, info.numel);
     } else {
       // Elements per index of the split dimension, and how many runs of it there are.
       std::int64_t inner = 1, outer = 1;

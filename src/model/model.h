@@ -23,7 +23,10 @@ namespace llmtrain::model {
 struct TensorSlice {
   int dim = -1;
   std::vector<std::pair<std::int64_t, std::int64_t>> blocks;
+  bool owner = true;  // false: another rank of the group holds the same part (and saves it)
   bool whole() const { return dim < 0; }
+  /// Whether this rank is the one that saves this part and counts it in the gradient norm.
+  bool owned_by(int tensor_rank) const { return whole() ? tensor_rank == 0 : owner; }
 };
 
 /// How a model is laid out over ranks: sharded for ZeRO 3 (no flat buffers of its own), and this

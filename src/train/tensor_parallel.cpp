@@ -51,7 +51,7 @@ std::vector<Placed> place(const std::vector<Piece>& pieces, const std::vector<mo
 std::vector<checkpoint::FlatRange> norm_ranges(const model::Model& model) {
   std::vector<checkpoint::FlatRange> out;
   for (const auto& info : model.param_infos()) {
-    if (model.layout().tensor_rank != 0 && info.slice.whole()) continue;
+    if (!info.slice.owned_by(model.layout().tensor_rank)) continue;
     if (!out.empty() && out.back().end == info.offset) {
       out.back().end += info.numel;
     } else {

@@ -45,8 +45,8 @@ struct Placed {
 std::vector<Placed> place(const std::vector<Piece>& pieces, const std::vector<model::Segment>& segments);
 
 /// The flat ranges of the model's local buffer whose gradients the global norm counts on this
-/// rank: every parameter on tensor rank 0, the tensor-split ones elsewhere (a replicated
-/// parameter's gradient is the same on every rank of the group, and counts once).
+/// rank: the parts it owns (a part several ranks hold alike, such as a replicated parameter, has
+/// the same gradient on each and counts once).
 std::vector<checkpoint::FlatRange> norm_ranges(const model::Model& model);
 
 /// Sum of squares of `local` (the local arrays of `pieces`) over the flat ranges `counted`.
