@@ -41,6 +41,7 @@ int mpirun(int ranks, const std::string& args, const std::string& log) {
 // quotient) and ZeRO stage.
 struct Layout {
   int ranks, tensor, zero;
+  bool sequence_parallel = false;
 };
 
 // Trains the model of `model_json` (a "model" section) on one rank, then in each of `layouts`,
@@ -68,13 +69,14 @@ void check_layout_invariance(const std::string& model_json, const std::vector<La
   REQUIRE(reference_losses.size() == 22);  // 20 steps, 2 validations
   const llmtrain::checkpoint::SafetensorsReader reference_weights(reference + "/checkpoints/step_00000020/model.safetensors");
 
-  for (const auto [ranks, tensor, zero] : layouts) {
+  for (const auto [ranks, tensor, zero, sequence_parallel] : layouts) {
     {
-      CAPTURE(ranks, tensor, zero);
+      CAPTURE(ranks, tensor, zero, sequence_parallel);
       const std::string run = dir.path() + "/w" + std::to_string(ranks) + "t" + std::to_string(tensor) + "z" +
-                              std::to_string(zero);
+                              std::to_string(zero) + (sequence_parallel ? "sp" : "");
       const int status = mpirun(ranks, "train --config " + config + " --run-dir " + run + " --set dist.zero_stage=" +
-                                           std::to_string(zero) + " --set dist.tensor_parallel=" + std::to_string(tensor),
+                                           std::to_string(zero) + " --set dist.tensor_parallel=" + std::to_string(tensor) +
+                                           " --set dist.sequence_parallel=" + (sequence_parallel ? "true" : "false"),
                                 run + ".log");
       if (status != 0) {
         std::ifstream log(run + ".log");
@@ -116,8 +118,10 @@ void check_layout_invariance(const std::string& model_json, const std::vector<La
 // streamed through the slots).
 const std::vector<Layout> data_parallel = {{1, 1, 3}, {2, 1, 0}, {2, 1, 1}, {2, 1, 2}, {2, 1, 3},
                                            {4, 1, 0}, {4, 1, 1}, {4, 1, 2}, {4, 1, 3}};
-// Tensor parallelism 2, alone and with data parallelism 2 (ZeRO 0, 1 and 3 over the data group).
-const std::vector<Layout> tensor_parallel = {{2, 2, 0}, {2, 2, 3}, {4, 2, 0}, {4, 2, 1}, {4, 2, 3}};
+// Tensor parallelism 2, alone and with data parallelism 2 (ZeRO 0, 1 and 3 over the data group),
+// without and with sequence parallelism.
+const std::vector<Layout> tensor_parallel = {{2, 2, 0},       {2, 2, 3},       {4, 2, 0},       {4, 2, 1},
+                                             {4, 2, 3},       {2, 2, 0, true}, {4, 2, 1, true}, {4, 2, 3, true}};
 
 TEST_CASE("world sizes 1, 2, 4 and ZeRO 0, 1, 2, 3 give the same losses and weights", "[dist][mpi]") {
   check_layout_invariance(R"({"vocab_size": 256, "context_length": 16, "n_layer": 2, "n_head": 2, "d_model": 16})",
@@ -131,21 +135,24 @@ TEST_CASE("Llama: world sizes 1, 2, 4 and ZeRO 0, 1, 2, 3 give the same losses a
 }
 
 // An odd vocabulary (251): the ranks' rows of the embedding and head differ in number.
-TEST_CASE("tensor parallelism 2 and 4, alone and with data parallelism and ZeRO, gives the same losses and weights",
+TEST_CASE("tensor parallelism 2 and 4, alone, with data parallelism and ZeRO, and with sequence parallelism, gives "
+          "the same losses and weights",
           "[dist][mpi][tensor]") {
   auto layouts = tensor_parallel;
   layouts.push_back({4, 4, 0});
   layouts.push_back({4, 4, 3});
+  layouts.push_back({4, 4, 0, true});
   check_layout_invariance(R"({"vocab_size": 251, "context_length": 16, "n_layer": 2, "n_head": 4, "d_model": 32})",
                           layouts, 32);
 }
 
 // At tensor parallel 4 each of the 2 key/value heads is replicated on the 2 ranks whose query heads use it.
-TEST_CASE("Llama (GQA, untied head): tensor parallelism 2 and 4, alone and with data parallelism and ZeRO, same "
-          "losses and weights", "[dist][mpi][tensor][llama]") {
+TEST_CASE("Llama (GQA, untied head): tensor parallelism 2 and 4, alone, with data parallelism and ZeRO, and with "
+          "sequence parallelism, same losses and weights", "[dist][mpi][tensor][llama]") {
   auto layouts = tensor_parallel;
   layouts.push_back({4, 4, 0});
   layouts.push_back({4, 4, 3});
+  layouts.push_back({4, 4, 0, true});
   check_layout_invariance(R"({"arch": "llama", "vocab_size": 251, "context_length": 16, "n_layer": 2,
                               "n_head": 4, "n_kv_head": 2, "d_model": 32, "ffn_hidden": 40})",
                           layouts, 32);

@@ -75,36 +75,52 @@ pass "eval under mpirun (data 2, tensor 2 x data 2, tensor 2) prints the one-ran
 
 # 2. The tensor group's collectives in an update, against Megatron's count and ring volumes.
 llama='{"arch": "llama", "vocab_size": 251, "context_length": 32, "n_layer": 3, "n_head": 4, "n_kv_head": 2, "d_model": 32, "ffn_hidden": 40}'
-for case in "gpt2 2 2" "gpt2 4 4" "gpt2 4 2" "llama 2 2" "llama 4 2" "llama 4 4"; do
-  read -r arch ranks tensor <<<"$case"
+for case in "gpt2 2 2 false" "gpt2 4 4 false" "gpt2 4 2 false" "llama 2 2 false" "llama 4 2 false" "llama 4 4 false" \
+            "gpt2 2 2 true" "gpt2 4 2 true" "llama 4 4 true"; do
+  read -r arch ranks tensor sp <<<"$case"
   model=""
   [[ "$arch" == llama ]] && model="$llama"
   config "$work/comm.json" 2 0 "$model"
   run="$work/comm-$arch-$ranks-$tensor"
+  run="$run-$sp"
   mpi "$ranks" "$llmtrain" train --config "$work/comm.json" --run-dir "$run" --set dist.tensor_parallel="$tensor" \
-    >"$run.log" 2>&1 || fail "communication run $case: $(tail -n 3 "$run.log")"
-  /usr/bin/python3 - "$run/metrics.jsonl" "$ranks" "$tensor" "$arch" <<'PY' || fail "tensor-group communication of $case"
+    --set dist.sequence_parallel="$sp" >"$run.log" 2>&1 || fail "communication run $case: $(tail -n 3 "$run.log")"
+  /usr/bin/python3 - "$run/metrics.jsonl" "$ranks" "$tensor" "$arch" "$sp" <<'PY' || fail "tensor-group communication of $case"
 import json, sys
-metrics, W, n, arch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+metrics, W, n, arch, sp = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5] == "true"
 step = [l for l in map(json.loads, open(metrics)) if l.get("step") == 2 and "loss" in l][0]
 got = {k: (v[0], v[1]) for k, v in step["tensor_collectives"].items()}
 L, C, B, T = 3, 32, 2, 32
 micro = 8 // (B * (W // n))
 tokens = B * T
 ring = 2 * (n - 1) / n
-per_micro_calls = 1 + 4 * L + 3       # embedding; 2 + 2 per layer; max, sums, head's input gradient
-per_micro_bytes = ring * 4 * (tokens * C * (1 + 4 * L + 1) + tokens + 2 * tokens)
 NKV, HS = 2, 8
+norm = 2 * C if arch == "gpt2" else C  # a norm's weight (and bias)
+share = (n - 1) / n
+act = tokens * C * 4
+if not sp:
+    calls = 1 + 4 * L + 3       # embedding; 2 + 2 per layer; max, sums, head's input gradient
+    sent = ring * (act * (1 + 4 * L + 1) + 4 * tokens + 4 * 2 * tokens)
+    per_micro = {"all-reduce": [calls, sent]}
+else:
+    # Sequence parallelism: all-gathers before the split matmuls (in backward also of the output
+    # gradients and, again, of their inputs), reduce-scatters after them, the norms' weight
+    # gradients all-reduced, and the cross-entropy's max and sums.
+    per_micro = {"all-gather": [6 * L + 2, share * act * (6 * L + 2)],
+                 "reduce-scatter": [4 * L + 2, share * act * (4 * L + 2)],
+                 "all-reduce": [2 + 2 * L + 1, ring * (4 * tokens + 4 * 2 * tokens + 4 * norm * (2 * L + 1))]}
 if arch == "llama" and n > NKV:  # replicated key/value heads: their k and v gradients, one slot per head
-    per_micro_calls += L
-    per_micro_bytes += ring * 4 * L * NKV * 2 * HS * C
-expect = {"all-reduce": (micro * per_micro_calls + 1, micro * per_micro_bytes + ring * 8)}  # + the norm (a double)
+    per_micro["all-reduce"][0] += L
+    per_micro["all-reduce"][1] += ring * 4 * L * NKV * 2 * HS * C
+expect = {k: (micro * c, micro * b) for k, (c, b) in per_micro.items()}
+calls, sent = expect["all-reduce"]
+expect["all-reduce"] = (calls + 1, sent + ring * 8)  # + the gradient norm (a double) per update
 print(f"  tensor group: {got} expected {expect}")
 assert set(got) == set(expect), (got, expect)
-calls, sent = expect["all-reduce"]
-assert got["all-reduce"][0] == calls and abs(got["all-reduce"][1] - sent) < 1e-6 * sent, (got, expect)
+for kind, (calls, sent) in expect.items():
+    assert got[kind][0] == calls and abs(got[kind][1] - sent) < 1e-6 * sent, (kind, got, expect)
 PY
-  pass "$arch, world size $ranks, tensor parallel $tensor: the tensor group's collectives of an update as Megatron's"
+  pass "$arch, world size $ranks, tensor parallel $tensor, sequence parallel $sp: the tensor group's collectives of an update as Megatron's"
 done
 
 # 3. Memory per rank at tensor-parallel sizes 1, 2 and 4.

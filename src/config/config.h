@@ -158,6 +158,7 @@ struct DistConfig {
   std::int64_t zero_stage = 0;
   bool reshard_after_forward = true;   // ZeRO 3: free each layer's gathered weights after its forward
   std::int64_t tensor_parallel = 1;    // ranks per tensor-parallel group (the fastest mesh axis)
+  bool sequence_parallel = false;      // tensor parallelism: norms and residual adds on 1/tensor_parallel of the tokens
   std::int64_t pipeline_parallel = 1;  // pipeline stages (the slowest mesh axis)
   double bucket_mb = 25.0;
   double timeout_s = 600.0;
@@ -168,6 +169,7 @@ struct DistConfig {
     v("zero_stage", zero_stage, IntRange{0, 3});
     v("reshard_after_forward", reshard_after_forward, Boolean{});
     v("tensor_parallel", tensor_parallel, IntRange{1, 4096});
+    v("sequence_parallel", sequence_parallel, Boolean{});
     v("pipeline_parallel", pipeline_parallel, IntRange{1, 4096});
     v("bucket_mb", bucket_mb, positive);
     v("timeout_s", timeout_s, positive);

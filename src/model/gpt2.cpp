@@ -146,9 +146,12 @@ void Gpt2::init_weights(std::uint64_t seed) {
 }
 
 std::size_t Gpt2::bind_acts(const config::ModelConfig& config, Recompute recompute, DType compute, Carver& carver,
-                           int B, int T, Acts& a, GradActs& g, int tensor_size) {
-  // Under tensor parallelism this rank's attention heads, MLP columns and vocabulary rows (at most).
-  const std::int64_t N = std::int64_t(B) * T, C = config.d_model, CL = C / tensor_size,
+                           int B, int T, Acts& a, GradActs& g, int tensor_size, bool sequence_parallel) {
+  // Under tensor parallelism this rank's attention heads, MLP columns and vocabulary rows (at most);
+  // with sequence parallelism R of the N tokens in the residual stream, its norms and their
+  // gradients.
+  const std::int64_t N = std::int64_t(B) * T, R = sequence_parallel ? N / tensor_size : N, C = config.d_model,
+                     CL = C / tensor_size,
                      F4 = config.ffn_hidden / tensor_size, V = (config.vocab_size + tensor_size - 1) / tensor_size,
                      NH = config.n_head / tensor_size;
   // Activations in the compute dtype; statistics (means, rstds, lse, losses) always f32.
@@ -157,29 +160,29 @@ std::size_t Gpt2::bind_acts(const config::ModelConfig& config, Recompute recompu
   a = Acts();
   a.inputs = carver.take(DType::i32, {B, T});
   a.targets = carver.take(DType::i32, {N});
-  a.encoded = take({N, C});
+  a.encoded = take({R, C});
 
   // One copy shared by all layers: the two branch outputs (backward never reads them) and what
   // backward recomputes.
   LayerActs shared;
-  shared.attproj = take({N, C});
-  shared.fcproj = take({N, C});
+  shared.attproj = take({R, C});
+  shared.fcproj = take({R, C});
   const bool full = recompute == Recompute::full;
   if (recompute != Recompute::none) {
     shared.fch = take({N, F4});
     shared.fch_gelu = take({N, F4});
   }
   const auto attention_block = [&](LayerActs& la) {
-    la.ln1 = take({N, C});
-    la.ln1_mean = stat({N});
-    la.ln1_rstd = stat({N});
+    la.ln1 = take({R, C});
+    la.ln1_mean = stat({R});
+    la.ln1_rstd = stat({R});
     la.qkv = take({N, 3 * CL});
     la.atty = take({N, CL});
     la.lse = stat({B, NH, T});
-    la.residual2 = take({N, C});
-    la.ln2 = take({N, C});
-    la.ln2_mean = stat({N});
-    la.ln2_rstd = stat({N});
+    la.residual2 = take({R, C});
+    la.ln2 = take({R, C});
+    la.ln2_mean = stat({R});
+    la.ln2_rstd = stat({R});
   };
   if (full) attention_block(shared);
   for (std::int64_t l = 0; l < config.n_layer; ++l) {
@@ -189,22 +192,27 @@ std::size_t Gpt2::bind_acts(const config::ModelConfig& config, Recompute recompu
       la.fch = take({N, F4});
       la.fch_gelu = take({N, F4});
     }
-    la.residual3 = take({N, C});
+    la.residual3 = take({R, C});
     a.layers.push_back(la);
   }
-  a.lnf = take({N, C});
-  a.lnf_mean = stat({N});
-  a.lnf_rstd = stat({N});
+  a.lnf = take({R, C});
+  a.lnf_mean = stat({R});
+  a.lnf_rstd = stat({R});
+  if (R != N) {  // the whole tokens' gathered inputs and partial outputs of the split matmuls
+    a.full_in = take({N, C});
+    a.full_out = take({N, C});
+    a.lnf_full = take({N, C});
+  }
   a.logits = take({N, V});
   a.losses = stat({N});
 
-  g.residual = take({N, C});
-  g.lnf = take({N, C});
+  g.residual = take({R, C});
+  g.lnf = take({R, C});
   const std::size_t scratch_begin = carver.used;
-  g.ln1 = take({N, C});
+  g.ln1 = take({R, C});
   g.qkv = take({N, 3 * CL});
   g.atty = take({N, CL});
-  g.ln2 = take({N, C});
+  g.ln2 = take({R, C});
   g.fch = take({N, F4});
   g.fch_gelu = take({N, F4});
   g.scratch = carver.raw_since(scratch_begin);
@@ -212,15 +220,15 @@ std::size_t Gpt2::bind_acts(const config::ModelConfig& config, Recompute recompu
 }
 
 std::size_t Gpt2::measure_activations(const config::ModelConfig& config, Recompute recompute, DType compute, int B,
-                                      int T, int tensor_size) {
+                                      int T, int tensor_size, bool sequence_parallel) {
   Carver carver = Carver::measuring();
   Acts a;
   GradActs g;
-  return bind_acts(config, recompute, compute, carver, B, T, a, g, tensor_size);
+  return bind_acts(config, recompute, compute, carver, B, T, a, g, tensor_size, sequence_parallel);
 }
 
 std::size_t Gpt2::activation_bytes(int B, int T) const {
-  return measure_activations(config_, recompute_, compute_, B, T, tensor_size());
+  return measure_activations(config_, recompute_, compute_, B, T, tensor_size(), sequence_parallel());
 }
 
 void Gpt2::ensure_acts(int B, int T) {
@@ -231,15 +239,20 @@ void Gpt2::ensure_acts(int B, int T) {
   acts_buffer_ = ops::Buffer();
   acts_buffer_ = ops::Buffer(device_, activation_bytes(B, T));
   Carver carver{static_cast<char*>(acts_buffer_.data()), device_};
-  bind_acts(config_, recompute_, compute_, carver, B, T, a_, ga_, tensor_size());
+  if (sequence_parallel() && (std::int64_t(B) * T) % tensor_size() != 0) {
+    throw InputError("dist.sequence_parallel: train.micro_batch_size x the sequence length (" + std::to_string(B) +
+                     " x " + std::to_string(T) + ") must be a multiple of dist.tensor_parallel (" +
+                     std::to_string(tensor_size()) + ")");
+  }
+  bind_acts(config_, recompute_, compute_, carver, B, T, a_, ga_, tensor_size(), sequence_parallel());
   // This rank's vocabulary rows (bind_acts made room for the most any rank has).
   a_.logits = Tensor(a_.logits.data, a_.logits.dtype, device_, {std::int64_t(B) * T, vocab_end() - vocab_begin()});
   acts_B_ = B;
   acts_T_ = T;
 }
 
-void Gpt2::forward_mlp(const LayerParams& lp, const LayerActs& la) {
-  ops::matmul_forward(la.fch, la.ln2, lp.fc_w, lp.fc_b);
+void Gpt2::forward_mlp(const LayerParams& lp, const LayerActs& la, const Tensor& ln2) {
+  ops::matmul_forward(la.fch, ln2, lp.fc_w, lp.fc_b);
   ops::gelu_forward(la.fch_gelu, la.fch);
 }
 
@@ -250,17 +263,20 @@ void Gpt2::forward_layer(std::size_t l) {
   const LayerParams& lp = p_.layers[l];
   const LayerActs& la = a_.layers[l];
   const Tensor& x = l ? a_.layers[l - 1].residual3 : a_.encoded;
+  // Tensor parallelism: c_attn and c_fc see the whole tokens (gathered under sequence
+  // parallelism), the two c_proj outputs are summed over the group (this rank's tokens of them).
+  const bool sp = sequence_parallel();
   ops::layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, x, lp.ln1_w, lp.ln1_b);
-  ops::matmul_forward(la.qkv, la.ln1, lp.qkv_w, lp.qkv_b);
+  ops::matmul_forward(la.qkv, gathered(la.ln1, a_.full_in), lp.qkv_w, lp.qkv_b);
   ops::flash_attention_forward(la.atty.reshape({B, T, C}), la.lse, la.qkv.reshape({B, T, 3 * C}), NH, NH,
                                attention_kernels_);
-  ops::matmul_forward(la.attproj, la.atty, lp.attproj_w, bias_once(lp.attproj_b));
-  tensor_sum(la.attproj);
+  ops::matmul_forward(sp ? a_.full_out : la.attproj, la.atty, lp.attproj_w, bias_once(lp.attproj_b));
+  reduce_rows(sp ? a_.full_out : la.attproj, la.attproj);
   ops::residual_forward(la.residual2, x, la.attproj);
   ops::layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, lp.ln2_w, lp.ln2_b);
-  forward_mlp(lp, la);
-  ops::matmul_forward(la.fcproj, la.fch_gelu, lp.fcproj_w, bias_once(lp.fcproj_b));
-  tensor_sum(la.fcproj);
+  forward_mlp(lp, la, gathered(la.ln2, a_.full_in));
+  ops::matmul_forward(sp ? a_.full_out : la.fcproj, la.fch_gelu, lp.fcproj_w, bias_once(lp.fcproj_b));
+  reduce_rows(sp ? a_.full_out : la.fcproj, la.fcproj);
   ops::residual_forward(la.residual3, la.residual2, la.fcproj);
 }
 
@@ -270,7 +286,9 @@ double Gpt2::forward(const std::int32_t* inputs, const std::int32_t* targets, in
   const std::int64_t C = config_.d_model;
   ops::copy(a_.inputs, Tensor(const_cast<std::int32_t*>(inputs), DType::i32, Device::cpu, {B, T}));
   notify(UnitEvent::forward_begins);
-  embed(a_.encoded.reshape({B, T, C}), inputs, a_.inputs, p_.wte, p_.wpe);
+  const Tensor embedded = sequence_parallel() ? a_.full_out : a_.encoded;
+  embed(embedded.reshape({B, T, C}), inputs, a_.inputs, p_.wte, p_.wpe);
+  reduce_rows(embedded, a_.encoded);
   for (std::size_t l = 0; l < a_.layers.size(); ++l) {
     notify(UnitEvent::before_forward, int(l));
     forward_layer(l);
@@ -278,7 +296,7 @@ double Gpt2::forward(const std::int32_t* inputs, const std::int32_t* targets, in
   }
   const Tensor& last = a_.layers.empty() ? a_.encoded : a_.layers.back().residual3;
   ops::layernorm_forward(a_.lnf, a_.lnf_mean, a_.lnf_rstd, last, p_.lnf_w, p_.lnf_b);
-  ops::matmul_forward(a_.logits, a_.lnf, p_.wte, Tensor());  // tied embeddings
+  ops::matmul_forward(a_.logits, gathered(a_.lnf, a_.lnf_full), p_.wte, Tensor());  // tied embeddings
   if (!targets) return 0.0;
   ops::copy(a_.targets, Tensor(const_cast<std::int32_t*>(targets), DType::i32, Device::cpu, {a_.targets.shape[0]}));
   return classify(a_.logits, a_.losses, a_.targets, dloss_scale);
@@ -291,13 +309,21 @@ void Gpt2::backward(const std::function<void(std::int64_t)>& grads_ready) {
   const Tensor none;
   const Tensor& dlogits = a_.logits;  // fused_classifier left the gradient there
   // d(residual stream): each residual connection adds its branch's input gradient in place.
+  // Tensor parallelism: the input gradients of the split matmuls (the head, c_attn, c_fc) are
+  // summed over the group (this rank's tokens of them under sequence parallelism, whose norms
+  // then see only those tokens: their weights' gradients are summed too); the outputs' gradients
+  // the c_proj backward needs are gathered whole.
+  const bool sp = sequence_parallel();
   const Tensor& dresidual = ga_.residual;
   ops::zero(dresidual);
-  ops::zero(ga_.lnf);
-  ops::matmul_backward(ga_.lnf, g_.wte, none, dlogits, a_.lnf, p_.wte);
-  tensor_sum(ga_.lnf);  // each rank's vocabulary rows' share
+  const Tensor dlnf = sp ? a_.full_out : ga_.lnf;  // the head's partial input gradient
+  ops::zero(dlnf);
+  ops::matmul_backward(dlnf, g_.wte, none, dlogits, sp ? a_.lnf_full : a_.lnf, p_.wte);
+  reduce_rows(dlnf, ga_.lnf);  // each rank's vocabulary rows' share
   const Tensor& last = a_.layers.empty() ? a_.encoded : a_.layers.back().residual3;
-  ops::layernorm_backward(dresidual, g_.lnf_w, g_.lnf_b, ga_.lnf, last, p_.lnf_w, a_.lnf_mean, a_.lnf_rstd);
+  norm_backward(norm_grads(g_.lnf_w, 2 * C), [&] {
+    ops::layernorm_backward(dresidual, g_.lnf_w, g_.lnf_b, ga_.lnf, last, p_.lnf_w, a_.lnf_mean, a_.lnf_rstd);
+  });
   for (std::size_t l = a_.layers.size(); l-- > 0;) {
     const LayerParams& lp = p_.layers[l];
     const LayerParams& lg = g_.layers[l];
@@ -307,27 +333,36 @@ void Gpt2::backward(const std::function<void(std::int64_t)>& grads_ready) {
     if (recompute_ == Recompute::full) {
       forward_layer(l);
     } else if (recompute_ == Recompute::mlp) {
-      forward_mlp(lp, la);
+      forward_mlp(lp, la, gathered(la.ln2, a_.full_in));
     }
     ops::zero(ga_.scratch);
     // MLP branch: residual3 = residual2 + c_proj(gelu(c_fc(ln2))).
-    ops::matmul_backward(ga_.fch_gelu, lg.fcproj_w, lg.fcproj_b, dresidual, la.fch_gelu, lp.fcproj_w);
+    ops::matmul_backward(ga_.fch_gelu, lg.fcproj_w, lg.fcproj_b, gathered(dresidual, a_.full_in), la.fch_gelu,
+                         lp.fcproj_w);
     ops::gelu_backward(ga_.fch, la.fch, ga_.fch_gelu);
-    ops::matmul_backward(ga_.ln2, lg.fc_w, lg.fc_b, ga_.fch, la.ln2, lp.fc_w);
-    tensor_sum(ga_.ln2);
-    ops::layernorm_backward(dresidual, lg.ln2_w, lg.ln2_b, ga_.ln2, la.residual2, lp.ln2_w, la.ln2_mean, la.ln2_rstd);
+    if (sp) ops::zero(a_.full_out);
+    ops::matmul_backward(sp ? a_.full_out : ga_.ln2, lg.fc_w, lg.fc_b, ga_.fch, gathered(la.ln2, a_.full_in), lp.fc_w);
+    reduce_rows(sp ? a_.full_out : ga_.ln2, ga_.ln2);
+    norm_backward(norm_grads(lg.ln2_w, 2 * C), [&] {
+      ops::layernorm_backward(dresidual, lg.ln2_w, lg.ln2_b, ga_.ln2, la.residual2, lp.ln2_w, la.ln2_mean, la.ln2_rstd);
+    });
     // Attention branch: residual2 = x + c_proj(attention(c_attn(ln1))).
-    ops::matmul_backward(ga_.atty, lg.attproj_w, lg.attproj_b, dresidual, la.atty, lp.attproj_w);
+    ops::matmul_backward(ga_.atty, lg.attproj_w, lg.attproj_b, gathered(dresidual, a_.full_in), la.atty,
+                         lp.attproj_w);
     ops::flash_attention_backward(ga_.qkv.reshape({B, T, 3 * CL}), ga_.atty.reshape({B, T, CL}),
                                   la.qkv.reshape({B, T, 3 * CL}), la.atty.reshape({B, T, CL}), la.lse, NH, NH,
                                   attention_kernels_);
-    ops::matmul_backward(ga_.ln1, lg.qkv_w, lg.qkv_b, ga_.qkv, la.ln1, lp.qkv_w);
-    tensor_sum(ga_.ln1);
-    ops::layernorm_backward(dresidual, lg.ln1_w, lg.ln1_b, ga_.ln1, x, lp.ln1_w, la.ln1_mean, la.ln1_rstd);
+    if (sp) ops::zero(a_.full_out);
+    ops::matmul_backward(sp ? a_.full_out : ga_.ln1, lg.qkv_w, lg.qkv_b, ga_.qkv, gathered(la.ln1, a_.full_in),
+                         lp.qkv_w);
+    reduce_rows(sp ? a_.full_out : ga_.ln1, ga_.ln1);
+    norm_backward(norm_grads(lg.ln1_w, 2 * C), [&] {
+      ops::layernorm_backward(dresidual, lg.ln1_w, lg.ln1_b, ga_.ln1, x, lp.ln1_w, la.ln1_mean, la.ln1_rstd);
+    });
     notify(UnitEvent::after_backward, int(l));
     if (grads_ready) grads_ready(layer_grads_end_[l]);
   }
-  embed_backward(g_.wte, g_.wpe, dresidual.reshape({B, T, C}), a_.inputs);
+  embed_backward(g_.wte, g_.wpe, gathered(dresidual, a_.full_in).reshape({B, T, C}), a_.inputs);
   notify(UnitEvent::backward_ends);
   if (grads_ready) grads_ready(num_params());
 }

@@ -29,7 +29,7 @@ class Gpt2 final : public Model {
   /// Activation bytes at (B,T): bind_acts with a measuring Carver (nothing allocated).
   /// (tensor_size: this rank's part of a tensor-parallel group of that size.)
   static std::size_t measure_activations(const config::ModelConfig& config, Recompute recompute, DType compute,
-                                         int B, int T, int tensor_size = 1);
+                                         int B, int T, int tensor_size = 1, bool sequence_parallel = false);
 
  private:
   struct LayerParams {
@@ -47,6 +47,7 @@ class Gpt2 final : public Model {
   };
   struct Acts {
     Tensor inputs, targets, encoded, lnf, lnf_mean, lnf_rstd, logits, losses;
+    Tensor full_in, full_out, lnf_full;  // sequence parallelism: whole-token gathers and partial sums
     std::vector<LayerActs> layers;
   };
   // Activation gradients: the residual stream's, and one layer's worth of scratch.
@@ -61,12 +62,13 @@ class Gpt2 final : public Model {
   /// Lays the activations of (B,T) out with `carver` into a, g; returns the bytes they take. The
   /// one activation layout: a measuring Carver sizes the buffer (and `plan`), a real one binds it.
   static std::size_t bind_acts(const config::ModelConfig& config, Recompute recompute, DType compute, Carver& carver,
-                               int B, int T, Acts& a, GradActs& g, int tensor_size = 1);
+                               int B, int T, Acts& a, GradActs& g, int tensor_size = 1,
+                               bool sequence_parallel = false);
   /// This rank's part of parameter `name` under tensor parallelism.
   TensorSlice slice_of(const std::string& name) const;
   void ensure_acts(int B, int T);
   void forward_layer(std::size_t l);
-  void forward_mlp(const LayerParams& lp, const LayerActs& la);
+  void forward_mlp(const LayerParams& lp, const LayerActs& la, const Tensor& ln2);
 
   Recompute recompute_;
   std::vector<std::int64_t> layer_grads_end_;  // per layer l: grads [0, end) are final after its backward

@@ -159,9 +159,10 @@ void Llama::init_weights(std::uint64_t seed) {
 int Llama::rotated_heads() const { return int(NH_ + NKV_); }
 
 std::size_t Llama::bind_acts(const config::ModelConfig& config, Recompute recompute, DType compute, Carver& carver,
-                            int B, int T, Acts& a, GradActs& g, int tensor_size) {
-  // Under tensor parallelism this rank's heads, MLP columns and vocabulary rows (at most).
-  const std::int64_t N = std::int64_t(B) * T, C = config.d_model, F = config.ffn_hidden / tensor_size,
+                            int B, int T, Acts& a, GradActs& g, int tensor_size, bool sequence_parallel) {
+  // Under tensor parallelism this rank's heads, MLP columns and vocabulary rows (at most); with
+  // sequence parallelism R of the N tokens in the residual stream, its norms and their gradients.
+  const std::int64_t N = std::int64_t(B) * T, R = sequence_parallel ? N / tensor_size : N, C = config.d_model, F = config.ffn_hidden / tensor_size,
                      V = (config.vocab_size + tensor_size - 1) / tensor_size, NH = config.n_head / tensor_size,
                      CL = NH * (C / config.n_head),
                      NKV = config.n_kv_head % tensor_size == 0 ? config.n_kv_head / tensor_size : 1,  // else replicated
@@ -172,14 +173,14 @@ std::size_t Llama::bind_acts(const config::ModelConfig& config, Recompute recomp
   a = Acts();
   a.inputs = carver.take(DType::i32, {B, T});
   a.targets = carver.take(DType::i32, {N});
-  a.encoded = take({N, C});
+  a.encoded = take({R, C});
 
   // One copy shared by all layers: what backward never reads (the pre-rotation qkv and the two
   // branch outputs) and what it recomputes.
   LayerActs shared;
   shared.qkv = take({N, QKV});
-  shared.attproj = take({N, C});
-  shared.down = take({N, C});
+  shared.attproj = take({R, C});
+  shared.down = take({R, C});
   const bool full = recompute == Recompute::full;
   if (recompute != Recompute::none) {
     shared.gate = take({N, F});
@@ -187,48 +188,53 @@ std::size_t Llama::bind_acts(const config::ModelConfig& config, Recompute recomp
     shared.swi = take({N, F});
   }
   if (full) {
-    shared.ln1 = take({N, C});
-    shared.rstd1 = stat({N});
+    shared.ln1 = take({R, C});
+    shared.rstd1 = stat({R});
     shared.qkvr = take({N, QKV});
     shared.atty = take({N, CL});
     shared.lse = stat({B, NH, T});
-    shared.residual2 = take({N, C});
-    shared.ln2 = take({N, C});
-    shared.rstd2 = stat({N});
+    shared.residual2 = take({R, C});
+    shared.ln2 = take({R, C});
+    shared.rstd2 = stat({R});
   }
   for (std::int64_t l = 0; l < config.n_layer; ++l) {
     LayerActs la = shared;
     if (!full) {
-      la.ln1 = take({N, C});
-      la.rstd1 = stat({N});
+      la.ln1 = take({R, C});
+      la.rstd1 = stat({R});
       la.qkvr = take({N, QKV});
       la.atty = take({N, CL});
       la.lse = stat({B, NH, T});
-      la.residual2 = take({N, C});
-      la.ln2 = take({N, C});
-      la.rstd2 = stat({N});
+      la.residual2 = take({R, C});
+      la.ln2 = take({R, C});
+      la.rstd2 = stat({R});
     }
     if (recompute == Recompute::none) {
       la.gate = take({N, F});
       la.up = take({N, F});
       la.swi = take({N, F});
     }
-    la.residual3 = take({N, C});
+    la.residual3 = take({R, C});
     a.layers.push_back(la);
   }
-  a.lnf = take({N, C});
-  a.rstdf = stat({N});
+  a.lnf = take({R, C});
+  a.rstdf = stat({R});
+  if (R != N) {  // the whole tokens' gathered inputs and partial outputs of the split matmuls
+    a.full_in = take({N, C});
+    a.full_out = take({N, C});
+    a.lnf_full = take({N, C});
+  }
   a.logits = take({N, V});
   a.losses = stat({N});
 
-  g.residual = take({N, C});
-  g.lnf = take({N, C});
+  g.residual = take({R, C});
+  g.lnf = take({R, C});
   const std::size_t scratch_begin = carver.used;
-  g.ln1 = take({N, C});
+  g.ln1 = take({R, C});
   g.qkv = take({N, QKV});
   g.qkvr = take({N, QKV});
   g.atty = take({N, CL});
-  g.ln2 = take({N, C});
+  g.ln2 = take({R, C});
   g.gate = take({N, F});
   g.up = take({N, F});
   g.swi = take({N, F});
@@ -237,15 +243,15 @@ std::size_t Llama::bind_acts(const config::ModelConfig& config, Recompute recomp
 }
 
 std::size_t Llama::measure_activations(const config::ModelConfig& config, Recompute recompute, DType compute, int B,
-                                       int T, int tensor_size) {
+                                       int T, int tensor_size, bool sequence_parallel) {
   Carver carver = Carver::measuring();
   Acts a;
   GradActs g;
-  return bind_acts(config, recompute, compute, carver, B, T, a, g, tensor_size);
+  return bind_acts(config, recompute, compute, carver, B, T, a, g, tensor_size, sequence_parallel);
 }
 
 std::size_t Llama::activation_bytes(int B, int T) const {
-  return measure_activations(config_, recompute_, compute_, B, T, tensor_size());
+  return measure_activations(config_, recompute_, compute_, B, T, tensor_size(), sequence_parallel());
 }
 
 void Llama::ensure_acts(int B, int T) {
@@ -257,17 +263,22 @@ void Llama::ensure_acts(int B, int T) {
   acts_buffer_ = ops::Buffer();
   acts_buffer_ = ops::Buffer(device_, activation_bytes(B, T));
   Carver carver{static_cast<char*>(acts_buffer_.data()), device_};
-  bind_acts(config_, recompute_, compute_, carver, B, T, a_, ga_, tensor_size());
+  if (sequence_parallel() && (std::int64_t(B) * T) % tensor_size() != 0) {
+    throw InputError("dist.sequence_parallel: train.micro_batch_size x the sequence length (" + std::to_string(B) +
+                     " x " + std::to_string(T) + ") must be a multiple of dist.tensor_parallel (" +
+                     std::to_string(tensor_size()) + ")");
+  }
+  bind_acts(config_, recompute_, compute_, carver, B, T, a_, ga_, tensor_size(), sequence_parallel());
   // This rank's vocabulary rows (bind_acts made room for the most any rank has).
   a_.logits = Tensor(a_.logits.data, a_.logits.dtype, device_, {std::int64_t(B) * T, vocab_end() - vocab_begin()});
   acts_B_ = B;
   acts_T_ = T;
 }
 
-void Llama::forward_mlp(const LayerParams& lp, const LayerActs& la) {
+void Llama::forward_mlp(const LayerParams& lp, const LayerActs& la, const Tensor& ln2) {
   const Tensor none;
-  ops::matmul_forward(la.gate, la.ln2, lp.gate, none);
-  ops::matmul_forward(la.up, la.ln2, lp.up, none);
+  ops::matmul_forward(la.gate, ln2, lp.gate, none);
+  ops::matmul_forward(la.up, ln2, lp.up, none);
   ops::swiglu_forward(la.swi, la.gate, la.up);
 }
 
@@ -279,19 +290,22 @@ void Llama::forward_layer(std::size_t l) {
   const LayerActs& la = a_.layers[l];
   const Tensor& x = l ? a_.layers[l - 1].residual3 : a_.encoded;
   const Tensor none;
+  // Tensor parallelism: q, k, v, gate and up see the whole tokens (gathered under sequence
+  // parallelism), the o and down outputs are summed over the group (this rank's tokens of them).
+  const bool sp = sequence_parallel();
   ops::rmsnorm_forward(la.ln1, la.rstd1, x, lp.in_norm, eps);
-  ops::matmul_forward(la.qkv, la.ln1, lp.qkv, none);
+  ops::matmul_forward(la.qkv, gathered(la.ln1, a_.full_in), lp.qkv, none);
   ops::rope_forward(la.qkvr.reshape({B, T, NH + 2 * NKV, HS_}), la.qkv.reshape({B, T, NH + 2 * NKV, HS_}), theta,
                     rotated_heads());
   ops::flash_attention_forward(la.atty.reshape({B, T, C}), la.lse, la.qkvr.reshape({B, T, QKV_}), int(NH), int(NKV),
                                attention_kernels_);
-  ops::matmul_forward(la.attproj, la.atty, lp.o, none);
-  tensor_sum(la.attproj);
+  ops::matmul_forward(sp ? a_.full_out : la.attproj, la.atty, lp.o, none);
+  reduce_rows(sp ? a_.full_out : la.attproj, la.attproj);
   ops::residual_forward(la.residual2, x, la.attproj);
   ops::rmsnorm_forward(la.ln2, la.rstd2, la.residual2, lp.post_norm, eps);
-  forward_mlp(lp, la);
-  ops::matmul_forward(la.down, la.swi, lp.down, none);
-  tensor_sum(la.down);
+  forward_mlp(lp, la, gathered(la.ln2, a_.full_in));
+  ops::matmul_forward(sp ? a_.full_out : la.down, la.swi, lp.down, none);
+  reduce_rows(sp ? a_.full_out : la.down, la.down);
   ops::residual_forward(la.residual3, la.residual2, la.down);
 }
 
@@ -300,7 +314,9 @@ double Llama::forward(const std::int32_t* inputs, const std::int32_t* targets, i
   prepare_weights();
   ops::copy(a_.inputs, Tensor(const_cast<std::int32_t*>(inputs), DType::i32, Device::cpu, {B, T}));
   notify(UnitEvent::forward_begins);
-  embed(a_.encoded.reshape({B, T, config_.d_model}), inputs, a_.inputs, p_.embed, Tensor());
+  const Tensor embedded = sequence_parallel() ? a_.full_out : a_.encoded;
+  embed(embedded.reshape({B, T, config_.d_model}), inputs, a_.inputs, p_.embed, Tensor());
+  reduce_rows(embedded, a_.encoded);
   for (std::size_t l = 0; l < a_.layers.size(); ++l) {
     notify(UnitEvent::before_forward, int(l));
     forward_layer(l);
@@ -308,7 +324,7 @@ double Llama::forward(const std::int32_t* inputs, const std::int32_t* targets, i
   }
   const Tensor& last = a_.layers.empty() ? a_.encoded : a_.layers.back().residual3;
   ops::rmsnorm_forward(a_.lnf, a_.rstdf, last, p_.norm, float(config_.norm_eps));
-  ops::matmul_forward(a_.logits, a_.lnf, p_.head, Tensor());
+  ops::matmul_forward(a_.logits, gathered(a_.lnf, a_.lnf_full), p_.head, Tensor());
   if (!targets) return 0.0;
   ops::copy(a_.targets, Tensor(const_cast<std::int32_t*>(targets), DType::i32, Device::cpu, {a_.targets.shape[0]}));
   return classify(a_.logits, a_.losses, a_.targets, dloss_scale);
@@ -321,13 +337,19 @@ void Llama::backward(const std::function<void(std::int64_t)>& grads_ready) {
   const Tensor none;
   const Tensor& dlogits = a_.logits;  // fused_classifier left the gradient there
   // d(residual stream): each residual connection adds its branch's input gradient in place.
+  // Tensor parallelism: the input gradients of the split matmuls (the head, qkv, gate and up) are
+  // summed over the group (this rank's tokens of them under sequence parallelism, whose norms then
+  // see only those tokens: their weights' gradients are summed too); the outputs' gradients the
+  // o and down backward needs are gathered whole.
+  const bool sp = sequence_parallel();
   const Tensor& dresidual = ga_.residual;
   ops::zero(dresidual);
-  ops::zero(ga_.lnf);
-  ops::matmul_backward(ga_.lnf, g_.head, none, dlogits, a_.lnf, p_.head);
-  tensor_sum(ga_.lnf);  // each rank's vocabulary rows' share
+  const Tensor dlnf = sp ? a_.full_out : ga_.lnf;  // the head's partial input gradient
+  ops::zero(dlnf);
+  ops::matmul_backward(dlnf, g_.head, none, dlogits, sp ? a_.lnf_full : a_.lnf, p_.head);
+  reduce_rows(dlnf, ga_.lnf);  // each rank's vocabulary rows' share
   const Tensor& last = a_.layers.empty() ? a_.encoded : a_.layers.back().residual3;
-  ops::rmsnorm_backward(dresidual, g_.norm, ga_.lnf, last, p_.norm, a_.rstdf);
+  norm_backward(norm_grads(g_.norm, C), [&] { ops::rmsnorm_backward(dresidual, g_.norm, ga_.lnf, last, p_.norm, a_.rstdf); });
   for (std::size_t l = a_.layers.size(); l-- > 0;) {
     const LayerParams& lp = p_.layers[l];
     const LayerParams& lg = g_.layers[l];
@@ -337,34 +359,42 @@ void Llama::backward(const std::function<void(std::int64_t)>& grads_ready) {
     if (recompute_ == Recompute::full) {
       forward_layer(l);
     } else if (recompute_ == Recompute::mlp) {
-      forward_mlp(lp, la);
+      forward_mlp(lp, la, gathered(la.ln2, a_.full_in));
     }
     ops::zero(ga_.scratch);
     // MLP branch: residual3 = residual2 + down(swiglu(gate(ln2), up(ln2))).
-    ops::matmul_backward(ga_.swi, lg.down, none, dresidual, la.swi, lp.down);
+    ops::matmul_backward(ga_.swi, lg.down, none, gathered(dresidual, a_.full_in), la.swi, lp.down);
     ops::swiglu_backward(ga_.gate, ga_.up, ga_.swi, la.gate, la.up);
-    ops::matmul_backward(ga_.ln2, lg.gate, none, ga_.gate, la.ln2, lp.gate);
-    ops::matmul_backward(ga_.ln2, lg.up, none, ga_.up, la.ln2, lp.up);
-    tensor_sum(ga_.ln2);
-    ops::rmsnorm_backward(dresidual, lg.post_norm, ga_.ln2, la.residual2, lp.post_norm, la.rstd2);
+    const Tensor dln2 = sp ? a_.full_out : ga_.ln2;
+    if (sp) ops::zero(dln2);
+    const Tensor ln2 = gathered(la.ln2, a_.full_in);
+    ops::matmul_backward(dln2, lg.gate, none, ga_.gate, ln2, lp.gate);
+    ops::matmul_backward(dln2, lg.up, none, ga_.up, ln2, lp.up);
+    reduce_rows(dln2, ga_.ln2);
+    norm_backward(norm_grads(lg.post_norm, C), [&] {
+      ops::rmsnorm_backward(dresidual, lg.post_norm, ga_.ln2, la.residual2, lp.post_norm, la.rstd2);
+    });
     // Attention branch: residual2 = x + o(attention(rope(qkv(ln1)))).
-    ops::matmul_backward(ga_.atty, lg.o, none, dresidual, la.atty, lp.o);
+    ops::matmul_backward(ga_.atty, lg.o, none, gathered(dresidual, a_.full_in), la.atty, lp.o);
     ops::flash_attention_backward(ga_.qkvr.reshape({B, T, QKV_}), ga_.atty.reshape({B, T, CL}),
                                   la.qkvr.reshape({B, T, QKV_}), la.atty.reshape({B, T, CL}), la.lse, int(NH), int(NKV),
                                   attention_kernels_);
     ops::rope_backward(ga_.qkv.reshape({B, T, NH + 2 * NKV, HS_}), ga_.qkvr.reshape({B, T, NH + 2 * NKV, HS_}), theta,
                        rotated_heads());
+    const Tensor dln1 = sp ? a_.full_out : ga_.ln1;
+    if (sp) ops::zero(dln1);
+    const Tensor ln1 = gathered(la.ln1, a_.full_in);
     if (kv_sharers_ > 1) {
-      backward_qkv_shared_kv(l);
+      backward_qkv_shared_kv(l, dln1, ln1);
     } else {
-      ops::matmul_backward(ga_.ln1, lg.qkv, none, ga_.qkv, la.ln1, lp.qkv);
+      ops::matmul_backward(dln1, lg.qkv, none, ga_.qkv, ln1, lp.qkv);
     }
-    tensor_sum(ga_.ln1);
-    ops::rmsnorm_backward(dresidual, lg.in_norm, ga_.ln1, x, lp.in_norm, la.rstd1);
+    reduce_rows(dln1, ga_.ln1);
+    norm_backward(norm_grads(lg.in_norm, C), [&] { ops::rmsnorm_backward(dresidual, lg.in_norm, ga_.ln1, x, lp.in_norm, la.rstd1); });
     notify(UnitEvent::after_backward, int(l));
     if (grads_ready) grads_ready(layer_grads_end_[l]);
   }
-  embed_backward(g_.embed, Tensor(), dresidual.reshape({B, T, C}), a_.inputs);
+  embed_backward(g_.embed, Tensor(), gathered(dresidual, a_.full_in).reshape({B, T, C}), a_.inputs);
   notify(UnitEvent::backward_ends);
   if (grads_ready) grads_ready(num_params());
 }
@@ -373,10 +403,9 @@ void Llama::backward(const std::function<void(std::int64_t)>& grads_ready) {
 // gradient of its k and v rows from this micro-step is the sum over the ranks sharing the head
 // (each contributes through its own query heads). All-reduced over the whole group in a buffer with
 // one slot per key/value head; the gradient accumulated before this micro-step is kept apart.
-void Llama::backward_qkv_shared_kv(std::size_t l) {
+void Llama::backward_qkv_shared_kv(std::size_t l, const Tensor& dln1, const Tensor& ln1) {
   const LayerParams& lp = p_.layers[l];
   const LayerParams& lg = g_.layers[l];
-  const LayerActs& la = a_.layers[l];
   const std::int64_t C = config_.d_model, kv = 2 * HS_ * C;  // this rank's k and v rows
   const std::int64_t NKV = config_.n_kv_head;
   if (kv_grads_.bytes() < std::size_t((NKV + 1) * kv) * sizeof(float)) {
@@ -389,7 +418,7 @@ void Llama::backward_qkv_shared_kv(std::size_t l) {
   const Tensor grad(lg.qkv.as<float>() + NH_ * HS_ * C, DType::f32, device_, {kv});
   ops::copy(kept, grad);
   ops::zero(grad);
-  ops::matmul_backward(ga_.ln1, lg.qkv, Tensor(), ga_.qkv, la.ln1, lp.qkv);
+  ops::matmul_backward(dln1, lg.qkv, Tensor(), ga_.qkv, ln1, lp.qkv);
   ops::zero(slots);
   ops::copy(mine, grad);
   tensor_sum(slots);

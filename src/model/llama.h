@@ -34,7 +34,7 @@ class Llama final : public Model {
   /// Activation bytes at (B,T): bind_acts with a measuring Carver (nothing allocated).
   /// (tensor_size: this rank's part of a tensor-parallel group of that size.)
   static std::size_t measure_activations(const config::ModelConfig& config, Recompute recompute, DType compute,
-                                         int B, int T, int tensor_size = 1);
+                                         int B, int T, int tensor_size = 1, bool sequence_parallel = false);
 
  private:
   struct LayerParams {
@@ -51,6 +51,7 @@ class Llama final : public Model {
   };
   struct Acts {
     Tensor inputs, targets, encoded, lnf, rstdf, logits, losses;
+    Tensor full_in, full_out, lnf_full;  // sequence parallelism: whole-token gathers and partial sums
     std::vector<LayerActs> layers;
   };
   // Activation gradients: the residual stream's, and one layer's worth of scratch.
@@ -65,12 +66,13 @@ class Llama final : public Model {
   /// Lays the activations of (B,T) out with `carver` into a, g; returns the bytes they take. The
   /// one activation layout: a measuring Carver sizes the buffer (and `plan`), a real one binds it.
   static std::size_t bind_acts(const config::ModelConfig& config, Recompute recompute, DType compute, Carver& carver,
-                               int B, int T, Acts& a, GradActs& g, int tensor_size = 1);
+                               int B, int T, Acts& a, GradActs& g, int tensor_size = 1,
+                               bool sequence_parallel = false);
   /// This rank's part of parameter `name` under tensor parallelism.
   TensorSlice slice_of(const std::string& name) const;
   void ensure_acts(int B, int T);
   void forward_layer(std::size_t l);
-  void forward_mlp(const LayerParams& lp, const LayerActs& la);
+  void forward_mlp(const LayerParams& lp, const LayerActs& la, const Tensor& ln2);
   int rotated_heads() const;
 
   Recompute recompute_;
@@ -78,7 +80,7 @@ class Llama final : public Model {
   std::int64_t NH_, NKV_;  // this rank's query and key/value heads (all of them without tensor parallelism)
   int kv_sharers_ = 1;     // ranks that hold the same key/value head (tensor parallel size > n_kv_head)
   ops::Buffer kv_grads_;   // backward_qkv_shared_kv's slots
-  void backward_qkv_shared_kv(std::size_t l);
+  void backward_qkv_shared_kv(std::size_t l, const Tensor& dln1, const Tensor& ln1);
   std::vector<std::int64_t> layer_grads_end_;
   Params p_, g_;
 

@@ -165,7 +165,29 @@ void Model::embed(const Tensor& out, const std::int32_t* inputs, const Tensor& d
   const Tensor ids = vocab_ids_.view(DType::i32, {device_inputs.shape[0], device_inputs.shape[1]});
   ops::copy(ids, Tensor(host_ids_.data(), DType::i32, Device::cpu, {device_inputs.shape[0], device_inputs.shape[1]}));
   ops::encoder_forward(out, ids, vocab_table_.view(compute_, {rows + 1, C}), bias_once(wpe));
-  tensor_sum(out);
+}
+
+Tensor Model::gathered(const Tensor& part, const Tensor& full) {
+  if (!sequence_parallel()) return part;
+  tensor_group_->all_gather(part, full);
+  return full;
+}
+
+void Model::reduce_rows(const Tensor& partial, const Tensor& out) {
+  if (sequence_parallel()) {
+    tensor_group_->reduce_scatter(partial, out);
+  } else {
+    tensor_sum(out);
+  }
+}
+
+Tensor Model::keep_norm_grads(const Tensor& grads) {
+  if (norm_grads_.bytes() < std::size_t(grads.numel()) * sizeof(float)) {
+    norm_grads_ = ops::Buffer(device_, std::size_t(grads.numel()) * sizeof(float));
+  }
+  const Tensor kept(norm_grads_.data(), DType::f32, device_, {grads.numel()});
+  ops::copy(kept, grads);
+  return kept;
 }
 
 void Model::embed_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& device_inputs) {

@@ -35,6 +35,7 @@ struct Layout {
   bool sharded = false;
   int tensor_rank = 0;
   int tensor_size = 1;
+  bool sequence_parallel = false;  // norms and residual adds on this rank's 1/tensor_size of the tokens
 };
 
 /// One parameter tensor: its Hugging Face name (weights in torch.nn.Linear's (out, in) layout),
@@ -65,6 +66,10 @@ class TensorGroup {
   virtual ~TensorGroup() = default;
   virtual void all_reduce_sum(const Tensor& t) = 0;  // f32 or bf16
   virtual void all_reduce_max(const Tensor& t) = 0;  // f32
+  /// Sequence parallelism: full (n R, ...) = every rank's part (R, ...) in rank order.
+  virtual void all_gather(const Tensor& part, const Tensor& full) = 0;
+  /// part (R, ...) = this rank's rows of the sum over ranks of full (n R, ...).
+  virtual void reduce_scatter(const Tensor& full, const Tensor& part) = 0;
 };
 
 /// A run of the flat buffer that fully sharded data parallelism (ZeRO 3) gathers and reduces as
@@ -193,14 +198,46 @@ class Model {
   /// Sums t over the tensor group: a row-parallel matmul's partial outputs, or the input gradient
   /// of a column-parallel one.
   void tensor_sum(const Tensor& t);
+  /// Sequence parallelism: the residual stream, its norms and the embedding's output hold this
+  /// rank's 1/tensor_size of the tokens (rows).
+  bool sequence_parallel() const { return layout_.sequence_parallel && layout_.tensor_size > 1; }
+  /// Rows of the residual stream on this rank, of n tokens.
+  std::int64_t stream_rows(std::int64_t n) const { return sequence_parallel() ? n / layout_.tensor_size : n; }
+  /// The whole (n, C) tensor of which `part` holds this rank's rows: `part` itself without
+  /// sequence parallelism, else all-gathered into `full`.
+  Tensor gathered(const Tensor& part, const Tensor& full);
+  /// After a row-parallel matmul (or the embedding) wrote this rank's partial result into
+  /// `partial` (n, C): `out` = the sum over the group, this rank's rows of it with sequence
+  /// parallelism (a reduce-scatter), else all of it (an all-reduce; `partial` is `out`).
+  void reduce_rows(const Tensor& partial, const Tensor& out);
+  /// A norm's backward (`run`) whose weight gradients `grads` (flat: a norm's weight and bias are
+  /// adjacent) get only this rank's tokens' part under sequence parallelism: that part of this
+  /// micro-step is summed over the group.
+  template <class F>
+  void norm_backward(const Tensor& grads, F&& run) {
+    if (!sequence_parallel()) {
+      run();
+      return;
+    }
+    const Tensor kept = keep_norm_grads(grads);
+    ops::zero(grads);
+    run();
+    tensor_sum(grads);
+    ops::residual_forward(grads, grads, kept);
+  }
+  Tensor keep_norm_grads(const Tensor& grads);  // a copy of `grads` (flat)
+  /// The flat gradient run of `count` elements from `first` (a norm's weight, then its bias).
+  Tensor norm_grads(const Tensor& first, std::int64_t count) const {
+    return Tensor(first.data, DType::f32, device_, {count});
+  }
   /// A row-parallel matmul's bias, added by tensor rank 0 alone (the outputs are then summed).
   Tensor bias_once(const Tensor& bias) const { return layout_.tensor_rank == 0 ? bias : Tensor(); }
   /// This rank's rows [begin, end) of the vocabulary (embedding and output head).
   std::int64_t vocab_begin() const;
   std::int64_t vocab_end() const;
-  /// out (B,T,C) = wte[inputs] (+ wpe, when given); vocabulary-parallel: each rank adds the rows it
-  /// holds (its wte part), zero for the others, and the results are summed. `inputs` (B,T) is the
-  /// host copy of `device_inputs`.
+  /// out (B,T,C) = wte[inputs] (+ wpe, when given); vocabulary-parallel: each rank looks up the
+  /// rows it holds (its wte part), zero for the others; reduce_rows then sums them. `inputs` (B,T)
+  /// is the host copy of `device_inputs`.
   void embed(const Tensor& out, const std::int32_t* inputs, const Tensor& device_inputs, const Tensor& wte,
              const Tensor& wpe);
   /// dwte (this rank's rows) and dwpe (when given) += from dout (B,T,C), after embed().
@@ -238,7 +275,7 @@ class Model {
   // embed() and classify() under tensor parallelism: the embedding with a zero row after this
   // rank's (for tokens other ranks hold), its gradient, the tokens as its row indices, and the
   // classifier's per-row statistics.
-  ops::Buffer vocab_table_, vocab_table_grad_, vocab_ids_, classifier_stats_;
+  ops::Buffer vocab_table_, vocab_table_grad_, vocab_ids_, classifier_stats_, norm_grads_;
   std::vector<std::int32_t> host_ids_;
 };
 

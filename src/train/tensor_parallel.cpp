@@ -7,19 +7,46 @@
 
 namespace llmtrain::train {
 
+Tensor CommTensorGroup::widened(const Tensor& t, std::int64_t room) {
+  const std::size_t bytes = std::size_t(t.numel() + room) * sizeof(float);
+  if (wide_.bytes() < bytes) wide_ = ops::Buffer(device_, bytes);
+  const Tensor wide = wide_.view(DType::f32, {t.numel()});
+  ops::convert(wide, Tensor(t.data, t.dtype, t.device, {t.numel()}));
+  return wide;
+}
+
 void CommTensorGroup::all_reduce_sum(const Tensor& t) {
   if (comm_.world_size() == 1) return;
   if (t.dtype == DType::f32) {
     comm_.all_reduce_sum(t.as<float>(), t.numel());
     return;
   }
-  const std::size_t bytes = std::size_t(t.numel()) * sizeof(float);
-  if (wide_.bytes() < bytes) wide_ = ops::Buffer(device_, bytes);
-  const Tensor wide = wide_.view(DType::f32, {t.numel()});
-  const Tensor flat(t.data, t.dtype, t.device, {t.numel()});
-  ops::convert(wide, flat);
+  const Tensor wide = widened(t);
   comm_.all_reduce_sum(wide.as<float>(), t.numel());
-  ops::convert(flat, wide);
+  ops::convert(Tensor(t.data, t.dtype, t.device, {t.numel()}), wide);
+}
+
+void CommTensorGroup::all_gather(const Tensor& part, const Tensor& full) {
+  if (full.numel() != part.numel() * comm_.world_size() || full.dtype != part.dtype) {
+    throw RuntimeError("tensor group: all_gather of mismatched parts");
+  }
+  comm_.all_gather(part.data, full.data, part.numel(), part.dtype);
+}
+
+void CommTensorGroup::reduce_scatter(const Tensor& full, const Tensor& part) {
+  if (full.numel() != part.numel() * comm_.world_size() || full.dtype != part.dtype) {
+    throw RuntimeError("tensor group: reduce_scatter of mismatched parts");
+  }
+  if (full.dtype == DType::f32) {
+    comm_.reduce_scatter_sum(full.as<float>(), part.as<float>(), part.numel());
+    return;
+  }
+  // bf16: summed in f32, this rank's part received after the widened input.
+  const Tensor wide = widened(full, part.numel());
+  float* summed = wide.as<float>() + full.numel();
+  comm_.reduce_scatter_sum(wide.as<float>(), summed, part.numel());
+  ops::convert(Tensor(part.data, part.dtype, part.device, {part.numel()}),
+               Tensor(summed, DType::f32, wide.device, {part.numel()}));
 }
 
 void CommTensorGroup::all_reduce_max(const Tensor& t) {

@@ -21,10 +21,13 @@ class CommTensorGroup final : public model::TensorGroup {
   CommTensorGroup(dist::Communicator& comm, Device device) : comm_(comm), device_(device) {}
   void all_reduce_sum(const Tensor& t) override;
   void all_reduce_max(const Tensor& t) override;
+  void all_gather(const Tensor& part, const Tensor& full) override;
+  void reduce_scatter(const Tensor& full, const Tensor& part) override;
 
  private:
   dist::Communicator& comm_;
   Device device_;
+  Tensor widened(const Tensor& t, std::int64_t room = 0);  // t converted into wide_ (f32), room after it
   ops::Buffer wide_;  // bf16 sums in f32
 };
 

@@ -110,7 +110,8 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
     attention_ = model::resolve_attention(config_, device_, agreed);
   }
   const bool sharded = config_.dist.zero_stage == 3;
-  const model::Layout layout{sharded, comms.tensor_group->rank(), comms.tensor_group->world_size()};
+  const model::Layout layout{sharded, comms.tensor_group->rank(), comms.tensor_group->world_size(),
+                             config_.dist.sequence_parallel};
   model_ = model::make_model(config_.model, device_, tc.recompute, model::precision_dtype(tc.precision),
                              attention_.kernels, layout);
   if (layout.tensor_size > 1) {
