@@ -997,6 +997,45 @@ TEST_CASE("cuda vocabulary-parallel cross-entropy over 3 uneven ranks and on one
   }
 }
 
+TEST_CASE("cuda vocabulary-parallel steps: a NaN logit makes the sum NaN, a negative target the target logit",
+          "[cuda][ops][bf16]") {
+  std::string why;
+  if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
+
+  // Rows 0 and 2 are clean; row 1 has a NaN logit; row 2's target is negative. The max skips the
+  // NaN (as the CPU's does), so the all-reduced max stays a number and the sum carries the NaN.
+  const std::int64_t N = 3;
+  const int V = 1001;
+  const std::int64_t vocab_begin = 5000;
+  std::mt19937 rng(118);
+  Vec logits = uniform_vec(rng, std::size_t(N) * V);
+  logits[std::size_t(V) + 17] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<std::int32_t> targets = {5003, 5004, -1};
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    CAPTURE(dtype_name(dtype));
+    const Vec values = dtype == DType::bf16 ? round_bf16(logits) : logits;
+    const DeviceTensor d_logits(HostValues{values, {}}, dtype, 0);
+    const DeviceArray<std::int32_t> d_targets(targets);
+    const DeviceArray<float> d_max(Vec(N, 0.0f)), d_sum(Vec(N, 0.0f)), d_target(Vec(N, 0.0f));
+    ops::classifier_row_max(d_max.tensor({N}), d_logits.tensor({N, V}));
+    const Vec row_max = d_max.to_host();
+    for (std::int64_t i = 0; i < N; ++i) {
+      float want = -std::numeric_limits<float>::infinity();
+      for (int v = 0; v < V; ++v) want = std::max(want, values[std::size_t(i * V + v)]);
+      CHECK(row_max[std::size_t(i)] == want);
+    }
+    ops::classifier_row_stats(d_sum.tensor({N}), d_target.tensor({N}), d_logits.tensor({N, V}), d_max.tensor({N}),
+                              d_targets.tensor({N}), vocab_begin);
+    const Vec sum_exp = d_sum.to_host(), target_logit = d_target.to_host();
+    CHECK(std::isfinite(sum_exp[0]));
+    CHECK(std::isnan(sum_exp[1]));
+    CHECK(std::isfinite(sum_exp[2]));
+    CHECK(target_logit[0] == values[3]);
+    CHECK(target_logit[1] == values[std::size_t(V) + 4]);
+    CHECK(std::isnan(target_logit[2]));
+  }
+}
+
 TEST_CASE("cuda ops refuse arguments on different devices", "[cuda][ops]") {
   std::string why;
   if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);

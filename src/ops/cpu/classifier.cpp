@@ -8,6 +8,17 @@
 
 namespace llmtrain::cpu {
 
+namespace {
+// d loss / d logit = softmax - onehot: the row (V) becomes (exp(x - max_logit - log_sum) -
+// onehot(target)) * dlogits_scale, the probabilities going straight into the gradient.
+void write_dlogits(float* row, int V, float max_logit, double log_sum, std::int64_t target, float dlogits_scale) {
+  for (int v = 0; v < V; ++v) {
+    const float p = float(std::exp(double(row[v] - max_logit) - log_sum));
+    row[v] = (p - (v == target ? 1.0f : 0.0f)) * dlogits_scale;
+  }
+}
+}  // namespace
+
 double fused_classifier(float* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
                         float dlogits_scale) {
 #pragma omp parallel for if (worth_threads(N * V * 20))
@@ -20,13 +31,7 @@ double fused_classifier(float* logits, float* losses, const std::int32_t* target
     const double log_sum = std::log(sum);
     const int target = targets[i];
     losses[i] = float(log_sum - double(row[target] - max_logit));
-    if (dlogits_scale > 0.0f) {
-      // d loss / d logit = softmax - onehot; the probabilities go straight into the gradient.
-      for (int v = 0; v < V; ++v) {
-        const float p = float(std::exp(double(row[v] - max_logit) - log_sum));
-        row[v] = (p - (v == target ? 1.0f : 0.0f)) * dlogits_scale;
-      }
-    }
+    if (dlogits_scale > 0.0f) write_dlogits(row, V, max_logit, log_sum, target, dlogits_scale);
   }
   double total = 0.0;
   for (std::int64_t i = 0; i < N; ++i) total += losses[i];
@@ -73,14 +78,7 @@ double classifier_parallel_finish(float* logits, float* losses, const float* row
     const double log_sum = std::log(double(sum_exp[i]));
     const float m = row_max[i];
     losses[i] = float(log_sum - double(target_logit[i] - m));
-    if (gradient) {
-      float* row = logits + i * V;
-      const std::int64_t local = std::int64_t(targets[i]) - vocab_begin;
-      for (int v = 0; v < V; ++v) {
-        const float p = float(std::exp(double(row[v] - m) - log_sum));
-        row[v] = (p - (v == local ? 1.0f : 0.0f)) * dlogits_scale;
-      }
-    }
+    if (gradient) write_dlogits(logits + i * V, V, m, log_sum, std::int64_t(targets[i]) - vocab_begin, dlogits_scale);
   }
   double total = 0.0;
   for (std::int64_t i = 0; i < N; ++i) total += losses[i];

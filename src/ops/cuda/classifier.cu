@@ -32,6 +32,22 @@ namespace {
 
 constexpr int classifier_block = 512;
 
+/// Overwrites the row x (V) with its gradient (softmax - onehot(target)) * dlogits_scale, the
+/// softmax being exp(x - row_max) * inv_sum; the block's threads stride over the row.
+template <int W, class Elem>
+__device__ __forceinline__ void write_dlogits(Elem* x, int V, float row_max, float inv_sum, std::int64_t target,
+                                              float dlogits_scale) {
+  for (int v = threadIdx.x * W; v < V; v += blockDim.x * W) {
+    Chunk<Elem, W> chunk = load_chunk<W>(x + v);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const float p = expf(to_float(chunk.e[k]) - row_max) * inv_sum;
+      chunk.e[k] = from_float<Elem>((p - (v + k == target ? 1.0f : 0.0f)) * dlogits_scale);
+    }
+    store_chunk<W>(x + v, chunk);
+  }
+}
+
 template <class Elem, int W>
 __global__ void __launch_bounds__(classifier_block)
     fused_classifier_kernel(Elem* logits /* (N,V) */, float* losses /* (N) */,
@@ -64,18 +80,7 @@ __global__ void __launch_bounds__(classifier_block)
   const float row_sum = block_reduce(scaled, SumOp{}, 0.0f);
   if (threadIdx.x == 0) losses[row] = logf(row_sum) - (target_logit - row_max);
 
-  if (dlogits_scale > 0.0f) {
-    const float inv_sum = 1.0f / row_sum;
-    for (int v = threadIdx.x * W; v < V; v += blockDim.x * W) {
-      Chunk<Elem, W> chunk = load_chunk<W>(x + v);
-#pragma unroll
-      for (int k = 0; k < W; ++k) {
-        const float p = expf(to_float(chunk.e[k]) - row_max) * inv_sum;
-        chunk.e[k] = from_float<Elem>((p - (v + k == target ? 1.0f : 0.0f)) * dlogits_scale);
-      }
-      store_chunk<W>(x + v, chunk);
-    }
-  }
+  if (dlogits_scale > 0.0f) write_dlogits<W>(x, V, row_max, 1.0f / row_sum, target, dlogits_scale);
 }
 
 struct Identity {
@@ -150,19 +155,9 @@ __global__ void __launch_bounds__(parallel_block)
     classifier_parallel_dlogits_kernel(Elem* logits /* (N,V) */, const float* row_max, const float* sum_exp,
                                        const std::int32_t* targets /* (N) each */, int V,
                                        std::int64_t vocab_begin, float dlogits_scale) {
-  Elem* x = logits + std::int64_t(blockIdx.x) * V;
-  const float m = row_max[blockIdx.x];
-  const float inv_sum = 1.0f / sum_exp[blockIdx.x];
-  const std::int64_t local = std::int64_t(targets[blockIdx.x]) - vocab_begin;
-  for (int v = threadIdx.x * W; v < V; v += blockDim.x * W) {
-    Chunk<Elem, W> chunk = load_chunk<W>(x + v);
-#pragma unroll
-    for (int k = 0; k < W; ++k) {
-      const float p = expf(to_float(chunk.e[k]) - m) * inv_sum;
-      chunk.e[k] = from_float<Elem>((p - (v + k == local ? 1.0f : 0.0f)) * dlogits_scale);
-    }
-    store_chunk<W>(x + v, chunk);
-  }
+  const std::int64_t local_target = std::int64_t(targets[blockIdx.x]) - vocab_begin;
+  write_dlogits<W>(logits + std::int64_t(blockIdx.x) * V, V, row_max[blockIdx.x], 1.0f / sum_exp[blockIdx.x],
+                   local_target, dlogits_scale);
 }
 
 template <class Elem>
