@@ -265,11 +265,14 @@ TEST_CASE("plan: the mesh, and sizes that do not divide the world", "[cli][plan]
   CHECK(r.out.find("fp32 ZeRO 1     474.70 MiB   474.70 MiB   237.35 MiB") != std::string::npos);
   check_input_error(run_llmtrain({"plan", "--config", config, "--world-size", "6", "--set", "dist.pipeline_parallel=4"}),
                     "dist.tensor_parallel x dist.pipeline_parallel (1 x 4 = 4) must divide the number of ranks, 6");
-  // Training refuses the axes whose model splits are not built.
+  // Training refuses a pipeline (not built yet), and a tensor group larger than the job.
   TempDir dir;
   check_input_error(run_llmtrain({"train", "--config", config, "--run-dir", dir.path() + "/run", "--set",
+                                  "dist.pipeline_parallel=2"}),
+                    "dist.pipeline_parallel = 2: this llmtrain does not train pipelines yet");
+  check_input_error(run_llmtrain({"train", "--config", config, "--run-dir", dir.path() + "/run", "--set",
                                   "dist.tensor_parallel=2"}),
-                    "dist.tensor_parallel = 2: this llmtrain trains data-parallel meshes only");
+                    "dist.tensor_parallel x dist.pipeline_parallel (2 x 1 = 2) must divide the number of ranks, 1");
 }
 
 TEST_CASE("plan --suggest: meshes that fit, least communication first, none that fits, bad flags", "[cli][plan]") {

@@ -54,15 +54,17 @@ Gpt2::Gpt2(const config::ModelConfig& config, Device device, Recompute recompute
   }
   Params params;
   params.layers.resize(std::size_t(config.n_layer));
+  // Pipeline stages: the first holds wpe and wte, the last ln_f and wte (the tied head).
+  const auto held = [&](const std::string& name) {
+    if (name.starts_with("transformer.ln_f.")) return last_stage();
+    if (name == "transformer.wpe.weight") return first_stage();
+    if (name == "transformer.wte.weight") return first_stage() || last_stage();
+    return true;  // a layer's: add_param keeps this stage's
+  };
   for_each_param(config_, params, [&](const std::string& name, const std::vector<std::int64_t>& shape, Tensor&) {
-    add_param(name, shape, slice_of(name));
+    add_param(name, shape, slice_of(name), held(name));
   });
   allocate();
-  // Layer l's parameters end where those of layer l - 1 (or, for layer 0, wpe) begin.
-  for (std::int64_t l = 0; l < config.n_layer; ++l) {
-    layer_grads_end_.push_back(
-        offset_of(l == 0 ? "transformer.wpe.weight" : "transformer.h." + std::to_string(l - 1) + ".ln_1.weight"));
-  }
   p_ = bind_params(false);
   g_ = bind_params(true);
 }
@@ -99,21 +101,23 @@ std::int64_t Gpt2::parameter_count(const config::ModelConfig& config) {
 Gpt2::Params Gpt2::bind_params(bool grads) const {
   Params p;
   p.layers.resize(std::size_t(config_.n_layer));
-  std::size_t index = 0;
-  for_each_param(config_, p, [&](const std::string&, const std::vector<std::int64_t>&, Tensor& slot) {
-    const ParamInfo& info = param_infos()[index++];
-    slot = grads ? grad(info) : weight(info);
-  });
+  bind_roots(p, grads);
+  for (std::int64_t l = first_layer(); l < first_layer() + stage_layers(); ++l) p.layers[std::size_t(l)] = bind_layer(l, grads);
   return p;
+}
+
+void Gpt2::bind_roots(Params& p, bool grads) const {
+  const auto bind = [&](const std::string& name) { return has_param(name) ? param_named(name, grads) : Tensor(); };
+  p.lnf_w = bind("transformer.ln_f.weight");
+  p.lnf_b = bind("transformer.ln_f.bias");
+  p.wpe = bind("transformer.wpe.weight");
+  p.wte = bind("transformer.wte.weight");
 }
 
 Gpt2::LayerParams Gpt2::bind_layer(std::int64_t l, bool grads) const {
   LayerParams lp;
-  // Layer l's parameters follow ln_f's two and those of layers L-1 .. l+1 (12 each).
-  std::size_t index = 2 + std::size_t(config_.n_layer - 1 - l) * 12;
-  for_each_layer_param(config_, l, lp, [&](const std::string&, const std::vector<std::int64_t>&, Tensor& slot) {
-    const ParamInfo& info = param_infos()[index++];
-    slot = grads ? grad(info) : weight(info);
+  for_each_layer_param(config_, l, lp, [&](const std::string& name, const std::vector<std::int64_t>&, Tensor& slot) {
+    slot = param_named(name, grads);
   });
   return lp;
 }
@@ -124,13 +128,8 @@ void Gpt2::bind_unit(const Unit& unit) {
     g_.layers[std::size_t(unit.layer)] = bind_layer(unit.layer, true);
     return;
   }
-  for (Params* p : {&p_, &g_}) {
-    const bool grads = p == &g_;
-    p->lnf_w = param_named("transformer.ln_f.weight", grads);
-    p->lnf_b = param_named("transformer.ln_f.bias", grads);
-    p->wpe = param_named("transformer.wpe.weight", grads);
-    p->wte = param_named("transformer.wte.weight", grads);
-  }
+  bind_roots(p_, false);
+  bind_roots(g_, true);
 }
 
 void Gpt2::init_weights(std::uint64_t seed) {
@@ -146,76 +145,83 @@ void Gpt2::init_weights(std::uint64_t seed) {
 }
 
 std::size_t Gpt2::bind_acts(const config::ModelConfig& config, Recompute recompute, DType compute, Carver& carver,
-                           int B, int T, Acts& a, GradActs& g, int tensor_size, bool sequence_parallel) {
+                           int B, int T, Acts& a, GradActs& g, const ActsShape& shape) {
   // Under tensor parallelism this rank's attention heads, MLP columns and vocabulary rows (at most);
   // with sequence parallelism R of the N tokens in the residual stream, its norms and their
-  // gradients.
-  const std::int64_t N = std::int64_t(B) * T, R = sequence_parallel ? N / tensor_size : N, C = config.d_model,
-                     CL = C / tensor_size,
-                     F4 = config.ffn_hidden / tensor_size, V = (config.vocab_size + tensor_size - 1) / tensor_size,
-                     NH = config.n_head / tensor_size;
+  // gradients; under pipeline parallelism this stage's layers.
+  const int ts = shape.tensor_size;
+  const std::int64_t N = std::int64_t(B) * T, R = shape.sequence_parallel ? N / ts : N, C = config.d_model,
+                     CL = C / ts, F4 = config.ffn_hidden / ts, V = (config.vocab_size + ts - 1) / ts,
+                     NH = config.n_head / ts, layers = shape.layers < 0 ? config.n_layer : shape.layers;
   // Activations in the compute dtype; statistics (means, rstds, lse, losses) always f32.
-  const auto take = [&](std::initializer_list<std::int64_t> shape) { return carver.take(compute, shape); };
-  const auto stat = [&](std::initializer_list<std::int64_t> shape) { return carver.take(DType::f32, shape); };
-  a = Acts();
-  a.inputs = carver.take(DType::i32, {B, T});
-  a.targets = carver.take(DType::i32, {N});
-  a.encoded = take({R, C});
+  const auto take = [&](std::initializer_list<std::int64_t> dims) { return carver.take(compute, dims); };
+  const auto stat = [&](std::initializer_list<std::int64_t> dims) { return carver.take(DType::f32, dims); };
+  if (shape.acts) {
+    a = Acts();
+    a.inputs = carver.take(DType::i32, {B, T});
+    a.targets = carver.take(DType::i32, {N});
+    a.encoded = take({R, C});
 
-  // One copy shared by all layers: the two branch outputs (backward never reads them) and what
-  // backward recomputes.
-  LayerActs shared;
-  shared.attproj = take({R, C});
-  shared.fcproj = take({R, C});
-  const bool full = recompute == Recompute::full;
-  if (recompute != Recompute::none) {
-    shared.fch = take({N, F4});
-    shared.fch_gelu = take({N, F4});
-  }
-  const auto attention_block = [&](LayerActs& la) {
-    la.ln1 = take({R, C});
-    la.ln1_mean = stat({R});
-    la.ln1_rstd = stat({R});
-    la.qkv = take({N, 3 * CL});
-    la.atty = take({N, CL});
-    la.lse = stat({B, NH, T});
-    la.residual2 = take({R, C});
-    la.ln2 = take({R, C});
-    la.ln2_mean = stat({R});
-    la.ln2_rstd = stat({R});
-  };
-  if (full) attention_block(shared);
-  for (std::int64_t l = 0; l < config.n_layer; ++l) {
-    LayerActs la = shared;
-    if (!full) attention_block(la);
-    if (recompute == Recompute::none) {
-      la.fch = take({N, F4});
-      la.fch_gelu = take({N, F4});
+    // One copy shared by all layers: the two branch outputs (backward never reads them) and what
+    // backward recomputes.
+    LayerActs shared;
+    shared.attproj = take({R, C});
+    shared.fcproj = take({R, C});
+    const bool full = recompute == Recompute::full;
+    if (recompute != Recompute::none) {
+      shared.fch = take({N, F4});
+      shared.fch_gelu = take({N, F4});
     }
-    la.residual3 = take({R, C});
-    a.layers.push_back(la);
+    const auto attention_block = [&](LayerActs& la) {
+      la.ln1 = take({R, C});
+      la.ln1_mean = stat({R});
+      la.ln1_rstd = stat({R});
+      la.qkv = take({N, 3 * CL});
+      la.atty = take({N, CL});
+      la.lse = stat({B, NH, T});
+      la.residual2 = take({R, C});
+      la.ln2 = take({R, C});
+      la.ln2_mean = stat({R});
+      la.ln2_rstd = stat({R});
+    };
+    if (full) attention_block(shared);
+    for (std::int64_t l = 0; l < layers; ++l) {
+      LayerActs la = shared;
+      if (!full) attention_block(la);
+      if (recompute == Recompute::none) {
+        la.fch = take({N, F4});
+        la.fch_gelu = take({N, F4});
+      }
+      la.residual3 = take({R, C});
+      a.layers.push_back(la);
+    }
+    if (shape.head) {
+      a.lnf = take({R, C});
+      a.lnf_mean = stat({R});
+      a.lnf_rstd = stat({R});
+    }
+    if (R != N) {  // the whole tokens' gathered inputs and partial outputs of the split matmuls
+      a.full_in = take({N, C});
+      a.full_out = take({N, C});
+      if (shape.head) a.lnf_full = take({N, C});
+    }
+    if (shape.head) {
+      a.logits = take({N, V});
+      a.losses = stat({N});
+    }
   }
-  a.lnf = take({R, C});
-  a.lnf_mean = stat({R});
-  a.lnf_rstd = stat({R});
-  if (R != N) {  // the whole tokens' gathered inputs and partial outputs of the split matmuls
-    a.full_in = take({N, C});
-    a.full_out = take({N, C});
-    a.lnf_full = take({N, C});
+  if (shape.grads) {
+    g.residual = take({R, C});
+    g.lnf = take({R, C});
+    const std::size_t scratch_begin = carver.used;
+    g.ln1 = take({R, C});
+    g.qkv = take({N, 3 * CL});
+    g.atty = take({N, CL});
+    g.ln2 = take({R, C});
+    g.fch = take({N, F4});
+    g.fch_gelu = take({N, F4});
+    g.scratch = carver.raw_since(scratch_begin);
   }
-  a.logits = take({N, V});
-  a.losses = stat({N});
-
-  g.residual = take({R, C});
-  g.lnf = take({R, C});
-  const std::size_t scratch_begin = carver.used;
-  g.ln1 = take({R, C});
-  g.qkv = take({N, 3 * CL});
-  g.atty = take({N, CL});
-  g.ln2 = take({R, C});
-  g.fch = take({N, F4});
-  g.fch_gelu = take({N, F4});
-  g.scratch = carver.raw_since(scratch_begin);
   return carver.used;
 }
 
@@ -224,31 +230,47 @@ std::size_t Gpt2::measure_activations(const config::ModelConfig& config, Recompu
   Carver carver = Carver::measuring();
   Acts a;
   GradActs g;
-  return bind_acts(config, recompute, compute, carver, B, T, a, g, tensor_size, sequence_parallel);
+  return bind_acts(config, recompute, compute, carver, B, T, a, g, ActsShape{tensor_size, sequence_parallel});
 }
 
 std::size_t Gpt2::activation_bytes(int B, int T) const {
-  return measure_activations(config_, recompute_, compute_, B, T, tensor_size(), sequence_parallel());
+  Carver carver = Carver::measuring();
+  Acts a;
+  GradActs g;
+  return bind_acts(config_, recompute_, compute_, carver, B, T, a, g, acts_shape());
 }
 
 void Gpt2::ensure_acts(int B, int T) {
   if (T < 1 || T > config_.context_length || B < 1) {
     throw RuntimeError("Gpt2: batch (" + std::to_string(B) + ", " + std::to_string(T) + ") outside the model's context");
   }
-  if (B == acts_B_ && T == acts_T_) return;
-  acts_buffer_ = ops::Buffer();
-  acts_buffer_ = ops::Buffer(device_, activation_bytes(B, T));
-  Carver carver{static_cast<char*>(acts_buffer_.data()), device_};
+  if (B == acts_B_ && T == acts_T_ && std::int64_t(acts_slots_.size()) == slots_) return;
   if (sequence_parallel() && (std::int64_t(B) * T) % tensor_size() != 0) {
     throw InputError("dist.sequence_parallel: train.micro_batch_size x the sequence length (" + std::to_string(B) +
                      " x " + std::to_string(T) + ") must be a multiple of dist.tensor_parallel (" +
                      std::to_string(tensor_size()) + ")");
   }
-  bind_acts(config_, recompute_, compute_, carver, B, T, a_, ga_, tensor_size(), sequence_parallel());
+  lay_out_activations(acts_buffer_, acts_slots_, ga_, [&](Carver& carver, Acts& a, GradActs& g, const ActsShape& shape) {
+    return bind_acts(config_, recompute_, compute_, carver, B, T, a, g, shape);
+  });
   // This rank's vocabulary rows (bind_acts made room for the most any rank has).
-  a_.logits = Tensor(a_.logits.data, a_.logits.dtype, device_, {std::int64_t(B) * T, vocab_end() - vocab_begin()});
+  for (Acts& slot : acts_slots_) {
+    if (last_stage()) {
+      slot.logits = Tensor(slot.logits.data, slot.logits.dtype, device_, {std::int64_t(B) * T, vocab_end() - vocab_begin()});
+    }
+  }
   acts_B_ = B;
   acts_T_ = T;
+  a_ = acts_slots_[std::size_t(slot_)];
+}
+
+void Gpt2::select_activations() {
+  if (std::size_t(slot_) < acts_slots_.size()) a_ = acts_slots_[std::size_t(slot_)];
+}
+
+Model::StageIO Gpt2::stage_io() {
+  const Tensor& output = a_.layers.empty() ? a_.encoded : a_.layers.back().residual3;
+  return {a_.encoded, output, ga_.residual, ga_.residual};
 }
 
 void Gpt2::forward_mlp(const LayerParams& lp, const LayerActs& la, const Tensor& ln2) {
@@ -261,8 +283,9 @@ void Gpt2::forward_layer(std::size_t l) {
   const std::int64_t C = config_.d_model / tensor_size();  // this rank's heads' width
   const int NH = int(config_.n_head) / tensor_size();
   const LayerParams& lp = p_.layers[l];
-  const LayerActs& la = a_.layers[l];
-  const Tensor& x = l ? a_.layers[l - 1].residual3 : a_.encoded;
+  const std::size_t li = l - std::size_t(first_layer());  // this stage's layer index
+  const LayerActs& la = a_.layers[li];
+  const Tensor& x = li ? a_.layers[li - 1].residual3 : a_.encoded;
   // Tensor parallelism: c_attn and c_fc see the whole tokens (gathered under sequence
   // parallelism), the two c_proj outputs are summed over the group (this rank's tokens of them).
   const bool sp = sequence_parallel();
@@ -286,14 +309,18 @@ double Gpt2::forward(const std::int32_t* inputs, const std::int32_t* targets, in
   const std::int64_t C = config_.d_model;
   ops::copy(a_.inputs, Tensor(const_cast<std::int32_t*>(inputs), DType::i32, Device::cpu, {B, T}));
   notify(UnitEvent::forward_begins);
-  const Tensor embedded = sequence_parallel() ? a_.full_out : a_.encoded;
-  embed(embedded.reshape({B, T, C}), inputs, a_.inputs, p_.wte, p_.wpe);
-  reduce_rows(embedded, a_.encoded);
-  for (std::size_t l = 0; l < a_.layers.size(); ++l) {
+  if (first_stage()) {  // a later pipeline stage's input is the previous stage's output (stage_io)
+    const Tensor embedded = sequence_parallel() ? a_.full_out : a_.encoded;
+    embed(embedded.reshape({B, T, C}), inputs, a_.inputs, p_.wte, p_.wpe);
+    reduce_rows(embedded, a_.encoded);
+  }
+  for (std::size_t li = 0; li < a_.layers.size(); ++li) {
+    const std::size_t l = std::size_t(first_layer()) + li;
     notify(UnitEvent::before_forward, int(l));
     forward_layer(l);
     notify(UnitEvent::after_forward, int(l));
   }
+  if (!last_stage()) return 0.0;  // its output goes to the next stage
   const Tensor& last = a_.layers.empty() ? a_.encoded : a_.layers.back().residual3;
   ops::layernorm_forward(a_.lnf, a_.lnf_mean, a_.lnf_rstd, last, p_.lnf_w, p_.lnf_b);
   ops::matmul_forward(a_.logits, gathered(a_.lnf, a_.lnf_full), p_.wte, Tensor());  // tied embeddings
@@ -315,20 +342,23 @@ void Gpt2::backward(const std::function<void(std::int64_t)>& grads_ready) {
   // the c_proj backward needs are gathered whole.
   const bool sp = sequence_parallel();
   const Tensor& dresidual = ga_.residual;
-  ops::zero(dresidual);
-  const Tensor dlnf = sp ? a_.full_out : ga_.lnf;  // the head's partial input gradient
-  ops::zero(dlnf);
-  ops::matmul_backward(dlnf, g_.wte, none, dlogits, sp ? a_.lnf_full : a_.lnf, p_.wte);
-  reduce_rows(dlnf, ga_.lnf);  // each rank's vocabulary rows' share
-  const Tensor& last = a_.layers.empty() ? a_.encoded : a_.layers.back().residual3;
-  norm_backward(norm_grads(g_.lnf_w, 2 * C), [&] {
-    ops::layernorm_backward(dresidual, g_.lnf_w, g_.lnf_b, ga_.lnf, last, p_.lnf_w, a_.lnf_mean, a_.lnf_rstd);
-  });
-  for (std::size_t l = a_.layers.size(); l-- > 0;) {
+  if (last_stage()) {  // an earlier pipeline stage starts from the next stage's gradient (stage_io)
+    ops::zero(dresidual);
+    const Tensor dlnf = sp ? a_.full_out : ga_.lnf;  // the head's partial input gradient
+    ops::zero(dlnf);
+    ops::matmul_backward(dlnf, g_.wte, none, dlogits, sp ? a_.lnf_full : a_.lnf, p_.wte);
+    reduce_rows(dlnf, ga_.lnf);  // each rank's vocabulary rows' share
+    const Tensor& last = a_.layers.empty() ? a_.encoded : a_.layers.back().residual3;
+    norm_backward(norm_grads(g_.lnf_w, 2 * C), [&] {
+      ops::layernorm_backward(dresidual, g_.lnf_w, g_.lnf_b, ga_.lnf, last, p_.lnf_w, a_.lnf_mean, a_.lnf_rstd);
+    });
+  }
+  for (std::size_t li = a_.layers.size(); li-- > 0;) {
+    const std::size_t l = std::size_t(first_layer()) + li;
     const LayerParams& lp = p_.layers[l];
     const LayerParams& lg = g_.layers[l];
-    const LayerActs& la = a_.layers[l];
-    const Tensor& x = l ? a_.layers[l - 1].residual3 : a_.encoded;
+    const LayerActs& la = a_.layers[li];
+    const Tensor& x = li ? a_.layers[li - 1].residual3 : a_.encoded;
     notify(UnitEvent::before_backward, int(l));
     if (recompute_ == Recompute::full) {
       forward_layer(l);
@@ -360,9 +390,10 @@ void Gpt2::backward(const std::function<void(std::int64_t)>& grads_ready) {
       ops::layernorm_backward(dresidual, lg.ln1_w, lg.ln1_b, ga_.ln1, x, lp.ln1_w, la.ln1_mean, la.ln1_rstd);
     });
     notify(UnitEvent::after_backward, int(l));
-    if (grads_ready) grads_ready(layer_grads_end_[l]);
+    if (grads_ready) grads_ready(layer_grads_end(std::int64_t(l)));
   }
-  embed_backward(g_.wte, g_.wpe, gathered(dresidual, a_.full_in).reshape({B, T, C}), a_.inputs);
+  // A later pipeline stage's input gradient goes to the previous stage (stage_io).
+  if (first_stage()) embed_backward(g_.wte, g_.wpe, gathered(dresidual, a_.full_in).reshape({B, T, C}), a_.inputs);
   notify(UnitEvent::backward_ends);
   if (grads_ready) grads_ready(num_params());
 }

@@ -62,15 +62,17 @@ Llama::Llama(const config::ModelConfig& config, Device device, Recompute recompu
   NKV_ = kv_split ? config.n_kv_head / N : 1;
   kv_sharers_ = kv_split ? 1 : N / int(config.n_kv_head);
   QKV_ = (NH_ + 2 * NKV_) * HS_;
+  // Pipeline stages: the first holds the embedding, the last the final norm and the head (the
+  // embedding too when tied).
+  const auto held = [&](const std::string& name) {
+    if (name == "lm_head.weight" || name == "model.norm.weight") return last_stage();
+    if (name == "model.embed_tokens.weight") return first_stage() || (last_stage() && config_.tie_embeddings);
+    return true;  // a layer's: add_param keeps this stage's
+  };
   for_each_param(config, [&](const std::string& name, const std::vector<std::int64_t>& shape) {
-    add_param(name, shape, slice_of(name));
+    add_param(name, shape, slice_of(name), held(name));
   });
   allocate();
-  // Layer l's gradients are final once its backward is done: they end where layer l - 1's begin.
-  for (std::int64_t l = 0; l < config.n_layer; ++l) {
-    layer_grads_end_.push_back(
-        offset_of(l == 0 ? "model.embed_tokens.weight" : layer_prefix(l - 1) + "input_layernorm.weight"));
-  }
   p_ = bind_params(false);
   g_ = bind_params(true);
 }
@@ -107,11 +109,17 @@ std::int64_t Llama::parameter_count(const config::ModelConfig& config) {
 
 Llama::Params Llama::bind_params(bool grads) const {
   Params p;
-  p.embed = param_named("model.embed_tokens.weight", grads);
-  p.norm = param_named("model.norm.weight", grads);
-  p.head = config_.tie_embeddings ? p.embed : param_named("lm_head.weight", grads);
-  for (std::int64_t l = 0; l < config_.n_layer; ++l) p.layers.push_back(bind_layer(l, grads));
+  p.layers.resize(std::size_t(config_.n_layer));
+  bind_roots(p, grads);
+  for (std::int64_t l = first_layer(); l < first_layer() + stage_layers(); ++l) p.layers[std::size_t(l)] = bind_layer(l, grads);
   return p;
+}
+
+void Llama::bind_roots(Params& p, bool grads) const {
+  const auto bind = [&](const std::string& name) { return has_param(name) ? param_named(name, grads) : Tensor(); };
+  p.embed = bind("model.embed_tokens.weight");
+  p.norm = bind("model.norm.weight");
+  p.head = config_.tie_embeddings ? p.embed : bind("lm_head.weight");
 }
 
 Llama::LayerParams Llama::bind_layer(std::int64_t l, bool grads) const {
@@ -134,12 +142,8 @@ void Llama::bind_unit(const Unit& unit) {
     g_.layers[std::size_t(unit.layer)] = bind_layer(unit.layer, true);
     return;
   }
-  for (Params* p : {&p_, &g_}) {
-    const bool grads = p == &g_;
-    p->embed = param_named("model.embed_tokens.weight", grads);
-    p->norm = param_named("model.norm.weight", grads);
-    p->head = config_.tie_embeddings ? p->embed : param_named("lm_head.weight", grads);
-  }
+  bind_roots(p_, false);
+  bind_roots(g_, true);
 }
 
 void Llama::init_weights(std::uint64_t seed) {
@@ -159,17 +163,21 @@ void Llama::init_weights(std::uint64_t seed) {
 int Llama::rotated_heads() const { return int(NH_ + NKV_); }
 
 std::size_t Llama::bind_acts(const config::ModelConfig& config, Recompute recompute, DType compute, Carver& carver,
-                            int B, int T, Acts& a, GradActs& g, int tensor_size, bool sequence_parallel) {
+                            int B, int T, Acts& a, GradActs& g, const ActsShape& shape) {
   // Under tensor parallelism this rank's heads, MLP columns and vocabulary rows (at most); with
-  // sequence parallelism R of the N tokens in the residual stream, its norms and their gradients.
-  const std::int64_t N = std::int64_t(B) * T, R = sequence_parallel ? N / tensor_size : N, C = config.d_model, F = config.ffn_hidden / tensor_size,
+  // sequence parallelism R of the N tokens in the residual stream, its norms and their gradients;
+  // under pipeline parallelism this stage's layers.
+  const int tensor_size = shape.tensor_size;
+  const std::int64_t layers = shape.layers < 0 ? config.n_layer : shape.layers;
+  const std::int64_t N = std::int64_t(B) * T, R = shape.sequence_parallel ? N / tensor_size : N, C = config.d_model, F = config.ffn_hidden / tensor_size,
                      V = (config.vocab_size + tensor_size - 1) / tensor_size, NH = config.n_head / tensor_size,
                      CL = NH * (C / config.n_head),
                      NKV = config.n_kv_head % tensor_size == 0 ? config.n_kv_head / tensor_size : 1,  // else replicated
                      QKV = (NH + 2 * NKV) * (C / config.n_head);
   // Activations in the compute dtype; statistics (rstd, lse, losses) always f32.
-  const auto take = [&](std::initializer_list<std::int64_t> shape) { return carver.take(compute, shape); };
-  const auto stat = [&](std::initializer_list<std::int64_t> shape) { return carver.take(DType::f32, shape); };
+  const auto take = [&](std::initializer_list<std::int64_t> dims) { return carver.take(compute, dims); };
+  const auto stat = [&](std::initializer_list<std::int64_t> dims) { return carver.take(DType::f32, dims); };
+  if (shape.acts) {
   a = Acts();
   a.inputs = carver.take(DType::i32, {B, T});
   a.targets = carver.take(DType::i32, {N});
@@ -197,7 +205,7 @@ std::size_t Llama::bind_acts(const config::ModelConfig& config, Recompute recomp
     shared.ln2 = take({R, C});
     shared.rstd2 = stat({R});
   }
-  for (std::int64_t l = 0; l < config.n_layer; ++l) {
+  for (std::int64_t l = 0; l < layers; ++l) {
     LayerActs la = shared;
     if (!full) {
       la.ln1 = take({R, C});
@@ -217,16 +225,21 @@ std::size_t Llama::bind_acts(const config::ModelConfig& config, Recompute recomp
     la.residual3 = take({R, C});
     a.layers.push_back(la);
   }
-  a.lnf = take({R, C});
-  a.rstdf = stat({R});
+  if (shape.head) {
+    a.lnf = take({R, C});
+    a.rstdf = stat({R});
+  }
   if (R != N) {  // the whole tokens' gathered inputs and partial outputs of the split matmuls
     a.full_in = take({N, C});
     a.full_out = take({N, C});
-    a.lnf_full = take({N, C});
+    if (shape.head) a.lnf_full = take({N, C});
   }
-  a.logits = take({N, V});
-  a.losses = stat({N});
-
+  if (shape.head) {
+    a.logits = take({N, V});
+    a.losses = stat({N});
+  }
+  }
+  if (shape.grads) {
   g.residual = take({R, C});
   g.lnf = take({R, C});
   const std::size_t scratch_begin = carver.used;
@@ -239,6 +252,7 @@ std::size_t Llama::bind_acts(const config::ModelConfig& config, Recompute recomp
   g.up = take({N, F});
   g.swi = take({N, F});
   g.scratch = carver.raw_since(scratch_begin);
+  }
   return carver.used;
 }
 
@@ -247,11 +261,14 @@ std::size_t Llama::measure_activations(const config::ModelConfig& config, Recomp
   Carver carver = Carver::measuring();
   Acts a;
   GradActs g;
-  return bind_acts(config, recompute, compute, carver, B, T, a, g, tensor_size, sequence_parallel);
+  return bind_acts(config, recompute, compute, carver, B, T, a, g, ActsShape{tensor_size, sequence_parallel});
 }
 
 std::size_t Llama::activation_bytes(int B, int T) const {
-  return measure_activations(config_, recompute_, compute_, B, T, tensor_size(), sequence_parallel());
+  Carver carver = Carver::measuring();
+  Acts a;
+  GradActs g;
+  return bind_acts(config_, recompute_, compute_, carver, B, T, a, g, acts_shape());
 }
 
 void Llama::ensure_acts(int B, int T) {
@@ -259,20 +276,33 @@ void Llama::ensure_acts(int B, int T) {
     throw RuntimeError("Llama: batch (" + std::to_string(B) + ", " + std::to_string(T) +
                        ") outside the model's context");
   }
-  if (B == acts_B_ && T == acts_T_) return;
-  acts_buffer_ = ops::Buffer();
-  acts_buffer_ = ops::Buffer(device_, activation_bytes(B, T));
-  Carver carver{static_cast<char*>(acts_buffer_.data()), device_};
+  if (B == acts_B_ && T == acts_T_ && std::int64_t(acts_slots_.size()) == slots_) return;
   if (sequence_parallel() && (std::int64_t(B) * T) % tensor_size() != 0) {
     throw InputError("dist.sequence_parallel: train.micro_batch_size x the sequence length (" + std::to_string(B) +
                      " x " + std::to_string(T) + ") must be a multiple of dist.tensor_parallel (" +
                      std::to_string(tensor_size()) + ")");
   }
-  bind_acts(config_, recompute_, compute_, carver, B, T, a_, ga_, tensor_size(), sequence_parallel());
+  lay_out_activations(acts_buffer_, acts_slots_, ga_, [&](Carver& carver, Acts& a, GradActs& g, const ActsShape& shape) {
+    return bind_acts(config_, recompute_, compute_, carver, B, T, a, g, shape);
+  });
   // This rank's vocabulary rows (bind_acts made room for the most any rank has).
-  a_.logits = Tensor(a_.logits.data, a_.logits.dtype, device_, {std::int64_t(B) * T, vocab_end() - vocab_begin()});
+  for (Acts& slot : acts_slots_) {
+    if (last_stage()) {
+      slot.logits = Tensor(slot.logits.data, slot.logits.dtype, device_, {std::int64_t(B) * T, vocab_end() - vocab_begin()});
+    }
+  }
   acts_B_ = B;
   acts_T_ = T;
+  a_ = acts_slots_[std::size_t(slot_)];
+}
+
+void Llama::select_activations() {
+  if (std::size_t(slot_) < acts_slots_.size()) a_ = acts_slots_[std::size_t(slot_)];
+}
+
+Model::StageIO Llama::stage_io() {
+  const Tensor& output = a_.layers.empty() ? a_.encoded : a_.layers.back().residual3;
+  return {a_.encoded, output, ga_.residual, ga_.residual};
 }
 
 void Llama::forward_mlp(const LayerParams& lp, const LayerActs& la, const Tensor& ln2) {
@@ -287,8 +317,9 @@ void Llama::forward_layer(std::size_t l) {
   const std::int64_t NH = NH_, NKV = NKV_, C = NH * HS_;  // this rank's heads and their width
   const auto eps = float(config_.norm_eps), theta = float(config_.rope_theta);
   const LayerParams& lp = p_.layers[l];
-  const LayerActs& la = a_.layers[l];
-  const Tensor& x = l ? a_.layers[l - 1].residual3 : a_.encoded;
+  const std::size_t li = l - std::size_t(first_layer());  // this stage's layer index
+  const LayerActs& la = a_.layers[li];
+  const Tensor& x = li ? a_.layers[li - 1].residual3 : a_.encoded;
   const Tensor none;
   // Tensor parallelism: q, k, v, gate and up see the whole tokens (gathered under sequence
   // parallelism), the o and down outputs are summed over the group (this rank's tokens of them).
@@ -314,14 +345,18 @@ double Llama::forward(const std::int32_t* inputs, const std::int32_t* targets, i
   prepare_weights();
   ops::copy(a_.inputs, Tensor(const_cast<std::int32_t*>(inputs), DType::i32, Device::cpu, {B, T}));
   notify(UnitEvent::forward_begins);
-  const Tensor embedded = sequence_parallel() ? a_.full_out : a_.encoded;
-  embed(embedded.reshape({B, T, config_.d_model}), inputs, a_.inputs, p_.embed, Tensor());
-  reduce_rows(embedded, a_.encoded);
-  for (std::size_t l = 0; l < a_.layers.size(); ++l) {
+  if (first_stage()) {  // a later pipeline stage's input is the previous stage's output (stage_io)
+    const Tensor embedded = sequence_parallel() ? a_.full_out : a_.encoded;
+    embed(embedded.reshape({B, T, config_.d_model}), inputs, a_.inputs, p_.embed, Tensor());
+    reduce_rows(embedded, a_.encoded);
+  }
+  for (std::size_t li = 0; li < a_.layers.size(); ++li) {
+    const std::size_t l = std::size_t(first_layer()) + li;
     notify(UnitEvent::before_forward, int(l));
     forward_layer(l);
     notify(UnitEvent::after_forward, int(l));
   }
+  if (!last_stage()) return 0.0;  // its output goes to the next stage
   const Tensor& last = a_.layers.empty() ? a_.encoded : a_.layers.back().residual3;
   ops::rmsnorm_forward(a_.lnf, a_.rstdf, last, p_.norm, float(config_.norm_eps));
   ops::matmul_forward(a_.logits, gathered(a_.lnf, a_.lnf_full), p_.head, Tensor());
@@ -343,18 +378,22 @@ void Llama::backward(const std::function<void(std::int64_t)>& grads_ready) {
   // o and down backward needs are gathered whole.
   const bool sp = sequence_parallel();
   const Tensor& dresidual = ga_.residual;
-  ops::zero(dresidual);
-  const Tensor dlnf = sp ? a_.full_out : ga_.lnf;  // the head's partial input gradient
-  ops::zero(dlnf);
-  ops::matmul_backward(dlnf, g_.head, none, dlogits, sp ? a_.lnf_full : a_.lnf, p_.head);
-  reduce_rows(dlnf, ga_.lnf);  // each rank's vocabulary rows' share
-  const Tensor& last = a_.layers.empty() ? a_.encoded : a_.layers.back().residual3;
-  norm_backward(norm_grads(g_.norm, C), [&] { ops::rmsnorm_backward(dresidual, g_.norm, ga_.lnf, last, p_.norm, a_.rstdf); });
-  for (std::size_t l = a_.layers.size(); l-- > 0;) {
+  if (last_stage()) {  // an earlier pipeline stage starts from the next stage's gradient (stage_io)
+    ops::zero(dresidual);
+    const Tensor dlnf = sp ? a_.full_out : ga_.lnf;  // the head's partial input gradient
+    ops::zero(dlnf);
+    ops::matmul_backward(dlnf, g_.head, none, dlogits, sp ? a_.lnf_full : a_.lnf, p_.head);
+    reduce_rows(dlnf, ga_.lnf);  // each rank's vocabulary rows' share
+    const Tensor& last = a_.layers.empty() ? a_.encoded : a_.layers.back().residual3;
+    norm_backward(norm_grads(g_.norm, C),
+                  [&] { ops::rmsnorm_backward(dresidual, g_.norm, ga_.lnf, last, p_.norm, a_.rstdf); });
+  }
+  for (std::size_t li = a_.layers.size(); li-- > 0;) {
+    const std::size_t l = std::size_t(first_layer()) + li;
     const LayerParams& lp = p_.layers[l];
     const LayerParams& lg = g_.layers[l];
-    const LayerActs& la = a_.layers[l];
-    const Tensor& x = l ? a_.layers[l - 1].residual3 : a_.encoded;
+    const LayerActs& la = a_.layers[li];
+    const Tensor& x = li ? a_.layers[li - 1].residual3 : a_.encoded;
     notify(UnitEvent::before_backward, int(l));
     if (recompute_ == Recompute::full) {
       forward_layer(l);
@@ -392,9 +431,10 @@ void Llama::backward(const std::function<void(std::int64_t)>& grads_ready) {
     reduce_rows(dln1, ga_.ln1);
     norm_backward(norm_grads(lg.in_norm, C), [&] { ops::rmsnorm_backward(dresidual, lg.in_norm, ga_.ln1, x, lp.in_norm, la.rstd1); });
     notify(UnitEvent::after_backward, int(l));
-    if (grads_ready) grads_ready(layer_grads_end_[l]);
+    if (grads_ready) grads_ready(layer_grads_end(std::int64_t(l)));
   }
-  embed_backward(g_.embed, Tensor(), gathered(dresidual, a_.full_in).reshape({B, T, C}), a_.inputs);
+  // A later pipeline stage's input gradient goes to the previous stage (stage_io).
+  if (first_stage()) embed_backward(g_.embed, Tensor(), gathered(dresidual, a_.full_in).reshape({B, T, C}), a_.inputs);
   notify(UnitEvent::backward_ends);
   if (grads_ready) grads_ready(num_params());
 }

@@ -27,6 +27,7 @@ class Llama final : public Model {
   void backward(const std::function<void(std::int64_t)>& grads_ready = {}) override;
   Tensor logits() override;
   Tensor decode_step(std::int32_t token, int pos) override;
+  StageIO stage_io() override;
   std::size_t activation_bytes(int B, int T) const override;
 
   /// Exact parameter count of `config`, from the parameter list alone (nothing allocated).
@@ -62,12 +63,13 @@ class Llama final : public Model {
 
   Params bind_params(bool grads) const;
   LayerParams bind_layer(std::int64_t l, bool grads) const;
+  void bind_roots(Params& p, bool grads) const;  // the parameters outside the layers this stage holds
+  void select_activations() override;
   void bind_unit(const Unit& unit) override;
   /// Lays the activations of (B,T) out with `carver` into a, g; returns the bytes they take. The
   /// one activation layout: a measuring Carver sizes the buffer (and `plan`), a real one binds it.
   static std::size_t bind_acts(const config::ModelConfig& config, Recompute recompute, DType compute, Carver& carver,
-                               int B, int T, Acts& a, GradActs& g, int tensor_size = 1,
-                               bool sequence_parallel = false);
+                               int B, int T, Acts& a, GradActs& g, const ActsShape& shape);
   /// This rank's part of parameter `name` under tensor parallelism.
   TensorSlice slice_of(const std::string& name) const;
   void ensure_acts(int B, int T);
@@ -81,12 +83,12 @@ class Llama final : public Model {
   int kv_sharers_ = 1;     // ranks that hold the same key/value head (tensor parallel size > n_kv_head)
   ops::Buffer kv_grads_;   // backward_qkv_shared_kv's slots
   void backward_qkv_shared_kv(std::size_t l, const Tensor& dln1, const Tensor& ln1);
-  std::vector<std::int64_t> layer_grads_end_;
   Params p_, g_;
 
   int acts_B_ = 0, acts_T_ = 0;
   ops::Buffer acts_buffer_, logits_f32_;  // logits_f32_: logits() and decode_step() in mixed precision
-  Acts a_;
+  Acts a_;                         // the activation slot in use
+  std::vector<Acts> acts_slots_;  // every slot's
   GradActs ga_;
 
   // Buffers of decode_step: one position's activations and each layer's key/value cache, whose

@@ -39,7 +39,15 @@ int layer_of(const std::string& name) {
 
 }  // namespace
 
-void Model::add_param(const std::string& name, std::vector<std::int64_t> shape, TensorSlice slice) {
+void Model::add_param(const std::string& name, std::vector<std::int64_t> shape, TensorSlice slice, bool held) {
+  const int layer = layer_of(name);
+  if (layer >= 0 && (layer < layout_.first_layer || layer >= layout_.first_layer + stage_layers())) held = false;
+  if (!held) {  // another pipeline stage's
+    std::int64_t full = 1;
+    for (const auto d : shape) full *= d;
+    logical_params_ += full;
+    return;
+  }
   ParamInfo info;
   info.name = name;
   info.shape = shape;
@@ -56,18 +64,25 @@ void Model::add_param(const std::string& name, std::vector<std::int64_t> shape, 
   for (const auto d : info.full_shape) full *= d;
   for (const auto d : info.shape) info.numel *= d;
   info.decay = info.shape.size() == 2;
-  info.layer = layer_of(name);
+  info.layer = layer;
+  info.logical_offset = logical_params_;
   num_params_ += info.numel;
   logical_params_ += full;
+  index_[info.name] = infos_.size();
   infos_.push_back(std::move(info));
+}
+
+std::int64_t Model::layer_grads_end(std::int64_t l) const {
+  for (const Unit& unit : units_) {
+    if (unit.layer == l) return unit.end;
+  }
+  throw RuntimeError("model: layer " + std::to_string(l) + " is not on this pipeline stage");
 }
 
 std::vector<Segment> Model::segments(bool owned_only) const {
   std::vector<Segment> out;
-  std::int64_t logical = 0;
   for (const auto& info : infos_) {
-    std::int64_t full = 1;
-    for (const auto d : info.full_shape) full *= d;
+    const std::int64_t logical = info.logical_offset;
     const auto add = [&](std::int64_t local, std::int64_t at, std::int64_t length) {
       if (!out.empty() && out.back().local + out.back().length == local &&
           out.back().logical + out.back().length == at) {
@@ -95,7 +110,6 @@ std::vector<Segment> Model::segments(bool owned_only) const {
         }
       }
     }
-    logical += full;
   }
   return out;
 }
@@ -165,6 +179,18 @@ void Model::embed(const Tensor& out, const std::int32_t* inputs, const Tensor& d
   const Tensor ids = vocab_ids_.view(DType::i32, {device_inputs.shape[0], device_inputs.shape[1]});
   ops::copy(ids, Tensor(host_ids_.data(), DType::i32, Device::cpu, {device_inputs.shape[0], device_inputs.shape[1]}));
   ops::encoder_forward(out, ids, vocab_table_.view(compute_, {rows + 1, C}), bias_once(wpe));
+}
+
+void Model::set_activation_slots(int slots) {
+  if (slots < 1) throw RuntimeError("model: activation slots must be at least 1");
+  slots_ = slots;
+  slot_ = 0;
+}
+
+void Model::use_activation_slot(int slot) {
+  if (slot < 0 || slot >= slots_) throw RuntimeError("model: no activation slot " + std::to_string(slot));
+  slot_ = slot;
+  select_activations();
 }
 
 Tensor Model::gathered(const Tensor& part, const Tensor& full) {
@@ -247,10 +273,9 @@ Tensor Model::as_f32(const Tensor& t, ops::Buffer& scratch) const {
 }
 
 const ParamInfo& Model::param_info(const std::string& name) const {
-  for (const auto& info : infos_) {
-    if (info.name == name) return info;
-  }
-  throw RuntimeError("model: no parameter named " + name);
+  const auto found = index_.find(name);
+  if (found == index_.end()) throw RuntimeError("model: no parameter named " + name);
+  return infos_[found->second];
 }
 
 namespace {

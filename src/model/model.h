@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "config/config.h"
@@ -36,6 +37,21 @@ struct Layout {
   int tensor_rank = 0;
   int tensor_size = 1;
   bool sequence_parallel = false;  // norms and residual adds on this rank's 1/tensor_size of the tokens
+  // Pipeline parallelism: this stage's layers [first_layer, first_layer + layers); -1: every layer.
+  // The first stage also holds the token embedding, the last the final norm, the head and the loss.
+  int first_layer = 0;
+  int layers = -1;
+};
+
+/// The shape of a model's activation buffers beyond (B, T): its tensor-parallel part, its pipeline
+/// stage's layers, and which parts are laid out.
+struct ActsShape {
+  int tensor_size = 1;
+  bool sequence_parallel = false;
+  int layers = -1;    // the stage's layers; -1: every layer
+  bool head = true;   // the final norm, logits and losses (the last stage)
+  bool acts = true;   // the forward activations
+  bool grads = true;  // the backward scratch
 };
 
 /// One parameter tensor: its Hugging Face name (weights in torch.nn.Linear's (out, in) layout),
@@ -51,6 +67,7 @@ struct ParamInfo {
   std::size_t unit = 0;  // index into Model::units()
   std::vector<std::int64_t> full_shape;  // the whole tensor's shape (= shape without tensor parallelism)
   TensorSlice slice;                     // which part of it `shape` is
+  std::int64_t logical_offset = 0;       // where the whole tensor starts in the whole model's flat buffer
 };
 
 /// A run of elements that sits at `local` in a rank's flat buffer and at `logical` in the flat
@@ -101,6 +118,27 @@ class UnitHooks {
 /// Which activations backward recomputes instead of keeping from forward (config train.recompute).
 using Recompute = config::Recompute;
 
+/// Hands out consecutive 64-byte aligned tensors from one allocation. A measuring Carver (null
+/// base) allocates nothing and hands out tensors without data: it only counts the bytes, so that
+/// the same layout code sizes the buffer, carves it, and answers `llmtrain plan`.
+struct Carver {
+  char* base;
+  Device device;
+  std::size_t used = 0;
+
+  static Carver measuring(Device device = Device::cpu) { return Carver{nullptr, device}; }
+
+  Tensor take(DType dtype, std::initializer_list<std::int64_t> shape) {
+    Tensor t(base ? base + used : nullptr, dtype, device, shape);
+    used += (t.bytes() + 63) / 64 * 64;
+    return t;
+  }
+  /// The bytes handed out since offset `begin`, as one raw u16 tensor (for zeroing them at once).
+  Tensor raw_since(std::size_t begin) const {
+    return Tensor(base ? base + begin : nullptr, DType::u16, device, {std::int64_t(used - begin) / 2});
+  }
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -114,6 +152,14 @@ class Model {
   DType compute_dtype() const { return compute_; }
   const std::vector<ParamInfo>& param_infos() const { return infos_; }
   const ParamInfo& param_info(const std::string& name) const;
+  /// Whether this model (this pipeline stage) holds parameter `name`.
+  bool has_param(const std::string& name) const { return index_.contains(name); }
+
+  // Pipeline parallelism (layout().layers >= 0): this stage's layers and its place in the pipeline.
+  int first_layer() const { return layout_.first_layer; }
+  int stage_layers() const { return layout_.layers < 0 ? int(config_.n_layer) : layout_.layers; }
+  bool first_stage() const { return layout_.first_layer == 0; }
+  bool last_stage() const { return layout_.first_layer + stage_layers() == config_.n_layer; }
   std::int64_t num_params() const { return num_params_; }
 
   Tensor params() const { return params_.view(DType::f32, {num_params_}); }  // (P,) f32 master weights
@@ -160,6 +206,21 @@ class Model {
   /// (B,T,V) f32 logits of the last forward without dloss_scale.
   virtual Tensor logits() = 0;
 
+  /// Pipeline parallelism: the forward passes whose backward has not run yet keep their
+  /// activations in slots of their own (one by default); forward and backward use the selected one.
+  void set_activation_slots(int slots);
+  void use_activation_slot(int slot);
+  int activation_slot() const { return slot_; }
+  /// The current slot's tensors at the stage's boundaries: before forward, a later stage's
+  /// `input` (the residual stream entering its first layer) is filled with the previous stage's
+  /// `output`; before backward, an earlier stage's `output_grad` with the next stage's
+  /// `input_grad` (the gradient of its input, after its backward). (B T, C) in the compute dtype,
+  /// this rank's tokens under sequence parallelism.
+  struct StageIO {
+    Tensor input, output, input_grad, output_grad;
+  };
+  virtual StageIO stage_io() = 0;
+
   /// Incremental decoding of one sequence with a KV cache: feed its tokens at positions 0, 1,
   /// 2, ... (below context_length), each costing one position; returns the (V,) f32 logits that
   /// predict the next token. Position 0 starts a new sequence (and picks up changed weights).
@@ -167,6 +228,10 @@ class Model {
 
   /// Bytes of activation memory forward and backward need at (B,T) (both sets: values and gradients).
   virtual std::size_t activation_bytes(int B, int T) const = 0;
+  /// This model's activation layout: its tensor-parallel part and pipeline stage.
+  ActsShape acts_shape() const {
+    return {layout_.tensor_size, sequence_parallel(), stage_layers(), last_stage(), true, true};
+  }
 
  protected:
   Model(const config::ModelConfig& config, Device device, DType compute, ops::AttentionKernels attention,
@@ -174,8 +239,13 @@ class Model {
 
   /// Appends a parameter to the flat layout (in backward-completion order); then allocate().
   /// A name with ".h.N." or ".layers.N." in it belongs to layer N. `shape` is the whole tensor's;
-  /// `slice` the part this rank holds (tensor parallelism).
-  void add_param(const std::string& name, std::vector<std::int64_t> shape, TensorSlice slice = {});
+  /// `slice` the part this rank holds (tensor parallelism). Every parameter of the whole model is
+  /// added, in its order; those another pipeline stage holds (`held` false, and the layers outside
+  /// this stage's) only count towards the whole model's layout.
+  void add_param(const std::string& name, std::vector<std::int64_t> shape, TensorSlice slice = {}, bool held = true);
+  /// Where in the flat buffer layer l's gradients end: after its backward, every gradient before
+  /// that point is final (the flat buffer holds the last layers first).
+  std::int64_t layer_grads_end(std::int64_t l) const;
   /// Forms the units and allocates the flat buffers (none when sharded).
   void allocate();
   /// Rebinds the architecture's tensors of unit `unit` after its storage moved.
@@ -226,6 +296,26 @@ class Model {
     ops::residual_forward(grads, grads, kept);
   }
   Tensor keep_norm_grads(const Tensor& grads);  // a copy of `grads` (flat)
+  /// Lays out one set of activations per slot and one backward scratch in `buffer`, with the
+  /// architecture's layout code `bind(carver, acts, grads, shape)` (returning the bytes used).
+  template <class ActsT, class GradActsT, class Bind>
+  void lay_out_activations(ops::Buffer& buffer, std::vector<ActsT>& slots, GradActsT& grads, Bind&& bind) {
+    ActsShape acts_only = acts_shape(), grads_only = acts_shape();
+    acts_only.grads = false;
+    grads_only.acts = false;
+    ActsT a;
+    GradActsT g;
+    Carver measure = Carver::measuring(device_);
+    const std::size_t per_slot = bind(measure, a, g, acts_only);
+    measure = Carver::measuring(device_);
+    const std::size_t scratch = bind(measure, a, g, grads_only);
+    buffer = ops::Buffer();
+    buffer = ops::Buffer(device_, std::size_t(slots_) * per_slot + scratch);
+    Carver carver{static_cast<char*>(buffer.data()), device_};
+    slots.assign(std::size_t(slots_), ActsT());
+    for (ActsT& slot : slots) bind(carver, slot, grads, acts_only);
+    bind(carver, a, grads, grads_only);
+  }
   /// The flat gradient run of `count` elements from `first` (a norm's weight, then its bias).
   Tensor norm_grads(const Tensor& first, std::int64_t count) const {
     return Tensor(first.data, DType::f32, device_, {count});
@@ -264,6 +354,7 @@ class Model {
 
  private:
   std::vector<ParamInfo> infos_;
+  std::unordered_map<std::string, std::size_t> index_;  // name -> infos_ index
   std::int64_t num_params_ = 0;
   std::int64_t logical_params_ = 0;
   bool sharded_ = false;
@@ -272,6 +363,11 @@ class Model {
   std::vector<void*> unit_weights_;  // where each unit's weights (compute dtype) start
   std::vector<float*> unit_grads_;   // and its gradients
   UnitHooks* hooks_ = nullptr;
+ protected:
+  int slots_ = 1, slot_ = 0;  // activation slots (set_activation_slots) and the one in use
+  /// The architecture's reaction to use_activation_slot (its activation tensors of that slot).
+  virtual void select_activations() = 0;
+ private:
   // embed() and classify() under tensor parallelism: the embedding with a zero row after this
   // rank's (for tokens other ranks hold), its gradient, the tokens as its row indices, and the
   // classifier's per-row statistics.
@@ -289,26 +385,5 @@ std::unique_ptr<Model> make_model(const config::ModelConfig& config, Device devi
                                   ops::AttentionKernels attention = ops::AttentionKernels::flash, Layout layout = {});
 /// The compute dtype of train.precision: f32 or bf16.
 DType precision_dtype(config::Precision precision);
-
-/// Hands out consecutive 64-byte aligned tensors from one allocation. A measuring Carver (null
-/// base) allocates nothing and hands out tensors without data: it only counts the bytes, so that
-/// the same layout code sizes the buffer, carves it, and answers `llmtrain plan`.
-struct Carver {
-  char* base;
-  Device device;
-  std::size_t used = 0;
-
-  static Carver measuring(Device device = Device::cpu) { return Carver{nullptr, device}; }
-
-  Tensor take(DType dtype, std::initializer_list<std::int64_t> shape) {
-    Tensor t(base ? base + used : nullptr, dtype, device, shape);
-    used += (t.bytes() + 63) / 64 * 64;
-    return t;
-  }
-  /// The bytes handed out since offset `begin`, as one raw u16 tensor (for zeroing them at once).
-  Tensor raw_since(std::size_t begin) const {
-    return Tensor(base ? base + begin : nullptr, DType::u16, device, {std::int64_t(used - begin) / 2});
-  }
-};
 
 }  // namespace llmtrain::model
