@@ -28,6 +28,7 @@ class Llama final : public Model {
   Tensor logits() override;
   Tensor decode_step(std::int32_t token, int pos) override;
   StageIO stage_io() override;
+  void prepare_activations(int B, int T) override { ensure_acts(B, T); }
   std::size_t activation_bytes(int B, int T) const override;
 
   /// Exact parameter count of `config`, from the parameter list alone (nothing allocated).

@@ -220,6 +220,9 @@ class Model {
     Tensor input, output, input_grad, output_grad;
   };
   virtual StageIO stage_io() = 0;
+  /// Lays out the activations of (B,T) micro-batches (forward does it too), so that a stage's
+  /// input can be written before its first forward.
+  virtual void prepare_activations(int B, int T) = 0;
 
   /// Incremental decoding of one sequence with a KV cache: feed its tokens at positions 0, 1,
   /// 2, ... (below context_length), each costing one position; returns the (V,) f32 logits that
