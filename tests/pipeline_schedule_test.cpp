@@ -333,6 +333,13 @@ TEST_CASE("stage split: balanced by cost, the head on the last stage counted", "
     CHECK(*std::max_element(sc.begin(), sc.end()) == best_max_cost(gpt2.model, stages));
   }
   CHECK(layer_counts(train::split_layers(gpt2.model, 12, {})) == std::vector<std::int64_t>(12, 1));
+  // Where stages could take the same load, the later ones take the extra layers.
+  config::ModelConfig eleven = gpt2.model;
+  eleven.n_layer = 11;
+  CHECK(layer_counts(train::split_layers(eleven, 4, {})) == std::vector<std::int64_t>{3, 3, 4, 1});
+  config::ModelConfig bytes = gpt2.model;  // a 256-token vocabulary: the head is 0.02 of a layer
+  bytes.vocab_size = 256;
+  CHECK(layer_counts(train::split_layers(bytes, 5, {})) == std::vector<std::int64_t>{2, 2, 3, 3, 2});
 
   // Llama 3.2 1B's shape, 16 layers: the head (vocab 128,256) is 3.8 layers, so 5, 5, 5, 1.
   const config::Config llama = config::load_config(LLMTRAIN_SOURCE_DIR "/configs/llama-1b.json");

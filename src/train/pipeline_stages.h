@@ -11,7 +11,7 @@
 //   the head:    6 x V x C (the logits matmul; the final norm and the loss's softmax, a few C and V,
 //                are left out)
 //   the embedding: 2 x C per table (gpt2: token and position; llama: token), the lookup's add
-//                forward and the gradient's add backward: next to nothing (0.0002 of a layer for
+//                forward and the gradient's add backward: next to nothing (6e-5 of a layer for
 //                GPT-2 small)
 // GPT-2 small (C 768, T 1024, V 50257): a layer 51.9 MFLOP per token, the head 231.6 MFLOP = 4.46
 // layers, so its last stage gets few layers. Every stage takes at least one layer; the others go one
