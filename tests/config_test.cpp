@@ -78,6 +78,27 @@ TEST_CASE("bad configs are rejected with the key path and the reason", "[config]
       {R"({"model": {"attention": "auto"}})", {}, ""},
       {R"({"model": {"attention": "auto"}, "train": {"precision": "bf16"}})", {}, ""},
       {R"({"train": {"max_steps": 10}, "optim": {"warmup_steps": 20}})", {}, "optim.warmup_steps: must be <= train.max_steps (10), got 20"},
+      // pipeline parallelism: the schedule, its chunks and a split by hand
+      {R"({"dist": {"pipeline_schedule": "gpipe"}})", {}, R"(dist.pipeline_schedule: expected one of "1f1b", "interleaved", got "gpipe")"},
+      {R"({"dist": {"pipeline_schedule": "1F1B"}})", {}, R"(got "1F1B"; did you mean "1f1b"?)"},
+      {R"({"dist": {"virtual_stages": 0}})", {}, "dist.virtual_stages: expected an integer from 1 to 1024, got 0"},
+      {R"({"dist": {"pipeline_parallel": 2, "virtual_stages": 2}})", {}, R"(dist.virtual_stages: more than one model chunk per stage needs dist.pipeline_schedule "interleaved", got "1f1b" (in test.json))"},
+      {R"({"dist": {"pipeline_parallel": 2, "pipeline_schedule": "interleaved", "virtual_stages": 2}})", {"dist.pipeline_schedule=1f1b"}, R"(dist.virtual_stages: more than one model chunk per stage needs dist.pipeline_schedule "interleaved", got "1f1b" (from --set dist.pipeline_schedule=1f1b))"},
+      {R"({"dist": {"pipeline_parallel": 2, "pipeline_schedule": "interleaved"}})", {}, R"(dist.pipeline_schedule: "interleaved" needs dist.virtual_stages >= 2 model chunks per stage, got 1 (with one chunk per stage, use "1f1b"))"},
+      {R"({"dist": {"pipeline_layers": 3}})", {}, "dist.pipeline_layers: expected a list of integers from 1 to 1024, got 3"},
+      {R"({"dist": {"pipeline_layers": "6,6"}})", {}, R"(dist.pipeline_layers: expected a list of integers from 1 to 1024, got "6,6")"},
+      {R"({"dist": {"pipeline_parallel": 2, "pipeline_layers": [6, "6"]}})", {}, R"(dist.pipeline_layers: expected a list of integers from 1 to 1024, got [6,"6"])"},
+      {R"({"dist": {"pipeline_parallel": 2, "pipeline_layers": [12, 0]}})", {}, "dist.pipeline_layers: expected a list of integers from 1 to 1024, got [12,0]"},
+      {R"({"dist": {"pipeline_parallel": 2, "pipeline_layers": [6.5, 5.5]}})", {}, "dist.pipeline_layers: expected a list of integers from 1 to 1024, got [6.5,5.5]"},
+      {R"({"dist": {"pipeline_parallel": 2, "pipeline_layers": [4, 4, 4]}})", {}, "dist.pipeline_layers: lists 3 stage(s), expected one per stage: dist.pipeline_parallel x dist.virtual_stages = 2 x 1 = 2 (in test.json)"},
+      {R"({"dist": {"pipeline_parallel": 2, "pipeline_schedule": "interleaved", "virtual_stages": 2, "pipeline_layers": [6, 6]}})", {}, "dist.pipeline_layers: lists 2 stage(s), expected one per stage: dist.pipeline_parallel x dist.virtual_stages = 2 x 2 = 4"},
+      {R"({"dist": {"pipeline_parallel": 2, "pipeline_layers": [5, 6]}})", {}, "dist.pipeline_layers: adds up to 11 layers, expected model.n_layer (12) (in test.json)"},
+      {R"({"dist": {"pipeline_parallel": 2, "pipeline_layers": [6, 6]}})", {"model.n_layer=10"}, "dist.pipeline_layers: adds up to 12 layers, expected model.n_layer (10) (from --set model.n_layer=10)"},
+      {R"({"model": {"n_layer": 2}, "dist": {"pipeline_parallel": 4}})", {}, "dist.pipeline_parallel: every stage needs at least one layer, but dist.pipeline_parallel x dist.virtual_stages = 4 x 1 = 4 stages exceed model.n_layer (2)"},
+      {R"({"model": {"n_layer": 6}, "dist": {"pipeline_parallel": 2, "pipeline_schedule": "interleaved", "virtual_stages": 4}})", {}, "= 2 x 4 = 8 stages exceed model.n_layer (6)"},
+      {R"({"dist": {"pipeline_parallel": 2, "pipeline_schedule": "interleaved", "virtual_stages": 2, "pipeline_layers": [2, 4, 4, 2]}})", {}, ""},
+      {R"({"dist": {"pipeline_parallel": 4}})", {"dist.pipeline_layers=[3,3,3,3]"}, ""},
+      {R"({"dist": {"pipeline_layers": []}})", {}, ""},
       // malformed JSON: line and column
       {"{\n  \"model\": {\n    \"n_layer\": 2,\n  }\n}", {}, "test.json:4:3: malformed JSON"},
       {"{\"model\": {\"n_layer\": 2}", {}, "test.json:1:25: malformed JSON"},
@@ -203,6 +224,18 @@ TEST_CASE("the resolved config reads back to itself", "[config]") {
   CHECK(named["model"]["attention"] == "cudnn");
   CHECK(config::parse_config(R"({"model": {"attention": "flash"}})", "t").model.attention == config::Attention::flash);
   CHECK(config::parse_config("{}", "t").model.attention == config::Attention::automatic);
+  CHECK(once["dist"]["pipeline_schedule"] == "1f1b");
+  CHECK(once["dist"]["virtual_stages"] == 1);
+  CHECK(once["dist"]["pipeline_layers"] == nlohmann::json::array());
+  const config::Config pipeline = config::parse_config(
+      R"({"dist": {"pipeline_parallel": 2, "pipeline_schedule": "interleaved", "virtual_stages": 2,
+                   "pipeline_layers": [2, 4, 4, 2]}})", "t");
+  CHECK(pipeline.dist.pipeline_schedule == config::PipelineSchedule::interleaved);
+  CHECK(pipeline.dist.pipeline_layers == std::vector<std::int64_t>{2, 4, 4, 2});
+  const nlohmann::json piped = config::to_json(pipeline);
+  CHECK(piped["dist"]["pipeline_schedule"] == "interleaved");
+  CHECK(piped["dist"]["pipeline_layers"] == nlohmann::json::array({2, 4, 4, 2}));
+  CHECK(config::to_json(config::parse_config(piped.dump(), "resolved")) == piped);
   CHECK(named["train"]["precision"] == "bf16");
   CHECK(named["train"]["recompute"] == "full");
 }

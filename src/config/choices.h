@@ -1,5 +1,5 @@
 // The config keys that choose among a fixed list of names (model.arch, model.attention,
-// train.precision, train.recompute), as enums. The config loader parses each name once; code
+// train.precision, train.recompute, dist.pipeline_schedule), as enums. The config loader parses each name once; code
 // below it compares enums, and to_string() gives back the name the JSON config spells (for the
 // resolved config and for messages).
 #pragma once
@@ -22,6 +22,10 @@ enum class Attention { automatic, flash, cudnn };
 enum class Precision { fp32, bf16 };
 /// train.recompute: which activations backward recomputes instead of keeping from forward.
 enum class Recompute { none, mlp, full };
+/// dist.pipeline_schedule: the order of forward and backward micro-batches on each pipeline stage
+/// (train/pipeline_schedule.h): one-forward-one-backward, or Megatron's interleaved variant with
+/// dist.virtual_stages model chunks per stage.
+enum class PipelineSchedule { one_f_one_b, interleaved };
 
 /// The names of a choice's values, in the order the enum declares them.
 template <class E>
@@ -41,6 +45,10 @@ struct ChoiceNames<Precision> {
 template <>
 struct ChoiceNames<Recompute> {
   static constexpr std::array<std::string_view, 3> values{"none", "mlp", "full"};
+};
+template <>
+struct ChoiceNames<PipelineSchedule> {
+  static constexpr std::array<std::string_view, 2> values{"1f1b", "interleaved"};
 };
 
 /// An enum the config reads by name.

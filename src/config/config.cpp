@@ -90,6 +90,23 @@ void read_value(const json& v, const std::string& path, std::int64_t& out, const
   if (out < r.min || out > r.max) bad();
 }
 
+void read_value(const json& v, const std::string& path, std::vector<std::int64_t>& out, const IntList& r,
+                const Origins& o) {
+  const std::string each = r.each.max == std::numeric_limits<std::int64_t>::max()
+                               ? "integers >= " + std::to_string(r.each.min)
+                               : "integers from " + std::to_string(r.each.min) + " to " + std::to_string(r.each.max);
+  const auto bad = [&] { fail(o, path, "expected a list of " + each + ", got " + shown(v)); };
+  if (!v.is_array()) bad();
+  out.clear();
+  for (const auto& item : v) {
+    // Exact integers only (2.0 is accepted, as for a single integer key); each in range.
+    if (!item.is_number()) bad();
+    const double x = item.get<double>();
+    if (x != std::floor(x) || x < double(r.each.min) || x > double(r.each.max)) bad();
+    out.push_back(static_cast<std::int64_t>(x));
+  }
+}
+
 void read_value(const json& v, const std::string& path, double& out, const NumberRange& r,
                 const Origins& o) {
   if (!v.is_number()) fail(o, path, "expected " + expectation(r) + ", got " + shown(v));
@@ -329,6 +346,43 @@ void apply_override(json& root, const std::string& text, Origins& origins) {
   origins.sets.emplace_back(key, text);
 }
 
+// The rules between the pipeline's keys. Those that need the mesh (micro-batches per update at
+// least dist.pipeline_parallel, and a multiple of it for "interleaved") are checked at start-up
+// (train::pipeline_micro_batches).
+void check_pipeline(const Config& c, const Origins& o) {
+  const auto& d = c.dist;
+  if (d.virtual_stages > 1 && d.pipeline_schedule != PipelineSchedule::interleaved) {
+    fail_rule(o, "dist.virtual_stages", "dist.pipeline_schedule",
+              "more than one model chunk per stage needs dist.pipeline_schedule \"interleaved\", got \"" +
+                  to_string(d.pipeline_schedule) + "\"");
+  }
+  if (d.pipeline_schedule == PipelineSchedule::interleaved && d.virtual_stages < 2) {
+    fail_rule(o, "dist.pipeline_schedule", "dist.virtual_stages",
+              "\"interleaved\" needs dist.virtual_stages >= 2 model chunks per stage, got " +
+                  std::to_string(d.virtual_stages) + " (with one chunk per stage, use \"1f1b\")");
+  }
+  const std::int64_t stages = d.pipeline_parallel * d.virtual_stages;
+  const std::string stages_text = "dist.pipeline_parallel x dist.virtual_stages = " + std::to_string(d.pipeline_parallel) +
+                                  " x " + std::to_string(d.virtual_stages) + " = " + std::to_string(stages);
+  if (stages > c.model.n_layer) {
+    fail_rule(o, "dist.pipeline_parallel", "model.n_layer",
+              "every stage needs at least one layer, but " + stages_text + " stages exceed model.n_layer (" +
+                  std::to_string(c.model.n_layer) + ")");
+  }
+  if (d.pipeline_layers.empty()) return;
+  if (std::int64_t(d.pipeline_layers.size()) != stages) {
+    fail_rule(o, "dist.pipeline_layers", "dist.pipeline_parallel",
+              "lists " + std::to_string(d.pipeline_layers.size()) + " stage(s), expected one per stage: " + stages_text);
+  }
+  std::int64_t sum = 0;
+  for (const std::int64_t n : d.pipeline_layers) sum += n;
+  if (sum != c.model.n_layer) {
+    fail_rule(o, "dist.pipeline_layers", "model.n_layer",
+              "adds up to " + std::to_string(sum) + " layers, expected model.n_layer (" +
+                  std::to_string(c.model.n_layer) + ")");
+  }
+}
+
 // Fills the keys whose default depends on others, then checks the rules between keys.
 void resolve_and_check(Config& c, const Origins& o) {
   auto& m = c.model;
@@ -367,6 +421,7 @@ void resolve_and_check(Config& c, const Origins& o) {
                                            std::to_string(t.micro_batch_size) + "), got " +
                                            std::to_string(t.global_batch_size));
   }
+  check_pipeline(c, o);
   if (c.optim.min_lr > c.optim.lr) {
     fail_rule(o, "optim.min_lr", "optim.lr", "must be <= optim.lr (" + format_number(c.optim.lr) + "), got " +
                                 format_number(c.optim.min_lr));

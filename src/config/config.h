@@ -33,6 +33,11 @@ inline constexpr NumberRange positive{0.0, std::numeric_limits<double>::infinity
 inline constexpr NumberRange non_negative{0.0};
 inline constexpr NumberRange unit_open_right{0.0, 1.0, false, true};  // [0, 1)
 
+/// A list of integers, each in `each` (a JSON array; [] for none).
+struct IntList {
+  IntRange each;
+};
+
 /// A string from a fixed list.
 struct OneOf {
   std::vector<std::string> values;
@@ -160,6 +165,9 @@ struct DistConfig {
   std::int64_t tensor_parallel = 1;    // ranks per tensor-parallel group (the fastest mesh axis)
   bool sequence_parallel = false;      // tensor parallelism: norms and residual adds on 1/tensor_parallel of the tokens
   std::int64_t pipeline_parallel = 1;  // pipeline stages (the slowest mesh axis)
+  PipelineSchedule pipeline_schedule = PipelineSchedule::one_f_one_b;  // order of micro-batches on a stage
+  std::int64_t virtual_stages = 1;     // interleaved: model chunks per stage
+  std::vector<std::int64_t> pipeline_layers;  // layers per virtual stage, by hand; empty: balanced by cost
   double bucket_mb = 25.0;
   double timeout_s = 600.0;
   std::int64_t replica_check_every = 100;  // steps between weight checksum comparisons; 0: never
@@ -171,6 +179,9 @@ struct DistConfig {
     v("tensor_parallel", tensor_parallel, IntRange{1, 4096});
     v("sequence_parallel", sequence_parallel, Boolean{});
     v("pipeline_parallel", pipeline_parallel, IntRange{1, 4096});
+    v("pipeline_schedule", pipeline_schedule, Named{});
+    v("virtual_stages", virtual_stages, IntRange{1, 1024});
+    v("pipeline_layers", pipeline_layers, IntList{IntRange{1, 1024}});
     v("bucket_mb", bucket_mb, positive);
     v("timeout_s", timeout_s, positive);
     v("replica_check_every", replica_check_every, IntRange{0});
