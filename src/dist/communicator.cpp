@@ -115,9 +115,13 @@ void Communicator::barrier() {
   do_barrier();
 }
 
-std::string Communicator::rank_phrase(int rank, int job_rank) const {
-  const std::string job = "rank " + std::to_string(job_rank);
+std::string Communicator::rank_phrase(int rank) const {
+  const std::string job = "rank " + std::to_string(job_rank(rank));
   return rank_noun_.empty() ? job : rank_noun_ + " " + std::to_string(rank) + " (" + job + ")";
+}
+
+std::string Communicator::elements(std::int64_t count, DType dtype) {
+  return std::to_string(count) + " " + dtype_name(dtype);
 }
 
 void Communicator::check_transfer(const char* operation, std::int64_t count, int peer) const {

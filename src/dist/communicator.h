@@ -49,6 +49,8 @@ class Communicator {
   virtual int world_size() const = 0;
   /// The rank among the processes of this node (which GPU a rank uses).
   virtual int local_rank() const { return rank(); }
+  /// The rank in the job (as mpirun numbers it) of member `rank` of this group.
+  virtual int job_rank(int rank) const { return rank; }
   /// "single", "mpi", ...
   virtual std::string name() const = 0;
 
@@ -138,9 +140,11 @@ class Communicator {
   virtual std::unique_ptr<Request> do_start_recv(void* data, std::int64_t count, DType dtype, int peer) = 0;
   virtual std::unique_ptr<Request> do_start_exchange(const void* send, void* recv, std::int64_t count, DType dtype,
                                                      int send_to, int recv_from) = 0;
-  /// "rank J" or, with a noun set, "stage R (rank J)": the member `rank` of this group, whose
-  /// rank in the job is `job_rank`.
-  std::string rank_phrase(int rank, int job_rank) const;
+  /// "rank J" or, with a noun set, "stage R (rank J)": member `rank` of this group, whose rank in
+  /// the job is J.
+  std::string rank_phrase(int rank) const;
+  /// "16 bf16": what a transfer moves, for messages.
+  static std::string elements(std::int64_t count, DType dtype);
 
  private:
   void count(Traffic::Kind kind, double bytes);

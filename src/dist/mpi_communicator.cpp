@@ -47,9 +47,6 @@ MPI_Datatype element_type(DType dtype) {
   return MPI_BYTE;
 }
 
-// "16 bf16": what a transfer moves, for messages.
-std::string elements(std::int64_t count, DType dtype) { return std::to_string(count) + " " + dtype_name(dtype); }
-
 // One message of a transfer in flight, and whom to blame when it never finishes.
 struct TransferPart {
   MPI_Request mpi = MPI_REQUEST_NULL;
@@ -94,6 +91,7 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
   int local_rank() const override { return local_rank_; }
+  int job_rank(int rank) const override { return job_ranks_[std::size_t(rank)]; }
   std::string name() const override { return "mpi"; }
 
   void do_all_reduce_sum(float* data, std::int64_t count) override {
@@ -158,13 +156,13 @@ class MpiCommunicator final : public Communicator {
   }
 
   std::unique_ptr<Request> do_start_send(const void* data, std::int64_t count, DType dtype, int peer) override {
-    auto request = std::make_unique<Transfer>(*this, "send of " + elements(count, dtype) + " to " + member(peer));
+    auto request = std::make_unique<Transfer>(*this, "send of " + elements(count, dtype) + " to " + rank_phrase(peer));
     start_send_part(request->parts, data, count, dtype, peer);
     return request;
   }
 
   std::unique_ptr<Request> do_start_recv(void* data, std::int64_t count, DType dtype, int peer) override {
-    auto request = std::make_unique<Transfer>(*this, "recv of " + elements(count, dtype) + " from " + member(peer));
+    auto request = std::make_unique<Transfer>(*this, "recv of " + elements(count, dtype) + " from " + rank_phrase(peer));
     start_recv_part(request->parts, data, count, dtype, peer);
     return request;
   }
@@ -173,7 +171,7 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Request> do_start_exchange(const void* send, void* recv, std::int64_t count, DType dtype, int send_to,
                                              int recv_from) override {
     auto request = std::make_unique<Transfer>(*this, "exchange (send of " + elements(count, dtype) + " to " +
-                                                         member(send_to) + ", recv from " + member(recv_from) + ")");
+                                                         rank_phrase(send_to) + ", recv from " + rank_phrase(recv_from) + ")");
     start_recv_part(request->parts, recv, count, dtype, recv_from);
     start_send_part(request->parts, send, count, dtype, send_to);
     return request;
@@ -298,17 +296,14 @@ class MpiCommunicator final : public Communicator {
     std::_Exit(1);
   }
 
-  // "rank 3", or "stage 1 (rank 3)" with a noun set: a member of this group, by its job rank.
-  std::string member(int rank) const { return rank_phrase(rank, job_ranks_[std::size_t(rank)]); }
-
   void start_send_part(std::vector<TransferPart>& parts, const void* data, std::int64_t count, DType dtype, int peer) {
-    parts.push_back({MPI_REQUEST_NULL, member(peer) + " never received it"});
+    parts.push_back({MPI_REQUEST_NULL, rank_phrase(peer) + " never received it"});
     check(MPI_Isend(data, as_count(count), element_type(dtype), peer, transfer_tag, comm_, &parts.back().mpi),
           "MPI_Isend");
   }
 
   void start_recv_part(std::vector<TransferPart>& parts, void* data, std::int64_t count, DType dtype, int peer) {
-    parts.push_back({MPI_REQUEST_NULL, member(peer) + " never sent it"});
+    parts.push_back({MPI_REQUEST_NULL, rank_phrase(peer) + " never sent it"});
     check(MPI_Irecv(data, as_count(count), element_type(dtype), peer, transfer_tag, comm_, &parts.back().mpi),
           "MPI_Irecv");
   }
