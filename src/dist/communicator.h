@@ -96,7 +96,8 @@ class Communicator {
   /// must be under way together go in one start_exchange (one NCCL group); separate calls are
   /// safe when both sides start them in the same order (1F1B: the earlier stage sends an
   /// activation when the later one receives it). Under NCCL a transfer also comes after the work
-  /// the compute stream has been given before it (which wrote the buffer).
+  /// the compute stream has been given before it (which wrote the buffer sent, or still reads
+  /// the one a receive fills), and the compute stream's work after wait() sees what arrived.
   ///
   /// Every call, blocking or started, is counted in traffic() as a `send` or a `recv`; a request's
   /// wait() gives up after the communicator's timeout, naming this rank and the peer: MPI stops

@@ -186,16 +186,16 @@ class NcclCommunicator final : public Communicator {
   // A started transfer: done when the stream has passed the event recorded right after it.
   class Transfer final : public Request {
    public:
-    Transfer(NcclCommunicator& comm, std::string operation, std::string suspect)
-        : comm_(comm), operation_(std::move(operation)), suspect_(std::move(suspect)) {
+    Transfer(NcclCommunicator& owner, std::string operation, std::string suspect)
+        : owner_(owner), operation_(std::move(operation)), suspect_(std::move(suspect)) {
       check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
-      check(cudaEventRecord(done_, comm.stream_), "cudaEventRecord");
+      check(cudaEventRecord(done_, owner.stream_), "cudaEventRecord");
     }
     ~Transfer() override { cudaEventDestroy(done_); }
-    void wait() override { comm_.finish(operation_.c_str(), done_, suspect_.c_str()); }
+    void wait() override { owner_.finish(operation_.c_str(), done_, suspect_.c_str()); }
 
    private:
-    NcclCommunicator& comm_;
+    NcclCommunicator& owner_;
     std::string operation_, suspect_;
     cudaEvent_t done_ = nullptr;
   };
