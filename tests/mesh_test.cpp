@@ -1,8 +1,14 @@
 // The device mesh and its communicator groups: the rank order, the errors for sizes that do not
 // divide, the members of every group of a split job (under mpirun with 4 ranks), and the traffic
-// each collective counts against the ring formulas, computed by hand.
+// each collective counts against the ring formulas, computed by hand. Transfers between two ranks:
+// a ring, the neighbouring stages of a 2-stage pipeline, their order, dtypes and counts, and
+// (a hidden case, run under mpirun -np 2 by tests/CMakeLists.txt) a recv that never completes.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <thread>
 #include <vector>
 
 #include "catch_compat.h"
@@ -111,5 +117,197 @@ TEST_CASE("traffic: each collective counts the bytes of the ring algorithm", "[d
   CHECK(std::abs(t.bytes[dist::Traffic::broadcast] - (4000.0 * (n - 1) / n)) < 1e-6);
   CHECK(t.bytes[dist::Traffic::barrier] == 0.0);
   CHECK(t.total_calls() == 5);
-  for (int k = 0; k < dist::Traffic::kinds; ++k) CHECK(t.calls[k] == 1);
+  for (int k = 0; k <= dist::Traffic::barrier; ++k) CHECK(t.calls[k] == 1);
+  CHECK(t.calls[dist::Traffic::send] == 0);
+  CHECK(t.calls[dist::Traffic::recv] == 0);
+}
+
+namespace {
+
+// What rank `from` sends as its `index`-th message: n floats, different for every sender,
+// message and position.
+std::vector<float> payload(int from, int index, std::size_t n) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = float(from) * 1000.0f + float(index) * 100.0f + float(i % 97) * 0.5f;
+  return v;
+}
+
+// The upper 16 bits of each float of 2 x `v`: bf16 words (exact for these values) that depend on
+// every element.
+std::vector<std::uint16_t> doubled_bf16(const std::vector<float>& v) {
+  std::vector<std::uint16_t> words(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const float twice = 2.0f * v[i];
+    std::uint32_t bits = 0;
+    std::memcpy(&bits, &twice, 4);
+    words[i] = std::uint16_t(bits >> 16);
+  }
+  return words;
+}
+
+}  // namespace
+
+TEST_CASE("transfers: one rank has no peer", "[dist][mesh]") {
+  auto single = dist::make_single_communicator();
+  std::vector<float> x(4, 1.0f), y(4);
+  CHECK_THROWS_WITH(single->start_send(x.data(), 4, DType::f32, 0), "send: no peer on a one-rank communicator");
+  CHECK_THROWS_WITH(single->recv(y.data(), 4, DType::f32, 0), "recv: no peer on a one-rank communicator");
+  CHECK_THROWS_WITH(single->start_exchange(x.data(), y.data(), 4, DType::f32, 0),
+                    "exchange (send): no peer on a one-rank communicator");
+  CHECK_THROWS_AS(single->send(x.data(), 4, DType::f32, 1), RuntimeError);
+  CHECK(single->traffic().total_calls() == 0);  // refused calls are not counted
+}
+
+// Under mpirun -np 4 (alone: the one-rank refusal only).
+TEST_CASE("transfers: a ring of ranks, each sending on while it receives, in order and in every dtype",
+          "[dist][mesh][mpi]") {
+  const int W = job().world_size(), me = job().rank();
+  auto comm = job().split(0, me);
+  if (W == 1) {
+    std::vector<float> x(4);
+    CHECK_THROWS_WITH(comm->start_recv(x.data(), 4, DType::f32, 0), "recv: no peer on a one-rank communicator");
+    return;
+  }
+  const int next = (me + 1) % W, prev = (me + W - 1) % W;
+  // 1 MiB: past MPI's eager limit, so a send completes only once its receive is posted.
+  const std::size_t n = std::size_t(1) << 18;
+  const std::vector<float> mine = payload(me, 0, n);
+  std::vector<float> got(n, -1.0f);
+  auto sent = comm->start_send(mine.data(), std::int64_t(n), DType::f32, next);
+  auto received = comm->start_recv(got.data(), std::int64_t(n), DType::f32, prev);
+  received->wait();
+  sent->wait();
+  CHECK(got == payload(prev, 0, n));
+
+  // The other way round, as one exchange.
+  comm->start_exchange(mine.data(), got.data(), std::int64_t(n), DType::f32, prev, next)->wait();
+  CHECK(got == payload(next, 0, n));
+
+  // Several messages between the same two ranks meet in the order they were started.
+  const std::size_t m = 33;
+  const std::vector<float> first = payload(me, 1, m), second = payload(me, 2, m);
+  std::vector<float> got1(m), got2(m);
+  auto r1 = comm->start_recv(got1.data(), std::int64_t(m), DType::f32, prev);
+  auto r2 = comm->start_recv(got2.data(), std::int64_t(m), DType::f32, prev);
+  auto s1 = comm->start_send(first.data(), std::int64_t(m), DType::f32, next);
+  auto s2 = comm->start_send(second.data(), std::int64_t(m), DType::f32, next);
+  r2->wait();  // waited for out of order: each request is its own
+  r1->wait();
+  s1->wait();
+  s2->wait();
+  CHECK(got1 == payload(prev, 1, m));
+  CHECK(got2 == payload(prev, 2, m));
+
+  // bf16 and i32 travel unchanged.
+  const std::vector<std::uint16_t> words = doubled_bf16(payload(me, 3, m));
+  std::vector<std::uint16_t> got_words(m, 0xffff);
+  comm->start_exchange(words.data(), got_words.data(), std::int64_t(m), DType::bf16, next, prev)->wait();
+  CHECK(got_words == doubled_bf16(payload(prev, 3, m)));
+  std::vector<std::int32_t> ints(m), got_ints(m, 0);
+  for (std::size_t i = 0; i < m; ++i) ints[i] = std::int32_t((me + 1) * 100000 + int(i)) * (i % 2 ? -1 : 1);
+  comm->start_exchange(ints.data(), got_ints.data(), std::int64_t(m), DType::i32, next, prev)->wait();
+  for (std::size_t i = 0; i < m; ++i) CHECK(got_ints[i] == std::int32_t((prev + 1) * 100000 + int(i)) * (i % 2 ? -1 : 1));
+
+  // Peers that are not another rank of the group.
+  CHECK_THROWS_WITH(comm->start_send(mine.data(), 1, DType::f32, W),
+                    "send: peer rank " + std::to_string(W) + " is not in this group of " + std::to_string(W) + " ranks");
+  CHECK_THROWS_WITH(comm->start_recv(got.data(), 1, DType::f32, me), "recv: rank " + std::to_string(me) + " is this rank");
+  CHECK_THROWS_WITH(comm->start_send(mine.data(), -1, DType::f32, next), "send: negative count -1");
+}
+
+TEST_CASE("transfers: neighbouring stages of a 2-stage pipeline pass activations forward and bf16 gradients back",
+          "[dist][mesh][mpi]") {
+  const int W = job().world_size(), me = job().rank();
+  if (W % 2 != 0) {
+    CHECK_THROWS_AS(dist::Mesh::of(W, 1, 2), InputError);
+    return;
+  }
+  const dist::Mesh mesh = dist::Mesh::of(W, 1, 2);  // 4 ranks: data 2 x pipeline 2
+  const dist::Communicators comms = dist::split_mesh(job().split(0, me), mesh);
+  dist::Communicator& pipe = *comms.pipeline_group;
+  const dist::Mesh::Coord at = mesh.coord(me);
+  const int stage = at.pipeline, other = 1 - stage;
+  const int partner = mesh.rank({at.tensor, at.data, other});  // the job rank of the other stage
+  REQUIRE(pipe.rank() == stage);
+  CHECK(pipe.job_rank(other) == partner);
+  CHECK(pipe.job_rank(stage) == me);
+
+  // 1F1B's traffic for 3 micro-batches: every receive is posted before the data is due; stage 1
+  // doubles each activation (as bf16 words) and sends that back as its gradient.
+  const int micro = 3;
+  const std::size_t n = 1000;
+  std::vector<std::vector<float>> activations(micro, std::vector<float>(n, -1.0f));
+  std::vector<std::vector<std::uint16_t>> gradients(micro, std::vector<std::uint16_t>(n, 0xffff));
+  std::vector<std::unique_ptr<dist::Request>> receives, sends;
+  if (stage == 0) {
+    for (int i = 0; i < micro; ++i) {
+      receives.push_back(pipe.start_recv(gradients[std::size_t(i)].data(), std::int64_t(n), DType::bf16, 1));
+    }
+    for (int i = 0; i < micro; ++i) {
+      activations[std::size_t(i)] = payload(me, i, n);
+      sends.push_back(pipe.start_send(activations[std::size_t(i)].data(), std::int64_t(n), DType::f32, 1));
+    }
+  } else {
+    for (int i = 0; i < micro; ++i) {
+      receives.push_back(pipe.start_recv(activations[std::size_t(i)].data(), std::int64_t(n), DType::f32, 0));
+    }
+    for (int i = 0; i < micro; ++i) {
+      receives[std::size_t(i)]->wait();
+      gradients[std::size_t(i)] = doubled_bf16(activations[std::size_t(i)]);
+      sends.push_back(pipe.start_send(gradients[std::size_t(i)].data(), std::int64_t(n), DType::bf16, 0));
+    }
+  }
+  if (stage == 0) {
+    for (auto& r : receives) r->wait();
+  }
+  for (auto& s : sends) s->wait();
+  for (int i = 0; i < micro; ++i) {
+    CAPTURE(stage, i);
+    const int sender = stage == 0 ? me : partner;  // whose activations these are
+    CHECK(activations[std::size_t(i)] == payload(sender, i, n));
+    CHECK(gradients[std::size_t(i)] == doubled_bf16(payload(sender, i, n)));
+  }
+
+  // Counted on the pipeline group: what each stage sent, by its element size; receives send nothing.
+  const dist::Traffic& t = pipe.traffic();
+  CHECK(t.calls[dist::Traffic::send] == micro);
+  CHECK(t.calls[dist::Traffic::recv] == micro);
+  CHECK(t.bytes[dist::Traffic::send] == double(micro) * double(n) * (stage == 0 ? 4.0 : 2.0));
+  CHECK(t.bytes[dist::Traffic::recv] == 0.0);
+  CHECK(t.total_calls() == 2 * micro);
+  CHECK(std::string(dist::Traffic::name(dist::Traffic::send)) == "send");
+  CHECK(std::string(dist::Traffic::name(dist::Traffic::recv)) == "recv");
+
+  // The blocking forms, and each group's own ranks: the data group's partner is another replica.
+  if (mesh.data > 1) {
+    dist::Communicator& data = comms.data_host();
+    const int peer = at.data ^ 1;  // pairs of replicas
+    if (peer < mesh.data) {
+      std::vector<float> got(5, 0.0f);
+      if (at.data % 2 == 0) {
+        data.send(payload(me, 9, 5).data(), 5, DType::f32, peer);
+        data.recv(got.data(), 5, DType::f32, peer);
+      } else {
+        data.recv(got.data(), 5, DType::f32, peer);
+        data.send(payload(me, 9, 5).data(), 5, DType::f32, peer);
+      }
+      CHECK(got == payload(mesh.rank({at.tensor, peer, at.pipeline}), 9, 5));
+      CHECK(data.traffic().bytes[dist::Traffic::send] == 20.0);
+    }
+  }
+}
+
+// Hidden: run by tests/CMakeLists.txt under mpirun -np 2, which expects the job to stop with the
+// message within a few seconds. Rank 1 waits for a message rank 0 never sends; rank 0 sleeps.
+TEST_CASE("transfers: a recv from a rank that never sends stops the job, naming both", "[.][p2p_timeout]") {
+  const auto comm = dist::make_communicator(false, 1.0);
+  REQUIRE(comm->world_size() == 2);
+  comm->set_rank_noun("stage");
+  if (comm->rank() == 1) {
+    std::vector<float> x(16);
+    comm->recv(x.data(), 16, DType::f32, 0);
+    FAIL("the recv returned");
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(30));
+  FAIL("rank 0 was not stopped");
 }

@@ -2,14 +2,15 @@
 // (ctest's "test_nccl: ..." cases) it is one rank, where every collective is the identity; under
 // `mpirun -np 2` (the "test_nccl: ... 2 ranks" test in tests/CMakeLists.txt) each rank holds
 // different values, so every collective, reduce_scatter and all_reduce_max included, is checked
-// against its definition.
+// against its definition, and so are transfers between ranks (a ring exchange, and a send and a
+// recv between pairs of ranks).
 //
 // NCCL needs one GPU per rank: a communicator with two ranks on one device fails to initialise
 // (ncclInvalidUsage, "Duplicate GPU detected"), so with fewer GPUs on a node than ranks there,
 // every rank skips visibly (all ranks agree on it first: a rank going on alone would wait for the
-// others in NCCL's initialisation). It cannot run without a GPU, and not under dev/cuda_emu either,
-// which has no NCCL (its nccl.h shim holds the version only); a machine without a GPU runs the
-// skipping path, at both world sizes.
+// others in NCCL's initialisation). It cannot run without a GPU (dev/cuda_emu's NCCL shim, which
+// emulates ranks in one process, has its own test: dev/cuda_emu/tests/nccl_in_progress_test.cpp);
+// a machine without a GPU runs the skipping path, at both world sizes.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -146,6 +147,35 @@ TEST_CASE("NCCL collectives on device memory, at this world size (1 alone, 2 und
     const DeviceCopy<float> a(rank_values(rank, n));
     nccl->broadcast(a.data(), std::int64_t(n), W - 1);
     CHECK(a.to_host() == rank_values(W - 1, n));
+  }
+
+  // Transfers. One rank has no peer; with several, a ring exchange (one NCCL group), then a send
+  // and a recv between pairs of ranks, started in matching order (the even rank sends first), of
+  // the same bytes taken as 2n bf16 words.
+  if (W == 1) {
+    const DeviceCopy<float> a(rank_values(rank, n));
+    CHECK_THROWS_WITH(nccl->start_send(a.data(), std::int64_t(n), DType::f32, 0),
+                      "send: no peer on a one-rank communicator");
+  } else {
+    const int next = (rank + 1) % W, prev = (rank + W - 1) % W;
+    const DeviceCopy<float> mine(rank_values(rank, n)), got(std::vector<float>(n, -99.0f));
+    nccl->start_exchange(mine.data(), got.data(), std::int64_t(n), DType::f32, next, prev)->wait();
+    CHECK(got.to_host() == rank_values(prev, n));
+    CHECK(mine.to_host() == rank_values(rank, n));
+    if (rank + 1 < W || rank % 2 == 1) {  // ranks 2k and 2k+1 (a last odd rank sits out)
+      const int partner = rank ^ 1;
+      const DeviceCopy<float> back(std::vector<float>(n, -99.0f));
+      if (rank % 2 == 0) {
+        nccl->send(mine.data(), 2 * std::int64_t(n), DType::bf16, partner);
+        nccl->recv(back.data(), 2 * std::int64_t(n), DType::bf16, partner);
+      } else {
+        nccl->recv(back.data(), 2 * std::int64_t(n), DType::bf16, partner);
+        nccl->send(mine.data(), 2 * std::int64_t(n), DType::bf16, partner);
+      }
+      CHECK(back.to_host() == rank_values(partner, n));
+      CHECK(nccl->traffic().bytes[dist::Traffic::send] == double(n) * 4 * 2);
+      CHECK(nccl->traffic().calls[dist::Traffic::recv] == 2);
+    }
   }
   nccl->barrier();
 }

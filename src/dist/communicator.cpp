@@ -1,6 +1,9 @@
 // The counting half of every communicator: each collective adds what this rank sends, as the ring
-// algorithm sends it, before the implementation runs it.
+// algorithm sends it, and each transfer what it sends to its peer, before the implementation runs
+// it; transfers to a rank that is not another member of the group are refused here.
 #include "dist/communicator.h"
+
+#include <string>
 
 #include "core/error.h"
 
@@ -34,6 +37,8 @@ const char* Traffic::name(Kind kind) {
     case all_gather: return "all-gather";
     case broadcast: return "broadcast";
     case barrier: return "barrier";
+    case send: return "send";
+    case recv: return "recv";
     case kinds: break;
   }
   return "?";
@@ -108,6 +113,54 @@ void Communicator::broadcast(float* data, std::int64_t count, int root) {
 void Communicator::barrier() {
   count(Traffic::barrier, 0.0);
   do_barrier();
+}
+
+std::string Communicator::rank_phrase(int rank) const {
+  const std::string job = "rank " + std::to_string(job_rank(rank));
+  return rank_noun_.empty() ? job : rank_noun_ + " " + std::to_string(rank) + " (" + job + ")";
+}
+
+std::string Communicator::elements(std::int64_t count, DType dtype) {
+  return std::to_string(count) + " " + dtype_name(dtype);
+}
+
+void Communicator::check_transfer(const char* operation, std::int64_t count, int peer) const {
+  if (world_size() == 1) throw RuntimeError(std::string(operation) + ": no peer on a one-rank communicator");
+  if (peer < 0 || peer >= world_size()) {
+    throw RuntimeError(std::string(operation) + ": peer rank " + std::to_string(peer) + " is not in this group of " +
+                       std::to_string(world_size()) + " ranks");
+  }
+  if (peer == rank()) throw RuntimeError(std::string(operation) + ": rank " + std::to_string(peer) + " is this rank");
+  if (count < 0) throw RuntimeError(std::string(operation) + ": negative count " + std::to_string(count));
+}
+
+std::unique_ptr<Request> Communicator::start_send(const void* data, std::int64_t count, DType dtype, int peer) {
+  check_transfer("send", count, peer);
+  this->count(Traffic::send, double(count) * double(dtype_size(dtype)));
+  return do_start_send(data, count, dtype, peer);
+}
+
+std::unique_ptr<Request> Communicator::start_recv(void* data, std::int64_t count, DType dtype, int peer) {
+  check_transfer("recv", count, peer);
+  this->count(Traffic::recv, 0.0);
+  return do_start_recv(data, count, dtype, peer);
+}
+
+void Communicator::send(const void* data, std::int64_t count, DType dtype, int peer) {
+  start_send(data, count, dtype, peer)->wait();
+}
+
+void Communicator::recv(void* data, std::int64_t count, DType dtype, int peer) {
+  start_recv(data, count, dtype, peer)->wait();
+}
+
+std::unique_ptr<Request> Communicator::start_exchange(const void* send, void* recv, std::int64_t count, DType dtype,
+                                                      int send_to, int recv_from) {
+  check_transfer("exchange (send)", count, send_to);
+  check_transfer("exchange (recv)", count, recv_from);
+  this->count(Traffic::send, double(count) * double(dtype_size(dtype)));
+  this->count(Traffic::recv, 0.0);
+  return do_start_exchange(send, recv, count, dtype, send_to, recv_from);
 }
 
 }  // namespace llmtrain::dist

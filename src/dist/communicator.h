@@ -1,6 +1,7 @@
-// The one interface distributed code talks to: collectives over the ranks of a job. Counts are
-// element counts of typed buffers. Implementations: a single process (world size 1) and MPI over
-// host memory (the CPU backend); NCCL over device memory joins with the CUDA training path.
+// The one interface distributed code talks to: collectives over the ranks of a job, and transfers
+// between two of them (pipeline stages). Counts are element counts of typed buffers.
+// Implementations: a single process (world size 1) and MPI over host memory (the CPU backend);
+// NCCL over device memory joins with the CUDA training path.
 #pragma once
 
 #include <cstdint>
@@ -13,7 +14,8 @@
 
 namespace llmtrain::dist {
 
-/// A started non-blocking collective; wait() finishes it.
+/// A started non-blocking collective or transfer; wait() finishes it. Its buffers must stay
+/// untouched (and alive) until wait() has returned, and every request must be waited for.
 class Request {
  public:
   virtual ~Request() = default;
@@ -23,9 +25,11 @@ class Request {
 /// What this rank sent through one communicator, counted as the ring algorithms send it (the
 /// volume a bandwidth-optimal implementation moves, whatever the library picks): for a buffer of
 /// S bytes over n ranks an all-reduce sends 2 (n-1)/n S, a reduce-scatter or all-gather of a
-/// full buffer S (n shards) (n-1)/n S, a broadcast (n-1)/n S. A barrier sends nothing.
+/// full buffer S (n shards) (n-1)/n S, a broadcast (n-1)/n S. A barrier sends nothing. A send to
+/// another rank counts its bytes (count x element size) under `send`; a receive sends nothing and
+/// is counted, with 0 bytes, under `recv` (the bytes arrive in the sender's count).
 struct Traffic {
-  enum Kind { all_reduce, reduce_scatter, all_gather, broadcast, barrier, kinds };
+  enum Kind { all_reduce, reduce_scatter, all_gather, broadcast, barrier, send, recv, kinds };
   std::int64_t calls[kinds] = {};
   double bytes[kinds] = {};
 
@@ -36,8 +40,8 @@ struct Traffic {
   static const char* name(Kind kind);
 };
 
-/// The collectives of a group of ranks. Every call is counted in traffic() and then done by the
-/// implementation's do_ method.
+/// The collectives of a group of ranks, and transfers between two of them. Every call is counted
+/// in traffic() and then done by the implementation's do_ method.
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -45,6 +49,8 @@ class Communicator {
   virtual int world_size() const = 0;
   /// The rank among the processes of this node (which GPU a rank uses).
   virtual int local_rank() const { return rank(); }
+  /// The rank in the job (as mpirun numbers it) of member `rank` of this group.
+  virtual int job_rank(int rank) const { return rank; }
   /// "single", "mpi", ...
   virtual std::string name() const = 0;
 
@@ -75,8 +81,48 @@ class Communicator {
   void broadcast(float* data, std::int64_t count, int root);
   void barrier();
 
-  /// The collectives this rank has made on this communicator so far.
+  /// Point-to-point transfers: `count` elements of `dtype` (any: the bytes are moved as they are)
+  /// to or from `peer`, a rank of this group other than this one (RuntimeError otherwise; on a
+  /// one-rank group there is none). Only the two ranks take part. Matching: the sends from rank
+  /// A to rank B meet B's receives from A in the order each side started them (the k-th send
+  /// with the k-th receive), with the same count and dtype; every one must be matched.
+  ///
+  /// Progress: over MPI each started transfer proceeds on its own. Over NCCL (device memory) the
+  /// transfers and collectives of a communicator run one after the other in the order they were
+  /// started, and a transfer finishes only once its peer has reached the matching call. So two
+  /// ranks that each start a send to the other before the receive deadlock there, as does a ring
+  /// in which every rank sends on before it receives, or a rank that starts a receive from B
+  /// before a send to B while B starts the matching receive after its own send. Transfers that
+  /// must be under way together go in one start_exchange (one NCCL group); separate calls are
+  /// safe when both sides start them in the same order (1F1B: the earlier stage sends an
+  /// activation when the later one receives it). Under NCCL a transfer also comes after the work
+  /// the compute stream has been given before it (which wrote the buffer sent, or still reads
+  /// the one a receive fills), and the compute stream's work after wait() sees what arrived.
+  ///
+  /// Every call, blocking or started, is counted in traffic() as a `send` or a `recv`; a request's
+  /// wait() gives up after the communicator's timeout, naming this rank and the peer: MPI stops
+  /// every rank of the job, NCCL throws (RuntimeError) after aborting its communicator.
+  std::unique_ptr<Request> start_send(const void* data, std::int64_t count, DType dtype, int peer);
+  std::unique_ptr<Request> start_recv(void* data, std::int64_t count, DType dtype, int peer);
+  /// The same, finished before returning. A blocking send may wait until the peer receives.
+  void send(const void* data, std::int64_t count, DType dtype, int peer);
+  void recv(void* data, std::int64_t count, DType dtype, int peer);
+  /// Sends `send` (count) to `send_to` and receives `recv` (count) from `recv_from` together:
+  /// both are under way before either must finish, so two ranks may exchange with each other
+  /// (send_to == recv_from), or a ring pass data on, without deadlock on any implementation.
+  /// Counted as one send and one receive. The buffers must not overlap.
+  std::unique_ptr<Request> start_exchange(const void* send, void* recv, std::int64_t count, DType dtype, int send_to,
+                                          int recv_from);
+  std::unique_ptr<Request> start_exchange(const void* send, void* recv, std::int64_t count, DType dtype, int peer) {
+    return start_exchange(send, recv, count, dtype, peer, peer);
+  }
+
+  /// The collectives and transfers this rank has made on this communicator so far.
   const Traffic& traffic() const { return traffic_; }
+
+  /// What error messages call the ranks of this group ("stage": "stage 1 (rank 3)" for the
+  /// pipeline group); unset, they are named by rank alone.
+  void set_rank_noun(std::string noun) { rank_noun_ = std::move(noun); }
 
  protected:
   virtual void do_all_reduce_sum(float* data, std::int64_t count) = 0;
@@ -90,10 +136,23 @@ class Communicator {
                                                        DType dtype) = 0;
   virtual void do_broadcast(float* data, std::int64_t count, int root) = 0;
   virtual void do_barrier() = 0;
+  // Point-to-point: `peer` has been checked (another rank of this group), count >= 0.
+  virtual std::unique_ptr<Request> do_start_send(const void* data, std::int64_t count, DType dtype, int peer) = 0;
+  virtual std::unique_ptr<Request> do_start_recv(void* data, std::int64_t count, DType dtype, int peer) = 0;
+  virtual std::unique_ptr<Request> do_start_exchange(const void* send, void* recv, std::int64_t count, DType dtype,
+                                                     int send_to, int recv_from) = 0;
+  /// "rank J" or, with a noun set, "stage R (rank J)": member `rank` of this group, whose rank in
+  /// the job is J.
+  std::string rank_phrase(int rank) const;
+  /// "16 bf16": what a transfer moves, for messages.
+  static std::string elements(std::int64_t count, DType dtype);
 
  private:
   void count(Traffic::Kind kind, double bytes);
+  // RuntimeError unless `peer` is another rank of this group and count is not negative.
+  void check_transfer(const char* operation, std::int64_t count, int peer) const;
   Traffic traffic_;
+  std::string rank_noun_;
 };
 
 /// World size 1: every collective is the identity.

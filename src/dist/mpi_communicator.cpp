@@ -1,6 +1,6 @@
-// MPI over host memory. Every collective is started non-blocking and polled, so that one that
-// does not finish within the timeout (a rank died or hangs) stops the job with a clear message
-// instead of hanging it.
+// MPI over host memory. Every collective and transfer is started non-blocking and polled, so that
+// one that does not finish within the timeout (a rank died or hangs) stops the job with a clear
+// message instead of hanging it.
 #include <mpi.h>
 #include <omp.h>
 
@@ -32,9 +32,26 @@ void check(int status, const char* call) {
 }
 
 int as_count(std::int64_t count) {
-  if (count > std::numeric_limits<int>::max()) throw RuntimeError("MPI: a collective of more than 2^31 elements");
+  if (count > std::numeric_limits<int>::max()) throw RuntimeError("MPI: a call of more than 2^31 elements");
   return static_cast<int>(count);
 }
+
+// Transfers move elements as they are: 16-bit ones (bf16, u16) as words.
+MPI_Datatype element_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::i32: return MPI_INT32_T;
+    case DType::bf16:
+    case DType::u16: return MPI_UINT16_T;
+  }
+  return MPI_BYTE;
+}
+
+// One message of a transfer in flight, and whom to blame when it never finishes.
+struct TransferPart {
+  MPI_Request mpi = MPI_REQUEST_NULL;
+  std::string blame;  // "rank 2 never received it"
+};
 
 class MpiCommunicator final : public Communicator {
  public:
@@ -74,6 +91,7 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
   int local_rank() const override { return local_rank_; }
+  int job_rank(int rank) const override { return job_ranks_[std::size_t(rank)]; }
   std::string name() const override { return "mpi"; }
 
   void do_all_reduce_sum(float* data, std::int64_t count) override {
@@ -137,33 +155,95 @@ class MpiCommunicator final : public Communicator {
     wait(r, "barrier");
   }
 
+  std::unique_ptr<Request> do_start_send(const void* data, std::int64_t count, DType dtype, int peer) override {
+    auto request = std::make_unique<Transfer>(*this, "send of " + elements(count, dtype) + " to " + rank_phrase(peer));
+    start_send_part(request->parts, data, count, dtype, peer);
+    return request;
+  }
+
+  std::unique_ptr<Request> do_start_recv(void* data, std::int64_t count, DType dtype, int peer) override {
+    auto request = std::make_unique<Transfer>(*this, "recv of " + elements(count, dtype) + " from " + rank_phrase(peer));
+    start_recv_part(request->parts, data, count, dtype, peer);
+    return request;
+  }
+
+  // Both posted before either is waited for: MPI lets them progress together.
+  std::unique_ptr<Request> do_start_exchange(const void* send, void* recv, std::int64_t count, DType dtype, int send_to,
+                                             int recv_from) override {
+    auto request = std::make_unique<Transfer>(*this, "exchange (send of " + elements(count, dtype) + " to " +
+                                                         rank_phrase(send_to) + ", recv from " + rank_phrase(recv_from) + ")");
+    start_recv_part(request->parts, recv, count, dtype, recv_from);
+    start_send_part(request->parts, send, count, dtype, send_to);
+    return request;
+  }
+
+  // Polls the parts of a transfer until all are done; past the timeout, stops every rank with a
+  // message that names the peers whose part never finished. Only the two ranks take part, so the
+  // count of collectives (seq_) stays as it is.
+  void wait_transfer(std::vector<TransferPart>& parts, const std::string& operation) {
+    init_tables();
+    poll(
+        [&] {
+          bool done = true;
+          for (TransferPart& part : parts) {
+            int finished = 1;  // a finished request has become MPI_REQUEST_NULL
+            if (part.mpi != MPI_REQUEST_NULL) check(MPI_Test(&part.mpi, &finished, MPI_STATUS_IGNORE), "MPI_Test");
+            done = done && finished;
+          }
+          return done;
+        },
+        [&] {
+          std::string who;
+          for (const TransferPart& part : parts) {
+            if (part.mpi != MPI_REQUEST_NULL) who += (who.empty() ? "" : "; ") + part.blame;
+          }
+          stop_job(operation, who + " (dead or hung)");
+        });
+  }
+
   // Polls until done; past the timeout, stops every rank (MPI_Abort) with a message. On the side,
   // every other rank tells rank 0 when it enters a collective and, while it waits in one, once a
   // second that it is alive; so rank 0 can name the ranks that never arrived or stopped answering.
   void wait(MPI_Request& request, const char* operation) {
     ++seq_;
     send_heartbeat();
+    poll(
+        [&] {
+          int done = 0;
+          check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+          return done != 0;
+        },
+        [&] { abort_job(operation); });
+  }
+
+ private:
+  // Calls `done` until it returns true, and `late` (which does not return) once the timeout has
+  // passed. Meanwhile rank 0 takes the heartbeats that arrive and every other rank sends one a
+  // second (also while it waits in a transfer: it is alive, though not in the collective).
+  template <class Done, class Late>
+  void poll(Done done, Late late) {
     const auto start = Clock::now();
     auto last_beat = start;
-    int done = 0;
     for (int spins = 0;; ++spins) {
-      check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      const bool finished = done();
       if (rank_ == 0) collect_heartbeats();
-      if (done) return;
+      if (finished) return;
       if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
       const auto now = Clock::now();
       if (rank_ != 0 && now - last_beat > std::chrono::seconds(1)) {
         send_heartbeat();
         last_beat = now;
       }
-      if (std::chrono::duration<double>(now - start).count() > timeout_s_) abort_job(operation);
+      if (std::chrono::duration<double>(now - start).count() > timeout_s_) late();
     }
   }
 
- private:
   using Clock = std::chrono::steady_clock;
   static constexpr int heartbeat_tag = 7301;
   static constexpr int count_tag = 7302;
+  // Transfers (send, recv, exchange) use one tag of their own: MPI matches the messages between
+  // two ranks on one tag in the order they were posted, which is the order the interface promises.
+  static constexpr int transfer_tag = 7310;
 
   struct Heartbeat {
     std::int64_t seq;
@@ -203,22 +283,42 @@ class MpiCommunicator final : public Communicator {
     const std::string who = rank_ != 0        ? "rank " + std::to_string(job_ranks_[0]) + " names the missing rank(s)"
                             : missing.empty() ? "every rank is in it, but it did not complete"
                                               : "rank(s) " + missing + " never arrived or stopped responding (dead or hung)";
-    std::fprintf(stderr,
-                 "llmtrain: error: rank %d: %s (collective #%lld) did not finish within dist.timeout_s = %.0f s: %s; "
-                 "stopping every rank\n",
-                 job_ranks_[std::size_t(rank_)], operation, static_cast<long long>(seq_), timeout_s_, who.c_str());
+    stop_job(std::string(operation) + " (collective #" + std::to_string(seq_) + ")", who);
+  }
+
+  // Prints "llmtrain: error: rank R: OPERATION did not finish within dist.timeout_s = T s: WHO;
+  // stopping every rank" and stops the whole job, not just this group.
+  [[noreturn]] void stop_job(const std::string& operation, const std::string& who) {
+    std::fprintf(stderr, "llmtrain: error: rank %d: %s did not finish within dist.timeout_s = %.0f s: %s; stopping every rank\n",
+                 job_ranks_[std::size_t(rank_)], operation.c_str(), timeout_s_, who.c_str());
     std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);  // the whole job, not just this group
+    MPI_Abort(MPI_COMM_WORLD, 1);
     std::_Exit(1);
+  }
+
+  void start_send_part(std::vector<TransferPart>& parts, const void* data, std::int64_t count, DType dtype, int peer) {
+    parts.push_back({MPI_REQUEST_NULL, rank_phrase(peer) + " never received it"});
+    check(MPI_Isend(data, as_count(count), element_type(dtype), peer, transfer_tag, comm_, &parts.back().mpi),
+          "MPI_Isend");
+  }
+
+  void start_recv_part(std::vector<TransferPart>& parts, void* data, std::int64_t count, DType dtype, int peer) {
+    parts.push_back({MPI_REQUEST_NULL, rank_phrase(peer) + " never sent it"});
+    check(MPI_Irecv(data, as_count(count), element_type(dtype), peer, transfer_tag, comm_, &parts.back().mpi),
+          "MPI_Irecv");
+  }
+
+  // Rank 0's record of the others (the side channel of heartbeats), made on first use.
+  void init_tables() {
+    if (rank_ != 0 || !arrived_.empty()) return;
+    arrived_.assign(std::size_t(world_), 0);
+    received_.assign(std::size_t(world_), 0);
+    last_heard_.assign(std::size_t(world_), Clock::now());
   }
 
   void send_heartbeat() {
     if (rank_ == 0) {
-      if (arrived_.empty()) {
-        arrived_.assign(std::size_t(world_), 0);
-        received_.assign(std::size_t(world_), 0);
-        last_heard_.assign(std::size_t(world_), Clock::now());
-      }
+      init_tables();
       return;
     }
     while (!sends_.empty()) {  // completed sends are dropped; the rest stay alive until taken
@@ -270,6 +370,15 @@ class MpiCommunicator final : public Communicator {
     MpiCommunicator& comm;
     const char* operation;
     MPI_Request mpi = MPI_REQUEST_NULL;
+  };
+
+  // A started transfer: one part (send or recv) or two (exchange).
+  struct Transfer final : Request {
+    Transfer(MpiCommunicator& c, std::string what) : comm(c), operation(std::move(what)) {}
+    void wait() override { comm.wait_transfer(parts, operation); }
+    MpiCommunicator& comm;
+    std::string operation;
+    std::vector<TransferPart> parts;
   };
 
   double timeout_s_;

@@ -7,7 +7,11 @@
 // the stream is queried, else the stream would look idle and the caller read unreduced data.
 // Ordering: each collective's stream first waits (an event) for the work enqueued so far on the
 // ops' compute stream, which wrote its input; the host then waits for the collective (finish),
-// so whatever the compute stream does next sees its result.
+// so whatever the compute stream does next sees its result. Transfers (ncclSend, ncclRecv) are
+// ordered the same way; a started one records an event after itself on the communicator's stream
+// and its wait() waits for that event only, not for what was started after it. An exchange's
+// send and receive are one NCCL group, so that both are under way together (NCCL runs the
+// operations of a communicator one after the other, each until its peer has taken part).
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -38,6 +42,17 @@ void check(ncclResult_t status, const char* call) {
 
 void check(cudaError_t status, const char* call) {
   if (status != cudaSuccess) throw RuntimeError(std::string("CUDA error in ") + call + ": " + cudaGetErrorString(status));
+}
+
+// What travels: NCCL has no 16-bit integers, and moves u16 words as bf16 ones, unchanged.
+ncclDataType_t element_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return ncclFloat;
+    case DType::i32: return ncclInt32;
+    case DType::bf16:
+    case DType::u16: return ncclBfloat16;
+  }
+  return ncclFloat;
 }
 
 class Done final : public Request {
@@ -81,6 +96,7 @@ class NcclCommunicator final : public Communicator {
 
   int rank() const override { return host_.rank(); }
   int world_size() const override { return host_.world_size(); }
+  int job_rank(int rank) const override { return host_.job_rank(rank); }
   std::string name() const override { return "nccl"; }
   /// The host group splits; the new group gets its own NCCL id over it and owns it.
   std::unique_ptr<Communicator> split(int color, int key) override {
@@ -133,7 +149,57 @@ class NcclCommunicator final : public Communicator {
   }
   void do_barrier() override { host_.barrier(); }
 
+  std::unique_ptr<Request> do_start_send(const void* data, std::int64_t count, DType dtype, int peer) override {
+    after_compute();
+    enqueued(ncclSend(data, std::size_t(count), element_type(dtype), peer, comm_, stream_), "ncclSend");
+    return std::make_unique<Transfer>(*this, "send of " + elements(count, dtype) + " to " + rank_phrase(peer),
+                                      rank_phrase(peer) + " never received it (dead or hung)");
+  }
+  std::unique_ptr<Request> do_start_recv(void* data, std::int64_t count, DType dtype, int peer) override {
+    after_compute();
+    enqueued(ncclRecv(data, std::size_t(count), element_type(dtype), peer, comm_, stream_), "ncclRecv");
+    return std::make_unique<Transfer>(*this, "recv of " + elements(count, dtype) + " from " + rank_phrase(peer),
+                                      rank_phrase(peer) + " never sent it (dead or hung)");
+  }
+  // One group: inside it the calls only queue (NCCL returns ncclSuccess); ncclGroupEnd starts
+  // both, and on a non-blocking communicator it may return ncclInProgress like any call.
+  std::unique_ptr<Request> do_start_exchange(const void* send, void* recv, std::int64_t count, DType dtype, int send_to,
+                                             int recv_from) override {
+    after_compute();
+    const ncclDataType_t type = element_type(dtype);
+    check(ncclGroupStart(), "ncclGroupStart");
+    const ncclResult_t sent = ncclSend(send, std::size_t(count), type, send_to, comm_, stream_);
+    const ncclResult_t received = ncclRecv(recv, std::size_t(count), type, recv_from, comm_, stream_);
+    const ncclResult_t ended = ncclGroupEnd();
+    check(sent, "ncclSend");
+    check(received, "ncclRecv");
+    enqueued(ended, "ncclGroupEnd");
+    const std::string peers =
+        send_to == recv_from ? rank_phrase(send_to) : rank_phrase(send_to) + " or " + rank_phrase(recv_from);
+    return std::make_unique<Transfer>(*this,
+                                      "exchange (send of " + elements(count, dtype) + " to " + rank_phrase(send_to) +
+                                          ", recv from " + rank_phrase(recv_from) + ")",
+                                      peers + " never answered (dead or hung)");
+  }
+
  private:
+  // A started transfer: done when the stream has passed the event recorded right after it.
+  class Transfer final : public Request {
+   public:
+    Transfer(NcclCommunicator& owner, std::string operation, std::string suspect)
+        : owner_(owner), operation_(std::move(operation)), suspect_(std::move(suspect)) {
+      check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
+      check(cudaEventRecord(done_, owner.stream_), "cudaEventRecord");
+    }
+    ~Transfer() override { cudaEventDestroy(done_); }
+    void wait() override { owner_.finish(operation_.c_str(), done_, suspect_.c_str()); }
+
+   private:
+    NcclCommunicator& owner_;
+    std::string operation_, suspect_;
+    cudaEvent_t done_ = nullptr;
+  };
+
   // Makes this communicator's stream wait for what the compute stream has been given so far.
   void after_compute() {
     check(cudaEventRecord(compute_done_, cuda::compute_stream()), "cudaEventRecord");
@@ -165,11 +231,12 @@ class NcclCommunicator final : public Communicator {
     poll_comm(call);
   }
 
-  // Waits for the stream, watching for asynchronous NCCL errors and the timeout.
-  void finish(const char* operation) {
+  // Waits for the stream (or, given `until`, for the stream to pass that event), watching for
+  // asynchronous NCCL errors and the timeout (which blames `suspect`).
+  void finish(const char* operation, cudaEvent_t until = nullptr, const char* suspect = "another rank died or hangs") {
     const auto start = std::chrono::steady_clock::now();
     while (true) {
-      const cudaError_t done = cudaStreamQuery(stream_);
+      const cudaError_t done = until ? cudaEventQuery(until) : cudaStreamQuery(stream_);
       if (done == cudaSuccess) return;
       if (done != cudaErrorNotReady) check(done, operation);
       ncclResult_t state = ncclSuccess;
@@ -179,18 +246,20 @@ class NcclCommunicator final : public Communicator {
         comm_ = nullptr;
         nccl_failed(state, operation);
       }
-      timeout_if_late(start, operation);
+      timeout_if_late(start, operation, suspect);
       std::this_thread::yield();
     }
   }
 
-  void timeout_if_late(std::chrono::steady_clock::time_point start, const char* operation) {
+  void timeout_if_late(std::chrono::steady_clock::time_point start, const char* operation,
+                       const char* suspect = "another rank died or hangs") {
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (waited <= timeout_s_) return;
     ncclCommAbort(comm_);
     comm_ = nullptr;
-    throw RuntimeError("rank " + std::to_string(rank()) + ": NCCL " + operation + " did not finish within dist.timeout_s = " +
-                       std::to_string(int(timeout_s_)) + " s: another rank died or hangs; communicator aborted");
+    throw RuntimeError("rank " + std::to_string(job_rank(rank())) + ": NCCL " + operation +
+                       " did not finish within dist.timeout_s = " + std::to_string(int(timeout_s_)) + " s: " + suspect +
+                       "; communicator aborted");
   }
 
   Communicator& host_;

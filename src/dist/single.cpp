@@ -1,5 +1,6 @@
 #include <cstring>
 
+#include "core/error.h"
 #include "dist/communicator.h"
 
 namespace llmtrain::dist {
@@ -34,6 +35,13 @@ class SingleCommunicator final : public Communicator {
   }
   void do_broadcast(float*, std::int64_t, int) override {}
   void do_barrier() override {}
+  // Communicator::check_transfer refuses every peer of a one-rank group before these.
+  std::unique_ptr<Request> do_start_send(const void*, std::int64_t, DType, int) override { no_peer(); }
+  std::unique_ptr<Request> do_start_recv(void*, std::int64_t, DType, int) override { no_peer(); }
+  std::unique_ptr<Request> do_start_exchange(const void*, void*, std::int64_t, DType, int, int) override { no_peer(); }
+
+ private:
+  [[noreturn]] static void no_peer() { throw RuntimeError("no peer on a one-rank communicator"); }
 };
 
 }  // namespace

@@ -5,6 +5,17 @@
 // only when ncclCommGetAsyncError has been polled LLMTRAIN_EMU_NCCL_POLLS times (default 3):
 // reading the result earlier shows the data unreduced, as a GPU could. A call made while the
 // previous one is still in progress fails with ncclInvalidUsage, as NCCL asks.
+//
+// Point-to-point (ncclSend, ncclRecv): the N ranks are taken to run this same program, each on its
+// own rank, so rank q's send to q + d carries what this process sends to rank + d. A send is kept
+// (its bytes copied when its work runs); a recv from q takes the oldest kept send to rank +
+// (rank - q), the one rank q makes to this rank, and fails (ncclInvalidUsage, through
+// ncclCommGetAsyncError on a non-blocking communicator, with a line on stderr) when there is none
+// (N ranks would wait for ever) or when its count or type differ. Both buffers must be device
+// memory (ncclInvalidArgument otherwise). Inside ncclGroupStart/ncclGroupEnd the calls only queue
+// and return ncclSuccess; ncclGroupEnd submits each communicator's queued calls as one call (its
+// sends before its recvs, as NCCL lets a group's transfers progress together). The shim does not
+// see the ordering deadlocks of separate, ungrouped calls on real ranks.
 #pragma once
 
 #include <cstddef>
@@ -28,7 +39,7 @@ typedef enum {
 
 typedef struct llmtrain_emu_nccl_comm* ncclComm_t;
 typedef struct { char internal[128]; } ncclUniqueId;
-typedef enum { ncclInt64 = 4, ncclFloat = 7, ncclDouble = 8, ncclBfloat16 = 9 } ncclDataType_t;
+typedef enum { ncclInt32 = 2, ncclInt64 = 4, ncclFloat = 7, ncclDouble = 8, ncclBfloat16 = 9 } ncclDataType_t;
 typedef enum { ncclSum = 0, ncclMax = 3 } ncclRedOp_t;
 typedef struct {
   int blocking;
@@ -51,3 +62,7 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t send_count, nccl
                            cudaStream_t stream);
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root, ncclComm_t comm,
                            cudaStream_t stream);
+ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclGroupStart();
+ncclResult_t ncclGroupEnd();

@@ -5,14 +5,37 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
+#include <string>
+#include <utility>
 #include <vector>
+
+#include "internal.h"
+
+namespace {
+
+// A call's work, run when the call completes; its status is the call's (blocking) or the
+// communicator's asynchronous error (non-blocking).
+using Work = std::function<ncclResult_t()>;
+
+// A send kept until a recv takes it: to rank + offset, as copied when the send's work ran.
+struct Message {
+  int offset;
+  ncclDataType_t type;
+  size_t count;
+  std::vector<char> bytes;
+};
+
+}  // namespace
 
 struct llmtrain_emu_nccl_comm {
   int nranks = 1, rank = 0;
   bool blocking = true;
-  int polls_left = 0;           // polls of ncclCommGetAsyncError before `pending` runs
-  std::function<void()> pending;
+  int polls_left = 0;  // polls of ncclCommGetAsyncError before `pending` runs
+  Work pending;
+  ncclResult_t async_error = ncclSuccess;  // of the last call that completed
+  std::deque<Message> sent;                // sends no recv has taken yet, oldest first
 };
 
 namespace {
@@ -22,7 +45,9 @@ int polls_per_call() {
   return text ? std::atoi(text) : 3;
 }
 
-size_t type_size(ncclDataType_t type) { return type == ncclFloat ? 4 : type == ncclBfloat16 ? 2 : 8; }
+size_t type_size(ncclDataType_t type) {
+  return type == ncclFloat || type == ncclInt32 ? 4 : type == ncclBfloat16 ? 2 : 8;
+}
 
 template <typename T>
 void reduce(const void* send, void* recv, size_t count, size_t offset, ncclRedOp_t op, int nranks) {
@@ -33,20 +58,51 @@ void reduce(const void* send, void* recv, size_t count, size_t offset, ncclRedOp
 void reduce_any(const void* send, void* recv, size_t count, size_t offset, ncclDataType_t type, ncclRedOp_t op, int n) {
   if (type == ncclFloat) reduce<float>(send, recv, count, offset, op, n);
   else if (type == ncclDouble) reduce<double>(send, recv, count, offset, op, n);
+  else if (type == ncclInt32) reduce<std::int32_t>(send, recv, count, offset, op, n);
   else reduce<std::int64_t>(send, recv, count, offset, op, n);
 }
 
+// Between ncclGroupStart and its ncclGroupEnd (nested: counted), the transfers queued so far.
+struct Grouped {
+  ncclComm_t comm;
+  bool is_send;
+  Work work;
+};
+thread_local int group_depth = 0;
+thread_local std::vector<Grouped> grouped;
+
 // Runs `work` now (blocking) or after the polls (non-blocking).
-ncclResult_t submit(ncclComm_t comm, std::function<void()> work) {
+ncclResult_t submit(ncclComm_t comm, Work work) {
   if (!comm) return ncclInvalidArgument;
   if (comm->pending) return ncclInvalidUsage;  // the previous call has not left ncclInProgress
-  if (comm->blocking) {
-    work();
-    return ncclSuccess;
+  if (group_depth > 0) {
+    llmtrain_emu::report("NCCL shim: only ncclSend and ncclRecv are emulated inside a group");
+    return ncclInvalidUsage;
   }
+  if (comm->blocking) return comm->async_error = work();
   comm->pending = std::move(work);
   comm->polls_left = polls_per_call();
   return ncclInProgress;
+}
+
+// A transfer: queued inside a group, else submitted as a call of its own.
+ncclResult_t transfer(ncclComm_t comm, bool is_send, Work work) {
+  if (group_depth == 0) return submit(comm, std::move(work));
+  grouped.push_back({comm, is_send, std::move(work)});
+  return ncclSuccess;
+}
+
+// ncclSend's and ncclRecv's checks: the peer a rank of the communicator, the buffer device memory.
+ncclResult_t check_transfer(ncclComm_t comm, int peer, const void* buffer, size_t count, ncclDataType_t type,
+                            const char* call) {
+  if (!comm) return ncclInvalidArgument;
+  if (peer < 0 || peer >= comm->nranks) {
+    llmtrain_emu::report(std::string(call) + ": peer " + std::to_string(peer) + " is not a rank of a communicator of " +
+                         std::to_string(comm->nranks));
+    return ncclInvalidArgument;
+  }
+  if (!llmtrain_emu::check_device_range(buffer, count * type_size(type), call)) return ncclInvalidArgument;
+  return ncclSuccess;
 }
 
 }  // namespace
@@ -59,16 +115,16 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
 ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId, int rank, ncclConfig_t* config) {
   if (nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
   *comm = new llmtrain_emu_nccl_comm{nranks, rank, !config || config->blocking != 0, 0, {}};
-  return submit(*comm, [] {});
+  return submit(*comm, [] { return ncclSuccess; });
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
   if (!comm) return ncclInvalidArgument;
   if (comm->pending && --comm->polls_left <= 0) {
-    comm->pending();
+    comm->async_error = comm->pending();
     comm->pending = nullptr;
   }
-  *state = comm->pending ? ncclInProgress : ncclSuccess;
+  *state = comm->pending ? ncclInProgress : comm->async_error;
   return ncclSuccess;
 }
 
@@ -82,14 +138,20 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) { return ncclCommDestroy(comm); }
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t) {
   const int n = comm ? comm->nranks : 1;
-  return submit(comm, [=] { reduce_any(send, recv, count, 0, type, op, n); });
+  return submit(comm, [=] {
+    reduce_any(send, recv, count, 0, type, op, n);
+    return ncclSuccess;
+  });
 }
 
 ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recv_count, ncclDataType_t type, ncclRedOp_t op,
                                ncclComm_t comm, cudaStream_t) {
   if (!comm) return ncclInvalidArgument;
   const int n = comm->nranks, rank = comm->rank;
-  return submit(comm, [=] { reduce_any(send, recv, recv_count, size_t(rank) * recv_count, type, op, n); });
+  return submit(comm, [=] {
+    reduce_any(send, recv, recv_count, size_t(rank) * recv_count, type, op, n);
+    return ncclSuccess;
+  });
 }
 
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t send_count, ncclDataType_t type, ncclComm_t comm,
@@ -100,10 +162,82 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t send_count, nccl
     const size_t bytes = send_count * type_size(type);
     std::vector<char> in(static_cast<const char*>(send), static_cast<const char*>(send) + bytes);
     for (int r = 0; r < n; ++r) std::memcpy(static_cast<char*>(recv) + r * bytes, in.data(), bytes);
+    return ncclSuccess;
   });
 }
 
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int, ncclComm_t comm,
                            cudaStream_t) {
-  return submit(comm, [=] { std::memmove(recv, send, count * type_size(type)); });
+  return submit(comm, [=] {
+    std::memmove(recv, send, count * type_size(type));
+    return ncclSuccess;
+  });
+}
+
+ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t) {
+  if (const ncclResult_t bad = check_transfer(comm, peer, send, count, type, "ncclSend")) return bad;
+  return transfer(comm, true, [=] {
+    const int offset = (peer - comm->rank + comm->nranks) % comm->nranks;
+    const char* bytes = static_cast<const char*>(send);
+    comm->sent.push_back({offset, type, count, std::vector<char>(bytes, bytes + count * type_size(type))});
+    return ncclSuccess;
+  });
+}
+
+ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t) {
+  if (const ncclResult_t bad = check_transfer(comm, peer, recv, count, type, "ncclRecv")) return bad;
+  return transfer(comm, false, [=] {
+    // Rank `peer` runs this program too: what it sends to this rank is what this process sends
+    // to the rank as far beyond itself as this rank is beyond `peer`.
+    const int offset = (comm->rank - peer + comm->nranks) % comm->nranks;
+    const std::string what = "ncclRecv of " + std::to_string(count) + " elements from rank " + std::to_string(peer);
+    for (auto it = comm->sent.begin(); it != comm->sent.end(); ++it) {
+      if (it->offset != offset) continue;
+      if (it->count != count || it->type != type) {
+        llmtrain_emu::report(what + " (type " + std::to_string(int(type)) + "): its matching send has " +
+                             std::to_string(it->count) + " elements of type " + std::to_string(int(it->type)));
+        return ncclInvalidUsage;
+      }
+      std::memcpy(recv, it->bytes.data(), it->bytes.size());
+      comm->sent.erase(it);
+      return ncclSuccess;
+    }
+    llmtrain_emu::report(what + ": no matching send was started before it or in its group (" +
+                         std::to_string(comm->nranks) + " ranks running this program would wait for ever)");
+    return ncclInvalidUsage;
+  });
+}
+
+ncclResult_t ncclGroupStart() {
+  ++group_depth;
+  return ncclSuccess;
+}
+
+// Each communicator's queued transfers become one call: its sends, then its recvs.
+ncclResult_t ncclGroupEnd() {
+  if (group_depth == 0) return ncclInvalidUsage;
+  if (--group_depth > 0) return ncclSuccess;
+  std::vector<Grouped> calls = std::move(grouped);
+  grouped.clear();
+  ncclResult_t result = ncclSuccess;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const ncclComm_t comm = calls[i].comm;
+    if (!comm) continue;  // taken with an earlier call of the same communicator
+    std::vector<Work> sends, recvs;
+    for (size_t j = i; j < calls.size(); ++j) {
+      if (calls[j].comm != comm) continue;
+      (calls[j].is_send ? sends : recvs).push_back(std::move(calls[j].work));
+      calls[j].comm = nullptr;
+    }
+    const ncclResult_t status = submit(comm, [sends, recvs] {
+      for (const auto* part : {&sends, &recvs}) {
+        for (const Work& work : *part) {
+          if (const ncclResult_t bad = work()) return bad;
+        }
+      }
+      return ncclSuccess;
+    });
+    if (status != ncclSuccess && (result == ncclSuccess || result == ncclInProgress)) result = status;
+  }
+  return result;
 }

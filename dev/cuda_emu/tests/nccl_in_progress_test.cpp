@@ -1,10 +1,13 @@
 // The NCCL communicator on a non-blocking communicator whose calls return ncclInProgress before
 // their work is on the stream (the emulator's NCCL shim does so for its first polls): every
 // collective's result must be there when the call returns. Two ranks are emulated, holding the
-// same data, so a reduced buffer is twice the input and an unreduced one is not.
+// same data, so a reduced buffer is twice the input and an unreduced one is not. Transfers: the
+// shim's ranks run this same program, so a recv is filled with what this process sent to the
+// mirrored rank; it must be there when wait() returns, and a recv no send matches must fail.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -16,11 +19,12 @@ using namespace llmtrain;
 
 namespace {
 
-// Rank 0 of 2 over host memory: only the broadcast of NCCL's id is used (rank 0 keeps its own).
+// Rank 0 of `world` over host memory: only the broadcast of NCCL's id is used (rank 0 keeps its own).
 class TwoRanksHost final : public dist::Communicator {
  public:
+  explicit TwoRanksHost(int world = 2) : world_(world) {}
   int rank() const override { return 0; }
-  int world_size() const override { return 2; }
+  int world_size() const override { return world_; }
   std::string name() const override { return "two-ranks-host"; }
   std::unique_ptr<dist::Communicator> split(int, int) override { return nullptr; }
 
@@ -36,6 +40,14 @@ class TwoRanksHost final : public dist::Communicator {
   std::unique_ptr<dist::Request> do_start_all_gather(const void*, void*, std::int64_t, DType) override { return nullptr; }
   void do_broadcast(float*, std::int64_t, int) override {}
   void do_barrier() override {}
+  std::unique_ptr<dist::Request> do_start_send(const void*, std::int64_t, DType, int) override { return nullptr; }
+  std::unique_ptr<dist::Request> do_start_recv(void*, std::int64_t, DType, int) override { return nullptr; }
+  std::unique_ptr<dist::Request> do_start_exchange(const void*, void*, std::int64_t, DType, int, int) override {
+    return nullptr;
+  }
+
+ private:
+  int world_;
 };
 
 std::vector<float> read(const float* device, size_t n) {
@@ -95,4 +107,118 @@ TEST_CASE("NCCL: a collective that returns ncclInProgress is complete when the c
   CHECK(nccl->traffic().bytes[dist::Traffic::all_gather] == n * 4 + n * 2);  // (2-1)/2 of 2n elements each
   cudaFree(data);
   cudaFree(gathered);
+}
+
+namespace {
+
+// A device buffer of `n` elements of T, filled with `values` or with `fill`.
+template <class T>
+T* device_copy(const std::vector<T>& values) {
+  T* p = nullptr;
+  REQUIRE(cudaMalloc(reinterpret_cast<void**>(&p), values.size() * sizeof(T)) == cudaSuccess);
+  REQUIRE(cudaMemcpy(p, values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
+  return p;
+}
+
+// The message of what `call` throws ("" if it does not).
+template <class Call>
+std::string thrown(Call call) {
+  try {
+    call();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+template <class T>
+std::vector<T> host_copy(const T* device, size_t n) {
+  std::vector<T> host(n);
+  REQUIRE(cudaMemcpy(host.data(), device, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
+  return host;
+}
+
+}  // namespace
+
+TEST_CASE("NCCL: transfers that return ncclInProgress are complete when wait() returns", "[cuda][dist]") {
+  TwoRanksHost host;
+  const auto nccl = dist::make_nccl_communicator(host, 0, 30.0);
+  const std::vector<float> values = {1.5f, -2.0f, 3.25f, 0.0f, 7.0f};
+  const size_t n = values.size();
+  const std::vector<float> blank(n, -99.0f);
+  float* send = device_copy(values);
+  float* recv = device_copy(blank);
+
+  // An exchange with the other rank (one group): it sends its values, as this process does.
+  nccl->start_exchange(send, recv, std::int64_t(n), DType::f32, 1)->wait();
+  CHECK(host_copy(recv, n) == values);
+
+  // A send, then a separate recv, each through the polling; then the blocking forms.
+  REQUIRE(cudaMemcpy(recv, blank.data(), n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+  auto sent = nccl->start_send(send, std::int64_t(n), DType::f32, 1);
+  auto received = nccl->start_recv(recv, std::int64_t(n), DType::f32, 1);
+  sent->wait();
+  received->wait();
+  CHECK(host_copy(recv, n) == values);
+  REQUIRE(cudaMemcpy(recv, blank.data(), n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+  nccl->send(send, 3, DType::f32, 1);
+  nccl->recv(recv, 3, DType::f32, 1);
+  CHECK(host_copy(recv, n) == std::vector<float>{1.5f, -2.0f, 3.25f, -99.0f, -99.0f});
+
+  // bf16 and i32 words arrive unchanged.
+  const std::vector<std::uint16_t> words = {0x3fc0, 0xc000, 0x4050, 0x0000, 0xff80};
+  std::uint16_t* send16 = device_copy(words);
+  std::uint16_t* recv16 = device_copy(std::vector<std::uint16_t>(n, 0xffff));
+  nccl->start_exchange(send16, recv16, std::int64_t(n), DType::bf16, 1)->wait();
+  CHECK(host_copy(recv16, n) == words);
+  const std::vector<std::int32_t> ints = {-7, 0, 1 << 30, 42, -1};
+  std::int32_t* send32 = device_copy(ints);
+  std::int32_t* recv32 = device_copy(std::vector<std::int32_t>(n, 0));
+  nccl->start_exchange(send32, recv32, std::int64_t(n), DType::i32, 1)->wait();
+  CHECK(host_copy(recv32, n) == ints);
+
+  // Counted: 5 sends (5, 5 and 3 f32, 5 bf16, 5 i32) and as many receives, which send no bytes.
+  const dist::Traffic& t = nccl->traffic();
+  CHECK(t.calls[dist::Traffic::send] == 5);
+  CHECK(t.calls[dist::Traffic::recv] == 5);
+  CHECK(t.bytes[dist::Traffic::send] == double((5 + 5 + 3 + 5) * 4 + 5 * 2));
+  CHECK(t.bytes[dist::Traffic::recv] == 0.0);
+
+  // Peers that are not another rank of the group are refused before NCCL is called.
+  CHECK_THROWS_WITH(nccl->start_send(send, 1, DType::f32, 0), "send: rank 0 is this rank");
+  CHECK_THROWS_WITH(nccl->start_recv(recv, 1, DType::f32, 2), "recv: peer rank 2 is not in this group of 2 ranks");
+  for (void* p : {static_cast<void*>(send), static_cast<void*>(recv), static_cast<void*>(send16),
+                  static_cast<void*>(recv16), static_cast<void*>(send32), static_cast<void*>(recv32)}) {
+    cudaFree(p);
+  }
+}
+
+TEST_CASE("NCCL: a ring exchange on 3 ranks, and recvs that no send matches fail", "[cuda][dist]") {
+  const std::vector<float> values = {0.5f, 2.0f, -4.0f};
+  float* send = device_copy(values);
+  float* recv = device_copy(std::vector<float>(3, 0.0f));
+  {
+    // Rank 0 of 3 sends to 1 and receives from 2, which sends to 0 what this process sends to 1.
+    TwoRanksHost host(3);
+    const auto nccl = dist::make_nccl_communicator(host, 0, 30.0);
+    nccl->start_exchange(send, recv, 3, DType::f32, 1, 2)->wait();
+    CHECK(host_copy(recv, 3) == values);
+    // Rank 1 sends nothing to this rank: its sends go to rank 2 here, so nothing matches.
+    nccl->send(send, 3, DType::f32, 1);
+    CHECK(thrown([&] { nccl->recv(recv, 3, DType::f32, 1); }).find("NCCL error in ncclRecv") == 0);
+  }
+  {
+    TwoRanksHost host;
+    const auto nccl = dist::make_nccl_communicator(host, 0, 30.0);
+    nccl->send(send, 2, DType::f32, 1);  // 2 elements sent, 3 expected
+    CHECK(thrown([&] { nccl->recv(recv, 3, DType::f32, 1); }).find("NCCL error in ncclRecv") == 0);
+  }
+  {
+    TwoRanksHost host;
+    const auto nccl = dist::make_nccl_communicator(host, 0, 30.0);
+    std::vector<float> on_host(3);  // not device memory
+    CHECK(thrown([&] { nccl->start_send(on_host.data(), 3, DType::f32, 1); }).find("NCCL error in ncclSend") == 0);
+  }
+  cudaFree(send);
+  cudaFree(recv);
 }
