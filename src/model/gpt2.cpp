@@ -82,7 +82,11 @@ TensorSlice Gpt2::slice_of(const std::string& name) const {
   if (name.ends_with("attn.c_proj.weight")) return even_part(1, C);
   if (name.ends_with("mlp.c_fc.weight") || name.ends_with("mlp.c_fc.bias")) return even_part(0, F4);
   if (name.ends_with("mlp.c_proj.weight")) return even_part(1, F4);
-  if (name == "transformer.wte.weight" && tensor_size() > 1) return {0, {{vocab_begin(), vocab_end() - vocab_begin()}}};
+  if (name == "transformer.wte.weight") {
+    TensorSlice rows = tensor_size() > 1 ? TensorSlice{0, {{vocab_begin(), vocab_end() - vocab_begin()}}} : TensorSlice{};
+    rows.owner = first_stage();  // the last pipeline stage's (the tied head's) is a copy
+    return rows;
+  }
   return {};
 }
 

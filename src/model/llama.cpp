@@ -91,8 +91,11 @@ TensorSlice Llama::slice_of(const std::string& name) const {
   if (name.ends_with("self_attn.o_proj.weight")) return even_part(1, config_.n_head * HS_);
   if (name.ends_with("mlp.gate_proj.weight") || name.ends_with("mlp.up_proj.weight")) return even_part(0, F);
   if (name.ends_with("mlp.down_proj.weight")) return even_part(1, F);
-  if ((name == "model.embed_tokens.weight" || name == "lm_head.weight") && tensor_size() > 1) {
-    return {0, {{vocab_begin(), vocab_end() - vocab_begin()}}};
+  if (name == "model.embed_tokens.weight" || name == "lm_head.weight") {
+    TensorSlice rows = tensor_size() > 1 ? TensorSlice{0, {{vocab_begin(), vocab_end() - vocab_begin()}}} : TensorSlice{};
+    // A tied embedding on the last pipeline stage (the head's) is a copy of the first stage's.
+    rows.owner = name == "lm_head.weight" || first_stage();
+    return rows;
   }
   return {};
 }

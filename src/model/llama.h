@@ -28,6 +28,7 @@ class Llama final : public Model {
   Tensor logits() override;
   Tensor decode_step(std::int32_t token, int pos) override;
   StageIO stage_io() override;
+  std::string tied_embedding() const override { return config_.tie_embeddings ? "model.embed_tokens.weight" : ""; }
   void prepare_activations(int B, int T) override { ensure_acts(B, T); }
   std::size_t activation_bytes(int B, int T) const override;
 

@@ -166,8 +166,9 @@ void Model::embed(const Tensor& out, const std::int32_t* inputs, const Tensor& d
     vocab_table_grad_ = ops::Buffer(device_, std::size_t((rows + 1) * C) * sizeof(float));
     ops::zero(vocab_table_.view(compute_, {(rows + 1) * C}));  // the zero row stays zero
   }
-  if (vocab_ids_.bytes() < std::size_t(n) * sizeof(std::int32_t)) {
-    vocab_ids_ = ops::Buffer(device_, std::size_t(n) * sizeof(std::int32_t));
+  // One row-index set per activation slot: backward reads its micro-batch's.
+  if (vocab_ids_.bytes() < std::size_t(slots_ * n) * sizeof(std::int32_t)) {
+    vocab_ids_ = ops::Buffer(device_, std::size_t(slots_ * n) * sizeof(std::int32_t));
   }
   ops::copy(vocab_table_.view(compute_, {rows, C}), wte);
   // Tokens of other ranks' rows read the zero row.
@@ -176,7 +177,8 @@ void Model::embed(const Tensor& out, const std::int32_t* inputs, const Tensor& d
     const std::int64_t id = inputs[i];
     host_ids_[std::size_t(i)] = std::int32_t(id >= vocab_begin() && id < vocab_end() ? id - vocab_begin() : rows);
   }
-  const Tensor ids = vocab_ids_.view(DType::i32, {device_inputs.shape[0], device_inputs.shape[1]});
+  const Tensor ids(static_cast<std::int32_t*>(vocab_ids_.data()) + slot_ * n, DType::i32, device_,
+                   {device_inputs.shape[0], device_inputs.shape[1]});
   ops::copy(ids, Tensor(host_ids_.data(), DType::i32, Device::cpu, {device_inputs.shape[0], device_inputs.shape[1]}));
   ops::encoder_forward(out, ids, vocab_table_.view(compute_, {rows + 1, C}), bias_once(wpe));
 }
@@ -224,7 +226,8 @@ void Model::embed_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor&
   const std::int64_t C = config_.d_model, rows = vocab_end() - vocab_begin();
   const Tensor table_grad = vocab_table_grad_.view(DType::f32, {rows + 1, C});
   ops::zero(table_grad);
-  const Tensor ids = vocab_ids_.view(DType::i32, {device_inputs.shape[0], device_inputs.shape[1]});
+  const Tensor ids(static_cast<std::int32_t*>(vocab_ids_.data()) + slot_ * device_inputs.numel(), DType::i32, device_,
+                   {device_inputs.shape[0], device_inputs.shape[1]});
   ops::encoder_backward(table_grad, dwpe, dout, ids);
   const Tensor mine = vocab_table_grad_.view(DType::f32, {rows * C});
   const Tensor flat_dwte(dwte.data, DType::f32, device_, {rows * C});

@@ -24,10 +24,11 @@ namespace llmtrain::model {
 struct TensorSlice {
   int dim = -1;
   std::vector<std::pair<std::int64_t, std::int64_t>> blocks;
-  bool owner = true;  // false: another rank of the group holds the same part (and saves it)
+  bool owner = true;  // false: another rank holds the same part and saves it (a replicated
+                      // key/value head; a tied embedding's copy on the last pipeline stage)
   bool whole() const { return dim < 0; }
   /// Whether this rank is the one that saves this part and counts it in the gradient norm.
-  bool owned_by(int tensor_rank) const { return whole() ? tensor_rank == 0 : owner; }
+  bool owned_by(int tensor_rank) const { return owner && (!whole() || tensor_rank == 0); }
 };
 
 /// How a model is laid out over ranks: sharded for ZeRO 3 (no flat buffers of its own), and this
@@ -160,6 +161,9 @@ class Model {
   int stage_layers() const { return layout_.layers < 0 ? int(config_.n_layer) : layout_.layers; }
   bool first_stage() const { return layout_.first_layer == 0; }
   bool last_stage() const { return layout_.first_layer + stage_layers() == config_.n_layer; }
+  /// The token embedding's name when the output head shares it (GPT-2; Llama with
+  /// tie_embeddings), else "": in a pipeline the first and last stages each hold it.
+  virtual std::string tied_embedding() const = 0;
   std::int64_t num_params() const { return num_params_; }
 
   Tensor params() const { return params_.view(DType::f32, {num_params_}); }  // (P,) f32 master weights

@@ -295,7 +295,7 @@ std::string Checkpointer::save(std::int64_t step, Trainer& trainer) {
   const bool on_cpu = trainer.model().device() == Device::cpu;
   // Rank 0's own flat weights are the whole model's on the CPU without ZeRO 3 or tensor
   // parallelism; else they are assembled on rank 0 (a collective).
-  const bool gathered = !on_cpu || trainer.model().sharded() || trainer.model().layout().tensor_size > 1;
+  const bool gathered = !on_cpu || trainer.weights_split();
   const OptimizerPart part = optimizer_part(trainer, world_.rank());
   request.write_optimizer = part.written;
   if (!async_) {
@@ -346,7 +346,7 @@ std::string Checkpointer::save(std::int64_t step, Trainer& trainer) {
   std::vector<std::pair<float*, Tensor>> copies;  // staging <- what it saves
   // The weights' bytes come from request.weights. Shards and tensor-parallel parts are gathered
   // now (a collective, so not in the background), straight into rank 0's staging buffer.
-  if (trainer.model().sharded() || trainer.model().layout().tensor_size > 1) {
+  if (trainer.weights_split()) {
     const auto gather_start = Clock::now();
     trainer.gather_weights(world_.rank() == 0 ? next : nullptr);
     p->copy_s += seconds_since(gather_start);

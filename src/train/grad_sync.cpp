@@ -78,7 +78,7 @@ double GradientSync::finish(double& loss_sum) {
                                                     : sum_squares_in(grads(), {{begin_, end_, 0}}, norm_.counted)};
   host_comm_.all_reduce_sum(sums, zero_stage_ == 0 ? 1 : 2);
   loss_sum = sums[0];
-  if (norm_.tensor) norm_.tensor->all_reduce_sum(&sums[1], 1);  // the other parameters' parts
+  norm_.sum(sums[1]);  // the other parts of the model
   return std::sqrt(sums[1]);
 }
 

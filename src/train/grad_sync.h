@@ -18,12 +18,15 @@
 
 namespace llmtrain::train {
 
-/// Under tensor parallelism, which gradients the global norm counts on this rank (flat ranges of
-/// its buffer: a replicated parameter once in the group) and the tensor group to sum it over
-/// (host memory); empty and null without.
+/// Under tensor or pipeline parallelism, which gradients the global norm counts on this rank
+/// (flat ranges of its buffer: a parameter several ranks hold, once) and the other groups to sum
+/// it over (the tensor group, the pipeline; host memory); empty without.
 struct NormScope {
   std::vector<checkpoint::FlatRange> counted;
-  dist::Communicator* tensor = nullptr;
+  std::vector<dist::Communicator*> groups;
+  void sum(double& squares) const {
+    for (dist::Communicator* group : groups) group->all_reduce_sum(&squares, 1);
+  }
 };
 
 // Owns the data-parallel reduction of the gradients: the buckets (ZeRO 0) or the shards (ZeRO 1/2),

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdarg>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "core/error.h"
@@ -173,7 +174,8 @@ void Reporter::update(std::int64_t step, const StepResult& result) {
                      {"memory_bytes", memory.current}, {"peak_memory_bytes", memory.peak},
                      {"state_bytes", state_bytes_}, {"sent_bytes", result.sent.total_bytes()},
                      {"collectives", collectives}, {"tensor_collectives", by_kind(result.sent_tensor)},
-                     {"tensor_sent_bytes", result.sent_tensor.total_bytes()}});
+                     {"tensor_sent_bytes", result.sent_tensor.total_bytes()},
+                     {"pipeline_wait_s", result.pipeline_wait_s}});
     tensorboard_->scalar("loss", result.loss, step);
     tensorboard_->scalar("lr", result.lr, step);
     tensorboard_->scalar("grad_norm", result.grad_norm, step);
@@ -183,8 +185,13 @@ void Reporter::update(std::int64_t step, const StepResult& result) {
   }
   if (logging_ && (step % tc.log_every == 0 || step == 1 || step == tc.max_steps)) {
     const double eta = elapsed_s / double(step) * double(tc.max_steps - step);
-    char mfu_text[32] = "";
+    char mfu_text[64] = "";
     if (!mfu.is_null()) std::snprintf(mfu_text, sizeof mfu_text, " | mfu %.1f%%", 100.0 * mfu.get<double>());
+    if (config_.dist.pipeline_parallel > 1) {  // rank 0's stage: the time it waited for the others
+      const std::size_t used = std::strlen(mfu_text);
+      std::snprintf(mfu_text + used, sizeof mfu_text - used, " | bubble %.0f%%",
+                    100.0 * result.pipeline_wait_s / std::max(result.seconds, 1e-9));
+    }
     log_->line("step %lld/%lld | loss %.4f | lr %.2e | norm %.3f | %s tok/s%s | mem %.2f GB (peak %.2f, state %s) | "
                "%s elapsed, ETA %s",
                static_cast<long long>(step), static_cast<long long>(tc.max_steps), result.loss, result.lr,

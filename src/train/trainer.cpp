@@ -78,7 +78,10 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
                   std::uint32_t(config_.model.vocab_size)),
       data_device_(comms.data()),
       tensor_comm_(*comms.tensor_group),
-      tensor_device_(comms.tensor()) {
+      tensor_device_(comms.tensor()),
+      pipeline_comm_(*comms.pipeline_group),
+      stage_(comms.pipeline_group->rank()),
+      stages_(comms.pipeline_group->world_size()) {
   const auto& tc = config_.train;
   const int T = int(config_.model.context_length), B = int(tc.micro_batch_size);
   if (!config_.data.val.empty()) {
@@ -90,6 +93,13 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
     }
   }
   accum_ = config::grad_accum_steps(config_, data_comm_.world_size());
+  if (stages_ > 1) {
+    if (device_ != Device::cpu) {
+      throw InputError("dist.pipeline_parallel = " + std::to_string(stages_) + ": pipelines run on CPU ranks only so far "
+                       "(--device cpu)");
+    }
+    accum_ = pipeline_micro_batches(config_, data_comm_.world_size());  // at least one per stage
+  }
   tokens_per_step_ = double(tc.global_batch_size) * T;
   if (resume) {
     const auto& state = resume->state;
@@ -110,10 +120,27 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
     attention_ = model::resolve_attention(config_, device_, agreed);
   }
   const bool sharded = config_.dist.zero_stage == 3;
-  const model::Layout layout{sharded, comms.tensor_group->rank(), comms.tensor_group->world_size(),
-                             config_.dist.sequence_parallel};
+  model::Layout layout{sharded, comms.tensor_group->rank(), comms.tensor_group->world_size(),
+                       config_.dist.sequence_parallel};
+  if (stages_ > 1) {  // this stage's layers, and its order of work
+    const StageRange range = split_layers(config_)[std::size_t(stage_)];
+    layout.first_layer = int(range.first_layer);
+    layout.layers = int(range.layers);
+    schedule_ = one_f_one_b(stages_, stage_, int(accum_));
+  }
   model_ = model::make_model(config_.model, device_, tc.recompute, model::precision_dtype(tc.precision),
                              attention_.kernels, layout);
+  if (stages_ > 1) {
+    // 1F1B keeps at most stages - stage micro-batches in flight here.
+    model_->set_activation_slots(int(std::min<std::int64_t>(stages_ - stage_, accum_)));
+    const std::string tied = model_->tied_embedding();
+    if (!tied.empty() && model_->has_param(tied) && !(model_->first_stage() && model_->last_stage())) {
+      tied_ = &model_->param_info(tied);
+    } else if (!tied.empty() && !model_->has_param(tied)) {
+      tied_numel_ = pipeline_tied_numel();  // a middle stage takes part in the sum with zeros
+    }
+    if (tied_) tied_numel_ = tied_->numel;
+  }
   if (layout.tensor_size > 1) {
     tensor_group_ = std::make_unique<CommTensorGroup>(comms.tensor(), device_);
     model_->set_tensor_group(tensor_group_.get());
@@ -122,7 +149,9 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
   // a whole model that lives only until this rank has taken its part (on a GPU, under ZeRO 3 or
   // tensor parallelism).
   std::unique_ptr<model::Model> whole;
-  if (sharded || layout.tensor_size > 1 || device_ != Device::cpu) whole = model::make_model(config_.model, Device::cpu);
+  if (sharded || layout.tensor_size > 1 || stages_ > 1 || device_ != Device::cpu) {
+    whole = model::make_model(config_.model, Device::cpu);
+  }
   model::Model& init = whole ? *whole : *model_;
   if (resume) {
     checkpoint::load_weights(*resume, init);
@@ -136,7 +165,7 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
   const std::int64_t P = model_->num_params();
   std::vector<float> part;
   const float* mine = init.params().as<float>();
-  if (layout.tensor_size > 1) {
+  if (layout.tensor_size > 1 || stages_ > 1) {
     part.resize(std::size_t(P));
     for (const model::Segment& s : model_->segments(false)) {
       std::copy_n(mine + s.logical, s.length, part.begin() + s.local);
@@ -145,7 +174,9 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
   }
 
   NormScope norm;
-  if (layout.tensor_size > 1) norm = {norm_ranges(*model_), comms.tensor_group.get()};
+  if (layout.tensor_size > 1 || stages_ > 1) norm.counted = norm_ranges(*model_);
+  if (layout.tensor_size > 1) norm.groups.push_back(comms.tensor_group.get());
+  if (stages_ > 1) norm.groups.push_back(comms.pipeline_group.get());
   std::vector<Piece> pieces;
   if (sharded) {
     zero3_ = std::make_unique<Zero3>(*model_, data_device_, data_comm_, config_.dist.reshard_after_forward);
@@ -161,7 +192,7 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
   }
   whole.reset();
   part = {};
-  if (layout.tensor_size > 1) {
+  if (layout.tensor_size > 1 || stages_ > 1) {
     logical_ = model::make_model(config_.model, Device::cpu, model::Recompute::none, DType::f32,
                                  ops::AttentionKernels::flash, model::Layout{true});
   }
@@ -200,7 +231,7 @@ void Trainer::gather_weights(float* flat) {
   const model::Layout& layout = model_->layout();
   const std::int64_t P = model_->num_params();
   const bool lead = world_.rank() == 0;
-  if (layout.tensor_size == 1) {
+  if (layout.tensor_size == 1 && stages_ == 1) {
     if (zero3_) {
       zero3_->gather_weights(lead ? flat : nullptr);
     } else if (lead) {
@@ -208,9 +239,9 @@ void Trainer::gather_weights(float* flat) {
     }
     return;
   }
-  // Tensor parallelism: this rank's part (from the shards under ZeRO 3), then, in the tensor
-  // group of data index 0, the parts placed in the whole model's flat buffer and summed onto its
-  // rank 0 (world rank 0).
+  // Tensor and pipeline parallelism: this rank's part (from the shards under ZeRO 3), then, on the
+  // ranks of data index 0, the parts placed in the whole model's flat buffer and summed over the
+  // tensor group and the pipeline onto world rank 0.
   const bool first_replica = data_comm_.rank() == 0;
   std::vector<float> part(first_replica ? std::size_t(P) : 0);
   if (zero3_) {
@@ -222,6 +253,7 @@ void Trainer::gather_weights(float* flat) {
   std::vector<float> logical(std::size_t(model_->logical_params()), 0.0f);
   for (const model::Segment& s : model_->segments(true)) std::copy_n(part.begin() + s.local, s.length, logical.begin() + s.logical);
   tensor_comm_.all_reduce_sum(logical.data(), std::int64_t(logical.size()));
+  pipeline_comm_.all_reduce_sum(logical.data(), std::int64_t(logical.size()));
   if (lead) std::copy(logical.begin(), logical.end(), flat);
 }
 
@@ -238,7 +270,11 @@ StepResult Trainer::step(std::int64_t step) {
     model_->zero_grads();
   }
   double loss_sum = 0.0;
-  for (std::int64_t m = 0; m < accum_; ++m) {
+  double waited = 0.0;
+  if (stages_ > 1) {
+    loss_sum = run_pipeline(waited);
+  }
+  for (std::int64_t m = 0; m < accum_ && stages_ == 1; ++m) {
     const data::MicroBatch batch = loader_->next();
     // d(mean loss over the whole update)/dlogits: each micro-step adds 1 / (G T) per position.
     loss_sum += model_->forward(batch.inputs.data(), batch.targets.data(), B, T, float(1.0 / tokens_per_step_));
@@ -250,6 +286,11 @@ StepResult Trainer::step(std::int64_t step) {
     sampler_state_ = batch.after;
   }
   StepResult result;
+  if (stages_ > 1) {
+    pipeline_comm_.all_reduce_sum(&loss_sum, 1);  // the last stage's
+    sum_tied_embedding();
+    result.pipeline_wait_s = waited;
+  }
   // loss_sum is then over all ranks
   result.grad_norm = zero3_ ? zero3_->finish(loss_sum) : sync_->finish(loss_sum);
   result.loss = loss_sum / tokens_per_step_;
@@ -297,7 +338,106 @@ StepResult Trainer::step(std::int64_t step) {
 
 std::optional<double> Trainer::validate() {
   if (!val_data_) return std::nullopt;
-  return evaluate(*model_, *val_data_, config_, config_.train.eval_batches, &data_comm_);
+  if (stages_ == 1) return evaluate(*model_, *val_data_, config_, config_.train.eval_batches, &data_comm_);
+  // A pipeline: each micro-batch through the stages in turn; the last stage's losses summed.
+  const auto& t = config_.train;
+  const int T = int(config_.model.context_length), B = int(t.micro_batch_size);
+  const data::SamplerOptions in_order{val_data_->num_samples(), t.global_batch_size, B, data_comm_.world_size(),
+                                      data_comm_.rank(), false, 0};
+  data::BatchLoader loader(*val_data_, in_order, {});
+  const std::int64_t batches = std::min(t.eval_batches, val_data_->num_samples() / t.global_batch_size);
+  model_->prepare_activations(B, T);
+  model_->use_activation_slot(0);
+  double totals[2] = {0.0, 0.0};
+  for (std::int64_t k = 0; k < batches * loader.micro_steps(); ++k) {
+    const data::MicroBatch batch = loader.next();
+    const auto io = model_->stage_io();
+    if (!model_->first_stage()) pipeline_comm_.recv(io.input.data, io.input.numel(), io.input.dtype, stage_ - 1);
+    const double loss = model_->forward(batch.inputs.data(), batch.targets.data(), B, T, 0.0f);
+    if (!model_->last_stage()) pipeline_comm_.send(io.output.data, io.output.numel(), io.output.dtype, stage_ + 1);
+    totals[0] += model_->last_stage() ? loss : 0.0;
+    totals[1] += model_->last_stage() ? double(B) * T : 0.0;
+  }
+  pipeline_comm_.all_reduce_sum(totals, 2);
+  data_comm_.all_reduce_sum(totals, 2);
+  return totals[0] / totals[1];
+}
+
+double Trainer::run_pipeline(double& waited) {
+  const auto& tc = config_.train;
+  const int T = int(config_.model.context_length), B = int(tc.micro_batch_size);
+  // Every stage reads the update's micro-batches (the first needs the tokens, the last the targets).
+  std::vector<data::MicroBatch> batches;
+  for (std::int64_t m = 0; m < accum_; ++m) {
+    batches.push_back(loader_->next());
+    sampler_state_ = batches.back().after;
+  }
+  model_->prepare_activations(B, T);
+  const bool first = model_->first_stage(), last = model_->last_stage();
+  const int slots = int(std::min<std::int64_t>(stages_ - stage_, accum_));
+  // Sends in flight: each slot's output activation, and the last input gradient (whose buffer the
+  // next backward reuses).
+  std::vector<std::unique_ptr<dist::Request>> output_sent(static_cast<std::size_t>(slots));
+  std::unique_ptr<dist::Request> grad_sent;
+  const auto receive = [&](const Tensor& into, int peer) {
+    const auto start = Clock::now();
+    pipeline_comm_.recv(into.data, into.numel(), into.dtype, peer);
+    waited += std::chrono::duration<double>(Clock::now() - start).count();
+  };
+  double loss = 0.0;
+  for (const PipelineOp& op : schedule_) {
+    const int slot = op.micro_batch % slots;
+    model_->use_activation_slot(slot);
+    const model::Model::StageIO io = model_->stage_io();
+    const data::MicroBatch& batch = batches[std::size_t(op.micro_batch)];
+    if (op.kind == PipelineOp::forward) {
+      if (auto& sent = output_sent[std::size_t(slot)]) {  // the slot's previous output has left
+        sent->wait();
+        sent.reset();
+      }
+      if (!first) receive(io.input, stage_ - 1);
+      // d(mean loss over the whole update)/dlogits: each micro-step adds 1 / (G T) per position.
+      loss += model_->forward(batch.inputs.data(), last ? batch.targets.data() : nullptr, B, T,
+                              float(1.0 / tokens_per_step_));
+      if (!last) {
+        output_sent[std::size_t(slot)] = pipeline_comm_.start_send(io.output.data, io.output.numel(), io.output.dtype,
+                                                                   stage_ + 1);
+      }
+    } else {
+      if (grad_sent) {  // the gradient buffer is about to be reused
+        grad_sent->wait();
+        grad_sent.reset();
+      }
+      if (!last) receive(io.output_grad, stage_ + 1);
+      model_->backward();  // the data-parallel reduction starts after the last micro-batch
+      if (!first) {
+        grad_sent = pipeline_comm_.start_send(io.input_grad.data, io.input_grad.numel(), io.input_grad.dtype, stage_ - 1);
+      }
+    }
+  }
+  for (auto& sent : output_sent) {
+    if (sent) sent->wait();
+  }
+  if (grad_sent) grad_sent->wait();
+  return loss;
+}
+
+std::int64_t Trainer::pipeline_tied_numel() const {
+  // This tensor rank's rows of the tied embedding (V rows without tensor parallelism) x d_model.
+  const auto& c = config_.model;
+  const int r = model_->layout().tensor_rank, n = model_->layout().tensor_size;
+  return (c.vocab_size * (r + 1) / n - c.vocab_size * r / n) * c.d_model;
+}
+
+void Trainer::sum_tied_embedding() {
+  // The first and last stages' gradients of a tied embedding are summed between them (every stage
+  // takes part in the pipeline group's all-reduce, the middle ones with zeros).
+  if (tied_numel_ == 0) return;
+  std::vector<float> sum(std::size_t(tied_numel_), 0.0f);
+  const Tensor host(sum.data(), DType::f32, Device::cpu, {tied_numel_});
+  if (tied_) ops::copy(host, model_->grad(*tied_).reshape({tied_numel_}));
+  pipeline_comm_.all_reduce_sum(sum.data(), tied_numel_);
+  if (tied_) ops::copy(model_->grad(*tied_).reshape({tied_numel_}), host);
 }
 
 const model::Model& Trainer::host_weights() {
@@ -346,10 +486,14 @@ TrainSummary run_training(const TrainOptions& requested) {
   // Before any data is loaded or model built: the run's folders must be folders.
   require_output_folder(options.run_dir, "--run-dir");
   if (!config.checkpoint.dir.empty()) require_output_folder(config.checkpoint.dir, "checkpoint.dir");
-  // Pipeline parallelism arrives later; until then a pipeline of one stage.
-  if (config.dist.pipeline_parallel != 1) {
-    throw InputError("dist.pipeline_parallel = " + std::to_string(config.dist.pipeline_parallel) +
-                     ": this llmtrain does not train pipelines yet (pipeline size 1)");
+  // Pipelines: 1F1B on CPU ranks, with ZeRO 0-2 (what is not built yet is refused here).
+  if (config.dist.pipeline_parallel > 1) {
+    const std::string what = "dist.pipeline_parallel = " + std::to_string(config.dist.pipeline_parallel);
+    if (config.dist.zero_stage == 3) throw InputError(what + ": not with dist.zero_stage 3 (use ZeRO 0, 1 or 2)");
+    if (config.dist.virtual_stages > 1 || config.dist.pipeline_schedule != config::PipelineSchedule::one_f_one_b) {
+      throw InputError(what + ": dist.virtual_stages = " + std::to_string(config.dist.virtual_stages) +
+                       ": the interleaved schedule is not built yet (dist.pipeline_schedule \"1f1b\")");
+    }
   }
   const dist::Communicators comms = dist::make_communicators(
       [&options](dist::Communicator& world) {

@@ -17,6 +17,8 @@
 #include "model/model.h"
 #include "train/adamw.h"
 #include "train/grad_sync.h"
+#include "train/pipeline_schedule.h"
+#include "train/pipeline_stages.h"
 #include "train/tensor_parallel.h"
 #include "train/zero3.h"
 
@@ -58,6 +60,7 @@ struct StepResult {
   std::int64_t bad_in_a_row = 0;
   dist::Traffic sent;         // what this rank sent to its data-parallel group in the update (ring count)
   dist::Traffic sent_tensor;  // and to its tensor-parallel group
+  double pipeline_wait_s = 0;  // time this stage waited for the other stages' activations and gradients
 };
 
 /// Owns one rank's training state: the data (train and validation), the model (and its host copy
@@ -113,6 +116,11 @@ class Trainer {
   /// Whether this rank writes an optimizer file (the first rank of a data-parallel group, or
   /// every rank when ZeRO shards the state).
   bool writes_optimizer() const;
+  /// Whether rank 0's weights are only part of the model (ZeRO 3 shards, tensor or pipeline
+  /// parallelism), so that a checkpoint assembles them (gather_weights).
+  bool weights_split() const {
+    return model_->sharded() || model_->layout().tensor_size > 1 || stages_ > 1;
+  }
 
  private:
   const config::Config& config_;
@@ -137,6 +145,17 @@ class Trainer {
   dist::Communicator& tensor_comm_;     // the tensor-parallel group, host memory
   dist::Communicator& tensor_device_;   // and over the memory the activations live in
   std::unique_ptr<CommTensorGroup> tensor_group_;  // its device side, for the model
+  dist::Communicator& pipeline_comm_;   // the stages in order (host memory)
+  int stage_ = 0, stages_ = 1;
+  std::vector<PipelineOp> schedule_;    // this stage's order of work in an update
+  const model::ParamInfo* tied_ = nullptr;  // a tied embedding held by the first and last stages
+  std::int64_t tied_numel_ = 0;             // its elements (also on the middle stages, which hold none)
+  /// A pipeline's update: this stage's forwards and backwards of the micro-batches in 1F1B order,
+  /// with the activations and gradients to and from the neighbouring stages; returns the summed
+  /// loss (the last stage's) and adds the time spent waiting for the neighbours to `waited`.
+  double run_pipeline(double& waited);
+  std::int64_t pipeline_tied_numel() const;
+  void sum_tied_embedding();
   std::function<void()> before_update_;
 };
 

@@ -310,7 +310,7 @@ double Zero3::finish(double& loss_sum) {
   double sums[2] = {loss_sum, squares};
   host_comm_.all_reduce_sum(sums, 2);
   loss_sum = sums[0];
-  if (norm_.tensor) norm_.tensor->all_reduce_sum(&sums[1], 1);  // the other parameters' parts
+  norm_.sum(sums[1]);  // the other parts of the model
   return std::sqrt(sums[1]);
 }
 
