@@ -3,37 +3,60 @@
 #include <algorithm>
 
 #include "model/arch.h"
+#include "model/model.h"
 
 namespace llmtrain::train {
 namespace {
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
+// The share of one tensor rank: the model's own parameter list, built sharded (no buffers).
+RankShare share_of(const config::ModelConfig& m, int tensor_size, int tensor_rank) {
+  const auto model = model::make_model(m, Device::cpu, config::Recompute::none, DType::f32,
+                                       ops::AttentionKernels::flash, model::Layout{true, tensor_rank, tensor_size});
+  RankShare share;
+  share.tensor_size = tensor_size;
+  share.tensor_rank = tensor_rank;
+  share.params = model->num_params();
+  for (const model::Unit& u : model->units()) share.units.push_back({u.numel(), u.layer >= 0});
+  return share;
+}
+
+// The tensor group's collectives per micro-step for a stage of `layers` layers (all of them
+// without pipelines): all-reduces of N C f32 values, and the cross-entropy's statistics.
+UpdateTraffic tensor_micro_step(const config::Config& c, int tensor_size, std::int64_t layers) {
+  UpdateTraffic t;
+  if (tensor_size <= 1) return t;
+  const std::int64_t N = c.train.micro_batch_size * c.model.context_length, C = c.model.d_model;
+  const std::int64_t per_layer = c.train.recompute == config::Recompute::full ? 6 : 4;
+  const std::int64_t activations = 1 + per_layer * layers + 1;  // the embedding, the layers, the head's input gradient
+  const double ring = 2.0 * double(tensor_size - 1) / double(tensor_size);
+  t.all_reduces = activations + 2;  // and the row maxima and the sums
+  t.bytes = ring * 4.0 * double(activations * N * C + N + 2 * N);
+  return t;
+}
+
 }  // namespace
 
 std::int64_t parameter_count(const config::ModelConfig& m) { return model::arch_spec(m.arch).parameter_count(m); }
 
-std::vector<ShardUnit> shard_units(const config::ModelConfig& m) {
-  const std::int64_t C = m.d_model, F = m.ffn_hidden, V = m.vocab_size;
-  std::int64_t before = 0, layer = 0, after = 0;
-  if (m.arch == config::Arch::gpt2) {
-    before = 2 * C;  // ln_f weight and bias
-    // ln_1 and ln_2 (2 C each), c_attn (3C x C + 3C), attn.c_proj (C x C + C), c_fc (F x C + F),
-    // mlp.c_proj (C x F + C).
-    layer = 4 * C + (3 * C * C + 3 * C) + (C * C + C) + (F * C + F) + (C * F + C);
-    after = m.context_length * C + V * C;  // wpe, wte (also the head)
-  } else {
-    const std::int64_t HS = C / m.n_head;
-    before = (m.tie_embeddings ? 0 : V * C) + C;  // lm_head when untied, the final norm
-    // Two norms, q/k/v ((NH + 2 NKV) HS x C), o (C x NH HS), gate, up and down (F x C each).
-    layer = 2 * C + (m.n_head + 2 * m.n_kv_head) * HS * C + C * m.n_head * HS + 3 * F * C;
-    after = V * C;  // the token embedding
+RankShare rank_share(const config::ModelConfig& m, int tensor_size, int tensor_rank) {
+  if (tensor_rank >= 0) return share_of(m, tensor_size, tensor_rank);
+  // Only the vocabulary rows differ between ranks ([V r / t, V (r + 1) / t)): the rank with the
+  // most of them holds the most; the first of those.
+  int most = 0;
+  std::int64_t rows = -1;
+  for (int r = 0; r < tensor_size; ++r) {
+    const std::int64_t mine = m.vocab_size * (r + 1) / tensor_size - m.vocab_size * r / tensor_size;
+    if (mine > rows) {
+      rows = mine;
+      most = r;
+    }
   }
-  std::vector<ShardUnit> units{{before, false}};
-  for (std::int64_t l = 0; l < m.n_layer; ++l) units.push_back({layer, true});
-  units.push_back({after, false});
-  return units;
+  return share_of(m, tensor_size, most);
 }
+
+std::vector<ShardUnit> shard_units(const config::ModelConfig& m) { return rank_share(m, 1, 0).units; }
 
 double flops_per_token(const config::ModelConfig& m) {
   const double head_size = double(m.d_model) / double(m.n_head);
@@ -41,16 +64,23 @@ double flops_per_token(const config::ModelConfig& m) {
          12.0 * double(m.n_layer) * double(m.n_head) * head_size * double(m.context_length);
 }
 
-std::int64_t activation_bytes_per_sequence(const config::ModelConfig& m, bool bf16, config::Recompute recompute) {
+std::int64_t activation_bytes(const config::ModelConfig& m, bool bf16, config::Recompute recompute,
+                              std::int64_t micro_batch, int tensor_size) {
   const DType compute = bf16 ? DType::bf16 : DType::f32;
-  return std::int64_t(model::arch_spec(m.arch).activation_bytes(m, recompute, compute, 1, int(m.context_length)));
+  return std::int64_t(model::arch_spec(m.arch).activation_bytes(m, recompute, compute, int(micro_batch),
+                                                                int(m.context_length), tensor_size));
 }
 
-MemoryPlan plan_memory(const config::Config& config, int data_parallel_size, int zero_stage, bool bf16,
-                       std::int64_t micro_batch) {
-  const std::int64_t P = parameter_count(config.model), D = data_parallel_size;
+std::int64_t activation_bytes_per_sequence(const config::ModelConfig& m, bool bf16, config::Recompute recompute,
+                                           int tensor_size) {
+  return activation_bytes(m, bf16, recompute, 1, tensor_size);
+}
+
+MemoryPlan plan_memory(const config::Config& config, const RankShare& share, int data_parallel_size, int zero_stage,
+                       bool bf16, std::int64_t micro_batch) {
+  const std::int64_t P = share.params, D = data_parallel_size;
   MemoryPlan plan;
-  plan.activations = micro_batch * activation_bytes_per_sequence(config.model, bf16, config.train.recompute);
+  plan.activations = activation_bytes(config.model, bf16, config.train.recompute, micro_batch, share.tensor_size);
   if (zero_stage == 3) {
     // The buffers train/zero3.cpp allocates: every unit sharded with padding (a rank's shards of
     // the master weights and gradients); the root units gathered (padded) for the whole step with
@@ -58,7 +88,7 @@ MemoryPlan plan_memory(const config::Config& config, int data_parallel_size, int
     // compute dtype; two gradient slots, each the padded layer in f32 plus its reduce-scattered
     // part; a scratch part of the largest unit.
     std::int64_t shards = 0, root = 0, layer_shard = 0, largest_shard = 0, layers = 0;
-    for (const auto& u : shard_units(config.model)) {
+    for (const auto& u : share.units) {
       const std::int64_t shard = ceil_div(u.params, D);
       shards += shard;
       largest_shard = std::max(largest_shard, shard);
@@ -76,24 +106,53 @@ MemoryPlan plan_memory(const config::Config& config, int data_parallel_size, int
     plan.gradients = 4 * shards;
     plan.optimizer = 8 * shards;
     plan.gathered = compute * (root + weight_slots * D * layer_shard) +
-                    4 * (root + gradient_slots * (D + 1) * layer_shard + largest_shard);
+                    4 * (root + gradient_slots * (D + 1) * layer_shard + std::max<std::int64_t>(largest_shard, 1));
     return plan;
   }
+  // The model's flat buffers: f32 master weights (and, in bf16, a 2-byte working copy) and f32
+  // gradients, whole. ZeRO 1 and 2 over more than one rank (train/grad_sync.cpp): AdamW's m and v
+  // of this rank's shard, a buffer of the padded gradients and the shard they sum into.
+  const bool sharded = zero_stage >= 1 && D > 1;
   const std::int64_t shard = ceil_div(P, D);
-  // Every rank keeps the f32 master weights (and, in bf16, a 2-byte working copy) and f32
-  // gradients; ZeRO 1 shards AdamW's m and v, ZeRO 2 the gradients too.
   plan.weights = (bf16 ? 4 + 2 : 4) * P;
-  plan.gradients = 4 * (zero_stage >= 2 ? shard : P);
-  plan.optimizer = 8 * (zero_stage >= 1 ? shard : P);
+  plan.gradients = 4 * P;
+  plan.optimizer = 8 * (sharded ? shard : P);
+  plan.gathered = sharded ? 4 * (D * shard + shard) : 0;
   return plan;
 }
 
-UpdateTraffic update_traffic(const config::Config& config, int data_parallel_size, int zero_stage, bool bf16,
-                             std::int64_t micro_steps) {
+MemoryPlan plan_memory(const config::Config& config, int data_parallel_size, int zero_stage, bool bf16,
+                       std::int64_t micro_batch) {
+  return plan_memory(config, rank_share(config.model), data_parallel_size, zero_stage, bf16, micro_batch);
+}
+
+std::int64_t max_micro_batch(const config::Config& config, bool bf16, int tensor_size, std::int64_t state,
+                             std::int64_t memory) {
+  const auto fits = [&](std::int64_t B) {
+    return state + activation_bytes(config.model, bf16, config.train.recompute, B, tensor_size) <= memory;
+  };
+  if (!fits(1)) return 0;
+  // Double until it does not fit, then halve the gap (the activations grow with B).
+  std::int64_t good = 1, bad = 2;
+  constexpr std::int64_t most = std::int64_t(1) << 30;
+  while (bad <= most && fits(bad)) {
+    good = bad;
+    bad *= 2;
+  }
+  if (bad > most) return good;
+  while (bad - good > 1) {
+    const std::int64_t mid = good + (bad - good) / 2;
+    (fits(mid) ? good : bad) = mid;
+  }
+  return good;
+}
+
+UpdateTraffic update_traffic(const config::Config& config, const RankShare& share, int data_parallel_size,
+                             int zero_stage, bool bf16, std::int64_t micro_steps) {
   const std::int64_t D = data_parallel_size;
   UpdateTraffic t;
   if (D <= 1) return t;
-  const std::int64_t P = parameter_count(config.model);
+  const std::int64_t P = share.params;
   // A ring all-gather or reduce-scatter of a buffer padded to D ceil(n / D) elements of `bytes`
   // each sends (D - 1) / D of it: (D - 1) ceil(n / D) elements.
   const auto gather_or_scatter = [D](std::int64_t n, std::int64_t bytes) { return (D - 1) * ceil_div(n, D) * bytes; };
@@ -111,7 +170,7 @@ UpdateTraffic update_traffic(const config::Config& config, int data_parallel_siz
   const std::int64_t compute = bf16 ? 2 : 4;
   const std::int64_t gathers_per_layer = config.dist.reshard_after_forward ? 2 : 1;
   std::int64_t per_micro_step = 0, per_update = 0;
-  for (const auto& u : shard_units(config.model)) {
+  for (const auto& u : share.units) {
     if (u.layer) {
       t.all_gathers += gathers_per_layer * micro_steps;
       per_micro_step += gathers_per_layer * gather_or_scatter(u.params, compute);
@@ -126,6 +185,20 @@ UpdateTraffic update_traffic(const config::Config& config, int data_parallel_siz
   return t;
 }
 
+UpdateTraffic update_traffic(const config::Config& config, int data_parallel_size, int zero_stage, bool bf16,
+                             std::int64_t micro_steps) {
+  return update_traffic(config, rank_share(config.model), data_parallel_size, zero_stage, bf16, micro_steps);
+}
+
+UpdateTraffic tensor_traffic(const config::Config& config, int tensor_size, std::int64_t micro_steps) {
+  UpdateTraffic t = tensor_micro_step(config, tensor_size, config.model.n_layer);
+  if (tensor_size <= 1) return t;
+  // micro_steps of them, and the gradient norm's double once.
+  t.all_reduces = micro_steps * t.all_reduces + 1;
+  t.bytes = double(micro_steps) * t.bytes + 2.0 * double(tensor_size - 1) / double(tensor_size) * 8.0;
+  return t;
+}
+
 std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int* skipped_batch) {
   const auto& m = config.model;
   const bool bf16 = config.train.precision == config::Precision::bf16;
@@ -135,7 +208,10 @@ std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int
   std::vector<MeshOption> options;
   if (skipped_batch) *skipped_batch = 0;
   for (int t = 1; t <= std::min(8, gpus); ++t) {
-    if (gpus % t != 0 || m.n_head % t != 0 || m.n_kv_head % t != 0) continue;
+    // The models split whole query and key/value heads and MLP columns (replicated key/value
+    // heads, t > n_kv_head, are not built).
+    if (gpus % t != 0 || m.n_head % t != 0 || m.n_kv_head % t != 0 || m.ffn_hidden % t != 0) continue;
+    const RankShare share = rank_share(m, t);
     for (int p = 1; p <= gpus / t; ++p) {
       if ((gpus / t) % p != 0 || p > m.n_layer) continue;
       const int d = gpus / (t * p);
@@ -146,21 +222,25 @@ std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int
       const std::int64_t micro_steps = config.train.global_batch_size / (B * d);
       const std::int64_t stage_layers = ceil_div(m.n_layer, p);
       for (int zero = 0; zero <= 3; ++zero) {
-        if (d == 1 && (zero == 1 || zero == 2)) continue;  // nothing to shard: the same as ZeRO 0
-        const MemoryPlan plan = plan_memory(config, d, zero, bf16, B);
+        if (d == 1 && (zero == 1 || zero == 2)) continue;  // the trainer runs them as ZeRO 0
+        const MemoryPlan plan = plan_memory(config, share, d, zero, bf16, B);
         MeshOption o;
         o.mesh = dist::Mesh{t, d, p};
         o.zero_stage = zero;
         o.micro_steps = micro_steps;
-        o.estimate = t * p > 1;
-        const std::int64_t parameters = plan.weights + plan.gradients + plan.optimizer + plan.gathered;
-        const double activations = p == 1 ? double(plan.activations) / t
-                                          : double(plan.activations) / t * double(stage_layers) / double(m.n_layer) *
-                                                double(std::min<std::int64_t>(p, micro_steps));
-        o.memory = parameters / (t * p) + std::int64_t(activations);
-        o.sent = update_traffic(config, d, zero, bf16, micro_steps).bytes / double(t * p);
-        if (t > 1) o.sent += 4.0 * 2.0 * double(t - 1) / double(t) * boundary * double(stage_layers) * double(micro_steps);
-        if (p > 1) o.sent += (p > 2 ? 2.0 : 1.0) * boundary * double(micro_steps);
+        o.estimate = p > 1;
+        const double data_sent = update_traffic(config, share, d, zero, bf16, micro_steps).bytes;
+        if (p == 1) {
+          o.memory = plan.total();
+          o.tensor_sent = tensor_traffic(config, t, micro_steps).bytes;
+          o.sent = data_sent + o.tensor_sent;
+        } else {
+          const double activations = double(plan.activations) * double(stage_layers) / double(m.n_layer) *
+                                     double(std::min<std::int64_t>(p, micro_steps));
+          o.memory = plan.state() / p + std::int64_t(activations);
+          o.tensor_sent = double(micro_steps) * tensor_micro_step(config, t, stage_layers).bytes;
+          o.sent = data_sent / p + o.tensor_sent + (p > 2 ? 2.0 : 1.0) * boundary * double(micro_steps);
+        }
         options.push_back(o);
       }
     }
