@@ -147,23 +147,31 @@ TEST_CASE("plan: memory per rank at ZeRO 0 to 3 over 3 ranks, where padding matt
   CHECK(p.gathered == 2 * (93 + 3 * 129) + 4 * (93 + 2 * (129 + 43) + 43));  // 2880
 }
 
-TEST_CASE("plan: ZeRO 3's weights, gradients, optimizer and gathered bytes equal what the trainer holds", "[plan]") {
+TEST_CASE("plan: weights, gradients, optimizer and gathered bytes equal what the trainer holds", "[plan]") {
   // state_bytes of rank 0 (metrics.jsonl) in 1-step mpirun runs of configs/tiny-llama.json with
-  // model.n_layer 3 and dist.zero_stage 3: the buffers the trainer allocates, counted by itself.
+  // model.n_layer 3 (171,456 parameters): the buffers the trainer allocates, counted by itself.
+  // ZeRO 0 at 2 ranks: 16 (fp32) or 18 (bf16) bytes a parameter; ZeRO 1 and 2 alike: m and v of
+  // a shard of 85,728, and the padded buffer and shard (3 x 85,728 f32).
   struct Measured {
-    int ranks;
+    int ranks, zero;
     bool bf16, reshard;
     std::int64_t state_bytes;
   };
-  const Measured measured[] = {{2, false, true, 2650880}, {2, false, false, 2835712}, {2, true, true, 2400384},
-                               {2, true, false, 2492800}, {3, false, true, 2101324}, {3, false, false, 2286160},
-                               {3, true, true, 1850818},  {3, true, false, 1943236}};
+  const Measured measured[] = {{2, 0, false, true, 2743296}, {2, 0, true, true, 3086208},
+                               {2, 1, false, true, 3086208}, {2, 1, true, true, 3429120},
+                               {2, 2, false, true, 3086208}, {2, 2, true, true, 3429120},
+                               {2, 3, false, true, 2650880}, {2, 3, false, false, 2835712},
+                               {2, 3, true, true, 2400384},  {2, 3, true, false, 2492800},
+                               {3, 3, false, true, 2101324}, {3, 3, false, false, 2286160},
+                               {3, 3, true, true, 1850818},  {3, 3, true, false, 1943236}};
   config::Config c = config::load_config(LLMTRAIN_SOURCE_DIR "/configs/tiny-llama.json");
   c.model.n_layer = 3;
+  CHECK(train::parameter_count(c.model) == 171456);
+  CHECK(train::plan_memory(c, 2, 1, false, 1).state() == 16 * 171456 + 20 * 85728 - 8 * 171456);
   for (const auto& m : measured) {
-    CAPTURE(m.ranks, m.bf16, m.reshard);
+    CAPTURE(m.ranks, m.zero, m.bf16, m.reshard);
     c.dist.reshard_after_forward = m.reshard;
-    const auto p = train::plan_memory(c, m.ranks, 3, m.bf16, 1);
+    const auto p = train::plan_memory(c, m.ranks, m.zero, m.bf16, 1);
     CHECK(p.weights + p.gradients + p.optimizer + p.gathered == m.state_bytes);
   }
 }
