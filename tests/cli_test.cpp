@@ -272,7 +272,25 @@ TEST_CASE("plan: the mesh, and sizes that do not divide the world", "[cli][plan]
   // The tensor group, 8 micro-steps of 16 x 1,024 tokens: (1 + 4 x 12 + 1) all-reduces of N x 768
   // f32 and the cross-entropy's 3 N values, 2,516,779,008 B each micro-step, all sent at 2 ranks;
   // and the norm's 8 B: 20,134,232,072 B = 18.75 GiB in 8 x 52 + 1 = 417 all-reduces.
-  CHECK(r.out.find("tensor group: 18.75 GiB sent per update on every row, in 417 all-reduces") != std::string::npos);
+  CHECK(r.out.find("tensor group: 18.75 GiB sent per update on the fp32 rows, 18.75 GiB on the bf16 rows, in 417 "
+                   "all-reduces, 0 reduce-scatters and 0 all-gathers") != std::string::npos);
+  // Sequence parallelism, per micro-step: 6 x 12 + 2 = 74 all-gathers and 4 x 12 + 2 = 50
+  // reduce-scatters of N x 768 values, half of each sent (25,165,824 B in f32, half that for the
+  // bf16 all-gathers), and 27 all-reduces: the cross-entropy's 3 N and 25 norms' 2 x 768 f32
+  // values, 350,208 B. Eight of them and the norm's 8 B: 24,967,299,080 B = 23.25 GiB in fp32,
+  // 17,518,215,176 B = 16.32 GiB in bf16.
+  const auto sp = run_llmtrain({"plan", "--config", config, "--world-size", "8", "--set", "dist.tensor_parallel=2",
+                                "--set", "dist.sequence_parallel=true"});
+  CAPTURE(sp.out, sp.err);
+  REQUIRE(sp.exit_code == 0);
+  CHECK(sp.out.find("tensor parallel 2 with sequence parallelism: ") != std::string::npos);
+  CHECK(sp.out.find("tensor group: 23.25 GiB sent per update on the fp32 rows, 16.32 GiB on the bf16 rows, in 217 "
+                    "all-reduces, 400 reduce-scatters and 592 all-gathers") != std::string::npos);
+  check_input_error(run_llmtrain({"plan", "--config", LLMTRAIN_SOURCE_DIR "/configs/tiny-llama.json", "--world-size",
+                                  "4", "--set", "dist.tensor_parallel=4", "--set", "dist.sequence_parallel=true", "--set",
+                                  "train.micro_batch_size=1", "--set", "model.context_length=63"}),
+                    "tiny-llama.json: dist.sequence_parallel: train.micro_batch_size x model.context_length (1 x 63) "
+                    "must be a multiple of dist.tensor_parallel (4)");
   // A size the heads do not divide: exit 2, naming the file and the keys.
   check_input_error(run_llmtrain({"plan", "--config", config, "--world-size", "8", "--set", "dist.tensor_parallel=8"}),
                     "gpt2-124m.json: dist.tensor_parallel = 8 must divide model.n_head (12)");

@@ -222,10 +222,12 @@ TEST_CASE("plan: a tensor-parallel rank's parameters and units, counted by hand"
   CHECK(r0.params == 272);
   CHECK(r1.params == 280);
   CHECK(train::rank_share(llama, 2).tensor_rank == 1);
-  // What the models cannot split: 4 ranks over 2 heads (GPT-2), 2 ranks over 1 key/value head
-  // (replicated key/value heads are not built yet).
+  // What the models cannot split: 4 ranks over 2 heads (GPT-2); 4 ranks over 6 key/value heads
+  // (neither divides the other). 2 ranks over 1 key/value head replicate it: each holds its 2
+  // k and 2 v rows whole (8 + 8), so a layer has 8 + 8 + 16 + 8 + 36 = 76 parameters.
   CHECK_THROWS_AS(train::rank_share(gpt2, 4), InputError);
-  CHECK_THROWS_AS(train::rank_share(tiny_llama().model, 2), InputError);
+  CHECK_THROWS_AS(train::rank_share(shape(config::Arch::llama, 11, 8, 1, 12, 6, 24, 8, false), 4), InputError);
+  CHECK(train::rank_share(tiny_llama().model, 2, 0).units[1].params == 76);
 }
 
 namespace {
@@ -270,7 +272,10 @@ TEST_CASE("plan: tensor-parallel memory per rank, by hand and against the traine
 
   // state_bytes of rank 0 (tensor rank 0, data rank 0) in 2-step mpirun runs of these models
   // (`llmtrain train --set dist.tensor_parallel=T --set dist.zero_stage=Z`, metrics.jsonl): the
-  // buffers the trainer allocates, counted by itself.
+  // buffers the trainer allocates, counted by itself. Replicated key/value heads by hand: tensor
+  // rank 0 of 4 holds per layer the norms (64), 8 q rows, its key/value head's 8 k and 8 v rows,
+  // 8 o columns (256 each) and 10 gate, up and down rows or columns (320 each): 2,048; 62 of 251
+  // rows of lm_head and embed_tokens (1,984 each) and the final norm (32): 10,144 parameters.
   struct Measured {
     config::Arch arch;
     std::int64_t kv;
@@ -289,6 +294,11 @@ TEST_CASE("plan: tensor-parallel memory per rank, by hand and against the traine
       {llama, 2, 2, 2, 0, false, true, none, 297472},  {llama, 2, 4, 2, 1, true, true, none, 371840},
       {llama, 2, 4, 2, 3, false, true, full, 291456},  {llama, 2, 4, 2, 3, true, true, none, 261312},
       {llama, 4, 4, 4, 3, false, true, none, 251648},  {llama, 4, 4, 4, 0, true, true, full, 182592},
+      // Key/value heads replicated (2 over 4 ranks), and runs with sequence parallelism (which
+      // changes no parameter buffer).
+      {llama, 2, 4, 4, 0, false, true, none, 162304},  {llama, 2, 4, 4, 0, true, true, mlp, 182592},
+      {llama, 2, 4, 4, 3, true, true, full, 235456},   {llama, 2, 4, 2, 1, false, true, mlp, 334656},
+      {gpt2, 4, 4, 2, 3, true, true, mlp, 342048},     {gpt2, 4, 2, 2, 0, false, true, none, 390912},
   };
   for (const auto& m : measured) {
     CAPTURE(config::to_string(m.arch), m.ranks, m.tensor, m.zero, m.bf16, m.reshard);
@@ -299,6 +309,7 @@ TEST_CASE("plan: tensor-parallel memory per rank, by hand and against the traine
                                       m.bf16, 2);
     CHECK(p.state() == m.state_bytes);
   }
+  CHECK(train::rank_share(tp_model(llama).model, 4, 0).params == 10144);
 }
 
 TEST_CASE("plan: the tensor group's all-reduces per update, against Megatron's count", "[plan][tensor]") {
@@ -308,26 +319,28 @@ TEST_CASE("plan: the tensor group's all-reduces per update, against Megatron's c
   // ranks (2 (t-1)/t = 1); 4 of them and the norm's 8 bytes: 461,832 bytes in 65 all-reduces,
   // as tests/tensor_parallel_test.sh measures (metrics.jsonl's tensor_collectives).
   config::Config c = tp_model(config::Arch::gpt2);
-  auto t = train::tensor_traffic(c, 2, 4);
+  auto t = train::tensor_traffic(c, 2, false, 4);
   CHECK(t.all_reduces == 4 * 16 + 1);
   CHECK(t.reduce_scatters + t.all_gathers == 0);
   CHECK(t.bytes == 461832.0);
   // Measured on 4 ranks: tensor 2 x data 2 (2 micro-steps) and tensor 4 (4 micro-steps, 1.5 x
   // the bytes), and the same for Llama (the count does not depend on the architecture).
-  CHECK(train::tensor_traffic(c, 2, 2).bytes == 230920.0);
-  CHECK(train::tensor_traffic(c, 4, 4).bytes == 692748.0);
-  CHECK(train::tensor_traffic(tp_model(config::Arch::llama), 2, 2).bytes == 230920.0);
+  CHECK(train::tensor_traffic(c, 2, false, 2).bytes == 230920.0);
+  CHECK(train::tensor_traffic(c, 4, false, 4).bytes == 692748.0);
+  CHECK(train::tensor_traffic(tp_model(config::Arch::llama), 2, false, 2).bytes == 230920.0);
   // recompute "mlp" runs no collective again; "full" runs each layer's forward again in
   // backward: 2 more per layer. Tensor 4, 4 micro-steps: (1 + 6 x 3 + 1) x 2,048 + 192 values,
   // 1.5 x 4 bytes each, 4 times, and the norm's 12 bytes: 987,660 in 4 x 22 + 1 = 89 (measured).
   c.train.recompute = config::Recompute::mlp;
-  CHECK(train::tensor_traffic(c, 2, 2).bytes == 230920.0);
+  CHECK(train::tensor_traffic(c, 2, false, 2).bytes == 230920.0);
   c.train.recompute = config::Recompute::full;
-  t = train::tensor_traffic(c, 4, 4);
+  t = train::tensor_traffic(c, 4, false, 4);
   CHECK(t.all_reduces == 89);
   CHECK(t.bytes == 987660.0);
-  CHECK(train::tensor_traffic(c, 1, 4).bytes == 0.0);
-  CHECK(train::tensor_traffic(c, 1, 4).all_reduces == 0);
+  CHECK(train::tensor_traffic(c, 1, false, 4).bytes == 0.0);
+  CHECK(train::tensor_traffic(c, 1, false, 4).all_reduces == 0);
+  // The activations are summed in f32 under bf16 too: the same bytes.
+  CHECK(train::tensor_traffic(c, 4, true, 4).bytes == 987660.0);
   // The data group of tensor 2 x data 2 (ZeRO 1, GPT-2, rank 0's 24,432 parameters): a
   // reduce-scatter and an all-gather of 2 x 12,216 f32 each, half sent: 48,864 bytes each.
   c = tp_model(config::Arch::gpt2);
@@ -342,6 +355,60 @@ TEST_CASE("plan: the tensor group's all-reduces per update, against Megatron's c
   const config::Config l = tp_model(config::Arch::llama);
   z3 = train::update_traffic(l, train::rank_share(l.model, 2, 0), 2, 3, true, 2);
   CHECK(z3.bytes == 50272.0 + 74368.0);
+}
+
+TEST_CASE("plan: the tensor group's collectives with sequence parallelism and replicated key/value heads", "[plan][tensor]") {
+  // GPT-2 of tp_model over 2 tensor ranks with sequence parallelism, 4 micro-steps of N = 64
+  // tokens, C = 32, L = 3. Per micro-step: 6 L + 2 = 20 all-gathers and 4 L + 2 = 14
+  // reduce-scatters of N C values (half of each sent at 2 ranks: 4,096 bytes in f32), and 2 + 2 L
+  // + 1 = 9 all-reduces: the cross-entropy's 3 N values and 7 norms' weight and bias gradients (2
+  // C each), 4 x (192 + 448) bytes. With the norm's 8 bytes, as measured (metrics.jsonl):
+  // all-gathers 80 calls 327,680 bytes, reduce-scatters 56 and 229,376, all-reduces 37 and 10,248.
+  config::Config c = tp_model(config::Arch::gpt2);
+  c.dist.sequence_parallel = true;
+  auto t = train::tensor_traffic(c, 2, false, 4);
+  CHECK(t.all_gathers == 80);
+  CHECK(t.reduce_scatters == 56);
+  CHECK(t.all_reduces == 37);
+  CHECK(t.bytes == 327680.0 + 229376.0 + 10248.0);
+  // bf16, recompute full, 4 ranks: 2 more all-gathers and reduce-scatters per layer (26 and 20
+  // per micro-step); the all-gathers move bf16 (3/4 of 2,048 x 2 bytes each), the rest f32.
+  // Measured: 104 all-gathers of 319,488 bytes, 80 reduce-scatters of 491,520, 37 all-reduces of
+  // 15,372.
+  c.train.recompute = config::Recompute::full;
+  t = train::tensor_traffic(c, 4, true, 4);
+  CHECK(t.all_gathers == 104);
+  CHECK(t.reduce_scatters == 80);
+  CHECK(t.bytes == 319488.0 + 491520.0 + 15372.0);
+  // recompute mlp gathers the MLP's input once more per layer: 23 all-gathers per micro-step;
+  // measured at tensor 2 x data 2 (2 micro-steps), bf16: 46 of 94,208 bytes.
+  c.train.recompute = config::Recompute::mlp;
+  t = train::tensor_traffic(c, 2, true, 2);
+  CHECK(t.all_gathers == 46);
+  CHECK(t.bytes == 94208.0 + 114688.0 + 5128.0);
+
+  // Llama (2 key/value heads) over 4 ranks: each head replicated on 2, and per layer one more
+  // all-reduce of all the k and v gradients (2 heads x 2 x 8 x 32 f32). Without sequence
+  // parallelism, 4 micro-steps: (16 + 3) x 4 + 1 = 77 all-reduces, 1.5 x 4 bytes x ((14 x 2,048 +
+  // 192) + 3 x 1,024) per micro-step and the norm's 12: 766,476 bytes, as measured.
+  config::Config l = tp_model(config::Arch::llama);
+  t = train::tensor_traffic(l, 4, false, 4);
+  CHECK(t.all_reduces == 77);
+  CHECK(t.bytes == 766476.0);
+  CHECK(train::tensor_traffic(l, 4, true, 4).bytes == 766476.0);
+  // With sequence parallelism: 9 + 3 all-reduces per micro-step (a Llama norm has no bias: C
+  // each), 1.5 x 4 x (192 + 7 x 32 + 3 x 1,024) bytes; measured 49 all-reduces of 83,724 bytes,
+  // 80 all-gathers of 491,520 and 56 reduce-scatters of 344,064.
+  l.dist.sequence_parallel = true;
+  t = train::tensor_traffic(l, 4, false, 4);
+  CHECK(t.all_reduces == 49);
+  CHECK(t.all_gathers == 80);
+  CHECK(t.reduce_scatters == 56);
+  CHECK(t.bytes == 83724.0 + 491520.0 + 344064.0);
+  // Tensor 2 x data 2 (heads split, no extra all-reduce), recompute mlp, fp32: measured 46
+  // all-gathers of 188,416 bytes, 28 reduce-scatters of 114,688, 19 all-reduces of 3,336.
+  l.train.recompute = config::Recompute::mlp;
+  CHECK(train::tensor_traffic(l, 2, false, 2).bytes == 188416.0 + 114688.0 + 3336.0);
 }
 
 TEST_CASE("plan: the largest micro-batch that fits", "[plan]") {
@@ -399,12 +466,15 @@ TEST_CASE("plan: the meshes --suggest weighs, exact without a pipeline, estimate
   int skipped = -1;
   auto options = train::mesh_options(c, 4, &skipped);
   CHECK(skipped == 0);
-  // t x d x p: 1x4x1, 1x2x2, 2x2x1, 2x1x2 (p = 4 > 3 layers and t = 4 > 2 heads left out); at
-  // d = 1 only ZeRO 0 and 3.
-  CHECK(options.size() == 4 + 4 + 4 + 2);
-  const auto find = [&](int t, int d, int p, int zero) {
+  // t x d x p: 1x4x1, 1x2x2, 2x2x1, 2x1x2 (p = 4 > 3 layers and t = 4 > 2 heads left out), the
+  // last two with and without sequence parallelism; at d = 1 only ZeRO 0 and 3.
+  CHECK(options.size() == 4 + 4 + 2 * 4 + 2 * 2);
+  const auto find = [&](int t, int d, int p, int zero, bool sp = false) {
     for (const auto& o : options) {
-      if (o.mesh.tensor == t && o.mesh.data == d && o.mesh.pipeline == p && o.zero_stage == zero) return o;
+      if (o.mesh.tensor == t && o.mesh.data == d && o.mesh.pipeline == p && o.zero_stage == zero &&
+          o.sequence_parallel == sp) {
+        return o;
+      }
     }
     FAIL("no option " << t << " x " << d << " x " << p << " ZeRO " << zero);
     return train::MeshOption{};
@@ -442,13 +512,28 @@ TEST_CASE("plan: the meshes --suggest weighs, exact without a pipeline, estimate
   CHECK(tpp.estimate);
   CHECK(tpp.tensor_sent == 4.0 * (10 * 64 + 48) * 4);
   CHECK(tpp.memory == 16 * 280 / 2 + std::int64_t(double(acts2) * 2.0 / 3.0 * 2.0));
+  // Sequence parallelism on 2 x 2 x 1: the activations at 1/2 of the tokens for the residual
+  // stream, the same state; the tensor group's traffic as tensor_traffic says.
+  const auto sp = find(2, 2, 1, 1, true);
+  CHECK(!sp.estimate);
+  CHECK(sp.memory == tp.memory - acts2 + train::activation_bytes(c.model, false, config::Recompute::none, 2, 2, true));
+  CHECK(sp.memory < tp.memory);
+  config::Config with_sp = c;
+  with_sp.dist.sequence_parallel = true;
+  CHECK(sp.tensor_sent == train::tensor_traffic(with_sp, 2, false, 2).bytes);
+  CHECK(sp.sent == 2 * 560.0 + sp.tensor_sent);
   // A global batch of 12 is no multiple of 2 x 4: the 1 x 4 x 1 mesh is left out.
   c.train.global_batch_size = 12;
   options = train::mesh_options(c, 4, &skipped);
   CHECK(skipped == 1);
-  CHECK(options.size() == 4 + 4 + 2);
-  // Tensor parallelism that does not divide the MLP columns is no option either.
+  CHECK(options.size() == 4 + 2 * 4 + 2 * 2);
+  // One key/value head: tensor parallel 2 replicates it, so 2 x 2 x 1 stays an option.
   c.train.global_batch_size = 8;
+  c.model.n_kv_head = 1;
+  bool replicated = false;
+  for (const auto& o : train::mesh_options(c, 4)) replicated = replicated || (o.mesh.tensor == 2 && o.mesh.data == 2);
+  CHECK(replicated);
+  // Tensor parallelism that does not divide the MLP columns is no option either.
   c.model.ffn_hidden = 5;
   for (const auto& o : train::mesh_options(c, 4)) CHECK(o.mesh.tensor == 1);
 }

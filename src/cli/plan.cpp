@@ -55,10 +55,10 @@ std::string model_line(const config::ModelConfig& m) {
   return line;
 }
 
-// "2 x 4 x 8 *": tensor x data x pipeline, starred when estimated.
+// "2 x 4 x 8 sp *": tensor x data x pipeline, sp with sequence parallelism, starred when estimated.
 std::string mesh_label(const train::MeshOption& o) {
   return std::to_string(o.mesh.tensor) + " x " + std::to_string(o.mesh.data) + " x " + std::to_string(o.mesh.pipeline) +
-         (o.estimate ? " *" : "");
+         (o.sequence_parallel ? " sp" : "") + (o.estimate ? " *" : "");
 }
 
 // plan --suggest: the meshes of `gpus` ranks and ZeRO stages that fit `memory` bytes per device.
@@ -141,12 +141,12 @@ int suggest(const config::Config& c, const std::string& config_path, int gpus, c
   std::printf("memory/rank: weights, gradients, optimizer state, ZeRO's buffers and one micro-batch's activations, "
               "of the tensor rank that holds most; sent/update: bytes each rank sends per optimizer update (ring "
               "collectives) over its data group (loss and norm all-reduce not counted) and its tensor group (every "
-              "all-reduce; 'of it tensor')\n");
+              "collective; 'of it tensor'); sp: sequence parallelism\n");
   std::printf("rows without *: exact, the buffers train allocates and the collectives it makes (tensor parallel t "
-              "divides n_head, n_kv_head and ffn_hidden; replicated key/value heads are not built)\n");
+              "divides n_head and ffn_hidden, and divides n_kv_head or is a multiple of it)\n");
   std::printf("*: estimate (train refuses pipeline > 1 until that split lands): parameter memory / p, a stage "
               "holding its layers' activations for min(p, micro-steps) micro-batches; sent: the data group's share / "
-              "p + the tensor group's all-reduces for the stage's layers + activations forward and their gradients "
+              "p + the tensor group's collectives for the stage's layers + activations forward and their gradients "
               "back per micro-step; bytes inside a node and across the network count alike\n");
   return 0;
 }
@@ -189,6 +189,12 @@ Command add_plan_command(CLI::App& parent) {
             } catch (const InputError& e) {
               throw InputError(o->config_path + ": " + e.what());
             }
+            const bool sequence_parallel = c.dist.sequence_parallel && mesh.tensor > 1;
+            if (sequence_parallel && (c.train.micro_batch_size * m.context_length) % mesh.tensor != 0) {
+              throw InputError(o->config_path + ": dist.sequence_parallel: train.micro_batch_size x model.context_length (" +
+                               std::to_string(c.train.micro_batch_size) + " x " + std::to_string(m.context_length) +
+                               ") must be a multiple of dist.tensor_parallel (" + std::to_string(mesh.tensor) + ")");
+            }
             std::printf("plan: %s at world size %d\n", o->config_path.c_str(), o->world_size);
             std::printf("mesh: %s\n", mesh.describe().c_str());
             if (mesh.pipeline > 1) {
@@ -198,14 +204,21 @@ Command add_plan_command(CLI::App& parent) {
             std::printf("%s\n", model_line(m).c_str());
             if (mesh.tensor > 1) {
               const std::int64_t V = m.vocab_size, r = share.tensor_rank, t = mesh.tensor;
-              std::printf("tensor parallel %d: the figures below are tensor rank %d's, which holds most: %s "
-                          "parameters (%lld of %lld heads, %lld of %lld ffn columns, vocabulary rows %lld-%lld of "
+              std::string kv;
+              if (m.arch == config::Arch::llama) {
+                kv = m.n_kv_head % t == 0 ? std::to_string(m.n_kv_head / t) + " of " + std::to_string(m.n_kv_head) +
+                                                " kv heads, "
+                                          : "1 of " + std::to_string(m.n_kv_head) + " kv heads (each on " +
+                                                std::to_string(t / m.n_kv_head) + " ranks), ";
+              }
+              std::printf("tensor parallel %d%s: the figures below are tensor rank %d's, which holds most: %s "
+                          "parameters (%lld of %lld heads, %s%lld of %lld ffn columns, vocabulary rows %lld-%lld of "
                           "%lld; norms%s whole)\n",
-                          mesh.tensor, share.tensor_rank, with_commas(share.params).c_str(),
-                          static_cast<long long>(m.n_head / t), static_cast<long long>(m.n_head),
-                          static_cast<long long>(m.ffn_hidden / t), static_cast<long long>(m.ffn_hidden),
-                          static_cast<long long>(V * r / t), static_cast<long long>(V * (r + 1) / t - 1),
-                          static_cast<long long>(V),
+                          mesh.tensor, sequence_parallel ? " with sequence parallelism" : "", share.tensor_rank,
+                          with_commas(share.params).c_str(), static_cast<long long>(m.n_head / t),
+                          static_cast<long long>(m.n_head), kv.c_str(), static_cast<long long>(m.ffn_hidden / t),
+                          static_cast<long long>(m.ffn_hidden), static_cast<long long>(V * r / t),
+                          static_cast<long long>(V * (r + 1) / t - 1), static_cast<long long>(V),
                           m.arch == config::Arch::gpt2 ? ", position embedding and the projections' biases" : "");
             }
             std::printf("batch: micro-batch %lld x %lld tokens, %lld micro-step(s) per update of %lld sequences\n",
@@ -250,15 +263,25 @@ Command add_plan_command(CLI::App& parent) {
             std::printf("sent/update: bytes each rank sends per optimizer update over its data-parallel group (ring "
                         "all-reduce, reduce-scatter and all-gather volumes; loss and norm all-reduce not counted)\n");
             if (mesh.tensor > 1) {
-              const auto tensor = train::tensor_traffic(c, mesh.tensor, accum);
-              std::printf("tensor group: %s sent per update on every row, in %lld all-reduces (ring, 2 (t-1)/t x "
-                          "S): per micro-step the embedding's, %d per layer (%s), the head's input gradient and the "
-                          "cross-entropy's maxima and sums, each of micro-batch x context x d_model f32 values but "
-                          "the last two; once the gradient norm's\n",
-                          format_bytes(tensor.bytes).c_str(), static_cast<long long>(tensor.all_reduces),
-                          c.train.recompute == config::Recompute::full ? 6 : 4,
-                          c.train.recompute == config::Recompute::full ? "2 forward, 2 again in backward's recompute, 2 backward"
-                                                                       : "2 forward, 2 backward");
+              // The same on every row of a precision (under sequence parallelism the all-gathers
+              // move the compute dtype).
+              const auto fp32 = train::tensor_traffic(c, mesh.tensor, false, accum);
+              const auto bf16 = train::tensor_traffic(c, mesh.tensor, true, accum);
+              std::printf("tensor group: %s sent per update on the fp32 rows, %s on the bf16 rows, in %lld "
+                          "all-reduces, %lld reduce-scatters and %lld all-gathers (ring volumes): %s\n",
+                          format_bytes(fp32.bytes).c_str(), format_bytes(bf16.bytes).c_str(),
+                          static_cast<long long>(fp32.all_reduces), static_cast<long long>(fp32.reduce_scatters),
+                          static_cast<long long>(fp32.all_gathers),
+                          sequence_parallel
+                              ? "per micro-step the embedding's output and the head's input gradient reduce-scattered, "
+                                "per layer 2 outputs reduce-scattered and 2 norm outputs all-gathered in forward, 2 "
+                                "input gradients reduce-scattered and 4 all-gathers in backward (more with recompute), "
+                                "of micro-batch x context x d_model values (all-gathers in the compute dtype, the rest "
+                                "f32); the norms' weight gradients and the cross-entropy's maxima and sums all-reduced; "
+                                "once the gradient norm's"
+                              : "per micro-step the embedding's, 2 per layer in forward and 2 in backward (2 more "
+                                "with recompute full), and the head's input gradient, of micro-batch x context x "
+                                "d_model f32 values; the cross-entropy's maxima and sums; once the gradient norm's");
             }
             std::printf("max micro-batch: sequences that fit in %s (%s) next to the weights, gradients, optimizer state "
                         "and ZeRO's buffers\n",

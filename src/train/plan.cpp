@@ -1,6 +1,7 @@
 #include "train/plan.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "model/arch.h"
 #include "model/model.h"
@@ -23,16 +24,34 @@ RankShare share_of(const config::ModelConfig& m, int tensor_size, int tensor_ran
 }
 
 // The tensor group's collectives per micro-step for a stage of `layers` layers (all of them
-// without pipelines): all-reduces of N C f32 values, and the cross-entropy's statistics.
-UpdateTraffic tensor_micro_step(const config::Config& c, int tensor_size, std::int64_t layers) {
+// without pipelines); see tensor_traffic.
+UpdateTraffic tensor_micro_step(const config::Config& c, int tensor_size, bool bf16, std::int64_t layers) {
   UpdateTraffic t;
   if (tensor_size <= 1) return t;
-  const std::int64_t N = c.train.micro_batch_size * c.model.context_length, C = c.model.d_model;
-  const std::int64_t per_layer = c.train.recompute == config::Recompute::full ? 6 : 4;
-  const std::int64_t activations = 1 + per_layer * layers + 1;  // the embedding, the layers, the head's input gradient
-  const double ring = 2.0 * double(tensor_size - 1) / double(tensor_size);
-  t.all_reduces = activations + 2;  // and the row maxima and the sums
-  t.bytes = ring * 4.0 * double(activations * N * C + N + 2 * N);
+  const auto& m = c.model;
+  const double N = double(c.train.micro_batch_size * m.context_length), C = double(m.d_model);
+  const bool full = c.train.recompute == config::Recompute::full, mlp = c.train.recompute == config::Recompute::mlp;
+  const double ring = 2.0 * double(tensor_size - 1) / double(tensor_size), share = double(tensor_size - 1) / tensor_size;
+  double all_reduced = 3 * N;  // f32 values: the cross-entropy's row maxima and sums
+  t.all_reduces = 2;
+  if (!c.dist.sequence_parallel) {
+    const std::int64_t sums = 2 + (full ? 6 : 4) * layers;  // the embedding, the layers, the head's input gradient
+    t.all_reduces += sums;
+    all_reduced += double(sums) * N * C;
+  } else {
+    t.all_gathers = (6 + (full ? 2 : mlp ? 1 : 0)) * layers + 2;
+    t.reduce_scatters = (4 + (full ? 2 : 0)) * layers + 2;
+    const std::int64_t norms = 2 * layers + 1;
+    t.all_reduces += norms;
+    all_reduced += double(norms) * (m.arch == config::Arch::gpt2 ? 2 * C : C);  // a norm's weight (and bias)
+    t.bytes += share * N * C * (double(t.all_gathers) * (bf16 ? 2.0 : 4.0) + double(t.reduce_scatters) * 4.0);
+  }
+  if (m.arch == config::Arch::llama && m.n_kv_head % tensor_size != 0) {
+    // Replicated key/value heads: each layer's k and v gradients, one slot per head.
+    t.all_reduces += layers;
+    all_reduced += double(layers) * double(m.n_kv_head) * 2.0 * double(m.d_model / m.n_head) * C;
+  }
+  t.bytes += ring * 4.0 * all_reduced;
   return t;
 }
 
@@ -65,10 +84,11 @@ double flops_per_token(const config::ModelConfig& m) {
 }
 
 std::int64_t activation_bytes(const config::ModelConfig& m, bool bf16, config::Recompute recompute,
-                              std::int64_t micro_batch, int tensor_size) {
+                              std::int64_t micro_batch, int tensor_size, bool sequence_parallel) {
   const DType compute = bf16 ? DType::bf16 : DType::f32;
   return std::int64_t(model::arch_spec(m.arch).activation_bytes(m, recompute, compute, int(micro_batch),
-                                                                int(m.context_length), tensor_size));
+                                                                int(m.context_length), tensor_size,
+                                                                sequence_parallel && tensor_size > 1));
 }
 
 std::int64_t activation_bytes_per_sequence(const config::ModelConfig& m, bool bf16, config::Recompute recompute,
@@ -80,7 +100,8 @@ MemoryPlan plan_memory(const config::Config& config, const RankShare& share, int
                        bool bf16, std::int64_t micro_batch) {
   const std::int64_t P = share.params, D = data_parallel_size;
   MemoryPlan plan;
-  plan.activations = activation_bytes(config.model, bf16, config.train.recompute, micro_batch, share.tensor_size);
+  plan.activations = activation_bytes(config.model, bf16, config.train.recompute, micro_batch, share.tensor_size,
+                                      config.dist.sequence_parallel);
   if (zero_stage == 3) {
     // The buffers train/zero3.cpp allocates: every unit sharded with padding (a rank's shards of
     // the master weights and gradients); the root units gathered (padded) for the whole step with
@@ -128,9 +149,15 @@ MemoryPlan plan_memory(const config::Config& config, int data_parallel_size, int
 
 std::int64_t max_micro_batch(const config::Config& config, bool bf16, int tensor_size, std::int64_t state,
                              std::int64_t memory) {
+  const bool sequence_parallel = config.dist.sequence_parallel && tensor_size > 1;
   const auto fits = [&](std::int64_t B) {
-    return state + activation_bytes(config.model, bf16, config.train.recompute, B, tensor_size) <= memory;
+    return state + activation_bytes(config.model, bf16, config.train.recompute, B, tensor_size, sequence_parallel) <=
+           memory;
   };
+  // Sequence parallelism: B context_length a multiple of the tensor size, B a multiple of `step`.
+  const std::int64_t step = sequence_parallel ? tensor_size / std::gcd(config.model.context_length,
+                                                                       std::int64_t(tensor_size))
+                                              : 1;
   if (!fits(1)) return 0;
   // Double until it does not fit, then halve the gap (the activations grow with B).
   std::int64_t good = 1, bad = 2;
@@ -139,12 +166,11 @@ std::int64_t max_micro_batch(const config::Config& config, bool bf16, int tensor
     good = bad;
     bad *= 2;
   }
-  if (bad > most) return good;
-  while (bad - good > 1) {
+  while (bad <= most && bad - good > 1) {
     const std::int64_t mid = good + (bad - good) / 2;
     (fits(mid) ? good : bad) = mid;
   }
-  return good;
+  return good / step * step;
 }
 
 UpdateTraffic update_traffic(const config::Config& config, const RankShare& share, int data_parallel_size,
@@ -190,11 +216,13 @@ UpdateTraffic update_traffic(const config::Config& config, int data_parallel_siz
   return update_traffic(config, rank_share(config.model), data_parallel_size, zero_stage, bf16, micro_steps);
 }
 
-UpdateTraffic tensor_traffic(const config::Config& config, int tensor_size, std::int64_t micro_steps) {
-  UpdateTraffic t = tensor_micro_step(config, tensor_size, config.model.n_layer);
+UpdateTraffic tensor_traffic(const config::Config& config, int tensor_size, bool bf16, std::int64_t micro_steps) {
+  UpdateTraffic t = tensor_micro_step(config, tensor_size, bf16, config.model.n_layer);
   if (tensor_size <= 1) return t;
   // micro_steps of them, and the gradient norm's double once.
   t.all_reduces = micro_steps * t.all_reduces + 1;
+  t.all_gathers *= micro_steps;
+  t.reduce_scatters *= micro_steps;
   t.bytes = double(micro_steps) * t.bytes + 2.0 * double(tensor_size - 1) / double(tensor_size) * 8.0;
   return t;
 }
@@ -208,9 +236,10 @@ std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int
   std::vector<MeshOption> options;
   if (skipped_batch) *skipped_batch = 0;
   for (int t = 1; t <= std::min(8, gpus); ++t) {
-    // The models split whole query and key/value heads and MLP columns (replicated key/value
-    // heads, t > n_kv_head, are not built).
-    if (gpus % t != 0 || m.n_head % t != 0 || m.n_kv_head % t != 0 || m.ffn_hidden % t != 0) continue;
+    // The splits the models make: whole query heads and MLP columns; Llama's key/value heads
+    // split too, or each replicated on t / n_kv_head ranks (GPT-2 has as many as query heads).
+    const bool kv = m.n_kv_head % t == 0 || (m.arch == config::Arch::llama && t % m.n_kv_head == 0);
+    if (gpus % t != 0 || m.n_head % t != 0 || m.ffn_hidden % t != 0 || !kv) continue;
     const RankShare share = rank_share(m, t);
     for (int p = 1; p <= gpus / t; ++p) {
       if ((gpus / t) % p != 0 || p > m.n_layer) continue;
@@ -221,27 +250,33 @@ std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int
       }
       const std::int64_t micro_steps = config.train.global_batch_size / (B * d);
       const std::int64_t stage_layers = ceil_div(m.n_layer, p);
-      for (int zero = 0; zero <= 3; ++zero) {
-        if (d == 1 && (zero == 1 || zero == 2)) continue;  // the trainer runs them as ZeRO 0
-        const MemoryPlan plan = plan_memory(config, share, d, zero, bf16, B);
-        MeshOption o;
-        o.mesh = dist::Mesh{t, d, p};
-        o.zero_stage = zero;
-        o.micro_steps = micro_steps;
-        o.estimate = p > 1;
-        const double data_sent = update_traffic(config, share, d, zero, bf16, micro_steps).bytes;
-        if (p == 1) {
-          o.memory = plan.total();
-          o.tensor_sent = tensor_traffic(config, t, micro_steps).bytes;
-          o.sent = data_sent + o.tensor_sent;
-        } else {
-          const double activations = double(plan.activations) * double(stage_layers) / double(m.n_layer) *
-                                     double(std::min<std::int64_t>(p, micro_steps));
-          o.memory = plan.state() / p + std::int64_t(activations);
-          o.tensor_sent = double(micro_steps) * tensor_micro_step(config, t, stage_layers).bytes;
-          o.sent = data_sent / p + o.tensor_sent + (p > 2 ? 2.0 : 1.0) * boundary * double(micro_steps);
+      for (const bool sequence_parallel : {false, true}) {
+        if (sequence_parallel && (t == 1 || (B * m.context_length) % t != 0)) continue;
+        config::Config c = config;
+        c.dist.sequence_parallel = sequence_parallel;
+        for (int zero = 0; zero <= 3; ++zero) {
+          if (d == 1 && (zero == 1 || zero == 2)) continue;  // the trainer runs them as ZeRO 0
+          const MemoryPlan plan = plan_memory(c, share, d, zero, bf16, B);
+          MeshOption o;
+          o.mesh = dist::Mesh{t, d, p};
+          o.zero_stage = zero;
+          o.micro_steps = micro_steps;
+          o.sequence_parallel = sequence_parallel;
+          o.estimate = p > 1;
+          const double data_sent = update_traffic(c, share, d, zero, bf16, micro_steps).bytes;
+          if (p == 1) {
+            o.memory = plan.total();
+            o.tensor_sent = tensor_traffic(c, t, bf16, micro_steps).bytes;
+            o.sent = data_sent + o.tensor_sent;
+          } else {
+            const double activations = double(plan.activations) * double(stage_layers) / double(m.n_layer) *
+                                       double(std::min<std::int64_t>(p, micro_steps));
+            o.memory = plan.state() / p + std::int64_t(activations);
+            o.tensor_sent = double(micro_steps) * tensor_micro_step(c, t, bf16, stage_layers).bytes;
+            o.sent = data_sent / p + o.tensor_sent + (p > 2 ? 2.0 : 1.0) * boundary * double(micro_steps);
+          }
+          options.push_back(o);
         }
-        options.push_back(o);
       }
     }
   }

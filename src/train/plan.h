@@ -59,9 +59,10 @@ double flops_per_token(const config::ModelConfig& model);
 /// Activation bytes of a micro-batch of B sequences of context_length tokens: the buffer the model
 /// allocates (its activations, for train.recompute `recompute`, and their gradients), measured by
 /// the model's own layout code (ArchSpec::activation_bytes) with fp32 or bf16 activations, on a
-/// rank of a tensor-parallel group of `tensor_size` (its heads, MLP columns and vocabulary rows).
+/// rank of a tensor-parallel group of `tensor_size` (its heads, MLP columns and vocabulary rows;
+/// with `sequence_parallel`, 1/tensor_size of the tokens of the residual stream and norms).
 std::int64_t activation_bytes(const config::ModelConfig& model, bool bf16, config::Recompute recompute,
-                              std::int64_t micro_batch, int tensor_size = 1);
+                              std::int64_t micro_batch, int tensor_size = 1, bool sequence_parallel = false);
 /// The same for one sequence.
 std::int64_t activation_bytes_per_sequence(const config::ModelConfig& model, bool bf16,
                                            config::Recompute recompute = config::Recompute::none,
@@ -81,14 +82,15 @@ std::int64_t activation_bytes_per_sequence(const config::ModelConfig& model, boo
 /// D) parameters in the compute dtype (the current layer and the prefetched next; with
 /// dist.reshard_after_forward false one per layer), two f32 gradient slots of a layer plus its
 /// reduce-scattered part, and an f32 scratch part of the largest unit. Activations:
-/// activation_bytes at the share's tensor size.
+/// activation_bytes at the share's tensor size and config.dist.sequence_parallel.
 MemoryPlan plan_memory(const config::Config& config, const RankShare& share, int data_parallel_size, int zero_stage,
                        bool bf16, std::int64_t micro_batch);
 /// Without tensor parallelism.
 MemoryPlan plan_memory(const config::Config& config, int data_parallel_size, int zero_stage, bool bf16,
                        std::int64_t micro_batch);
 
-/// The largest micro-batch whose activations fit next to `state` bytes in `memory` (0: none).
+/// The largest micro-batch whose activations fit next to `state` bytes in `memory` (0: none);
+/// under sequence parallelism one whose micro-batch x context_length tensor_size divides.
 std::int64_t max_micro_batch(const config::Config& config, bool bf16, int tensor_size, std::int64_t state,
                              std::int64_t memory);
 
@@ -114,14 +116,21 @@ UpdateTraffic update_traffic(const config::Config& config, int data_parallel_siz
                              std::int64_t micro_steps);
 
 /// Over a tensor-parallel group of `tensor_size` (Megatron's split, as gpt2.cpp and llama.cpp
-/// make it), every all-reduce counted. Each micro-step, with N = micro-batch x context tokens and
-/// C = d_model: all-reduces of N C f32 values (activations travel in f32, also under bf16) for the
-/// embedding, 2 per layer in forward (after the attention and MLP projections), 2 per layer in
-/// backward (the input gradients of the column-parallel matmuls), 2 more per layer with
-/// train.recompute "full" (the layer's forward again), and the head's input gradient; the
-/// vocabulary-parallel cross-entropy's row maxima (N f32) and sums (2 N f32). Once per update the
-/// gradient norm's (one double). Nothing at size 1.
-UpdateTraffic tensor_traffic(const config::Config& config, int tensor_size, std::int64_t micro_steps);
+/// make it), every collective counted. Each micro-step, with N = micro-batch x context tokens, C =
+/// d_model and L layers, without sequence parallelism: all-reduces of N C f32 values (activations
+/// are summed in f32, also under bf16) for the embedding, 2 per layer in forward (after the
+/// attention and MLP projections), 2 per layer in backward (the input gradients of the
+/// column-parallel matmuls), 2 more per layer with train.recompute "full" (the layer's forward
+/// again), and the head's input gradient. With config.dist.sequence_parallel: reduce-scatters of N
+/// C f32 values where those all-reduces were (4 L + 2, 2 L more with "full"); all-gathers of N C
+/// values in the compute dtype before the split matmuls, 2 per layer in forward and 4 in backward
+/// (the output gradients and the norms' outputs again), one more per layer with "mlp" and 2 with
+/// "full", and 2 for the head's input and the embedding's gradient; and all-reduces of the norms'
+/// weight gradients (2 L + 1 norms, f32). Both: the vocabulary-parallel cross-entropy's row maxima
+/// (N f32) and sums (2 N f32); Llama with replicated key/value heads (tensor_size above
+/// n_kv_head) one all-reduce per layer of all their k and v gradients (n_kv_head x 2 head_size x C
+/// f32). Once per update the gradient norm's (one double). Nothing at size 1.
+UpdateTraffic tensor_traffic(const config::Config& config, int tensor_size, bool bf16, std::int64_t micro_steps);
 
 /// One (mesh, ZeRO stage) choice for a number of devices, in the config's precision and micro-batch.
 struct MeshOption {
@@ -131,13 +140,16 @@ struct MeshOption {
   std::int64_t memory = 0;       // bytes per rank
   double sent = 0;               // bytes each rank sends per update, all groups
   double tensor_sent = 0;        // of it over the tensor group
+  bool sequence_parallel = false;
   bool estimate = false;         // pipeline > 1: not built yet, figures estimated
 };
 
-/// Every mesh of `gpus` ranks (tensor_parallel a divisor up to 8 that divides model.n_head,
-/// model.n_kv_head and model.ffn_hidden, pipeline_parallel a divisor of the rest up to
-/// model.n_layer, the global batch a multiple of micro_batch_size x data) with ZeRO stages 0 to 3
-/// (0 and 3 only at data size 1, where the trainer runs ZeRO 1 and 2 as 0). Pipeline 1: exact,
+/// Every mesh of `gpus` ranks (tensor_parallel a divisor up to 8 that the model can split by:
+/// dividing model.n_head and model.ffn_hidden, and for Llama dividing model.n_kv_head or a
+/// multiple of it; pipeline_parallel a divisor of the rest up to model.n_layer; the global batch a
+/// multiple of micro_batch_size x data) with ZeRO stages 0 to 3 (0 and 3 only at data size 1,
+/// where the trainer runs ZeRO 1 and 2 as 0), and at tensor size above 1 with sequence parallelism
+/// off and on (on where tensor_size divides micro_batch_size x context_length). Pipeline 1: exact,
 /// plan_memory and update_traffic of the tensor rank that holds most, plus tensor_traffic.
 /// Pipeline p > 1 is an estimate from those figures: the parameter-related memory (weights,
 /// gradients, optimizer state, gathered) / p; a stage holding n_layer / p layers' activations of
