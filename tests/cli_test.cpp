@@ -256,13 +256,44 @@ TEST_CASE("plan: GPT-2 124M's parameter count and memory per rank", "[cli][plan]
 
 TEST_CASE("plan: the mesh, and sizes that do not divide the world", "[cli][plan]") {
   const std::string config = LLMTRAIN_SOURCE_DIR "/configs/gpt2-124m.json";
-  // 8 ranks, 2 per tensor group: 4 data-parallel replicas, so ZeRO 1 shards m and v four ways:
-  // ceil(124,439,808 / 4) = 31,109,952 parameters x 8 B = 237.35 MiB.
+  // 8 ranks, 2 per tensor group: 4 data-parallel replicas of tensor rank 1's part (25,129 of the
+  // 50,257 vocabulary rows): each layer's 6 x 768 norm and bias values whole and (4 C C + 3 C + 2 F
+  // C + F) / 2 = 3,541,632 split, ln_f, wpe and 25,129 x 768 rows of wte: 12 x 3,546,240 +
+  // 1,536 + 786,432 + 19,299,072 = 62,641,920 parameters (4 B: 238.96 MiB). ZeRO 1 shards m and v
+  // four ways: 15,660,480 x 8 B = 119.48 MiB; the padded gradient buffer and shard 5 x 15,660,480
+  // x 4 B = 298.70 MiB.
   const auto r = run_llmtrain({"plan", "--config", config, "--world-size", "8", "--set", "dist.tensor_parallel=2"});
   CAPTURE(r.out, r.err);
   REQUIRE(r.exit_code == 0);
   CHECK(r.out.find("mesh: 8 rank(s) = tensor 2 x data 4 x pipeline 1") != std::string::npos);
-  CHECK(r.out.find("fp32 ZeRO 1     474.70 MiB   474.70 MiB   237.35 MiB") != std::string::npos);
+  CHECK(r.out.find("tensor parallel 2: the figures below are tensor rank 1's, which holds most: 62,641,920 "
+                   "parameters") != std::string::npos);
+  CHECK(r.out.find("fp32 ZeRO 1     238.96 MiB   238.96 MiB   119.48 MiB   298.70 MiB") != std::string::npos);
+  // The tensor group, 8 micro-steps of 16 x 1,024 tokens: (1 + 4 x 12 + 1) all-reduces of N x 768
+  // f32 and the cross-entropy's 3 N values, 2,516,779,008 B each micro-step, all sent at 2 ranks;
+  // and the norm's 8 B: 20,134,232,072 B = 18.75 GiB in 8 x 52 + 1 = 417 all-reduces.
+  CHECK(r.out.find("tensor group: 18.75 GiB sent per update on the fp32 rows, 18.75 GiB on the bf16 rows, in 417 "
+                   "all-reduces, 0 reduce-scatters and 0 all-gathers") != std::string::npos);
+  // Sequence parallelism, per micro-step: 6 x 12 + 2 = 74 all-gathers and 4 x 12 + 2 = 50
+  // reduce-scatters of N x 768 values, half of each sent (25,165,824 B in f32, half that for the
+  // bf16 all-gathers), and 27 all-reduces: the cross-entropy's 3 N and 25 norms' 2 x 768 f32
+  // values, 350,208 B. Eight of them and the norm's 8 B: 24,967,299,080 B = 23.25 GiB in fp32,
+  // 17,518,215,176 B = 16.32 GiB in bf16.
+  const auto sp = run_llmtrain({"plan", "--config", config, "--world-size", "8", "--set", "dist.tensor_parallel=2",
+                                "--set", "dist.sequence_parallel=true"});
+  CAPTURE(sp.out, sp.err);
+  REQUIRE(sp.exit_code == 0);
+  CHECK(sp.out.find("tensor parallel 2 with sequence parallelism: ") != std::string::npos);
+  CHECK(sp.out.find("tensor group: 23.25 GiB sent per update on the fp32 rows, 16.32 GiB on the bf16 rows, in 217 "
+                    "all-reduces, 400 reduce-scatters and 592 all-gathers") != std::string::npos);
+  check_input_error(run_llmtrain({"plan", "--config", LLMTRAIN_SOURCE_DIR "/configs/tiny-llama.json", "--world-size",
+                                  "4", "--set", "dist.tensor_parallel=4", "--set", "dist.sequence_parallel=true", "--set",
+                                  "train.micro_batch_size=1", "--set", "model.context_length=63"}),
+                    "tiny-llama.json: dist.sequence_parallel: train.micro_batch_size x model.context_length (1 x 63) "
+                    "must be a multiple of dist.tensor_parallel (4)");
+  // A size the heads do not divide: exit 2, naming the file and the keys.
+  check_input_error(run_llmtrain({"plan", "--config", config, "--world-size", "8", "--set", "dist.tensor_parallel=8"}),
+                    "gpt2-124m.json: dist.tensor_parallel = 8 must divide model.n_head (12)");
   check_input_error(run_llmtrain({"plan", "--config", config, "--world-size", "6", "--set", "dist.pipeline_parallel=4"}),
                     "dist.tensor_parallel x dist.pipeline_parallel (1 x 4 = 4) must divide the number of ranks, 6");
   // Training refuses a pipeline (not built yet), and a tensor group larger than the job.
@@ -290,22 +321,42 @@ TEST_CASE("plan --suggest: meshes that fit, least communication first, none that
     std::getline(lines, line);
     while (std::getline(lines, line) && line.rfind("fit:", 0) != 0) {
       rows.push_back(line);
-      const std::size_t unit = line.rfind(' ');
-      const std::size_t number = line.rfind(' ', unit - 1);
-      const std::string u = line.substr(unit + 1);
+      // ... sent/update (number, unit), then "of it tensor": a number and unit, or "-".
+      std::vector<std::string> words;
+      std::istringstream split(line);
+      for (std::string w; split >> w;) words.push_back(w);
+      REQUIRE(words.size() >= 5);
+      const std::size_t at = words.back() == "-" ? words.size() - 3 : words.size() - 4;
+      const std::string& u = words[at + 1];
       const double scale = u == "B" ? 1 : u == "KiB" ? 1024.0 : u == "MiB" ? 1024.0 * 1024 : u == "GiB" ? 1024.0 * 1024 * 1024 : 0;
       CHECK(scale > 0);
-      sent.push_back(std::stod(line.substr(number + 1, unit - number - 1)) * scale);
+      sent.push_back(std::stod(words[at]) * scale);
     }
   }
   REQUIRE(rows.size() >= 2);
   for (std::size_t i = 1; i < sent.size(); ++i) CHECK(sent[i - 1] <= sent[i]);
-  // Plain data parallelism over 2 ranks, ZeRO 2: reduce-scatter and all-gather of 2 x 62,624 x 4 B,
-  // half of each sent: 500,992 B = 489.25 KiB. One micro-step (16 = 8 x 2).
+  // Plain data parallelism over 2 ranks, ZeRO 0: one all-reduce of 125,248 x 4 B, half of it
+  // sent twice: 500,992 B = 489.25 KiB; one micro-step (16 = 8 x 2). ZeRO 1 and 2 send as much
+  // and hold more at 2 ranks (a padded gradient buffer and shard next to the whole gradients):
+  // left out.
   bool data_parallel = false;
-  for (const auto& line : rows) data_parallel = data_parallel || line.rfind("1 x 2 x 1           2           1 ", 0) == 0;
+  for (const auto& line : rows) {
+    data_parallel = data_parallel || line.rfind("1 x 2 x 1           0           1 ", 0) == 0;
+    CHECK(line.rfind("1 x 2 x 1           1", 0) != 0);
+    CHECK(line.rfind("1 x 2 x 1           2", 0) != 0);
+  }
   CHECK(data_parallel);
-  CHECK(r.out.find("489.25 KiB\n") != std::string::npos);
+  CHECK(r.out.find("489.25 KiB             -\n") != std::string::npos);
+  // Tensor parallel 2, exact (no star), 2 micro-steps: per micro-step all-reduces of 8 x 64
+  // tokens x 64 f32 for the embedding, 4 per layer (2 layers) and the head's input gradient, and
+  // the cross-entropy's 3 x 512 values: 329,216 x 4 B, each all sent at 2 ranks; twice, and the
+  // norm's 8 B: 2,633,736 B = 2.51 MiB, all of it over the tensor group.
+  bool tensor_parallel = false;
+  for (const auto& line : rows) {
+    tensor_parallel = tensor_parallel || (line.rfind("2 x 1 x 1           0           2 ", 0) == 0 &&
+                                          line.find("2.51 MiB      2.51 MiB") != std::string::npos);
+  }
+  CHECK(tensor_parallel);
   // Two pipeline stages send least: a stage's 8 x 64 x 64 x 4 B activations (or their gradients)
   // once per micro-step, 2 micro-steps: 256 KiB.
   CHECK(rows[0].rfind("1 x 1 x 2 *", 0) == 0);

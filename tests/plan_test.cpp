@@ -5,6 +5,7 @@
 
 #include "catch_compat.h"
 #include "config/config.h"
+#include "core/error.h"
 #include "train/plan.h"
 
 using namespace llmtrain;
@@ -101,18 +102,32 @@ TEST_CASE("plan: the units add up to the models' own parameter lists for every s
 
 TEST_CASE("plan: memory per rank at ZeRO 0 to 3 over 3 ranks, where padding matters", "[plan]") {
   config::Config c = tiny_llama();
-  // ZeRO 0 to 2 (unchanged): P = 476, shard ceil(476 / 3) = 159.
+  // ZeRO 0: every buffer whole, P = 476.
   auto p = train::plan_memory(c, 3, 0, false, 2);
   CHECK(p.weights == 4 * 476);
   CHECK(p.gradients == 4 * 476);
   CHECK(p.optimizer == 8 * 476);
   CHECK(p.gathered == 0);
+  // Activations: the model's buffer at micro-batch 2, measured at once (each piece rounded to 64
+  // bytes at B = 2, so no more than twice one sequence's).
   const std::int64_t activations = p.activations;
-  CHECK(activations == 2 * train::activation_bytes_per_sequence(c.model, false));
-  p = train::plan_memory(c, 3, 2, true, 2);
-  CHECK(p.weights == 6 * 476);
-  CHECK(p.gradients == 4 * 159);
-  CHECK(p.optimizer == 8 * 159);
+  CHECK(activations == train::activation_bytes(c.model, false, config::Recompute::none, 2));
+  CHECK(activations <= 2 * train::activation_bytes_per_sequence(c.model, false));
+  CHECK(activations > train::activation_bytes_per_sequence(c.model, false));
+  // ZeRO 1 and 2 (the same buffers in llmtrain): the whole gradient buffer stays; m and v of a
+  // shard of ceil(476 / 3) = 159; the padded buffer of 3 x 159 and the summed shard of 159, f32.
+  for (const int zero : {1, 2}) {
+    CAPTURE(zero);
+    p = train::plan_memory(c, 3, zero, true, 2);
+    CHECK(p.weights == 6 * 476);
+    CHECK(p.gradients == 4 * 476);
+    CHECK(p.optimizer == 8 * 159);
+    CHECK(p.gathered == 4 * (3 * 159 + 159));
+  }
+  // On one data-parallel rank the trainer runs ZeRO 1 and 2 as 0: nothing sharded, no buffers.
+  p = train::plan_memory(c, 1, 1, false, 2);
+  CHECK(p.optimizer == 8 * 476);
+  CHECK(p.gathered == 0);
 
   // ZeRO 3: shards ceil(48/3) + 3 ceil(128/3) + ceil(44/3) = 16 + 3 x 43 + 15 = 160 parameters.
   // Gathered: the roots padded, 3 x 16 + 3 x 15 = 93; layer slots of 3 x 43 = 129 in the compute
@@ -132,25 +147,281 @@ TEST_CASE("plan: memory per rank at ZeRO 0 to 3 over 3 ranks, where padding matt
   CHECK(p.gathered == 2 * (93 + 3 * 129) + 4 * (93 + 2 * (129 + 43) + 43));  // 2880
 }
 
-TEST_CASE("plan: ZeRO 3's weights, gradients, optimizer and gathered bytes equal what the trainer holds", "[plan]") {
+TEST_CASE("plan: weights, gradients, optimizer and gathered bytes equal what the trainer holds", "[plan]") {
   // state_bytes of rank 0 (metrics.jsonl) in 1-step mpirun runs of configs/tiny-llama.json with
-  // model.n_layer 3 and dist.zero_stage 3: the buffers the trainer allocates, counted by itself.
+  // model.n_layer 3 (171,456 parameters): the buffers the trainer allocates, counted by itself.
+  // ZeRO 0 at 2 ranks: 16 (fp32) or 18 (bf16) bytes a parameter; ZeRO 1 and 2 alike: m and v of
+  // a shard of 85,728, and the padded buffer and shard (3 x 85,728 f32).
   struct Measured {
-    int ranks;
+    int ranks, zero;
     bool bf16, reshard;
     std::int64_t state_bytes;
   };
-  const Measured measured[] = {{2, false, true, 2650880}, {2, false, false, 2835712}, {2, true, true, 2400384},
-                               {2, true, false, 2492800}, {3, false, true, 2101324}, {3, false, false, 2286160},
-                               {3, true, true, 1850818},  {3, true, false, 1943236}};
+  const Measured measured[] = {{2, 0, false, true, 2743296}, {2, 0, true, true, 3086208},
+                               {2, 1, false, true, 3086208}, {2, 1, true, true, 3429120},
+                               {2, 2, false, true, 3086208}, {2, 2, true, true, 3429120},
+                               {2, 3, false, true, 2650880}, {2, 3, false, false, 2835712},
+                               {2, 3, true, true, 2400384},  {2, 3, true, false, 2492800},
+                               {3, 3, false, true, 2101324}, {3, 3, false, false, 2286160},
+                               {3, 3, true, true, 1850818},  {3, 3, true, false, 1943236}};
   config::Config c = config::load_config(LLMTRAIN_SOURCE_DIR "/configs/tiny-llama.json");
   c.model.n_layer = 3;
+  CHECK(train::parameter_count(c.model) == 171456);
+  CHECK(train::plan_memory(c, 2, 1, false, 1).state() == 16 * 171456 + 20 * 85728 - 8 * 171456);
   for (const auto& m : measured) {
-    CAPTURE(m.ranks, m.bf16, m.reshard);
+    CAPTURE(m.ranks, m.zero, m.bf16, m.reshard);
     c.dist.reshard_after_forward = m.reshard;
-    const auto p = train::plan_memory(c, m.ranks, 3, m.bf16, 1);
+    const auto p = train::plan_memory(c, m.ranks, m.zero, m.bf16, 1);
     CHECK(p.weights + p.gradients + p.optimizer + p.gathered == m.state_bytes);
   }
+}
+
+TEST_CASE("plan: a tensor-parallel rank's parameters and units, counted by hand", "[plan][tensor]") {
+  // GPT-2, vocab 11, context 8, d_model 4, 2 heads, ffn 16, 2 layers, over 2 tensor ranks. Each
+  // layer keeps whole ln_1 and ln_2 (8 each) and the two c_proj biases (4 each): 24; and halves
+  // c_attn (48 + 12), attn.c_proj's weight (16), c_fc (64 + 16) and mlp.c_proj's weight (64):
+  // 220 / 2 = 110; 134 in all. Root: ln_f 8 before the layers; after them wpe 8 x 4 = 32 and the
+  // wte rows [11 r / 2, 11 (r + 1) / 2): 5 rows on rank 0, 6 on rank 1.
+  const config::ModelConfig gpt2 = shape(config::Arch::gpt2, 11, 8, 2, 2, 2, 4, 16, true);
+  const std::vector<std::vector<std::int64_t>> gpt2_units = {{8, 134, 134, 32 + 20}, {8, 134, 134, 32 + 24}};
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    const auto share = train::rank_share(gpt2, 2, r);
+    CHECK(share.tensor_rank == r);
+    REQUIRE(share.units.size() == 4);
+    std::int64_t sum = 0;
+    for (std::size_t i = 0; i < 4; ++i) {
+      CHECK(share.units[i].params == gpt2_units[std::size_t(r)][i]);
+      CHECK(share.units[i].layer == (i == 1 || i == 2));
+      sum += share.units[i].params;
+    }
+    CHECK(share.params == sum);
+  }
+  // The rank plan prints holds most: rank 1 (6 vocabulary rows), 332 parameters. Both ranks
+  // together hold the model (572) and the replicated parameters once more (8 + 2 x 24 + 32).
+  CHECK(train::rank_share(gpt2, 2).tensor_rank == 1);
+  CHECK(train::rank_share(gpt2, 2).params == 332);
+  CHECK(train::rank_share(gpt2, 2, 0).params + 332 == train::parameter_count(gpt2) + 8 + 2 * 24 + 32);
+  CHECK(train::rank_share(gpt2, 1).params == train::parameter_count(gpt2));
+
+  // Llama, vocab 11, d_model 4, 2 heads of 2 and 2 key/value heads, SwiGLU 6, 3 layers, untied,
+  // over 2 ranks: each layer's norms whole (8), q, k, v and o (16 each) and gate, up and down (24
+  // each) halved: 8 + 32 + 36 = 76. lm_head and embed_tokens by vocabulary rows (5 or 6 x 4), the
+  // final norm (4) whole.
+  config::ModelConfig llama = tiny_llama().model;
+  llama.n_kv_head = 2;
+  const auto r0 = train::rank_share(llama, 2, 0), r1 = train::rank_share(llama, 2, 1);
+  const std::vector<std::int64_t> units0 = {20 + 4, 76, 76, 76, 20}, units1 = {24 + 4, 76, 76, 76, 24};
+  REQUIRE(r0.units.size() == 5);
+  REQUIRE(r1.units.size() == 5);
+  for (std::size_t i = 0; i < 5; ++i) {
+    CAPTURE(i);
+    CHECK(r0.units[i].params == units0[i]);
+    CHECK(r1.units[i].params == units1[i]);
+  }
+  CHECK(r0.params == 272);
+  CHECK(r1.params == 280);
+  CHECK(train::rank_share(llama, 2).tensor_rank == 1);
+  // What the models cannot split: 4 ranks over 2 heads (GPT-2); 4 ranks over 6 key/value heads
+  // (neither divides the other). 2 ranks over 1 key/value head replicate it: each holds its 2
+  // k and 2 v rows whole (8 + 8), so a layer has 8 + 8 + 16 + 8 + 36 = 76 parameters.
+  CHECK_THROWS_AS(train::rank_share(gpt2, 4), InputError);
+  CHECK_THROWS_AS(train::rank_share(shape(config::Arch::llama, 11, 8, 1, 12, 6, 24, 8, false), 4), InputError);
+  CHECK(train::rank_share(tiny_llama().model, 2, 0).units[1].params == 76);
+}
+
+namespace {
+
+// The GPT-2 and Llama of tests/tensor_parallel_test.sh: vocab 251 (uneven over 2 and 4 ranks),
+// context 32, 3 layers, 4 heads, d_model 32; GPT-2's ffn 128, Llama's 40 with `kv` key/value
+// heads, untied.
+config::Config tp_model(config::Arch arch, std::int64_t kv = 2) {
+  config::Config c;
+  c.model = arch == config::Arch::gpt2 ? shape(arch, 251, 32, 3, 4, 4, 32, 128, true)
+                                       : shape(arch, 251, 32, 3, 4, kv, 32, 40, false);
+  c.train.micro_batch_size = 2;
+  c.train.global_batch_size = 8;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("plan: tensor-parallel memory per rank, by hand and against the trainer's state_bytes", "[plan][tensor]") {
+  // By hand, GPT-2 at tensor rank 0 of 2: ln_f 64; each layer 4 x 32 (norms) + 2 x 32 (the
+  // c_proj biases) whole, (3 C C + 3 C + C C + 2 F C + F) / 2 = 6,256 split: 6,448; wpe 1,024
+  // and 125 of 251 wte rows (4,000). P = 64 + 3 x 6,448 + 5,024 = 24,432.
+  config::Config c = tp_model(config::Arch::gpt2);
+  const auto share = train::rank_share(c.model, 2, 0);
+  CHECK(share.params == 24432);
+  // ZeRO 0: 16 bytes a parameter.
+  CHECK(train::plan_memory(c, share, 1, 0, false, 2).state() == 16 * 24432);
+  // ZeRO 1 over 2 data ranks: S = 12,216; 8 P + 8 S + the padded buffer and shard 4 (2 S + S).
+  CHECK(train::plan_memory(c, share, 2, 1, false, 2).state() == 8 * 24432 + 8 * 12216 + 12 * 12216);
+  // ZeRO 3 over 2: shards 32 + 3 x 3,224 + 2,512 = 12,216 (16 bytes each); roots gathered 2 x (32
+  // + 2,512) = 5,088 in f32 with f32 gradients as long, 2 weight slots of 2 x 3,224, 2 gradient
+  // slots of 3 x 3,224, scratch of the largest shard 3,224.
+  const auto z3 = train::plan_memory(c, share, 2, 3, false, 2);
+  CHECK(z3.weights + z3.gradients + z3.optimizer == 16 * 12216);
+  CHECK(z3.gathered == 4 * (5088 + 2 * 2 * 3224) + 4 * (5088 + 2 * 3 * 3224 + 3224));
+  // Activations: the model's own measure at tensor size 2 (heads, MLP columns and vocabulary rows
+  // halved; the residual stream whole): less than one rank's, more than half of it.
+  const std::int64_t whole = train::activation_bytes(c.model, false, config::Recompute::none, 2);
+  CHECK(z3.activations == train::activation_bytes(c.model, false, config::Recompute::none, 2, 2));
+  CHECK(z3.activations < whole);
+  CHECK(2 * z3.activations > whole);
+
+  // state_bytes of rank 0 (tensor rank 0, data rank 0) in 2-step mpirun runs of these models
+  // (`llmtrain train --set dist.tensor_parallel=T --set dist.zero_stage=Z`, metrics.jsonl): the
+  // buffers the trainer allocates, counted by itself. Replicated key/value heads by hand: tensor
+  // rank 0 of 4 holds per layer the norms (64), 8 q rows, its key/value head's 8 k and 8 v rows,
+  // 8 o columns (256 each) and 10 gate, up and down rows or columns (320 each): 2,048; 62 of 251
+  // rows of lm_head and embed_tokens (1,984 each) and the final norm (32): 10,144 parameters.
+  struct Measured {
+    config::Arch arch;
+    std::int64_t kv;
+    int ranks, tensor, zero;
+    bool bf16, reshard;
+    config::Recompute recompute;
+    std::int64_t state_bytes;
+  };
+  const auto gpt2 = config::Arch::gpt2, llama = config::Arch::llama;
+  const auto none = config::Recompute::none, full = config::Recompute::full, mlp = config::Recompute::mlp;
+  const Measured measured[] = {
+      {gpt2, 4, 2, 2, 0, false, true, none, 390912},   {gpt2, 4, 4, 2, 1, false, true, none, 439776},
+      {gpt2, 4, 4, 2, 2, false, true, none, 439776},   {gpt2, 4, 4, 2, 3, false, true, none, 378016},
+      {gpt2, 4, 4, 4, 0, true, true, none, 234576},    {gpt2, 4, 4, 4, 3, true, true, full, 306624},
+      {gpt2, 4, 4, 2, 3, true, false, none, 354944},   {gpt2, 4, 4, 2, 1, false, true, mlp, 439776},
+      {llama, 2, 2, 2, 0, false, true, none, 297472},  {llama, 2, 4, 2, 1, true, true, none, 371840},
+      {llama, 2, 4, 2, 3, false, true, full, 291456},  {llama, 2, 4, 2, 3, true, true, none, 261312},
+      {llama, 4, 4, 4, 3, false, true, none, 251648},  {llama, 4, 4, 4, 0, true, true, full, 182592},
+      // Key/value heads replicated (2 over 4 ranks), and runs with sequence parallelism (which
+      // changes no parameter buffer).
+      {llama, 2, 4, 4, 0, false, true, none, 162304},  {llama, 2, 4, 4, 0, true, true, mlp, 182592},
+      {llama, 2, 4, 4, 3, true, true, full, 235456},   {llama, 2, 4, 2, 1, false, true, mlp, 334656},
+      {gpt2, 4, 4, 2, 3, true, true, mlp, 342048},     {gpt2, 4, 2, 2, 0, false, true, none, 390912},
+  };
+  for (const auto& m : measured) {
+    CAPTURE(config::to_string(m.arch), m.ranks, m.tensor, m.zero, m.bf16, m.reshard);
+    config::Config run = tp_model(m.arch, m.kv);
+    run.dist.reshard_after_forward = m.reshard;
+    run.train.recompute = m.recompute;
+    const auto p = train::plan_memory(run, train::rank_share(run.model, m.tensor, 0), m.ranks / m.tensor, m.zero,
+                                      m.bf16, 2);
+    CHECK(p.state() == m.state_bytes);
+  }
+  CHECK(train::rank_share(tp_model(llama).model, 4, 0).params == 10144);
+}
+
+TEST_CASE("plan: the tensor group's all-reduces per update, against Megatron's count", "[plan][tensor]") {
+  // GPT-2 of tp_model over 2 tensor ranks, 4 micro-steps of N = 2 x 32 = 64 tokens, C = 32, 3
+  // layers: per micro-step 1 + 4 x 3 + 1 all-reduces of N C f32 values and the cross-entropy's
+  // maxima (N) and sums (2 N): 14 x 2,048 + 192 = 28,864 values, 115,456 bytes, all sent at 2
+  // ranks (2 (t-1)/t = 1); 4 of them and the norm's 8 bytes: 461,832 bytes in 65 all-reduces,
+  // as tests/tensor_parallel_test.sh measures (metrics.jsonl's tensor_collectives).
+  config::Config c = tp_model(config::Arch::gpt2);
+  auto t = train::tensor_traffic(c, 2, false, 4);
+  CHECK(t.all_reduces == 4 * 16 + 1);
+  CHECK(t.reduce_scatters + t.all_gathers == 0);
+  CHECK(t.bytes == 461832.0);
+  // Measured on 4 ranks: tensor 2 x data 2 (2 micro-steps) and tensor 4 (4 micro-steps, 1.5 x
+  // the bytes), and the same for Llama (the count does not depend on the architecture).
+  CHECK(train::tensor_traffic(c, 2, false, 2).bytes == 230920.0);
+  CHECK(train::tensor_traffic(c, 4, false, 4).bytes == 692748.0);
+  CHECK(train::tensor_traffic(tp_model(config::Arch::llama), 2, false, 2).bytes == 230920.0);
+  // recompute "mlp" runs no collective again; "full" runs each layer's forward again in
+  // backward: 2 more per layer. Tensor 4, 4 micro-steps: (1 + 6 x 3 + 1) x 2,048 + 192 values,
+  // 1.5 x 4 bytes each, 4 times, and the norm's 12 bytes: 987,660 in 4 x 22 + 1 = 89 (measured).
+  c.train.recompute = config::Recompute::mlp;
+  CHECK(train::tensor_traffic(c, 2, false, 2).bytes == 230920.0);
+  c.train.recompute = config::Recompute::full;
+  t = train::tensor_traffic(c, 4, false, 4);
+  CHECK(t.all_reduces == 89);
+  CHECK(t.bytes == 987660.0);
+  CHECK(train::tensor_traffic(c, 1, false, 4).bytes == 0.0);
+  CHECK(train::tensor_traffic(c, 1, false, 4).all_reduces == 0);
+  // The activations are summed in f32 under bf16 too: the same bytes.
+  CHECK(train::tensor_traffic(c, 4, true, 4).bytes == 987660.0);
+  // The data group of tensor 2 x data 2 (ZeRO 1, GPT-2, rank 0's 24,432 parameters): a
+  // reduce-scatter and an all-gather of 2 x 12,216 f32 each, half sent: 48,864 bytes each.
+  c = tp_model(config::Arch::gpt2);
+  CHECK(train::update_traffic(c, train::rank_share(c.model, 2, 0), 2, 1, false, 2).bytes == 2 * 48864.0);
+  // ZeRO 3 over the data group of tensor 2 x data 2, 2 micro-steps, as measured (metrics.jsonl's
+  // collectives without the loss's all-reduce): GPT-2 fp32 all-gathers 164,928 and
+  // reduce-scatters 97,728 bytes; Llama bf16 50,272 and 74,368.
+  auto z3 = train::update_traffic(c, train::rank_share(c.model, 2, 0), 2, 3, false, 2);
+  CHECK(z3.all_gathers == 14);
+  CHECK(z3.reduce_scatters == 10);
+  CHECK(z3.bytes == 164928.0 + 97728.0);
+  const config::Config l = tp_model(config::Arch::llama);
+  z3 = train::update_traffic(l, train::rank_share(l.model, 2, 0), 2, 3, true, 2);
+  CHECK(z3.bytes == 50272.0 + 74368.0);
+}
+
+TEST_CASE("plan: the tensor group's collectives with sequence parallelism and replicated key/value heads", "[plan][tensor]") {
+  // GPT-2 of tp_model over 2 tensor ranks with sequence parallelism, 4 micro-steps of N = 64
+  // tokens, C = 32, L = 3. Per micro-step: 6 L + 2 = 20 all-gathers and 4 L + 2 = 14
+  // reduce-scatters of N C values (half of each sent at 2 ranks: 4,096 bytes in f32), and 2 + 2 L
+  // + 1 = 9 all-reduces: the cross-entropy's 3 N values and 7 norms' weight and bias gradients (2
+  // C each), 4 x (192 + 448) bytes. With the norm's 8 bytes, as measured (metrics.jsonl):
+  // all-gathers 80 calls 327,680 bytes, reduce-scatters 56 and 229,376, all-reduces 37 and 10,248.
+  config::Config c = tp_model(config::Arch::gpt2);
+  c.dist.sequence_parallel = true;
+  auto t = train::tensor_traffic(c, 2, false, 4);
+  CHECK(t.all_gathers == 80);
+  CHECK(t.reduce_scatters == 56);
+  CHECK(t.all_reduces == 37);
+  CHECK(t.bytes == 327680.0 + 229376.0 + 10248.0);
+  // bf16, recompute full, 4 ranks: 2 more all-gathers and reduce-scatters per layer (26 and 20
+  // per micro-step); the all-gathers move bf16 (3/4 of 2,048 x 2 bytes each), the rest f32.
+  // Measured: 104 all-gathers of 319,488 bytes, 80 reduce-scatters of 491,520, 37 all-reduces of
+  // 15,372.
+  c.train.recompute = config::Recompute::full;
+  t = train::tensor_traffic(c, 4, true, 4);
+  CHECK(t.all_gathers == 104);
+  CHECK(t.reduce_scatters == 80);
+  CHECK(t.bytes == 319488.0 + 491520.0 + 15372.0);
+  // recompute mlp gathers the MLP's input once more per layer: 23 all-gathers per micro-step;
+  // measured at tensor 2 x data 2 (2 micro-steps), bf16: 46 of 94,208 bytes.
+  c.train.recompute = config::Recompute::mlp;
+  t = train::tensor_traffic(c, 2, true, 2);
+  CHECK(t.all_gathers == 46);
+  CHECK(t.bytes == 94208.0 + 114688.0 + 5128.0);
+
+  // Llama (2 key/value heads) over 4 ranks: each head replicated on 2, and per layer one more
+  // all-reduce of all the k and v gradients (2 heads x 2 x 8 x 32 f32). Without sequence
+  // parallelism, 4 micro-steps: (16 + 3) x 4 + 1 = 77 all-reduces, 1.5 x 4 bytes x ((14 x 2,048 +
+  // 192) + 3 x 1,024) per micro-step and the norm's 12: 766,476 bytes, as measured.
+  config::Config l = tp_model(config::Arch::llama);
+  t = train::tensor_traffic(l, 4, false, 4);
+  CHECK(t.all_reduces == 77);
+  CHECK(t.bytes == 766476.0);
+  CHECK(train::tensor_traffic(l, 4, true, 4).bytes == 766476.0);
+  // With sequence parallelism: 9 + 3 all-reduces per micro-step (a Llama norm has no bias: C
+  // each), 1.5 x 4 x (192 + 7 x 32 + 3 x 1,024) bytes; measured 49 all-reduces of 83,724 bytes,
+  // 80 all-gathers of 491,520 and 56 reduce-scatters of 344,064.
+  l.dist.sequence_parallel = true;
+  t = train::tensor_traffic(l, 4, false, 4);
+  CHECK(t.all_reduces == 49);
+  CHECK(t.all_gathers == 80);
+  CHECK(t.reduce_scatters == 56);
+  CHECK(t.bytes == 83724.0 + 491520.0 + 344064.0);
+  // Tensor 2 x data 2 (heads split, no extra all-reduce), recompute mlp, fp32: measured 46
+  // all-gathers of 188,416 bytes, 28 reduce-scatters of 114,688, 19 all-reduces of 3,336.
+  l.train.recompute = config::Recompute::mlp;
+  CHECK(train::tensor_traffic(l, 2, false, 2).bytes == 188416.0 + 114688.0 + 3336.0);
+}
+
+TEST_CASE("plan: the largest micro-batch that fits", "[plan]") {
+  config::Config c = tp_model(config::Arch::llama);
+  for (const int tensor : {1, 2}) {
+    CAPTURE(tensor);
+    const std::int64_t state = 1000, memory = 5000000;
+    const std::int64_t B = train::max_micro_batch(c, false, tensor, state, memory);
+    REQUIRE(B > 1);
+    CHECK(state + train::activation_bytes(c.model, false, config::Recompute::none, B, tensor) <= memory);
+    CHECK(state + train::activation_bytes(c.model, false, config::Recompute::none, B + 1, tensor) > memory);
+  }
+  CHECK(train::max_micro_batch(c, false, 1, 1000, 1000) == 0);
 }
 
 TEST_CASE("plan: bytes each rank sends per update, against the ring formulas", "[plan]") {
@@ -188,19 +459,22 @@ TEST_CASE("plan: bytes each rank sends per update, against the ring formulas", "
   CHECK(train::update_traffic(c, 1, 0, true, 2).bytes == 0.0);
 }
 
-TEST_CASE("plan: the meshes --suggest weighs and their estimates", "[plan]") {
+TEST_CASE("plan: the meshes --suggest weighs, exact without a pipeline, estimated with one", "[plan]") {
   config::Config c = tiny_llama();
   c.model.n_kv_head = 2;  // so that 2 tensor-parallel ranks divide the heads; layers of 144, P = 524
   c.train.global_batch_size = 8;
   int skipped = -1;
   auto options = train::mesh_options(c, 4, &skipped);
   CHECK(skipped == 0);
-  // t x d x p: 1x4x1, 1x2x2, 2x2x1, 2x1x2 (p = 4 > 3 layers and t = 4 > 2 heads left out); at
-  // d = 1 only ZeRO 0 and 3.
-  CHECK(options.size() == 4 + 4 + 4 + 2);
-  const auto find = [&](int t, int d, int p, int zero) {
+  // t x d x p: 1x4x1, 1x2x2, 2x2x1, 2x1x2 (p = 4 > 3 layers and t = 4 > 2 heads left out), the
+  // last two with and without sequence parallelism; at d = 1 only ZeRO 0 and 3.
+  CHECK(options.size() == 4 + 4 + 2 * 4 + 2 * 2);
+  const auto find = [&](int t, int d, int p, int zero, bool sp = false) {
     for (const auto& o : options) {
-      if (o.mesh.tensor == t && o.mesh.data == d && o.mesh.pipeline == p && o.zero_stage == zero) return o;
+      if (o.mesh.tensor == t && o.mesh.data == d && o.mesh.pipeline == p && o.zero_stage == zero &&
+          o.sequence_parallel == sp) {
+        return o;
+      }
     }
     FAIL("no option " << t << " x " << d << " x " << p << " ZeRO " << zero);
     return train::MeshOption{};
@@ -211,23 +485,55 @@ TEST_CASE("plan: the meshes --suggest weighs and their estimates", "[plan]") {
   CHECK(dp.micro_steps == 1);
   CHECK(dp.memory == train::plan_memory(c, 4, 1, false, 2).total());
   CHECK(dp.sent == 2.0 * 3 * 131 * 4);  // reduce-scatter and all-gather of 4 x 131 x 4 bytes
-  // 2 x 2 x 1, ZeRO 1, fp32, 2 micro-steps: memory (4 x 524 + 4 x 524 + 8 x 262) / 2 + activations
-  // / 2; sent: the data group's 2 x 262 x 4 / 2 = 1048, plus 4 all-reduces (2 x 1/2 of B T C 4 =
-  // 2 x 8 x 4 x 4 = 256 bytes) per layer (3) per micro-step (2): 6144.
-  const std::int64_t acts = 2 * train::activation_bytes_per_sequence(c.model, false);
+  CHECK(dp.tensor_sent == 0.0);
+  // 2 x 2 x 1, ZeRO 1, fp32, 2 micro-steps: exact, for tensor rank 1 (6 of the 11 vocabulary
+  // rows: 280 parameters, S = 140): 4 x 280 + 4 x 280 + 8 x 140 + 4 x (2 x 140 + 140), and the
+  // activations at tensor size 2. Sent: the data group's reduce-scatter and all-gather, 140 x 4
+  // bytes each; the tensor group's per micro-step (1 + 4 x 3 + 1) x 64 + 3 x 16 = 944 f32 values
+  // (N = 2 x 8 tokens, d_model 4), twice, and the norm's 8 bytes: 2 x 3,776 + 8 = 7,560.
+  const std::int64_t acts2 = train::activation_bytes(c.model, false, config::Recompute::none, 2, 2);
   const auto tp = find(2, 2, 1, 1);
-  CHECK(tp.estimate);
+  CHECK(!tp.estimate);
   CHECK(tp.micro_steps == 2);
-  CHECK(tp.memory == 6288 / 2 + acts / 2);
-  CHECK(tp.sent == 1048.0 + 6144.0);
-  // 1 x 2 x 2, ZeRO 0: a stage of ceil(3 / 2) = 2 layers keeps min(2, 2) micro-batches: acts x 2/3 x 2;
-  // sent: the all-reduce 2 x 1/2 x 4 x 524 / 2 = 1048 plus activations out, once per micro-step: 2 x 256.
+  CHECK(tp.memory == 4 * 280 + 4 * 280 + 8 * 140 + 4 * 420 + acts2);
+  CHECK(tp.tensor_sent == 7560.0);
+  CHECK(tp.sent == 2 * 560.0 + 7560.0);
+  // 1 x 2 x 2, ZeRO 0: an estimate. A stage of ceil(3 / 2) = 2 layers keeps min(2, 2)
+  // micro-batches: acts x 2/3 x 2; sent: the all-reduce 2 x 1/2 x 4 x 524 / 2 = 1048 plus
+  // activations out, B T C 4 = 256 bytes once per micro-step: 2 x 256.
+  const std::int64_t acts = train::activation_bytes(c.model, false, config::Recompute::none, 2);
   const auto pp = find(1, 2, 2, 0);
+  CHECK(pp.estimate);
   CHECK(pp.memory == (4 + 4 + 8) * 524 / 2 + std::int64_t(double(acts) * 2.0 / 3.0 * 2.0));
   CHECK(pp.sent == Approx(1048.0 + 512.0));
+  // 2 x 1 x 2, ZeRO 0, 4 micro-steps: the tensor group's all-reduces for a stage of 2 layers (and
+  // the embedding's and head's), without the norm's: 4 x ((1 + 8 + 1) x 64 + 48) x 4 bytes.
+  const auto tpp = find(2, 1, 2, 0);
+  CHECK(tpp.estimate);
+  CHECK(tpp.tensor_sent == 4.0 * (10 * 64 + 48) * 4);
+  CHECK(tpp.memory == 16 * 280 / 2 + std::int64_t(double(acts2) * 2.0 / 3.0 * 2.0));
+  // Sequence parallelism on 2 x 2 x 1: the activations at 1/2 of the tokens for the residual
+  // stream, the same state; the tensor group's traffic as tensor_traffic says.
+  const auto sp = find(2, 2, 1, 1, true);
+  CHECK(!sp.estimate);
+  CHECK(sp.memory == tp.memory - acts2 + train::activation_bytes(c.model, false, config::Recompute::none, 2, 2, true));
+  CHECK(sp.memory < tp.memory);
+  config::Config with_sp = c;
+  with_sp.dist.sequence_parallel = true;
+  CHECK(sp.tensor_sent == train::tensor_traffic(with_sp, 2, false, 2).bytes);
+  CHECK(sp.sent == 2 * 560.0 + sp.tensor_sent);
   // A global batch of 12 is no multiple of 2 x 4: the 1 x 4 x 1 mesh is left out.
   c.train.global_batch_size = 12;
   options = train::mesh_options(c, 4, &skipped);
   CHECK(skipped == 1);
-  CHECK(options.size() == 4 + 4 + 2);
+  CHECK(options.size() == 4 + 2 * 4 + 2 * 2);
+  // One key/value head: tensor parallel 2 replicates it, so 2 x 2 x 1 stays an option.
+  c.train.global_batch_size = 8;
+  c.model.n_kv_head = 1;
+  bool replicated = false;
+  for (const auto& o : train::mesh_options(c, 4)) replicated = replicated || (o.mesh.tensor == 2 && o.mesh.data == 2);
+  CHECK(replicated);
+  // Tensor parallelism that does not divide the MLP columns is no option either.
+  c.model.ffn_hidden = 5;
+  for (const auto& o : train::mesh_options(c, 4)) CHECK(o.mesh.tensor == 1);
 }

@@ -55,10 +55,10 @@ std::string model_line(const config::ModelConfig& m) {
   return line;
 }
 
-// "2 x 4 x 8 *": tensor x data x pipeline, starred when estimated.
+// "2 x 4 x 8 sp *": tensor x data x pipeline, sp with sequence parallelism, starred when estimated.
 std::string mesh_label(const train::MeshOption& o) {
   return std::to_string(o.mesh.tensor) + " x " + std::to_string(o.mesh.data) + " x " + std::to_string(o.mesh.pipeline) +
-         (o.estimate ? " *" : "");
+         (o.sequence_parallel ? " sp" : "") + (o.estimate ? " *" : "");
 }
 
 // plan --suggest: the meshes of `gpus` ranks and ZeRO stages that fit `memory` bytes per device.
@@ -97,14 +97,15 @@ int suggest(const config::Config& c, const std::string& config_path, int gpus, c
     }
     return 0;
   }
-  // On one mesh, a stage that needs more memory than another and sends no less (ZeRO 0 and 1
-  // next to 2: the same bytes, to the padding) is no choice.
+  // On one mesh, a stage that needs more memory than another and sends no less is no choice (ZeRO
+  // 0 next to 1; ZeRO 2, which holds and sends what ZeRO 1 does, next to 1).
   std::vector<train::MeshOption> shown;
   for (const auto& o : fitting) {
     bool dominated = false;
     for (const auto& q : fitting) {
       dominated = dominated || (q.mesh.tensor == o.mesh.tensor && q.mesh.pipeline == o.mesh.pipeline &&
-                                q.memory < o.memory && q.sent <= o.sent * 1.001);
+                                q.memory <= o.memory && q.sent <= o.sent * 1.001 &&
+                                (q.memory < o.memory || q.zero_stage < o.zero_stage));
     }
     if (!dominated) shown.push_back(o);
   }
@@ -113,36 +114,40 @@ int suggest(const config::Config& c, const std::string& config_path, int gpus, c
   });
   constexpr std::size_t rows_at_most = 15;
   const auto print_row = [](const train::MeshOption& o) {
-    std::printf("%-16s %4d %11lld %13s %13s\n", mesh_label(o).c_str(), o.zero_stage,
+    std::printf("%-16s %4d %11lld %13s %13s %13s\n", mesh_label(o).c_str(), o.zero_stage,
                 static_cast<long long>(o.micro_steps), format_bytes(double(o.memory)).c_str(),
-                format_bytes(o.sent).c_str());
+                format_bytes(o.sent).c_str(), o.mesh.tensor > 1 ? format_bytes(o.tensor_sent).c_str() : "-");
   };
-  std::printf("%-16s %4s %11s %13s %13s\n", "mesh t x d x p", "ZeRO", "micro-steps", "memory/rank", "sent/update");
-  bool data_parallel_shown = false;
+  std::printf("%-16s %4s %11s %13s %13s %13s\n", "mesh t x d x p", "ZeRO", "micro-steps", "memory/rank", "sent/update",
+              "of it tensor");
+  bool trainable_shown = false;
   for (std::size_t i = 0; i < shown.size() && i < rows_at_most; ++i) {
     print_row(shown[i]);
-    data_parallel_shown = data_parallel_shown || !shown[i].estimate;
+    trainable_shown = trainable_shown || !shown[i].estimate;
   }
   std::printf("fit: %zu of %zu (mesh, ZeRO stage) choices; %zu shown, least traffic first (per mesh, stages that need "
               "more memory and send no less left out)\n",
               fitting.size(), options.size(), std::min(shown.size(), rows_at_most));
-  if (!data_parallel_shown) {
-    // What train runs today: the best fitting choice without tensor and pipeline splits.
+  if (!trainable_shown) {
+    // What train runs today: the best fitting choice without a pipeline.
     const auto best = std::find_if(shown.begin(), shown.end(), [](const train::MeshOption& o) { return !o.estimate; });
     if (best != shown.end()) {
-      std::printf("data-parallel only (what train runs today):\n");
+      std::printf("without pipeline (what train runs today):\n");
       print_row(*best);
     } else {
-      std::printf("data-parallel only (what train runs today): none fits\n");
+      std::printf("without pipeline (what train runs today): none fits\n");
     }
   }
-  std::printf("memory/rank: weights, gradients, optimizer state, ZeRO 3's gathered buffers and one micro-batch's "
-              "activations; sent/update: bytes each rank sends per optimizer update (ring collectives)\n");
-  std::printf("*: estimate (train refuses tensor and pipeline > 1 until those splits land): parameter memory / (t p), "
-              "activations / t with a stage holding its layers' activations for min(p, micro-steps) micro-batches; "
-              "sent: the data group's share / (t p) + 4 all-reduces of B x T x d_model per layer per micro-step "
-              "(tensor) + activations forward and their gradients back per micro-step (pipeline); bytes inside a node "
-              "and across the network count alike\n");
+  std::printf("memory/rank: weights, gradients, optimizer state, ZeRO's buffers and one micro-batch's activations, "
+              "of the tensor rank that holds most; sent/update: bytes each rank sends per optimizer update (ring "
+              "collectives) over its data group (loss and norm all-reduce not counted) and its tensor group (every "
+              "collective; 'of it tensor'); sp: sequence parallelism\n");
+  std::printf("rows without *: exact, the buffers train allocates and the collectives it makes (tensor parallel t "
+              "divides n_head and ffn_hidden, and divides n_kv_head or is a multiple of it)\n");
+  std::printf("*: estimate (train refuses pipeline > 1 until that split lands): parameter memory / p, a stage "
+              "holding its layers' activations for min(p, micro-steps) micro-batches; sent: the data group's share / "
+              "p + the tensor group's collectives for the stage's layers + activations forward and their gradients "
+              "back per micro-step; bytes inside a node and across the network count alike\n");
   return 0;
 }
 
@@ -178,39 +183,69 @@ Command add_plan_command(CLI::App& parent) {
                 dist::Mesh::of(o->world_size, int(c.dist.tensor_parallel), int(c.dist.pipeline_parallel));
             const std::int64_t accum = config::grad_accum_steps(c, mesh.data);
             const auto& m = c.model;
+            train::RankShare share;
+            try {
+              share = train::rank_share(m, mesh.tensor);
+            } catch (const InputError& e) {
+              throw InputError(o->config_path + ": " + e.what());
+            }
+            const bool sequence_parallel = c.dist.sequence_parallel && mesh.tensor > 1;
+            if (sequence_parallel && (c.train.micro_batch_size * m.context_length) % mesh.tensor != 0) {
+              throw InputError(o->config_path + ": dist.sequence_parallel: train.micro_batch_size x model.context_length (" +
+                               std::to_string(c.train.micro_batch_size) + " x " + std::to_string(m.context_length) +
+                               ") must be a multiple of dist.tensor_parallel (" + std::to_string(mesh.tensor) + ")");
+            }
             std::printf("plan: %s at world size %d\n", o->config_path.c_str(), o->world_size);
             std::printf("mesh: %s\n", mesh.describe().c_str());
-            if (mesh.tensor * mesh.pipeline > 1) {
-              std::printf("mesh: the figures below keep the whole model on every rank (tensor and pipeline splits "
-                          "are not counted yet, and train refuses them)\n");
+            if (mesh.pipeline > 1) {
+              std::printf("mesh: the figures below keep every layer on every pipeline stage (the pipeline split is "
+                          "not counted yet, and train refuses it)\n");
             }
             std::printf("%s\n", model_line(m).c_str());
+            if (mesh.tensor > 1) {
+              const std::int64_t V = m.vocab_size, r = share.tensor_rank, t = mesh.tensor;
+              std::string kv;
+              if (m.arch == config::Arch::llama) {
+                kv = m.n_kv_head % t == 0 ? std::to_string(m.n_kv_head / t) + " of " + std::to_string(m.n_kv_head) +
+                                                " kv heads, "
+                                          : "1 of " + std::to_string(m.n_kv_head) + " kv heads (each on " +
+                                                std::to_string(t / m.n_kv_head) + " ranks), ";
+              }
+              std::printf("tensor parallel %d%s: the figures below are tensor rank %d's, which holds most: %s "
+                          "parameters (%lld of %lld heads, %s%lld of %lld ffn columns, vocabulary rows %lld-%lld of "
+                          "%lld; norms%s whole)\n",
+                          mesh.tensor, sequence_parallel ? " with sequence parallelism" : "", share.tensor_rank,
+                          with_commas(share.params).c_str(), static_cast<long long>(m.n_head / t),
+                          static_cast<long long>(m.n_head), kv.c_str(), static_cast<long long>(m.ffn_hidden / t),
+                          static_cast<long long>(m.ffn_hidden), static_cast<long long>(V * r / t),
+                          static_cast<long long>(V * (r + 1) / t - 1), static_cast<long long>(V),
+                          m.arch == config::Arch::gpt2 ? ", position embedding and the projections' biases" : "");
+            }
             std::printf("batch: micro-batch %lld x %lld tokens, %lld micro-step(s) per update of %lld sequences\n",
                         static_cast<long long>(c.train.micro_batch_size), static_cast<long long>(m.context_length),
                         static_cast<long long>(accum), static_cast<long long>(c.train.global_batch_size));
-            std::printf("activations: recompute %s; training FLOPs per token %.4g (6 N + 12 L H Q T)\n",
+            std::printf("activations: recompute %s; training FLOPs per token %.4g (6 N + 12 L H Q T, the whole "
+                        "model)\n",
                         config::to_string(c.train.recompute).c_str(), train::flops_per_token(m));
             std::int64_t root = 0, layer = 0;
-            for (const auto& u : train::shard_units(m)) {
+            for (const auto& u : share.units) {
               if (u.layer) {
                 layer = u.params;
               } else {
                 root += u.params;
               }
             }
-            std::printf("ZeRO 3 units: %lld layers of %s parameters, root (embeddings, head, final norm) %s; "
+            std::printf("ZeRO 3 units: %lld layers of %s parameters, root (embeddings, head, final norm) %s%s; "
                         "dist.reshard_after_forward %s\n",
                         static_cast<long long>(m.n_layer), with_commas(layer).c_str(), with_commas(root).c_str(),
-                        c.dist.reshard_after_forward ? "true" : "false");
+                        mesh.tensor > 1 ? " (this rank's parts)" : "", c.dist.reshard_after_forward ? "true" : "false");
             std::printf("%-13s %12s %12s %12s %12s %12s %12s %12s %16s\n", "per rank", "weights", "gradients", "optimizer",
                         "gathered", "activations", "total", "sent/update", "max micro-batch");
             for (const bool bf16 : {false, true}) {
               for (const int zero : {0, 1, 2, 3}) {
-                const auto p = train::plan_memory(c, mesh.data, zero, bf16, c.train.micro_batch_size);
-                const auto sent = train::update_traffic(c, mesh.data, zero, bf16, accum);
-                const std::int64_t fixed = p.weights + p.gradients + p.optimizer + p.gathered;
-                const std::int64_t per_sequence = train::activation_bytes_per_sequence(m, bf16, c.train.recompute);
-                const std::int64_t largest = fixed < memory ? (memory - fixed) / per_sequence : 0;
+                const auto p = train::plan_memory(c, share, mesh.data, zero, bf16, c.train.micro_batch_size);
+                const auto sent = train::update_traffic(c, share, mesh.data, zero, bf16, accum);
+                const std::int64_t largest = train::max_micro_batch(c, bf16, mesh.tensor, p.state(), memory);
                 char label[32];
                 std::snprintf(label, sizeof label, "%s ZeRO %d", bf16 ? "bf16" : "fp32", zero);
                 std::printf("%-13s %12s %12s %12s %12s %12s %12s %12s %16lld\n", label,
@@ -221,12 +256,35 @@ Command add_plan_command(CLI::App& parent) {
               }
             }
             std::printf("weights: f32 master weights (ZeRO 3: this rank's shards; bf16 ZeRO 0-2: and a bf16 working copy); "
-                        "gathered: ZeRO 3's gathered weights (root units and 2 layers, or every layer without "
-                        "reshard_after_forward), f32 gradient buffers (root units and 2 layers) and scratch\n");
+                        "gathered: ZeRO 1-2's padded gradient buffer and summed shard (ZeRO 2 holds what ZeRO 1 does), "
+                        "ZeRO 3's gathered weights (root units and 2 layers, or every layer without "
+                        "reshard_after_forward), f32 gradient buffers (root units and 2 layers) and scratch; weights + "
+                        "gradients + optimizer + gathered is the trainer's state_bytes\n");
             std::printf("sent/update: bytes each rank sends per optimizer update over its data-parallel group (ring "
-                        "all-reduce, reduce-scatter and all-gather volumes; loss and norm all-reduces not counted)\n");
+                        "all-reduce, reduce-scatter and all-gather volumes; loss and norm all-reduce not counted)\n");
+            if (mesh.tensor > 1) {
+              // The same on every row of a precision (under sequence parallelism the all-gathers
+              // move the compute dtype).
+              const auto fp32 = train::tensor_traffic(c, mesh.tensor, false, accum);
+              const auto bf16 = train::tensor_traffic(c, mesh.tensor, true, accum);
+              std::printf("tensor group: %s sent per update on the fp32 rows, %s on the bf16 rows, in %lld "
+                          "all-reduces, %lld reduce-scatters and %lld all-gathers (ring volumes): %s\n",
+                          format_bytes(fp32.bytes).c_str(), format_bytes(bf16.bytes).c_str(),
+                          static_cast<long long>(fp32.all_reduces), static_cast<long long>(fp32.reduce_scatters),
+                          static_cast<long long>(fp32.all_gathers),
+                          sequence_parallel
+                              ? "per micro-step the embedding's output and the head's input gradient reduce-scattered, "
+                                "per layer 2 outputs reduce-scattered and 2 norm outputs all-gathered in forward, 2 "
+                                "input gradients reduce-scattered and 4 all-gathers in backward (more with recompute), "
+                                "of micro-batch x context x d_model values (all-gathers in the compute dtype, the rest "
+                                "f32); the norms' weight gradients and the cross-entropy's maxima and sums all-reduced; "
+                                "once the gradient norm's"
+                              : "per micro-step the embedding's, 2 per layer in forward and 2 in backward (2 more "
+                                "with recompute full), and the head's input gradient, of micro-batch x context x "
+                                "d_model f32 values; the cross-entropy's maxima and sums; once the gradient norm's");
+            }
             std::printf("max micro-batch: sequences that fit in %s (%s) next to the weights, gradients, optimizer state "
-                        "and gathered buffers\n",
+                        "and ZeRO's buffers\n",
                         o->device_memory.c_str(), format_bytes(double(memory)).c_str());
             return 0;
           }};

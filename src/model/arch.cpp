@@ -77,8 +77,8 @@ const ArchSpec gpt2_spec{
     config::Arch::gpt2,
     make<Gpt2>,
     Gpt2::parameter_count,
-    [](const config::ModelConfig& c, Recompute r, DType d, int B, int T) {
-      return Gpt2::measure_activations(c, r, d, B, T);
+    [](const config::ModelConfig& c, Recompute r, DType d, int B, int T, int tensor_size, bool sequence_parallel) {
+      return Gpt2::measure_activations(c, r, d, B, T, tensor_size, sequence_parallel);
     },
     "GPT2LMHeadModel",
     gpt2_hf_config,
@@ -91,8 +91,8 @@ const ArchSpec llama_spec{
     config::Arch::llama,
     make<Llama>,
     Llama::parameter_count,
-    [](const config::ModelConfig& c, Recompute r, DType d, int B, int T) {
-      return Llama::measure_activations(c, r, d, B, T);
+    [](const config::ModelConfig& c, Recompute r, DType d, int B, int T, int tensor_size, bool sequence_parallel) {
+      return Llama::measure_activations(c, r, d, B, T, tensor_size, sequence_parallel);
     },
     "LlamaForCausalLM",
     llama_hf_config,

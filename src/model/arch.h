@@ -25,9 +25,10 @@ struct ArchSpec {
                                  DType compute, ops::AttentionKernels attention, Layout layout);
   /// Exact parameter count, from the model's parameter list.
   std::int64_t (*parameter_count)(const config::ModelConfig& config);
-  /// Bytes of the activation buffer at (B,T), measured by the model's layout code.
+  /// Bytes of the activation buffer at (B,T), measured by the model's layout code, on a rank of a
+  /// tensor-parallel group of `tensor_size`, with or without sequence parallelism.
   std::size_t (*activation_bytes)(const config::ModelConfig& config, Recompute recompute, DType compute, int B,
-                                  int T);
+                                  int T, int tensor_size, bool sequence_parallel);
 
   // Hugging Face (export --format hf, model.init_from).
   const char* hf_architecture;  // the transformers class that loads the export

@@ -1,39 +1,81 @@
 #include "train/plan.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "model/arch.h"
+#include "model/model.h"
 
 namespace llmtrain::train {
 namespace {
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
+// The share of one tensor rank: the model's own parameter list, built sharded (no buffers).
+RankShare share_of(const config::ModelConfig& m, int tensor_size, int tensor_rank) {
+  const auto model = model::make_model(m, Device::cpu, config::Recompute::none, DType::f32,
+                                       ops::AttentionKernels::flash, model::Layout{true, tensor_rank, tensor_size});
+  RankShare share;
+  share.tensor_size = tensor_size;
+  share.tensor_rank = tensor_rank;
+  share.params = model->num_params();
+  for (const model::Unit& u : model->units()) share.units.push_back({u.numel(), u.layer >= 0});
+  return share;
+}
+
+// The tensor group's collectives per micro-step for a stage of `layers` layers (all of them
+// without pipelines); see tensor_traffic.
+UpdateTraffic tensor_micro_step(const config::Config& c, int tensor_size, bool bf16, std::int64_t layers) {
+  UpdateTraffic t;
+  if (tensor_size <= 1) return t;
+  const auto& m = c.model;
+  const double N = double(c.train.micro_batch_size * m.context_length), C = double(m.d_model);
+  const bool full = c.train.recompute == config::Recompute::full, mlp = c.train.recompute == config::Recompute::mlp;
+  const double ring = 2.0 * double(tensor_size - 1) / double(tensor_size), share = double(tensor_size - 1) / tensor_size;
+  double all_reduced = 3 * N;  // f32 values: the cross-entropy's row maxima and sums
+  t.all_reduces = 2;
+  if (!c.dist.sequence_parallel) {
+    const std::int64_t sums = 2 + (full ? 6 : 4) * layers;  // the embedding, the layers, the head's input gradient
+    t.all_reduces += sums;
+    all_reduced += double(sums) * N * C;
+  } else {
+    t.all_gathers = (6 + (full ? 2 : mlp ? 1 : 0)) * layers + 2;
+    t.reduce_scatters = (4 + (full ? 2 : 0)) * layers + 2;
+    const std::int64_t norms = 2 * layers + 1;
+    t.all_reduces += norms;
+    all_reduced += double(norms) * (m.arch == config::Arch::gpt2 ? 2 * C : C);  // a norm's weight (and bias)
+    t.bytes += share * N * C * (double(t.all_gathers) * (bf16 ? 2.0 : 4.0) + double(t.reduce_scatters) * 4.0);
+  }
+  if (m.arch == config::Arch::llama && m.n_kv_head % tensor_size != 0) {
+    // Replicated key/value heads: each layer's k and v gradients, one slot per head.
+    t.all_reduces += layers;
+    all_reduced += double(layers) * double(m.n_kv_head) * 2.0 * double(m.d_model / m.n_head) * C;
+  }
+  t.bytes += ring * 4.0 * all_reduced;
+  return t;
+}
+
 }  // namespace
 
 std::int64_t parameter_count(const config::ModelConfig& m) { return model::arch_spec(m.arch).parameter_count(m); }
 
-std::vector<ShardUnit> shard_units(const config::ModelConfig& m) {
-  const std::int64_t C = m.d_model, F = m.ffn_hidden, V = m.vocab_size;
-  std::int64_t before = 0, layer = 0, after = 0;
-  if (m.arch == config::Arch::gpt2) {
-    before = 2 * C;  // ln_f weight and bias
-    // ln_1 and ln_2 (2 C each), c_attn (3C x C + 3C), attn.c_proj (C x C + C), c_fc (F x C + F),
-    // mlp.c_proj (C x F + C).
-    layer = 4 * C + (3 * C * C + 3 * C) + (C * C + C) + (F * C + F) + (C * F + C);
-    after = m.context_length * C + V * C;  // wpe, wte (also the head)
-  } else {
-    const std::int64_t HS = C / m.n_head;
-    before = (m.tie_embeddings ? 0 : V * C) + C;  // lm_head when untied, the final norm
-    // Two norms, q/k/v ((NH + 2 NKV) HS x C), o (C x NH HS), gate, up and down (F x C each).
-    layer = 2 * C + (m.n_head + 2 * m.n_kv_head) * HS * C + C * m.n_head * HS + 3 * F * C;
-    after = V * C;  // the token embedding
+RankShare rank_share(const config::ModelConfig& m, int tensor_size, int tensor_rank) {
+  if (tensor_rank >= 0) return share_of(m, tensor_size, tensor_rank);
+  // Only the vocabulary rows differ between ranks ([V r / t, V (r + 1) / t)): the rank with the
+  // most of them holds the most; the first of those.
+  int most = 0;
+  std::int64_t rows = -1;
+  for (int r = 0; r < tensor_size; ++r) {
+    const std::int64_t mine = m.vocab_size * (r + 1) / tensor_size - m.vocab_size * r / tensor_size;
+    if (mine > rows) {
+      rows = mine;
+      most = r;
+    }
   }
-  std::vector<ShardUnit> units{{before, false}};
-  for (std::int64_t l = 0; l < m.n_layer; ++l) units.push_back({layer, true});
-  units.push_back({after, false});
-  return units;
+  return share_of(m, tensor_size, most);
 }
+
+std::vector<ShardUnit> shard_units(const config::ModelConfig& m) { return rank_share(m, 1, 0).units; }
 
 double flops_per_token(const config::ModelConfig& m) {
   const double head_size = double(m.d_model) / double(m.n_head);
@@ -41,16 +83,25 @@ double flops_per_token(const config::ModelConfig& m) {
          12.0 * double(m.n_layer) * double(m.n_head) * head_size * double(m.context_length);
 }
 
-std::int64_t activation_bytes_per_sequence(const config::ModelConfig& m, bool bf16, config::Recompute recompute) {
+std::int64_t activation_bytes(const config::ModelConfig& m, bool bf16, config::Recompute recompute,
+                              std::int64_t micro_batch, int tensor_size, bool sequence_parallel) {
   const DType compute = bf16 ? DType::bf16 : DType::f32;
-  return std::int64_t(model::arch_spec(m.arch).activation_bytes(m, recompute, compute, 1, int(m.context_length)));
+  return std::int64_t(model::arch_spec(m.arch).activation_bytes(m, recompute, compute, int(micro_batch),
+                                                                int(m.context_length), tensor_size,
+                                                                sequence_parallel && tensor_size > 1));
 }
 
-MemoryPlan plan_memory(const config::Config& config, int data_parallel_size, int zero_stage, bool bf16,
-                       std::int64_t micro_batch) {
-  const std::int64_t P = parameter_count(config.model), D = data_parallel_size;
+std::int64_t activation_bytes_per_sequence(const config::ModelConfig& m, bool bf16, config::Recompute recompute,
+                                           int tensor_size) {
+  return activation_bytes(m, bf16, recompute, 1, tensor_size);
+}
+
+MemoryPlan plan_memory(const config::Config& config, const RankShare& share, int data_parallel_size, int zero_stage,
+                       bool bf16, std::int64_t micro_batch) {
+  const std::int64_t P = share.params, D = data_parallel_size;
   MemoryPlan plan;
-  plan.activations = micro_batch * activation_bytes_per_sequence(config.model, bf16, config.train.recompute);
+  plan.activations = activation_bytes(config.model, bf16, config.train.recompute, micro_batch, share.tensor_size,
+                                      config.dist.sequence_parallel);
   if (zero_stage == 3) {
     // The buffers train/zero3.cpp allocates: every unit sharded with padding (a rank's shards of
     // the master weights and gradients); the root units gathered (padded) for the whole step with
@@ -58,7 +109,7 @@ MemoryPlan plan_memory(const config::Config& config, int data_parallel_size, int
     // compute dtype; two gradient slots, each the padded layer in f32 plus its reduce-scattered
     // part; a scratch part of the largest unit.
     std::int64_t shards = 0, root = 0, layer_shard = 0, largest_shard = 0, layers = 0;
-    for (const auto& u : shard_units(config.model)) {
+    for (const auto& u : share.units) {
       const std::int64_t shard = ceil_div(u.params, D);
       shards += shard;
       largest_shard = std::max(largest_shard, shard);
@@ -76,24 +127,58 @@ MemoryPlan plan_memory(const config::Config& config, int data_parallel_size, int
     plan.gradients = 4 * shards;
     plan.optimizer = 8 * shards;
     plan.gathered = compute * (root + weight_slots * D * layer_shard) +
-                    4 * (root + gradient_slots * (D + 1) * layer_shard + largest_shard);
+                    4 * (root + gradient_slots * (D + 1) * layer_shard + std::max<std::int64_t>(largest_shard, 1));
     return plan;
   }
+  // The model's flat buffers: f32 master weights (and, in bf16, a 2-byte working copy) and f32
+  // gradients, whole. ZeRO 1 and 2 over more than one rank (train/grad_sync.cpp): AdamW's m and v
+  // of this rank's shard, a buffer of the padded gradients and the shard they sum into.
+  const bool sharded = zero_stage >= 1 && D > 1;
   const std::int64_t shard = ceil_div(P, D);
-  // Every rank keeps the f32 master weights (and, in bf16, a 2-byte working copy) and f32
-  // gradients; ZeRO 1 shards AdamW's m and v, ZeRO 2 the gradients too.
   plan.weights = (bf16 ? 4 + 2 : 4) * P;
-  plan.gradients = 4 * (zero_stage >= 2 ? shard : P);
-  plan.optimizer = 8 * (zero_stage >= 1 ? shard : P);
+  plan.gradients = 4 * P;
+  plan.optimizer = 8 * (sharded ? shard : P);
+  plan.gathered = sharded ? 4 * (D * shard + shard) : 0;
   return plan;
 }
 
-UpdateTraffic update_traffic(const config::Config& config, int data_parallel_size, int zero_stage, bool bf16,
-                             std::int64_t micro_steps) {
+MemoryPlan plan_memory(const config::Config& config, int data_parallel_size, int zero_stage, bool bf16,
+                       std::int64_t micro_batch) {
+  return plan_memory(config, rank_share(config.model), data_parallel_size, zero_stage, bf16, micro_batch);
+}
+
+std::int64_t max_micro_batch(const config::Config& config, bool bf16, int tensor_size, std::int64_t state,
+                             std::int64_t memory) {
+  const bool sequence_parallel = config.dist.sequence_parallel && tensor_size > 1;
+  const auto fits = [&](std::int64_t B) {
+    return state + activation_bytes(config.model, bf16, config.train.recompute, B, tensor_size, sequence_parallel) <=
+           memory;
+  };
+  // Sequence parallelism: B context_length a multiple of the tensor size, B a multiple of `step`.
+  const std::int64_t step = sequence_parallel ? tensor_size / std::gcd(config.model.context_length,
+                                                                       std::int64_t(tensor_size))
+                                              : 1;
+  if (!fits(1)) return 0;
+  // Double until it does not fit, then halve the gap (the activations grow with B).
+  std::int64_t good = 1, bad = 2;
+  constexpr std::int64_t most = std::int64_t(1) << 30;
+  while (bad <= most && fits(bad)) {
+    good = bad;
+    bad *= 2;
+  }
+  while (bad <= most && bad - good > 1) {
+    const std::int64_t mid = good + (bad - good) / 2;
+    (fits(mid) ? good : bad) = mid;
+  }
+  return good / step * step;
+}
+
+UpdateTraffic update_traffic(const config::Config& config, const RankShare& share, int data_parallel_size,
+                             int zero_stage, bool bf16, std::int64_t micro_steps) {
   const std::int64_t D = data_parallel_size;
   UpdateTraffic t;
   if (D <= 1) return t;
-  const std::int64_t P = parameter_count(config.model);
+  const std::int64_t P = share.params;
   // A ring all-gather or reduce-scatter of a buffer padded to D ceil(n / D) elements of `bytes`
   // each sends (D - 1) / D of it: (D - 1) ceil(n / D) elements.
   const auto gather_or_scatter = [D](std::int64_t n, std::int64_t bytes) { return (D - 1) * ceil_div(n, D) * bytes; };
@@ -111,7 +196,7 @@ UpdateTraffic update_traffic(const config::Config& config, int data_parallel_siz
   const std::int64_t compute = bf16 ? 2 : 4;
   const std::int64_t gathers_per_layer = config.dist.reshard_after_forward ? 2 : 1;
   std::int64_t per_micro_step = 0, per_update = 0;
-  for (const auto& u : shard_units(config.model)) {
+  for (const auto& u : share.units) {
     if (u.layer) {
       t.all_gathers += gathers_per_layer * micro_steps;
       per_micro_step += gathers_per_layer * gather_or_scatter(u.params, compute);
@@ -126,6 +211,22 @@ UpdateTraffic update_traffic(const config::Config& config, int data_parallel_siz
   return t;
 }
 
+UpdateTraffic update_traffic(const config::Config& config, int data_parallel_size, int zero_stage, bool bf16,
+                             std::int64_t micro_steps) {
+  return update_traffic(config, rank_share(config.model), data_parallel_size, zero_stage, bf16, micro_steps);
+}
+
+UpdateTraffic tensor_traffic(const config::Config& config, int tensor_size, bool bf16, std::int64_t micro_steps) {
+  UpdateTraffic t = tensor_micro_step(config, tensor_size, bf16, config.model.n_layer);
+  if (tensor_size <= 1) return t;
+  // micro_steps of them, and the gradient norm's double once.
+  t.all_reduces = micro_steps * t.all_reduces + 1;
+  t.all_gathers *= micro_steps;
+  t.reduce_scatters *= micro_steps;
+  t.bytes = double(micro_steps) * t.bytes + 2.0 * double(tensor_size - 1) / double(tensor_size) * 8.0;
+  return t;
+}
+
 std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int* skipped_batch) {
   const auto& m = config.model;
   const bool bf16 = config.train.precision == config::Precision::bf16;
@@ -135,7 +236,11 @@ std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int
   std::vector<MeshOption> options;
   if (skipped_batch) *skipped_batch = 0;
   for (int t = 1; t <= std::min(8, gpus); ++t) {
-    if (gpus % t != 0 || m.n_head % t != 0 || m.n_kv_head % t != 0) continue;
+    // The splits the models make: whole query heads and MLP columns; Llama's key/value heads
+    // split too, or each replicated on t / n_kv_head ranks (GPT-2 has as many as query heads).
+    const bool kv = m.n_kv_head % t == 0 || (m.arch == config::Arch::llama && t % m.n_kv_head == 0);
+    if (gpus % t != 0 || m.n_head % t != 0 || m.ffn_hidden % t != 0 || !kv) continue;
+    const RankShare share = rank_share(m, t);
     for (int p = 1; p <= gpus / t; ++p) {
       if ((gpus / t) % p != 0 || p > m.n_layer) continue;
       const int d = gpus / (t * p);
@@ -145,23 +250,33 @@ std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int
       }
       const std::int64_t micro_steps = config.train.global_batch_size / (B * d);
       const std::int64_t stage_layers = ceil_div(m.n_layer, p);
-      for (int zero = 0; zero <= 3; ++zero) {
-        if (d == 1 && (zero == 1 || zero == 2)) continue;  // nothing to shard: the same as ZeRO 0
-        const MemoryPlan plan = plan_memory(config, d, zero, bf16, B);
-        MeshOption o;
-        o.mesh = dist::Mesh{t, d, p};
-        o.zero_stage = zero;
-        o.micro_steps = micro_steps;
-        o.estimate = t * p > 1;
-        const std::int64_t parameters = plan.weights + plan.gradients + plan.optimizer + plan.gathered;
-        const double activations = p == 1 ? double(plan.activations) / t
-                                          : double(plan.activations) / t * double(stage_layers) / double(m.n_layer) *
-                                                double(std::min<std::int64_t>(p, micro_steps));
-        o.memory = parameters / (t * p) + std::int64_t(activations);
-        o.sent = update_traffic(config, d, zero, bf16, micro_steps).bytes / double(t * p);
-        if (t > 1) o.sent += 4.0 * 2.0 * double(t - 1) / double(t) * boundary * double(stage_layers) * double(micro_steps);
-        if (p > 1) o.sent += (p > 2 ? 2.0 : 1.0) * boundary * double(micro_steps);
-        options.push_back(o);
+      for (const bool sequence_parallel : {false, true}) {
+        if (sequence_parallel && (t == 1 || (B * m.context_length) % t != 0)) continue;
+        config::Config c = config;
+        c.dist.sequence_parallel = sequence_parallel;
+        for (int zero = 0; zero <= 3; ++zero) {
+          if (d == 1 && (zero == 1 || zero == 2)) continue;  // the trainer runs them as ZeRO 0
+          const MemoryPlan plan = plan_memory(c, share, d, zero, bf16, B);
+          MeshOption o;
+          o.mesh = dist::Mesh{t, d, p};
+          o.zero_stage = zero;
+          o.micro_steps = micro_steps;
+          o.sequence_parallel = sequence_parallel;
+          o.estimate = p > 1;
+          const double data_sent = update_traffic(c, share, d, zero, bf16, micro_steps).bytes;
+          if (p == 1) {
+            o.memory = plan.total();
+            o.tensor_sent = tensor_traffic(c, t, bf16, micro_steps).bytes;
+            o.sent = data_sent + o.tensor_sent;
+          } else {
+            const double activations = double(plan.activations) * double(stage_layers) / double(m.n_layer) *
+                                       double(std::min<std::int64_t>(p, micro_steps));
+            o.memory = plan.state() / p + std::int64_t(activations);
+            o.tensor_sent = double(micro_steps) * tensor_micro_step(c, t, bf16, stage_layers).bytes;
+            o.sent = data_sent / p + o.tensor_sent + (p > 2 ? 2.0 : 1.0) * boundary * double(micro_steps);
+          }
+          options.push_back(o);
+        }
       }
     }
   }

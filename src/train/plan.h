@@ -1,5 +1,5 @@
-// Memory planning: what one rank holds for a config at a world size, precision and ZeRO stage,
-// the bytes it sends per optimizer update, and the meshes that fit a number of devices.
+// Memory planning: what one rank holds for a config on a mesh (tensor x data), precision and ZeRO
+// stage, the bytes it sends per optimizer update, and the meshes that fit a number of devices.
 #pragma once
 
 #include <cstdint>
@@ -12,11 +12,12 @@ namespace llmtrain::train {
 
 struct MemoryPlan {
   std::int64_t weights = 0;      // f32 master weights a rank keeps (ZeRO 3: its shards); ZeRO 0-2 in bf16 also the 2-byte working copy
-  std::int64_t gradients = 0;    // f32 gradients a rank keeps (ZeRO 2 and 3: its shard)
+  std::int64_t gradients = 0;    // f32 gradients a rank keeps (ZeRO 3: its shard)
   std::int64_t optimizer = 0;    // AdamW m and v
-  std::int64_t gathered = 0;     // ZeRO 3's working buffers: gathered weights (compute dtype), f32 gradient slots, scratch
+  std::int64_t gathered = 0;     // ZeRO 1-2: the padded reduce-scatter / all-gather buffer and the summed shard; ZeRO 3: its working buffers
   std::int64_t activations = 0;  // for one micro-batch, with their gradients
-  std::int64_t total() const { return weights + gradients + optimizer + gathered + activations; }
+  std::int64_t state() const { return weights + gradients + optimizer + gathered; }
+  std::int64_t total() const { return state() + activations; }
 };
 
 /// Exact parameter count of the config's model (its ArchSpec: the model's own parameter list).
@@ -29,53 +30,107 @@ struct ShardUnit {
   bool layer = false;  // a transformer layer (gathered around its forward and backward); else a root unit (gathered for the whole step)
 };
 
-/// ZeRO 3's units in flat-buffer order, from the architectures' formulas: the root parameters
-/// before the layers (gpt2: ln_f; llama: the untied lm_head and the final norm), one unit per
-/// layer (the buffer holds the last layer first), then the root parameters after them (gpt2: wpe
-/// and wte; llama: the token embedding). Their sizes add up to parameter_count.
+/// What one rank of a tensor-parallel group holds of the model: the parameter list of the model
+/// built for that tensor rank (model::make_model, sharded: nothing allocated), so the split is the
+/// models' own (slice_of in gpt2.cpp and llama.cpp). Ranks differ only where the vocabulary rows
+/// do not divide evenly.
+struct RankShare {
+  int tensor_size = 1;
+  int tensor_rank = 0;
+  std::int64_t params = 0;       // this rank's parameters (the whole model's at tensor size 1)
+  std::vector<ShardUnit> units;  // ZeRO 3's units of its flat buffer, in buffer order
+};
+
+/// The share of tensor rank `tensor_rank` of `tensor_size`, or (tensor_rank -1) of the rank that
+/// holds the most parameters (the figures plan prints). InputError (the model's, naming
+/// dist.tensor_parallel and the keys it must divide) when the model cannot be split that way.
+RankShare rank_share(const config::ModelConfig& model, int tensor_size = 1, int tensor_rank = -1);
+
+/// ZeRO 3's units in flat-buffer order, without tensor parallelism: the root parameters before
+/// the layers (gpt2: ln_f; llama: the untied lm_head and the final norm), one unit per layer (the
+/// buffer holds the last layer first), then the root parameters after them (gpt2: wpe and wte;
+/// llama: the token embedding). Their sizes add up to parameter_count. (rank_share(model).units)
 std::vector<ShardUnit> shard_units(const config::ModelConfig& model);
 
 /// Training FLOPs per token: 6 N + 12 L H Q T (N parameters, L layers, H heads of size Q, context
 /// T): the matmuls forward and backward plus attention's scores and weighted sums.
 double flops_per_token(const config::ModelConfig& model);
 
-/// Activation bytes per sequence of context_length tokens: the buffer the model allocates for a
-/// micro-batch of one (its activations, for train.recompute `recompute`, and their gradients),
-/// measured by the model's own layout code (ArchSpec::activation_bytes) with fp32 or bf16
-/// activations.
+/// Activation bytes of a micro-batch of B sequences of context_length tokens: the buffer the model
+/// allocates (its activations, for train.recompute `recompute`, and their gradients), measured by
+/// the model's own layout code (ArchSpec::activation_bytes) with fp32 or bf16 activations, on a
+/// rank of a tensor-parallel group of `tensor_size` (its heads, MLP columns and vocabulary rows;
+/// with `sequence_parallel`, 1/tensor_size of the tokens of the residual stream and norms).
+std::int64_t activation_bytes(const config::ModelConfig& model, bool bf16, config::Recompute recompute,
+                              std::int64_t micro_batch, int tensor_size = 1, bool sequence_parallel = false);
+/// The same for one sequence.
 std::int64_t activation_bytes_per_sequence(const config::ModelConfig& model, bool bf16,
-                                           config::Recompute recompute = config::Recompute::none);
+                                           config::Recompute recompute = config::Recompute::none,
+                                           int tensor_size = 1);
 
-/// Bytes per rank. fp32: 4-byte weights, gradients, AdamW m and v. bf16 (mixed precision): the
-/// same plus a 2-byte working copy of the weights, and 2-byte activations. ZeRO 1 shards m and v
-/// over the `data_parallel_size` ranks of a data-parallel group, ZeRO 2 the gradients too (shards
-/// padded to equal size). ZeRO 3 shards each unit (shard_units) padded, ceil(n / D) parameters of
-/// it per rank, master weights, gradients, m and v alike; `gathered` counts the working buffers
-/// train/zero3.cpp allocates: the root units gathered (D ceil(n / D) each) in the compute dtype (4
-/// or 2 bytes) with f32 gradient buffers as long, two layer slots of D ceil(n / D) parameters in
-/// the compute dtype (the current layer and the prefetched next; with dist.reshard_after_forward
-/// false one per layer), two f32 gradient slots of a layer plus its reduce-scattered part, and an
-/// f32 scratch part of the largest unit. weights + gradients + optimizer + gathered is what the
-/// trainer's state_bytes reports on rank 0.
+/// Bytes per rank of a rank holding `share` in a data-parallel group of `data_parallel_size`,
+/// counted as the trainer allocates them, so that state() is the trainer's state_bytes (the log's
+/// "this rank holds", metrics.jsonl's state_bytes) of that rank. With P the share's parameters:
+/// ZeRO 0 (and ZeRO 1-2 on one data rank, which the trainer runs as 0): f32 master weights (4 P;
+/// bf16: and a 2-byte working copy, 6 P), f32 gradients 4 P, AdamW m and v 8 P. ZeRO 1 and 2
+/// (the same in llmtrain: the gradient buffer stays whole): m and v of a shard of S = ceil(P / D),
+/// and `gathered` the padded buffer the gradients are reduce-scattered from and the weights
+/// all-gathered into (4 D S) and the summed shard (4 S). ZeRO 3 shards each unit padded, ceil(n /
+/// D) parameters of it per rank, master weights, gradients, m and v alike; `gathered` counts the
+/// working buffers train/zero3.cpp allocates: the root units gathered (D ceil(n / D) each) in the
+/// compute dtype (4 or 2 bytes) with f32 gradient buffers as long, two layer slots of D ceil(n /
+/// D) parameters in the compute dtype (the current layer and the prefetched next; with
+/// dist.reshard_after_forward false one per layer), two f32 gradient slots of a layer plus its
+/// reduce-scattered part, and an f32 scratch part of the largest unit. Activations:
+/// activation_bytes at the share's tensor size and config.dist.sequence_parallel.
+MemoryPlan plan_memory(const config::Config& config, const RankShare& share, int data_parallel_size, int zero_stage,
+                       bool bf16, std::int64_t micro_batch);
+/// Without tensor parallelism.
 MemoryPlan plan_memory(const config::Config& config, int data_parallel_size, int zero_stage, bool bf16,
                        std::int64_t micro_batch);
 
-/// The collectives one rank takes part in per optimizer update, over its data-parallel group,
-/// and the bytes it sends by the ring algorithms' volumes (dist::Traffic): for a buffer of S bytes
-/// on n ranks, an all-reduce sends 2 (n-1)/n S, a reduce-scatter or all-gather (n-1)/n S.
+/// The largest micro-batch whose activations fit next to `state` bytes in `memory` (0: none);
+/// under sequence parallelism one whose micro-batch x context_length tensor_size divides.
+std::int64_t max_micro_batch(const config::Config& config, bool bf16, int tensor_size, std::int64_t state,
+                             std::int64_t memory);
+
+/// The collectives one rank takes part in per optimizer update over one of its groups, and the
+/// bytes it sends by the ring algorithms' volumes (dist::Traffic): for a buffer of S bytes on n
+/// ranks, an all-reduce sends 2 (n-1)/n S, a reduce-scatter or all-gather (n-1)/n S.
 struct UpdateTraffic {
   std::int64_t all_reduces = 0, reduce_scatters = 0, all_gathers = 0;
   double bytes = 0;  // sent per rank
 };
 
-/// ZeRO 0: one all-reduce of the f32 gradients per update. ZeRO 1 and 2: a reduce-scatter of the
-/// f32 gradients and an all-gather of the f32 weights (both padded to D ceil(P / D)). ZeRO 3, each
-/// of the `micro_steps`: every layer unit all-gathered in the compute dtype for forward and again
-/// for backward (once with dist.reshard_after_forward false) and its f32 gradients reduce-scattered,
-/// the root units' gradients reduce-scattered; once per update the root units all-gathered. The
-/// small all-reduces of the loss and the gradient norm are not counted. Nothing at D = 1.
+/// Over the data-parallel group, for a rank holding `share`. ZeRO 0: one all-reduce of the f32
+/// gradients per update. ZeRO 1 and 2: a reduce-scatter of the f32 gradients and an all-gather
+/// of the f32 weights (both padded to D ceil(P / D)). ZeRO 3, each of the `micro_steps`: every
+/// layer unit all-gathered in the compute dtype for forward and again for backward (once with
+/// dist.reshard_after_forward false) and its f32 gradients reduce-scattered, the root units'
+/// gradients reduce-scattered; once per update the root units all-gathered. The small all-reduce
+/// of the loss and the gradient norm is not counted. Nothing at D = 1.
+UpdateTraffic update_traffic(const config::Config& config, const RankShare& share, int data_parallel_size,
+                             int zero_stage, bool bf16, std::int64_t micro_steps);
+/// Without tensor parallelism.
 UpdateTraffic update_traffic(const config::Config& config, int data_parallel_size, int zero_stage, bool bf16,
                              std::int64_t micro_steps);
+
+/// Over a tensor-parallel group of `tensor_size` (Megatron's split, as gpt2.cpp and llama.cpp
+/// make it), every collective counted. Each micro-step, with N = micro-batch x context tokens, C =
+/// d_model and L layers, without sequence parallelism: all-reduces of N C f32 values (activations
+/// are summed in f32, also under bf16) for the embedding, 2 per layer in forward (after the
+/// attention and MLP projections), 2 per layer in backward (the input gradients of the
+/// column-parallel matmuls), 2 more per layer with train.recompute "full" (the layer's forward
+/// again), and the head's input gradient. With config.dist.sequence_parallel: reduce-scatters of N
+/// C f32 values where those all-reduces were (4 L + 2, 2 L more with "full"); all-gathers of N C
+/// values in the compute dtype before the split matmuls, 2 per layer in forward and 4 in backward
+/// (the output gradients and the norms' outputs again), one more per layer with "mlp" and 2 with
+/// "full", and 2 for the head's input and the embedding's gradient; and all-reduces of the norms'
+/// weight gradients (2 L + 1 norms, f32). Both: the vocabulary-parallel cross-entropy's row maxima
+/// (N f32) and sums (2 N f32); Llama with replicated key/value heads (tensor_size above
+/// n_kv_head) one all-reduce per layer of all their k and v gradients (n_kv_head x 2 head_size x C
+/// f32). Once per update the gradient norm's (one double). Nothing at size 1.
+UpdateTraffic tensor_traffic(const config::Config& config, int tensor_size, bool bf16, std::int64_t micro_steps);
 
 /// One (mesh, ZeRO stage) choice for a number of devices, in the config's precision and micro-batch.
 struct MeshOption {
@@ -83,20 +138,25 @@ struct MeshOption {
   int zero_stage = 0;
   std::int64_t micro_steps = 0;  // per update, on each data-parallel rank
   std::int64_t memory = 0;       // bytes per rank
-  double sent = 0;               // bytes each rank sends per update
-  bool estimate = false;         // tensor or pipeline > 1: splits not built yet, figures estimated
+  double sent = 0;               // bytes each rank sends per update, all groups
+  double tensor_sent = 0;        // of it over the tensor group
+  bool sequence_parallel = false;
+  bool estimate = false;         // pipeline > 1: not built yet, figures estimated
 };
 
-/// Every mesh of `gpus` ranks (tensor_parallel a divisor up to 8 that divides model.n_head and
-/// model.n_kv_head, pipeline_parallel a divisor of the rest up to model.n_layer, the global batch a
+/// Every mesh of `gpus` ranks (tensor_parallel a divisor up to 8 that the model can split by:
+/// dividing model.n_head and model.ffn_hidden, and for Llama dividing model.n_kv_head or a
+/// multiple of it; pipeline_parallel a divisor of the rest up to model.n_layer; the global batch a
 /// multiple of micro_batch_size x data) with ZeRO stages 0 to 3 (0 and 3 only at data size 1,
-/// where ZeRO 1 and 2 equal 0). Tensor x pipeline t p > 1 are
-/// estimates: the parameter-related memory (weights, gradients, optimizer state, gathered) is the
-/// data-parallel figure / (t p); activations / t, a stage holding n_layer / p layers' activations
-/// of min(p, micro-steps) micro-batches; the data group sends its figure / (t p), a tensor group 4
-/// all-reduces of each layer's B x T x d_model activations per micro-step (2 forward, 2 backward),
-/// a pipeline stage its activations forward and their gradients back per micro-step.
-/// `skipped_batch` counts the meshes left out because the global batch does not divide.
+/// where the trainer runs ZeRO 1 and 2 as 0), and at tensor size above 1 with sequence parallelism
+/// off and on (on where tensor_size divides micro_batch_size x context_length). Pipeline 1: exact,
+/// plan_memory and update_traffic of the tensor rank that holds most, plus tensor_traffic.
+/// Pipeline p > 1 is an estimate from those figures: the parameter-related memory (weights,
+/// gradients, optimizer state, gathered) / p; a stage holding n_layer / p layers' activations of
+/// min(p, micro-steps) micro-batches; the data group sends its figure / p, the tensor group its
+/// all-reduces for the stage's layers (and the embedding's and head's), a stage its activations
+/// forward and their gradients back per micro-step. `skipped_batch` counts the meshes left out
+/// because the global batch does not divide.
 std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int* skipped_batch = nullptr);
 
 }  // namespace llmtrain::train
