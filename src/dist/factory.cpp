@@ -55,6 +55,7 @@ Communicators split_mesh(std::unique_ptr<Communicator> world, const Mesh& mesh) 
   comms.data_group = world->split(at.tensor + mesh.tensor * at.pipeline, at.data);
   comms.tensor_group = world->split(at.data + mesh.data * at.pipeline, at.tensor);
   comms.pipeline_group = world->split(at.tensor + mesh.tensor * at.data, at.pipeline);
+  comms.pipeline_group->set_rank_noun("stage");  // a transfer that never completes names the stage
   comms.world = std::move(world);
   return comms;
 }
