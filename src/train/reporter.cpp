@@ -13,6 +13,8 @@
 #include "core/strings.h"
 #include "ops/buffer.h"
 #include "ops/profile.h"
+#include "train/pipeline_schedule.h"
+#include "train/pipeline_stages.h"
 #include "train/plan.h"
 
 namespace llmtrain::train {
@@ -98,6 +100,12 @@ void Reporter::run_started(const dist::Communicators& comms, const Trainer& trai
   info("dist: %s communicator, %d rank(s), this is rank %d (local rank %d), %d CPU threads", world.name().c_str(),
        world.world_size(), world.rank(), world.local_rank(), omp_get_max_threads());
   info("dist: mesh %s", comms.mesh.describe().c_str());
+  if (comms.mesh.pipeline > 1) {
+    info("pipeline: %d stages, %s schedule, %lld micro-batches per update (bubble %.0f%% by its formula); %s",
+         comms.mesh.pipeline, config::to_string(config_.dist.pipeline_schedule).c_str(),
+         static_cast<long long>(trainer.micro_steps()), 100.0 * bubble_fraction(config_.dist, int(trainer.micro_steps())),
+         describe_split(config_.model, split_layers(config_), comms.mesh.pipeline).c_str());
+  }
   if (!device_note_.empty()) info("train: %s", device_note_.c_str());
   if (resume) {
     info("train: resuming from %s (step %lld)", resume->dir.c_str(), static_cast<long long>(trainer.first_step() - 1));
@@ -175,6 +183,7 @@ void Reporter::update(std::int64_t step, const StepResult& result) {
                      {"state_bytes", state_bytes_}, {"sent_bytes", result.sent.total_bytes()},
                      {"collectives", collectives}, {"tensor_collectives", by_kind(result.sent_tensor)},
                      {"tensor_sent_bytes", result.sent_tensor.total_bytes()},
+                     {"pipeline_collectives", by_kind(result.sent_pipeline)},
                      {"pipeline_wait_s", result.pipeline_wait_s}});
     tensorboard_->scalar("loss", result.loss, step);
     tensorboard_->scalar("lr", result.lr, step);

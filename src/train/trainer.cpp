@@ -263,7 +263,7 @@ StepResult Trainer::step(std::int64_t step) {
   const int T = int(config_.model.context_length), B = int(tc.micro_batch_size);
   const dist::Traffic sent_before = data_device_.traffic(), tensor_before = tensor_device_.traffic();
   // (On the CPU the host and device groups are one communicator: the norm's reduction counts there.)
-  const dist::Traffic tensor_host_before = tensor_comm_.traffic();
+  const dist::Traffic tensor_host_before = tensor_comm_.traffic(), pipeline_before = pipeline_comm_.traffic();
   if (zero3_) {
     zero3_->zero_grads();
   } else {
@@ -325,6 +325,7 @@ StepResult Trainer::step(std::int64_t step) {
   }
   result.sent = data_device_.traffic().since(sent_before);
   result.sent_tensor = tensor_device_.traffic().since(tensor_before);
+  result.sent_pipeline = pipeline_comm_.traffic().since(pipeline_before);
   if (&tensor_comm_ != &tensor_device_) {
     const dist::Traffic host = tensor_comm_.traffic().since(tensor_host_before);
     for (int k = 0; k < dist::Traffic::kinds; ++k) {

@@ -60,6 +60,7 @@ struct StepResult {
   std::int64_t bad_in_a_row = 0;
   dist::Traffic sent;         // what this rank sent to its data-parallel group in the update (ring count)
   dist::Traffic sent_tensor;  // and to its tensor-parallel group
+  dist::Traffic sent_pipeline;  // and to the other stages (transfers, the loss and norm sums)
   double pipeline_wait_s = 0;  // time this stage waited for the other stages' activations and gradients
 };
 

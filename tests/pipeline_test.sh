@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Pipeline parallelism on CPU ranks:
+#  1. A 2-stage checkpoint resumed on one rank, and a one-rank checkpoint resumed in a 2-stage
+#     pipeline (and in 2 stages x tensor parallel 2), continue the loss curve (1e-5 relative).
+#  2. The stages' transfers in an update (metrics.jsonl): each stage but the last sends one
+#     activation of (B T, C) floats per micro-batch, each but the first one gradient; the log
+#     names the stage split.
+#  3. A stage that stops answering mid-step stops the whole job within dist.timeout_s, and the
+#     message names the stage and rank that never answered.
+# Usage: pipeline_test.sh LLMTRAIN MPIEXEC
+source "$(dirname "$0")/checkpoint_test_setup.sh"
+config() {  # config FILE MAX_STEPS EVERY
+  cat > "$1" <<JSON
+{"model": {"vocab_size": 251, "context_length": 32, "n_layer": 4, "n_head": 4, "d_model": 32},
+ "data": {"train": "$work/data/train_*.bin", "val": "$work/data/val_*.bin"},
+ "train": {"micro_batch_size": 2, "global_batch_size": 8, "max_steps": $2, "log_every": 100000, "eval_every": 0,
+           "eval_batches": 2},
+ "optim": {"warmup_steps": 1, "lr": 0.003},
+ "checkpoint": {"every": $3, "keep_last": 5}}
+JSON
+}
+same_losses() {  # same_losses REF_METRICS GOT_METRICS: steps 11-20 agree to 1e-5 relative
+  /usr/bin/python3 - "$1" "$2" <<'PY'
+import json, sys
+ref = {l["step"]: l["loss"] for l in map(json.loads, open(sys.argv[1])) if "loss" in l}
+got = {l["step"]: l["loss"] for l in map(json.loads, open(sys.argv[2])) if "loss" in l}
+assert sorted(got) == list(range(11, 21)), sorted(got)
+worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in got)
+print(f"  steps 11-20, largest relative difference {worst:.1e}")
+assert worst <= 1e-5
+PY
+}
+
+# 1. Resume across pipeline layouts.
+config "$work/pp.json" 20 10
+mpi 2 "$llmtrain" train --config "$work/pp.json" --run-dir "$work/p2ref" --set dist.pipeline_parallel=2 \
+  >"$work/p2ref.log" 2>&1 || fail "2-stage run: $(tail -n 3 "$work/p2ref.log")"
+grep -q "pipeline: 2 stages" "$work/p2ref.log" || fail "the log does not name the stage split: $(grep pipeline "$work/p2ref.log")"
+"$llmtrain" train --config "$work/pp.json" --run-dir "$work/p2at1" --resume "$work/p2ref/checkpoints/step_00000010" \
+  >"$work/p2at1.log" 2>&1 || fail "2-stage checkpoint on one rank: $(tail -n 3 "$work/p2at1.log")"
+same_losses "$work/p2ref/metrics.jsonl" "$work/p2at1/metrics.jsonl" || fail "2-stage checkpoint on one rank: losses differ"
+pass "2-stage checkpoint resumed on one rank: same losses"
+"$llmtrain" train --config "$work/pp.json" --run-dir "$work/r1" >/dev/null 2>&1 || fail "one-rank run"
+for layout in "2 1" "4 2"; do
+  read -r ranks tensor <<<"$layout"
+  run="$work/r1at$ranks"
+  mpi "$ranks" "$llmtrain" train --config "$work/pp.json" --run-dir "$run" --set dist.pipeline_parallel=2 \
+    --set dist.tensor_parallel="$tensor" --resume "$work/r1/checkpoints/step_00000010" >"$run.log" 2>&1 ||
+    fail "one-rank checkpoint in 2 stages x tensor $tensor: $(tail -n 3 "$run.log")"
+  same_losses "$work/r1/metrics.jsonl" "$run/metrics.jsonl" || fail "one-rank checkpoint in 2 stages x tensor $tensor: losses differ"
+  pass "one-rank checkpoint resumed in 2 stages x tensor parallel $tensor: same losses"
+done
+
+# 2. Transfers per update: 4 micro-batches of (2 x 32, 32) f32 activations.
+config "$work/comm.json" 2 0
+for stages in 2 4; do
+  mpi "$stages" "$llmtrain" train --config "$work/comm.json" --run-dir "$work/comm$stages" --set dist.pipeline_parallel="$stages" \
+    >"$work/comm$stages.log" 2>&1 || fail "communication run, $stages stages: $(tail -n 3 "$work/comm$stages.log")"
+done
+/usr/bin/python3 - "$work" <<'PY' || fail "transfers per update"
+import json, sys
+step = [l for l in map(json.loads, open(f"{sys.argv[1]}/comm2/metrics.jsonl")) if l.get("step") == 2 and "loss" in l][0]
+# Rank 0 is the first stage: it sends each micro-batch's activation and receives its gradient.
+# Its pipeline transfers are not in "collectives" (the data group); the metrics count them apart.
+sent = step["pipeline_collectives"]
+print(f"  stage 0 of 2: {sent}")
+assert sent["send"] == [4, 4 * 64 * 32 * 4], sent
+assert sent["recv"][0] == 4, sent
+PY
+pass "stage 0 sends one (B T, C) activation and receives one gradient per micro-batch"
+
+# 3. A stage that stops answering stops the job within dist.timeout_s, naming it.
+config "$work/hang.json" 100000 0
+mpi 2 "$llmtrain" train --config "$work/hang.json" --run-dir "$work/hang" --set dist.pipeline_parallel=2 \
+  --set dist.timeout_s=3 >"$work/hang.log" 2>&1 &
+job=$!
+for _ in $(seq 1 200); do [[ -s "$work/hang/metrics.jsonl" ]] && break; sleep 0.05; done
+victim=$(pgrep -f "run-dir $work/hang" | while read -r pid; do
+  [[ "$(tr '\0' ' ' < /proc/$pid/cmdline)" == *llmtrain\ train* ]] && grep -q OMPI_COMM_WORLD_RANK=1 /proc/$pid/environ 2>/dev/null && echo "$pid"
+done | head -n 1)
+[[ -n "$victim" ]] || fail "no rank-1 process to stop"
+kill -STOP "$victim"
+start=$(date +%s)
+wait "$job"; status=$?
+elapsed=$(( $(date +%s) - start ))
+kill -CONT "$victim" 2>/dev/null
+(( status != 0 && elapsed < 60 )) || fail "job with a stopped stage: exit $status after $elapsed s"
+grep -q "stage 1 (rank 1)" "$work/hang.log" || fail "the message does not name stage 1 (rank 1): $(grep -i error "$work/hang.log" | head -n 3)"
+pass "a stopped stage ends the job in $elapsed s (dist.timeout_s 3) with a message naming stage 1 (rank 1)"
+
+echo "$passed passed, 0 failed"
