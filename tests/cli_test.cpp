@@ -296,11 +296,12 @@ TEST_CASE("plan: the mesh, and sizes that do not divide the world", "[cli][plan]
                     "gpt2-124m.json: dist.tensor_parallel = 8 must divide model.n_head (12)");
   check_input_error(run_llmtrain({"plan", "--config", config, "--world-size", "6", "--set", "dist.pipeline_parallel=4"}),
                     "dist.tensor_parallel x dist.pipeline_parallel (1 x 4 = 4) must divide the number of ranks, 6");
-  // Training refuses a pipeline (not built yet), and a tensor group larger than the job.
+  // Training refuses what pipelines do not do yet (ZeRO 3 with one), and a tensor group larger than
+  // the job.
   TempDir dir;
   check_input_error(run_llmtrain({"train", "--config", config, "--run-dir", dir.path() + "/run", "--set",
-                                  "dist.pipeline_parallel=2"}),
-                    "dist.pipeline_parallel = 2: this llmtrain does not train pipelines yet");
+                                  "dist.pipeline_parallel=2", "--set", "dist.zero_stage=3"}),
+                    "dist.pipeline_parallel = 2: not with dist.zero_stage 3 (use ZeRO 0, 1 or 2)");
   check_input_error(run_llmtrain({"train", "--config", config, "--run-dir", dir.path() + "/run", "--set",
                                   "dist.tensor_parallel=2"}),
                     "dist.tensor_parallel x dist.pipeline_parallel (2 x 1 = 2) must divide the number of ranks, 1");
