@@ -19,17 +19,6 @@ config() {  # config FILE MAX_STEPS EVERY
  "checkpoint": {"every": $3, "keep_last": 5}}
 JSON
 }
-same_losses() {  # same_losses REF_METRICS GOT_METRICS: steps 11-20 agree to 1e-5 relative
-  /usr/bin/python3 - "$1" "$2" <<'PY'
-import json, sys
-ref = {l["step"]: l["loss"] for l in map(json.loads, open(sys.argv[1])) if "loss" in l}
-got = {l["step"]: l["loss"] for l in map(json.loads, open(sys.argv[2])) if "loss" in l}
-assert sorted(got) == list(range(11, 21)), sorted(got)
-worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in got)
-print(f"  steps 11-20, largest relative difference {worst:.1e}")
-assert worst <= 1e-5
-PY
-}
 
 # 1. Resume across pipeline layouts.
 config "$work/pp.json" 20 10
@@ -85,7 +74,9 @@ wait "$job"; status=$?
 elapsed=$(( $(date +%s) - start ))
 kill -CONT "$victim" 2>/dev/null
 (( status != 0 && elapsed < 60 )) || fail "job with a stopped stage: exit $status after $elapsed s"
-grep -q "stage 1 (rank 1)" "$work/hang.log" || fail "the message does not name stage 1 (rank 1): $(grep -i error "$work/hang.log" | head -n 3)"
-pass "a stopped stage ends the job in $elapsed s (dist.timeout_s 3) with a message naming stage 1 (rank 1)"
+# A transfer names the peer ("stage 1 (rank 1)"), a collective the missing rank ("rank(s) 1 (stage 1)").
+grep -Eq "stage 1 \(rank 1\)|rank\(s\) 1 \(stage 1\)" "$work/hang.log" ||
+  fail "the message does not name stage 1 and rank 1: $(grep -i error "$work/hang.log" | head -n 3)"
+pass "a stopped stage ends the job in $elapsed s (dist.timeout_s 3) with a message naming stage 1 and rank 1"
 
 echo "$passed passed, 0 failed"

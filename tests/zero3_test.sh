@@ -25,26 +25,6 @@ config() {  # config FILE MAX_STEPS EVERY ZERO [MODEL]
  "checkpoint": {"every": $3, "keep_last": 5}}
 JSON
 }
-launch() {  # launch RANKS ARGS...
-  local ranks="$1"; shift
-  if [[ "$ranks" == 1 ]]; then "$llmtrain" "$@"; else mpi "$ranks" "$llmtrain" "$@"; fi
-}
-same_files() {  # every safetensors file of the two runs' final checkpoints is identical
-  local a="$1/checkpoints/$(cat "$1/checkpoints/latest")" b="$2/checkpoints/$(cat "$2/checkpoints/latest")"
-  [[ "$(basename "$a")" == "$(basename "$b")" ]] || return 1
-  for f in "$a"/*.safetensors; do cmp -s "$f" "$b/$(basename "$f")" || return 1; done
-}
-same_losses() {  # same_losses REF_METRICS GOT_METRICS: steps 11-20 agree to 1e-5 relative
-  /usr/bin/python3 - "$1" "$2" <<'PY'
-import json, sys
-ref = {l["step"]: l["loss"] for l in map(json.loads, open(sys.argv[1])) if "loss" in l}
-got = {l["step"]: l["loss"] for l in map(json.loads, open(sys.argv[2])) if "loss" in l}
-assert sorted(got) == list(range(11, 21)), sorted(got)
-worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in got)
-print(f"  steps 11-20, largest relative difference {worst:.1e}")
-assert worst <= 1e-5
-PY
-}
 
 # 1. Resume across world sizes and ZeRO stages.
 config "$work/z3.json" 20 10 3

@@ -123,6 +123,10 @@ class Communicator {
   /// What error messages call the ranks of this group ("stage": "stage 1 (rank 3)" for the
   /// pipeline group); unset, they are named by rank alone.
   void set_rank_noun(std::string noun) { rank_noun_ = std::move(noun); }
+  /// Where a job rank sits (" (stage 1)" on a mesh with a pipeline), appended to the ranks a
+  /// timed-out collective names; unset, nothing.
+  void set_job_rank_place(std::function<std::string(int job_rank)> place) { job_rank_place_ = std::move(place); }
+  std::string job_rank_place(int job_rank) const { return job_rank_place_ ? job_rank_place_(job_rank) : ""; }
 
  protected:
   virtual void do_all_reduce_sum(float* data, std::int64_t count) = 0;
@@ -153,6 +157,7 @@ class Communicator {
   void check_transfer(const char* operation, std::int64_t count, int peer) const;
   Traffic traffic_;
   std::string rank_noun_;
+  std::function<std::string(int)> job_rank_place_;
 };
 
 /// World size 1: every collective is the identity.

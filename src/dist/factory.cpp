@@ -56,6 +56,17 @@ Communicators split_mesh(std::unique_ptr<Communicator> world, const Mesh& mesh) 
   comms.tensor_group = world->split(at.data + mesh.data * at.pipeline, at.tensor);
   comms.pipeline_group = world->split(at.tensor + mesh.tensor * at.data, at.pipeline);
   comms.pipeline_group->set_rank_noun("stage");  // a transfer that never completes names the stage
+  // A collective that times out names each missing rank's place on the mesh's split axes.
+  const auto place = [mesh](int job_rank) {
+    const Mesh::Coord c = mesh.coord(job_rank);
+    std::string out;
+    if (mesh.pipeline > 1) out += "stage " + std::to_string(c.pipeline);
+    if (mesh.tensor > 1) out += (out.empty() ? "" : ", ") + std::string("tensor rank ") + std::to_string(c.tensor);
+    return out.empty() ? out : " (" + out + ")";
+  };
+  for (Communicator* group : {world.get(), comms.data_group.get(), comms.tensor_group.get(), comms.pipeline_group.get()}) {
+    group->set_job_rank_place(place);
+  }
   comms.world = std::move(world);
   return comms;
 }

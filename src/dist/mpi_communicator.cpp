@@ -277,7 +277,8 @@ class MpiCommunicator final : public Communicator {
     for (int r = 1; r < world_ && rank_ == 0; ++r) {
       const bool silent = Clock::now() - last_heard_[std::size_t(r)] > std::chrono::milliseconds(2500);
       if (arrived_[std::size_t(r)] < seq_ || silent) {
-        missing += (missing.empty() ? "" : ", ") + std::to_string(job_ranks_[std::size_t(r)]);
+        const int job = job_ranks_[std::size_t(r)];
+        missing += (missing.empty() ? "" : ", ") + std::to_string(job) + job_rank_place(job);
       }
     }
     const std::string who = rank_ != 0        ? "rank " + std::to_string(job_ranks_[0]) + " names the missing rank(s)"
