@@ -184,7 +184,8 @@ void print_stages(const config::Config& c, const dist::Mesh& mesh, std::int64_t 
                                (st.embedding ? " + embedding" : "") + (st.head ? " + head" : "");
     const std::string acts = format_bytes(double(p.activations)) + " (" + std::to_string(st.slots) + " slot" +
                              (st.slots == 1 ? "" : "s") + ")";
-    const std::string p2p = format_bytes(st.sent_p2p) + " (" + std::to_string(st.sends) + " sends)";
+    const std::string p2p =
+        format_bytes(st.sent_p2p) + " (" + std::to_string(st.sends) + (st.sends == 1 ? " send)" : " sends)");
     const double sent = train::update_traffic(c, st.share, mesh.data, zero, bf16, micro_batches).bytes + st.sent_tensor +
                         st.sent_p2p + st.sent_pipeline_collectives;
     std::printf("%-5d %-26s %15s %12s %20s %12s %22s %12s\n", st.stage, layers.c_str(), with_commas(st.share.params).c_str(),
@@ -248,6 +249,23 @@ Command add_plan_command(CLI::App& parent) {
                                std::to_string(c.train.micro_batch_size) + " x " + std::to_string(m.context_length) +
                                ") must be a multiple of dist.tensor_parallel (" + std::to_string(mesh.tensor) + ")");
             }
+            // With a pipeline: every stage as the trainer builds it, in both precisions.
+            std::vector<train::StagePlan> stages[2];
+            if (mesh.pipeline > 1) {
+              try {  // the trainer's check: at least one micro-batch per stage (a multiple for interleaved)
+                train::pipeline_micro_batches(c, mesh.data);
+              } catch (const InputError& e) {
+                throw InputError(o->config_path + ": " + e.what());
+              }
+              config::Config one = c;  // the interleaved schedule is not built: its stages are 1F1B's
+              one.dist.virtual_stages = 1;
+              if (c.dist.pipeline_schedule != config::PipelineSchedule::one_f_one_b) one.dist.pipeline_layers.clear();
+              try {
+                for (const bool bf16 : {false, true}) stages[bf16] = train::pipeline_stages(one, mesh.tensor, bf16, accum);
+              } catch (const InputError& e) {
+                throw InputError(o->config_path + ": " + e.what());
+              }
+            }
             std::printf("plan: %s at world size %d\n", o->config_path.c_str(), o->world_size);
             std::printf("mesh: %s\n", mesh.describe().c_str());
             std::printf("%s\n", model_line(m).c_str());
@@ -288,18 +306,6 @@ Command add_plan_command(CLI::App& parent) {
                         "dist.reshard_after_forward %s\n",
                         static_cast<long long>(m.n_layer), with_commas(layer).c_str(), with_commas(root).c_str(),
                         mesh.tensor > 1 ? " (this rank's parts)" : "", c.dist.reshard_after_forward ? "true" : "false");
-            // With a pipeline: every stage as the trainer builds it, in both precisions.
-            std::vector<train::StagePlan> stages[2];
-            if (mesh.pipeline > 1) {
-              config::Config one = c;  // the interleaved schedule is not built: its stages are 1F1B's
-              one.dist.virtual_stages = 1;
-              if (c.dist.pipeline_schedule != config::PipelineSchedule::one_f_one_b) one.dist.pipeline_layers.clear();
-              try {
-                for (const bool bf16 : {false, true}) stages[bf16] = train::pipeline_stages(one, mesh.tensor, bf16, accum);
-              } catch (const InputError& e) {
-                throw InputError(o->config_path + ": " + e.what());
-              }
-            }
             std::printf("%-13s %12s %12s %12s %12s %12s %12s %12s %16s\n",
                         mesh.pipeline > 1 ? "largest stage" : "per rank", "weights", "gradients", "optimizer", "gathered",
                         "activations", "total", "sent/update", "max micro-batch");
