@@ -176,7 +176,7 @@ void print_stages(const config::Config& c, const dist::Mesh& mesh, std::int64_t 
               interleaved ? "; train runs 1F1B only (the stages below are 1F1B's)" : "");
   std::printf("stages, %s ZeRO %d%s, per rank (tensor rank %d):\n", bf16 ? "bf16" : "fp32", zero,
               c.dist.zero_stage == 3 ? " (ZeRO 3 is refused with a pipeline)" : "", stages.front().share.tensor_rank);
-  std::printf("%-5s %-26s %15s %12s %20s %12s %22s %12s\n", "stage", "layers", "parameters", "state", "activations",
+  std::printf("%-5s %-26s %15s %12s %20s %12s %25s %12s\n", "stage", "layers", "parameters", "state", "activations",
               "total", "to neighbours", "sent/update");
   for (const auto& st : stages) {
     const train::MemoryPlan p = train::stage_memory(c, st, mesh.data, zero, bf16);
@@ -188,7 +188,7 @@ void print_stages(const config::Config& c, const dist::Mesh& mesh, std::int64_t 
         format_bytes(st.sent_p2p) + " (" + std::to_string(st.sends) + (st.sends == 1 ? " send)" : " sends)");
     const double sent = train::update_traffic(c, st.share, mesh.data, zero, bf16, micro_batches).bytes + st.sent_tensor +
                         st.sent_p2p + st.sent_pipeline_collectives;
-    std::printf("%-5d %-26s %15s %12s %20s %12s %22s %12s\n", st.stage, layers.c_str(), with_commas(st.share.params).c_str(),
+    std::printf("%-5d %-26s %15s %12s %20s %12s %25s %12s\n", st.stage, layers.c_str(), with_commas(st.share.params).c_str(),
                 format_bytes(double(p.state())).c_str(), acts.c_str(), format_bytes(double(p.total())).c_str(),
                 p2p.c_str(), format_bytes(sent).c_str());
   }
