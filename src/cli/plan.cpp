@@ -195,7 +195,7 @@ void print_stages(const config::Config& c, const dist::Mesh& mesh, std::int64_t 
   const auto& first = stages.front();
   std::printf("state: weights, gradients, optimizer state and ZeRO's buffers (the trainer's state_bytes); activations: "
               "one micro-batch's of the stage's layers (and gradients) x slots, min(P - stage, m) micro-batches in "
-              "flight under 1F1B; to neighbours: each micro-batch's activation forward (stages before the last) and "
+              "flight under 1F1B (from above: the trainer keeps one backward scratch for all slots); to neighbours: each micro-batch's activation forward (stages before the last) and "
               "its gradient backward (stages after the first), micro-batch x context x d_model%s in %s; sent/update: "
               "that, the pipeline group's all-reduces (%sthe loss and the gradient norm: %s per rank, ring), the "
               "tensor and data groups\n",

@@ -142,7 +142,8 @@ struct StagePlan {
   bool embedding = false, head = false;  // the first stage holds the embedding; the last the final norm, head and loss
   RankShare share;                       // this stage's parameters on that tensor rank
   std::int64_t slots = 1;                // micro-batches whose activations it keeps: min(P - stage, m)
-  std::int64_t activations = 0;          // slots x the stage model's activation_bytes of one micro-batch
+  std::int64_t activations = 0;          // slots x the stage model's activation_bytes of one micro-batch (from
+                                         // above: the model lays out one backward scratch for all its slots)
   std::int64_t sends = 0;                // point-to-point sends per update: m forward (stage < P-1), m backward (stage > 0)
   double sent_p2p = 0;                   // their bytes: micro_batch x context x d_model (/ t with sequence parallelism) in the compute dtype each
   double sent_pipeline_collectives = 0;  // the pipeline group's all-reduces (ring): the tied embedding's gradient, the loss and the norm
