@@ -186,21 +186,23 @@ void print_stages(const config::Config& c, const dist::Mesh& mesh, std::int64_t 
                              (st.slots == 1 ? "" : "s") + ")";
     const std::string p2p =
         format_bytes(st.sent_p2p) + " (" + std::to_string(st.sends) + (st.sends == 1 ? " send)" : " sends)");
-    const double sent = train::update_traffic(c, st.share, mesh.data, zero, bf16, micro_batches).bytes + st.sent_tensor +
-                        st.sent_p2p + st.sent_pipeline_collectives;
-    std::printf("%-5d %-26s %15s %12s %20s %12s %25s %12s\n", st.stage, layers.c_str(), with_commas(st.share.params).c_str(),
-                format_bytes(double(p.state())).c_str(), acts.c_str(), format_bytes(double(p.total())).c_str(),
+    const double sent = train::update_traffic(c, st.share, mesh.data, zero, bf16, micro_batches).bytes +
+                        st.sent_tensor + st.sent_p2p + st.sent_pipeline_collectives;
+    std::printf("%-5d %-26s %15s %12s %20s %12s %25s %12s\n", st.stage, layers.c_str(),
+                with_commas(st.share.params).c_str(), format_bytes(double(p.state())).c_str(), acts.c_str(), format_bytes(double(p.total())).c_str(),
                 p2p.c_str(), format_bytes(sent).c_str());
   }
   const auto& first = stages.front();
   std::printf("state: weights, gradients, optimizer state and ZeRO's buffers (the trainer's state_bytes); activations: "
               "one micro-batch's of the stage's layers (and gradients) x slots, min(P - stage, m) micro-batches in "
-              "flight under 1F1B (from above: the trainer keeps one backward scratch for all slots); to neighbours: each micro-batch's activation forward (stages before the last) and "
-              "its gradient backward (stages after the first), micro-batch x context x d_model%s in %s; sent/update: "
+              "flight under 1F1B (from above: the trainer keeps one backward scratch for all slots); to "
+              "neighbours: each micro-batch's activation forward (stages before the last) and its gradient backward "
+              "(stages after the first), micro-batch x context x d_model%s in %s; sent/update: "
               "that, the pipeline group's all-reduces (%sthe loss and the gradient norm: %s per rank, ring), the "
               "tensor and data groups\n",
               c.dist.sequence_parallel && mesh.tensor > 1 ? " / tensor size" : "", bf16 ? "bf16" : "f32",
-              first.tied ? "the tied embedding's gradient summed between the first and last stages, every stage taking part; "
+              first.tied ? "the tied embedding's gradient summed between the first and last stages, every stage "
+                           "taking part; "
                          : "",
               format_bytes(first.sent_pipeline_collectives).c_str());
 }
@@ -261,7 +263,9 @@ Command add_plan_command(CLI::App& parent) {
               one.dist.virtual_stages = 1;
               if (c.dist.pipeline_schedule != config::PipelineSchedule::one_f_one_b) one.dist.pipeline_layers.clear();
               try {
-                for (const bool bf16 : {false, true}) stages[bf16] = train::pipeline_stages(one, mesh.tensor, bf16, accum);
+                for (const bool bf16 : {false, true}) {
+                  stages[bf16] = train::pipeline_stages(one, mesh.tensor, bf16, accum);
+                }
               } catch (const InputError& e) {
                 throw InputError(o->config_path + ": " + e.what());
               }

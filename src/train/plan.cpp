@@ -252,9 +252,9 @@ std::vector<StagePlan> pipeline_stages(const config::Config& config, int tensor_
   std::vector<StagePlan> stages;
   for (int s = 0; s < P; ++s) {
     const StageRange& range = split[std::size_t(s)];
+    const model::Layout layout{true, r, tensor_size, sp, int(range.first_layer), int(range.layers)};
     const auto model = model::make_model(m, Device::cpu, config.train.recompute, bf16 ? DType::bf16 : DType::f32,
-                                         ops::AttentionKernels::flash,
-                                         model::Layout{true, r, tensor_size, sp, int(range.first_layer), int(range.layers)});
+                                         ops::AttentionKernels::flash, layout);
     StagePlan st;
     st.stage = s;
     st.first_layer = range.first_layer;
@@ -276,8 +276,8 @@ std::vector<StagePlan> pipeline_stages(const config::Config& config, int tensor_
     const double tied_rows = double(m.vocab_size * (r + 1) / tensor_size - m.vocab_size * r / tensor_size);
     st.sent_pipeline_collectives = ring * ((st.tied ? tied_rows * double(m.d_model) * 4.0 : 0.0) + 2 * 8.0);
     if (tensor_size > 1) {  // micro-batches of its collectives, and the gradient norm's double once
-      st.sent_tensor = double(micro_batches) * tensor_micro_step(config, tensor_size, bf16, st.layers, st.embedding, st.head).bytes +
-                       2.0 * double(tensor_size - 1) / double(tensor_size) * 8.0;
+      const UpdateTraffic per_micro_batch = tensor_micro_step(config, tensor_size, bf16, st.layers, st.embedding, st.head);
+      st.sent_tensor = double(micro_batches) * per_micro_batch.bytes + 2.0 * double(tensor_size - 1) / double(tensor_size) * 8.0;
     }
     stages.push_back(std::move(st));
   }
