@@ -303,8 +303,43 @@ TEST_CASE("plan: the mesh, and sizes that do not divide the world", "[cli][plan]
                                   "dist.pipeline_parallel=2", "--set", "dist.zero_stage=3"}),
                     "dist.pipeline_parallel = 2: not with dist.zero_stage 3 (use ZeRO 0, 1 or 2)");
   check_input_error(run_llmtrain({"train", "--config", config, "--run-dir", dir.path() + "/run", "--set",
+                                  "dist.pipeline_parallel=2"}),
+                    "dist.tensor_parallel x dist.pipeline_parallel (1 x 2 = 2) must divide the number of ranks, 1");
+  check_input_error(run_llmtrain({"train", "--config", config, "--run-dir", dir.path() + "/run", "--set",
                                   "dist.tensor_parallel=2"}),
                     "dist.tensor_parallel x dist.pipeline_parallel (2 x 1 = 2) must divide the number of ranks, 1");
+}
+
+TEST_CASE("plan: a 1F1B pipeline's stages, bubble and transfers", "[cli][plan]") {
+  const std::string config = LLMTRAIN_SOURCE_DIR "/configs/tiny-llama.json";  // 2 layers, 8 x 64 tokens, d_model 64
+  const auto r = run_llmtrain({"plan", "--config", config, "--world-size", "2", "--set", "dist.pipeline_parallel=2"});
+  CAPTURE(r.out, r.err);
+  REQUIRE(r.exit_code == 0);
+  // 2 micro-batches (16 / 8) through 2 stages: (2 - 1) / (2 + 2 - 1) idle.
+  CHECK(r.out.find("pipeline: 2 stages, 1F1B, 2 micro-batches per update: bubble 33.3% of each stage's step") !=
+        std::string::npos);
+  CHECK(r.out.find("fp32 ZeRO 3   n/a with a pipeline") != std::string::npos);
+  // Stage 0: layer 0 (2 norms 128, q and o 64 x 64, k and v 2 x 16 x 64, gate, up and down 176 x
+  // 64: 46,208) and the embedding 256 x 64: 62,592 parameters, 16 B each in fp32 ZeRO 0 =
+  // 978 KiB; stage 1: layer 1, the final norm and the untied head: 62,656 (979 KiB). Each sends 2
+  // micro-batches of 8 x 64 x 64 f32 (activations forward, or gradients back), 256 KiB, and the
+  // loss and norm doubles.
+  CHECK(r.out.find("0     0-0 + embedding                     62,592   978.00 KiB") != std::string::npos);
+  CHECK(r.out.find("(2 slots)") != std::string::npos);
+  CHECK(r.out.find("1     1-1 + head                          62,656   979.00 KiB") != std::string::npos);
+  CHECK(r.out.find("(1 slot)") != std::string::npos);
+  CHECK(r.out.find("256.00 KiB (2 sends)   256.02 KiB\n") != std::string::npos);
+  // Interleaved: the bubble of its formula, (2 - 1) / (2 x 4 + 2 - 1); train runs 1F1B only.
+  const auto i = run_llmtrain({"plan", "--config", config, "--world-size", "2", "--set", "dist.pipeline_parallel=2",
+                               "--set", "dist.pipeline_schedule=interleaved", "--set", "dist.virtual_stages=2", "--set",
+                               "model.n_layer=4", "--set", "train.global_batch_size=32"});
+  CAPTURE(i.out, i.err);
+  REQUIRE(i.exit_code == 0);
+  CHECK(i.out.find("interleaved with 2 chunks per stage, 4 micro-batches per update: bubble 11.1%") != std::string::npos);
+  // Fewer micro-batches than stages: exit 2, as train says it.
+  check_input_error(run_llmtrain({"plan", "--config", config, "--world-size", "2", "--set", "dist.pipeline_parallel=2",
+                                  "--set", "train.global_batch_size=8"}),
+                    "tiny-llama.json: ");
 }
 
 TEST_CASE("plan --suggest: meshes that fit, least communication first, none that fits, bad flags", "[cli][plan]") {
@@ -358,10 +393,13 @@ TEST_CASE("plan --suggest: meshes that fit, least communication first, none that
                                           line.find("2.51 MiB      2.51 MiB") != std::string::npos);
   }
   CHECK(tensor_parallel);
-  // Two pipeline stages send least: a stage's 8 x 64 x 64 x 4 B activations (or their gradients)
-  // once per micro-step, 2 micro-steps: 256 KiB.
-  CHECK(rows[0].rfind("1 x 1 x 2 *", 0) == 0);
-  CHECK(rows[0].find("256.00 KiB") != std::string::npos);
+  // Two pipeline stages (1F1B, exact: no star) send least: a stage's 8 x 64 x 64 x 4 B activations
+  // (or their gradients) once per micro-step, 2 micro-steps, and the loss and norm doubles:
+  // 262,160 B = 256.02 KiB. The larger stage is the first (the embedding and 2 micro-batches'
+  // activations): 10.36 MiB, as plan prints it for that mesh. No ZeRO 3 with a pipeline.
+  CHECK(rows[0].rfind("1 x 1 x 2           0           2     10.36 MiB    256.02 KiB             -", 0) == 0);
+  for (const auto& line : rows) CHECK(line.rfind("1 x 1 x 2           3", 0) != 0);
+  CHECK(r.out.find("*: estimate") == std::string::npos);
 
   // --gpus defaults to --world-size; nothing fits in 1 MB: said, and exit 0.
   const auto none = run_llmtrain({"plan", "--config", config, "--suggest", "--world-size", "2", "--device-memory", "1MB"});

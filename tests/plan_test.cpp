@@ -1,5 +1,7 @@
 // llmtrain plan's arithmetic: ZeRO 3's units, memory per rank and bytes sent per update, each
 // against a hand calculation for a tiny model, and the meshes --suggest weighs.
+#include <algorithm>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -459,7 +461,7 @@ TEST_CASE("plan: bytes each rank sends per update, against the ring formulas", "
   CHECK(train::update_traffic(c, 1, 0, true, 2).bytes == 0.0);
 }
 
-TEST_CASE("plan: the meshes --suggest weighs, exact without a pipeline, estimated with one", "[plan]") {
+TEST_CASE("plan: the meshes --suggest weighs, exact for 1F1B pipelines, estimated for interleaved ones", "[plan]") {
   config::Config c = tiny_llama();
   c.model.n_kv_head = 2;  // so that 2 tensor-parallel ranks divide the heads; layers of 144, P = 524
   c.train.global_batch_size = 8;
@@ -467,8 +469,9 @@ TEST_CASE("plan: the meshes --suggest weighs, exact without a pipeline, estimate
   auto options = train::mesh_options(c, 4, &skipped);
   CHECK(skipped == 0);
   // t x d x p: 1x4x1, 1x2x2, 2x2x1, 2x1x2 (p = 4 > 3 layers and t = 4 > 2 heads left out), the
-  // last two with and without sequence parallelism; at d = 1 only ZeRO 0 and 3.
-  CHECK(options.size() == 4 + 4 + 2 * 4 + 2 * 2);
+  // last two with and without sequence parallelism; at d = 1 only ZeRO 0 and 3; with a pipeline
+  // not ZeRO 3 (train refuses it).
+  CHECK(options.size() == 4 + 3 + 2 * 4 + 2 * 1);
   const auto find = [&](int t, int d, int p, int zero, bool sp = false) {
     for (const auto& o : options) {
       if (o.mesh.tensor == t && o.mesh.data == d && o.mesh.pipeline == p && o.zero_stage == zero &&
@@ -498,20 +501,57 @@ TEST_CASE("plan: the meshes --suggest weighs, exact without a pipeline, estimate
   CHECK(tp.memory == 4 * 280 + 4 * 280 + 8 * 140 + 4 * 420 + acts2);
   CHECK(tp.tensor_sent == 7560.0);
   CHECK(tp.sent == 2 * 560.0 + 7560.0);
-  // 1 x 2 x 2, ZeRO 0: an estimate. A stage of ceil(3 / 2) = 2 layers keeps min(2, 2)
-  // micro-batches: acts x 2/3 x 2; sent: the all-reduce 2 x 1/2 x 4 x 524 / 2 = 1048 plus
-  // activations out, B T C 4 = 256 bytes once per micro-step: 2 x 256.
-  const std::int64_t acts = train::activation_bytes(c.model, false, config::Recompute::none, 2);
+  // 1 x 2 x 2, ZeRO 0: a 1F1B pipeline, exact: the stages as the trainer builds them, the one
+  // that needs most memory, and the one that sends most.
+  config::Config pc = c;
+  pc.dist.pipeline_parallel = 2;
+  const auto stages = train::pipeline_stages(pc, 1, false, 2);
+  REQUIRE(stages.size() == 2);
+  // The balanced split of 3 layers: the first stage also holds the embedding (44), the last the
+  // head (44) and final norm (4); each layer 144.
+  CHECK(stages[0].share.params == 144 * stages[0].layers + 44);
+  CHECK(stages[1].share.params == 144 * stages[1].layers + 48);
+  CHECK(stages[0].layers + stages[1].layers == 3);
   const auto pp = find(1, 2, 2, 0);
-  CHECK(pp.estimate);
-  CHECK(pp.memory == (4 + 4 + 8) * 524 / 2 + std::int64_t(double(acts) * 2.0 / 3.0 * 2.0));
-  CHECK(pp.sent == Approx(1048.0 + 512.0));
-  // 2 x 1 x 2, ZeRO 0, 4 micro-steps: the tensor group's all-reduces for a stage of 2 layers (and
-  // the embedding's and head's), without the norm's: 4 x ((1 + 8 + 1) x 64 + 48) x 4 bytes.
+  CHECK(!pp.estimate);
+  CHECK(pp.memory == std::max(16 * stages[0].share.params + stages[0].activations,
+                              16 * stages[1].share.params + stages[1].activations));
+  // Sent: the data group's all-reduce of the stage's f32 gradients (2 x 1/2 x 4 P), 2 micro-batches'
+  // activations (2 x 8 x 4 f32) forward or their gradients back, and the loss and norm doubles.
+  double most = 0;
+  for (const auto& st : stages) most = std::max(most, 4.0 * double(st.share.params) + 2 * 256.0 + 16.0);
+  CHECK(pp.sent == most);
+  bool zero3 = false;
+  for (const auto& o : options) zero3 = zero3 || (o.mesh.pipeline > 1 && o.zero_stage == 3);
+  CHECK_FALSE(zero3);  // train refuses ZeRO 3 with a pipeline
+  // 2 x 1 x 2, ZeRO 0, 4 micro-steps: the tensor group's all-reduces of the first stage's layers
+  // and the embedding, or the last stage's layers, the head's input gradient and the
+  // cross-entropy's 3 N values; each 64 f32 values (N = 16 tokens, d_model 4), 4 micro-steps, and
+  // the norm's 8 bytes.
   const auto tpp = find(2, 1, 2, 0);
-  CHECK(tpp.estimate);
-  CHECK(tpp.tensor_sent == 4.0 * (10 * 64 + 48) * 4);
-  CHECK(tpp.memory == 16 * 280 / 2 + std::int64_t(double(acts2) * 2.0 / 3.0 * 2.0));
+  CHECK(!tpp.estimate);
+  const auto tstages = train::pipeline_stages(pc, 2, false, 4);
+  double tensor_most = 0;
+  for (const auto& st : tstages) {
+    const double values = double(1 + 4 * st.layers) * 64 + (st.head ? 48 : 0);
+    CHECK(st.sent_tensor == 4.0 * values * 4 + 8.0);
+    tensor_most = std::max(tensor_most, st.sent_tensor + 4 * 256.0 + 16.0);
+  }
+  CHECK(tpp.sent == tensor_most);
+  // The interleaved schedule stays an estimate: parameter memory / p, a stage of ceil(3 / 2) = 2
+  // layers keeping min(2, 2) micro-batches; sent: the all-reduce 2 x 1/2 x 4 x 524 / 2 = 1048
+  // plus activations out, B T C 4 = 256 bytes once per micro-step: 2 x 256.
+  c.dist.pipeline_schedule = config::PipelineSchedule::interleaved;
+  c.dist.virtual_stages = 2;
+  options = train::mesh_options(c, 4);
+  const std::int64_t acts = train::activation_bytes(c.model, false, config::Recompute::none, 2);
+  const auto ipp = find(1, 2, 2, 0);
+  CHECK(ipp.estimate);
+  CHECK(ipp.memory == (4 + 4 + 8) * 524 / 2 + std::int64_t(double(acts) * 2.0 / 3.0 * 2.0));
+  CHECK(ipp.sent == Approx(1048.0 + 512.0));
+  c.dist.pipeline_schedule = config::PipelineSchedule::one_f_one_b;
+  c.dist.virtual_stages = 1;
+  options = train::mesh_options(c, 4);
   // Sequence parallelism on 2 x 2 x 1: the activations at 1/2 of the tokens for the residual
   // stream, the same state; the tensor group's traffic as tensor_traffic says.
   const auto sp = find(2, 2, 1, 1, true);
@@ -526,7 +566,7 @@ TEST_CASE("plan: the meshes --suggest weighs, exact without a pipeline, estimate
   c.train.global_batch_size = 12;
   options = train::mesh_options(c, 4, &skipped);
   CHECK(skipped == 1);
-  CHECK(options.size() == 4 + 2 * 4 + 2 * 2);
+  CHECK(options.size() == 3 + 2 * 4 + 2 * 1);
   // One key/value head: tensor parallel 2 replicates it, so 2 x 2 x 1 stays an option.
   c.train.global_batch_size = 8;
   c.model.n_kv_head = 1;
@@ -536,4 +576,99 @@ TEST_CASE("plan: the meshes --suggest weighs, exact without a pipeline, estimate
   // Tensor parallelism that does not divide the MLP columns is no option either.
   c.model.ffn_hidden = 5;
   for (const auto& o : train::mesh_options(c, 4)) CHECK(o.mesh.tensor == 1);
+}
+
+TEST_CASE("plan: pipeline stages against the trainer's state_bytes and transfers on 2 stages", "[plan][pipeline]") {
+  // The figures rank 0 (stage 0) reported in metrics.jsonl (state_bytes, pipeline_collectives,
+  // tensor_sent_bytes) training each of these configs under mpirun, step 2.
+  config::Config gpt;
+  gpt.model = shape(config::Arch::gpt2, 251, 32, 4, 4, 4, 32, 128, true);
+  gpt.train.micro_batch_size = 2;
+  gpt.train.global_batch_size = 8;
+  gpt.dist.pipeline_parallel = 2;
+  // 2 ranks, fp32, 4 micro-batches. Each layer 4 x 32 x 32 x 3 + ... = 12,704 parameters (the
+  // ZeRO 3 units below); stage 0: layers 0-1, wte 251 x 32 and wpe 32 x 32 = 34,464; stage 1:
+  // layers 2-3, ln_f 64 and the tied wte again = 33,504.
+  auto stages = train::pipeline_stages(gpt, 1, false, 4);
+  REQUIRE(stages.size() == 2);
+  CHECK(stages[0].first_layer == 0);
+  CHECK(stages[0].layers == 2);
+  CHECK(stages[0].embedding);
+  CHECK_FALSE(stages[0].head);
+  CHECK(stages[1].head);
+  CHECK(stages[0].share.params == 2 * 12704 + 251 * 32 + 32 * 32);
+  CHECK(stages[1].share.params == 2 * 12704 + 64 + 251 * 32);
+  CHECK(train::stage_memory(gpt, stages[0], 1, 0, false).state() == 551424);  // measured
+  // 1F1B keeps min(P - stage, m) micro-batches' activations: 2 on stage 0, 1 on stage 1.
+  CHECK(stages[0].slots == 2);
+  CHECK(stages[1].slots == 1);
+  CHECK(stages[0].activations % 2 == 0);
+  CHECK(stages[0].activations / 2 < train::activation_bytes(gpt.model, false, config::Recompute::none, 2));
+  // Measured: 4 sends of 32,768 bytes in all (4 x (2 x 32, 32) f32), stage 1 the 4 gradients
+  // back; the pipeline group's 3 all-reduces, 32,144 bytes: the tied 251 x 32 gradient and the
+  // loss and norm doubles (ring factor 2 (2 - 1) / 2 = 1).
+  for (const auto& st : stages) {
+    CHECK(st.sends == 4);
+    CHECK(st.sent_p2p == 32768.0);
+    CHECK(st.tied);
+    CHECK(st.sent_pipeline_collectives == 32144.0);
+    CHECK(st.sent_tensor == 0.0);
+  }
+  CHECK_THROWS_AS(train::stage_memory(gpt, stages[0], 1, 3, false), std::invalid_argument);
+
+  // 4 ranks: 2 stages x tensor 2 with sequence parallelism, fp32; rank 0 is tensor rank 0 (125 of
+  // the 251 vocabulary rows). Measured: state_bytes 286,720 (17,920 parameters x 16 B); 4 sends of
+  // (64 / 2 tokens, 32) f32, 16,384 bytes; the tied rows 125 x 32 x 4 + 16 = 16,016 bytes; the
+  // tensor group 364,552 bytes: per micro-batch 13 all-gathers and 9 reduce-scatters of half of
+  // 64 x 32 f32 (90,112 B) and 4 norms' weight and bias gradients (1,024 B), 4 micro-batches, and
+  // the norm's 8 B.
+  config::Config tsp = gpt;
+  tsp.dist.tensor_parallel = 2;
+  tsp.dist.sequence_parallel = true;
+  stages = train::pipeline_stages(tsp, 2, false, 4, 0);
+  CHECK(stages[0].share.params == 17920);
+  CHECK(train::stage_memory(tsp, stages[0], 1, 0, false).state() == 286720);
+  CHECK(stages[0].sent_p2p == 16384.0);
+  CHECK(stages[0].sent_pipeline_collectives == 16016.0);
+  CHECK(stages[0].sent_tensor == 364552.0);
+  CHECK(stages[0].sent_tensor == 4 * (90112.0 + 1024.0) + 8.0);
+  // plan prints the rank with the most rows: tensor rank 1, one more row of wte.
+  const auto most = train::pipeline_stages(tsp, 2, false, 4);
+  CHECK(most[0].share.tensor_rank == 1);
+  CHECK(most[0].share.params == 17920 + 32);
+
+  // 4 ranks: a tiny Llama (untied, 2 kv heads), 2 stages x data 2, ZeRO 1, bf16, 4 micro-batches.
+  // Measured: state_bytes 624,000 (31,200 parameters: 6 + 4 B each, m and v of 15,600, and the
+  // padded buffer and shard 3 x 15,600 x 4 B); 4 sends of (64, 32) bf16, 16,384 bytes; the pipeline
+  // group only the loss and norm doubles; the data group's reduce-scatter and all-gather 2 x
+  // 15,600 x 4 bytes.
+  config::Config llama;
+  llama.model = shape(config::Arch::llama, 251, 32, 4, 4, 2, 32, 88, false);
+  llama.train.micro_batch_size = 2;
+  llama.train.global_batch_size = 16;
+  llama.train.precision = config::Precision::bf16;
+  llama.dist.pipeline_parallel = 2;
+  llama.dist.zero_stage = 1;
+  stages = train::pipeline_stages(llama, 1, true, 4);
+  CHECK(stages[0].share.params == 31200);
+  CHECK(train::stage_memory(llama, stages[0], 2, 1, true).state() == 624000);
+  CHECK(stages[0].sent_p2p == 16384.0);
+  CHECK_FALSE(stages[0].tied);
+  CHECK(stages[0].sent_pipeline_collectives == 16.0);
+  CHECK(train::update_traffic(llama, stages[0].share, 2, 1, true, 4).bytes == 124800.0);
+
+  // 4 stages: the middle ones send both ways; the ring all-reduce sends 2 x 3/4 of the buffer.
+  gpt.dist.pipeline_parallel = 4;
+  stages = train::pipeline_stages(gpt, 1, false, 8);
+  REQUIRE(stages.size() == 4);
+  const std::vector<std::int64_t> sends = {8, 16, 16, 8}, slots = {4, 3, 2, 1};
+  for (std::size_t s = 0; s < 4; ++s) {
+    CAPTURE(s);
+    CHECK(stages[s].layers == 1);
+    CHECK(stages[s].sends == sends[s]);
+    CHECK(stages[s].sent_p2p == double(sends[s]) * 2 * 32 * 32 * 4);
+    CHECK(stages[s].slots == slots[s]);
+    CHECK(stages[s].sent_pipeline_collectives == 1.5 * (251 * 32 * 4 + 16));
+  }
+  CHECK(stages[1].share.params == 12704);  // a middle stage: one layer, no embedding, no head
 }

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/strings.h"
 #include "dist/mesh.h"
+#include "train/pipeline_schedule.h"
 #include "train/plan.h"
 
 namespace llmtrain::cli {
@@ -132,23 +133,78 @@ int suggest(const config::Config& c, const std::string& config_path, int gpus, c
     // What train runs today: the best fitting choice without a pipeline.
     const auto best = std::find_if(shown.begin(), shown.end(), [](const train::MeshOption& o) { return !o.estimate; });
     if (best != shown.end()) {
-      std::printf("without pipeline (what train runs today):\n");
+      std::printf("exact (what train runs):\n");
       print_row(*best);
     } else {
-      std::printf("without pipeline (what train runs today): none fits\n");
+      std::printf("exact (what train runs): none fits\n");
     }
   }
   std::printf("memory/rank: weights, gradients, optimizer state, ZeRO's buffers and one micro-batch's activations, "
-              "of the tensor rank that holds most; sent/update: bytes each rank sends per optimizer update (ring "
-              "collectives) over its data group (loss and norm all-reduce not counted) and its tensor group (every "
-              "collective; 'of it tensor'); sp: sequence parallelism\n");
+              "of the tensor rank that holds most; with a pipeline (p > 1) the stage that needs most, its "
+              "activations for min(p - stage, micro-steps) micro-batches; sent/update: bytes each rank sends per "
+              "optimizer update (ring collectives) over its data group (loss and norm all-reduce not counted) and its "
+              "tensor group (every collective; 'of it tensor'), with a pipeline the stage that sends most, with its "
+              "activations and gradients to the neighbouring stages and the pipeline group's all-reduces; sp: "
+              "sequence parallelism\n");
   std::printf("rows without *: exact, the buffers train allocates and the collectives it makes (tensor parallel t "
-              "divides n_head and ffn_hidden, and divides n_kv_head or is a multiple of it)\n");
-  std::printf("*: estimate (train refuses pipeline > 1 until that split lands): parameter memory / p, a stage "
-              "holding its layers' activations for min(p, micro-steps) micro-batches; sent: the data group's share / "
-              "p + the tensor group's collectives for the stage's layers + activations forward and their gradients "
-              "back per micro-step; bytes inside a node and across the network count alike\n");
+              "divides n_head and ffn_hidden, and divides n_kv_head or is a multiple of it; 1F1B pipelines with the "
+              "balanced split, at least p micro-steps, ZeRO 0-2: train refuses ZeRO 3 with a pipeline)\n");
+  if (c.dist.pipeline_schedule != config::PipelineSchedule::one_f_one_b) {
+    std::printf("*: estimate for the interleaved schedule (train runs 1F1B only): parameter memory / p, a stage "
+                "holding its layers' activations for min(p, micro-steps) micro-batches; sent: the data group's share "
+                "/ p + the tensor group's collectives for the stage's layers + activations forward and their "
+                "gradients back per micro-step; bytes inside a node and across the network count alike\n");
+  }
   return 0;
+}
+
+// plan with dist.pipeline_parallel > 1: the schedule's bubble and each stage's memory and bytes
+// sent per update, in the config's precision and ZeRO stage.
+void print_stages(const config::Config& c, const dist::Mesh& mesh, std::int64_t micro_batches,
+                  const std::vector<train::StagePlan>& stages) {
+  const bool bf16 = c.train.precision == config::Precision::bf16;
+  const bool interleaved = c.dist.pipeline_schedule != config::PipelineSchedule::one_f_one_b;
+  // The trainer runs ZeRO 1-2 on one data rank as 0, and refuses ZeRO 3 with a pipeline.
+  const int zero = mesh.data == 1 ? 0 : int(std::min<std::int64_t>(c.dist.zero_stage, 2));
+  const double bubble = train::bubble_fraction(c.dist, int(micro_batches));
+  std::printf("pipeline: %d stages, %s, %lld micro-batches per update: bubble %.1f%% of each stage's step (%s)%s\n",
+              mesh.pipeline,
+              interleaved ? ("interleaved with " + std::to_string(c.dist.virtual_stages) + " chunks per stage").c_str()
+                          : "1F1B",
+              static_cast<long long>(micro_batches), 100.0 * bubble,
+              interleaved ? "(P - 1) / (V m + P - 1)" : "(P - 1) / (m + P - 1)",
+              interleaved ? "; train runs 1F1B only (the stages below are 1F1B's)" : "");
+  std::printf("stages, %s ZeRO %d%s, per rank (tensor rank %d):\n", bf16 ? "bf16" : "fp32", zero,
+              c.dist.zero_stage == 3 ? " (ZeRO 3 is refused with a pipeline)" : "", stages.front().share.tensor_rank);
+  std::printf("%-5s %-26s %15s %12s %20s %12s %25s %12s\n", "stage", "layers", "parameters", "state", "activations",
+              "total", "to neighbours", "sent/update");
+  for (const auto& st : stages) {
+    const train::MemoryPlan p = train::stage_memory(c, st, mesh.data, zero, bf16);
+    const std::string layers = std::to_string(st.first_layer) + "-" + std::to_string(st.first_layer + st.layers - 1) +
+                               (st.embedding ? " + embedding" : "") + (st.head ? " + head" : "");
+    const std::string acts = format_bytes(double(p.activations)) + " (" + std::to_string(st.slots) + " slot" +
+                             (st.slots == 1 ? "" : "s") + ")";
+    const std::string p2p =
+        format_bytes(st.sent_p2p) + " (" + std::to_string(st.sends) + (st.sends == 1 ? " send)" : " sends)");
+    const double sent = train::update_traffic(c, st.share, mesh.data, zero, bf16, micro_batches).bytes +
+                        st.sent_tensor + st.sent_p2p + st.sent_pipeline_collectives;
+    std::printf("%-5d %-26s %15s %12s %20s %12s %25s %12s\n", st.stage, layers.c_str(),
+                with_commas(st.share.params).c_str(), format_bytes(double(p.state())).c_str(), acts.c_str(), format_bytes(double(p.total())).c_str(),
+                p2p.c_str(), format_bytes(sent).c_str());
+  }
+  const auto& first = stages.front();
+  std::printf("state: weights, gradients, optimizer state and ZeRO's buffers (the trainer's state_bytes); activations: "
+              "one micro-batch's of the stage's layers (and gradients) x slots, min(P - stage, m) micro-batches in "
+              "flight under 1F1B (from above: the trainer keeps one backward scratch for all slots); to "
+              "neighbours: each micro-batch's activation forward (stages before the last) and its gradient backward "
+              "(stages after the first), micro-batch x context x d_model%s in %s; sent/update: "
+              "that, the pipeline group's all-reduces (%sthe loss and the gradient norm: %s per rank, ring), the "
+              "tensor and data groups\n",
+              c.dist.sequence_parallel && mesh.tensor > 1 ? " / tensor size" : "", bf16 ? "bf16" : "f32",
+              first.tied ? "the tied embedding's gradient summed between the first and last stages, every stage "
+                           "taking part; "
+                         : "",
+              format_bytes(first.sent_pipeline_collectives).c_str());
 }
 
 }  // namespace
@@ -195,12 +251,27 @@ Command add_plan_command(CLI::App& parent) {
                                std::to_string(c.train.micro_batch_size) + " x " + std::to_string(m.context_length) +
                                ") must be a multiple of dist.tensor_parallel (" + std::to_string(mesh.tensor) + ")");
             }
+            // With a pipeline: every stage as the trainer builds it, in both precisions.
+            std::vector<train::StagePlan> stages[2];
+            if (mesh.pipeline > 1) {
+              try {  // the trainer's check: at least one micro-batch per stage (a multiple for interleaved)
+                train::pipeline_micro_batches(c, mesh.data);
+              } catch (const InputError& e) {
+                throw InputError(o->config_path + ": " + e.what());
+              }
+              config::Config one = c;  // the interleaved schedule is not built: its stages are 1F1B's
+              one.dist.virtual_stages = 1;
+              if (c.dist.pipeline_schedule != config::PipelineSchedule::one_f_one_b) one.dist.pipeline_layers.clear();
+              try {
+                for (const bool bf16 : {false, true}) {
+                  stages[bf16] = train::pipeline_stages(one, mesh.tensor, bf16, accum);
+                }
+              } catch (const InputError& e) {
+                throw InputError(o->config_path + ": " + e.what());
+              }
+            }
             std::printf("plan: %s at world size %d\n", o->config_path.c_str(), o->world_size);
             std::printf("mesh: %s\n", mesh.describe().c_str());
-            if (mesh.pipeline > 1) {
-              std::printf("mesh: the figures below keep every layer on every pipeline stage (the pipeline split is "
-                          "not counted yet, and train refuses it)\n");
-            }
             std::printf("%s\n", model_line(m).c_str());
             if (mesh.tensor > 1) {
               const std::int64_t V = m.vocab_size, r = share.tensor_rank, t = mesh.tensor;
@@ -239,30 +310,56 @@ Command add_plan_command(CLI::App& parent) {
                         "dist.reshard_after_forward %s\n",
                         static_cast<long long>(m.n_layer), with_commas(layer).c_str(), with_commas(root).c_str(),
                         mesh.tensor > 1 ? " (this rank's parts)" : "", c.dist.reshard_after_forward ? "true" : "false");
-            std::printf("%-13s %12s %12s %12s %12s %12s %12s %12s %16s\n", "per rank", "weights", "gradients", "optimizer",
-                        "gathered", "activations", "total", "sent/update", "max micro-batch");
+            std::printf("%-13s %12s %12s %12s %12s %12s %12s %12s %16s\n",
+                        mesh.pipeline > 1 ? "largest stage" : "per rank", "weights", "gradients", "optimizer", "gathered",
+                        "activations", "total", "sent/update", "max micro-batch");
             for (const bool bf16 : {false, true}) {
               for (const int zero : {0, 1, 2, 3}) {
-                const auto p = train::plan_memory(c, share, mesh.data, zero, bf16, c.train.micro_batch_size);
-                const auto sent = train::update_traffic(c, share, mesh.data, zero, bf16, accum);
-                const std::int64_t largest = train::max_micro_batch(c, bf16, mesh.tensor, p.state(), memory);
                 char label[32];
                 std::snprintf(label, sizeof label, "%s ZeRO %d", bf16 ? "bf16" : "fp32", zero);
-                std::printf("%-13s %12s %12s %12s %12s %12s %12s %12s %16lld\n", label,
+                train::MemoryPlan p;
+                double sent = 0;
+                std::string largest;
+                if (mesh.pipeline > 1) {
+                  if (zero == 3) {
+                    std::printf("%-13s %12s\n", label, "n/a with a pipeline (train refuses ZeRO 3 with dist.pipeline_parallel > 1)");
+                    continue;
+                  }
+                  // The stage that needs most memory, and its bytes sent (data group, tensor group,
+                  // neighbours, the pipeline group's all-reduces).
+                  for (const auto& st : stages[bf16]) {
+                    const auto mine = train::stage_memory(c, st, mesh.data, zero, bf16);
+                    if (mine.total() > p.total()) {
+                      p = mine;
+                      sent = train::update_traffic(c, st.share, mesh.data, zero, bf16, accum).bytes + st.sent_tensor +
+                             st.sent_p2p + st.sent_pipeline_collectives;
+                    }
+                  }
+                  largest = "-";
+                } else {
+                  p = train::plan_memory(c, share, mesh.data, zero, bf16, c.train.micro_batch_size);
+                  sent = train::update_traffic(c, share, mesh.data, zero, bf16, accum).bytes;
+                  largest = std::to_string(train::max_micro_batch(c, bf16, mesh.tensor, p.state(), memory));
+                }
+                std::printf("%-13s %12s %12s %12s %12s %12s %12s %12s %16s\n", label,
                             format_bytes(double(p.weights)).c_str(), format_bytes(double(p.gradients)).c_str(),
                             format_bytes(double(p.optimizer)).c_str(), format_bytes(double(p.gathered)).c_str(),
                             format_bytes(double(p.activations)).c_str(), format_bytes(double(p.total())).c_str(),
-                            format_bytes(sent.bytes).c_str(), static_cast<long long>(largest));
+                            format_bytes(sent).c_str(), largest.c_str());
               }
             }
+            if (mesh.pipeline > 1) print_stages(c, mesh, accum, stages[c.train.precision == config::Precision::bf16]);
             std::printf("weights: f32 master weights (ZeRO 3: this rank's shards; bf16 ZeRO 0-2: and a bf16 working copy); "
                         "gathered: ZeRO 1-2's padded gradient buffer and summed shard (ZeRO 2 holds what ZeRO 1 does), "
                         "ZeRO 3's gathered weights (root units and 2 layers, or every layer without "
                         "reshard_after_forward), f32 gradient buffers (root units and 2 layers) and scratch; weights + "
                         "gradients + optimizer + gathered is the trainer's state_bytes\n");
             std::printf("sent/update: bytes each rank sends per optimizer update over its data-parallel group (ring "
-                        "all-reduce, reduce-scatter and all-gather volumes; loss and norm all-reduce not counted)\n");
-            if (mesh.tensor > 1) {
+                        "all-reduce, reduce-scatter and all-gather volumes; loss and norm all-reduce not counted)%s\n",
+                        mesh.pipeline > 1 ? "; with a pipeline also its tensor group, its sends to the neighbouring "
+                                            "stages and the pipeline group's all-reduces (the stage's figures below)"
+                                          : "");
+            if (mesh.tensor > 1 && mesh.pipeline == 1) {
               // The same on every row of a precision (under sequence parallelism the all-gathers
               // move the compute dtype).
               const auto fp32 = train::tensor_traffic(c, mesh.tensor, false, accum);
@@ -283,6 +380,7 @@ Command add_plan_command(CLI::App& parent) {
                                 "with recompute full), and the head's input gradient, of micro-batch x context x "
                                 "d_model f32 values; the cross-entropy's maxima and sums; once the gradient norm's");
             }
+            if (mesh.pipeline == 1)
             std::printf("max micro-batch: sequences that fit in %s (%s) next to the weights, gradients, optimizer state "
                         "and ZeRO's buffers\n",
                         o->device_memory.c_str(), format_bytes(double(memory)).c_str());

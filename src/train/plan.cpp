@@ -3,8 +3,12 @@
 #include <algorithm>
 #include <numeric>
 
+#include <stdexcept>
+
 #include "model/arch.h"
 #include "model/model.h"
+#include "train/pipeline_schedule.h"
+#include "train/pipeline_stages.h"
 
 namespace llmtrain::train {
 namespace {
@@ -23,25 +27,41 @@ RankShare share_of(const config::ModelConfig& m, int tensor_size, int tensor_ran
   return share;
 }
 
+// The tensor rank with the most vocabulary rows ([V r / t, V (r + 1) / t)); the first of those.
+int most_rows_rank(const config::ModelConfig& m, int tensor_size) {
+  int most = 0;
+  std::int64_t rows = -1;
+  for (int r = 0; r < tensor_size; ++r) {
+    const std::int64_t mine = m.vocab_size * (r + 1) / tensor_size - m.vocab_size * r / tensor_size;
+    if (mine > rows) {
+      rows = mine;
+      most = r;
+    }
+  }
+  return most;
+}
+
 // The tensor group's collectives per micro-step for a stage of `layers` layers (all of them
-// without pipelines); see tensor_traffic.
-UpdateTraffic tensor_micro_step(const config::Config& c, int tensor_size, bool bf16, std::int64_t layers) {
+// without pipelines), with the embedding and/or the head; see tensor_traffic.
+UpdateTraffic tensor_micro_step(const config::Config& c, int tensor_size, bool bf16, std::int64_t layers,
+                                bool embedding = true, bool head = true) {
   UpdateTraffic t;
   if (tensor_size <= 1) return t;
   const auto& m = c.model;
   const double N = double(c.train.micro_batch_size * m.context_length), C = double(m.d_model);
   const bool full = c.train.recompute == config::Recompute::full, mlp = c.train.recompute == config::Recompute::mlp;
   const double ring = 2.0 * double(tensor_size - 1) / double(tensor_size), share = double(tensor_size - 1) / tensor_size;
-  double all_reduced = 3 * N;  // f32 values: the cross-entropy's row maxima and sums
-  t.all_reduces = 2;
+  const std::int64_t ends = (embedding ? 1 : 0) + (head ? 1 : 0);
+  double all_reduced = head ? 3 * N : 0;  // f32 values: the cross-entropy's row maxima and sums
+  t.all_reduces = head ? 2 : 0;
   if (!c.dist.sequence_parallel) {
-    const std::int64_t sums = 2 + (full ? 6 : 4) * layers;  // the embedding, the layers, the head's input gradient
+    const std::int64_t sums = ends + (full ? 6 : 4) * layers;  // the embedding, the layers, the head's input gradient
     t.all_reduces += sums;
     all_reduced += double(sums) * N * C;
   } else {
-    t.all_gathers = (6 + (full ? 2 : mlp ? 1 : 0)) * layers + 2;
-    t.reduce_scatters = (4 + (full ? 2 : 0)) * layers + 2;
-    const std::int64_t norms = 2 * layers + 1;
+    t.all_gathers = (6 + (full ? 2 : mlp ? 1 : 0)) * layers + ends;
+    t.reduce_scatters = (4 + (full ? 2 : 0)) * layers + ends;
+    const std::int64_t norms = 2 * layers + (head ? 1 : 0);
     t.all_reduces += norms;
     all_reduced += double(norms) * (m.arch == config::Arch::gpt2 ? 2 * C : C);  // a norm's weight (and bias)
     t.bytes += share * N * C * (double(t.all_gathers) * (bf16 ? 2.0 : 4.0) + double(t.reduce_scatters) * 4.0);
@@ -61,18 +81,8 @@ std::int64_t parameter_count(const config::ModelConfig& m) { return model::arch_
 
 RankShare rank_share(const config::ModelConfig& m, int tensor_size, int tensor_rank) {
   if (tensor_rank >= 0) return share_of(m, tensor_size, tensor_rank);
-  // Only the vocabulary rows differ between ranks ([V r / t, V (r + 1) / t)): the rank with the
-  // most of them holds the most; the first of those.
-  int most = 0;
-  std::int64_t rows = -1;
-  for (int r = 0; r < tensor_size; ++r) {
-    const std::int64_t mine = m.vocab_size * (r + 1) / tensor_size - m.vocab_size * r / tensor_size;
-    if (mine > rows) {
-      rows = mine;
-      most = r;
-    }
-  }
-  return share_of(m, tensor_size, most);
+  // Only the vocabulary rows differ between ranks: the rank with the most of them holds the most.
+  return share_of(m, tensor_size, most_rows_rank(m, tensor_size));
 }
 
 std::vector<ShardUnit> shard_units(const config::ModelConfig& m) { return rank_share(m, 1, 0).units; }
@@ -227,6 +237,61 @@ UpdateTraffic tensor_traffic(const config::Config& config, int tensor_size, bool
   return t;
 }
 
+std::vector<StagePlan> pipeline_stages(const config::Config& config, int tensor_size, bool bf16,
+                                       std::int64_t micro_batches, int tensor_rank) {
+  const auto& m = config.model;
+  const int P = int(config.dist.pipeline_parallel);
+  const int r = tensor_rank >= 0 ? tensor_rank : most_rows_rank(m, tensor_size);
+  const bool sp = config.dist.sequence_parallel && tensor_size > 1;
+  const std::vector<StageRange> split = split_layers(config);
+  const double compute = bf16 ? 2.0 : 4.0, ring = 2.0 * double(P - 1) / double(P);
+  // One stage boundary's tensor of a micro-batch: (B T, C) in the compute dtype, this rank's
+  // tokens under sequence parallelism.
+  const double boundary =
+      double(config.train.micro_batch_size * m.context_length) / (sp ? tensor_size : 1) * double(m.d_model) * compute;
+  std::vector<StagePlan> stages;
+  for (int s = 0; s < P; ++s) {
+    const StageRange& range = split[std::size_t(s)];
+    const model::Layout layout{true, r, tensor_size, sp, int(range.first_layer), int(range.layers)};
+    const auto model = model::make_model(m, Device::cpu, config.train.recompute, bf16 ? DType::bf16 : DType::f32,
+                                         ops::AttentionKernels::flash, layout);
+    StagePlan st;
+    st.stage = s;
+    st.first_layer = range.first_layer;
+    st.layers = range.layers;
+    st.embedding = model->first_stage();
+    st.head = model->last_stage();
+    st.share.tensor_size = tensor_size;
+    st.share.tensor_rank = r;
+    st.share.params = model->num_params();
+    for (const model::Unit& u : model->units()) st.share.units.push_back({u.numel(), u.layer >= 0});
+    st.slots = std::min<std::int64_t>(P - s, micro_batches);
+    st.activations =
+        st.slots * std::int64_t(model->activation_bytes(int(config.train.micro_batch_size), int(m.context_length)));
+    st.sends = (s < P - 1 ? micro_batches : 0) + (s > 0 ? micro_batches : 0);
+    st.sent_p2p = double(st.sends) * boundary;
+    // Every stage takes part in the pipeline group's all-reduces: the tied embedding's gradient
+    // (this tensor rank's rows; the middle stages with zeros), the loss and the gradient norm.
+    st.tied = !model->tied_embedding().empty();
+    const double tied_rows = double(m.vocab_size * (r + 1) / tensor_size - m.vocab_size * r / tensor_size);
+    st.sent_pipeline_collectives = ring * ((st.tied ? tied_rows * double(m.d_model) * 4.0 : 0.0) + 2 * 8.0);
+    if (tensor_size > 1) {  // micro-batches of its collectives, and the gradient norm's double once
+      const UpdateTraffic per_micro_batch = tensor_micro_step(config, tensor_size, bf16, st.layers, st.embedding, st.head);
+      st.sent_tensor = double(micro_batches) * per_micro_batch.bytes + 2.0 * double(tensor_size - 1) / double(tensor_size) * 8.0;
+    }
+    stages.push_back(std::move(st));
+  }
+  return stages;
+}
+
+MemoryPlan stage_memory(const config::Config& config, const StagePlan& stage, int data_parallel_size, int zero_stage,
+                        bool bf16) {
+  if (zero_stage == 3) throw std::invalid_argument("stage_memory: ZeRO 3 with a pipeline is refused by the trainer");
+  MemoryPlan plan = plan_memory(config, stage.share, data_parallel_size, zero_stage, bf16, 1);
+  plan.activations = stage.activations;
+  return plan;
+}
+
 std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int* skipped_batch) {
   const auto& m = config.model;
   const bool bf16 = config.train.precision == config::Precision::bf16;
@@ -250,19 +315,45 @@ std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int
       }
       const std::int64_t micro_steps = config.train.global_batch_size / (B * d);
       const std::int64_t stage_layers = ceil_div(m.n_layer, p);
+      // 1F1B pipelines are what train runs: every stage as it builds it (the trainer refuses
+      // fewer micro-batches than stages, and ZeRO 3 with a pipeline).
+      const bool exact_pipeline = p > 1 && config.dist.pipeline_schedule == config::PipelineSchedule::one_f_one_b;
+      if (exact_pipeline && micro_steps < p) continue;
       for (const bool sequence_parallel : {false, true}) {
         if (sequence_parallel && (t == 1 || (B * m.context_length) % t != 0)) continue;
         config::Config c = config;
         c.dist.sequence_parallel = sequence_parallel;
+        c.dist.tensor_parallel = t;
+        c.dist.pipeline_parallel = p;
+        std::vector<StagePlan> stages;
+        if (exact_pipeline) {
+          c.dist.pipeline_layers.clear();  // the balanced split
+          stages = pipeline_stages(c, t, bf16, micro_steps);
+        }
         for (int zero = 0; zero <= 3; ++zero) {
           if (d == 1 && (zero == 1 || zero == 2)) continue;  // the trainer runs them as ZeRO 0
-          const MemoryPlan plan = plan_memory(c, share, d, zero, bf16, B);
+          if (exact_pipeline && zero == 3) continue;
           MeshOption o;
           o.mesh = dist::Mesh{t, d, p};
           o.zero_stage = zero;
           o.micro_steps = micro_steps;
           o.sequence_parallel = sequence_parallel;
-          o.estimate = p > 1;
+          o.estimate = p > 1 && !exact_pipeline;
+          if (exact_pipeline) {
+            // The stage that needs most memory decides the fit; the one that sends most the traffic.
+            for (const StagePlan& st : stages) {
+              o.memory = std::max(o.memory, stage_memory(c, st, d, zero, bf16).total());
+              const double sent = update_traffic(c, st.share, d, zero, bf16, micro_steps).bytes + st.sent_tensor +
+                                  st.sent_p2p + st.sent_pipeline_collectives;
+              if (sent > o.sent) {
+                o.sent = sent;
+                o.tensor_sent = st.sent_tensor;
+              }
+            }
+            options.push_back(o);
+            continue;
+          }
+          const MemoryPlan plan = plan_memory(c, share, d, zero, bf16, B);
           const double data_sent = update_traffic(c, share, d, zero, bf16, micro_steps).bytes;
           if (p == 1) {
             o.memory = plan.total();

@@ -132,6 +132,38 @@ UpdateTraffic update_traffic(const config::Config& config, int data_parallel_siz
 /// f32). Once per update the gradient norm's (one double). Nothing at size 1.
 UpdateTraffic tensor_traffic(const config::Config& config, int tensor_size, bool bf16, std::int64_t micro_steps);
 
+/// One pipeline stage as the trainer builds it (dist.pipeline_parallel P > 1, the 1F1B schedule):
+/// its layers (train::split_layers), the model of those layers on the tensor rank that holds the
+/// most vocabulary rows (model::make_model with Layout{first_layer, layers}, sharded: nothing
+/// allocated), its activation slots and what it sends to its neighbours per optimizer update.
+struct StagePlan {
+  int stage = 0;
+  std::int64_t first_layer = 0, layers = 0;
+  bool embedding = false, head = false;  // the first stage holds the embedding; the last the final norm, head and loss
+  RankShare share;                       // this stage's parameters on that tensor rank
+  std::int64_t slots = 1;                // micro-batches whose activations it keeps: min(P - stage, m)
+  std::int64_t activations = 0;          // slots x the stage model's activation_bytes of one micro-batch (from
+                                         // above: the model lays out one backward scratch for all its slots)
+  std::int64_t sends = 0;                // point-to-point sends per update: m forward (stage < P-1), m backward (stage > 0)
+  double sent_p2p = 0;                   // their bytes: micro_batch x context x d_model (/ t with sequence parallelism) in the compute dtype each
+  double sent_pipeline_collectives = 0;  // the pipeline group's all-reduces (ring): the tied embedding's gradient, the loss and the norm
+  bool tied = false;                     // the tied embedding's gradients are summed between the first and last stages
+  double sent_tensor = 0;                // over its tensor group per update: tensor_traffic's collectives for its layers,
+                                         // the embedding's on the first stage, the head's and the cross-entropy's on the last
+};
+
+/// Every stage of config.dist.pipeline_parallel (> 1) on a tensor group of `tensor_size`, with
+/// `micro_batches` micro-batches per update, in fp32 or bf16, on tensor rank `tensor_rank` (-1:
+/// the one with the most vocabulary rows, the figures plan prints). InputError (naming the keys)
+/// for a split the model cannot take (split_layers) or a tensor size it cannot be split by.
+std::vector<StagePlan> pipeline_stages(const config::Config& config, int tensor_size, bool bf16,
+                                       std::int64_t micro_batches, int tensor_rank = -1);
+
+/// One stage's memory per rank: plan_memory of its share for ZeRO 0-2 (ZeRO 3 with a pipeline is
+/// refused by the trainer; std::invalid_argument), its activations those of its slots.
+MemoryPlan stage_memory(const config::Config& config, const StagePlan& stage, int data_parallel_size, int zero_stage,
+                        bool bf16);
+
 /// One (mesh, ZeRO stage) choice for a number of devices, in the config's precision and micro-batch.
 struct MeshOption {
   dist::Mesh mesh;
@@ -141,7 +173,7 @@ struct MeshOption {
   double sent = 0;               // bytes each rank sends per update, all groups
   double tensor_sent = 0;        // of it over the tensor group
   bool sequence_parallel = false;
-  bool estimate = false;         // pipeline > 1: not built yet, figures estimated
+  bool estimate = false;         // interleaved pipeline: figures estimated (1F1B pipelines are exact)
 };
 
 /// Every mesh of `gpus` ranks (tensor_parallel a divisor up to 8 that the model can split by:
