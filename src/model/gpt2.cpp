@@ -249,20 +249,9 @@ void Gpt2::ensure_acts(int B, int T) {
     throw RuntimeError("Gpt2: batch (" + std::to_string(B) + ", " + std::to_string(T) + ") outside the model's context");
   }
   if (B == acts_B_ && T == acts_T_ && std::int64_t(acts_slots_.size()) == slots_) return;
-  if (sequence_parallel() && (std::int64_t(B) * T) % tensor_size() != 0) {
-    throw InputError("dist.sequence_parallel: train.micro_batch_size x the sequence length (" + std::to_string(B) +
-                     " x " + std::to_string(T) + ") must be a multiple of dist.tensor_parallel (" +
-                     std::to_string(tensor_size()) + ")");
-  }
-  lay_out_activations(acts_buffer_, acts_slots_, ga_, [&](Carver& carver, Acts& a, GradActs& g, const ActsShape& shape) {
+  lay_out_activations(B, T, acts_buffer_, acts_slots_, ga_, [&](Carver& carver, Acts& a, GradActs& g, const ActsShape& shape) {
     return bind_acts(config_, recompute_, compute_, carver, B, T, a, g, shape);
   });
-  // This rank's vocabulary rows (bind_acts made room for the most any rank has).
-  for (Acts& slot : acts_slots_) {
-    if (last_stage()) {
-      slot.logits = Tensor(slot.logits.data, slot.logits.dtype, device_, {std::int64_t(B) * T, vocab_end() - vocab_begin()});
-    }
-  }
   acts_B_ = B;
   acts_T_ = T;
   a_ = acts_slots_[std::size_t(slot_)];

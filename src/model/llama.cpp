@@ -181,80 +181,80 @@ std::size_t Llama::bind_acts(const config::ModelConfig& config, Recompute recomp
   const auto take = [&](std::initializer_list<std::int64_t> dims) { return carver.take(compute, dims); };
   const auto stat = [&](std::initializer_list<std::int64_t> dims) { return carver.take(DType::f32, dims); };
   if (shape.acts) {
-  a = Acts();
-  a.inputs = carver.take(DType::i32, {B, T});
-  a.targets = carver.take(DType::i32, {N});
-  a.encoded = take({R, C});
+    a = Acts();
+    a.inputs = carver.take(DType::i32, {B, T});
+    a.targets = carver.take(DType::i32, {N});
+    a.encoded = take({R, C});
 
-  // One copy shared by all layers: what backward never reads (the pre-rotation qkv and the two
-  // branch outputs) and what it recomputes.
-  LayerActs shared;
-  shared.qkv = take({N, QKV});
-  shared.attproj = take({R, C});
-  shared.down = take({R, C});
-  const bool full = recompute == Recompute::full;
-  if (recompute != Recompute::none) {
-    shared.gate = take({N, F});
-    shared.up = take({N, F});
-    shared.swi = take({N, F});
-  }
-  if (full) {
-    shared.ln1 = take({R, C});
-    shared.rstd1 = stat({R});
-    shared.qkvr = take({N, QKV});
-    shared.atty = take({N, CL});
-    shared.lse = stat({B, NH, T});
-    shared.residual2 = take({R, C});
-    shared.ln2 = take({R, C});
-    shared.rstd2 = stat({R});
-  }
-  for (std::int64_t l = 0; l < layers; ++l) {
-    LayerActs la = shared;
-    if (!full) {
-      la.ln1 = take({R, C});
-      la.rstd1 = stat({R});
-      la.qkvr = take({N, QKV});
-      la.atty = take({N, CL});
-      la.lse = stat({B, NH, T});
-      la.residual2 = take({R, C});
-      la.ln2 = take({R, C});
-      la.rstd2 = stat({R});
+    // One copy shared by all layers: what backward never reads (the pre-rotation qkv and the two
+    // branch outputs) and what it recomputes.
+    LayerActs shared;
+    shared.qkv = take({N, QKV});
+    shared.attproj = take({R, C});
+    shared.down = take({R, C});
+    const bool full = recompute == Recompute::full;
+    if (recompute != Recompute::none) {
+      shared.gate = take({N, F});
+      shared.up = take({N, F});
+      shared.swi = take({N, F});
     }
-    if (recompute == Recompute::none) {
-      la.gate = take({N, F});
-      la.up = take({N, F});
-      la.swi = take({N, F});
+    if (full) {
+      shared.ln1 = take({R, C});
+      shared.rstd1 = stat({R});
+      shared.qkvr = take({N, QKV});
+      shared.atty = take({N, CL});
+      shared.lse = stat({B, NH, T});
+      shared.residual2 = take({R, C});
+      shared.ln2 = take({R, C});
+      shared.rstd2 = stat({R});
     }
-    la.residual3 = take({R, C});
-    a.layers.push_back(la);
-  }
-  if (shape.head) {
-    a.lnf = take({R, C});
-    a.rstdf = stat({R});
-  }
-  if (R != N) {  // the whole tokens' gathered inputs and partial outputs of the split matmuls
-    a.full_in = take({N, C});
-    a.full_out = take({N, C});
-    if (shape.head) a.lnf_full = take({N, C});
-  }
-  if (shape.head) {
-    a.logits = take({N, V});
-    a.losses = stat({N});
-  }
+    for (std::int64_t l = 0; l < layers; ++l) {
+      LayerActs la = shared;
+      if (!full) {
+        la.ln1 = take({R, C});
+        la.rstd1 = stat({R});
+        la.qkvr = take({N, QKV});
+        la.atty = take({N, CL});
+        la.lse = stat({B, NH, T});
+        la.residual2 = take({R, C});
+        la.ln2 = take({R, C});
+        la.rstd2 = stat({R});
+      }
+      if (recompute == Recompute::none) {
+        la.gate = take({N, F});
+        la.up = take({N, F});
+        la.swi = take({N, F});
+      }
+      la.residual3 = take({R, C});
+      a.layers.push_back(la);
+    }
+    if (shape.head) {
+      a.lnf = take({R, C});
+      a.rstdf = stat({R});
+    }
+    if (R != N) {  // the whole tokens' gathered inputs and partial outputs of the split matmuls
+      a.full_in = take({N, C});
+      a.full_out = take({N, C});
+      if (shape.head) a.lnf_full = take({N, C});
+    }
+    if (shape.head) {
+      a.logits = take({N, V});
+      a.losses = stat({N});
+    }
   }
   if (shape.grads) {
-  g.residual = take({R, C});
-  g.lnf = take({R, C});
-  const std::size_t scratch_begin = carver.used;
-  g.ln1 = take({R, C});
-  g.qkv = take({N, QKV});
-  g.qkvr = take({N, QKV});
-  g.atty = take({N, CL});
-  g.ln2 = take({R, C});
-  g.gate = take({N, F});
-  g.up = take({N, F});
-  g.swi = take({N, F});
-  g.scratch = carver.raw_since(scratch_begin);
+    g.residual = take({R, C});
+    g.lnf = take({R, C});
+    const std::size_t scratch_begin = carver.used;
+    g.ln1 = take({R, C});
+    g.qkv = take({N, QKV});
+    g.qkvr = take({N, QKV});
+    g.atty = take({N, CL});
+    g.ln2 = take({R, C});
+    g.gate = take({N, F});
+    g.up = take({N, F});
+    g.swi = take({N, F});
+    g.scratch = carver.raw_since(scratch_begin);
   }
   return carver.used;
 }
@@ -280,20 +280,9 @@ void Llama::ensure_acts(int B, int T) {
                        ") outside the model's context");
   }
   if (B == acts_B_ && T == acts_T_ && std::int64_t(acts_slots_.size()) == slots_) return;
-  if (sequence_parallel() && (std::int64_t(B) * T) % tensor_size() != 0) {
-    throw InputError("dist.sequence_parallel: train.micro_batch_size x the sequence length (" + std::to_string(B) +
-                     " x " + std::to_string(T) + ") must be a multiple of dist.tensor_parallel (" +
-                     std::to_string(tensor_size()) + ")");
-  }
-  lay_out_activations(acts_buffer_, acts_slots_, ga_, [&](Carver& carver, Acts& a, GradActs& g, const ActsShape& shape) {
+  lay_out_activations(B, T, acts_buffer_, acts_slots_, ga_, [&](Carver& carver, Acts& a, GradActs& g, const ActsShape& shape) {
     return bind_acts(config_, recompute_, compute_, carver, B, T, a, g, shape);
   });
-  // This rank's vocabulary rows (bind_acts made room for the most any rank has).
-  for (Acts& slot : acts_slots_) {
-    if (last_stage()) {
-      slot.logits = Tensor(slot.logits.data, slot.logits.dtype, device_, {std::int64_t(B) * T, vocab_end() - vocab_begin()});
-    }
-  }
   acts_B_ = B;
   acts_T_ = T;
   a_ = acts_slots_[std::size_t(slot_)];

@@ -183,6 +183,13 @@ void Model::embed(const Tensor& out, const std::int32_t* inputs, const Tensor& d
   ops::encoder_forward(out, ids, vocab_table_.view(compute_, {rows + 1, C}), bias_once(wpe));
 }
 
+void Model::check_sequence_split(int B, int T) const {
+  if (!sequence_parallel() || (std::int64_t(B) * T) % tensor_size() == 0) return;
+  throw InputError("dist.sequence_parallel: train.micro_batch_size x the sequence length (" + std::to_string(B) + " x " +
+                   std::to_string(T) + ") must be a multiple of dist.tensor_parallel (" + std::to_string(tensor_size()) +
+                   ")");
+}
+
 void Model::set_activation_slots(int slots) {
   if (slots < 1) throw RuntimeError("model: activation slots must be at least 1");
   slots_ = slots;

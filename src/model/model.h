@@ -303,10 +303,13 @@ class Model {
     ops::residual_forward(grads, grads, kept);
   }
   Tensor keep_norm_grads(const Tensor& grads);  // a copy of `grads` (flat)
-  /// Lays out one set of activations per slot and one backward scratch in `buffer`, with the
-  /// architecture's layout code `bind(carver, acts, grads, shape)` (returning the bytes used).
+  /// Lays out one set of activations of (B,T) micro-batches per slot and one backward scratch in
+  /// `buffer`, with the architecture's layout code `bind(carver, acts, grads, shape)` (returning
+  /// the bytes used); on the last stage each slot's logits are this rank's vocabulary columns.
   template <class ActsT, class GradActsT, class Bind>
-  void lay_out_activations(ops::Buffer& buffer, std::vector<ActsT>& slots, GradActsT& grads, Bind&& bind) {
+  void lay_out_activations(int B, int T, ops::Buffer& buffer, std::vector<ActsT>& slots, GradActsT& grads,
+                           Bind&& bind) {
+    check_sequence_split(B, T);
     ActsShape acts_only = acts_shape(), grads_only = acts_shape();
     acts_only.grads = false;
     grads_only.acts = false;
@@ -320,9 +323,17 @@ class Model {
     buffer = ops::Buffer(device_, std::size_t(slots_) * per_slot + scratch);
     Carver carver{static_cast<char*>(buffer.data()), device_};
     slots.assign(std::size_t(slots_), ActsT());
-    for (ActsT& slot : slots) bind(carver, slot, grads, acts_only);
+    for (ActsT& slot : slots) {
+      bind(carver, slot, grads, acts_only);
+      // bind made room for the most vocabulary rows any rank has.
+      if (last_stage()) {
+        slot.logits = Tensor(slot.logits.data, slot.logits.dtype, device_, {std::int64_t(B) * T, vocab_end() - vocab_begin()});
+      }
+    }
     bind(carver, a, grads, grads_only);
   }
+  /// InputError unless sequence parallelism can split (B,T) micro-batches' tokens over the group.
+  void check_sequence_split(int B, int T) const;
   /// The flat gradient run of `count` elements from `first` (a norm's weight, then its bias).
   Tensor norm_grads(const Tensor& first, std::int64_t count) const {
     return Tensor(first.data, DType::f32, device_, {count});

@@ -133,13 +133,13 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
   if (stages_ > 1) {
     // 1F1B keeps at most stages - stage micro-batches in flight here.
     model_->set_activation_slots(int(std::min<std::int64_t>(stages_ - stage_, accum_)));
+    // A tied embedding: the first and last stages hold it; every stage takes part in summing its
+    // gradients (a middle stage with zeros).
     const std::string tied = model_->tied_embedding();
-    if (!tied.empty() && model_->has_param(tied) && !(model_->first_stage() && model_->last_stage())) {
-      tied_ = &model_->param_info(tied);
-    } else if (!tied.empty() && !model_->has_param(tied)) {
-      tied_numel_ = pipeline_tied_numel();  // a middle stage takes part in the sum with zeros
+    if (!tied.empty()) {
+      tied_numel_ = pipeline_tied_numel();
+      if (model_->has_param(tied)) tied_ = &model_->param_info(tied);
     }
-    if (tied_) tied_numel_ = tied_->numel;
   }
   if (layout.tensor_size > 1) {
     tensor_group_ = std::make_unique<CommTensorGroup>(comms.tensor(), device_);
