@@ -44,6 +44,7 @@ struct Layout {
   int ranks, tensor, zero;
   bool sequence_parallel = false;
   int pipeline = 1;
+  int virtual_stages = 1;  // more: the interleaved schedule
 };
 
 // Trains the model of `model_json` (a "model" section) on one rank, then in each of `layouts`,
@@ -79,15 +80,20 @@ void check_layout_invariance(const std::string& model_json, const std::vector<La
   REQUIRE(reference_losses.size() == std::size_t(steps + 2));  // the steps, 2 validations
   const llmtrain::checkpoint::SafetensorsReader reference_weights(reference + last + "/model.safetensors");
 
-  for (const auto [ranks, tensor, zero, sequence_parallel, pipeline] : layouts) {
+  for (const auto [ranks, tensor, zero, sequence_parallel, pipeline, virtual_stages] : layouts) {
     {
-      CAPTURE(ranks, tensor, zero, sequence_parallel, pipeline);
+      CAPTURE(ranks, tensor, zero, sequence_parallel, pipeline, virtual_stages);
       const std::string run = dir.path() + "/w" + std::to_string(ranks) + "t" + std::to_string(tensor) + "p" +
-                              std::to_string(pipeline) + "z" + std::to_string(zero) + (sequence_parallel ? "sp" : "");
+                              std::to_string(pipeline) + "v" + std::to_string(virtual_stages) + "z" +
+                              std::to_string(zero) + (sequence_parallel ? "sp" : "");
+      const std::string schedule = virtual_stages > 1 ? " --set dist.pipeline_schedule=interleaved --set "
+                                                        "dist.virtual_stages=" + std::to_string(virtual_stages)
+                                                      : "";
       const int status = mpirun(ranks, "train --config " + config + " --run-dir " + run + " --set dist.zero_stage=" +
                                            std::to_string(zero) + " --set dist.tensor_parallel=" + std::to_string(tensor) +
                                            " --set dist.pipeline_parallel=" + std::to_string(pipeline) +
-                                           " --set dist.sequence_parallel=" + (sequence_parallel ? "true" : "false"),
+                                           " --set dist.sequence_parallel=" + (sequence_parallel ? "true" : "false") +
+                                           schedule,
                                 run + ".log");
       if (status != 0) {
         std::ifstream log(run + ".log");
@@ -173,19 +179,22 @@ TEST_CASE("Llama (GQA, untied head): tensor parallelism 2 and 4, alone, with dat
 }
 
 // Pipelines of 2 and 4 stages (1F1B), with data parallelism 2 (ZeRO 0 and 1), with tensor
-// parallelism 2 (and sequence parallelism), and the whole 3-D mesh, 2 x 2 x 2, on 8 ranks.
+// parallelism 2 (and sequence parallelism), and the whole 3-D mesh, 2 x 2 x 2, on 8 ranks; the
+// interleaved schedule (2 stages of 2 chunks: one layer each) alone, with data parallelism 2 (2
+// micro-batches per update) and with tensor parallelism 2.
 const std::vector<Layout> pipeline_parallel = {
-    {2, 1, 0, false, 2}, {4, 1, 0, false, 4}, {4, 1, 1, false, 2}, {4, 2, 0, false, 2}, {4, 2, 0, true, 2},
-    {8, 2, 1, false, 2}};
+    {2, 1, 0, false, 2},    {4, 1, 0, false, 4},    {4, 1, 1, false, 2},   {4, 2, 0, false, 2}, {4, 2, 0, true, 2},
+    {8, 2, 1, false, 2},    {2, 1, 0, false, 2, 2}, {4, 1, 1, false, 2, 2}, {4, 2, 0, false, 2, 2}};
 
-TEST_CASE("pipelines of 2 and 4 stages, with data and tensor parallelism, give the same losses and weights",
+TEST_CASE("pipelines of 2 and 4 stages, 1F1B and interleaved, with data and tensor parallelism, give the same losses "
+          "and weights",
           "[dist][mpi][pipeline]") {
   check_layout_invariance(R"({"vocab_size": 251, "context_length": 16, "n_layer": 4, "n_head": 4, "d_model": 32})",
                           pipeline_parallel, 32, 0.003, 10);
 }
 
-TEST_CASE("Llama (GQA, untied head) in pipelines of 2 and 4 stages, with data and tensor parallelism, same losses and "
-          "weights", "[dist][mpi][pipeline][llama]") {
+TEST_CASE("Llama (GQA, untied head) in pipelines of 2 and 4 stages, 1F1B and interleaved, with data and tensor "
+          "parallelism, same losses and weights", "[dist][mpi][pipeline][llama]") {
   check_layout_invariance(R"({"arch": "llama", "vocab_size": 251, "context_length": 16, "n_layer": 4,
                               "n_head": 4, "n_kv_head": 2, "d_model": 32, "ffn_hidden": 40})",
                           pipeline_parallel, 32, 0.003, 10);

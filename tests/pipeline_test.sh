@@ -2,9 +2,11 @@
 # Pipeline parallelism on CPU ranks:
 #  1. A 2-stage checkpoint resumed on one rank, and a one-rank checkpoint resumed in a 2-stage
 #     pipeline (and in 2 stages x tensor parallel 2), continue the loss curve (1e-5 relative).
+#     The interleaved schedule (2 stages x 2 chunks) gives the one-rank losses, and resumes from
+#     and into one rank.
 #  2. The stages' transfers in an update (metrics.jsonl): each stage but the last sends one
-#     activation of (B T, C) floats per micro-batch, each but the first one gradient; the log
-#     names the stage split.
+#     activation of (B T, C) floats per micro-batch, each but the first one gradient (per chunk
+#     under the interleaved schedule); the log names the stage split.
 #  3. A stage that stops answering mid-step stops the whole job within dist.timeout_s, and the
 #     message names the stage and rank that never answered.
 # Usage: pipeline_test.sh LLMTRAIN MPIEXEC
@@ -40,6 +42,28 @@ for layout in "2 1" "4 2"; do
   pass "one-rank checkpoint resumed in 2 stages x tensor parallel $tensor: same losses"
 done
 
+# The interleaved schedule: 2 stages of 2 chunks (one layer each), 4 micro-batches per update.
+interleaved=(--set dist.pipeline_parallel=2 --set dist.pipeline_schedule=interleaved --set dist.virtual_stages=2)
+mpi 2 "$llmtrain" train --config "$work/pp.json" --run-dir "$work/i2ref" "${interleaved[@]}" >"$work/i2ref.log" 2>&1 ||
+  fail "interleaved run: $(tail -n 3 "$work/i2ref.log")"
+grep -q "interleaved" "$work/i2ref.log" || fail "the log does not name the interleaved schedule: $(grep pipeline "$work/i2ref.log")"
+/usr/bin/python3 - "$work/r1/metrics.jsonl" "$work/i2ref/metrics.jsonl" <<'PY' || fail "interleaved run: losses differ from one rank's"
+import json, sys
+ref, got = ({l["step"]: l["loss"] for l in map(json.loads, open(f)) if "loss" in l} for f in sys.argv[1:])
+assert sorted(got) == sorted(ref) == list(range(1, 21)), (sorted(ref), sorted(got))
+worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in got)
+print(f"  interleaved against one rank, steps 1-20, largest relative difference {worst:.1e}")
+assert worst <= 1e-5
+PY
+"$llmtrain" train --config "$work/pp.json" --run-dir "$work/i2at1" --resume "$work/i2ref/checkpoints/step_00000010" \
+  >"$work/i2at1.log" 2>&1 || fail "interleaved checkpoint on one rank: $(tail -n 3 "$work/i2at1.log")"
+same_losses "$work/r1/metrics.jsonl" "$work/i2at1/metrics.jsonl" || fail "interleaved checkpoint on one rank: losses differ"
+mpi 2 "$llmtrain" train --config "$work/pp.json" --run-dir "$work/r1ati2" "${interleaved[@]}" \
+  --resume "$work/r1/checkpoints/step_00000010" >"$work/r1ati2.log" 2>&1 ||
+  fail "one-rank checkpoint interleaved: $(tail -n 3 "$work/r1ati2.log")"
+same_losses "$work/r1/metrics.jsonl" "$work/r1ati2/metrics.jsonl" || fail "one-rank checkpoint interleaved: losses differ"
+pass "interleaved (2 stages x 2 chunks): the one-rank losses, and resume from and into one rank"
+
 # 2. Transfers per update: 4 micro-batches of (2 x 32, 32) f32 activations.
 config "$work/comm.json" 2 0
 for stages in 2 4; do
@@ -57,6 +81,20 @@ assert sent["send"] == [4, 4 * 64 * 32 * 4], sent
 assert sent["recv"][0] == 4, sent
 PY
 pass "stage 0 sends one (B T, C) activation and receives one gradient per micro-batch"
+mpi 2 "$llmtrain" train --config "$work/comm.json" --run-dir "$work/commi" "${interleaved[@]}" >"$work/commi.log" 2>&1 ||
+  fail "communication run, interleaved: $(tail -n 3 "$work/commi.log")"
+/usr/bin/python3 - "$work" <<'PY' || fail "interleaved transfers per update"
+import json, sys
+step = [l for l in map(json.loads, open(f"{sys.argv[1]}/commi/metrics.jsonl")) if l.get("step") == 2 and "loss" in l][0]
+# Stage 0 holds virtual stages 0 and 2 of 4: both send their activations on (8) and virtual
+# stage 2 its input gradients back (4); it receives virtual stage 2's inputs (4) and both
+# chunks' output gradients (8).
+sent = step["pipeline_collectives"]
+print(f"  stage 0 of 2, 2 chunks: {sent}")
+assert sent["send"] == [12, 12 * 64 * 32 * 4], sent
+assert sent["recv"][0] == 12, sent
+PY
+pass "interleaved: stage 0 sends 2 activations and 1 gradient per micro-batch (its 2 chunks)"
 
 # 3. A stage that stops answering stops the job within dist.timeout_s, naming it.
 config "$work/hang.json" 100000 0

@@ -56,10 +56,10 @@ std::string model_line(const config::ModelConfig& m) {
   return line;
 }
 
-// "2 x 4 x 8 sp *": tensor x data x pipeline, sp with sequence parallelism, starred when estimated.
+// "2 x 4 x 8 sp": tensor x data x pipeline, sp with sequence parallelism.
 std::string mesh_label(const train::MeshOption& o) {
   return std::to_string(o.mesh.tensor) + " x " + std::to_string(o.mesh.data) + " x " + std::to_string(o.mesh.pipeline) +
-         (o.sequence_parallel ? " sp" : "") + (o.estimate ? " *" : "");
+         (o.sequence_parallel ? " sp" : "");
 }
 
 // plan --suggest: the meshes of `gpus` ranks and ZeRO stages that fit `memory` bytes per device.
@@ -121,40 +121,22 @@ int suggest(const config::Config& c, const std::string& config_path, int gpus, c
   };
   std::printf("%-16s %4s %11s %13s %13s %13s\n", "mesh t x d x p", "ZeRO", "micro-steps", "memory/rank", "sent/update",
               "of it tensor");
-  bool trainable_shown = false;
-  for (std::size_t i = 0; i < shown.size() && i < rows_at_most; ++i) {
-    print_row(shown[i]);
-    trainable_shown = trainable_shown || !shown[i].estimate;
-  }
+  for (std::size_t i = 0; i < shown.size() && i < rows_at_most; ++i) print_row(shown[i]);
   std::printf("fit: %zu of %zu (mesh, ZeRO stage) choices; %zu shown, least traffic first (per mesh, stages that need "
               "more memory and send no less left out)\n",
               fitting.size(), options.size(), std::min(shown.size(), rows_at_most));
-  if (!trainable_shown) {
-    // What train runs today: the best fitting choice without a pipeline.
-    const auto best = std::find_if(shown.begin(), shown.end(), [](const train::MeshOption& o) { return !o.estimate; });
-    if (best != shown.end()) {
-      std::printf("exact (what train runs):\n");
-      print_row(*best);
-    } else {
-      std::printf("exact (what train runs): none fits\n");
-    }
-  }
   std::printf("memory/rank: weights, gradients, optimizer state, ZeRO's buffers and one micro-batch's activations, "
               "of the tensor rank that holds most; with a pipeline (p > 1) the stage that needs most, its "
-              "activations for min(p - stage, micro-steps) micro-batches; sent/update: bytes each rank sends per "
+              "activations for the micro-batches its schedule keeps in flight (min(p - stage, micro-steps) under "
+              "1F1B); sent/update: bytes each rank sends per "
               "optimizer update (ring collectives) over its data group (loss and norm all-reduce not counted) and its "
               "tensor group (every collective; 'of it tensor'), with a pipeline the stage that sends most, with its "
               "activations and gradients to the neighbouring stages and the pipeline group's all-reduces; sp: "
               "sequence parallelism\n");
-  std::printf("rows without *: exact, the buffers train allocates and the collectives it makes (tensor parallel t "
-              "divides n_head and ffn_hidden, and divides n_kv_head or is a multiple of it; 1F1B pipelines with the "
-              "balanced split, at least p micro-steps, ZeRO 0-2: train refuses ZeRO 3 with a pipeline)\n");
-  if (c.dist.pipeline_schedule != config::PipelineSchedule::one_f_one_b) {
-    std::printf("*: estimate for the interleaved schedule (train runs 1F1B only): parameter memory / p, a stage "
-                "holding its layers' activations for min(p, micro-steps) micro-batches; sent: the data group's share "
-                "/ p + the tensor group's collectives for the stage's layers + activations forward and their "
-                "gradients back per micro-step; bytes inside a node and across the network count alike\n");
-  }
+  std::printf("every row is exact: the buffers train allocates and the collectives it makes (tensor parallel t "
+              "divides n_head and ffn_hidden, and divides n_kv_head or is a multiple of it; pipelines with the "
+              "balanced split, at least p micro-steps (a multiple of p, interleaved), ZeRO 0-2: train refuses ZeRO 3 "
+              "with a pipeline); bytes inside a node and across the network count alike\n");
   return 0;
 }
 
@@ -167,21 +149,24 @@ void print_stages(const config::Config& c, const dist::Mesh& mesh, std::int64_t 
   // The trainer runs ZeRO 1-2 on one data rank as 0, and refuses ZeRO 3 with a pipeline.
   const int zero = mesh.data == 1 ? 0 : int(std::min<std::int64_t>(c.dist.zero_stage, 2));
   const double bubble = train::bubble_fraction(c.dist, int(micro_batches));
-  std::printf("pipeline: %d stages, %s, %lld micro-batches per update: bubble %.1f%% of each stage's step (%s)%s\n",
+  std::printf("pipeline: %d stages, %s, %lld micro-batches per update: bubble %.1f%% of each stage's step (%s)\n",
               mesh.pipeline,
               interleaved ? ("interleaved with " + std::to_string(c.dist.virtual_stages) + " chunks per stage").c_str()
                           : "1F1B",
               static_cast<long long>(micro_batches), 100.0 * bubble,
-              interleaved ? "(P - 1) / (V m + P - 1)" : "(P - 1) / (m + P - 1)",
-              interleaved ? "; train runs 1F1B only (the stages below are 1F1B's)" : "");
+              interleaved ? "(P - 1) / (V m + P - 1)" : "(P - 1) / (m + P - 1)");
   std::printf("stages, %s ZeRO %d%s, per rank (tensor rank %d):\n", bf16 ? "bf16" : "fp32", zero,
               c.dist.zero_stage == 3 ? " (ZeRO 3 is refused with a pipeline)" : "", stages.front().share.tensor_rank);
   std::printf("%-5s %-26s %15s %12s %20s %12s %25s %12s\n", "stage", "layers", "parameters", "state", "activations",
               "total", "to neighbours", "sent/update");
   for (const auto& st : stages) {
     const train::MemoryPlan p = train::stage_memory(c, st, mesh.data, zero, bf16);
-    const std::string layers = std::to_string(st.first_layer) + "-" + std::to_string(st.first_layer + st.layers - 1) +
-                               (st.embedding ? " + embedding" : "") + (st.head ? " + head" : "");
+    std::string layers;
+    for (const train::StageRange& chunk : st.chunks) {
+      layers += (layers.empty() ? "" : ", ") + std::to_string(chunk.first_layer) +
+                (chunk.layers == 1 ? "" : "-" + std::to_string(chunk.first_layer + chunk.layers - 1));
+    }
+    layers += std::string(st.embedding ? " + embedding" : "") + (st.head ? " + head" : "");
     const std::string acts = format_bytes(double(p.activations)) + " (" + std::to_string(st.slots) + " slot" +
                              (st.slots == 1 ? "" : "s") + ")";
     const std::string p2p =
@@ -194,10 +179,11 @@ void print_stages(const config::Config& c, const dist::Mesh& mesh, std::int64_t 
   }
   const auto& first = stages.front();
   std::printf("state: weights, gradients, optimizer state and ZeRO's buffers (the trainer's state_bytes); activations: "
-              "one micro-batch's of the stage's layers (and gradients) x slots, min(P - stage, m) micro-batches in "
-              "flight under 1F1B (from above: the trainer keeps one backward scratch for all slots); to "
-              "neighbours: each micro-batch's activation forward (stages before the last) and its gradient backward "
-              "(stages after the first), micro-batch x context x d_model%s in %s; sent/update: "
+              "one micro-batch's of the stage's largest chunk (and gradients) x slots, the most micro-batches "
+              "(and chunks) in flight as the schedule runs, min(P - stage, m) under 1F1B (from above: the trainer "
+              "keeps one backward scratch for all slots); to neighbours: each micro-batch's activation forward "
+              "(every chunk but the last virtual stage) and its gradient backward (every chunk but the first), "
+              "micro-batch x context x d_model%s in %s; sent/update: "
               "that, the pipeline group's all-reduces (%sthe loss and the gradient norm: %s per rank, ring), the "
               "tensor and data groups\n",
               c.dist.sequence_parallel && mesh.tensor > 1 ? " / tensor size" : "", bf16 ? "bf16" : "f32",
@@ -259,12 +245,9 @@ Command add_plan_command(CLI::App& parent) {
               } catch (const InputError& e) {
                 throw InputError(o->config_path + ": " + e.what());
               }
-              config::Config one = c;  // the interleaved schedule is not built: its stages are 1F1B's
-              one.dist.virtual_stages = 1;
-              if (c.dist.pipeline_schedule != config::PipelineSchedule::one_f_one_b) one.dist.pipeline_layers.clear();
               try {
                 for (const bool bf16 : {false, true}) {
-                  stages[bf16] = train::pipeline_stages(one, mesh.tensor, bf16, accum);
+                  stages[bf16] = train::pipeline_stages(c, mesh.tensor, bf16, accum);
                 }
               } catch (const InputError& e) {
                 throw InputError(o->config_path + ": " + e.what());

@@ -20,6 +20,9 @@ class Request {
  public:
   virtual ~Request() = default;
   virtual void wait() = 0;
+  /// Whether wait() would return at once (it must still be called). Never blocks; implementations
+  /// that cannot tell without blocking answer false (MPI's transfers can).
+  virtual bool finished() { return false; }
 };
 
 /// What this rank sent through one communicator, counted as the ring algorithms send it (the

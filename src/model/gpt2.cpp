@@ -56,9 +56,9 @@ Gpt2::Gpt2(const config::ModelConfig& config, Device device, Recompute recompute
   params.layers.resize(std::size_t(config.n_layer));
   // Pipeline stages: the first holds wpe and wte, the last ln_f and wte (the tied head).
   const auto held = [&](const std::string& name) {
-    if (name.starts_with("transformer.ln_f.")) return last_stage();
-    if (name == "transformer.wpe.weight") return first_stage();
-    if (name == "transformer.wte.weight") return first_stage() || last_stage();
+    if (name.starts_with("transformer.ln_f.")) return holds_last_stage();
+    if (name == "transformer.wpe.weight") return holds_first_stage();
+    if (name == "transformer.wte.weight") return holds_first_stage() || holds_last_stage();
     return true;  // a layer's: add_param keeps this stage's
   };
   for_each_param(config_, params, [&](const std::string& name, const std::vector<std::int64_t>& shape, Tensor&) {
@@ -84,7 +84,7 @@ TensorSlice Gpt2::slice_of(const std::string& name) const {
   if (name.ends_with("mlp.c_proj.weight")) return even_part(1, F4);
   if (name == "transformer.wte.weight") {
     TensorSlice rows = tensor_size() > 1 ? TensorSlice{0, {{vocab_begin(), vocab_end() - vocab_begin()}}} : TensorSlice{};
-    rows.owner = first_stage();  // the last pipeline stage's (the tied head's) is a copy
+    rows.owner = holds_first_stage();  // the last pipeline stage's (the tied head's) is a copy
     return rows;
   }
   return {};
@@ -106,7 +106,9 @@ Gpt2::Params Gpt2::bind_params(bool grads) const {
   Params p;
   p.layers.resize(std::size_t(config_.n_layer));
   bind_roots(p, grads);
-  for (std::int64_t l = first_layer(); l < first_layer() + stage_layers(); ++l) p.layers[std::size_t(l)] = bind_layer(l, grads);
+  for (std::int64_t l = 0; l < config_.n_layer; ++l) {
+    if (holds_layer(l)) p.layers[std::size_t(l)] = bind_layer(l, grads);
+  }
   return p;
 }
 
@@ -254,11 +256,11 @@ void Gpt2::ensure_acts(int B, int T) {
   });
   acts_B_ = B;
   acts_T_ = T;
-  a_ = acts_slots_[std::size_t(slot_)];
+  take_slot(a_, acts_slots_);
 }
 
 void Gpt2::select_activations() {
-  if (std::size_t(slot_) < acts_slots_.size()) a_ = acts_slots_[std::size_t(slot_)];
+  take_slot(a_, acts_slots_);
 }
 
 Model::StageIO Gpt2::stage_io() {

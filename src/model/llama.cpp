@@ -65,8 +65,8 @@ Llama::Llama(const config::ModelConfig& config, Device device, Recompute recompu
   // Pipeline stages: the first holds the embedding, the last the final norm and the head (the
   // embedding too when tied).
   const auto held = [&](const std::string& name) {
-    if (name == "lm_head.weight" || name == "model.norm.weight") return last_stage();
-    if (name == "model.embed_tokens.weight") return first_stage() || (last_stage() && config_.tie_embeddings);
+    if (name == "lm_head.weight" || name == "model.norm.weight") return holds_last_stage();
+    if (name == "model.embed_tokens.weight") return holds_first_stage() || (holds_last_stage() && config_.tie_embeddings);
     return true;  // a layer's: add_param keeps this stage's
   };
   for_each_param(config, [&](const std::string& name, const std::vector<std::int64_t>& shape) {
@@ -94,7 +94,7 @@ TensorSlice Llama::slice_of(const std::string& name) const {
   if (name == "model.embed_tokens.weight" || name == "lm_head.weight") {
     TensorSlice rows = tensor_size() > 1 ? TensorSlice{0, {{vocab_begin(), vocab_end() - vocab_begin()}}} : TensorSlice{};
     // A tied embedding on the last pipeline stage (the head's) is a copy of the first stage's.
-    rows.owner = name == "lm_head.weight" || first_stage();
+    rows.owner = name == "lm_head.weight" || holds_first_stage();
     return rows;
   }
   return {};
@@ -114,7 +114,9 @@ Llama::Params Llama::bind_params(bool grads) const {
   Params p;
   p.layers.resize(std::size_t(config_.n_layer));
   bind_roots(p, grads);
-  for (std::int64_t l = first_layer(); l < first_layer() + stage_layers(); ++l) p.layers[std::size_t(l)] = bind_layer(l, grads);
+  for (std::int64_t l = 0; l < config_.n_layer; ++l) {
+    if (holds_layer(l)) p.layers[std::size_t(l)] = bind_layer(l, grads);
+  }
   return p;
 }
 
@@ -285,11 +287,11 @@ void Llama::ensure_acts(int B, int T) {
   });
   acts_B_ = B;
   acts_T_ = T;
-  a_ = acts_slots_[std::size_t(slot_)];
+  take_slot(a_, acts_slots_);
 }
 
 void Llama::select_activations() {
-  if (std::size_t(slot_) < acts_slots_.size()) a_ = acts_slots_[std::size_t(slot_)];
+  take_slot(a_, acts_slots_);
 }
 
 Model::StageIO Llama::stage_io() {

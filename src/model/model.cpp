@@ -1,5 +1,7 @@
 #include "model/model.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/arch.h"
@@ -20,6 +22,35 @@ Model::Model(const config::ModelConfig& config, Device device, DType compute, op
       layout_(layout),
       sharded_(layout.sharded) {
   if (compute != DType::f32 && compute != DType::bf16) throw RuntimeError("model: compute dtype must be f32 or bf16");
+  const int L = int(config.n_layer);
+  chunks_ = layout.chunks;
+  if (chunks_.empty()) chunks_.push_back({layout.first_layer, layout.layers < 0 ? L : layout.layers});
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    const LayerRun& run = chunks_[c];
+    if (run.first < 0 || run.count < 0 || run.first + run.count > L || (c > 0 && run.first < chunks_[c - 1].first + chunks_[c - 1].count)) {
+      throw RuntimeError("model: pipeline chunk " + std::to_string(c) + " (layers " + std::to_string(run.first) + " + " +
+                         std::to_string(run.count) + ") outside model.n_layer " + std::to_string(L) + " or out of order");
+    }
+  }
+}
+
+bool Model::holds_layer(std::int64_t l) const {
+  for (const LayerRun& run : chunks_) {
+    if (l >= run.first && l < run.first + run.count) return true;
+  }
+  return false;
+}
+
+int Model::most_chunk_layers() const {
+  int most = 0;
+  for (const LayerRun& run : chunks_) most = std::max(most, run.count);
+  return most;
+}
+
+void Model::use_chunk(int chunk) {
+  if (chunk < 0 || chunk >= chunks()) throw RuntimeError("model: no pipeline chunk " + std::to_string(chunk));
+  chunk_ = chunk;
+  select_activations();
 }
 
 namespace {
@@ -41,7 +72,7 @@ int layer_of(const std::string& name) {
 
 void Model::add_param(const std::string& name, std::vector<std::int64_t> shape, TensorSlice slice, bool held) {
   const int layer = layer_of(name);
-  if (layer >= 0 && (layer < layout_.first_layer || layer >= layout_.first_layer + stage_layers())) held = false;
+  if (layer >= 0 && !holds_layer(layer)) held = false;
   if (!held) {  // another pipeline stage's
     std::int64_t full = 1;
     for (const auto d : shape) full *= d;

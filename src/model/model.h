@@ -31,6 +31,12 @@ struct TensorSlice {
   bool owned_by(int tensor_rank) const { return owner && (!whole() || tensor_rank == 0); }
 };
 
+/// A run of consecutive transformer layers [first, first + count): one model chunk of a pipeline stage.
+struct LayerRun {
+  int first = 0;
+  int count = 0;
+};
+
 /// How a model is laid out over ranks: sharded for ZeRO 3 (no flat buffers of its own), and this
 /// rank's place in its tensor-parallel group.
 struct Layout {
@@ -42,6 +48,9 @@ struct Layout {
   // The first stage also holds the token embedding, the last the final norm, the head and the loss.
   int first_layer = 0;
   int layers = -1;
+  // The interleaved schedule: this stage's model chunks (virtual stages s, s + P, ...), in layer
+  // order; each runs as a stage of its own (Model::use_chunk). Empty: the one run above.
+  std::vector<LayerRun> chunks{};
 };
 
 /// The shape of a model's activation buffers beyond (B, T): its tensor-parallel part, its pipeline
@@ -156,11 +165,25 @@ class Model {
   /// Whether this model (this pipeline stage) holds parameter `name`.
   bool has_param(const std::string& name) const { return index_.contains(name); }
 
-  // Pipeline parallelism (layout().layers >= 0): this stage's layers and its place in the pipeline.
-  int first_layer() const { return layout_.first_layer; }
-  int stage_layers() const { return layout_.layers < 0 ? int(config_.n_layer) : layout_.layers; }
-  bool first_stage() const { return layout_.first_layer == 0; }
-  bool last_stage() const { return layout_.first_layer + stage_layers() == config_.n_layer; }
+  // Pipeline parallelism (layout().layers >= 0): this stage's layers and its place in the pipeline,
+  // those of the model chunk in use when the stage holds several (interleaved schedule).
+  int first_layer() const { return chunks_[std::size_t(chunk_)].first; }
+  int stage_layers() const { return chunks_[std::size_t(chunk_)].count; }
+  /// Whether the chunk in use is the pipeline's first virtual stage (it embeds the tokens) or
+  /// its last (final norm, head and loss).
+  bool first_stage() const { return first_layer() == 0; }
+  bool last_stage() const { return first_layer() + stage_layers() == config_.n_layer; }
+  /// Whether any chunk of this stage is the first or last virtual stage (holds the embedding, or
+  /// the final norm and head), or holds layer l.
+  bool holds_first_stage() const { return chunks_.front().first == 0; }
+  bool holds_last_stage() const { return chunks_.back().first + chunks_.back().count == config_.n_layer; }
+  bool holds_layer(std::int64_t l) const;
+  /// The model chunks of this stage (one unless Layout::chunks lists several); forward, backward
+  /// and stage_io work on the one selected (chunk 0 at first). Each activation slot holds one
+  /// chunk's activations.
+  int chunks() const { return int(chunks_.size()); }
+  void use_chunk(int chunk);
+  int chunk() const { return chunk_; }
   /// The token embedding's name when the output head shares it (GPT-2; Llama with
   /// tie_embeddings), else "": in a pipeline the first and last stages each hold it.
   virtual std::string tied_embedding() const = 0;
@@ -215,6 +238,7 @@ class Model {
   void set_activation_slots(int slots);
   void use_activation_slot(int slot);
   int activation_slot() const { return slot_; }
+  int activation_slots() const { return slots_; }
   /// The current slot's tensors at the stage's boundaries: before forward, a later stage's
   /// `input` (the residual stream entering its first layer) is filled with the previous stage's
   /// `output`; before backward, an earlier stage's `output_grad` with the next stage's
@@ -237,7 +261,7 @@ class Model {
   virtual std::size_t activation_bytes(int B, int T) const = 0;
   /// This model's activation layout: its tensor-parallel part and pipeline stage.
   ActsShape acts_shape() const {
-    return {layout_.tensor_size, sequence_parallel(), stage_layers(), last_stage(), true, true};
+    return {layout_.tensor_size, sequence_parallel(), most_chunk_layers(), holds_last_stage(), true, true};
   }
 
  protected:
@@ -326,12 +350,22 @@ class Model {
     for (ActsT& slot : slots) {
       bind(carver, slot, grads, acts_only);
       // bind made room for the most vocabulary rows any rank has.
-      if (last_stage()) {
+      if (holds_last_stage()) {
         slot.logits = Tensor(slot.logits.data, slot.logits.dtype, device_, {std::int64_t(B) * T, vocab_end() - vocab_begin()});
       }
     }
     bind(carver, a, grads, grads_only);
   }
+  /// current = slot slot_ of `slots` (a slot holds room for the largest chunk) with the layers of
+  /// the chunk in use: what select_activations does with an architecture's activations.
+  template <class ActsT>
+  void take_slot(ActsT& current, const std::vector<ActsT>& slots) const {
+    if (std::size_t(slot_) >= slots.size()) return;
+    current = slots[std::size_t(slot_)];
+    current.layers.resize(std::size_t(stage_layers()));
+  }
+  /// The layers of this stage's largest chunk (what each activation slot makes room for).
+  int most_chunk_layers() const;
   /// InputError unless sequence parallelism can split (B,T) micro-batches' tokens over the group.
   void check_sequence_split(int B, int T) const;
   /// The flat gradient run of `count` elements from `first` (a norm's weight, then its bias).
@@ -383,6 +417,8 @@ class Model {
   UnitHooks* hooks_ = nullptr;
  protected:
   int slots_ = 1, slot_ = 0;  // activation slots (set_activation_slots) and the one in use
+  std::vector<LayerRun> chunks_;  // this stage's model chunks (Layout::chunks, or the one run)
+  int chunk_ = 0;                 // the one in use
   /// The architecture's reaction to use_activation_slot (its activation tensors of that slot).
   virtual void select_activations() = 0;
  private:

@@ -98,6 +98,15 @@ std::int64_t pipeline_micro_batches(const config::Config& config, int data_paral
   return m;
 }
 
+int peak_live_activations(const std::vector<PipelineOp>& schedule) {
+  int live = 0, peak = 0;
+  for (const PipelineOp& op : schedule) {
+    live += op.kind == PipelineOp::forward ? 1 : -1;
+    peak = std::max(peak, live);
+  }
+  return std::max(peak, 1);
+}
+
 double bubble_fraction_1f1b(int stages, int micro_batches) {
   return double(stages - 1) / double(micro_batches + stages - 1);
 }

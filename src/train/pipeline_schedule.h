@@ -69,6 +69,10 @@ std::vector<PipelineOp> stage_schedule(const config::DistConfig& dist, int stage
 /// when they are fewer than the stages, or, for "interleaved", not a multiple of them.
 std::int64_t pipeline_micro_batches(const config::Config& config, int data_parallel_size);
 
+/// The most (micro-batch, chunk) pairs `schedule` has forwarded and not yet backwarded at any
+/// point (at least 1): the activation slots its stage needs.
+int peak_live_activations(const std::vector<PipelineOp>& schedule);
+
 /// (P - 1) / (m + P - 1): the idle fraction of every stage's step under 1F1B.
 double bubble_fraction_1f1b(int stages, int micro_batches);
 

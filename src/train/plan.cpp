@@ -251,24 +251,28 @@ std::vector<StagePlan> pipeline_stages(const config::Config& config, int tensor_
       double(config.train.micro_batch_size * m.context_length) / (sp ? tensor_size : 1) * double(m.d_model) * compute;
   std::vector<StagePlan> stages;
   for (int s = 0; s < P; ++s) {
-    const StageRange& range = split[std::size_t(s)];
-    const model::Layout layout{true, r, tensor_size, sp, int(range.first_layer), int(range.layers)};
-    const auto model = model::make_model(m, Device::cpu, config.train.recompute, bf16 ? DType::bf16 : DType::f32,
-                                         ops::AttentionKernels::flash, layout);
     StagePlan st;
     st.stage = s;
-    st.first_layer = range.first_layer;
-    st.layers = range.layers;
-    st.embedding = model->first_stage();
-    st.head = model->last_stage();
+    model::Layout layout{true, r, tensor_size, sp};
+    for (std::size_t v = std::size_t(s); v < split.size(); v += std::size_t(P)) {
+      st.chunks.push_back(split[v]);
+      layout.chunks.push_back({int(split[v].first_layer), int(split[v].layers)});
+      st.layers += split[v].layers;
+      // Each chunk's micro-batches go on to the next virtual stage, and their gradients back.
+      st.sends += (v + 1 < split.size() ? micro_batches : 0) + (v > 0 ? micro_batches : 0);
+    }
+    st.first_layer = st.chunks.front().first_layer;
+    const auto model = model::make_model(m, Device::cpu, config.train.recompute, bf16 ? DType::bf16 : DType::f32,
+                                         ops::AttentionKernels::flash, layout);
+    st.embedding = model->holds_first_stage();
+    st.head = model->holds_last_stage();
     st.share.tensor_size = tensor_size;
     st.share.tensor_rank = r;
     st.share.params = model->num_params();
     for (const model::Unit& u : model->units()) st.share.units.push_back({u.numel(), u.layer >= 0});
-    st.slots = std::min<std::int64_t>(P - s, micro_batches);
+    st.slots = peak_live_activations(stage_schedule(config.dist, s, int(micro_batches)));
     st.activations =
         st.slots * std::int64_t(model->activation_bytes(int(config.train.micro_batch_size), int(m.context_length)));
-    st.sends = (s < P - 1 ? micro_batches : 0) + (s > 0 ? micro_batches : 0);
     st.sent_p2p = double(st.sends) * boundary;
     // Every stage takes part in the pipeline group's all-reduces: the tied embedding's gradient
     // (this tensor rank's rows; the middle stages with zeros), the loss and the gradient norm.
@@ -296,8 +300,6 @@ std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int
   const auto& m = config.model;
   const bool bf16 = config.train.precision == config::Precision::bf16;
   const std::int64_t B = config.train.micro_batch_size;
-  // One micro-batch's activations at a layer boundary, in the compute dtype.
-  const double boundary = double(B) * double(m.context_length) * double(m.d_model) * (bf16 ? 2.0 : 4.0);
   std::vector<MeshOption> options;
   if (skipped_batch) *skipped_batch = 0;
   for (int t = 1; t <= std::min(8, gpus); ++t) {
@@ -314,11 +316,13 @@ std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int
         continue;
       }
       const std::int64_t micro_steps = config.train.global_batch_size / (B * d);
-      const std::int64_t stage_layers = ceil_div(m.n_layer, p);
-      // 1F1B pipelines are what train runs: every stage as it builds it (the trainer refuses
-      // fewer micro-batches than stages, and ZeRO 3 with a pipeline).
-      const bool exact_pipeline = p > 1 && config.dist.pipeline_schedule == config::PipelineSchedule::one_f_one_b;
-      if (exact_pipeline && micro_steps < p) continue;
+      // Pipelines as train runs them, every stage as it builds it: it refuses fewer micro-batches
+      // than stages (a multiple of them, interleaved), more virtual stages than layers, and ZeRO 3
+      // with a pipeline.
+      const bool interleaved = config.dist.pipeline_schedule == config::PipelineSchedule::interleaved;
+      if (p > 1 && (micro_steps < p || (interleaved && (micro_steps % p != 0 || p * config.dist.virtual_stages > m.n_layer)))) {
+        continue;
+      }
       for (const bool sequence_parallel : {false, true}) {
         if (sequence_parallel && (t == 1 || (B * m.context_length) % t != 0)) continue;
         config::Config c = config;
@@ -326,20 +330,19 @@ std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int
         c.dist.tensor_parallel = t;
         c.dist.pipeline_parallel = p;
         std::vector<StagePlan> stages;
-        if (exact_pipeline) {
+        if (p > 1) {
           c.dist.pipeline_layers.clear();  // the balanced split
           stages = pipeline_stages(c, t, bf16, micro_steps);
         }
         for (int zero = 0; zero <= 3; ++zero) {
           if (d == 1 && (zero == 1 || zero == 2)) continue;  // the trainer runs them as ZeRO 0
-          if (exact_pipeline && zero == 3) continue;
+          if (p > 1 && zero == 3) continue;
           MeshOption o;
           o.mesh = dist::Mesh{t, d, p};
           o.zero_stage = zero;
           o.micro_steps = micro_steps;
           o.sequence_parallel = sequence_parallel;
-          o.estimate = p > 1 && !exact_pipeline;
-          if (exact_pipeline) {
+          if (p > 1) {
             // The stage that needs most memory decides the fit; the one that sends most the traffic.
             for (const StagePlan& st : stages) {
               o.memory = std::max(o.memory, stage_memory(c, st, d, zero, bf16).total());
@@ -350,21 +353,10 @@ std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int
                 o.tensor_sent = st.sent_tensor;
               }
             }
-            options.push_back(o);
-            continue;
-          }
-          const MemoryPlan plan = plan_memory(c, share, d, zero, bf16, B);
-          const double data_sent = update_traffic(c, share, d, zero, bf16, micro_steps).bytes;
-          if (p == 1) {
-            o.memory = plan.total();
-            o.tensor_sent = tensor_traffic(c, t, bf16, micro_steps).bytes;
-            o.sent = data_sent + o.tensor_sent;
           } else {
-            const double activations = double(plan.activations) * double(stage_layers) / double(m.n_layer) *
-                                       double(std::min<std::int64_t>(p, micro_steps));
-            o.memory = plan.state() / p + std::int64_t(activations);
-            o.tensor_sent = double(micro_steps) * tensor_micro_step(c, t, bf16, stage_layers).bytes;
-            o.sent = data_sent / p + o.tensor_sent + (p > 2 ? 2.0 : 1.0) * boundary * double(micro_steps);
+            o.memory = plan_memory(c, share, d, zero, bf16, B).total();
+            o.tensor_sent = tensor_traffic(c, t, bf16, micro_steps).bytes;
+            o.sent = update_traffic(c, share, d, zero, bf16, micro_steps).bytes + o.tensor_sent;
           }
           options.push_back(o);
         }

@@ -7,6 +7,7 @@
 
 #include "config/config.h"
 #include "dist/mesh.h"
+#include "train/pipeline_stages.h"
 
 namespace llmtrain::train {
 
@@ -138,13 +139,17 @@ UpdateTraffic tensor_traffic(const config::Config& config, int tensor_size, bool
 /// allocated), its activation slots and what it sends to its neighbours per optimizer update.
 struct StagePlan {
   int stage = 0;
-  std::int64_t first_layer = 0, layers = 0;
+  std::int64_t first_layer = 0, layers = 0;  // the first chunk's first layer; the layers of all its chunks
+  std::vector<StageRange> chunks;        // its model chunks (virtual stages stage, stage + P, ...): one under 1F1B
   bool embedding = false, head = false;  // the first stage holds the embedding; the last the final norm, head and loss
   RankShare share;                       // this stage's parameters on that tensor rank
-  std::int64_t slots = 1;                // micro-batches whose activations it keeps: min(P - stage, m)
-  std::int64_t activations = 0;          // slots x the stage model's activation_bytes of one micro-batch (from
-                                         // above: the model lays out one backward scratch for all its slots)
-  std::int64_t sends = 0;                // point-to-point sends per update: m forward (stage < P-1), m backward (stage > 0)
+  std::int64_t slots = 1;                // (micro-batch, chunk) pairs whose activations it keeps at once, as its
+                                         // schedule runs: min(P - stage, m) under 1F1B
+  std::int64_t activations = 0;          // slots x the stage model's activation_bytes of one micro-batch through its
+                                         // largest chunk (from above: the model lays out one backward scratch for
+                                         // all its slots)
+  std::int64_t sends = 0;                // point-to-point sends per update: m forward per chunk before the last
+                                         // virtual stage, m backward per chunk after the first
   double sent_p2p = 0;                   // their bytes: micro_batch x context x d_model (/ t with sequence parallelism) in the compute dtype each
   double sent_pipeline_collectives = 0;  // the pipeline group's all-reduces (ring): the tied embedding's gradient, the loss and the norm
   bool tied = false;                     // the tied embedding's gradients are summed between the first and last stages
@@ -173,7 +178,6 @@ struct MeshOption {
   double sent = 0;               // bytes each rank sends per update, all groups
   double tensor_sent = 0;        // of it over the tensor group
   bool sequence_parallel = false;
-  bool estimate = false;         // interleaved pipeline: figures estimated (1F1B pipelines are exact)
 };
 
 /// Every mesh of `gpus` ranks (tensor_parallel a divisor up to 8 that the model can split by:
@@ -181,14 +185,12 @@ struct MeshOption {
 /// multiple of it; pipeline_parallel a divisor of the rest up to model.n_layer; the global batch a
 /// multiple of micro_batch_size x data) with ZeRO stages 0 to 3 (0 and 3 only at data size 1,
 /// where the trainer runs ZeRO 1 and 2 as 0), and at tensor size above 1 with sequence parallelism
-/// off and on (on where tensor_size divides micro_batch_size x context_length). Pipeline 1: exact,
-/// plan_memory and update_traffic of the tensor rank that holds most, plus tensor_traffic.
-/// Pipeline p > 1 is an estimate from those figures: the parameter-related memory (weights,
-/// gradients, optimizer state, gathered) / p; a stage holding n_layer / p layers' activations of
-/// min(p, micro-steps) micro-batches; the data group sends its figure / p, the tensor group its
-/// all-reduces for the stage's layers (and the embedding's and head's), a stage its activations
-/// forward and their gradients back per micro-step. `skipped_batch` counts the meshes left out
-/// because the global batch does not divide.
+/// off and on (on where tensor_size divides micro_batch_size x context_length). Every row is
+/// exact: pipeline 1 from plan_memory and update_traffic of the tensor rank that holds most, plus
+/// tensor_traffic; a pipeline (1F1B or interleaved, the balanced split, ZeRO 0-2, at least p
+/// micro-steps and for interleaved a multiple of p, as train requires) from pipeline_stages, the
+/// stage that needs most memory deciding the fit and the one that sends most the traffic.
+/// `skipped_batch` counts the meshes left out because the global batch does not divide.
 std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int* skipped_batch = nullptr);
 
 }  // namespace llmtrain::train

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <vector>
 
 #include "core/error.h"
@@ -44,6 +45,13 @@ class AgreedCudnnProbe final : public model::CudnnAttentionProbe {
   model::CudnnAttentionProbe& local_;
   dist::Communicator& world_;
 };
+
+void add_traffic(dist::Traffic& into, const dist::Traffic& more) {
+  for (int k = 0; k < dist::Traffic::kinds; ++k) {
+    into.calls[k] += more.calls[k];
+    into.bytes[k] += more.bytes[k];
+  }
+}
 
 }  // namespace
 
@@ -122,17 +130,25 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
   const bool sharded = config_.dist.zero_stage == 3;
   model::Layout layout{sharded, comms.tensor_group->rank(), comms.tensor_group->world_size(),
                        config_.dist.sequence_parallel};
-  if (stages_ > 1) {  // this stage's layers, and its order of work
-    const StageRange range = split_layers(config_)[std::size_t(stage_)];
-    layout.first_layer = int(range.first_layer);
-    layout.layers = int(range.layers);
-    schedule_ = one_f_one_b(stages_, stage_, int(accum_));
+  if (stages_ > 1) {  // this stage's layers (virtual stages stage, stage + P, ...), and its order of work
+    const std::vector<StageRange> split = split_layers(config_);
+    for (std::size_t v = std::size_t(stage_); v < split.size(); v += std::size_t(stages_)) {
+      layout.chunks.push_back({int(split[v].first_layer), int(split[v].layers)});
+    }
+    layout.first_layer = layout.chunks.front().first;
+    layout.layers = layout.chunks.front().count;
+    if (layout.chunks.size() == 1) layout.chunks.clear();
+    schedule_ = stage_schedule(config_.dist, stage_, int(accum_));
   }
   model_ = model::make_model(config_.model, device_, tc.recompute, model::precision_dtype(tc.precision),
                              attention_.kernels, layout);
   if (stages_ > 1) {
-    // 1F1B keeps at most stages - stage micro-batches in flight here.
-    model_->set_activation_slots(int(std::min<std::int64_t>(stages_ - stage_, accum_)));
+    // One activation slot per (micro-batch, chunk) forwarded and not yet backwarded: at most
+    // stages - stage under 1F1B.
+    model_->set_activation_slots(peak_live_activations(schedule_));
+    pipeline_grads_ = pipeline_comm_.split(0, stage_);
+    pipeline_grads_->set_rank_noun("stage");
+    pipeline_grads_->set_job_rank_place([this](int job_rank) { return pipeline_comm_.job_rank_place(job_rank); });
     // A tied embedding: the first and last stages hold it; every stage takes part in summing its
     // gradients (a middle stage with zeros).
     const std::string tied = model_->tied_embedding();
@@ -264,6 +280,7 @@ StepResult Trainer::step(std::int64_t step) {
   const dist::Traffic sent_before = data_device_.traffic(), tensor_before = tensor_device_.traffic();
   // (On the CPU the host and device groups are one communicator: the norm's reduction counts there.)
   const dist::Traffic tensor_host_before = tensor_comm_.traffic(), pipeline_before = pipeline_comm_.traffic();
+  const dist::Traffic gradients_back_before = pipeline_grads_ ? pipeline_grads_->traffic() : dist::Traffic{};
   if (zero3_) {
     zero3_->zero_grads();
   } else {
@@ -326,13 +343,8 @@ StepResult Trainer::step(std::int64_t step) {
   result.sent = data_device_.traffic().since(sent_before);
   result.sent_tensor = tensor_device_.traffic().since(tensor_before);
   result.sent_pipeline = pipeline_comm_.traffic().since(pipeline_before);
-  if (&tensor_comm_ != &tensor_device_) {
-    const dist::Traffic host = tensor_comm_.traffic().since(tensor_host_before);
-    for (int k = 0; k < dist::Traffic::kinds; ++k) {
-      result.sent_tensor.calls[k] += host.calls[k];
-      result.sent_tensor.bytes[k] += host.bytes[k];
-    }
-  }
+  if (pipeline_grads_) add_traffic(result.sent_pipeline, pipeline_grads_->traffic().since(gradients_back_before));
+  if (&tensor_comm_ != &tensor_device_) add_traffic(result.sent_tensor, tensor_comm_.traffic().since(tensor_host_before));
   result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return result;
 }
@@ -349,15 +361,19 @@ std::optional<double> Trainer::validate() {
   const std::int64_t batches = std::min(t.eval_batches, val_data_->num_samples() / t.global_batch_size);
   model_->prepare_activations(B, T);
   model_->use_activation_slot(0);
+  const int prev = (stage_ + stages_ - 1) % stages_, next = (stage_ + 1) % stages_;
   double totals[2] = {0.0, 0.0};
   for (std::int64_t k = 0; k < batches * loader.micro_steps(); ++k) {
     const data::MicroBatch batch = loader.next();
-    const auto io = model_->stage_io();
-    if (!model_->first_stage()) pipeline_comm_.recv(io.input.data, io.input.numel(), io.input.dtype, stage_ - 1);
-    const double loss = model_->forward(batch.inputs.data(), batch.targets.data(), B, T, 0.0f);
-    if (!model_->last_stage()) pipeline_comm_.send(io.output.data, io.output.numel(), io.output.dtype, stage_ + 1);
-    totals[0] += model_->last_stage() ? loss : 0.0;
-    totals[1] += model_->last_stage() ? double(B) * T : 0.0;
+    for (int chunk = 0; chunk < model_->chunks(); ++chunk) {  // virtual stages stage, stage + P, ...
+      model_->use_chunk(chunk);
+      const auto io = model_->stage_io();
+      if (!model_->first_stage()) pipeline_comm_.recv(io.input.data, io.input.numel(), io.input.dtype, prev);
+      const double loss = model_->forward(batch.inputs.data(), batch.targets.data(), B, T, 0.0f);
+      if (!model_->last_stage()) pipeline_comm_.send(io.output.data, io.output.numel(), io.output.dtype, next);
+      totals[0] += model_->last_stage() ? loss : 0.0;
+      totals[1] += model_->last_stage() ? double(B) * T : 0.0;
+    }
   }
   pipeline_comm_.all_reduce_sum(totals, 2);
   data_comm_.all_reduce_sum(totals, 2);
@@ -374,53 +390,89 @@ double Trainer::run_pipeline(double& waited) {
     sampler_state_ = batches.back().after;
   }
   model_->prepare_activations(B, T);
-  const bool first = model_->first_stage(), last = model_->last_stage();
-  const int slots = int(std::min<std::int64_t>(stages_ - stage_, accum_));
-  // Sends in flight: each slot's output activation, and the last input gradient (whose buffer the
-  // next backward reuses).
+  // A chunk's virtual stage v = chunk P + stage takes its input from v - 1 and sends its output
+  // to v + 1: the previous and next stage, around the ring between chunks.
+  const int prev = (stage_ + stages_ - 1) % stages_, next = (stage_ + 1) % stages_;
+  // Activation slots: each (micro-batch, chunk) takes a free one at its forward and gives it back
+  // after its backward. A slot's output activation may still be on its way: its next forward
+  // waits for that send (the next stage has long received it: it sent back the gradient).
+  const int slots = model_->activation_slots();
+  std::vector<int> free_slots;
+  for (int k = slots; k-- > 0;) free_slots.push_back(k);
+  std::map<std::pair<int, int>, int> slot_of;  // (micro-batch, chunk) -> its slot
   std::vector<std::unique_ptr<dist::Request>> output_sent(static_cast<std::size_t>(slots));
-  std::unique_ptr<dist::Request> grad_sent;
-  const auto receive = [&](const Tensor& into, int peer) {
+  const auto receive = [&](dist::Communicator& comm, const Tensor& into, int peer) {
     const auto start = Clock::now();
-    pipeline_comm_.recv(into.data, into.numel(), into.dtype, peer);
+    comm.recv(into.data, into.numel(), into.dtype, peer);
     waited += std::chrono::duration<double>(Clock::now() - start).count();
   };
   double loss = 0.0;
   for (const PipelineOp& op : schedule_) {
-    const int slot = op.micro_batch % slots;
+    model_->use_chunk(op.chunk);
+    const std::pair<int, int> key{op.micro_batch, op.chunk};
+    int slot = 0;
+    if (op.kind == PipelineOp::forward) {
+      if (free_slots.empty()) throw RuntimeError("pipeline: more activations in flight than slots (" + to_string(op) + ")");
+      slot = free_slots.back();
+      free_slots.pop_back();
+      slot_of[key] = slot;
+    } else {
+      const auto found = slot_of.find(key);
+      if (found == slot_of.end()) throw RuntimeError("pipeline: backward before forward (" + to_string(op) + ")");
+      slot = found->second;
+      slot_of.erase(found);
+      free_slots.push_back(slot);
+    }
     model_->use_activation_slot(slot);
     const model::Model::StageIO io = model_->stage_io();
     const data::MicroBatch& batch = batches[std::size_t(op.micro_batch)];
+    const bool first = model_->first_stage(), last = model_->last_stage();  // of the virtual stages
     if (op.kind == PipelineOp::forward) {
-      if (auto& sent = output_sent[std::size_t(slot)]) {  // the slot's previous output has left
+      if (auto& sent = output_sent[std::size_t(slot)]) {
         sent->wait();
         sent.reset();
       }
-      if (!first) receive(io.input, stage_ - 1);
+      if (!first) receive(pipeline_comm_, io.input, prev);
       // d(mean loss over the whole update)/dlogits: each micro-step adds 1 / (G T) per position.
       loss += model_->forward(batch.inputs.data(), last ? batch.targets.data() : nullptr, B, T,
                               float(1.0 / tokens_per_step_));
       if (!last) {
-        output_sent[std::size_t(slot)] = pipeline_comm_.start_send(io.output.data, io.output.numel(), io.output.dtype,
-                                                                   stage_ + 1);
+        output_sent[std::size_t(slot)] = pipeline_comm_.start_send(io.output.data, io.output.numel(), io.output.dtype, next);
       }
     } else {
-      if (grad_sent) {  // the gradient buffer is about to be reused
-        grad_sent->wait();
-        grad_sent.reset();
-      }
-      if (!last) receive(io.output_grad, stage_ + 1);
+      if (!last) receive(*pipeline_grads_, io.output_grad, next);
       model_->backward();  // the data-parallel reduction starts after the last micro-batch
-      if (!first) {
-        grad_sent = pipeline_comm_.start_send(io.input_grad.data, io.input_grad.numel(), io.input_grad.dtype, stage_ - 1);
-      }
+      if (!first) send_gradient(io.input_grad, prev);
     }
   }
   for (auto& sent : output_sent) {
     if (sent) sent->wait();
   }
-  if (grad_sent) grad_sent->wait();
+  for (GradientSend& send : gradient_sends_) {
+    if (send.request) send.request->wait();
+    send.request.reset();
+  }
   return loss;
+}
+
+void Trainer::send_gradient(const Tensor& grad, int peer) {
+  // A buffer whose send has finished, else a new one (as many as sends are in flight at once).
+  GradientSend* free = nullptr;
+  for (GradientSend& send : gradient_sends_) {
+    if (send.request && send.request->finished()) {
+      send.request->wait();
+      send.request.reset();
+    }
+    if (!send.request && !free && send.buffer.bytes() >= grad.bytes()) free = &send;
+  }
+  if (!free) {
+    gradient_sends_.push_back({ops::Buffer(device_, grad.bytes()), nullptr});
+    free = &gradient_sends_.back();
+  }
+  Tensor copy = grad;
+  copy.data = free->buffer.data();
+  ops::copy(copy, grad);
+  free->request = pipeline_grads_->start_send(copy.data, copy.numel(), copy.dtype, peer);
 }
 
 std::int64_t Trainer::pipeline_tied_numel() const {
@@ -487,14 +539,10 @@ TrainSummary run_training(const TrainOptions& requested) {
   // Before any data is loaded or model built: the run's folders must be folders.
   require_output_folder(options.run_dir, "--run-dir");
   if (!config.checkpoint.dir.empty()) require_output_folder(config.checkpoint.dir, "checkpoint.dir");
-  // Pipelines: 1F1B on CPU ranks, with ZeRO 0-2 (what is not built yet is refused here).
+  // Pipelines: on CPU ranks, with ZeRO 0-2 (what is not built yet is refused here).
   if (config.dist.pipeline_parallel > 1) {
     const std::string what = "dist.pipeline_parallel = " + std::to_string(config.dist.pipeline_parallel);
     if (config.dist.zero_stage == 3) throw InputError(what + ": not with dist.zero_stage 3 (use ZeRO 0, 1 or 2)");
-    if (config.dist.virtual_stages > 1 || config.dist.pipeline_schedule != config::PipelineSchedule::one_f_one_b) {
-      throw InputError(what + ": dist.virtual_stages = " + std::to_string(config.dist.virtual_stages) +
-                       ": the interleaved schedule is not built yet (dist.pipeline_schedule \"1f1b\")");
-    }
   }
   const dist::Communicators comms = dist::make_communicators(
       [&options](dist::Communicator& world) {

@@ -15,6 +15,7 @@
 #include "dist/communicator.h"
 #include "model/attention_choice.h"
 #include "model/model.h"
+#include "ops/buffer.h"
 #include "train/adamw.h"
 #include "train/grad_sync.h"
 #include "train/pipeline_schedule.h"
@@ -146,14 +147,24 @@ class Trainer {
   dist::Communicator& tensor_comm_;     // the tensor-parallel group, host memory
   dist::Communicator& tensor_device_;   // and over the memory the activations live in
   std::unique_ptr<CommTensorGroup> tensor_group_;  // its device side, for the model
-  dist::Communicator& pipeline_comm_;   // the stages in order (host memory)
+  dist::Communicator& pipeline_comm_;   // the stages in order (host memory): activations go forward on it
+  std::unique_ptr<dist::Communicator> pipeline_grads_;  // the same stages: gradients go back on this one
   int stage_ = 0, stages_ = 1;
   std::vector<PipelineOp> schedule_;    // this stage's order of work in an update
+  /// Gradients sent to the previous stage: each leaves from a buffer of its own, so that no
+  /// backward waits for an earlier one's gradient to be received (buffers are reused once sent).
+  struct GradientSend {
+    ops::Buffer buffer;
+    std::unique_ptr<dist::Request> request;
+  };
+  std::vector<GradientSend> gradient_sends_;
+  void send_gradient(const Tensor& grad, int peer);
   const model::ParamInfo* tied_ = nullptr;  // a tied embedding held by the first and last stages
   std::int64_t tied_numel_ = 0;             // its elements (also on the middle stages, which hold none)
-  /// A pipeline's update: this stage's forwards and backwards of the micro-batches in 1F1B order,
-  /// with the activations and gradients to and from the neighbouring stages; returns the summed
-  /// loss (the last stage's) and adds the time spent waiting for the neighbours to `waited`.
+  /// A pipeline's update: this stage's forwards and backwards of the micro-batches through its
+  /// model chunks in the schedule's order, with the activations and gradients to and from the
+  /// neighbouring stages; returns the summed loss (the last virtual stage's) and adds the time
+  /// spent waiting for the neighbours to `waited`.
   double run_pipeline(double& waited);
   std::int64_t pipeline_tied_numel() const;
   void sum_tied_embedding();
