@@ -152,6 +152,24 @@ TEST_CASE("1F1B: at most P - stage micro-batches alive on a stage, P on the firs
   std::vector<std::vector<PipelineOp>> gpipe;
   for (int s = 0; s < 4; ++s) gpipe.push_back(ops("F0 F1 F2 F3 F4 F5 F6 F7 B0 B1 B2 B3 B4 B5 B6 B7"));
   CHECK(train::simulate_pipeline(gpipe, 8, 1).peak_live[0] == 8);
+  // The trainer's slot count of each stage's own list agrees with the simulator's.
+  for (int s = 0; s < 4; ++s) CHECK(train::peak_live_activations(train::one_f_one_b(4, s, 8)) == 4 - s);
+  CHECK(train::peak_live_activations(gpipe[0]) == 8);
+}
+
+TEST_CASE("interleaved: a stage keeps its warm-up's (micro-batch, chunk) pairs and one more alive", "[pipeline]") {
+  // Megatron's warm-up of 2 (P - s - 1) + (V - 1) P forwards, then one forward before each
+  // backward: w + 1 pairs at most, while V m is more.
+  for (int P : {2, 4}) {
+    for (int V : {2, 3}) {
+      for (int s = 0; s < P; ++s) {
+        CAPTURE(P, V, s);
+        const int m = 4 * P;
+        const int w = std::min(2 * (P - s - 1) + (V - 1) * P, V * m);
+        CHECK(train::peak_live_activations(train::interleaved(P, s, m, V)) == std::min(w + 1, V * m));
+      }
+    }
+  }
 }
 
 TEST_CASE("interleaved: Megatron's order for P 2, V 2, m 4, and its timeline", "[pipeline]") {
