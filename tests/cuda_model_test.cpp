@@ -1,6 +1,7 @@
 // Whole models on the CUDA backend against the CPU reference (fp32): the same weights and batch
-// give the same loss, logits and gradients, and KV-cache decoding the same logits; and a ZeRO-3
-// sharded model on the device against the unsharded one.
+// give the same loss, logits and gradients, and KV-cache decoding the same logits; a ZeRO-3
+// sharded model on the device against the unsharded one; and pipeline stages (of one or two model
+// chunks) on the device against the whole model.
 #include <cmath>
 #include <string>
 #include <utility>
@@ -10,6 +11,7 @@
 #include "dist/communicator.h"
 #include "model/model.h"
 #include "ops/buffer.h"
+#include "pipeline_stages_check.h"
 #include "train/zero3.h"
 
 using namespace llmtrain;
@@ -201,4 +203,17 @@ TEST_CASE("cuda ZeRO 3: bf16 working slots and sharded gradients match the unsha
     for (const float g : expected) squares += double(g) * g;
     CHECK(std::abs(norm - std::sqrt(squares)) <= 1e-5 * std::sqrt(squares));
   }
+}
+
+TEST_CASE("cuda pipeline stages (1F1B and interleaved chunks) give the whole cpu model's losses and gradients",
+          "[cuda][model][pipeline]") {
+  std::string why;
+  if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
+  using model::LayerRun;
+  const std::vector<std::vector<LayerRun>> two_stages = {{{0, 2}}, {{2, 3}}};
+  const std::vector<std::vector<LayerRun>> chunked = {{{0, 2}, {3, 1}}, {{2, 1}, {4, 1}}};
+  testing::check_pipeline_stages("gpt2", true, two_stages, Device::cuda, 1e-4);
+  testing::check_pipeline_stages("gpt2", true, chunked, Device::cuda, 1e-4);
+  testing::check_pipeline_stages("llama", false, chunked, Device::cuda, 1e-4);
+  testing::check_pipeline_stages("llama", true, {{{0, 1}}, {{1, 1}}, {{2, 3}}}, Device::cuda, 1e-4);
 }

@@ -102,10 +102,6 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
   }
   accum_ = config::grad_accum_steps(config_, data_comm_.world_size());
   if (stages_ > 1) {
-    if (device_ != Device::cpu) {
-      throw InputError("dist.pipeline_parallel = " + std::to_string(stages_) + ": pipelines run on CPU ranks only so far "
-                       "(--device cpu)");
-    }
     accum_ = pipeline_micro_batches(config_, data_comm_.world_size());  // at least one per stage
   }
   tokens_per_step_ = double(tc.global_batch_size) * T;
@@ -368,13 +364,14 @@ std::optional<double> Trainer::validate() {
     for (int chunk = 0; chunk < model_->chunks(); ++chunk) {  // virtual stages stage, stage + P, ...
       model_->use_chunk(chunk);
       const auto io = model_->stage_io();
-      if (!model_->first_stage()) pipeline_comm_.recv(io.input.data, io.input.numel(), io.input.dtype, prev);
+      if (!model_->first_stage()) receive_from_stage(pipeline_comm_, io.input, prev);
       const double loss = model_->forward(batch.inputs.data(), batch.targets.data(), B, T, 0.0f);
-      if (!model_->last_stage()) pipeline_comm_.send(io.output.data, io.output.numel(), io.output.dtype, next);
+      if (!model_->last_stage()) send_to_stage(pipeline_comm_, io.output, next);
       totals[0] += model_->last_stage() ? loss : 0.0;
       totals[1] += model_->last_stage() ? double(B) * T : 0.0;
     }
   }
+  finish_sends();
   pipeline_comm_.all_reduce_sum(totals, 2);
   data_comm_.all_reduce_sum(totals, 2);
   return totals[0] / totals[1];
@@ -394,16 +391,13 @@ double Trainer::run_pipeline(double& waited) {
   // to v + 1: the previous and next stage, around the ring between chunks.
   const int prev = (stage_ + stages_ - 1) % stages_, next = (stage_ + 1) % stages_;
   // Activation slots: each (micro-batch, chunk) takes a free one at its forward and gives it back
-  // after its backward. A slot's output activation may still be on its way: its next forward
-  // waits for that send (the next stage has long received it: it sent back the gradient).
-  const int slots = model_->activation_slots();
+  // after its backward.
   std::vector<int> free_slots;
-  for (int k = slots; k-- > 0;) free_slots.push_back(k);
+  for (int k = model_->activation_slots(); k-- > 0;) free_slots.push_back(k);
   std::map<std::pair<int, int>, int> slot_of;  // (micro-batch, chunk) -> its slot
-  std::vector<std::unique_ptr<dist::Request>> output_sent(static_cast<std::size_t>(slots));
   const auto receive = [&](dist::Communicator& comm, const Tensor& into, int peer) {
     const auto start = Clock::now();
-    comm.recv(into.data, into.numel(), into.dtype, peer);
+    receive_from_stage(comm, into, peer);
     waited += std::chrono::duration<double>(Clock::now() - start).count();
   };
   double loss = 0.0;
@@ -428,51 +422,61 @@ double Trainer::run_pipeline(double& waited) {
     const data::MicroBatch& batch = batches[std::size_t(op.micro_batch)];
     const bool first = model_->first_stage(), last = model_->last_stage();  // of the virtual stages
     if (op.kind == PipelineOp::forward) {
-      if (auto& sent = output_sent[std::size_t(slot)]) {
-        sent->wait();
-        sent.reset();
-      }
       if (!first) receive(pipeline_comm_, io.input, prev);
       // d(mean loss over the whole update)/dlogits: each micro-step adds 1 / (G T) per position.
       loss += model_->forward(batch.inputs.data(), last ? batch.targets.data() : nullptr, B, T,
                               float(1.0 / tokens_per_step_));
-      if (!last) {
-        output_sent[std::size_t(slot)] = pipeline_comm_.start_send(io.output.data, io.output.numel(), io.output.dtype, next);
-      }
+      if (!last) send_to_stage(pipeline_comm_, io.output, next);
     } else {
       if (!last) receive(*pipeline_grads_, io.output_grad, next);
       model_->backward();  // the data-parallel reduction starts after the last micro-batch
-      if (!first) send_gradient(io.input_grad, prev);
+      if (!first) send_to_stage(*pipeline_grads_, io.input_grad, prev);
     }
   }
-  for (auto& sent : output_sent) {
-    if (sent) sent->wait();
-  }
-  for (GradientSend& send : gradient_sends_) {
-    if (send.request) send.request->wait();
-    send.request.reset();
-  }
+  finish_sends();
   return loss;
 }
 
-void Trainer::send_gradient(const Tensor& grad, int peer) {
+void Trainer::send_to_stage(dist::Communicator& comm, const Tensor& t, int peer) {
   // A buffer whose send has finished, else a new one (as many as sends are in flight at once).
-  GradientSend* free = nullptr;
-  for (GradientSend& send : gradient_sends_) {
+  PendingSend* free = nullptr;
+  for (PendingSend& send : sends_) {
     if (send.request && send.request->finished()) {
       send.request->wait();
       send.request.reset();
     }
-    if (!send.request && !free && send.buffer.bytes() >= grad.bytes()) free = &send;
+    if (!send.request && !free && send.buffer.bytes() >= t.bytes()) free = &send;
   }
   if (!free) {
-    gradient_sends_.push_back({ops::Buffer(device_, grad.bytes()), nullptr});
-    free = &gradient_sends_.back();
+    sends_.push_back({device_ == Device::cpu ? ops::Buffer(Device::cpu, t.bytes()) : ops::Buffer::host_staging(t.bytes()),
+                      nullptr});
+    free = &sends_.back();
   }
-  Tensor copy = grad;
+  Tensor copy = t;
   copy.data = free->buffer.data();
-  ops::copy(copy, grad);
-  free->request = pipeline_grads_->start_send(copy.data, copy.numel(), copy.dtype, peer);
+  copy.device = Device::cpu;
+  ops::copy(copy, t);
+  free->request = comm.start_send(copy.data, copy.numel(), copy.dtype, peer);
+}
+
+void Trainer::receive_from_stage(dist::Communicator& comm, const Tensor& t, int peer) {
+  if (t.device == Device::cpu) {
+    comm.recv(t.data, t.numel(), t.dtype, peer);
+    return;
+  }
+  if (received_.bytes() < t.bytes()) received_ = ops::Buffer::host_staging(t.bytes());
+  Tensor host = t;
+  host.data = received_.data();
+  host.device = Device::cpu;
+  comm.recv(host.data, host.numel(), host.dtype, peer);
+  ops::copy(t, host);
+}
+
+void Trainer::finish_sends() {
+  for (PendingSend& send : sends_) {
+    if (send.request) send.request->wait();
+    send.request.reset();
+  }
 }
 
 std::int64_t Trainer::pipeline_tied_numel() const {

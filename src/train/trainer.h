@@ -151,14 +151,20 @@ class Trainer {
   std::unique_ptr<dist::Communicator> pipeline_grads_;  // the same stages: gradients go back on this one
   int stage_ = 0, stages_ = 1;
   std::vector<PipelineOp> schedule_;    // this stage's order of work in an update
-  /// Gradients sent to the previous stage: each leaves from a buffer of its own, so that no
-  /// backward waits for an earlier one's gradient to be received (buffers are reused once sent).
-  struct GradientSend {
+  /// Transfers to and from the neighbouring stages, over the host pipeline group. A send leaves
+  /// from a host buffer of its own (reused once that send has finished), so that no computation
+  /// waits for an earlier send to be received and the slot or gradient it came from may be
+  /// overwritten at once; on a GPU the tensor is staged through it (a copy ordered after the
+  /// compute stream's work), and a receive lands in a host buffer first and is copied to the device.
+  struct PendingSend {
     ops::Buffer buffer;
     std::unique_ptr<dist::Request> request;
   };
-  std::vector<GradientSend> gradient_sends_;
-  void send_gradient(const Tensor& grad, int peer);
+  std::vector<PendingSend> sends_;
+  ops::Buffer received_;  // a GPU's staging buffer for receives
+  void send_to_stage(dist::Communicator& comm, const Tensor& t, int peer);
+  void receive_from_stage(dist::Communicator& comm, const Tensor& t, int peer);
+  void finish_sends();
   const model::ParamInfo* tied_ = nullptr;  // a tied embedding held by the first and last stages
   std::int64_t tied_numel_ = 0;             // its elements (also on the middle stages, which hold none)
   /// A pipeline's update: this stage's forwards and backwards of the micro-batches through its
