@@ -390,3 +390,93 @@ TEST_CASE("stage split: by hand, and errors naming the keys", "[pipeline]") {
   CHECK(input_error([&] { train::split_layers(gpt2.model, 4, {6, 6, 0, 0}); }) ==
         "dist.pipeline_layers: entry 2 is 0; every stage needs at least one layer");
 }
+
+namespace {
+
+using Groups = std::vector<std::vector<train::StageTransfer>>;
+
+// Every stage's transfer groups for the schedule; unpaired: each op's transfers on their own
+// (no steady-state iterations), as if every forward were warm-up.
+std::vector<Groups> all_groups(int P, int V, int m, bool paired = true) {
+  config::DistConfig dist;
+  dist.pipeline_parallel = P;
+  dist.virtual_stages = V;
+  dist.pipeline_schedule = V > 1 ? config::PipelineSchedule::interleaved : config::PipelineSchedule::one_f_one_b;
+  std::vector<Groups> groups;
+  for (int s = 0; s < P; ++s) {
+    const int warm_up = paired ? train::warm_up_forwards(dist, s, m) : V * m;
+    groups.push_back(train::transfer_groups(train::stage_schedule(dist, s, m), P, s, V, warm_up));
+  }
+  return groups;
+}
+
+// The same transfers one by one, in the order of the groups (unpaired: each receive just before
+// its op, each send just after it).
+std::vector<Groups> one_by_one(const std::vector<Groups>& grouped) {
+  std::vector<Groups> single(grouped.size());
+  for (std::size_t s = 0; s < grouped.size(); ++s) {
+    for (const auto& group : grouped[s]) {
+      for (const auto& t : group) single[s].push_back({t});
+    }
+  }
+  return single;
+}
+
+}  // namespace
+
+TEST_CASE("transfer groups: an iteration's receives before it, its sends after it", "[pipeline]") {
+  using T = train::StageTransfer;
+  const PipelineOp F0{PipelineOp::forward, 0, 0}, F1{PipelineOp::forward, 1, 0};
+  const PipelineOp B0{PipelineOp::backward, 0, 0}, B1{PipelineOp::backward, 1, 0};
+  // 1F1B, 2 stages, 2 micro-batches, stage 0: warm-up F0, steady (F1 B0), cool-down B1.
+  const Groups g = train::transfer_groups(train::one_f_one_b(2, 0, 2), 2, 0, 1, 1);
+  REQUIRE(g.size() == 5);
+  CHECK(g[0].empty());  // F0 on the first virtual stage needs nothing
+  CHECK(g[1] == std::vector<T>{{T::send, 1, F0}, {T::recv, 1, B0}});
+  CHECK(g[2].empty());  // inside the iteration
+  CHECK(g[3] == std::vector<T>{{T::send, 1, F1}, {T::recv, 1, B1}});
+  CHECK(g[4].empty());  // the first virtual stage sends no gradient back
+  // Stage 1 (the last): no warm-up, (F0 B0) (F1 B1), receiving activations and sending gradients.
+  const Groups last = train::transfer_groups(train::one_f_one_b(2, 1, 2), 2, 1, 1, 0);
+  CHECK(last[0] == std::vector<T>{{T::recv, 0, F0}});
+  CHECK(last[1].empty());
+  CHECK(last[2] == std::vector<T>{{T::send, 0, B0}, {T::recv, 0, F1}});
+  CHECK(last[4] == std::vector<T>{{T::send, 0, B1}});
+  // All warm-up (interleaved, 3 stages, 3 micro-batches, stage 0: 6 forwards, then 6 backwards):
+  // no steady iteration, each op alone.
+  config::DistConfig dist;
+  dist.pipeline_parallel = 3;
+  dist.virtual_stages = 2;
+  dist.pipeline_schedule = config::PipelineSchedule::interleaved;
+  CHECK(train::warm_up_forwards(dist, 0, 3) == 6);
+  CHECK(train::warm_up_forwards(dist, 2, 3) == 3);
+  const Groups all = train::transfer_groups(train::stage_schedule(dist, 0, 3), 3, 0, 2, 6);
+  for (std::size_t k = 1; k < all.size() - 1; ++k) CHECK(!all[k].empty());
+}
+
+TEST_CASE("transfer groups: no deadlock under NCCL's one-group-at-a-time order, each send meeting its own receive",
+          "[pipeline]") {
+  for (int P : {2, 3, 4}) {
+    for (int V : {1, 2, 3}) {
+      for (int k : {1, 2, 3}) {
+        const int m = k * P;
+        if (P * V > 12) continue;
+        CAPTURE(P, V, m);
+        CHECK(train::simulate_transfers(all_groups(P, V, m)) == "");
+      }
+    }
+  }
+  // The same transfers posted one by one (receive before each op, send after it) deadlock: under
+  // 1F1B stage 0 sends its next activation while stage 1 sends a gradient back, and so on
+  // interleaved.
+  for (const int V : {1, 2}) {
+    const std::string stuck = train::simulate_transfers(one_by_one(all_groups(2, V, 4, false)));
+    CAPTURE(V, stuck);
+    CHECK(stuck.find("stage 0 at group") != std::string::npos);
+    CHECK(stuck.find("stage 1 at group") != std::string::npos);
+  }
+  // A send and a receive of different micro-batches (orders that differ) are an error.
+  auto swapped = all_groups(2, 1, 2);
+  std::swap(swapped[1][0], swapped[1][2]);  // stage 1 receives micro-batch 1's activation first
+  CHECK_THROWS_AS(train::simulate_transfers(swapped), std::logic_error);
+}

@@ -163,4 +163,44 @@ std::unique_ptr<Request> Communicator::start_exchange(const void* send, void* re
   return do_start_exchange(send, recv, count, dtype, send_to, recv_from);
 }
 
+std::unique_ptr<Request> Communicator::start_transfers(const std::vector<PeerTransfer>& transfers) {
+  for (const PeerTransfer& t : transfers) {
+    const bool send = t.direction == PeerTransfer::send;
+    check_transfer(send ? "transfers (send)" : "transfers (recv)", t.count, t.peer);
+    this->count(send ? Traffic::send : Traffic::recv, send ? double(t.count) * double(dtype_size(t.dtype)) : 0.0);
+  }
+  return do_start_transfers(transfers);
+}
+
+namespace {
+
+// Finished when every part has.
+class AllOf final : public Request {
+ public:
+  explicit AllOf(std::vector<std::unique_ptr<Request>> parts) : parts_(std::move(parts)) {}
+  void wait() override {
+    for (auto& part : parts_) part->wait();
+  }
+  bool finished() override {
+    for (auto& part : parts_) {
+      if (!part->finished()) return false;
+    }
+    return true;
+  }
+
+ private:
+  std::vector<std::unique_ptr<Request>> parts_;
+};
+
+}  // namespace
+
+std::unique_ptr<Request> Communicator::do_start_transfers(const std::vector<PeerTransfer>& transfers) {
+  std::vector<std::unique_ptr<Request>> parts;
+  for (const PeerTransfer& t : transfers) {
+    parts.push_back(t.direction == PeerTransfer::send ? do_start_send(t.data, t.count, t.dtype, t.peer)
+                                                      : do_start_recv(t.data, t.count, t.dtype, t.peer));
+  }
+  return std::make_unique<AllOf>(std::move(parts));
+}
+
 }  // namespace llmtrain::dist

@@ -25,6 +25,16 @@ class Request {
   virtual bool finished() { return false; }
 };
 
+/// One transfer of Communicator::start_transfers: `count` elements of `dtype` from `data` to
+/// `peer` (send), or from `peer` into `data` (receive).
+struct PeerTransfer {
+  enum Direction { send, recv } direction;
+  void* data;
+  std::int64_t count;
+  DType dtype;
+  int peer;
+};
+
 /// What this rank sent through one communicator, counted as the ring algorithms send it (the
 /// volume a bandwidth-optimal implementation moves, whatever the library picks): for a buffer of
 /// S bytes over n ranks an all-reduce sends 2 (n-1)/n S, a reduce-scatter or all-gather of a
@@ -96,7 +106,7 @@ class Communicator {
   /// ranks that each start a send to the other before the receive deadlock there, as does a ring
   /// in which every rank sends on before it receives, or a rank that starts a receive from B
   /// before a send to B while B starts the matching receive after its own send. Transfers that
-  /// must be under way together go in one start_exchange (one NCCL group); separate calls are
+  /// must be under way together go in one start_exchange or start_transfers (one NCCL group); separate calls are
   /// safe when both sides start them in the same order (1F1B: the earlier stage sends an
   /// activation when the later one receives it). Under NCCL a transfer also comes after the work
   /// the compute stream has been given before it (which wrote the buffer sent, or still reads
@@ -119,6 +129,12 @@ class Communicator {
   std::unique_ptr<Request> start_exchange(const void* send, void* recv, std::int64_t count, DType dtype, int peer) {
     return start_exchange(send, recv, count, dtype, peer, peer);
   }
+  /// Starts `transfers` together, any number to and from any peers: all are under way before any
+  /// must finish (over NCCL, one group), and the request finishes when all have. Two ranks whose
+  /// groups hold each other's counterparts never deadlock, whatever the order inside the groups;
+  /// the k-th send from A to B still meets B's k-th receive from A, in the order of the groups and
+  /// within them. Counted as their sends and receives. No two buffers may overlap.
+  std::unique_ptr<Request> start_transfers(const std::vector<PeerTransfer>& transfers);
 
   /// The collectives and transfers this rank has made on this communicator so far.
   const Traffic& traffic() const { return traffic_; }
@@ -148,6 +164,9 @@ class Communicator {
   virtual std::unique_ptr<Request> do_start_recv(void* data, std::int64_t count, DType dtype, int peer) = 0;
   virtual std::unique_ptr<Request> do_start_exchange(const void* send, void* recv, std::int64_t count, DType dtype,
                                                      int send_to, int recv_from) = 0;
+  /// Default: each transfer started on its own (do_start_send, do_start_recv), for an
+  /// implementation that moves every started transfer on its own (MPI); NCCL groups them.
+  virtual std::unique_ptr<Request> do_start_transfers(const std::vector<PeerTransfer>& transfers);
   /// "rank J" or, with a noun set, "stage R (rank J)": member `rank` of this group, whose rank in
   /// the job is J.
   std::string rank_phrase(int rank) const;
@@ -182,6 +201,7 @@ struct Communicators {
   std::unique_ptr<Communicator> pipeline_group;  // same tensor and data index: the stages in order
   std::unique_ptr<Communicator> data_device;  // the data-parallel group over device memory; null: data_group serves
   std::unique_ptr<Communicator> tensor_device;  // the tensor-parallel group over device memory; null: tensor_group serves
+  std::unique_ptr<Communicator> pipeline_device;  // the pipeline group over device memory; null: pipeline_group serves
 
   /// The data-parallel group over host memory (scalars: losses, norms; the sampler's rank).
   Communicator& data_host() const { return *data_group; }
@@ -189,13 +209,16 @@ struct Communicators {
   Communicator& data() const { return data_device ? *data_device : *data_group; }
   /// The tensor-parallel group over the memory the activations live in.
   Communicator& tensor() const { return tensor_device ? *tensor_device : *tensor_group; }
+  /// The pipeline group over the memory the activations live in (the stages' transfers).
+  Communicator& pipeline() const { return pipeline_device ? *pipeline_device : *pipeline_group; }
 };
 
 /// Splits `world` into the groups of `mesh` (mesh.world() must be world's size).
 Communicators split_mesh(std::unique_ptr<Communicator> world, const Mesh& mesh);
 
 /// make_communicator's choice for the host, and for `device` cuda: binds this process to its GPU
-/// (by local rank) and, with several ranks, adds NCCL over that GPU for the gradients.
+/// (by local rank) and, with several ranks, adds NCCL over that GPU for the data, tensor and
+/// pipeline groups that have more than one rank.
 /// Its groups are those of a `tensor_parallel` x data x `pipeline_parallel` mesh over the job's
 /// ranks (InputError naming the keys when they do not divide the world size).
 Communicators make_communicators(Device device, double timeout_s = 600.0, int tensor_parallel = 1,

@@ -89,6 +89,10 @@ Communicators make_communicators(const std::function<Device(Communicator& world)
     if (comms.tensor_group->world_size() > 1) {
       comms.tensor_device = make_nccl_communicator(*comms.tensor_group, gpu, timeout_s);
     }
+    if (comms.pipeline_group->world_size() > 1) {
+      comms.pipeline_device = make_nccl_communicator(*comms.pipeline_group, gpu, timeout_s);
+      comms.pipeline_device->set_rank_noun("stage");  // a transfer that never completes names the stage
+    }
 #else
     (void)gpu;
 #endif

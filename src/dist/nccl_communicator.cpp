@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -180,6 +181,30 @@ class NcclCommunicator final : public Communicator {
                                       "exchange (send of " + elements(count, dtype) + " to " + rank_phrase(send_to) +
                                           ", recv from " + rank_phrase(recv_from) + ")",
                                       peers + " never answered (dead or hung)");
+  }
+
+  // One group: every send and receive queued, then started together by ncclGroupEnd.
+  std::unique_ptr<Request> do_start_transfers(const std::vector<PeerTransfer>& transfers) override {
+    after_compute();
+    std::string what;
+    std::vector<int> peers;
+    check(ncclGroupStart(), "ncclGroupStart");
+    for (const PeerTransfer& t : transfers) {
+      const bool send = t.direction == PeerTransfer::send;
+      const ncclResult_t queued = send ? ncclSend(t.data, std::size_t(t.count), element_type(t.dtype), t.peer, comm_, stream_)
+                                       : ncclRecv(t.data, std::size_t(t.count), element_type(t.dtype), t.peer, comm_, stream_);
+      if (queued != ncclSuccess) {
+        ncclGroupEnd();
+        check(queued, send ? "ncclSend" : "ncclRecv");
+      }
+      what += (what.empty() ? "" : ", ") + std::string(send ? "send of " : "recv of ") + elements(t.count, t.dtype) +
+              (send ? " to " : " from ") + rank_phrase(t.peer);
+      if (std::find(peers.begin(), peers.end(), t.peer) == peers.end()) peers.push_back(t.peer);
+    }
+    enqueued(ncclGroupEnd(), "ncclGroupEnd");
+    std::string suspects;
+    for (const int peer : peers) suspects += (suspects.empty() ? "" : " or ") + rank_phrase(peer);
+    return std::make_unique<Transfer>(*this, "transfers (" + what + ")", suspects + " never answered (dead or hung)");
   }
 
  private:

@@ -1,7 +1,9 @@
 #include "train/pipeline_schedule.h"
 
 #include <algorithm>
+#include <map>
 #include <stdexcept>
+#include <tuple>
 
 #include "core/error.h"
 
@@ -42,9 +44,15 @@ std::string to_string(const PipelineOp& op) {
   return text;
 }
 
+int warmup_1f1b(int stages, int stage, int micro_batches) { return std::min(stages - stage - 1, micro_batches); }
+
+int warmup_interleaved(int stages, int stage, int micro_batches, int virtual_stages) {
+  return std::min(2 * (stages - stage - 1) + (virtual_stages - 1) * stages, virtual_stages * micro_batches);
+}
+
 std::vector<PipelineOp> one_f_one_b(int stages, int stage, int micro_batches) {
   check_stage(stages, stage, micro_batches);
-  const int warmup = std::min(stages - stage - 1, micro_batches);
+  const int warmup = warmup_1f1b(stages, stage, micro_batches);
   return warmup_steady_cooldown(
       micro_batches, warmup, [](int k) { return PipelineOp{PipelineOp::forward, k, 0}; },
       [](int k) { return PipelineOp{PipelineOp::backward, k, 0}; });
@@ -59,13 +67,21 @@ std::vector<PipelineOp> interleaved(int stages, int stage, int micro_batches, in
   }
   const int P = stages, V = virtual_stages;
   const int total = V * micro_batches;
-  const int warmup = std::min(2 * (P - stage - 1) + (V - 1) * P, total);
+  const int warmup = warmup_interleaved(P, stage, micro_batches, V);
   // The k-th (micro-batch, chunk) in groups of P micro-batches, each group through every chunk.
   const auto micro_batch = [P, V](int k) { return k / (P * V) * P + k % P; };
   const auto chunk = [P, V](int k) { return k % (P * V) / P; };
   return warmup_steady_cooldown(
       total, warmup, [&](int k) { return PipelineOp{PipelineOp::forward, micro_batch(k), chunk(k)}; },
       [&](int k) { return PipelineOp{PipelineOp::backward, micro_batch(k), V - 1 - chunk(k)}; });
+}
+
+int warm_up_forwards(const config::DistConfig& dist, int stage, int micro_batches) {
+  const int P = int(dist.pipeline_parallel);
+  if (dist.pipeline_schedule == config::PipelineSchedule::interleaved) {
+    return warmup_interleaved(P, stage, micro_batches, int(dist.virtual_stages));
+  }
+  return warmup_1f1b(P, stage, micro_batches);
 }
 
 std::vector<PipelineOp> stage_schedule(const config::DistConfig& dist, int stage, int micro_batches) {
@@ -209,6 +225,132 @@ PipelineSimulation simulate_pipeline(const std::vector<std::vector<PipelineOp>>&
   sim.makespan = *std::max_element(free_at.begin(), free_at.end());
   for (int s = 0; s < P; ++s) sim.idle.push_back(sim.makespan - sim.busy[std::size_t(s)]);
   return sim;
+}
+
+std::vector<std::vector<StageTransfer>> transfer_groups(const std::vector<PipelineOp>& schedule, int stages, int stage,
+                                                        int virtual_stages, int warm_up) {
+  const int P = stages, last = stages * virtual_stages - 1;
+  const int prev = (stage + P - 1) % P, next = (stage + 1) % P;
+  const auto receive = [&](const PipelineOp& op, std::vector<StageTransfer>& group) {
+    const int v = op.chunk * P + stage;
+    if (op.kind == PipelineOp::forward && v > 0) group.push_back({StageTransfer::recv, prev, op});
+    if (op.kind == PipelineOp::backward && v < last) group.push_back({StageTransfer::recv, next, op});
+  };
+  const auto send = [&](const PipelineOp& op, std::vector<StageTransfer>& group) {
+    const int v = op.chunk * P + stage;
+    if (op.kind == PipelineOp::forward && v < last) group.push_back({StageTransfer::send, next, op});
+    if (op.kind == PipelineOp::backward && v > 0) group.push_back({StageTransfer::send, prev, op});
+  };
+  // Iterations: in the steady state (after the warm-up's forwards, before the cool-down's
+  // backwards) a forward and the backward after it are one, any other op one of its own. The
+  // group before an iteration receives what its ops need, the group after it sends what they
+  // produced (with the next iteration's receives).
+  const std::size_t steady_end = schedule.size() - std::size_t(warm_up);
+  std::vector<std::vector<StageTransfer>> groups(schedule.size() + 1);
+  std::size_t before = 0;  // the group before the current iteration
+  for (std::size_t k = 0; k < schedule.size();) {
+    const bool pair = k >= std::size_t(warm_up) && k < steady_end;
+    const std::size_t n = pair ? 2 : 1;
+    for (std::size_t i = k; i < k + n; ++i) receive(schedule[i], groups[before]);
+    for (std::size_t i = k; i < k + n; ++i) send(schedule[i], groups[k + n]);
+    before = k + n;
+    k += n;
+  }
+  // Within a group the sends go first: the last iteration's results before the next one's inputs.
+  for (auto& group : groups) {
+    std::stable_partition(group.begin(), group.end(), [](const StageTransfer& t) { return t.direction == StageTransfer::send; });
+  }
+  return groups;
+}
+
+std::string simulate_transfers(const std::vector<std::vector<std::vector<StageTransfer>>>& groups) {
+  const int P = int(groups.size());
+  // Where each transfer stands in its (from, to) sequence: the k-th send meets the k-th recv.
+  struct Placed {
+    int stage;
+    std::size_t group;
+    StageTransfer t;
+  };
+  std::map<std::tuple<int, int, int>, std::vector<Placed>> sequences;  // (from, to, direction)
+  std::vector<std::vector<std::vector<int>>> position(static_cast<std::size_t>(P));  // per stage, group, transfer: its k
+  for (int s = 0; s < P; ++s) {
+    position[std::size_t(s)].resize(groups[std::size_t(s)].size());
+    for (std::size_t g = 0; g < groups[std::size_t(s)].size(); ++g) {
+      for (const StageTransfer& t : groups[std::size_t(s)][g]) {
+        const bool send = t.direction == StageTransfer::send;
+        auto& seq = sequences[{send ? s : t.peer, send ? t.peer : s, int(t.direction)}];
+        position[std::size_t(s)][g].push_back(int(seq.size()));
+        seq.push_back({s, g, t});
+      }
+    }
+  }
+  const auto describe = [](const Placed& p) {
+    return "stage " + std::to_string(p.stage) + " " + (p.t.direction == StageTransfer::send ? "send to " : "recv from ") +
+           std::to_string(p.t.peer) + (p.t.op.kind == PipelineOp::forward ? " (activation of " : " (gradient of ") +
+           to_string(p.t.op) + ")";
+  };
+  // Each send's counterpart must carry the same micro-batch to the next (activations) or the
+  // previous (gradients) virtual stage.
+  for (const auto& [key, sends] : sequences) {
+    if (std::get<2>(key) != int(StageTransfer::send)) continue;
+    const auto found = sequences.find({std::get<0>(key), std::get<1>(key), int(StageTransfer::recv)});
+    const std::size_t received = found == sequences.end() ? 0 : found->second.size();
+    if (received != sends.size()) {
+      throw std::logic_error("pipeline transfers: " + std::to_string(sends.size()) + " sends from stage " +
+                             std::to_string(std::get<0>(key)) + " to " + std::to_string(std::get<1>(key)) + " but " +
+                             std::to_string(received) + " receives");
+    }
+    for (std::size_t k = 0; k < sends.size(); ++k) {
+      const Placed& a = sends[k];
+      const Placed& b = found->second[k];
+      const int va = a.t.op.chunk * P + a.stage, vb = b.t.op.chunk * P + b.stage;
+      const bool forward = a.t.op.kind == PipelineOp::forward;  // an activation goes on, a gradient back
+      if (a.t.op.micro_batch != b.t.op.micro_batch || vb != va + (forward ? 1 : -1) || a.t.op.kind != b.t.op.kind) {
+        throw std::logic_error("pipeline transfers: " + describe(a) + " meets " + describe(b));
+      }
+    }
+  }
+  for (const auto& [key, recvs] : sequences) {
+    if (std::get<2>(key) == int(StageTransfer::recv) &&
+        !sequences.contains({std::get<0>(key), std::get<1>(key), int(StageTransfer::send)})) {
+      throw std::logic_error("pipeline transfers: " + describe(recvs.front()) + " is never sent");
+    }
+  }
+  // Run: each stage in its current group; a transfer is done once its counterpart's stage is in
+  // the counterpart's group (or past it).
+  std::vector<std::size_t> current(std::size_t(P), 0);
+  const auto reached = [&](int stage, std::size_t group) { return current[std::size_t(stage)] >= group; };
+  for (bool progressed = true; progressed;) {
+    progressed = false;
+    for (int s = 0; s < P; ++s) {
+      while (current[std::size_t(s)] < groups[std::size_t(s)].size()) {
+        const std::size_t g = current[std::size_t(s)];
+        bool done = true;
+        for (std::size_t i = 0; i < groups[std::size_t(s)][g].size() && done; ++i) {
+          const StageTransfer& t = groups[std::size_t(s)][g][i];
+          const bool send = t.direction == StageTransfer::send;
+          const auto& other =
+              sequences.at({send ? s : t.peer, send ? t.peer : s, int(send ? StageTransfer::recv : StageTransfer::send)});
+          const Placed& counterpart = other[std::size_t(position[std::size_t(s)][g][i])];
+          done = reached(counterpart.stage, counterpart.group);
+        }
+        if (!done) break;
+        ++current[std::size_t(s)];
+        progressed = true;
+      }
+    }
+  }
+  std::string stuck;
+  for (int s = 0; s < P; ++s) {
+    const std::size_t g = current[std::size_t(s)];
+    if (g == groups[std::size_t(s)].size()) continue;
+    stuck += (stuck.empty() ? "" : "; ") + std::string("stage ") + std::to_string(s) + " at group " + std::to_string(g) + ":";
+    for (const StageTransfer& t : groups[std::size_t(s)][g]) {
+      stuck += std::string(" ") + (t.direction == StageTransfer::send ? "send " : "recv ") + to_string(t.op) +
+               (t.op.kind == PipelineOp::forward ? " activation" : " gradient");
+    }
+  }
+  return stuck;
 }
 
 }  // namespace llmtrain::train

@@ -109,4 +109,39 @@ struct PipelineSimulation {
 PipelineSimulation simulate_pipeline(const std::vector<std::vector<PipelineOp>>& schedules, int micro_batches,
                                      int virtual_stages, PipelineCosts costs = {});
 
+/// One point-to-point transfer of a stage's update: op's output activation (forward) or input
+/// gradient (backward) sent to a neighbouring stage, or op's input activation or output gradient
+/// received from one. Activations and gradients share one communicator: between two stages the
+/// groups below keep the messages of both kinds in one order on both sides.
+struct StageTransfer {
+  enum Direction { send, recv } direction;
+  int peer;        // the other stage
+  PipelineOp op;   // the op on this stage whose output is sent or whose input is received
+  bool operator==(const StageTransfer&) const = default;
+};
+
+/// The forwards stage `stage` runs before its steady state (one forward, one backward):
+/// min(P - s - 1, m) under 1F1B, min(2 (P - s - 1) + (V - 1) P, V m) interleaved.
+int warm_up_forwards(const config::DistConfig& dist, int stage, int micro_batches);
+
+/// Stage `stage`'s transfers in groups around its ops, as the trainer posts them, with
+/// `warm_up` forwards before the steady state. An iteration is a warm-up forward, a steady
+/// forward and the backward after it, or a cool-down backward; the group before it receives what
+/// it needs, together with the sends of what the iteration before produced (as Megatron's
+/// send_forward_recv_backward and the like do), so that a stage never waits to receive before
+/// what it owes its neighbours is under way. groups[k] is posted before op k (empty inside an
+/// iteration); groups.size() == schedule.size() + 1, the last holding the last iteration's sends.
+/// Virtual stage v = chunk P + stage takes its input from v - 1 and sends its output to v + 1.
+std::vector<std::vector<StageTransfer>> transfer_groups(const std::vector<PipelineOp>& schedule, int stages, int stage,
+                                                        int virtual_stages, int warm_up);
+
+/// Runs every stage's transfer groups (groups[s], P = its size) the way NCCL runs the calls of
+/// one communicator: a stage's group starts only when its previous group has finished, a group
+/// finishes when each of its transfers has met its counterpart in the peer's current group, and
+/// the k-th send from A to B meets B's k-th receive from A. Returns "" when every group
+/// finishes, else what deadlocked (each stuck stage and its group). std::logic_error when a send
+/// meets a receive of another micro-batch, kind or virtual stage (the two sides' orders differ),
+/// or a transfer is never matched.
+std::string simulate_transfers(const std::vector<std::vector<std::vector<StageTransfer>>>& groups);
+
 }  // namespace llmtrain::train

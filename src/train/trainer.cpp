@@ -88,6 +88,7 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
       tensor_comm_(*comms.tensor_group),
       tensor_device_(comms.tensor()),
       pipeline_comm_(*comms.pipeline_group),
+      pipeline_link_(comms.pipeline()),
       stage_(comms.pipeline_group->rank()),
       stages_(comms.pipeline_group->world_size()) {
   const auto& tc = config_.train;
@@ -135,6 +136,8 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
     layout.layers = layout.chunks.front().count;
     if (layout.chunks.size() == 1) layout.chunks.clear();
     schedule_ = stage_schedule(config_.dist, stage_, int(accum_));
+    transfer_groups_ = transfer_groups(schedule_, stages_, stage_, int(layout.chunks.empty() ? 1 : layout.chunks.size()),
+                                       warm_up_forwards(config_.dist, stage_, int(accum_)));
   }
   model_ = model::make_model(config_.model, device_, tc.recompute, model::precision_dtype(tc.precision),
                              attention_.kernels, layout);
@@ -142,9 +145,6 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
     // One activation slot per (micro-batch, chunk) forwarded and not yet backwarded: at most
     // stages - stage under 1F1B.
     model_->set_activation_slots(peak_live_activations(schedule_));
-    pipeline_grads_ = pipeline_comm_.split(0, stage_);
-    pipeline_grads_->set_rank_noun("stage");
-    pipeline_grads_->set_job_rank_place([this](int job_rank) { return pipeline_comm_.job_rank_place(job_rank); });
     // A tied embedding: the first and last stages hold it; every stage takes part in summing its
     // gradients (a middle stage with zeros).
     const std::string tied = model_->tied_embedding();
@@ -276,7 +276,7 @@ StepResult Trainer::step(std::int64_t step) {
   const dist::Traffic sent_before = data_device_.traffic(), tensor_before = tensor_device_.traffic();
   // (On the CPU the host and device groups are one communicator: the norm's reduction counts there.)
   const dist::Traffic tensor_host_before = tensor_comm_.traffic(), pipeline_before = pipeline_comm_.traffic();
-  const dist::Traffic gradients_back_before = pipeline_grads_ ? pipeline_grads_->traffic() : dist::Traffic{};
+  const dist::Traffic link_before = pipeline_link_.traffic();
   if (zero3_) {
     zero3_->zero_grads();
   } else {
@@ -339,7 +339,7 @@ StepResult Trainer::step(std::int64_t step) {
   result.sent = data_device_.traffic().since(sent_before);
   result.sent_tensor = tensor_device_.traffic().since(tensor_before);
   result.sent_pipeline = pipeline_comm_.traffic().since(pipeline_before);
-  if (pipeline_grads_) add_traffic(result.sent_pipeline, pipeline_grads_->traffic().since(gradients_back_before));
+  if (&pipeline_link_ != &pipeline_comm_) add_traffic(result.sent_pipeline, pipeline_link_.traffic().since(link_before));
   if (&tensor_comm_ != &tensor_device_) add_traffic(result.sent_tensor, tensor_comm_.traffic().since(tensor_host_before));
   result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return result;
@@ -356,22 +356,24 @@ std::optional<double> Trainer::validate() {
   data::BatchLoader loader(*val_data_, in_order, {});
   const std::int64_t batches = std::min(t.eval_batches, val_data_->num_samples() / t.global_batch_size);
   model_->prepare_activations(B, T);
-  model_->use_activation_slot(0);
-  const int prev = (stage_ + stages_ - 1) % stages_, next = (stage_ + 1) % stages_;
-  double totals[2] = {0.0, 0.0};
-  for (std::int64_t k = 0; k < batches * loader.micro_steps(); ++k) {
-    const data::MicroBatch batch = loader.next();
-    for (int chunk = 0; chunk < model_->chunks(); ++chunk) {  // virtual stages stage, stage + P, ...
-      model_->use_chunk(chunk);
-      const auto io = model_->stage_io();
-      if (!model_->first_stage()) receive_from_stage(pipeline_comm_, io.input, prev);
+  // Each micro-batch's forward through this stage's chunks in turn, each transfer on its own
+  // (forwards only: no steady state to pair).
+  std::vector<PipelineOp> ops;
+  for (int k = 0; k < int(loader.micro_steps()); ++k) {
+    for (int chunk = 0; chunk < model_->chunks(); ++chunk) ops.push_back({PipelineOp::forward, k, chunk});
+  }
+  const auto groups = transfer_groups(ops, stages_, stage_, model_->chunks(), int(ops.size()));
+  double totals[2] = {0.0, 0.0}, waited = 0.0;
+  for (std::int64_t b = 0; b < batches; ++b) {
+    std::vector<data::MicroBatch> micro;
+    for (std::int64_t k = 0; k < loader.micro_steps(); ++k) micro.push_back(loader.next());
+    run_stage_ops(ops, groups, true, [&](const PipelineOp& op) {
+      const data::MicroBatch& batch = micro[std::size_t(op.micro_batch)];
       const double loss = model_->forward(batch.inputs.data(), batch.targets.data(), B, T, 0.0f);
-      if (!model_->last_stage()) send_to_stage(pipeline_comm_, io.output, next);
       totals[0] += model_->last_stage() ? loss : 0.0;
       totals[1] += model_->last_stage() ? double(B) * T : 0.0;
-    }
+    }, waited);
   }
-  finish_sends();
   pipeline_comm_.all_reduce_sum(totals, 2);
   data_comm_.all_reduce_sum(totals, 2);
   return totals[0] / totals[1];
@@ -387,95 +389,90 @@ double Trainer::run_pipeline(double& waited) {
     sampler_state_ = batches.back().after;
   }
   model_->prepare_activations(B, T);
-  // A chunk's virtual stage v = chunk P + stage takes its input from v - 1 and sends its output
-  // to v + 1: the previous and next stage, around the ring between chunks.
-  const int prev = (stage_ + stages_ - 1) % stages_, next = (stage_ + 1) % stages_;
-  // Activation slots: each (micro-batch, chunk) takes a free one at its forward and gives it back
-  // after its backward.
-  std::vector<int> free_slots;
-  for (int k = model_->activation_slots(); k-- > 0;) free_slots.push_back(k);
-  std::map<std::pair<int, int>, int> slot_of;  // (micro-batch, chunk) -> its slot
-  const auto receive = [&](dist::Communicator& comm, const Tensor& into, int peer) {
-    const auto start = Clock::now();
-    receive_from_stage(comm, into, peer);
-    waited += std::chrono::duration<double>(Clock::now() - start).count();
-  };
   double loss = 0.0;
-  for (const PipelineOp& op : schedule_) {
-    model_->use_chunk(op.chunk);
-    const std::pair<int, int> key{op.micro_batch, op.chunk};
-    int slot = 0;
-    if (op.kind == PipelineOp::forward) {
-      if (free_slots.empty()) throw RuntimeError("pipeline: more activations in flight than slots (" + to_string(op) + ")");
-      slot = free_slots.back();
-      free_slots.pop_back();
-      slot_of[key] = slot;
-    } else {
-      const auto found = slot_of.find(key);
-      if (found == slot_of.end()) throw RuntimeError("pipeline: backward before forward (" + to_string(op) + ")");
-      slot = found->second;
-      slot_of.erase(found);
-      free_slots.push_back(slot);
-    }
-    model_->use_activation_slot(slot);
-    const model::Model::StageIO io = model_->stage_io();
-    const data::MicroBatch& batch = batches[std::size_t(op.micro_batch)];
-    const bool first = model_->first_stage(), last = model_->last_stage();  // of the virtual stages
-    if (op.kind == PipelineOp::forward) {
-      if (!first) receive(pipeline_comm_, io.input, prev);
-      // d(mean loss over the whole update)/dlogits: each micro-step adds 1 / (G T) per position.
-      loss += model_->forward(batch.inputs.data(), last ? batch.targets.data() : nullptr, B, T,
-                              float(1.0 / tokens_per_step_));
-      if (!last) send_to_stage(pipeline_comm_, io.output, next);
-    } else {
-      if (!last) receive(*pipeline_grads_, io.output_grad, next);
+  run_stage_ops(schedule_, transfer_groups_, false, [&](const PipelineOp& op) {
+    if (op.kind == PipelineOp::backward) {
       model_->backward();  // the data-parallel reduction starts after the last micro-batch
-      if (!first) send_to_stage(*pipeline_grads_, io.input_grad, prev);
+      return;
     }
-  }
-  finish_sends();
+    const data::MicroBatch& batch = batches[std::size_t(op.micro_batch)];
+    // d(mean loss over the whole update)/dlogits: each micro-step adds 1 / (G T) per position.
+    loss += model_->forward(batch.inputs.data(), model_->last_stage() ? batch.targets.data() : nullptr, B, T,
+                            float(1.0 / tokens_per_step_));
+  }, waited);
   return loss;
 }
 
-void Trainer::send_to_stage(dist::Communicator& comm, const Tensor& t, int peer) {
-  // A buffer whose send has finished, else a new one (as many as sends are in flight at once).
-  PendingSend* free = nullptr;
-  for (PendingSend& send : sends_) {
-    if (send.request && send.request->finished()) {
-      send.request->wait();
-      send.request.reset();
+void Trainer::run_stage_ops(const std::vector<PipelineOp>& ops, const std::vector<std::vector<StageTransfer>>& groups,
+                            bool forward_only, const std::function<void(const PipelineOp&)>& compute, double& waited) {
+  // Activation slots: each (micro-batch, chunk) takes a free one when its forward (or the receive
+  // of its input) comes, and gives it back after its backward.
+  std::vector<int> free_slots;
+  for (int k = model_->activation_slots(); k-- > 0;) free_slots.push_back(k);
+  std::map<std::pair<int, int>, int> slot_of;  // (micro-batch, chunk) -> its slot
+  const auto select = [&](const PipelineOp& op) {
+    const std::pair<int, int> key{op.micro_batch, op.chunk};
+    auto found = slot_of.find(key);
+    if (found == slot_of.end()) {
+      if (op.kind != PipelineOp::forward) throw RuntimeError("pipeline: backward before forward (" + to_string(op) + ")");
+      if (free_slots.empty()) throw RuntimeError("pipeline: more activations in flight than slots (" + to_string(op) + ")");
+      found = slot_of.emplace(key, free_slots.back()).first;
+      free_slots.pop_back();
     }
-    if (!send.request && !free && send.buffer.bytes() >= t.bytes()) free = &send;
-  }
-  if (!free) {
-    sends_.push_back({device_ == Device::cpu ? ops::Buffer(Device::cpu, t.bytes()) : ops::Buffer::host_staging(t.bytes()),
-                      nullptr});
-    free = &sends_.back();
-  }
-  Tensor copy = t;
-  copy.data = free->buffer.data();
-  copy.device = Device::cpu;
-  ops::copy(copy, t);
-  free->request = comm.start_send(copy.data, copy.numel(), copy.dtype, peer);
-}
-
-void Trainer::receive_from_stage(dist::Communicator& comm, const Tensor& t, int peer) {
-  if (t.device == Device::cpu) {
-    comm.recv(t.data, t.numel(), t.dtype, peer);
-    return;
-  }
-  if (received_.bytes() < t.bytes()) received_ = ops::Buffer::host_staging(t.bytes());
-  Tensor host = t;
-  host.data = received_.data();
-  host.device = Device::cpu;
-  comm.recv(host.data, host.numel(), host.dtype, peer);
-  ops::copy(t, host);
-}
-
-void Trainer::finish_sends() {
-  for (PendingSend& send : sends_) {
-    if (send.request) send.request->wait();
-    send.request.reset();
+    model_->use_chunk(op.chunk);
+    model_->use_activation_slot(found->second);
+  };
+  const auto release = [&](const PipelineOp& op) {
+    const auto found = slot_of.find({op.micro_batch, op.chunk});
+    free_slots.push_back(found->second);
+    slot_of.erase(found);
+  };
+  std::vector<Tensor> outgoing;  // copies of the results the next group with sends sends, in its order
+  for (std::size_t k = 0; k < groups.size(); ++k) {
+    std::vector<dist::PeerTransfer> transfers;
+    std::size_t sent = 0;
+    for (const StageTransfer& t : groups[k]) {
+      if (t.direction == StageTransfer::send) {
+        if (sent >= outgoing.size()) throw RuntimeError("pipeline: a send of " + to_string(t.op) + " with nothing to send");
+        const Tensor& out = outgoing[sent++];
+        transfers.push_back({dist::PeerTransfer::send, out.data, out.numel(), out.dtype, t.peer});
+      } else {
+        select(t.op);
+        const model::Model::StageIO io = model_->stage_io();
+        const Tensor& into = t.op.kind == PipelineOp::forward ? io.input : io.output_grad;
+        transfers.push_back({dist::PeerTransfer::recv, into.data, into.numel(), into.dtype, t.peer});
+      }
+    }
+    // An iteration's results go together in the group after it (none inside it).
+    if (sent > 0 && sent != outgoing.size()) throw RuntimeError("pipeline: results left unsent before op " + std::to_string(k));
+    if (!transfers.empty()) {
+      const auto start = Clock::now();
+      pipeline_link_.start_transfers(transfers)->wait();
+      waited += std::chrono::duration<double>(Clock::now() - start).count();
+    }
+    if (sent > 0) outgoing.clear();
+    if (k == ops.size()) {
+      if (!outgoing.empty()) throw RuntimeError("pipeline: the last results were never sent");
+      break;
+    }
+    const PipelineOp& op = ops[k];
+    select(op);
+    compute(op);
+    // Its result for the next stage, if it has one: an activation on (every virtual stage but the
+    // last), a gradient back (every one but the first).
+    const bool forward = op.kind == PipelineOp::forward;
+    if (forward ? !model_->last_stage() : !model_->first_stage()) {
+      const model::Model::StageIO io = model_->stage_io();
+      const Tensor& result = forward ? io.output : io.input_grad;
+      if (outbox_.size() <= outgoing.size()) outbox_.emplace_back();
+      ops::Buffer& buffer = outbox_[outgoing.size()];
+      if (buffer.bytes() < result.bytes()) buffer = ops::Buffer(result.device, result.bytes());
+      Tensor copy = result;
+      copy.data = buffer.data();
+      ops::copy(copy, result);
+      outgoing.push_back(copy);
+    }
+    if (!forward || forward_only) release(op);
   }
 }
 

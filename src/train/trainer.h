@@ -147,24 +147,20 @@ class Trainer {
   dist::Communicator& tensor_comm_;     // the tensor-parallel group, host memory
   dist::Communicator& tensor_device_;   // and over the memory the activations live in
   std::unique_ptr<CommTensorGroup> tensor_group_;  // its device side, for the model
-  dist::Communicator& pipeline_comm_;   // the stages in order (host memory): activations go forward on it
-  std::unique_ptr<dist::Communicator> pipeline_grads_;  // the same stages: gradients go back on this one
+  dist::Communicator& pipeline_comm_;   // the stages in order (host memory): losses, norms, the tied embedding
+  dist::Communicator& pipeline_link_;   // the same stages over the memory the activations live in: transfers
   int stage_ = 0, stages_ = 1;
   std::vector<PipelineOp> schedule_;    // this stage's order of work in an update
-  /// Transfers to and from the neighbouring stages, over the host pipeline group. A send leaves
-  /// from a host buffer of its own (reused once that send has finished), so that no computation
-  /// waits for an earlier send to be received and the slot or gradient it came from may be
-  /// overwritten at once; on a GPU the tensor is staged through it (a copy ordered after the
-  /// compute stream's work), and a receive lands in a host buffer first and is copied to the device.
-  struct PendingSend {
-    ops::Buffer buffer;
-    std::unique_ptr<dist::Request> request;
-  };
-  std::vector<PendingSend> sends_;
-  ops::Buffer received_;  // a GPU's staging buffer for receives
-  void send_to_stage(dist::Communicator& comm, const Tensor& t, int peer);
-  void receive_from_stage(dist::Communicator& comm, const Tensor& t, int peer);
-  void finish_sends();
+  std::vector<std::vector<StageTransfer>> transfer_groups_;  // its transfers, grouped around those ops
+  /// Runs this stage's `ops` with the transfer `groups` around them (transfer_groups): each group
+  /// started together and finished before the next op, the op's results copied out for the group
+  /// after it (a copy, so that the slot or the shared gradient buffer may be overwritten at once).
+  /// A forward takes an activation slot, its backward (or, `forward_only`, the forward itself)
+  /// gives it back. `compute` runs one op with its chunk and slot selected; the time spent waiting
+  /// for the neighbours is added to `waited`.
+  void run_stage_ops(const std::vector<PipelineOp>& ops, const std::vector<std::vector<StageTransfer>>& groups,
+                     bool forward_only, const std::function<void(const PipelineOp&)>& compute, double& waited);
+  std::vector<ops::Buffer> outbox_;  // the copies of one group's sends
   const model::ParamInfo* tied_ = nullptr;  // a tied embedding held by the first and last stages
   std::int64_t tied_numel_ = 0;             // its elements (also on the middle stages, which hold none)
   /// A pipeline's update: this stage's forwards and backwards of the micro-batches through its
