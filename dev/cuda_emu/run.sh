@@ -2,7 +2,8 @@
 # Builds the CUDA emulation (dev/cuda_emu: the project's kernels, rewritten, on the CPU, with
 # AddressSanitizer and UBSan) into build-emu/ and runs every [cuda] test case of test_cuda_ops,
 # test_ops, test_cuda_model, test_cublaslt_emu and test_nccl_emu under it, one process per test case (a sanitizer abort or a
-# device fault ends only that case), printing one line per case and a summary.
+# device fault ends only that case), and those of test_cuda_tensor_parallel under mpirun at 2 and 4
+# ranks (one process per tensor rank), printing one line per case and a summary.
 #
 #   dev/cuda_emu/run.sh [options] [REGEX]     REGEX: run only the cases whose name matches (grep -E)
 #     --no-build            run what is built
@@ -41,7 +42,7 @@ while [[ $# -gt 0 ]]; do
     --sanitizer) sanitizer=$2; shift ;;
     --list) list_only=1 ;;
     --selftest) selftest=1 ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "run.sh: unknown option $1" >&2; exit 2 ;;
     *) filter=$1 ;;
   esac
@@ -132,18 +133,27 @@ escape_name() { sed -e 's/[],[\\]/\\&/g' <<<"$1"; }
 passed=0 failed=0 skipped=0
 failures=()
 start_all=$(date +%s)
-for bin in test_cuda_ops test_ops test_cuda_model test_cublaslt_emu test_nccl_emu; do
+# BINARY or BINARY:RANKS, the latter's cases launched by mpirun as RANKS processes (one tensor
+# rank and one emulated device each), reported as "BINARY -np RANKS".
+for entry in test_cuda_ops test_ops test_cuda_model test_cublaslt_emu test_nccl_emu \
+             test_cuda_tensor_parallel:2 test_cuda_tensor_parallel:4; do
+  bin=${entry%%:*} label=$bin logs=$bin launch=()
+  if [[ $entry == *:* ]]; then
+    ranks=${entry#*:}
+    label="$bin -np $ranks" logs="$bin-np$ranks"
+    launch=(env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe -np "$ranks")
+  fi
   exe="$build_dir/$bin"
-  [[ -x $exe ]] || { echo "missing $exe"; failed=$((failed + 1)); failures+=("$bin: not built"); continue; }
+  [[ -x $exe ]] || { echo "missing $exe"; failed=$((failed + 1)); failures+=("$label: not built"); continue; }
   mapfile -t cases < <("$exe" --list-test-names-only "[cuda]" | sed '/^$/d')
-  mkdir -p "$build_dir/logs/$bin"
+  mkdir -p "$build_dir/logs/$logs"
   for name in "${cases[@]}"; do
     if [[ -n $filter ]] && ! grep -Eq -- "$filter" <<<"$name"; then continue; fi
-    if [[ $list_only -eq 1 ]]; then echo "$bin: $name"; continue; fi
-    log="$build_dir/logs/$bin/$(tr -c 'A-Za-z0-9_.=-' '_' <<<"$name").log"
+    if [[ $list_only -eq 1 ]]; then echo "$label: $name"; continue; fi
+    log="$build_dir/logs/$logs/$(tr -c 'A-Za-z0-9_.=-' '_' <<<"$name").log"
     t0=$(date +%s.%N)
     set +e
-    timeout "$timeout_s" "$exe" "$(escape_name "$name")" >"$log" 2>&1
+    timeout "$timeout_s" "${launch[@]}" "$exe" "$(escape_name "$name")" >"$log" 2>&1
     rc=$?
     set -e
     secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
@@ -160,9 +170,9 @@ for bin in test_cuda_ops test_ops test_cuda_model test_cublaslt_emu test_nccl_em
     case $status in
       PASS) passed=$((passed + 1)) ;;
       SKIP) skipped=$((skipped + 1)) ;;
-      *) failed=$((failed + 1)); failures+=("$bin: $name  ($log)") ;;
+      *) failed=$((failed + 1)); failures+=("$label: $name  ($log)") ;;
     esac
-    printf '%-7s %7ss  %s: %s\n' "$status" "$secs" "$bin" "$name"
+    printf '%-7s %7ss  %s: %s\n' "$status" "$secs" "$label" "$name"
     if [[ $status == FAIL || $status == TIMEOUT ]]; then
       grep -E "llmtrain_emu:|ERROR: AddressSanitizer|WARNING: ThreadSanitizer|runtime error:|FAILED:|with expansion|REQUIRE|CHECK|SUMMARY" "$log" |
         head -12 | sed 's/^/          | /'
