@@ -74,6 +74,9 @@ constexpr Tol act_elementwise{1e-5, 1e-2};  // elementwise outputs in the run's 
 constexpr Tol act_reduction{1e-4, 1e-2};    // matmul and reduction outputs in the run's dtype
 constexpr Tol f32_elementwise{1e-5, 2e-3};  // f32 outputs: statistics, losses
 constexpr Tol f32_reduction{1e-4, 2e-3};    // f32 outputs summed over rows: weight gradients
+// f32 sums over rows of an intermediate that a bf16 run rounds to bf16 and the reference keeps in
+// f32 (the fused MLP's GELU output and dpre): one more bf16 rounding inside.
+constexpr Tol f32_reduction_of_bf16{1e-4, 1e-2};
 
 using Shape = std::vector<std::int64_t>;
 
@@ -264,24 +267,68 @@ std::vector<OpCase> matmul_cases() {
     for (const int C : channel_sizes) {
       for (const int OC : {1, 3, 64, 127, 768}) {
         for (const bool with_bias : {true, false}) {
-          const std::int64_t N = std::int64_t(B) * T;
-          OpCase c{"matmul", shape_name({{"N", N}, {"C", C}, {"OC", OC}, {"bias", with_bias}})};
-          c.args = {input("inp", {N, C}),
-                    input("weight", {OC, C}),
-                    present_if(with_bias, input("bias", {OC})),  // offset 1: an odd bias address
-                    output("out", {N, OC}, act_reduction),
-                    input("dout", {N, OC}),
-                    accumulated("dinp", {N, C}, act_reduction),
-                    always_f32(accumulated("dweight", {OC, C}, f32_reduction)),
-                    present_if(with_bias, always_f32(accumulated("dbias", {OC}, f32_reduction)))};
-          c.run = [](const Args& a) {
-            ops::matmul_forward(a["out"], a["inp"], a["weight"], a["bias"]);
-            ops::matmul_backward(a["dinp"], a["dweight"], a["dbias"], a["dout"], a["inp"], a["weight"]);
-            return 0.0;
-          };
-          add(cases, c);
+          // overwrite: backward is dinp's first writer (Accumulate::no): its old values must go.
+          for (const bool overwrite : {false, true}) {
+            const std::int64_t N = std::int64_t(B) * T;
+            if (overwrite && (with_bias || N > 64)) continue;
+            OpCase c{"matmul", shape_name({{"N", N}, {"C", C}, {"OC", OC}, {"bias", with_bias}}) +
+                                   (overwrite ? " overwrite" : "")};
+            c.args = {input("inp", {N, C}),
+                      input("weight", {OC, C}),
+                      present_if(with_bias, input("bias", {OC})),  // offset 1: an odd bias address
+                      output("out", {N, OC}, act_reduction),
+                      input("dout", {N, OC}),
+                      overwrite ? output("dinp", {N, C}, act_reduction) : accumulated("dinp", {N, C}, act_reduction),
+                      always_f32(accumulated("dweight", {OC, C}, f32_reduction)),
+                      present_if(with_bias, always_f32(accumulated("dbias", {OC}, f32_reduction)))};
+            c.run = [overwrite](const Args& a) {
+              ops::matmul_forward(a["out"], a["inp"], a["weight"], a["bias"]);
+              ops::matmul_backward(a["dinp"], a["dweight"], a["dbias"], a["dout"], a["inp"], a["weight"],
+                                   overwrite ? ops::Accumulate::no : ops::Accumulate::yes);
+              return 0.0;
+            };
+            add(cases, c);
+          }
         }
       }
+    }
+  }
+  return cases;
+}
+
+// GPT-2's MLP: c_fc with its GELU (GELU_AUX_BIAS on the GPU), then c_proj's backward through
+// the GELU (DGELU, DGELU_BGRAD in fp32). F % 8 != 0 takes the unfused path; dpre is written,
+// so its random initial values must not survive.
+std::vector<OpCase> matmul_gelu_cases() {
+  std::vector<OpCase> cases;
+  struct Dims {
+    std::int64_t N;
+    int C, F, OC;
+  };
+  for (const Dims& d : {Dims{1, 3, 8, 5}, Dims{5, 64, 64, 64}, Dims{34, 127, 127, 3}, Dims{34, 64, 768, 127},
+                        Dims{257, 64, 256, 768}, Dims{17, 1, 3, 1}}) {
+    for (const bool with_bias : {true, false}) {
+      const auto [N, C, F, OC] = d;
+      OpCase c{"matmul_gelu", shape_name({{"N", N}, {"C", C}, {"F", F}, {"OC", OC}, {"bias", with_bias}})};
+      c.args = {input("inp", {N, C}),
+                input("fc_w", {F, C}),
+                present_if(with_bias, input("fc_b", {F})),
+                output("pre", {N, F}, act_reduction),
+                output("out", {N, F}, act_reduction),
+                input("proj_w", {OC, F}),
+                input("dout", {N, OC}),
+                output("dpre", {N, F}, act_reduction),
+                // From the rounded GELU output and (bf16) the rounded dpre.
+                always_f32(accumulated("dproj_w", {OC, F}, f32_reduction_of_bf16)),
+                present_if(with_bias, always_f32(accumulated("dproj_b", {OC}, f32_reduction))),
+                present_if(with_bias, always_f32(accumulated("dfc_b", {F}, f32_reduction_of_bf16)))};
+      c.run = [](const Args& a) {
+        ops::matmul_gelu_forward(a["out"], a["pre"], a["inp"], a["fc_w"], a["fc_b"]);
+        ops::matmul_backward_dgelu(a["dpre"], a["dproj_w"], a["dproj_b"], a["dfc_b"], a["dout"], a["out"], a["pre"],
+                                   a["proj_w"]);
+        return 0.0;
+      };
+      add(cases, c);
     }
   }
   return cases;
@@ -527,9 +574,9 @@ std::vector<OpCase> adamw_cases() {
 const std::map<std::string, std::vector<OpCase>>& op_cases() {
   static const std::map<std::string, std::vector<OpCase>> table = [] {
     std::map<std::string, std::vector<OpCase>> t;
-    for (auto* builder : {encoder_cases, layernorm_cases, matmul_cases, attention_decode_cases, elementwise_cases,
-                          rmsnorm_cases, rope_cases, fused_classifier_cases, vocab_parallel_cases, sum_squares_cases,
-                          adamw_cases}) {
+    for (auto* builder : {encoder_cases, layernorm_cases, matmul_cases, matmul_gelu_cases,
+                          attention_decode_cases, elementwise_cases, rmsnorm_cases, rope_cases, fused_classifier_cases,
+                          vocab_parallel_cases, sum_squares_cases, adamw_cases}) {
       for (OpCase& c : builder()) t[c.op].push_back(std::move(c));
     }
     return t;
@@ -768,6 +815,7 @@ LLMTRAIN_OP_TEST("encoder")
 LLMTRAIN_OP_TEST("encoder_backward deterministic")
 LLMTRAIN_OP_TEST("layernorm")
 LLMTRAIN_OP_TEST("matmul")
+LLMTRAIN_OP_TEST("matmul_gelu")
 LLMTRAIN_OP_TEST("attention_decode")
 LLMTRAIN_OP_TEST("gelu")
 LLMTRAIN_OP_TEST("residual")
