@@ -157,6 +157,9 @@ struct OpCase {
   std::string shape;  // "N=64 C=127"
   std::vector<Arg> args;
   std::function<double(const Args&)> run;  // the ops:: calls; returns the op's result, or 0
+  // When set, the reference runs this instead of `run`, told the run's dtype: for a fused op
+  // whose bf16 kernel rounds an intermediate to bf16 that the f32 reference would keep.
+  std::function<double(const Args&, DType)> reference;
   std::vector<DType> dtypes{DType::f32, DType::bf16};
   std::size_t offset = 0;          // leading sentinels of every device tensor (1: misaligned views)
   std::optional<Tol> result_tol;   // compare run's return value too, relative to
@@ -253,6 +256,45 @@ std::vector<OpCase> layernorm_cases() {
         ops::layernorm_forward(a["out"], a["mean"], a["rstd"], a["inp"], a["weight"], a["bias"]);
         ops::layernorm_backward(a["dinp"], a["dweight"], a["dbias"], a["dout"], a["inp"], a["weight"], a["mean"],
                                 a["rstd"]);
+        return 0.0;
+      };
+      add(cases, c);
+    }
+  }
+  return cases;
+}
+
+// residual = a + b, then its LayerNorm, in one kernel.
+std::vector<OpCase> layernorm_residual_cases() {
+  std::vector<OpCase> cases;
+  for (const auto& [B, T] : batch_shapes) {
+    for (const int C : channel_sizes) {
+      const std::int64_t N = std::int64_t(B) * T;
+      OpCase c{"layernorm_residual", shape_name({{"N", N}, {"C", C}})};
+      c.args = {input("a", {N, C}, -2.0f, 3.0f),
+                input("b", {N, C}),
+                input("weight", {C}, 0.5f, 1.5f),
+                input("bias", {C}),
+                output("residual", {N, C}, act_elementwise),
+                output("out", {N, C}, act_elementwise),
+                always_f32(output("mean", {N}, f32_elementwise)),
+                always_f32(output("rstd", {N}, f32_elementwise))};
+      c.run = [](const Args& a) {
+        ops::layernorm_residual_forward(a["residual"], a["out"], a["mean"], a["rstd"], a["a"], a["b"], a["weight"],
+                                        a["bias"]);
+        return 0.0;
+      };
+      // A bf16 kernel normalises the residual it stored, rounded to bf16 (as the unfused ops
+      // would): so does the reference, else a row of nearly equal values (C = 3) differs by far
+      // more than a rounding.
+      c.reference = [](const Args& a, DType dtype) {
+        ops::layernorm_residual_forward(a["residual"], a["out"], a["mean"], a["rstd"], a["a"], a["b"], a["weight"],
+                                        a["bias"]);
+        if (dtype == DType::bf16) {
+          float* residual = a["residual"].as<float>();
+          for (std::int64_t i = 0; i < a["residual"].numel(); ++i) residual[i] = to_float(to_bf16(residual[i]));
+          ops::layernorm_forward(a["out"], a["mean"], a["rstd"], a["residual"], a["weight"], a["bias"]);
+        }
         return 0.0;
       };
       add(cases, c);
@@ -574,7 +616,7 @@ std::vector<OpCase> adamw_cases() {
 const std::map<std::string, std::vector<OpCase>>& op_cases() {
   static const std::map<std::string, std::vector<OpCase>> table = [] {
     std::map<std::string, std::vector<OpCase>> t;
-    for (auto* builder : {encoder_cases, layernorm_cases, matmul_cases, matmul_gelu_cases,
+    for (auto* builder : {encoder_cases, layernorm_cases, layernorm_residual_cases, matmul_cases, matmul_gelu_cases,
                           attention_decode_cases, elementwise_cases, rmsnorm_cases, rope_cases, fused_classifier_cases,
                           vocab_parallel_cases, sum_squares_cases, adamw_cases}) {
       for (OpCase& c : builder()) t[c.op].push_back(std::move(c));
@@ -684,7 +726,7 @@ struct Reference {
   double result = 0.0;
 };
 
-Reference run_reference(const OpCase& c, const std::vector<HostValues>& inputs) {
+Reference run_reference(const OpCase& c, const std::vector<HostValues>& inputs, DType dtype = DType::f32) {
   Reference ref;
   ref.values = inputs;
   Args args;
@@ -699,7 +741,7 @@ Reference run_reference(const OpCase& c, const std::vector<HostValues>& inputs) 
       args.add(a.name, view(v.f.data(), DType::f32, Device::cpu, a.shape));
     }
   }
-  ref.result = c.run(args);
+  ref.result = c.reference ? c.reference(args, dtype) : c.run(args);
   return ref;
 }
 
@@ -712,7 +754,7 @@ void run_case(const OpCase& c, DType dtype) {
   std::mt19937 rng(std::uint32_t(seed_of(name)));
   std::vector<HostValues> inputs;
   for (const Arg& a : c.args) inputs.push_back(random_values(a, dtype_in_run(a, dtype), rng));
-  const Reference ref = run_reference(c, inputs);
+  const Reference ref = run_reference(c, inputs, dtype);
 
   std::vector<std::vector<float>> first_outputs(c.args.size());
   double first_result = 0.0;
@@ -814,6 +856,7 @@ bool register_op_test(const char* op) { return ops_with_test_cases().insert(op).
 LLMTRAIN_OP_TEST("encoder")
 LLMTRAIN_OP_TEST("encoder_backward deterministic")
 LLMTRAIN_OP_TEST("layernorm")
+LLMTRAIN_OP_TEST("layernorm_residual")
 LLMTRAIN_OP_TEST("matmul")
 LLMTRAIN_OP_TEST("matmul_gelu")
 LLMTRAIN_OP_TEST("attention_decode")

@@ -286,8 +286,7 @@ void Gpt2::forward_layer(std::size_t l) {
                                attention_kernels_);
   ops::matmul_forward(sp ? a_.full_out : la.attproj, la.atty, lp.attproj_w, bias_once(lp.attproj_b));
   reduce_rows(sp ? a_.full_out : la.attproj, la.attproj);
-  ops::residual_forward(la.residual2, x, la.attproj);
-  ops::layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, lp.ln2_w, lp.ln2_b);
+  ops::layernorm_residual_forward(la.residual2, la.ln2, la.ln2_mean, la.ln2_rstd, x, la.attproj, lp.ln2_w, lp.ln2_b);
   forward_mlp(lp, la, gathered(la.ln2, a_.full_in));
   ops::matmul_forward(sp ? a_.full_out : la.fcproj, la.fch_gelu, lp.fcproj_w, bias_once(lp.fcproj_b));
   reduce_rows(sp ? a_.full_out : la.fcproj, la.fcproj);

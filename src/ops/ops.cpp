@@ -88,6 +88,24 @@ void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd
   });
 }
 
+void layernorm_residual_forward(const Tensor& residual, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias) {
+  const Op op("layernorm_residual_forward");
+  const auto [N, C, act] = norm_checks(op, a, {{"b", &b}, {"residual", &residual}, {"out", &out}},
+                                       {{"weight", &weight}, {"bias", &bias}}, {}, {{"mean", &mean}, {"rstd", &rstd}});
+  if (act == DType::bf16 && !op.on_cuda({&residual, &out, &mean, &rstd, &a, &b, &weight, &bias})) {
+    // The CPU's bf16 path widens inputs and rounds outputs once: normalise the rounded residual, as
+    // the kernel does.
+    residual_forward(residual, a, b);
+    layernorm_forward(out, mean, rstd, residual, weight, bias);
+    return;
+  }
+  op.run(LLMTRAIN_KERNELS(layernorm_residual_forward), act, [&](auto v) {
+    return std::tuple(v.out(residual), v.out(out), v.f32(mean), v.f32(rstd), v.in(a), v.in(b), v.in(weight),
+                      v.in(bias), N, C);
+  });
+}
+
 void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
                         const Tensor& inp, const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
   const Op op("layernorm_backward");

@@ -28,6 +28,10 @@ void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd
                        const Tensor& weight, const Tensor& bias);
 void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
                         const Tensor& inp, const Tensor& weight, const Tensor& mean, const Tensor& rstd);
+/// residual (N,C) = a + b (N,C), then out (N,C), mean, rstd (N) its LayerNorm: a residual add and
+/// the LayerNorm after it in one pass over the rows (residual_forward, then layernorm_forward).
+void layernorm_residual_forward(const Tensor& residual, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias);
 
 /// out (N,OC) = inp (N,C) weight^T (weight (OC,C)) + bias (OC); a bias with no data means none.
 void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias);

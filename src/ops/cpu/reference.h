@@ -26,6 +26,9 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
                        const float* bias, std::int64_t N, int C);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, std::int64_t N, int C);
+/// residual (N,C) = a + b, then out, mean, rstd as layernorm_forward of residual.
+void layernorm_residual_forward(float* residual, float* out, float* mean, float* rstd, const float* a, const float* b,
+                                const float* weight, const float* bias, std::int64_t N, int C);
 
 /// out (N,OC) = inp (N,C) weight^T + bias; weight (OC,C); bias (OC) or null. OpenBLAS sgemm.
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, std::int64_t N, int C,

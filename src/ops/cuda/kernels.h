@@ -44,6 +44,9 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, std::int64_t N, int C,
                         cudaStream_t stream);
+/// residual (N,C) = a + b (N,C), then out, mean, rstd as layernorm_forward of residual, one kernel.
+void layernorm_residual_forward(float* residual, float* out, float* mean, float* rstd, const float* a, const float* b,
+                                const float* weight, const float* bias, std::int64_t N, int C, cudaStream_t stream);
 
 // src/ops/cuda/matmul.cu (cuBLASLt)
 /// out (N,OC) = inp (N,C) weight^T + bias; weight (OC,C); bias (OC) or null.
@@ -151,6 +154,9 @@ void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* inp, con
 void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
                         const bf16* weight, const float* mean, const float* rstd, std::int64_t N, int C,
                         cudaStream_t stream);
+/// residual (N,C) = a + b rounded to bf16, then its LayerNorm as layernorm_forward (of the rounded sum).
+void layernorm_residual_forward(bf16* residual, bf16* out, float* mean, float* rstd, const bf16* a, const bf16* b,
+                                const bf16* weight, const bf16* bias, std::int64_t N, int C, cudaStream_t stream);
 
 // src/ops/cuda/matmul.cu (cuBLASLt: bf16 inputs, fp32 accumulation, CUBLAS_COMPUTE_32F)
 /// out (N,OC) = inp (N,C) weight^T + bias; weight (OC,C); bias (OC) or null; rounded once.

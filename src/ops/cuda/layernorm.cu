@@ -4,8 +4,9 @@
 // the variance is two-pass, sum((x - mean)^2), as on the CPU (no E[x^2] - mean^2
 // cancellation); re-reading the row hits L1/L2. Weight and bias gradients are column sums over
 // the N rows (reduce.cuh: slab partials then a fixed-order pass, no atomics, deterministic).
-// bf16 (mixed precision): the same kernels on bf16 rows, weight and bias (8 per 128-bit access,
-// C % 8 == 0), fp32 statistics and arithmetic, fp32 weight and bias gradients.
+//  - layernorm_residual_forward adds the residual first (residual = a + b, rounded to the
+//    activation type, then normalised): one kernel instead of residual_forward's read of a and b,
+//    write of the sum, and LayerNorm's read of it back from memory.
 #include "cuda_check.h"
 #include "launch.cuh"
 #include "kernels.h"
@@ -18,18 +19,30 @@ namespace {
 constexpr float layernorm_eps = 1e-5f;  // GPT-2's, as the CPU reference
 constexpr int rows_per_block = 8;       // one warp each
 
+// With a residual (a and b non-null), inp = a + b is written first (the residual stream) and
+// normalised as read back (rounded to Elem, as the unfused ops see it): each lane re-reads only
+// what it wrote itself.
 template <class Elem, int W>
 __global__ void layernorm_forward_kernel(Elem* out /* (N,C) */, float* mean /* (N) */, float* rstd /* (N) */,
-                                         const Elem* inp /* (N,C) */, const Elem* weight /* (C) */,
-                                         const Elem* bias /* (C) */, std::int64_t N, int C) {
+                                         Elem* inp /* (N,C) */, const Elem* weight /* (C) */,
+                                         const Elem* bias /* (C) */, const Elem* a /* (N,C) or null */,
+                                         const Elem* b /* (N,C) or null */, std::int64_t N, int C) {
   const std::int64_t row = std::int64_t(blockIdx.x) * rows_per_block + threadIdx.x / warp_size;
   if (row >= N) return;  // the whole warp: the shuffles below always see 32 lanes
   const int lane = threadIdx.x % warp_size;
-  const Elem* x = inp + row * C;
+  Elem* x = inp + row * C;
 
   float sum = 0.0f;
   for (int c = lane * W; c < C; c += warp_size * W) {
-    const Chunk<Elem, W> v = load_chunk<W>(x + c);
+    Chunk<Elem, W> v;
+    if (a) {
+      const Chunk<Elem, W> av = load_chunk<W>(a + row * C + c), bv = load_chunk<W>(b + row * C + c);
+#pragma unroll
+      for (int k = 0; k < W; ++k) v.e[k] = from_float<Elem>(to_float(av.e[k]) + to_float(bv.e[k]));
+      store_chunk<W>(x + c, v);
+    } else {
+      v = load_chunk<W>(x + c);
+    }
 #pragma unroll
     for (int k = 0; k < W; ++k) sum += to_float(v.e[k]);
   }
@@ -127,15 +140,17 @@ unsigned row_blocks(std::int64_t N) {
 
 template <class Elem>
 void layernorm_forward_dispatch(Elem* out, float* mean, float* rstd, const Elem* inp, const Elem* weight,
-                                const Elem* bias, std::int64_t N, int C, cudaStream_t stream) {
+                                const Elem* bias, const Elem* a, const Elem* b, std::int64_t N, int C,
+                                cudaStream_t stream) {
   if (N <= 0) return;
   constexpr int block = rows_per_block * warp_size;
-  if (C % vec_width<Elem> == 0 && aligned16({out, inp, weight, bias})) {
+  // The kernel writes inp only with a residual (then inp is the residual output).
+  Elem* x = const_cast<Elem*>(inp);
+  if (C % vec_width<Elem> == 0 && aligned16({out, inp, weight, bias, a, b})) {
     layernorm_forward_kernel<Elem, vec_width<Elem>>
-        <<<row_blocks(N), block, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+        <<<row_blocks(N), block, 0, stream>>>(out, mean, rstd, x, weight, bias, a, b, N, C);
   } else {
-    layernorm_forward_kernel<Elem, 1>
-        <<<row_blocks(N), block, 0, stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+    layernorm_forward_kernel<Elem, 1><<<row_blocks(N), block, 0, stream>>>(out, mean, rstd, x, weight, bias, a, b, N, C);
   }
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
 }
@@ -162,7 +177,7 @@ void layernorm_backward_dispatch(Elem* dinp, float* dweight, float* dbias, const
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, std::int64_t N, int C, cudaStream_t stream) {
-  layernorm_forward_dispatch(out, mean, rstd, inp, weight, bias, N, C, stream);
+  layernorm_forward_dispatch<float>(out, mean, rstd, inp, weight, bias, nullptr, nullptr, N, C, stream);
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
@@ -173,13 +188,23 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 
 void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* weight,
                        const bf16* bias, std::int64_t N, int C, cudaStream_t stream) {
-  layernorm_forward_dispatch(out, mean, rstd, inp, weight, bias, N, C, stream);
+  layernorm_forward_dispatch<bf16>(out, mean, rstd, inp, weight, bias, nullptr, nullptr, N, C, stream);
 }
 
 void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
                         const bf16* weight, const float* mean, const float* rstd, std::int64_t N, int C,
                         cudaStream_t stream) {
   layernorm_backward_dispatch(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, stream);
+}
+
+void layernorm_residual_forward(float* residual, float* out, float* mean, float* rstd, const float* a, const float* b,
+                                const float* weight, const float* bias, std::int64_t N, int C, cudaStream_t stream) {
+  layernorm_forward_dispatch<float>(out, mean, rstd, residual, weight, bias, a, b, N, C, stream);
+}
+
+void layernorm_residual_forward(bf16* residual, bf16* out, float* mean, float* rstd, const bf16* a, const bf16* b,
+                                const bf16* weight, const bf16* bias, std::int64_t N, int C, cudaStream_t stream) {
+  layernorm_forward_dispatch<bf16>(out, mean, rstd, residual, weight, bias, a, b, N, C, stream);
 }
 
 }  // namespace llmtrain::cuda
