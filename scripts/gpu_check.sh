@@ -6,7 +6,9 @@
 # PyTorch (bf16 autocast, SDPA, fused AdamW, torch.compile) in the same run, and prints one table:
 # tokens/s, MFU, peak GPU memory, the ratio to PyTorch, and the top kernels (nsys where it works,
 # else llmtrain's --profile-ops). The table also goes to --out as JSON, with a log of whatever
-# failed beside it (FILE.failures.log).
+# failed beside it (FILE.failures.log). After the training runs, bench/bench_kernels times every op of
+# the step at GPT-2 124M's shapes (micro-batch 8) against the GPU's ceilings (memory bandwidth,
+# bf16 matrix peak), our attention beside cuDNN's; its table is printed below the training table.
 #
 # Where things are looked for (first found wins; every missing piece is listed at once, one line each):
 #   nvcc     $CUDA_HOME/bin, /usr/local/cuda/bin, the PATH, the wheels (nvidia/cu13/bin, nvidia/cuda_nvcc/bin)
@@ -26,11 +28,12 @@
 #
 # Usage: scripts/gpu_check.sh [--dry-run] [--build-only] [--out FILE] [--budget SECONDS]
 #          [--build-dir DIR] [--steps N] [--precision bf16|fp32] [--batches 64,32,16,8,4,2,1]
-#          [--attention flash,cudnn] [--skip-tests] [--skip-bench] [--skip-pytorch]
+#          [--attention flash,cudnn] [--skip-tests] [--skip-bench] [--skip-pytorch] [--skip-kernels]
 #   --dry-run     find everything, list what is missing, print the commands; needs no GPU
 #   --build-only  find, configure and build (no GPU needed), then stop
 #   --out FILE    the table as JSON (default BUILD_DIR/gpu_check/gpu_check.json)
-#   --budget S    the time the whole check may take (default 480: 8 minutes)
+#   --budget S    the time the whole check may take (default 480: 8 minutes; the kernel table is
+#                 kept 60 s of it)
 # Environment: JOBS (default: nproc), CUDA_ARCHS (default: the GPU's compute capability),
 #   PEAK_TFLOPS (a GPU this script does not know), CUDA_HOME, NCCL_HOME, CUDNN_HOME,
 #   LLMTRAIN_VENDOR_DIR (default: third_party/), PYTHON (default: python3), EXTRA_CMAKE_ARGS
@@ -40,7 +43,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="$(pwd)"
 
-dry_run=0 build_only=0 skip_tests=0 skip_bench=0 skip_pytorch=0
+dry_run=0 build_only=0 skip_tests=0 skip_bench=0 skip_pytorch=0 skip_kernels=0
 build_dir=build-gpu steps=30 precision=bf16 batches="64,32,16,8,4,2,1" attention="flash,cudnn" budget=480 out=""
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 while (($#)); do
@@ -50,6 +53,7 @@ while (($#)); do
     --skip-tests) skip_tests=1 ;;
     --skip-bench) skip_bench=1 ;;
     --skip-pytorch) skip_pytorch=1 ;;
+    --skip-kernels) skip_kernels=1 ;;
     --out) out="${2:?--out needs a file}"; shift ;;
     --budget) budget="${2:?--budget needs seconds}"; shift ;;
     --build-dir) build_dir="${2:?--build-dir needs a folder}"; shift ;;
@@ -77,7 +81,7 @@ out="${out:-$logs/gpu_check.json}"
 problems=()    # what stops the check: one line each
 notes=()       # what is missing but only shrinks the table
 found=()       # where each piece was found (printed by --dry-run and in the JSON)
-status_build="not run" status_tests="not run" bench_error=""
+status_build="not run" status_tests="not run" bench_error="" status_kernels="not run"
 
 say() { echo "gpu_check: $*" >&2; }
 elapsed() { local s=$((SECONDS - start)); printf '%dm%02ds' $((s / 60)) $((s % 60)); }
@@ -295,12 +299,14 @@ for p in "${problems[@]}"; do say "missing: $p"; done
 ((${#problems[@]} == 0)) && ((dry_run)) && [[ -n "${LD_LIBRARY_PATH:-}" ]] && say "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 
 # ---- the table and the JSON ---------------------------------------------------------------------
-tests_json="" suite_json=""
+tests_json="" suite_json="" kernels_json=""
 finish() {  # finish EXIT_CODE: the table, the JSON, the failure log; then exit
   local args=(--header "$header, $(elapsed)" --build "$status_build" --tests "$status_tests")
   [[ -n "$tests_json" && -f "$tests_json" ]] && args+=(--tests-json "$tests_json")
   [[ -n "$suite_json" && -f "$suite_json" ]] && args+=(--suite "$suite_json")
   [[ -n "$bench_error" ]] && args+=(--bench-error "$bench_error")
+  args+=(--kernels-status "$status_kernels")
+  [[ -n "$kernels_json" && -f "$kernels_json" ]] && args+=(--kernels "$kernels_json")
   for p in "${problems[@]}"; do args+=(--problem "$p"); done
   for n in "${notes[@]}"; do args+=(--note "$n"); done
   for f in "${found[@]}"; do args+=(--found "$f"); done
@@ -319,7 +325,7 @@ failed=0
 if ((${#problems[@]})); then
   if ((!dry_run)); then
     status_build="not run: ${#problems[@]} missing piece(s), listed above"
-    bench_error="not run: no build"
+    bench_error="not run: no build" status_kernels="not run: no build"
     finish 1
   fi
   say "dry run: continuing to show what would run"
@@ -330,6 +336,7 @@ fi
 # ---- build ---------------------------------------------------------------------------------------
 # Only llmtrain and the test binaries that hold [cuda] cases.
 targets=(llmtrain)
+((skip_kernels)) || targets+=(bench_kernels)
 if ((!skip_tests)); then
   mapfile -t test_targets < <("${python}" - 2>/dev/null <<'PY' || true
 import os, re
@@ -349,11 +356,11 @@ if show_and_run "$logs/configure.log" cmake -S . -B "$build_dir" "${generator[@]
 else
   tail -n 30 "$logs/configure.log" "$logs/build.log" 2>/dev/null >&2 || true
   status_build="FAILED after $((SECONDS - build_start)) s: see $logs/configure.log and $logs/build.log"
-  bench_error="not run: no build"
+  bench_error="not run: no build" status_kernels="not run: no build"
   finish 1
 fi
 if ((build_only)); then
-  status_tests="not run (--build-only)" bench_error="not run (--build-only)"
+  status_tests="not run (--build-only)" bench_error="not run (--build-only)" status_kernels="not run (--build-only)"
   finish 0
 fi
 
@@ -381,6 +388,9 @@ else
 fi
 
 # ---- benchmark: llmtrain with each attention path, then PyTorch on the same shapes -----------------
+# The training runs stop 60 s early when the kernel table comes after them.
+kernels_reserve=10
+((skip_kernels)) || kernels_reserve=60
 if ((skip_bench)); then
   bench_error="skipped (--skip-bench)"
 else
@@ -388,7 +398,7 @@ else
   echo "+ $python scripts/lib/gpu_bench.py shard $data --tokens 2097152 --vocab 50257" >&2
   suite_cmd=("$python" scripts/lib/gpu_bench.py suite --binary "$build_dir/src/llmtrain" --config configs/gpt2-124m.json
              --data "$data" --gpu-name "${gpu_name:-unknown}" --batches "$batches" --steps "$steps"
-             --precision "$precision" --attention "$attention" --deadline "$((deadline - 10))"
+             --precision "$precision" --attention "$attention" --deadline "$((deadline - kernels_reserve))"
              --workdir "$logs" --out "$logs/suite.json")
   ((skip_pytorch)) || suite_cmd+=(--pytorch "$python")
   echo "+ ${suite_cmd[*]}" >&2
@@ -398,6 +408,29 @@ else
     "$python" scripts/lib/gpu_bench.py shard "$data" --tokens 2097152 --vocab 50257 >/dev/null
     suite_json="$logs/suite.json"
     "${suite_cmd[@]}" || failed=1
+  fi
+fi
+
+# ---- every kernel against its ceiling (bench/bench_kernels), beside the training table -------------
+if ((skip_kernels)); then
+  status_kernels="skipped (--skip-kernels)"
+else
+  kernels_cmd=("$build_dir/bench/bench_kernels" --batch 8 --json "$logs/kernels.json")
+  echo "+ ${kernels_cmd[*]}" >&2
+  if ((dry_run)); then
+    status_kernels="not run (dry run)"
+  elif (($(left) < 20)); then
+    status_kernels="skipped: the budget is spent ($(left) s left)"
+  else
+    kernels_start=$SECONDS
+    kernels_json="$logs/kernels.json"
+    rm -f "$kernels_json"
+    if timeout "$(($(left) - 5))" "${kernels_cmd[@]}" > "$logs/kernels.txt" 2>&1; then
+      status_kernels="ok: $(($(grep -c . "$logs/kernels.txt") - 2)) ops, $((SECONDS - kernels_start)) s (details: $logs/kernels.txt)"
+    else
+      failed=1
+      status_kernels="FAILED (exit $?) after $((SECONDS - kernels_start)) s: $(tail -n 1 "$logs/kernels.txt") (details: $logs/kernels.txt)"
+    fi
   fi
 fi
 finish "$failed"

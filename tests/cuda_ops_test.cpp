@@ -74,6 +74,9 @@ constexpr Tol act_elementwise{1e-5, 1e-2};  // elementwise outputs in the run's 
 constexpr Tol act_reduction{1e-4, 1e-2};    // matmul and reduction outputs in the run's dtype
 constexpr Tol f32_elementwise{1e-5, 2e-3};  // f32 outputs: statistics, losses
 constexpr Tol f32_reduction{1e-4, 2e-3};    // f32 outputs summed over rows: weight gradients
+// f32 sums over rows of an intermediate that a bf16 run rounds to bf16 and the reference keeps in
+// f32 (the fused MLP's GELU output and dpre): one more bf16 rounding inside.
+constexpr Tol f32_reduction_of_bf16{1e-4, 1e-2};
 
 using Shape = std::vector<std::int64_t>;
 
@@ -154,6 +157,9 @@ struct OpCase {
   std::string shape;  // "N=64 C=127"
   std::vector<Arg> args;
   std::function<double(const Args&)> run;  // the ops:: calls; returns the op's result, or 0
+  // When set, the reference runs this instead of `run`, told the run's dtype: for a fused op
+  // whose bf16 kernel rounds an intermediate to bf16 that the f32 reference would keep.
+  std::function<double(const Args&, DType)> reference;
   std::vector<DType> dtypes{DType::f32, DType::bf16};
   std::size_t offset = 0;          // leading sentinels of every device tensor (1: misaligned views)
   std::optional<Tol> result_tol;   // compare run's return value too, relative to
@@ -232,8 +238,12 @@ std::vector<OpCase> encoder_cases() {
 
 std::vector<OpCase> layernorm_cases() {
   std::vector<OpCase> cases;
+  // The backward sums the weight gradients in registers up to C = 1024 (256 unaligned): 1100
+  // takes the separate column sums.
+  std::vector<int> channels = channel_sizes;
+  channels.push_back(1100);
   for (const auto& [B, T] : batch_shapes) {
-    for (const int C : channel_sizes) {
+    for (const int C : channels) {
       const std::int64_t N = std::int64_t(B) * T;
       OpCase c{"layernorm", shape_name({{"N", N}, {"C", C}})};
       c.args = {input("inp", {N, C}, -2.0f, 3.0f),
@@ -258,30 +268,113 @@ std::vector<OpCase> layernorm_cases() {
   return cases;
 }
 
+// residual = a + b, then its LayerNorm, in one kernel.
+std::vector<OpCase> layernorm_residual_cases() {
+  std::vector<OpCase> cases;
+  for (const auto& [B, T] : batch_shapes) {
+    for (const int C : channel_sizes) {
+      const std::int64_t N = std::int64_t(B) * T;
+      OpCase c{"layernorm_residual", shape_name({{"N", N}, {"C", C}})};
+      c.args = {input("a", {N, C}, -2.0f, 3.0f),
+                input("b", {N, C}),
+                input("weight", {C}, 0.5f, 1.5f),
+                input("bias", {C}),
+                output("residual", {N, C}, act_elementwise),
+                output("out", {N, C}, act_elementwise),
+                always_f32(output("mean", {N}, f32_elementwise)),
+                always_f32(output("rstd", {N}, f32_elementwise))};
+      c.run = [](const Args& a) {
+        ops::layernorm_residual_forward(a["residual"], a["out"], a["mean"], a["rstd"], a["a"], a["b"], a["weight"],
+                                        a["bias"]);
+        return 0.0;
+      };
+      // A bf16 kernel normalises the residual it stored, rounded to bf16 (as the unfused ops
+      // would): so does the reference, else a row of nearly equal values (C = 3) differs by far
+      // more than a rounding.
+      c.reference = [](const Args& a, DType dtype) {
+        ops::layernorm_residual_forward(a["residual"], a["out"], a["mean"], a["rstd"], a["a"], a["b"], a["weight"],
+                                        a["bias"]);
+        if (dtype == DType::bf16) {
+          float* residual = a["residual"].as<float>();
+          for (std::int64_t i = 0; i < a["residual"].numel(); ++i) residual[i] = to_float(to_bf16(residual[i]));
+          ops::layernorm_forward(a["out"], a["mean"], a["rstd"], a["residual"], a["weight"], a["bias"]);
+        }
+        return 0.0;
+      };
+      add(cases, c);
+    }
+  }
+  return cases;
+}
+
 std::vector<OpCase> matmul_cases() {
   std::vector<OpCase> cases;
   for (const auto& [B, T] : batch_shapes) {
     for (const int C : channel_sizes) {
       for (const int OC : {1, 3, 64, 127, 768}) {
         for (const bool with_bias : {true, false}) {
-          const std::int64_t N = std::int64_t(B) * T;
-          OpCase c{"matmul", shape_name({{"N", N}, {"C", C}, {"OC", OC}, {"bias", with_bias}})};
-          c.args = {input("inp", {N, C}),
-                    input("weight", {OC, C}),
-                    present_if(with_bias, input("bias", {OC})),  // offset 1: an odd bias address
-                    output("out", {N, OC}, act_reduction),
-                    input("dout", {N, OC}),
-                    accumulated("dinp", {N, C}, act_reduction),
-                    always_f32(accumulated("dweight", {OC, C}, f32_reduction)),
-                    present_if(with_bias, always_f32(accumulated("dbias", {OC}, f32_reduction)))};
-          c.run = [](const Args& a) {
-            ops::matmul_forward(a["out"], a["inp"], a["weight"], a["bias"]);
-            ops::matmul_backward(a["dinp"], a["dweight"], a["dbias"], a["dout"], a["inp"], a["weight"]);
-            return 0.0;
-          };
-          add(cases, c);
+          // overwrite: backward is dinp's first writer (Accumulate::no): its old values must go.
+          for (const bool overwrite : {false, true}) {
+            const std::int64_t N = std::int64_t(B) * T;
+            if (overwrite && (with_bias || N > 64)) continue;
+            OpCase c{"matmul", shape_name({{"N", N}, {"C", C}, {"OC", OC}, {"bias", with_bias}}) +
+                                   (overwrite ? " overwrite" : "")};
+            c.args = {input("inp", {N, C}),
+                      input("weight", {OC, C}),
+                      present_if(with_bias, input("bias", {OC})),  // offset 1: an odd bias address
+                      output("out", {N, OC}, act_reduction),
+                      input("dout", {N, OC}),
+                      overwrite ? output("dinp", {N, C}, act_reduction) : accumulated("dinp", {N, C}, act_reduction),
+                      always_f32(accumulated("dweight", {OC, C}, f32_reduction)),
+                      present_if(with_bias, always_f32(accumulated("dbias", {OC}, f32_reduction)))};
+            c.run = [overwrite](const Args& a) {
+              ops::matmul_forward(a["out"], a["inp"], a["weight"], a["bias"]);
+              ops::matmul_backward(a["dinp"], a["dweight"], a["dbias"], a["dout"], a["inp"], a["weight"],
+                                   overwrite ? ops::Accumulate::no : ops::Accumulate::yes);
+              return 0.0;
+            };
+            add(cases, c);
+          }
         }
       }
+    }
+  }
+  return cases;
+}
+
+// GPT-2's MLP: c_fc with its GELU (GELU_AUX_BIAS on the GPU), then c_proj's backward through
+// the GELU (DGELU, DGELU_BGRAD in fp32). F % 8 != 0 takes the unfused path; dpre is written,
+// so its random initial values must not survive.
+std::vector<OpCase> matmul_gelu_cases() {
+  std::vector<OpCase> cases;
+  struct Dims {
+    std::int64_t N;
+    int C, F, OC;
+  };
+  for (const Dims& d : {Dims{1, 3, 8, 5}, Dims{5, 64, 64, 64}, Dims{34, 127, 127, 3}, Dims{34, 64, 768, 127},
+                        Dims{257, 64, 256, 768}, Dims{17, 1, 3, 1}}) {
+    for (const bool with_bias : {true, false}) {
+      const auto [N, C, F, OC] = d;
+      OpCase c{"matmul_gelu", shape_name({{"N", N}, {"C", C}, {"F", F}, {"OC", OC}, {"bias", with_bias}})};
+      c.args = {input("inp", {N, C}),
+                input("fc_w", {F, C}),
+                present_if(with_bias, input("fc_b", {F})),
+                output("pre", {N, F}, act_reduction),
+                output("out", {N, F}, act_reduction),
+                input("proj_w", {OC, F}),
+                input("dout", {N, OC}),
+                output("dpre", {N, F}, act_reduction),
+                // From the rounded GELU output and (bf16) the rounded dpre.
+                always_f32(accumulated("dproj_w", {OC, F}, f32_reduction_of_bf16)),
+                present_if(with_bias, always_f32(accumulated("dproj_b", {OC}, f32_reduction))),
+                present_if(with_bias, always_f32(accumulated("dfc_b", {F}, f32_reduction_of_bf16)))};
+      c.run = [](const Args& a) {
+        ops::matmul_gelu_forward(a["out"], a["pre"], a["inp"], a["fc_w"], a["fc_b"]);
+        ops::matmul_backward_dgelu(a["dpre"], a["dproj_w"], a["dproj_b"], a["dfc_b"], a["dout"], a["out"], a["pre"],
+                                   a["proj_w"]);
+        return 0.0;
+      };
+      add(cases, c);
     }
   }
   return cases;
@@ -527,9 +620,9 @@ std::vector<OpCase> adamw_cases() {
 const std::map<std::string, std::vector<OpCase>>& op_cases() {
   static const std::map<std::string, std::vector<OpCase>> table = [] {
     std::map<std::string, std::vector<OpCase>> t;
-    for (auto* builder : {encoder_cases, layernorm_cases, matmul_cases, attention_decode_cases, elementwise_cases,
-                          rmsnorm_cases, rope_cases, fused_classifier_cases, vocab_parallel_cases, sum_squares_cases,
-                          adamw_cases}) {
+    for (auto* builder : {encoder_cases, layernorm_cases, layernorm_residual_cases, matmul_cases, matmul_gelu_cases,
+                          attention_decode_cases, elementwise_cases, rmsnorm_cases, rope_cases, fused_classifier_cases,
+                          vocab_parallel_cases, sum_squares_cases, adamw_cases}) {
       for (OpCase& c : builder()) t[c.op].push_back(std::move(c));
     }
     return t;
@@ -637,7 +730,7 @@ struct Reference {
   double result = 0.0;
 };
 
-Reference run_reference(const OpCase& c, const std::vector<HostValues>& inputs) {
+Reference run_reference(const OpCase& c, const std::vector<HostValues>& inputs, DType dtype = DType::f32) {
   Reference ref;
   ref.values = inputs;
   Args args;
@@ -652,7 +745,7 @@ Reference run_reference(const OpCase& c, const std::vector<HostValues>& inputs) 
       args.add(a.name, view(v.f.data(), DType::f32, Device::cpu, a.shape));
     }
   }
-  ref.result = c.run(args);
+  ref.result = c.reference ? c.reference(args, dtype) : c.run(args);
   return ref;
 }
 
@@ -665,7 +758,7 @@ void run_case(const OpCase& c, DType dtype) {
   std::mt19937 rng(std::uint32_t(seed_of(name)));
   std::vector<HostValues> inputs;
   for (const Arg& a : c.args) inputs.push_back(random_values(a, dtype_in_run(a, dtype), rng));
-  const Reference ref = run_reference(c, inputs);
+  const Reference ref = run_reference(c, inputs, dtype);
 
   std::vector<std::vector<float>> first_outputs(c.args.size());
   double first_result = 0.0;
@@ -767,7 +860,9 @@ bool register_op_test(const char* op) { return ops_with_test_cases().insert(op).
 LLMTRAIN_OP_TEST("encoder")
 LLMTRAIN_OP_TEST("encoder_backward deterministic")
 LLMTRAIN_OP_TEST("layernorm")
+LLMTRAIN_OP_TEST("layernorm_residual")
 LLMTRAIN_OP_TEST("matmul")
+LLMTRAIN_OP_TEST("matmul_gelu")
 LLMTRAIN_OP_TEST("attention_decode")
 LLMTRAIN_OP_TEST("gelu")
 LLMTRAIN_OP_TEST("residual")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU node scripts as far as a machine without a GPU takes them: shell syntax (and shellcheck
-# where installed), scripts/gpu_check.sh --dry-run, the report's self-test, the [cuda] test runner
+# where installed), scripts/gpu_check.sh --dry-run (with and without its kernel table), the
+# report's self-test, the [cuda] test runner
 # on this build's test binaries, the benchmark helper on the CPU (a tiny config: the path that
 # measures) and with --device cuda where there is no GPU (the failure reported, not hidden),
 # vendor_deps.sh from the installed packages, and bench_vs_pytorch.py --device cpu --tiny where
@@ -27,6 +28,22 @@ if PYTHON="$python" scripts/gpu_check.sh --dry-run --build-dir "$tmp/build-gpu" 
   ok "gpu_check.sh --dry-run"
 else
   bad "gpu_check.sh --dry-run"; cat "$tmp/dry"
+fi
+# The kernel table: built (bench_kernels among the targets), run after the training runs, its
+# status line in the table; --skip-kernels leaves it out of both.
+if grep -q "^+ cmake --build .* --target llmtrain bench_kernels" "$tmp/dry" &&
+   grep -q "^+ $tmp/build-gpu/bench/bench_kernels --batch 8 --json $tmp/build-gpu/gpu_check/kernels.json" "$tmp/dry" &&
+   grep -q "^ kernels | not run (dry run)" "$tmp/dry" &&
+   [[ $(grep -n "bench_kernels --batch" "$tmp/dry" | cut -d: -f1) -gt $(grep -n "gpu_bench.py suite" "$tmp/dry" | cut -d: -f1) ]]; then
+  ok "gpu_check.sh --dry-run: the kernel table after the training benchmark"
+else
+  bad "gpu_check.sh --dry-run: the kernel table"; cat "$tmp/dry"
+fi
+if PYTHON="$python" scripts/gpu_check.sh --dry-run --skip-kernels --build-dir "$tmp/build-gpu" > "$tmp/dry2" 2>&1;
+   grep -q "^ kernels | skipped (--skip-kernels)" "$tmp/dry2" && ! grep -q "bench_kernels" "$tmp/dry2"; then
+  ok "gpu_check.sh --dry-run --skip-kernels"
+else
+  bad "gpu_check.sh --dry-run --skip-kernels"; cat "$tmp/dry2"
 fi
 
 if [[ -f /usr/include/nlohmann/json.hpp && -f /usr/include/CLI/CLI.hpp && -f /usr/include/catch2/catch.hpp ]]; then

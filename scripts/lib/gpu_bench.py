@@ -702,6 +702,32 @@ def render_suite(suite, header, tests, build, problems=(), notes=()):
     return "\n".join(out)
 
 
+def render_kernels(doc, status):
+    """bench_kernels' table (its JSON), under its status line: one row per op."""
+    out = [f" kernels | {status}"] if status else []
+    if not doc:
+        return "\n".join(out)
+    shape, ceil = doc.get("shape", {}), doc.get("ceilings", {})
+    out.append(f" kernels on {doc.get('device')}: {doc.get('dtype')}, "
+               + " ".join(f"{k}={v}" for k, v in shape.items())
+               + f", mean of {doc.get('reps')} runs; ceilings {ceil.get('gbps', 0):.0f} GB/s, {ceil.get('tflops', 0):.0f} TFLOP/s")
+    rows = [("op", "shape", "ms", "achieved", "of ceiling")]
+    for r in doc.get("rows", []):
+        if "ms" in r:
+            achieved = f"{r['tflops']:.1f} TFLOP/s" if r.get("bound") == "compute" else f"{r.get('gbps', 0):.0f} GB/s"
+            rows.append((r["op"], r["shape"], f"{r['ms']:.4f}", achieved, f"{100 * r.get('fraction', 0):.1f}%"))
+        else:
+            rows.append((r["op"], r["shape"], "-", "FAILED" if "error" in r else "skipped", r.get("error") or r.get("skipped", "")))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    rule = "-" * (sum(widths) + 3 * len(widths) + 12)
+    out.append(rule)
+    for row in rows:
+        out.append(" " + " | ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+                   + " | " + row[-1])
+    out.append(rule)
+    return "\n".join(out)
+
+
 def tail_of(path, lines=40):
     try:
         with open(path, errors="replace") as f:
@@ -725,17 +751,24 @@ def cmd_report(a):
     if a.tests_json and os.path.exists(a.tests_json):
         with open(a.tests_json) as f:
             tests = json.load(f)
+    kernels = None
+    if a.kernels and os.path.exists(a.kernels):
+        with open(a.kernels) as f:
+            kernels = json.load(f)
     if suite is not None:
         table = render_suite(suite, a.header, a.tests, a.build, a.problem or [], a.note or [])
     else:
         table = render_table(bench, a.header, a.tests, a.build)
         if a.problem:
             table += "\n" + "\n".join(f" missing: {p}" for p in a.problem)
+    if a.kernels_status or kernels:
+        table += "\n" + render_kernels(kernels, a.kernels_status)
     print(table)
     if a.json:
         doc = {"header": a.header, "build": a.build, "tests": a.tests, "tests_detail": tests,
                "problems": a.problem or [], "notes": a.note or [], "found": a.found or [],
-               "ld_library_path": a.ld_library_path, "benchmark": suite if suite is not None else bench, "table": table}
+               "ld_library_path": a.ld_library_path, "benchmark": suite if suite is not None else bench,
+               "kernels_status": a.kernels_status, "kernels": kernels, "table": table}
         with open(a.json, "w") as f:
             json.dump(doc, f, indent=1)
     if a.failures_log:  # everything that failed, with the end of its log
@@ -749,6 +782,11 @@ def cmd_report(a):
                          "\n".join(f"  problem {x}" for x in tests.get("problems", [])))
             if a.logs:
                 parts.append(tail_of(os.path.join(a.logs, "cuda_tests.txt"), 80))
+        if a.kernels_status and a.kernels_status.startswith("FAILED"):
+            parts.append(f"== kernels: {a.kernels_status}\n" + (tail_of(os.path.join(a.logs, "kernels.txt"), 60) if a.logs else ""))
+        for r in (kernels or {}).get("rows", []):
+            if r.get("error"):
+                parts.append(f"== kernel {r['op']} ({r['shape']}): {r['error']}")
         for f_ in (suite or {}).get("failures", []):
             parts.append(f"== {f_['what']}: {f_['error']}\n" + (f"command: {f_['command']}\n" if f_.get("command") else "")
                          + f_.get("log_tail", ""))
@@ -818,6 +856,18 @@ def cmd_self_test(_):
     v3 = ('<Catch2TestRun name="t"><TestCase name="e" tags="[cuda]"><Skip filename="x" line="1">no GPU</Skip>'
           '<OverallResult success="true" skips="1"/></TestCase></Catch2TestRun>')
     assert parse_catch_xml(v3) == [("e", "skipped")]
+    kdoc = {"device": "NVIDIA H200", "dtype": "bf16", "shape": {"B": 8, "T": 1024}, "reps": 20,
+            "ceilings": {"gbps": 4300.0, "tflops": 790.0},
+            "rows": [{"op": "layernorm_forward", "shape": "N=8192 C=768", "ms": 0.01, "bound": "memory", "gbps": 2516.0,
+                      "fraction": 0.585},
+                     {"op": "matmul_forward fc", "shape": "N=8192 C=768 OC=3072", "ms": 0.1, "bound": "compute",
+                      "tflops": 386.5, "fraction": 0.489},
+                     {"op": "attention_forward cudnn", "shape": "B=8", "skipped": "skipped: no cuDNN"},
+                     {"op": "adamw_update", "shape": "params=1", "error": "out of memory"}]}
+    kt = render_kernels(kdoc, "ok: 4 ops")
+    for want in [" kernels | ok: 4 ops", "4300 GB/s", "2516 GB/s", "58.5%", "386.5 TFLOP/s", "48.9%", "skipped: no cuDNN",
+                 "FAILED"]:
+        assert want in kt, (want, kt)
     print("gpu_bench.py self-test: ok")
     return 0
 
@@ -873,6 +923,8 @@ def main(argv=None):
     r.add_argument("--suite", help="gpu_bench.py suite's JSON")
     r.add_argument("--tests-json", help="gpu_bench.py cuda-tests' JSON")
     r.add_argument("--problem", action="append", help="a missing piece (repeatable)")
+    r.add_argument("--kernels", help="bench_kernels' JSON")
+    r.add_argument("--kernels-status", help="the kernel table's status line")
     r.add_argument("--note", action="append")
     r.add_argument("--found", action="append")
     r.add_argument("--ld-library-path", default="")

@@ -225,7 +225,6 @@ std::size_t Gpt2::bind_acts(const config::ModelConfig& config, Recompute recompu
     g.atty = take({N, CL});
     g.ln2 = take({R, C});
     g.fch = take({N, F4});
-    g.fch_gelu = take({N, F4});
     g.scratch = carver.raw_since(scratch_begin);
   }
   return carver.used;
@@ -269,8 +268,7 @@ Model::StageIO Gpt2::stage_io() {
 }
 
 void Gpt2::forward_mlp(const LayerParams& lp, const LayerActs& la, const Tensor& ln2) {
-  ops::matmul_forward(la.fch, ln2, lp.fc_w, lp.fc_b);
-  ops::gelu_forward(la.fch_gelu, la.fch);
+  ops::matmul_gelu_forward(la.fch_gelu, la.fch, ln2, lp.fc_w, lp.fc_b);  // fch kept for the backward's GELU
 }
 
 void Gpt2::forward_layer(std::size_t l) {
@@ -290,8 +288,7 @@ void Gpt2::forward_layer(std::size_t l) {
                                attention_kernels_);
   ops::matmul_forward(sp ? a_.full_out : la.attproj, la.atty, lp.attproj_w, bias_once(lp.attproj_b));
   reduce_rows(sp ? a_.full_out : la.attproj, la.attproj);
-  ops::residual_forward(la.residual2, x, la.attproj);
-  ops::layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, lp.ln2_w, lp.ln2_b);
+  ops::layernorm_residual_forward(la.residual2, la.ln2, la.ln2_mean, la.ln2_rstd, x, la.attproj, lp.ln2_w, lp.ln2_b);
   forward_mlp(lp, la, gathered(la.ln2, a_.full_in));
   ops::matmul_forward(sp ? a_.full_out : la.fcproj, la.fch_gelu, lp.fcproj_w, bias_once(lp.fcproj_b));
   reduce_rows(sp ? a_.full_out : la.fcproj, la.fcproj);
@@ -340,8 +337,7 @@ void Gpt2::backward(const std::function<void(std::int64_t)>& grads_ready) {
   if (last_stage()) {  // an earlier pipeline stage starts from the next stage's gradient (stage_io)
     ops::zero(dresidual);
     const Tensor dlnf = sp ? a_.full_out : ga_.lnf;  // the head's partial input gradient
-    ops::zero(dlnf);
-    ops::matmul_backward(dlnf, g_.wte, none, dlogits, sp ? a_.lnf_full : a_.lnf, p_.wte);
+    ops::matmul_backward(dlnf, g_.wte, none, dlogits, sp ? a_.lnf_full : a_.lnf, p_.wte, ops::Accumulate::no);
     reduce_rows(dlnf, ga_.lnf);  // each rank's vocabulary rows' share
     const Tensor& last = a_.layers.empty() ? a_.encoded : a_.layers.back().residual3;
     norm_backward(norm_grads(g_.lnf_w, 2 * C), [&] {
@@ -360,26 +356,27 @@ void Gpt2::backward(const std::function<void(std::int64_t)>& grads_ready) {
     } else if (recompute_ == Recompute::mlp) {
       forward_mlp(lp, la, gathered(la.ln2, a_.full_in));
     }
-    ops::zero(ga_.scratch);
+    // Each activation gradient's first writer writes it (no zeroing); flash attention's backward
+    // adds into dqkv.
+    ops::zero(ga_.qkv);
     // MLP branch: residual3 = residual2 + c_proj(gelu(c_fc(ln2))).
-    ops::matmul_backward(ga_.fch_gelu, lg.fcproj_w, lg.fcproj_b, gathered(dresidual, a_.full_in), la.fch_gelu,
-                         lp.fcproj_w);
-    ops::gelu_backward(ga_.fch, la.fch, ga_.fch_gelu);
-    if (sp) ops::zero(a_.full_out);
-    ops::matmul_backward(sp ? a_.full_out : ga_.ln2, lg.fc_w, lg.fc_b, ga_.fch, gathered(la.ln2, a_.full_in), lp.fc_w);
+    // c_proj's input gradient through the GELU (and c_fc's bias gradient) in one matmul.
+    ops::matmul_backward_dgelu(ga_.fch, lg.fcproj_w, lg.fcproj_b, lg.fc_b, gathered(dresidual, a_.full_in),
+                               la.fch_gelu, la.fch, lp.fcproj_w);
+    ops::matmul_backward(sp ? a_.full_out : ga_.ln2, lg.fc_w, none, ga_.fch, gathered(la.ln2, a_.full_in), lp.fc_w,
+                         ops::Accumulate::no);
     reduce_rows(sp ? a_.full_out : ga_.ln2, ga_.ln2);
     norm_backward(norm_grads(lg.ln2_w, 2 * C), [&] {
       ops::layernorm_backward(dresidual, lg.ln2_w, lg.ln2_b, ga_.ln2, la.residual2, lp.ln2_w, la.ln2_mean, la.ln2_rstd);
     });
     // Attention branch: residual2 = x + c_proj(attention(c_attn(ln1))).
     ops::matmul_backward(ga_.atty, lg.attproj_w, lg.attproj_b, gathered(dresidual, a_.full_in), la.atty,
-                         lp.attproj_w);
+                         lp.attproj_w, ops::Accumulate::no);
     ops::flash_attention_backward(ga_.qkv.reshape({B, T, 3 * CL}), ga_.atty.reshape({B, T, CL}),
                                   la.qkv.reshape({B, T, 3 * CL}), la.atty.reshape({B, T, CL}), la.lse, NH, NH,
                                   attention_kernels_);
-    if (sp) ops::zero(a_.full_out);
     ops::matmul_backward(sp ? a_.full_out : ga_.ln1, lg.qkv_w, lg.qkv_b, ga_.qkv, gathered(la.ln1, a_.full_in),
-                         lp.qkv_w);
+                         lp.qkv_w, ops::Accumulate::no);
     reduce_rows(sp ? a_.full_out : ga_.ln1, ga_.ln1);
     norm_backward(norm_grads(lg.ln1_w, 2 * C), [&] {
       ops::layernorm_backward(dresidual, lg.ln1_w, lg.ln1_b, ga_.ln1, x, lp.ln1_w, la.ln1_mean, la.ln1_rstd);

@@ -55,8 +55,8 @@ class Gpt2 final : public Model {
   };
   // Activation gradients: the residual stream's, and one layer's worth of scratch.
   struct GradActs {
-    Tensor residual, lnf, ln1, qkv, atty, ln2, fch, fch_gelu;
-    Tensor scratch;  // all of ln1 .. fch_gelu, zeroed before each layer's backward
+    Tensor residual, lnf, ln1, qkv, atty, ln2, fch;
+    Tensor scratch;  // all of ln1 .. fch: each written by its first writer in each layer's backward
   };
 
   Params bind_params(bool grads) const;

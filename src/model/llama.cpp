@@ -375,8 +375,7 @@ void Llama::backward(const std::function<void(std::int64_t)>& grads_ready) {
   if (last_stage()) {  // an earlier pipeline stage starts from the next stage's gradient (stage_io)
     ops::zero(dresidual);
     const Tensor dlnf = sp ? a_.full_out : ga_.lnf;  // the head's partial input gradient
-    ops::zero(dlnf);
-    ops::matmul_backward(dlnf, g_.head, none, dlogits, sp ? a_.lnf_full : a_.lnf, p_.head);
+    ops::matmul_backward(dlnf, g_.head, none, dlogits, sp ? a_.lnf_full : a_.lnf, p_.head, ops::Accumulate::no);
     reduce_rows(dlnf, ga_.lnf);  // each rank's vocabulary rows' share
     const Tensor& last = a_.layers.empty() ? a_.encoded : a_.layers.back().residual3;
     norm_backward(norm_grads(g_.norm, C),
@@ -394,33 +393,36 @@ void Llama::backward(const std::function<void(std::int64_t)>& grads_ready) {
     } else if (recompute_ == Recompute::mlp) {
       forward_mlp(lp, la, gathered(la.ln2, a_.full_in));
     }
-    ops::zero(ga_.scratch);
+    // Each activation gradient's first writer writes it (no zeroing), except those that the
+    // accumulating elementwise and attention backwards write first.
+    ops::zero(ga_.gate);
+    ops::zero(ga_.up);
+    ops::zero(ga_.qkvr);
+    ops::zero(ga_.qkv);
     // MLP branch: residual3 = residual2 + down(swiglu(gate(ln2), up(ln2))).
-    ops::matmul_backward(ga_.swi, lg.down, none, gathered(dresidual, a_.full_in), la.swi, lp.down);
+    ops::matmul_backward(ga_.swi, lg.down, none, gathered(dresidual, a_.full_in), la.swi, lp.down, ops::Accumulate::no);
     ops::swiglu_backward(ga_.gate, ga_.up, ga_.swi, la.gate, la.up);
     const Tensor dln2 = sp ? a_.full_out : ga_.ln2;
-    if (sp) ops::zero(dln2);
     const Tensor ln2 = gathered(la.ln2, a_.full_in);
-    ops::matmul_backward(dln2, lg.gate, none, ga_.gate, ln2, lp.gate);
+    ops::matmul_backward(dln2, lg.gate, none, ga_.gate, ln2, lp.gate, ops::Accumulate::no);
     ops::matmul_backward(dln2, lg.up, none, ga_.up, ln2, lp.up);
     reduce_rows(dln2, ga_.ln2);
     norm_backward(norm_grads(lg.post_norm, C), [&] {
       ops::rmsnorm_backward(dresidual, lg.post_norm, ga_.ln2, la.residual2, lp.post_norm, la.rstd2);
     });
     // Attention branch: residual2 = x + o(attention(rope(qkv(ln1)))).
-    ops::matmul_backward(ga_.atty, lg.o, none, gathered(dresidual, a_.full_in), la.atty, lp.o);
+    ops::matmul_backward(ga_.atty, lg.o, none, gathered(dresidual, a_.full_in), la.atty, lp.o, ops::Accumulate::no);
     ops::flash_attention_backward(ga_.qkvr.reshape({B, T, QKV_}), ga_.atty.reshape({B, T, CL}),
                                   la.qkvr.reshape({B, T, QKV_}), la.atty.reshape({B, T, CL}), la.lse, int(NH), int(NKV),
                                   attention_kernels_);
     ops::rope_backward(ga_.qkv.reshape({B, T, NH + 2 * NKV, HS_}), ga_.qkvr.reshape({B, T, NH + 2 * NKV, HS_}), theta,
                        rotated_heads());
     const Tensor dln1 = sp ? a_.full_out : ga_.ln1;
-    if (sp) ops::zero(dln1);
     const Tensor ln1 = gathered(la.ln1, a_.full_in);
     if (kv_sharers_ > 1) {
       backward_qkv_shared_kv(l, dln1, ln1);
     } else {
-      ops::matmul_backward(dln1, lg.qkv, none, ga_.qkv, ln1, lp.qkv);
+      ops::matmul_backward(dln1, lg.qkv, none, ga_.qkv, ln1, lp.qkv, ops::Accumulate::no);
     }
     reduce_rows(dln1, ga_.ln1);
     norm_backward(norm_grads(lg.in_norm, C), [&] { ops::rmsnorm_backward(dresidual, lg.in_norm, ga_.ln1, x, lp.in_norm, la.rstd1); });
@@ -452,7 +454,7 @@ void Llama::backward_qkv_shared_kv(std::size_t l, const Tensor& dln1, const Tens
   const Tensor grad(lg.qkv.as<float>() + NH_ * HS_ * C, DType::f32, device_, {kv});
   ops::copy(kept, grad);
   ops::zero(grad);
-  ops::matmul_backward(dln1, lg.qkv, Tensor(), ga_.qkv, ln1, lp.qkv);
+  ops::matmul_backward(dln1, lg.qkv, Tensor(), ga_.qkv, ln1, lp.qkv, ops::Accumulate::no);
   ops::zero(slots);
   ops::copy(mine, grad);
   tensor_sum(slots);

@@ -60,7 +60,9 @@ class Llama final : public Model {
   // Activation gradients: the residual stream's, and one layer's worth of scratch.
   struct GradActs {
     Tensor residual, lnf, ln1, qkv, qkvr, atty, ln2, gate, up, swi;
-    Tensor scratch;  // all of ln1 .. swi, zeroed before each layer's backward
+    // All of ln1 .. swi. gate, up, qkvr and qkv (accumulated into) are zeroed before each layer's
+    // backward; the others are written by their first writer.
+    Tensor scratch;
   };
 
   Params bind_params(bool grads) const;

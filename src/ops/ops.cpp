@@ -88,6 +88,24 @@ void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd
   });
 }
 
+void layernorm_residual_forward(const Tensor& residual, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias) {
+  const Op op("layernorm_residual_forward");
+  const auto [N, C, act] = norm_checks(op, a, {{"b", &b}, {"residual", &residual}, {"out", &out}},
+                                       {{"weight", &weight}, {"bias", &bias}}, {}, {{"mean", &mean}, {"rstd", &rstd}});
+  if (act == DType::bf16 && !op.on_cuda({&residual, &out, &mean, &rstd, &a, &b, &weight, &bias})) {
+    // The CPU's bf16 path widens inputs and rounds outputs once: normalise the rounded residual, as
+    // the kernel does.
+    residual_forward(residual, a, b);
+    layernorm_forward(out, mean, rstd, residual, weight, bias);
+    return;
+  }
+  op.run(LLMTRAIN_KERNELS(layernorm_residual_forward), act, [&](auto v) {
+    return std::tuple(v.out(residual), v.out(out), v.f32(mean), v.f32(rstd), v.in(a), v.in(b), v.in(weight),
+                      v.in(bias), N, C);
+  });
+}
+
 void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
                         const Tensor& inp, const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
   const Op op("layernorm_backward");
@@ -113,7 +131,7 @@ void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, 
 }
 
 void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
-                     const Tensor& inp, const Tensor& weight) {
+                     const Tensor& inp, const Tensor& weight, Accumulate dinp_mode) {
   const Op op("matmul_backward");
   const auto N = inp.shape[0], C = inp.shape[1], OC = weight.shape[0];
   const DType act = op.activation(inp);
@@ -125,7 +143,41 @@ void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& db
   if (dbias.data) op.expect("dbias", dbias, DType::f32, {OC});
   op.run(LLMTRAIN_KERNELS(matmul_backward), act, [&](auto v) {
     return std::tuple(v.out(dinp), v.f32(dweight), v.f32(dbias), v.in(dout), v.in(inp), v.in(weight), N,
-                      as_int(C), as_int(OC));
+                      as_int(C), as_int(OC), dinp_mode == Accumulate::yes);
+  });
+}
+
+void matmul_gelu_forward(const Tensor& out, const Tensor& pre, const Tensor& inp, const Tensor& weight,
+                         const Tensor& bias) {
+  const Op op("matmul_gelu_forward");
+  const auto N = inp.shape[0], C = inp.shape[1], OC = weight.shape[0];
+  const DType act = op.activation(inp);
+  op.expect("inp", inp, act, {N, C});
+  op.expect("weight", weight, act, {OC, C});
+  op.expect("out", out, act, {N, OC});
+  op.expect("pre", pre, act, {N, OC});
+  if (bias.data) op.expect("bias", bias, act, {OC});
+  op.run(LLMTRAIN_KERNELS(matmul_gelu_forward), act, [&](auto v) {
+    return std::tuple(v.out(out), v.out(pre), v.in(inp), v.in(weight), v.in(bias), N, as_int(C), as_int(OC));
+  });
+}
+
+void matmul_backward_dgelu(const Tensor& dpre, const Tensor& dweight, const Tensor& dbias, const Tensor& dpre_bias,
+                           const Tensor& dout, const Tensor& inp, const Tensor& pre, const Tensor& weight) {
+  const Op op("matmul_backward_dgelu");
+  const auto N = inp.shape[0], C = inp.shape[1], OC = weight.shape[0];
+  const DType act = op.activation(inp);
+  op.expect("inp", inp, act, {N, C});
+  op.expect("pre", pre, act, {N, C});
+  op.expect("dpre", dpre, act, {N, C});
+  op.expect("weight", weight, act, {OC, C});
+  op.expect("dweight", dweight, DType::f32, {OC, C});
+  op.expect("dout", dout, act, {N, OC});
+  if (dbias.data) op.expect("dbias", dbias, DType::f32, {OC});
+  if (dpre_bias.data) op.expect("dpre_bias", dpre_bias, DType::f32, {C});
+  op.run(LLMTRAIN_KERNELS(matmul_backward_dgelu), act, [&](auto v) {
+    return std::tuple(v.out(dpre), v.f32(dweight), v.f32(dbias), v.f32(dpre_bias), v.in(dout), v.in(inp), v.in(pre),
+                      v.in(weight), N, as_int(C), as_int(OC));
   });
 }
 

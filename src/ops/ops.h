@@ -1,7 +1,9 @@
 // The Transformer ops as the model calls them. Each validates its tensors once (dtype, device,
 // shape) and dispatches (src/ops/dispatch.h) to the CPU reference (src/ops/cpu/reference.h) or, on
 // cuda tensors, to the CUDA kernels (src/ops/cuda/kernels.h). Backward ops accumulate (+=) into
-// their outputs, like their CPU references.
+// their outputs, like their CPU references, except where they say otherwise: an activation
+// gradient's first writer writes it (Accumulate::no, matmul_backward_dgelu), so that nothing has
+// to zero it first.
 //
 // Precision: activations, their gradients and the weights an op reads are all f32, or all bf16
 // (mixed precision); weight gradients (dweight, dbias, dwte, ...) and statistics (mean, rstd,
@@ -26,11 +28,30 @@ void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd
                        const Tensor& weight, const Tensor& bias);
 void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
                         const Tensor& inp, const Tensor& weight, const Tensor& mean, const Tensor& rstd);
+/// residual (N,C) = a + b (N,C), then out (N,C), mean, rstd (N) its LayerNorm: a residual add and
+/// the LayerNorm after it in one pass over the rows (residual_forward, then layernorm_forward).
+void layernorm_residual_forward(const Tensor& residual, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias);
 
 /// out (N,OC) = inp (N,C) weight^T (weight (OC,C)) + bias (OC); a bias with no data means none.
 void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias);
+/// Whether a backward op adds its input gradient to dinp or is its first writer and writes it
+/// (no zeroing beforehand, and on the GPU no read of the old values).
+enum class Accumulate : bool { no, yes };
+/// dinp (N,C) += (or, Accumulate::no, =) dout weight; dweight (OC,C), dbias (OC) += .
 void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
-                     const Tensor& inp, const Tensor& weight);
+                     const Tensor& inp, const Tensor& weight, Accumulate dinp_mode = Accumulate::yes);
+
+/// pre (N,OC) = inp (N,C) weight^T + bias, out (N,OC) = GELU(pre): the MLP's first projection and
+/// its activation in one (on the GPU cuBLASLt's GELU_AUX_BIAS epilogue); pre is kept for backward.
+void matmul_gelu_forward(const Tensor& out, const Tensor& pre, const Tensor& inp, const Tensor& weight,
+                         const Tensor& bias);
+/// Backward of out = inp weight^T + bias where inp (N,C) = GELU(pre), through the GELU: dpre (N,C)
+/// = GELU'(pre) (dout weight) is WRITTEN, not accumulated; dweight (OC,C), dbias (OC) and dpre_bias
+/// (C: the column sums of dpre, the bias gradient of the matmul that made pre) += ; either bias
+/// gradient may have no data. On the GPU cuBLASLt's DGELU epilogue (DGELU_BGRAD in fp32).
+void matmul_backward_dgelu(const Tensor& dpre, const Tensor& dweight, const Tensor& dbias, const Tensor& dpre_bias,
+                           const Tensor& dout, const Tensor& inp, const Tensor& pre, const Tensor& weight);
 
 /// Which GPU kernels compute flash_attention_*: ours, or cuDNN's fused attention (bf16 only).
 /// The CPU reference serves both. Deliberately not config::Attention: the config's "auto" is

@@ -99,7 +99,7 @@ TEST_CASE("cuBLASLt fallback: the first algorithm that runs does the matmul, and
       d_dinp(dinp_ref), d_dweight(dweight_ref), d_dbias(dbias_ref);
   cpu::matmul_forward(out_ref.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
   cpu::matmul_backward(dinp_ref.data(), dweight_ref.data(), dbias_ref.data(), dout.data(), inp.data(),
-                       weight.data(), N, C, OC);
+                       weight.data(), N, C, OC, true);
 
   const OfferedAlgorithms offered(8, 3);  // of 8 algorithms, #0-#2 are turned down
   CublasLtCounts before = cublaslt_counts();
@@ -115,7 +115,7 @@ TEST_CASE("cuBLASLt fallback: the first algorithm that runs does the matmul, and
   // left them alone. Two products, so two choices.
   before = cublaslt_counts();
   cuda::matmul_backward(d_dinp.get(), d_dweight.get(), d_dbias.get(), d_dout.get(), d_inp.get(), d_weight.get(),
-                        N, C, OC, nullptr);
+                        N, C, OC, true, nullptr);
   CHECK(d_dinp.read() == dinp_ref);
   CHECK(d_dweight.read() == dweight_ref);
   CHECK(d_dbias.read() == dbias_ref);

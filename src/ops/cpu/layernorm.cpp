@@ -82,4 +82,11 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   }
 }
 
+// The two ops in sequence: the unfused model's results, bit for bit.
+void layernorm_residual_forward(float* residual, float* out, float* mean, float* rstd, const float* a, const float* b,
+                                const float* weight, const float* bias, std::int64_t N, int C) {
+  residual_forward(residual, a, b, N * C);
+  layernorm_forward(out, mean, rstd, residual, weight, bias, N, C);
+}
+
 }  // namespace llmtrain::cpu

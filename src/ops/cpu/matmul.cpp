@@ -10,6 +10,8 @@
 #endif
 
 #include <algorithm>
+#include <cstring>
+#include <vector>
 
 #include "ops/cpu/reference.h"
 #include "ops/cpu/vec_math.h"
@@ -54,9 +56,10 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, std::int64_t N, int C, int OC) {
-  // dinp (N,C) += dout (N,OC) x weight (OC,C)
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(N), C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
+                     const float* weight, std::int64_t N, int C, int OC, bool accumulate) {
+  // dinp (N,C) (+)= dout (N,OC) x weight (OC,C)
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(N), C, OC, 1.0f, dout, OC, weight, C,
+              accumulate ? 1.0f : 0.0f, dinp, C);
   // dweight (OC,C) += dout^T (OC,N) x inp (N,C)
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, int(N), 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
   if (dbias) bias_backward(dbias, dout, N, OC);
@@ -126,7 +129,8 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, std::int64_t N, int C, int OC) {
+                     const float* weight, std::int64_t N, int C, int OC, bool accumulate) {
+  if (!accumulate) std::memset(dinp, 0, std::size_t(N) * std::size_t(C) * sizeof(float));
   // dinp (N,C) += dout (N,OC) x weight (OC,C): each row of dinp gathers weight rows, four at a time.
 #pragma omp parallel for schedule(static) if (worth_threads(N * C * OC))
   for (std::int64_t i0 = 0; i0 < N; i0 += outer_block) {
@@ -171,5 +175,22 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 }
 
 #endif
+
+// The fused MLP ops are the plain ones in sequence, so that their results are the unfused model's
+// bit for bit (the GPU fuses them into cuBLASLt's epilogues).
+void matmul_gelu_forward(float* out, float* pre, const float* inp, const float* weight, const float* bias,
+                         std::int64_t N, int C, int OC) {
+  matmul_forward(pre, inp, weight, bias, N, C, OC);
+  gelu_forward(out, pre, N * OC);
+}
+
+void matmul_backward_dgelu(float* dpre, float* dweight, float* dbias, float* dpre_bias, const float* dout,
+                           const float* inp, const float* pre, const float* weight, std::int64_t N, int C, int OC) {
+  std::vector<float> dinp(std::size_t(N) * std::size_t(C), 0.0f);  // (N,C): d(GELU output)
+  matmul_backward(dinp.data(), dweight, dbias, dout, inp, weight, N, C, OC, true);
+  std::memset(dpre, 0, dinp.size() * sizeof(float));
+  gelu_backward(dpre, pre, dinp.data(), N * C);
+  if (dpre_bias) bias_backward(dpre_bias, dpre, N, C);
+}
 
 }  // namespace llmtrain::cpu

@@ -26,13 +26,26 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
                        const float* bias, std::int64_t N, int C);
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, std::int64_t N, int C);
+/// residual (N,C) = a + b, then out, mean, rstd as layernorm_forward of residual.
+void layernorm_residual_forward(float* residual, float* out, float* mean, float* rstd, const float* a, const float* b,
+                                const float* weight, const float* bias, std::int64_t N, int C);
 
 /// out (N,OC) = inp (N,C) weight^T + bias; weight (OC,C); bias (OC) or null. OpenBLAS sgemm.
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, std::int64_t N, int C,
                     int OC);
-/// dinp (N,C), dweight (OC,C), dbias (OC, may be null) += from dout (N,OC).
+/// dweight (OC,C), dbias (OC, may be null) += from dout (N,OC); dinp (N,C) += too, or is written
+/// when !accumulate (its first writer).
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, std::int64_t N, int C, int OC);
+                     const float* weight, std::int64_t N, int C, int OC, bool accumulate);
+/// pre (N,OC) = inp (N,C) weight^T + bias (pre-activation, kept for backward); out (N,OC) = GELU(pre).
+void matmul_gelu_forward(float* out, float* pre, const float* inp, const float* weight, const float* bias,
+                         std::int64_t N, int C, int OC);
+/// Backward of out = inp weight^T + bias with inp = GELU(pre) (N,C), through the GELU: dpre (N,C) =
+/// GELU'(pre) (dout weight) is WRITTEN (not accumulated); dweight (OC,C), dbias (OC, may be null)
+/// and dpre_bias (C, may be null: the column sums of dpre, the bias gradient of the matmul that
+/// made pre) += .
+void matmul_backward_dgelu(float* dpre, float* dweight, float* dbias, float* dpre_bias, const float* dout,
+                           const float* inp, const float* pre, const float* weight, std::int64_t N, int C, int OC);
 
 /// Causal self-attention with NKV key/value heads (NKV divides NH; GPT-2: NKV = NH). qkv
 /// (B,T,(NH+2NKV)HS): NH query heads, NKV key heads, NKV value heads, each a contiguous HS slice;

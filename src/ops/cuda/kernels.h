@@ -44,14 +44,27 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, std::int64_t N, int C,
                         cudaStream_t stream);
+/// residual (N,C) = a + b (N,C), then out, mean, rstd as layernorm_forward of residual, one kernel.
+void layernorm_residual_forward(float* residual, float* out, float* mean, float* rstd, const float* a, const float* b,
+                                const float* weight, const float* bias, std::int64_t N, int C, cudaStream_t stream);
 
 // src/ops/cuda/matmul.cu (cuBLASLt)
 /// out (N,OC) = inp (N,C) weight^T + bias; weight (OC,C); bias (OC) or null.
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, std::int64_t N,
                     int C, int OC, cudaStream_t stream);
-/// dinp (N,C), dweight (OC,C), dbias (OC, may be null) += from dout (N,OC), inp (N,C), weight (OC,C).
+/// dinp (N,C), dweight (OC,C), dbias (OC, may be null) += from dout (N,OC), inp (N,C), weight (OC,C);
+/// dinp is written instead (beta = 0: not read) when !accumulate.
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, std::int64_t N, int C, int OC, cudaStream_t stream);
+                     const float* weight, std::int64_t N, int C, int OC, bool accumulate, cudaStream_t stream);
+/// pre (N,OC) = inp (N,C) weight^T + bias, out (N,OC) = GELU(pre): cuBLASLt's GELU_AUX_BIAS
+/// epilogue (pre is its aux output) where OC % 8 == 0, else the plain matmul and the GELU kernel.
+void matmul_gelu_forward(float* out, float* pre, const float* inp, const float* weight, const float* bias,
+                         std::int64_t N, int C, int OC, cudaStream_t stream);
+/// dpre (N,C) = GELU'(pre) (dout weight) WRITTEN (DGELU_BGRAD epilogue, whose bias gradient is
+/// dpre_bias's increment), dweight (OC,C), dbias (OC), dpre_bias (C) +=; biases may be null.
+void matmul_backward_dgelu(float* dpre, float* dweight, float* dbias, float* dpre_bias, const float* dout,
+                           const float* inp, const float* pre, const float* weight, std::int64_t N, int C, int OC,
+                           cudaStream_t stream);
 /// Lets fp32 matmuls use TF32 tensor cores (about 8x faster, 10-bit mantissa inputs). Off by
 /// default, so that results match the CPU reference to fp32 accuracy.
 void set_matmul_tf32(bool allow);
@@ -141,6 +154,9 @@ void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* inp, con
 void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
                         const bf16* weight, const float* mean, const float* rstd, std::int64_t N, int C,
                         cudaStream_t stream);
+/// residual (N,C) = a + b rounded to bf16, then its LayerNorm as layernorm_forward (of the rounded sum).
+void layernorm_residual_forward(bf16* residual, bf16* out, float* mean, float* rstd, const bf16* a, const bf16* b,
+                                const bf16* weight, const bf16* bias, std::int64_t N, int C, cudaStream_t stream);
 
 // src/ops/cuda/matmul.cu (cuBLASLt: bf16 inputs, fp32 accumulation, CUBLAS_COMPUTE_32F)
 /// out (N,OC) = inp (N,C) weight^T + bias; weight (OC,C); bias (OC) or null; rounded once.
@@ -149,7 +165,15 @@ void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* 
 /// dinp (N,C) bf16 += (one rounding of the sum), dweight (OC,C) and dbias (OC, may be null) fp32 +=,
 /// from dout (N,OC), inp (N,C), weight (OC,C).
 void matmul_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
-                     const bf16* weight, std::int64_t N, int C, int OC, cudaStream_t stream);
+                     const bf16* weight, std::int64_t N, int C, int OC, bool accumulate, cudaStream_t stream);
+/// The GELU_AUX_BIAS forward: out and pre (N,OC) bf16, each rounded once from fp32.
+void matmul_gelu_forward(bf16* out, bf16* pre, const bf16* inp, const bf16* weight, const bf16* bias,
+                         std::int64_t N, int C, int OC, cudaStream_t stream);
+/// The DGELU backward: dpre (N,C) bf16 written; dpre_bias (fp32) from the bf16 dpre by a column sum
+/// (DGELU_BGRAD would give it in bf16, D's type).
+void matmul_backward_dgelu(bf16* dpre, float* dweight, float* dbias, float* dpre_bias, const bf16* dout,
+                           const bf16* inp, const bf16* pre, const bf16* weight, std::int64_t N, int C, int OC,
+                           cudaStream_t stream);
 
 // src/ops/cuda/attention_decode.cu
 /// out (C) from q (C) and the caches k_cache, v_cache (maxT, NKV HS), positions 0..pos.

@@ -4,7 +4,8 @@
 //    value per output channel, is a per-row bias of that column-major product: the BIAS
 //    epilogue adds it while the tile is still in registers.
 //  - Backward accumulates with beta = 1: dinp^T (C x N) += W^T dout^T, dweight^T (C x OC) +=
-//    inp^T dout. dbias is a deterministic column sum of dout (reduce.cuh): the BGRADB epilogue
+//    inp^T dout; dinp's first writer (accumulate false) has beta = 0, so its old values are
+//    neither needed (no memset beforehand) nor read. dbias is a deterministic column sum of dout (reduce.cuh): the BGRADB epilogue
 //    overwrites instead of adding, and would need a buffer and a second pass anyway.
 //  - fp32 in and out with CUBLAS_COMPUTE_32F (true fp32 products: matches the CPU to ~1e-6),
 //    or CUBLAS_COMPUTE_32F_FAST_TF32 after set_matmul_tf32(true).
@@ -13,6 +14,15 @@
 //    old bf16 value as C with beta = 1: one rounding per op); dweight is an fp32 D matrix, so the
 //    gradient accumulates in fp32; the bias is bf16 (cuBLASLt's bias type defaults to D's), dbias
 //    an fp32 column sum of the bf16 dout as in fp32.
+//  - GPT-2's MLP fuses its GELU into the matmuls' epilogues (llm.c does the same): the forward of
+//    c_fc is GELU_AUX_BIAS (D = GELU(x W^T + b), the aux output the pre-activation x W^T + b, kept
+//    for backward as llm.c keeps it: recomputing it would cost a second matmul), the input
+//    gradient of c_proj is DGELU (D = GELU'(aux) . dout W, written with beta = 0). cuBLASLt wants
+//    the aux leading dimension a multiple of 8; otherwise, or when no algorithm takes the
+//    epilogue, the plain matmul and the elementwise GELU kernels run instead (same results to
+//    rounding). In fp32 DGELU_BGRAD also gives the bias gradient of c_fc (the column sums of
+//    D, the dgelu's output) into a scratch vector that is then added (it overwrites); in bf16 it
+//    would give it in bf16 (the bias vector takes D's type), so there a column sum of D does it.
 //  - The algorithm for a shape is chosen once per process (AlgoCache, below, says how) and cached
 //    under everything the heuristic sees (shape, transposes, epilogue, compute type, and the
 //    pointer alignments: parameter views into the flat buffer are not always 256-byte aligned, and
@@ -105,11 +115,20 @@ class Preference {
   cublasLtMatmulPreference_t preference_ = nullptr;
 };
 
-// trans_a, trans_b, m, n, k, lda, ldb, ldd, bias, tf32, alignments of A, B, D, bias, types of
-// A/B and D.
+// What runs after the product: a bias (input, or the bias gradient written by BGRAD epilogues)
+// and the GELU aux matrix (m x n, column-major, leading dimension aux_ld, D's type).
+struct Epilogue {
+  cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;
+  void* aux = nullptr;
+  std::int64_t aux_ld = 0;
+};
+
+// trans_a, trans_b, m, n, k, lda, ldb, ldd, epilogue, tf32, alignments of A, B, D, bias, aux,
+// types of A/B and D.
 using AlgoKey = std::tuple<bool, bool, std::uint64_t, std::uint64_t, std::uint64_t, std::int64_t,
-                           std::int64_t, std::int64_t, bool, bool, std::uint32_t, std::uint32_t,
-                           std::uint32_t, std::uint32_t, int, int>;
+                           std::int64_t, std::int64_t, int, bool, std::uint32_t, std::uint32_t,
+                           std::uint32_t, std::uint32_t, std::uint32_t, int, int>;
 
 // The algorithm for each key, chosen on the key's first matmul:
 //  - the heuristic is asked for up to max_algo_candidates algorithms, best first (its order is
@@ -164,20 +183,34 @@ const char* type_name(cudaDataType_t type) {
 // "forward out = inp W^T (N=4, C=8, OC=16): bf16 inputs, bf16 output, fp32 compute, column-major
 // m=16 n=4 k=8, A transposed, B not transposed, ld 8/8/16, bias epilogue, alignment A/B/D/bias
 // 256/2/256/256 bytes"
-std::string describe(const Gemm& g, bool tf32, const void* A, const void* B, const void* D, const void* bias) {
+const char* epilogue_name(cublasLtEpilogue_t kind) {
+  switch (kind) {
+    case CUBLASLT_EPILOGUE_BIAS: return "bias epilogue";
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "GELU_AUX_BIAS epilogue";
+    case CUBLASLT_EPILOGUE_DGELU: return "DGELU epilogue";
+    case CUBLASLT_EPILOGUE_DGELU_BGRAD: return "DGELU_BGRAD epilogue";
+    default: return "no epilogue";
+  }
+}
+
+std::string describe(const Gemm& g, bool tf32, const void* A, const void* B, const void* D, const Epilogue& epi) {
+  const void* bias = epi.bias;
   return std::string(g.what) + " (N=" + std::to_string(g.N) + ", C=" + std::to_string(g.C) +
          ", OC=" + std::to_string(g.OC) + "): " + type_name(g.ab_type) + " inputs, " + type_name(g.d_type) +
          " output, " + (tf32 ? "tf32" : "fp32") + " compute, column-major m=" + std::to_string(g.m) +
          " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) + ", A " +
          (g.trans_a ? "transposed" : "not transposed") + ", B " + (g.trans_b ? "transposed" : "not transposed") +
          ", ld " + std::to_string(g.lda) + "/" + std::to_string(g.ldb) + "/" + std::to_string(g.ldd) + ", " +
-         (bias ? "bias epilogue" : "no epilogue") + ", alignment A/B/D/bias " + std::to_string(alignment_of(A)) +
+         epilogue_name(epi.kind) + ", alignment A/B/D/bias " + std::to_string(alignment_of(A)) +
          "/" + std::to_string(alignment_of(B)) + "/" + std::to_string(alignment_of(D)) + "/" +
          (bias ? std::to_string(alignment_of(bias)) : std::string("-")) + " bytes";
 }
 
-void gemm(const Gemm& g, const void* A, const void* B, void* D, const void* bias, float beta,
-          cudaStream_t stream) {
+// Runs D = op(A) op(B) (+ beta D) with the epilogue. Returns false, having launched nothing, when
+// no algorithm takes the problem and `may_decline` (the caller has an unfused way); else throws.
+bool gemm(const Gemm& g, const void* A, const void* B, void* D, Epilogue epi, float beta, cudaStream_t stream,
+          bool may_decline = false) {
+  const void* bias = epi.kind == CUBLASLT_EPILOGUE_BIAS || epi.kind == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ? epi.bias : nullptr;
   // A bias view below 16-byte alignment (a bf16 one may be 2-byte aligned) goes through an
   // aligned stream-ordered copy: cuBLASLt states no alignment rule for the BIAS epilogue's
   // vector, and the copy (m elements) costs next to nothing.
@@ -187,14 +220,19 @@ void gemm(const Gemm& g, const void* A, const void* B, void* D, const void* bias
     LLMTRAIN_CUDA_CHECK(
         cudaMemcpyAsync(aligned_bias.at<char>(), bias, bias_bytes, cudaMemcpyDeviceToDevice, stream));
     bias = aligned_bias.at<char>();
+    epi.bias = bias;
   }
   CublasLtContext& context = CublasLtContext::get();
   const bool tf32 = g.ab_type == CUDA_R_32F && context.allow_tf32();  // TF32 rounds fp32 inputs only
   MatmulDesc desc(tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
   desc.set(CUBLASLT_MATMUL_DESC_TRANSA, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
   desc.set(CUBLASLT_MATMUL_DESC_TRANSB, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
-  desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
-  if (bias) desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, epi.kind);
+  if (epi.bias) desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, epi.bias);
+  if (epi.aux) {
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, epi.aux);
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, epi.aux_ld);
+  }
   // Stored shapes: op(A) = A^T means A is stored k x m.
   const Layout a(g.ab_type, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda);
   const Layout b(g.ab_type, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb);
@@ -213,18 +251,19 @@ void gemm(const Gemm& g, const void* A, const void* B, void* D, const void* bias
                     g.lda,
                     g.ldb,
                     g.ldd,
-                    bias != nullptr,
+                    int(epi.kind),
                     tf32,
                     alignment_of(A),
                     alignment_of(B),
                     alignment_of(D),
-                    bias ? alignment_of(bias) : 0u,
+                    epi.bias ? alignment_of(epi.bias) : 0u,
+                    epi.aux ? alignment_of(epi.aux) : 0u,
                     int(g.ab_type),
                     int(g.d_type)};
   AlgoCache& cache = AlgoCache::get();
   if (const std::optional<cublasLtMatmulAlgo_t> algo = cache.find(key)) {
     LLMTRAIN_CUBLAS_CHECK(run(*algo));
-    return;
+    return true;
   }
 
   Preference preference;
@@ -258,18 +297,19 @@ void gemm(const Gemm& g, const void* A, const void* B, void* D, const void* bias
     const cublasStatus_t status = run(candidate.algo);
     if (status == CUBLAS_STATUS_SUCCESS) {
       cache.insert(key, candidate.algo);
-      return;
+      return true;
     }
     if (!rejects_algorithm(status)) {
       throw_cublas_error(status, ("cublasLtMatmul (algorithm #" + std::to_string(i) + " for " +
-                                  describe(g, tf32, A, B, D, bias) + ")")
+                                  describe(g, tf32, A, B, D, epi) + ")")
                                      .c_str(),
                          __FILE__, __LINE__);
     }
     LLMTRAIN_CUDA_CHECK(cudaPeekAtLastError());  // a CUDA error is not the algorithm's
     tried += cublasLtGetStatusString(status);
   }
-  throw RuntimeError("cuBLASLt has no algorithm that runs the matmul " + describe(g, tf32, A, B, D, bias) + " (" +
+  if (may_decline) return false;
+  throw RuntimeError("cuBLASLt has no algorithm that runs the matmul " + describe(g, tf32, A, B, D, epi) + " (" +
                      tried + ")");
 }
 
@@ -313,12 +353,12 @@ void matmul_forward_gemms(Elem* out, const Elem* inp, const Elem* weight, const 
   g.N = N;
   g.C = C;
   g.OC = OC;
-  gemm(g, weight, inp, out, bias, 0.0f, stream);
+  gemm(g, weight, inp, out, Epilogue{bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, bias}, 0.0f, stream);
 }
 
 template <class Elem>
 void matmul_backward_gemms(Elem* dinp, float* dweight, float* dbias, const Elem* dout, const Elem* inp,
-                           const Elem* weight, std::int64_t N, int C, int OC, cudaStream_t stream) {
+                           const Elem* weight, std::int64_t N, int C, int OC, bool accumulate, cudaStream_t stream) {
   if (N <= 0 || OC <= 0 || C <= 0) return;
   // dinp^T (C x N) += W^T (C x OC, W stored column-major) dout^T (OC x N)
   Gemm dx;
@@ -333,7 +373,7 @@ void matmul_backward_gemms(Elem* dinp, float* dweight, float* dbias, const Elem*
   dx.N = N;
   dx.C = C;
   dx.OC = OC;
-  gemm(dx, weight, dout, dinp, nullptr, 1.0f, stream);
+  gemm(dx, weight, dout, dinp, Epilogue{}, accumulate ? 1.0f : 0.0f, stream);
   // dweight^T (C x OC) += inp^T (C x N) dout (N x OC; dout^T stored column-major OC x N)
   Gemm dw;
   dw.trans_b = true;
@@ -349,7 +389,96 @@ void matmul_backward_gemms(Elem* dinp, float* dweight, float* dbias, const Elem*
   dw.N = N;
   dw.C = C;
   dw.OC = OC;
-  gemm(dw, inp, dout, dweight, nullptr, 1.0f, stream);
+  gemm(dw, inp, dout, dweight, Epilogue{}, 1.0f, stream);
+  if (dbias) column_sums<1>(ColumnOutputs<1>{{dbias}}, BiasGrad<Elem>{dout, OC}, N, OC, stream);
+}
+
+// pre = inp W^T + bias and out = GELU(pre) in one GEMM where cuBLASLt takes it.
+template <class Elem>
+void matmul_gelu_forward_gemms(Elem* out, Elem* pre, const Elem* inp, const Elem* weight, const Elem* bias,
+                               std::int64_t N, int C, int OC, cudaStream_t stream) {
+  if (N <= 0 || OC <= 0) return;
+  Gemm g;
+  g.trans_a = true;
+  g.m = std::uint64_t(OC);
+  g.n = std::uint64_t(N);
+  g.k = std::uint64_t(C);
+  g.lda = C;
+  g.ldb = C;
+  g.ldd = OC;
+  g.ab_type = g.d_type = data_type<Elem>();
+  g.what = "forward out = GELU(inp W^T + bias)";
+  g.N = N;
+  g.C = C;
+  g.OC = OC;
+  // GELU_AUX_BIAS needs a bias: a missing one is a zero vector (OC elements, next to nothing).
+  const StreamScratch zero_bias(bias ? 0 : std::size_t(OC) * sizeof(Elem), stream);
+  if (!bias) {
+    LLMTRAIN_CUDA_CHECK(cudaMemsetAsync(zero_bias.at<Elem>(), 0, std::size_t(OC) * sizeof(Elem), stream));
+    bias = zero_bias.at<Elem>();
+  }
+  if (OC % 8 == 0 &&
+      gemm(g, weight, inp, out, Epilogue{CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias, pre, OC}, 0.0f, stream, true)) {
+    return;
+  }
+  gemm(g, weight, inp, pre, Epilogue{CUBLASLT_EPILOGUE_BIAS, bias}, 0.0f, stream);
+  gelu_forward(out, pre, N * OC, stream);
+}
+
+template <class Elem>
+void matmul_backward_dgelu_gemms(Elem* dpre, float* dweight, float* dbias, float* dpre_bias, const Elem* dout,
+                                 const Elem* inp, const Elem* pre, const Elem* weight, std::int64_t N, int C, int OC,
+                                 cudaStream_t stream) {
+  if (N <= 0 || OC <= 0 || C <= 0) return;
+  // dpre^T (C x N) = GELU'(pre^T) . W^T (C x OC) dout^T (OC x N), written (beta = 0)
+  Gemm dx;
+  dx.m = std::uint64_t(C);
+  dx.n = std::uint64_t(N);
+  dx.k = std::uint64_t(OC);
+  dx.lda = C;
+  dx.ldb = OC;
+  dx.ldd = C;
+  dx.ab_type = dx.d_type = data_type<Elem>();
+  dx.what = "backward dpre = GELU'(pre) dout W";
+  dx.N = N;
+  dx.C = C;
+  dx.OC = OC;
+  // fp32: the bias gradient of pre from the same epilogue, into a scratch (BGRAD writes).
+  const bool bgrad = dpre_bias && dx.d_type == CUDA_R_32F;
+  const StreamScratch bias_grad(bgrad ? std::size_t(C) * sizeof(float) : 0, stream);
+  bool fused = false;
+  if (C % 8 == 0) {
+    const Epilogue epi{bgrad ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU,
+                       bgrad ? bias_grad.at<float>() : nullptr, const_cast<Elem*>(pre), C};
+    fused = gemm(dx, weight, dout, dpre, epi, 0.0f, stream, true);
+  }
+  if (fused && bgrad) {
+    add_columns(dpre_bias, bias_grad.at<float>(), C, stream);
+  } else if (!fused) {  // the product, then the elementwise GELU backward into the zeroed dpre
+    const StreamScratch product(std::size_t(N) * std::size_t(C) * sizeof(Elem), stream);
+    gemm(dx, weight, dout, product.at<Elem>(), Epilogue{}, 0.0f, stream);
+    LLMTRAIN_CUDA_CHECK(cudaMemsetAsync(dpre, 0, std::size_t(N) * std::size_t(C) * sizeof(Elem), stream));
+    gelu_backward(dpre, pre, product.at<Elem>(), N * C, stream);
+  }
+  if (dpre_bias && !(fused && bgrad)) {
+    column_sums<1>(ColumnOutputs<1>{{dpre_bias}}, BiasGrad<Elem>{dpre, C}, N, C, stream);
+  }
+  // dweight and dbias as in matmul_backward
+  Gemm dw;
+  dw.trans_b = true;
+  dw.m = std::uint64_t(C);
+  dw.n = std::uint64_t(OC);
+  dw.k = std::uint64_t(N);
+  dw.lda = C;
+  dw.ldb = OC;
+  dw.ldd = C;
+  dw.ab_type = data_type<Elem>();
+  dw.d_type = CUDA_R_32F;
+  dw.what = "backward dweight += dout^T inp";
+  dw.N = N;
+  dw.C = C;
+  dw.OC = OC;
+  gemm(dw, inp, dout, dweight, Epilogue{}, 1.0f, stream);
   if (dbias) column_sums<1>(ColumnOutputs<1>{{dbias}}, BiasGrad<Elem>{dout, OC}, N, OC, stream);
 }
 
@@ -365,8 +494,8 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, std::int64_t N, int C, int OC, cudaStream_t stream) {
-  matmul_backward_gemms(dinp, dweight, dbias, dout, inp, weight, N, C, OC, stream);
+                     const float* weight, std::int64_t N, int C, int OC, bool accumulate, cudaStream_t stream) {
+  matmul_backward_gemms(dinp, dweight, dbias, dout, inp, weight, N, C, OC, accumulate, stream);
 }
 
 void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, std::int64_t N, int C,
@@ -375,8 +504,30 @@ void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* 
 }
 
 void matmul_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
-                     const bf16* weight, std::int64_t N, int C, int OC, cudaStream_t stream) {
-  matmul_backward_gemms(dinp, dweight, dbias, dout, inp, weight, N, C, OC, stream);
+                     const bf16* weight, std::int64_t N, int C, int OC, bool accumulate, cudaStream_t stream) {
+  matmul_backward_gemms(dinp, dweight, dbias, dout, inp, weight, N, C, OC, accumulate, stream);
+}
+
+void matmul_gelu_forward(float* out, float* pre, const float* inp, const float* weight, const float* bias,
+                         std::int64_t N, int C, int OC, cudaStream_t stream) {
+  matmul_gelu_forward_gemms(out, pre, inp, weight, bias, N, C, OC, stream);
+}
+
+void matmul_backward_dgelu(float* dpre, float* dweight, float* dbias, float* dpre_bias, const float* dout,
+                           const float* inp, const float* pre, const float* weight, std::int64_t N, int C, int OC,
+                           cudaStream_t stream) {
+  matmul_backward_dgelu_gemms(dpre, dweight, dbias, dpre_bias, dout, inp, pre, weight, N, C, OC, stream);
+}
+
+void matmul_gelu_forward(bf16* out, bf16* pre, const bf16* inp, const bf16* weight, const bf16* bias,
+                         std::int64_t N, int C, int OC, cudaStream_t stream) {
+  matmul_gelu_forward_gemms(out, pre, inp, weight, bias, N, C, OC, stream);
+}
+
+void matmul_backward_dgelu(bf16* dpre, float* dweight, float* dbias, float* dpre_bias, const bf16* dout,
+                           const bf16* inp, const bf16* pre, const bf16* weight, std::int64_t N, int C, int OC,
+                           cudaStream_t stream) {
+  matmul_backward_dgelu_gemms(dpre, dweight, dbias, dpre_bias, dout, inp, pre, weight, N, C, OC, stream);
 }
 
 }  // namespace llmtrain::cuda

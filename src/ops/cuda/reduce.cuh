@@ -132,6 +132,15 @@ void column_sums(ColumnOutputs<K> outputs, const Value& value, std::int64_t N, i
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
 }
 
+/// out[c] += in[c] for c < C (fp32): adds a column sum that something else wrote (a cuBLASLt
+/// BGRAD epilogue overwrites its bias gradient) to an accumulated gradient.
+inline void add_columns(float* out /* (C) */, const float* in /* (C) */, int C, cudaStream_t stream) {
+  if (C <= 0) return;
+  constexpr int block = 256;
+  column_finish_kernel<1><<<unsigned((C + block - 1) / block), block, 0, stream>>>(ColumnOutputs<1>{{out}}, in, 1, C);
+  LLMTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
 // ---- whole-tensor sums into a host double -------------------------------------------------------
 // Pass 1: a grid fixed by N, each thread summing a grid-stride share in double (128-bit loads
 // for the 16-byte-aligned body, the few elements before and after it one by one), a block
