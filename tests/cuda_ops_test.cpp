@@ -1127,7 +1127,7 @@ TEST_CASE("cuda multi-tensor adamw_update_runs matches the cpu adamw_update per 
                   RuntimeError);
 }
 
-TEST_CASE("cuda fused_classifier and classifier_parallel_finish add into a device LossSum without returning it",
+TEST_CASE("cuda fused_classifier, classifier_parallel_finish and sum_squares add into a DeviceSum",
           "[cuda][ops][bf16]") {
   std::string why;
   if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
@@ -1139,7 +1139,7 @@ TEST_CASE("cuda fused_classifier and classifier_parallel_finish add into a devic
   const int V = 251;
   for (const DType dtype : {DType::f32, DType::bf16}) {
     CAPTURE(dtype_name(dtype));
-    ops::LossSum deferred(Device::cuda);
+    ops::DeviceSum deferred(Device::cuda);
     double immediate = 0.0;
     for (const std::int64_t N : {std::int64_t(5), std::int64_t(64), std::int64_t(700)}) {
       CAPTURE(N);
@@ -1160,7 +1160,7 @@ TEST_CASE("cuda fused_classifier and classifier_parallel_finish add into a devic
       ops::classifier_row_max(d_row_max.tensor({N}), c.tensor({N, V}));
       ops::classifier_row_stats(d_sum_exp.tensor({N}), d_target.tensor({N}), c.tensor({N, V}), d_row_max.tensor({N}),
                                 d_targets.tensor({N}), 0);
-      ops::LossSum parallel(Device::cuda);
+      ops::DeviceSum parallel(Device::cuda);
       const double finish_now =
           ops::classifier_parallel_finish(c.tensor({N, V}), d_losses.tensor({N}), d_row_max.tensor({N}),
                                           d_sum_exp.tensor({N}), d_target.tensor({N}), d_targets.tensor({N}), 0, 0.0f);
@@ -1175,8 +1175,23 @@ TEST_CASE("cuda fused_classifier and classifier_parallel_finish add into a devic
     CHECK(got == immediate);
     CHECK(deferred.take() == 0.0);
   }
+  // The gradient norm's parts (several ranges, some misaligned): one sum, read once, equal to the
+  // returned sums added in order.
+  {
+    const Vec x = uniform_vec(rng, 20011, -3.0f, 3.0f);
+    const DeviceArray<float> d_x(x);
+    ops::DeviceSum squares(Device::cuda);
+    double immediate = 0.0;
+    for (const auto& [begin, length] : {std::pair{0, 4096}, std::pair{4097, 3}, std::pair{4101, 15000}}) {
+      const Tensor part(d_x.data() + begin, DType::f32, Device::cuda, {length});
+      immediate += ops::sum_squares(part);
+      CHECK(ops::sum_squares(part, &squares) == 0.0);
+    }
+    CHECK(immediate > 0.0);
+    CHECK(squares.take() == immediate);
+  }
   // A loss sum in host memory for device losses is refused.
-  ops::LossSum host_sum(Device::cpu);
+  ops::DeviceSum host_sum(Device::cpu);
   Vec logits(2 * 4, 0.5f);
   const DeviceArray<float> d_logits(logits), d_losses(Vec(2, 0.0f));
   const DeviceArray<std::int32_t> d_targets(std::vector<std::int32_t>{0, 1});

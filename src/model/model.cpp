@@ -242,14 +242,14 @@ void Model::embed_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor&
 }
 
 void Model::defer_loss(bool deferred) {
-  if (deferred && !loss_sum_) loss_sum_ = std::make_unique<ops::LossSum>(device_);
+  if (deferred && !loss_sum_) loss_sum_ = std::make_unique<ops::DeviceSum>(device_);
   loss_deferred_ = deferred;
 }
 
 double Model::take_loss_sum() { return loss_sum_ ? loss_sum_->take() : 0.0; }
 
 double Model::classify(const Tensor& logits, const Tensor& losses, const Tensor& targets, float dlogits_scale) {
-  ops::LossSum* const sum = loss_deferred_ ? loss_sum_.get() : nullptr;
+  ops::DeviceSum* const sum = loss_deferred_ ? loss_sum_.get() : nullptr;
   if (layout_.tensor_size == 1) return ops::fused_classifier(logits, losses, targets, dlogits_scale, sum);
   const std::int64_t n = logits.shape[0];
   if (classifier_stats_.bytes() < std::size_t(3 * n) * sizeof(float)) {

@@ -417,7 +417,7 @@ class Model {
   ops::Buffer vocab_table_, vocab_table_grad_, vocab_ids_, classifier_stats_, norm_grads_;
   std::vector<std::int32_t> host_ids_;
   ops::Uploader ids_upload_;
-  std::unique_ptr<ops::LossSum> loss_sum_;  // the deferred loss sum (defer_loss), made on first use
+  std::unique_ptr<ops::DeviceSum> loss_sum_;  // the deferred loss sum (defer_loss), made on first use
   bool loss_deferred_ = false;
 };
 

@@ -295,9 +295,9 @@ void rope_backward(const Tensor& dinp, const Tensor& dout, float theta, int rota
   });
 }
 
-LossSum::LossSum(Device device) : buffer_(device, sizeof(double)) { zero(buffer_.view(DType::u16, {4})); }
+DeviceSum::DeviceSum(Device device) : buffer_(device, sizeof(double)) { zero(buffer_.view(DType::u16, {4})); }
 
-double LossSum::take() {
+double DeviceSum::take() {
   double value = 0.0;
   copy(Tensor(&value, DType::u16, Device::cpu, {4}), buffer_.view(DType::u16, {4}));
   zero(buffer_.view(DType::u16, {4}));
@@ -305,23 +305,23 @@ double LossSum::take() {
 }
 
 namespace {
-/// The loss sum's memory, checked to be on the losses' device (null without one).
-double* loss_sum_on(const Op& op, LossSum* loss_sum, const Tensor& losses) {
-  if (!loss_sum) return nullptr;
-  if (loss_sum->device() != losses.device) op.fail("the loss sum is on another device than the losses");
-  return loss_sum->data();
+/// The sum's memory, checked to be on the summed tensor's device (null without one).
+double* sum_on(const Op& op, DeviceSum* sum, const Tensor& summed) {
+  if (!sum) return nullptr;
+  if (sum->device() != summed.device) op.fail("the sum is on another device than the tensor summed");
+  return sum->data();
 }
 }  // namespace
 
 double fused_classifier(const Tensor& logits, const Tensor& losses, const Tensor& targets, float dlogits_scale,
-                        LossSum* loss_sum) {
+                        DeviceSum* loss_sum) {
   const Op op("fused_classifier");
   const auto N = logits.shape[0], V = logits.shape[1];
   const DType act = op.activation(logits);
   op.expect("logits", logits, act, {N, V});
   op.expect("losses", losses, DType::f32, {N});
   op.expect("targets", targets, DType::i32, {N});
-  double* const sum = loss_sum_on(op, loss_sum, losses);
+  double* const sum = sum_on(op, loss_sum, losses);
   // The logits are overwritten by their gradient only when dlogits_scale > 0.
   return op.run(LLMTRAIN_KERNELS(fused_classifier), act, [&](auto v) {
     return std::tuple(dlogits_scale > 0 ? v.out(logits) : v.in(logits), v.f32(losses), v.i32(targets), N,
@@ -370,13 +370,13 @@ void classifier_row_stats(const Tensor& sum_exp, const Tensor& target_logit, con
 
 double classifier_parallel_finish(const Tensor& logits, const Tensor& losses, const Tensor& row_max,
                                   const Tensor& sum_exp, const Tensor& target_logit, const Tensor& targets,
-                                  std::int64_t vocab_begin, float dlogits_scale, LossSum* loss_sum) {
+                                  std::int64_t vocab_begin, float dlogits_scale, DeviceSum* loss_sum) {
   const Op op("classifier_parallel_finish");
   const auto [N, V, act] = local_logits_checks(
       op, logits,
       {{"losses", &losses}, {"row_max", &row_max}, {"sum_exp", &sum_exp}, {"target_logit", &target_logit}},
       &targets, vocab_begin);
-  double* const sum = loss_sum_on(op, loss_sum, losses);
+  double* const sum = sum_on(op, loss_sum, losses);
   // The logits are overwritten by their gradient only when dlogits_scale > 0.
   return op.run(LLMTRAIN_KERNELS(classifier_parallel_finish), act, [&](auto v) {
     return std::tuple(dlogits_scale > 0 ? v.out(logits) : v.in(logits), v.f32(losses), v.f32(row_max),
@@ -384,10 +384,12 @@ double classifier_parallel_finish(const Tensor& logits, const Tensor& losses, co
   });
 }
 
-double sum_squares(const Tensor& x) {
+double sum_squares(const Tensor& x, DeviceSum* into) {
   const Op op("sum_squares");
   const DType act = op.expect_same_size({&x}, /*f32_only=*/true);
-  return op.run(LLMTRAIN_KERNELS(sum_squares), act, [&](auto v) { return std::tuple(v.f32(x), x.numel()); });
+  double* const sum = sum_on(op, into, x);
+  return op.run(LLMTRAIN_KERNELS(sum_squares), act,
+                [&](auto v) { return std::tuple(v.f32(x), x.numel(), sum); });
 }
 
 void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWParams& p) {

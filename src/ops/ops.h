@@ -81,11 +81,12 @@ void rope_backward(const Tensor& dinp, const Tensor& dout, float theta, int rota
 #include "ops/elementwise.def"
 #undef LLMTRAIN_ELEMENTWISE
 
-/// A sum of losses kept where the losses are (a double in device memory on a GPU), so that the
-/// micro-steps of an update add into it without the host waiting for each: read() waits once.
-class LossSum {
+/// A sum kept where the summed tensors are (a double in device memory on a GPU), so that ops can
+/// add into it without the host waiting for each (the losses of an update's micro-steps, the
+/// parts of a gradient norm): take() waits, once.
+class DeviceSum {
  public:
-  explicit LossSum(Device device);
+  explicit DeviceSum(Device device);
   Device device() const { return buffer_.device(); }
   double* data() const { return static_cast<double*>(buffer_.data()); }
   /// The sum so far (waiting for the device), and starts again from 0.
@@ -97,10 +98,10 @@ class LossSum {
 
 /// Softmax cross-entropy over logits (N,V) against targets (N) i32 -> losses (N); with
 /// dlogits_scale > 0 the logits become their gradient times that scale. Returns the loss sum
-/// (on a GPU, waiting for it); or, given `loss_sum` (a LossSum on the logits' device), adds the
+/// (on a GPU, waiting for it); or, given `loss_sum` (a DeviceSum on the logits' device), adds the
 /// sum there without waiting and returns 0.
 double fused_classifier(const Tensor& logits, const Tensor& losses, const Tensor& targets, float dlogits_scale,
-                        LossSum* loss_sum = nullptr);
+                        DeviceSum* loss_sum = nullptr);
 
 /// fused_classifier with the vocabulary split over the ranks of a tensor group: logits (N,Vl)
 /// are columns [vocab_begin, vocab_begin + Vl) of the vocabulary, f32 or bf16; row_max, sum_exp,
@@ -119,13 +120,14 @@ void classifier_row_stats(const Tensor& sum_exp, const Tensor& target_logit, con
 ///    sum, the same on every rank, or adds it into `loss_sum` as fused_classifier.
 double classifier_parallel_finish(const Tensor& logits, const Tensor& losses, const Tensor& row_max,
                                   const Tensor& sum_exp, const Tensor& target_logit, const Tensor& targets,
-                                  std::int64_t vocab_begin, float dlogits_scale, LossSum* loss_sum = nullptr);
+                                  std::int64_t vocab_begin, float dlogits_scale, DeviceSum* loss_sum = nullptr);
 
 /// out = in, converting f32 -> bf16 (round to nearest even) or bf16 -> f32; same element count.
 void convert(const Tensor& out, const Tensor& in);
 
-/// Sum of squares of all elements (for the global gradient norm), in double.
-double sum_squares(const Tensor& x);
+/// Sum of squares of all elements (for the global gradient norm), in double; or, given `into`
+/// (on x's device), added there without waiting, returning 0.
+double sum_squares(const Tensor& x, DeviceSum* into = nullptr);
 
 struct AdamWParams {
   float lr, beta1, beta2, eps, weight_decay;

@@ -104,7 +104,8 @@ double classifier_parallel_finish(float* logits, float* losses, const float* row
                                   std::int64_t vocab_begin, float dlogits_scale, double* loss_sum);
 
 /// Sum of squares of x (N), accumulated in double in fixed-size chunks (deterministic).
-double sum_squares(const float* x, std::int64_t N);
+/// With `into`, adds the sum there and returns 0.
+double sum_squares(const float* x, std::int64_t N, double* into);
 
 /// AdamW on one parameter tensor (N): g = grad * grad_scale; m, v moment updates; bias-corrected
 /// step at `step` (1-based); decoupled weight decay param -= lr * weight_decay * param.

@@ -112,8 +112,9 @@ double classifier_parallel_finish(float* logits, float* losses, const float* row
                                   cudaStream_t stream);
 
 // src/ops/cuda/optimizer.cu
-/// Sum of squares of x (N), accumulated in double, deterministic (synchronises the stream).
-double sum_squares(const float* x, std::int64_t N, cudaStream_t stream);
+/// Sum of squares of x (N), accumulated in double, deterministic (synchronises the stream); with
+/// `into` (device memory) added there on the stream instead, returning 0.
+double sum_squares(const float* x, std::int64_t N, double* into, cudaStream_t stream);
 /// AdamW on param, grad, m, v (N), as cpu::adamw_update.
 void adamw_update(float* param, const float* grad, float* m, float* v, std::int64_t N, float lr, float beta1,
                   float beta2, float eps, float weight_decay, int step, float grad_scale,

@@ -117,7 +117,11 @@ __global__ void __launch_bounds__(adamw_block)
 
 }  // namespace
 
-double sum_squares(const float* x, std::int64_t N, cudaStream_t stream) {
+double sum_squares(const float* x, std::int64_t N, double* into, cudaStream_t stream) {
+  if (into) {
+    sum_into_device(into, x, N, Square{}, stream);
+    return 0.0;
+  }
   return sum_to_host(x, N, Square{}, stream);
 }
 
