@@ -1139,3 +1139,158 @@ TEST_CASE("cuda ops refuse arguments on different devices", "[cuda][ops]") {
   const DeviceArray<float> d_b(a);
   CHECK_THROWS_AS(ops::residual_forward(t(out, {4}), t(a, {4}), d_b.tensor({4})), RuntimeError);
 }
+
+TEST_CASE("cuda multi-tensor adamw_update_runs matches the cpu adamw_update per run and writes the bf16 copy",
+          "[cuda][ops][optim]") {
+  std::string why;
+  if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
+
+  // Runs of odd sizes with gaps between them (which must stay untouched), decayed and not, at
+  // offsets on and off a multiple of 4 elements (the 128-bit and the scalar paths), one longer
+  // than two chunks (several blocks of one run) and one of a single element.
+  const std::vector<ops::AdamWRun> runs = {{0, 1000, true},   {1000, 3, false},     {1003, 8197, true},
+                                           {9201, 1, false},  {9205, 768, false},   {9973, 4099, true},
+                                           {14075, 517, true}};
+  const std::int64_t N = 14075 + 517 + 5;  // five elements after the last run
+  std::vector<bool> covered(std::size_t(N), false);
+  for (const auto& r : runs) {
+    for (std::int64_t i = r.offset; i < r.offset + r.length; ++i) covered[std::size_t(i)] = true;
+  }
+  std::mt19937 rng(2718);
+  const Vec param0 = uniform_vec(rng, std::size_t(N)), grad = uniform_vec(rng, std::size_t(N), -2.0f, 2.0f);
+  const Vec m0 = uniform_vec(rng, std::size_t(N), -0.1f, 0.1f), v0 = uniform_vec(rng, std::size_t(N), 0.0f, 0.01f);
+  const std::vector<Bf16> working0(std::size_t(N), sentinel<Bf16>());
+  const ops::AdamWPlan plan(runs, Device::cuda);
+  CHECK(plan.chunks() >= std::int64_t(runs.size()) + 2);
+
+  for (const int step : {1, 10}) {
+    for (const std::size_t offset : {0, 1}) {
+      for (const bool with_working : {true, false}) {
+        CAPTURE(step, offset, with_working);
+        // A large learning rate and weight decay, so that the update and the decay are far above
+        // the rounding of the weights.
+        const ops::AdamWParams p{0.05f, 0.9f, 0.95f, 1e-8f, 0.5f, step, 0.5f};
+        // The reference: the CPU adamw_update, run by run, with the run's weight decay.
+        Vec want_param = param0, want_m = m0, want_v = v0, g = grad;
+        for (const auto& r : runs) {
+          const auto at = std::size_t(r.offset);
+          const ops::AdamWParams q{p.lr, p.beta1, p.beta2, p.eps, r.decay ? p.weight_decay : 0.0f, step, p.grad_scale};
+          ops::adamw_update(Tensor(want_param.data() + at, DType::f32, Device::cpu, {r.length}),
+                            Tensor(g.data() + at, DType::f32, Device::cpu, {r.length}),
+                            Tensor(want_m.data() + at, DType::f32, Device::cpu, {r.length}),
+                            Tensor(want_v.data() + at, DType::f32, Device::cpu, {r.length}), q);
+        }
+        const DeviceArray<float> d_param(param0, offset), d_grad(grad, offset), d_m(m0, offset), d_v(v0, offset);
+        const DeviceArray<Bf16> d_working(working0, offset);
+        ops::adamw_update_runs(d_param.tensor({N}), d_grad.tensor({N}), d_m.tensor({N}), d_v.tensor({N}),
+                               with_working ? d_working.tensor({N}) : Tensor(), plan, p);
+        const Vec got_param = d_param.to_host(), got_m = d_m.to_host(), got_v = d_v.to_host();
+        require_close("param change", minus(got_param, param0), minus(want_param, param0), f32_elementwise.f32);
+        require_close("m", got_m, want_m, f32_elementwise.f32);
+        require_close("v", got_v, want_v, f32_elementwise.f32);
+        // Outside the runs nothing moves; the gradient is read only.
+        std::size_t moved = 0, wrong_copy = 0;
+        const std::vector<Bf16> working = d_working.to_host();
+        for (std::size_t i = 0; i < std::size_t(N); ++i) {
+          if (!covered[i]) {
+            moved += bits_of(got_param[i]) != bits_of(param0[i]) || bits_of(got_m[i]) != bits_of(m0[i]) ||
+                     bits_of(got_v[i]) != bits_of(v0[i]) || working[i].bits != working0[i].bits;
+          } else if (with_working) {
+            wrong_copy += working[i].bits != to_bf16(got_param[i]).bits;  // the updated weight, rounded
+          } else {
+            wrong_copy += working[i].bits != working0[i].bits;
+          }
+        }
+        CHECK(moved == 0);
+        CHECK(wrong_copy == 0);
+        CHECK(d_grad.to_host() == grad);
+        for (const auto* a : {&d_param, &d_grad, &d_m, &d_v}) require_guards("f32 array", *a);
+        require_guards("working", d_working);
+      }
+    }
+  }
+  // A plan for the wrong device, or runs past the arrays' end, are refused.
+  const ops::AdamWPlan cpu_plan(runs, Device::cpu);
+  const DeviceArray<float> d_x(param0);
+  const ops::AdamWParams p{0.05f, 0.9f, 0.95f, 1e-8f, 0.5f, 1, 1.0f};
+  CHECK_THROWS_AS(ops::adamw_update_runs(d_x.tensor({N}), d_x.tensor({N}), d_x.tensor({N}), d_x.tensor({N}), Tensor(),
+                                         cpu_plan, p),
+                  RuntimeError);
+  Vec small(10);
+  CHECK_THROWS_AS(ops::adamw_update_runs(t(small, {10}), t(small, {10}), t(small, {10}), t(small, {10}), Tensor(),
+                                         cpu_plan, p),
+                  RuntimeError);
+}
+
+TEST_CASE("cuda fused_classifier, classifier_parallel_finish and sum_squares add into a DeviceSum",
+          "[cuda][ops][bf16]") {
+  std::string why;
+  if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
+
+  // Three "micro-steps" of different row counts: the deferred sum must be the sum of the values
+  // the immediate calls return, added in the same order (bit for bit), and each deferred call
+  // returns 0; take() starts the sum again from 0.
+  std::mt19937 rng(314);
+  const int V = 251;
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    CAPTURE(dtype_name(dtype));
+    ops::DeviceSum deferred(Device::cuda);
+    double immediate = 0.0;
+    for (const std::int64_t N : {std::int64_t(5), std::int64_t(64), std::int64_t(700)}) {
+      CAPTURE(N);
+      Vec logits = uniform_vec(rng, std::size_t(N) * V, -4.0f, 4.0f);
+      if (dtype == DType::bf16) logits = round_bf16(logits);
+      std::vector<std::int32_t> targets(static_cast<std::size_t>(N));
+      for (std::size_t i = 0; i < targets.size(); ++i) targets[i] = std::int32_t((i * 97 + 3) % V);
+      const DeviceArray<std::int32_t> d_targets(targets);
+      const DeviceArray<float> d_losses(Vec(std::size_t(N), 0.0f)), d_row_max(Vec(std::size_t(N), 0.0f));
+      const DeviceArray<float> d_sum_exp(Vec(std::size_t(N), 0.0f)), d_target(Vec(std::size_t(N), 0.0f));
+      const DeviceTensor a(HostValues{logits, {}}, dtype, 0), b(HostValues{logits, {}}, dtype, 0);
+      immediate += ops::fused_classifier(a.tensor({N, V}), d_losses.tensor({N}), d_targets.tensor({N}), 0.5f);
+      CHECK(ops::fused_classifier(b.tensor({N, V}), d_losses.tensor({N}), d_targets.tensor({N}), 0.5f, &deferred) ==
+            0.0);
+      CHECK(a.values() == b.values());  // the same gradient either way
+      // The vocabulary-parallel finish on one rank, deferred too.
+      const DeviceTensor c(HostValues{logits, {}}, dtype, 0);
+      ops::classifier_row_max(d_row_max.tensor({N}), c.tensor({N, V}));
+      ops::classifier_row_stats(d_sum_exp.tensor({N}), d_target.tensor({N}), c.tensor({N, V}), d_row_max.tensor({N}),
+                                d_targets.tensor({N}), 0);
+      ops::DeviceSum parallel(Device::cuda);
+      const double finish_now =
+          ops::classifier_parallel_finish(c.tensor({N, V}), d_losses.tensor({N}), d_row_max.tensor({N}),
+                                          d_sum_exp.tensor({N}), d_target.tensor({N}), d_targets.tensor({N}), 0, 0.0f);
+      CHECK(ops::classifier_parallel_finish(c.tensor({N, V}), d_losses.tensor({N}), d_row_max.tensor({N}),
+                                            d_sum_exp.tensor({N}), d_target.tensor({N}), d_targets.tensor({N}), 0,
+                                            0.0f, &parallel) == 0.0);
+      CHECK(parallel.take() == finish_now);
+    }
+    const double got = deferred.take();
+    CHECK(std::isfinite(got));
+    CHECK(got > 0.0);
+    CHECK(got == immediate);
+    CHECK(deferred.take() == 0.0);
+  }
+  // The gradient norm's parts (several ranges, some misaligned): one sum, read once, equal to the
+  // returned sums added in order.
+  {
+    const Vec x = uniform_vec(rng, 20011, -3.0f, 3.0f);
+    const DeviceArray<float> d_x(x);
+    ops::DeviceSum squares(Device::cuda);
+    double immediate = 0.0;
+    for (const auto& [begin, length] : {std::pair{0, 4096}, std::pair{4097, 3}, std::pair{4101, 15000}}) {
+      const Tensor part(d_x.data() + begin, DType::f32, Device::cuda, {length});
+      immediate += ops::sum_squares(part);
+      CHECK(ops::sum_squares(part, &squares) == 0.0);
+    }
+    CHECK(immediate > 0.0);
+    CHECK(squares.take() == immediate);
+  }
+  // A loss sum in host memory for device losses is refused.
+  ops::DeviceSum host_sum(Device::cpu);
+  Vec logits(2 * 4, 0.5f);
+  const DeviceArray<float> d_logits(logits), d_losses(Vec(2, 0.0f));
+  const DeviceArray<std::int32_t> d_targets(std::vector<std::int32_t>{0, 1});
+  CHECK_THROWS_AS(ops::fused_classifier(d_logits.tensor({2, 4}), d_losses.tensor({2}), d_targets.tensor({2}), 1.0f,
+                                        &host_sum),
+                  RuntimeError);
+}

@@ -9,6 +9,7 @@
 
 #include "catch_compat.h"
 #include "checkpoint/safetensors.h"
+#include "core/bf16.h"
 #include "model/gpt2.h"
 #include "model/llama.h"
 #include "train/adamw.h"
@@ -307,4 +308,56 @@ TEST_CASE("convert rounds to the nearest bf16, ties to even", "[ops][bf16]") {
   CHECK(back[2] == 1.0f + 0x1p-6f);
   CHECK(back[3] == -2.5f);
   CHECK(back[4] == 0x1p-133f);  // 1e-40 = 1.09 x 2^-133, a float subnormal: bf16 keeps multiples of 2^-133
+}
+
+TEST_CASE("mixed precision: the optimizer writes the bf16 working copy, and forward sees params() writes",
+          "[model][optim][bf16]") {
+  const Golden g("gpt2");
+  const auto f32_model = g.make_model();
+  const auto make_bf16 = [&] {
+    auto m = model::make_model(g.config.model, Device::cpu, model::Recompute::none, DType::bf16);
+    ops::copy(m->params(), f32_model->params());
+    return m;
+  };
+  const auto owner = make_bf16(), twin_owner = make_bf16();
+  model::Model &m = *owner, &twin = *twin_owner;
+  const std::int64_t P = m.num_params();
+  const double n = double(g.B) * g.T;
+  const auto loss_of = [&](model::Model& model) {
+    return model.forward(g.inputs.data(), g.targets.data(), g.B, g.T, 0.0f);
+  };
+  train::AdamW optimizer({{0, P, 0}});
+  for (std::int64_t step = 1; step <= 3; ++step) {
+    m.zero_grads();
+    m.forward(g.inputs.data(), g.targets.data(), g.B, g.T, float(1.0 / n));
+    m.backward();
+    const double norm = std::sqrt(ops::sum_squares(m.grads()));
+    optimizer.update(m.param_infos(), m.params(), m.grads(), norm, g.config.optim, g.config.train.grad_clip,
+                     g.config.optim.lr, step, m.working_weights());
+    m.working_weights_written();
+    // The next forward uses the copy as the optimizer left it: the loss of a model that converts
+    // the same master weights afresh.
+    const double loss = loss_of(m);
+    ops::copy(twin.params(), m.params());
+    CAPTURE(step);
+    CHECK(loss == loss_of(twin));
+  }
+  // Every element of the copy is its master weight rounded to nearest even.
+  const Tensor working = m.working_weights();
+  REQUIRE(working.numel() == P);
+  std::int64_t wrong = 0;
+  for (std::int64_t i = 0; i < P; ++i) {
+    wrong += working.as<std::uint16_t>()[i] != float_to_bf16_bits(m.params().as<float>()[i]);
+  }
+  CHECK(wrong == 0);
+  // A write through params() (a load, a copy) is seen by the next forward without being announced.
+  const double before = loss_of(m);
+  float* w = m.params().as<float>();
+  for (std::int64_t i = 0; i < P; ++i) w[i] *= 0.5f;
+  const double after = loss_of(m);
+  ops::copy(twin.params(), m.params());
+  CHECK(after != before);
+  CHECK(after == loss_of(twin));
+  // An f32 model has no working copy.
+  CHECK(f32_model->working_weights().data == nullptr);
 }

@@ -299,7 +299,7 @@ double Gpt2::forward(const std::int32_t* inputs, const std::int32_t* targets, in
   ensure_acts(B, T);
   prepare_weights();
   const std::int64_t C = config_.d_model;
-  ops::copy(a_.inputs, Tensor(const_cast<std::int32_t*>(inputs), DType::i32, Device::cpu, {B, T}));
+  inputs_upload_.upload(a_.inputs, Tensor(const_cast<std::int32_t*>(inputs), DType::i32, Device::cpu, {B, T}));
   notify(UnitEvent::forward_begins);
   if (first_stage()) {  // a later pipeline stage's input is the previous stage's output (stage_io)
     const Tensor embedded = sequence_parallel() ? a_.full_out : a_.encoded;
@@ -317,7 +317,8 @@ double Gpt2::forward(const std::int32_t* inputs, const std::int32_t* targets, in
   ops::layernorm_forward(a_.lnf, a_.lnf_mean, a_.lnf_rstd, last, p_.lnf_w, p_.lnf_b);
   ops::matmul_forward(a_.logits, gathered(a_.lnf, a_.lnf_full), p_.wte, Tensor());  // tied embeddings
   if (!targets) return 0.0;
-  ops::copy(a_.targets, Tensor(const_cast<std::int32_t*>(targets), DType::i32, Device::cpu, {a_.targets.shape[0]}));
+  targets_upload_.upload(a_.targets,
+                         Tensor(const_cast<std::int32_t*>(targets), DType::i32, Device::cpu, {a_.targets.shape[0]}));
   return classify(a_.logits, a_.losses, a_.targets, dloss_scale);
 }
 

@@ -337,7 +337,7 @@ void Llama::forward_layer(std::size_t l) {
 double Llama::forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T, float dloss_scale) {
   ensure_acts(B, T);
   prepare_weights();
-  ops::copy(a_.inputs, Tensor(const_cast<std::int32_t*>(inputs), DType::i32, Device::cpu, {B, T}));
+  inputs_upload_.upload(a_.inputs, Tensor(const_cast<std::int32_t*>(inputs), DType::i32, Device::cpu, {B, T}));
   notify(UnitEvent::forward_begins);
   if (first_stage()) {  // a later pipeline stage's input is the previous stage's output (stage_io)
     const Tensor embedded = sequence_parallel() ? a_.full_out : a_.encoded;
@@ -355,7 +355,8 @@ double Llama::forward(const std::int32_t* inputs, const std::int32_t* targets, i
   ops::rmsnorm_forward(a_.lnf, a_.rstdf, last, p_.norm, float(config_.norm_eps));
   ops::matmul_forward(a_.logits, gathered(a_.lnf, a_.lnf_full), p_.head, Tensor());
   if (!targets) return 0.0;
-  ops::copy(a_.targets, Tensor(const_cast<std::int32_t*>(targets), DType::i32, Device::cpu, {a_.targets.shape[0]}));
+  targets_upload_.upload(a_.targets,
+                         Tensor(const_cast<std::int32_t*>(targets), DType::i32, Device::cpu, {a_.targets.shape[0]}));
   return classify(a_.logits, a_.losses, a_.targets, dloss_scale);
 }
 

@@ -210,7 +210,7 @@ void Model::embed(const Tensor& out, const std::int32_t* inputs, const Tensor& d
   }
   const Tensor ids(static_cast<std::int32_t*>(vocab_ids_.data()) + slot_ * n, DType::i32, device_,
                    {device_inputs.shape[0], device_inputs.shape[1]});
-  ops::copy(ids, Tensor(host_ids_.data(), DType::i32, Device::cpu, {device_inputs.shape[0], device_inputs.shape[1]}));
+  ids_upload_.upload(ids, Tensor(host_ids_.data(), DType::i32, Device::cpu, {device_inputs.shape[0], device_inputs.shape[1]}));
   ops::encoder_forward(out, ids, vocab_table_.view(compute_, {rows + 1, C}), bias_once(wpe));
 }
 
@@ -272,8 +272,16 @@ void Model::embed_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor&
   ops::residual_forward(flat_dwte, flat_dwte, mine);  // dwte += (in place)
 }
 
+void Model::defer_loss(bool deferred) {
+  if (deferred && !loss_sum_) loss_sum_ = std::make_unique<ops::DeviceSum>(device_);
+  loss_deferred_ = deferred;
+}
+
+double Model::take_loss_sum() { return loss_sum_ ? loss_sum_->take() : 0.0; }
+
 double Model::classify(const Tensor& logits, const Tensor& losses, const Tensor& targets, float dlogits_scale) {
-  if (layout_.tensor_size == 1) return ops::fused_classifier(logits, losses, targets, dlogits_scale);
+  ops::DeviceSum* const sum = loss_deferred_ ? loss_sum_.get() : nullptr;
+  if (layout_.tensor_size == 1) return ops::fused_classifier(logits, losses, targets, dlogits_scale, sum);
   const std::int64_t n = logits.shape[0];
   if (classifier_stats_.bytes() < std::size_t(3 * n) * sizeof(float)) {
     classifier_stats_ = ops::Buffer(device_, std::size_t(3 * n) * sizeof(float));
@@ -287,7 +295,7 @@ double Model::classify(const Tensor& logits, const Tensor& losses, const Tensor&
   ops::classifier_row_stats(sum_exp, target_logit, logits, row_max, targets, vocab_begin());
   tensor_group_->all_reduce_sum(sums);
   return ops::classifier_parallel_finish(logits, losses, row_max, sum_exp, target_logit, targets, vocab_begin(),
-                                         dlogits_scale);
+                                         dlogits_scale, sum);
 }
 
 void Model::set_unit_storage(std::size_t u, void* weights, float* grads) {
@@ -298,7 +306,9 @@ void Model::set_unit_storage(std::size_t u, void* weights, float* grads) {
 }
 
 void Model::prepare_weights() {
-  if (compute_ == DType::bf16 && !sharded_) ops::convert(working_.view(DType::bf16, {num_params_}), params());
+  if (compute_ != DType::bf16 || sharded_ || working_current_) return;
+  ops::convert(working_.view(DType::bf16, {num_params_}), params_.view(DType::f32, {num_params_}));
+  working_current_ = true;
 }
 
 Tensor Model::as_f32(const Tensor& t, ops::Buffer& scratch) const {
@@ -331,6 +341,7 @@ Tensor shaped(void* data, DType dtype, Device device, const std::vector<std::int
 }  // namespace
 
 Tensor Model::param(const ParamInfo& info) const {
+  working_current_ = false;  // the caller may write it (see params())
   float* base = static_cast<float*>(params_.data());
   return shaped(base ? base + info.offset : nullptr, DType::f32, device_, info.shape);
 }

@@ -189,7 +189,20 @@ class Model {
   virtual std::string tied_embedding() const = 0;
   std::int64_t num_params() const { return num_params_; }
 
-  Tensor params() const { return params_.view(DType::f32, {num_params_}); }  // (P,) f32 master weights
+  /// (P,) f32 master weights. Whoever takes them may write them: the bf16 working copy is then
+  /// converted again before the next forward (unless working_weights_written() says otherwise).
+  Tensor params() const {
+    working_current_ = false;
+    return params_.view(DType::f32, {num_params_});
+  }
+  /// Mixed precision on a model that owns its buffers: the (P,) bf16 working copy forward and
+  /// backward read, for the optimizer to write as it updates params(); else empty.
+  Tensor working_weights() const {
+    return working_.data() ? working_.view(DType::bf16, {num_params_}) : Tensor();
+  }
+  /// The optimizer has just written working_weights() from the updated params() (all of them):
+  /// the next forward need not convert them again. Any later params() or param() call undoes it.
+  void working_weights_written() { working_current_ = true; }
   Tensor grads() const { return grads_.view(DType::f32, {num_params_}); }    // (P,) f32
 
   const Layout& layout() const { return layout_; }
@@ -232,6 +245,12 @@ class Model {
 
   /// (B,T,V) f32 logits of the last forward without dloss_scale.
   virtual Tensor logits() = 0;
+
+  /// Training: while deferred, forward adds each micro-batch's loss sum into a sum kept on the
+  /// model's device and returns 0, so that no micro-step waits for the GPU to finish its forward;
+  /// take_loss_sum() reads it (waiting, once per update) and starts it again from 0.
+  void defer_loss(bool deferred);
+  double take_loss_sum();
 
   /// Pipeline parallelism: the forward passes whose backward has not run yet keep their
   /// activations in slots of their own (one by default); forward and backward use the selected one.
@@ -291,8 +310,9 @@ class Model {
   /// with grads, its f32 gradient.
   Tensor weight(const ParamInfo& info) const;
   Tensor param_named(const std::string& name, bool grads) const;
-  /// Mixed precision: refreshes the bf16 working copy from the master weights. Forward passes
-  /// call it first, so that updates, loads and copies into params() are always seen.
+  /// Mixed precision: refreshes the bf16 working copy from the master weights unless it is
+  /// current. Forward passes call it first, so that updates, loads and copies into params() are
+  /// always seen.
   void prepare_weights();
   // Tensor parallelism (layout().tensor_size > 1); each is the one-rank computation without it.
   int tensor_size() const { return layout_.tensor_size; }
@@ -397,6 +417,8 @@ class Model {
   void init_normal(const ParamInfo& info, std::uint64_t seed, float std);
   void init_constant(const ParamInfo& info, float value);
 
+  /// A micro-batch's tokens and targets go to the device without the host waiting for it.
+  ops::Uploader inputs_upload_, targets_upload_;
   config::ModelConfig config_;
   Device device_;
   DType compute_;
@@ -411,6 +433,9 @@ class Model {
   std::int64_t logical_params_ = 0;
   bool sharded_ = false;
   ops::Buffer params_, grads_, working_;  // working_: bf16 weights in mixed precision
+  // Whether working_ holds params_ rounded: once per update, not once per micro-step (a
+  // conversion of every weight per forward, gradient accumulation or not).
+  mutable bool working_current_ = false;
   std::vector<Unit> units_;
   std::vector<void*> unit_weights_;  // where each unit's weights (compute dtype) start
   std::vector<float*> unit_grads_;   // and its gradients
@@ -427,6 +452,9 @@ class Model {
   // classifier's per-row statistics.
   ops::Buffer vocab_table_, vocab_table_grad_, vocab_ids_, classifier_stats_, norm_grads_;
   std::vector<std::int32_t> host_ids_;
+  ops::Uploader ids_upload_;
+  std::unique_ptr<ops::DeviceSum> loss_sum_;  // the deferred loss sum (defer_loss), made on first use
+  bool loss_deferred_ = false;
 };
 
 /// The model of config.arch (model::arch_spec), its parameters allocated and uninitialised;

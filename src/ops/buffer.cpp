@@ -161,6 +161,40 @@ void copy(const Tensor& dst, const Tensor& src) {
 #endif
 }
 
+Uploader::~Uploader() {
+#if LLMTRAIN_HAVE_CUDA
+  for (void*& event : events_) {
+    if (!event) continue;
+    try {
+      cuda::event_wait(event);  // the staging buffer is freed below: its copy must be done
+    } catch (...) {
+    }
+    cuda::event_destroy(event);
+  }
+#endif
+}
+
+void Uploader::upload(const Tensor& dst, const Tensor& src) {
+  if (dst.dtype != src.dtype || dst.numel() != src.numel() || src.device != Device::cpu) {
+    throw RuntimeError("ops::Uploader: " + dst.describe() + " <- " + src.describe());
+  }
+  if (dst.device == Device::cpu) return copy(dst, src);
+#if LLMTRAIN_HAVE_CUDA
+  const std::size_t n = src.bytes();
+  const int k = next_;
+  next_ = (next_ + 1) % ring;
+  if (!events_[k]) events_[k] = cuda::event_create();
+  cuda::event_wait(events_[k]);  // the buffer's previous copy (long done, unless the host is far ahead)
+  if (staging_[k].bytes() < n) staging_[k] = Buffer::host_staging(n);
+  if (!staging_[k].pinned()) return copy(dst, src);  // no page-locked memory: the waiting copy
+  std::memcpy(staging_[k].data(), src.data, n);
+  cuda::copy_to_device_async(dst.data, staging_[k].data(), n);
+  cuda::event_record(events_[k]);
+#else
+  no_cuda();
+#endif
+}
+
 int use_cuda_device(int local_rank) {
 #if LLMTRAIN_HAVE_CUDA
   return cuda::use_device_for_local_rank(local_rank);

@@ -58,6 +58,27 @@ void release_pages(const void* data, std::size_t bytes);
 /// dst = src, between any two devices; same dtype and element count.
 void copy(const Tensor& dst, const Tensor& src);
 
+/// Copies of small host arrays (a micro-batch's tokens) to the device that return without
+/// waiting for the device, so that the host can queue the next micro-step's kernels while the
+/// GPU still runs this one's: ops::copy from the host waits for the whole stream. Each copy goes
+/// through one of two page-locked staging buffers, rewritten only once the device has read what
+/// it held (an event recorded after each copy): the host runs at most two copies ahead.
+class Uploader {
+ public:
+  Uploader() = default;
+  ~Uploader();
+  Uploader(const Uploader&) = delete;
+  Uploader& operator=(const Uploader&) = delete;
+  /// dst = src (host memory), as copy(); src may be reused as soon as this returns.
+  void upload(const Tensor& dst, const Tensor& src);
+
+ private:
+  static constexpr int ring = 2;
+  Buffer staging_[ring];
+  void* events_[ring] = {};  // each staging buffer's last copy (CUDA events)
+  int next_ = 0;
+};
+
 /// Binds this process to GPU (local_rank mod the number of GPUs) before any CUDA work; returns
 /// its index. RuntimeError in a build without CUDA.
 int use_cuda_device(int local_rank);

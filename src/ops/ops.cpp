@@ -2,10 +2,12 @@
 // the right device, in the right precision).
 #include "ops/ops.h"
 
+#include <algorithm>
 #include <array>
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "core/bf16.h"
 #include "ops/cpu/reference.h"
@@ -345,17 +347,37 @@ void rope_backward(const Tensor& dinp, const Tensor& dout, float theta, int rota
   });
 }
 
-double fused_classifier(const Tensor& logits, const Tensor& losses, const Tensor& targets, float dlogits_scale) {
+DeviceSum::DeviceSum(Device device) : buffer_(device, sizeof(double)) { zero(buffer_.view(DType::u16, {4})); }
+
+double DeviceSum::take() {
+  double value = 0.0;
+  copy(Tensor(&value, DType::u16, Device::cpu, {4}), buffer_.view(DType::u16, {4}));
+  zero(buffer_.view(DType::u16, {4}));
+  return value;
+}
+
+namespace {
+/// The sum's memory, checked to be on the summed tensor's device (null without one).
+double* sum_on(const Op& op, DeviceSum* sum, const Tensor& summed) {
+  if (!sum) return nullptr;
+  if (sum->device() != summed.device) op.fail("the sum is on another device than the tensor summed");
+  return sum->data();
+}
+}  // namespace
+
+double fused_classifier(const Tensor& logits, const Tensor& losses, const Tensor& targets, float dlogits_scale,
+                        DeviceSum* loss_sum) {
   const Op op("fused_classifier");
   const auto N = logits.shape[0], V = logits.shape[1];
   const DType act = op.activation(logits);
   op.expect("logits", logits, act, {N, V});
   op.expect("losses", losses, DType::f32, {N});
   op.expect("targets", targets, DType::i32, {N});
+  double* const sum = sum_on(op, loss_sum, losses);
   // The logits are overwritten by their gradient only when dlogits_scale > 0.
   return op.run(LLMTRAIN_KERNELS(fused_classifier), act, [&](auto v) {
     return std::tuple(dlogits_scale > 0 ? v.out(logits) : v.in(logits), v.f32(losses), v.i32(targets), N,
-                      as_int(V), dlogits_scale);
+                      as_int(V), dlogits_scale, sum);
   });
 }
 
@@ -400,23 +422,26 @@ void classifier_row_stats(const Tensor& sum_exp, const Tensor& target_logit, con
 
 double classifier_parallel_finish(const Tensor& logits, const Tensor& losses, const Tensor& row_max,
                                   const Tensor& sum_exp, const Tensor& target_logit, const Tensor& targets,
-                                  std::int64_t vocab_begin, float dlogits_scale) {
+                                  std::int64_t vocab_begin, float dlogits_scale, DeviceSum* loss_sum) {
   const Op op("classifier_parallel_finish");
   const auto [N, V, act] = local_logits_checks(
       op, logits,
       {{"losses", &losses}, {"row_max", &row_max}, {"sum_exp", &sum_exp}, {"target_logit", &target_logit}},
       &targets, vocab_begin);
+  double* const sum = sum_on(op, loss_sum, losses);
   // The logits are overwritten by their gradient only when dlogits_scale > 0.
   return op.run(LLMTRAIN_KERNELS(classifier_parallel_finish), act, [&](auto v) {
     return std::tuple(dlogits_scale > 0 ? v.out(logits) : v.in(logits), v.f32(losses), v.f32(row_max),
-                      v.f32(sum_exp), v.f32(target_logit), v.i32(targets), N, V, vocab_begin, dlogits_scale);
+                      v.f32(sum_exp), v.f32(target_logit), v.i32(targets), N, V, vocab_begin, dlogits_scale, sum);
   });
 }
 
-double sum_squares(const Tensor& x) {
+double sum_squares(const Tensor& x, DeviceSum* into) {
   const Op op("sum_squares");
   const DType act = op.expect_same_size({&x}, /*f32_only=*/true);
-  return op.run(LLMTRAIN_KERNELS(sum_squares), act, [&](auto v) { return std::tuple(v.f32(x), x.numel()); });
+  double* const sum = sum_on(op, into, x);
+  return op.run(LLMTRAIN_KERNELS(sum_squares), act,
+                [&](auto v) { return std::tuple(v.f32(x), x.numel(), sum); });
 }
 
 void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWParams& p) {
@@ -426,6 +451,70 @@ void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, cons
     return std::tuple(view.f32(param), view.f32(grad), view.f32(m), view.f32(v), param.numel(), p.lr, p.beta1,
                       p.beta2, p.eps, p.weight_decay, p.step, p.grad_scale);
   });
+}
+
+AdamWPlan::AdamWPlan(const std::vector<AdamWRun>& runs, Device device) : device_(device) {
+  for (const AdamWRun& run : runs) {
+    if (run.offset < 0 || run.length < 0) throw RuntimeError("AdamWPlan: a run with a negative offset or length");
+    if (run.length == 0) continue;
+    runs_.push_back(run);
+    extent_ = std::max(extent_, run.offset + run.length);
+  }
+  if (device_ != Device::cuda) return;
+#if LLMTRAIN_HAVE_CUDA
+  std::vector<cuda::AdamWChunk> table;
+  for (const AdamWRun& run : runs_) {
+    for (std::int64_t at = 0; at < run.length; at += cuda::adamw_chunk_elements) {
+      const auto length = std::int32_t(std::min<std::int64_t>(cuda::adamw_chunk_elements, run.length - at));
+      table.push_back({run.offset + at, length, run.decay ? 1 : 0});
+    }
+  }
+  chunks_ = std::int64_t(table.size());
+  if (chunks_ == 0) return;
+  const std::size_t bytes = table.size() * sizeof(cuda::AdamWChunk);
+  table_ = Buffer(device_, bytes);
+  // As raw bytes (u16 pairs): Tensor has no dtype for the struct.
+  copy(table_.view(DType::u16, {std::int64_t(bytes / 2)}),
+       Tensor(table.data(), DType::u16, Device::cpu, {std::int64_t(bytes / 2)}));
+#else
+  throw RuntimeError("AdamWPlan: this build has no CUDA backend");
+#endif
+}
+
+void adamw_update_runs(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                       const Tensor& working, const AdamWPlan& plan, const AdamWParams& p) {
+  const Op op("adamw_update_runs");
+  op.expect_same_size({&param, &grad, &m, &v}, /*f32_only=*/true);
+  const std::int64_t N = param.numel();
+  if (plan.extent() > N) {
+    op.fail("the plan's runs reach element " + std::to_string(plan.extent()) + ", the arrays hold " +
+            std::to_string(N));
+  }
+  if (working.data && (working.dtype != DType::bf16 || working.numel() != N)) {
+    op.fail("expected a bf16 working copy of " + std::to_string(N) + " elements, got " + working.describe());
+  }
+  const bool on_gpu = working.data ? op.on_cuda({&param, &grad, &m, &v, &working}) : op.on_cuda({&param, &grad, &m, &v});
+  if (on_gpu != (plan.device() == Device::cuda)) op.fail("the plan was laid out for another device than the arrays'");
+  if (on_gpu) {
+#if LLMTRAIN_HAVE_CUDA
+    return cuda::adamw_update_chunks(param.as<float>(), grad.as<float>(), m.as<float>(), v.as<float>(),
+                                     working.data ? working.as<cuda::bf16>() : nullptr,
+                                     static_cast<const cuda::AdamWChunk*>(plan.chunk_table()), plan.chunks(), p.lr,
+                                     p.beta1, p.beta2, p.eps, p.weight_decay, p.step, p.grad_scale,
+                                     cuda::compute_stream());
+#endif
+  }
+  // The CPU reference: adamw_update on each run, then the rounding convert does.
+  for (const AdamWRun& run : plan.runs()) {
+    const std::int64_t at = run.offset;
+    cpu::adamw_update(param.as<float>() + at, grad.as<float>() + at, m.as<float>() + at, v.as<float>() + at,
+                      run.length, p.lr, p.beta1, p.beta2, p.eps, run.decay ? p.weight_decay : 0.0f, p.step,
+                      p.grad_scale);
+    if (!working.data) continue;
+    const float* x = param.as<float>() + at;
+    std::uint16_t* bits = working.as<std::uint16_t>() + at;
+    for (std::int64_t i = 0; i < run.length; ++i) bits[i] = float_to_bf16_bits(x[i]);
+  }
 }
 
 void convert(const Tensor& out, const Tensor& in) {

@@ -13,8 +13,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
+#include "ops/buffer.h"
 #include "ops/elementwise.h"
 
 namespace llmtrain::ops {
@@ -100,9 +102,27 @@ void rope_backward(const Tensor& dinp, const Tensor& dout, float theta, int rota
 #include "ops/elementwise.def"
 #undef LLMTRAIN_ELEMENTWISE
 
+/// A sum kept where the summed tensors are (a double in device memory on a GPU), so that ops can
+/// add into it without the host waiting for each (the losses of an update's micro-steps, the
+/// parts of a gradient norm): take() waits, once.
+class DeviceSum {
+ public:
+  explicit DeviceSum(Device device);
+  Device device() const { return buffer_.device(); }
+  double* data() const { return static_cast<double*>(buffer_.data()); }
+  /// The sum so far (waiting for the device), and starts again from 0.
+  double take();
+
+ private:
+  Buffer buffer_;
+};
+
 /// Softmax cross-entropy over logits (N,V) against targets (N) i32 -> losses (N); with
-/// dlogits_scale > 0 the logits become their gradient times that scale. Returns the loss sum.
-double fused_classifier(const Tensor& logits, const Tensor& losses, const Tensor& targets, float dlogits_scale);
+/// dlogits_scale > 0 the logits become their gradient times that scale. Returns the loss sum
+/// (on a GPU, waiting for it); or, given `loss_sum` (a DeviceSum on the logits' device), adds the
+/// sum there without waiting and returns 0.
+double fused_classifier(const Tensor& logits, const Tensor& losses, const Tensor& targets, float dlogits_scale,
+                        DeviceSum* loss_sum = nullptr);
 
 /// fused_classifier with the vocabulary split over the ranks of a tensor group: logits (N,Vl)
 /// are columns [vocab_begin, vocab_begin + Vl) of the vocabulary, f32 or bf16; row_max, sum_exp,
@@ -118,16 +138,17 @@ void classifier_row_stats(const Tensor& sum_exp, const Tensor& target_logit, con
                           const Tensor& row_max, const Tensor& targets, std::int64_t vocab_begin);
 /// 3. losses = log(sum_exp) + row_max - target_logit (global statistics); with dlogits_scale > 0
 ///    the local logits become their gradient (softmax - onehot) times that scale. Returns the loss
-///    sum, the same on every rank.
+///    sum, the same on every rank, or adds it into `loss_sum` as fused_classifier.
 double classifier_parallel_finish(const Tensor& logits, const Tensor& losses, const Tensor& row_max,
                                   const Tensor& sum_exp, const Tensor& target_logit, const Tensor& targets,
-                                  std::int64_t vocab_begin, float dlogits_scale);
+                                  std::int64_t vocab_begin, float dlogits_scale, DeviceSum* loss_sum = nullptr);
 
 /// out = in, converting f32 -> bf16 (round to nearest even) or bf16 -> f32; same element count.
 void convert(const Tensor& out, const Tensor& in);
 
-/// Sum of squares of all elements (for the global gradient norm), in double.
-double sum_squares(const Tensor& x);
+/// Sum of squares of all elements (for the global gradient norm), in double; or, given `into`
+/// (on x's device), added there without waiting, returning 0.
+double sum_squares(const Tensor& x, DeviceSum* into = nullptr);
 
 struct AdamWParams {
   float lr, beta1, beta2, eps, weight_decay;
@@ -136,5 +157,39 @@ struct AdamWParams {
 };
 /// One AdamW step on param with grad, m, v (all the same size, f32).
 void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWParams& p);
+
+/// A run of elements [offset, offset + length) of the arrays an AdamW update covers.
+struct AdamWRun {
+  std::int64_t offset = 0, length = 0;
+  bool decay = false;  // weight decay applies (2-D parameters)
+};
+/// The runs of a multi-tensor AdamW update, laid out once for the device that runs them: on a GPU
+/// a table of work chunks (one thread block each) in device memory, so that every update is one
+/// launch with no host-to-device copy.
+class AdamWPlan {
+ public:
+  AdamWPlan() = default;
+  /// Runs must not overlap; empty ones are dropped.
+  AdamWPlan(const std::vector<AdamWRun>& runs, Device device);
+  const std::vector<AdamWRun>& runs() const { return runs_; }
+  Device device() const { return device_; }
+  /// One past the last element any run covers: the arrays must hold at least this many.
+  std::int64_t extent() const { return extent_; }
+  std::int64_t chunks() const { return chunks_; }
+  const void* chunk_table() const { return table_.data(); }  // device memory (CUDA plans)
+
+ private:
+  std::vector<AdamWRun> runs_;
+  Device device_ = Device::cpu;
+  std::int64_t extent_ = 0, chunks_ = 0;
+  Buffer table_;
+};
+/// One AdamW step on every run of `plan` at once (one kernel launch on the GPU): param, grad, m,
+/// v (N,) f32 as adamw_update on each run, with p.weight_decay on the decayed runs and none on
+/// the others. `working` (N,) bf16, when it has data, receives the updated weights of the runs
+/// rounded to bf16 (to nearest even, as convert), in the same pass: the working copy of mixed
+/// precision. Elements outside the runs are not touched.
+void adamw_update_runs(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                       const Tensor& working, const AdamWPlan& plan, const AdamWParams& p);
 
 }  // namespace llmtrain::ops

@@ -29,23 +29,31 @@ AdamW::AdamW(std::vector<Piece> pieces, Device device)
 
 void AdamW::update(const std::vector<model::ParamInfo>& infos, const Tensor& params, const Tensor& grads,
                    double grad_norm, const config::OptimConfig& optim, double grad_clip, double lr,
-                   std::int64_t step) {
+                   std::int64_t step, const Tensor& working) {
   const double scale = grad_clip > 0 && grad_norm > grad_clip ? grad_clip / (grad_norm + 1e-6) : 1.0;
-  const Device device = params.device;
-  for (const Piece& piece : pieces_) {
-    // Each parameter's part inside the piece: one call, with or without weight decay.
-    for (const auto& info : infos) {
-      const std::int64_t lo = std::max(info.offset, piece.begin), hi = std::min(info.offset + info.numel, piece.end);
-      if (lo >= hi) continue;
-      const std::int64_t at = piece.local + (lo - piece.begin);
-      const auto view = [&](const Tensor& local) {
-        return Tensor(local.as<float>() + at, DType::f32, device, {hi - lo});
-      };
-      ops::adamw_update(view(params), view(grads), view(m()), view(v()),
-                        {float(lr), float(optim.beta1), float(optim.beta2), float(optim.eps),
-                         info.decay ? float(optim.weight_decay) : 0.0f, int(step), float(scale)});
+  if (!planned_) {
+    // Each parameter's part inside each piece, at its place in the local arrays; neighbours alike
+    // in weight decay merge into one run (a layer's 2-D weights and its biases alternate).
+    std::vector<ops::AdamWRun> runs;
+    for (const Piece& piece : pieces_) {
+      for (const auto& info : infos) {
+        const std::int64_t lo = std::max(info.offset, piece.begin), hi = std::min(info.offset + info.numel, piece.end);
+        if (lo >= hi) continue;
+        const std::int64_t at = piece.local + (lo - piece.begin);
+        if (!runs.empty() && runs.back().decay == info.decay && runs.back().offset + runs.back().length == at) {
+          runs.back().length += hi - lo;
+        } else {
+          runs.push_back({at, hi - lo, info.decay});
+        }
+      }
     }
+    plan_ = ops::AdamWPlan(runs, params.device);
+    planned_ = true;
   }
+  if (plan_.runs().empty()) return;  // nothing of the model on this rank
+  ops::adamw_update_runs(params, grads, m(), v(), working, plan_,
+                         {float(lr), float(optim.beta1), float(optim.beta2), float(optim.eps),
+                          float(optim.weight_decay), int(step), float(scale)});
 }
 
 }  // namespace llmtrain::train

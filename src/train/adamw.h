@@ -9,6 +9,7 @@
 #include "config/config.h"
 #include "model/model.h"
 #include "ops/buffer.h"
+#include "ops/ops.h"
 
 namespace llmtrain::train {
 
@@ -27,9 +28,12 @@ class AdamW {
   /// One AdamW step `step` (1-based) at learning rate `lr`: `params` and `grads` are the local
   /// arrays (size(),) f32 on the model's device; the gradients are scaled so the global norm
   /// `grad_norm` is at most `grad_clip` (0: no clipping). Weight decay only on 2-D parameters
-  /// (`infos` says which flat elements are which).
+  /// (`infos` says which flat elements are which; the same every call). `working` (size(),) bf16,
+  /// when it has data, receives the updated weights rounded to bf16 in the same pass (the model's
+  /// working copy under mixed precision). One kernel launch on the GPU for the whole update.
   void update(const std::vector<model::ParamInfo>& infos, const Tensor& params, const Tensor& grads,
-              double grad_norm, const config::OptimConfig& optim, double grad_clip, double lr, std::int64_t step);
+              double grad_norm, const config::OptimConfig& optim, double grad_clip, double lr, std::int64_t step,
+              const Tensor& working = {});
 
   const std::vector<Piece>& pieces() const { return pieces_; }
   std::int64_t size() const { return size_; }
@@ -40,6 +44,9 @@ class AdamW {
   std::vector<Piece> pieces_;
   std::int64_t size_ = 0;
   ops::Buffer m_, v_;
+  // The runs of the local arrays with and without weight decay, laid out on the first update.
+  ops::AdamWPlan plan_;
+  bool planned_ = false;
 };
 
 }  // namespace llmtrain::train

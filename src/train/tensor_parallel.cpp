@@ -90,16 +90,18 @@ std::vector<checkpoint::FlatRange> norm_ranges(const model::Model& model) {
 
 double sum_squares_in(const Tensor& local, const std::vector<Piece>& pieces,
                       const std::vector<checkpoint::FlatRange>& counted) {
-  double sum = 0.0;
+  // Every range adds into one sum on the device, read once (not one wait per parameter).
+  ops::DeviceSum sum(local.device);
   for (const Piece& piece : pieces) {
     for (const auto& range : counted) {
       const std::int64_t lo = std::max(piece.begin, range.begin), hi = std::min(piece.end, range.end);
       if (lo >= hi) continue;
-      sum += ops::sum_squares(Tensor(local.as<float>() + piece.local + (lo - piece.begin), DType::f32, local.device,
-                                     {hi - lo}));
+      ops::sum_squares(Tensor(local.as<float>() + piece.local + (lo - piece.begin), DType::f32, local.device,
+                              {hi - lo}),
+                       &sum);
     }
   }
-  return sum;
+  return sum.take();
 }
 
 }  // namespace llmtrain::train

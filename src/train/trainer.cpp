@@ -284,6 +284,9 @@ StepResult Trainer::step(std::int64_t step) {
   }
   double loss_sum = 0.0;
   double waited = 0.0;
+  // The micro-steps' losses add up on the model's device and are read once, after the last
+  // one: a micro-step never waits for the GPU to finish its forward pass.
+  model_->defer_loss(true);
   if (stages_ > 1) {
     loss_sum = run_pipeline(waited);
   }
@@ -298,6 +301,8 @@ StepResult Trainer::step(std::int64_t step) {
     }
     sampler_state_ = batch.after;
   }
+  loss_sum += model_->take_loss_sum();
+  model_->defer_loss(false);
   StepResult result;
   if (stages_ > 1) {
     pipeline_comm_.all_reduce_sum(&loss_sum, 1);  // the last stage's
@@ -326,9 +331,15 @@ StepResult Trainer::step(std::int64_t step) {
   } else {
     const Tensor mine(model_->params().as<float>() + sync_->begin(), DType::f32, device_,
                       {sync_->end() - sync_->begin()});
+    // Mixed precision: when this rank updates every weight, the optimizer writes the bf16 working
+    // copy in the same pass; a ZeRO 1/2 shard's update leaves the rest to the all-gather, and the
+    // next forward converts all of it (once per update either way, not once per micro-step).
+    const bool updates_all = sync_->begin() == 0 && sync_->end() == model_->num_params();
+    const Tensor working = updates_all ? model_->working_weights() : Tensor();
     optimizer_->update(model_->param_infos(), mine, sync_->grads(), result.grad_norm, config_.optim, tc.grad_clip,
-                       result.lr, step);
+                       result.lr, step, working);
     sync_->gather_params(model_->params().as<float>());
+    if (working.data) model_->working_weights_written();
     // Replicas of one part of the model (the ranks of a data-parallel group) can drift apart;
     // shards have nothing to compare.
     const auto every = config_.dist.replica_check_every;

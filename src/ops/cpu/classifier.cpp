@@ -20,7 +20,7 @@ void write_dlogits(float* row, int V, float max_logit, double log_sum, std::int6
 }  // namespace
 
 double fused_classifier(float* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
-                        float dlogits_scale) {
+                        float dlogits_scale, double* loss_sum) {
 #pragma omp parallel for if (worth_threads(N * V * 20))
   for (std::int64_t i = 0; i < N; ++i) {
     float* row = logits + i * V;
@@ -35,6 +35,10 @@ double fused_classifier(float* logits, float* losses, const std::int32_t* target
   }
   double total = 0.0;
   for (std::int64_t i = 0; i < N; ++i) total += losses[i];
+  if (loss_sum) {
+    *loss_sum += total;
+    return 0.0;
+  }
   return total;
 }
 
@@ -71,7 +75,7 @@ void classifier_row_stats(float* sum_exp, float* target_logit, const float* logi
 
 double classifier_parallel_finish(float* logits, float* losses, const float* row_max, const float* sum_exp,
                                   const float* target_logit, const std::int32_t* targets, std::int64_t N, int V,
-                                  std::int64_t vocab_begin, float dlogits_scale) {
+                                  std::int64_t vocab_begin, float dlogits_scale, double* loss_sum) {
   const bool gradient = dlogits_scale > 0.0f;
 #pragma omp parallel for if (worth_threads(gradient ? N * V * 20 : N * 20))
   for (std::int64_t i = 0; i < N; ++i) {
@@ -82,6 +86,10 @@ double classifier_parallel_finish(float* logits, float* losses, const float* row
   }
   double total = 0.0;
   for (std::int64_t i = 0; i < N; ++i) total += losses[i];
+  if (loss_sum) {
+    *loss_sum += total;
+    return 0.0;
+  }
   return total;
 }
 

@@ -6,7 +6,7 @@
 
 namespace llmtrain::cpu {
 
-double sum_squares(const float* x, std::int64_t N) {
+double sum_squares(const float* x, std::int64_t N, double* into) {
   // Fixed chunks summed in order: the same result for any thread count.
   constexpr std::int64_t chunk = 1 << 14;
   const std::int64_t chunks = (N + chunk - 1) / chunk;
@@ -20,6 +20,10 @@ double sum_squares(const float* x, std::int64_t N) {
   }
   double total = 0.0;
   for (const double p : partial) total += p;
+  if (into) {
+    *into += total;
+    return 0.0;
+  }
   return total;
 }
 

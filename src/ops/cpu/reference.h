@@ -92,9 +92,10 @@ void rope_backward(float* dinp, const float* dout, int B, int T, int H, int HS, 
 
 /// Softmax + cross-entropy over logits (N,V) in one pass: losses (N) = -log softmax(logits)[target].
 /// With `dlogits_scale` > 0 the logits are overwritten by their gradient, (softmax - onehot) *
-/// scale, so the probabilities are never stored. Returns the sum of the N losses.
+/// scale, so the probabilities are never stored. Returns the sum of the N losses; with loss_sum,
+/// adds it there instead and returns 0 (as the CUDA kernel does into device memory).
 double fused_classifier(float* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
-                        float dlogits_scale);
+                        float dlogits_scale, double* loss_sum);
 
 /// The same cross-entropy with the vocabulary split over ranks (a vocabulary-parallel output
 /// head): logits (N,V) hold columns [vocab_begin, vocab_begin + V) of the full vocabulary, and no
@@ -109,13 +110,15 @@ void classifier_row_stats(float* sum_exp, float* target_logit, const float* logi
                           const std::int32_t* targets, std::int64_t N, int V, std::int64_t vocab_begin);
 /// 3. losses (N) = log(sum_exp) + row_max - target_logit, from the global statistics; with
 ///    dlogits_scale > 0 the local logits become (softmax - onehot) * dlogits_scale, as
-///    fused_classifier's columns. Returns the sum of the N losses (the same on every rank).
+///    fused_classifier's columns. Returns the sum of the N losses (the same on every rank), or
+///    adds it into loss_sum, as fused_classifier.
 double classifier_parallel_finish(float* logits, float* losses, const float* row_max, const float* sum_exp,
                                   const float* target_logit, const std::int32_t* targets, std::int64_t N, int V,
-                                  std::int64_t vocab_begin, float dlogits_scale);
+                                  std::int64_t vocab_begin, float dlogits_scale, double* loss_sum);
 
 /// Sum of squares of x (N), accumulated in double in fixed-size chunks (deterministic).
-double sum_squares(const float* x, std::int64_t N);
+/// With `into`, adds the sum there and returns 0.
+double sum_squares(const float* x, std::int64_t N, double* into);
 
 /// AdamW on one parameter tensor (N): g = grad * grad_scale; m, v moment updates; bias-corrected
 /// step at `step` (1-based); decoupled weight decay param -= lr * weight_decay * param.

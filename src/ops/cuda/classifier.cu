@@ -5,7 +5,9 @@
 // memory: 2 reads + 1 write of the logits in all. 128-bit accesses when V % 4 == 0 and the
 // logits are aligned, scalar otherwise (GPT-2's V = 50257 is odd). The per-row losses are
 // summed in double by a deterministic two-pass reduction (reduce.cuh), and the sum is copied to
-// the host, which waits for the stream. A NaN logit makes its row's loss NaN, as on the CPU (the
+// the host, which waits for the stream; or, given a device double `loss_sum` (training), added
+// into it on the stream, so that a micro-step never waits for the GPU (the trainer reads the
+// update's sum once). A NaN logit makes its row's loss NaN, as on the CPU (the
 // trainer's NaN guard relies on it); a target outside [0, V) gives a NaN loss instead of a read
 // out of bounds. bf16 logits (mixed precision): the same kernel, 8 logits per 128-bit access
 // when V % 8 == 0; the softmax, the loss and the gradient in fp32, the gradient rounded once to
@@ -89,7 +91,7 @@ struct Identity {
 
 template <class Elem>
 double fused_classifier_dispatch(Elem* logits, float* losses, const std::int32_t* targets, std::int64_t N,
-                                 int V, float dlogits_scale, cudaStream_t stream) {
+                                 int V, float dlogits_scale, double* loss_sum, cudaStream_t stream) {
   if (N <= 0) return 0.0;
   if (N > INT32_MAX) throw RuntimeError("cuda::fused_classifier: more than 2^31 - 1 rows");
   if (V % vec_width<Elem> == 0 && aligned16({logits})) {
@@ -100,6 +102,10 @@ double fused_classifier_dispatch(Elem* logits, float* losses, const std::int32_t
         <<<unsigned(N), classifier_block, 0, stream>>>(logits, losses, targets, V, dlogits_scale);
   }
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
+  if (loss_sum) {
+    sum_into_device(loss_sum, losses, N, Identity{}, stream);
+    return 0.0;
+  }
   return sum_to_host(losses, N, Identity{}, stream);
 }
 
@@ -192,7 +198,7 @@ template <class Elem>
 double classifier_parallel_finish_dispatch(Elem* logits, float* losses, const float* row_max, const float* sum_exp,
                                            const float* target_logit, const std::int32_t* targets, std::int64_t N,
                                            int V, std::int64_t vocab_begin, float dlogits_scale,
-                                           cudaStream_t stream) {
+                                           double* loss_sum, cudaStream_t stream) {
   if (N <= 0) return 0.0;
   if (N > INT32_MAX) throw RuntimeError("cuda::classifier_parallel_finish: more than 2^31 - 1 rows");
   constexpr int block = 256;
@@ -209,19 +215,23 @@ double classifier_parallel_finish_dispatch(Elem* logits, float* losses, const fl
     }
     LLMTRAIN_CUDA_CHECK(cudaGetLastError());
   }
+  if (loss_sum) {
+    sum_into_device(loss_sum, losses, N, Identity{}, stream);
+    return 0.0;
+  }
   return sum_to_host(losses, N, Identity{}, stream);
 }
 
 }  // namespace
 
 double fused_classifier(float* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
-                        float dlogits_scale, cudaStream_t stream) {
-  return fused_classifier_dispatch(logits, losses, targets, N, V, dlogits_scale, stream);
+                        float dlogits_scale, double* loss_sum, cudaStream_t stream) {
+  return fused_classifier_dispatch(logits, losses, targets, N, V, dlogits_scale, loss_sum, stream);
 }
 
 double fused_classifier(bf16* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
-                        float dlogits_scale, cudaStream_t stream) {
-  return fused_classifier_dispatch(logits, losses, targets, N, V, dlogits_scale, stream);
+                        float dlogits_scale, double* loss_sum, cudaStream_t stream) {
+  return fused_classifier_dispatch(logits, losses, targets, N, V, dlogits_scale, loss_sum, stream);
 }
 
 void classifier_row_max(float* row_max, const float* logits, std::int64_t N, int V, cudaStream_t stream) {
@@ -244,15 +254,17 @@ void classifier_row_stats(float* sum_exp, float* target_logit, const bf16* logit
 
 double classifier_parallel_finish(float* logits, float* losses, const float* row_max, const float* sum_exp,
                                   const float* target_logit, const std::int32_t* targets, std::int64_t N, int V,
-                                  std::int64_t vocab_begin, float dlogits_scale, cudaStream_t stream) {
+                                  std::int64_t vocab_begin, float dlogits_scale, double* loss_sum,
+                                  cudaStream_t stream) {
   return classifier_parallel_finish_dispatch(logits, losses, row_max, sum_exp, target_logit, targets, N, V,
-                                             vocab_begin, dlogits_scale, stream);
+                                             vocab_begin, dlogits_scale, loss_sum, stream);
 }
 double classifier_parallel_finish(bf16* logits, float* losses, const float* row_max, const float* sum_exp,
                                   const float* target_logit, const std::int32_t* targets, std::int64_t N, int V,
-                                  std::int64_t vocab_begin, float dlogits_scale, cudaStream_t stream) {
+                                  std::int64_t vocab_begin, float dlogits_scale, double* loss_sum,
+                                  cudaStream_t stream) {
   return classifier_parallel_finish_dispatch(logits, losses, row_max, sum_exp, target_logit, targets, N, V,
-                                             vocab_begin, dlogits_scale, stream);
+                                             vocab_begin, dlogits_scale, loss_sum, stream);
 }
 
 }  // namespace llmtrain::cuda

@@ -102,9 +102,11 @@ void rope_backward(float* dinp, const float* dout, int B, int T, int H, int HS, 
 // src/ops/cuda/classifier.cu
 /// losses (N) = -log softmax(logits (N,V))[targets (N)]; with dlogits_scale > 0 the logits are
 /// overwritten by (softmax - onehot) * dlogits_scale. Returns the loss sum (synchronises the
-/// stream). A target outside [0, V) gives a NaN loss (the CPU reference reads out of bounds).
+/// stream); with loss_sum (a double in device memory) the sum is added there instead, on the
+/// stream, and 0 is returned. A target outside [0, V) gives a NaN loss (the CPU reference reads
+/// out of bounds).
 double fused_classifier(float* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
-                        float dlogits_scale, cudaStream_t stream);
+                        float dlogits_scale, double* loss_sum, cudaStream_t stream);
 /// The vocabulary-parallel cross-entropy (logits (N,V): columns [vocab_begin, vocab_begin + V) of
 /// the vocabulary), as the CPU reference's three steps; the caller all-reduces between them.
 /// 1. row_max (N) = each row's local max (NaNs skipped).
@@ -115,18 +117,37 @@ void classifier_row_stats(float* sum_exp, float* target_logit, const float* logi
                           const std::int32_t* targets, std::int64_t N, int V, std::int64_t vocab_begin,
                           cudaStream_t stream);
 /// 3. losses (N) = log(sum_exp) + row_max - target_logit; with dlogits_scale > 0 the logits become
-///    (softmax - onehot) * dlogits_scale. Returns the loss sum (synchronises the stream).
+///    (softmax - onehot) * dlogits_scale. Returns the loss sum (synchronises the stream), or adds
+///    it into loss_sum (device memory) as fused_classifier.
 double classifier_parallel_finish(float* logits, float* losses, const float* row_max, const float* sum_exp,
                                   const float* target_logit, const std::int32_t* targets, std::int64_t N, int V,
-                                  std::int64_t vocab_begin, float dlogits_scale, cudaStream_t stream);
+                                  std::int64_t vocab_begin, float dlogits_scale, double* loss_sum,
+                                  cudaStream_t stream);
 
 // src/ops/cuda/optimizer.cu
-/// Sum of squares of x (N), accumulated in double, deterministic (synchronises the stream).
-double sum_squares(const float* x, std::int64_t N, cudaStream_t stream);
+/// Sum of squares of x (N), accumulated in double, deterministic (synchronises the stream); with
+/// `into` (device memory) added there on the stream instead, returning 0.
+double sum_squares(const float* x, std::int64_t N, double* into, cudaStream_t stream);
 /// AdamW on param, grad, m, v (N), as cpu::adamw_update.
 void adamw_update(float* param, const float* grad, float* m, float* v, std::int64_t N, float lr, float beta1,
                   float beta2, float eps, float weight_decay, int step, float grad_scale,
                   cudaStream_t stream);
+/// One block's work in adamw_update_chunks: elements [begin, begin + length) of the arrays
+/// (length <= adamw_chunk_elements), decayed or not.
+struct AdamWChunk {
+  std::int64_t begin;
+  std::int32_t length;
+  std::int32_t decay;  // 1: weight decay applies
+};
+/// Elements per AdamWChunk (the host cuts every run into chunks of at most this many).
+inline constexpr std::int32_t adamw_chunk_elements = 4096;
+/// AdamW on every chunk of `chunks` (n_chunks, in device memory) in one launch, as
+/// cpu::adamw_update per run, with weight_decay where a chunk's decay is set and 0 elsewhere; on
+/// param, grad, m, v (f32) and, unless null, working (bf16): the updated param rounded to nearest
+/// even, as convert() would give.
+void adamw_update_chunks(float* param, const float* grad, float* m, float* v, bf16* working,
+                         const AdamWChunk* chunks, std::int64_t n_chunks, float lr, float beta1, float beta2,
+                         float eps, float weight_decay, int step, float grad_scale, cudaStream_t stream);
 
 // ---- mixed precision (bf16): the same ops, conventions above -----------------------------------
 // Pointers of 16-bit elements need only 2-byte alignment; the 128-bit paths move 8 bf16 and need
@@ -197,7 +218,7 @@ void rope_backward(bf16* dinp, const bf16* dout, int B, int T, int H, int HS, in
 /// losses (N) fp32 from logits (N,V) bf16, softmax in fp32; with dlogits_scale > 0 the logits are
 /// overwritten by the gradient, rounded to bf16. Returns the loss sum (synchronises the stream).
 double fused_classifier(bf16* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
-                        float dlogits_scale, cudaStream_t stream);
+                        float dlogits_scale, double* loss_sum, cudaStream_t stream);
 /// The vocabulary-parallel steps on bf16 logits, in fp32; the gradient is rounded to bf16.
 void classifier_row_max(float* row_max, const bf16* logits, std::int64_t N, int V, cudaStream_t stream);
 void classifier_row_stats(float* sum_exp, float* target_logit, const bf16* logits, const float* row_max,
@@ -205,6 +226,7 @@ void classifier_row_stats(float* sum_exp, float* target_logit, const bf16* logit
                           cudaStream_t stream);
 double classifier_parallel_finish(bf16* logits, float* losses, const float* row_max, const float* sum_exp,
                                   const float* target_logit, const std::int32_t* targets, std::int64_t N, int V,
-                                  std::int64_t vocab_begin, float dlogits_scale, cudaStream_t stream);
+                                  std::int64_t vocab_begin, float dlogits_scale, double* loss_sum,
+                                  cudaStream_t stream);
 
 }  // namespace llmtrain::cuda

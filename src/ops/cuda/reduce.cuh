@@ -169,12 +169,33 @@ __global__ void sum_partials_kernel(double* partials /* (gridDim.x) */, const T*
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
 
+/// *result = the sum of the partials, or with `add`, *result += it.
 template <class Acc>
-__global__ void sum_finish_kernel(Acc* result /* (1) */, const Acc* partials /* (count) */, int count) {
+__global__ void sum_finish_kernel(Acc* result /* (1) */, const Acc* partials /* (count) */, int count, bool add) {
   Acc acc = 0;
   for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partials[i];
   acc = block_reduce(acc, SumOp{}, Acc(0));
-  if (threadIdx.x == 0) *result = acc;
+  if (threadIdx.x == 0) *result = add ? *result + acc : acc;
+}
+
+/// Sum over i < N of term(x[i]) (term: device functor float -> double) added into the device
+/// double *total on `stream`, without waiting for it: deterministic, as sum_to_host (whose value
+/// it adds). x must be aligned to its element size.
+template <class T, class Term>
+void sum_into_device(double* total, const T* x, std::int64_t N, Term term, cudaStream_t stream) {
+  if (N <= 0) return;
+  constexpr int V = vec_width<T>;
+  const std::int64_t misalignment =
+      std::int64_t(reinterpret_cast<std::uintptr_t>(x) % 16) / std::int64_t(sizeof(T));
+  const std::int64_t head = std::min<std::int64_t>(N, (V - misalignment) % V);
+  const std::int64_t chunks = (N - head) / V;
+  const int blocks = int(std::clamp<std::int64_t>((N + 4095) / 4096, 1, 1024));  // as sum_to_host
+  const StreamScratch scratch(std::size_t(blocks) * sizeof(double), stream);
+  double* partials = scratch.at<double>();
+  sum_partials_kernel<T><<<blocks, sum_block, 0, stream>>>(partials, x, head, chunks, N, term);
+  LLMTRAIN_CUDA_CHECK(cudaGetLastError());
+  sum_finish_kernel<<<1, sum_block, 0, stream>>>(total, partials, blocks, true);
+  LLMTRAIN_CUDA_CHECK(cudaGetLastError());
 }
 
 /// Sum over i < N of term(x[i]) (term: device functor float -> double), returned to the host;
@@ -194,7 +215,7 @@ double sum_to_host(const T* x, std::int64_t N, Term term, cudaStream_t stream) {
   double* result = partials + blocks;
   sum_partials_kernel<T><<<blocks, sum_block, 0, stream>>>(partials, x, head, chunks, N, term);
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
-  sum_finish_kernel<<<1, sum_block, 0, stream>>>(result, partials, blocks);
+  sum_finish_kernel<<<1, sum_block, 0, stream>>>(result, partials, blocks, false);
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
   double total = 0.0;
   LLMTRAIN_CUDA_CHECK(cudaMemcpyAsync(&total, result, sizeof total, cudaMemcpyDeviceToHost, stream));

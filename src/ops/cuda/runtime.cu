@@ -164,6 +164,26 @@ void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes) {
   LLMTRAIN_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
+void copy_to_device_async(void* device_dst, const void* pinned_src, std::size_t bytes) {
+  LLMTRAIN_CUDA_CHECK(cudaMemcpyAsync(device_dst, pinned_src, bytes, cudaMemcpyHostToDevice, compute_stream()));
+}
+
+void* event_create() {
+  cudaEvent_t event = nullptr;
+  LLMTRAIN_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  return event;
+}
+
+void event_destroy(void* event) noexcept {
+  if (event) cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
+void event_record(void* event) {
+  LLMTRAIN_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), compute_stream()));
+}
+
+void event_wait(void* event) { LLMTRAIN_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event))); }
+
 void copy_on_device(void* device_dst, const void* device_src, std::size_t bytes) {
   LLMTRAIN_CUDA_CHECK(cudaMemcpyAsync(device_dst, device_src, bytes, cudaMemcpyDeviceToDevice, compute_stream()));
 }

@@ -45,6 +45,15 @@ void host_pinned_free(void* pointer) noexcept;
 void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes);
 void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes);
 void copy_on_device(void* device_dst, const void* device_src, std::size_t bytes);
+/// Queues a copy from page-locked host memory on the compute stream and returns without waiting:
+/// the host must not rewrite `pinned_src` before an event recorded after it has completed.
+void copy_to_device_async(void* device_dst, const void* pinned_src, std::size_t bytes);
+/// Events on the compute stream, as opaque handles: record marks the work queued so far, wait
+/// blocks the host until that work is done (at once for an event never recorded).
+void* event_create();
+void event_destroy(void* event) noexcept;
+void event_record(void* event);
+void event_wait(void* event);
 void fill_zero(void* device_dst, std::size_t bytes);
 void synchronize();
 /// Makes device (local_rank mod the device count) this process's device; call before any other
