@@ -335,11 +335,11 @@ constexpr cudaDataType_t data_type<bf16>() {
 }
 
 // Elem: the type of the activations and weights (fp32 or bf16); dweight and dbias are fp32.
+// The three products of a linear layer (inp (N, C), W (OC, C) row-major, out (N, OC)), in
+// cuBLASLt's column-major terms. forward: out^T (OC x N) = W^T (OC x C; W stored column-major
+// C x OC) inp^T (C x N).
 template <class Elem>
-void matmul_forward_gemms(Elem* out, const Elem* inp, const Elem* weight, const Elem* bias, std::int64_t N,
-                          int C, int OC, cudaStream_t stream) {
-  if (N <= 0 || OC <= 0) return;
-  // out^T (OC x N) = W^T (OC x C; W stored column-major C x OC) inp^T (C x N) [+ bias]
+Gemm forward_gemm(std::int64_t N, int C, int OC, const char* what) {
   Gemm g;
   g.trans_a = true;
   g.m = std::uint64_t(OC);
@@ -349,10 +349,57 @@ void matmul_forward_gemms(Elem* out, const Elem* inp, const Elem* weight, const 
   g.ldb = C;
   g.ldd = OC;
   g.ab_type = g.d_type = data_type<Elem>();
-  g.what = "forward out = inp W^T";
+  g.what = what;
   g.N = N;
   g.C = C;
   g.OC = OC;
+  return g;
+}
+
+// dinp^T (C x N) = W^T (C x OC, W stored column-major) dout^T (OC x N).
+template <class Elem>
+Gemm dinp_gemm(std::int64_t N, int C, int OC, const char* what) {
+  Gemm g;
+  g.m = std::uint64_t(C);
+  g.n = std::uint64_t(N);
+  g.k = std::uint64_t(OC);
+  g.lda = C;
+  g.ldb = OC;
+  g.ldd = C;
+  g.ab_type = g.d_type = data_type<Elem>();
+  g.what = what;
+  g.N = N;
+  g.C = C;
+  g.OC = OC;
+  return g;
+}
+
+// dweight^T (C x OC) += inp^T (C x N) dout (N x OC; dout^T stored column-major OC x N), in fp32.
+template <class Elem>
+Gemm dweight_gemm(std::int64_t N, int C, int OC) {
+  Gemm g;
+  g.trans_b = true;
+  g.m = std::uint64_t(C);
+  g.n = std::uint64_t(OC);
+  g.k = std::uint64_t(N);
+  g.lda = C;
+  g.ldb = OC;
+  g.ldd = C;
+  g.ab_type = data_type<Elem>();
+  g.d_type = CUDA_R_32F;  // the weight gradient accumulates in fp32
+  g.what = "backward dweight += dout^T inp";
+  g.N = N;
+  g.C = C;
+  g.OC = OC;
+  return g;
+}
+
+template <class Elem>
+void matmul_forward_gemms(Elem* out, const Elem* inp, const Elem* weight, const Elem* bias, std::int64_t N,
+                          int C, int OC, cudaStream_t stream) {
+  if (N <= 0 || OC <= 0) return;
+  // out^T (OC x N) = W^T (OC x C; W stored column-major C x OC) inp^T (C x N) [+ bias]
+  const Gemm g = forward_gemm<Elem>(N, C, OC, "forward out = inp W^T");
   gemm(g, weight, inp, out, Epilogue{bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, bias}, 0.0f, stream);
 }
 
@@ -361,34 +408,10 @@ void matmul_backward_gemms(Elem* dinp, float* dweight, float* dbias, const Elem*
                            const Elem* weight, std::int64_t N, int C, int OC, bool accumulate, cudaStream_t stream) {
   if (N <= 0 || OC <= 0 || C <= 0) return;
   // dinp^T (C x N) += W^T (C x OC, W stored column-major) dout^T (OC x N)
-  Gemm dx;
-  dx.m = std::uint64_t(C);
-  dx.n = std::uint64_t(N);
-  dx.k = std::uint64_t(OC);
-  dx.lda = C;
-  dx.ldb = OC;
-  dx.ldd = C;
-  dx.ab_type = dx.d_type = data_type<Elem>();
-  dx.what = "backward dinp += dout W";
-  dx.N = N;
-  dx.C = C;
-  dx.OC = OC;
+  const Gemm dx = dinp_gemm<Elem>(N, C, OC, "backward dinp += dout W");
   gemm(dx, weight, dout, dinp, Epilogue{}, accumulate ? 1.0f : 0.0f, stream);
   // dweight^T (C x OC) += inp^T (C x N) dout (N x OC; dout^T stored column-major OC x N)
-  Gemm dw;
-  dw.trans_b = true;
-  dw.m = std::uint64_t(C);
-  dw.n = std::uint64_t(OC);
-  dw.k = std::uint64_t(N);
-  dw.lda = C;
-  dw.ldb = OC;
-  dw.ldd = C;
-  dw.ab_type = data_type<Elem>();
-  dw.d_type = CUDA_R_32F;  // the weight gradient accumulates in fp32
-  dw.what = "backward dweight += dout^T inp";
-  dw.N = N;
-  dw.C = C;
-  dw.OC = OC;
+  const Gemm dw = dweight_gemm<Elem>(N, C, OC);
   gemm(dw, inp, dout, dweight, Epilogue{}, 1.0f, stream);
   if (dbias) column_sums<1>(ColumnOutputs<1>{{dbias}}, BiasGrad<Elem>{dout, OC}, N, OC, stream);
 }
@@ -398,19 +421,7 @@ template <class Elem>
 void matmul_gelu_forward_gemms(Elem* out, Elem* pre, const Elem* inp, const Elem* weight, const Elem* bias,
                                std::int64_t N, int C, int OC, cudaStream_t stream) {
   if (N <= 0 || OC <= 0) return;
-  Gemm g;
-  g.trans_a = true;
-  g.m = std::uint64_t(OC);
-  g.n = std::uint64_t(N);
-  g.k = std::uint64_t(C);
-  g.lda = C;
-  g.ldb = C;
-  g.ldd = OC;
-  g.ab_type = g.d_type = data_type<Elem>();
-  g.what = "forward out = GELU(inp W^T + bias)";
-  g.N = N;
-  g.C = C;
-  g.OC = OC;
+  const Gemm g = forward_gemm<Elem>(N, C, OC, "forward out = GELU(inp W^T + bias)");
   // GELU_AUX_BIAS needs a bias: a missing one is a zero vector (OC elements, next to nothing).
   const StreamScratch zero_bias(bias ? 0 : std::size_t(OC) * sizeof(Elem), stream);
   if (!bias) {
@@ -431,18 +442,7 @@ void matmul_backward_dgelu_gemms(Elem* dpre, float* dweight, float* dbias, float
                                  cudaStream_t stream) {
   if (N <= 0 || OC <= 0 || C <= 0) return;
   // dpre^T (C x N) = GELU'(pre^T) . W^T (C x OC) dout^T (OC x N), written (beta = 0)
-  Gemm dx;
-  dx.m = std::uint64_t(C);
-  dx.n = std::uint64_t(N);
-  dx.k = std::uint64_t(OC);
-  dx.lda = C;
-  dx.ldb = OC;
-  dx.ldd = C;
-  dx.ab_type = dx.d_type = data_type<Elem>();
-  dx.what = "backward dpre = GELU'(pre) dout W";
-  dx.N = N;
-  dx.C = C;
-  dx.OC = OC;
+  const Gemm dx = dinp_gemm<Elem>(N, C, OC, "backward dpre = GELU'(pre) dout W");
   // fp32: the bias gradient of pre from the same epilogue, into a scratch (BGRAD writes).
   const bool bgrad = dpre_bias && dx.d_type == CUDA_R_32F;
   const StreamScratch bias_grad(bgrad ? std::size_t(C) * sizeof(float) : 0, stream);
@@ -464,20 +464,7 @@ void matmul_backward_dgelu_gemms(Elem* dpre, float* dweight, float* dbias, float
     column_sums<1>(ColumnOutputs<1>{{dpre_bias}}, BiasGrad<Elem>{dpre, C}, N, C, stream);
   }
   // dweight and dbias as in matmul_backward
-  Gemm dw;
-  dw.trans_b = true;
-  dw.m = std::uint64_t(C);
-  dw.n = std::uint64_t(OC);
-  dw.k = std::uint64_t(N);
-  dw.lda = C;
-  dw.ldb = OC;
-  dw.ldd = C;
-  dw.ab_type = data_type<Elem>();
-  dw.d_type = CUDA_R_32F;
-  dw.what = "backward dweight += dout^T inp";
-  dw.N = N;
-  dw.C = C;
-  dw.OC = OC;
+  const Gemm dw = dweight_gemm<Elem>(N, C, OC);
   gemm(dw, inp, dout, dweight, Epilogue{}, 1.0f, stream);
   if (dbias) column_sums<1>(ColumnOutputs<1>{{dbias}}, BiasGrad<Elem>{dout, OC}, N, OC, stream);
 }
