@@ -183,6 +183,22 @@ TEST_CASE("transfers: a ring of ranks, each sending on while it receives, in ord
   comm->start_exchange(mine.data(), got.data(), std::int64_t(n), DType::f32, prev, next)->wait();
   CHECK(got == payload(next, 0, n));
 
+  // Both directions in one group (a pipeline stage's start_transfers): a large message to the
+  // next rank and a bf16 one to the previous, and theirs received.
+  {
+    const std::size_t k = 17;
+    const std::vector<std::uint16_t> back = doubled_bf16(payload(me, 4, k));
+    std::vector<float> from_prev(n, -1.0f);
+    std::vector<std::uint16_t> from_next(k, 0xffff);
+    comm->start_transfers({{dist::PeerTransfer::send, const_cast<float*>(mine.data()), std::int64_t(n), DType::f32, next},
+                           {dist::PeerTransfer::send, const_cast<std::uint16_t*>(back.data()), std::int64_t(k), DType::bf16, prev},
+                           {dist::PeerTransfer::recv, from_prev.data(), std::int64_t(n), DType::f32, prev},
+                           {dist::PeerTransfer::recv, from_next.data(), std::int64_t(k), DType::bf16, next}})
+        ->wait();
+    CHECK(from_prev == payload(prev, 0, n));
+    CHECK(from_next == doubled_bf16(payload(next, 4, k)));
+  }
+
   // Several messages between the same two ranks meet in the order they were started.
   const std::size_t m = 33;
   const std::vector<float> first = payload(me, 1, m), second = payload(me, 2, m);

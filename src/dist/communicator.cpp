@@ -165,8 +165,10 @@ std::unique_ptr<Request> Communicator::start_exchange(const void* send, void* re
 
 std::unique_ptr<Request> Communicator::start_transfers(const std::vector<PeerTransfer>& transfers) {
   for (const PeerTransfer& t : transfers) {
+    check_transfer(t.direction == PeerTransfer::send ? "transfers (send)" : "transfers (recv)", t.count, t.peer);
+  }
+  for (const PeerTransfer& t : transfers) {
     const bool send = t.direction == PeerTransfer::send;
-    check_transfer(send ? "transfers (send)" : "transfers (recv)", t.count, t.peer);
     this->count(send ? Traffic::send : Traffic::recv, send ? double(t.count) * double(dtype_size(t.dtype)) : 0.0);
   }
   return do_start_transfers(transfers);

@@ -212,3 +212,35 @@ TEST_CASE("NCCL: a ring exchange on 3 ranks, and recvs that no send matches fail
   cudaFree(send);
   cudaFree(recv);
 }
+
+TEST_CASE("NCCL: start_transfers sends and receives in both directions in one group", "[cuda][dist]") {
+  // Rank 0 of 3, as a middle pipeline stage would: an activation to 1 and a gradient to 2, an
+  // activation from 2 and a gradient from 1, all in one group. Every emulated rank runs this same
+  // program, so what arrives from 2 is what this process sends to 1, and from 1 what it sends to 2.
+  TwoRanksHost host(3);
+  const auto nccl = dist::make_nccl_communicator(host, 0, 30.0);
+  const std::vector<float> activation = {1.0f, 2.0f, 3.0f, 4.0f};
+  const std::vector<std::uint16_t> gradient = {0x3f80, 0xbf80, 0x4000};
+  float* act_out = device_copy(activation);
+  float* act_in = device_copy(std::vector<float>(4, -99.0f));
+  std::uint16_t* grad_out = device_copy(gradient);
+  std::uint16_t* grad_in = device_copy(std::vector<std::uint16_t>(3, 0xffff));
+  nccl->start_transfers({{dist::PeerTransfer::send, act_out, 4, DType::f32, 1},
+                         {dist::PeerTransfer::send, grad_out, 3, DType::bf16, 2},
+                         {dist::PeerTransfer::recv, act_in, 4, DType::f32, 2},
+                         {dist::PeerTransfer::recv, grad_in, 3, DType::bf16, 1}})
+      ->wait();
+  CHECK(host_copy(act_in, 4) == activation);
+  CHECK(host_copy(grad_in, 3) == gradient);
+  const dist::Traffic& t = nccl->traffic();
+  CHECK(t.calls[dist::Traffic::send] == 2);
+  CHECK(t.calls[dist::Traffic::recv] == 2);
+  CHECK(t.bytes[dist::Traffic::send] == 4 * 4 + 3 * 2);
+  // A peer outside the group is refused before NCCL is called.
+  CHECK_THROWS_WITH(nccl->start_transfers({{dist::PeerTransfer::send, act_out, 4, DType::f32, 3}}),
+                    "transfers (send): peer rank 3 is not in this group of 3 ranks");
+  for (void* p : {static_cast<void*>(act_out), static_cast<void*>(act_in), static_cast<void*>(grad_out),
+                  static_cast<void*>(grad_in)}) {
+    cudaFree(p);
+  }
+}
