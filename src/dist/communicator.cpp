@@ -183,12 +183,6 @@ class AllOf final : public Request {
   void wait() override {
     for (auto& part : parts_) part->wait();
   }
-  bool finished() override {
-    for (auto& part : parts_) {
-      if (!part->finished()) return false;
-    }
-    return true;
-  }
 
  private:
   std::vector<std::unique_ptr<Request>> parts_;

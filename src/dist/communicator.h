@@ -20,9 +20,6 @@ class Request {
  public:
   virtual ~Request() = default;
   virtual void wait() = 0;
-  /// Whether wait() would return at once (it must still be called). Never blocks; implementations
-  /// that cannot tell without blocking answer false (MPI's transfers can).
-  virtual bool finished() { return false; }
 };
 
 /// One transfer of Communicator::start_transfers: `count` elements of `dtype` from `data` to

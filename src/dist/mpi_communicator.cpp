@@ -377,14 +377,6 @@ class MpiCommunicator final : public Communicator {
   struct Transfer final : Request {
     Transfer(MpiCommunicator& c, std::string what) : comm(c), operation(std::move(what)) {}
     void wait() override { comm.wait_transfer(parts, operation); }
-    bool finished() override {
-      for (TransferPart& part : parts) {
-        int done = 1;  // a finished request has become MPI_REQUEST_NULL
-        if (part.mpi != MPI_REQUEST_NULL) check(MPI_Test(&part.mpi, &done, MPI_STATUS_IGNORE), "MPI_Test");
-        if (!done) return false;
-      }
-      return true;
-    }
     MpiCommunicator& comm;
     std::string operation;
     std::vector<TransferPart> parts;

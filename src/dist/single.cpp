@@ -9,7 +9,6 @@ namespace {
 class Done final : public Request {
  public:
   void wait() override {}
-  bool finished() override { return true; }
 };
 
 class SingleCommunicator final : public Communicator {

@@ -136,7 +136,7 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
     layout.layers = layout.chunks.front().count;
     if (layout.chunks.size() == 1) layout.chunks.clear();
     schedule_ = stage_schedule(config_.dist, stage_, int(accum_));
-    transfer_groups_ = transfer_groups(schedule_, stages_, stage_, int(layout.chunks.empty() ? 1 : layout.chunks.size()),
+    transfer_groups_ = transfer_groups(schedule_, stages_, stage_, int(config_.dist.virtual_stages),
                                        warm_up_forwards(config_.dist, stage_, int(accum_)));
   }
   model_ = model::make_model(config_.model, device_, tc.recompute, model::precision_dtype(tc.precision),
