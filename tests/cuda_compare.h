@@ -170,6 +170,29 @@ inline double normalized_error(const std::vector<float>& result, const std::vect
   return max_diff / std::max({max_ref, scale_floor, 1e-30});
 }
 
+/// A tensor's f32 values on the host, from any device.
+inline std::vector<float> to_host(const Tensor& t) {
+  std::vector<float> out(std::size_t(t.numel()));
+  ops::copy(Tensor(out.data(), DType::f32, Device::cpu, {t.numel()}), t.reshape({t.numel()}));
+  return out;
+}
+
+/// sqrt(sum (a - b)^2 / sum b^2) over n values (the reference b's norm floored at 1e-30), and
+/// *finite false if any value of `a` is not finite.
+inline double relative_error(const float* a, const float* b, std::int64_t n, bool* finite) {
+  double diff = 0.0, norm = 0.0;
+  *finite = true;
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(a[i])) *finite = false;
+    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    norm += double(b[i]) * b[i];
+  }
+  return std::sqrt(diff / std::max(norm, 1e-30));
+}
+inline double relative_error(const std::vector<float>& a, const std::vector<float>& b, bool* finite) {
+  return relative_error(a.data(), b.data(), std::int64_t(a.size()), finite);
+}
+
 /// Requires `result` (from the device) to be finite, the reference finite and not all zero, and
 /// their normalised error (above) at most `tolerance`.
 inline void require_close(const std::string& what, const std::vector<float>& result,

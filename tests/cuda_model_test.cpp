@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "catch_compat.h"
+#include "cuda_compare.h"
 #include "dist/communicator.h"
 #include "model/model.h"
 #include "ops/buffer.h"
@@ -15,6 +16,8 @@
 #include "train/zero3.h"
 
 using namespace llmtrain;
+using llmtrain::test::relative_error;
+using llmtrain::test::to_host;
 
 namespace {
 
@@ -30,24 +33,6 @@ config::ModelConfig tiny(const std::string& arch) {
   c.ffn_hidden = arch == "llama" ? 168 : 256;
   c.tie_embeddings = arch == "gpt2";
   return c;
-}
-
-std::vector<float> to_host(const Tensor& t) {
-  std::vector<float> out(std::size_t(t.numel()));
-  ops::copy(Tensor(out.data(), DType::f32, Device::cpu, {t.numel()}), t.reshape({t.numel()}));
-  return out;
-}
-
-// sqrt(sum (a - b)^2 / sum b^2), and false if any element of `a` is not finite.
-double relative_error(const std::vector<float>& a, const std::vector<float>& b, bool* finite) {
-  double diff = 0.0, norm = 0.0;
-  *finite = true;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) *finite = false;
-    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    norm += double(b[i]) * b[i];
-  }
-  return std::sqrt(diff / std::max(norm, 1e-30));
 }
 
 void compare_model(const std::string& arch, model::Recompute recompute) {
@@ -212,8 +197,8 @@ TEST_CASE("cuda pipeline stages (1F1B and interleaved chunks) give the whole cpu
   using model::LayerRun;
   const std::vector<std::vector<LayerRun>> two_stages = {{{0, 2}}, {{2, 3}}};
   const std::vector<std::vector<LayerRun>> chunked = {{{0, 2}, {3, 1}}, {{2, 1}, {4, 1}}};
-  testing::check_pipeline_stages("gpt2", true, two_stages, Device::cuda, 1e-4);
-  testing::check_pipeline_stages("gpt2", true, chunked, Device::cuda, 1e-4);
-  testing::check_pipeline_stages("llama", false, chunked, Device::cuda, 1e-4);
-  testing::check_pipeline_stages("llama", true, {{{0, 1}}, {{1, 1}}, {{2, 3}}}, Device::cuda, 1e-4);
+  test::check_pipeline_stages("gpt2", true, two_stages, Device::cuda, 1e-4);
+  test::check_pipeline_stages("gpt2", true, chunked, Device::cuda, 1e-4);
+  test::check_pipeline_stages("llama", false, chunked, Device::cuda, 1e-4);
+  test::check_pipeline_stages("llama", true, {{{0, 1}}, {{1, 1}}, {{2, 3}}}, Device::cuda, 1e-4);
 }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "catch_compat.h"
+#include "cuda_compare.h"
 #include "core/error.h"
 #include "dist/communicator.h"
 #include "model/model.h"
@@ -23,6 +24,8 @@
 #include "train/tensor_parallel.h"
 
 using namespace llmtrain;
+using llmtrain::test::relative_error;
+using llmtrain::test::to_host;
 
 namespace {
 
@@ -121,24 +124,6 @@ config::ModelConfig tiny(const std::string& arch) {
   c.ffn_hidden = arch == "llama" ? 352 : 512;
   c.tie_embeddings = arch == "gpt2";
   return c;
-}
-
-std::vector<float> to_host(const Tensor& t) {
-  std::vector<float> out(std::size_t(t.numel()));
-  ops::copy(Tensor(out.data(), DType::f32, Device::cpu, {t.numel()}), t.reshape({t.numel()}));
-  return out;
-}
-
-// sqrt(sum (a - b)^2 / sum b^2), and false if any element of `a` is not finite.
-double relative_error(const float* a, const float* b, std::int64_t n, bool* finite) {
-  double diff = 0.0, norm = 0.0;
-  *finite = true;
-  for (std::int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(a[i])) *finite = false;
-    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    norm += double(b[i]) * b[i];
-  }
-  return std::sqrt(diff / std::max(norm, 1e-30));
 }
 
 // Tolerances as test_cuda_model's: fp32 loss 1e-5 relative and gradients 1e-4; bf16 loss 1e-2 and

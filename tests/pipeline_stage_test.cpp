@@ -7,7 +7,7 @@
 
 using llmtrain::Device;
 using llmtrain::model::LayerRun;
-using llmtrain::testing::check_pipeline_stages;
+using llmtrain::test::check_pipeline_stages;
 
 // Stages of one chunk each: the layers of each stage.
 std::vector<std::vector<LayerRun>> one_chunk_each(const std::vector<int>& layers_per_stage) {

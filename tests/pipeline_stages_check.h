@@ -12,10 +12,11 @@
 #include <vector>
 
 #include "catch_compat.h"
+#include "cuda_compare.h"
 #include "model/model.h"
 #include "ops/buffer.h"
 
-namespace llmtrain::testing {
+namespace llmtrain::test {
 
 inline config::ModelConfig tiny_pipeline_model(const std::string& arch, bool tied) {
   config::ModelConfig c;
@@ -29,12 +30,6 @@ inline config::ModelConfig tiny_pipeline_model(const std::string& arch, bool tie
   c.ffn_hidden = arch == "llama" ? 48 : 128;
   c.tie_embeddings = tied;
   return c;
-}
-
-inline std::vector<float> host_floats(const Tensor& t) {
-  std::vector<float> out(std::size_t(t.numel()));
-  ops::copy(Tensor(out.data(), DType::f32, Device::cpu, {t.numel()}), t.reshape({t.numel()}));
-  return out;
 }
 
 /// Splits a tiny model into stages, stage s holding the model chunks chunks_per_stage[s] (virtual
@@ -120,7 +115,7 @@ inline void check_pipeline_stages(const std::string& arch, bool tied,
   std::vector<double> summed(std::size_t(whole->num_params()), 0.0);
   std::vector<int> holders(summed.size(), 0);
   for (const auto& s : stages) {
-    const std::vector<float> grads = host_floats(s->grads());
+    const std::vector<float> grads = to_host(s->grads());
     for (const model::Segment& seg : s->segments(false)) {
       for (std::int64_t i = 0; i < seg.length; ++i) {
         summed[std::size_t(seg.logical + i)] += grads[std::size_t(seg.local + i)];
@@ -145,4 +140,4 @@ inline void check_pipeline_stages(const std::string& arch, bool tied,
   CHECK(held == whole->num_params() + (tied && P > 1 ? embedding : 0));
 }
 
-}  // namespace llmtrain::testing
+}  // namespace llmtrain::test

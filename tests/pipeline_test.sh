@@ -70,30 +70,29 @@ for stages in 2 4; do
   mpi "$stages" "$llmtrain" train --config "$work/comm.json" --run-dir "$work/comm$stages" --set dist.pipeline_parallel="$stages" \
     >"$work/comm$stages.log" 2>&1 || fail "communication run, $stages stages: $(tail -n 3 "$work/comm$stages.log")"
 done
-/usr/bin/python3 - "$work" <<'PY' || fail "transfers per update"
+# stage0_transfers RUN N: rank 0 (the first stage) sent N transfers of one (2 x 32, 32) f32
+# tensor each at step 2 and started N receives. Its pipeline transfers are not in "collectives"
+# (the data group); the metrics count them apart.
+stage0_transfers() {
+  /usr/bin/python3 - "$1/metrics.jsonl" "$2" <<'PY'
 import json, sys
-step = [l for l in map(json.loads, open(f"{sys.argv[1]}/comm2/metrics.jsonl")) if l.get("step") == 2 and "loss" in l][0]
-# Rank 0 is the first stage: it sends each micro-batch's activation and receives its gradient.
-# Its pipeline transfers are not in "collectives" (the data group); the metrics count them apart.
+step = [l for l in map(json.loads, open(sys.argv[1])) if l.get("step") == 2 and "loss" in l][0]
+n = int(sys.argv[2])
 sent = step["pipeline_collectives"]
-print(f"  stage 0 of 2: {sent}")
-assert sent["send"] == [4, 4 * 64 * 32 * 4], sent
-assert sent["recv"][0] == 4, sent
+print(f"  stage 0: {sent}")
+assert sent["send"] == [n, n * 64 * 32 * 4], sent
+assert sent["recv"][0] == n, sent
 PY
+}
+# 1F1B: each micro-batch's activation sent, its gradient received.
+stage0_transfers "$work/comm2" 4 || fail "transfers per update"
 pass "stage 0 sends one (B T, C) activation and receives one gradient per micro-batch"
 mpi 2 "$llmtrain" train --config "$work/comm.json" --run-dir "$work/commi" "${interleaved[@]}" >"$work/commi.log" 2>&1 ||
   fail "communication run, interleaved: $(tail -n 3 "$work/commi.log")"
-/usr/bin/python3 - "$work" <<'PY' || fail "interleaved transfers per update"
-import json, sys
-step = [l for l in map(json.loads, open(f"{sys.argv[1]}/commi/metrics.jsonl")) if l.get("step") == 2 and "loss" in l][0]
 # Stage 0 holds virtual stages 0 and 2 of 4: both send their activations on (8) and virtual
 # stage 2 its input gradients back (4); it receives virtual stage 2's inputs (4) and both
 # chunks' output gradients (8).
-sent = step["pipeline_collectives"]
-print(f"  stage 0 of 2, 2 chunks: {sent}")
-assert sent["send"] == [12, 12 * 64 * 32 * 4], sent
-assert sent["recv"][0] == 12, sent
-PY
+stage0_transfers "$work/commi" 12 || fail "interleaved transfers per update"
 pass "interleaved: stage 0 sends 2 activations and 1 gradient per micro-batch (its 2 chunks)"
 
 # 3. A stage that stops answering stops the job within dist.timeout_s, naming it.
