@@ -48,7 +48,7 @@ using llmtrain::Tensor;
 namespace ops = llmtrain::ops;
 
 struct Options {
-  std::int64_t B = 8, T = 1024, C = 768, NH = 12, V = 50304;
+  std::int64_t B = 8, T = 1024, C = 768, NH = 12, V = 50257;  // V: the true vocabulary; the logits are padded
   DType dtype = DType::bf16;
   int warmup = 3, reps = 20;
   double peak_gbps = 4300.0, peak_tflops = 0.0;  // 0: by dtype
@@ -172,6 +172,7 @@ std::string dims(std::initializer_list<std::pair<const char*, std::int64_t>> nam
 
 void run_all(const Options& o, Bench& bench) {
   const std::int64_t B = o.B, T = o.T, C = o.C, NH = o.NH, V = o.V, N = B * T, F = 4 * C;
+  const std::int64_t Vp = ops::logits_stride(V);  // the model's padded logits rows
   const double e = double(llmtrain::dtype_size(o.dtype));  // bytes per activation
   const double nc = double(N) * double(C), nf = double(N) * double(F);
   Arena arena(o.dtype);
@@ -209,14 +210,18 @@ void run_all(const Options& o, Bench& bench) {
       const char* name;
       std::int64_t in, out;
       bool bias;
+      std::int64_t ld;  // the row stride of out and dout
     };
-    for (const Mm& m : {Mm{"qkv", C, 3 * C, true}, Mm{"attproj", C, C, true}, Mm{"fc", C, F, true},
-                        Mm{"fcproj", F, C, true}, Mm{"lm_head", C, V, false}}) {
+    // The head as the model runs it (logits rows padded to a multiple of 128) and unpadded, so
+    // that a GPU run shows what the padding buys.
+    for (const Mm& m : {Mm{"qkv", C, 3 * C, true, 3 * C}, Mm{"attproj", C, C, true, C}, Mm{"fc", C, F, true, F},
+                        Mm{"fcproj", F, C, true, C}, Mm{"lm_head", C, V, false, Vp},
+                        Mm{"lm_head (unpadded rows)", C, V, false, V}}) {
       const Tensor inp = arena.act({N, m.in}), w = arena.act({m.out, m.in}, -0.05f, 0.05f);
-      const Tensor bias = m.bias ? arena.act({m.out}) : Tensor(), out = arena.act({N, m.out});
-      const Tensor dout = arena.act({N, m.out}, -0.01f, 0.01f), dinp = arena.act({N, m.in});
+      const Tensor bias = m.bias ? arena.act({m.out}) : Tensor(), out = arena.act({N, m.ld});
+      const Tensor dout = arena.act({N, m.ld}, -0.01f, 0.01f), dinp = arena.act({N, m.in});
       const Tensor dw = arena.f32({m.out, m.in}, 0, 0), db = m.bias ? arena.f32({m.out}, 0, 0) : Tensor();
-      const std::string s = dims({{"N", N}, {"C", m.in}, {"OC", m.out}});
+      const std::string s = dims({{"N", N}, {"C", m.in}, {"OC", m.out}, {"ld", m.ld}});
       const double flops = 2.0 * double(N) * double(m.in) * double(m.out);
       bench.time(std::string("matmul_forward ") + m.name, s, 0, flops, [&] { ops::matmul_forward(out, inp, w, bias); });
       bench.time(std::string("matmul_backward ") + m.name, s, 0, 2 * flops,
@@ -278,11 +283,14 @@ void run_all(const Options& o, Bench& bench) {
   }
   // ---- the classifier: softmax, loss and its gradient over the logits, in place ----------------------
   {
-    const Tensor logits = arena.act({N, V}, -4, 4), losses = arena.f32({N}), targets = arena.tokens({N}, V);
-    const std::string s = dims({{"N", N}, {"V", V}});
-    // Reads the logits, writes their gradient: the in-place repeats time the same work.
-    bench.time("fused_classifier", s, 2 * double(N) * double(V) * e, 0,
-               [&] { ops::fused_classifier(logits, losses, targets, 1.0f / float(N)); });
+    const Tensor losses = arena.f32({N}), targets = arena.tokens({N}, V);
+    for (const std::int64_t ld : {Vp, V}) {
+      const Tensor logits = arena.act({N, ld}, -4, 4);
+      const std::string s = dims({{"N", N}, {"V", V}, {"ld", ld}});
+      // Reads the logits, writes their gradient: the in-place repeats time the same work.
+      bench.time(ld == V ? "fused_classifier (unpadded rows)" : "fused_classifier", s, 2 * double(N) * double(V) * e,
+                 0, [&] { ops::fused_classifier(logits, losses, targets, 1.0f / float(N), nullptr, V); });
+    }
   }
   // ---- the optimizer over GPT-2 124M's parameters ------------------------------------------------------
   {

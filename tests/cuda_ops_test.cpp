@@ -1092,6 +1092,98 @@ TEST_CASE("cuda vocabulary-parallel cross-entropy over 3 uneven ranks and on one
   }
 }
 
+namespace {
+/// Columns [0, V) of each row of `rows` (N rows of `ld`).
+Vec first_columns(const Vec& rows, std::int64_t N, std::int64_t V, std::int64_t ld) {
+  Vec out;
+  for (std::int64_t i = 0; i < N; ++i) out.insert(out.end(), rows.begin() + i * ld, rows.begin() + i * ld + V);
+  return out;
+}
+/// Whether every element of columns [V, ld) of every row is `want` (NaN: is NaN).
+bool padding_is(const Vec& rows, std::int64_t N, std::int64_t V, std::int64_t ld, float want) {
+  for (std::int64_t i = 0; i < N; ++i) {
+    for (std::int64_t v = V; v < ld; ++v) {
+      const float x = rows[std::size_t(i * ld + v)];
+      if (std::isnan(want) ? !std::isnan(x) : x != want) return false;
+    }
+  }
+  return true;
+}
+}  // namespace
+
+TEST_CASE("cuda padded vocabulary: the head's matmuls and the classifier over rows of logits_stride(V) equal "
+          "the unpadded cpu reference, f32 and bf16", "[cuda][ops][bf16]") {
+  std::string why;
+  if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
+
+  const std::int64_t N = 37, C = 24, V = 251, ld = ops::logits_stride(V);  // odd V: rows of 256
+  REQUIRE(ld == 256);
+  const float scale = 1.0f / float(N);
+  std::mt19937 rng(131);
+  const Vec inp0 = uniform_vec(rng, std::size_t(N * C)), weight0 = uniform_vec(rng, std::size_t(V * C));
+  std::vector<std::int32_t> targets(static_cast<std::size_t>(N));
+  for (std::size_t i = 0; i < targets.size(); ++i) targets[i] = std::int32_t((i * 97 + 3) % V);
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    CAPTURE(dtype_name(dtype));
+    const bool bf16 = dtype == DType::bf16;
+    Vec inp = bf16 ? round_bf16(inp0) : inp0, weight = bf16 ? round_bf16(weight0) : weight0;
+    // The reference: the f32 CPU ops on unpadded (N,V) logits; the device's logits rounded to bf16
+    // before the classifier, as a bf16 run rounds them.
+    Vec logits(std::size_t(N * V)), losses(static_cast<std::size_t>(N)), dinp(std::size_t(N * C)), dweight(std::size_t(V * C), 0.0f);
+    ops::matmul_forward(t(logits, {N, V}), t(inp, {N, C}), t(weight, {V, C}), Tensor());
+    const Vec want_logits = logits;
+    if (bf16) logits = round_bf16(logits);
+    const double want_sum = ops::fused_classifier(t(logits, {N, V}), t(losses, {N}), ti(targets, {N}), scale);
+    if (bf16) logits = round_bf16(logits);
+    ops::matmul_backward(t(dinp, {N, C}), t(dweight, {V, C}), Tensor(), t(logits, {N, V}), t(inp, {N, C}),
+                         t(weight, {V, C}), ops::Accumulate::no);
+
+    // The device: padded rows whose padding starts as NaN, as unwritten memory may be.
+    const DeviceTensor d_inp(HostValues{inp, {}}, dtype, 0), d_weight(HostValues{weight, {}}, dtype, 0);
+    const DeviceTensor d_logits(HostValues{Vec(std::size_t(N * ld), std::numeric_limits<float>::quiet_NaN()), {}},
+                                dtype, 0);
+    const DeviceTensor d_dinp(HostValues{Vec(std::size_t(N * C), 0.0f), {}}, dtype, 0);
+    const DeviceArray<float> d_dweight(Vec(std::size_t(V * C), 0.0f)), d_losses(Vec(std::size_t(N), 0.0f));
+    const DeviceArray<std::int32_t> d_targets(targets);
+    ops::matmul_forward(d_logits.tensor({N, ld}), d_inp.tensor({N, C}), d_weight.tensor({V, C}), Tensor());
+    const Vec got_logits = d_logits.values();
+    require_close("logits", first_columns(got_logits, N, V, ld), want_logits, bf16 ? act_reduction.bf16 : act_reduction.f32);
+    CHECK(padding_is(got_logits, N, V, ld, std::numeric_limits<float>::quiet_NaN()));  // not written
+
+    const double sum = ops::fused_classifier(d_logits.tensor({N, ld}), d_losses.tensor({N}), d_targets.tensor({N}),
+                                             scale, nullptr, V);
+    require_close("losses", d_losses.to_host(), losses, bf16 ? f32_reduction_of_bf16.bf16 : f32_elementwise.f32, 1.0);
+    CHECK(std::abs(sum - want_sum) <= (bf16 ? 1e-4 : 1e-5) * std::abs(want_sum));
+    const Vec got_dlogits = d_logits.values();
+    require_close("dlogits", first_columns(got_dlogits, N, V, ld), logits, bf16 ? act_elementwise.bf16 : act_elementwise.f32);
+    CHECK(padding_is(got_dlogits, N, V, ld, 0.0f));  // masked: the gradient's padding is 0
+
+    ops::matmul_backward(d_dinp.tensor({N, C}), d_dweight.tensor({V, C}), Tensor(), d_logits.tensor({N, ld}),
+                         d_inp.tensor({N, C}), d_weight.tensor({V, C}), ops::Accumulate::no);
+    require_close("dinp", d_dinp.values(), dinp, bf16 ? act_reduction.bf16 : act_reduction.f32);
+    require_close("dweight", d_dweight.to_host(), dweight, bf16 ? f32_reduction_of_bf16.bf16 : f32_reduction.f32);
+
+    // The vocabulary-parallel steps on one rank over the same padded rows give the same losses.
+    const DeviceTensor d_again(HostValues{Vec(std::size_t(N * ld), std::numeric_limits<float>::quiet_NaN()), {}},
+                               dtype, 0);
+    ops::matmul_forward(d_again.tensor({N, ld}), d_inp.tensor({N, C}), d_weight.tensor({V, C}), Tensor());
+    const DeviceArray<float> d_max(Vec(std::size_t(N), 0.0f)), d_sum_exp(Vec(std::size_t(N), 0.0f)),
+        d_target(Vec(std::size_t(N), 0.0f)), d_losses2(Vec(std::size_t(N), 0.0f));
+    ops::classifier_row_max(d_max.tensor({N}), d_again.tensor({N, ld}), V);
+    ops::classifier_row_stats(d_sum_exp.tensor({N}), d_target.tensor({N}), d_again.tensor({N, ld}), d_max.tensor({N}),
+                              d_targets.tensor({N}), 0, V);
+    ops::classifier_parallel_finish(d_again.tensor({N, ld}), d_losses2.tensor({N}), d_max.tensor({N}),
+                                    d_sum_exp.tensor({N}), d_target.tensor({N}), d_targets.tensor({N}), 0, scale,
+                                    nullptr, V);
+    require_close("parallel losses", d_losses2.to_host(), losses, bf16 ? f32_reduction_of_bf16.bf16 : f32_elementwise.f32,
+                  1.0);
+    const Vec got_parallel = d_again.values();
+    require_close("parallel dlogits", first_columns(got_parallel, N, V, ld), logits,
+                  bf16 ? act_elementwise.bf16 : act_elementwise.f32);
+    CHECK(padding_is(got_parallel, N, V, ld, 0.0f));
+  }
+}
+
 TEST_CASE("cuda vocabulary-parallel steps: a NaN logit makes the sum NaN, a negative target the target logit",
           "[cuda][ops][bf16]") {
   std::string why;

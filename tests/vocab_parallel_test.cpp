@@ -241,3 +241,61 @@ TEST_CASE("vocabulary-parallel cross-entropy: hand values, NaN targets and logit
                                                   ti(target, {1}), 0, 1.0f),
                   RuntimeError);
 }
+
+TEST_CASE("padded logits rows: the head's matmuls and the classifier on rows of logits_stride(V) give the "
+          "unpadded results bit for bit and never read the padding", "[ops][vocab]") {
+  const std::int64_t N = 5, C = 7, V = 131, ld = ops::logits_stride(V);  // rows of 256
+  REQUIRE(ld == 256);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), scale = 0.2f;
+  std::mt19937 rng(77);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  Vec inp(std::size_t(N * C)), weight(std::size_t(V * C));
+  for (float& x : inp) x = u(rng);
+  for (float& x : weight) x = u(rng);
+  std::vector<std::int32_t> targets = {0, 130, 64, 7, 99};
+
+  Vec flat(std::size_t(N * V)), losses(static_cast<std::size_t>(N)), dinp(std::size_t(N * C)), dweight(std::size_t(V * C), 0.0f);
+  ops::matmul_forward(t(flat, {N, V}), t(inp, {N, C}), t(weight, {V, C}), Tensor());
+  const double sum = ops::fused_classifier(t(flat, {N, V}), t(losses, {N}), ti(targets, {N}), scale);
+  ops::matmul_backward(t(dinp, {N, C}), t(dweight, {V, C}), Tensor(), t(flat, {N, V}), t(inp, {N, C}),
+                       t(weight, {V, C}), ops::Accumulate::no);
+
+  Vec padded(std::size_t(N * ld), nan), padded_losses(static_cast<std::size_t>(N)), padded_dinp(std::size_t(N * C));
+  Vec padded_dweight(std::size_t(V * C), 0.0f);
+  ops::matmul_forward(t(padded, {N, ld}), t(inp, {N, C}), t(weight, {V, C}), Tensor());
+  for (std::int64_t i = 0; i < N; ++i) {
+    for (std::int64_t v = V; v < ld; ++v) REQUIRE(std::isnan(padded[std::size_t(i * ld + v)]));  // not written
+  }
+  const double padded_sum =
+      ops::fused_classifier(t(padded, {N, ld}), t(padded_losses, {N}), ti(targets, {N}), scale, nullptr, V);
+  CHECK(padded_sum == sum);
+  CHECK(padded_losses == losses);
+  for (std::int64_t i = 0; i < N; ++i) {
+    for (std::int64_t v = 0; v < ld; ++v) {
+      const float got = padded[std::size_t(i * ld + v)];
+      REQUIRE(got == (v < V ? flat[std::size_t(i * V + v)] : 0.0f));  // the gradient, its padding 0
+    }
+  }
+  ops::matmul_backward(t(padded_dinp, {N, C}), t(padded_dweight, {V, C}), Tensor(), t(padded, {N, ld}),
+                       t(inp, {N, C}), t(weight, {V, C}), ops::Accumulate::no);
+  CHECK(padded_dinp == dinp);
+  CHECK(padded_dweight == dweight);
+
+  // The vocabulary-parallel steps on one rank, on padded rows: the same losses as fused_classifier.
+  Vec again(std::size_t(N * ld), nan), row_max(static_cast<std::size_t>(N)), sum_exp(static_cast<std::size_t>(N)), target_logit(static_cast<std::size_t>(N));
+  Vec parallel_losses(static_cast<std::size_t>(N));
+  ops::matmul_forward(t(again, {N, ld}), t(inp, {N, C}), t(weight, {V, C}), Tensor());
+  ops::classifier_row_max(t(row_max, {N}), t(again, {N, ld}), V);
+  ops::classifier_row_stats(t(sum_exp, {N}), t(target_logit, {N}), t(again, {N, ld}), t(row_max, {N}), ti(targets, {N}),
+                            0, V);
+  ops::classifier_parallel_finish(t(again, {N, ld}), t(parallel_losses, {N}), t(row_max, {N}), t(sum_exp, {N}),
+                                  t(target_logit, {N}), ti(targets, {N}), 0, scale, nullptr, V);
+  for (std::size_t i = 0; i < losses.size(); ++i) CHECK(std::abs(parallel_losses[i] - losses[i]) <= 1e-6f * losses[i]);
+  for (std::int64_t i = 0; i < N; ++i) CHECK(again[std::size_t(i * ld + V)] == 0.0f);
+
+  // More vocabulary columns than the rows hold, or a matmul output narrower than the weight: refused.
+  CHECK_THROWS_AS(ops::fused_classifier(t(padded, {N, ld}), t(padded_losses, {N}), ti(targets, {N}), scale, nullptr,
+                                        ld + 1),
+                  RuntimeError);
+  CHECK_THROWS_AS(ops::matmul_forward(t(padded, {N, V - 1}), t(inp, {N, C}), t(weight, {V, C}), Tensor()), RuntimeError);
+}

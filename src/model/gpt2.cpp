@@ -212,7 +212,7 @@ std::size_t Gpt2::bind_acts(const config::ModelConfig& config, Recompute recompu
       if (shape.head) a.lnf_full = take({N, C});
     }
     if (shape.head) {
-      a.logits = take({N, V});
+      a.logits = take({N, logits_stride(V)});
       a.losses = stat({N});
     }
   }
@@ -459,7 +459,7 @@ Tensor Gpt2::decode_step(std::int32_t token, int pos) {
 
 Tensor Gpt2::logits() {
   if (tensor_size() > 1) throw RuntimeError("Gpt2::logits: each rank holds only its vocabulary columns");
-  return as_f32(a_.logits, logits_f32_).reshape({acts_B_, acts_T_, config_.vocab_size});
+  return unpadded_logits(a_.logits, logits_f32_).reshape({acts_B_, acts_T_, config_.vocab_size});
 }
 
 }  // namespace llmtrain::model

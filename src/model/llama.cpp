@@ -240,7 +240,7 @@ std::size_t Llama::bind_acts(const config::ModelConfig& config, Recompute recomp
       if (shape.head) a.lnf_full = take({N, C});
     }
     if (shape.head) {
-      a.logits = take({N, V});
+      a.logits = take({N, logits_stride(V)});
       a.losses = stat({N});
     }
   }
@@ -464,7 +464,7 @@ void Llama::backward_qkv_shared_kv(std::size_t l, const Tensor& dln1, const Tens
 
 Tensor Llama::logits() {
   if (tensor_size() > 1) throw RuntimeError("Llama::logits: each rank holds only its vocabulary columns");
-  return as_f32(a_.logits, logits_f32_).reshape({acts_B_, acts_T_, config_.vocab_size});
+  return unpadded_logits(a_.logits, logits_f32_).reshape({acts_B_, acts_T_, config_.vocab_size});
 }
 
 void Llama::ensure_decoder() {

@@ -281,7 +281,8 @@ double Model::take_loss_sum() { return loss_sum_ ? loss_sum_->take() : 0.0; }
 
 double Model::classify(const Tensor& logits, const Tensor& losses, const Tensor& targets, float dlogits_scale) {
   ops::DeviceSum* const sum = loss_deferred_ ? loss_sum_.get() : nullptr;
-  if (layout_.tensor_size == 1) return ops::fused_classifier(logits, losses, targets, dlogits_scale, sum);
+  const std::int64_t columns = vocab_end() - vocab_begin();
+  if (layout_.tensor_size == 1) return ops::fused_classifier(logits, losses, targets, dlogits_scale, sum, columns);
   const std::int64_t n = logits.shape[0];
   if (classifier_stats_.bytes() < std::size_t(3 * n) * sizeof(float)) {
     classifier_stats_ = ops::Buffer(device_, std::size_t(3 * n) * sizeof(float));
@@ -290,12 +291,12 @@ double Model::classify(const Tensor& logits, const Tensor& losses, const Tensor&
   const Tensor row_max(stats, DType::f32, device_, {n});
   const Tensor sums(stats + n, DType::f32, device_, {2 * n});  // sum of exponentials, then the target's logit
   const Tensor sum_exp(stats + n, DType::f32, device_, {n}), target_logit(stats + 2 * n, DType::f32, device_, {n});
-  ops::classifier_row_max(row_max, logits);
+  ops::classifier_row_max(row_max, logits, columns);
   tensor_group_->all_reduce_max(row_max);
-  ops::classifier_row_stats(sum_exp, target_logit, logits, row_max, targets, vocab_begin());
+  ops::classifier_row_stats(sum_exp, target_logit, logits, row_max, targets, vocab_begin(), columns);
   tensor_group_->all_reduce_sum(sums);
   return ops::classifier_parallel_finish(logits, losses, row_max, sum_exp, target_logit, targets, vocab_begin(),
-                                         dlogits_scale, sum);
+                                         dlogits_scale, sum, columns);
 }
 
 void Model::set_unit_storage(std::size_t u, void* weights, float* grads) {
@@ -321,6 +322,26 @@ Tensor Model::as_f32(const Tensor& t, ops::Buffer& scratch) const {
   wide.dtype = DType::f32;
   ops::convert(wide, t);
   return wide;
+}
+
+Tensor Model::unpadded_logits(const Tensor& logits, ops::Buffer& scratch) const {
+  const std::int64_t N = logits.shape[0], ld = logits.shape[1], V = vocab_end() - vocab_begin();
+  if (ld == V) return as_f32(logits, scratch);
+  // f32 rows (N,V) at the start of the scratch; bf16 logits widened into its tail first.
+  const std::int64_t wide = logits.dtype == DType::f32 ? 0 : N * ld;
+  const std::size_t bytes = std::size_t(N * V + wide) * sizeof(float);
+  if (scratch.bytes() < bytes) scratch = ops::Buffer(device_, bytes);
+  Tensor rows = logits;
+  if (wide > 0) {
+    rows = Tensor(static_cast<float*>(scratch.data()) + N * V, DType::f32, device_, {N, ld});
+    ops::convert(rows, logits);
+  }
+  const Tensor out(scratch.data(), DType::f32, device_, {N, V});
+  for (std::int64_t i = 0; i < N; ++i) {
+    ops::copy(Tensor(out.as<float>() + i * V, DType::f32, device_, {V}),
+              Tensor(rows.as<float>() + i * ld, DType::f32, device_, {V}));
+  }
+  return out;
 }
 
 const ParamInfo& Model::param_info(const std::string& name) const {

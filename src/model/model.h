@@ -128,6 +128,11 @@ class UnitHooks {
 /// Which activations backward recomputes instead of keeping from forward (config train.recompute).
 using Recompute = config::Recompute;
 
+/// The padded vocabulary (as llm.c's): a model lays out the logits of its V vocabulary columns in
+/// rows of ops::logits_stride(V). Only these activations are padded: parameters, checkpoints,
+/// exports, `plan` and the parameter count keep the true V.
+using ops::logits_stride;
+
 /// Hands out consecutive 64-byte aligned tensors from one allocation. A measuring Carver (null
 /// base) allocates nothing and hands out tensors without data: it only counts the bytes, so that
 /// the same layout code sizes the buffer, carves it, and answers `llmtrain plan`.
@@ -371,7 +376,8 @@ class Model {
       bind(carver, slot, grads, acts_only);
       // bind made room for the most vocabulary rows any rank has.
       if (holds_last_stage()) {
-        slot.logits = Tensor(slot.logits.data, slot.logits.dtype, device_, {std::int64_t(B) * T, vocab_end() - vocab_begin()});
+        slot.logits = Tensor(slot.logits.data, slot.logits.dtype, device_,
+                             {std::int64_t(B) * T, logits_stride(vocab_end() - vocab_begin())});
       }
     }
     bind(carver, a, grads, grads_only);
@@ -413,6 +419,10 @@ class Model {
 
   /// t as f32: t itself, or (bf16) its conversion into `scratch`.
   Tensor as_f32(const Tensor& t, ops::Buffer& scratch) const;
+  /// The logits (N, logits_stride(V)) of this rank's V vocabulary columns as (N, V) f32, without
+  /// the padding: the logits themselves where they have none and are f32, else a copy in
+  /// `scratch` (row by row: for inspection, logits(), not for the training loop).
+  Tensor unpadded_logits(const Tensor& logits, ops::Buffer& scratch) const;
   /// GPT-2 style initialisation of one parameter: normal(0, std) from (seed, flat index).
   void init_normal(const ParamInfo& info, std::uint64_t seed, float std);
   void init_constant(const ParamInfo& info, float value);

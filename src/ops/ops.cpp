@@ -119,16 +119,25 @@ void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor&
   });
 }
 
+namespace {
+// The row stride of a matmul's out or dout (N,ld): at least OC (the padded logits are wider).
+std::int64_t row_stride(const Op& op, const char* name, const Tensor& t, DType act, std::int64_t N, std::int64_t OC) {
+  op.expect(name, t, act, {N, -1});
+  if (t.shape[1] < OC) op.fail(std::string(name) + " has fewer columns than the weight has rows");
+  return t.shape[1];
+}
+}  // namespace
+
 void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias) {
   const Op op("matmul_forward");
   const auto N = inp.shape[0], C = inp.shape[1], OC = weight.shape[0];
   const DType act = op.activation(inp);
   op.expect("inp", inp, act, {N, C});
   op.expect("weight", weight, act, {OC, C});
-  op.expect("out", out, act, {N, OC});
+  const std::int64_t ld = row_stride(op, "out", out, act, N, OC);
   if (bias.data) op.expect("bias", bias, act, {OC});
   op.run(LLMTRAIN_KERNELS(matmul_forward), act, [&](auto v) {
-    return std::tuple(v.out(out), v.in(inp), v.in(weight), v.in(bias), N, as_int(C), as_int(OC));
+    return std::tuple(v.out(out), v.in(inp), v.in(weight), v.in(bias), N, as_int(C), as_int(OC), ld);
   });
 }
 
@@ -141,11 +150,11 @@ void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& db
   op.expect("dinp", dinp, act, {N, C});
   op.expect("weight", weight, act, {OC, C});
   op.expect("dweight", dweight, DType::f32, {OC, C});
-  op.expect("dout", dout, act, {N, OC});
+  const std::int64_t ld = row_stride(op, "dout", dout, act, N, OC);
   if (dbias.data) op.expect("dbias", dbias, DType::f32, {OC});
   op.run(LLMTRAIN_KERNELS(matmul_backward), act, [&](auto v) {
     return std::tuple(v.out(dinp), v.f32(dweight), v.f32(dbias), v.in(dout), v.in(inp), v.in(weight), N,
-                      as_int(C), as_int(OC), dinp_mode == Accumulate::yes);
+                      as_int(C), as_int(OC), ld, dinp_mode == Accumulate::yes);
   });
 }
 
@@ -365,74 +374,77 @@ double* sum_on(const Op& op, DeviceSum* sum, const Tensor& summed) {
 }
 }  // namespace
 
-double fused_classifier(const Tensor& logits, const Tensor& losses, const Tensor& targets, float dlogits_scale,
-                        DeviceSum* loss_sum) {
-  const Op op("fused_classifier");
-  const auto N = logits.shape[0], V = logits.shape[1];
-  const DType act = op.activation(logits);
-  op.expect("logits", logits, act, {N, V});
-  op.expect("losses", losses, DType::f32, {N});
-  op.expect("targets", targets, DType::i32, {N});
-  double* const sum = sum_on(op, loss_sum, losses);
-  // The logits are overwritten by their gradient only when dlogits_scale > 0.
-  return op.run(LLMTRAIN_KERNELS(fused_classifier), act, [&](auto v) {
-    return std::tuple(dlogits_scale > 0 ? v.out(logits) : v.in(logits), v.f32(losses), v.i32(targets), N,
-                      as_int(V), dlogits_scale, sum);
-  });
-}
-
 namespace {
-// The vocabulary-parallel steps' checks: logits (N,Vl) set N and the precision; the per-row
-// statistics (N) are f32 and the targets (N) i32.
-struct LocalLogits {
+// The classifier ops' checks: logits (N,ld) set N and the precision, and hold `columns` (-1: all
+// ld) of the vocabulary per row; the per-row statistics (N) are f32 and the targets (N) i32.
+struct LogitRows {
   std::int64_t N;
   int V;
+  std::int64_t ld;
   DType act;
 };
-LocalLogits local_logits_checks(const Op& op, const Tensor& logits, std::initializer_list<Named> statistics,
-                                const Tensor* targets = nullptr, std::int64_t vocab_begin = 0) {
-  const auto N = logits.shape[0], V = logits.shape[1];
+LogitRows logits_checks(const Op& op, const Tensor& logits, std::int64_t columns,
+                        std::initializer_list<Named> statistics, const Tensor* targets = nullptr,
+                        std::int64_t vocab_begin = 0) {
+  const auto N = logits.shape[0], ld = logits.shape[1];
   const DType act = op.activation(logits);
-  op.expect("logits", logits, act, {N, V});
+  op.expect("logits", logits, act, {N, ld});
+  if (columns < 0) columns = ld;
+  if (columns > ld) op.fail(std::to_string(columns) + " vocabulary columns in rows of " + std::to_string(ld));
   for (const auto& [name, t] : statistics) op.expect(name, *t, DType::f32, {N});
   if (targets) op.expect("targets", *targets, DType::i32, {N});
   if (vocab_begin < 0) op.fail("vocab_begin " + std::to_string(vocab_begin) + " is negative");
-  return {N, as_int(V), act};
+  return {N, as_int(columns), ld, act};
 }
 }  // namespace
 
-void classifier_row_max(const Tensor& row_max, const Tensor& logits) {
+double fused_classifier(const Tensor& logits, const Tensor& losses, const Tensor& targets, float dlogits_scale,
+                        DeviceSum* loss_sum, std::int64_t columns) {
+  const Op op("fused_classifier");
+  const auto [N, V, ld, act] = logits_checks(op, logits, columns, {{"losses", &losses}}, &targets);
+  double* const sum = sum_on(op, loss_sum, losses);
+  // The logits are overwritten by their gradient only when dlogits_scale > 0.
+  return op.run(LLMTRAIN_KERNELS(fused_classifier), act, [&](auto v) {
+    return std::tuple(dlogits_scale > 0 ? v.out(logits) : v.in(logits), v.f32(losses), v.i32(targets), N, V, ld,
+                      dlogits_scale, sum);
+  });
+}
+
+void classifier_row_max(const Tensor& row_max, const Tensor& logits, std::int64_t columns) {
   const Op op("classifier_row_max");
-  const auto [N, V, act] = local_logits_checks(op, logits, {{"row_max", &row_max}});
+  const auto [N, V, ld, act] = logits_checks(op, logits, columns, {{"row_max", &row_max}});
   op.run(LLMTRAIN_KERNELS(classifier_row_max), act,
-         [&](auto v) { return std::tuple(v.f32(row_max), v.in(logits), N, V); });
+         [&](auto v) { return std::tuple(v.f32(row_max), v.in(logits), N, V, ld); });
 }
 
 void classifier_row_stats(const Tensor& sum_exp, const Tensor& target_logit, const Tensor& logits,
-                          const Tensor& row_max, const Tensor& targets, std::int64_t vocab_begin) {
+                          const Tensor& row_max, const Tensor& targets, std::int64_t vocab_begin,
+                          std::int64_t columns) {
   const Op op("classifier_row_stats");
-  const auto [N, V, act] = local_logits_checks(
-      op, logits, {{"sum_exp", &sum_exp}, {"target_logit", &target_logit}, {"row_max", &row_max}}, &targets,
-      vocab_begin);
+  const auto [N, V, ld, act] = logits_checks(
+      op, logits, columns, {{"sum_exp", &sum_exp}, {"target_logit", &target_logit}, {"row_max", &row_max}},
+      &targets, vocab_begin);
   op.run(LLMTRAIN_KERNELS(classifier_row_stats), act, [&](auto v) {
-    return std::tuple(v.f32(sum_exp), v.f32(target_logit), v.in(logits), v.f32(row_max), v.i32(targets), N, V,
+    return std::tuple(v.f32(sum_exp), v.f32(target_logit), v.in(logits), v.f32(row_max), v.i32(targets), N, V, ld,
                       vocab_begin);
   });
 }
 
 double classifier_parallel_finish(const Tensor& logits, const Tensor& losses, const Tensor& row_max,
                                   const Tensor& sum_exp, const Tensor& target_logit, const Tensor& targets,
-                                  std::int64_t vocab_begin, float dlogits_scale, DeviceSum* loss_sum) {
+                                  std::int64_t vocab_begin, float dlogits_scale, DeviceSum* loss_sum,
+                                  std::int64_t columns) {
   const Op op("classifier_parallel_finish");
-  const auto [N, V, act] = local_logits_checks(
-      op, logits,
+  const auto [N, V, ld, act] = logits_checks(
+      op, logits, columns,
       {{"losses", &losses}, {"row_max", &row_max}, {"sum_exp", &sum_exp}, {"target_logit", &target_logit}},
       &targets, vocab_begin);
   double* const sum = sum_on(op, loss_sum, losses);
   // The logits are overwritten by their gradient only when dlogits_scale > 0.
   return op.run(LLMTRAIN_KERNELS(classifier_parallel_finish), act, [&](auto v) {
     return std::tuple(dlogits_scale > 0 ? v.out(logits) : v.in(logits), v.f32(losses), v.f32(row_max),
-                      v.f32(sum_exp), v.f32(target_logit), v.i32(targets), N, V, vocab_begin, dlogits_scale, sum);
+                      v.f32(sum_exp), v.f32(target_logit), v.i32(targets), N, V, ld, vocab_begin, dlogits_scale,
+                      sum);
   });
 }
 

@@ -36,11 +36,14 @@ void layernorm_residual_forward(const Tensor& residual, const Tensor& out, const
                                 const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias);
 
 /// out (N,OC) = inp (N,C) weight^T (weight (OC,C)) + bias (OC); a bias with no data means none.
+/// out may have wider rows, (N,ld) with ld > OC (the padded logits): its columns past OC are not
+/// written.
 void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias);
 /// Whether a backward op adds its input gradient to dinp or is its first writer and writes it
 /// (no zeroing beforehand, and on the GPU no read of the old values).
 enum class Accumulate : bool { no, yes };
-/// dinp (N,C) += (or, Accumulate::no, =) dout weight; dweight (OC,C), dbias (OC) += .
+/// dinp (N,C) += (or, Accumulate::no, =) dout weight; dweight (OC,C), dbias (OC) += . dout may
+/// have wider rows, (N,ld) with ld > OC, as matmul_forward's out: its columns past OC are not read.
 void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
                      const Tensor& inp, const Tensor& weight, Accumulate dinp_mode = Accumulate::yes);
 
@@ -117,12 +120,21 @@ class DeviceSum {
   Buffer buffer_;
 };
 
+/// The padded vocabulary (as llm.c's): the row stride of logits of V vocabulary columns, V rounded
+/// up to a multiple of 128 (GPT-2's 50257 in rows of 50304), so that every row starts 256-byte
+/// aligned (the classifier's 128-bit accesses, cuBLASLt's aligned leading dimensions) whatever V
+/// is. The matmuls and the classifier below never read the padding.
+constexpr std::int64_t logits_stride(std::int64_t V) { return (V + 127) / 128 * 128; }
+
 /// Softmax cross-entropy over logits (N,V) against targets (N) i32 -> losses (N); with
 /// dlogits_scale > 0 the logits become their gradient times that scale. Returns the loss sum
 /// (on a GPU, waiting for it); or, given `loss_sum` (a DeviceSum on the logits' device), adds the
 /// sum there without waiting and returns 0.
+/// The padded vocabulary: every classifier op takes logits (N,ld) of which only the first
+/// `columns` (all of them for -1) are the vocabulary; the rest of each row is padding (whatever a
+/// matmul into (N,ld) left there), never read, and set to 0 where the gradient is written.
 double fused_classifier(const Tensor& logits, const Tensor& losses, const Tensor& targets, float dlogits_scale,
-                        DeviceSum* loss_sum = nullptr);
+                        DeviceSum* loss_sum = nullptr, std::int64_t columns = -1);
 
 /// fused_classifier with the vocabulary split over the ranks of a tensor group: logits (N,Vl)
 /// are columns [vocab_begin, vocab_begin + Vl) of the vocabulary, f32 or bf16; row_max, sum_exp,
@@ -131,17 +143,19 @@ double fused_classifier(const Tensor& logits, const Tensor& losses, const Tensor
 /// sum_exp and target_logit after step 2. With one rank (vocab_begin 0, Vl = V) the steps give
 /// fused_classifier's losses and gradient to rounding.
 /// 1. row_max = each row's local max.
-void classifier_row_max(const Tensor& row_max, const Tensor& logits);
+void classifier_row_max(const Tensor& row_max, const Tensor& logits, std::int64_t columns = -1);
 /// 2. sum_exp = the local sum of exp(logit - row_max) (row_max global); target_logit = the target's
 ///    logit where this rank holds it, else 0 (NaN for a negative target, on every rank).
 void classifier_row_stats(const Tensor& sum_exp, const Tensor& target_logit, const Tensor& logits,
-                          const Tensor& row_max, const Tensor& targets, std::int64_t vocab_begin);
+                          const Tensor& row_max, const Tensor& targets, std::int64_t vocab_begin,
+                          std::int64_t columns = -1);
 /// 3. losses = log(sum_exp) + row_max - target_logit (global statistics); with dlogits_scale > 0
 ///    the local logits become their gradient (softmax - onehot) times that scale. Returns the loss
 ///    sum, the same on every rank, or adds it into `loss_sum` as fused_classifier.
 double classifier_parallel_finish(const Tensor& logits, const Tensor& losses, const Tensor& row_max,
                                   const Tensor& sum_exp, const Tensor& target_logit, const Tensor& targets,
-                                  std::int64_t vocab_begin, float dlogits_scale, DeviceSum* loss_sum = nullptr);
+                                  std::int64_t vocab_begin, float dlogits_scale, DeviceSum* loss_sum = nullptr,
+                                  std::int64_t columns = -1);
 
 /// out = in, converting f32 -> bf16 (round to nearest even) or bf16 -> f32; same element count.
 void convert(const Tensor& out, const Tensor& in);

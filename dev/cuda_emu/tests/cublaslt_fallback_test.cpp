@@ -97,13 +97,13 @@ TEST_CASE("cuBLASLt fallback: the first algorithm that runs does the matmul, and
       dweight_ref = integers(std::size_t(OC) * C, 6), dbias_ref(OC, 0.0f);
   const DeviceArray<float> d_inp(inp), d_weight(weight), d_bias(bias), d_dout(dout), d_out(out_ref.size()),
       d_dinp(dinp_ref), d_dweight(dweight_ref), d_dbias(dbias_ref);
-  cpu::matmul_forward(out_ref.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+  cpu::matmul_forward(out_ref.data(), inp.data(), weight.data(), bias.data(), N, C, OC, OC);
   cpu::matmul_backward(dinp_ref.data(), dweight_ref.data(), dbias_ref.data(), dout.data(), inp.data(),
-                       weight.data(), N, C, OC, true);
+                       weight.data(), N, C, OC, OC, true);
 
   const OfferedAlgorithms offered(8, 3);  // of 8 algorithms, #0-#2 are turned down
   CublasLtCounts before = cublaslt_counts();
-  cuda::matmul_forward(d_out.get(), d_inp.get(), d_weight.get(), d_bias.get(), N, C, OC, nullptr);
+  cuda::matmul_forward(d_out.get(), d_inp.get(), d_weight.get(), d_bias.get(), N, C, OC, OC, nullptr);
   CHECK(d_out.read() == out_ref);
   CublasLtCounts counts = since(before);
   CHECK(counts.heuristic_calls == 1);
@@ -115,7 +115,7 @@ TEST_CASE("cuBLASLt fallback: the first algorithm that runs does the matmul, and
   // left them alone. Two products, so two choices.
   before = cublaslt_counts();
   cuda::matmul_backward(d_dinp.get(), d_dweight.get(), d_dbias.get(), d_dout.get(), d_inp.get(), d_weight.get(),
-                        N, C, OC, true, nullptr);
+                        N, C, OC, OC, true, nullptr);
   CHECK(d_dinp.read() == dinp_ref);
   CHECK(d_dweight.read() == dweight_ref);
   CHECK(d_dbias.read() == dbias_ref);
@@ -128,7 +128,7 @@ TEST_CASE("cuBLASLt fallback: the first algorithm that runs does the matmul, and
   // when the heuristic would now offer #0 as working (one algorithm per shape per process).
   const OfferedAlgorithms all_run(8, 0);
   before = cublaslt_counts();
-  cuda::matmul_forward(d_out.get(), d_inp.get(), d_weight.get(), d_bias.get(), N, C, OC, nullptr);
+  cuda::matmul_forward(d_out.get(), d_inp.get(), d_weight.get(), d_bias.get(), N, C, OC, OC, nullptr);
   CHECK(d_out.read() == out_ref);
   counts = since(before);
   CHECK(counts.heuristic_calls == 0);
@@ -145,7 +145,7 @@ TEST_CASE("cuBLASLt fallback: a matmul shape that no algorithm runs is an error 
                bias = integers(OC, 3);
     const DeviceArray<float> d_inp(inp), d_weight(weight), d_bias(bias), d_out(std::size_t(N) * OC);
     const auto forward = [&] {
-      cuda::matmul_forward(d_out.get(), d_inp.get(), d_weight.get(), d_bias.get(), N, C, OC, nullptr);
+      cuda::matmul_forward(d_out.get(), d_inp.get(), d_weight.get(), d_bias.get(), N, C, OC, OC, nullptr);
     };
     {
       const OfferedAlgorithms offered(4, 4);
@@ -165,7 +165,7 @@ TEST_CASE("cuBLASLt fallback: a matmul shape that no algorithm runs is an error 
     // Nothing was cached for the shape: once an algorithm runs, it works.
     forward();
     std::vector<float> out_ref(std::size_t(N) * OC);
-    cpu::matmul_forward(out_ref.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+    cpu::matmul_forward(out_ref.data(), inp.data(), weight.data(), bias.data(), N, C, OC, OC);
     CHECK(d_out.read() == out_ref);
   }
   SECTION("the heuristic has none (bf16, an odd alignment)") {
@@ -176,7 +176,7 @@ TEST_CASE("cuBLASLt fallback: a matmul shape that no algorithm runs is an error 
     const OfferedAlgorithms offered(0, 0);
     const std::string message = error_of([&] {
       // inp one element in: 2-byte aligned.
-      cuda::matmul_forward(d_out.get(), d_inp.get() + 1, d_weight.get(), nullptr, N, C, OC, nullptr);
+      cuda::matmul_forward(d_out.get(), d_inp.get() + 1, d_weight.get(), nullptr, N, C, OC, OC, nullptr);
     });
     INFO(message);
     CHECK(message.find("forward out = inp W^T (N=2, C=13, OC=5)") != std::string::npos);

@@ -20,9 +20,9 @@ namespace llmtrain::cpu {
 
 namespace {
 
-// dbias (OC) += column sums of dout (N,OC): each task owns a slice of outputs and adds whole row
-// pieces in row order (vectorised, deterministic).
-void bias_backward(float* dbias, const float* dout, std::int64_t N, int OC) {
+// dbias (OC) += column sums of dout (N,OC; rows ld apart): each task owns a slice of outputs and
+// adds whole row pieces in row order (vectorised, deterministic).
+void bias_backward(float* dbias, const float* dout, std::int64_t N, int OC, std::int64_t ld) {
   constexpr int slice = 64;
   const int slices = (OC + slice - 1) / slice;
 #pragma omp parallel for if (worth_threads(N * OC))
@@ -30,7 +30,7 @@ void bias_backward(float* dbias, const float* dout, std::int64_t N, int OC) {
     const int o0 = k * slice, o1 = std::min(OC, o0 + slice);
     float sum[slice] = {};
     for (std::int64_t i = 0; i < N; ++i) {
-      const float* row = dout + i * OC;
+      const float* row = dout + i * ld;
 #pragma omp simd
       for (int o = o0; o < o1; ++o) sum[o - o0] += row[o];
     }
@@ -43,26 +43,26 @@ void bias_backward(float* dbias, const float* dout, std::int64_t N, int OC) {
 #if LLMTRAIN_HAVE_OPENBLAS
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, std::int64_t N, int C,
-                    int OC) {
+                    int OC, std::int64_t ld) {
   if (bias) {
 #pragma omp parallel for if (worth_threads(N * OC))
     for (std::int64_t i = 0; i < N; ++i) {
-      for (int o = 0; o < OC; ++o) out[i * OC + o] = bias[o];
+      for (int o = 0; o < OC; ++o) out[i * ld + o] = bias[o];
     }
   }
   // out (N,OC) = inp (N,C) x weight^T (C,OC) [+ out]
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(N), OC, C, 1.0f, inp, C, weight, C, bias ? 1.0f : 0.0f,
-              out, OC);
+              out, int(ld));
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, std::int64_t N, int C, int OC, bool accumulate) {
+                     const float* weight, std::int64_t N, int C, int OC, std::int64_t ld, bool accumulate) {
   // dinp (N,C) (+)= dout (N,OC) x weight (OC,C)
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(N), C, OC, 1.0f, dout, OC, weight, C,
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(N), C, OC, 1.0f, dout, int(ld), weight, C,
               accumulate ? 1.0f : 0.0f, dinp, C);
   // dweight (OC,C) += dout^T (OC,N) x inp (N,C)
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, int(N), 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
-  if (dbias) bias_backward(dbias, dout, N, OC);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, int(N), 1.0f, dout, int(ld), inp, C, 1.0f, dweight, C);
+  if (dbias) bias_backward(dbias, dout, N, OC, ld);
 }
 
 #else  // no BLAS: blocked OpenMP loops
@@ -92,7 +92,7 @@ inline void add_scaled_rows(float* dst, const float* const* src, const float* a,
 }  // namespace
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, std::int64_t N, int C,
-                    int OC) {
+                    int OC, std::int64_t ld) {
   // out (N,OC) = inp (N,C) x weight^T (C,OC) + bias: dot products of contiguous rows, four
   // weight rows against one input row per pass.
 #pragma omp parallel for schedule(static) if (worth_threads(N * C * OC))
@@ -114,14 +114,14 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
             s3 += x[c] * w3[c];
           }
           const float s[4] = {s0, s1, s2, s3};
-          for (int k = 0; k < 4; ++k) out[i * OC + o + k] = (bias ? bias[o + k] : 0.0f) + s[k];
+          for (int k = 0; k < 4; ++k) out[i * ld + o + k] = (bias ? bias[o + k] : 0.0f) + s[k];
         }
         for (; o < o1; ++o) {
           const float* w = weight + o * C;
           float s = 0.0f;
 #pragma omp simd reduction(+ : s)
           for (int c = 0; c < C; ++c) s += x[c] * w[c];
-          out[i * OC + o] = (bias ? bias[o] : 0.0f) + s;
+          out[i * ld + o] = (bias ? bias[o] : 0.0f) + s;
         }
       }
     }
@@ -129,7 +129,7 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, std::int64_t N, int C, int OC, bool accumulate) {
+                     const float* weight, std::int64_t N, int C, int OC, std::int64_t ld, bool accumulate) {
   if (!accumulate) std::memset(dinp, 0, std::size_t(N) * std::size_t(C) * sizeof(float));
   // dinp (N,C) += dout (N,OC) x weight (OC,C): each row of dinp gathers weight rows, four at a time.
 #pragma omp parallel for schedule(static) if (worth_threads(N * C * OC))
@@ -144,7 +144,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
           float a[4];
           for (int k = 0; k < K; ++k) {
             rows[k] = weight + (o + k) * C;
-            a[k] = dout[i * OC + o + k];
+            a[k] = dout[i * ld + o + k];
           }
           add_scaled_rows(dinp + i * C, rows, a, K, C);
         }
@@ -164,14 +164,14 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
           float a[4];
           for (int k = 0; k < K; ++k) {
             rows[k] = inp + (i + k) * C;
-            a[k] = dout[(i + k) * OC + o];
+            a[k] = dout[(i + k) * ld + o];
           }
           add_scaled_rows(dweight + o * C, rows, a, K, C);
         }
       }
     }
   }
-  if (dbias) bias_backward(dbias, dout, N, OC);
+  if (dbias) bias_backward(dbias, dout, N, OC, ld);
 }
 
 #endif
@@ -180,17 +180,17 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 // bit for bit (the GPU fuses them into cuBLASLt's epilogues).
 void matmul_gelu_forward(float* out, float* pre, const float* inp, const float* weight, const float* bias,
                          std::int64_t N, int C, int OC) {
-  matmul_forward(pre, inp, weight, bias, N, C, OC);
+  matmul_forward(pre, inp, weight, bias, N, C, OC, OC);
   gelu_forward(out, pre, N * OC);
 }
 
 void matmul_backward_dgelu(float* dpre, float* dweight, float* dbias, float* dpre_bias, const float* dout,
                            const float* inp, const float* pre, const float* weight, std::int64_t N, int C, int OC) {
   std::vector<float> dinp(std::size_t(N) * std::size_t(C), 0.0f);  // (N,C): d(GELU output)
-  matmul_backward(dinp.data(), dweight, dbias, dout, inp, weight, N, C, OC, true);
+  matmul_backward(dinp.data(), dweight, dbias, dout, inp, weight, N, C, OC, OC, true);
   std::memset(dpre, 0, dinp.size() * sizeof(float));
   gelu_backward(dpre, pre, dinp.data(), N * C);
-  if (dpre_bias) bias_backward(dpre_bias, dpre, N, C);
+  if (dpre_bias) bias_backward(dpre_bias, dpre, N, C, C);
 }
 
 }  // namespace llmtrain::cpu

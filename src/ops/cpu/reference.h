@@ -31,12 +31,14 @@ void layernorm_residual_forward(float* residual, float* out, float* mean, float*
                                 const float* weight, const float* bias, std::int64_t N, int C);
 
 /// out (N,OC) = inp (N,C) weight^T + bias; weight (OC,C); bias (OC) or null. OpenBLAS sgemm.
+/// Rows of out are `ld` >= OC elements apart (a padded row, as the logits'); the columns past OC
+/// are not touched.
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, std::int64_t N, int C,
-                    int OC);
-/// dweight (OC,C), dbias (OC, may be null) += from dout (N,OC); dinp (N,C) += too, or is written
-/// when !accumulate (its first writer).
+                    int OC, std::int64_t ld);
+/// dweight (OC,C), dbias (OC, may be null) += from dout (N,OC; rows `ld` >= OC apart, the columns
+/// past OC not read); dinp (N,C) += too, or is written when !accumulate (its first writer).
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, std::int64_t N, int C, int OC, bool accumulate);
+                     const float* weight, std::int64_t N, int C, int OC, std::int64_t ld, bool accumulate);
 /// pre (N,OC) = inp (N,C) weight^T + bias (pre-activation, kept for backward); out (N,OC) = GELU(pre).
 void matmul_gelu_forward(float* out, float* pre, const float* inp, const float* weight, const float* bias,
                          std::int64_t N, int C, int OC);
@@ -94,27 +96,30 @@ void rope_backward(float* dinp, const float* dout, int B, int T, int H, int HS, 
 /// With `dlogits_scale` > 0 the logits are overwritten by their gradient, (softmax - onehot) *
 /// scale, so the probabilities are never stored. Returns the sum of the N losses; with loss_sum,
 /// adds it there instead and returns 0 (as the CUDA kernel does into device memory).
+/// Every classifier function takes rows `ld` >= V elements apart: the padded vocabulary, whose
+/// columns [V, ld) are never read, and with a gradient are set to 0.
 double fused_classifier(float* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
-                        float dlogits_scale, double* loss_sum);
+                        std::int64_t ld, float dlogits_scale, double* loss_sum);
 
 /// The same cross-entropy with the vocabulary split over ranks (a vocabulary-parallel output
 /// head): logits (N,V) hold columns [vocab_begin, vocab_begin + V) of the full vocabulary, and no
 /// rank holds a full row. Three steps; between them the caller all-reduces over the ranks.
 /// 1. row_max (N) = the max of each row's local logits (NaNs skipped, -inf for V = 0).
 ///    The caller takes the max over the ranks.
-void classifier_row_max(float* row_max, const float* logits, std::int64_t N, int V);
+void classifier_row_max(float* row_max, const float* logits, std::int64_t N, int V, std::int64_t ld);
 /// 2. sum_exp (N) = sum over the local columns of exp(logit - row_max), row_max the global max;
 ///    target_logit (N) = the logit of targets[i] (full-vocabulary ids) where this rank holds it,
 ///    else 0, or NaN for a negative target. The caller sums both over the ranks.
 void classifier_row_stats(float* sum_exp, float* target_logit, const float* logits, const float* row_max,
-                          const std::int32_t* targets, std::int64_t N, int V, std::int64_t vocab_begin);
+                          const std::int32_t* targets, std::int64_t N, int V, std::int64_t ld,
+                          std::int64_t vocab_begin);
 /// 3. losses (N) = log(sum_exp) + row_max - target_logit, from the global statistics; with
 ///    dlogits_scale > 0 the local logits become (softmax - onehot) * dlogits_scale, as
 ///    fused_classifier's columns. Returns the sum of the N losses (the same on every rank), or
 ///    adds it into loss_sum, as fused_classifier.
 double classifier_parallel_finish(float* logits, float* losses, const float* row_max, const float* sum_exp,
                                   const float* target_logit, const std::int32_t* targets, std::int64_t N, int V,
-                                  std::int64_t vocab_begin, float dlogits_scale, double* loss_sum);
+                                  std::int64_t ld, std::int64_t vocab_begin, float dlogits_scale, double* loss_sum);
 
 /// Sum of squares of x (N), accumulated in double in fixed-size chunks (deterministic).
 /// With `into`, adds the sum there and returns 0.

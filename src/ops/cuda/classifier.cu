@@ -2,8 +2,11 @@
 // threads per row (V is tens of thousands): one pass keeps a running (max, sum of exp) per
 // thread, the "online softmax", then two block reductions give the row's max and sum; a second
 // pass writes (softmax - onehot) * scale over the logits, so the probabilities never exist in
-// memory: 2 reads + 1 write of the logits in all. 128-bit accesses when V % 4 == 0 and the
-// logits are aligned, scalar otherwise (GPT-2's V = 50257 is odd). The per-row losses are
+// memory: 2 reads + 1 write of the logits in all. Rows are `ld` >= V elements apart: the model
+// pads them (the padded vocabulary, GPT-2's 50257 columns in rows of 50304) so that every row
+// starts 16-byte aligned and the 128-bit accesses apply whatever V is; a chunk that straddles V
+// masks its columns past V, which are never read (they hold whatever the matmul left there), and
+// the gradient pass writes them 0. Scalar accesses where ld or the base pointer is not aligned. The per-row losses are
 // summed in double by a deterministic two-pass reduction (reduce.cuh), and the sum is copied to
 // the host, which waits for the stream; or, given a device double `loss_sum` (training), added
 // into it on the stream, so that a micro-step never waits for the GPU (the trainer reads the
@@ -34,16 +37,23 @@ namespace {
 
 constexpr int classifier_block = 512;
 
-/// Overwrites the row x (V) with its gradient (softmax - onehot(target)) * dlogits_scale, the
-/// softmax being exp(x - row_max) * inv_sum; the block's threads stride over the row.
+/// Whether rows ld elements apart from `logits` can be read in 128-bit chunks.
+template <class Elem>
+bool vectorized(const Elem* logits, std::int64_t ld) {
+  return ld % vec_width<Elem> == 0 && aligned16({logits});
+}
+
+/// Overwrites the row x (V columns of a padded row of ld) with its gradient (softmax -
+/// onehot(target)) * dlogits_scale, the softmax being exp(x - row_max) * inv_sum, and its padding
+/// [V, ld) with 0; the block's threads stride over the row.
 template <int W, class Elem>
-__device__ __forceinline__ void write_dlogits(Elem* x, int V, float row_max, float inv_sum, std::int64_t target,
-                                              float dlogits_scale) {
-  for (int v = threadIdx.x * W; v < V; v += blockDim.x * W) {
+__device__ __forceinline__ void write_dlogits(Elem* x, int V, std::int64_t ld, float row_max, float inv_sum,
+                                              std::int64_t target, float dlogits_scale) {
+  for (std::int64_t v = threadIdx.x * W; v < ld; v += blockDim.x * W) {
     Chunk<Elem, W> chunk = load_chunk<W>(x + v);
 #pragma unroll
     for (int k = 0; k < W; ++k) {
-      const float p = expf(to_float(chunk.e[k]) - row_max) * inv_sum;
+      const float p = v + k < V ? expf(to_float(chunk.e[k]) - row_max) * inv_sum : 0.0f;
       chunk.e[k] = from_float<Elem>((p - (v + k == target ? 1.0f : 0.0f)) * dlogits_scale);
     }
     store_chunk<W>(x + v, chunk);
@@ -52,10 +62,10 @@ __device__ __forceinline__ void write_dlogits(Elem* x, int V, float row_max, flo
 
 template <class Elem, int W>
 __global__ void __launch_bounds__(classifier_block)
-    fused_classifier_kernel(Elem* logits /* (N,V) */, float* losses /* (N) */,
-                            const std::int32_t* targets /* (N) */, int V, float dlogits_scale) {
+    fused_classifier_kernel(Elem* logits /* (N,ld) */, float* losses /* (N) */,
+                            const std::int32_t* targets /* (N) */, int V, std::int64_t ld, float dlogits_scale) {
   const std::int64_t row = blockIdx.x;
-  Elem* x = logits + row * V;
+  Elem* x = logits + row * ld;
 
   // Running max and sum of exp(x - max) over this thread's share of the row.
   float m = -INFINITY, s = 0.0f;
@@ -63,6 +73,7 @@ __global__ void __launch_bounds__(classifier_block)
     const Chunk<Elem, W> chunk = load_chunk<W>(x + v);
 #pragma unroll
     for (int k = 0; k < W; ++k) {
+      if (v + k >= V) break;  // the padding
       const float value = to_float(chunk.e[k]);
       if (value > m) {
         s = s * expf(m - value) + 1.0f;  // exp(-inf) = 0 for the first element
@@ -82,7 +93,7 @@ __global__ void __launch_bounds__(classifier_block)
   const float row_sum = block_reduce(scaled, SumOp{}, 0.0f);
   if (threadIdx.x == 0) losses[row] = logf(row_sum) - (target_logit - row_max);
 
-  if (dlogits_scale > 0.0f) write_dlogits<W>(x, V, row_max, 1.0f / row_sum, target, dlogits_scale);
+  if (dlogits_scale > 0.0f) write_dlogits<W>(x, V, ld, row_max, 1.0f / row_sum, target, dlogits_scale);
 }
 
 struct Identity {
@@ -91,15 +102,15 @@ struct Identity {
 
 template <class Elem>
 double fused_classifier_dispatch(Elem* logits, float* losses, const std::int32_t* targets, std::int64_t N,
-                                 int V, float dlogits_scale, double* loss_sum, cudaStream_t stream) {
+                                 int V, std::int64_t ld, float dlogits_scale, double* loss_sum, cudaStream_t stream) {
   if (N <= 0) return 0.0;
   if (N > INT32_MAX) throw RuntimeError("cuda::fused_classifier: more than 2^31 - 1 rows");
-  if (V % vec_width<Elem> == 0 && aligned16({logits})) {
+  if (vectorized<Elem>(logits, ld)) {
     fused_classifier_kernel<Elem, vec_width<Elem>>
-        <<<unsigned(N), classifier_block, 0, stream>>>(logits, losses, targets, V, dlogits_scale);
+        <<<unsigned(N), classifier_block, 0, stream>>>(logits, losses, targets, V, ld, dlogits_scale);
   } else {
     fused_classifier_kernel<Elem, 1>
-        <<<unsigned(N), classifier_block, 0, stream>>>(logits, losses, targets, V, dlogits_scale);
+        <<<unsigned(N), classifier_block, 0, stream>>>(logits, losses, targets, V, ld, dlogits_scale);
   }
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
   if (loss_sum) {
@@ -115,13 +126,15 @@ constexpr int parallel_block = 256;
 
 template <class Elem, int W>
 __global__ void __launch_bounds__(parallel_block)
-    classifier_row_max_kernel(float* row_max /* (N) */, const Elem* logits /* (N,V) */, int V) {
-  const Elem* x = logits + std::int64_t(blockIdx.x) * V;
+    classifier_row_max_kernel(float* row_max /* (N) */, const Elem* logits /* (N,ld) */, int V, std::int64_t ld) {
+  const Elem* x = logits + std::int64_t(blockIdx.x) * ld;
   float m = -INFINITY;
   for (int v = threadIdx.x * W; v < V; v += blockDim.x * W) {
     const Chunk<Elem, W> chunk = load_chunk<W>(x + v);
 #pragma unroll
-    for (int k = 0; k < W; ++k) m = fmaxf(m, to_float(chunk.e[k]));  // skips NaN, as the CPU's std::max
+    for (int k = 0; k < W; ++k) {
+      if (v + k < V) m = fmaxf(m, to_float(chunk.e[k]));  // skips NaN, as the CPU's std::max
+    }
   }
   m = block_reduce(m, MaxOp{}, -INFINITY);
   if (threadIdx.x == 0) row_max[blockIdx.x] = m;
@@ -130,15 +143,18 @@ __global__ void __launch_bounds__(parallel_block)
 template <class Elem, int W>
 __global__ void __launch_bounds__(parallel_block)
     classifier_row_stats_kernel(float* sum_exp /* (N) */, float* target_logit /* (N) */,
-                                const Elem* logits /* (N,V) */, const float* row_max /* (N) */,
-                                const std::int32_t* targets /* (N) */, int V, std::int64_t vocab_begin) {
-  const Elem* x = logits + std::int64_t(blockIdx.x) * V;
+                                const Elem* logits /* (N,ld) */, const float* row_max /* (N) */,
+                                const std::int32_t* targets /* (N) */, int V, std::int64_t ld,
+                                std::int64_t vocab_begin) {
+  const Elem* x = logits + std::int64_t(blockIdx.x) * ld;
   const float m = row_max[blockIdx.x];
   float s = 0.0f;
   for (int v = threadIdx.x * W; v < V; v += blockDim.x * W) {
     const Chunk<Elem, W> chunk = load_chunk<W>(x + v);
 #pragma unroll
-    for (int k = 0; k < W; ++k) s += expf(to_float(chunk.e[k]) - m);
+    for (int k = 0; k < W; ++k) {
+      if (v + k < V) s += expf(to_float(chunk.e[k]) - m);
+    }
   }
   s = block_reduce(s, SumOp{}, 0.0f);
   if (threadIdx.x == 0) {
@@ -158,38 +174,40 @@ __global__ void classifier_losses_kernel(float* losses /* (N) */, const float* r
 
 template <class Elem, int W>
 __global__ void __launch_bounds__(parallel_block)
-    classifier_parallel_dlogits_kernel(Elem* logits /* (N,V) */, const float* row_max, const float* sum_exp,
-                                       const std::int32_t* targets /* (N) each */, int V,
+    classifier_parallel_dlogits_kernel(Elem* logits /* (N,ld) */, const float* row_max, const float* sum_exp,
+                                       const std::int32_t* targets /* (N) each */, int V, std::int64_t ld,
                                        std::int64_t vocab_begin, float dlogits_scale) {
   const std::int64_t local_target = std::int64_t(targets[blockIdx.x]) - vocab_begin;
-  write_dlogits<W>(logits + std::int64_t(blockIdx.x) * V, V, row_max[blockIdx.x], 1.0f / sum_exp[blockIdx.x],
+  write_dlogits<W>(logits + std::int64_t(blockIdx.x) * ld, V, ld, row_max[blockIdx.x], 1.0f / sum_exp[blockIdx.x],
                    local_target, dlogits_scale);
 }
 
 template <class Elem>
-void classifier_row_max_dispatch(float* row_max, const Elem* logits, std::int64_t N, int V, cudaStream_t stream) {
+void classifier_row_max_dispatch(float* row_max, const Elem* logits, std::int64_t N, int V, std::int64_t ld,
+                                 cudaStream_t stream) {
   if (N <= 0) return;
   if (N > INT32_MAX) throw RuntimeError("cuda::classifier_row_max: more than 2^31 - 1 rows");
-  if (V % vec_width<Elem> == 0 && aligned16({logits})) {
-    classifier_row_max_kernel<Elem, vec_width<Elem>><<<unsigned(N), parallel_block, 0, stream>>>(row_max, logits, V);
+  if (vectorized<Elem>(logits, ld)) {
+    classifier_row_max_kernel<Elem, vec_width<Elem>>
+        <<<unsigned(N), parallel_block, 0, stream>>>(row_max, logits, V, ld);
   } else {
-    classifier_row_max_kernel<Elem, 1><<<unsigned(N), parallel_block, 0, stream>>>(row_max, logits, V);
+    classifier_row_max_kernel<Elem, 1><<<unsigned(N), parallel_block, 0, stream>>>(row_max, logits, V, ld);
   }
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
 }
 
 template <class Elem>
 void classifier_row_stats_dispatch(float* sum_exp, float* target_logit, const Elem* logits, const float* row_max,
-                                   const std::int32_t* targets, std::int64_t N, int V, std::int64_t vocab_begin,
-                                   cudaStream_t stream) {
+                                   const std::int32_t* targets, std::int64_t N, int V, std::int64_t ld,
+                                   std::int64_t vocab_begin, cudaStream_t stream) {
   if (N <= 0) return;
   if (N > INT32_MAX) throw RuntimeError("cuda::classifier_row_stats: more than 2^31 - 1 rows");
-  if (V % vec_width<Elem> == 0 && aligned16({logits})) {
+  if (vectorized<Elem>(logits, ld)) {
     classifier_row_stats_kernel<Elem, vec_width<Elem>><<<unsigned(N), parallel_block, 0, stream>>>(
-        sum_exp, target_logit, logits, row_max, targets, V, vocab_begin);
+        sum_exp, target_logit, logits, row_max, targets, V, ld, vocab_begin);
   } else {
     classifier_row_stats_kernel<Elem, 1><<<unsigned(N), parallel_block, 0, stream>>>(
-        sum_exp, target_logit, logits, row_max, targets, V, vocab_begin);
+        sum_exp, target_logit, logits, row_max, targets, V, ld, vocab_begin);
   }
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
 }
@@ -197,7 +215,7 @@ void classifier_row_stats_dispatch(float* sum_exp, float* target_logit, const El
 template <class Elem>
 double classifier_parallel_finish_dispatch(Elem* logits, float* losses, const float* row_max, const float* sum_exp,
                                            const float* target_logit, const std::int32_t* targets, std::int64_t N,
-                                           int V, std::int64_t vocab_begin, float dlogits_scale,
+                                           int V, std::int64_t ld, std::int64_t vocab_begin, float dlogits_scale,
                                            double* loss_sum, cudaStream_t stream) {
   if (N <= 0) return 0.0;
   if (N > INT32_MAX) throw RuntimeError("cuda::classifier_parallel_finish: more than 2^31 - 1 rows");
@@ -206,12 +224,12 @@ double classifier_parallel_finish_dispatch(Elem* logits, float* losses, const fl
                                                                                  target_logit, N);
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
   if (dlogits_scale > 0.0f) {
-    if (V % vec_width<Elem> == 0 && aligned16({logits})) {
+    if (vectorized<Elem>(logits, ld)) {
       classifier_parallel_dlogits_kernel<Elem, vec_width<Elem>><<<unsigned(N), parallel_block, 0, stream>>>(
-          logits, row_max, sum_exp, targets, V, vocab_begin, dlogits_scale);
+          logits, row_max, sum_exp, targets, V, ld, vocab_begin, dlogits_scale);
     } else {
       classifier_parallel_dlogits_kernel<Elem, 1><<<unsigned(N), parallel_block, 0, stream>>>(
-          logits, row_max, sum_exp, targets, V, vocab_begin, dlogits_scale);
+          logits, row_max, sum_exp, targets, V, ld, vocab_begin, dlogits_scale);
     }
     LLMTRAIN_CUDA_CHECK(cudaGetLastError());
   }
@@ -225,45 +243,47 @@ double classifier_parallel_finish_dispatch(Elem* logits, float* losses, const fl
 }  // namespace
 
 double fused_classifier(float* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
-                        float dlogits_scale, double* loss_sum, cudaStream_t stream) {
-  return fused_classifier_dispatch(logits, losses, targets, N, V, dlogits_scale, loss_sum, stream);
+                        std::int64_t ld, float dlogits_scale, double* loss_sum, cudaStream_t stream) {
+  return fused_classifier_dispatch(logits, losses, targets, N, V, ld, dlogits_scale, loss_sum, stream);
 }
 
 double fused_classifier(bf16* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
-                        float dlogits_scale, double* loss_sum, cudaStream_t stream) {
-  return fused_classifier_dispatch(logits, losses, targets, N, V, dlogits_scale, loss_sum, stream);
+                        std::int64_t ld, float dlogits_scale, double* loss_sum, cudaStream_t stream) {
+  return fused_classifier_dispatch(logits, losses, targets, N, V, ld, dlogits_scale, loss_sum, stream);
 }
 
-void classifier_row_max(float* row_max, const float* logits, std::int64_t N, int V, cudaStream_t stream) {
-  classifier_row_max_dispatch(row_max, logits, N, V, stream);
+void classifier_row_max(float* row_max, const float* logits, std::int64_t N, int V, std::int64_t ld,
+                        cudaStream_t stream) {
+  classifier_row_max_dispatch(row_max, logits, N, V, ld, stream);
 }
-void classifier_row_max(float* row_max, const bf16* logits, std::int64_t N, int V, cudaStream_t stream) {
-  classifier_row_max_dispatch(row_max, logits, N, V, stream);
+void classifier_row_max(float* row_max, const bf16* logits, std::int64_t N, int V, std::int64_t ld,
+                        cudaStream_t stream) {
+  classifier_row_max_dispatch(row_max, logits, N, V, ld, stream);
 }
 
 void classifier_row_stats(float* sum_exp, float* target_logit, const float* logits, const float* row_max,
-                          const std::int32_t* targets, std::int64_t N, int V, std::int64_t vocab_begin,
-                          cudaStream_t stream) {
-  classifier_row_stats_dispatch(sum_exp, target_logit, logits, row_max, targets, N, V, vocab_begin, stream);
+                          const std::int32_t* targets, std::int64_t N, int V, std::int64_t ld,
+                          std::int64_t vocab_begin, cudaStream_t stream) {
+  classifier_row_stats_dispatch(sum_exp, target_logit, logits, row_max, targets, N, V, ld, vocab_begin, stream);
 }
 void classifier_row_stats(float* sum_exp, float* target_logit, const bf16* logits, const float* row_max,
-                          const std::int32_t* targets, std::int64_t N, int V, std::int64_t vocab_begin,
-                          cudaStream_t stream) {
-  classifier_row_stats_dispatch(sum_exp, target_logit, logits, row_max, targets, N, V, vocab_begin, stream);
+                          const std::int32_t* targets, std::int64_t N, int V, std::int64_t ld,
+                          std::int64_t vocab_begin, cudaStream_t stream) {
+  classifier_row_stats_dispatch(sum_exp, target_logit, logits, row_max, targets, N, V, ld, vocab_begin, stream);
 }
 
 double classifier_parallel_finish(float* logits, float* losses, const float* row_max, const float* sum_exp,
                                   const float* target_logit, const std::int32_t* targets, std::int64_t N, int V,
-                                  std::int64_t vocab_begin, float dlogits_scale, double* loss_sum,
+                                  std::int64_t ld, std::int64_t vocab_begin, float dlogits_scale, double* loss_sum,
                                   cudaStream_t stream) {
-  return classifier_parallel_finish_dispatch(logits, losses, row_max, sum_exp, target_logit, targets, N, V,
+  return classifier_parallel_finish_dispatch(logits, losses, row_max, sum_exp, target_logit, targets, N, V, ld,
                                              vocab_begin, dlogits_scale, loss_sum, stream);
 }
 double classifier_parallel_finish(bf16* logits, float* losses, const float* row_max, const float* sum_exp,
                                   const float* target_logit, const std::int32_t* targets, std::int64_t N, int V,
-                                  std::int64_t vocab_begin, float dlogits_scale, double* loss_sum,
+                                  std::int64_t ld, std::int64_t vocab_begin, float dlogits_scale, double* loss_sum,
                                   cudaStream_t stream) {
-  return classifier_parallel_finish_dispatch(logits, losses, row_max, sum_exp, target_logit, targets, N, V,
+  return classifier_parallel_finish_dispatch(logits, losses, row_max, sum_exp, target_logit, targets, N, V, ld,
                                              vocab_begin, dlogits_scale, loss_sum, stream);
 }
 

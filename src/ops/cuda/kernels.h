@@ -49,13 +49,15 @@ void layernorm_residual_forward(float* residual, float* out, float* mean, float*
                                 const float* weight, const float* bias, std::int64_t N, int C, cudaStream_t stream);
 
 // src/ops/cuda/matmul.cu (cuBLASLt)
-/// out (N,OC) = inp (N,C) weight^T + bias; weight (OC,C); bias (OC) or null.
+/// out (N,OC) = inp (N,C) weight^T + bias; weight (OC,C); bias (OC) or null. Rows of out are
+/// `ld` >= OC elements apart (the padded logits); the columns past OC are not written.
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, std::int64_t N,
-                    int C, int OC, cudaStream_t stream);
-/// dinp (N,C), dweight (OC,C), dbias (OC, may be null) += from dout (N,OC), inp (N,C), weight (OC,C);
-/// dinp is written instead (beta = 0: not read) when !accumulate.
+                    int C, int OC, std::int64_t ld, cudaStream_t stream);
+/// dinp (N,C), dweight (OC,C), dbias (OC, may be null) += from dout (N,OC; rows ld >= OC apart),
+/// inp (N,C), weight (OC,C); dinp is written instead (beta = 0: not read) when !accumulate.
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, std::int64_t N, int C, int OC, bool accumulate, cudaStream_t stream);
+                     const float* weight, std::int64_t N, int C, int OC, std::int64_t ld, bool accumulate,
+                     cudaStream_t stream);
 /// pre (N,OC) = inp (N,C) weight^T + bias, out (N,OC) = GELU(pre): cuBLASLt's GELU_AUX_BIAS
 /// epilogue (pre is its aux output) where OC % 8 == 0, else the plain matmul and the GELU kernel.
 void matmul_gelu_forward(float* out, float* pre, const float* inp, const float* weight, const float* bias,
@@ -104,24 +106,27 @@ void rope_backward(float* dinp, const float* dout, int B, int T, int H, int HS, 
 /// overwritten by (softmax - onehot) * dlogits_scale. Returns the loss sum (synchronises the
 /// stream); with loss_sum (a double in device memory) the sum is added there instead, on the
 /// stream, and 0 is returned. A target outside [0, V) gives a NaN loss (the CPU reference reads
-/// out of bounds).
+/// out of bounds). Every classifier kernel takes rows `ld` >= V elements apart (the padded
+/// vocabulary: ld a multiple of 8 makes every row 16-byte aligned, so the 128-bit path applies to
+/// any V); the padding [V, ld) is never read, and with a gradient it becomes 0.
 double fused_classifier(float* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
-                        float dlogits_scale, double* loss_sum, cudaStream_t stream);
+                        std::int64_t ld, float dlogits_scale, double* loss_sum, cudaStream_t stream);
 /// The vocabulary-parallel cross-entropy (logits (N,V): columns [vocab_begin, vocab_begin + V) of
 /// the vocabulary), as the CPU reference's three steps; the caller all-reduces between them.
 /// 1. row_max (N) = each row's local max (NaNs skipped).
-void classifier_row_max(float* row_max, const float* logits, std::int64_t N, int V, cudaStream_t stream);
+void classifier_row_max(float* row_max, const float* logits, std::int64_t N, int V, std::int64_t ld,
+                        cudaStream_t stream);
 /// 2. sum_exp (N) = the local sum of exp(logit - row_max); target_logit (N) = the target's logit
 ///    where this rank holds it, else 0 (NaN for a negative target).
 void classifier_row_stats(float* sum_exp, float* target_logit, const float* logits, const float* row_max,
-                          const std::int32_t* targets, std::int64_t N, int V, std::int64_t vocab_begin,
+                          const std::int32_t* targets, std::int64_t N, int V, std::int64_t ld, std::int64_t vocab_begin,
                           cudaStream_t stream);
 /// 3. losses (N) = log(sum_exp) + row_max - target_logit; with dlogits_scale > 0 the logits become
 ///    (softmax - onehot) * dlogits_scale. Returns the loss sum (synchronises the stream), or adds
 ///    it into loss_sum (device memory) as fused_classifier.
 double classifier_parallel_finish(float* logits, float* losses, const float* row_max, const float* sum_exp,
                                   const float* target_logit, const std::int32_t* targets, std::int64_t N, int V,
-                                  std::int64_t vocab_begin, float dlogits_scale, double* loss_sum,
+                                  std::int64_t ld, std::int64_t vocab_begin, float dlogits_scale, double* loss_sum,
                                   cudaStream_t stream);
 
 // src/ops/cuda/optimizer.cu
@@ -180,13 +185,15 @@ void layernorm_residual_forward(bf16* residual, bf16* out, float* mean, float* r
                                 const bf16* weight, const bf16* bias, std::int64_t N, int C, cudaStream_t stream);
 
 // src/ops/cuda/matmul.cu (cuBLASLt: bf16 inputs, fp32 accumulation, CUBLAS_COMPUTE_32F)
-/// out (N,OC) = inp (N,C) weight^T + bias; weight (OC,C); bias (OC) or null; rounded once.
+/// out (N,OC) = inp (N,C) weight^T + bias; weight (OC,C); bias (OC) or null; rounded once; rows
+/// of out ld apart.
 void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, std::int64_t N, int C,
-                    int OC, cudaStream_t stream);
+                    int OC, std::int64_t ld, cudaStream_t stream);
 /// dinp (N,C) bf16 += (one rounding of the sum), dweight (OC,C) and dbias (OC, may be null) fp32 +=,
-/// from dout (N,OC), inp (N,C), weight (OC,C).
+/// from dout (N,OC; rows ld apart), inp (N,C), weight (OC,C).
 void matmul_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
-                     const bf16* weight, std::int64_t N, int C, int OC, bool accumulate, cudaStream_t stream);
+                     const bf16* weight, std::int64_t N, int C, int OC, std::int64_t ld, bool accumulate,
+                     cudaStream_t stream);
 /// The GELU_AUX_BIAS forward: out and pre (N,OC) bf16, each rounded once from fp32.
 void matmul_gelu_forward(bf16* out, bf16* pre, const bf16* inp, const bf16* weight, const bf16* bias,
                          std::int64_t N, int C, int OC, cudaStream_t stream);
@@ -218,15 +225,16 @@ void rope_backward(bf16* dinp, const bf16* dout, int B, int T, int H, int HS, in
 /// losses (N) fp32 from logits (N,V) bf16, softmax in fp32; with dlogits_scale > 0 the logits are
 /// overwritten by the gradient, rounded to bf16. Returns the loss sum (synchronises the stream).
 double fused_classifier(bf16* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
-                        float dlogits_scale, double* loss_sum, cudaStream_t stream);
+                        std::int64_t ld, float dlogits_scale, double* loss_sum, cudaStream_t stream);
 /// The vocabulary-parallel steps on bf16 logits, in fp32; the gradient is rounded to bf16.
-void classifier_row_max(float* row_max, const bf16* logits, std::int64_t N, int V, cudaStream_t stream);
+void classifier_row_max(float* row_max, const bf16* logits, std::int64_t N, int V, std::int64_t ld,
+                        cudaStream_t stream);
 void classifier_row_stats(float* sum_exp, float* target_logit, const bf16* logits, const float* row_max,
-                          const std::int32_t* targets, std::int64_t N, int V, std::int64_t vocab_begin,
+                          const std::int32_t* targets, std::int64_t N, int V, std::int64_t ld, std::int64_t vocab_begin,
                           cudaStream_t stream);
 double classifier_parallel_finish(bf16* logits, float* losses, const float* row_max, const float* sum_exp,
                                   const float* target_logit, const std::int32_t* targets, std::int64_t N, int V,
-                                  std::int64_t vocab_begin, float dlogits_scale, double* loss_sum,
+                                  std::int64_t ld, std::int64_t vocab_begin, float dlogits_scale, double* loss_sum,
                                   cudaStream_t stream);
 
 }  // namespace llmtrain::cuda

@@ -313,13 +313,13 @@ bool gemm(const Gemm& g, const void* A, const void* B, void* D, Epilogue epi, fl
                      tried + ")");
 }
 
-// Per (row, channel) of dout (N,OC): the bias gradient term.
+// Per (row, channel) of dout (N,OC; rows ld apart): the bias gradient term.
 template <class Elem>
 struct BiasGrad {
-  const Elem* dout;  // (N,OC)
-  int OC;
+  const Elem* dout;
+  std::int64_t ld;
   __device__ void operator()(std::int64_t i, int c, float (&v)[1]) const {
-    v[0] = to_float(dout[i * OC + c]);
+    v[0] = to_float(dout[i * ld + c]);
   }
 };
 
@@ -336,10 +336,10 @@ constexpr cudaDataType_t data_type<bf16>() {
 
 // Elem: the type of the activations and weights (fp32 or bf16); dweight and dbias are fp32.
 // The three products of a linear layer (inp (N, C), W (OC, C) row-major, out (N, OC)), in
-// cuBLASLt's column-major terms. forward: out^T (OC x N) = W^T (OC x C; W stored column-major
-// C x OC) inp^T (C x N).
+// cuBLASLt's column-major terms; ld is the row stride of out and dout (OC, or more for the
+// padded logits). forward: out^T (OC x N) = W^T (OC x C; W stored column-major C x OC) inp^T (C x N).
 template <class Elem>
-Gemm forward_gemm(std::int64_t N, int C, int OC, const char* what) {
+Gemm forward_gemm(std::int64_t N, int C, int OC, std::int64_t ld, const char* what) {
   Gemm g;
   g.trans_a = true;
   g.m = std::uint64_t(OC);
@@ -347,7 +347,7 @@ Gemm forward_gemm(std::int64_t N, int C, int OC, const char* what) {
   g.k = std::uint64_t(C);
   g.lda = C;
   g.ldb = C;
-  g.ldd = OC;
+  g.ldd = ld;
   g.ab_type = g.d_type = data_type<Elem>();
   g.what = what;
   g.N = N;
@@ -358,13 +358,13 @@ Gemm forward_gemm(std::int64_t N, int C, int OC, const char* what) {
 
 // dinp^T (C x N) = W^T (C x OC, W stored column-major) dout^T (OC x N).
 template <class Elem>
-Gemm dinp_gemm(std::int64_t N, int C, int OC, const char* what) {
+Gemm dinp_gemm(std::int64_t N, int C, int OC, std::int64_t ld, const char* what) {
   Gemm g;
   g.m = std::uint64_t(C);
   g.n = std::uint64_t(N);
   g.k = std::uint64_t(OC);
   g.lda = C;
-  g.ldb = OC;
+  g.ldb = ld;
   g.ldd = C;
   g.ab_type = g.d_type = data_type<Elem>();
   g.what = what;
@@ -376,14 +376,14 @@ Gemm dinp_gemm(std::int64_t N, int C, int OC, const char* what) {
 
 // dweight^T (C x OC) += inp^T (C x N) dout (N x OC; dout^T stored column-major OC x N), in fp32.
 template <class Elem>
-Gemm dweight_gemm(std::int64_t N, int C, int OC) {
+Gemm dweight_gemm(std::int64_t N, int C, int OC, std::int64_t ld) {
   Gemm g;
   g.trans_b = true;
   g.m = std::uint64_t(C);
   g.n = std::uint64_t(OC);
   g.k = std::uint64_t(N);
   g.lda = C;
-  g.ldb = OC;
+  g.ldb = ld;
   g.ldd = C;
   g.ab_type = data_type<Elem>();
   g.d_type = CUDA_R_32F;  // the weight gradient accumulates in fp32
@@ -396,24 +396,25 @@ Gemm dweight_gemm(std::int64_t N, int C, int OC) {
 
 template <class Elem>
 void matmul_forward_gemms(Elem* out, const Elem* inp, const Elem* weight, const Elem* bias, std::int64_t N,
-                          int C, int OC, cudaStream_t stream) {
+                          int C, int OC, std::int64_t ld, cudaStream_t stream) {
   if (N <= 0 || OC <= 0) return;
   // out^T (OC x N) = W^T (OC x C; W stored column-major C x OC) inp^T (C x N) [+ bias]
-  const Gemm g = forward_gemm<Elem>(N, C, OC, "forward out = inp W^T");
+  const Gemm g = forward_gemm<Elem>(N, C, OC, ld, "forward out = inp W^T");
   gemm(g, weight, inp, out, Epilogue{bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, bias}, 0.0f, stream);
 }
 
 template <class Elem>
 void matmul_backward_gemms(Elem* dinp, float* dweight, float* dbias, const Elem* dout, const Elem* inp,
-                           const Elem* weight, std::int64_t N, int C, int OC, bool accumulate, cudaStream_t stream) {
+                           const Elem* weight, std::int64_t N, int C, int OC, std::int64_t ld, bool accumulate,
+                           cudaStream_t stream) {
   if (N <= 0 || OC <= 0 || C <= 0) return;
   // dinp^T (C x N) += W^T (C x OC, W stored column-major) dout^T (OC x N)
-  const Gemm dx = dinp_gemm<Elem>(N, C, OC, "backward dinp += dout W");
+  const Gemm dx = dinp_gemm<Elem>(N, C, OC, ld, "backward dinp += dout W");
   gemm(dx, weight, dout, dinp, Epilogue{}, accumulate ? 1.0f : 0.0f, stream);
   // dweight^T (C x OC) += inp^T (C x N) dout (N x OC; dout^T stored column-major OC x N)
-  const Gemm dw = dweight_gemm<Elem>(N, C, OC);
+  const Gemm dw = dweight_gemm<Elem>(N, C, OC, ld);
   gemm(dw, inp, dout, dweight, Epilogue{}, 1.0f, stream);
-  if (dbias) column_sums<1>(ColumnOutputs<1>{{dbias}}, BiasGrad<Elem>{dout, OC}, N, OC, stream);
+  if (dbias) column_sums<1>(ColumnOutputs<1>{{dbias}}, BiasGrad<Elem>{dout, ld}, N, OC, stream);
 }
 
 // pre = inp W^T + bias and out = GELU(pre) in one GEMM where cuBLASLt takes it.
@@ -421,7 +422,7 @@ template <class Elem>
 void matmul_gelu_forward_gemms(Elem* out, Elem* pre, const Elem* inp, const Elem* weight, const Elem* bias,
                                std::int64_t N, int C, int OC, cudaStream_t stream) {
   if (N <= 0 || OC <= 0) return;
-  const Gemm g = forward_gemm<Elem>(N, C, OC, "forward out = GELU(inp W^T + bias)");
+  const Gemm g = forward_gemm<Elem>(N, C, OC, OC, "forward out = GELU(inp W^T + bias)");
   // GELU_AUX_BIAS needs a bias: a missing one is a zero vector (OC elements, next to nothing).
   const StreamScratch zero_bias(bias ? 0 : std::size_t(OC) * sizeof(Elem), stream);
   if (!bias) {
@@ -442,7 +443,7 @@ void matmul_backward_dgelu_gemms(Elem* dpre, float* dweight, float* dbias, float
                                  cudaStream_t stream) {
   if (N <= 0 || OC <= 0 || C <= 0) return;
   // dpre^T (C x N) = GELU'(pre^T) . W^T (C x OC) dout^T (OC x N), written (beta = 0)
-  const Gemm dx = dinp_gemm<Elem>(N, C, OC, "backward dpre = GELU'(pre) dout W");
+  const Gemm dx = dinp_gemm<Elem>(N, C, OC, OC, "backward dpre = GELU'(pre) dout W");
   // fp32: the bias gradient of pre from the same epilogue, into a scratch (BGRAD writes).
   const bool bgrad = dpre_bias && dx.d_type == CUDA_R_32F;
   const StreamScratch bias_grad(bgrad ? std::size_t(C) * sizeof(float) : 0, stream);
@@ -464,7 +465,7 @@ void matmul_backward_dgelu_gemms(Elem* dpre, float* dweight, float* dbias, float
     column_sums<1>(ColumnOutputs<1>{{dpre_bias}}, BiasGrad<Elem>{dpre, C}, N, C, stream);
   }
   // dweight and dbias as in matmul_backward
-  const Gemm dw = dweight_gemm<Elem>(N, C, OC);
+  const Gemm dw = dweight_gemm<Elem>(N, C, OC, OC);
   gemm(dw, inp, dout, dweight, Epilogue{}, 1.0f, stream);
   if (dbias) column_sums<1>(ColumnOutputs<1>{{dbias}}, BiasGrad<Elem>{dout, OC}, N, OC, stream);
 }
@@ -476,23 +477,25 @@ void set_matmul_tf32(bool allow) {
 }
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, std::int64_t N,
-                    int C, int OC, cudaStream_t stream) {
-  matmul_forward_gemms(out, inp, weight, bias, N, C, OC, stream);
+                    int C, int OC, std::int64_t ld, cudaStream_t stream) {
+  matmul_forward_gemms(out, inp, weight, bias, N, C, OC, ld, stream);
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, std::int64_t N, int C, int OC, bool accumulate, cudaStream_t stream) {
-  matmul_backward_gemms(dinp, dweight, dbias, dout, inp, weight, N, C, OC, accumulate, stream);
+                     const float* weight, std::int64_t N, int C, int OC, std::int64_t ld, bool accumulate,
+                     cudaStream_t stream) {
+  matmul_backward_gemms(dinp, dweight, dbias, dout, inp, weight, N, C, OC, ld, accumulate, stream);
 }
 
 void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, std::int64_t N, int C,
-                    int OC, cudaStream_t stream) {
-  matmul_forward_gemms(out, inp, weight, bias, N, C, OC, stream);
+                    int OC, std::int64_t ld, cudaStream_t stream) {
+  matmul_forward_gemms(out, inp, weight, bias, N, C, OC, ld, stream);
 }
 
 void matmul_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
-                     const bf16* weight, std::int64_t N, int C, int OC, bool accumulate, cudaStream_t stream) {
-  matmul_backward_gemms(dinp, dweight, dbias, dout, inp, weight, N, C, OC, accumulate, stream);
+                     const bf16* weight, std::int64_t N, int C, int OC, std::int64_t ld, bool accumulate,
+                     cudaStream_t stream) {
+  matmul_backward_gemms(dinp, dweight, dbias, dout, inp, weight, N, C, OC, ld, accumulate, stream);
 }
 
 void matmul_gelu_forward(float* out, float* pre, const float* inp, const float* weight, const float* bias,
