@@ -4,7 +4,8 @@
 // matrix peak for the matmuls and attention. Each op runs through ops:: (the model's own entry
 // points, with their dispatch), `--warmup` times untimed, then `--reps` times between two CUDA
 // events on the compute stream; the row is the mean. Fused ops have their unfused sequence beside
-// them, so that each fusion's saving reads off the table.
+// them, so that each fusion's saving reads off the table; in bf16 the flash attention backward has
+// its single pass (train.deterministic false: S and dP computed once, dQ by atomics) beside it.
 //
 // The bytes of a row are the least the op must move (each input read once, each output written
 // once; an accumulated output read and written), so "fraction" is of the roofline, not of what
@@ -279,6 +280,18 @@ void run_all(const Options& o, Bench& bench) {
       ops::flash_attention_forward(out, lse, qkv, int(NH), int(NH), k);  // the lse its backward needs
       bench.time(std::string("attention_backward ") + name, s, 0, 5 * pair,
                  [&] { ops::flash_attention_backward(dqkv, dout, qkv, out, lse, int(NH), int(NH), k); });
+      if (k != ops::AttentionKernels::flash) continue;
+      // train.deterministic false: the tensor-core kernels' single pass (S and dP once, dQ by
+      // atomics); the same FLOPs counted, so the rows compare by time.
+      const char* single = "attention_backward flash single-pass";
+      if (o.dtype != DType::bf16 || (HS != 64 && HS != 128)) {
+        bench.skip(single, s, "the single pass is for the bf16 tensor-core kernels (head size 64 or 128)");
+        continue;
+      }
+      ops::set_deterministic(false);
+      bench.time(single, s, 0, 5 * pair,
+                 [&] { ops::flash_attention_backward(dqkv, dout, qkv, out, lse, int(NH), int(NH), k); });
+      ops::set_deterministic(true);
     }
   }
   // ---- the classifier: softmax, loss and its gradient over the logits, in place ----------------------

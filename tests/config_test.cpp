@@ -47,6 +47,8 @@ TEST_CASE("bad configs are rejected with the key path and the reason", "[config]
       {R"({"model": {"n_layer": true}})", {}, "model.n_layer: expected an integer from 1 to 1024, got true"},
       {R"({"optim": {"lr": "fast"}})", {}, R"(optim.lr: expected a number > 0, got "fast")"},
       {R"({"data": {"shuffle": "yes"}})", {}, R"(data.shuffle: expected true or false, got "yes")"},
+      {R"({"train": {"deterministic": 0}})", {}, "train.deterministic: expected true or false, got 0"},
+      {"{}", {"train.deterministic=maybe"}, R"(train.deterministic: expected true or false, got "maybe" (from --set train.deterministic=maybe))"},
       {R"({"data": {"train": 3}})", {}, "data.train: expected a path or a list of paths, got 3"},
       {R"({"data": {"train": ["a.bin", 1]}})", {}, "data.train: expected a path or a list of paths"},
       {R"({"model": {"init_from": null}})", {}, "model.init_from: expected a string, got null"},
@@ -238,6 +240,12 @@ TEST_CASE("the resolved config reads back to itself", "[config]") {
   CHECK(config::to_json(config::parse_config(piped.dump(), "resolved")) == piped);
   CHECK(named["train"]["precision"] == "bf16");
   CHECK(named["train"]["recompute"] == "full");
+  // train.deterministic: on by default (the bitwise-reproducible kernels), false read back as false.
+  CHECK(once["train"]["deterministic"] == true);
+  CHECK(c.train.deterministic);
+  const config::Config fast = config::parse_config(R"({"train": {"deterministic": false}})", "t");
+  CHECK_FALSE(fast.train.deterministic);
+  CHECK(config::to_json(fast)["train"]["deterministic"] == false);
 }
 
 TEST_CASE("grad_accum_steps needs global batch divisible by micro batch x data-parallel size", "[config]") {

@@ -5,6 +5,7 @@
 // bf16-rounded inputs; cuDNN's fused attention (kernels/cudnn_attention.h) against both.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -177,6 +178,11 @@ std::vector<double> row_out(const AttnShape& s, const Vec& qkv, int b, int h, in
 
 Vec nan_vec(std::size_t n) { return Vec(n, std::numeric_limits<float>::quiet_NaN()); }
 
+#if LLMTRAIN_HAVE_CUDA
+// A device array of bf16 as the kernels take it.
+cuda::bf16* bf(const DeviceArray<Bf16>& a) { return reinterpret_cast<cuda::bf16*>(a.data()); }
+#endif
+
 // The columns [from, to) of every row of x (rows, W), minus the same of `base`.
 Vec increment(const Vec& x, const Vec& base, int W, int from, int to) {
   Vec r;
@@ -291,7 +297,6 @@ TEST_CASE("cuda bf16 flash attention matches the cpu reference", "[cuda][bf16][f
   // bf16 outputs: a few ulps (2^-8 relative) of the largest element; lse is fp32 from the same
   // bf16 inputs as the reference.
   constexpr double bf16_tol = 1e-2, lse_tol = 2e-3;
-  const auto bf = [](const DeviceArray<Bf16>& a) { return reinterpret_cast<cuda::bf16*>(a.data()); };
   std::mt19937 rng(223);
   const int NH = 4;
   std::size_t offset = 0;
@@ -346,52 +351,152 @@ TEST_CASE("cuda bf16 flash attention matches the cpu reference", "[cuda][bf16][f
 #endif
 }
 
+#if LLMTRAIN_HAVE_CUDA
+namespace {
+
+// One shape through the tensor-core kernels (16-byte aligned tensors, head size 64 or 128): the
+// forward, then the backward that set_flash_attention_deterministic chose, onto a pre-filled
+// dqkv, against the CPU reference run on the same bf16-rounded inputs. Same tolerances as the
+// CUDA-core bf16 kernels; P and dS are rounded to bf16 as matrix operands here, which they stay
+// well within.
+void check_tensor_core_flash(const AttnShape& s, std::mt19937& rng) {
+  constexpr double bf16_tol = 1e-2, lse_tol = 2e-3;
+  const int B = s.B, T = s.T, NH = s.NH, NKV = s.NKV, HS = s.HS, C = s.C(), W = s.width();
+  Vec qkv = round_bf16(random_vec(rng, s.n_qkv(), 1.5f)), dout = round_bf16(random_vec(rng, s.n_out()));
+  // Pre-filled, smaller than what the backward adds, so that each part's error is measured
+  // against its gradient rather than against the starting values (a backward that overwrote
+  // instead of adding would still be off by far more than the tolerance).
+  const Vec dqkv0 = round_bf16(random_vec(rng, s.n_qkv(), 0.1f));
+  const FlashResult want = cpu_flash(s, qkv, dout, dqkv0);
+
+  // 8 elements (16 bytes) of leading guard: aligned, with sentinels on both sides.
+  constexpr std::size_t guard = 8;
+  const DeviceArray<Bf16> d_qkv(to_bf16(qkv), guard), d_dout(to_bf16(dout), guard), d_dqkv(to_bf16(dqkv0), guard),
+      d_out(to_bf16(nan_vec(s.n_out())), guard);
+  const DeviceArray<float> d_lse(nan_vec(s.n_lse()), 4);
+  REQUIRE(cuda::flash_attention_uses_tensor_cores(HS, d_qkv.data(), d_out.data()));
+  const cudaStream_t stream = cuda::compute_stream();
+  cuda::flash_attention_forward(bf(d_out), d_lse.data(), bf(d_qkv), B, T, C, NH, NKV, stream);
+  require_close("out", to_float(d_out.to_host()), want.out, bf16_tol);
+  require_close("lse", d_lse.to_host(), want.lse, lse_tol);
+  cuda::flash_attention_backward(bf(d_dqkv), bf(d_dout), bf(d_qkv), bf(d_out), d_lse.data(), B, T, C, NH, NKV,
+                                 stream);
+  const Vec dqkv = to_float(d_dqkv.to_host());
+  const Vec zeros(dqkv.size(), 0.0f);
+  require_close("dq", increment(dqkv, zeros, W, 0, C), increment(want.dqkv, zeros, W, 0, C), bf16_tol);
+  require_close("dk", increment(dqkv, zeros, W, C, C + NKV * HS), increment(want.dqkv, zeros, W, C, C + NKV * HS),
+                bf16_tol);
+  require_close("dv", increment(dqkv, zeros, W, C + NKV * HS, W), increment(want.dqkv, zeros, W, C + NKV * HS, W),
+                bf16_tol);
+  if (T > 1) CHECK_FALSE(all_zero(increment(dqkv, dqkv0, W, 0, C)));  // dq changed
+  for (const auto* a : {&d_qkv, &d_dout, &d_dqkv, &d_out}) require_guards("tensor-core flash attention", *a);
+  require_guards("lse", d_lse);
+}
+
+// train.deterministic false for one scope (ops::set_deterministic, as the trainer sets it), the
+// default again after it, also when a check fails.
+struct SinglePassBackward {
+  SinglePassBackward() { ops::set_deterministic(false); }
+  ~SinglePassBackward() { ops::set_deterministic(true); }
+  SinglePassBackward(const SinglePassBackward&) = delete;
+  SinglePassBackward& operator=(const SinglePassBackward&) = delete;
+};
+
+}  // namespace
+#endif
+
 TEST_CASE("cuda bf16 tensor-core flash attention matches the cpu reference", "[cuda][bf16][flash]") {
   std::string why;
   if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
 #if LLMTRAIN_HAVE_CUDA
-  // The mma.sync kernels (head sizes 64 and 128, 16-byte aligned tensors): T not a multiple of
-  // the 64-row tiles, one and several key tiles, GQA groups of 1, 2 and 4. Same tolerances as the
-  // CUDA-core bf16 kernels; P is rounded to bf16 before P V here, which they stay well within.
-  constexpr double bf16_tol = 1e-2, lse_tol = 2e-3;
-  const auto bf = [](const DeviceArray<Bf16>& a) { return reinterpret_cast<cuda::bf16*>(a.data()); };
+  // The mma.sync kernels and the default (deterministic, two-kernel) backward: T not a multiple
+  // of the 64-row tiles, one and several key tiles, GQA groups of 1, 2 and 4.
+  REQUIRE(cuda::flash_attention_deterministic());
   std::mt19937 rng(227);
   const int NH = 4;
   for (const int HS : {64, 128}) {
     for (const int T : {1, 17, 64, 65, 130, 257}) {
       for (const int NKV : {NH, NH / 2, 1}) {
         const int B = T <= 65 ? 2 : 1;
-        const AttnShape s{B, T, NH, NKV, HS};
-        const int C = s.C(), W = s.width();
         CAPTURE(B, T, HS, NKV);
-        Vec qkv = round_bf16(random_vec(rng, s.n_qkv(), 1.5f)), dout = round_bf16(random_vec(rng, s.n_out()));
-        const Vec dqkv0 = round_bf16(random_vec(rng, s.n_qkv(), 0.1f));
-        const FlashResult want = cpu_flash(s, qkv, dout, dqkv0);
-
-        // 8 elements (16 bytes) of leading guard: aligned, with sentinels on both sides.
-        constexpr std::size_t guard = 8;
-        const DeviceArray<Bf16> d_qkv(to_bf16(qkv), guard), d_dout(to_bf16(dout), guard),
-            d_dqkv(to_bf16(dqkv0), guard), d_out(to_bf16(nan_vec(s.n_out())), guard);
-        const DeviceArray<float> d_lse(nan_vec(s.n_lse()), 4);
-        REQUIRE(cuda::flash_attention_uses_tensor_cores(HS, d_qkv.data(), d_out.data()));
-        const cudaStream_t stream = cuda::compute_stream();
-        cuda::flash_attention_forward(bf(d_out), d_lse.data(), bf(d_qkv), B, T, C, NH, NKV, stream);
-        require_close("out", to_float(d_out.to_host()), want.out, bf16_tol);
-        require_close("lse", d_lse.to_host(), want.lse, lse_tol);
-        cuda::flash_attention_backward(bf(d_dqkv), bf(d_dout), bf(d_qkv), bf(d_out), d_lse.data(), B, T, C, NH, NKV,
-                                       stream);
-        const Vec dqkv = to_float(d_dqkv.to_host());
-        const Vec zeros(dqkv.size(), 0.0f);
-        require_close("dq", increment(dqkv, zeros, W, 0, C), increment(want.dqkv, zeros, W, 0, C), bf16_tol);
-        require_close("dk", increment(dqkv, zeros, W, C, C + NKV * HS), increment(want.dqkv, zeros, W, C, C + NKV * HS),
-                      bf16_tol);
-        require_close("dv", increment(dqkv, zeros, W, C + NKV * HS, W), increment(want.dqkv, zeros, W, C + NKV * HS, W),
-                      bf16_tol);
-        if (T > 1) CHECK_FALSE(all_zero(increment(dqkv, dqkv0, W, 0, C)));  // dq changed
-        for (const auto* a : {&d_qkv, &d_dout, &d_dqkv, &d_out}) require_guards("tensor-core flash attention", *a);
-        require_guards("lse", d_lse);
+        check_tensor_core_flash(AttnShape{B, T, NH, NKV, HS}, rng);
       }
     }
+  }
+#endif
+}
+
+TEST_CASE("cuda bf16 tensor-core single-pass flash backward (train.deterministic false) matches the cpu reference",
+          "[cuda][bf16][flash]") {
+  std::string why;
+  if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
+#if LLMTRAIN_HAVE_CUDA
+  // dQ by atomics into the fp32 accumulator, then added into dqkv: T not a multiple of the tiles
+  // (64 keys per block, 64 or 32 queries per step), B = 2, GQA groups of 1, 2 and 4 (the block
+  // loops over the group's query heads), dqkv pre-filled.
+  const SinglePassBackward single_pass;
+  REQUIRE_FALSE(cuda::flash_attention_deterministic());
+  std::mt19937 rng(229);
+  const int NH = 4;
+  for (const int HS : {64, 128}) {
+    for (const int T : {1, 17, 65, 130}) {
+      for (const int NKV : {NH, NH / 2, 1}) {
+        const int B = T <= 65 ? 2 : 1;
+        CAPTURE(B, T, HS, NKV);
+        check_tensor_core_flash(AttnShape{B, T, NH, NKV, HS}, rng);
+      }
+    }
+  }
+#endif
+}
+
+TEST_CASE("cuda bf16 tensor-core flash backward is bitwise repeatable by default, also after single-pass runs",
+          "[cuda][bf16][flash]") {
+  std::string why;
+  if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
+#if LLMTRAIN_HAVE_CUDA
+  // The default backward twice, then the single pass, then the default again, each from the same
+  // pre-filled dqkv: every default run gives the same bytes, and so the switch leaves no trace.
+  // (Under the emulator the single pass repeats too, blocks running in a fixed order; on a GPU
+  // its dQ may differ in the last bits, so it is only compared within tolerance.)
+  std::mt19937 rng(231);
+  for (const int HS : {64, 128}) {
+    const AttnShape s{2, 130, 4, 2, HS};
+    const int B = s.B, T = s.T, NH = s.NH, NKV = s.NKV, C = s.C(), W = s.width();
+    CAPTURE(HS);
+    const Vec qkv = round_bf16(random_vec(rng, s.n_qkv(), 1.5f)), dout = round_bf16(random_vec(rng, s.n_out()));
+    const std::vector<Bf16> dqkv0 = to_bf16(round_bf16(random_vec(rng, s.n_qkv(), 0.1f)));
+    const DeviceArray<Bf16> d_qkv(to_bf16(qkv)), d_dout(to_bf16(dout)), d_out(to_bf16(nan_vec(s.n_out())));
+    const DeviceArray<float> d_lse(nan_vec(s.n_lse()));
+    REQUIRE(cuda::flash_attention_uses_tensor_cores(HS, d_qkv.data(), d_out.data()));
+    const cudaStream_t stream = cuda::compute_stream();
+    cuda::flash_attention_forward(bf(d_out), d_lse.data(), bf(d_qkv), B, T, C, NH, NKV, stream);
+    const auto backward = [&] {
+      const DeviceArray<Bf16> d_dqkv(dqkv0);
+      cuda::flash_attention_backward(bf(d_dqkv), bf(d_dout), bf(d_qkv), bf(d_out), d_lse.data(), B, T, C, NH, NKV,
+                                     stream);
+      require_guards("dqkv", d_dqkv);
+      return to_float(d_dqkv.to_host());
+    };
+    const auto same_bytes = [](const Vec& a, const Vec& b) {
+      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+    };
+    REQUIRE(cuda::flash_attention_deterministic());
+    const Vec first = backward();
+    CHECK(same_bytes(backward(), first));
+    Vec single;
+    {
+      const SinglePassBackward single_pass;
+      single = backward();
+    }
+    REQUIRE(cuda::flash_attention_deterministic());
+    CHECK(same_bytes(backward(), first));
+    // The single pass's dK and dV are the default's (the same kernel, the same order); its dQ
+    // agrees within the bf16 tolerance.
+    const Vec zeros(first.size(), 0.0f);
+    CHECK(same_bytes(increment(single, zeros, W, C, W), increment(first, zeros, W, C, W)));
+    require_close("dq, single pass against the default", increment(single, zeros, W, 0, C),
+                  increment(first, zeros, W, 0, C), 1e-2);
   }
 #endif
 }
@@ -403,7 +508,6 @@ TEST_CASE("cudnn fused attention matches the cpu reference and the bf16 kernels"
   if (!cuda::cudnn_attention_available(&why)) LLMTRAIN_SKIP("no cuDNN attention here: " + why);
   // As the bf16 kernels' test: bf16 outputs to a few ulps of the largest element, lse fp32.
   constexpr double bf16_tol = 1e-2, lse_tol = 2e-3;
-  const auto bf = [](const DeviceArray<Bf16>& a) { return reinterpret_cast<__nv_bfloat16*>(a.data()); };
   const cudaStream_t stream = cuda::compute_stream();
   std::mt19937 rng(224);
   const int NH = 4;

@@ -118,6 +118,7 @@ struct TrainConfig {
   std::int64_t max_bad_steps = 5;  // non-finite updates in a row before the run stops
   double peak_tflops = 0.0;        // dense peak of one device for MFU; 0: unknown (MFU not reported)
   Recompute recompute = Recompute::none;  // activations backward recomputes
+  bool deterministic = true;  // bitwise-reproducible GPU kernels; false: faster bf16 flash attention backward
 
   template <class Visitor>
   void fields(Visitor&& v) {
@@ -133,6 +134,7 @@ struct TrainConfig {
     v("max_bad_steps", max_bad_steps, IntRange{1});
     v("peak_tflops", peak_tflops, non_negative);
     v("recompute", recompute, Named{});
+    v("deterministic", deterministic, Boolean{});
   }
 };
 

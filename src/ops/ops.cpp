@@ -249,6 +249,14 @@ std::string cudnn_version() {
 #endif
 }
 
+void set_deterministic(bool deterministic) {
+#if LLMTRAIN_HAVE_CUDA
+  cuda::set_flash_attention_deterministic(deterministic);
+#else
+  (void)deterministic;
+#endif
+}
+
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int NH, int NKV,
                              AttentionKernels kernels) {
   const Op op("flash_attention_forward");

@@ -73,6 +73,12 @@ bool cudnn_attention_supported(int B, int T, int C, int NH, int NKV, std::string
 /// The cuDNN library's version ("9.10.2"), or "not built".
 std::string cudnn_version();
 
+/// Whether the GPU kernels must be bitwise reproducible (train.deterministic; true by default).
+/// false lets the bf16 tensor-core flash attention backward (AttentionKernels::flash, head sizes
+/// 64 and 128) run in one pass, summing dQ with atomics in an order that varies run to run.
+/// Process-wide; no effect on the CPU or in a build without CUDA.
+void set_deterministic(bool deterministic);
+
 /// Causal self-attention, memory-lean (flash attention): qkv (B,T,(NH+2NKV)HS) holds NH query, NKV
 /// key and NKV value heads (grouped-query attention; NKV 0 means NH, GPT-2's qkv (B,T,3C)) ->
 /// out (B,T,NH HS) and lse (B,NH,T) f32, the log-sum-exp of each row's scaled scores; nothing of

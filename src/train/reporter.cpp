@@ -111,6 +111,11 @@ void Reporter::run_started(const dist::Communicators& comms, const Trainer& trai
     info("train: resuming from %s (step %lld)", resume->dir.c_str(), static_cast<long long>(trainer.first_step() - 1));
   }
   info("%s", trainer.attention().describe().c_str());
+  if (!config_.train.deterministic) {
+    info("train: deterministic false: on a GPU the bf16 tensor-core flash attention backward (head size 64 or "
+         "128) takes its single pass, dQ summed by atomics in an order that varies run to run (not bitwise "
+         "reproducible)");
+  }
   info("train: %lld parameters, %lld train samples of %d tokens, %d data-parallel rank(s) x %lld micro-step(s) "
        "of %d per update, ZeRO %lld",
        static_cast<long long>(trainer.num_params()), static_cast<long long>(trainer.train_samples()),

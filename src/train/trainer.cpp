@@ -10,6 +10,7 @@
 #include "core/files.h"
 #include "data/shard.h"
 #include "ops/buffer.h"
+#include "ops/ops.h"
 #include "ops/profile.h"
 #include "train/checkpointer.h"
 #include "train/reporter.h"
@@ -119,6 +120,9 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
                            data_comm_.rank(), config_.data.shuffle, std::uint64_t(config_.data.seed)},
       sampler_state_);
 
+  // Process-wide, as the kernels read it: train.deterministic false lets the bf16 flash attention
+  // backward take its single pass (dQ by atomics).
+  ops::set_deterministic(tc.deterministic);
   {
     const auto cudnn = model::make_cudnn_probe();
     AgreedCudnnProbe agreed(*cudnn, world_);

@@ -10,7 +10,8 @@
 // Forward: a block owns BR query rows of one (b, h) and streams the key/value tiles 0..causal
 // limit through shared memory, keeping a running max and sum per row (online softmax, in log2
 // units so that exp2f does the work); it writes out and lse = max + log(sum) (natural log).
-// Backward, three kernels, no atomics, deterministic:
+// Backward, three kernels, no atomics, deterministic (the tensor-core backward's non-default
+// single pass, chosen by set_flash_attention_deterministic(false), is described in its section):
 //   1. D = rowsum(dout * out) per (b, h, t), into a stream-ordered scratch;
 //   2. dK, dV: a block owns a key tile of one (b, kv head) and loops over the query heads of the
 //      group and over the query tiles at or after it, recomputing P = exp(S - lse) and
@@ -24,6 +25,7 @@
 // stride HS + 4) then hit distinct banks in each quarter-warp, and rows stay 16-byte aligned.
 #include "flash_attention.h"
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -32,6 +34,7 @@
 #include "cuda_check.h"
 #include "launch.cuh"
 #include "mma.cuh"
+#include "vector_io.cuh"
 
 namespace llmtrain::cuda {
 namespace {
@@ -480,25 +483,34 @@ __device__ __forceinline__ void tc_product_transposed(float (&acc)[N / 8][4], co
   }
 }
 
+// acc (16 x N) += a Y[16 kc .. 16 kc + 16)[col0 .. col0 + N) for one 16-wide k step kc: a the A
+// fragment of those 16 columns of the left operand, Y a shared (rows, S) tile read transposed by
+// ldmatrix (col0 a multiple of 8).
+template <int N, int S>
+__device__ __forceinline__ void tc_product(float (&acc)[N / 8][4], const std::uint32_t (&a)[4], const bf16* y, int kc,
+                                           int col0) {
+  const int lane = int(threadIdx.x) % 32;
+#pragma unroll
+  for (int dp = 0; dp < N / 16; ++dp) {
+    std::uint32_t f[4];  // B fragments of column tiles 2 dp (f[0], f[1]) and 2 dp + 1
+    tc::ldmatrix<4, true>(f, y + (kc * 16 + (lane / 8 % 2) * 8 + lane % 8) * S + col0 + dp * 16 + lane / 16 * 8);
+    tc::mma_bf16(acc[2 * dp], a, f[0], f[1], acc[2 * dp]);
+    tc::mma_bf16(acc[2 * dp + 1], a, f[2], f[3], acc[2 * dp + 1]);
+  }
+}
+
 // acc (16 x HS) += P Y: P (16 x N) fp32 C fragments, rounded to bf16 in registers as A
 // fragments (the C layout of two 16 x 8 tiles is the A layout of one 16 x 16 tile); Y a shared
 // (N, S) tile read transposed by ldmatrix.
 template <int HS, int N, int S>
 __device__ __forceinline__ void tc_accumulate_product(float (&acc)[HS / 8][4], const float (&p)[N / 8][4],
                                                       const bf16* y) {
-  const int lane = int(threadIdx.x) % 32;
 #pragma unroll
   for (int kc = 0; kc < N / 16; ++kc) {
     const std::uint32_t a[4] = {tc::pack_bf16(p[2 * kc][0], p[2 * kc][1]), tc::pack_bf16(p[2 * kc][2], p[2 * kc][3]),
                                 tc::pack_bf16(p[2 * kc + 1][0], p[2 * kc + 1][1]),
                                 tc::pack_bf16(p[2 * kc + 1][2], p[2 * kc + 1][3])};
-#pragma unroll
-    for (int dp = 0; dp < HS / 16; ++dp) {
-      std::uint32_t f[4];  // B fragments of head-dimension tiles 2 dp (f[0], f[1]) and 2 dp + 1
-      tc::ldmatrix<4, true>(f, y + (kc * 16 + (lane / 8 % 2) * 8 + lane % 8) * S + dp * 16 + lane / 16 * 8);
-      tc::mma_bf16(acc[2 * dp], a, f[0], f[1], acc[2 * dp]);
-      tc::mma_bf16(acc[2 * dp + 1], a, f[2], f[3], acc[2 * dp + 1]);
-    }
+    tc_product<HS, S>(acc, a, y, kc, 0);
   }
 }
 
@@ -666,7 +678,8 @@ __global__ void __launch_bounds__(kTcThreads)
 
 // ---- tensor-core backward --------------------------------------------------------------------
 //
-// Two kernels after D = rowsum(dO O) (flash_backward_dot_kernel), no atomics, deterministic:
+// By default two kernels after D = rowsum(dO O) (flash_backward_dot_kernel), no atomics,
+// deterministic:
 //   dK, dV: a block owns 64 keys of one (b, kv head), 16 per warp, and streams the query tiles of
 //     every query head of the group (double-buffered cp.async of Q, dO, lse and D). Per tile a
 //     warp computes S^T = K Q^T and dP^T = V dO^T on tensor cores, P^T = exp2(S^T - lse) and
@@ -675,6 +688,15 @@ __global__ void __launch_bounds__(kTcThreads)
 //   dQ: a block owns 64 queries of one (b, h), 16 per warp, and streams the key tiles up to the
 //     diagonal; it recomputes S and dP (the price of a deterministic dQ without atomics or a
 //     per-key-block scratch of partial dQ) and accumulates dQ += dS K.
+// Single pass, after set_flash_attention_deterministic(false) (train.deterministic false): the
+// dK/dV kernel with its DQ flag on computes S and dP once. Each warp also stores its dS (bf16,
+// the operand dK uses) into a shared (queries x 64 keys) tile; after a barrier the 4 warps split
+// the tile's dQ += dS K (16 query rows x 64 head dimensions each, the block's 64 keys as the k
+// dimension, K from the block's own key tile) and add it by atomicAdd (result unused) into
+// an fp32 (B, T, NH HS) accumulator, zeroed before; flash_backward_add_dq_kernel then adds
+// scale times it into dqkv's query columns, rounding once. The key blocks' additions to a dQ
+// element arrive in an order that varies run to run, so dQ's fp32 sums (and, rarely, its bf16
+// rounding) do too; dK and dV stay deterministic.
 // Keys per dK/dV block and queries per dQ block: 64; streamed rows per step: 64 at HS 64 and 32
 // at HS 128 (registers: the HS 128 accumulators alone are 2 x 64 floats per thread in dK/dV).
 
@@ -715,11 +737,64 @@ __device__ __forceinline__ void tc_add_rows(bf16* base, std::int64_t C3, const f
   }
 }
 
-// Grid (key tiles, NKV, B); key tile 0 (the most query tiles) first.
+// dS (BQ queries x kTcRows keys, row stride kTcRows + kTcPad) into shared memory as bf16, from this
+// warp's dS^T C fragments (its 16 keys from warp_key0 x BQ queries): the A operand of dQ += dS K.
+// The lanes of one store hit 4 rows 2 apart (row stride 36 words) and 4 consecutive words each:
+// distinct banks.
+template <int BQ>
+__device__ __forceinline__ void tc_store_ds(bf16* ds_s, const float (&dst)[BQ / 8][4], int warp_key0) {
+  constexpr int DS = kTcRows + kTcPad;
+  const int lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int j = 0; j < BQ / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      ds_s[(j * 8 + 2 * t + e % 2) * DS + warp_key0 + g + 8 * (e / 2)] = __float2bfloat16_rn(dst[j][e]);
+    }
+  }
+}
+
+// dQ rows [q0, q0 + BQ) of one (b, h) += dS K, added by atomicAdd into the fp32 accumulator dq
+// (query q's row at dq + q * C; rows at or past T skipped): ds_s the shared dS tile of
+// tc_store_ds, k_s the block's (kTcRows, HS + kTcPad) key tile. The 4 warps split the product:
+// 16 query rows and HS BQ / 64 head dimensions each (BQ 64 at HS 64, 32 at HS 128: 64 either
+// way), in passes of 32 head dimensions, with the A fragments of the warp's dS rows held across.
 template <int HS, int BQ>
+__device__ __forceinline__ void tc_atomic_add_dq(float* dq, int C, const bf16* ds_s, const bf16* k_s, int q0, int T) {
+  constexpr int DS = kTcRows + kTcPad, S = HS + kTcPad, KC = kTcRows / 16;
+  constexpr int warps = kTcThreads / 32, row_blocks = BQ / 16, col_groups = warps / row_blocks;
+  constexpr int cols = HS / col_groups, pass = 32;  // head dimensions per warp, per pass
+  static_assert(warps % row_blocks == 0 && cols % pass == 0, "tc_atomic_add_dq: the warps must tile the product");
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+  const int r0 = warp % row_blocks * 16, c0 = warp / row_blocks * cols;
+  std::uint32_t a[KC][4];  // dS rows [r0, r0 + 16), keys in steps of 16
+#pragma unroll
+  for (int kc = 0; kc < KC; ++kc) tc_a_fragment<DS>(a[kc], ds_s, r0, kc);
+#pragma unroll
+  for (int col = c0; col < c0 + cols; col += pass) {
+    float acc[pass / 8][4] = {};
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc) tc_product<pass, S>(acc, a[kc], k_s, kc, col);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int q = q0 + r0 + g + 8 * hh;
+      if (q >= T) continue;
+      float* row = dq + std::int64_t(q) * C + col + 2 * t;
+#pragma unroll
+      for (int d = 0; d < pass / 8; ++d) {
+        atomicAdd(row + d * 8, acc[d][2 * hh]);
+        atomicAdd(row + d * 8 + 1, acc[d][2 * hh + 1]);
+      }
+    }
+  }
+}
+
+// Grid (key tiles, NKV, B); key tile 0 (the most query tiles) first. DQ: the single pass, which
+// also adds dQ (unscaled) into dq_accum (B, T, NH HS) fp32 by atomics; else dq_accum is unused.
+template <int HS, int BQ, bool DQ>
 __global__ void __launch_bounds__(kTcThreads)
-    flash_backward_dkdv_tc_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* D,
-                                  int T, int NH, int NKV, float score_scale, float scale) {
+    flash_backward_dkdv_tc_kernel(bf16* dqkv, float* dq_accum, const bf16* dout, const bf16* qkv, const float* lse,
+                                  const float* D, int T, int NH, int NKV, float score_scale, float scale) {
   constexpr int BK = kTcRows, S = HS + kTcPad, KD = HS / 16, NT = BQ / 8, DT = HS / 8;
   extern __shared__ float4 smem[];
   bf16* k_s = reinterpret_cast<bf16*>(smem);  // (BK, S)
@@ -728,6 +803,7 @@ __global__ void __launch_bounds__(kTcThreads)
   bf16* do_s = q_s + 2 * BQ * S;               // 2 x (BQ, S)
   float* lse_s = reinterpret_cast<float*>(do_s + 2 * BQ * S);  // 2 x BQ, log2 units
   float* d_s = lse_s + 2 * BQ;                                 // 2 x BQ
+  [[maybe_unused]] bf16* ds_s = reinterpret_cast<bf16*>(d_s + 2 * BQ);  // DQ only: (BQ, BK + kTcPad), dS
 
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
   const int k0 = blockIdx.x * BK;
@@ -787,14 +863,37 @@ __global__ void __launch_bounds__(kTcThreads)
         st[j][e] = p;
       }
     }
+    if constexpr (DQ) tc_store_ds<BQ>(ds_s, dpt, warp * 16);
     tc_accumulate_product<HS, BQ, S>(dv, st, dob);  // dV += P^T dO
     tc_accumulate_product<HS, BQ, S>(dk, dpt, qb);  // dK += dS^T Q (scale applied at the end)
+    if constexpr (DQ) {
+      __syncthreads();  // ds_s complete
+      const int h = kvh * group + i / per_head;
+      tc_atomic_add_dq<HS, BQ>(dq_accum + std::int64_t(b) * T * C + std::int64_t(h) * HS, C, ds_s, k_s, q0, T);
+    }
     __syncthreads();  // every warp is done with this buffer before iteration i + 2 refills it
   }
 
   bf16* dseq = dqkv + std::int64_t(b) * T * C3;
   tc_add_rows<HS>(dseq + C + std::int64_t(kvh) * HS, C3, dk, key_lo, T, scale);
   tc_add_rows<HS>(dseq + C + std::int64_t(NKV + kvh) * HS, C3, dv, key_lo, T, 1.0f);
+}
+
+// dqkv's query columns += scale dq, dq (B, T, C) the single pass's fp32 accumulator: 8 elements
+// per thread and access (C is a multiple of 64; dqkv is 16-byte aligned, and so are its rows).
+__global__ void flash_backward_add_dq_kernel(bf16* dqkv, const float* dq, std::int64_t n8, int C, std::int64_t C3,
+                                             float scale) {
+  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n8;
+       i += std::int64_t(gridDim.x) * blockDim.x) {
+    const std::int64_t e = i * 8, bt = e / C;
+    bf16* at = dqkv + bt * C3 + e % C;
+    float sum[8], add[8];
+    load_floats<8>(at, sum);
+    load_floats<8>(dq + e, add);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) sum[k] += add[k] * scale;
+    store_floats<8>(at, sum);
+  }
 }
 
 // Grid (query tiles, NH, B), as TcQueryBlock.
@@ -862,6 +961,9 @@ __global__ void __launch_bounds__(kTcThreads)
 
 // ---- launchers -------------------------------------------------------------------------------
 
+// set_flash_attention_deterministic: false selects the single-pass tensor-core backward.
+std::atomic<bool> deterministic_backward{true};
+
 constexpr std::size_t tile_bytes(int rows, int width) { return std::size_t(rows) * (width + kPad) * sizeof(float); }
 
 // Dynamic shared memory above 48 KB needs an opt-in per kernel.
@@ -901,18 +1003,38 @@ void forward_launch(scalar_t* out, float* lse, const scalar_t* qkv, int B, int T
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
 }
 
+// dq_accum: null for the deterministic two kernels; else the single pass's fp32 (B, T, NH HS)
+// accumulator (scratch, zeroed here).
 template <int HS>
-void backward_tc_launch(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* D, int B,
-                        int T, int NH, int NKV, float score_scale, float scale, cudaStream_t stream) {
+void backward_tc_launch(bf16* dqkv, float* dq_accum, const bf16* dout, const bf16* qkv, const float* lse,
+                        const float* D, int B, int T, int NH, int NKV, float score_scale, float scale,
+                        cudaStream_t stream) {
   constexpr int cols = TcBackwardTiles<HS>::cols;
-  {
-    constexpr std::size_t smem =
-        2 * tc_tile_bytes(kTcRows, HS) + 4 * tc_tile_bytes(cols, HS) + 4 * cols * sizeof(float);
-    static_assert(smem <= max_shared_bytes, "tensor-core flash backward dK/dV: tiles too large for shared memory");
-    auto* kernel = flash_backward_dkdv_tc_kernel<HS, cols>;
+  constexpr std::size_t dkdv_smem =
+      2 * tc_tile_bytes(kTcRows, HS) + 4 * tc_tile_bytes(cols, HS) + 4 * cols * sizeof(float);
+  static_assert(dkdv_smem <= max_shared_bytes, "tensor-core flash backward dK/dV: tiles too large for shared memory");
+  const dim3 dkdv_grid(n_tiles(T, kTcRows), NKV, B);
+  if (dq_accum != nullptr) {
+    constexpr std::size_t smem = dkdv_smem + std::size_t(cols) * (kTcRows + kTcPad) * sizeof(bf16);  // + dS
+    static_assert(smem <= max_shared_bytes,
+                  "tensor-core flash backward, single pass: tiles too large for shared memory");
+    const std::int64_t n = std::int64_t(B) * T * NH * HS;
+    LLMTRAIN_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, std::size_t(n) * sizeof(float), stream));
+    auto* kernel = flash_backward_dkdv_tc_kernel<HS, cols, true>;
     allow_shared_memory(kernel, smem);
-    kernel<<<dim3(n_tiles(T, kTcRows), NKV, B), kTcThreads, smem, stream>>>(dqkv, dout, qkv, lse, D, T, NH, NKV,
-                                                                           score_scale, scale);
+    kernel<<<dkdv_grid, kTcThreads, smem, stream>>>(dqkv, dq_accum, dout, qkv, lse, D, T, NH, NKV, score_scale, scale);
+    LLMTRAIN_CUDA_CHECK(cudaGetLastError());
+    constexpr int block = 256;
+    flash_backward_add_dq_kernel<<<grid_for(n / 8, block), block, 0, stream>>>(
+        dqkv, dq_accum, n / 8, NH * HS, std::int64_t(NH + 2 * NKV) * HS, scale);
+    LLMTRAIN_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
+  {
+    auto* kernel = flash_backward_dkdv_tc_kernel<HS, cols, false>;
+    allow_shared_memory(kernel, dkdv_smem);
+    kernel<<<dkdv_grid, kTcThreads, dkdv_smem, stream>>>(dqkv, nullptr, dout, qkv, lse, D, T, NH, NKV, score_scale,
+                                                        scale);
     LLMTRAIN_CUDA_CHECK(cudaGetLastError());
   }
   {
@@ -931,17 +1053,25 @@ void backward_launch(scalar_t* dqkv, const scalar_t* dout, const scalar_t* qkv, 
                      const float* lse, int B, int T, int NH, int NKV, cudaStream_t stream) {
   const float scale = 1.0f / sqrtf(float(HS)), score_scale = kLog2e * scale;
   const std::int64_t rows = std::int64_t(B) * T * NH;
-  const StreamScratch scratch(std::size_t(rows) * sizeof(float), stream);
-  float* D = scratch.at<float>();  // (B,NH,T)
+  constexpr bool has_tc = std::is_same_v<scalar_t, bf16> && (HS == 64 || HS == 128);
+  const bool tensor_cores =
+      has_tc && flash_attention_uses_tensor_cores(HS, qkv, out) && aligned16(dout) && aligned16(dqkv);
+  const bool single_pass = tensor_cores && !flash_attention_deterministic();
+  // D (B,NH,T); for the single pass then the dQ accumulator (B,T,NH HS).
+  const std::size_t d_bytes = std::size_t(rows) * sizeof(float);
+  const std::size_t dq_bytes = single_pass ? std::size_t(rows) * HS * sizeof(float) : 0;
+  const StreamScratch scratch(single_pass ? round_up_256(d_bytes) + dq_bytes : d_bytes, stream);
+  float* D = scratch.at<float>();
 
   constexpr int dot_block = 256;  // 8 warps, one row each
   const unsigned dot_blocks = unsigned((rows * warp_size + dot_block - 1) / dot_block);
   flash_backward_dot_kernel<scalar_t, HS><<<dot_blocks, dot_block, 0, stream>>>(D, dout, out, rows, T, NH);
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
 
-  if constexpr (std::is_same_v<scalar_t, bf16> && (HS == 64 || HS == 128)) {
-    if (flash_attention_uses_tensor_cores(HS, qkv, out) && aligned16(dout) && aligned16(dqkv)) {
-      return backward_tc_launch<HS>(dqkv, dout, qkv, lse, D, B, T, NH, NKV, score_scale, scale, stream);
+  if constexpr (has_tc) {
+    if (tensor_cores) {
+      float* dq_accum = single_pass ? scratch.at<float>(round_up_256(d_bytes)) : nullptr;
+      return backward_tc_launch<HS>(dqkv, dq_accum, dout, qkv, lse, D, B, T, NH, NKV, score_scale, scale, stream);
     }
   }
   {
@@ -1015,6 +1145,12 @@ void backward_dispatch(scalar_t* dqkv, const scalar_t* dout, const scalar_t* qkv
 }
 
 }  // namespace
+
+void set_flash_attention_deterministic(bool deterministic) {
+  deterministic_backward.store(deterministic, std::memory_order_relaxed);
+}
+
+bool flash_attention_deterministic() { return deterministic_backward.load(std::memory_order_relaxed); }
 
 bool flash_attention_uses_tensor_cores(int head_size, const void* qkv, const void* out) {
   return (head_size == 64 || head_size == 128) && aligned16(qkv) && aligned16(out);

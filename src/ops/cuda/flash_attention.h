@@ -33,9 +33,19 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int 
                              cudaStream_t stream);
 
 /// bf16 dqkv (B,T,(NH+2NKV)HS) += from bf16 dout (B,T,C), qkv, out (B,T,C) and fp32 lse (B,NH,T);
-/// each element of dqkv is read, added to in fp32 and rounded once.
+/// each element of dqkv is read, added to in fp32 and rounded once. Deterministic unless
+/// set_flash_attention_deterministic(false) chose the single pass for the tensor-core kernels.
 void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
                               const float* lse, int B, int T, int C, int NH, int NKV, cudaStream_t stream);
+
+/// Chooses the backward of the bf16 tensor-core kernels (head sizes 64 and 128; see
+/// flash_attention_uses_tensor_cores). true (the default): deterministic, two kernels (dK/dV, then
+/// dQ), bitwise the same run after run. false: one pass that computes S and dP once and adds dQ
+/// with fp32 atomics in an order that varies run to run, so dQ does too (within rounding); it needs
+/// a further stream-ordered scratch of B T NH HS floats. Process-wide, like set_matmul_tf32; the
+/// trainer sets it from train.deterministic. The fp32 and CUDA-core kernels are always deterministic.
+void set_flash_attention_deterministic(bool deterministic);
+bool flash_attention_deterministic();
 
 /// Whether the bf16 kernels take the tensor-core path (mma.sync, ldmatrix, cp.async) for this
 /// head size and these tensors: head sizes 64 and 128, qkv and out (forward) or qkv, out, dout
