@@ -637,6 +637,34 @@ TEST_CASE("bf16 mixed precision trains along the fp32 loss curve (CPU emulation)
   CHECK(bf16.back() < bf16.front() - 0.5);  // and it learns
 }
 
+TEST_CASE("train --device auto on a machine with a GPU trains on it: the losses of --device cuda, bit for bit",
+          "[cli][train][cuda]") {
+  const auto info = run_llmtrain({"info"});
+  REQUIRE(info.exit_code == 0);
+  if (info.out.find("cuda:0") == std::string::npos) LLMTRAIN_SKIP("no CUDA device listed by llmtrain info");
+  TempDir dir;
+  const std::string shards = fox_shards(dir);
+  const std::string config = dir.write("c.json", R"({
+    "model": {"vocab_size": 256, "context_length": 16, "n_layer": 1, "n_head": 2, "d_model": 32},
+    "data": {"train": ")" + shards + R"(/train_*.bin"},
+    "train": {"micro_batch_size": 2, "global_batch_size": 2, "max_steps": 3, "log_every": 1},
+    "optim": {"warmup_steps": 0}})");
+  const auto picked = run_llmtrain({"train", "--config", config, "--run-dir", dir.path() + "/auto", "--device", "auto"});
+  const auto cuda = run_llmtrain({"train", "--config", config, "--run-dir", dir.path() + "/cuda", "--device", "cuda"});
+  CAPTURE(picked.err);
+  REQUIRE(picked.exit_code == 0);
+  REQUIRE(cuda.exit_code == 0);
+  CHECK(picked.err.find("train: device auto: cuda (this build has CUDA and ") != std::string::npos);
+  const auto losses = [&](const std::string& run) {
+    std::ifstream in(dir.path() + "/" + run + "/metrics.jsonl");
+    std::vector<double> out;
+    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+    return out;
+  };
+  REQUIRE(losses("auto").size() == 3);
+  CHECK(losses("auto") == losses("cuda"));  // the same device, the same kernels: the same bits
+}
+
 TEST_CASE("train --device auto picks CUDA where info lists a device, else the CPU, and says why", "[cli][train]") {
   const auto info = run_llmtrain({"info"});
   REQUIRE(info.exit_code == 0);
