@@ -393,6 +393,21 @@ void check_tensor_core_flash(const AttnShape& s, std::mt19937& rng) {
   require_guards("lse", d_lse);
 }
 
+// check_tensor_core_flash at head sizes 64 and 128, each of these T, and GQA groups of 1, 2 and 4
+// (4 query heads); B = 2 for the short sequences.
+void check_tensor_core_shapes(std::initializer_list<int> Ts, std::mt19937& rng) {
+  const int NH = 4;
+  for (const int HS : {64, 128}) {
+    for (const int T : Ts) {
+      for (const int NKV : {NH, NH / 2, 1}) {
+        const int B = T <= 65 ? 2 : 1;
+        CAPTURE(B, T, HS, NKV);
+        check_tensor_core_flash(AttnShape{B, T, NH, NKV, HS}, rng);
+      }
+    }
+  }
+}
+
 // train.deterministic false for one scope (ops::set_deterministic, as the trainer sets it), the
 // default again after it, also when a check fails.
 struct SinglePassBackward {
@@ -413,16 +428,7 @@ TEST_CASE("cuda bf16 tensor-core flash attention matches the cpu reference", "[c
   // of the 64-row tiles, one and several key tiles, GQA groups of 1, 2 and 4.
   REQUIRE(cuda::flash_attention_deterministic());
   std::mt19937 rng(227);
-  const int NH = 4;
-  for (const int HS : {64, 128}) {
-    for (const int T : {1, 17, 64, 65, 130, 257}) {
-      for (const int NKV : {NH, NH / 2, 1}) {
-        const int B = T <= 65 ? 2 : 1;
-        CAPTURE(B, T, HS, NKV);
-        check_tensor_core_flash(AttnShape{B, T, NH, NKV, HS}, rng);
-      }
-    }
-  }
+  check_tensor_core_shapes({1, 17, 64, 65, 130, 257}, rng);
 #endif
 }
 
@@ -437,16 +443,7 @@ TEST_CASE("cuda bf16 tensor-core single-pass flash backward (train.deterministic
   const SinglePassBackward single_pass;
   REQUIRE_FALSE(cuda::flash_attention_deterministic());
   std::mt19937 rng(229);
-  const int NH = 4;
-  for (const int HS : {64, 128}) {
-    for (const int T : {1, 17, 65, 130}) {
-      for (const int NKV : {NH, NH / 2, 1}) {
-        const int B = T <= 65 ? 2 : 1;
-        CAPTURE(B, T, HS, NKV);
-        check_tensor_core_flash(AttnShape{B, T, NH, NKV, HS}, rng);
-      }
-    }
-  }
+  check_tensor_core_shapes({1, 17, 65, 130}, rng);
 #endif
 }
 
