@@ -10,6 +10,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "catch_compat.h"
@@ -198,6 +199,88 @@ bool all_zero(const Vec& v) {
 
 }  // namespace
 
+namespace {
+// The shape and inputs of the first-writer checks: GQA, T not a multiple of the tiles, HS 64 (the
+// tensor-core and cuDNN kernels).
+struct FirstWriterCase {
+  AttnShape s{2, 65, 4, 2, 64};
+  Vec qkv, dout;
+  FlashResult want;  // the CPU's += onto zeros
+  FirstWriterCase() {
+    std::mt19937 rng(233);
+    qkv = round_bf16(random_vec(rng, s.n_qkv(), 1.5f));
+    dout = round_bf16(random_vec(rng, s.n_out()));
+    want = cpu_flash(s, qkv, dout, Vec(s.n_qkv(), 0.0f));
+  }
+};
+
+#if LLMTRAIN_HAVE_CUDA
+// dqkv from the device backward of `kernels` in element type E (float or Bf16), onto dqkv0 with
+// `mode`; the forward's out and lse from the same kernels.
+template <class E>
+Vec device_dqkv(const FirstWriterCase& c, ops::AttentionKernels kernels, const Vec& dqkv0, ops::Accumulate mode) {
+  const AttnShape& s = c.s;
+  const int B = s.B, T = s.T, NH = s.NH, C = s.C(), W = s.width();
+  const auto elems = [](const Vec& v) {
+    if constexpr (std::is_same_v<E, float>) {
+      return v;
+    } else {
+      return to_bf16(v);
+    }
+  };
+  const DeviceArray<E> d_qkv(elems(c.qkv)), d_dout(elems(c.dout)), d_out(elems(nan_vec(s.n_out())));
+  const DeviceArray<E> d_dqkv(elems(dqkv0));
+  const DeviceArray<float> d_lse(nan_vec(s.n_lse()));
+  ops::flash_attention_forward(d_out.tensor({B, T, C}), d_lse.tensor({B, NH, T}), d_qkv.tensor({B, T, W}), NH, s.NKV,
+                               kernels);
+  ops::flash_attention_backward(d_dqkv.tensor({B, T, W}), d_dout.tensor({B, T, C}), d_qkv.tensor({B, T, W}),
+                                d_out.tensor({B, T, C}), d_lse.tensor({B, NH, T}), NH, s.NKV, kernels, mode);
+  require_guards("dqkv", d_dqkv);
+  if constexpr (std::is_same_v<E, float>) {
+    return d_dqkv.to_host();
+  } else {
+    return to_float(d_dqkv.to_host());
+  }
+}
+#endif
+}  // namespace
+
+TEST_CASE("flash_attention_backward as dqkv's first writer (Accumulate::no) ignores what dqkv held", "[ops][flash]") {
+  // The models' attention backward writes dqkv instead of adding into a zeroed one: the += onto
+  // zeros, bit for bit, whatever (here: NaN) dqkv held before.
+  FirstWriterCase c;
+  const int B = c.s.B, T = c.s.T, NH = c.s.NH, C = c.s.C(), W = c.s.width();
+  Vec out = c.want.out, lse = c.want.lse, written = nan_vec(c.s.n_qkv());
+  ops::flash_attention_backward(t(written, {B, T, W}), t(c.dout, {B, T, C}), t(c.qkv, {B, T, W}), t(out, {B, T, C}),
+                                t(lse, {B, NH, T}), NH, c.s.NKV, ops::AttentionKernels::flash, ops::Accumulate::no);
+  CHECK(written == c.want.dqkv);
+}
+
+TEST_CASE("cuda flash_attention_backward as dqkv's first writer (Accumulate::no), f32, bf16 and cuDNN",
+          "[cuda][flash]") {
+  std::string why;
+  if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
+#if LLMTRAIN_HAVE_CUDA
+  const FirstWriterCase c;
+  const Vec zeros(c.s.n_qkv(), 0.0f), nans = nan_vec(c.s.n_qkv());
+  // llmtrain's kernels add into zeros either way: the same bits as the += onto zeros.
+  const Vec f32_written = device_dqkv<float>(c, ops::AttentionKernels::flash, nans, ops::Accumulate::no);
+  require_close("f32 dqkv written", f32_written, c.want.dqkv, 1e-4);
+  CHECK(f32_written == device_dqkv<float>(c, ops::AttentionKernels::flash, zeros, ops::Accumulate::yes));
+  const Vec bf16_written = device_dqkv<Bf16>(c, ops::AttentionKernels::flash, nans, ops::Accumulate::no);
+  require_close("bf16 dqkv written", bf16_written, c.want.dqkv, 1e-2);
+  CHECK(bf16_written == device_dqkv<Bf16>(c, ops::AttentionKernels::flash, zeros, ops::Accumulate::yes));
+  // cuDNN writes straight into dqkv (no scratch, no add kernel): every element, within bf16 accuracy.
+  if (!ops::cudnn_attention_available(&why) ||
+      !ops::cudnn_attention_supported(c.s.B, c.s.T, c.s.C(), c.s.NH, c.s.NKV, &why)) {
+    WARN("cuDNN's write into dqkv not checked: " << why);
+    return;
+  }
+  require_close("cudnn dqkv written", device_dqkv<Bf16>(c, ops::AttentionKernels::cudnn, nans, ops::Accumulate::no),
+                c.want.dqkv, 1e-2);
+#endif
+}
+
 TEST_CASE("cuda flash attention matches the cpu reference", "[cuda][ops][flash]") {
   std::string why;
   if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
@@ -322,7 +405,7 @@ TEST_CASE("cuda bf16 flash attention matches the cpu reference", "[cuda][bf16][f
           const cudaStream_t stream = cuda::compute_stream();
           cuda::flash_attention_forward(bf(d_out), d_lse.data(), bf(d_qkv), B, T, C, NH, NKV, stream);
           cuda::flash_attention_backward(bf(d_dqkv), bf(d_dout), bf(d_qkv), bf(d_out), d_lse.data(), B, T, C,
-                                         NH, NKV, stream);
+                                         NH, NKV, true, stream);
           require_close("out", to_float(d_out.to_host()), want.out, bf16_tol);
           require_close("lse", d_lse.to_host(), want.lse, lse_tol);
           const Vec dqkv = to_float(d_dqkv.to_host());
@@ -380,7 +463,7 @@ void check_tensor_core_flash(const AttnShape& s, std::mt19937& rng) {
   require_close("out", to_float(d_out.to_host()), want.out, bf16_tol);
   require_close("lse", d_lse.to_host(), want.lse, lse_tol);
   cuda::flash_attention_backward(bf(d_dqkv), bf(d_dout), bf(d_qkv), bf(d_out), d_lse.data(), B, T, C, NH, NKV,
-                                 stream);
+                                 true, stream);
   const Vec dqkv = to_float(d_dqkv.to_host());
   const Vec zeros(dqkv.size(), 0.0f);
   require_close("dq", increment(dqkv, zeros, W, 0, C), increment(want.dqkv, zeros, W, 0, C), bf16_tol);
@@ -471,7 +554,7 @@ TEST_CASE("cuda bf16 tensor-core flash backward is bitwise repeatable by default
     const auto backward = [&] {
       const DeviceArray<Bf16> d_dqkv(dqkv0);
       cuda::flash_attention_backward(bf(d_dqkv), bf(d_dout), bf(d_qkv), bf(d_out), d_lse.data(), B, T, C, NH, NKV,
-                                     stream);
+                                     true, stream);
       require_guards("dqkv", d_dqkv);
       return to_float(d_dqkv.to_host());
     };
@@ -534,7 +617,7 @@ TEST_CASE("cudnn fused attention matches the cpu reference and the bf16 kernels"
           const DeviceArray<float> d_lse(nan_vec(s.n_lse()));
           cuda::cudnn_attention_forward(bf(d_out), d_lse.data(), bf(d_qkv), B, T, C, NH, NKV, stream);
           cuda::cudnn_attention_backward(bf(d_dqkv), bf(d_dout), bf(d_qkv), bf(d_out), d_lse.data(), B, T, C,
-                                         NH, NKV, stream);
+                                         NH, NKV, true, stream);
           const Vec out = to_float(d_out.to_host()), lse = d_lse.to_host(), dqkv = to_float(d_dqkv.to_host());
           require_close("out", out, want.out, bf16_tol);
           require_close("lse", lse, want.lse, lse_tol);
@@ -561,7 +644,7 @@ TEST_CASE("cudnn fused attention matches the cpu reference and the bf16 kernels"
           const DeviceArray<float> k_lse(nan_vec(s.n_lse()));
           cuda::flash_attention_forward(bf(k_out), k_lse.data(), bf(d_qkv), B, T, C, NH, NKV, stream);
           cuda::flash_attention_backward(bf(k_dqkv), bf(d_dout), bf(d_qkv), bf(d_out), d_lse.data(), B, T, C,
-                                         NH, NKV, stream);
+                                         NH, NKV, true, stream);
           require_close("out, cuDNN against the bf16 kernel", out, to_float(k_out.to_host()), bf16_tol);
           require_close("lse, cuDNN against the bf16 kernel", lse, k_lse.to_host(), lse_tol);
           const Vec k_dqkv_host = to_float(k_dqkv.to_host());

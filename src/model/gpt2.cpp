@@ -357,9 +357,7 @@ void Gpt2::backward(const std::function<void(std::int64_t)>& grads_ready) {
     } else if (recompute_ == Recompute::mlp) {
       forward_mlp(lp, la, gathered(la.ln2, a_.full_in));
     }
-    // Each activation gradient's first writer writes it (no zeroing); flash attention's backward
-    // adds into dqkv.
-    ops::zero(ga_.qkv);
+    // Each activation gradient's first writer writes it (no zeroing).
     // MLP branch: residual3 = residual2 + c_proj(gelu(c_fc(ln2))).
     // c_proj's input gradient through the GELU (and c_fc's bias gradient) in one matmul.
     ops::matmul_backward_dgelu(ga_.fch, lg.fcproj_w, lg.fcproj_b, lg.fc_b, gathered(dresidual, a_.full_in),
@@ -375,7 +373,7 @@ void Gpt2::backward(const std::function<void(std::int64_t)>& grads_ready) {
                          lp.attproj_w, ops::Accumulate::no);
     ops::flash_attention_backward(ga_.qkv.reshape({B, T, 3 * CL}), ga_.atty.reshape({B, T, CL}),
                                   la.qkv.reshape({B, T, 3 * CL}), la.atty.reshape({B, T, CL}), la.lse, NH, NH,
-                                  attention_kernels_);
+                                  attention_kernels_, ops::Accumulate::no);
     ops::matmul_backward(sp ? a_.full_out : ga_.ln1, lg.qkv_w, lg.qkv_b, ga_.qkv, gathered(la.ln1, a_.full_in),
                          lp.qkv_w, ops::Accumulate::no);
     reduce_rows(sp ? a_.full_out : ga_.ln1, ga_.ln1);

@@ -395,10 +395,9 @@ void Llama::backward(const std::function<void(std::int64_t)>& grads_ready) {
       forward_mlp(lp, la, gathered(la.ln2, a_.full_in));
     }
     // Each activation gradient's first writer writes it (no zeroing), except those that the
-    // accumulating elementwise and attention backwards write first.
+    // accumulating elementwise and rotary backwards write first.
     ops::zero(ga_.gate);
     ops::zero(ga_.up);
-    ops::zero(ga_.qkvr);
     ops::zero(ga_.qkv);
     // MLP branch: residual3 = residual2 + down(swiglu(gate(ln2), up(ln2))).
     ops::matmul_backward(ga_.swi, lg.down, none, gathered(dresidual, a_.full_in), la.swi, lp.down, ops::Accumulate::no);
@@ -415,7 +414,7 @@ void Llama::backward(const std::function<void(std::int64_t)>& grads_ready) {
     ops::matmul_backward(ga_.atty, lg.o, none, gathered(dresidual, a_.full_in), la.atty, lp.o, ops::Accumulate::no);
     ops::flash_attention_backward(ga_.qkvr.reshape({B, T, QKV_}), ga_.atty.reshape({B, T, CL}),
                                   la.qkvr.reshape({B, T, QKV_}), la.atty.reshape({B, T, CL}), la.lse, int(NH), int(NKV),
-                                  attention_kernels_);
+                                  attention_kernels_, ops::Accumulate::no);
     ops::rope_backward(ga_.qkv.reshape({B, T, NH + 2 * NKV, HS_}), ga_.qkvr.reshape({B, T, NH + 2 * NKV, HS_}), theta,
                        rotated_heads());
     const Tensor dln1 = sp ? a_.full_out : ga_.ln1;

@@ -278,7 +278,7 @@ void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
 }
 
 void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                              const Tensor& lse, int NH, int NKV, AttentionKernels kernels) {
+                              const Tensor& lse, int NH, int NKV, AttentionKernels kernels, Accumulate dqkv_mode) {
   const Op op("flash_attention_backward");
   const auto B = dout.shape[0], T = dout.shape[1], C = dout.shape[2];
   const std::int64_t width = qkv_width(op, C, NH, NKV);
@@ -290,7 +290,7 @@ void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tens
   op.expect("lse", lse, DType::f32, {B, NH, T});
   const auto args = [&](auto v) {
     return std::tuple(v.out(dqkv), v.in(dout), v.in(qkv), v.in(out), v.f32(lse), as_int(B), as_int(T), as_int(C),
-                      NH, NKV);
+                      NH, NKV, dqkv_mode == Accumulate::yes);
   };
   if (kernels == AttentionKernels::cudnn) {
     return op.run(dispatch::Kernels{LLMTRAIN_CPU_KERNEL(flash_attention_backward),

@@ -85,10 +85,13 @@ void set_deterministic(bool deterministic);
 /// size T x T is stored.
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int NH, int NKV = 0,
                              AttentionKernels kernels = AttentionKernels::flash);
-/// dqkv += the gradient from dout (B,T,NH HS), recomputing the probabilities from qkv, out and lse.
+/// dqkv += (or, Accumulate::no, =) the gradient from dout (B,T,NH HS), recomputing the
+/// probabilities from qkv, out and lse. As dqkv's first writer cuDNN writes it directly, with no
+/// scratch copy to add; llmtrain's kernels zero it on the device and add.
 void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                               const Tensor& lse, int NH, int NKV = 0,
-                              AttentionKernels kernels = AttentionKernels::flash);
+                              AttentionKernels kernels = AttentionKernels::flash,
+                              Accumulate dqkv_mode = Accumulate::yes);
 
 /// One new position of one sequence: out (C) from q (C) and the caches (maxT, NKV HS) up to `pos`
 /// (NKV 0: NH).

@@ -106,10 +106,11 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, int B, in
 }
 
 void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                              int B, int T, int C, int NH, int NKV) {
+                              int B, int T, int C, int NH, int NKV, bool accumulate) {
   const int HS = C / NH, group = NH / NKV;
   const float scale = 1.0f / std::sqrt(float(HS));
   const std::int64_t C3 = std::int64_t(NH + 2 * NKV) * HS;
+  if (!accumulate) std::fill(dqkv, dqkv + std::int64_t(B) * T * C3, 0.0f);  // its first writer
   const std::int64_t k_at = C, v_at = C + std::int64_t(NKV) * HS;
   const int blocks = (T + query_block - 1) / query_block;
   const bool threads = worth_threads(std::int64_t(B) * NH * T * T * HS);

@@ -62,9 +62,10 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 /// lse (B,NH,T), the log-sum-exp of each row's scaled scores, from qkv (B,T,(NH+2NKV)HS).
 void flash_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV);
 /// dqkv (B,T,(NH+2NKV)HS) += from dout (B,T,C), recomputing the probabilities from qkv and lse
-/// (B,NH,T); out (B,T,C) gives D = rowsum(dout * out).
+/// (B,NH,T); out (B,T,C) gives D = rowsum(dout * out). !accumulate: dqkv is written instead (its
+/// first writer: what it held is not read).
 void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                              int B, int T, int C, int NH, int NKV);
+                              int B, int T, int C, int NH, int NKV, bool accumulate);
 
 /// Attention of one new position `pos` of one sequence against a KV cache: out (C) from q (C)
 /// and the cached keys and values k_cache, v_cache (maxT, NKV HS) of positions 0..pos; query head

@@ -452,7 +452,7 @@ void cudnn_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16
 
 void cudnn_attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
                               const __nv_bfloat16* out, const float* lse, int B, int T, int C, int NH,
-                              int NKV, cudaStream_t stream) {
+                              int NKV, bool accumulate, cudaStream_t stream) {
   State& st = state();
   const std::lock_guard<std::mutex> lock(st.mutex);
   Plan& plan = usable_plan(st, Pass::backward, B, T, C, NH, NKV);
@@ -461,15 +461,17 @@ void cudnn_attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, co
   const __nv_bfloat16* v = k + s.NKV * s.HS;
   check_aligned({dqkv, dout, qkv, k, v, out, lse}, "backward");
 
-  // One scratch: cuDNN's workspace, Dsum (B,NH,T), the dQ accumulator (B,NH,T,HS), dqkv's increment.
+  // One scratch: cuDNN's workspace, Dsum (B,NH,T), the dQ accumulator (B,NH,T,HS) and, when it
+  // accumulates, dqkv's increment (the same layout as dqkv, so the plan serves both).
   const std::size_t rows = std::size_t(s.B * s.NH * s.T), n = std::size_t(s.B * s.T * s.W);
   const std::size_t ws_bytes = round_up_256(std::size_t(plan.workspace_bytes));
   const std::size_t sum_bytes = round_up_256(rows * sizeof(float));
   const std::size_t accum_bytes = round_up_256(rows * std::size_t(s.HS) * sizeof(float));
-  const StreamScratch scratch(ws_bytes + sum_bytes + accum_bytes + n * sizeof(__nv_bfloat16), stream);
+  const std::size_t grad_bytes = accumulate ? n * sizeof(__nv_bfloat16) : 0;
+  const StreamScratch scratch(ws_bytes + sum_bytes + accum_bytes + grad_bytes, stream);
   float* dot_sum = scratch.at<float>(ws_bytes);
   float* dq_accum = scratch.at<float>(ws_bytes + sum_bytes);
-  auto* grad = scratch.at<__nv_bfloat16>(ws_bytes + sum_bytes + accum_bytes);
+  auto* grad = accumulate ? scratch.at<__nv_bfloat16>(ws_bytes + sum_bytes + accum_bytes) : dqkv;
   // cudnn_frontend zeroed the accumulator itself before cuDNN 9.6 and leaves it to cuDNN since; zeroing
   // it here too costs one memset of B NH T HS floats and does not depend on reading that right.
   LLMTRAIN_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, rows * std::size_t(s.HS) * sizeof(float), stream));
@@ -482,6 +484,7 @@ void cudnn_attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, co
            dot_sum, dq_accum, &plan.one},
           ws_bytes > 0 ? scratch.at<void>() : nullptr);
 
+  if (!accumulate) return;  // cuDNN wrote dqkv itself
   const std::int64_t n8 = std::int64_t(n / 8);  // W is a multiple of 8 (HS is)
   add_bf16_kernel<<<grid_for(n8, 256), 256, 0, stream>>>(dqkv, grad, n8);
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
@@ -511,7 +514,7 @@ void cudnn_attention_forward(__nv_bfloat16*, float*, const __nv_bfloat16*, int, 
 }
 
 void cudnn_attention_backward(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
-                              const __nv_bfloat16*, const float*, int, int, int, int, int, cudaStream_t) {
+                              const __nv_bfloat16*, const float*, int, int, int, int, int, bool, cudaStream_t) {
   throw RuntimeError(std::string("cudnn attention: ") + kNoCudnn);
 }
 

@@ -33,11 +33,12 @@ void cudnn_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16
                              int NH, int NKV, cudaStream_t stream);
 
 /// dqkv (B,T,(NH+2NKV)HS) += from dout (B,T,C), given the forward's qkv, out (B,T,C) and lse (B,NH,T).
-/// cuDNN writes dQ, dK, dV (bf16) into a stream-ordered scratch the size of dqkv, which a kernel
-/// then adds in fp32 (so each element is rounded twice, where flash_attention_backward rounds once).
-/// Scratch also holds cuDNN's workspace and an fp32 dQ accumulator of B NH T HS floats.
+/// !accumulate (dqkv's first writer): cuDNN writes dQ, dK and dV straight into dqkv. Otherwise it
+/// writes them (bf16) into a stream-ordered scratch the size of dqkv, which a kernel then adds in
+/// fp32 (so each element is rounded twice, where flash_attention_backward rounds once). Scratch
+/// also holds cuDNN's workspace and an fp32 dQ accumulator of B NH T HS floats.
 void cudnn_attention_backward(__nv_bfloat16* dqkv, const __nv_bfloat16* dout, const __nv_bfloat16* qkv,
                               const __nv_bfloat16* out, const float* lse, int B, int T, int C, int NH,
-                              int NKV, cudaStream_t stream);
+                              int NKV, bool accumulate, cudaStream_t stream);
 
 }  // namespace llmtrain::cuda

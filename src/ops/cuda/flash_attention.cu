@@ -1133,9 +1133,15 @@ void forward_dispatch(scalar_t* out, float* lse, const scalar_t* qkv, int B, int
 
 template <class scalar_t>
 void backward_dispatch(scalar_t* dqkv, const scalar_t* dout, const scalar_t* qkv, const scalar_t* out,
-                       const float* lse, int B, int T, int C, int NH, int NKV, cudaStream_t stream) {
+                       const float* lse, int B, int T, int C, int NH, int NKV, bool accumulate,
+                       cudaStream_t stream) {
   check_shape("flash_attention_backward", B, T, C, NH, NKV);
   if (B == 0 || T == 0) return;
+  // The kernels add into dqkv; as its first writer they add into zeros.
+  if (!accumulate) {
+    const std::size_t n = std::size_t(B) * std::size_t(T) * std::size_t(NH + 2 * NKV) * std::size_t(C / NH);
+    LLMTRAIN_CUDA_CHECK(cudaMemsetAsync(dqkv, 0, n * sizeof(scalar_t), stream));
+  }
   switch (C / NH) {
     case 16: return backward_launch<scalar_t, 16>(dqkv, dout, qkv, out, lse, B, T, NH, NKV, stream);
     case 32: return backward_launch<scalar_t, 32>(dqkv, dout, qkv, out, lse, B, T, NH, NKV, stream);
@@ -1162,8 +1168,9 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, int B, in
 }
 
 void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                              const float* lse, int B, int T, int C, int NH, int NKV, cudaStream_t stream) {
-  backward_dispatch(dqkv, dout, qkv, out, lse, B, T, C, NH, NKV, stream);
+                              const float* lse, int B, int T, int C, int NH, int NKV, bool accumulate,
+                              cudaStream_t stream) {
+  backward_dispatch(dqkv, dout, qkv, out, lse, B, T, C, NH, NKV, accumulate, stream);
 }
 
 void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, int NKV,
@@ -1172,8 +1179,9 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int 
 }
 
 void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
-                              const float* lse, int B, int T, int C, int NH, int NKV, cudaStream_t stream) {
-  backward_dispatch(dqkv, dout, qkv, out, lse, B, T, C, NH, NKV, stream);
+                              const float* lse, int B, int T, int C, int NH, int NKV, bool accumulate,
+                              cudaStream_t stream) {
+  backward_dispatch(dqkv, dout, qkv, out, lse, B, T, C, NH, NKV, accumulate, stream);
 }
 
 }  // namespace llmtrain::cuda

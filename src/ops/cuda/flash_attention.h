@@ -20,10 +20,12 @@ namespace llmtrain::cuda {
 void flash_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV,
                              cudaStream_t stream);
 
-/// dqkv (B,T,(NH+2NKV)HS) += from dout (B,T,C), given the forward's qkv, out (B,T,C) and lse (B,NH,T).
-/// Deterministic (no atomics). Uses a stream-ordered scratch of B NH T floats.
+/// dqkv (B,T,(NH+2NKV)HS) += from dout (B,T,C), given the forward's qkv, out (B,T,C) and lse (B,NH,T);
+/// !accumulate (dqkv's first writer): dqkv is zeroed on the stream first, so what it held does not
+/// count. Deterministic (no atomics). Uses a stream-ordered scratch of B NH T floats.
 void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                              const float* lse, int B, int T, int C, int NH, int NKV, cudaStream_t stream);
+                              const float* lse, int B, int T, int C, int NH, int NKV, bool accumulate,
+                              cudaStream_t stream);
 
 /// The 16-bit storage type of mixed precision (also declared, identically, in kernels.h).
 using bf16 = __nv_bfloat16;
@@ -36,7 +38,8 @@ void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int 
 /// each element of dqkv is read, added to in fp32 and rounded once. Deterministic unless
 /// set_flash_attention_deterministic(false) chose the single pass for the tensor-core kernels.
 void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
-                              const float* lse, int B, int T, int C, int NH, int NKV, cudaStream_t stream);
+                              const float* lse, int B, int T, int C, int NH, int NKV, bool accumulate,
+                              cudaStream_t stream);
 
 /// Chooses the backward of the bf16 tensor-core kernels (head sizes 64 and 128; see
 /// flash_attention_uses_tensor_cores). true (the default): deterministic, two kernels (dK/dV, then
