@@ -198,12 +198,15 @@ pass "metrics.jsonl: steps 1..$second each logged once, run 3 continued at step 
 scancel --signal=TERM --full "$job"
 stopped_and_requeued 3 "TERM --full"
 (( $(grep -c "requeueing job $job" "$out") == 3 )) || fail "TERM --full: the script did not requeue"
+# The newest checkpoint is known only once run 3's ranks are gone: the requeue can come while
+# they still finish a checkpoint and name it in `latest`. Run 4 starts after they have ended and
+# writes no checkpoint of its own (no periodic ones), so `latest` is read once it has started.
+for _ in $(seq 1 300); do (( $(grep -c "resuming from" "$out") >= 3 )) && break; sleep 0.2; done  # run 4's line
 newest=$(cat "$run/checkpoints/latest")
 newest_step=$((10#${newest#step_}))
 (( newest_step >= second )) || fail "TERM --full: latest checkpoint $newest is older than step $second"
-running_past "$newest_step"
-for _ in $(seq 1 100); do (( $(grep -c "resuming from" "$out") >= 3 )) && break; sleep 0.2; done  # run 4's line
 grep "resuming from" "$out" | tail -n 1 | grep -q "$newest (step $newest_step)" || fail "run 4 did not resume from $newest"
+running_past "$newest_step"
 # One reading of the file, which run 4 is still writing (its last line may be half there: dropped).
 seen=$(steps | head -n -1)
 total=$(tail -n 1 <<<"$seen")
