@@ -2,6 +2,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -41,6 +43,18 @@ std::string cudnn_llama_config(const TempDir& dir, const std::string& shards, in
     "train": {"micro_batch_size": 4, "global_batch_size": 8, "max_steps": )" + std::to_string(max_steps) +
                                R"(, "log_every": 1, "precision": "bf16"},
     "optim": {"lr": 0.003, "warmup_steps": )" + std::to_string(warmup_steps) + "}}");
+}
+
+// The training losses a run logged, step by step, from RUN/metrics.jsonl (validation and
+// checkpoint records, which carry no "loss", left out).
+std::vector<double> training_losses(const std::string& run) {
+  std::vector<double> out;
+  std::ifstream metrics(run + "/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const auto m = nlohmann::json::parse(line);
+    if (m.contains("loss")) out.push_back(m["loss"].get<double>());
+  }
+  return out;
 }
 
 }  // namespace
@@ -462,13 +476,7 @@ TEST_CASE("Llama: train with recomputation, generate, export, and start a run fr
   const auto trained = run_llmtrain({"train", "--config", write_config("llama.json", "", 20), "--run-dir", run});
   CAPTURE(trained.err);
   REQUIRE(trained.exit_code == 0);
-  std::vector<double> losses;
-  for (std::ifstream metrics(run + "/metrics.jsonl"); !metrics.eof();) {
-    std::string line;
-    if (!std::getline(metrics, line) || line.empty()) continue;
-    const auto m = nlohmann::json::parse(line);
-    if (m.contains("loss")) losses.push_back(m["loss"].get<double>());
-  }
+  const std::vector<double> losses = training_losses(run);
   REQUIRE(losses.size() == 20);
   CAPTURE(losses.front(), losses.back());
   CHECK(losses.back() < losses.front() - 1.0);  // it learns (from about ln 256 = 5.5)
@@ -550,13 +558,7 @@ TEST_CASE("bf16 on the GPU follows the CPU's bf16 emulation, with flash and cuDN
     const auto r = run_llmtrain(args);
     CAPTURE(name, r.err);
     REQUIRE(r.exit_code == 0);
-    std::vector<double> out;
-    std::ifstream metrics(dir.path() + "/" + name + "/metrics.jsonl");
-    for (std::string line; std::getline(metrics, line);) {
-      const auto m = nlohmann::json::parse(line);
-      if (m.contains("loss")) out.push_back(m["loss"].get<double>());
-    }
-    return out;
+    return training_losses(dir.path() + "/" + name);
   };
   const auto probe = run_llmtrain({"train", "--config", config, "--run-dir", dir.path() + "/probe", "--device", "cuda",
                                    "--set", "train.max_steps=1", "--set", "optim.warmup_steps=0"});
@@ -619,13 +621,7 @@ TEST_CASE("bf16 mixed precision trains along the fp32 loss curve (CPU emulation)
     const auto r = run_llmtrain({"train", "--config", config, "--run-dir", run, "--set", "train.precision=" + precision});
     CAPTURE(r.err);
     REQUIRE(r.exit_code == 0);
-    std::vector<double> out;
-    std::ifstream metrics(run + "/metrics.jsonl");
-    for (std::string line; std::getline(metrics, line);) {
-      const auto m = nlohmann::json::parse(line);
-      if (m.contains("loss")) out.push_back(m["loss"].get<double>());
-    }
-    return out;
+    return training_losses(run);
   };
   const auto f32 = losses("fp32"), bf16 = losses("bf16");
   REQUIRE(f32.size() == 12);
@@ -655,14 +651,9 @@ TEST_CASE("train --device auto on a machine with a GPU trains on it: the losses 
   REQUIRE(picked.exit_code == 0);
   REQUIRE(cuda.exit_code == 0);
   CHECK(picked.err.find("train: device auto: cuda (this build has CUDA and ") != std::string::npos);
-  const auto losses = [&](const std::string& run) {
-    std::ifstream in(dir.path() + "/" + run + "/metrics.jsonl");
-    std::vector<double> out;
-    for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
-    return out;
-  };
-  REQUIRE(losses("auto").size() == 3);
-  CHECK(losses("auto") == losses("cuda"));  // the same device, the same kernels: the same bits
+  const std::vector<double> losses = training_losses(dir.path() + "/auto");
+  REQUIRE(losses.size() == 3);
+  CHECK(losses == training_losses(dir.path() + "/cuda"));  // the same device, the same kernels: the same bits
 }
 
 TEST_CASE("train --device auto picks CUDA where info lists a device, else the CPU, and says why", "[cli][train]") {
