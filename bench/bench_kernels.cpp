@@ -37,8 +37,8 @@
 
 #include "core/tensor.h"
 #include "ops/buffer.h"
-#include "ops/cuda/runtime.h"
-#include "ops/cuda/stream.h"
+#include "device/runtime.h"
+#include "device/stream.h"
 #include "ops/ops.h"
 
 namespace {
@@ -106,7 +106,7 @@ class Arena {
       const Tensor w(wide.data(), DType::f32, Device::cuda, {t.numel()});
       ops::copy(w, src);
       ops::convert(t.reshape({t.numel()}), w);
-      llmtrain::cuda::synchronize();
+      llmtrain::device::synchronize();
     }
     return t;
   }
@@ -136,7 +136,7 @@ class Bench {
     Row row{op, shape, 0.0, bytes, flops, ""};
     try {
       for (int i = 0; i < o_.warmup; ++i) f();
-      cudaStream_t stream = llmtrain::cuda::compute_stream();
+      cudaStream_t stream = llmtrain::device::compute_stream();
       check_cuda(cudaEventRecord(start_, stream), "cudaEventRecord");
       for (int i = 0; i < o_.reps; ++i) f();
       check_cuda(cudaEventRecord(stop_, stream), "cudaEventRecord");
@@ -386,7 +386,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_kernels: no CUDA device: %s\n", why.c_str());
     return 1;
   }
-  const auto devices = llmtrain::cuda::query_devices().devices;
+  const auto devices = llmtrain::device::query_devices().devices;
   const std::string device = devices.empty() ? "unknown" : devices.front().name;
   const char* dtype = o.dtype == DType::bf16 ? "bf16" : "fp32";
   std::vector<Row> rows;

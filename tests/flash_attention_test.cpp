@@ -18,12 +18,12 @@
 #include "cuda_compare.h"
 #include "grad_check.h"
 #include "ops/buffer.h"
-#include "ops/cpu/reference.h"
+#include "llmtrain/kernels/cpu.h"
 #include "ops/ops.h"
 #if LLMTRAIN_HAVE_CUDA
-#include "ops/cuda/cudnn_attention.h"
-#include "ops/cuda/flash_attention.h"
-#include "ops/cuda/stream.h"
+#include "llmtrain/kernels/cudnn_attention.h"
+#include "llmtrain/kernels/flash_attention.h"
+#include "device/stream.h"
 #endif
 
 using namespace llmtrain;
@@ -402,7 +402,7 @@ TEST_CASE("cuda bf16 flash attention matches the cpu reference", "[cuda][bf16][f
           const DeviceArray<Bf16> d_qkv(to_bf16(qkv), offset), d_dout(to_bf16(dout), offset),
               d_dqkv(to_bf16(dqkv0), offset), d_out(to_bf16(nan_vec(s.n_out())), offset);
           const DeviceArray<float> d_lse(nan_vec(s.n_lse()), offset);
-          const cudaStream_t stream = cuda::compute_stream();
+          const cudaStream_t stream = device::compute_stream();
           cuda::flash_attention_forward(bf(d_out), d_lse.data(), bf(d_qkv), B, T, C, NH, NKV, stream);
           cuda::flash_attention_backward(bf(d_dqkv), bf(d_dout), bf(d_qkv), bf(d_out), d_lse.data(), B, T, C,
                                          NH, NKV, true, stream);
@@ -458,7 +458,7 @@ void check_tensor_core_flash(const AttnShape& s, std::mt19937& rng) {
       d_out(to_bf16(nan_vec(s.n_out())), guard);
   const DeviceArray<float> d_lse(nan_vec(s.n_lse()), 4);
   REQUIRE(cuda::flash_attention_uses_tensor_cores(HS, d_qkv.data(), d_out.data()));
-  const cudaStream_t stream = cuda::compute_stream();
+  const cudaStream_t stream = device::compute_stream();
   cuda::flash_attention_forward(bf(d_out), d_lse.data(), bf(d_qkv), B, T, C, NH, NKV, stream);
   require_close("out", to_float(d_out.to_host()), want.out, bf16_tol);
   require_close("lse", d_lse.to_host(), want.lse, lse_tol);
@@ -549,7 +549,7 @@ TEST_CASE("cuda bf16 tensor-core flash backward is bitwise repeatable by default
     const DeviceArray<Bf16> d_qkv(to_bf16(qkv)), d_dout(to_bf16(dout)), d_out(to_bf16(nan_vec(s.n_out())));
     const DeviceArray<float> d_lse(nan_vec(s.n_lse()));
     REQUIRE(cuda::flash_attention_uses_tensor_cores(HS, d_qkv.data(), d_out.data()));
-    const cudaStream_t stream = cuda::compute_stream();
+    const cudaStream_t stream = device::compute_stream();
     cuda::flash_attention_forward(bf(d_out), d_lse.data(), bf(d_qkv), B, T, C, NH, NKV, stream);
     const auto backward = [&] {
       const DeviceArray<Bf16> d_dqkv(dqkv0);
@@ -588,7 +588,7 @@ TEST_CASE("cudnn fused attention matches the cpu reference and the bf16 kernels"
   if (!cuda::cudnn_attention_available(&why)) LLMTRAIN_SKIP("no cuDNN attention here: " + why);
   // As the bf16 kernels' test: bf16 outputs to a few ulps of the largest element, lse fp32.
   constexpr double bf16_tol = 1e-2, lse_tol = 2e-3;
-  const cudaStream_t stream = cuda::compute_stream();
+  const cudaStream_t stream = device::compute_stream();
   std::mt19937 rng(224);
   const int NH = 4;
   for (const int B : {1, 2}) {

@@ -22,7 +22,7 @@
 #include "dist/communicator.h"
 #include "dist/nccl_communicator.h"
 #include "ops/buffer.h"
-#include "ops/cuda/runtime.h"
+#include "device/runtime.h"
 
 using namespace llmtrain;
 
@@ -67,7 +67,7 @@ TEST_CASE("NCCL collectives on device memory, at this world size (1 alone, 2 und
 
   // [ranks on the busiest node, -(GPUs on the node with fewest)], agreed by every rank.
   std::string why;
-  const int gpus = ops::cuda_available(&why) ? int(cuda::query_devices().devices.size()) : 0;
+  const int gpus = ops::cuda_available(&why) ? int(device::query_devices().devices.size()) : 0;
   std::vector<std::int64_t> need = {host->local_rank() + 1, -gpus};
   host->all_reduce_max(need.data(), 2);
   if (need[0] > -need[1]) {

@@ -7,7 +7,7 @@
 
 #include "catch_compat.h"
 #include "grad_check.h"
-#include "ops/cpu/reference.h"
+#include "llmtrain/kernels/cpu.h"
 #include "ops/ops.h"
 
 using namespace llmtrain;

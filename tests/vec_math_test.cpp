@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "catch_compat.h"
-#include "ops/cpu/vec_math.h"
+#include "llmtrain/kernels/vec_math.h"
 
 using namespace llmtrain;
 

@@ -8,7 +8,7 @@
 #include "core/strings.h"
 #include "dist/mpi_runtime.h"
 #if LLMTRAIN_HAVE_CUDA
-#include "ops/cuda/runtime.h"
+#include "device/runtime.h"
 #endif
 
 #if LLMTRAIN_HAVE_OPENBLAS
@@ -29,10 +29,10 @@ int run_info() {
   std::cout << "build\n";
   print_row("type", std::string(build::build_type) + ", " + build::cxx_compiler + ", C++20");
 #if LLMTRAIN_HAVE_CUDA
-  print_row("cuda", "runtime " + cuda::runtime_version() + ", archs " + build::cuda_archs);
-  print_row("cublaslt", cuda::cublaslt_version());
-  print_row("cudnn", cuda::cudnn_version());
-  print_row("nccl", cuda::nccl_version());
+  print_row("cuda", "runtime " + device::runtime_version() + ", archs " + build::cuda_archs);
+  print_row("cublaslt", device::cublaslt_version());
+  print_row("cudnn", device::cudnn_version());
+  print_row("nccl", device::nccl_version());
 #else
   print_row("cuda", "not built (CPU-only build)");
 #endif
@@ -47,8 +47,8 @@ int run_info() {
   std::cout << "runtime\n";
   print_row("cpu threads", std::to_string(std::thread::hardware_concurrency()));
 #if LLMTRAIN_HAVE_CUDA
-  print_row("cuda driver", cuda::driver_version());
-  const cuda::DeviceReport report = cuda::query_devices();
+  print_row("cuda driver", device::driver_version());
+  const device::DeviceReport report = device::query_devices();
   if (report.devices.empty()) print_row("devices", "no CUDA device: " + report.why_none);
   for (const auto& d : report.devices) {
     print_row(("cuda:" + std::to_string(d.index)).c_str(),

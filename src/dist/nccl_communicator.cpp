@@ -26,7 +26,7 @@
 
 #include "core/error.h"
 #include "dist/communicator.h"
-#include "ops/cuda/stream.h"
+#include "device/stream.h"
 #include "dist/nccl_communicator.h"
 
 namespace llmtrain::dist {
@@ -227,7 +227,7 @@ class NcclCommunicator final : public Communicator {
 
   // Makes this communicator's stream wait for what the compute stream has been given so far.
   void after_compute() {
-    check(cudaEventRecord(compute_done_, cuda::compute_stream()), "cudaEventRecord");
+    check(cudaEventRecord(compute_done_, device::compute_stream()), "cudaEventRecord");
     check(cudaStreamWaitEvent(stream_, compute_done_, 0), "cudaStreamWaitEvent");
   }
 

@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 #if LLMTRAIN_HAVE_CUDA
-#include "ops/cuda/runtime.h"
+#include "device/runtime.h"
 #endif
 
 namespace llmtrain::ops {
@@ -26,7 +26,7 @@ namespace {
 
 bool cuda_available(std::string* why_not) {
 #if LLMTRAIN_HAVE_CUDA
-  return cuda::device_available(why_not);
+  return device::device_available(why_not);
 #else
   if (why_not) *why_not = "built without CUDA";
   return false;
@@ -35,7 +35,7 @@ bool cuda_available(std::string* why_not) {
 
 int cuda_device_count(std::string* why_none) {
 #if LLMTRAIN_HAVE_CUDA
-  const cuda::DeviceReport report = cuda::query_devices();
+  const device::DeviceReport report = device::query_devices();
   if (why_none) *why_none = report.why_none;
   return static_cast<int>(report.devices.size());
 #else
@@ -51,7 +51,7 @@ Buffer::Buffer(Device device, std::size_t bytes) : bytes_(bytes), device_(device
     if (!data_) throw std::bad_alloc();
   } else {
 #if LLMTRAIN_HAVE_CUDA
-    data_ = cuda::device_malloc(bytes);
+    data_ = device::device_malloc(bytes);
 #else
     no_cuda();
 #endif
@@ -72,8 +72,8 @@ Buffer Buffer::zeroed_cpu(std::size_t bytes) {
 Buffer Buffer::host_staging(std::size_t bytes) {
   Buffer out;
 #if LLMTRAIN_HAVE_CUDA
-  if (bytes > 0 && cuda::device_available()) {
-    out.data_ = cuda::host_pinned_malloc(bytes);
+  if (bytes > 0 && device::device_available()) {
+    out.data_ = device::host_pinned_malloc(bytes);
     out.pinned_ = out.data_ != nullptr;
   }
 #endif
@@ -111,14 +111,14 @@ void Buffer::release() noexcept {
     mapped_ = false;
   } else if (pinned_) {
 #if LLMTRAIN_HAVE_CUDA
-    cuda::host_pinned_free(data_);
+    device::host_pinned_free(data_);
 #endif
     pinned_ = false;
   } else if (device_ == Device::cpu) {
     std::free(data_);
   } else {
 #if LLMTRAIN_HAVE_CUDA
-    cuda::device_free(data_);
+    device::device_free(data_);
 #endif
   }
   data_ = nullptr;
@@ -150,11 +150,11 @@ void copy(const Tensor& dst, const Tensor& src) {
   }
 #if LLMTRAIN_HAVE_CUDA
   if (dst.device == Device::cuda && src.device == Device::cpu) {
-    cuda::copy_to_device(dst.data, src.data, n);
+    device::copy_to_device(dst.data, src.data, n);
   } else if (dst.device == Device::cpu && src.device == Device::cuda) {
-    cuda::copy_to_host(dst.data, src.data, n);
+    device::copy_to_host(dst.data, src.data, n);
   } else {
-    cuda::copy_on_device(dst.data, src.data, n);
+    device::copy_on_device(dst.data, src.data, n);
   }
 #else
   no_cuda();
@@ -166,10 +166,10 @@ Uploader::~Uploader() {
   for (void*& event : events_) {
     if (!event) continue;
     try {
-      cuda::event_wait(event);  // the staging buffer is freed below: its copy must be done
+      device::event_wait(event);  // the staging buffer is freed below: its copy must be done
     } catch (...) {
     }
-    cuda::event_destroy(event);
+    device::event_destroy(event);
   }
 #endif
 }
@@ -183,13 +183,13 @@ void Uploader::upload(const Tensor& dst, const Tensor& src) {
   const std::size_t n = src.bytes();
   const int k = next_;
   next_ = (next_ + 1) % ring;
-  if (!events_[k]) events_[k] = cuda::event_create();
-  cuda::event_wait(events_[k]);  // the buffer's previous copy (long done, unless the host is far ahead)
+  if (!events_[k]) events_[k] = device::event_create();
+  device::event_wait(events_[k]);  // the buffer's previous copy (long done, unless the host is far ahead)
   if (staging_[k].bytes() < n) staging_[k] = Buffer::host_staging(n);
   if (!staging_[k].pinned()) return copy(dst, src);  // no page-locked memory: the waiting copy
   std::memcpy(staging_[k].data(), src.data, n);
-  cuda::copy_to_device_async(dst.data, staging_[k].data(), n);
-  cuda::event_record(events_[k]);
+  device::copy_to_device_async(dst.data, staging_[k].data(), n);
+  device::event_record(events_[k]);
 #else
   no_cuda();
 #endif
@@ -197,7 +197,7 @@ void Uploader::upload(const Tensor& dst, const Tensor& src) {
 
 int use_cuda_device(int local_rank) {
 #if LLMTRAIN_HAVE_CUDA
-  return cuda::use_device_for_local_rank(local_rank);
+  return device::use_device_for_local_rank(local_rank);
 #else
   (void)local_rank;
   no_cuda();
@@ -207,9 +207,9 @@ int use_cuda_device(int local_rank) {
 DeviceMemoryUse device_memory_use() {
   DeviceMemoryUse use;
 #if LLMTRAIN_HAVE_CUDA
-  const cuda::BufferMemory buffers = cuda::buffer_memory();
+  const device::BufferMemory buffers = device::buffer_memory();
   if (buffers.peak == 0) return use;
-  const cuda::DeviceMemory device = cuda::device_memory();
+  const device::DeviceMemory device = device::device_memory();
   use = {std::int64_t(buffers.current), std::int64_t(buffers.peak), std::int64_t(device.total - device.free),
          std::int64_t(device.total)};
 #endif
@@ -222,7 +222,7 @@ void zero(const Tensor& t) {
     return;
   }
 #if LLMTRAIN_HAVE_CUDA
-  cuda::fill_zero(t.data, t.bytes());
+  device::fill_zero(t.data, t.bytes());
 #else
   no_cuda();
 #endif

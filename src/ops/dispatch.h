@@ -1,8 +1,8 @@
 // The op dispatcher: how every op of ops.h runs, written once.
 //
 // An op (src/ops/ops.cpp) validates its tensors through an `Op`, then hands `Op::run` its kernels
-// (LLMTRAIN_KERNELS(name): cpu::name of src/ops/cpu/reference.h and cuda::name of
-// src/ops/cuda/kernels.h) and ONE description of the kernels' arguments: a generic lambda that maps
+// (LLMTRAIN_KERNELS(name): cpu::name of kernels/include/llmtrain/kernels/cpu.h and cuda::name of
+// kernels/include/llmtrain/kernels/cuda.h) and ONE description of the kernels' arguments: a generic lambda that maps
 // the op's tensors through a view,
 //
 //     [&](auto v) { return std::tuple(v.out(out), v.f32(mean), v.in(inp), N, C); }
@@ -33,10 +33,11 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "llmtrain/kernels/error.h"
 #include "ops/profile.h"
 #if LLMTRAIN_HAVE_CUDA
-#include "ops/cuda/kernels.h"
-#include "ops/cuda/stream.h"
+#include "llmtrain/kernels/cuda.h"
+#include "device/stream.h"
 #endif
 
 namespace llmtrain::ops::dispatch {
@@ -62,7 +63,7 @@ struct Kernels {
 #if LLMTRAIN_HAVE_CUDA
 #define LLMTRAIN_CUDA_KERNEL(name)                                                       \
   [](auto... kernel_args) -> decltype(::llmtrain::cuda::name(kernel_args..., cudaStream_t{})) { \
-    return ::llmtrain::cuda::name(kernel_args..., ::llmtrain::cuda::compute_stream());        \
+    return ::llmtrain::cuda::name(kernel_args..., ::llmtrain::device::compute_stream());        \
   }
 #else
 #define LLMTRAIN_CUDA_KERNEL(name) ::llmtrain::ops::dispatch::NoKernel{}
@@ -165,6 +166,17 @@ class Op {
   /// True when the tensors (with data) are on the GPU; throws as Devices::on_cuda.
   bool on_cuda(std::initializer_list<const Tensor*> tensors) const;
 
+  /// Runs `kernel_call` (a call into the kernel library), turning a kernel's error into this op's
+  /// RuntimeError ("ops::NAME: what"): the library knows nothing of the program's errors.
+  template <class F>
+  decltype(auto) guarded(F&& kernel_call) const {
+    try {
+      return kernel_call();
+    } catch (const kernels::Error& e) {
+      fail(e.what());
+    }
+  }
+
   /// Runs the op's kernels on the arguments `args_of(view)` (see the top of this file); returns
   /// what the kernel returns.
   template <class K, class ArgsOf>
@@ -195,7 +207,7 @@ class Op {
   template <class F, class Tuple>
   decltype(auto) call(const F& kernel, Tuple&& args, const char* dtype) const {
     if constexpr (Applicable<F, std::decay_t<Tuple>>::value) {
-      return std::apply(kernel, std::forward<Tuple>(args));
+      return guarded([&]() -> decltype(auto) { return std::apply(kernel, std::forward<Tuple>(args)); });
     } else {
       fail(std::string("no ") + dtype + " kernel");
     }

@@ -10,13 +10,13 @@
 #include <vector>
 
 #include "core/bf16.h"
-#include "ops/cpu/reference.h"
-#include "ops/cpu/vec_math.h"
+#include "llmtrain/kernels/cpu.h"
+#include "llmtrain/kernels/vec_math.h"
 #include "ops/dispatch.h"
 #if LLMTRAIN_HAVE_CUDA
-#include "ops/cuda/cudnn_attention.h"
-#include "ops/cuda/flash_attention.h"
-#include "ops/cuda/runtime.h"
+#include "llmtrain/kernels/cudnn_attention.h"
+#include "llmtrain/kernels/flash_attention.h"
+#include "device/runtime.h"
 #endif
 
 namespace llmtrain::ops {
@@ -243,7 +243,7 @@ bool cudnn_attention_supported(int B, int T, int C, int NH, int NKV, std::string
 
 std::string cudnn_version() {
 #if LLMTRAIN_HAVE_CUDA
-  return cuda::cudnn_version();
+  return device::cudnn_version();
 #else
   return "not built";
 #endif
@@ -311,7 +311,7 @@ void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tens
                         N);                                                                                     \
     });                                                                                                         \
   }
-#include "ops/elementwise.def"
+#include "llmtrain/kernels/elementwise.def"
 #undef LLMTRAIN_ELEMENTWISE
 
 void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight, float eps) {
@@ -517,11 +517,13 @@ void adamw_update_runs(const Tensor& param, const Tensor& grad, const Tensor& m,
   if (on_gpu != (plan.device() == Device::cuda)) op.fail("the plan was laid out for another device than the arrays'");
   if (on_gpu) {
 #if LLMTRAIN_HAVE_CUDA
-    return cuda::adamw_update_chunks(param.as<float>(), grad.as<float>(), m.as<float>(), v.as<float>(),
-                                     working.data ? working.as<cuda::bf16>() : nullptr,
-                                     static_cast<const cuda::AdamWChunk*>(plan.chunk_table()), plan.chunks(), p.lr,
-                                     p.beta1, p.beta2, p.eps, p.weight_decay, p.step, p.grad_scale,
-                                     cuda::compute_stream());
+    return op.guarded([&] {
+      cuda::adamw_update_chunks(param.as<float>(), grad.as<float>(), m.as<float>(), v.as<float>(),
+                                working.data ? working.as<cuda::bf16>() : nullptr,
+                                static_cast<const cuda::AdamWChunk*>(plan.chunk_table()), plan.chunks(), p.lr,
+                                p.beta1, p.beta2, p.eps, p.weight_decay, p.step, p.grad_scale,
+                                device::compute_stream());
+    });
 #endif
   }
   // The CPU reference: adamw_update on each run, then the rounding convert does.
@@ -547,8 +549,10 @@ void convert(const Tensor& out, const Tensor& in) {
   const std::int64_t N = in.numel();
   if (op.on_cuda({&out, &in})) {
 #if LLMTRAIN_HAVE_CUDA
-    if (narrowing) return cuda::convert(out.as<cuda::bf16>(), in.as<float>(), N, cuda::compute_stream());
-    return cuda::convert(out.as<float>(), in.as<cuda::bf16>(), N, cuda::compute_stream());
+    return op.guarded([&] {
+      if (narrowing) return cuda::convert(out.as<cuda::bf16>(), in.as<float>(), N, device::compute_stream());
+      return cuda::convert(out.as<float>(), in.as<cuda::bf16>(), N, device::compute_stream());
+    });
 #endif
   }
   if (narrowing) {

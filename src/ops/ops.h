@@ -1,6 +1,6 @@
 // The Transformer ops as the model calls them. Each validates its tensors once (dtype, device,
-// shape) and dispatches (src/ops/dispatch.h) to the CPU reference (src/ops/cpu/reference.h) or, on
-// cuda tensors, to the CUDA kernels (src/ops/cuda/kernels.h). Backward ops accumulate (+=) into
+// shape) and dispatches (src/ops/dispatch.h) to the CPU reference (kernels/include/llmtrain/kernels/cpu.h) or, on
+// cuda tensors, to the CUDA kernels (kernels/include/llmtrain/kernels/cuda.h). Backward ops accumulate (+=) into
 // their outputs, like their CPU references, except where they say otherwise: an activation
 // gradient's first writer writes it (Accumulate::no, matmul_backward_dgelu), so that nothing has
 // to zero it first.
@@ -17,7 +17,7 @@
 
 #include "core/tensor.h"
 #include "ops/buffer.h"
-#include "ops/elementwise.h"
+#include "llmtrain/kernels/elementwise.h"
 
 namespace llmtrain::ops {
 
@@ -111,7 +111,7 @@ void rope_backward(const Tensor& dinp, const Tensor& dout, float theta, int rota
 /// The elementwise ops (GELU, residual, SwiGLU): one line each in elementwise.def.
 #define LLMTRAIN_ELEMENTWISE(name, outputs, inputs) \
   void name(LLMTRAIN_EW_LIST(LLMTRAIN_EW_TENSOR, outputs), LLMTRAIN_EW_LIST(LLMTRAIN_EW_TENSOR, inputs));
-#include "ops/elementwise.def"
+#include "llmtrain/kernels/elementwise.def"
 #undef LLMTRAIN_ELEMENTWISE
 
 /// A sum kept where the summed tensors are (a double in device memory on a GPU), so that ops can

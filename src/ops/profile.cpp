@@ -6,7 +6,7 @@
 #include <mutex>
 
 #if LLMTRAIN_HAVE_CUDA
-#include "ops/cuda/runtime.h"
+#include "device/runtime.h"
 #endif
 
 namespace llmtrain::ops {
@@ -49,7 +49,7 @@ namespace {
 // time is the kernels' (once device buffers exist, i.e. the CUDA backend is in use).
 void wait_for_device() {
 #if LLMTRAIN_HAVE_CUDA
-  if (cuda::buffer_memory().peak > 0) cuda::synchronize();
+  if (device::buffer_memory().peak > 0) device::synchronize();
 #endif
 }
 

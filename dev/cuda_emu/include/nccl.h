@@ -1,4 +1,4 @@
-// NCCL for the CPU emulation: the version (src/ops/cuda/runtime.cu) and what the NCCL
+// NCCL for the CPU emulation: the version (src/device/runtime.cpp) and what the NCCL
 // communicator (src/dist/nccl_communicator.cpp) calls, in one process. A communicator of N ranks
 // stands for N ranks that all hold this process's data (so a sum is N times it). A non-blocking
 // communicator (config.blocking = 0) returns ncclInProgress from every call and does the work

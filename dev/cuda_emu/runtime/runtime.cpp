@@ -619,7 +619,7 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void* fu
 
 cudaError_t cudaFuncSetCacheConfig(const void*, cudaFuncCache) { return cudaSuccess; }
 
-// ---- NCCL's version (src/ops/cuda/runtime.cu asks it) ---------------------------------------------------------
+// ---- NCCL's version (src/device/runtime.cpp asks it) ---------------------------------------------------------
 
 ncclResult_t ncclGetVersion(int* version) {
   *version = 0;

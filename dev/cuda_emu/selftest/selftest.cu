@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "ops/cuda/mma.cuh"
+#include "kernels/cuda/mma.cuh"
 
 namespace {
 

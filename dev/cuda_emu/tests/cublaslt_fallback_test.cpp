@@ -1,4 +1,4 @@
-// The matmul's cuBLASLt algorithm choice (src/ops/cuda/matmul.cu, AlgoCache) against the
+// The matmul's cuBLASLt algorithm choice (kernels/cuda/matmul.cu, AlgoCache) against the
 // emulated cuBLASLt, whose heuristic is told (llmtrain_emu/cublaslt_control.h) to offer several
 // algorithms of which the first few are turned down: the matmul must still be right, the chosen
 // algorithm must be cached and reused, and a shape that nothing runs must be an error naming it.
@@ -12,8 +12,8 @@
 #include "catch_compat.h"
 #include "core/error.h"
 #include "llmtrain_emu/cublaslt_control.h"
-#include "ops/cpu/reference.h"
-#include "ops/cuda/kernels.h"
+#include "llmtrain/kernels/cpu.h"
+#include "llmtrain/kernels/cuda.h"
 
 using namespace llmtrain;
 using llmtrain_emu::CublasLtCandidates;

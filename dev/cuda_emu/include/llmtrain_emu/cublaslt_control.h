@@ -1,6 +1,6 @@
 // Test hooks of the emulated cuBLASLt (runtime/cublaslt.cpp): how many algorithms the heuristic
 // offers, how many of them cublasLtMatmul turns down, and counts of the calls, so that a test
-// can drive the matmul's algorithm fallback (src/ops/cuda/matmul.cu) without a GPU.
+// can drive the matmul's algorithm fallback (kernels/cuda/matmul.cu) without a GPU.
 #pragma once
 
 #include <cstdint>

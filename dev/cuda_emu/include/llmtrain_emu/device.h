@@ -26,10 +26,10 @@
 #define __managed__
 #define __grid_constant__
 // Every __shared__ declaration must have been rewritten by preprocess_cuda.py; one that was not
-// (a header outside src/ops/cuda/?) fails to compile here, naming this macro.
+// (a header outside kernels/cuda/?) fails to compile here, naming this macro.
 #define __shared__ LLMTRAIN_EMU_SHARED_DECLARATION_NOT_REWRITTEN_BY_PREPROCESS_CUDA_PY
 // Kernels test this to use the emulator's versions of instructions written as inline PTX on the
-// GPU (src/ops/cuda/mma.cuh: mma.sync, ldmatrix, cp.async).
+// GPU (kernels/cuda/mma.cuh: mma.sync, ldmatrix, cp.async).
 #define LLMTRAIN_CUDA_EMU 1
 
 inline thread_local uint3 threadIdx{0, 0, 0};
@@ -96,7 +96,7 @@ T from_bits(std::uint64_t bits) {
 
 }  // namespace llmtrain_emu
 
-// ---- tensor-core matrix instructions and cp.async (the PTX that src/ops/cuda/mma.cuh wraps) -----
+// ---- tensor-core matrix instructions and cp.async (the PTX that kernels/cuda/mma.cuh wraps) -----
 
 namespace llmtrain_emu {
 
