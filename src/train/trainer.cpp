@@ -14,6 +14,7 @@
 #include "ops/profile.h"
 #include "train/attention_agreement.h"
 #include "train/evaluate.h"
+#include "train/gradient_strategy.h"
 #include "train/schedule.h"
 #include "train/tensor_parallel.h"
 
@@ -142,19 +143,9 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
   if (layout.tensor_size > 1 || stages_ > 1) norm.counted = norm_ranges(*model_);
   if (layout.tensor_size > 1) norm.groups.push_back(comms.tensor_group.get());
   if (stages_ > 1) norm.groups.push_back(comms.pipeline_group.get());
-  std::vector<Piece> pieces;
-  if (sharded) {
-    zero3_ = std::make_unique<Zero3>(*model_, data_device_, data_comm_, config_.dist.reshard_after_forward);
-    zero3_->set_norm_scope(norm);
-    zero3_->load(mine);
-    pieces = zero3_->pieces();
-  } else {
-    if (whole) ops::copy(model_->params(), Tensor(const_cast<float*>(mine), DType::f32, Device::cpu, {P}));
-    sync_ = std::make_unique<GradientSync>(data_device_, data_comm_, model_->grads(), config_.dist.bucket_mb,
-                                           int(config_.dist.zero_stage));
-    sync_->set_norm_scope(norm);
-    pieces = {{sync_->begin(), sync_->end(), 0}};
-  }
+  gradients_ = make_gradient_strategy(*model_, config_.dist, data_device_, data_comm_, std::move(norm));
+  gradients_->load(mine);
+  const std::vector<Piece> pieces = gradients_->pieces();
   whole.reset();
   part = {};
   if (layout.tensor_size > 1 || stages_ > 1) {
@@ -182,14 +173,11 @@ std::vector<Placed> Trainer::optimizer_placement() const {
 
 bool Trainer::writes_optimizer() const {
   // Ranks of one data-parallel group hold the same state unless ZeRO shards it.
-  return data_comm_.rank() == 0 || zero3_ || (sync_ && sync_->zero_stage() > 0);
+  return data_comm_.rank() == 0 || gradients_->shards_optimizer();
 }
 
 std::size_t Trainer::state_bytes() const {
-  std::size_t bytes = model_->state_bytes() + optimizer_->m().bytes() + optimizer_->v().bytes();
-  if (sync_) bytes += sync_->state_bytes();
-  if (zero3_) bytes += zero3_->state_bytes();
-  return bytes;
+  return model_->state_bytes() + optimizer_->m().bytes() + optimizer_->v().bytes() + gradients_->state_bytes();
 }
 
 void Trainer::gather_weights(float* flat) {
@@ -197,11 +185,7 @@ void Trainer::gather_weights(float* flat) {
   const std::int64_t P = model_->num_params();
   const bool lead = world_.rank() == 0;
   if (layout.tensor_size == 1 && stages_ == 1) {
-    if (zero3_) {
-      zero3_->gather_weights(lead ? flat : nullptr);
-    } else if (lead) {
-      ops::copy(Tensor(flat, DType::f32, Device::cpu, {P}), model_->params());
-    }
+    gradients_->gather_weights(lead ? flat : nullptr);
     return;
   }
   // Tensor and pipeline parallelism: this rank's part (from the shards under ZeRO 3), then, on the
@@ -209,11 +193,7 @@ void Trainer::gather_weights(float* flat) {
   // tensor group and the pipeline onto world rank 0.
   const bool first_replica = data_comm_.rank() == 0;
   std::vector<float> part(first_replica ? std::size_t(P) : 0);
-  if (zero3_) {
-    zero3_->gather_weights(first_replica ? part.data() : nullptr);
-  } else if (first_replica) {
-    ops::copy(Tensor(part.data(), DType::f32, Device::cpu, {P}), model_->params());
-  }
+  gradients_->gather_weights(first_replica ? part.data() : nullptr);
   if (!first_replica) return;
   std::vector<float> logical(std::size_t(model_->logical_params()), 0.0f);
   for (const model::Segment& s : model_->segments(true)) std::copy_n(part.begin() + s.local, s.length, logical.begin() + s.logical);
@@ -230,11 +210,7 @@ StepResult Trainer::step(std::int64_t step) {
   // (On the CPU the host and device groups are one communicator: the norm's reduction counts there.)
   const dist::Traffic tensor_host_before = tensor_comm_.traffic(), pipeline_before = pipeline_comm_.traffic();
   const dist::Traffic link_before = pipeline_link_.traffic();
-  if (zero3_) {
-    zero3_->zero_grads();
-  } else {
-    model_->zero_grads();
-  }
+  gradients_->zero_grads();
   double loss_sum = 0.0;
   double waited = 0.0;
   // The micro-steps' losses add up on the model's device and are read once, after the last
@@ -247,11 +223,8 @@ StepResult Trainer::step(std::int64_t step) {
     const data::MicroBatch batch = loader_->next();
     // d(mean loss over the whole update)/dlogits: each micro-step adds 1 / (G T) per position.
     loss_sum += model_->forward(batch.inputs.data(), batch.targets.data(), B, T, float(1.0 / tokens_per_step_));
-    if (zero3_ || m + 1 < accum_) {
-      model_->backward();  // ZeRO 0-2: no communication before the last micro-step; ZeRO 3: the hooks'
-    } else {
-      model_->backward([&](std::int64_t ready) { sync_->on_ready(ready); });
-    }
+    // The reduction starts in the last micro-step's backward (before it, the gradients are not final).
+    model_->backward(m + 1 < accum_ ? std::function<void(std::int64_t)>() : gradients_->grads_ready());
     sampler_state_ = batch.after;
   }
   loss_sum += model_->take_loss_sum();
@@ -263,7 +236,7 @@ StepResult Trainer::step(std::int64_t step) {
     result.pipeline_wait_s = waited;
   }
   // loss_sum is then over all ranks
-  result.grad_norm = zero3_ ? zero3_->finish(loss_sum) : sync_->finish(loss_sum);
+  result.grad_norm = gradients_->finish(loss_sum);
   result.loss = loss_sum / tokens_per_step_;
   result.lr = learning_rate(config_.optim, tc.max_steps, step);
   tokens_seen_ += std::int64_t(tokens_per_step_);
@@ -277,28 +250,14 @@ StepResult Trainer::step(std::int64_t step) {
   }
   bad_in_a_row_ = 0;
   if (before_update_) before_update_();
-  if (zero3_) {
-    optimizer_->update(model_->param_infos(), zero3_->master(), zero3_->grads(), result.grad_norm, config_.optim,
-                       tc.grad_clip, result.lr, step);
-    zero3_->weights_changed();
-  } else {
-    const Tensor mine(model_->params().as<float>() + sync_->begin(), DType::f32, device_,
-                      {sync_->end() - sync_->begin()});
-    // Mixed precision: when this rank updates every weight, the optimizer writes the bf16 working
-    // copy in the same pass; a ZeRO 1/2 shard's update leaves the rest to the all-gather, and the
-    // next forward converts all of it (once per update either way, not once per micro-step).
-    const bool updates_all = sync_->begin() == 0 && sync_->end() == model_->num_params();
-    const Tensor working = updates_all ? model_->working_weights() : Tensor();
-    optimizer_->update(model_->param_infos(), mine, sync_->grads(), result.grad_norm, config_.optim, tc.grad_clip,
-                       result.lr, step, working);
-    sync_->gather_params(model_->params().as<float>());
-    if (working.data) model_->working_weights_written();
-    // Replicas of one part of the model (the ranks of a data-parallel group) can drift apart;
-    // shards have nothing to compare.
-    const auto every = config_.dist.replica_check_every;
-    if (data_comm_.world_size() > 1 && every > 0 && step % every == 0) {
-      check_replicas(data_comm_, host_weights().params().as<float>(), model_->num_params(), step);
-    }
+  optimizer_->update(model_->param_infos(), gradients_->master(), gradients_->grads(), result.grad_norm,
+                     config_.optim, tc.grad_clip, result.lr, step, gradients_->working_weights());
+  gradients_->weights_updated();
+  // Replicas of one part of the model (the ranks of a data-parallel group) can drift apart;
+  // shards have nothing to compare.
+  const auto every = config_.dist.replica_check_every;
+  if (gradients_->replicated() && data_comm_.world_size() > 1 && every > 0 && step % every == 0) {
+    check_replicas(data_comm_, host_weights().params().as<float>(), model_->num_params(), step);
   }
   result.sent = data_device_.traffic().since(sent_before);
   result.sent_tensor = tensor_device_.traffic().since(tensor_before);

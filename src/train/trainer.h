@@ -18,18 +18,17 @@
 #include "ops/buffer.h"
 #include "train/adamw.h"
 #include "train/checkpoint_source.h"
-#include "train/grad_sync.h"
+#include "train/gradient_strategy.h"
 #include "train/options.h"
 #include "train/pipeline_schedule.h"
 #include "train/pipeline_stages.h"
 #include "train/step_result.h"
 #include "train/tensor_parallel.h"
-#include "train/zero3.h"
 
 namespace llmtrain::train {
 
 /// Owns one rank's training state: the data (train and validation), the model (and its host copy
-/// on a GPU), the gradient sync, AdamW, the sampler position and the tokens seen. Built from a
+/// on a GPU), the gradients' data-parallel strategy, AdamW, the sampler position and the tokens seen. Built from a
 /// checkpoint when `resume` is given, else from the config's initialisation.
 class Trainer final : public CheckpointSource {
  public:
@@ -104,8 +103,7 @@ class Trainer final : public CheckpointSource {
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<model::Model> logical_;  // logical_model() under tensor parallelism
   std::unique_ptr<model::Model> host_;  // this rank's weights on the CPU when the model is on a GPU (host_weights)
-  std::unique_ptr<GradientSync> sync_;  // ZeRO 0, 1, 2
-  std::unique_ptr<Zero3> zero3_;        // or ZeRO 3
+  std::unique_ptr<GradientStrategy> gradients_;  // bucketed sync (ZeRO 0-2) or ZeRO 3
   std::unique_ptr<AdamW> optimizer_;
   dist::Communicator& data_device_;     // the data-parallel group the gradients travel on
   dist::Communicator& tensor_comm_;     // the tensor-parallel group, host memory
