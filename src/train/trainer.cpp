@@ -1,9 +1,10 @@
 #include "train/trainer.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
-#include <map>
+#include <functional>
 #include <vector>
 
 #include "core/error.h"
@@ -13,7 +14,6 @@
 #include "ops/ops.h"
 #include "ops/profile.h"
 #include "train/attention_agreement.h"
-#include "train/evaluate.h"
 #include "train/gradient_strategy.h"
 #include "train/schedule.h"
 #include "train/tensor_parallel.h"
@@ -89,24 +89,10 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
     layout.first_layer = layout.chunks.front().first;
     layout.layers = layout.chunks.front().count;
     if (layout.chunks.size() == 1) layout.chunks.clear();
-    schedule_ = stage_schedule(config_.dist, stage_, int(accum_));
-    transfer_groups_ = transfer_groups(schedule_, stages_, stage_, int(config_.dist.virtual_stages),
-                                       warm_up_forwards(config_.dist, stage_, int(accum_)));
   }
   model_ = model::make_model(config_.model, device_, tc.recompute, model::precision_dtype(tc.precision),
                              attention_.kernels, layout);
-  if (stages_ > 1) {
-    // One activation slot per (micro-batch, chunk) forwarded and not yet backwarded: at most
-    // stages - stage under 1F1B.
-    model_->set_activation_slots(peak_live_activations(schedule_));
-    // A tied embedding: the first and last stages hold it; every stage takes part in summing its
-    // gradients (a middle stage with zeros).
-    const std::string tied = model_->tied_embedding();
-    if (!tied.empty()) {
-      tied_numel_ = pipeline_tied_numel();
-      if (model_->has_param(tied)) tied_ = &model_->param_info(tied);
-    }
-  }
+  pipeline_ = std::make_unique<PipelineExecutor>(*model_, config_, pipeline_comm_, pipeline_link_, int(accum_));
   if (layout.tensor_size > 1) {
     tensor_group_ = std::make_unique<CommTensorGroup>(comms.tensor(), device_);
     model_->set_tensor_group(tensor_group_.get());
@@ -205,36 +191,31 @@ void Trainer::gather_weights(float* flat) {
 StepResult Trainer::step(std::int64_t step) {
   const auto start = Clock::now();
   const auto& tc = config_.train;
-  const int T = int(config_.model.context_length), B = int(tc.micro_batch_size);
   const dist::Traffic sent_before = data_device_.traffic(), tensor_before = tensor_device_.traffic();
   // (On the CPU the host and device groups are one communicator: the norm's reduction counts there.)
   const dist::Traffic tensor_host_before = tensor_comm_.traffic(), pipeline_before = pipeline_comm_.traffic();
   const dist::Traffic link_before = pipeline_link_.traffic();
   gradients_->zero_grads();
-  double loss_sum = 0.0;
-  double waited = 0.0;
+  // Every stage reads the update's micro-batches, in order, as its schedule first needs them.
+  std::vector<data::MicroBatch> micro;
+  micro.reserve(std::size_t(accum_));
+  const auto batch = [&](int k) -> const data::MicroBatch& {
+    while (int(micro.size()) <= k) {
+      micro.push_back(loader_->next());
+      sampler_state_ = micro.back().after;
+    }
+    return micro[std::size_t(k)];
+  };
+  StepResult result;
   // The micro-steps' losses add up on the model's device and are read once, after the last
   // one: a micro-step never waits for the GPU to finish its forward pass.
   model_->defer_loss(true);
-  if (stages_ > 1) {
-    loss_sum = run_pipeline(waited);
-  }
-  for (std::int64_t m = 0; m < accum_ && stages_ == 1; ++m) {
-    const data::MicroBatch batch = loader_->next();
-    // d(mean loss over the whole update)/dlogits: each micro-step adds 1 / (G T) per position.
-    loss_sum += model_->forward(batch.inputs.data(), batch.targets.data(), B, T, float(1.0 / tokens_per_step_));
-    // The reduction starts in the last micro-step's backward (before it, the gradients are not final).
-    model_->backward(m + 1 < accum_ ? std::function<void(std::int64_t)>() : gradients_->grads_ready());
-    sampler_state_ = batch.after;
-  }
+  // d(mean loss over the whole update)/dlogits: each micro-step adds 1 / (G T) per position.
+  double loss_sum = pipeline_->forward_backward(batch, float(1.0 / tokens_per_step_), gradients_->grads_ready(),
+                                                result.pipeline_wait_s);
   loss_sum += model_->take_loss_sum();
   model_->defer_loss(false);
-  StepResult result;
-  if (stages_ > 1) {
-    pipeline_comm_.all_reduce_sum(&loss_sum, 1);  // the last stage's
-    sum_tied_embedding();
-    result.pipeline_wait_s = waited;
-  }
+  pipeline_->reduce_over_stages(loss_sum);  // the last stage's loss; a tied embedding's gradients
   // loss_sum is then over all ranks
   result.grad_norm = gradients_->finish(loss_sum);
   result.loss = loss_sum / tokens_per_step_;
@@ -270,151 +251,17 @@ StepResult Trainer::step(std::int64_t step) {
 
 std::optional<double> Trainer::validate() {
   if (!val_data_) return std::nullopt;
-  if (stages_ == 1) return evaluate(*model_, *val_data_, config_, config_.train.eval_batches, &data_comm_);
-  // A pipeline: each micro-batch through the stages in turn; the last stage's losses summed.
+  // The validation set in order, each data-parallel rank its part of every batch, through the
+  // stages in turn (the last stage's losses).
   const auto& t = config_.train;
   const int T = int(config_.model.context_length), B = int(t.micro_batch_size);
   const data::SamplerOptions in_order{val_data_->num_samples(), t.global_batch_size, B, data_comm_.world_size(),
                                       data_comm_.rank(), false, 0};
   data::BatchLoader loader(*val_data_, in_order, {});
   const std::int64_t batches = std::min(t.eval_batches, val_data_->num_samples() / t.global_batch_size);
-  model_->prepare_activations(B, T);
-  // Each micro-batch's forward through this stage's chunks in turn, each transfer on its own
-  // (forwards only: no steady state to pair).
-  std::vector<PipelineOp> ops;
-  for (int k = 0; k < int(loader.micro_steps()); ++k) {
-    for (int chunk = 0; chunk < model_->chunks(); ++chunk) ops.push_back({PipelineOp::forward, k, chunk});
-  }
-  const auto groups = transfer_groups(ops, stages_, stage_, model_->chunks(), int(ops.size()));
-  double totals[2] = {0.0, 0.0}, waited = 0.0;
-  for (std::int64_t b = 0; b < batches; ++b) {
-    std::vector<data::MicroBatch> micro;
-    for (std::int64_t k = 0; k < loader.micro_steps(); ++k) micro.push_back(loader.next());
-    run_stage_ops(ops, groups, true, [&](const PipelineOp& op) {
-      const data::MicroBatch& batch = micro[std::size_t(op.micro_batch)];
-      const double loss = model_->forward(batch.inputs.data(), batch.targets.data(), B, T, 0.0f);
-      totals[0] += model_->last_stage() ? loss : 0.0;
-      totals[1] += model_->last_stage() ? double(B) * T : 0.0;
-    }, waited);
-  }
-  pipeline_comm_.all_reduce_sum(totals, 2);
-  data_comm_.all_reduce_sum(totals, 2);
+  std::array<double, 2> totals = pipeline_->forward_only(loader, batches, B, T);
+  data_comm_.all_reduce_sum(totals.data(), 2);
   return totals[0] / totals[1];
-}
-
-double Trainer::run_pipeline(double& waited) {
-  const auto& tc = config_.train;
-  const int T = int(config_.model.context_length), B = int(tc.micro_batch_size);
-  // Every stage reads the update's micro-batches (the first needs the tokens, the last the targets).
-  std::vector<data::MicroBatch> batches;
-  for (std::int64_t m = 0; m < accum_; ++m) {
-    batches.push_back(loader_->next());
-    sampler_state_ = batches.back().after;
-  }
-  model_->prepare_activations(B, T);
-  double loss = 0.0;
-  run_stage_ops(schedule_, transfer_groups_, false, [&](const PipelineOp& op) {
-    if (op.kind == PipelineOp::backward) {
-      model_->backward();  // the data-parallel reduction starts after the last micro-batch
-      return;
-    }
-    const data::MicroBatch& batch = batches[std::size_t(op.micro_batch)];
-    // d(mean loss over the whole update)/dlogits: each micro-step adds 1 / (G T) per position.
-    loss += model_->forward(batch.inputs.data(), model_->last_stage() ? batch.targets.data() : nullptr, B, T,
-                            float(1.0 / tokens_per_step_));
-  }, waited);
-  return loss;
-}
-
-void Trainer::run_stage_ops(const std::vector<PipelineOp>& ops, const std::vector<std::vector<StageTransfer>>& groups,
-                            bool forward_only, const std::function<void(const PipelineOp&)>& compute, double& waited) {
-  // Activation slots: each (micro-batch, chunk) takes a free one when its forward (or the receive
-  // of its input) comes, and gives it back after its backward.
-  std::vector<int> free_slots;
-  for (int k = model_->activation_slots(); k-- > 0;) free_slots.push_back(k);
-  std::map<std::pair<int, int>, int> slot_of;  // (micro-batch, chunk) -> its slot
-  const auto select = [&](const PipelineOp& op) {
-    const std::pair<int, int> key{op.micro_batch, op.chunk};
-    auto found = slot_of.find(key);
-    if (found == slot_of.end()) {
-      if (op.kind != PipelineOp::forward) throw RuntimeError("pipeline: backward before forward (" + to_string(op) + ")");
-      if (free_slots.empty()) throw RuntimeError("pipeline: more activations in flight than slots (" + to_string(op) + ")");
-      found = slot_of.emplace(key, free_slots.back()).first;
-      free_slots.pop_back();
-    }
-    model_->use_chunk(op.chunk);
-    model_->use_activation_slot(found->second);
-  };
-  const auto release = [&](const PipelineOp& op) {
-    const auto found = slot_of.find({op.micro_batch, op.chunk});
-    free_slots.push_back(found->second);
-    slot_of.erase(found);
-  };
-  std::vector<Tensor> outgoing;  // copies of the results the next group with sends sends, in its order
-  for (std::size_t k = 0; k < groups.size(); ++k) {
-    std::vector<dist::PeerTransfer> transfers;
-    std::size_t sent = 0;
-    for (const StageTransfer& t : groups[k]) {
-      if (t.direction == StageTransfer::send) {
-        if (sent >= outgoing.size()) throw RuntimeError("pipeline: a send of " + to_string(t.op) + " with nothing to send");
-        const Tensor& out = outgoing[sent++];
-        transfers.push_back({dist::PeerTransfer::send, out.data, out.numel(), out.dtype, t.peer});
-      } else {
-        select(t.op);
-        const model::Model::StageIO io = model_->stage_io();
-        const Tensor& into = t.op.kind == PipelineOp::forward ? io.input : io.output_grad;
-        transfers.push_back({dist::PeerTransfer::recv, into.data, into.numel(), into.dtype, t.peer});
-      }
-    }
-    // An iteration's results go together in the group after it (none inside it).
-    if (sent > 0 && sent != outgoing.size()) throw RuntimeError("pipeline: results left unsent before op " + std::to_string(k));
-    if (!transfers.empty()) {
-      const auto start = Clock::now();
-      pipeline_link_.start_transfers(transfers)->wait();
-      waited += std::chrono::duration<double>(Clock::now() - start).count();
-    }
-    if (sent > 0) outgoing.clear();
-    if (k == ops.size()) {
-      if (!outgoing.empty()) throw RuntimeError("pipeline: the last results were never sent");
-      break;
-    }
-    const PipelineOp& op = ops[k];
-    select(op);
-    compute(op);
-    // Its result for the next stage, if it has one: an activation on (every virtual stage but the
-    // last), a gradient back (every one but the first).
-    const bool forward = op.kind == PipelineOp::forward;
-    if (forward ? !model_->last_stage() : !model_->first_stage()) {
-      const model::Model::StageIO io = model_->stage_io();
-      const Tensor& result = forward ? io.output : io.input_grad;
-      if (outbox_.size() <= outgoing.size()) outbox_.emplace_back();
-      ops::Buffer& buffer = outbox_[outgoing.size()];
-      if (buffer.bytes() < result.bytes()) buffer = ops::Buffer(result.device, result.bytes());
-      Tensor copy = result;
-      copy.data = buffer.data();
-      ops::copy(copy, result);
-      outgoing.push_back(copy);
-    }
-    if (!forward || forward_only) release(op);
-  }
-}
-
-std::int64_t Trainer::pipeline_tied_numel() const {
-  // This tensor rank's rows of the tied embedding (V rows without tensor parallelism) x d_model.
-  const auto& c = config_.model;
-  const int r = model_->layout().tensor_rank, n = model_->layout().tensor_size;
-  return (c.vocab_size * (r + 1) / n - c.vocab_size * r / n) * c.d_model;
-}
-
-void Trainer::sum_tied_embedding() {
-  // The first and last stages' gradients of a tied embedding are summed between them (every stage
-  // takes part in the pipeline group's all-reduce, the middle ones with zeros).
-  if (tied_numel_ == 0) return;
-  std::vector<float> sum(std::size_t(tied_numel_), 0.0f);
-  const Tensor host(sum.data(), DType::f32, Device::cpu, {tied_numel_});
-  if (tied_) ops::copy(host, model_->grad(*tied_).reshape({tied_numel_}));
-  pipeline_comm_.all_reduce_sum(sum.data(), tied_numel_);
-  if (tied_) ops::copy(model_->grad(*tied_).reshape({tied_numel_}), host);
 }
 
 const model::Model& Trainer::host_weights() {

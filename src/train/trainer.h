@@ -20,7 +20,7 @@
 #include "train/checkpoint_source.h"
 #include "train/gradient_strategy.h"
 #include "train/options.h"
-#include "train/pipeline_schedule.h"
+#include "train/pipeline_executor.h"
 #include "train/pipeline_stages.h"
 #include "train/step_result.h"
 #include "train/tensor_parallel.h"
@@ -111,27 +111,8 @@ class Trainer final : public CheckpointSource {
   std::unique_ptr<CommTensorGroup> tensor_group_;  // its device side, for the model
   dist::Communicator& pipeline_comm_;   // the stages in order (host memory): losses, norms, the tied embedding
   dist::Communicator& pipeline_link_;   // the same stages over the memory the activations live in: transfers
-  int stage_ = 0, stages_ = 1;
-  std::vector<PipelineOp> schedule_;    // this stage's order of work in an update
-  std::vector<std::vector<StageTransfer>> transfer_groups_;  // its transfers, grouped around those ops
-  /// Runs this stage's `ops` with the transfer `groups` around them (transfer_groups): each group
-  /// started together and finished before the next op, the op's results copied out for the group
-  /// after it (a copy, so that the slot or the shared gradient buffer may be overwritten at once).
-  /// A forward takes an activation slot, its backward (or, `forward_only`, the forward itself)
-  /// gives it back. `compute` runs one op with its chunk and slot selected; the time spent waiting
-  /// for the neighbours is added to `waited`.
-  void run_stage_ops(const std::vector<PipelineOp>& ops, const std::vector<std::vector<StageTransfer>>& groups,
-                     bool forward_only, const std::function<void(const PipelineOp&)>& compute, double& waited);
-  std::vector<ops::Buffer> outbox_;  // the copies of one group's sends
-  const model::ParamInfo* tied_ = nullptr;  // a tied embedding held by the first and last stages
-  std::int64_t tied_numel_ = 0;             // its elements (also on the middle stages, which hold none)
-  /// A pipeline's update: this stage's forwards and backwards of the micro-batches through its
-  /// model chunks in the schedule's order, with the activations and gradients to and from the
-  /// neighbouring stages; returns the summed loss (the last virtual stage's) and adds the time
-  /// spent waiting for the neighbours to `waited`.
-  double run_pipeline(double& waited);
-  std::int64_t pipeline_tied_numel() const;
-  void sum_tied_embedding();
+  int stage_ = 0, stages_ = 1;         // this rank's pipeline stage, of so many
+  std::unique_ptr<PipelineExecutor> pipeline_;  // its schedule (the one-stage one without a pipeline)
   std::function<void()> before_update_;
 };
 
