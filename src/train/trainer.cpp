@@ -30,6 +30,82 @@ void add_traffic(dist::Traffic& into, const dist::Traffic& more) {
   }
 }
 
+// This rank's part of the model: its ZeRO 3 sharding, its tensor-parallel rank and, in a
+// pipeline, its stage's layers (virtual stages stage, stage + P, ...).
+model::Layout rank_layout(const config::Config& config, const dist::Communicators& comms) {
+  model::Layout layout{config.dist.zero_stage == 3, comms.tensor_group->rank(), comms.tensor_group->world_size(),
+                       config.dist.sequence_parallel};
+  const int stage = comms.pipeline_group->rank(), stages = comms.pipeline_group->world_size();
+  if (stages > 1) {
+    const std::vector<StageRange> split = split_layers(config);
+    for (std::size_t v = std::size_t(stage); v < split.size(); v += std::size_t(stages)) {
+      layout.chunks.push_back({int(split[v].first_layer), int(split[v].layers)});
+    }
+    layout.first_layer = layout.chunks.front().first;
+    layout.layers = layout.chunks.front().count;
+    if (layout.chunks.size() == 1) layout.chunks.clear();
+  }
+  return layout;
+}
+
+// This rank's initial weights in its flat layout, (P,) f32 in host memory at `mine`, identical on
+// every rank: from the checkpoint, model.init_from or train.seed. Weights are initialised, read
+// and written whole, on the CPU, in the one-rank layout: through a whole model that lives only as
+// long as this (with `through_whole`: on a GPU, under ZeRO 3, tensor or pipeline parallelism),
+// else in `model` itself. With `part` (tensor or pipeline parallelism) this rank takes its part.
+struct InitialWeights {
+  std::unique_ptr<model::Model> whole;
+  std::vector<float> part;  // this rank's part of the whole model's (tensor or pipeline parallelism)
+  const float* mine = nullptr;
+};
+
+InitialWeights initial_weights(model::Model& model, const config::Config& config, bool through_whole, bool part,
+                               const checkpoint::Found* resume, dist::Communicator& world) {
+  InitialWeights weights;
+  if (through_whole) weights.whole = model::make_model(config.model, Device::cpu);
+  model::Model& init = weights.whole ? *weights.whole : model;
+  if (resume) {
+    checkpoint::load_weights(*resume, init);
+  } else if (config.model.init_from.empty()) {
+    init.init_weights(std::uint64_t(config.train.seed));
+  } else {
+    checkpoint::import_hf(config.model.init_from, init);
+  }
+  world.broadcast(init.params().as<float>(), init.num_params(), 0);  // identical weights on every rank
+  weights.mine = init.params().as<float>();
+  if (part) {  // this rank's part of them, in its flat layout
+    weights.part.resize(std::size_t(model.num_params()));
+    for (const model::Segment& s : model.segments(false)) {
+      std::copy_n(weights.mine + s.logical, s.length, weights.part.begin() + s.local);
+    }
+    weights.mine = weights.part.data();
+  }
+  return weights;
+}
+
+// Which gradients the global norm counts on this rank and the groups it is summed over: under
+// tensor or pipeline parallelism, the parts this rank owns, summed over those groups.
+NormScope norm_scope(const model::Model& model, const dist::Communicators& comms) {
+  NormScope norm;
+  const bool tensor = comms.tensor_group->world_size() > 1, pipeline = comms.pipeline_group->world_size() > 1;
+  if (tensor || pipeline) norm.counted = norm_ranges(model);
+  if (tensor) norm.groups.push_back(comms.tensor_group.get());
+  if (pipeline) norm.groups.push_back(comms.pipeline_group.get());
+  return norm;
+}
+
+// The checkpoint's optimizer state of every element of this rank's local arrays, wherever it
+// sits in the whole model.
+void restore_optimizer(AdamW& optimizer, const model::Model& model, const checkpoint::Found& resume) {
+  const std::int64_t n = optimizer.size();
+  std::vector<checkpoint::FlatRange> ranges;
+  for (const Placed& p : place(optimizer.pieces(), model.segments(false))) ranges.push_back(p.logical);
+  std::vector<float> m(static_cast<std::size_t>(n)), v(static_cast<std::size_t>(n));
+  checkpoint::load_optimizer(resume, ranges, m.data(), v.data());
+  ops::copy(optimizer.m(), Tensor(m.data(), DType::f32, Device::cpu, {n}));
+  ops::copy(optimizer.v(), Tensor(v.data(), DType::f32, Device::cpu, {n}));
+}
+
 }  // namespace
 
 Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, const checkpoint::Found* resume)
@@ -78,18 +154,7 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
   // backward take its single pass (dQ by atomics).
   ops::set_deterministic(tc.deterministic);
   attention_ = resolve_attention_on_every_rank(config_, device_, world_);
-  const bool sharded = config_.dist.zero_stage == 3;
-  model::Layout layout{sharded, comms.tensor_group->rank(), comms.tensor_group->world_size(),
-                       config_.dist.sequence_parallel};
-  if (stages_ > 1) {  // this stage's layers (virtual stages stage, stage + P, ...), and its order of work
-    const std::vector<StageRange> split = split_layers(config_);
-    for (std::size_t v = std::size_t(stage_); v < split.size(); v += std::size_t(stages_)) {
-      layout.chunks.push_back({int(split[v].first_layer), int(split[v].layers)});
-    }
-    layout.first_layer = layout.chunks.front().first;
-    layout.layers = layout.chunks.front().count;
-    if (layout.chunks.size() == 1) layout.chunks.clear();
-  }
+  const model::Layout layout = rank_layout(config_, comms);
   model_ = model::make_model(config_.model, device_, tc.recompute, model::precision_dtype(tc.precision),
                              attention_.kernels, layout);
   pipeline_ = std::make_unique<PipelineExecutor>(*model_, config_, pipeline_comm_, pipeline_link_, int(accum_));
@@ -97,58 +162,19 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
     tensor_group_ = std::make_unique<CommTensorGroup>(comms.tensor(), device_);
     model_->set_tensor_group(tensor_group_.get());
   }
-  // Weights are initialised, read and written whole, on the CPU, in the one-rank layout: through
-  // a whole model that lives only until this rank has taken its part (on a GPU, under ZeRO 3 or
-  // tensor parallelism).
-  std::unique_ptr<model::Model> whole;
-  if (sharded || layout.tensor_size > 1 || stages_ > 1 || device_ != Device::cpu) {
-    whole = model::make_model(config_.model, Device::cpu);
+  const bool part = layout.tensor_size > 1 || stages_ > 1;  // this rank holds part of the model's tensors
+  {
+    const InitialWeights initial =
+        initial_weights(*model_, config_, part || layout.sharded || device_ != Device::cpu, part, resume, world_);
+    gradients_ = make_gradient_strategy(*model_, config_.dist, data_device_, data_comm_, norm_scope(*model_, comms));
+    gradients_->load(initial.mine);
   }
-  model::Model& init = whole ? *whole : *model_;
-  if (resume) {
-    checkpoint::load_weights(*resume, init);
-  } else if (config_.model.init_from.empty()) {
-    init.init_weights(std::uint64_t(tc.seed));
-  } else {
-    checkpoint::import_hf(config_.model.init_from, init);
-  }
-  world_.broadcast(init.params().as<float>(), init.num_params(), 0);  // identical weights on every rank
-  // This rank's part of them (tensor parallelism), in its flat layout.
-  const std::int64_t P = model_->num_params();
-  std::vector<float> part;
-  const float* mine = init.params().as<float>();
-  if (layout.tensor_size > 1 || stages_ > 1) {
-    part.resize(std::size_t(P));
-    for (const model::Segment& s : model_->segments(false)) {
-      std::copy_n(mine + s.logical, s.length, part.begin() + s.local);
-    }
-    mine = part.data();
-  }
-
-  NormScope norm;
-  if (layout.tensor_size > 1 || stages_ > 1) norm.counted = norm_ranges(*model_);
-  if (layout.tensor_size > 1) norm.groups.push_back(comms.tensor_group.get());
-  if (stages_ > 1) norm.groups.push_back(comms.pipeline_group.get());
-  gradients_ = make_gradient_strategy(*model_, config_.dist, data_device_, data_comm_, std::move(norm));
-  gradients_->load(mine);
-  const std::vector<Piece> pieces = gradients_->pieces();
-  whole.reset();
-  part = {};
-  if (layout.tensor_size > 1 || stages_ > 1) {
+  if (part) {
     logical_ = model::make_model(config_.model, Device::cpu, model::Recompute::none, DType::f32,
                                  ops::AttentionKernels::flash, model::Layout{true});
   }
-  optimizer_ = std::make_unique<AdamW>(pieces, device_);
-  if (resume) {
-    // The state of every element of this rank's local arrays, wherever it sits in the whole model.
-    const std::int64_t n = optimizer_->size();
-    std::vector<checkpoint::FlatRange> ranges;
-    for (const Placed& p : place(pieces, model_->segments(false))) ranges.push_back(p.logical);
-    std::vector<float> m(static_cast<std::size_t>(n)), v(static_cast<std::size_t>(n));
-    checkpoint::load_optimizer(*resume, ranges, m.data(), v.data());
-    ops::copy(optimizer_->m(), Tensor(m.data(), DType::f32, Device::cpu, {n}));
-    ops::copy(optimizer_->v(), Tensor(v.data(), DType::f32, Device::cpu, {n}));
-  }
+  optimizer_ = std::make_unique<AdamW>(gradients_->pieces(), device_);
+  if (resume) restore_optimizer(*optimizer_, *model_, *resume);
 }
 
 const model::Model& Trainer::logical_model() const { return logical_ ? *logical_ : *model_; }
