@@ -15,6 +15,8 @@
 #include "ops/profile.h"
 #include "train/attention_agreement.h"
 #include "train/gradient_strategy.h"
+#include "train/pipeline_schedule.h"
+#include "train/pipeline_stages.h"
 #include "train/schedule.h"
 #include "train/tensor_parallel.h"
 
@@ -120,7 +122,6 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
       tensor_device_(comms.tensor()),
       pipeline_comm_(*comms.pipeline_group),
       pipeline_link_(comms.pipeline()),
-      stage_(comms.pipeline_group->rank()),
       stages_(comms.pipeline_group->world_size()) {
   const auto& tc = config_.train;
   const int T = int(config_.model.context_length), B = int(tc.micro_batch_size);

@@ -21,15 +21,15 @@
 #include "train/gradient_strategy.h"
 #include "train/options.h"
 #include "train/pipeline_executor.h"
-#include "train/pipeline_stages.h"
 #include "train/step_result.h"
 #include "train/tensor_parallel.h"
 
 namespace llmtrain::train {
 
 /// Owns one rank's training state: the data (train and validation), the model (and its host copy
-/// on a GPU), the gradients' data-parallel strategy, AdamW, the sampler position and the tokens seen. Built from a
-/// checkpoint when `resume` is given, else from the config's initialisation.
+/// on a GPU), the gradients' data-parallel strategy, AdamW, the pipeline executor, the sampler
+/// position and the tokens seen. Built from a checkpoint when `resume` is given, else from the
+/// config's initialisation.
 class Trainer final : public CheckpointSource {
  public:
   /// Reads the data first (a bad shard stops the run before anything is written), resolves
@@ -64,8 +64,7 @@ class Trainer final : public CheckpointSource {
   /// The whole model's parameter list (names, shapes, flat offsets of the one-rank layout): the
   /// model itself without tensor parallelism, else a description without buffers.
   const model::Model& logical_model() const override;
-  /// The model as it trains (on the GPU when it runs there); params() are its fp32 master weights.
-  const model::Model& model() const { return *model_; }
+  /// This rank's fp32 master weights (not for a sharded model), on the device it trains on.
   Tensor params() const override { return model_->params(); }
   Device device() const override { return device_; }
   /// The fp32 weights on the CPU, brought up to date (a copy from the GPU where the model is there).
@@ -111,7 +110,7 @@ class Trainer final : public CheckpointSource {
   std::unique_ptr<CommTensorGroup> tensor_group_;  // its device side, for the model
   dist::Communicator& pipeline_comm_;   // the stages in order (host memory): losses, norms, the tied embedding
   dist::Communicator& pipeline_link_;   // the same stages over the memory the activations live in: transfers
-  int stage_ = 0, stages_ = 1;         // this rank's pipeline stage, of so many
+  int stages_ = 1;                      // pipeline stages
   std::unique_ptr<PipelineExecutor> pipeline_;  // its schedule (the one-stage one without a pipeline)
   std::function<void()> before_update_;
 };
