@@ -14,7 +14,7 @@
 #include "data/shard.h"
 #include "dist/communicator.h"
 #include "train/tensor_parallel.h"
-#include "train/trainer.h"
+#include "train/evaluate.h"
 
 namespace llmtrain::cli {
 namespace {

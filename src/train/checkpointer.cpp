@@ -3,54 +3,21 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <csignal>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <condition_variable>
-#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <thread>
 #include <vector>
 
-#include "core/error.h"
-#include "core/files.h"
 #include "ops/buffer.h"
+#include "train/resume.h"
 
 namespace llmtrain::train {
 namespace {
 
-namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-
-// SIGTERM, SIGINT and SIGUSR1 ask the run to stop at the next update boundary (after a
-// checkpoint); a second SIGINT ends the process at once.
-std::atomic<int> stop_requests{0};
-extern "C" void on_stop_signal(int signal) {
-  if (signal == SIGINT && stop_requests.load() > 0) std::_Exit(128 + SIGINT);
-  stop_requests.fetch_add(1);
-}
-
-// Checks that `saved` (the checkpoint's config) and `now` agree on every key that must match on
-// resume; the message says what would change.
-void check_resumable(const config::Config& saved, const config::Config& now, const std::string& dir) {
-  const nlohmann::json saved_json = config::to_json(saved), now_json = config::to_json(now);
-  for (const auto& [section, keys] : saved_json.items()) {
-    for (const auto& [key, value] : keys.items()) {
-      const std::string path = section + "." + key;
-      if (config::may_change_on_resume(path)) continue;
-      const nlohmann::json now_value = now_json.at(section).value(key, nlohmann::json());
-      if (now_value == value) continue;
-      if (section == "model") {
-        throw InputError(path + ": the checkpoint " + dir + " has " + value.dump() + ", the config " +
-                         now_value.dump() + "; use --resume never and a new --run-dir for another model");
-      }
-      throw InputError(path + ": the checkpoint " + dir + " was trained with " + value.dump() +
-                       "; resuming needs the same data order");
-    }
-  }
-}
 
 // What this rank's optimizer file holds: ranges of the whole model's flat buffer, taken from
 // these places of its local arrays, and whether it writes one at all.
@@ -62,17 +29,17 @@ struct OptimizerPart {
   bool written = false;
 };
 
-OptimizerPart optimizer_part(const Trainer& trainer, int world_rank) {
+OptimizerPart optimizer_part(const CheckpointSource& source, int world_rank) {
   OptimizerPart part;
-  part.placed = trainer.optimizer_placement();
+  part.placed = source.optimizer_placement();
   for (const Placed& p : part.placed) {
     part.contiguous = part.contiguous && p.local == part.size;
     part.ranges.push_back(p.logical);
     part.size += p.logical.end - p.logical.begin;
   }
   // Every rank holds the whole state (ZeRO 0 without tensor parallelism): rank 0 alone writes it.
-  const bool whole = part.ranges.size() == 1 && part.ranges[0].begin == 0 && part.ranges[0].end == trainer.num_params();
-  part.written = trainer.writes_optimizer() && (world_rank == 0 || !whole);
+  const bool whole = part.ranges.size() == 1 && part.ranges[0].begin == 0 && part.ranges[0].end == source.num_params();
+  part.written = source.writes_optimizer() && (world_rank == 0 || !whole);
   return part;
 }
 
@@ -125,55 +92,6 @@ std::int64_t memory_available() {
 
 }  // namespace
 
-// Installs the stop handlers for its lifetime and restores the previous ones after.
-class StopSignals {
- public:
-  StopSignals() {
-    stop_requests = 0;
-    struct sigaction action {};
-    action.sa_handler = on_stop_signal;
-    sigemptyset(&action.sa_mask);
-    for (int i = 0; i < 3; ++i) sigaction(signals_[i], &action, &previous_[i]);
-  }
-  ~StopSignals() {
-    for (int i = 0; i < 3; ++i) sigaction(signals_[i], &previous_[i], nullptr);
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-  bool raised() const { return stop_requests.load() > 0; }
-
- private:
-  static constexpr int signals_[3] = {SIGTERM, SIGINT, SIGUSR1};
-  struct sigaction previous_[3];
-};
-
-std::string checkpoint_root(const TrainOptions& options) {
-  return options.config.checkpoint.dir.empty() ? options.run_dir + "/checkpoints" : options.config.checkpoint.dir;
-}
-
-std::optional<checkpoint::Found> find_resume_point(const TrainOptions& options, bool lead) {
-  const bool has_metrics = path_exists(options.run_dir + "/metrics.jsonl");
-  std::optional<checkpoint::Found> found;
-  if (options.resume == "never") {
-    if (has_metrics) {
-      throw InputError(options.run_dir + ": already holds a run (metrics.jsonl); choose another --run-dir or --resume auto");
-    }
-  } else if (options.resume == "auto") {
-    for (const auto& dir : checkpoint::complete_checkpoints(checkpoint_root(options))) {
-      try {
-        found = checkpoint::find(dir);
-        break;
-      } catch (const InputError& e) {
-        if (lead) std::fprintf(stderr, "train: warning: skipping damaged checkpoint: %s\n", e.what());
-      }
-    }
-  } else {
-    found = checkpoint::find(options.resume);
-  }
-  if (found) check_resumable(found->config, options.config, found->dir);
-  return found;
-}
-
 // The save being written in the background: what it writes and the thread writing it. On the
 // CPU that thread also makes the staging copy, while the next update's forward and backward
 // passes (which only read the weights) run; the update waits for `copied` before it changes them.
@@ -189,7 +107,8 @@ struct Checkpointer::Pending {
   bool copied = true;
 };
 
-Checkpointer::Checkpointer(const TrainOptions& options, dist::Communicator& world, Reporter& reporter, Trainer& trainer)
+Checkpointer::Checkpointer(const TrainOptions& options, dist::Communicator& world, Reporter& reporter,
+                           CheckpointSource& source)
     : config_(options.config),
       root_(checkpoint_root(options)),
       world_(world),
@@ -198,9 +117,9 @@ Checkpointer::Checkpointer(const TrainOptions& options, dist::Communicator& worl
       signals_(std::make_unique<StopSignals>()) {
   if (!config_.checkpoint.async) return;
   // This rank's staging: the weights on rank 0, its optimizer range where it writes one.
-  const OptimizerPart part = optimizer_part(trainer, world_.rank());
+  const OptimizerPart part = optimizer_part(source, world_.rank());
   stages_optimizer_ = part.written;
-  const std::int64_t floats = (world_.rank() == 0 ? trainer.num_params() : 0) + (stages_optimizer_ ? 2 * part.size : 0);
+  const std::int64_t floats = (world_.rank() == 0 ? source.num_params() : 0) + (stages_optimizer_ ? 2 * part.size : 0);
   const std::int64_t bytes = floats * std::int64_t(sizeof(float));
   // Memory allows when the staging buffers of the ranks on this node take at most half of what is
   // available (the ranks of a node hold about equal parts: this rank's times their number).
@@ -220,14 +139,14 @@ Checkpointer::Checkpointer(const TrainOptions& options, dist::Communicator& worl
   }
   async_ = true;
   staging_ = ops::Buffer::host_staging(std::size_t(bytes));
-  trainer_ = &trainer;
-  trainer.set_before_update([this] { wait_for_copy(); });
+  source_ = &source;
+  source.set_before_update([this] { wait_for_copy(); });
   reporter_.info("checkpoint: saving in the background from a %.1f MB host staging buffer%s",
                  double(bytes) / 1e6, staging_.pinned() ? " (pinned)" : "");
 }
 
 Checkpointer::~Checkpointer() {
-  if (trainer_) trainer_->set_before_update({});
+  if (source_) source_->set_before_update({});
   if (!pending_) return;
   // Leaving on an error: the files are finished either way; only alone may we mark them complete.
   pending_->writer.join();
@@ -281,28 +200,28 @@ void Checkpointer::finish(const char* why) {
   reporter_.checkpoint_saved(p->request.step, done, {p->stall_s, p->waited_s, p->copy_s, true});
 }
 
-std::string Checkpointer::save(std::int64_t step, Trainer& trainer) {
-  const data::SamplerState sampler = trainer.sampler_state();
-  nlohmann::json state = {{"tokens_seen", trainer.tokens_seen()},
+std::string Checkpointer::save(std::int64_t step, CheckpointSource& source) {
+  const data::SamplerState sampler = source.sampler_state();
+  nlohmann::json state = {{"tokens_seen", source.tokens_seen()},
                           {"sampler", {{"epoch", sampler.epoch}, {"next_sample", sampler.next_sample}}},
                           {"world_size", world_.world_size()},
                           {"zero_stage", config_.dist.zero_stage},
                           {"config", resolved_}};
   const auto save_start = Clock::now();
-  const AdamW& optimizer = trainer.optimizer();
+  const AdamW& optimizer = source.optimizer();
   checkpoint::SaveRequest request{root_, step, config_.checkpoint.keep_last, nullptr, nullptr, {}, state};
-  request.model = &trainer.logical_model();  // names and shapes of the whole tensors
-  const bool on_cpu = trainer.model().device() == Device::cpu;
+  request.model = &source.logical_model();  // names and shapes of the whole tensors
+  const bool on_cpu = source.device() == Device::cpu;
   // Rank 0's own flat weights are the whole model's on the CPU without ZeRO 3 or tensor
   // parallelism; else they are assembled on rank 0 (a collective).
-  const bool gathered = !on_cpu || trainer.weights_split();
-  const OptimizerPart part = optimizer_part(trainer, world_.rank());
+  const bool gathered = !on_cpu || source.weights_split();
+  const OptimizerPart part = optimizer_part(source, world_.rank());
   request.write_optimizer = part.written;
   if (!async_) {
     std::vector<float> weights;
     if (gathered) {
-      if (world_.rank() == 0) weights.resize(std::size_t(trainer.num_params()));
-      trainer.gather_weights(weights.data());
+      if (world_.rank() == 0) weights.resize(std::size_t(source.num_params()));
+      source.gather_weights(weights.data());
       request.weights = weights.data();
     }
     // On the CPU the optimizer state is written from where it lives; from a GPU through a copy;
@@ -346,16 +265,16 @@ std::string Checkpointer::save(std::int64_t step, Trainer& trainer) {
   std::vector<std::pair<float*, Tensor>> copies;  // staging <- what it saves
   // The weights' bytes come from request.weights. Shards and tensor-parallel parts are gathered
   // now (a collective, so not in the background), straight into rank 0's staging buffer.
-  if (trainer.weights_split()) {
+  if (source.weights_split()) {
     const auto gather_start = Clock::now();
-    trainer.gather_weights(world_.rank() == 0 ? next : nullptr);
+    source.gather_weights(world_.rank() == 0 ? next : nullptr);
     p->copy_s += seconds_since(gather_start);
   } else if (world_.rank() == 0) {
-    copies.emplace_back(next, trainer.params());
+    copies.emplace_back(next, source.params());
   }
   if (world_.rank() == 0) {
     request.weights = next;
-    next += trainer.num_params();
+    next += source.num_params();
   }
   const std::int64_t n = part.size;
   request.optimizer = {part.ranges, nullptr, nullptr};

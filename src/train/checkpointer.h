@@ -1,10 +1,10 @@
-// A run's checkpoints: where it resumes from, when it saves, and the stop signals that make it
-// save and stop at the next update boundary (exit 75, so the job is resubmitted and resumes).
+// A run's saves: when a checkpoint is due, writing it (in the background where memory allows),
+// and the stop signals (train/stop_signals.h) that make it save and stop at the next update
+// boundary. Where a run resumes from: train/resume.h.
 #pragma once
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -12,24 +12,15 @@
 #include "checkpoint/checkpoint.h"
 #include "dist/communicator.h"
 #include "ops/buffer.h"
+#include "train/checkpoint_source.h"
+#include "train/options.h"
 #include "train/reporter.h"
-#include "train/trainer.h"
+#include "train/stop_signals.h"
 
 namespace llmtrain::train {
 
-/// The run's checkpoint folder: checkpoint.dir, else RUN_DIR/checkpoints.
-std::string checkpoint_root(const TrainOptions& options);
-
-/// The checkpoint to continue from. --resume never: none (and the run folder must be new); auto:
-/// the newest complete checkpoint that verifies, skipping damaged ones with a warning (printed by
-/// the `lead` rank); PATH: that one. InputError when the checkpoint's config differs from this
-/// run's in a key that must match on resume (config::may_change_on_resume).
-std::optional<checkpoint::Found> find_resume_point(const TrainOptions& options, bool lead);
-
-class StopSignals;
-
 /// Owns the saving of a run: when a checkpoint is due (checkpoint.every, or a stop signal on any
-/// rank), writing it (keeping checkpoint.keep_last) from the Trainer's state, and, for its
+/// rank), writing it (keeping checkpoint.keep_last) from training's state (CheckpointSource), and, for its
 /// lifetime, the handlers of SIGTERM, SIGINT and SIGUSR1 (a second SIGINT ends the process at once).
 ///
 /// With checkpoint.async (and the memory for it) each rank's part of a save is copied into a host
@@ -42,7 +33,7 @@ class StopSignals;
 /// still being written waits for it; flush() (end of training, a stop signal) waits for the last.
 class Checkpointer {
  public:
-  Checkpointer(const TrainOptions& options, dist::Communicator& world, Reporter& reporter, Trainer& trainer);
+  Checkpointer(const TrainOptions& options, dist::Communicator& world, Reporter& reporter, CheckpointSource& source);
   /// On the way out of an error, a save still being written is finished (its files made durable)
   /// and, at world size 1, committed; with more ranks it stays incomplete (the ranks cannot be
   /// relied on to agree then) and the previous checkpoint remains `latest`.
@@ -58,7 +49,7 @@ class Checkpointer {
   bool due(std::int64_t step) const;
   /// Starts (async) or writes (sync) the checkpoint of update `step` (a collective); returns its
   /// folder, complete once flush() or a later stop_requested() has committed it.
-  std::string save(std::int64_t step, Trainer& trainer);
+  std::string save(std::int64_t step, CheckpointSource& source);
   /// Waits for the save being written, if any, and commits it (a collective).
   void flush();
 
@@ -75,7 +66,7 @@ class Checkpointer {
   std::unique_ptr<StopSignals> signals_;
   bool async_ = false;
   bool stages_optimizer_ = false;    // async: this rank writes an optimizer file (with ZeRO, or rank 0)
-  Trainer* trainer_ = nullptr;       // async: whose updates wait for the staging copy
+  CheckpointSource* source_ = nullptr;  // async: whose updates wait for the staging copy
   ops::Buffer staging_;              // async: this rank's weights (rank 0), m and v
   std::unique_ptr<Pending> pending_;  // the save being written in the background
 };

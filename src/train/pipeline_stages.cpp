@@ -3,14 +3,17 @@
 #include <cstdio>
 
 #include "core/error.h"
-#include "train/plan.h"
+#include "model/model.h"
 
 namespace llmtrain::train {
 
 StageCostModel stage_cost_model(const config::ModelConfig& m) {
+  // A layer's weights, from the model's own parameter list (built sharded: nothing allocated).
+  const auto model = model::make_model(m, Device::cpu, config::Recompute::none, DType::f32,
+                                       ops::AttentionKernels::flash, model::Layout{true});
   double layer_weights = 0;
-  for (const auto& unit : shard_units(m)) {
-    if (unit.layer) layer_weights = double(unit.params);
+  for (const model::Unit& unit : model->units()) {
+    if (unit.layer >= 0) layer_weights = double(unit.numel());
   }
   const double C = double(m.d_model);
   const double tables = m.arch == config::Arch::gpt2 ? 2 : 1;  // gpt2 adds learned positions

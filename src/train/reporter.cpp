@@ -95,7 +95,7 @@ void Reporter::info(const char* format, ...) {
   va_end(args);
 }
 
-void Reporter::run_started(const dist::Communicators& comms, const Trainer& trainer, const checkpoint::Found* resume) {
+void Reporter::run_started(const dist::Communicators& comms, const RunShape& run, const checkpoint::Found* resume) {
   const dist::Communicator& world = *comms.world;
   info("dist: %s communicator, %d rank(s), this is rank %d (local rank %d), %d CPU threads", world.name().c_str(),
        world.world_size(), world.rank(), world.local_rank(), omp_get_max_threads());
@@ -103,14 +103,14 @@ void Reporter::run_started(const dist::Communicators& comms, const Trainer& trai
   if (comms.mesh.pipeline > 1) {
     info("pipeline: %d stages, %s schedule, %lld micro-batches per update (bubble %.0f%% by its formula); %s",
          comms.mesh.pipeline, config::to_string(config_.dist.pipeline_schedule).c_str(),
-         static_cast<long long>(trainer.micro_steps()), 100.0 * bubble_fraction(config_.dist, int(trainer.micro_steps())),
+         static_cast<long long>(run.micro_steps), 100.0 * bubble_fraction(config_.dist, int(run.micro_steps)),
          describe_split(config_.model, split_layers(config_), comms.mesh.pipeline).c_str());
   }
   if (!device_note_.empty()) info("train: %s", device_note_.c_str());
   if (resume) {
-    info("train: resuming from %s (step %lld)", resume->dir.c_str(), static_cast<long long>(trainer.first_step() - 1));
+    info("train: resuming from %s (step %lld)", resume->dir.c_str(), static_cast<long long>(run.first_step - 1));
   }
-  info("%s", trainer.attention().describe().c_str());
+  info("%s", run.attention.c_str());
   if (!config_.train.deterministic) {
     info("train: deterministic false: on a GPU the bf16 tensor-core flash attention backward (head size 64 or "
          "128) takes its single pass, dQ summed by atomics in an order that varies run to run (not bitwise "
@@ -118,10 +118,10 @@ void Reporter::run_started(const dist::Communicators& comms, const Trainer& trai
   }
   info("train: %lld parameters, %lld train samples of %d tokens, %d data-parallel rank(s) x %lld micro-step(s) "
        "of %d per update, ZeRO %lld",
-       static_cast<long long>(trainer.num_params()), static_cast<long long>(trainer.train_samples()),
-       int(config_.model.context_length), comms.mesh.data, static_cast<long long>(trainer.micro_steps()),
+       static_cast<long long>(run.num_params), static_cast<long long>(run.train_samples),
+       int(config_.model.context_length), comms.mesh.data, static_cast<long long>(run.micro_steps),
        int(config_.train.micro_batch_size), static_cast<long long>(config_.dist.zero_stage));
-  state_bytes_ = trainer.state_bytes();
+  state_bytes_ = run.state_bytes;
   info("train: this rank holds %s of weights, gradients and optimizer state%s", format_bytes(double(state_bytes_)).c_str(),
        config_.dist.zero_stage == 3 ? (config_.dist.reshard_after_forward
                                            ? " (ZeRO 3: its shards, the units outside the layers and two layer slots)"

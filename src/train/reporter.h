@@ -12,9 +12,10 @@
 
 #include "checkpoint/checkpoint.h"
 #include "dist/communicator.h"
+#include "train/options.h"
 #include "train/run_log.h"
+#include "train/step_result.h"
 #include "train/tensorboard.h"
-#include "train/trainer.h"
 
 namespace llmtrain::train {
 
@@ -44,6 +45,16 @@ struct SaveStall {
   bool background = false;
 };
 
+/// What the start-up lines say of the run's training state (the Trainer's figures).
+struct RunShape {
+  std::int64_t first_step = 1;     // the first update this run makes
+  std::int64_t num_params = 0;     // the whole model's
+  std::int64_t train_samples = 0;  // of data.train
+  std::int64_t micro_steps = 1;    // per update (a pipeline's micro-batches)
+  std::size_t state_bytes = 0;     // weights, gradients and optimizer state this rank holds
+  std::string attention;           // the attention kernels model.attention resolved to, and why
+};
+
 /// Owns the run's reports: this rank's log (RunLog: its own file, and stderr on rank 0), and on
 /// rank 0 the run folder's config.json, metrics.jsonl and TensorBoard events. Turns an update's
 /// figures into tokens/s, MFU and memory use; keeps the run's clock.
@@ -60,7 +71,7 @@ class Reporter {
   void info(const char* format, ...) __attribute__((format(printf, 2, 3)));
 
   /// The communicators, the resume point, the attention kernels chosen and the shape of the run.
-  void run_started(const dist::Communicators& comms, const Trainer& trainer, const checkpoint::Found* resume);
+  void run_started(const dist::Communicators& comms, const RunShape& run, const checkpoint::Found* resume);
   /// Starts the clock of elapsed_s, ETA and the run's duration.
   void start_clock();
   /// Seconds since start_clock().
@@ -89,7 +100,7 @@ class Reporter {
   std::unique_ptr<RunLog> log_;
   std::chrono::steady_clock::time_point start_;
   std::int64_t device_peak_ = 0;  // of the GPU's memory in use, as sampled after updates
-  std::size_t state_bytes_ = 0;   // weights, gradients and optimizer state this rank holds (Trainer::state_bytes)
+  std::size_t state_bytes_ = 0;   // weights, gradients and optimizer state this rank holds (RunShape::state_bytes)
 };
 
 }  // namespace llmtrain::train

@@ -1,6 +1,6 @@
-// The training loop in parts: the Trainer (one optimizer update at a time), the Reporter
-// (train/reporter.h: progress lines, metrics.jsonl, TensorBoard), the Checkpointer
-// (train/checkpointer.h: resume, saves, stop signals), and run_training, which composes them.
+// One rank's training state and its optimizer updates. run_training (train/run.h) composes the
+// Trainer with the Reporter (train/reporter.h) and the Checkpointer (train/checkpointer.h); the
+// Checkpointer sees it only as a CheckpointSource.
 #pragma once
 
 #include <cstdint>
@@ -17,58 +17,20 @@
 #include "model/model.h"
 #include "ops/buffer.h"
 #include "train/adamw.h"
-#include "train/grad_sync.h"
-#include "train/pipeline_schedule.h"
-#include "train/pipeline_stages.h"
+#include "train/checkpoint_source.h"
+#include "train/gradient_strategy.h"
+#include "train/options.h"
+#include "train/pipeline_executor.h"
+#include "train/step_result.h"
 #include "train/tensor_parallel.h"
-#include "train/zero3.h"
 
 namespace llmtrain::train {
 
-struct TrainOptions {
-  config::Config config;
-  std::string run_dir;
-  Device device = Device::cpu;
-  bool device_auto = false;    // --device auto: run_training picks CUDA or the CPU (resolve_device)
-  std::string device_note;     // why that device was picked, for the log
-  bool progress = true;        // progress lines on stderr
-  bool profile_ops = false;    // print the time spent in each op at the end
-  std::string resume = "auto";  // auto | never | a checkpoint path
-};
-
-/// --device auto: CUDA when this build has it and every rank of each node can have a device of
-/// its own, else the CPU (all ranks agree through `world`); device_note says which and why.
-/// Options without device_auto are left as they are.
-void resolve_device(TrainOptions& options, dist::Communicator& world);
-
-struct TrainSummary {
-  std::int64_t steps = 0;
-  double final_loss = 0;      // of the last update's batch
-  double final_val_loss = -1;  // of the last validation, -1 when none ran
-  double seconds = 0;
-  std::string last_checkpoint;
-  bool lead = true;        // this process is rank 0 (the one that reports)
-  bool preempted = false;  // stopped by a signal after writing a checkpoint (exit 75)
-};
-
-/// What one optimizer update did.
-struct StepResult {
-  double loss = 0;       // mean over the update's batch, before the update
-  double grad_norm = 0;  // global, before clipping
-  double lr = 0;
-  double seconds = 0;    // wall time of the update
-  bool skipped = false;  // non-finite loss or norm: no update made
-  std::int64_t bad_in_a_row = 0;
-  dist::Traffic sent;         // what this rank sent to its data-parallel group in the update (ring count)
-  dist::Traffic sent_tensor;  // and to its tensor-parallel group
-  dist::Traffic sent_pipeline;  // and to the other stages (transfers, the loss and norm sums)
-  double pipeline_wait_s = 0;  // time this stage waited for the other stages' activations and gradients
-};
-
 /// Owns one rank's training state: the data (train and validation), the model (and its host copy
-/// on a GPU), the gradient sync, AdamW, the sampler position and the tokens seen. Built from a
-/// checkpoint when `resume` is given, else from the config's initialisation.
-class Trainer {
+/// on a GPU), the gradients' data-parallel strategy, AdamW, the pipeline executor, the sampler
+/// position and the tokens seen. Built from a checkpoint when `resume` is given, else from the
+/// config's initialisation.
+class Trainer final : public CheckpointSource {
  public:
   /// Reads the data first (a bad shard stops the run before anything is written), resolves
   /// model.attention (every rank the same way; InputError for a "cudnn" that cuDNN refuses), then
@@ -85,12 +47,12 @@ class Trainer {
   /// The first update this run makes (1, or the resumed checkpoint's step + 1).
   std::int64_t first_step() const { return first_step_; }
   /// The whole model's parameter count (every rank's parts together).
-  std::int64_t num_params() const { return model_->logical_params(); }
+  std::int64_t num_params() const override { return model_->logical_params(); }
   std::int64_t train_samples() const { return train_data_.num_samples(); }
   std::int64_t micro_steps() const { return accum_; }
-  std::int64_t tokens_seen() const { return tokens_seen_; }
-  data::SamplerState sampler_state() const { return sampler_state_; }
-  const AdamW& optimizer() const { return *optimizer_; }
+  std::int64_t tokens_seen() const override { return tokens_seen_; }
+  data::SamplerState sampler_state() const override { return sampler_state_; }
+  const AdamW& optimizer() const override { return *optimizer_; }
   /// Bytes this rank holds of weights, gradients and optimizer state (and the buffers that
   /// reduce or gather them), by llmtrain's own count of its buffers: constant through a run.
   std::size_t state_bytes() const;
@@ -98,29 +60,29 @@ class Trainer {
   const model::AttentionChoice& attention() const { return attention_; }
   /// Called in each update before the weights and optimizer state change (a background
   /// checkpoint may still be copying them); empty: nothing to wait for.
-  void set_before_update(std::function<void()> hook) { before_update_ = std::move(hook); }
+  void set_before_update(std::function<void()> hook) override { before_update_ = std::move(hook); }
   /// The whole model's parameter list (names, shapes, flat offsets of the one-rank layout): the
   /// model itself without tensor parallelism, else a description without buffers.
-  const model::Model& logical_model() const;
-  /// The model as it trains (on the GPU when it runs there); params() are its fp32 master weights.
-  const model::Model& model() const { return *model_; }
-  Tensor params() const { return model_->params(); }
+  const model::Model& logical_model() const override;
+  /// This rank's fp32 master weights (not for a sharded model), on the device it trains on.
+  Tensor params() const override { return model_->params(); }
+  Device device() const override { return device_; }
   /// The fp32 weights on the CPU, brought up to date (a copy from the GPU where the model is there).
   /// Not for a sharded model (ZeRO 3): see gather_weights.
   const model::Model& host_weights();
   /// Collective over every rank: the whole model's fp32 weights (its logical_params(),) into
   /// `flat` (host memory) on rank 0; the other ranks may pass null. From the shards under ZeRO 3
   /// and the tensor-parallel parts, else a copy of the weights.
-  void gather_weights(float* flat);
+  void gather_weights(float* flat) override;
   /// Where this rank's optimizer state sits in the whole model's flat buffer (the parts a
   /// checkpoint takes from this rank: a replicated parameter's from tensor rank 0 only).
-  std::vector<Placed> optimizer_placement() const;
+  std::vector<Placed> optimizer_placement() const override;
   /// Whether this rank writes an optimizer file (the first rank of a data-parallel group, or
   /// every rank when ZeRO shards the state).
-  bool writes_optimizer() const;
+  bool writes_optimizer() const override;
   /// Whether rank 0's weights are only part of the model (ZeRO 3 shards, tensor or pipeline
   /// parallelism), so that a checkpoint assembles them (gather_weights).
-  bool weights_split() const {
+  bool weights_split() const override {
     return model_->sharded() || model_->layout().tensor_size > 1 || stages_ > 1;
   }
 
@@ -140,8 +102,7 @@ class Trainer {
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<model::Model> logical_;  // logical_model() under tensor parallelism
   std::unique_ptr<model::Model> host_;  // this rank's weights on the CPU when the model is on a GPU (host_weights)
-  std::unique_ptr<GradientSync> sync_;  // ZeRO 0, 1, 2
-  std::unique_ptr<Zero3> zero3_;        // or ZeRO 3
+  std::unique_ptr<GradientStrategy> gradients_;  // bucketed sync (ZeRO 0-2) or ZeRO 3
   std::unique_ptr<AdamW> optimizer_;
   dist::Communicator& data_device_;     // the data-parallel group the gradients travel on
   dist::Communicator& tensor_comm_;     // the tensor-parallel group, host memory
@@ -149,38 +110,9 @@ class Trainer {
   std::unique_ptr<CommTensorGroup> tensor_group_;  // its device side, for the model
   dist::Communicator& pipeline_comm_;   // the stages in order (host memory): losses, norms, the tied embedding
   dist::Communicator& pipeline_link_;   // the same stages over the memory the activations live in: transfers
-  int stage_ = 0, stages_ = 1;
-  std::vector<PipelineOp> schedule_;    // this stage's order of work in an update
-  std::vector<std::vector<StageTransfer>> transfer_groups_;  // its transfers, grouped around those ops
-  /// Runs this stage's `ops` with the transfer `groups` around them (transfer_groups): each group
-  /// started together and finished before the next op, the op's results copied out for the group
-  /// after it (a copy, so that the slot or the shared gradient buffer may be overwritten at once).
-  /// A forward takes an activation slot, its backward (or, `forward_only`, the forward itself)
-  /// gives it back. `compute` runs one op with its chunk and slot selected; the time spent waiting
-  /// for the neighbours is added to `waited`.
-  void run_stage_ops(const std::vector<PipelineOp>& ops, const std::vector<std::vector<StageTransfer>>& groups,
-                     bool forward_only, const std::function<void(const PipelineOp&)>& compute, double& waited);
-  std::vector<ops::Buffer> outbox_;  // the copies of one group's sends
-  const model::ParamInfo* tied_ = nullptr;  // a tied embedding held by the first and last stages
-  std::int64_t tied_numel_ = 0;             // its elements (also on the middle stages, which hold none)
-  /// A pipeline's update: this stage's forwards and backwards of the micro-batches through its
-  /// model chunks in the schedule's order, with the activations and gradients to and from the
-  /// neighbouring stages; returns the summed loss (the last virtual stage's) and adds the time
-  /// spent waiting for the neighbours to `waited`.
-  double run_pipeline(double& waited);
-  std::int64_t pipeline_tied_numel() const;
-  void sum_tied_embedding();
+  int stages_ = 1;                      // pipeline stages
+  std::unique_ptr<PipelineExecutor> pipeline_;  // its schedule (the one-stage one without a pipeline)
   std::function<void()> before_update_;
 };
-
-/// Trains as the config says, writing RUN_DIR/config.json, metrics.jsonl and checkpoints.
-/// InputError (exit 2) for bad data or a run folder that already holds a run.
-TrainSummary run_training(const TrainOptions& options);
-
-/// Mean loss over `batches` global batches of `data` in order (no shuffling), micro-batches of
-/// the config's micro_batch_size; at most as many batches as the data holds. With `comm`, each
-/// rank evaluates its part of every batch and all get the mean over all.
-double evaluate(model::Model& model, const data::TokenDataset& data, const config::Config& config,
-                std::int64_t batches, dist::Communicator* comm = nullptr);
 
 }  // namespace llmtrain::train

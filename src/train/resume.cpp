@@ -1,0 +1,62 @@
+#include "train/resume.h"
+
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/files.h"
+
+namespace llmtrain::train {
+namespace {
+
+// Checks that `saved` (the checkpoint's config) and `now` agree on every key that must match on
+// resume; the message says what would change.
+void check_resumable(const config::Config& saved, const config::Config& now, const std::string& dir) {
+  const nlohmann::json saved_json = config::to_json(saved), now_json = config::to_json(now);
+  for (const auto& [section, keys] : saved_json.items()) {
+    for (const auto& [key, value] : keys.items()) {
+      const std::string path = section + "." + key;
+      if (config::may_change_on_resume(path)) continue;
+      const nlohmann::json now_value = now_json.at(section).value(key, nlohmann::json());
+      if (now_value == value) continue;
+      if (section == "model") {
+        throw InputError(path + ": the checkpoint " + dir + " has " + value.dump() + ", the config " +
+                         now_value.dump() + "; use --resume never and a new --run-dir for another model");
+      }
+      throw InputError(path + ": the checkpoint " + dir + " was trained with " + value.dump() +
+                       "; resuming needs the same data order");
+    }
+  }
+}
+
+}  // namespace
+
+std::string checkpoint_root(const TrainOptions& options) {
+  return options.config.checkpoint.dir.empty() ? options.run_dir + "/checkpoints" : options.config.checkpoint.dir;
+}
+
+std::optional<checkpoint::Found> find_resume_point(const TrainOptions& options, bool lead) {
+  const bool has_metrics = path_exists(options.run_dir + "/metrics.jsonl");
+  std::optional<checkpoint::Found> found;
+  if (options.resume == "never") {
+    if (has_metrics) {
+      throw InputError(options.run_dir + ": already holds a run (metrics.jsonl); choose another --run-dir or --resume auto");
+    }
+  } else if (options.resume == "auto") {
+    for (const auto& dir : checkpoint::complete_checkpoints(checkpoint_root(options))) {
+      try {
+        found = checkpoint::find(dir);
+        break;
+      } catch (const InputError& e) {
+        if (lead) std::fprintf(stderr, "train: warning: skipping damaged checkpoint: %s\n", e.what());
+      }
+    }
+  } else {
+    found = checkpoint::find(options.resume);
+  }
+  if (found) check_resumable(found->config, options.config, found->dir);
+  return found;
+}
+
+}  // namespace llmtrain::train

@@ -1,0 +1,24 @@
+// What one optimizer update did: the figures the Trainer returns and the Reporter logs.
+#pragma once
+
+#include <cstdint>
+
+#include "dist/communicator.h"
+
+namespace llmtrain::train {
+
+/// What one optimizer update did.
+struct StepResult {
+  double loss = 0;       // mean over the update's batch, before the update
+  double grad_norm = 0;  // global, before clipping
+  double lr = 0;
+  double seconds = 0;    // wall time of the update
+  bool skipped = false;  // non-finite loss or norm: no update made
+  std::int64_t bad_in_a_row = 0;
+  dist::Traffic sent;         // what this rank sent to its data-parallel group in the update (ring count)
+  dist::Traffic sent_tensor;  // and to its tensor-parallel group
+  dist::Traffic sent_pipeline;  // and to the other stages (transfers, the loss and norm sums)
+  double pipeline_wait_s = 0;  // time this stage waited for the other stages' activations and gradients
+};
+
+}  // namespace llmtrain::train
