@@ -75,6 +75,7 @@ bool never_transposed(const std::string&) { return false; }
 
 const ArchSpec gpt2_spec{
     config::Arch::gpt2,
+    Gpt2Body::names,
     make<Gpt2>,
     Gpt2::parameter_count,
     [](const config::ModelConfig& c, Recompute r, DType d, int B, int T, int tensor_size, bool sequence_parallel) {
@@ -89,6 +90,7 @@ const ArchSpec gpt2_spec{
 
 const ArchSpec llama_spec{
     config::Arch::llama,
+    LlamaBody::names,
     make<Llama>,
     Llama::parameter_count,
     [](const config::ModelConfig& c, Recompute r, DType d, int B, int T, int tensor_size, bool sequence_parallel) {
