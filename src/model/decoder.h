@@ -18,10 +18,12 @@
 //   Params, Acts, Grads, Decoding  one layer's weights; one layer's forward activations (with
 //                                  `residual3`, the layer's output); one layer's backward scratch;
 //                                  decode_step's tensors beyond the shared ones
-//   name                           for messages ("Gpt2")
+//   arch, name                     its model.arch, and its name in messages ("Gpt2")
 //   names                          EndNames of the parameters outside the layers
 //   for_each_param(config, f)      f(name, shape) for every parameter, in flat-buffer order
-//   lay_out_layers(carver, config, recompute, dims, layers)  one Acts per layer (and their shared scratch)
+//   lay_out_unread(carver, config, dims, acts)   a layer's activations backward never reads
+//   lay_out_mlp(carver, config, dims, acts)      the MLP's inner activations (recompute "mlp")
+//   lay_out_kept(carver, config, dims, acts)     the others backward reads but "full" recomputes
 //   lay_out_grads(carver, config, dims, grads)               the Grads scratch
 //   lay_out_decoding(carver, config, decoding)               the Decoding tensors
 //   kv_width(config)               the width of a layer's key (or value) cache rows
@@ -122,7 +124,11 @@ class Decoder : public Model {
           ops::AttentionKernels attention, Layout layout)
       : Model(config, device, compute, attention, layout),
         recompute_(recompute),
-        traits_(config::arch_traits(config.arch)) {}
+        traits_(config::arch_traits(config.arch)) {
+    if (config.arch != Body::arch) {
+      throw RuntimeError(std::string(Body::name) + ": config has model.arch \"" + config::to_string(config.arch) + "\"");
+    }
+  }
 
   /// Adds every parameter (Body::for_each_param) with its slice, allocates the flat buffers and
   /// binds the weights: the architecture's constructor calls it once its slices are known.
@@ -279,7 +285,19 @@ std::size_t Decoder<Body>::lay_out(const config::ModelConfig& config, Recompute 
     a.inputs = carver.take(DType::i32, {B, T});
     a.targets = carver.take(DType::i32, {N});
     a.encoded = take.take({R, C});
-    Body::lay_out_layers(take, config, recompute, dims, a.layers);
+    // One copy shared by all layers: what backward never reads and what it recomputes.
+    LayerActs shared;
+    Body::lay_out_unread(take, config, dims, shared);
+    const bool full = recompute == Recompute::full;
+    if (recompute != Recompute::none) Body::lay_out_mlp(take, config, dims, shared);
+    if (full) Body::lay_out_kept(take, config, dims, shared);
+    for (std::int64_t l = 0; l < dims.layers; ++l) {
+      LayerActs la = shared;
+      if (!full) Body::lay_out_kept(take, config, dims, la);
+      if (recompute == Recompute::none) Body::lay_out_mlp(take, config, dims, la);
+      la.residual3 = take.take({R, C});
+      a.layers.push_back(la);
+    }
     if (shape.head) {
       a.lnf = take.take({R, C});
       if (config::arch_traits(config.arch).norm == config::Norm::layernorm) a.lnf_mean = take.stat({R});

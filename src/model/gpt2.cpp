@@ -43,43 +43,31 @@ void Gpt2Body::for_each_param(const config::ModelConfig& c, const ParamVisitor& 
   f("transformer.wte.weight", {c.vocab_size, C});
 }
 
-void Gpt2Body::lay_out_layers(ActsCarver& take, const config::ModelConfig& config, Recompute recompute,
-                              const ActsDims& d, std::vector<Acts>& layers) {
-  const std::int64_t N = d.N, R = d.R, C = config.d_model, CL = C / d.tensor_size,
-                     F4 = config.ffn_hidden / d.tensor_size, NH = config.n_head / d.tensor_size;
-  // One copy shared by all layers: the two branch outputs (backward never reads them) and what
-  // backward recomputes.
-  Acts shared;
-  shared.attproj = take.take({R, C});
-  shared.fcproj = take.take({R, C});
-  const bool full = recompute == Recompute::full;
-  if (recompute != Recompute::none) {
-    shared.fch = take.take({N, F4});
-    shared.fch_gelu = take.take({N, F4});
-  }
-  const auto attention_block = [&](Acts& la) {
-    la.ln1 = take.take({R, C});
-    la.ln1_mean = take.stat({R});
-    la.ln1_rstd = take.stat({R});
-    la.qkv = take.take({N, 3 * CL});
-    la.atty = take.take({N, CL});
-    la.lse = take.stat({d.B, NH, d.T});
-    la.residual2 = take.take({R, C});
-    la.ln2 = take.take({R, C});
-    la.ln2_mean = take.stat({R});
-    la.ln2_rstd = take.stat({R});
-  };
-  if (full) attention_block(shared);
-  for (std::int64_t l = 0; l < d.layers; ++l) {
-    Acts la = shared;
-    if (!full) attention_block(la);
-    if (recompute == Recompute::none) {
-      la.fch = take.take({N, F4});
-      la.fch_gelu = take.take({N, F4});
-    }
-    la.residual3 = take.take({R, C});
-    layers.push_back(la);
-  }
+// The two branch outputs: backward never reads them.
+void Gpt2Body::lay_out_unread(ActsCarver& take, const config::ModelConfig& config, const ActsDims& d, Acts& la) {
+  const std::int64_t C = config.d_model;
+  la.attproj = take.take({d.R, C});
+  la.fcproj = take.take({d.R, C});
+}
+
+void Gpt2Body::lay_out_mlp(ActsCarver& take, const config::ModelConfig& config, const ActsDims& d, Acts& la) {
+  const std::int64_t F4 = config.ffn_hidden / d.tensor_size;
+  la.fch = take.take({d.N, F4});
+  la.fch_gelu = take.take({d.N, F4});
+}
+
+void Gpt2Body::lay_out_kept(ActsCarver& take, const config::ModelConfig& config, const ActsDims& d, Acts& la) {
+  const std::int64_t N = d.N, R = d.R, C = config.d_model, CL = C / d.tensor_size, NH = config.n_head / d.tensor_size;
+  la.ln1 = take.take({R, C});
+  la.ln1_mean = take.stat({R});
+  la.ln1_rstd = take.stat({R});
+  la.qkv = take.take({N, 3 * CL});
+  la.atty = take.take({N, CL});
+  la.lse = take.stat({d.B, NH, d.T});
+  la.residual2 = take.take({R, C});
+  la.ln2 = take.take({R, C});
+  la.ln2_mean = take.stat({R});
+  la.ln2_rstd = take.stat({R});
 }
 
 void Gpt2Body::lay_out_grads(ActsCarver& take, const config::ModelConfig& config, const ActsDims& d, Grads& g) {
@@ -104,9 +92,6 @@ void Gpt2Body::lay_out_decoding(ActsCarver& take, const config::ModelConfig& con
 Gpt2::Gpt2(const config::ModelConfig& config, Device device, Recompute recompute, DType compute,
            ops::AttentionKernels attention, Layout layout)
     : Decoder(config, device, recompute, compute, attention, layout) {
-  if (config.arch != config::Arch::gpt2) {
-    throw RuntimeError("Gpt2: config has model.arch \"" + config::to_string(config.arch) + "\"");
-  }
   if (config.n_head % layout.tensor_size != 0 || config.ffn_hidden % layout.tensor_size != 0) {
     throw InputError("dist.tensor_parallel = " + std::to_string(layout.tensor_size) + " must divide model.n_head (" +
                      std::to_string(config.n_head) + ") and model.ffn_hidden (" + std::to_string(config.ffn_hidden) + ")");

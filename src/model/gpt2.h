@@ -14,6 +14,7 @@ namespace llmtrain::model {
 
 /// GPT-2's layer types and layout code (see Decoder's Body).
 struct Gpt2Body {
+  static constexpr config::Arch arch = config::Arch::gpt2;
   static constexpr const char* name = "Gpt2";
   static constexpr EndNames names{"transformer.wte.weight", "transformer.wpe.weight", "transformer.ln_f", nullptr};
 
@@ -21,7 +22,7 @@ struct Gpt2Body {
     Tensor ln1_w, ln1_b, qkv_w, qkv_b, attproj_w, attproj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
   };
   // Forward activations of one layer; which are the layer's own and which share one scratch with
-  // every other layer depends on the recompute mode (see lay_out_layers).
+  // every other layer depends on the recompute mode (model/decoder.h).
   struct Acts {
     Tensor ln1, ln1_mean, ln1_rstd, qkv, atty, lse, attproj, residual2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu,
         fcproj, residual3;
@@ -35,8 +36,9 @@ struct Gpt2Body {
   };
 
   static void for_each_param(const config::ModelConfig& config, const ParamVisitor& f);
-  static void lay_out_layers(ActsCarver& take, const config::ModelConfig& config, Recompute recompute,
-                             const ActsDims& dims, std::vector<Acts>& layers);
+  static void lay_out_unread(ActsCarver& take, const config::ModelConfig& config, const ActsDims& dims, Acts& la);
+  static void lay_out_mlp(ActsCarver& take, const config::ModelConfig& config, const ActsDims& dims, Acts& la);
+  static void lay_out_kept(ActsCarver& take, const config::ModelConfig& config, const ActsDims& dims, Acts& la);
   static void lay_out_grads(ActsCarver& take, const config::ModelConfig& config, const ActsDims& dims, Grads& g);
   static void lay_out_decoding(ActsCarver& take, const config::ModelConfig& config, Decoding& d);
   static std::int64_t kv_width(const config::ModelConfig& config) { return config.d_model; }

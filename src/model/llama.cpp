@@ -45,44 +45,32 @@ void LlamaBody::for_each_param(const config::ModelConfig& c, const ParamVisitor&
   f("model.embed_tokens.weight", {V, C});
 }
 
-void LlamaBody::lay_out_layers(ActsCarver& take, const config::ModelConfig& config, Recompute recompute,
-                               const ActsDims& d, std::vector<Acts>& layers) {
+// The pre-rotation qkv and the two branch outputs: backward never reads them.
+void LlamaBody::lay_out_unread(ActsCarver& take, const config::ModelConfig& config, const ActsDims& d, Acts& la) {
+  const std::int64_t C = config.d_model;
+  la.qkv = take.take({d.N, widths(config, d.tensor_size).QKV});
+  la.attproj = take.take({d.R, C});
+  la.down = take.take({d.R, C});
+}
+
+void LlamaBody::lay_out_mlp(ActsCarver& take, const config::ModelConfig& config, const ActsDims& d, Acts& la) {
+  const std::int64_t F = widths(config, d.tensor_size).F;
+  la.gate = take.take({d.N, F});
+  la.up = take.take({d.N, F});
+  la.swi = take.take({d.N, F});
+}
+
+void LlamaBody::lay_out_kept(ActsCarver& take, const config::ModelConfig& config, const ActsDims& d, Acts& la) {
   const auto [NH, CL, QKV, F] = widths(config, d.tensor_size);
   const std::int64_t N = d.N, R = d.R, C = config.d_model;
-  // One copy shared by all layers: what backward never reads (the pre-rotation qkv and the two
-  // branch outputs) and what it recomputes.
-  Acts shared;
-  shared.qkv = take.take({N, QKV});
-  shared.attproj = take.take({R, C});
-  shared.down = take.take({R, C});
-  const bool full = recompute == Recompute::full;
-  if (recompute != Recompute::none) {
-    shared.gate = take.take({N, F});
-    shared.up = take.take({N, F});
-    shared.swi = take.take({N, F});
-  }
-  const auto attention_block = [&](Acts& la) {
-    la.ln1 = take.take({R, C});
-    la.rstd1 = take.stat({R});
-    la.qkvr = take.take({N, QKV});
-    la.atty = take.take({N, CL});
-    la.lse = take.stat({d.B, NH, d.T});
-    la.residual2 = take.take({R, C});
-    la.ln2 = take.take({R, C});
-    la.rstd2 = take.stat({R});
-  };
-  if (full) attention_block(shared);
-  for (std::int64_t l = 0; l < d.layers; ++l) {
-    Acts la = shared;
-    if (!full) attention_block(la);
-    if (recompute == Recompute::none) {
-      la.gate = take.take({N, F});
-      la.up = take.take({N, F});
-      la.swi = take.take({N, F});
-    }
-    la.residual3 = take.take({R, C});
-    layers.push_back(la);
-  }
+  la.ln1 = take.take({R, C});
+  la.rstd1 = take.stat({R});
+  la.qkvr = take.take({N, QKV});
+  la.atty = take.take({N, CL});
+  la.lse = take.stat({d.B, NH, d.T});
+  la.residual2 = take.take({R, C});
+  la.ln2 = take.take({R, C});
+  la.rstd2 = take.stat({R});
 }
 
 void LlamaBody::lay_out_grads(ActsCarver& take, const config::ModelConfig& config, const ActsDims& d, Grads& g) {
@@ -113,9 +101,6 @@ void LlamaBody::lay_out_decoding(ActsCarver& take, const config::ModelConfig& co
 Llama::Llama(const config::ModelConfig& config, Device device, Recompute recompute, DType compute,
              ops::AttentionKernels attention, Layout layout)
     : Decoder(config, device, recompute, compute, attention, layout) {
-  if (config.arch != config::Arch::llama) {
-    throw RuntimeError("Llama: config has model.arch \"" + config::to_string(config.arch) + "\"");
-  }
   const int N = layout.tensor_size;
   // Key/value heads are split like the query heads when N divides their number, else (N a
   // multiple of it) each is replicated on the N / n_kv_head ranks whose query heads use it.

@@ -16,6 +16,7 @@ namespace llmtrain::model {
 
 /// Llama's layer types and layout code (see Decoder's Body).
 struct LlamaBody {
+  static constexpr config::Arch arch = config::Arch::llama;
   static constexpr const char* name = "Llama";
   static constexpr EndNames names{"model.embed_tokens.weight", nullptr, "model.norm", "lm_head.weight"};
 
@@ -23,7 +24,7 @@ struct LlamaBody {
     Tensor in_norm, qkv, o, post_norm, gate, up, down;  // qkv: q_proj, k_proj, v_proj stacked ((NH+2NKV)HS, C)
   };
   // Forward activations of one layer; which of them are the layer's own and which share one
-  // scratch with every other layer depends on the recompute mode (see lay_out_layers).
+  // scratch with every other layer depends on the recompute mode (model/decoder.h).
   struct Acts {
     Tensor ln1, rstd1, qkv, qkvr, atty, lse, attproj, residual2, ln2, rstd2, gate, up, swi, down, residual3;
   };
@@ -38,8 +39,9 @@ struct LlamaBody {
   };
 
   static void for_each_param(const config::ModelConfig& config, const ParamVisitor& f);
-  static void lay_out_layers(ActsCarver& take, const config::ModelConfig& config, Recompute recompute,
-                             const ActsDims& dims, std::vector<Acts>& layers);
+  static void lay_out_unread(ActsCarver& take, const config::ModelConfig& config, const ActsDims& dims, Acts& la);
+  static void lay_out_mlp(ActsCarver& take, const config::ModelConfig& config, const ActsDims& dims, Acts& la);
+  static void lay_out_kept(ActsCarver& take, const config::ModelConfig& config, const ActsDims& dims, Acts& la);
   static void lay_out_grads(ActsCarver& take, const config::ModelConfig& config, const ActsDims& dims, Grads& g);
   static void lay_out_decoding(ActsCarver& take, const config::ModelConfig& config, Decoding& d);
   static std::int64_t kv_width(const config::ModelConfig& config) { return config.n_kv_head * (config.d_model / config.n_head); }
