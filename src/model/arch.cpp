@@ -113,4 +113,11 @@ const ArchSpec& arch_spec(config::Arch arch) {
   throw RuntimeError("model.arch: no spec for value " + std::to_string(int(arch)));
 }
 
+// Declared in model/model.h, where its callers look for it; defined here, with the specs, so
+// that the model interface does not include the architectures.
+std::unique_ptr<Model> make_model(const config::ModelConfig& config, Device device, Recompute recompute,
+                                  DType compute, ops::AttentionKernels attention, Layout layout) {
+  return arch_spec(config.arch).make(config, device, recompute, compute, attention, layout);
+}
+
 }  // namespace llmtrain::model

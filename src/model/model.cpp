@@ -4,7 +4,6 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "model/arch.h"
 #include "ops/ops.h"
 
 namespace llmtrain::model {
@@ -288,11 +287,6 @@ void Model::init_constant(const ParamInfo& info, float value) {
   if (device_ != Device::cpu) throw RuntimeError("model: initialise on the CPU, then copy");
   float* w = param(info).as<float>();
   for (std::int64_t i = 0; i < info.numel; ++i) w[i] = value;
-}
-
-std::unique_ptr<Model> make_model(const config::ModelConfig& config, Device device, Recompute recompute,
-                                  DType compute, ops::AttentionKernels attention, Layout layout) {
-  return arch_spec(config.arch).make(config, device, recompute, compute, attention, layout);
 }
 
 }  // namespace llmtrain::model
