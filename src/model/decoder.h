@@ -15,18 +15,18 @@
 // layer's forward pass during backward.
 //
 // A Body declares:
-//   Params, Acts, Grads, Decoding  one layer's weights; one layer's forward activations (with
-//                                  `residual3`, the layer's output); one layer's backward scratch;
-//                                  decode_step's tensors beyond the shared ones
-//   arch, name                     its model.arch, and its name in messages ("Gpt2")
-//   names                          EndNames of the parameters outside the layers
-//   for_each_param(config, f)      f(name, shape) for every parameter, in flat-buffer order
-//   lay_out_unread(carver, config, dims, acts)   a layer's activations backward never reads
-//   lay_out_mlp(carver, config, dims, acts)      the MLP's inner activations (recompute "mlp")
-//   lay_out_kept(carver, config, dims, acts)     the others backward reads but "full" recomputes
-//   lay_out_grads(carver, config, dims, grads)               the Grads scratch
-//   lay_out_decoding(carver, config, decoding)               the Decoding tensors
-//   kv_width(config)               the width of a layer's key (or value) cache rows
+//   Params, Acts, Grads, Decoding   one layer's weights; its forward activations (with `residual3`,
+//                                   the layer's output); its backward scratch; decode_step's
+//                                   tensors beyond the shared ones
+//   arch, name                      its model.arch, and its name in messages ("Gpt2")
+//   names                           EndNames of the parameters outside the layers
+//   for_each_param(config, f)       f(name, shape) for every parameter, in flat-buffer order
+//   lay_out_unread(take, config, dims, acts)  a layer's activations that backward never reads
+//   lay_out_mlp(take, config, dims, acts)     the MLP's inner activations (recompute "mlp")
+//   lay_out_kept(take, config, dims, acts)    the others, which backward reads ("full" recomputes)
+//   lay_out_grads(take, config, dims, grads)  the Grads scratch
+//   lay_out_decoding(take, config, decoding)  the Decoding tensors
+//   kv_width(config)                the width of a layer's key (and value) cache rows
 #pragma once
 
 #include <cstddef>
@@ -126,7 +126,8 @@ class Decoder : public Model {
         recompute_(recompute),
         traits_(config::arch_traits(config.arch)) {
     if (config.arch != Body::arch) {
-      throw RuntimeError(std::string(Body::name) + ": config has model.arch \"" + config::to_string(config.arch) + "\"");
+      throw RuntimeError(std::string(Body::name) + ": config has model.arch \"" + config::to_string(config.arch) +
+                         "\"");
     }
   }
 
@@ -486,10 +487,11 @@ Tensor Decoder<Body>::decode_step(std::int32_t token, int pos) {
   const std::int64_t C = config_.d_model;
   ops::copy(d_.token, Tensor(&token, DType::i32, Device::cpu, {1, 1}));
   // Learned positions: position `pos` of the table is position 0 of this view.
-  const Tensor positions =
-      p_.positions.data ? Tensor(static_cast<char*>(p_.positions.data) + std::size_t(pos * C) * dtype_size(p_.positions.dtype),
-                                 p_.positions.dtype, device_, {1, C})
-                        : Tensor();
+  Tensor positions;
+  if (p_.positions.data) {
+    char* row = static_cast<char*>(p_.positions.data) + std::size_t(pos * C) * dtype_size(p_.positions.dtype);
+    positions = Tensor(row, p_.positions.dtype, device_, {1, C});
+  }
   ops::encoder_forward(d_.x.reshape({1, 1, C}), d_.token, p_.embedding, positions);
   for (std::size_t l = 0; l < p_.layers.size(); ++l) decode_layer(l, pos);
   final_norm_forward(d_.ln, d_.mean, d_.rstd, d_.x, p_.norm_weight, p_.norm_bias);

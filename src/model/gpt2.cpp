@@ -36,8 +36,9 @@ void Gpt2Body::for_each_param(const config::ModelConfig& c, const ParamVisitor& 
   f("transformer.ln_f.bias", {C});
   Params unused;
   for (std::int64_t l = c.n_layer - 1; l >= 0; --l) {
-    for_each_layer_param(c, l, unused,
-                         [&](const std::string& name, const std::vector<std::int64_t>& shape, Tensor&) { f(name, shape); });
+    for_each_layer_param(c, l, unused, [&](const std::string& name, const std::vector<std::int64_t>& shape, Tensor&) {
+      f(name, shape);
+    });
   }
   f("transformer.wpe.weight", {c.context_length, C});
   f("transformer.wte.weight", {c.vocab_size, C});

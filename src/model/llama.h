@@ -44,7 +44,9 @@ struct LlamaBody {
   static void lay_out_kept(ActsCarver& take, const config::ModelConfig& config, const ActsDims& dims, Acts& la);
   static void lay_out_grads(ActsCarver& take, const config::ModelConfig& config, const ActsDims& dims, Grads& g);
   static void lay_out_decoding(ActsCarver& take, const config::ModelConfig& config, Decoding& d);
-  static std::int64_t kv_width(const config::ModelConfig& config) { return config.n_kv_head * (config.d_model / config.n_head); }
+  static std::int64_t kv_width(const config::ModelConfig& config) {
+    return config.n_kv_head * (config.d_model / config.n_head);
+  }
 };
 
 class Llama final : public Decoder<LlamaBody> {
