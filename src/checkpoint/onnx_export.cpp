@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/files.h"
+#include "model/arch.h"
 #include "ops/buffer.h"
 
 #if LLMTRAIN_HAVE_ONNX
@@ -232,14 +233,10 @@ struct OnnxArch {
 };
 
 OnnxArch onnx_arch(const config::ModelConfig& c) {
-  switch (c.arch) {
-    case config::Arch::gpt2:
-      return {true, true, true, "transformer.wte.weight", "transformer.ln_f", "", "transformer.wpe.weight"};
-    case config::Arch::llama:
-      return {false, false, false, "model.embed_tokens.weight", "model.norm", c.tie_embeddings ? "" : "lm_head.weight",
-              ""};
-  }
-  throw RuntimeError("export_onnx: unknown model.arch");
+  const model::ArchSpec& spec = model::arch_spec(c.arch);
+  const config::ArchTraits& t = spec.traits();
+  return {t.norm == config::Norm::layernorm, t.positions == config::Positions::learned, t.mlp == config::Mlp::gelu,
+          spec.names.embedding, spec.names.final_norm, spec.head_name(c), spec.names.positions ? spec.names.positions : ""};
 }
 
 // The builder plus the model: the pieces of the transformer as graph fragments.

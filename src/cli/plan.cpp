@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/strings.h"
 #include "dist/mesh.h"
+#include "model/arch.h"
 #include "train/pipeline_schedule.h"
 #include "train/plan.h"
 
@@ -43,6 +44,17 @@ std::string with_commas(std::int64_t n) {
     if (i && (digits.size() - i) % 3 == 0) out += ',';
     out += digits[i];
   }
+  return out;
+}
+
+// What tensor parallelism keeps whole besides the norms (", position embedding and the
+// projections' biases" for GPT-2).
+std::string whole_parts(const config::ArchTraits& arch) {
+  std::vector<std::string> parts;
+  if (arch.positions == config::Positions::learned) parts.emplace_back("position embedding");
+  if (arch.biases) parts.emplace_back("the projections' biases");
+  std::string out;
+  for (std::size_t i = 0; i < parts.size(); ++i) out += (i == 0 ? ", " : " and ") + parts[i];
   return out;
 }
 
@@ -259,7 +271,8 @@ Command add_plan_command(CLI::App& parent) {
             if (mesh.tensor > 1) {
               const std::int64_t V = m.vocab_size, r = share.tensor_rank, t = mesh.tensor;
               std::string kv;
-              if (m.arch == config::Arch::llama) {
+              const config::ArchTraits& arch = model::arch_spec(m.arch).traits();
+              if (arch.grouped_query_attention) {
                 kv = m.n_kv_head % t == 0 ? std::to_string(m.n_kv_head / t) + " of " + std::to_string(m.n_kv_head) +
                                                 " kv heads, "
                                           : "1 of " + std::to_string(m.n_kv_head) + " kv heads (each on " +
@@ -273,7 +286,7 @@ Command add_plan_command(CLI::App& parent) {
                           static_cast<long long>(m.n_head), kv.c_str(), static_cast<long long>(m.ffn_hidden / t),
                           static_cast<long long>(m.ffn_hidden), static_cast<long long>(V * r / t),
                           static_cast<long long>(V * (r + 1) / t - 1), static_cast<long long>(V),
-                          m.arch == config::Arch::gpt2 ? ", position embedding and the projections' biases" : "");
+                          whole_parts(arch).c_str());
             }
             std::printf("batch: micro-batch %lld x %lld tokens, %lld micro-step(s) per update of %lld sequences\n",
                         static_cast<long long>(c.train.micro_batch_size), static_cast<long long>(m.context_length),

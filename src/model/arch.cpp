@@ -75,6 +75,7 @@ bool never_transposed(const std::string&) { return false; }
 
 const ArchSpec gpt2_spec{
     config::Arch::gpt2,
+    Gpt2Body::names,
     make<Gpt2>,
     Gpt2::parameter_count,
     [](const config::ModelConfig& c, Recompute r, DType d, int B, int T, int tensor_size, bool sequence_parallel) {
@@ -89,6 +90,7 @@ const ArchSpec gpt2_spec{
 
 const ArchSpec llama_spec{
     config::Arch::llama,
+    LlamaBody::names,
     make<Llama>,
     Llama::parameter_count,
     [](const config::ModelConfig& c, Recompute r, DType d, int B, int T, int tensor_size, bool sequence_parallel) {
@@ -109,6 +111,13 @@ const ArchSpec& arch_spec(config::Arch arch) {
     case config::Arch::llama: return llama_spec;
   }
   throw RuntimeError("model.arch: no spec for value " + std::to_string(int(arch)));
+}
+
+// Declared in model/model.h, where its callers look for it; defined here, with the specs, so
+// that the model interface does not include the architectures.
+std::unique_ptr<Model> make_model(const config::ModelConfig& config, Device device, Recompute recompute,
+                                  DType compute, ops::AttentionKernels attention, Layout layout) {
+  return arch_spec(config.arch).make(config, device, recompute, compute, attention, layout);
 }
 
 }  // namespace llmtrain::model

@@ -1,7 +1,10 @@
 // One ArchSpec per architecture (model.arch): everything that differs between GPT-2 and Llama
-// outside their model classes, in one place, so that no other code switches on the architecture.
-// Parameter count and activation bytes come from the models' own parameter lists and activation
-// layout code (measured, nothing allocated), so `llmtrain plan` cannot disagree with the models.
+// outside their layer bodies, in one place, so that no other code switches on the architecture.
+// Its facts as data (norm, positions, MLP, biases, grouped-query attention, head tying) are the
+// architecture's row in config/arch_traits.h, which the config's rules read too (config/ sits
+// below model/); traits() hands them to code at or above model/. Parameter count and activation
+// bytes come from the models' own parameter lists and activation layout code (measured, nothing
+// allocated), so `llmtrain plan` cannot disagree with the models.
 #pragma once
 
 #include <cstddef>
@@ -13,13 +16,23 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "config/arch_traits.h"
 #include "config/config.h"
+#include "model/decoder.h"
 #include "model/model.h"
 
 namespace llmtrain::model {
 
 struct ArchSpec {
   config::Arch arch;
+  /// The architecture's facts (config/arch_traits.h).
+  const config::ArchTraits& traits() const { return config::arch_traits(arch); }
+  /// The names of the parameters outside the layers.
+  EndNames names;
+  /// The output head's own parameter name, or "" when it is tied to the token embedding.
+  std::string head_name(const config::ModelConfig& config) const {
+    return config::head_is_tied(traits(), config.tie_embeddings) ? "" : names.head;
+  }
   /// The model, its parameters allocated and uninitialised (make_model calls this).
   std::unique_ptr<Model> (*make)(const config::ModelConfig& config, Device device, Recompute recompute,
                                  DType compute, ops::AttentionKernels attention, Layout layout);

@@ -4,7 +4,6 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "model/arch.h"
 #include "ops/ops.h"
 
 namespace llmtrain::model {
@@ -20,6 +19,7 @@ Model::Model(const config::ModelConfig& config, Device device, DType compute, op
       compute_(compute),
       attention_kernels_(attention),
       layout_(layout),
+      tp_(layout, config.vocab_size, config.d_model, device, compute),
       sharded_(layout.sharded) {
   if (compute != DType::f32 && compute != DType::bf16) throw RuntimeError("model: compute dtype must be f32 or bf16");
   const int L = int(config.n_layer);
@@ -148,7 +148,7 @@ std::vector<Segment> Model::segments(bool owned_only) const {
 void Model::allocate() {
   // Units: maximal runs of consecutive parameters of one layer (or of none).
   for (auto& info : infos_) {
-    if (units_.empty() || units_.back().layer != info.layer) units_.push_back({info.offset, info.offset, info.layer});
+    if (units_.empty() || units_.back().layer != info.layer) units_.push_back(Unit{{info.offset, info.offset}, info.layer});
     units_.back().end = info.offset + info.numel;
     info.unit = units_.size() - 1;
   }
@@ -170,57 +170,6 @@ void Model::allocate() {
   }
 }
 
-TensorSlice Model::even_part(int dim, std::int64_t n) const {
-  const int r = layout_.tensor_rank, N = layout_.tensor_size;
-  if (N == 1) return {};
-  return {dim, {{n * r / N, n * (r + 1) / N - n * r / N}}};
-}
-
-std::int64_t Model::vocab_begin() const { return config_.vocab_size * layout_.tensor_rank / layout_.tensor_size; }
-std::int64_t Model::vocab_end() const { return config_.vocab_size * (layout_.tensor_rank + 1) / layout_.tensor_size; }
-
-void Model::tensor_sum(const Tensor& t) {
-  if (layout_.tensor_size == 1) return;
-  if (!tensor_group_) throw RuntimeError("model: tensor parallelism without a tensor group (set_tensor_group)");
-  tensor_group_->all_reduce_sum(t);
-}
-
-void Model::embed(const Tensor& out, const std::int32_t* inputs, const Tensor& device_inputs, const Tensor& wte,
-                  const Tensor& wpe) {
-  if (layout_.tensor_size == 1) {
-    ops::encoder_forward(out, device_inputs, wte, wpe);
-    return;
-  }
-  const std::int64_t C = config_.d_model, rows = vocab_end() - vocab_begin(), n = device_inputs.numel();
-  if (!vocab_table_.data()) {
-    vocab_table_ = ops::Buffer(device_, std::size_t((rows + 1) * C) * dtype_size(compute_));
-    vocab_table_grad_ = ops::Buffer(device_, std::size_t((rows + 1) * C) * sizeof(float));
-    ops::zero(vocab_table_.view(compute_, {(rows + 1) * C}));  // the zero row stays zero
-  }
-  // One row-index set per activation slot: backward reads its micro-batch's.
-  if (vocab_ids_.bytes() < std::size_t(slots_ * n) * sizeof(std::int32_t)) {
-    vocab_ids_ = ops::Buffer(device_, std::size_t(slots_ * n) * sizeof(std::int32_t));
-  }
-  ops::copy(vocab_table_.view(compute_, {rows, C}), wte);
-  // Tokens of other ranks' rows read the zero row.
-  host_ids_.resize(std::size_t(n));
-  for (std::int64_t i = 0; i < n; ++i) {
-    const std::int64_t id = inputs[i];
-    host_ids_[std::size_t(i)] = std::int32_t(id >= vocab_begin() && id < vocab_end() ? id - vocab_begin() : rows);
-  }
-  const Tensor ids(static_cast<std::int32_t*>(vocab_ids_.data()) + slot_ * n, DType::i32, device_,
-                   {device_inputs.shape[0], device_inputs.shape[1]});
-  ids_upload_.upload(ids, Tensor(host_ids_.data(), DType::i32, Device::cpu, {device_inputs.shape[0], device_inputs.shape[1]}));
-  ops::encoder_forward(out, ids, vocab_table_.view(compute_, {rows + 1, C}), bias_once(wpe));
-}
-
-void Model::check_sequence_split(int B, int T) const {
-  if (!sequence_parallel() || (std::int64_t(B) * T) % tensor_size() == 0) return;
-  throw InputError("dist.sequence_parallel: train.micro_batch_size x the sequence length (" + std::to_string(B) + " x " +
-                   std::to_string(T) + ") must be a multiple of dist.tensor_parallel (" + std::to_string(tensor_size()) +
-                   ")");
-}
-
 void Model::set_activation_slots(int slots) {
   if (slots < 1) throw RuntimeError("model: activation slots must be at least 1");
   slots_ = slots;
@@ -233,71 +182,12 @@ void Model::use_activation_slot(int slot) {
   select_activations();
 }
 
-Tensor Model::gathered(const Tensor& part, const Tensor& full) {
-  if (!sequence_parallel()) return part;
-  tensor_group_->all_gather(part, full);
-  return full;
-}
-
-void Model::reduce_rows(const Tensor& partial, const Tensor& out) {
-  if (sequence_parallel()) {
-    tensor_group_->reduce_scatter(partial, out);
-  } else {
-    tensor_sum(out);
-  }
-}
-
-Tensor Model::keep_norm_grads(const Tensor& grads) {
-  if (norm_grads_.bytes() < std::size_t(grads.numel()) * sizeof(float)) {
-    norm_grads_ = ops::Buffer(device_, std::size_t(grads.numel()) * sizeof(float));
-  }
-  const Tensor kept(norm_grads_.data(), DType::f32, device_, {grads.numel()});
-  ops::copy(kept, grads);
-  return kept;
-}
-
-void Model::embed_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& device_inputs) {
-  if (layout_.tensor_size == 1) {
-    ops::encoder_backward(dwte, dwpe, dout, device_inputs);
-    return;
-  }
-  const std::int64_t C = config_.d_model, rows = vocab_end() - vocab_begin();
-  const Tensor table_grad = vocab_table_grad_.view(DType::f32, {rows + 1, C});
-  ops::zero(table_grad);
-  const Tensor ids(static_cast<std::int32_t*>(vocab_ids_.data()) + slot_ * device_inputs.numel(), DType::i32, device_,
-                   {device_inputs.shape[0], device_inputs.shape[1]});
-  ops::encoder_backward(table_grad, dwpe, dout, ids);
-  const Tensor mine = vocab_table_grad_.view(DType::f32, {rows * C});
-  const Tensor flat_dwte(dwte.data, DType::f32, device_, {rows * C});
-  ops::residual_forward(flat_dwte, flat_dwte, mine);  // dwte += (in place)
-}
-
 void Model::defer_loss(bool deferred) {
   if (deferred && !loss_sum_) loss_sum_ = std::make_unique<ops::DeviceSum>(device_);
   loss_deferred_ = deferred;
 }
 
 double Model::take_loss_sum() { return loss_sum_ ? loss_sum_->take() : 0.0; }
-
-double Model::classify(const Tensor& logits, const Tensor& losses, const Tensor& targets, float dlogits_scale) {
-  ops::DeviceSum* const sum = loss_deferred_ ? loss_sum_.get() : nullptr;
-  const std::int64_t columns = vocab_end() - vocab_begin();
-  if (layout_.tensor_size == 1) return ops::fused_classifier(logits, losses, targets, dlogits_scale, sum, columns);
-  const std::int64_t n = logits.shape[0];
-  if (classifier_stats_.bytes() < std::size_t(3 * n) * sizeof(float)) {
-    classifier_stats_ = ops::Buffer(device_, std::size_t(3 * n) * sizeof(float));
-  }
-  float* stats = static_cast<float*>(classifier_stats_.data());
-  const Tensor row_max(stats, DType::f32, device_, {n});
-  const Tensor sums(stats + n, DType::f32, device_, {2 * n});  // sum of exponentials, then the target's logit
-  const Tensor sum_exp(stats + n, DType::f32, device_, {n}), target_logit(stats + 2 * n, DType::f32, device_, {n});
-  ops::classifier_row_max(row_max, logits, columns);
-  tensor_group_->all_reduce_max(row_max);
-  ops::classifier_row_stats(sum_exp, target_logit, logits, row_max, targets, vocab_begin(), columns);
-  tensor_group_->all_reduce_sum(sums);
-  return ops::classifier_parallel_finish(logits, losses, row_max, sum_exp, target_logit, targets, vocab_begin(),
-                                         dlogits_scale, sum, columns);
-}
 
 void Model::set_unit_storage(std::size_t u, void* weights, float* grads) {
   if (!sharded_) throw RuntimeError("model: set_unit_storage on a model that owns its flat buffers");
@@ -325,7 +215,7 @@ Tensor Model::as_f32(const Tensor& t, ops::Buffer& scratch) const {
 }
 
 Tensor Model::unpadded_logits(const Tensor& logits, ops::Buffer& scratch) const {
-  const std::int64_t N = logits.shape[0], ld = logits.shape[1], V = vocab_end() - vocab_begin();
+  const std::int64_t N = logits.shape[0], ld = logits.shape[1], V = tp_.vocab_end() - tp_.vocab_begin();
   if (ld == V) return as_f32(logits, scratch);
   // f32 rows (N,V) at the start of the scratch; bf16 logits widened into its tail first.
   const std::int64_t wide = logits.dtype == DType::f32 ? 0 : N * ld;
@@ -397,11 +287,6 @@ void Model::init_constant(const ParamInfo& info, float value) {
   if (device_ != Device::cpu) throw RuntimeError("model: initialise on the CPU, then copy");
   float* w = param(info).as<float>();
   for (std::int64_t i = 0; i < info.numel; ++i) w[i] = value;
-}
-
-std::unique_ptr<Model> make_model(const config::ModelConfig& config, Device device, Recompute recompute,
-                                  DType compute, ops::AttentionKernels attention, Layout layout) {
-  return arch_spec(config.arch).make(config, device, recompute, compute, attention, layout);
 }
 
 }  // namespace llmtrain::model

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "model/arch.h"
 #include "model/model.h"
 
 namespace llmtrain::train {
@@ -16,7 +17,8 @@ StageCostModel stage_cost_model(const config::ModelConfig& m) {
     if (unit.layer >= 0) layer_weights = double(unit.numel());
   }
   const double C = double(m.d_model);
-  const double tables = m.arch == config::Arch::gpt2 ? 2 : 1;  // gpt2 adds learned positions
+  // the token embedding, and a learned positions table where the architecture has one
+  const double tables = model::arch_spec(m.arch).traits().positions == config::Positions::learned ? 2 : 1;
   StageCostModel costs;
   costs.layer = 6 * layer_weights + 12 * C * double(m.context_length);
   costs.embedding = 2 * C * tables;

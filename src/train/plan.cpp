@@ -63,10 +63,11 @@ UpdateTraffic tensor_micro_step(const config::Config& c, int tensor_size, bool b
     t.reduce_scatters = (4 + (full ? 2 : 0)) * layers + ends;
     const std::int64_t norms = 2 * layers + (head ? 1 : 0);
     t.all_reduces += norms;
-    all_reduced += double(norms) * (m.arch == config::Arch::gpt2 ? 2 * C : C);  // a norm's weight (and bias)
+    // a norm's weight (and bias)
+    all_reduced += double(norms) * (config::norm_params_per_channel(model::arch_spec(m.arch).traits()) * C);
     t.bytes += share * N * C * (double(t.all_gathers) * (bf16 ? 2.0 : 4.0) + double(t.reduce_scatters) * 4.0);
   }
-  if (m.arch == config::Arch::llama && m.n_kv_head % tensor_size != 0) {
+  if (model::arch_spec(m.arch).traits().grouped_query_attention && m.n_kv_head % tensor_size != 0) {
     // Replicated key/value heads: each layer's k and v gradients, one slot per head.
     t.all_reduces += layers;
     all_reduced += double(layers) * double(m.n_kv_head) * 2.0 * double(m.d_model / m.n_head) * C;
@@ -305,7 +306,8 @@ std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int
   for (int t = 1; t <= std::min(8, gpus); ++t) {
     // The splits the models make: whole query heads and MLP columns; Llama's key/value heads
     // split too, or each replicated on t / n_kv_head ranks (GPT-2 has as many as query heads).
-    const bool kv = m.n_kv_head % t == 0 || (m.arch == config::Arch::llama && t % m.n_kv_head == 0);
+    const bool kv =
+        m.n_kv_head % t == 0 || (model::arch_spec(m.arch).traits().grouped_query_attention && t % m.n_kv_head == 0);
     if (gpus % t != 0 || m.n_head % t != 0 || m.ffn_hidden % t != 0 || !kv) continue;
     const RankShare share = rank_share(m, t);
     for (int p = 1; p <= gpus / t; ++p) {

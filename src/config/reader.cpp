@@ -1,3 +1,6 @@
+// The config reader: strict JSON (duplicate keys, syntax errors by line and column, unknown keys
+// with a "did you mean"), --set overrides, each key read against its range. The rules between
+// keys are config/rules.cpp's.
 #include "config/config.h"
 
 #include <cmath>
@@ -9,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config/origins.h"
+#include "config/rules.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "core/json_file.h"
@@ -19,46 +24,7 @@ namespace {
 
 using nlohmann::json;
 
-// Where each value came from, so that an error can say "(in FILE)" or "(from --set K=V)".
-struct Origins {
-  std::string file;
-  std::vector<std::pair<std::string, std::string>> sets;  // (key path, the --set text)
-
-  std::string of(const std::string& path) const {
-    const auto covers = [](const std::string& outer, const std::string& inner) {
-      return inner == outer || inner.starts_with(outer + ".");
-    };
-    for (auto it = sets.rbegin(); it != sets.rend(); ++it) {
-      if (covers(it->first, path) || covers(path, it->first)) return "from --set " + it->second;
-    }
-    return "in " + file;
-  }
-};
-
-// A key path as an error shows it: a hostile file's key may be any length.
-std::string shown_key(const std::string& path, std::size_t limit = 120) {
-  return path.size() <= limit ? path : path.substr(0, limit - 3) + "...";
-}
-
-[[noreturn]] void fail(const Origins& origins, const std::string& path, const std::string& what) {
-  throw InputError(shown_key(path) + ": " + what + " (" + shown_key(origins.of(path), 400) + ")");
-}
-
-// A rule between two keys: blamed on `path`, but a --set of `other` is named when it gave `other`.
-[[noreturn]] void fail_rule(const Origins& origins, const std::string& path, const std::string& other,
-                            const std::string& what) {
-  const std::string from_other = origins.of(other);
-  const std::string where = shown_key(from_other.starts_with("from --set") ? from_other : origins.of(path), 400);
-  throw InputError(shown_key(path) + ": " + what + " (" + where + ")");
-}
-
 std::string shown(const json& value) { return json_excerpt(value); }
-
-std::string format_number(double x) {
-  std::ostringstream out;
-  out << x;
-  return out.str();
-}
 
 std::string expectation(const IntRange& r) {
   if (r.max == std::numeric_limits<std::int64_t>::max()) {
@@ -346,92 +312,6 @@ void apply_override(json& root, const std::string& text, Origins& origins) {
   origins.sets.emplace_back(key, text);
 }
 
-// The rules between the pipeline's keys. Those that need the mesh (micro-batches per update at
-// least dist.pipeline_parallel, and a multiple of it for "interleaved") are checked at start-up
-// (train::pipeline_micro_batches).
-void check_pipeline(const Config& c, const Origins& o) {
-  const auto& d = c.dist;
-  if (d.virtual_stages > 1 && d.pipeline_schedule != PipelineSchedule::interleaved) {
-    fail_rule(o, "dist.virtual_stages", "dist.pipeline_schedule",
-              "more than one model chunk per stage needs dist.pipeline_schedule \"interleaved\", got \"" +
-                  to_string(d.pipeline_schedule) + "\"");
-  }
-  if (d.pipeline_schedule == PipelineSchedule::interleaved && d.virtual_stages < 2) {
-    fail_rule(o, "dist.pipeline_schedule", "dist.virtual_stages",
-              "\"interleaved\" needs dist.virtual_stages >= 2 model chunks per stage, got " +
-                  std::to_string(d.virtual_stages) + " (with one chunk per stage, use \"1f1b\")");
-  }
-  const std::int64_t stages = d.pipeline_parallel * d.virtual_stages;
-  const std::string stages_text = "dist.pipeline_parallel x dist.virtual_stages = " + std::to_string(d.pipeline_parallel) +
-                                  " x " + std::to_string(d.virtual_stages) + " = " + std::to_string(stages);
-  if (stages > c.model.n_layer) {
-    fail_rule(o, "dist.pipeline_parallel", "model.n_layer",
-              "every stage needs at least one layer, but " + stages_text + " stages exceed model.n_layer (" +
-                  std::to_string(c.model.n_layer) + ")");
-  }
-  if (d.pipeline_layers.empty()) return;
-  if (std::int64_t(d.pipeline_layers.size()) != stages) {
-    fail_rule(o, "dist.pipeline_layers", "dist.pipeline_parallel",
-              "lists " + std::to_string(d.pipeline_layers.size()) + " stage(s), expected one per stage: " + stages_text);
-  }
-  std::int64_t sum = 0;
-  for (const std::int64_t n : d.pipeline_layers) sum += n;
-  if (sum != c.model.n_layer) {
-    fail_rule(o, "dist.pipeline_layers", "model.n_layer",
-              "adds up to " + std::to_string(sum) + " layers, expected model.n_layer (" +
-                  std::to_string(c.model.n_layer) + ")");
-  }
-}
-
-// Fills the keys whose default depends on others, then checks the rules between keys.
-void resolve_and_check(Config& c, const Origins& o) {
-  auto& m = c.model;
-  if (m.n_kv_head == 0) m.n_kv_head = m.n_head;
-  if (m.ffn_hidden == 0) {
-    // GPT-2: 4 C. Llama: 2/3 of 4 C (SwiGLU has three matrices), rounded up to a multiple of 256.
-    m.ffn_hidden = m.arch == Arch::gpt2 ? 4 * m.d_model : (8 * m.d_model / 3 + 255) / 256 * 256;
-  }
-  if (m.d_model % m.n_head != 0) {
-    fail_rule(o, "model.n_head", "model.d_model", "must divide model.d_model (" + std::to_string(m.d_model) + "), got " +
-                                std::to_string(m.n_head));
-  }
-  if (m.n_kv_head > m.n_head || m.n_head % m.n_kv_head != 0) {
-    fail_rule(o, "model.n_kv_head", "model.n_head", "must divide model.n_head (" + std::to_string(m.n_head) + "), got " +
-                                   std::to_string(m.n_kv_head));
-  }
-  if (m.arch == Arch::gpt2 && m.n_kv_head != m.n_head) {
-    fail_rule(o, "model.n_kv_head", "model.arch", "gpt2 has no grouped-query attention: must equal model.n_head (" +
-                                   std::to_string(m.n_head) + ") or be 0, got " + std::to_string(m.n_kv_head));
-  }
-  if (m.arch == Arch::gpt2 && !m.tie_embeddings) {
-    fail_rule(o, "model.tie_embeddings", "model.arch", "gpt2 always ties its output head to the token embedding: must be true");
-  }
-  if (m.arch == Arch::llama && (m.d_model / m.n_head) % 2 != 0) {
-    fail_rule(o, "model.n_head", "model.d_model", "llama's rotary embeddings need an even head size (d_model / n_head), got " +
-                                std::to_string(m.d_model / m.n_head));
-  }
-  const auto& t = c.train;
-  if (m.attention == Attention::cudnn && t.precision != Precision::bf16) {
-    fail_rule(o, "model.attention", "train.precision",
-              "\"cudnn\" needs train.precision \"bf16\" (cuDNN's fused attention has no fp32 kernels), got \"" +
-                  to_string(t.precision) + "\"");
-  }
-  if (t.global_batch_size % t.micro_batch_size != 0) {
-    fail_rule(o, "train.global_batch_size", "train.micro_batch_size", "must be a multiple of train.micro_batch_size (" +
-                                           std::to_string(t.micro_batch_size) + "), got " +
-                                           std::to_string(t.global_batch_size));
-  }
-  check_pipeline(c, o);
-  if (c.optim.min_lr > c.optim.lr) {
-    fail_rule(o, "optim.min_lr", "optim.lr", "must be <= optim.lr (" + format_number(c.optim.lr) + "), got " +
-                                format_number(c.optim.min_lr));
-  }
-  if (c.optim.warmup_steps > t.max_steps) {
-    fail_rule(o, "optim.warmup_steps", "train.max_steps", "must be <= train.max_steps (" + std::to_string(t.max_steps) + "), got " +
-                                      std::to_string(c.optim.warmup_steps));
-  }
-}
-
 Config from_json(const json& root, const Origins& origins) {
   const auto& keys = known_keys();
   for (const auto& [name, value] : root.items()) {
@@ -451,10 +331,8 @@ Config from_json(const json& root, const Origins& origins) {
       section.fields(SectionReader{*it, section_name, origins});
     }
   });
-  // GPT-2 always ties its output head to the token embedding; Llama models usually do not.
   const auto model = root.find("model");
-  if (model == root.end() || !model->contains("tie_embeddings")) config.model.tie_embeddings = config.model.arch == Arch::gpt2;
-  resolve_and_check(config, origins);
+  resolve_and_check(config, origins, model != root.end() && model->contains("tie_embeddings"));
   return config;
 }
 
@@ -499,17 +377,6 @@ json to_json(const Config& config) {
     root[name] = std::move(object);
   });
   return root;
-}
-
-std::int64_t grad_accum_steps(const Config& config, int data_parallel_size) {
-  const auto& t = config.train;
-  const std::int64_t per_micro_step = t.micro_batch_size * data_parallel_size;
-  if (t.global_batch_size % per_micro_step != 0) {
-    throw InputError("train.global_batch_size: must be a multiple of train.micro_batch_size x data-parallel size (" +
-                     std::to_string(t.micro_batch_size) + " x " + std::to_string(data_parallel_size) + " = " +
-                     std::to_string(per_micro_step) + "), got " + std::to_string(t.global_batch_size));
-  }
-  return t.global_batch_size / per_micro_step;
 }
 
 }  // namespace llmtrain::config

@@ -1,0 +1,502 @@
+// The decoder skeleton GPT-2 and Llama share: the token embedding, a stack of layers on one
+// residual stream, a final norm and an output head with its loss. Decoder<Body> owns the loops
+// (forward, backward, incremental decoding), the parameters outside the layers, the activation
+// slots and the pipeline-stage boundaries; an architecture supplies its parameter list and layer
+// body (Body: the types of one layer's weights and activations, and their layout code) and, as a
+// subclass, the layer's forward, backward and decode step, its slices and its final norm. So a
+// further architecture is a Body, a layer body and its rows in the tables (config/arch_traits.cpp,
+// model/arch.cpp).
+//
+// Activation memory: the residual stream needs only ONE gradient buffer, accumulated in place
+// through the whole backward pass (each residual connection adds its branch's input gradient to
+// it), and every other activation gradient lives in one layer-sized scratch reused by all layers.
+// train.recompute trades compute for the forward activations: "mlp" recomputes the MLP's inner
+// activations from the kept norm output, "full" keeps only each layer's output and reruns the
+// layer's forward pass during backward.
+//
+// A Body declares:
+//   Params, Acts, Grads, Decoding   one layer's weights; its forward activations (with `residual3`,
+//                                   the layer's output); its backward scratch; decode_step's
+//                                   tensors beyond the shared ones
+//   arch, name                      its model.arch, and its name in messages ("Gpt2")
+//   names                           EndNames of the parameters outside the layers
+//   for_each_param(config, f)       f(name, shape) for every parameter, in flat-buffer order
+//   lay_out_unread(take, config, dims, acts)  a layer's activations that backward never reads
+//   lay_out_mlp(take, config, dims, acts)     the MLP's inner activations (recompute "mlp")
+//   lay_out_kept(take, config, dims, acts)    the others, which backward reads ("full" recomputes)
+//   lay_out_grads(take, config, dims, grads)  the Grads scratch
+//   lay_out_decoding(take, config, decoding)  the Decoding tensors
+//   kv_width(config)                the width of a layer's key (and value) cache rows
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "config/arch_traits.h"
+#include "core/error.h"
+#include "model/model.h"
+#include "ops/ops.h"
+
+namespace llmtrain::model {
+
+/// The Hugging Face names of an architecture's parameters outside the layers; nullptr: none.
+struct EndNames {
+  const char* embedding;   // the token embedding (V, C)
+  const char* positions;   // the learned positions (context_length, C)
+  const char* final_norm;  // the final norm's prefix: PREFIX.weight (C,), and PREFIX.bias (C,) for a LayerNorm
+  const char* head;        // the output head (V, C) when it is not tied to the embedding
+};
+
+/// A view of `width` elements of row r of a 2-D tensor, starting at column `offset`.
+inline Tensor row_slice(const Tensor& t, std::int64_t r, std::int64_t offset, std::int64_t width) {
+  char* base = static_cast<char*>(t.data) + std::size_t(r * t.shape[1] + offset) * dtype_size(t.dtype);
+  return Tensor(base, t.dtype, t.device, {width});
+}
+
+/// f(name, shape) for a parameter: what an architecture's parameter list calls.
+using ParamVisitor = std::function<void(const std::string& name, const std::vector<std::int64_t>& shape)>;
+
+template <class Body>
+class Decoder : public Model {
+ public:
+  double forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T, float dloss_scale) override;
+  void backward(const std::function<void(std::int64_t)>& grads_ready = {}) override;
+  Tensor logits() override;
+  Tensor decode_step(std::int32_t token, int pos) override;
+  StageIO stage_io() override;
+  std::string tied_embedding() const override { return tied() ? Body::names.embedding : ""; }
+  void prepare_activations(int B, int T) override { ensure_acts(B, T); }
+  std::size_t activation_bytes(int B, int T) const override {
+    Carver carver = Carver::measuring();
+    Acts a;
+    GradActs g;
+    return lay_out(config_, recompute_, compute_, carver, B, T, a, g, acts_shape());
+  }
+
+  /// Exact parameter count of `config`, from the parameter list alone (nothing allocated).
+  static std::int64_t parameter_count(const config::ModelConfig& config) {
+    std::int64_t count = 0;
+    Body::for_each_param(config, [&](const std::string&, const std::vector<std::int64_t>& shape) {
+      std::int64_t numel = 1;
+      for (const auto d : shape) numel *= d;
+      count += numel;
+    });
+    return count;
+  }
+  /// Activation bytes at (B,T): the layout code with a measuring Carver (nothing allocated), on a
+  /// rank of a tensor-parallel group of `tensor_size`.
+  static std::size_t measure_activations(const config::ModelConfig& config, Recompute recompute, DType compute,
+                                         int B, int T, int tensor_size = 1, bool sequence_parallel = false) {
+    Carver carver = Carver::measuring();
+    Acts a;
+    GradActs g;
+    return lay_out(config, recompute, compute, carver, B, T, a, g, ActsShape{tensor_size, sequence_parallel});
+  }
+
+ protected:
+  using LayerParams = typename Body::Params;
+  using LayerActs = typename Body::Acts;
+  struct Params {
+    Tensor embedding, positions, norm_weight, norm_bias, head;
+    std::vector<LayerParams> layers;
+  };
+  struct Acts {
+    Tensor inputs, targets, encoded, lnf, lnf_mean, lnf_rstd, logits, losses;
+    Tensor full_in, full_out, lnf_full;  // sequence parallelism: whole-token gathers and partial sums
+    std::vector<LayerActs> layers;
+  };
+  // Activation gradients: the residual stream's, the final norm's, and one layer's worth of
+  // scratch (all of Body::Grads, as one raw tensor).
+  struct GradActs : Body::Grads {
+    Tensor residual, lnf, scratch;
+  };
+  // decode_step's buffers: one position's activations and each layer's key/value cache.
+  struct Decoding : Body::Decoding {
+    ops::Buffer buffer;
+    Tensor token, x, x2, ln, mean, rstd, logits;
+    std::vector<Tensor> k_cache, v_cache;  // per layer (maxT, Body::kv_width)
+  };
+
+  Decoder(const config::ModelConfig& config, Device device, Recompute recompute, DType compute,
+          ops::AttentionKernels attention, Layout layout)
+      : Model(config, device, compute, attention, layout),
+        recompute_(recompute),
+        traits_(config::arch_traits(config.arch)) {
+    if (config.arch != Body::arch) {
+      throw RuntimeError(std::string(Body::name) + ": config has model.arch \"" + config::to_string(config.arch) +
+                         "\"");
+    }
+  }
+
+  /// Adds every parameter (Body::for_each_param) with its slice, allocates the flat buffers and
+  /// binds the weights: the architecture's constructor calls it once its slices are known.
+  void build() {
+    Body::for_each_param(config_, [&](const std::string& name, const std::vector<std::int64_t>& shape) {
+      add_param(name, shape, slice_of(name), held(name));
+    });
+    allocate();
+    p_ = bind_params(false);
+    g_ = bind_params(true);
+  }
+
+  // The architecture's part.
+  /// Layer l's weights (or, with grads, their gradients).
+  virtual LayerParams bind_layer(std::int64_t l, bool grads) const = 0;
+  /// This rank's part of a layer's parameter `name` under tensor parallelism.
+  virtual TensorSlice layer_slice(const std::string& name) const = 0;
+  /// Layer l's forward, from layer_input(l) to its acts' residual3.
+  virtual void forward_layer(std::size_t l) = 0;
+  /// The MLP's inner activations of layer l from its kept ln2 (recompute "mlp").
+  virtual void forward_mlp(std::size_t l) = 0;
+  /// Layer l's backward: adds its weights' gradients, and its input's gradient into ga_.residual.
+  virtual void backward_layer(std::size_t l) = 0;
+  /// Layer l on d_.x at position pos (its key and value go into the cache): d_.x becomes its output.
+  virtual void decode_layer(std::size_t l, int pos) = 0;
+  /// The final norm: out (N, C) of x (N, C), statistics mean and rstd (N,) f32 (mean: a LayerNorm's).
+  virtual void final_norm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                                  const Tensor& weight, const Tensor& bias) = 0;
+  /// Its backward: dx += (accumulated into the residual stream's gradient), dweight and dbias +=.
+  virtual void final_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
+                                   const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd) = 0;
+
+  // Helpers for the layer bodies.
+  /// Layer l's activations (l is a model layer index on this stage).
+  const LayerActs& layer_acts(std::size_t l) const { return a_.layers[l - std::size_t(first_layer())]; }
+  /// The residual stream entering layer l.
+  const Tensor& layer_input(std::size_t l) const {
+    const std::size_t li = l - std::size_t(first_layer());
+    return li ? a_.layers[li - 1].residual3 : a_.encoded;
+  }
+  /// What backward does before layer l's backward under train.recompute.
+  void recompute(std::size_t l) {
+    if (recompute_ == Recompute::full) {
+      forward_layer(l);
+    } else if (recompute_ == Recompute::mlp) {
+      forward_mlp(l);
+    }
+  }
+  /// The flat gradient run of `count` elements from `first` (a norm's weight, then its bias).
+  Tensor norm_grads(const Tensor& first, std::int64_t count) const {
+    return Tensor(first.data, DType::f32, device_, {count});
+  }
+  /// Whether the output head is the token embedding.
+  bool tied() const { return config::head_is_tied(traits_, config_.tie_embeddings); }
+
+  Recompute recompute_;
+  const config::ArchTraits& traits_;
+  Params p_, g_;
+  int acts_B_ = 0, acts_T_ = 0;
+  Acts a_;  // the activation slot in use
+  GradActs ga_;
+  Decoding d_;
+
+ private:
+  static std::size_t lay_out(const config::ModelConfig& config, Recompute recompute, DType compute, Carver& carver,
+                             int B, int T, Acts& a, GradActs& g, const ActsShape& shape);
+  void ensure_acts(int B, int T);
+  void ensure_decoding();
+  void select_activations() override;
+  void bind_unit(const Unit& unit) override;
+  Params bind_params(bool grads) const;
+  void bind_ends(Params& p, bool grads) const;
+  std::string norm_weight_name() const { return std::string(Body::names.final_norm) + ".weight"; }
+  std::string norm_bias_name() const { return std::string(Body::names.final_norm) + ".bias"; }
+  bool norm_has_bias() const { return traits_.norm == config::Norm::layernorm; }
+  bool is_head(const std::string& name) const { return Body::names.head && name == Body::names.head; }
+  TensorSlice slice_of(const std::string& name) const;
+  bool held(const std::string& name) const;
+  /// The residual stream leaving this stage's last layer.
+  const Tensor& stream_output() const { return a_.layers.empty() ? a_.encoded : a_.layers.back().residual3; }
+
+  ops::Buffer acts_buffer_, logits_f32_;  // logits_f32_: f32 logits in mixed precision
+  std::vector<Acts> acts_slots_;          // every slot's
+};
+
+template <class Body>
+TensorSlice Decoder<Body>::slice_of(const std::string& name) const {
+  // Megatron's split of the ends: the embedding and the head by vocabulary rows.
+  if (name == Body::names.embedding || is_head(name)) {
+    TensorSlice rows = tp_.vocab_part();
+    // A tied embedding on the last pipeline stage (the head's) is a copy of the first stage's.
+    rows.owner = is_head(name) || holds_first_stage();
+    return rows;
+  }
+  return layer_slice(name);
+}
+
+template <class Body>
+bool Decoder<Body>::held(const std::string& name) const {
+  // Pipeline stages: the first holds the embedding (and learned positions), the last the final
+  // norm and the head (the embedding too when tied).
+  if (name.starts_with(std::string(Body::names.final_norm) + ".") || is_head(name)) return holds_last_stage();
+  if (Body::names.positions && name == Body::names.positions) return holds_first_stage();
+  if (name == Body::names.embedding) return holds_first_stage() || (holds_last_stage() && tied());
+  return true;  // a layer's: add_param keeps this stage's
+}
+
+template <class Body>
+typename Decoder<Body>::Params Decoder<Body>::bind_params(bool grads) const {
+  Params p;
+  p.layers.resize(std::size_t(config_.n_layer));
+  bind_ends(p, grads);
+  for (std::int64_t l = 0; l < config_.n_layer; ++l) {
+    if (holds_layer(l)) p.layers[std::size_t(l)] = bind_layer(l, grads);
+  }
+  return p;
+}
+
+template <class Body>
+void Decoder<Body>::bind_ends(Params& p, bool grads) const {
+  const auto bind = [&](const std::string& name) { return has_param(name) ? param_named(name, grads) : Tensor(); };
+  p.embedding = bind(Body::names.embedding);
+  p.positions = Body::names.positions ? bind(Body::names.positions) : Tensor();
+  p.norm_weight = bind(norm_weight_name());
+  p.norm_bias = norm_has_bias() ? bind(norm_bias_name()) : Tensor();
+  p.head = tied() ? p.embedding : bind(Body::names.head);
+}
+
+template <class Body>
+void Decoder<Body>::bind_unit(const Unit& unit) {
+  if (unit.layer >= 0) {
+    p_.layers[std::size_t(unit.layer)] = bind_layer(unit.layer, false);
+    g_.layers[std::size_t(unit.layer)] = bind_layer(unit.layer, true);
+    return;
+  }
+  bind_ends(p_, false);
+  bind_ends(g_, true);
+}
+
+template <class Body>
+std::size_t Decoder<Body>::lay_out(const config::ModelConfig& config, Recompute recompute, DType compute,
+                                   Carver& carver, int B, int T, Acts& a, GradActs& g, const ActsShape& shape) {
+  // Under tensor parallelism this rank's heads, MLP columns and vocabulary rows (at most); with
+  // sequence parallelism R of the N tokens in the residual stream, its norms and their gradients;
+  // under pipeline parallelism this stage's layers.
+  const int ts = shape.tensor_size;
+  const std::int64_t N = std::int64_t(B) * T, R = shape.sequence_parallel ? N / ts : N, C = config.d_model,
+                     V = (config.vocab_size + ts - 1) / ts;
+  const ActsDims dims{B, T, N, R, ts, shape.layers < 0 ? config.n_layer : shape.layers};
+  // Activations in the compute dtype; statistics (means, rstds, lse, losses) always f32.
+  ActsCarver take{carver, compute};
+  if (shape.acts) {
+    a = Acts();
+    a.inputs = carver.take(DType::i32, {B, T});
+    a.targets = carver.take(DType::i32, {N});
+    a.encoded = take.take({R, C});
+    // One copy shared by all layers: what backward never reads and what it recomputes.
+    LayerActs shared;
+    Body::lay_out_unread(take, config, dims, shared);
+    const bool full = recompute == Recompute::full;
+    if (recompute != Recompute::none) Body::lay_out_mlp(take, config, dims, shared);
+    if (full) Body::lay_out_kept(take, config, dims, shared);
+    for (std::int64_t l = 0; l < dims.layers; ++l) {
+      LayerActs la = shared;
+      if (!full) Body::lay_out_kept(take, config, dims, la);
+      if (recompute == Recompute::none) Body::lay_out_mlp(take, config, dims, la);
+      la.residual3 = take.take({R, C});
+      a.layers.push_back(la);
+    }
+    if (shape.head) {
+      a.lnf = take.take({R, C});
+      if (config::arch_traits(config.arch).norm == config::Norm::layernorm) a.lnf_mean = take.stat({R});
+      a.lnf_rstd = take.stat({R});
+    }
+    if (R != N) {  // the whole tokens' gathered inputs and partial outputs of the split matmuls
+      a.full_in = take.take({N, C});
+      a.full_out = take.take({N, C});
+      if (shape.head) a.lnf_full = take.take({N, C});
+    }
+    if (shape.head) {
+      a.logits = take.take({N, logits_stride(V)});
+      a.losses = take.stat({N});
+    }
+  }
+  if (shape.grads) {
+    g.residual = take.take({R, C});
+    g.lnf = take.take({R, C});
+    const std::size_t scratch_begin = carver.used;
+    Body::lay_out_grads(take, config, dims, g);
+    g.scratch = carver.raw_since(scratch_begin);
+  }
+  return carver.used;
+}
+
+template <class Body>
+void Decoder<Body>::ensure_acts(int B, int T) {
+  if (T < 1 || T > config_.context_length || B < 1) {
+    throw RuntimeError(std::string(Body::name) + ": batch (" + std::to_string(B) + ", " + std::to_string(T) +
+                       ") outside the model's context");
+  }
+  if (B == acts_B_ && T == acts_T_ && std::int64_t(acts_slots_.size()) == slots_) return;
+  // One set of activations per slot and one backward scratch in one buffer; on the last stage
+  // each slot's logits are this rank's vocabulary columns.
+  tp_.check_sequence_split(B, T);
+  ActsShape acts_only = acts_shape(), grads_only = acts_shape();
+  acts_only.grads = false;
+  grads_only.acts = false;
+  Acts a;
+  GradActs g;
+  Carver measure = Carver::measuring(device_);
+  const std::size_t per_slot = lay_out(config_, recompute_, compute_, measure, B, T, a, g, acts_only);
+  measure = Carver::measuring(device_);
+  const std::size_t scratch = lay_out(config_, recompute_, compute_, measure, B, T, a, g, grads_only);
+  acts_buffer_ = ops::Buffer();
+  acts_buffer_ = ops::Buffer(device_, std::size_t(slots_) * per_slot + scratch);
+  Carver carver{static_cast<char*>(acts_buffer_.data()), device_};
+  acts_slots_.assign(std::size_t(slots_), Acts());
+  for (Acts& slot : acts_slots_) {
+    lay_out(config_, recompute_, compute_, carver, B, T, slot, ga_, acts_only);
+    // lay_out made room for the most vocabulary rows any rank has.
+    if (holds_last_stage()) {
+      slot.logits = Tensor(slot.logits.data, slot.logits.dtype, device_,
+                           {std::int64_t(B) * T, logits_stride(tp_.vocab_end() - tp_.vocab_begin())});
+    }
+  }
+  lay_out(config_, recompute_, compute_, carver, B, T, a, ga_, grads_only);
+  acts_B_ = B;
+  acts_T_ = T;
+  select_activations();
+}
+
+template <class Body>
+void Decoder<Body>::select_activations() {
+  // Slot slot_ (a slot holds room for the largest chunk) with the layers of the chunk in use.
+  if (std::size_t(slot_) >= acts_slots_.size()) return;
+  a_ = acts_slots_[std::size_t(slot_)];
+  a_.layers.resize(std::size_t(stage_layers()));
+}
+
+template <class Body>
+Model::StageIO Decoder<Body>::stage_io() {
+  return {a_.encoded, stream_output(), ga_.residual, ga_.residual};
+}
+
+template <class Body>
+double Decoder<Body>::forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T,
+                              float dloss_scale) {
+  ensure_acts(B, T);
+  prepare_weights();
+  inputs_upload_.upload(a_.inputs, Tensor(const_cast<std::int32_t*>(inputs), DType::i32, Device::cpu, {B, T}));
+  notify(UnitEvent::forward_begins);
+  if (first_stage()) {  // a later pipeline stage's input is the previous stage's output (stage_io)
+    const Tensor embedded = sequence_parallel() ? a_.full_out : a_.encoded;
+    tp_.vocab_parallel_embedding(embedded.reshape({B, T, config_.d_model}), inputs, a_.inputs, p_.embedding,
+                                 p_.positions, slot_, slots_);
+    tp_.reduce_output(embedded, a_.encoded);
+  }
+  for (std::size_t li = 0; li < a_.layers.size(); ++li) {
+    const std::size_t l = std::size_t(first_layer()) + li;
+    notify(UnitEvent::before_forward, int(l));
+    forward_layer(l);
+    notify(UnitEvent::after_forward, int(l));
+  }
+  if (!last_stage()) return 0.0;  // its output goes to the next stage
+  final_norm_forward(a_.lnf, a_.lnf_mean, a_.lnf_rstd, stream_output(), p_.norm_weight, p_.norm_bias);
+  ops::matmul_forward(a_.logits, tp_.gather_input(a_.lnf, a_.lnf_full), p_.head, Tensor());
+  if (!targets) return 0.0;
+  targets_upload_.upload(a_.targets,
+                         Tensor(const_cast<std::int32_t*>(targets), DType::i32, Device::cpu, {a_.targets.shape[0]}));
+  return tp_.vocab_parallel_cross_entropy(a_.logits, a_.losses, a_.targets, dloss_scale, deferred_loss_sum());
+}
+
+template <class Body>
+void Decoder<Body>::backward(const std::function<void(std::int64_t)>& grads_ready) {
+  const int B = acts_B_, T = acts_T_;
+  const std::int64_t C = config_.d_model;
+  const Tensor& dlogits = a_.logits;  // fused_classifier left the gradient there
+  // d(residual stream): each residual connection adds its branch's input gradient in place.
+  // Tensor parallelism: the input gradients of the split matmuls (the head, and the layers'
+  // column-parallel ones) are summed over the group (this rank's tokens of them under sequence
+  // parallelism, whose norms then see only those tokens: their weights' gradients are summed
+  // too); the outputs' gradients the row-parallel backward needs are gathered whole.
+  const bool sp = sequence_parallel();
+  const Tensor& dresidual = ga_.residual;
+  if (last_stage()) {  // an earlier pipeline stage starts from the next stage's gradient (stage_io)
+    ops::zero(dresidual);
+    const Tensor dlnf = sp ? a_.full_out : ga_.lnf;  // the head's partial input gradient
+    ops::matmul_backward(dlnf, g_.head, Tensor(), dlogits, sp ? a_.lnf_full : a_.lnf, p_.head, ops::Accumulate::no);
+    tp_.reduce_output(dlnf, ga_.lnf);  // each rank's vocabulary rows' share
+    tp_.norm_backward(norm_grads(g_.norm_weight, config::norm_params_per_channel(traits_) * C), [&] {
+      final_norm_backward(dresidual, g_.norm_weight, g_.norm_bias, ga_.lnf, stream_output(), p_.norm_weight,
+                          a_.lnf_mean, a_.lnf_rstd);
+    });
+  }
+  for (std::size_t li = a_.layers.size(); li-- > 0;) {
+    const std::size_t l = std::size_t(first_layer()) + li;
+    notify(UnitEvent::before_backward, int(l));
+    recompute(l);
+    backward_layer(l);
+    notify(UnitEvent::after_backward, int(l));
+    if (grads_ready) grads_ready(layer_grads_end(std::int64_t(l)));
+  }
+  // A later pipeline stage's input gradient goes to the previous stage (stage_io).
+  if (first_stage()) {
+    tp_.vocab_parallel_embedding_backward(g_.embedding, g_.positions,
+                                          tp_.gather_input(dresidual, a_.full_in).reshape({B, T, C}), a_.inputs,
+                                          slot_);
+  }
+  notify(UnitEvent::backward_ends);
+  if (grads_ready) grads_ready(num_params());
+}
+
+template <class Body>
+Tensor Decoder<Body>::logits() {
+  if (tensor_size() > 1) {
+    throw RuntimeError(std::string(Body::name) + "::logits: each rank holds only its vocabulary columns");
+  }
+  return unpadded_logits(a_.logits, logits_f32_).reshape({acts_B_, acts_T_, config_.vocab_size});
+}
+
+template <class Body>
+void Decoder<Body>::ensure_decoding() {
+  if (d_.buffer.data()) return;
+  const std::int64_t C = config_.d_model, V = config_.vocab_size;
+  for (const bool measure : {true, false}) {
+    Carver carver{measure ? nullptr : static_cast<char*>(d_.buffer.data()), device_};
+    ActsCarver take{carver, compute_};
+    d_.token = carver.take(DType::i32, {1, 1});
+    d_.x = take.take({1, C});
+    d_.x2 = take.take({1, C});
+    d_.ln = take.take({1, C});
+    d_.mean = take.stat({1});
+    d_.rstd = take.stat({1});
+    d_.logits = take.take({1, V});
+    Body::lay_out_decoding(take, config_, d_);
+    d_.k_cache.clear();
+    d_.v_cache.clear();
+    for (std::int64_t l = 0; l < config_.n_layer; ++l) {
+      d_.k_cache.push_back(take.take({config_.context_length, Body::kv_width(config_)}));
+      d_.v_cache.push_back(take.take({config_.context_length, Body::kv_width(config_)}));
+    }
+    if (measure) d_.buffer = ops::Buffer(device_, carver.used);
+  }
+}
+
+template <class Body>
+Tensor Decoder<Body>::decode_step(std::int32_t token, int pos) {
+  if (pos < 0 || pos >= config_.context_length) {
+    throw RuntimeError(std::string(Body::name) + "::decode_step: position " + std::to_string(pos) +
+                       " outside the context");
+  }
+  if (tensor_size() > 1) throw RuntimeError(std::string(Body::name) + "::decode_step: not under tensor parallelism");
+  ensure_decoding();
+  if (pos == 0) prepare_weights();
+  const std::int64_t C = config_.d_model;
+  ops::copy(d_.token, Tensor(&token, DType::i32, Device::cpu, {1, 1}));
+  // Learned positions: position `pos` of the table is position 0 of this view.
+  Tensor positions;
+  if (p_.positions.data) {
+    char* row = static_cast<char*>(p_.positions.data) + std::size_t(pos * C) * dtype_size(p_.positions.dtype);
+    positions = Tensor(row, p_.positions.dtype, device_, {1, C});
+  }
+  ops::encoder_forward(d_.x.reshape({1, 1, C}), d_.token, p_.embedding, positions);
+  for (std::size_t l = 0; l < p_.layers.size(); ++l) decode_layer(l, pos);
+  final_norm_forward(d_.ln, d_.mean, d_.rstd, d_.x, p_.norm_weight, p_.norm_bias);
+  ops::matmul_forward(d_.logits, d_.ln, p_.head, Tensor());
+  return as_f32(d_.logits, logits_f32_).reshape({config_.vocab_size});
+}
+
+}  // namespace llmtrain::model

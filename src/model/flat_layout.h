@@ -1,0 +1,105 @@
+// The flat layout: every parameter of a model lives in one flat fp32 buffer and its gradient in
+// another, in the order backward finishes them (output head first, embeddings last), so that
+// all-reduce buckets, ZeRO shards, optimizer runs and checkpoints are all ranges of these buffers.
+// FlatRange is the one type for such a range; the rest places parameters and units on it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace llmtrain::model {
+
+/// Elements [begin, end) of a flat buffer (this rank's, or the whole model's: the one-rank layout
+/// that checkpoints keep).
+struct FlatRange {
+  std::int64_t begin = 0, end = 0;
+  std::int64_t size() const { return end - begin; }
+};
+
+/// Tensor parallelism: which part of a parameter this rank holds. The part is made of `blocks`
+/// (first index, count) along dimension `dim` of the whole tensor, laid end to end; dim -1: the
+/// whole tensor (replicated on every rank of the tensor group).
+struct TensorSlice {
+  int dim = -1;
+  std::vector<std::pair<std::int64_t, std::int64_t>> blocks;
+  bool owner = true;  // false: another rank holds the same part and saves it (a replicated
+                      // key/value head; a tied embedding's copy on the last pipeline stage)
+  bool whole() const { return dim < 0; }
+  /// Whether this rank is the one that saves this part and counts it in the gradient norm.
+  bool owned_by(int tensor_rank) const { return owner && (!whole() || tensor_rank == 0); }
+};
+
+/// One parameter tensor: its Hugging Face name (weights in torch.nn.Linear's (out, in) layout),
+/// shape (this rank's part under tensor parallelism), place in the flat buffer and whether AdamW
+/// decays it (2-D tensors only).
+struct ParamInfo {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::int64_t offset = 0;
+  std::int64_t numel = 0;
+  bool decay = false;
+  int layer = -1;       // the transformer layer it belongs to; -1: outside the layers
+  std::size_t unit = 0;  // index into Model::units()
+  std::vector<std::int64_t> full_shape;  // the whole tensor's shape (= shape without tensor parallelism)
+  TensorSlice slice;                     // which part of it `shape` is
+  std::int64_t logical_offset = 0;       // where the whole tensor starts in the whole model's flat buffer
+};
+
+/// A run of elements that sits at `local` in a rank's flat buffer and at `logical` in the flat
+/// buffer of the whole model (the one-rank layout, which checkpoints keep).
+struct Segment {
+  std::int64_t local = 0, logical = 0, length = 0;
+  FlatRange local_range() const { return {local, local + length}; }
+  FlatRange logical_range() const { return {logical, logical + length}; }
+};
+
+/// A range of the flat buffer that fully sharded data parallelism (ZeRO 3) gathers and reduces as
+/// one piece: one layer's parameters, or a run of consecutive parameters outside the layers
+/// (embeddings, final norm, untied head), which stay gathered for a whole update.
+struct Unit : FlatRange {
+  int layer = -1;  // -1: outside the layers
+  std::int64_t numel() const { return size(); }
+};
+
+/// The points of forward and backward at which a sharded model's weights must be in place or its
+/// gradients are complete (train/zero3.h acts on them).
+enum class UnitEvent {
+  forward_begins,   // before anything of a forward pass: the units outside the layers are needed
+  before_forward,   // layer `layer`'s weights are needed
+  after_forward,    // layer `layer`'s forward is done
+  before_backward,  // layer `layer`'s weights and a zeroed gradient buffer are needed
+  after_backward,   // layer `layer`'s gradients of this micro-batch are complete
+  backward_ends,    // the gradients of the units outside the layers are complete
+};
+
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  virtual void on(UnitEvent event, int layer) = 0;
+};
+
+/// A run of consecutive transformer layers [first, first + count): one model chunk of a pipeline stage.
+struct LayerRun {
+  int first = 0;
+  int count = 0;
+};
+
+/// How a model is laid out over ranks: sharded for ZeRO 3 (no flat buffers of its own), and this
+/// rank's place in its tensor-parallel group.
+struct Layout {
+  bool sharded = false;
+  int tensor_rank = 0;
+  int tensor_size = 1;
+  bool sequence_parallel = false;  // norms and residual adds on this rank's 1/tensor_size of the tokens
+  // Pipeline parallelism: this stage's layers [first_layer, first_layer + layers); -1: every layer.
+  // The first stage also holds the token embedding, the last the final norm, the head and the loss.
+  int first_layer = 0;
+  int layers = -1;
+  // The interleaved schedule: this stage's model chunks (virtual stages s, s + P, ...), in layer
+  // order; each runs as a stage of its own (Model::use_chunk). Empty: the one run above.
+  std::vector<LayerRun> chunks{};
+};
+
+}  // namespace llmtrain::model

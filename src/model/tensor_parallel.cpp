@@ -1,0 +1,146 @@
+#include "model/tensor_parallel.h"
+
+#include <string>
+
+#include "core/error.h"
+
+namespace llmtrain::model {
+
+TensorParallel::TensorParallel(const Layout& layout, std::int64_t V, std::int64_t C, Device device, DType compute)
+    : rank_(layout.tensor_rank),
+      size_(layout.tensor_size),
+      sequence_parallel_(layout.sequence_parallel),
+      V_(V),
+      C_(C),
+      device_(device),
+      compute_(compute) {}
+
+void TensorParallel::check_sequence_split(int B, int T) const {
+  if (!sequence_parallel() || (std::int64_t(B) * T) % size_ == 0) return;
+  throw InputError("dist.sequence_parallel: train.micro_batch_size x the sequence length (" + std::to_string(B) + " x " +
+                   std::to_string(T) + ") must be a multiple of dist.tensor_parallel (" + std::to_string(size_) + ")");
+}
+
+TensorSlice TensorParallel::even_part(int dim, std::int64_t n) const {
+  const int r = rank_, N = size_;
+  if (N == 1) return {};
+  return {dim, {{n * r / N, n * (r + 1) / N - n * r / N}}};
+}
+
+TensorSlice TensorParallel::vocab_part() const {
+  return size_ > 1 ? TensorSlice{0, {{vocab_begin(), vocab_end() - vocab_begin()}}} : TensorSlice{};
+}
+
+TensorGroup& TensorParallel::group() const {
+  if (!group_) throw RuntimeError("model: tensor parallelism without a tensor group (set_tensor_group)");
+  return *group_;
+}
+
+void TensorParallel::all_reduce(const Tensor& t) {
+  if (size_ == 1) return;
+  group().all_reduce_sum(t);
+}
+
+Tensor TensorParallel::gather_input(const Tensor& part, const Tensor& full) {
+  if (!sequence_parallel()) return part;
+  group().all_gather(part, full);
+  return full;
+}
+
+void TensorParallel::reduce_output(const Tensor& partial, const Tensor& out) {
+  if (sequence_parallel()) {
+    group().reduce_scatter(partial, out);
+  } else {
+    all_reduce(out);
+  }
+}
+
+Tensor TensorParallel::keep(const Tensor& grads) {
+  if (norm_grads_.bytes() < std::size_t(grads.numel()) * sizeof(float)) {
+    norm_grads_ = ops::Buffer(device_, std::size_t(grads.numel()) * sizeof(float));
+  }
+  const Tensor kept(norm_grads_.data(), DType::f32, device_, {grads.numel()});
+  ops::copy(kept, grads);
+  return kept;
+}
+
+void TensorParallel::column_parallel_linear(const Tensor& out, const Tensor& x, const Tensor& full, const Tensor& w,
+                                            const Tensor& b) {
+  ops::matmul_forward(out, gather_input(x, full), w, b);
+}
+
+void TensorParallel::row_parallel_linear(const Tensor& out, const Tensor& partial, const Tensor& x, const Tensor& w,
+                                         const Tensor& b) {
+  const Tensor& product = sequence_parallel() ? partial : out;
+  ops::matmul_forward(product, x, w, bias_once(b));
+  reduce_output(product, out);
+}
+
+void TensorParallel::vocab_parallel_embedding(const Tensor& out, const std::int32_t* inputs,
+                                              const Tensor& device_inputs, const Tensor& wte, const Tensor& wpe,
+                                              int slot, int slots) {
+  if (size_ == 1) {
+    ops::encoder_forward(out, device_inputs, wte, wpe);
+    return;
+  }
+  const std::int64_t C = C_, rows = vocab_end() - vocab_begin(), n = device_inputs.numel();
+  if (!vocab_table_.data()) {
+    vocab_table_ = ops::Buffer(device_, std::size_t((rows + 1) * C) * dtype_size(compute_));
+    vocab_table_grad_ = ops::Buffer(device_, std::size_t((rows + 1) * C) * sizeof(float));
+    ops::zero(vocab_table_.view(compute_, {(rows + 1) * C}));  // the zero row stays zero
+  }
+  // One row-index set per activation slot: backward reads its micro-batch's.
+  if (vocab_ids_.bytes() < std::size_t(slots * n) * sizeof(std::int32_t)) {
+    vocab_ids_ = ops::Buffer(device_, std::size_t(slots * n) * sizeof(std::int32_t));
+  }
+  ops::copy(vocab_table_.view(compute_, {rows, C}), wte);
+  // Tokens of other ranks' rows read the zero row.
+  host_ids_.resize(std::size_t(n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t id = inputs[i];
+    host_ids_[std::size_t(i)] = std::int32_t(id >= vocab_begin() && id < vocab_end() ? id - vocab_begin() : rows);
+  }
+  const Tensor ids(static_cast<std::int32_t*>(vocab_ids_.data()) + slot * n, DType::i32, device_,
+                   {device_inputs.shape[0], device_inputs.shape[1]});
+  ids_upload_.upload(ids, Tensor(host_ids_.data(), DType::i32, Device::cpu, {device_inputs.shape[0], device_inputs.shape[1]}));
+  ops::encoder_forward(out, ids, vocab_table_.view(compute_, {rows + 1, C}), bias_once(wpe));
+}
+
+void TensorParallel::vocab_parallel_embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                                       const Tensor& device_inputs, int slot) {
+  if (size_ == 1) {
+    ops::encoder_backward(dwte, dwpe, dout, device_inputs);
+    return;
+  }
+  const std::int64_t C = C_, rows = vocab_end() - vocab_begin();
+  const Tensor table_grad = vocab_table_grad_.view(DType::f32, {rows + 1, C});
+  ops::zero(table_grad);
+  const Tensor ids(static_cast<std::int32_t*>(vocab_ids_.data()) + slot * device_inputs.numel(), DType::i32, device_,
+                   {device_inputs.shape[0], device_inputs.shape[1]});
+  ops::encoder_backward(table_grad, dwpe, dout, ids);
+  const Tensor mine = vocab_table_grad_.view(DType::f32, {rows * C});
+  const Tensor flat_dwte(dwte.data, DType::f32, device_, {rows * C});
+  ops::residual_forward(flat_dwte, flat_dwte, mine);  // dwte += (in place)
+}
+
+double TensorParallel::vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& losses, const Tensor& targets,
+                                                    float dlogits_scale, ops::DeviceSum* sum) {
+  const std::int64_t columns = vocab_end() - vocab_begin();
+  if (size_ == 1) return ops::fused_classifier(logits, losses, targets, dlogits_scale, sum, columns);
+  const std::int64_t n = logits.shape[0];
+  if (classifier_stats_.bytes() < std::size_t(3 * n) * sizeof(float)) {
+    classifier_stats_ = ops::Buffer(device_, std::size_t(3 * n) * sizeof(float));
+  }
+  float* stats = static_cast<float*>(classifier_stats_.data());
+  const Tensor row_max(stats, DType::f32, device_, {n});
+  const Tensor sums(stats + n, DType::f32, device_, {2 * n});  // sum of exponentials, then the target's logit
+  const Tensor sum_exp(stats + n, DType::f32, device_, {n}), target_logit(stats + 2 * n, DType::f32, device_, {n});
+  ops::classifier_row_max(row_max, logits, columns);
+  group().all_reduce_max(row_max);
+  ops::classifier_row_stats(sum_exp, target_logit, logits, row_max, targets, vocab_begin(), columns);
+  group().all_reduce_sum(sums);
+  return ops::classifier_parallel_finish(logits, losses, row_max, sum_exp, target_logit, targets, vocab_begin(),
+                                         dlogits_scale, sum, columns);
+}
+
+}  // namespace llmtrain::model
