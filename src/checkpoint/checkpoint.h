@@ -20,10 +20,9 @@
 
 namespace llmtrain::checkpoint {
 
-/// A range [begin, end) of the model's flat parameter buffer.
-struct FlatRange {
-  std::int64_t begin = 0, end = 0;
-};
+/// A range [begin, end) of the model's flat parameter buffer: the one range type of gradients,
+/// ZeRO units, the optimizer and checkpoints (model/flat_layout.h).
+using FlatRange = model::FlatRange;
 
 /// One rank's AdamW state: flat-buffer ranges, and their moments laid end to end (as many
 /// elements as the ranges hold, each). One range [0, P): every rank holds the whole state.

@@ -15,9 +15,8 @@ namespace llmtrain::train {
 
 /// A run of the flat buffer that this rank updates: flat elements [begin, end), stored from
 /// `local` on in the rank's local arrays (weights, gradients, m, v: the pieces end to end).
-struct Piece {
-  std::int64_t begin = 0, end = 0, local = 0;
-  std::int64_t size() const { return end - begin; }
+struct Piece : model::FlatRange {
+  std::int64_t local = 0;
 };
 
 class AdamW {

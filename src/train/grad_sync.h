@@ -11,7 +11,7 @@
 #include <memory>
 #include <vector>
 
-#include "checkpoint/checkpoint.h"
+#include "model/flat_layout.h"
 #include "core/tensor.h"
 #include "dist/communicator.h"
 #include "ops/buffer.h"
@@ -22,7 +22,7 @@ namespace llmtrain::train {
 /// (flat ranges of its buffer: a parameter several ranks hold, once) and the other groups to sum
 /// it over (the tensor group, the pipeline; host memory); empty without.
 struct NormScope {
-  std::vector<checkpoint::FlatRange> counted;
+  std::vector<model::FlatRange> counted;
   std::vector<dist::Communicator*> groups;
   void sum(double& squares) const {
     for (dist::Communicator* group : groups) group->all_reduce_sum(&squares, 1);

@@ -75,8 +75,8 @@ std::vector<Placed> place(const std::vector<Piece>& pieces, const std::vector<mo
   return out;
 }
 
-std::vector<checkpoint::FlatRange> norm_ranges(const model::Model& model) {
-  std::vector<checkpoint::FlatRange> out;
+std::vector<model::FlatRange> norm_ranges(const model::Model& model) {
+  std::vector<model::FlatRange> out;
   for (const auto& info : model.param_infos()) {
     if (!info.slice.owned_by(model.layout().tensor_rank)) continue;
     if (!out.empty() && out.back().end == info.offset) {
@@ -89,7 +89,7 @@ std::vector<checkpoint::FlatRange> norm_ranges(const model::Model& model) {
 }
 
 double sum_squares_in(const Tensor& local, const std::vector<Piece>& pieces,
-                      const std::vector<checkpoint::FlatRange>& counted) {
+                      const std::vector<model::FlatRange>& counted) {
   // Every range adds into one sum on the device, read once (not one wait per parameter).
   ops::DeviceSum sum(local.device);
   for (const Piece& piece : pieces) {

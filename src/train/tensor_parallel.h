@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "checkpoint/checkpoint.h"
+#include "model/flat_layout.h"
 #include "dist/communicator.h"
 #include "model/model.h"
 #include "ops/buffer.h"
@@ -38,7 +38,7 @@ void take_part(const model::Model& whole, model::Model& part);
 /// A run of a rank's local arrays (weights, gradients, m, v: see Piece) and where it sits in the
 /// whole model's flat buffer.
 struct Placed {
-  checkpoint::FlatRange logical;
+  model::FlatRange logical;
   std::int64_t local = 0;  // offset in the local arrays
 };
 
@@ -50,10 +50,10 @@ std::vector<Placed> place(const std::vector<Piece>& pieces, const std::vector<mo
 /// The flat ranges of the model's local buffer whose gradients the global norm counts on this
 /// rank: the parts it owns (a part several ranks hold alike, such as a replicated parameter, has
 /// the same gradient on each and counts once).
-std::vector<checkpoint::FlatRange> norm_ranges(const model::Model& model);
+std::vector<model::FlatRange> norm_ranges(const model::Model& model);
 
 /// Sum of squares of `local` (the local arrays of `pieces`) over the flat ranges `counted`.
 double sum_squares_in(const Tensor& local, const std::vector<Piece>& pieces,
-                      const std::vector<checkpoint::FlatRange>& counted);
+                      const std::vector<model::FlatRange>& counted);
 
 }  // namespace llmtrain::train

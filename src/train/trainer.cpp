@@ -100,7 +100,7 @@ NormScope norm_scope(const model::Model& model, const dist::Communicators& comms
 // sits in the whole model.
 void restore_optimizer(AdamW& optimizer, const model::Model& model, const checkpoint::Found& resume) {
   const std::int64_t n = optimizer.size();
-  std::vector<checkpoint::FlatRange> ranges;
+  std::vector<model::FlatRange> ranges;
   for (const Placed& p : place(optimizer.pieces(), model.segments(false))) ranges.push_back(p.logical);
   std::vector<float> m(static_cast<std::size_t>(n)), v(static_cast<std::size_t>(n));
   checkpoint::load_optimizer(resume, ranges, m.data(), v.data());

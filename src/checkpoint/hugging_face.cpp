@@ -1,0 +1,202 @@
+// Hugging Face's layout: model.init_from (import) and export --format hf, names, transposes and
+// config.json as the architecture's spec (model/arch.h) gives them.
+#include "checkpoint/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <optional>
+#include <cmath>
+#include <map>
+#include <thread>
+#include <memory>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "checkpoint/safetensors.h"
+#include "core/error.h"
+#include "core/files.h"
+#include "core/json_file.h"
+#include "llmtrain/build_info.h"
+#include "model/arch.h"
+
+namespace llmtrain::checkpoint {
+namespace {
+
+std::vector<float> transposed(const float* x, std::int64_t rows, std::int64_t cols) {
+  std::vector<float> out(std::size_t(rows * cols));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < cols; ++c) out[std::size_t(c * rows + r)] = x[r * cols + c];
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string hf_architecture(const config::ModelConfig& c) { return model::arch_spec(c.arch).hf_architecture; }
+
+namespace {
+
+// The tensors of a Hugging Face checkpoint: one safetensors file, or the shards a
+// model.safetensors.index.json names.
+class HfTensors {
+ public:
+  explicit HfTensors(const std::string& path) {
+    if (!is_directory(path)) {
+      if (!path_exists(path)) throw InputError("model.init_from: " + path + ": no such file");
+      open(path);
+      return;
+    }
+    if (path_exists(path + "/model.safetensors")) {
+      open(path + "/model.safetensors");
+      return;
+    }
+    const std::string index = path + "/model.safetensors.index.json";
+    if (!path_exists(index)) {
+      throw InputError("model.init_from: " + path + ": no model.safetensors or model.safetensors.index.json in it");
+    }
+    const nlohmann::json map = read_json_file(index, "a safetensors shard index");
+    if (!map.contains("weight_map") || !map["weight_map"].is_object()) {
+      throw InputError(index + ": no \"weight_map\" object");
+    }
+    std::set<std::string> files;
+    for (const auto& [name, file] : map["weight_map"].items()) {
+      if (!file.is_string() || !is_plain_file_name(file.get<std::string>())) {
+        throw InputError(index + ": weight_map." + name + ": expected a plain file name beside the index, got " +
+                         json_excerpt(file));
+      }
+      files.insert(file.get<std::string>());
+    }
+    for (const auto& file : files) open(path + "/" + file);
+  }
+
+  /// The reader holding `name` and the tensor's entry, or {nullptr, nullptr}.
+  std::pair<const SafetensorsReader*, const TensorInfo*> find(const std::string& name) const {
+    for (const auto& reader : readers_) {
+      if (const TensorInfo* t = reader->find(name)) return {reader.get(), t};
+    }
+    return {nullptr, nullptr};
+  }
+  const std::vector<std::unique_ptr<SafetensorsReader>>& readers() const { return readers_; }
+  std::string describe() const { return readers_.size() == 1 ? readers_[0]->path() : path_of_shards(); }
+
+ private:
+  void open(const std::string& file) { readers_.push_back(std::make_unique<SafetensorsReader>(file)); }
+  std::string path_of_shards() const {
+    return fs::path(readers_.front()->path()).parent_path().string() + " (" + std::to_string(readers_.size()) +
+           " shards)";
+  }
+  std::vector<std::unique_ptr<SafetensorsReader>> readers_;
+};
+
+// A folder's config.json must agree with the run's config on what the weights' shapes do not show
+// (Llama: rotary base, norm epsilon, tying); a mismatch would silently change the model.
+void check_hf_config(const std::string& path, const config::ModelConfig& c, const model::ArchSpec& spec) {
+  if (spec.hf_checked_keys.empty()) return;
+  const std::string file = (is_directory(path) ? fs::path(path) : fs::path(path).parent_path()) / "config.json";
+  if (!path_exists(file)) return;
+  const nlohmann::json hf = read_json_file(file, "a Hugging Face config.json");
+  const nlohmann::json expected = spec.hf_config(c);
+  for (const auto& [hf_key, our_key] : spec.hf_checked_keys) {
+    if (!hf.contains(hf_key)) continue;
+    const nlohmann::json& theirs = hf[hf_key];
+    const nlohmann::json& ours = expected.at(hf_key);
+    if (ours.is_boolean()) {
+      if (!theirs.is_boolean() || theirs.get<bool>() == ours.get<bool>()) continue;
+      throw InputError("model." + our_key + ": the config has " + (ours.get<bool>() ? "true" : "false") + ", but " +
+                       file + " has " + hf_key + " = " + (theirs.get<bool>() ? "true" : "false"));
+    }
+    if (!theirs.is_number()) continue;
+    const double a = theirs.get<double>(), b = ours.get<double>();
+    if (std::abs(a - b) > 1e-9 * std::max(1.0, std::abs(b))) {
+      std::ostringstream message;
+      message << "model." << our_key << ": the config has " << b << ", but " << file << " has " << hf_key << " = "
+              << a;
+      throw InputError(message.str());
+    }
+  }
+}
+
+}  // namespace
+
+void export_hf(const model::Model& model, const std::string& dir) {
+  const model::ArchSpec& spec = model::arch_spec(model.config().arch);
+  fs::create_directories(dir);
+  std::vector<std::vector<float>> keep;  // transposed copies live until written
+  std::vector<TensorToWrite> tensors;
+  for (const auto& info : model.param_infos()) {
+    const float* data = model.param(info).as<float>();
+    std::vector<std::int64_t> shape = info.shape;
+    if (spec.hf_transposed(info.name)) {
+      keep.push_back(transposed(data, shape[0], shape[1]));
+      data = keep.back().data();
+      std::swap(shape[0], shape[1]);
+    }
+    tensors.push_back({info.name, StDtype::f32, shape, data});
+  }
+  write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+  write_hf_config(model.config(), dir);
+}
+
+void write_hf_config(const config::ModelConfig& config, const std::string& dir) {
+  write_file_atomic(dir + "/config.json", model::arch_spec(config.arch).hf_config(config).dump(2) + "\n");
+}
+
+void import_hf(const std::string& path, model::Model& model) {
+  const model::ArchSpec& spec = model::arch_spec(model.config().arch);
+  const HfTensors source(path);
+  check_hf_config(path, model.config(), spec);
+  const std::string where = source.describe();
+  // Names with or without the prefix published files may leave out (GPT2LMHeadModel's "transformer.").
+  const std::string prefix = spec.hf_optional_prefix;
+  const auto hf_name = [&](const std::string& name) {
+    auto found = source.find(name);
+    if (!found.second && !prefix.empty() && name.starts_with(prefix)) found = source.find(name.substr(prefix.size()));
+    return found;
+  };
+  std::set<std::string> used;
+  for (const auto& info : model.param_infos()) {
+    const auto [reader, t] = hf_name(info.name);
+    if (!t) throw InputError(where + ": tensor " + info.name + " is missing");
+    used.insert(t->name);
+    const bool conv = spec.hf_transposed(info.name);
+    std::vector<std::int64_t> expected = info.shape;
+    if (conv) std::swap(expected[0], expected[1]);
+    if (t->shape != expected) {
+      std::ostringstream got, want;
+      for (const auto d : t->shape) got << d << ' ';
+      for (const auto d : expected) want << d << ' ';
+      throw InputError(reader->path() + ": tensor " + t->name + " has shape [" + got.str() + "], the config needs [" +
+                       want.str() + "]");
+    }
+    float* out = model.param(info).as<float>();
+    if (!conv) {
+      reader->read_f32(t->name, std::span<float>(out, std::size_t(info.numel)));
+      continue;
+    }
+    std::vector<float> hf(std::size_t(info.numel));
+    reader->read_f32(t->name, hf);
+    const auto ours = transposed(hf.data(), expected[0], expected[1]);
+    std::copy(ours.begin(), ours.end(), out);
+  }
+  for (const auto& reader : source.readers()) {
+    for (const auto& t : reader->tensors()) {
+      // A tied output head, the causal-mask buffers of older GPT-2 exports and the rotary
+      // frequency buffers of older Llama exports carry no parameters.
+      const bool ignorable = (t.name == "lm_head.weight" && model.config().tie_embeddings) ||
+                             t.name.ends_with(".attn.bias") || t.name.ends_with(".attn.masked_bias") ||
+                             t.name.ends_with(".rotary_emb.inv_freq");
+      if (!used.contains(t.name) && !ignorable) throw InputError(reader->path() + ": unexpected tensor " + t.name);
+    }
+  }
+}
+
+}  // namespace llmtrain::checkpoint

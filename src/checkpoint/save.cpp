@@ -1,0 +1,212 @@
+// Native checkpoints, written: each rank's part in the background-safe order (files, then
+// checksums, then COMPLETE last, after every rank finished), and the old ones pruned. Reading them
+// back is checkpoint/find.cpp; Hugging Face's layout is checkpoint/hugging_face.cpp.
+#include "checkpoint/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <optional>
+#include <cmath>
+#include <map>
+#include <thread>
+#include <memory>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "checkpoint/safetensors.h"
+#include "core/error.h"
+#include "core/files.h"
+#include "core/json_file.h"
+#include "llmtrain/build_info.h"
+#include "model/arch.h"
+
+namespace llmtrain::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Writes a small text file atomically: an exclusive temporary name, fsync, rename (core/files.h).
+void write_text_atomic(const std::string& path, const std::string& text) { write_file_atomic(path, text); }
+
+std::string step_dir_name(std::int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
+  return name;
+}
+
+}  // namespace
+
+std::int64_t OptimizerShard::size() const {
+  std::int64_t n = 0;
+  for (const FlatRange& r : ranges) n += r.end - r.begin;
+  return n;
+}
+
+std::int64_t WrittenPart::bytes() const {
+  std::int64_t total = 0;
+  for (const auto& f : files) total += f.bytes;
+  return total;
+}
+
+namespace {
+
+std::string optim_file(int shard) {
+  char file[40];
+  std::snprintf(file, sizeof file, "optim-%05d.safetensors", shard);
+  return file;
+}
+
+}  // namespace
+
+std::string prepare_dir(const std::string& root, std::int64_t step, dist::Communicator& comm) {
+  const std::string dir = root + "/" + step_dir_name(step);
+  if (comm.rank() == 0) {
+    fs::create_directories(root);
+    fs::remove_all(dir);  // an incomplete attempt at this step (no COMPLETE) is not a checkpoint
+    fs::create_directories(dir);
+  }
+  comm.barrier();
+  return dir;
+}
+
+WrittenPart write_part(const SaveRequest& r, const std::string& dir, int rank, int world_size) {
+  const model::Model& m = *r.model;
+  const auto start = std::chrono::steady_clock::now();
+  struct Job {
+    std::string name;
+    std::vector<TensorToWrite> tensors;
+    std::map<std::string, std::string> metadata;
+    WrittenPart::File written;
+    std::string error;
+  };
+  std::vector<Job> jobs;
+  const std::int64_t P = m.num_params();
+  const auto& ranges = r.optimizer.ranges;
+  const bool whole_state = ranges.size() == 1 && ranges[0].begin == 0 && ranges[0].end == P;
+  if (r.write_optimizer && (!whole_state || rank == 0)) {
+    const std::int64_t n = r.optimizer.size();
+    std::map<std::string, std::string> metadata{{"rank", std::to_string(rank)}, {"world_size", std::to_string(world_size)}};
+    if (ranges.size() == 1) {
+      metadata["range_begin"] = std::to_string(ranges[0].begin);
+      metadata["range_end"] = std::to_string(ranges[0].end);
+    } else {
+      std::string list;
+      for (const FlatRange& range : ranges) {
+        list += (list.empty() ? "" : ",") + std::to_string(range.begin) + ":" + std::to_string(range.end);
+      }
+      metadata["ranges"] = list;
+    }
+    jobs.push_back({optim_file(rank),
+                    {{"adamw.m", StDtype::f32, {n}, r.optimizer.m}, {"adamw.v", StDtype::f32, {n}, r.optimizer.v}},
+                    std::move(metadata),
+                    {},
+                    {}});
+  }
+  if (rank == 0) {
+    const float* flat = r.weights ? r.weights : m.params().as<float>();
+    Job weights{"model.safetensors", {}, {{"format", "llmtrain"}, {"arch", config::to_string(m.config().arch)}}, {}, {}};
+    for (const auto& info : m.param_infos()) weights.tensors.push_back({info.name, StDtype::f32, info.shape, flat + info.offset});
+    jobs.push_back(std::move(weights));
+  }
+  const auto run = [&](Job& job) {
+    try {
+      const std::string path = dir + "/" + job.name;
+      const std::uint32_t crc = write_safetensors(path, job.tensors, job.metadata, r.write_chunk);
+      job.written = {job.name, crc, std::int64_t(fs::file_size(path))};
+    } catch (const std::exception& e) {
+      job.error = e.what();
+    }
+  };
+  // The files of one rank go to the disk side by side: one thread each beyond the first.
+  std::vector<std::thread> threads;
+  for (std::size_t i = 1; i < jobs.size(); ++i) threads.emplace_back(run, std::ref(jobs[i]));
+  if (!jobs.empty()) run(jobs[0]);
+  for (auto& t : threads) t.join();
+
+  WrittenPart part;
+  for (auto& job : jobs) {
+    if (!job.error.empty() && part.error.empty()) part.error = job.error;
+    part.files.push_back(job.written);
+  }
+  part.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return part;
+}
+
+Committed commit(const SaveRequest& r, const WrittenPart& mine, dist::Communicator& comm) {
+  const int rank = comm.rank(), W = comm.world_size();
+  const std::string name = step_dir_name(r.step);
+  const std::string dir = r.root + "/" + name;
+  // Agreement first: the lowest rank whose writing failed (W when none did).
+  std::int64_t failed = mine.error.empty() ? -W : -rank;
+  comm.all_reduce_max(&failed, 1);
+  if (-failed != W) {
+    if (!mine.error.empty()) throw RuntimeError(mine.error);
+    throw RuntimeError(dir + ": rank " + std::to_string(-failed) + " could not write its part of the checkpoint");
+  }
+
+  // Each rank's file checksum and size land in its slot (the weights in slot W); a max-reduction
+  // gathers them on all ranks, with the slowest write time at the end.
+  std::vector<std::int64_t> crc(std::size_t(W) + 1, -1), bytes(std::size_t(W) + 2, -1);
+  for (const auto& f : mine.files) {
+    const std::size_t slot = f.name == "model.safetensors" ? std::size_t(W) : std::size_t(rank);
+    crc[slot] = f.crc32;
+    bytes[slot] = f.bytes;
+  }
+  bytes[std::size_t(W) + 1] = std::int64_t(mine.seconds * 1e6);
+  comm.all_reduce_max(crc.data(), std::int64_t(crc.size()));
+  comm.all_reduce_max(bytes.data(), std::int64_t(bytes.size()));
+
+  Committed done{dir, 0, double(bytes[std::size_t(W) + 1]) / 1e6};
+  for (std::size_t k = 0; k <= std::size_t(W); ++k) done.bytes += std::max<std::int64_t>(bytes[k], 0);
+  std::string error;
+  if (rank == 0) {
+    try {
+      nlohmann::json files = nlohmann::json::object();
+      files["model.safetensors"] = {{"crc32", crc[std::size_t(W)]}, {"bytes", bytes[std::size_t(W)]}};
+      for (int k = 0; k < W; ++k) {
+        if (crc[std::size_t(k)] >= 0) files[optim_file(k)] = {{"crc32", crc[std::size_t(k)]}, {"bytes", bytes[std::size_t(k)]}};
+      }
+      nlohmann::json state = r.state;
+      state["step"] = r.step;
+      state["files"] = files;
+      state["llmtrain_version"] = build::version;
+      write_text_atomic(dir + "/state.json", state.dump(2) + "\n");
+      write_text_atomic(dir + "/COMPLETE", "");
+      write_text_atomic(r.root + "/latest", name + "\n");
+
+      // Only now, with a newer complete checkpoint on disk, are old ones deleted.
+      std::vector<std::string> complete;
+      for (const auto& entry : fs::directory_iterator(r.root)) {
+        const std::string n = entry.path().filename().string();
+        if (n.starts_with("step_") && fs::exists(entry.path() / "COMPLETE")) complete.push_back(n);
+      }
+      std::sort(complete.begin(), complete.end());
+      for (std::size_t i = 0; i + std::size_t(r.keep_last) < complete.size(); ++i) {
+        fs::remove_all(r.root + "/" + complete[i]);
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  // Rank 0's outcome on every rank, so that none goes on alone when the commit failed.
+  std::int64_t commit_failed = error.empty() ? 0 : 1;
+  if (W > 1) comm.all_reduce_max(&commit_failed, 1);
+  if (!error.empty()) throw RuntimeError(error);
+  if (commit_failed) throw RuntimeError(dir + ": rank 0 could not complete the checkpoint");
+  return done;
+}
+
+std::string save(const SaveRequest& r, dist::Communicator& comm) {
+  const std::string dir = prepare_dir(r.root, r.step, comm);
+  return commit(r, write_part(r, dir, comm.rank(), comm.world_size()), comm).dir;
+}
+}  // namespace llmtrain::checkpoint
