@@ -160,10 +160,16 @@ class Bench {
     rows_.push_back(row);
   }
   /// Adds the row of an op that did not run: skipped (and why), or failed before it could.
-  void skip(const std::string& op, const std::string& shape, const std::string& why) { not_run(op, shape, "skipped: " + why); }
-  void fail(const std::string& op, const std::string& shape, const std::string& error) { not_run(op, shape, error); }
+  void skip(const std::string& op, const std::string& shape, const std::string& why) {
+    not_run(op, shape, "skipped: " + why);
+  }
+  void fail(const std::string& op, const std::string& shape, const std::string& error) {
+    not_run(op, shape, error);
+  }
   /// Whether `--only` selects the row `op`.
-  bool wants(const std::string& op) const { return o_.only.empty() || op.find(o_.only) != std::string::npos; }
+  bool wants(const std::string& op) const {
+    return o_.only.empty() || op.find(o_.only) != std::string::npos;
+  }
   const std::vector<Row>& rows() const { return rows_; }
 
  private:
@@ -176,7 +182,6 @@ class Bench {
   std::vector<Row> rows_;
 };
 
-
 // Every timing case of the registry at the model's shapes, each step a row, in the registry's order.
 void run_all(const Options& o, Bench& bench) {
   const op_cases::ModelShape model{o.B, o.T, o.C, o.NH, o.V, o.dtype};
@@ -186,7 +191,8 @@ void run_all(const Options& o, Bench& bench) {
     for (const op_cases::Step& s : c.steps) {
       if (s.timed) rows.push_back(&s);
     }
-    if (std::none_of(rows.begin(), rows.end(), [&](const op_cases::Step* s) { return bench.wants(s->name); })) continue;
+    const auto wanted = [&](const op_cases::Step* s) { return bench.wants(s->name); };
+    if (std::none_of(rows.begin(), rows.end(), wanted)) continue;
     if (!c.skip.empty()) {
       for (const op_cases::Step* s : rows) bench.skip(s->name, c.shape, c.skip);
       continue;
