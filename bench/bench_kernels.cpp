@@ -1,11 +1,13 @@
 // bench_kernels: every op GPT-2 124M's training step runs, timed on the GPU at the model's shapes
 // (B x T tokens, C channels, NH heads, V vocabulary rows), each against its ceiling: achieved
 // bytes/s against the memory bandwidth for the memory-bound ops, achieved FLOP/s against the
-// matrix peak for the matmuls and attention. Each op runs through ops:: (the model's own entry
-// points, with their dispatch), `--warmup` times untimed, then `--reps` times between two CUDA
-// events on the compute stream; the row is the mean. Fused ops have their unfused sequence beside
-// them, so that each fusion's saving reads off the table; in bf16 the flash attention backward has
-// its single pass (train.deterministic false: S and dP computed once, dQ by atomics) beside it.
+// matrix peak for the matmuls and attention. The ops are the timing mode of the op case registry
+// (tests/op_cases.h, the cases test_cuda_ops checks against the CPU): each step of a case is one
+// row. Each runs through ops:: (the model's own entry points, with their dispatch), `--warmup`
+// times untimed, then `--reps` times between two CUDA events on the compute stream; the row is
+// the mean. Fused ops have their unfused sequence beside them, so that each fusion's saving reads
+// off the table; in bf16 the flash attention backward has its single pass (train.deterministic
+// false: S and dP computed once, dQ by atomics) beside it.
 //
 // The bytes of a row are the least the op must move (each input read once, each output written
 // once; an accumulated output read and written), so "fraction" is of the roofline, not of what
@@ -29,6 +31,7 @@
 #include <exception>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -36,9 +39,10 @@
 #include <nlohmann/json.hpp>
 
 #include "core/tensor.h"
-#include "ops/buffer.h"
 #include "device/runtime.h"
 #include "device/stream.h"
+#include "op_cases.h"
+#include "ops/buffer.h"
 #include "ops/ops.h"
 
 namespace {
@@ -47,6 +51,7 @@ using llmtrain::Device;
 using llmtrain::DType;
 using llmtrain::Tensor;
 namespace ops = llmtrain::ops;
+namespace op_cases = llmtrain::op_cases;
 
 struct Options {
   std::int64_t B = 8, T = 1024, C = 768, NH = 12, V = 50257;  // V: the true vocabulary; the logits are padded
@@ -68,52 +73,56 @@ void check_cuda(cudaError_t status, const char* what) {
   }
 }
 
-// Device tensors, filled with uniform values in [lo, hi) (rounded once to bf16 where bf16).
-class Arena {
+// The tensors of one case on the device: uniform values in each tensor's range (rounded once to
+// bf16 where bf16), token ids in theirs; an absent tensor is a Tensor without data.
+class DeviceCase {
  public:
-  explicit Arena(DType act) : act_(act) {}
-  Tensor act(std::initializer_list<std::int64_t> dims, float lo = -1.0f, float hi = 1.0f) {
-    return make(act_, dims, lo, hi);
+  DeviceCase(const op_cases::OpCase& c, DType act, std::mt19937_64& rng) {
+    buffers_.reserve(c.args.size());
+    for (const op_cases::Arg& a : c.args) {
+      if (a.role == op_cases::Role::absent) {
+        args_.add(a.name, Tensor());
+        continue;
+      }
+      const DType dtype = op_cases::dtype_in_run(a, act);
+      buffers_.emplace_back(Device::cuda, op_cases::numel(a.shape) * llmtrain::dtype_size(dtype));
+      const Tensor t = op_cases::view(buffers_.back().data(), dtype, Device::cuda, a.shape);
+      fill(t, a, rng);
+      args_.add(a.name, t);
+    }
   }
-  Tensor f32(std::initializer_list<std::int64_t> dims, float lo = -1.0f, float hi = 1.0f) {
-    return make(DType::f32, dims, lo, hi);
-  }
-  Tensor tokens(std::initializer_list<std::int64_t> dims, std::int64_t V) {
-    Tensor t = allocate(DType::i32, dims);
-    std::vector<std::int32_t> host(std::size_t(t.numel()));
-    for (auto& x : host) x = std::int32_t(rng_() % std::uint64_t(V));
-    ops::copy(t, Tensor(host.data(), DType::i32, Device::cpu, {t.numel()}).reshape(dims));
-    return t;
-  }
+  const op_cases::Args& args() const { return args_; }
 
  private:
-  Tensor allocate(DType dtype, std::initializer_list<std::int64_t> dims) {
-    std::int64_t n = 1;
-    for (const auto d : dims) n *= d;
-    buffers_.emplace_back(Device::cuda, std::size_t(n) * llmtrain::dtype_size(dtype));
-    return Tensor(buffers_.back().data(), dtype, Device::cuda, dims);
-  }
-  Tensor make(DType dtype, std::initializer_list<std::int64_t> dims, float lo, float hi) {
-    Tensor t = allocate(dtype, dims);
-    std::vector<float> host(std::size_t(t.numel()));
-    std::uniform_real_distribution<float> u(lo, hi);
-    for (auto& x : host) x = u(rng_);
-    const Tensor src(host.data(), DType::f32, Device::cpu, {t.numel()});
-    if (dtype == DType::f32) {
-      ops::copy(t.reshape({t.numel()}), src);
+  static void fill(const Tensor& t, const op_cases::Arg& a, std::mt19937_64& rng) {
+    const std::int64_t n = t.numel();
+    const Tensor flat = t.reshape({n});
+    if (t.dtype == DType::i32) {
+      std::vector<std::int32_t> host(std::size_t(n), 0);
+      std::uniform_int_distribution<std::int64_t> u(std::int64_t(a.lo), std::int64_t(a.hi) - 1);
+      for (auto& x : host) x = std::int32_t(u(rng));
+      ops::copy(flat, Tensor(host.data(), DType::i32, Device::cpu, {n}));
+      return;
+    }
+    std::vector<float> host(std::size_t(n), a.lo);
+    if (a.lo != a.hi) {
+      std::uniform_real_distribution<float> u(a.lo, a.hi);
+      for (auto& x : host) x = u(rng);
+    }
+    const Tensor src(host.data(), DType::f32, Device::cpu, {n});
+    if (t.dtype == DType::f32) {
+      ops::copy(flat, src);
     } else {  // f32 on the device, then rounded there
       ops::Buffer wide(Device::cuda, host.size() * sizeof(float));
-      const Tensor w(wide.data(), DType::f32, Device::cuda, {t.numel()});
+      const Tensor w(wide.data(), DType::f32, Device::cuda, {n});
       ops::copy(w, src);
-      ops::convert(t.reshape({t.numel()}), w);
+      ops::convert(flat, w);
       llmtrain::device::synchronize();
     }
-    return t;
   }
 
-  DType act_;
-  std::mt19937_64 rng_{20240520};
   std::vector<ops::Buffer> buffers_;
+  op_cases::Args args_;
 };
 
 class Bench {
@@ -132,7 +141,7 @@ class Bench {
   /// Times f (one run of the op) and adds its row; a throw becomes the row's error.
   void time(const std::string& op, const std::string& shape, double bytes, double flops,
             const std::function<void()>& f) {
-    if (!o_.only.empty() && op.find(o_.only) == std::string::npos) return;
+    if (!wants(op)) return;
     Row row{op, shape, 0.0, bytes, flops, ""};
     try {
       for (int i = 0; i < o_.warmup; ++i) f();
@@ -150,170 +159,68 @@ class Bench {
     }
     rows_.push_back(row);
   }
+  /// Adds the row of an op that did not run: skipped (and why), or failed before it could.
   void skip(const std::string& op, const std::string& shape, const std::string& why) {
-    if (!o_.only.empty() && op.find(o_.only) == std::string::npos) return;
-    rows_.push_back(Row{op, shape, 0.0, 0.0, 0.0, "skipped: " + why});
+    not_run(op, shape, "skipped: " + why);
+  }
+  void fail(const std::string& op, const std::string& shape, const std::string& error) {
+    not_run(op, shape, error);
+  }
+  /// Whether `--only` selects the row `op`.
+  bool wants(const std::string& op) const {
+    return o_.only.empty() || op.find(o_.only) != std::string::npos;
   }
   const std::vector<Row>& rows() const { return rows_; }
 
  private:
+  void not_run(const std::string& op, const std::string& shape, const std::string& error) {
+    if (wants(op)) rows_.push_back(Row{op, shape, 0.0, 0.0, 0.0, error});
+  }
+
   const Options& o_;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
   std::vector<Row> rows_;
 };
 
-std::string dims(std::initializer_list<std::pair<const char*, std::int64_t>> named) {
-  std::string s;
-  for (const auto& [name, value] : named) {
-    if (!s.empty()) s += ' ';
-    s.append(name).append("=").append(std::to_string(value));
-  }
-  return s;
-}
-
+// Every timing case of the registry at the model's shapes, each step a row, in the registry's order.
 void run_all(const Options& o, Bench& bench) {
-  const std::int64_t B = o.B, T = o.T, C = o.C, NH = o.NH, V = o.V, N = B * T, F = 4 * C;
-  const std::int64_t Vp = ops::logits_stride(V);  // the model's padded logits rows
-  const double e = double(llmtrain::dtype_size(o.dtype));  // bytes per activation
-  const double nc = double(N) * double(C), nf = double(N) * double(F);
-  Arena arena(o.dtype);
-
-  // ---- embeddings --------------------------------------------------------------------------------
-  {
-    const Tensor inp = arena.tokens({B, T}, V), wte = arena.act({V, C}), wpe = arena.act({T, C});
-    const Tensor out = arena.act({B, T, C}), dwte = arena.f32({V, C}, 0, 0), dwpe = arena.f32({T, C}, 0, 0);
-    const std::string s = dims({{"B", B}, {"T", T}, {"C", C}});
-    bench.time("encoder_forward", s, 2 * nc * e + double(T * C) * e, 0, [&] { ops::encoder_forward(out, inp, wte, wpe); });
-    bench.time("encoder_backward", s, nc * e + 2 * nc * 4 + 2 * double(T * C) * 4, 0,
-               [&] { ops::encoder_backward(dwte, dwpe, out, inp); });
-  }
-  // ---- LayerNorm, with and without its residual add ------------------------------------------------
-  {
-    const Tensor a = arena.act({N, C}, -2, 3), b = arena.act({N, C}), w = arena.act({C}, 0.5f, 1.5f), bias = arena.act({C});
-    const Tensor res = arena.act({N, C}), out = arena.act({N, C}), mean = arena.f32({N}), rstd = arena.f32({N});
-    const Tensor dinp = arena.act({N, C}), dw = arena.f32({C}, 0, 0), db = arena.f32({C}, 0, 0);
-    const std::string s = dims({{"N", N}, {"C", C}});
-    bench.time("layernorm_forward", s, 2 * nc * e, 0, [&] { ops::layernorm_forward(out, mean, rstd, a, w, bias); });
-    bench.time("residual_forward", s, 3 * nc * e, 0, [&] { ops::residual_forward(res, a, b); });
-    bench.time("residual+layernorm (unfused)", s, 5 * nc * e, 0, [&] {
-      ops::residual_forward(res, a, b);
-      ops::layernorm_forward(out, mean, rstd, res, w, bias);
-    });
-    bench.time("layernorm_residual_forward", s, 4 * nc * e, 0,
-               [&] { ops::layernorm_residual_forward(res, out, mean, rstd, a, b, w, bias); });
-    // dinp accumulated (read and written), dout and inp read; the weight gradients in the same pass.
-    bench.time("layernorm_backward", s, 4 * nc * e, 0,
-               [&] { ops::layernorm_backward(dinp, dw, db, b, a, w, mean, rstd); });
-  }
-  // ---- the matmuls of one layer and the head -------------------------------------------------------
-  {
-    struct Mm {
-      const char* name;
-      std::int64_t in, out;
-      bool bias;
-      std::int64_t ld;  // the row stride of out and dout
-    };
-    // The head as the model runs it (logits rows padded to a multiple of 128) and unpadded, so
-    // that a GPU run shows what the padding buys.
-    for (const Mm& m : {Mm{"qkv", C, 3 * C, true, 3 * C}, Mm{"attproj", C, C, true, C}, Mm{"fc", C, F, true, F},
-                        Mm{"fcproj", F, C, true, C}, Mm{"lm_head", C, V, false, Vp},
-                        Mm{"lm_head (unpadded rows)", C, V, false, V}}) {
-      const Tensor inp = arena.act({N, m.in}), w = arena.act({m.out, m.in}, -0.05f, 0.05f);
-      const Tensor bias = m.bias ? arena.act({m.out}) : Tensor(), out = arena.act({N, m.ld});
-      const Tensor dout = arena.act({N, m.ld}, -0.01f, 0.01f), dinp = arena.act({N, m.in});
-      const Tensor dw = arena.f32({m.out, m.in}, 0, 0), db = m.bias ? arena.f32({m.out}, 0, 0) : Tensor();
-      const std::string s = dims({{"N", N}, {"C", m.in}, {"OC", m.out}, {"ld", m.ld}});
-      const double flops = 2.0 * double(N) * double(m.in) * double(m.out);
-      bench.time(std::string("matmul_forward ") + m.name, s, 0, flops, [&] { ops::matmul_forward(out, inp, w, bias); });
-      bench.time(std::string("matmul_backward ") + m.name, s, 0, 2 * flops,
-                 [&] { ops::matmul_backward(dinp, dw, db, dout, inp, w, ops::Accumulate::no); });
+  const op_cases::ModelShape model{o.B, o.T, o.C, o.NH, o.V, o.dtype};
+  std::mt19937_64 rng(20240520);
+  for (const op_cases::OpCase& c : op_cases::timing_cases(model)) {
+    std::vector<const op_cases::Step*> rows;
+    for (const op_cases::Step& s : c.steps) {
+      if (s.timed) rows.push_back(&s);
     }
-  }
-  // ---- the MLP's GELU: in the matmuls' epilogues, and apart ------------------------------------------
-  {
-    const Tensor ln = arena.act({N, C}), fc_w = arena.act({F, C}, -0.05f, 0.05f), fc_b = arena.act({F});
-    const Tensor pre = arena.act({N, F}), act = arena.act({N, F}), proj_w = arena.act({C, F}, -0.05f, 0.05f);
-    const Tensor dout = arena.act({N, C}, -0.01f, 0.01f), dact = arena.act({N, F}), dpre = arena.act({N, F});
-    const Tensor dproj_w = arena.f32({C, F}, 0, 0), dproj_b = arena.f32({C}, 0, 0), dfc_b = arena.f32({F}, 0, 0);
-    const std::string s = dims({{"N", N}, {"C", C}, {"F", F}});
-    const double flops = 2.0 * double(N) * double(C) * double(F);
-    bench.time("gelu_forward", dims({{"N", N}, {"F", F}}), 2 * nf * e, 0, [&] { ops::gelu_forward(act, pre); });
-    bench.time("gelu_backward", dims({{"N", N}, {"F", F}}), 4 * nf * e, 0, [&] { ops::gelu_backward(dpre, pre, dact); });
-    bench.time("fc + gelu (unfused)", s, 0, flops, [&] {
-      ops::matmul_forward(pre, ln, fc_w, fc_b);
-      ops::gelu_forward(act, pre);
-    });
-    bench.time("matmul_gelu_forward (GELU_AUX_BIAS)", s, 0, flops,
-               [&] { ops::matmul_gelu_forward(act, pre, ln, fc_w, fc_b); });
-    bench.time("fcproj backward + gelu_backward (unfused)", s, 0, 2 * flops, [&] {
-      ops::zero(dpre);
-      ops::matmul_backward(dact, dproj_w, dproj_b, dout, act, proj_w, ops::Accumulate::no);
-      ops::gelu_backward(dpre, pre, dact);
-    });
-    bench.time("matmul_backward_dgelu (DGELU)", s, 0, 2 * flops,
-               [&] { ops::matmul_backward_dgelu(dpre, dproj_w, dproj_b, dfc_b, dout, act, pre, proj_w); });
-  }
-  // ---- attention: ours and cuDNN's ------------------------------------------------------------------
-  {
-    const std::int64_t HS = C / NH;
-    const Tensor qkv = arena.act({B, T, 3 * C}), out = arena.act({B, T, C}), lse = arena.f32({B, NH, T});
-    const Tensor dout = arena.act({B, T, C}, -0.01f, 0.01f), dqkv = arena.act({B, T, 3 * C});
-    const std::string s = dims({{"B", B}, {"T", T}, {"NH", NH}, {"HS", HS}});
-    // Causal: about half of the T x T scores; forward 2 matmuls (QK^T, PV), backward 5.
-    const double pair = 2.0 * double(B) * double(NH) * double(T) * double(T + 1) / 2.0 * double(HS);
-    std::string why;
-    std::vector<std::pair<const char*, ops::AttentionKernels>> kinds = {{"flash", ops::AttentionKernels::flash}};
-    if (o.dtype != DType::bf16) {
-      bench.skip("attention_forward cudnn", s, "cuDNN attention is bf16 only");
-      bench.skip("attention_backward cudnn", s, "cuDNN attention is bf16 only");
-    } else if (!ops::cudnn_attention_available(&why) ||
-               !ops::cudnn_attention_supported(int(B), int(T), int(C), int(NH), int(NH), &why)) {
-      bench.skip("attention_forward cudnn", s, why);
-      bench.skip("attention_backward cudnn", s, why);
-    } else {
-      kinds.emplace_back("cudnn", ops::AttentionKernels::cudnn);
+    const auto wanted = [&](const op_cases::Step* s) { return bench.wants(s->name); };
+    if (std::none_of(rows.begin(), rows.end(), wanted)) continue;
+    if (!c.skip.empty()) {
+      for (const op_cases::Step* s : rows) bench.skip(s->name, c.shape, c.skip);
+      continue;
     }
-    for (const auto& [name, kernels] : kinds) {
-      const auto k = kernels;
-      bench.time(std::string("attention_forward ") + name, s, 0, 2 * pair,
-                 [&] { ops::flash_attention_forward(out, lse, qkv, int(NH), int(NH), k); });
-      ops::flash_attention_forward(out, lse, qkv, int(NH), int(NH), k);  // the lse its backward needs
-      bench.time(std::string("attention_backward ") + name, s, 0, 5 * pair,
-                 [&] { ops::flash_attention_backward(dqkv, dout, qkv, out, lse, int(NH), int(NH), k); });
-      if (k != ops::AttentionKernels::flash) continue;
-      // train.deterministic false: the tensor-core kernels' single pass (S and dP once, dQ by
-      // atomics); the same FLOPs counted, so the rows compare by time.
-      const char* single = "attention_backward flash single-pass";
-      if (o.dtype != DType::bf16 || (HS != 64 && HS != 128)) {
-        bench.skip(single, s, "the single pass is for the bf16 tensor-core kernels (head size 64 or 128)");
+    // The case's tensors live until its last row; an allocation or an untimed step that fails
+    // fails the rows still to come.
+    std::optional<DeviceCase> tensors;
+    try {
+      tensors.emplace(c, o.dtype, rng);
+    } catch (const std::exception& e) {
+      for (const op_cases::Step* s : rows) bench.fail(s->name, c.shape, e.what());
+      continue;
+    }
+    for (std::size_t k = 0; k < c.steps.size(); ++k) {
+      const op_cases::Step& s = c.steps[k];
+      if (s.timed) {
+        bench.time(s.name, c.shape, s.bytes(o.dtype), s.flops, [&] { s.call(tensors->args()); });
         continue;
       }
-      ops::set_deterministic(false);
-      bench.time(single, s, 0, 5 * pair,
-                 [&] { ops::flash_attention_backward(dqkv, dout, qkv, out, lse, int(NH), int(NH), k); });
-      ops::set_deterministic(true);
+      try {
+        s.call(tensors->args());
+      } catch (const std::exception& e) {
+        for (std::size_t j = k + 1; j < c.steps.size(); ++j) {
+          if (c.steps[j].timed) bench.fail(c.steps[j].name, c.shape, s.name + ": " + e.what());
+        }
+        break;
+      }
     }
-  }
-  // ---- the classifier: softmax, loss and its gradient over the logits, in place ----------------------
-  {
-    const Tensor losses = arena.f32({N}), targets = arena.tokens({N}, V);
-    for (const std::int64_t ld : {Vp, V}) {
-      const Tensor logits = arena.act({N, ld}, -4, 4);
-      const std::string s = dims({{"N", N}, {"V", V}, {"ld", ld}});
-      // Reads the logits, writes their gradient: the in-place repeats time the same work.
-      bench.time(ld == V ? "fused_classifier (unpadded rows)" : "fused_classifier", s, 2 * double(N) * double(V) * e,
-                 0, [&] { ops::fused_classifier(logits, losses, targets, 1.0f / float(N), nullptr, V); });
-    }
-  }
-  // ---- the optimizer over GPT-2 124M's parameters ------------------------------------------------------
-  {
-    const std::int64_t P = 12 * (12 * C * C + 13 * C) + (V + T) * C + 2 * C;  // GPT-2 with this C and V
-    const Tensor param = arena.f32({P}, -0.05f, 0.05f), grad = arena.f32({P}, -1e-3f, 1e-3f);
-    const Tensor m = arena.f32({P}, 0, 0), v = arena.f32({P}, 0, 0);
-    const ops::AdamWParams p{6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 1.0f};
-    const std::string s = dims({{"params", P}});
-    bench.time("adamw_update", s, 7.0 * 4 * double(P), 0, [&] { ops::adamw_update(param, grad, m, v, p); });
-    bench.time("sum_squares (grad norm)", s, 4.0 * double(P), 0, [&] { ops::sum_squares(grad); });
   }
 }
 
