@@ -80,6 +80,25 @@ TEST_CASE("1F1B: warm-up, one forward one backward, cool-down on each stage (P 4
   CHECK_THROWS_AS(train::one_f_one_b(4, 0, 0), std::invalid_argument);
 }
 
+TEST_CASE("one stage: each micro-step's forward, then its backward, with nothing to transfer", "[pipeline]") {
+  // The trainer runs training without a pipeline as this schedule: the micro-steps of gradient
+  // accumulation in order, one set of activations, no transfers.
+  CHECK(text(train::one_f_one_b(1, 0, 4)) == "F0 B0 F1 B1 F2 B2 F3 B3");
+  CHECK(text(train::one_f_one_b(1, 0, 1)) == "F0 B0");
+  for (int m : {1, 2, 5, 8}) {
+    CAPTURE(m);
+    const auto list = train::one_f_one_b(1, 0, m);
+    CHECK(train::peak_live_activations(list) == 1);
+    const auto groups = train::transfer_groups(list, 1, 0, 1, 0);
+    CHECK(groups.size() == list.size() + 1);
+    for (const auto& group : groups) CHECK(group.empty());
+    // Forwards only (validation): no transfers either.
+    std::vector<PipelineOp> forwards;
+    for (int k = 0; k < m; ++k) forwards.push_back({PipelineOp::forward, k, 0});
+    for (const auto& group : train::transfer_groups(forwards, 1, 0, 1, m)) CHECK(group.empty());
+  }
+}
+
 TEST_CASE("1F1B: each micro-batch forward once, then backward once, in order", "[pipeline]") {
   for (int P : {1, 2, 3, 4, 8}) {
     for (int m : {1, 2, 3, 4, 7, 8, 16}) {
