@@ -31,6 +31,8 @@
 namespace llmtrain::checkpoint {
 namespace {
 
+namespace fs = std::filesystem;
+
 std::vector<float> transposed(const float* x, std::int64_t rows, std::int64_t cols) {
   std::vector<float> out(std::size_t(rows * cols));
   for (std::int64_t r = 0; r < rows; ++r) {
