@@ -4,7 +4,8 @@
 # (tests/CMakeLists.txt) as
 #   cmake -DNVCC=... -DSOURCES=a.cu|b.cu -DSOURCE_DIR=... -DINCLUDES=x|y -DDEFINES=A=1|B -DARCHS=90|80
 #         -DWORK_DIR=... -P spill_check.cmake
-# (lists joined with |), so that it follows the target's sources wherever they move.
+# (lists joined with |), so that it follows the target's sources wherever they move; -DEXTRA_FLAGS
+# adds nvcc flags (the test that the check catches a spill holds a fixture to 16 registers).
 foreach(var NVCC SOURCES SOURCE_DIR ARCHS WORK_DIR)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "spill_check.cmake: -D${var}=... is required")
@@ -14,7 +15,8 @@ string(REPLACE "|" ";" sources "${SOURCES}")
 string(REPLACE "|" ";" includes "${INCLUDES}")
 string(REPLACE "|" ";" defines "${DEFINES}")
 string(REPLACE "|" ";" archs "${ARCHS}")
-set(flags -cubin -O3 -std=c++17 --expt-relaxed-constexpr -Xptxas -v)
+string(REPLACE "|" ";" extra "${EXTRA_FLAGS}")
+set(flags -cubin -O3 -std=c++17 --expt-relaxed-constexpr -Xptxas -v ${extra})
 foreach(dir IN LISTS includes)
   if(dir)
     list(APPEND flags "-I${dir}")
