@@ -17,7 +17,9 @@
 # or, with --cuda-site DIR, the real wheels installed in DIR (pip install --target DIR
 # nvidia-cuda-nvcc nvidia-cuda-runtime nvidia-nvvm nvidia-cuda-crt; cuBLAS is added from here).
 #
-# Usage: tests/gpu_bare_node_test.sh [--dry-run-only] [--no-static-runtime] [--cuda-site DIR] [--jobs N] [WORK_DIR]
+# Usage: tests/gpu_bare_node_test.sh [--dry-run-only|--configure-only] [--no-static-runtime] [--cuda-site DIR] [--jobs N] [WORK_DIR]
+#   --configure-only  after the dry run, only CMake's configure step as gpu_check runs it (CMake's
+#             CUDA compiler test compiles and links a program with the wheel's runtime): minutes
 #   --no-static-runtime  the wheel without libcudart_static.a (as some ship): the probe and the
 #             build must link the shared runtime instead (CMakeLists.txt falls back by itself)
 #   WORK_DIR  default build-bare-node/ (the build is kept there, for ccache and reruns)
@@ -27,11 +29,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="$(pwd)"
-dry_only=0 no_static=0 cuda_site="" jobs=2 work="$repo/build-bare-node"
+dry_only=0 configure_only=0 no_static=0 cuda_site="" jobs=2 work="$repo/build-bare-node"
 while (($#)); do
   case "$1" in
     --dry-run-only) dry_only=1 ;;
     --no-static-runtime) no_static=1 ;;
+    --configure-only) configure_only=1 ;;
     --cuda-site) cuda_site="$(cd "${2:?--cuda-site needs a folder}" && pwd)"; shift ;;
     --jobs) jobs="${2:?}"; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -115,6 +118,7 @@ PROFILE
   args=(--jobs "$jobs")
   ((dry_only)) && args+=(--dry-run-only)
   ((no_static)) && args+=(--no-static-runtime)
+  ((configure_only)) && args+=(--configure-only)
   exec unshare --mount --net --propagation private "$0" "${args[@]}" "$work"
 fi
 
@@ -157,6 +161,21 @@ grep -q "^gpu_check: found: NVRTC: .*/nvidia/cu13/lib/libnvrtc.so" "$sim/dry-run
 grep -q "^gpu_check: note: no CUDA driver here" "$sim/dry-run.log" || { echo "FAILED: no driver check reported"; status=1; }
 ((status == 0)) || exit 1
 (( ${dry_only:-0} )) && { echo "dry run: ok"; exit 0; }
+if ((configure_only)); then
+  echo "== CMake's configure step, as gpu_check.sh runs it"
+  configure="$(grep -m 1 "^+ cmake -S . -B " "$sim/dry-run.log")"
+  read -r -a configure_cmd <<< "${configure#+ }"
+  rm -rf "$work/build"
+  if ! "${configure_cmd[@]}" > "$sim/configure.log" 2>&1; then
+    tail -n 40 "$sim/configure.log"; echo "FAILED: configure"; exit 1
+  fi
+  grep -E "CUDA runtime|CUDA  " "$sim/configure.log" || true
+  if ((no_static)) && ! grep -q "linking the shared CUDA runtime" "$sim/configure.log"; then
+    echo "FAILED: no fallback to the shared CUDA runtime"; exit 1
+  fi
+  echo "bare node: configure: ok"
+  exit 0
+fi
 
 echo "== scripts/gpu_check.sh --build-only (JOBS=$jobs)"
 export JOBS="$jobs"

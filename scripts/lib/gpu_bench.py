@@ -46,6 +46,8 @@ PEAKS = [
     ("A10", {"bf16": 125.0, "tf32": 62.5, "fp32": 31.2}),
 ]
 
+# llmtrain's start-up error for a model.attention "cudnn" that cuDNN refuses or cannot run here.
+REFUSED_PATTERN = re.compile(r'model\.attention: "cudnn"(: cuDNN \S+ refuses | cannot run here)')
 OOM_PATTERN = re.compile(r"out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|OutOfMemory", re.I)
 
 
@@ -589,6 +591,12 @@ def cmd_suite(a):
                 row.pop("error", None)
                 break
             row["error"] = r.get("error") or "failed"
+            if path == "cudnn" and REFUSED_PATTERN.search(r["stderr"]):
+                # cuDNN refuses this shape (or cannot run here) and llmtrain said so at start-up: a row
+                # that reports the refusal, not a failure of llmtrain.
+                row["error"] = "skipped: " + first_error_line(r["stderr"])
+                row["refused"] = True
+                break
             if not r["oom"]:
                 res["failures"].append({"what": row["name"], "error": row["error"], "command": r["command"],
                                         "log_tail": r["stderr"][-4000:]})
@@ -651,7 +659,7 @@ def cmd_suite(a):
     if not a.keep:
         shutil.rmtree(workdir, ignore_errors=True)
     save()
-    bad = [r for r in res["rows"] if "error" in r] or res["failures"]
+    bad = [r for r in res["rows"] if "error" in r and not r.get("refused")] or res["failures"]
     return 1 if bad else 0
 
 
@@ -745,7 +753,7 @@ def render_suite(suite, header, tests, build, problems=(), notes=(), extra=()):
             rows.append((r["name"], str(r["batch"]), f"{r['tokens_per_s']:,.0f}", mfu, mem, ratio))
         else:
             tried = "; ".join(f"{t['batch']}: {'out of memory' if t['oom'] else 'failed'}" for t in r.get("attempts", []))
-            rows.append((r["name"], "-", "FAILED" if not str(r.get("error", "")).startswith("not run") else "-", "", "",
+            rows.append((r["name"], "-", "FAILED" if not str(r.get("error", "")).startswith(("not run", "skipped")) else "-", "", "",
                          f"{r.get('error')}" + (f" (tried {tried})" if tried else "")))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     rule = "-" * (sum(widths) + 3 * len(widths) + 12)
