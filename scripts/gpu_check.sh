@@ -106,7 +106,9 @@ scale="${GPU_CHECK_TIME_SCALE:-1}"
 [[ "$scale" =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check.sh: GPU_CHECK_TIME_SCALE: a whole number >= 1" >&2; exit 2; }
 
 # The clock, in budget seconds (real seconds times GPU_CHECK_TIME_SCALE) since the start.
-now_us() { echo "${EPOCHREALTIME/./}"; }
+now_us() {  # (bash 5's EPOCHREALTIME, else date)
+  if [[ -n "${EPOCHREALTIME:-}" ]]; then echo "${EPOCHREALTIME/./}"; else echo $(( $(date +%s%N) / 1000 )); fi
+}
 start_us=$(now_us)
 spent() { echo $(( ($(now_us) - start_us) * scale / 1000000 )); }
 left() { echo $(( budget - $(spent) )); }
