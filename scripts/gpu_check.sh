@@ -1,59 +1,79 @@
 #!/usr/bin/env bash
 # One command for a machine with an NVIDIA GPU, offline, with nothing but a C++ compiler, python3
 # and the CUDA pieces, from the system or as Python wheels: builds llmtrain for this GPU only,
-# runs every Catch2 test case tagged [cuda], trains GPT-2 124M (T=1024, the largest micro-batch
-# that fits) with each attention path (our flash attention, cuDNN's), trains the same model in
-# PyTorch (bf16 autocast, SDPA, fused AdamW, torch.compile) in the same run, and prints one table:
-# tokens/s, MFU, peak GPU memory, the ratio to PyTorch, and the top kernels (nsys where it works,
-# else llmtrain's --profile-ops). The table also goes to --out as JSON, with a log of whatever
-# failed beside it (FILE.failures.log). After the training runs, bench/bench_kernels times every op of
-# the step at GPT-2 124M's shapes (micro-batch 8) against the GPU's ceilings (memory bandwidth,
-# bf16 matrix peak), our attention beside cuDNN's; its table is printed below the training table.
+# runs the Catch2 test cases tagged [cuda], trains GPT-2 124M (T=1024) with each attention path
+# (our flash attention, cuDNN's), and prints one table. The whole run keeps to one deadline
+# (--budget): the build is capped so that the stages after it keep what they need, and the time
+# after the build is split between the stages by their needs (measured on the last run in this
+# build folder, else estimated); a stage that no longer fits is skipped, and the table says so.
+#
+# Two modes. --quick (the default when --budget is under 360 s) fits 4 minutes after the build:
+# the [cuda] cases of the ops and the model (test_ops, test_cuda_ops, test_cuda_model), then one
+# bf16 training row per attention path at one micro-batch (16 unless --batches names one); no
+# PyTorch, no kernel table. --full (the default from 360 s) runs the [cuda] cases of every test
+# binary, searches the largest micro-batch that fits for each attention path, trains the same
+# model in PyTorch (bf16 autocast, SDPA, fused AdamW, torch.compile), profiles each path (nsys
+# where it works, else llmtrain's --profile-ops), and times every op of the step with
+# bench/bench_kernels against the GPU's ceilings. In both, where compute-sanitizer is found and
+# time is left, racecheck and synccheck run over the flash attention [cuda] cases. The table also
+# goes to --out as JSON, with a log of whatever failed beside it (FILE.failures.log).
 #
 # Where things are looked for (first found wins; every missing piece is listed at once, one line each):
 #   nvcc     $CUDA_HOME/bin, /usr/local/cuda/bin, the PATH, the wheels (nvidia/cu13/bin, nvidia/cuda_nvcc/bin)
 #   CUDA     beside nvcc (lib64, targets/*/lib, lib), the wheels nvidia.cuda_runtime and nvidia.cublas
+#   NVRTC    libnvrtc.so.N beside the CUDA runtime or in the wheels (nvidia.cu13, nvidia.cuda_nvrtc):
+#            cuDNN compiles its attention engines with it at run time (without it: no cudnn row)
 #   NCCL     $NCCL_HOME, beside nvcc, /usr and /usr/local, the wheel nvidia.nccl
 #   cuDNN    $CUDNN_HOME, beside nvcc, /usr and /usr/local, the wheel nvidia.cudnn (optional: without
 #            it the cudnn row is skipped)
 #   wheels   asked of $PYTHON: where the packages nvidia.cu13, nvidia.nccl, nvidia.cudnn... live
 #   headers  nlohmann/json, CLI11, Catch2 v2: the system's, else third_party/ (scripts/vendor_deps.sh,
 #            run where the packages are and carried along); the network is never used
+# Then discovery compiles a three-line probe (.cu) with the nvcc and host compiler found, linked as
+# the build will link (the static CUDA runtime, else the shared one where a wheel has no
+# libcudart_static.a), and runs it: it names the driver's CUDA version (which must not be older
+# than the toolkit's) and the devices it sees. nvcc --version alone proves little: CUDA 13 wheels
+# split the crt headers and libnvvm into wheels of their own.
 # Wheels ship libraries under versioned names only (libnccl.so.2, libcudnn.so.9, libcudart.so.13):
 # they are passed to CMake by full path, and their folders go on LD_LIBRARY_PATH for the runs.
 # Without mpicxx the build has no MPI (one GPU needs none); without OpenBLAS the CPU matmul is slow
 # (unused here). Only this GPU's architecture is compiled (90 where there is no GPU), with one job
-# per core. The whole run keeps to --budget seconds: a stage that would overrun is skipped, and
-# the table says so.
+# per core.
 #
-# Usage: scripts/gpu_check.sh [--dry-run] [--build-only] [--out FILE] [--budget SECONDS]
+# Usage: scripts/gpu_check.sh [--dry-run] [--build-only] [--quick|--full] [--out FILE] [--budget SECONDS]
 #          [--build-dir DIR] [--steps N] [--precision bf16|fp32] [--batches 64,32,16,8,4,2,1]
 #          [--attention flash,cudnn] [--skip-tests] [--skip-bench] [--skip-pytorch] [--skip-kernels]
-#   --dry-run     find everything, list what is missing, print the commands; needs no GPU
+#          [--skip-sanitizer]
+#   --dry-run     find everything (the probe included), list what is missing, print the commands
 #   --build-only  find, configure and build (no GPU needed), then stop
+#   --quick, --full  the modes above (default: --quick under 360 s of budget)
 #   --out FILE    the table as JSON (default BUILD_DIR/gpu_check/gpu_check.json)
-#   --budget S    the time the whole check may take (default 480: 8 minutes; the kernel table is
-#                 kept 60 s of it)
+#   --budget S    the time the whole check may take, build included (default 480: 8 minutes)
 # Environment: JOBS (default: nproc), CUDA_ARCHS (default: the GPU's compute capability),
 #   PEAK_TFLOPS (a GPU this script does not know), CUDA_HOME, NCCL_HOME, CUDNN_HOME,
 #   LLMTRAIN_VENDOR_DIR (default: third_party/), PYTHON (default: python3), EXTRA_CMAKE_ARGS
-#   (more -D flags for the configure step, split on spaces; they come last and win).
-# Exit status: 0 when the build, every [cuda] test and every benchmark row passed; 1 otherwise; 2 usage.
+#   (more -D flags for the configure step, split on spaces; they come last and win),
+#   GPU_CHECK_TIME_SCALE (tests of the deadline logic only: budget seconds per real second).
+# Exit status: 0 when the build, every [cuda] test that ran and every benchmark row passed; 1
+#   otherwise, and also when no GPU is usable or every [cuda] case skipped; 2 usage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="$(pwd)"
 
-dry_run=0 build_only=0 skip_tests=0 skip_bench=0 skip_pytorch=0 skip_kernels=0
-build_dir=build-gpu steps=30 precision=bf16 batches="64,32,16,8,4,2,1" attention="flash,cudnn" budget=480 out=""
+dry_run=0 build_only=0 skip_tests=0 skip_bench=0 skip_pytorch=0 skip_kernels=0 skip_sanitizer=0 mode=""
+build_dir=build-gpu steps="" precision=bf16 batches="" attention="flash,cudnn" budget=480 out=""
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 while (($#)); do
   case "$1" in
     --dry-run) dry_run=1 ;;
     --build-only) build_only=1 ;;
+    --quick) mode=quick ;;
+    --full) mode=full ;;
     --skip-tests) skip_tests=1 ;;
     --skip-bench) skip_bench=1 ;;
     --skip-pytorch) skip_pytorch=1 ;;
     --skip-kernels) skip_kernels=1 ;;
+    --skip-sanitizer) skip_sanitizer=1 ;;
     --out) out="${2:?--out needs a file}"; shift ;;
     --budget) budget="${2:?--budget needs seconds}"; shift ;;
     --build-dir) build_dir="${2:?--build-dir needs a folder}"; shift ;;
@@ -66,14 +86,36 @@ while (($#)); do
   esac
   shift
 done
+[[ "$budget" =~ ^[0-9]+$ && "$budget" -ge 60 ]] || { echo "gpu_check.sh: --budget: expected seconds >= 60" >&2; exit 2; }
+[[ -n "$mode" ]] || { if ((budget < 360)); then mode=quick; else mode=full; fi; }
+quick=0
+[[ "$mode" == quick ]] && quick=1
+# Quick: one micro-batch, fewer steps, no PyTorch, no profile, no kernel table.
+if ((quick)); then
+  steps="${steps:-15}" batches="${batches:-16}"
+  batches="${batches%%,*}"
+  skip_pytorch=1 skip_kernels=1
+else
+  steps="${steps:-30}" batches="${batches:-64,32,16,8,4,2,1}"
+fi
 [[ "$steps" =~ ^[0-9]+$ && "$steps" -ge 5 ]] || { echo "gpu_check.sh: --steps: expected a number >= 5" >&2; exit 2; }
 [[ "$precision" == bf16 || "$precision" == fp32 ]] || { echo "gpu_check.sh: --precision: bf16 or fp32" >&2; exit 2; }
 [[ "$batches" =~ ^[0-9]+(,[0-9]+)*$ ]] || { echo "gpu_check.sh: --batches: expected numbers separated by commas" >&2; exit 2; }
 [[ "$attention" =~ ^(flash|cudnn)(,(flash|cudnn))*$ ]] || { echo "gpu_check.sh: --attention: flash, cudnn or both" >&2; exit 2; }
-[[ "$budget" =~ ^[0-9]+$ && "$budget" -ge 60 ]] || { echo "gpu_check.sh: --budget: expected seconds >= 60" >&2; exit 2; }
+scale="${GPU_CHECK_TIME_SCALE:-1}"
+[[ "$scale" =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check.sh: GPU_CHECK_TIME_SCALE: a whole number >= 1" >&2; exit 2; }
 
-start=$SECONDS
-deadline=$(($(date +%s) + budget))
+# The clock, in budget seconds (real seconds times GPU_CHECK_TIME_SCALE) since the start.
+now_us() {  # (bash 5's EPOCHREALTIME, else date)
+  if [[ -n "${EPOCHREALTIME:-}" ]]; then echo "${EPOCHREALTIME/./}"; else echo $(( $(date +%s%N) / 1000 )); fi
+}
+start_us=$(now_us)
+spent() { echo $(( ($(now_us) - start_us) * scale / 1000000 )); }
+left() { echo $(( budget - $(spent) )); }
+# real SECONDS: budget seconds as real seconds (for timeout and for the Python helpers' clocks).
+real() { printf '%d.%03d' $(( $1 / scale )) $(( ($1 % scale) * 1000 / scale )); }
+# epoch_in S: the epoch time (real seconds) S budget seconds from now, for the Python helpers.
+epoch_in() { local us=$(( $(now_us) + $1 * 1000000 / scale )); printf '%d.%06d' $((us / 1000000)) $((us % 1000000)); }
 python="${PYTHON:-python3}"
 jobs="${JOBS:-$(nproc)}"
 logs="$build_dir/gpu_check"
@@ -81,18 +123,12 @@ out="${out:-$logs/gpu_check.json}"
 problems=()    # what stops the check: one line each
 notes=()       # what is missing but only shrinks the table
 found=()       # where each piece was found (printed by --dry-run and in the JSON)
+stages=()      # "name=status" rows of the table beyond the build, the tests and the kernels
 status_build="not run" status_tests="not run" bench_error="" status_kernels="not run"
+status_sanitizer="not run"
 
 say() { echo "gpu_check: $*" >&2; }
-elapsed() { local s=$((SECONDS - start)); printf '%dm%02ds' $((s / 60)) $((s % 60)); }
-left() { echo $((deadline - $(date +%s))); }
-# show_and_run LOG CMD...: prints the command; runs it (output to LOG) unless this is a dry run.
-show_and_run() {
-  local log="$1"; shift
-  echo "+ $*" >&2
-  ((dry_run)) && return 0
-  "$@" > "$log" 2>&1
-}
+elapsed() { local s; s=$(spent); printf '%dm%02ds' $((s / 60)) $((s % 60)); }
 # first_lib NAME DIR...: DIR/libNAME.so, else DIR's libNAME.so.N (wheels ship only that), first DIR that has one.
 first_lib() {
   local name="$1" dir file; shift
@@ -124,7 +160,7 @@ if command -v "$python" >/dev/null; then
   have_python=1
   while read -r name path; do [[ -n "$name" ]] && wheel[$name]="$path"; done < <("$python" - 2>/dev/null <<'PY' || true
 import importlib.util
-for name in ("cu13", "cuda_nvcc", "cuda_runtime", "cublas", "nccl", "cudnn"):
+for name in ("cu13", "cuda_nvcc", "cuda_runtime", "cuda_nvrtc", "cublas", "nccl", "cudnn"):
     try:
         spec = importlib.util.find_spec("nvidia." + name)
     except (ImportError, ValueError):
@@ -168,7 +204,8 @@ else
   for d in "$cuda_root"/targets/*-linux/include "$cuda_root/include" "$(w cuda_runtime /include)" "$(w cublas /include)"; do
     [[ -d "$d" ]] && cuda_inc+=("$d")
   done
-  for d in "$cuda_root/lib64" "$cuda_root"/targets/*-linux/lib "$cuda_root/lib" "$(w cuda_runtime /lib)" "$(w cublas /lib)"; do
+  for d in "$cuda_root/lib64" "$cuda_root"/targets/*-linux/lib "$cuda_root/lib" "$(w cuda_runtime /lib)" "$(w cublas /lib)" \
+           "$(w cuda_nvrtc /lib)"; do
     [[ -d "$d" ]] && cuda_lib+=("$d")
   done
 fi
@@ -198,8 +235,24 @@ if [[ -n "$nvcc" ]]; then
   cccl=0  # CUDA's C++ library (cuda_fp16.h includes <nv/target>): the toolkit's include/cccl, or include/
   for d in "${cuda_inc[@]}"; do [[ -f "$d/cccl/nv/target" || -f "$d/nv/target" ]] && cccl=1; done
   ((cccl)) || problems+=("CCCL headers (nv/target) not found beside $nvcc: the wheel nvidia-cuda-cccl, or a full toolkit")
-  # nvcc links the static CUDA runtime from lib64 beside it; a wheel has lib/ only.
-  if [[ ! -d "$cuda_root/lib64" ]] && static="$(compgen -G "$cuda_root/lib/libcudart_static.a" || compgen -G "$(w cuda_runtime /lib)/libcudart_static.a")"; then
+  # NVRTC: cuDNN's runtime-compiled attention engines load libnvrtc.so.N (nothing links it).
+  if path="$(first_lib nvrtc "${cuda_lib[@]}" "$(w cu13 /lib)")"; then
+    found+=("NVRTC: $path")
+    run_libs+=("$(dirname "$path")")
+  else
+    notes+=("libnvrtc.so not found beside $nvcc nor in the wheels nvidia.cu13 / nvidia.cuda_nvrtc: cuDNN cannot compile its attention engines, so the cudnn row and cuDNN's [cuda] cases will report a refusal")
+  fi
+  # nvcc links the static CUDA runtime from lib64 beside it; a wheel has lib/ only, and may have no
+  # libcudart_static.a at all: then the shared runtime, as CMake does (CMakeLists.txt) and the probe.
+  cudart_mode=static
+  static="$(compgen -G "$cuda_root/lib64/libcudart_static.a" || compgen -G "$cuda_root/lib/libcudart_static.a" ||
+            compgen -G "$cuda_root/targets/*-linux/lib/libcudart_static.a" ||
+            compgen -G "$(w cuda_runtime /lib)/libcudart_static.a" || true)"
+  static="${static%%$'\n'*}"
+  if [[ -z "$static" ]]; then
+    cudart_mode=shared
+    notes+=("libcudart_static.a not found beside $nvcc nor in the wheel nvidia.cuda_runtime: the probe and the build link the shared CUDA runtime")
+  elif [[ "$(dirname "$static")" != "$cuda_root/lib64" ]]; then
     LIBRARY_PATH="$(dirname "$static")${LIBRARY_PATH:+:$LIBRARY_PATH}"
     export LIBRARY_PATH
   fi
@@ -288,9 +341,70 @@ if ((${#run_libs[@]})); then
   export LD_LIBRARY_PATH
 fi
 
+# ---- the probe: three lines of CUDA through the nvcc and host compiler found, linked as the build
+# links (static or shared runtime), then run: the driver's CUDA version and the devices it sees ----
+# nvcc's host compiler is g++ from the PATH unless told otherwise; CMake's is the same.
+host_cxx="$(command -v g++ || true)"
+if [[ -z "$host_cxx" ]] && host_cxx="$(command -v c++)"; then cmake_flags+=(-DCMAKE_CUDA_HOST_COMPILER="$host_cxx"); fi
+probe_text="not run" driver_cuda="" probe_devices=""
+if [[ -n "$nvcc" && -n "$nvcc_version" && -n "$host_cxx" ]]; then
+  probe_dir="$(mktemp -d)"
+  trap 'rm -rf "$probe_dir"' EXIT
+  cat > "$probe_dir/probe.cu" <<'CU'
+#include <cstdio>
+__global__ void probe_kernel(int* p) { *p = 42; }
+int main() { int runtime = 0, driver = 0, devices = 0, value = 0, *p = nullptr; cudaRuntimeGetVersion(&runtime); cudaDriverGetVersion(&driver); cudaError_t e = cudaGetDeviceCount(&devices); if (e == cudaSuccess && devices > 0 && (e = cudaMalloc(&p, sizeof(int))) == cudaSuccess) { probe_kernel<<<1, 1>>>(p); if ((e = cudaMemcpy(&value, p, sizeof(int), cudaMemcpyDeviceToHost)) == cudaSuccess && value != 42) e = cudaErrorUnknown; } std::printf("runtime %d driver %d devices %d kernel %s\n", runtime, driver, devices, value == 42 ? "ran" : cudaGetErrorString(e)); return 0; }
+CU
+  probe_link=(-cudart "$cudart_mode")
+  if [[ "$cudart_mode" == shared ]]; then  # a wheel's libcudart.so.N, under the name the linker asks for
+    mkdir -p "$probe_dir/link"
+    runtime_so="$(first_lib cudart "${cuda_lib[@]}" || true)"
+    [[ -n "$runtime_so" ]] && ln -sf "$runtime_so" "$probe_dir/link/libcudart.so"
+    probe_link+=(-L"$probe_dir/link")
+    [[ -n "$runtime_so" ]] && probe_link+=(-L"$(dirname "$runtime_so")")
+  fi
+  probe_arch="${archs:-90}"
+  probe_arch="${probe_arch%%;*}"
+  probe_cmd=("$nvcc" -ccbin "$host_cxx" -arch=sm_"$probe_arch" "${probe_link[@]}" -o "$probe_dir/probe" "$probe_dir/probe.cu")
+  echo "+ ${probe_cmd[*]}" >&2
+  if ! timeout 120 "${probe_cmd[@]}" > "$probe_dir/compile.log" 2>&1; then
+    problems+=("the probe (three lines of CUDA) does not compile and link with $nvcc, host compiler $host_cxx, $cudart_mode CUDA runtime: $(grep -m 1 -iE 'error|cannot|fatal' "$probe_dir/compile.log" || tail -n 1 "$probe_dir/compile.log")")
+    probe_text="FAILED: does not compile or link"
+  elif ! probe_out="$(timeout 60 "$probe_dir/probe" 2>&1)" ||
+       ! [[ "$probe_out" =~ ^runtime\ ([0-9]+)\ driver\ ([0-9]+)\ devices\ ([0-9]+)\ kernel\ (.*)$ ]]; then
+    problems+=("the probe compiled but did not run: ${probe_out:-no output}")
+    probe_text="FAILED: does not run"
+  else
+    runtime_v="${BASH_REMATCH[1]}" driver_v="${BASH_REMATCH[2]}" probe_devices="${BASH_REMATCH[3]}" kernel="${BASH_REMATCH[4]}"
+    cuda_v() { echo "$(($1 / 1000)).$(($1 % 1000 / 10))"; }
+    probe_text="compiled and linked (sm_$probe_arch, $cudart_mode runtime $(cuda_v "$runtime_v"), host compiler $host_cxx)"
+    found+=("probe: $probe_text")
+    no_gpu_ok=$((dry_run || build_only))
+    if ((driver_v == 0)); then
+      probe_text+="; no CUDA driver"
+      if ((no_gpu_ok)); then notes+=("no CUDA driver here (the probe's cudaDriverGetVersion gives 0): fine for --dry-run and --build-only")
+      else problems+=("no CUDA driver: the probe's cudaDriverGetVersion gives 0 (is libcuda.so.1 loadable?)"); fi
+    else
+      driver_cuda="$(cuda_v "$driver_v")"
+      probe_text+="; driver supports CUDA $driver_cuda, $probe_devices device(s), kernel: $kernel"
+      if ((driver_v / 1000 < runtime_v / 1000)); then
+        problems+=("the driver supports CUDA $driver_cuda, older than the toolkit's $(cuda_v "$runtime_v"): every [cuda] case would skip; update the driver or use a CUDA $((driver_v / 1000)) toolkit")
+      elif ((driver_v < runtime_v)); then
+        notes+=("the driver supports CUDA $driver_cuda, the toolkit is $(cuda_v "$runtime_v"): minor-version compatibility (sm_$probe_arch code runs, PTX for newer targets cannot be compiled by this driver)")
+      fi
+      if ((probe_devices == 0)) && ((!no_gpu_ok)); then
+        problems+=("no device: the probe sees none ($kernel)")
+      elif ((probe_devices > 0)) && [[ "$kernel" != ran ]]; then
+        problems+=("the probe's kernel (sm_$probe_arch) did not run on device 0: $kernel")
+      fi
+    fi
+  fi
+fi
+stages+=("probe=$probe_text")
+
 gpus_text="no GPU"
 ((gpu_count)) && gpus_text="$gpu_name x$gpu_count"
-header="GPU check: $gpus_text (sm $archs, ${gpu_memory_mib:-?} MiB, driver ${driver:-?}), nvcc ${nvcc_version}, MPI $mpi, $(git rev-parse --short HEAD 2>/dev/null || echo 'no git')"
+header="GPU check ($mode, budget ${budget} s): $gpus_text (sm $archs, ${gpu_memory_mib:-?} MiB, driver ${driver:-?}${driver_cuda:+, CUDA $driver_cuda}), nvcc ${nvcc_version}, MPI $mpi, $(git rev-parse --short HEAD 2>/dev/null || echo 'no git')"
 
 for f in "${found[@]}"; do say "found: $f"; done
 for n in "${notes[@]}"; do say "note: $n"; done
@@ -298,21 +412,77 @@ for p in "${problems[@]}"; do say "missing: $p"; done
 ((${#problems[@]})) || say "nothing missing"
 ((${#problems[@]} == 0)) && ((dry_run)) && [[ -n "${LD_LIBRARY_PATH:-}" ]] && say "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 
+# ---- the plan: each stage's need in budget seconds -------------------------------------------------
+# Estimates, replaced by what the stage took on the last run in this build folder (in this mode)
+# when it ran to its end; stage_seconds.txt keeps them. The time after the build is split between
+# the stages still to come in proportion to their needs; the build may take what the budget leaves
+# after the stages' needs (the quick mode's where --full, so that a slow build shrinks the full
+# run towards the quick one instead of failing).
+declare -A need=()
+if ((quick)); then
+  need=([tests]=100 [bench]=90 [kernels]=0 [sanitizer]=90)
+else
+  need=([tests]=200 [bench]=0 [kernels]=60 [sanitizer]=120)
+fi
+# The benchmark: per attention path one run (quick) or a micro-batch search and a profile (full),
+# PyTorch's compile and run on top.
+bench_paths=$(tr , '\n' <<< "$attention" | grep -c .)
+row_need=$(( quick ? 40 : 60 ))
+need[bench]=$(( quick ? row_need * bench_paths : 135 * bench_paths + (skip_pytorch ? 0 : 150) ))
+needs_file="$logs/stage_seconds.txt"
+if [[ -f "$needs_file" ]]; then
+  while read -r m stage seconds; do
+    [[ "$m" == "$mode" && -n "${need[$stage]+x}" && "$seconds" =~ ^[0-9]+$ ]] && need[$stage]=$((seconds * 6 / 5 + 5))
+  done < "$needs_file"
+fi
+declare -A measured=()  # stage -> seconds, for the stages that ran to their end this time
+report_reserve=10       # the table and the JSON at the end
+plan=()                 # the stages after the build, in order
+((skip_tests)) || plan+=(tests)
+((skip_bench)) || plan+=(bench)
+((skip_kernels)) || plan+=(kernels)
+((skip_sanitizer)) || plan+=(sanitizer)
+# slice STAGE: its share of the time left, by its need against the needs of it and the stages after it.
+slice() {
+  local stage="$1" total=0 s on=0 l
+  for s in "${plan[@]}"; do
+    [[ "$s" == "$stage" ]] && on=1
+    ((on)) && total=$((total + need[$s]))
+  done
+  l=$(( $(left) - report_reserve ))
+  ((total > 0 && l > 0)) || { echo 0; return; }
+  echo $(( l * need[$stage] / total ))
+}
+# fits STAGE SLICE MIN: true when SLICE is at least MIN; else says why not in the stage's status.
+skipped_for_time() { echo "skipped for time: $1 s of the budget left for it, it needs about $2 s"; }
+# run_capped LOG CAP CMD...: CMD with its output in LOG, stopped after CAP budget seconds (exit 124).
+run_capped() {
+  local log="$1" cap="$2"; shift 2
+  timeout --kill-after=5 "$(real "$cap")" "$@" > "$log" 2>&1
+}
+
 # ---- the table and the JSON ---------------------------------------------------------------------
 tests_json="" suite_json="" kernels_json=""
-finish() {  # finish EXIT_CODE: the table, the JSON, the failure log; then exit
-  local args=(--header "$header, $(elapsed)" --build "$status_build" --tests "$status_tests")
+finish() {  # finish EXIT_CODE: the table, the JSON, the failure log, the measured needs; then exit
+  local args=(--header "$header, $(elapsed) of ${budget} s" --build "$status_build" --tests "$status_tests")
   [[ -n "$tests_json" && -f "$tests_json" ]] && args+=(--tests-json "$tests_json")
   [[ -n "$suite_json" && -f "$suite_json" ]] && args+=(--suite "$suite_json")
   [[ -n "$bench_error" ]] && args+=(--bench-error "$bench_error")
   args+=(--kernels-status "$status_kernels")
   [[ -n "$kernels_json" && -f "$kernels_json" ]] && args+=(--kernels "$kernels_json")
+  stages+=("sanitizer=$status_sanitizer")
+  for s in "${stages[@]}"; do args+=(--stage "$s"); done
   for p in "${problems[@]}"; do args+=(--problem "$p"); done
   for n in "${notes[@]}"; do args+=(--note "$n"); done
   for f in "${found[@]}"; do args+=(--found "$f"); done
   if ((!dry_run)); then
     mkdir -p "$(dirname "$out")"
     args+=(--json "$out" --failures-log "${out%.json}.failures.log" --logs "$logs" --ld-library-path "${LD_LIBRARY_PATH:-}")
+    if ((${#measured[@]})) && [[ -d "$logs" ]]; then
+      { [[ -f "$needs_file" ]] && grep -v "^$mode " "$needs_file"
+        for s in "${!measured[@]}"; do echo "$mode $s ${measured[$s]}"; done; } > "$needs_file.new" || true
+      mv -f "$needs_file.new" "$needs_file" 2>/dev/null || true
+    fi
   fi
   if ((have_python)); then
     "$python" scripts/lib/gpu_bench.py report "${args[@]}" || true
@@ -325,7 +495,8 @@ failed=0
 if ((${#problems[@]})); then
   if ((!dry_run)); then
     status_build="not run: ${#problems[@]} missing piece(s), listed above"
-    bench_error="not run: no build" status_kernels="not run: no build"
+    status_tests="not run: no build" bench_error="not run: no build" status_kernels="not run: no build"
+    status_sanitizer="not run: no build"
     finish 1
   fi
   say "dry run: continuing to show what would run"
@@ -334,7 +505,8 @@ fi
 ((dry_run)) || mkdir -p "$logs"
 
 # ---- build ---------------------------------------------------------------------------------------
-# Only llmtrain and the test binaries that hold [cuda] cases.
+# Only llmtrain and the test binaries that hold [cuda] cases (--quick: the ops' and the model's).
+quick_tests=(test_ops test_cuda_ops test_cuda_model)
 targets=(llmtrain)
 ((skip_kernels)) || targets+=(bench_kernels)
 if ((!skip_tests)); then
@@ -346,91 +518,175 @@ for name, body in re.findall(r"llmtrain_add_test\((\w+)\s+SOURCES\s+(.*?)(?:\s+L
         print(name)
 PY
 )
+  if ((quick)); then
+    mapfile -t test_targets < <(printf '%s\n' "${test_targets[@]}" | grep -xF -f <(printf '%s\n' "${quick_tests[@]}") || true)
+  fi
   targets+=("${test_targets[@]}")
 fi
-build_start=$SECONDS
-if show_and_run "$logs/configure.log" cmake -S . -B "$build_dir" "${generator[@]}" "${cmake_flags[@]}" &&
-   show_and_run "$logs/build.log" cmake --build "$build_dir" -j "$jobs" --target "${targets[@]}"; then
-  status_build="ok: sm $archs, -j$jobs, $((SECONDS - build_start)) s, targets ${targets[*]}"
-  ((dry_run)) && status_build="not run (dry run)"
+# The build's cap: the budget less the stages' needs after it (the quick mode's needs in --full).
+after_build=$(( need[tests] + (quick ? need[bench] : 45 * bench_paths) ))
+((skip_tests)) && after_build=$((after_build - need[tests]))
+((skip_bench)) && after_build=$((after_build - (quick ? need[bench] : 45 * bench_paths)))
+build_cap=$(( $(left) - report_reserve - after_build ))
+((build_cap < 30)) && build_cap=30
+build_start=$(spent)
+echo "+ cmake -S . -B $build_dir ${generator[*]} ${cmake_flags[*]}" >&2
+echo "+ cmake --build $build_dir -j $jobs --target ${targets[*]}    (capped at ${build_cap} s)" >&2
+if ((dry_run)); then
+  status_build="not run (dry run); it would be capped at ${build_cap} s"
+elif run_capped "$logs/configure.log" "$build_cap" cmake -S . -B "$build_dir" "${generator[@]}" "${cmake_flags[@]}" &&
+     run_capped "$logs/build.log" $((build_cap - ($(spent) - build_start))) \
+       cmake --build "$build_dir" -j "$jobs" --target "${targets[@]}"; then
+  status_build="ok: sm $archs, -j$jobs, $(($(spent) - build_start)) s of its cap of ${build_cap} s, $cudart_mode CUDA runtime, targets ${targets[*]}"
 else
+  code=$?
+  took=$(($(spent) - build_start))
   tail -n 30 "$logs/configure.log" "$logs/build.log" 2>/dev/null >&2 || true
-  status_build="FAILED after $((SECONDS - build_start)) s: see $logs/configure.log and $logs/build.log"
-  bench_error="not run: no build" status_kernels="not run: no build"
+  if ((code == 124 || code == 137)) || ((took >= build_cap)); then
+    status_build="FAILED: stopped at its cap of ${build_cap} s (the budget of ${budget} s keeps ${after_build} s for the stages after it); what was built is kept in $build_dir: rerun, or give a larger --budget"
+  else
+    status_build="FAILED after ${took} s: see $logs/configure.log and $logs/build.log"
+  fi
+  status_tests="not run: no build" bench_error="not run: no build" status_kernels="not run: no build"
+  status_sanitizer="not run: no build"
   finish 1
 fi
 if ((build_only)); then
   status_tests="not run (--build-only)" bench_error="not run (--build-only)" status_kernels="not run (--build-only)"
+  status_sanitizer="not run (--build-only)"
   finish 0
 fi
 
-# ---- [cuda] tests (at most a quarter of the time left) ---------------------------------------------
+# The benchmark's synthetic tokens (a few seconds of Python), before the stages' clocks start.
+data="$logs/data"
+if ((!skip_bench)); then
+  echo "+ $python scripts/lib/gpu_bench.py shard $data --tokens 2097152 --vocab 50257" >&2
+  ((dry_run)) || [[ -f "$data/train_000000.bin" ]] ||
+    "$python" scripts/lib/gpu_bench.py shard "$data" --tokens 2097152 --vocab 50257 >/dev/null
+fi
+
+# ---- [cuda] tests: one deadline across the binaries (the ops' and the model's first) --------------
 if ((skip_tests)); then
   status_tests="skipped (--skip-tests)"
 else
-  tests_timeout=$(( $(left) / 4 ))
-  ((tests_timeout < 60)) && tests_timeout=60
-  echo "+ $python scripts/lib/gpu_bench.py cuda-tests --build $build_dir --timeout $tests_timeout --out $logs/cuda_tests.json" >&2
+  tests_slice=$(slice tests)
+  tests_cmd=("$python" scripts/lib/gpu_bench.py cuda-tests --build "$build_dir" --binaries "$(IFS=,; echo "${quick_tests[*]}")"
+             --out "$logs/cuda_tests.json")
+  ((quick)) || tests_cmd+=(--and-the-rest)
+  echo "+ ${tests_cmd[*]} --deadline <${tests_slice} s from now>" >&2
   if ((dry_run)); then
     status_tests="not run (dry run)"
+  elif ((tests_slice < 30)); then
+    status_tests="$(skipped_for_time "$tests_slice" 30)"
   else
-    tests_start=$SECONDS
+    tests_start=$(spent)
     tests_json="$logs/cuda_tests.json"
-    if "$python" scripts/lib/gpu_bench.py cuda-tests --build "$build_dir" --timeout "$tests_timeout" --out "$tests_json" \
-         > "$logs/cuda_tests.txt" 2>&1; then
-      status_tests="ok: $(head -n 1 "$logs/cuda_tests.txt"), $((SECONDS - tests_start)) s"
+    if "${tests_cmd[@]}" --deadline "$(epoch_in "$tests_slice")" --time-scale "$scale" > "$logs/cuda_tests.txt" 2>&1; then
+      status_tests="ok: $(head -n 1 "$logs/cuda_tests.txt"), $(($(spent) - tests_start)) s of its ${tests_slice} s"
     else
       failed=1
-      status_tests="FAILED: $(head -n 1 "$logs/cuda_tests.txt") (details: $logs/cuda_tests.txt, $build_dir/tests/*.cuda-tests.xml)"
+      status_tests="FAILED: $(head -n 1 "$logs/cuda_tests.txt"), $(($(spent) - tests_start)) s of its ${tests_slice} s (details: $logs/cuda_tests.txt, $build_dir/tests/*.cuda-tests.xml)"
     fi
+    grep -q "not run for time\|stopped at the deadline" "$logs/cuda_tests.txt" || measured[tests]=$(($(spent) - tests_start))
     sed -n '2,$p' "$logs/cuda_tests.txt" >&2
   fi
 fi
 
-# ---- benchmark: llmtrain with each attention path, then PyTorch on the same shapes -----------------
-# The training runs stop 60 s early when the kernel table comes after them.
-kernels_reserve=10
-((skip_kernels)) || kernels_reserve=60
+# ---- benchmark: llmtrain with each attention path (then PyTorch on the same shapes, --full) ---------
 if ((skip_bench)); then
   bench_error="skipped (--skip-bench)"
 else
-  data="$logs/data"
-  echo "+ $python scripts/lib/gpu_bench.py shard $data --tokens 2097152 --vocab 50257" >&2
+  bench_slice=$(slice bench)
   suite_cmd=("$python" scripts/lib/gpu_bench.py suite --binary "$build_dir/src/llmtrain" --config configs/gpt2-124m.json
              --data "$data" --gpu-name "${gpu_name:-unknown}" --batches "$batches" --steps "$steps"
-             --precision "$precision" --attention "$attention" --deadline "$((deadline - kernels_reserve))"
+             --precision "$precision" --attention "$attention" --row-estimate "$row_need"
              --workdir "$logs" --out "$logs/suite.json")
   ((skip_pytorch)) || suite_cmd+=(--pytorch "$python")
-  echo "+ ${suite_cmd[*]}" >&2
+  ((quick)) && suite_cmd+=(--profile-steps 0)
+  echo "+ ${suite_cmd[*]} --deadline <${bench_slice} s from now>" >&2
   if ((dry_run)); then
     bench_error="not run (dry run)"
+  elif ((bench_slice < 30)); then
+    bench_error="$(skipped_for_time "$bench_slice" "$row_need")"
   else
-    "$python" scripts/lib/gpu_bench.py shard "$data" --tokens 2097152 --vocab 50257 >/dev/null
+    bench_start=$(spent)
     suite_json="$logs/suite.json"
-    "${suite_cmd[@]}" || failed=1
+    "${suite_cmd[@]}" --deadline "$(epoch_in "$bench_slice")" --time-scale "$scale" || failed=1
+    "$python" -c 'import json, sys; sys.exit(1 if json.load(open(sys.argv[1])).get("skipped") else 0)' "$suite_json" 2>/dev/null &&
+      measured[bench]=$(($(spent) - bench_start))
   fi
 fi
 
-# ---- every kernel against its ceiling (bench/bench_kernels), beside the training table -------------
+# ---- every kernel against its ceiling (bench/bench_kernels), beside the training table (--full) ----
 if ((skip_kernels)); then
-  status_kernels="skipped (--skip-kernels)"
+  status_kernels="skipped ($( ((quick)) && echo "--quick" || echo "--skip-kernels"))"
 else
   kernels_cmd=("$build_dir/bench/bench_kernels" --batch 8 --json "$logs/kernels.json")
+  kernels_slice=$(slice kernels)
   echo "+ ${kernels_cmd[*]}" >&2
   if ((dry_run)); then
     status_kernels="not run (dry run)"
-  elif (($(left) < 20)); then
-    status_kernels="skipped: the budget is spent ($(left) s left)"
+  elif ((kernels_slice < 20)); then
+    status_kernels="$(skipped_for_time "$kernels_slice" "${need[kernels]}")"
   else
-    kernels_start=$SECONDS
+    kernels_start=$(spent)
     kernels_json="$logs/kernels.json"
     rm -f "$kernels_json"
-    if timeout "$(($(left) - 5))" "${kernels_cmd[@]}" > "$logs/kernels.txt" 2>&1; then
-      status_kernels="ok: $(($(grep -c . "$logs/kernels.txt") - 2)) ops, $((SECONDS - kernels_start)) s (details: $logs/kernels.txt)"
+    if run_capped "$logs/kernels.txt" "$kernels_slice" "${kernels_cmd[@]}"; then
+      status_kernels="ok: $(($(grep -c . "$logs/kernels.txt") - 2)) ops, $(($(spent) - kernels_start)) s (details: $logs/kernels.txt)"
+      measured[kernels]=$(($(spent) - kernels_start))
     else
+      code=$?
       failed=1
-      status_kernels="FAILED (exit $?) after $((SECONDS - kernels_start)) s: $(tail -n 1 "$logs/kernels.txt") (details: $logs/kernels.txt)"
+      status_kernels="FAILED (exit $code$( ((code == 124)) && echo ": stopped at its ${kernels_slice} s")) after $(($(spent) - kernels_start)) s: $(tail -n 1 "$logs/kernels.txt") (details: $logs/kernels.txt)"
     fi
+  fi
+fi
+
+# ---- compute-sanitizer racecheck and synccheck over the flash attention [cuda] cases ---------------
+sanitizer=""
+for candidate in "$(command -v compute-sanitizer || true)" "${cuda_root:+$cuda_root/bin/compute-sanitizer}" \
+                 "${cuda_root:+$cuda_root/compute-sanitizer/compute-sanitizer}" /usr/local/cuda/compute-sanitizer/compute-sanitizer \
+                 "$(w cu13 /bin/compute-sanitizer)" "$(w cu13 /compute-sanitizer/compute-sanitizer)"; do
+  if [[ -n "$candidate" && -x "$candidate" ]]; then sanitizer="$candidate"; break; fi
+done
+if ((skip_sanitizer)); then
+  status_sanitizer="skipped (--skip-sanitizer)"
+elif [[ -z "$sanitizer" ]]; then
+  status_sanitizer="skipped: compute-sanitizer not found (beside nvcc, the PATH, the wheel nvidia.cu13)"
+else
+  sanitizer_slice=$(slice sanitizer)
+  sanitizer_target=("$build_dir/tests/test_ops" "[cuda][flash]")
+  for tool in racecheck synccheck; do echo "+ $sanitizer --tool $tool --error-exitcode 99 ${sanitizer_target[*]}" >&2; done
+  if ((dry_run)); then
+    status_sanitizer="not run (dry run)"
+  elif ((skip_tests)) || [[ ! -x "${sanitizer_target[0]}" ]]; then
+    status_sanitizer="not run: ${sanitizer_target[0]} not built"
+  elif ((sanitizer_slice < 30)); then
+    status_sanitizer="$(skipped_for_time "$sanitizer_slice" "${need[sanitizer]}")"
+  else
+    sanitizer_start=$(spent) parts=() complete=1
+    for tool in racecheck synccheck; do
+      cap=$((sanitizer_slice - ($(spent) - sanitizer_start)))
+      [[ "$tool" == racecheck ]] && cap=$((sanitizer_slice / 2))
+      log="$logs/sanitizer_$tool.txt"
+      code=0
+      run_capped "$log" "$cap" "$sanitizer" --tool "$tool" --error-exitcode 99 "${sanitizer_target[@]}" || code=$?
+      summary="$(grep -m 1 -oE '(RACECHECK|SYNCCHECK|ERROR) SUMMARY: .*' "$log" | sed 's/^=* *//' || true)"
+      if ((code == 0)); then
+        parts+=("$tool ok (${summary:-no summary})")
+      elif ((code == 124 || code == 137)); then
+        complete=0
+        parts+=("$tool stopped at its ${cap} s, nothing reported before that")
+        grep -qE "[1-9][0-9]* (hazards|errors)" <<< "$summary" && { failed=1; parts[-1]="$tool FAILED: $summary (stopped at its ${cap} s)"; }
+      else
+        failed=1
+        parts+=("$tool FAILED (exit $code): ${summary:-$(tail -n 1 "$log")} (details: $log)")
+      fi
+    done
+    joined="$(printf '%s; ' "${parts[@]}")"
+    status_sanitizer="${joined%; }, $(($(spent) - sanitizer_start)) s"
+    ((complete)) && measured[sanitizer]=$(($(spent) - sanitizer_start))
   fi
 fi
 finish "$failed"

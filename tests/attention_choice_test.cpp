@@ -137,6 +137,24 @@ TEST_CASE("explicit attention choices: flash is kept, a cudnn that cuDNN refuses
   }
 }
 
+TEST_CASE("under tensor parallelism cuDNN is asked about each rank's own heads", "[model][attention]") {
+  const auto with_tp = [](int tp, int n_kv_head) {
+    return config::parse_config(R"({"model": {"arch": "llama", "attention": "auto", "context_length": 256,
+                                   "d_model": 512, "n_head": 8, "n_kv_head": )" + std::to_string(n_kv_head) + R"(},
+                                   "train": {"micro_batch_size": 4, "global_batch_size": 8, "precision": "bf16"},
+                                   "dist": {"tensor_parallel": )" + std::to_string(tp) + "}}",
+                                "test.json");
+  };
+  FakeProbe probe;
+  auto c = model::resolve_attention(with_tp(2, 4), Device::cuda, probe);
+  CHECK(probe.asked.describe() == "B=4 T=256 C=256 NH=4 NKV=2 (head size 64)");
+  CHECK(c.describe() == "attention: cudnn (bf16, cuDNN 9.99.0 accepts B=4 T=256 C=256 NH=4 NKV=2 (head size 64))");
+  c = model::resolve_attention(with_tp(4, 2), Device::cuda, probe);  // 4 does not divide 2 KV heads: one each
+  CHECK(probe.asked.describe() == "B=4 T=256 C=128 NH=2 NKV=1 (head size 64)");
+  c = model::resolve_attention(with_tp(1, 2), Device::cuda, probe);
+  CHECK(probe.asked.describe() == "B=4 T=256 C=512 NH=8 NKV=2 (head size 64)");
+}
+
 TEST_CASE("this build's cuDNN probe answers, with a reason when it says no", "[model][attention]") {
   // Without CUDA, cuDNN or a GPU, "auto" in bf16 falls back to flash with the probe's reason: it
   // must give one rather than throw.

@@ -571,10 +571,13 @@ TEST_CASE("cuda bf16 tensor-core flash backward is bitwise repeatable by default
     }
     REQUIRE(cuda::flash_attention_deterministic());
     CHECK(same_bytes(backward(), first));
-    // The single pass's dK and dV are the default's (the same kernel, the same order); its dQ
-    // agrees within the bf16 tolerance.
+    // The single pass's dK and dV come from another instantiation of the dK/dV kernel (the one that
+    // also adds dQ): the same sums in the same order, but nvcc may contract them into FMAs
+    // differently, so they agree within a few bf16 ulps, not bit for bit; its dQ agrees within the
+    // bf16 tolerance. (The bitwise checks above run the same kernel twice.)
     const Vec zeros(first.size(), 0.0f);
-    CHECK(same_bytes(increment(single, zeros, W, C, W), increment(first, zeros, W, C, W)));
+    require_close("dk and dv, single pass against the default", increment(single, zeros, W, C, W),
+                  increment(first, zeros, W, C, W), 1e-2);
     require_close("dq, single pass against the default", increment(single, zeros, W, 0, C),
                   increment(first, zeros, W, 0, C), 1e-2);
   }

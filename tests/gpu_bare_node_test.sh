@@ -4,7 +4,9 @@
 # nlohmann/CLI11/Catch2 packages (only a carried third_party/), no mpicxx, no network. Inside a
 # private mount namespace (unshare -m, as root) the system's copies are hidden by bind mounts of
 # empty folders (and an unexecutable file over mpicxx); a python3 on the PATH reports the wheel
-# folder. Then `gpu_check.sh --dry-run` must list nothing missing, and `gpu_check.sh --build-only`
+# folder. Then `gpu_check.sh --dry-run` must list nothing missing, its probe (three lines of CUDA)
+# must compile, link and run with the wheel toolkit (no driver here: the driver check says so),
+# NVRTC must be found in the wheel, and `gpu_check.sh --build-only`
 # must configure and build llmtrain and the [cuda] test binaries (sm_90 only), which must then
 # start (their libraries found through the LD_LIBRARY_PATH that gpu_check sets; no GPU here, so
 # their [cuda] cases skip).
@@ -15,7 +17,11 @@
 # or, with --cuda-site DIR, the real wheels installed in DIR (pip install --target DIR
 # nvidia-cuda-nvcc nvidia-cuda-runtime nvidia-nvvm nvidia-cuda-crt; cuBLAS is added from here).
 #
-# Usage: tests/gpu_bare_node_test.sh [--dry-run-only] [--cuda-site DIR] [--jobs N] [WORK_DIR]
+# Usage: tests/gpu_bare_node_test.sh [--dry-run-only|--configure-only] [--no-static-runtime] [--cuda-site DIR] [--jobs N] [WORK_DIR]
+#   --configure-only  after the dry run, only CMake's configure step as gpu_check runs it (CMake's
+#             CUDA compiler test compiles and links a program with the wheel's runtime): minutes
+#   --no-static-runtime  the wheel without libcudart_static.a (as some ship): the probe and the
+#             build must link the shared runtime instead (CMakeLists.txt falls back by itself)
 #   WORK_DIR  default build-bare-node/ (the build is kept there, for ccache and reruns)
 # Slow (a CUDA build: 20 to 40 minutes on 2 cores, minutes with a warm ccache): not in ctest.
 # Needs root, unshare(1), the CUDA toolkit with NCCL and cuDNN, and scripts/vendor_deps.sh's
@@ -23,10 +29,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="$(pwd)"
-dry_only=0 cuda_site="" jobs=2 work="$repo/build-bare-node"
+dry_only=0 configure_only=0 no_static=0 cuda_site="" jobs=2 work="$repo/build-bare-node"
 while (($#)); do
   case "$1" in
     --dry-run-only) dry_only=1 ;;
+    --no-static-runtime) no_static=1 ;;
+    --configure-only) configure_only=1 ;;
     --cuda-site) cuda_site="$(cd "${2:?--cuda-site needs a folder}" && pwd)"; shift ;;
     --jobs) jobs="${2:?}"; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -91,11 +99,14 @@ PROFILE
       case "$(basename "$f")" in nccl*|cudnn*) continue ;; esac
       ln -s "$(rel "$(readlink -f "$f")")" "$cu13/include/"
     done
-    for f in libcudart.so.13 libcudart_static.a libcudadevrt.a; do ln -s "$(rel "$(readlink -f "$lib/$f")")" "$cu13/lib/$f"; done
+    for f in libcudart.so.13 libcudart_static.a libcudadevrt.a libnvrtc.so.13 libnvrtc-builtins.so.13.0; do
+      [[ -e "$lib/$f" ]] && ln -s "$(rel "$(readlink -f "$lib/$f")")" "$cu13/lib/$f"
+    done
   fi
+  ((no_static)) && rm -f "$cu13/lib/libcudart_static.a"
   # cuBLAS and CCCL, as the nvidia-cublas and nvidia-cuda-cccl wheels add them to nvidia/cu13.
-  [[ -e "$cu13/include/cccl" ]] || ln -s "$(rel "$(readlink -f "$inc/cccl")")" "$cu13/include/cccl"
-  for f in "$inc"/cublas*.h; do [[ -e "$cu13/include/$(basename "$f")" ]] || ln -s "$(rel "$(readlink -f "$f")")" "$cu13/include/"; done
+  [[ -e "$cu13/include/cccl" || -L "$cu13/include/cccl" ]] || ln -s "$(rel "$(readlink -f "$inc/cccl")")" "$cu13/include/cccl"
+  for f in "$inc"/cublas*.h; do [[ -e "$cu13/include/$(basename "$f")" || -L "$cu13/include/$(basename "$f")" ]] || ln -s "$(rel "$(readlink -f "$f")")" "$cu13/include/"; done
   for f in libcublas.so.13 libcublasLt.so.13; do ln -sf "$(rel "$(readlink -f "$lib/$f")")" "$cu13/lib/$f"; done
   # The interpreter that knows the wheels.
   real_python="$(command -v python3)"
@@ -106,6 +117,8 @@ PROFILE
   export LLMTRAIN_BARE_NODE_INSIDE=1 SIM_ORIG_CUDA="$cuda" SIM_DIR="$sim"
   args=(--jobs "$jobs")
   ((dry_only)) && args+=(--dry-run-only)
+  ((no_static)) && args+=(--no-static-runtime)
+  ((configure_only)) && args+=(--configure-only)
   exec unshare --mount --net --propagation private "$0" "${args[@]}" "$work"
 fi
 
@@ -139,9 +152,30 @@ echo "== scripts/gpu_check.sh --dry-run"
 if scripts/gpu_check.sh --dry-run --build-dir "$work/build" 2>&1 | tee "$sim/dry-run.log"; then :; else status=1; fi
 grep -q "^gpu_check: missing:" "$sim/dry-run.log" && { echo "FAILED: the dry run lists missing pieces"; status=1; }
 grep -q "^gpu_check: nothing missing" "$sim/dry-run.log" || status=1
-grep -q "^+ cmake --build .*--target llmtrain test_" "$sim/dry-run.log" || { echo "FAILED: no build command"; status=1; }
+grep -q "^+ cmake --build .*--target llmtrain .*test_" "$sim/dry-run.log" || { echo "FAILED: no build command"; status=1; }
+runtime=static
+((no_static)) && runtime=shared
+grep -q "^gpu_check: found: probe: compiled and linked (sm_90, $runtime runtime" "$sim/dry-run.log" ||
+  { echo "FAILED: the probe did not compile, link ($runtime runtime) and run with the wheel toolkit"; status=1; }
+grep -q "^gpu_check: found: NVRTC: .*/nvidia/cu13/lib/libnvrtc.so" "$sim/dry-run.log" || { echo "FAILED: NVRTC not found in the wheel"; status=1; }
+grep -q "^gpu_check: note: no CUDA driver here" "$sim/dry-run.log" || { echo "FAILED: no driver check reported"; status=1; }
 ((status == 0)) || exit 1
 (( ${dry_only:-0} )) && { echo "dry run: ok"; exit 0; }
+if ((configure_only)); then
+  echo "== CMake's configure step, as gpu_check.sh runs it"
+  configure="$(grep -m 1 "^+ cmake -S . -B " "$sim/dry-run.log")"
+  read -r -a configure_cmd <<< "${configure#+ }"
+  rm -rf "$work/build"
+  if ! "${configure_cmd[@]}" > "$sim/configure.log" 2>&1; then
+    tail -n 40 "$sim/configure.log"; echo "FAILED: configure"; exit 1
+  fi
+  grep -E "CUDA runtime|CUDA  " "$sim/configure.log" || true
+  if ((no_static)) && ! grep -q "linking the shared CUDA runtime" "$sim/configure.log"; then
+    echo "FAILED: no fallback to the shared CUDA runtime"; exit 1
+  fi
+  echo "bare node: configure: ok"
+  exit 0
+fi
 
 echo "== scripts/gpu_check.sh --build-only (JOBS=$jobs)"
 export JOBS="$jobs"

@@ -58,12 +58,22 @@ else
   echo "note: the header packages are not installed: vendor_deps.sh not checked"
 fi
 
-# [cuda] cases of every test binary: without a GPU each skips, visibly; none may fail.
-if "$python" scripts/lib/gpu_bench.py cuda-tests --build "$build" --out "$tmp/cuda_tests.json" > "$tmp/cuda_tests" 2>&1 &&
+# [cuda] cases of every test binary: without a GPU each skips, visibly; none may fail. Without
+# --allow-all-skipped, every case skipping is itself a failure (what a GPU node must not pass with).
+if "$python" scripts/lib/gpu_bench.py cuda-tests --build "$build" --allow-all-skipped --out "$tmp/cuda_tests.json" \
+     > "$tmp/cuda_tests" 2>&1 &&
    grep -qE "^[0-9]+ passed, 0 failed, [0-9]+ skipped" "$tmp/cuda_tests"; then
   ok "cuda-tests: $(head -n 1 "$tmp/cuda_tests")"
 else
   bad "cuda-tests"; cat "$tmp/cuda_tests"
+fi
+if [[ $(grep -cE "^[0-9]+ passed" "$tmp/cuda_tests") == 1 ]] && grep -qE "^0 passed, 0 failed, [1-9]" "$tmp/cuda_tests"; then
+  if ! "$python" scripts/lib/gpu_bench.py cuda-tests --build "$build" --out "$tmp/cuda_tests2.json" > "$tmp/cuda_tests2" 2>&1 &&
+     grep -q "problem every \[cuda\] case skipped" "$tmp/cuda_tests2"; then
+    ok "cuda-tests: every case skipped is a failure"
+  else
+    bad "cuda-tests: every case skipped passed"; cat "$tmp/cuda_tests2"
+  fi
 fi
 
 # The benchmark helper on the CPU, tiny model: search, timed run, op times, table.

@@ -29,6 +29,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <map>
 #include <memory>
@@ -269,6 +270,7 @@ enum class Pass { forward, backward };
 struct State {
   std::mutex mutex;
   bool checked = false;
+  bool refusal_logged = false;  // the first refusal goes to stderr
   std::string unavailable;         // why cuDNN attention cannot run here; empty when it can
   cudnnHandle_t handle = nullptr;  // one per process, made on the device current at the first call
   int device = -1;                 // the handle's
@@ -346,7 +348,7 @@ Plan& get_plan(State& st, Pass pass, int B, int T, int C, int NH, int NKV) {
     const Shape shape(B, T, C, NH, NKV);
     plan->scale = float(1.0 / std::sqrt(double(shape.HS)));
     try {
-      GraphBuilder g(kFirstVirtual);
+      GraphBuilder g(kFirstVirtual, cudnnGetVersion());
       if (pass == Pass::forward) {
         build_forward(g, shape);
       } else {
@@ -364,6 +366,11 @@ Plan& get_plan(State& st, Pass pass, int B, int T, int C, int NH, int NKV) {
                           " (B=" + std::to_string(B) + " T=" + std::to_string(T) +
                           " NH=" + std::to_string(NH) + " NKV=" + std::to_string(NKV) +
                           " HS=" + std::to_string(C / NH) + "): " + plan->unsupported;
+      if (!st.refusal_logged) {  // the first refusal, whoever asked and whatever they do with it
+        st.refusal_logged = true;
+        std::fprintf(stderr, "cuDNN %s refused a graph: %s\n", version_string(cudnnGetVersion()).c_str(),
+                     plan->unsupported.c_str());
+      }
     }
     slot = std::move(plan);
   }

@@ -6,6 +6,7 @@
 #include <cudnn.h>
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -67,8 +68,10 @@ using Desc = cudnnBackendDescriptor_t;
 // Builds one operation graph; owns every descriptor it makes.
 class GraphBuilder {
  public:
-  /// Virtual (intermediate) tensors get unique ids from `first_virtual_uid` on.
-  explicit GraphBuilder(std::int64_t first_virtual_uid) : next_virtual_(first_virtual_uid) {}
+  /// Virtual (intermediate) tensors get unique ids from `first_virtual_uid` on; `cudnn_version`
+  /// (cudnnGetVersion()) picks the attributes that version knows, as cudnn_frontend does.
+  GraphBuilder(std::int64_t first_virtual_uid, std::size_t cudnn_version)
+      : next_virtual_(first_virtual_uid), version_(cudnn_version) {}
 
   Desc tensor(std::int64_t uid, cudnnDataType_t type, const Dims& dims, const Dims& strides,
               bool is_virtual = false, bool by_value = false) {
@@ -144,23 +147,31 @@ class GraphBuilder {
     add_operation(op);
   }
 
-  /// y = x seen with y's dims and strides (here: a transpose of the last two dims).
+  /// y = x seen with y's dims and strides (here: a transpose of the last two dims). A view: from
+  /// cuDNN 9.22, which has a reshape mode, it says VIEW_ONLY, as cudnn_frontend does.
   void reshape(Desc y, Desc x) {
     const Desc op = make(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
     LLMTRAIN_CUDNN_SET(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
     LLMTRAIN_CUDNN_SET(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+#if CUDNN_VERSION >= 92200
+    if (version_ >= 92200) {
+      const cudnnBackendReshapeMode_t mode = CUDNN_RESHAPE_VIEW_ONLY;
+      LLMTRAIN_CUDNN_SET(op, CUDNN_ATTR_OPERATION_RESHAPE_MODE, CUDNN_TYPE_RESHAPE_MODE, 1, &mode);
+    }
+#endif
     add_operation(op);
   }
 
   /// scores where row (query) >= column (key), else `lowest` (the most negative float: exp gives
-  /// 0, and unlike -inf it cannot make inf - inf). cudnn_frontend's causal mask, node for node.
+  /// 0, and unlike -inf it cannot make inf - inf). cudnn_frontend's causal mask, node for node:
+  /// the indices generated in FLOAT, as the frontend keeps them (exact below 2^24).
   Desc causal_mask(Desc scores, Desc lowest, const Dims& dims, const Dims& strides) {
-    const Desc row = intermediate(CUDNN_DATA_INT32, dims, strides);
-    const Desc col = intermediate(CUDNN_DATA_INT32, dims, strides);
+    const Desc row = intermediate(CUDNN_DATA_FLOAT, dims, strides);
+    const Desc col = intermediate(CUDNN_DATA_FLOAT, dims, strides);
     const Desc keep = intermediate(CUDNN_DATA_BOOLEAN, dims, strides);
     const Desc masked = intermediate(CUDNN_DATA_FLOAT, dims, strides);
-    pointwise(CUDNN_POINTWISE_GEN_INDEX, row, scores, nullptr, nullptr, CUDNN_DATA_INT32, 2);
-    pointwise(CUDNN_POINTWISE_GEN_INDEX, col, scores, nullptr, nullptr, CUDNN_DATA_INT32, 3);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, row, scores, nullptr, nullptr, CUDNN_DATA_FLOAT, 2);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, col, scores, nullptr, nullptr, CUDNN_DATA_FLOAT, 3);
     pointwise(CUDNN_POINTWISE_CMP_GE, keep, row, col, nullptr, CUDNN_DATA_BOOLEAN);
     pointwise(CUDNN_POINTWISE_BINARY_SELECT, masked, scores, lowest, keep);  // keep ? scores : lowest
     return masked;
@@ -183,6 +194,7 @@ class GraphBuilder {
   std::vector<Descriptor> descriptors_;
   std::vector<Desc> operations_;
   std::int64_t next_virtual_;
+  std::size_t version_;
 };
 
 }  // namespace llmtrain::cuda::cudnn

@@ -46,6 +46,8 @@ PEAKS = [
     ("A10", {"bf16": 125.0, "tf32": 62.5, "fp32": 31.2}),
 ]
 
+# llmtrain's start-up error for a model.attention "cudnn" that cuDNN refuses or cannot run here.
+REFUSED_PATTERN = re.compile(r'model\.attention: "cudnn"(: cuDNN \S+ refuses | cannot run here)')
 OOM_PATTERN = re.compile(r"out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|OutOfMemory", re.I)
 
 
@@ -322,57 +324,120 @@ def parse_catch_xml(text):
     return cases
 
 
-def run_tagged_tests(build_dir, tag="[cuda]", timeout_s=900):
-    """Runs each test binary of BUILD/tests with the Catch2 tag filter; counts its cases."""
+def run_in_group(cmd, timeout_s, cwd):
+    """Exit code of `cmd`, or None when it ran past `timeout_s`: then it and every process it
+    started (llmtrain runs of the CLI tests) are killed, as a process group."""
+    with open(os.devnull, "w") as sink:
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=sink, cwd=cwd, start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, 9)
+            except OSError:
+                pass
+            proc.wait()
+            return None
+
+
+def skip_reasons(text):
+    """{test case: why it skipped} of a Catch2 XML report: the v3 Skip's text, or LLMTRAIN_SKIP's "SKIPPED:" warning."""
+    reasons = {}
+    for tc in ET.fromstring(text).iter("TestCase"):
+        for node in list(tc.iter("Skip")) + [w for w in tc.iter("Warning") if (w.text or "").strip().startswith("SKIPPED:")]:
+            why = " ".join((node.text or "").split())
+            reasons[tc.get("name")] = why[len("SKIPPED:"):].strip() if why.startswith("SKIPPED:") else why
+            break
+    return reasons
+
+
+def run_tagged_tests(build_dir, tag="[cuda]", timeout_s=900, deadline=None, scale=1.0, order=(), only_order=False,
+                     allow_all_skipped=False):
+    """Runs the test binaries of BUILD/tests with the Catch2 tag filter and counts their cases. Those
+    named in `order` first, in that order (only those when `only_order`); with a `deadline` (epoch
+    seconds) one budget across them all: each binary gets what is left of it, and those it leaves
+    no time for are listed as not run. Budget seconds are real seconds times `scale`."""
     tests_dir = os.path.abspath(os.path.join(build_dir, "tests"))
     names = os.listdir(tests_dir) if os.path.isdir(tests_dir) else []
     binaries = sorted(os.path.join(tests_dir, f) for f in names
                       if f.startswith("test_") and "." not in f and os.access(os.path.join(tests_dir, f), os.X_OK)
                       and os.path.isfile(os.path.join(tests_dir, f)))
-    summary = {"passed": 0, "failed": 0, "skipped": 0, "binaries": 0, "failures": [], "skips": [], "problems": []}
+    if order:
+        rank = {name: i for i, name in enumerate(order)}
+        binaries = [b for b in binaries if not only_order or os.path.basename(b) in rank]
+        binaries.sort(key=lambda b: rank.get(os.path.basename(b), len(rank)))
+    summary = {"passed": 0, "failed": 0, "skipped": 0, "binaries": 0, "failures": [], "skips": [], "problems": [],
+               "skip_reasons": {}, "not_run": [], "seconds": {}}
     if not binaries:
         summary["problems"].append(f"no test binaries (test_*) in {tests_dir}: was the build made with BUILD_TESTING=ON?")
     for binary in binaries:
+        name = os.path.basename(binary)
+        timeout = timeout_s / scale
+        if deadline is not None:
+            left = (deadline - time.time()) * scale
+            if left < 10:
+                summary["not_run"].append(name)
+                continue
+            timeout = min(timeout, left / scale)
         xml_path = binary + ".cuda-tests.xml"
+        if os.path.exists(xml_path):
+            os.remove(xml_path)
+        start = time.time()
         try:
-            p = subprocess.run([binary, tag, "--reporter", "xml", "--out", xml_path], capture_output=True, text=True,
-                               timeout=timeout_s, cwd=tests_dir)
-            code = p.returncode
-        except subprocess.TimeoutExpired:
-            code = None
+            code = run_in_group([binary, tag, "--reporter", "xml", "--out", xml_path], timeout, tests_dir)
         except OSError as e:
-            summary["problems"].append(f"{os.path.basename(binary)}: cannot run: {e}")
+            summary["problems"].append(f"{name}: cannot run: {e}")
             continue
+        summary["seconds"][name] = round((time.time() - start) * scale, 1)
         try:
             with open(xml_path, errors="replace") as f:
-                cases = parse_catch_xml(f.read())
+                text = f.read()
+            cases, reasons = parse_catch_xml(text), skip_reasons(text)
         except (OSError, ET.ParseError) as e:
-            name = os.path.basename(binary)
-            why = f"timed out after {timeout_s} s" if code is None else f"exit code {code}, unreadable report ({e})"
+            if code is None and deadline is not None and timeout < timeout_s / scale:
+                why = f"stopped at the deadline after {timeout * scale:.0f} s"
+            else:
+                why = f"timed out after {timeout * scale:.0f} s" if code is None else f"exit code {code}, unreadable report ({e})"
             summary["failed"] += 1
-            summary["failures"].append(f"{name}: crashed or hung ({why})")
+            summary["failures"].append(f"{name}: crashed or hung ({why})" if "deadline" not in why else f"{name}: {why}")
             summary["binaries"] += 1
             continue
         if not cases:
             continue  # no test case with this tag
         summary["binaries"] += 1
-        for name, outcome in cases:
+        for case, outcome in cases:
             summary[outcome] += 1
             if outcome == "failed":
-                summary["failures"].append(f"{os.path.basename(binary)}: {name}")
+                summary["failures"].append(f"{name}: {case}")
             elif outcome == "skipped":
-                summary["skips"].append(f"{os.path.basename(binary)}: {name}")
+                summary["skips"].append(f"{name}: {case}" + (f": {reasons[case]}" if reasons.get(case) else ""))
+                why = reasons.get(case) or "no reason given"
+                summary["skip_reasons"][why] = summary["skip_reasons"].get(why, 0) + 1
         if code not in (0, None) and not any(o == "failed" for _, o in cases):
-            summary["problems"].append(f"{os.path.basename(binary)} exited {code} with no failed case")
-    if binaries and summary["binaries"] == 0:
-        summary["problems"].append(f"no test case tagged {tag} in {len(binaries)} test binaries")
+            summary["problems"].append(f"{name} exited {code} with no failed case")
+    ran = len(binaries) - len(summary["not_run"])
+    if ran and summary["binaries"] == 0:
+        summary["problems"].append(f"no test case tagged {tag} in {ran} test binaries")
+    if summary["skipped"] and not summary["passed"] and not summary["failed"] and not allow_all_skipped:
+        first = next(iter(summary["skip_reasons"]), "")
+        summary["problems"].append(f"every {tag} case skipped ({summary['skipped']}), nothing was checked: {first}")
+    if summary["not_run"]:
+        summary.setdefault("notes", [])
+        note = f"not run for time: {', '.join(summary['not_run'])}"
+        if summary["binaries"]:
+            summary["notes"].append(note)
+        else:
+            summary["problems"].append(f"no test binary ran: {note}")
     summary["line"] = (f"{summary['passed']} passed, {summary['failed']} failed, {summary['skipped']} skipped "
-                       f"({summary['binaries']} test binaries with {tag} cases)")
+                       f"({summary['binaries']} test binaries with {tag} cases"
+                       + (f"; not run for time: {', '.join(summary['not_run'])}" if summary["not_run"] else "") + ")")
     return summary
 
 
 def cmd_cuda_tests(a):
-    summary = run_tagged_tests(a.build, a.tag, a.timeout)
+    order = [b for b in (a.binaries or "").split(",") if b]
+    summary = run_tagged_tests(a.build, a.tag, a.timeout, deadline=a.deadline, scale=a.time_scale, order=order,
+                               only_order=bool(order) and not a.and_the_rest, allow_all_skipped=a.allow_all_skipped)
     with open(a.out, "w") as f:
         json.dump(summary, f, indent=1)
     print(summary["line"])
@@ -380,6 +445,8 @@ def cmd_cuda_tests(a):
         print(f"  FAILED  {line}")
     for line in summary["skips"]:
         print(f"  skipped {line}")
+    for line in summary.get("notes", []):
+        print(f"  note    {line}")
     for line in summary["problems"]:
         print(f"  problem {line}")
     return 0 if summary["failed"] == 0 and not summary["problems"] else 1
@@ -477,10 +544,12 @@ def cmd_suite(a):
     res = {"gpu": a.gpu_name, "precision": precision, "dims": d, "params": gpt2_parameters(d), "peak_tflops": peak,
            "peak_text": peak_text, "candidates": candidates, "rows": [], "skipped": [], "failures": []}
     res["flops_per_token"] = flops_per_token(d, res["params"])
-    estimate = {"llmtrain": 60.0, "pytorch": 150.0, "profile": 45.0}  # seconds, until one was timed
+    # Budget seconds (real seconds times --time-scale), until one was timed.
+    scale = a.time_scale
+    estimate = {"llmtrain": float(a.row_estimate), "pytorch": 150.0, "profile": 45.0}
 
     def left():
-        return deadline - time.time()
+        return (deadline - time.time()) * scale
 
     def save():
         with open(a.out, "w") as f:
@@ -503,9 +572,9 @@ def cmd_suite(a):
                 row["error"] = "not run: out of time"
                 break
             r = run_llmtrain(a.binary, cfg, workdir, "cuda", a.steps, b, precision, peak=peak,
-                             timeout_s=max(10, min(a.timeout, left())))
+                             timeout_s=max(10, min(a.timeout, left())) / scale)
             if r["ok"]:
-                estimate["llmtrain"] = r["seconds"]
+                estimate["llmtrain"] = r["seconds"] * scale
             row["attempts"].append({"batch": b, "ok": r["ok"], "oom": r["oom"], "error": r.get("error"),
                                     "seconds": round(r["seconds"], 1)})
             row["command"] = r["command"]
@@ -522,6 +591,12 @@ def cmd_suite(a):
                 row.pop("error", None)
                 break
             row["error"] = r.get("error") or "failed"
+            if path == "cudnn" and REFUSED_PATTERN.search(r["stderr"]):
+                # cuDNN refuses this shape (or cannot run here) and llmtrain said so at start-up: a row
+                # that reports the refusal, not a failure of llmtrain.
+                row["error"] = "skipped: " + first_error_line(r["stderr"])
+                row["refused"] = True
+                break
             if not r["oom"]:
                 res["failures"].append({"what": row["name"], "error": row["error"], "command": r["command"],
                                         "log_tail": r["stderr"][-4000:]})
@@ -540,12 +615,12 @@ def cmd_suite(a):
             if not fits("pytorch", f"PyTorch, micro-batch {b}"):
                 row["error"] = "not run: out of time"
                 break
-            r = run_pytorch(a.pytorch, b, a.steps, precision, workdir, max(10, left()))
+            r = run_pytorch(a.pytorch, b, a.steps, precision, workdir, max(10, left()) / scale)
             row["attempts"].append({"batch": b, "ok": "error" not in r, "oom": r["oom"], "error": r.get("error"),
                                     "seconds": round(r["seconds"], 1)})
             row["command"] = r["command"]
             if "error" not in r:
-                estimate["pytorch"] = r["seconds"]
+                estimate["pytorch"] = r["seconds"] * scale
                 row.update({"batch": b, "tokens_per_s": r["tokens_per_s"], "features": r.get("features"),
                             "peak_gpu_mib": (r.get("peak_gib") or 0) * 1024 or None, "peak_source": "torch.cuda.max_memory_allocated",
                             "seconds": round(r["seconds"], 1), "torch": r.get("torch")})
@@ -575,8 +650,8 @@ def cmd_suite(a):
         cfg = deep_merge(config, {"model": {"attention": row["attention"]}})
         t0 = time.time()
         row["top"] = top_kernels(a.binary, cfg, workdir, "cuda", row["batch"], precision, a.profile_steps,
-                                 max(10, min(a.timeout, left())))
-        estimate["profile"] = time.time() - t0
+                                 max(10, min(a.timeout, left())) / scale)
+        estimate["profile"] = (time.time() - t0) * scale
         if row["top"].get("error"):
             res["failures"].append({"what": f"top kernels, {row['attention']} attention ({row['top']['source']})",
                                     "error": row["top"]["error"]})
@@ -584,7 +659,7 @@ def cmd_suite(a):
     if not a.keep:
         shutil.rmtree(workdir, ignore_errors=True)
     save()
-    bad = [r for r in res["rows"] if "error" in r] or res["failures"]
+    bad = [r for r in res["rows"] if "error" in r and not r.get("refused")] or res["failures"]
     return 1 if bad else 0
 
 
@@ -651,10 +726,10 @@ def render_table(bench, header, tests, build):
     return "\n".join(out)
 
 
-def render_suite(suite, header, tests, build, problems=(), notes=()):
+def render_suite(suite, header, tests, build, problems=(), notes=(), extra=()):
     """The table of a gpu_check.sh run: its checks, one row per training run, then the top kernels."""
     out = [header] if header else []
-    checks = [("build", build or "n/a"), ("[cuda] tests", tests or "n/a")]
+    checks = [("build", build or "n/a"), ("[cuda] tests", tests or "n/a")] + list(extra)
     checks += [("missing", p) for p in problems] + [("note", n) for n in notes]
     d = suite.get("dims") or {}
     if d:
@@ -678,7 +753,7 @@ def render_suite(suite, header, tests, build, problems=(), notes=()):
             rows.append((r["name"], str(r["batch"]), f"{r['tokens_per_s']:,.0f}", mfu, mem, ratio))
         else:
             tried = "; ".join(f"{t['batch']}: {'out of memory' if t['oom'] else 'failed'}" for t in r.get("attempts", []))
-            rows.append((r["name"], "-", "FAILED" if not str(r.get("error", "")).startswith("not run") else "-", "", "",
+            rows.append((r["name"], "-", "FAILED" if not str(r.get("error", "")).startswith(("not run", "skipped")) else "-", "", "",
                          f"{r.get('error')}" + (f" (tried {tried})" if tried else "")))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     rule = "-" * (sum(widths) + 3 * len(widths) + 12)
@@ -746,7 +821,7 @@ def cmd_report(a):
             bench = json.load(f)
     if a.bench_error:
         if suite is None and not bench:
-            suite = {"error": a.bench_error} if (a.problem or a.json or a.note) else None
+            suite = {"error": a.bench_error} if (a.problem or a.json or a.note or a.stage) else None
             bench = {"error": a.bench_error}
     if a.tests_json and os.path.exists(a.tests_json):
         with open(a.tests_json) as f:
@@ -755,8 +830,13 @@ def cmd_report(a):
     if a.kernels and os.path.exists(a.kernels):
         with open(a.kernels) as f:
             kernels = json.load(f)
+    extra = []  # under the tests: why cases skipped (cuDNN's refusals among them); then the other stages
+    for why, count in ((tests or {}).get("skip_reasons") or {}).items():
+        extra.append(("  skipped", f"{count} case{'s' if count > 1 else ''}: {why}"))
+    extra += [("  note", n) for n in (tests or {}).get("notes", [])]
+    extra += [tuple(s.split("=", 1)) for s in a.stage or [] if "=" in s]
     if suite is not None:
-        table = render_suite(suite, a.header, a.tests, a.build, a.problem or [], a.note or [])
+        table = render_suite(suite, a.header, a.tests, a.build, a.problem or [], a.note or [], extra)
     else:
         table = render_table(bench, a.header, a.tests, a.build)
         if a.problem:
@@ -768,7 +848,7 @@ def cmd_report(a):
         doc = {"header": a.header, "build": a.build, "tests": a.tests, "tests_detail": tests,
                "problems": a.problem or [], "notes": a.note or [], "found": a.found or [],
                "ld_library_path": a.ld_library_path, "benchmark": suite if suite is not None else bench,
-               "kernels_status": a.kernels_status, "kernels": kernels, "table": table}
+               "kernels_status": a.kernels_status, "kernels": kernels, "stages": a.stage or [], "table": table}
         with open(a.json, "w") as f:
             json.dump(doc, f, indent=1)
     if a.failures_log:  # everything that failed, with the end of its log
@@ -856,6 +936,7 @@ def cmd_self_test(_):
     v3 = ('<Catch2TestRun name="t"><TestCase name="e" tags="[cuda]"><Skip filename="x" line="1">no GPU</Skip>'
           '<OverallResult success="true" skips="1"/></TestCase></Catch2TestRun>')
     assert parse_catch_xml(v3) == [("e", "skipped")]
+    assert skip_reasons(v2) == {"c": "no CUDA device: none"} and skip_reasons(v3) == {"e": "no GPU"}
     kdoc = {"device": "NVIDIA H200", "dtype": "bf16", "shape": {"B": 8, "T": 1024}, "reps": 20,
             "ceilings": {"gbps": 4300.0, "tflops": 790.0},
             "rows": [{"op": "layernorm_forward", "shape": "N=8192 C=768", "ms": 0.01, "bound": "memory", "gbps": 2516.0,
@@ -910,6 +991,8 @@ def main(argv=None):
     u.add_argument("--pytorch", metavar="PYTHON", help="also run scripts/bench_vs_pytorch.py with this interpreter")
     u.add_argument("--deadline", type=float, default=0, help="seconds since the epoch by which to be done")
     u.add_argument("--timeout", type=int, default=300, help="seconds per llmtrain run")
+    u.add_argument("--row-estimate", type=float, default=60.0, help="seconds a training row takes, until one was timed")
+    u.add_argument("--time-scale", type=float, default=1.0, help="budget seconds per real second (tests only)")
     u.add_argument("--workdir", default=None)
     u.add_argument("--keep", action="store_true")
     u.add_argument("--out", required=True)
@@ -926,6 +1009,7 @@ def main(argv=None):
     r.add_argument("--kernels", help="bench_kernels' JSON")
     r.add_argument("--kernels-status", help="the kernel table's status line")
     r.add_argument("--note", action="append")
+    r.add_argument("--stage", action="append", help="NAME=STATUS: one more row of the checks (repeatable)")
     r.add_argument("--found", action="append")
     r.add_argument("--ld-library-path", default="")
     r.add_argument("--json", help="write the table and everything behind it here")
@@ -937,6 +1021,12 @@ def main(argv=None):
     c.add_argument("--tag", default="[cuda]")
     c.add_argument("--out", required=True)
     c.add_argument("--timeout", type=int, default=900, help="seconds per test binary")
+    c.add_argument("--deadline", type=float, help="seconds since the epoch by which every binary is done")
+    c.add_argument("--time-scale", type=float, default=1.0, help="budget seconds per real second (tests only)")
+    c.add_argument("--binaries", help="these test binaries first, in this order, and only these unless --and-the-rest")
+    c.add_argument("--and-the-rest", action="store_true")
+    c.add_argument("--allow-all-skipped", action="store_true",
+                   help="a machine without a GPU: every case skipping is not a problem")
     c.set_defaults(func=cmd_cuda_tests)
     t = sub.add_parser("self-test", help="check the parsers and the table on made-up input")
     t.set_defaults(func=cmd_self_test)

@@ -2,30 +2,19 @@
 // files it lists, and loading the weights and the optimizer ranges a rank needs.
 #include "checkpoint/checkpoint.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
-#include <chrono>
 #include <optional>
-#include <cmath>
-#include <map>
-#include <thread>
 #include <memory>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <set>
-#include <sstream>
 
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "core/json_file.h"
-#include "llmtrain/build_info.h"
 #include "model/arch.h"
 
 namespace llmtrain::checkpoint {

@@ -3,21 +3,12 @@
 #include "checkpoint/checkpoint.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
-#include <chrono>
 #include <optional>
 #include <cmath>
-#include <map>
-#include <thread>
 #include <memory>
-#include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <sstream>
 
@@ -25,7 +16,6 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "core/json_file.h"
-#include "llmtrain/build_info.h"
 #include "model/arch.h"
 
 namespace llmtrain::checkpoint {

@@ -1,6 +1,7 @@
 #include "model/attention_choice.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "core/error.h"
 
@@ -33,8 +34,12 @@ std::string AttentionShape::describe() const {
 
 AttentionShape attention_shape(const config::Config& config) {
   const auto& m = config.model;
-  return {int(config.train.micro_batch_size), int(m.context_length), int(m.d_model), int(m.n_head),
-          int(m.n_kv_head > 0 ? m.n_kv_head : m.n_head)};
+  // Under tensor parallelism each rank runs its own heads: NH / tp query heads of the same size,
+  // NKV / tp key/value heads (one, replicated, where tp does not divide NKV), as the models bind them.
+  const std::int64_t tp = std::max<std::int64_t>(1, config.dist.tensor_parallel);
+  const std::int64_t NKV = m.n_kv_head > 0 ? m.n_kv_head : m.n_head, NH = m.n_head / tp;
+  return {int(config.train.micro_batch_size), int(m.context_length), int(NH * (m.d_model / m.n_head)), int(NH),
+          int(NKV % tp == 0 ? NKV / tp : 1)};
 }
 
 std::unique_ptr<CudnnAttentionProbe> make_cudnn_probe() { return std::make_unique<CudnnLibraryProbe>(); }

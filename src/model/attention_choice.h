@@ -23,8 +23,10 @@ struct AttentionShape {
   std::string describe() const;
 };
 
-/// The shape a training run's attention calls have: (train.micro_batch_size, model.context_length,
-/// model.d_model, model.n_head, model.n_kv_head). Evaluation during the run uses the same.
+/// The shape one rank's attention calls have in a training run: (train.micro_batch_size,
+/// model.context_length, model.d_model, model.n_head, model.n_kv_head), the last three divided by
+/// dist.tensor_parallel (its own heads; one key/value head where tp does not divide n_kv_head).
+/// Evaluation during the run uses the same.
 AttentionShape attention_shape(const config::Config& config);
 
 /// What cuDNN says about its fused attention in this process.

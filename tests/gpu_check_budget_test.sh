@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# scripts/gpu_check.sh keeps to its --budget, whatever the stages take: here every GPU-side piece
+# is a stub that sleeps (nvcc and its probe, nvidia-smi, cmake and its build, the test binaries,
+# llmtrain, bench_kernels, compute-sanitizer), slow enough that the stages cannot all fit. Under
+# --budget 240 and --budget 480, in the quick and the full mode, the run must end inside the budget
+# and its table must give every stage a status (ran, skipped for time, not run, or failed); a
+# build slower than its cap must be stopped there, with a row that says so. The clock runs 10
+# budget seconds to the real second (GPU_CHECK_TIME_SCALE), so the five runs take about a minute.
+# Usage: gpu_check_budget_test.sh SOURCE_DIR
+set -uo pipefail
+cd "$1" || exit 1
+scale=10
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fake="$tmp/fake"
+mkdir -p "$fake/bin" "$fake/cuda/bin" "$fake/cuda/include/cccl/nv" "$fake/cuda/lib64" "$fake/stubs"
+for f in cublasLt.h nccl.h cudnn.h cccl/nv/target; do : > "$fake/cuda/include/$f"; done
+for f in libcudart.so libcublas.so libcublasLt.so libnccl.so libcudnn.so libnvrtc.so libcudart_static.a; do
+  : > "$fake/cuda/lib64/$f"
+done
+stub() {  # stub PATH BODY: an executable bash script
+  printf '#!/usr/bin/env bash\n%s\n' "$2" > "$1"
+  chmod +x "$1"
+}
+# Seconds below are real ones (times 10 on the check's clock).
+stub "$fake/cuda/bin/nvcc" '
+if [[ "$1" == --version ]]; then echo "Cuda compilation tools, release 13.0, V13.0.88"; exit 0; fi
+sleep 0.3
+while (($#)); do [[ "$1" == -o ]] && out="$2"; shift; done
+printf "#!/usr/bin/env bash\necho \"runtime 13000 driver 13000 devices 1 kernel ran\"\n" > "$out"; chmod +x "$out"'
+stub "$fake/cuda/bin/compute-sanitizer" '
+sleep 3
+[[ "$2" == racecheck ]] && echo "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"
+echo "========= ERROR SUMMARY: 0 errors"'
+stub "$fake/bin/nvidia-smi" '
+[[ "$*" == *--query-gpu* ]] && echo "NVIDIA H200, 9.0, 143771, 580.65.06"
+exit 0'
+stub "$fake/bin/cmake" '
+if [[ "$1" == --build ]]; then
+  dir="$2"; sleep "${FAKE_BUILD_SECONDS:-2}"
+  mkdir -p "$dir/src" "$dir/tests" "$dir/bench"
+  cp "'"$fake"'/stubs/llmtrain" "$dir/src/llmtrain"; cp "'"$fake"'/stubs/bench_kernels" "$dir/bench/bench_kernels"
+  for t in "$@"; do [[ "$t" == test_* ]] && cp "'"$fake"'/stubs/test" "$dir/tests/$t"; done
+  exit 0
+fi
+while (($#)); do [[ "$1" == -B ]] && mkdir -p "$2" && : > "$2/CMakeCache.txt"; shift; done'
+stub "$fake/stubs/test" '
+while (($#)); do [[ "$1" == --out ]] && out="$2"; shift; done
+sleep 3
+cat > "$out" <<XML
+<?xml version="1.0" encoding="UTF-8"?><Catch name="t"><Group name="t">
+<TestCase name="a" tags="[cuda]"><OverallResult success="true"/></TestCase>
+<TestCase name="b" tags="[cuda]"><OverallResult success="true"/></TestCase>
+<TestCase name="c" tags="[cuda]"><Warning>SKIPPED: no cuDNN attention here: cuDNN 9.10.0 is older than 9.16.0</Warning>
+<OverallResult success="true"/></TestCase></Group></Catch>
+XML'
+stub "$fake/stubs/llmtrain" '
+profile=0
+while (($#)); do
+  case "$1" in --config) config="$2" ;; --run-dir) dir="$2" ;; --profile-ops) profile=1 ;; esac; shift
+done
+sleep 2
+if [[ -n "${FAKE_CUDNN_REFUSES:-}" ]] && grep -q "\"attention\": \"cudnn\"" "$config"; then
+  echo "llmtrain: error: model.attention: \"cudnn\": cuDNN 9.19.0 refuses B=16 T=1024 C=768 NH=12 NKV=12 (head size 64): no cuDNN engine runs this graph; use \"auto\" or \"flash\"" >&2
+  exit 2
+fi
+mkdir -p "$dir"
+steps=$(/usr/bin/python3 -c "import json, sys; print(json.load(open(sys.argv[1]))[\"train\"][\"max_steps\"])" "$config")
+for ((s = 1; s <= steps; s++)); do
+  echo "{\"step\": $s, \"loss\": 5.0, \"tokens_per_s\": 400000.0, \"peak_memory_bytes\": 42949672960}"
+done > "$dir/metrics.jsonl"
+((profile)) && echo "  matmul_backward  10 calls  0.500 s  50.0%" >&2
+exit 0'
+stub "$fake/stubs/bench_kernels" '
+while (($#)); do [[ "$1" == --json ]] && out="$2"; shift; done
+sleep 2
+echo "{\"device\": \"H200\", \"dtype\": \"bf16\", \"shape\": {\"B\": 8}, \"reps\": 1, \"ceilings\": {\"gbps\": 4300, \"tflops\": 790},
+  \"rows\": [{\"op\": \"layernorm_forward\", \"shape\": \"N=8192\", \"ms\": 0.01, \"bound\": \"memory\", \"gbps\": 2500, \"fraction\": 0.58}]}" > "$out"
+printf "header\nrule\nlayernorm_forward\n"'
+
+# check NAME BUDGET ARGS...: runs gpu_check.sh in the background; its output in $tmp/NAME.log.
+pids=()
+check() {
+  local name="$1" budget="$2"; shift 2
+  (
+    start=${EPOCHREALTIME/./}
+    CUDA_HOME="$fake/cuda" PATH="$fake/bin:$PATH" PYTHON=/usr/bin/python3 GPU_CHECK_TIME_SCALE=$scale JOBS=2 \
+      scripts/gpu_check.sh --budget "$budget" --build-dir "$tmp/build-$name" "$@" > "$tmp/$name.log" 2>&1
+    echo "exit $? after $(( (${EPOCHREALTIME/./} - start) * scale / 1000000 )) s" > "$tmp/$name.time"
+  ) &
+  pids+=($!)
+}
+check quick240 240
+check full480 480
+check full240 240 --full
+FAKE_CUDNN_REFUSES=1 check quick480 480 --quick  # and cuDNN refuses the benchmark's shape
+FAKE_BUILD_SECONDS=60 check slowbuild240 240
+wait "${pids[@]}"
+
+passed=0 failed=0
+ok() { echo "ok: $1"; passed=$((passed + 1)); }
+bad() { echo "FAILED: $1"; failed=$((failed + 1)); cat "$tmp/$2.log"; }
+status='(ok|FAILED|skipped|not run)'
+for run in quick240:240:quick full480:480:full full240:240:full quick480:480:quick slowbuild240:240:quick; do
+  IFS=: read -r name budget mode <<< "$run"
+  log="$tmp/$name.log"
+  read -r _ code _ took _ < "$tmp/$name.time"
+  why=()
+  ((took <= budget)) || why+=("took $took s of a budget of $budget s")
+  grep -q "^GPU check ($mode, budget $budget s)" "$log" || why+=("no header naming the $mode mode")
+  for row in build '\[cuda\] tests' kernels; do
+    grep -qE "^ $row +\| $status" "$log" || why+=("no status for the stage '$row'")
+  done
+  grep -qE "^ probe +\| compiled and linked .*driver supports CUDA 13.0, 1 device" "$log" || why+=("no row for the probe")
+  grep -qE "^ sanitizer +\| (racecheck (ok|stopped)|skipped|not run)" "$log" || why+=("no status for the sanitizer")
+  if [[ "$name" == slowbuild* ]]; then
+    grep -qE "^ build +\| FAILED: stopped at its cap of [0-9]+ s" "$log" || why+=("the slow build is not reported as stopped at its cap")
+    grep -qE "^ benchmark +\| not run: no build" "$log" || why+=("the benchmark not reported as not run")
+    ((code == 1)) || why+=("exit $code, not 1")
+  else
+    grep -qE "^ build +\| ok: " "$log" || why+=("the build did not run")
+    # (A binary still running at the tests' deadline is stopped there and counts as failed.)
+    grep -qE "^ \[cuda\] tests +\| (ok|FAILED): [0-9]+ passed" "$log" || why+=("the tests did not run")
+    grep -qE "^   skipped +\| [0-9]+ cases?: no cuDNN attention here: cuDNN 9.10.0 is older than 9.16.0" "$log" ||
+      why+=("the tests' skip reason is not in the table")
+    for path in flash cudnn; do
+      grep -qE "^ llmtrain, $path attention " "$log" || why+=("no row for $path attention")
+    done
+    if [[ "$name" == quick480 ]]; then
+      grep -qE "^ llmtrain, cudnn attention .*skipped: llmtrain: error: model.attention: \"cudnn\": cuDNN 9.19.0 refuses B=16" "$log" ||
+        why+=("cuDNN's refusal is not in the table")
+      ((code == 0)) || why+=("cuDNN's refusal failed the check")
+    fi
+    if [[ "$mode" == quick ]]; then
+      grep -qE "^ kernels \| skipped \(--quick\)" "$log" || why+=("the quick mode ran the kernel table")
+      grep -q "cuda-tests .*--and-the-rest" "$log" && why+=("the quick mode ran every test binary")
+    fi
+  fi
+  if ((${#why[@]})); then bad "$name ($code, $took s): $(IFS=';'; echo "${why[*]}")" "$name"; else ok "$name: exit $code after $took s of $budget s"; fi
+done
+# What was measured is kept for the next run's split.
+if grep -q "^full tests [0-9]" "$tmp/build-full480/gpu_check/stage_seconds.txt" 2>/dev/null ||
+   grep -q "^full bench [0-9]" "$tmp/build-full480/gpu_check/stage_seconds.txt" 2>/dev/null; then
+  ok "the stages' measured times are kept: $(tr '\n' ' ' < "$tmp/build-full480/gpu_check/stage_seconds.txt")"
+else
+  bad "no measured stage times kept" full480
+fi
+echo "$passed passed, $failed failed"
+((failed == 0))
