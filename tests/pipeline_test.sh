@@ -71,17 +71,23 @@ for stages in 2 4; do
     >"$work/comm$stages.log" 2>&1 || fail "communication run, $stages stages: $(tail -n 3 "$work/comm$stages.log")"
 done
 # stage0_transfers RUN N: rank 0 (the first stage) sent N transfers of one (2 x 32, 32) f32
-# tensor each at step 2 and started N receives. Its pipeline transfers are not in "collectives"
-# (the data group); the metrics count them apart.
+# tensor each at step 2 and started N receives; with a tied embedding (GPT-2), one more of each:
+# its (V, C) f32 gradients exchanged with the last stage over the same device link, not through
+# the host. Its pipeline transfers are not in "collectives" (the data group); the metrics count
+# them apart.
 stage0_transfers() {
-  /usr/bin/python3 - "$1/metrics.jsonl" "$2" <<'PY'
+  /usr/bin/python3 - "$1/metrics.jsonl" "$2" "$1/config.json" <<'PY'
 import json, sys
 step = [l for l in map(json.loads, open(sys.argv[1])) if l.get("step") == 2 and "loss" in l][0]
 n = int(sys.argv[2])
+model = json.load(open(sys.argv[3]))["model"]
+tied = model["vocab_size"] * model["d_model"] * 4 if model.get("tie_embeddings", model["arch"] == "gpt2") else 0
+extra = 1 if tied else 0
 sent = step["pipeline_collectives"]
 print(f"  stage 0: {sent}")
-assert sent["send"] == [n, n * 64 * 32 * 4], sent
-assert sent["recv"][0] == n, sent
+assert sent["send"] == [n + extra, n * 64 * 32 * 4 + tied], sent
+assert sent["recv"][0] == n + extra, sent
+assert "all-reduce" not in sent or sent["all-reduce"][1] < 64, sent  # the loss only, no embedding
 PY
 }
 # 1F1B: each micro-batch's activation sent, its gradient received.

@@ -35,15 +35,13 @@ PipelineExecutor::PipelineExecutor(model::Model& model, const config::Config& co
   // One activation slot per (micro-batch, chunk) forwarded and not yet backwarded: at most
   // stages - stage under 1F1B, one without a pipeline.
   model_.set_activation_slots(peak_live_activations(schedule_));
-  // A tied embedding in a pipeline: the first and last stages hold it; every stage takes part in
-  // summing its gradients (a middle stage with zeros): this tensor rank's rows of it (V rows
-  // without tensor parallelism) x d_model.
+  // A tied embedding in a pipeline: the first and last stages hold it (this tensor rank's rows of
+  // it, V rows without tensor parallelism, x d_model) and sum its gradients between them.
   const std::string tied = model_.tied_embedding();
-  if (stages_ > 1 && !tied.empty()) {
-    const auto& c = config.model;
-    const int r = model_.layout().tensor_rank, n = model_.layout().tensor_size;
-    tied_numel_ = (c.vocab_size * (r + 1) / n - c.vocab_size * r / n) * c.d_model;
-    if (model_.has_param(tied)) tied_ = &model_.param_info(tied);
+  if (stages_ > 1 && !tied.empty() && model_.has_param(tied)) {
+    tied_ = &model_.param_info(tied);
+    tied_numel_ = tied_->numel;
+    tied_peer_ = ops::Buffer(model_.device(), std::size_t(tied_numel_) * sizeof(float));
   }
 }
 
@@ -171,14 +169,15 @@ void PipelineExecutor::run(const std::vector<PipelineOp>& ops, const std::vector
 }
 
 void PipelineExecutor::sum_tied_embedding() {
-  // The first and last stages' gradients of a tied embedding are summed between them (every stage
-  // takes part in the pipeline group's all-reduce, the middle ones with zeros).
-  if (tied_numel_ == 0) return;
-  std::vector<float> sum(std::size_t(tied_numel_), 0.0f);
-  const Tensor host(sum.data(), DType::f32, Device::cpu, {tied_numel_});
-  if (tied_) ops::copy(host, model_.grad(*tied_).reshape({tied_numel_}));
-  comm_.all_reduce_sum(sum.data(), tied_numel_);
-  if (tied_) ops::copy(model_.grad(*tied_).reshape({tied_numel_}), host);
+  // The first and last stages exchange their gradients of a tied embedding over the stages'
+  // device communicator (NCCL on GPUs, MPI on CPU ranks) and each adds the other's: a + b on one,
+  // b + a on the other, the same bits. The middle stages take no part.
+  if (tied_ == nullptr) return;
+  const Tensor mine = model_.grad(*tied_).reshape({tied_numel_});
+  const Tensor theirs(tied_peer_.data(), DType::f32, model_.device(), {tied_numel_});
+  const int peer = stage_ == 0 ? stages_ - 1 : 0;
+  link_.start_exchange(mine.data, theirs.data, tied_numel_, DType::f32, peer)->wait();
+  ops::residual_forward(mine, mine, theirs);
 }
 
 }  // namespace llmtrain::train

@@ -75,7 +75,8 @@ class PipelineExecutor {
   std::vector<std::vector<StageTransfer>> transfer_groups_;  // its transfers, grouped around those ops
   std::vector<ops::Buffer> outbox_;   // the copies of one group's sends
   const model::ParamInfo* tied_ = nullptr;  // a tied embedding held by the first and last stages
-  std::int64_t tied_numel_ = 0;             // its elements (also on the middle stages, which hold none)
+  std::int64_t tied_numel_ = 0;             // its elements there
+  ops::Buffer tied_peer_;                   // the other end's gradients of it, received (model's device)
 };
 
 }  // namespace llmtrain::train
