@@ -14,6 +14,7 @@
 #include "ops/profile.h"
 #include "train/checkpointer.h"
 #include "train/reporter.h"
+#include "train/run_lock.h"
 #include "train/schedule.h"
 #include "train/tensor_parallel.h"
 
@@ -569,6 +570,7 @@ TrainSummary run_training(const TrainOptions& requested) {
   dist::Communicator& world = *comms.world;
   TrainSummary summary;
   summary.lead = world.rank() == 0;
+  const std::unique_ptr<RunLock> run_lock = lock_run_folder(options.run_dir, world);  // one writer per run folder
   const std::optional<checkpoint::Found> resume = find_resume_point(options, summary.lead);
   Trainer trainer(options, comms, resume ? &*resume : nullptr);
   Reporter reporter(options, world, trainer.first_step());
