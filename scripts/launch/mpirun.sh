@@ -19,8 +19,10 @@
 # watchdog stops the surviving ranks within dist.timeout_s, each naming the lost ranks and host.
 # mpirun may then wait for a daemon that is gone: this script gives it --grace S seconds (default
 # 20) after the first such line, then ends it, and exits 76. Open MPI's own report of a lost
-# daemon ends the same way. With a hostfile, mpirun runs with Open MPI's orte_enable_recovery, so
-# that a lost daemon leaves the surviving ranks to llmtrain's watchdog instead of killing them.
+# daemon, or of a connection to another node that closed (Open MPI then stops the ranks itself,
+# before the watchdog can, and names the other end's host), ends the same way. With a hostfile,
+# mpirun runs with Open MPI's orte_enable_recovery, so that a lost daemon leaves the surviving
+# ranks to llmtrain's watchdog instead of killing them.
 #
 # Elastic relaunch (--max-restarts N, default 0; --min-nodes K, default 1): after a job that ended
 # with 76, the hosts of the hostfile that do not answer (ssh, 10 s) are dropped, and the job is
@@ -90,7 +92,7 @@ trap 'stop INT' INT
 # first line saying that ranks or a daemon were lost.
 run_job() {
   local lost="$work/lost"
-  rm -f "$lost"
+  rm -f "$lost" "$work/peers"
   mpirun_args "$@"
   set -m
   mpirun "${args[@]}" "$llmtrain" "${llmtrain_args[@]}" 2> >(
@@ -98,9 +100,12 @@ run_job() {
     while IFS= read -r line; do
       printf '%s\n' "$line" >&2
       if [[ ! -e "$lost" && ( "$line" == *"did not finish within dist.timeout_s"*"stopping every rank"* ||
-            "$line" == *"lost communication with a remote daemon"* || "$line" == *"unable to reliably start one or more daemons"* ) ]]; then
+            "$line" == *"lost communication with a remote daemon"* || "$line" == *"unable to reliably start one or more daemons"* ||
+            "$line" == *"peer process has unexpectedly disconnected"* ) ]]; then
         date +%s >"$lost"
       fi
+      # Open MPI's report of a closed connection names the other end: "  Peer host:  node2".
+      [[ "$line" =~ ^[[:space:]]*Peer\ host:[[:space:]]*([^[:space:]]+) ]] && echo "${BASH_REMATCH[1]}" >>"$work/peers"
     done) &
   mpirun_pid=$!
   set +m
@@ -124,7 +129,9 @@ run_job() {
   sleep 0.2  # the filter prints the last lines
   if [[ -s "$lost" ]] && ((status != 75)); then
     status=$lost_status
-    echo "mpirun.sh: the job lost ranks or a node; exit $lost_status" >&2
+    local peers=""
+    [[ -s "$work/peers" ]] && peers=" (connections to $(sort -u "$work/peers" | paste -sd' ') closed)"
+    echo "mpirun.sh: the job lost ranks or a node$peers; exit $lost_status" >&2
   fi
   mpirun_pid=""
 }
