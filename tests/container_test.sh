@@ -282,9 +282,12 @@ lose_node() {  # CASE HOW: HOW = kill | disconnect
   grep -q "resuming from" "$vol/$run/logs/rank-00000.log" || fail "$case: the relaunch did not resume from a checkpoint"
   grep -q "relaunch 1 of 1 on 1 host(s) (node1): 2 ranks" "$work/$run.log" || fail "$case: relaunch not on node1 with 2 ranks: $(grep relaunch "$work/$run.log")"
   every_step_once "$run" "$max" || fail "$case: metrics.jsonl does not hold steps 1-$max once each"
-  run_in "$image" inspect --checkpoint "/work/$run" >"$work/$run.inspect" 2>&1 ||
-    fail "$case: the newest checkpoint does not verify: $(tail -n 3 "$work/$run.inspect")"
-  pass "$case: $how_stopped; the job ended with 76 after $end_s s and was relaunched on node1 with 2 ranks after $relaunch_s s; resumed from $(grep -o 'resuming from [^ ]*' "$vol/$run/logs/rank-00000.log" | tail -n 1 | sed 's|.*/||'), $max steps logged once, checkpoints verify"
+  local dir
+  for dir in "$vol/$run/checkpoints"/step_*; do
+    run_in "$image" inspect --checkpoint "/work/$run/checkpoints/${dir##*/}" >"$work/$run.inspect" 2>&1 ||
+      fail "$case: checkpoint ${dir##*/} does not verify: $(tail -n 3 "$work/$run.inspect")"
+  done
+  pass "$case: $how_stopped; the job ended with 76 after $end_s s and was relaunched on node1 with 2 ranks after $relaunch_s s; resumed from $(grep -o 'resuming from [^ ]*' "$vol/$run/logs/rank-00000.log" | tail -n 1 | sed 's|.*/||'), $max steps logged once, every checkpoint verifies"
 }
 wants lost && lose_node "a node lost" kill
 wants cut && lose_node "a network cut" disconnect
