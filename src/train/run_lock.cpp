@@ -8,6 +8,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <functional>
 
 #include "core/error.h"
 
@@ -34,53 +35,77 @@ std::string read_holder(int fd) {
   return holder.empty() ? "a process that has not written its name yet" : holder;
 }
 
-}  // namespace
-
-RunLock::RunLock(const std::string& run_dir) {
-  const std::string path = run_dir + "/run.lock";
-  std::error_code ec;
-  std::filesystem::create_directories(run_dir, ec);
-  fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd_ < 0) throw RuntimeError(path + ": cannot open the run folder's lock file: " + std::strerror(errno));
-  struct flock lock{};
-  lock.l_type = F_WRLCK;
-  lock.l_whence = SEEK_SET;
-  if (fcntl(fd_, F_SETLK, &lock) != 0) {
-    const int error = errno;
-    const std::string holder = error == EACCES || error == EAGAIN ? read_holder(fd_) : "";
-    close(fd_);
-    fd_ = -1;
-    if (!holder.empty()) {
-      throw InputError(run_dir + ": another run is writing this run folder (" + holder +
-                       "); wait for it to end or choose another --run-dir");
-    }
-    throw RuntimeError(path + ": cannot lock the run folder: " + std::strerror(error));
-  }
-  const std::string self = describe_self() + "\n";
-  if (ftruncate(fd_, 0) != 0 || pwrite(fd_, self.data(), self.size(), 0) != ssize_t(self.size())) {
-    // The lock holds without the note; a refused run then names no holder.
-  }
-}
-
-std::unique_ptr<RunLock> lock_run_folder(const std::string& run_dir, dist::Communicator& world) {
-  std::unique_ptr<RunLock> lock;
+// Rank 0 runs `take`; every rank learns whether it was refused, and all throw alike.
+void agree(const std::function<void()>& take, dist::Communicator& world) {
   std::string refused;
   if (world.rank() == 0) {
     try {
-      lock = std::make_unique<RunLock>(run_dir);
+      take();
     } catch (const InputError& e) {
       refused = e.what();
     }
   }
   std::int64_t failed = refused.empty() ? 0 : 1;
   world.all_reduce_max(&failed, 1);
-  if (!failed) return lock;
+  if (!failed) return;
   if (world.rank() == 0) throw InputError(refused);
-  throw InputError(run_dir + ": another run is writing this run folder (rank 0 names it)");
+  throw InputError("another run is writing the run folder (rank 0 names it)");
+}
+
+}  // namespace
+
+// Whether the lock is held now; `create` makes the folder and the file when missing.
+bool RunLock::lock(bool create) {
+  if (fd_ >= 0) return true;
+  const std::string path = run_dir_ + "/run.lock";
+  if (create) {
+    std::error_code ec;
+    std::filesystem::create_directories(run_dir_, ec);
+  }
+  fd_ = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT : 0), 0644);
+  if (fd_ < 0) {
+    if (!create && errno == ENOENT) return false;
+    throw RuntimeError(path + ": cannot open the run folder's lock file: " + std::strerror(errno));
+  }
+  struct flock request{};
+  request.l_type = F_WRLCK;
+  request.l_whence = SEEK_SET;
+  if (fcntl(fd_, F_SETLK, &request) != 0) {
+    const int error = errno;
+    const std::string holder = error == EACCES || error == EAGAIN ? read_holder(fd_) : "";
+    close(fd_);
+    fd_ = -1;
+    if (!holder.empty()) {
+      throw InputError(run_dir_ + ": another run is writing this run folder (" + holder +
+                       "); wait for it to end or choose another --run-dir");
+    }
+    throw RuntimeError(path + ": cannot lock the run folder: " + std::strerror(error));
+  }
+  return true;
+}
+
+void RunLock::take_existing() { lock(false); }
+
+void RunLock::claim() {
+  lock(true);
+  const std::string self = describe_self() + "\n";
+  if (ftruncate(fd_, 0) != 0 || pwrite(fd_, self.data(), self.size(), 0) != ssize_t(self.size())) {
+    // The lock holds without the note; a refused run then names no holder.
+  }
 }
 
 RunLock::~RunLock() {
   if (fd_ >= 0) close(fd_);  // closing releases the lock; the file stays, naming the last holder
+}
+
+std::unique_ptr<RunLock> lock_run_folder(const std::string& run_dir, dist::Communicator& world) {
+  std::unique_ptr<RunLock> lock = world.rank() == 0 ? std::make_unique<RunLock>(run_dir) : nullptr;
+  agree([&] { lock->take_existing(); }, world);
+  return lock;
+}
+
+void claim_run_folder(RunLock* lock, dist::Communicator& world) {
+  agree([&] { lock->claim(); }, world);
 }
 
 }  // namespace llmtrain::train

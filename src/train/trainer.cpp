@@ -573,6 +573,7 @@ TrainSummary run_training(const TrainOptions& requested) {
   const std::unique_ptr<RunLock> run_lock = lock_run_folder(options.run_dir, world);  // one writer per run folder
   const std::optional<checkpoint::Found> resume = find_resume_point(options, summary.lead);
   Trainer trainer(options, comms, resume ? &*resume : nullptr);
+  claim_run_folder(run_lock.get(), world);  // from here on the run writes into its folder
   Reporter reporter(options, world, trainer.first_step());
   reporter.run_started(comms, trainer, resume ? &*resume : nullptr);
   Checkpointer checkpointer(options, world, reporter, trainer);  // watches stop signals from here on
