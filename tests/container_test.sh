@@ -10,16 +10,19 @@
 #      give the one-process loss curve within 1e-5 and write one checkpoint;
 #   3. a node lost (`podman kill` of the second node) and 4. a network cut (`podman network
 #      disconnect` of it), each mid-run under scripts/launch/mpirun.sh --max-restarts 1: the first
-#      node's ranks stop within dist.timeout_s, each naming the lost ranks and their host, the job
-#      ends with exit 76 within a bounded grace period, and the launcher relaunches on the first
-#      node alone (2 ranks, another mesh), which resumes from the last checkpoint and finishes:
-#      every step logged once, every checkpoint verifies.
+#      node's ranks stop within dist.timeout_s, each naming the lost ranks and their host (after a
+#      kill, Open MPI may end them first, seeing the peer's sockets close: then mpirun.sh names
+#      the host), the job ends with exit 76 within a bounded grace period, and the launcher
+#      relaunches on the first node alone (2 ranks, another mesh), which resumes from the last
+#      checkpoint and finishes: every step logged once, every checkpoint verifies.
 # The base root file system (debootstrap --variant=minbase) is cached by date in
 # LLMTRAIN_CONTAINER_CACHE (default ~/.cache/llmtrain-container) and imported as
 # localhost/llmtrain-base:SUITE-DATE; the Debian mirror is LLMTRAIN_DEBIAN_MIRROR, else the one
 # apt uses here. Network traffic goes only to the containers and the network made here (and the
 # mirror, for the base and the image's packages). Prints "SKIPPED: why" where podman (as root)
-# does not work. LLMTRAIN_CONTAINER_IMAGE=NAME tests an image built before instead of building.
+# does not work. About 4 minutes on 2 cores, 2 of them building the image (less when podman has
+# its layers from an earlier build). LLMTRAIN_CONTAINER_IMAGE=NAME tests an image built before
+# instead of building; LLMTRAIN_CONTAINER_CASES picks cases ("single nodes lost cut").
 # Usage: container_test.sh SOURCE_DIR
 set -uo pipefail
 source_dir=$(cd "${1:-$(dirname "$0")/..}" && pwd)
@@ -214,7 +217,7 @@ fi
 
 # --- 3. and 4. a node lost, a network cut ---
 timeout_s=5
-grace_s=20
+grace_s=10
 lose_node() {  # CASE HOW: HOW = kill | disconnect
   local case="$1" how="$2" run="lost-$2" max=1500
   start_nodes
@@ -264,17 +267,23 @@ lose_node() {  # CASE HOW: HOW = kill | disconnect
     named=$(grep "stopping every rank" "$work/$run.log" | grep -c "2, 3.*node2\|node2.*2, 3")
     ((named >= 2)) || fail "$case: the stop lines do not name ranks 2, 3 and host node2: $(grep 'stopping every rank' "$work/$run.log")"
     how_stopped="ranks 0 and 1 stopped $stop_s s after it (dist.timeout_s $timeout_s), each naming ranks 2, 3 on node2"
-  elif [[ "$how" == kill ]] && grep -q "unexpectedly disconnected" "$work/$run.log" &&
-       grep -q "mpirun.sh: the job lost ranks or a node (connections to node2 closed)" "$work/$run.log"; then
-    # The killed node's sockets closed as its processes died, and Open MPI's TCP transport stops
-    # a rank whose peer hangs up (its own report names node2) before the watchdog's timeout.
-    how_stopped="Open MPI stopped ranks 0 and 1 first, its peer connections to node2 closed (named by it and by mpirun.sh)"
+  elif [[ "$how" == kill ]] && grep -q "mpirun.sh: host node2 does not answer" "$work/$run.log"; then
+    # The killed node's sockets close as its processes die, and Open MPI's TCP transport may then
+    # end a rank whose peer hung up before the watchdog's timeout (sometimes with a report naming
+    # node2, sometimes silently); mpirun.sh names the lost host either way.
+    if grep -q "mpirun.sh: the job lost ranks or a node (connections to node2 closed)" "$work/$run.log"; then
+      how_stopped="Open MPI ended ranks 0 and 1 first, its connections to node2 closed (named by it and by mpirun.sh)"
+    else
+      how_stopped="Open MPI ended ranks 0 and 1 first, without a report; mpirun.sh named node2 as lost"
+    fi
   else
     fail "$case: the surviving ranks did not stop naming the lost ranks and host (exit $status): $(grep -E 'error|mpirun.sh:' "$work/$run.log" | tail -n 5)"
   fi
   grep -q "exit 76" "$work/$run.log" || fail "$case: the first job did not end with exit 76: $(grep mpirun.sh: "$work/$run.log")"
-  awk -v s="$end_s" -v t="$((timeout_s + grace_s + 10))" 'BEGIN {exit !(s <= t)}' ||
-    fail "$case: the first job ended $end_s s after the node went, more than dist.timeout_s + grace + 10 s"
+  # The bound: the timeout, a second for the verdicts, the grace, 5 s from mpirun.sh's TERM to its
+  # KILL, and slack for a loaded machine.
+  awk -v s="$end_s" -v t="$((timeout_s + grace_s + 20))" 'BEGIN {exit !(s <= t)}' ||
+    fail "$case: the first job ended $end_s s after the node went, more than dist.timeout_s + grace + 20 s"
   [[ -n "$t_relaunch" ]] || fail "$case: no relaunch (exit $status): $(tail -n 8 "$work/$run.log")"
   awk -v s="$relaunch_s" -v t="$((timeout_s + grace_s + 30))" 'BEGIN {exit !(s <= t)}' ||
     fail "$case: the job ended $relaunch_s s after the node went, more than dist.timeout_s + grace + 30 s"
