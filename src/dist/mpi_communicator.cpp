@@ -304,16 +304,20 @@ class MpiCommunicator final : public Communicator {
   // hung or cut off; host node2)"); then exit status 76, ranks_lost_status.
   [[noreturn]] void stop_job(const std::string& operation, const std::string& who, const std::vector<int>& lost) {
     // Whatever happens to MPI_Abort (it can wait on a daemon that is gone), the process ends.
-    std::thread([] {
-      std::this_thread::sleep_for(std::chrono::seconds(5));
+    std::thread([wait_s = std::min(timeout_s_, 10.0)] {
+      std::this_thread::sleep_for(std::chrono::duration<double>(wait_s + 5.0));
       std::_Exit(ranks_lost_status);
     }).detach();
     std::vector<MPI_Request> sends;
     for (int job : lost) lost_.insert(job);
     if (!lost.empty()) send_verdict(lost, sends);
     if (!lost.empty() || who.empty() || who.find("names the missing") != std::string::npos) {
+      // A rank that found no one itself waits for a verdict up to a timeout more (the rank that
+      // has the names may have entered the collective later), then a second for the others'.
+      const double wait_s = lost_.empty() ? std::max(verdict_wait_s, std::min(timeout_s_, 10.0)) : verdict_wait_s;
       const auto start = Clock::now();
-      while (std::chrono::duration<double>(Clock::now() - start).count() < verdict_wait_s) {
+      for (double waited = 0; waited < wait_s; waited = std::chrono::duration<double>(Clock::now() - start).count()) {
+        if (!lost_.empty() && waited >= verdict_wait_s) break;
         take_verdicts();
         for (MPI_Request& r : sends) {
           int done = 0;
