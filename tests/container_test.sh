@@ -49,8 +49,10 @@ export CONTAINERS_CONF="$work/containers.conf"
 name="llmtrain-test-$$"
 net="$name-net"
 subnet_prefix="10.89.$((200 + $$ % 50))"
+# One name per `podman rm`: given several, podman 4.3 removes none when one is missing.
+remove() { local c; for c in "$@"; do podman rm -f -t 0 "$c" >/dev/null 2>&1; done; }
 cleanup() {
-  podman rm -f -t 0 "$name-single" "$name-node1" "$name-node2" >/dev/null 2>&1
+  remove "$name-single" "$name-node1" "$name-node2"
   podman network rm -f "$net" >/dev/null 2>&1
   podman secret rm "$name-key" "$name-auth" >/dev/null 2>&1
   [[ -n "${LLMTRAIN_CONTAINER_KEEP:-}" ]] && echo "kept: $work" || rm -rf "$work"
@@ -172,7 +174,7 @@ node_args=(--network "$net" --add-host "node1:$node1_ip" --add-host "node2:$node
   --secret "$name-key,type=mount,target=llmtrain_ssh_key,uid=1000,gid=1000,mode=0400"
   --secret "$name-auth,type=mount,target=llmtrain_authorized_keys,uid=1000,gid=1000,mode=0400")
 start_nodes() {
-  podman rm -f -t 0 "$name-node1" "$name-node2" >/dev/null 2>&1
+  remove "$name-node1" "$name-node2"
   podman run -d --name "$name-node2" --hostname node2 --ip "$node2_ip" "${node_args[@]}" --entrypoint llmtrain-sshd "$image" >/dev/null &&
     podman run -d --name "$name-node1" --hostname node1 --ip "$node1_ip" "${node_args[@]}" --entrypoint sleep "$image" infinity >/dev/null ||
     fail "starting the two node containers"
