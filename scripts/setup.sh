@@ -14,6 +14,9 @@ packages=(
   python3 python3-numpy python3-yaml procps
   slurm-wlm munge  # tests/slurm_test.sh runs scripts/launch/slurm.sbatch under a real single-node Slurm
   fortunes
+  # tests/container_test.sh builds the Docker image and runs it on two "nodes" with rootful podman
+  # (the runc runtime; netavark and iptables for its networks) on a debootstrap'ed Debian base.
+  podman runc debootstrap netavark aardvark-dns iptables
 )
 # Optional: PyTorch for golden files and the CPU benchmark (`scripts/setup.sh --with-torch`).
 # Optional: the ONNX Python packages and transformers for tests/onnx_export_test.py

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# scripts/gpu_check.sh on a simulated bare GPU node, as the lent H200 machine is: the CUDA
+# scripts/gpu_check.sh on a simulated bare GPU node: the CUDA
 # toolkit, NCCL and cuDNN only as Python wheels (site-packages/nvidia/{cu13,nccl,cudnn}), no
-# nlohmann/CLI11/Catch2 packages (only a carried third_party/), no mpicxx, no network. Inside a
+# nlohmann/CLI11/Catch2 packages (only a copied third_party/), no mpicxx, no network. Inside a
 # private mount namespace (unshare -m, as root) the system's copies are hidden by bind mounts of
 # empty folders (and an unexecutable file over mpicxx); a python3 on the PATH reports the wheel
 # folder. Then `gpu_check.sh --dry-run` must list nothing missing, its probe (three lines of CUDA)
@@ -54,7 +54,7 @@ if [[ "${LLMTRAIN_BARE_NODE_INSIDE:-}" != 1 ]]; then
   inc="$cuda/include" lib="$cuda/lib64"
   [[ -d "$lib" ]] || lib="$cuda/lib"
   [[ -f "$inc/nccl.h" && -f "$inc/cudnn.h" ]] || { echo "gpu_bare_node_test.sh: nccl.h and cudnn.h are not beside $nvcc" >&2; exit 2; }
-  scripts/vendor_deps.sh > /dev/null   # third_party/, as it would be carried
+  scripts/vendor_deps.sh > /dev/null   # third_party/, as it would be copied to the node
 
   sim="$work/sim"
   rm -rf "$sim"

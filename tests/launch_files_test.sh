@@ -61,6 +61,33 @@ check grep -q "COPY scripts/launch/container-sshd.sh /usr/local/bin/llmtrain-ssh
 check grep -q "COPY scripts/launch/mpirun.sh /opt/llmtrain/launch/mpirun.sh" Dockerfile
 check grep -qE -- "- /opt/llmtrain/launch/mpirun.sh$" scripts/launch/k8s-mpijob.yaml
 
+# The Dockerfile without an engine (hadolint's kind of checks): every base image a pinned tag (no
+# ":latest", none left out), the CUDA image still the default, a non-root USER before the entry
+# point, nothing secret copied in, and a .dockerignore that keeps build folders, runs and git
+# history out of the context.
+froms=$(grep -E '^ARG (BUILD|RUNTIME)_IMAGE=' Dockerfile | cut -d= -f2-)
+two_base_images() { [[ "$(grep -c . <<<"$froms")" == 2 ]]; }
+check two_base_images
+pinned() { ! grep -qvE '^[a-z0-9./_-]+:[A-Za-z0-9${}._-]*[0-9][A-Za-z0-9${}._-]*$' <<<"$froms"; }
+check pinned
+cuda_default() { grep -qx 'ARG BUILD_IMAGE=nvidia/cuda:${CUDA_IMAGE_TAG}-devel-ubuntu24.04' Dockerfile &&
+                 grep -qx 'ARG RUNTIME_IMAGE=nvidia/cuda:${CUDA_IMAGE_TAG}-runtime-ubuntu24.04' Dockerfile &&
+                 grep -qx 'ARG LLMTRAIN_CUDA=ON' Dockerfile && grep -qE '^ARG CUDA_IMAGE_TAG=[0-9]' Dockerfile; }
+check cuda_default
+non_root_user() { local user; user=$(grep -E '^USER ' Dockerfile | tail -n 1 | awk '{print $2}');
+                  [[ -n "$user" && "$user" != root && "$user" != 0 ]] &&
+                  (($(grep -nE '^USER ' Dockerfile | tail -n 1 | cut -d: -f1) < $(grep -nE '^ENTRYPOINT ' Dockerfile | cut -d: -f1))); }
+check non_root_user
+no_secret_copied() { ! grep -iE '^(COPY|ADD) ' Dockerfile | grep -qiE 'id_(rsa|ed25519|ecdsa)|\.pem|secret|host_key|authorized_keys'; }
+check no_secret_copied
+dockerignore() { local p; for p in .git build/ build-\*/ runs/ data/; do grep -qxF "$p" .dockerignore || return 1; done; }
+check dockerignore
+# mpirun.sh refuses what it does not know, elastic options included, with exit 2.
+bad_options() { local o; for o in "--bogus" "--max-restarts x" "--min-nodes" "-n"; do
+                  # shellcheck disable=SC2086
+                  bash scripts/launch/mpirun.sh $o -- info >/dev/null 2>&1; [[ $? == 2 ]] || return 1; done; }
+check bad_options
+
 # container-sshd.sh, with a stand-in for sshd: a key made on the first start (mode 600), kept on
 # the next, and a mounted secret used instead when there is one.
 check bash -n scripts/launch/container-sshd.sh

@@ -12,6 +12,7 @@ enum class ExitCode : int {
   runtime_failure = 1,
   bad_input = 2,   // bad usage, config, data or checkpoint
   preempted = 75,  // stopped by a signal after a checkpoint was written
+  ranks_lost = 76,  // a collective or transfer timed out: ranks dead, hung or cut off (src/dist)
 };
 
 /// Base of every error llmtrain throws on purpose. The message is one line, without the

@@ -1,6 +1,7 @@
 // MPI over host memory. Every collective and transfer is started non-blocking and polled, so that
 // one that does not finish within the timeout (a rank died or hangs) stops the job with a clear
-// message instead of hanging it.
+// message instead of hanging it. A rank that finds others lost tells every rank (a verdict), so
+// each surviving rank stops with one line naming the lost ranks and their hosts, exit status 76.
 #include <mpi.h>
 #include <omp.h>
 
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -21,6 +23,14 @@ namespace llmtrain::dist {
 namespace {
 
 class MpiCommunicator;
+
+// The exit status of a job stopped because ranks stopped answering (dead, hung, or cut off by
+// the network): relaunching on the hosts that answer resumes it (scripts/launch/mpirun.sh).
+constexpr int ranks_lost_status = static_cast<int>(ExitCode::ranks_lost);
+// Each job rank's host (MPI_Get_processor_name), gathered when the world communicator is made.
+std::vector<std::string> job_hosts;
+// How long a rank that stops waits for the others' verdicts, to name every lost rank.
+constexpr double verdict_wait_s = 1.0;
 
 void check(int status, const char* call) {
   if (status != MPI_SUCCESS) {
@@ -65,6 +75,7 @@ class MpiCommunicator final : public Communicator {
       owns_mpi_ = true;
     }
     adopt(MPI_COMM_WORLD);
+    gather_hosts();
     // Threads per rank: OMP_NUM_THREADS when set; otherwise the cores this rank may run on, shared
     // among the node's ranks. OpenMP's default, a thread per core in every rank, oversubscribes
     // the node, and each parallel region then waits for descheduled threads.
@@ -197,7 +208,7 @@ class MpiCommunicator final : public Communicator {
           for (const TransferPart& part : parts) {
             if (part.mpi != MPI_REQUEST_NULL) who += (who.empty() ? "" : "; ") + part.blame;
           }
-          stop_job(operation, who + " (dead or hung)");
+          stop_job(operation, who + " (dead or hung)", {});
         });
   }
 
@@ -228,6 +239,7 @@ class MpiCommunicator final : public Communicator {
       const bool finished = done();
       if (rank_ == 0) collect_heartbeats();
       if (finished) return;
+      if (spins % 64 == 0 && take_verdicts()) stop_job("rank " + verdict_from_ + "'s collective", "", {});
       if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
       const auto now = Clock::now();
       if (rank_ != 0 && now - last_beat > std::chrono::seconds(1)) {
@@ -241,6 +253,7 @@ class MpiCommunicator final : public Communicator {
   using Clock = std::chrono::steady_clock;
   static constexpr int heartbeat_tag = 7301;
   static constexpr int count_tag = 7302;
+  static constexpr int verdict_tag = 7303;  // on MPI_COMM_WORLD: job ranks found lost
   // Transfers (send, recv, exchange) use one tag of their own: MPI matches the messages between
   // two ranks on one tag in the order they were posted, which is the order the interface promises.
   static constexpr int transfer_tag = 7310;
@@ -273,28 +286,113 @@ class MpiCommunicator final : public Communicator {
   }
 
   [[noreturn]] void abort_job(const char* operation) {
-    std::string missing;
+    std::vector<int> missing;
     for (int r = 1; r < world_ && rank_ == 0; ++r) {
       const bool silent = Clock::now() - last_heard_[std::size_t(r)] > std::chrono::milliseconds(2500);
-      if (arrived_[std::size_t(r)] < seq_ || silent) {
-        const int job = job_ranks_[std::size_t(r)];
-        missing += (missing.empty() ? "" : ", ") + std::to_string(job) + job_rank_place(job);
-      }
+      if (arrived_[std::size_t(r)] < seq_ || silent) missing.push_back(job_ranks_[std::size_t(r)]);
     }
     const std::string who = rank_ != 0        ? "rank " + std::to_string(job_ranks_[0]) + " names the missing rank(s)"
                             : missing.empty() ? "every rank is in it, but it did not complete"
-                                              : "rank(s) " + missing + " never arrived or stopped responding (dead or hung)";
-    stop_job(std::string(operation) + " (collective #" + std::to_string(seq_) + ")", who);
+                                              : "";
+    stop_job(std::string(operation) + " (collective #" + std::to_string(seq_) + ")", who, missing);
   }
 
   // Prints "llmtrain: error: rank R: OPERATION did not finish within dist.timeout_s = T s: WHO;
-  // stopping every rank" and stops the whole job, not just this group.
-  [[noreturn]] void stop_job(const std::string& operation, const std::string& who) {
+  // stopping every rank" and stops the whole job, not just this group. Ranks found `lost` are
+  // told to every rank first, and the verdicts of others taken for a moment, so that the line
+  // names every lost rank and its host ("rank(s) 2, 3 never arrived or stopped responding (dead,
+  // hung or cut off; host node2)"); then exit status 76, ranks_lost_status.
+  [[noreturn]] void stop_job(const std::string& operation, const std::string& who, const std::vector<int>& lost) {
+    // Whatever happens to MPI_Abort (it can wait on a daemon that is gone), the process ends.
+    std::thread([wait_s = std::min(timeout_s_, 10.0)] {
+      std::this_thread::sleep_for(std::chrono::duration<double>(wait_s + 5.0));
+      std::_Exit(ranks_lost_status);
+    }).detach();
+    std::vector<MPI_Request> sends;
+    for (int job : lost) lost_.insert(job);
+    if (!lost.empty()) send_verdict(lost, sends);
+    if (!lost.empty() || who.empty() || who.find("names the missing") != std::string::npos) {
+      // A rank that found no one itself waits for a verdict up to a timeout more (the rank that
+      // has the names may have entered the collective later), then a second for the others'.
+      const double wait_s = lost_.empty() ? std::max(verdict_wait_s, std::min(timeout_s_, 10.0)) : verdict_wait_s;
+      const auto start = Clock::now();
+      for (double waited = 0; waited < wait_s; waited = std::chrono::duration<double>(Clock::now() - start).count()) {
+        if (!lost_.empty() && waited >= verdict_wait_s) break;
+        take_verdicts();
+        for (MPI_Request& r : sends) {
+          int done = 0;
+          if (r != MPI_REQUEST_NULL) MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
+    const bool named = !lost_.empty();
+    std::string line = named ? lost_phrase() : who;
+    if (!named && !verdict_from_.empty()) line = "rank " + verdict_from_ + " found ranks lost";
     std::fprintf(stderr, "llmtrain: error: rank %d: %s did not finish within dist.timeout_s = %.0f s: %s; stopping every rank\n",
-                 job_ranks_[std::size_t(rank_)], operation.c_str(), timeout_s_, who.c_str());
+                 job_ranks_[std::size_t(rank_)], operation.c_str(), timeout_s_, line.c_str());
     std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    std::_Exit(1);
+    MPI_Abort(MPI_COMM_WORLD, ranks_lost_status);
+    std::_Exit(ranks_lost_status);
+  }
+
+  // "rank(s) 2 (tensor rank 0), 3 (tensor rank 1) never arrived or stopped responding (dead, hung
+  // or cut off; host node2)": the ranks this rank and the verdicts it took found lost.
+  std::string lost_phrase() const {
+    std::string ranks, hosts;
+    std::set<std::string> seen;
+    for (int job : lost_) {
+      ranks += (ranks.empty() ? "" : ", ") + std::to_string(job) + job_rank_place(job);
+      const std::string host = std::size_t(job) < job_hosts.size() ? job_hosts[std::size_t(job)] : "";
+      if (!host.empty() && seen.insert(host).second) hosts += (hosts.empty() ? "" : ", ") + host;
+    }
+    return "rank(s) " + ranks + " never arrived or stopped responding (dead, hung or cut off; host" +
+           (seen.size() > 1 ? "s " : " ") + hosts + ")";
+  }
+
+  // Tells every other rank of the job (MPI_COMM_WORLD, whatever this group is) which ranks were
+  // found lost. The sends to lost ranks never complete; the process ends with them pending.
+  void send_verdict(const std::vector<int>& lost, std::vector<MPI_Request>& sends) {
+    int me = 0, size = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    static std::vector<int> payload;  // outlives the pending sends
+    payload = lost;
+    for (int r = 0; r < size; ++r) {
+      if (r == me || lost_.count(r)) continue;
+      sends.push_back(MPI_REQUEST_NULL);
+      MPI_Isend(payload.data(), int(payload.size()), MPI_INT, r, verdict_tag, MPI_COMM_WORLD, &sends.back());
+    }
+  }
+
+  // Takes the verdicts that have arrived, adding their ranks to lost_; whether there were any.
+  bool take_verdicts() {
+    bool any = false;
+    for (int flag = 1; flag;) {
+      MPI_Status status;
+      MPI_Iprobe(MPI_ANY_SOURCE, verdict_tag, MPI_COMM_WORLD, &flag, &status);
+      if (!flag) break;
+      int count = 0;
+      MPI_Get_count(&status, MPI_INT, &count);
+      std::vector<int> ranks(std::size_t(std::max(count, 0)));
+      MPI_Recv(ranks.data(), count, MPI_INT, status.MPI_SOURCE, verdict_tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      for (int job : ranks) lost_.insert(job);
+      if (verdict_from_.empty()) verdict_from_ = std::to_string(status.MPI_SOURCE);
+      any = true;
+    }
+    return any;
+  }
+
+  // Every job rank's host name, once, from the world communicator.
+  void gather_hosts() {
+    char name[MPI_MAX_PROCESSOR_NAME] = {};
+    int length = 0;
+    MPI_Get_processor_name(name, &length);
+    std::vector<char> all(std::size_t(world_) * MPI_MAX_PROCESSOR_NAME);
+    check(MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, comm_),
+          "MPI_Allgather");
+    job_hosts.clear();
+    for (int r = 0; r < world_; ++r) job_hosts.emplace_back(&all[std::size_t(r) * MPI_MAX_PROCESSOR_NAME]);
   }
 
   void start_send_part(std::vector<TransferPart>& parts, const void* data, std::int64_t count, DType dtype, int peer) {
@@ -389,6 +487,8 @@ class MpiCommunicator final : public Communicator {
   std::vector<std::int64_t> arrived_;          // rank 0: the last collective each rank entered
   std::vector<std::int64_t> received_;         // rank 0: heartbeats taken from each rank
   std::vector<Clock::time_point> last_heard_;  // rank 0: when each rank last sent one
+  std::set<int> lost_;                         // job ranks found lost, here or by a verdict
+  std::string verdict_from_;                   // the job rank whose verdict came first
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::vector<int> job_ranks_;  // MPI_COMM_WORLD rank of each member
   bool owns_mpi_ = false;

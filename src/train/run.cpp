@@ -9,6 +9,7 @@
 #include "train/checkpointer.h"
 #include "train/reporter.h"
 #include "train/resume.h"
+#include "train/run_lock.h"
 #include "train/trainer.h"
 
 namespace llmtrain::train {
@@ -71,8 +72,10 @@ TrainSummary run_training(const TrainOptions& requested) {
   dist::Communicator& world = *comms.world;
   TrainSummary summary;
   summary.lead = world.rank() == 0;
+  const std::unique_ptr<RunLock> run_lock = lock_run_folder(options.run_dir, world);  // one writer per run folder
   const std::optional<checkpoint::Found> resume = find_resume_point(options, summary.lead);
   Trainer trainer(options, comms, resume ? &*resume : nullptr);
+  claim_run_folder(run_lock.get(), world);  // from here on the run writes into its folder
   Reporter reporter(options, world, trainer.first_step());
   reporter.run_started(comms, run_shape(trainer), resume ? &*resume : nullptr);
   Checkpointer checkpointer(options, world, reporter, trainer);  // watches stop signals from here on
