@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "catch_compat.h"
-#include "core/error.h"
 #include "llmtrain_emu/cublaslt_control.h"
 #include "llmtrain/kernels/cpu.h"
 #include "llmtrain/kernels/cuda.h"
+#include "llmtrain/kernels/error.h"
 
 using namespace llmtrain;
 using llmtrain_emu::CublasLtCandidates;
@@ -75,12 +75,12 @@ CublasLtCounts since(const CublasLtCounts& before) {
   return now;
 }
 
-// The message of the exception `f` throws ("" when it throws none).
+// The message of the kernel library's error that `f` throws ("" when it throws none).
 template <class F>
 std::string error_of(F&& f) {
   try {
     f();
-  } catch (const RuntimeError& e) {
+  } catch (const kernels::Error& e) {
     return e.what();
   }
   return "";
