@@ -20,14 +20,7 @@ void suffix_steps(OpCase& c, const std::string& suffix) {
 // residual = a + b, then its LayerNorm, as two ops: beside layernorm_residual_forward.
 OpCase residual_layernorm_unfused(std::int64_t N, std::int64_t C) {
   OpCase c{"residual+layernorm (unfused)", shape_name({{"N", N}, {"C", C}})};
-  c.args = {input("a", {N, C}, -2.0f, 3.0f),
-            input("b", {N, C}),
-            input("weight", {C}, 0.5f, 1.5f),
-            input("bias", {C}),
-            output("residual", {N, C}, act_elementwise),
-            output("out", {N, C}, act_elementwise),
-            always_f32(output("mean", {N}, f32_elementwise)),
-            always_f32(output("rstd", {N}, f32_elementwise))};
+  c.args = layernorm_residual_case(N, C).args;  // the fused op's tensors, for the same rows
   Step step{"residual+layernorm (unfused)", [](const Args& a) {
               ops::residual_forward(a["residual"], a["a"], a["b"]);
               ops::layernorm_forward(a["out"], a["mean"], a["rstd"], a["residual"], a["weight"], a["bias"]);

@@ -301,29 +301,20 @@ void backward_simt_launch(scalar_t* dqkv, const scalar_t* dout, const scalar_t* 
   }
 }
 
-template void forward_launch<float, 16>(float*, float*, const float*, int, int, int, int, cudaStream_t);
-template void backward_simt_launch<float, 16>(float*, const float*, const float*, const float*, const float*, int, int, int,
-                                           int, float, float, cudaStream_t);
-template void forward_launch<float, 32>(float*, float*, const float*, int, int, int, int, cudaStream_t);
-template void backward_simt_launch<float, 32>(float*, const float*, const float*, const float*, const float*, int, int, int,
-                                           int, float, float, cudaStream_t);
-template void forward_launch<float, 64>(float*, float*, const float*, int, int, int, int, cudaStream_t);
-template void backward_simt_launch<float, 64>(float*, const float*, const float*, const float*, const float*, int, int, int,
-                                           int, float, float, cudaStream_t);
-template void forward_launch<float, 128>(float*, float*, const float*, int, int, int, int, cudaStream_t);
-template void backward_simt_launch<float, 128>(float*, const float*, const float*, const float*, const float*, int, int, int,
-                                           int, float, float, cudaStream_t);
-template void forward_launch<bf16, 16>(bf16*, float*, const bf16*, int, int, int, int, cudaStream_t);
-template void backward_simt_launch<bf16, 16>(bf16*, const bf16*, const bf16*, const float*, const float*, int, int, int,
-                                           int, float, float, cudaStream_t);
-template void forward_launch<bf16, 32>(bf16*, float*, const bf16*, int, int, int, int, cudaStream_t);
-template void backward_simt_launch<bf16, 32>(bf16*, const bf16*, const bf16*, const float*, const float*, int, int, int,
-                                           int, float, float, cudaStream_t);
-template void forward_launch<bf16, 64>(bf16*, float*, const bf16*, int, int, int, int, cudaStream_t);
-template void backward_simt_launch<bf16, 64>(bf16*, const bf16*, const bf16*, const float*, const float*, int, int, int,
-                                           int, float, float, cudaStream_t);
-template void forward_launch<bf16, 128>(bf16*, float*, const bf16*, int, int, int, int, cudaStream_t);
-template void backward_simt_launch<bf16, 128>(bf16*, const bf16*, const bf16*, const float*, const float*, int, int, int,
-                                           int, float, float, cudaStream_t);
+// The instantiations flash_attention.cu dispatches to: both element types, every head size.
+#define LLMTRAIN_FLASH_SIMT_LAUNCHERS(scalar_t, HS)                                                          \
+  template void forward_launch<scalar_t, HS>(scalar_t*, float*, const scalar_t*, int, int, int, int,         \
+                                             cudaStream_t);                                                   \
+  template void backward_simt_launch<scalar_t, HS>(scalar_t*, const scalar_t*, const scalar_t*, const float*, \
+                                                   const float*, int, int, int, int, float, float, cudaStream_t);
+LLMTRAIN_FLASH_SIMT_LAUNCHERS(float, 16)
+LLMTRAIN_FLASH_SIMT_LAUNCHERS(float, 32)
+LLMTRAIN_FLASH_SIMT_LAUNCHERS(float, 64)
+LLMTRAIN_FLASH_SIMT_LAUNCHERS(float, 128)
+LLMTRAIN_FLASH_SIMT_LAUNCHERS(bf16, 16)
+LLMTRAIN_FLASH_SIMT_LAUNCHERS(bf16, 32)
+LLMTRAIN_FLASH_SIMT_LAUNCHERS(bf16, 64)
+LLMTRAIN_FLASH_SIMT_LAUNCHERS(bf16, 128)
+#undef LLMTRAIN_FLASH_SIMT_LAUNCHERS
 
 }  // namespace llmtrain::cuda::flash
