@@ -233,13 +233,18 @@ lose_node() {  # CASE HOW: HOW = kill | disconnect
     sleep 0.2
   done
   ((i < 900)) || fail "$case: no step 250 within 180 s: $(tail -n 5 "$work/$run.log")"
-  local t0 t_stop="" t_end="" t_relaunch="" now
-  t0=$(date +%s.%N)
+  # The clock starts when `podman kill` or `podman network disconnect` has returned: the node is
+  # surely gone then, while the command itself can take seconds on a loaded machine (the cut takes
+  # effect somewhere inside it), and a rank enters its next collective only after the cut.
+  local t0 t_cmd t_stop="" t_end="" t_relaunch="" now cmd_s
+  t_cmd=$(date +%s.%N)
   if [[ "$how" == kill ]]; then
     podman kill "$name-node2" >/dev/null || fail "podman kill"
   else
     podman network disconnect "$net" "$name-node2" || fail "podman network disconnect"
   fi
+  t0=$(date +%s.%N)
+  cmd_s=$(awk -v a="$t_cmd" -v b="$t0" 'BEGIN {printf "%.1f", b - a}')
   local deadline=$(($(date +%s) + timeout_s + grace_s + 120))
   while kill -0 "$launcher" 2>/dev/null && (($(date +%s) < deadline)); do
     now=$(date +%s.%N)
@@ -259,12 +264,15 @@ lose_node() {  # CASE HOW: HOW = kill | disconnect
   stop_s=$(since "$t_stop")
   end_s=$(since "$t_end")
   relaunch_s=$(since "$t_relaunch")
-  echo "$case: ranks stopped after $stop_s s, the job ended after $end_s s, relaunched after $relaunch_s s, launcher exit $status"
+  echo "$case: podman took $cmd_s s; from its return: ranks stopped after $stop_s s, the job ended after $end_s s, relaunched after $relaunch_s s, launcher exit $status"
   grep -E "stopping every rank|mpirun.sh:|ORTE was|unexpectedly disconnected|Peer host" "$work/$run.log" | head -n 8 | sed 's/^/  | /'
   if grep -q "stopping every rank" "$work/$run.log"; then
     [[ -n "$t_stop" ]] || fail "$case: not every surviving rank printed the stop line: $(grep 'stopping every rank' "$work/$run.log")"
-    awk -v s="$stop_s" -v t="$timeout_s" 'BEGIN {exit !(s <= t + 5)}' ||
-      fail "$case: the ranks stopped after $stop_s s, more than dist.timeout_s = $timeout_s s + 5 s"
+    # The bound: the timeout, the step a rank may still take before its next collective, a second
+    # for the verdicts, and slack for a loaded machine (the cut-off node's ranks spin on the same
+    # cores until they too time out). What it guards against is TCP's own timeouts (minutes).
+    awk -v s="$stop_s" -v t="$timeout_s" 'BEGIN {exit !(s <= t + 8)}' ||
+      fail "$case: the ranks stopped after $stop_s s, more than dist.timeout_s = $timeout_s s + 8 s"
     local named
     named=$(grep "stopping every rank" "$work/$run.log" | grep -c "2, 3.*node2\|node2.*2, 3")
     ((named >= 2)) || fail "$case: the stop lines do not name ranks 2, 3 and host node2: $(grep 'stopping every rank' "$work/$run.log")"
