@@ -56,3 +56,17 @@ TEST_CASE("crc32 continues across pieces and matches the bitwise definition at e
     CHECK(crc32_builtin(buffer.data() + split, buffer.size() - split, crc32_builtin(buffer.data(), split)) == whole);
   }
 }
+
+TEST_CASE("crc32_combine gives the CRC of two pieces joined, from theirs and the second's length", "[core]") {
+  std::mt19937 rng(11);
+  std::vector<unsigned char> buffer(5000);
+  for (auto& b : buffer) b = static_cast<unsigned char>(rng());
+  const std::uint32_t whole = bitwise_crc32(buffer.data(), buffer.size());
+  for (const std::size_t split : {std::size_t(0), std::size_t(1), std::size_t(7), std::size_t(1024), std::size_t(4999),
+                                  buffer.size()}) {
+    const std::uint32_t a = bitwise_crc32(buffer.data(), split);
+    const std::uint32_t b = bitwise_crc32(buffer.data() + split, buffer.size() - split);
+    CHECK(crc32_combine(a, b, buffer.size() - split) == whole);
+  }
+  CHECK(crc32_combine(crc32("1234"), crc32("56789"), 5) == 0xCBF43926u);  // the published check value
+}

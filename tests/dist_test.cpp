@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "catch_compat.h"
+#include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "process.h"
 #include "weights_compare.h"
@@ -78,7 +79,12 @@ void check_layout_invariance(const std::string& model_json, const std::vector<La
   REQUIRE(run_llmtrain({"train", "--config", config, "--run-dir", reference}).exit_code == 0);
   const auto reference_losses = losses(reference);
   REQUIRE(reference_losses.size() == std::size_t(steps + 2));  // the steps, 2 validations
-  const llmtrain::checkpoint::SafetensorsReader reference_weights(reference + last + "/model.safetensors");
+  // The whole model as the checkpoint holds it, whichever ranks wrote which ranges.
+  const auto reference_weights = llmtrain::checkpoint::load_model(llmtrain::checkpoint::find(reference + last));
+  const auto tensor_values = [](const llmtrain::model::Model& m, const llmtrain::model::ParamInfo& info) {
+    const float* p = m.param(info).as<float>();
+    return std::vector<float>(p, p + info.numel);
+  };
 
   for (const auto [ranks, tensor, zero, sequence_parallel, pipeline, virtual_stages] : layouts) {
     {
@@ -105,12 +111,10 @@ void check_layout_invariance(const std::string& model_json, const std::vector<La
         REQUIRE(std::abs(got[i] - reference_losses[i]) <= 1e-5 * std::abs(reference_losses[i]));
       }
       const std::string step_dir = run + last;
-      const llmtrain::checkpoint::SafetensorsReader weights(step_dir + "/model.safetensors");
+      const auto weights = llmtrain::checkpoint::load_model(llmtrain::checkpoint::find(step_dir));
       double whole[2] = {0.0, 0.0};  // the whole model's squared error and squared norm
-      for (const auto& t : reference_weights.tensors()) {
-        std::vector<float> a(std::size_t(t.numel())), b(a.size());
-        reference_weights.read_f32(t.name, a);
-        weights.read_f32(t.name, b);
+      for (const auto& t : reference_weights->param_infos()) {
+        const std::vector<float> a = tensor_values(*reference_weights, t), b = tensor_values(*weights, t);
         bool key_bias_ok = false;
         const double error =
             llmtrain::test::weights_relative_error(t.name, b, a, d_model, steps * lr, &key_bias_ok, &whole);
@@ -134,7 +138,11 @@ void check_layout_invariance(const std::string& model_json, const std::vector<La
       CHECK(std::filesystem::exists(step_dir + "/optim-00001.safetensors") == (optimizer_files > 1));
       const auto state = nlohmann::json::parse(std::ifstream(step_dir + "/state.json"));
       CHECK(state["world_size"] == ranks);
-      CHECK(state["files"].size() == std::size_t(optimizer_files + 1));
+      // The weights beside them: each writing rank its ranges (model-RANK), no rank the whole
+      // model, except where one rank holds all of the state (model.safetensors).
+      CHECK(state["files"].size() == std::size_t(2 * optimizer_files));
+      CHECK(std::filesystem::exists(step_dir + "/model.safetensors") == (optimizer_files == 1));
+      CHECK(std::filesystem::exists(step_dir + "/model-00001.safetensors") == (optimizer_files > 1));
     }
   }
 }

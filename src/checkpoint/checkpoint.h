@@ -1,10 +1,18 @@
-// Checkpoints (DESIGN.md layout) and Hugging Face GPT-2 weights in and out.
+// Checkpoints (DESIGN.md layout) and Hugging Face weights in and out.
 //
-//   DIR/step_00000100/model.safetensors   fp32 weights, named and laid out as in the model
-//   DIR/step_00000100/optim-00000.safetensors  AdamW m and v of ranges of the flat buffer
-//   DIR/step_00000100/state.json          step, tokens, sampler, world size, config, checksums
-//   DIR/step_00000100/COMPLETE            written last
-//   DIR/latest                            names the newest complete checkpoint
+//   DIR/step_00000100/model.safetensors        fp32 weights, named as in the model: where one rank
+//                                              holds the whole model's state (one rank, or ZeRO 0
+//                                              data parallelism alone)
+//   DIR/step_00000100/model-00003.safetensors  else: each writing rank's weights, as ranges of the
+//                                              whole model's flat buffer ("ranges", "weights")
+//   DIR/step_00000100/optim-00003.safetensors  AdamW m and v of the same ranges
+//   DIR/step_00000100/state.json               step, tokens, sampler, world size, config, and each
+//                                              file's CRC-32, whole and per chunk
+//   DIR/step_00000100/COMPLETE                 written last
+//   DIR/latest                                 names the newest complete checkpoint
+//
+// No rank gathers the model: each writes the ranges it owns, and a resume reads only the ranges
+// it needs (on any mesh), checking the CRC-32 of each chunk it reads.
 #pragma once
 
 #include <cstddef>
@@ -15,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config/config.h"
+#include "core/error.h"
 #include "dist/communicator.h"
 #include "model/model.h"
 
@@ -24,10 +33,12 @@ namespace llmtrain::checkpoint {
 /// ZeRO units, the optimizer and checkpoints (model/flat_layout.h).
 using FlatRange = model::FlatRange;
 
-/// One rank's AdamW state: flat-buffer ranges, and their moments laid end to end (as many
-/// elements as the ranges hold, each). One range [0, P): every rank holds the whole state.
-struct OptimizerShard {
+/// One rank's part of the training state: ranges of the whole model's flat buffer, and their fp32
+/// weights and AdamW moments, each laid end to end (as many elements as the ranges hold). One
+/// range [0, P): the rank holds the whole state.
+struct StatePart {
   std::vector<FlatRange> ranges;
+  const float* weights = nullptr;
   const float* m = nullptr;
   const float* v = nullptr;
   std::int64_t size() const;
@@ -37,12 +48,11 @@ struct SaveRequest {
   std::string root;            // DIR above
   std::int64_t step = 0;
   std::int64_t keep_last = 3;  // older complete checkpoints are deleted after this one is complete
-  const model::Model* model = nullptr;  // names and shapes of the weights
-  const float* weights = nullptr;       // the flat weights to write (host memory); null: the model's params()
-  OptimizerShard optimizer;    // this rank's
+  const model::Model* model = nullptr;  // the whole model's parameters (names, shapes, flat offsets)
+  StatePart part;              // this rank's
   nlohmann::json state;        // tokens_seen, sampler, ... ; "step" and "files" are added here
   std::size_t write_chunk = 32 << 20;  // bytes per write(2) call
-  bool write_optimizer = true;  // false: another rank writes the same state
+  bool writes = true;          // false: another rank writes the same state (a data-parallel replica)
 };
 
 /// What one rank wrote of a checkpoint: each file's name, CRC-32 and size, or why it could not.
@@ -51,6 +61,8 @@ struct WrittenPart {
     std::string name;
     std::uint32_t crc32 = 0;
     std::int64_t bytes = 0;
+    std::int64_t chunk_bytes = 0;         // the CRC-32 of each chunk of this many bytes:
+    std::vector<std::uint32_t> chunk_crc32;  // in order (the last chunk may be short)
   };
   std::vector<File> files;
   std::string error;     // empty: every file is written, fsynced and renamed into place
@@ -69,10 +81,11 @@ struct Committed {
 /// 1. prepare_dir (collective): rank 0 removes an earlier attempt at this step that never became
 ///    complete and creates the step folder; then a barrier. Returns the folder.
 std::string prepare_dir(const std::string& root, std::int64_t step, dist::Communicator& comm);
-/// 2. write_part (no communication; any thread): this rank's files. Rank 0 the weights, each rank
-///    its optimizer range as optim-RANK.safetensors (only rank 0 when every rank holds the whole
-///    state), each file in its own thread, streamed to a temporary name with its CRC-32 computed
-///    as it goes, fsynced, renamed. An I/O failure is returned in `error`, not thrown.
+/// 2. write_part (no communication; any thread): this rank's files, its weights as
+///    model-RANK.safetensors and its moments as optim-RANK.safetensors (a rank holding the whole
+///    state: model.safetensors, named tensors; only rank 0 writes when every rank does), each file
+///    in its own thread, streamed to a temporary name with its CRC-32s computed as it goes,
+///    fsynced, renamed. An I/O failure is returned in `error`, not thrown.
 WrittenPart write_part(const SaveRequest& request, const std::string& dir, int rank, int world_size);
 /// 3. commit (collective, every rank with its write_part): the ranks agree that all their files
 ///    are durable (else RuntimeError on every rank: on a failing rank its own error, on the others
@@ -85,13 +98,15 @@ Committed commit(const SaveRequest& request, const WrittenPart& mine, dist::Comm
 std::string save(const SaveRequest& request, dist::Communicator& comm);
 
 /// A checkpoint found from a path: a step folder, a checkpoints folder (its `latest`) or a run
-/// folder (RUN/checkpoints/latest). Its files are checked against the checksums in state.json.
+/// folder (RUN/checkpoints/latest). Its files' sizes are checked against state.json; their
+/// checksums as they are read (load_state, load_model) or all at once (verify_files).
 /// The step folder a path names: itself, or the one `latest` names in it or in its checkpoints/.
 std::string resolve_dir(const std::string& path);
 
 /// InputError naming `file` and the key unless `state` is a state.json as save() writes it: step,
 /// tokens_seen, world_size, zero_stage, sampler.{epoch,next_sample} integers in range, a config
-/// object, and files: plain file names (model.safetensors among them) with crc32 and bytes.
+/// object, and files: plain file names (model.safetensors or model-*.safetensors among them) with
+/// crc32 and bytes, and optionally chunk_bytes and chunk_crc32 (one per chunk of the file).
 void validate_state(const nlohmann::json& state, const std::string& file);
 
 struct Found {
@@ -104,13 +119,32 @@ Found find(const std::string& path);
 /// The step folders under `root` that hold a COMPLETE file, newest first (full paths).
 std::vector<std::string> complete_checkpoints(const std::string& root);
 
-/// Fills m and v with the AdamW state of the flat-buffer `ranges`, laid end to end, taken from
-/// the checkpoint's optimizer files whatever world size and ZeRO stage wrote them. A file holds
-/// one range (metadata range_begin, range_end) or several ("ranges": "b0:e0,b1:e1,..."), its
-/// tensors adamw.m and adamw.v theirs end to end.
-void load_optimizer(const Found& found, const std::vector<FlatRange>& ranges, float* m, float* v);
+/// A damaged checkpoint: a file whose bytes do not match their checksum, or that does not hold
+/// what state.json and its header say. (A resume that finds one on any rank may fall back to an
+/// older checkpoint.)
+class DamagedCheckpoint : public InputError {
+ public:
+  using InputError::InputError;
+};
 
-/// Fills the model's parameters from DIR/model.safetensors of a found checkpoint.
+/// Which state load_state reads: the fp32 weights, or AdamW's m and v.
+enum class StateKind { weights, optimizer };
+
+/// Fills `out` (one array for weights; m then v for the optimizer) with the state of the flat
+/// ranges `ranges` of the whole model, laid end to end, from whichever files hold them: any world
+/// size, ZeRO stage or layout wrote them, this version or an earlier one (model.safetensors named
+/// tensors; optimizer files with ranges in their metadata). Reads only the chunks of the files
+/// that hold those ranges (matched by a sorted merge: O((n + m) log m) for n wanted and m held
+/// ranges), and checks each chunk's CRC-32 as it reads it (files with only a whole-file CRC-32:
+/// the whole file). DamagedCheckpoint naming the file on a mismatch or on ranges not covered.
+void load_state(const Found& found, StateKind kind, const std::vector<FlatRange>& ranges,
+                const std::vector<float*>& out);
+
+/// Reads every file of the checkpoint and checks it against state.json's CRC-32s; DamagedCheckpoint
+/// naming the first that differs.
+void verify_files(const Found& found);
+
+/// Fills the model's parameters (a model holding the whole model, one rank's layout).
 void load_weights(const Found& found, model::Model& model);
 
 /// The checkpoint's model on the CPU, built from its config, with its weights.
@@ -132,5 +166,12 @@ void write_hf_config(const config::ModelConfig& config, const std::string& dir);
 /// missing, unexpected or misshapen tensor, and (Llama) when the folder's config.json disagrees
 /// with the config on rope_theta, rms_norm_eps or tie_word_embeddings.
 void import_hf(const std::string& path, model::Model& model);
+
+/// Fills `out` with the flat ranges `ranges` (laid end to end) of the whole model whose parameters
+/// `logical` lists (the one-rank layout's names, shapes and offsets: a sharded model without
+/// buffers will do), from Hugging Face weights as import_hf reads them: one tensor at a time, and
+/// only the tensors the ranges touch. Every tensor's name and shape is checked as import_hf does.
+void import_hf_ranges(const std::string& path, const model::Model& logical, const std::vector<FlatRange>& ranges,
+                      float* out);
 
 }  // namespace llmtrain::checkpoint

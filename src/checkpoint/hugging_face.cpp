@@ -142,10 +142,11 @@ void write_hf_config(const config::ModelConfig& config, const std::string& dir) 
   write_file_atomic(dir + "/config.json", model::arch_spec(config.arch).hf_config(config).dump(2) + "\n");
 }
 
-void import_hf(const std::string& path, model::Model& model) {
-  const model::ArchSpec& spec = model::arch_spec(model.config().arch);
+void import_hf_ranges(const std::string& path, const model::Model& logical, const std::vector<FlatRange>& ranges,
+                      float* out) {
+  const model::ArchSpec& spec = model::arch_spec(logical.config().arch);
   const HfTensors source(path);
-  check_hf_config(path, model.config(), spec);
+  check_hf_config(path, logical.config(), spec);
   const std::string where = source.describe();
   // Names with or without the prefix published files may leave out (GPT2LMHeadModel's "transformer.").
   const std::string prefix = spec.hf_optional_prefix;
@@ -154,13 +155,26 @@ void import_hf(const std::string& path, model::Model& model) {
     if (!found.second && !prefix.empty() && name.starts_with(prefix)) found = source.find(name.substr(prefix.size()));
     return found;
   };
+  // The wanted ranges by place in the flat buffer, each with where it goes in `out`.
+  struct Wanted {
+    FlatRange range;
+    std::int64_t at = 0;
+  };
+  std::vector<Wanted> wanted;
+  std::int64_t at = 0;
+  for (const FlatRange& r : ranges) {
+    if (r.size() > 0) wanted.push_back({r, at});
+    at += r.size();
+  }
+  std::sort(wanted.begin(), wanted.end(), [](const Wanted& a, const Wanted& b) { return a.range.begin < b.range.begin; });
   std::set<std::string> used;
-  for (const auto& info : model.param_infos()) {
+  std::vector<float> tensor;  // one tensor at a time, in the model's layout
+  for (const auto& info : logical.param_infos()) {
     const auto [reader, t] = hf_name(info.name);
     if (!t) throw InputError(where + ": tensor " + info.name + " is missing");
     used.insert(t->name);
     const bool conv = spec.hf_transposed(info.name);
-    std::vector<std::int64_t> expected = info.shape;
+    std::vector<std::int64_t> expected = info.full_shape.empty() ? info.shape : info.full_shape;
     if (conv) std::swap(expected[0], expected[1]);
     if (t->shape != expected) {
       std::ostringstream got, want;
@@ -169,25 +183,33 @@ void import_hf(const std::string& path, model::Model& model) {
       throw InputError(reader->path() + ": tensor " + t->name + " has shape [" + got.str() + "], the config needs [" +
                        want.str() + "]");
     }
-    float* out = model.param(info).as<float>();
-    if (!conv) {
-      reader->read_f32(t->name, std::span<float>(out, std::size_t(info.numel)));
-      continue;
+    const std::int64_t begin = info.logical_offset, end = begin + t->numel();
+    auto w = std::partition_point(wanted.begin(), wanted.end(), [&](const Wanted& x) { return x.range.end <= begin; });
+    if (w == wanted.end() || w->range.begin >= end) continue;  // no wanted element in this tensor
+    tensor.resize(std::size_t(t->numel()));
+    reader->read_f32(t->name, tensor);
+    if (conv) tensor = transposed(tensor.data(), expected[0], expected[1]);
+    for (; w != wanted.end() && w->range.begin < end; ++w) {
+      const std::int64_t lo = std::max(begin, w->range.begin), hi = std::min(end, w->range.end);
+      std::copy(tensor.begin() + (lo - begin), tensor.begin() + (hi - begin), out + w->at + (lo - w->range.begin));
     }
-    std::vector<float> hf(std::size_t(info.numel));
-    reader->read_f32(t->name, hf);
-    const auto ours = transposed(hf.data(), expected[0], expected[1]);
-    std::copy(ours.begin(), ours.end(), out);
   }
   for (const auto& reader : source.readers()) {
     for (const auto& t : reader->tensors()) {
       // A tied output head, the causal-mask buffers of older GPT-2 exports and the rotary
       // frequency buffers of older Llama exports carry no parameters.
-      const bool ignorable = (t.name == "lm_head.weight" && model.config().tie_embeddings) ||
+      const bool ignorable = (t.name == "lm_head.weight" && logical.config().tie_embeddings) ||
                              t.name.ends_with(".attn.bias") || t.name.ends_with(".attn.masked_bias") ||
                              t.name.ends_with(".rotary_emb.inv_freq");
       if (!used.contains(t.name) && !ignorable) throw InputError(reader->path() + ": unexpected tensor " + t.name);
     }
+  }
+}
+
+void import_hf(const std::string& path, model::Model& model) {
+  float* params = model.params().as<float>();
+  for (const model::Segment& s : model.segments(false)) {
+    import_hf_ranges(path, model, {s.logical_range()}, params + s.local);
   }
 }
 

@@ -142,7 +142,8 @@ TensorInfo parse_tensor_entry(const std::string& path, const std::string& name, 
 // left to do.
 class TempFile {
  public:
-  TempFile(const std::string& path, std::size_t chunk) : file_(path), chunk_(chunk) {}
+  TempFile(const std::string& path, std::size_t chunk, std::size_t crc_chunk)
+      : file_(path), chunk_(chunk), crc_chunk_(std::max<std::size_t>(crc_chunk, 1)) {}
 
   // Reserves the file's blocks up front: a full disk fails here, before anything is written.
   void reserve(std::size_t total) {
@@ -154,31 +155,37 @@ class TempFile {
     }
   }
 
-  // Each chunk's CRC-32 is computed by a second thread while this one writes the chunk: the two
-  // read the same memory side by side, so the checksum costs no time of its own.
+  // Each piece's CRC-32 is computed by a second thread while this one writes the piece: the two
+  // read the same memory side by side, so the checksum costs no time of its own. Pieces end at
+  // multiples of crc_chunk in the file, so that each such chunk gets a CRC of its own.
   void write(const void* data, std::size_t n) {
     const auto* bytes = static_cast<const unsigned char*>(data);
     while (n > 0) {
-      const std::size_t piece = std::min(n, chunk_);
+      const std::size_t piece = std::min({n, chunk_, crc_chunk_ - written_ % crc_chunk_});
       if (piece < min_parallel_crc) {
-        crc_ = crc32(bytes, piece, crc_);
+        chunk_crc_ = crc32(bytes, piece, chunk_crc_);
         write_all(bytes, piece);
       } else {
-        auto crc = std::async(std::launch::async, [bytes, piece, previous = crc_] { return crc32(bytes, piece, previous); });
+        auto crc = std::async(std::launch::async, [bytes, piece, previous = chunk_crc_] { return crc32(bytes, piece, previous); });
         try {
           write_all(bytes, piece);
         } catch (...) {
           crc.wait();
           throw;
         }
-        crc_ = crc.get();
+        chunk_crc_ = crc.get();
       }
+      if (written_ % crc_chunk_ == 0) end_chunk();
       bytes += piece;
       n -= piece;
     }
   }
-  void commit() { file_.commit(); }
+  void commit() {
+    if (written_ % crc_chunk_ != 0) end_chunk();
+    file_.commit();
+  }
   std::uint32_t crc() const { return crc_; }
+  const std::vector<std::uint32_t>& chunk_crcs() const { return chunk_crcs_; }
   std::size_t bytes() const { return written_; }
 
  private:
@@ -196,11 +203,22 @@ class TempFile {
     if (written_ - start >= min_writeback) ::sync_file_range(file_.fd(), off_t(start), off_t(written_ - start), SYNC_FILE_RANGE_WRITE);
   }
 
+  // The chunk just finished joins the list, and the whole file's CRC.
+  void end_chunk() {
+    const std::size_t length = written_ % crc_chunk_ == 0 ? crc_chunk_ : written_ % crc_chunk_;
+    chunk_crcs_.push_back(chunk_crc_);
+    crc_ = crc32_combine(crc_, chunk_crc_, length);
+    chunk_crc_ = 0;
+  }
+
   static constexpr std::size_t min_writeback = std::size_t(1) << 20;
   static constexpr std::size_t min_parallel_crc = std::size_t(1) << 20;
   AtomicFile file_;
   std::size_t chunk_;
-  std::uint32_t crc_ = 0;  // CRC-32 of nothing
+  std::size_t crc_chunk_;
+  std::uint32_t crc_ = 0;  // of the whole chunks so far (CRC-32 of nothing: 0)
+  std::uint32_t chunk_crc_ = 0;  // of the chunk being written
+  std::vector<std::uint32_t> chunk_crcs_;
   std::size_t written_ = 0;
 };
 
@@ -415,6 +433,12 @@ void SafetensorsReader::read_f32(std::string_view name, std::span<float> out) co
 
 std::uint32_t write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                                 const std::map<std::string, std::string>& metadata, std::size_t chunk_bytes) {
+  return write_safetensors_checked(path, tensors, metadata, chunk_bytes).crc32;
+}
+
+FileChecksums write_safetensors_checked(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                                        const std::map<std::string, std::string>& metadata, std::size_t chunk_bytes,
+                                        std::size_t crc_chunk_bytes) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::vector<std::size_t> sizes;  // bytes of each tensor, in order
@@ -451,7 +475,7 @@ std::uint32_t write_safetensors(const std::string& path, const std::vector<Tenso
     length[i] = static_cast<unsigned char>(std::uint64_t(text.size()) >> (8 * i));
   }
 
-  TempFile file(path, std::clamp<std::size_t>(chunk_bytes, 1, io_chunk));
+  TempFile file(path, std::clamp<std::size_t>(chunk_bytes, 1, io_chunk), crc_chunk_bytes);
   file.reserve(length_bytes + text.size() + offset);
   file.write(length, length_bytes);
   file.write(text.data(), text.size());
@@ -459,7 +483,7 @@ std::uint32_t write_safetensors(const std::string& path, const std::vector<Tenso
     if (sizes[i] > 0) file.write(tensors[i].data, sizes[i]);
   }
   file.commit();
-  return file.crc();
+  return {file.crc(), crc_chunk_bytes, file.chunk_crcs()};
 }
 
 std::uint32_t file_crc32(const std::string& path) {

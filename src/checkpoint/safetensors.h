@@ -104,6 +104,23 @@ std::uint32_t write_safetensors(const std::string& path, const std::vector<Tenso
                                 const std::map<std::string, std::string>& metadata = {},
                                 std::size_t chunk_bytes = default_write_chunk);
 
+/// A written file's CRC-32 (as zlib's crc32), and that of each `chunk_bytes` of it in order (the
+/// last chunk may be short): a reader of part of the file checks the chunks it reads.
+struct FileChecksums {
+  std::uint32_t crc32 = 0;
+  std::size_t chunk_bytes = 0;
+  std::vector<std::uint32_t> chunks;
+};
+
+/// The chunk size of checkpoint files' checksums.
+inline constexpr std::size_t default_crc_chunk = std::size_t(8) << 20;
+
+/// write_safetensors, returning the CRC-32 of every `crc_chunk_bytes` of the file as well.
+FileChecksums write_safetensors_checked(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                                        const std::map<std::string, std::string>& metadata = {},
+                                        std::size_t chunk_bytes = default_write_chunk,
+                                        std::size_t crc_chunk_bytes = default_crc_chunk);
+
 /// CRC-32 of a whole file (as zlib's), read through a memory mapping; RuntimeError if unreadable.
 std::uint32_t file_crc32(const std::string& path);
 

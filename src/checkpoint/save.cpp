@@ -34,7 +34,7 @@ std::string step_dir_name(std::int64_t step) {
 
 }  // namespace
 
-std::int64_t OptimizerShard::size() const {
+std::int64_t StatePart::size() const {
   std::int64_t n = 0;
   for (const FlatRange& r : ranges) n += r.end - r.begin;
   return n;
@@ -48,10 +48,22 @@ std::int64_t WrittenPart::bytes() const {
 
 namespace {
 
-std::string optim_file(int shard) {
-  char file[40];
-  std::snprintf(file, sizeof file, "optim-%05d.safetensors", shard);
+std::string rank_file(const char* kind, int rank) {
+  char file[48];
+  std::snprintf(file, sizeof file, "%s-%05d.safetensors", kind, rank);
   return file;
+}
+
+// The ranges as an (n, 2) int64 tensor [begin, end) each: no limit on their number (a header's
+// metadata string would have to hold them all).
+std::vector<std::int64_t> range_table(const std::vector<FlatRange>& ranges) {
+  std::vector<std::int64_t> table;
+  table.reserve(2 * ranges.size());
+  for (const FlatRange& r : ranges) {
+    table.push_back(r.begin);
+    table.push_back(r.end);
+  }
+  return table;
 }
 
 }  // namespace
@@ -79,38 +91,38 @@ WrittenPart write_part(const SaveRequest& r, const std::string& dir, int rank, i
   };
   std::vector<Job> jobs;
   const std::int64_t P = m.num_params();
-  const auto& ranges = r.optimizer.ranges;
+  const auto& ranges = r.part.ranges;
   const bool whole_state = ranges.size() == 1 && ranges[0].begin == 0 && ranges[0].end == P;
-  if (r.write_optimizer && (!whole_state || rank == 0)) {
-    const std::int64_t n = r.optimizer.size();
-    std::map<std::string, std::string> metadata{{"rank", std::to_string(rank)}, {"world_size", std::to_string(world_size)}};
-    if (ranges.size() == 1) {
-      metadata["range_begin"] = std::to_string(ranges[0].begin);
-      metadata["range_end"] = std::to_string(ranges[0].end);
-    } else {
-      std::string list;
-      for (const FlatRange& range : ranges) {
-        list += (list.empty() ? "" : ",") + std::to_string(range.begin) + ":" + std::to_string(range.end);
-      }
-      metadata["ranges"] = list;
-    }
-    jobs.push_back({optim_file(rank),
-                    {{"adamw.m", StDtype::f32, {n}, r.optimizer.m}, {"adamw.v", StDtype::f32, {n}, r.optimizer.v}},
-                    std::move(metadata),
+  const std::vector<std::int64_t> table = range_table(ranges);
+  if (r.writes && (!whole_state || rank == 0)) {
+    const std::int64_t n = r.part.size();
+    const std::map<std::string, std::string> metadata{{"format", "llmtrain"},
+                                                      {"arch", config::to_string(m.config().arch)},
+                                                      {"rank", std::to_string(rank)},
+                                                      {"world_size", std::to_string(world_size)}};
+    const TensorToWrite range_tensor{"ranges", StDtype::i64, {std::int64_t(ranges.size()), 2}, table.data()};
+    jobs.push_back({rank_file("optim", rank),
+                    {range_tensor, {"adamw.m", StDtype::f32, {n}, r.part.m}, {"adamw.v", StDtype::f32, {n}, r.part.v}},
+                    metadata,
                     {},
                     {}});
-  }
-  if (rank == 0) {
-    const float* flat = r.weights ? r.weights : m.params().as<float>();
-    Job weights{"model.safetensors", {}, {{"format", "llmtrain"}, {"arch", config::to_string(m.config().arch)}}, {}, {}};
-    for (const auto& info : m.param_infos()) weights.tensors.push_back({info.name, StDtype::f32, info.shape, flat + info.offset});
-    jobs.push_back(std::move(weights));
+    if (whole_state) {  // the whole model: named tensors, as Hugging Face tools read them
+      Job weights{"model.safetensors", {}, {{"format", "llmtrain"}, {"arch", config::to_string(m.config().arch)}}, {}, {}};
+      for (const auto& info : m.param_infos()) {
+        weights.tensors.push_back({info.name, StDtype::f32, info.shape, r.part.weights + info.offset});
+      }
+      jobs.push_back(std::move(weights));
+    } else {
+      jobs.push_back({rank_file("model", rank), {range_tensor, {"weights", StDtype::f32, {n}, r.part.weights}},
+                      metadata, {}, {}});
+    }
   }
   const auto run = [&](Job& job) {
     try {
       const std::string path = dir + "/" + job.name;
-      const std::uint32_t crc = write_safetensors(path, job.tensors, job.metadata, r.write_chunk);
-      job.written = {job.name, crc, std::int64_t(fs::file_size(path))};
+      const FileChecksums sums = write_safetensors_checked(path, job.tensors, job.metadata, r.write_chunk);
+      job.written = {job.name, sums.crc32, std::int64_t(fs::file_size(path)), std::int64_t(sums.chunk_bytes),
+                     sums.chunks};
     } catch (const std::exception& e) {
       job.error = e.what();
     }
@@ -142,27 +154,50 @@ Committed commit(const SaveRequest& r, const WrittenPart& mine, dist::Communicat
     throw RuntimeError(dir + ": rank " + std::to_string(-failed) + " could not write its part of the checkpoint");
   }
 
-  // Each rank's file checksum and size land in its slot (the weights in slot W); a max-reduction
-  // gathers them on all ranks, with the slowest write time at the end.
-  std::vector<std::int64_t> crc(std::size_t(W) + 1, -1), bytes(std::size_t(W) + 2, -1);
+  // Each rank's files land in its slots: optim-RANK in slot RANK, its weights in slot W + RANK
+  // (rank 0's may be model.safetensors). Max-reductions gather every rank's checksums, sizes and
+  // chunk checksums on all ranks, with the slowest write time at the end.
+  const std::size_t slots = 2 * std::size_t(W);
+  std::vector<std::int64_t> crc(slots, -1), bytes(slots + 1, -1), chunk_bytes(slots, -1);
+  std::int64_t chunks = 0;
+  for (const auto& f : mine.files) chunks = std::max<std::int64_t>(chunks, std::int64_t(f.chunk_crc32.size()));
+  comm.all_reduce_max(&chunks, 1);
+  std::vector<std::int64_t> chunk_crc(slots * std::size_t(chunks), -1);
+  bool whole_model_file = false;
   for (const auto& f : mine.files) {
-    const std::size_t slot = f.name == "model.safetensors" ? std::size_t(W) : std::size_t(rank);
+    const bool weights = f.name.starts_with("model");
+    whole_model_file = whole_model_file || f.name == "model.safetensors";
+    const std::size_t slot = (weights ? std::size_t(W) : 0) + std::size_t(rank);
     crc[slot] = f.crc32;
     bytes[slot] = f.bytes;
+    chunk_bytes[slot] = f.chunk_bytes;
+    for (std::size_t c = 0; c < f.chunk_crc32.size(); ++c) chunk_crc[slot * std::size_t(chunks) + c] = f.chunk_crc32[c];
   }
-  bytes[std::size_t(W) + 1] = std::int64_t(mine.seconds * 1e6);
+  bytes[slots] = std::int64_t(mine.seconds * 1e6);
   comm.all_reduce_max(crc.data(), std::int64_t(crc.size()));
   comm.all_reduce_max(bytes.data(), std::int64_t(bytes.size()));
+  comm.all_reduce_max(chunk_bytes.data(), std::int64_t(chunk_bytes.size()));
+  if (!chunk_crc.empty()) comm.all_reduce_max(chunk_crc.data(), std::int64_t(chunk_crc.size()));
 
-  Committed done{dir, 0, double(bytes[std::size_t(W) + 1]) / 1e6};
-  for (std::size_t k = 0; k <= std::size_t(W); ++k) done.bytes += std::max<std::int64_t>(bytes[k], 0);
+  Committed done{dir, 0, double(bytes[slots]) / 1e6};
+  for (std::size_t k = 0; k < slots; ++k) done.bytes += std::max<std::int64_t>(bytes[k], 0);
   std::string error;
   if (rank == 0) {
     try {
       nlohmann::json files = nlohmann::json::object();
-      files["model.safetensors"] = {{"crc32", crc[std::size_t(W)]}, {"bytes", bytes[std::size_t(W)]}};
-      for (int k = 0; k < W; ++k) {
-        if (crc[std::size_t(k)] >= 0) files[optim_file(k)] = {{"crc32", crc[std::size_t(k)]}, {"bytes", bytes[std::size_t(k)]}};
+      for (std::size_t slot = 0; slot < slots; ++slot) {
+        if (crc[slot] < 0) continue;
+        const int writer = int(slot % std::size_t(W));
+        const bool weights = slot >= std::size_t(W);
+        const std::string file = !weights                         ? rank_file("optim", writer)
+                                 : writer == 0 && whole_model_file ? std::string("model.safetensors")
+                                                                   : rank_file("model", writer);
+        nlohmann::json list = nlohmann::json::array();
+        for (std::size_t c = 0; c < std::size_t(chunks); ++c) {
+          if (chunk_crc[slot * std::size_t(chunks) + c] >= 0) list.push_back(chunk_crc[slot * std::size_t(chunks) + c]);
+        }
+        files[file] = {{"crc32", crc[slot]}, {"bytes", bytes[slot]}, {"chunk_bytes", chunk_bytes[slot]},
+                       {"chunk_crc32", std::move(list)}};
       }
       nlohmann::json state = r.state;
       state["step"] = r.step;

@@ -63,4 +63,44 @@ std::uint32_t crc32(const void* bytes, std::size_t n, std::uint32_t previous) {
 #endif
 }
 
+namespace {
+
+// CRC-32 is linear over GF(2): appending n zero bytes to a message multiplies its (unconditioned)
+// CRC register by a fixed 32x32 bit matrix. `mat` holds the images of the 32 unit vectors.
+std::uint32_t gf2_times(const std::uint32_t* mat, std::uint32_t vec) {
+  std::uint32_t sum = 0;
+  for (; vec != 0; vec >>= 1, ++mat) {
+    if (vec & 1u) sum ^= *mat;
+  }
+  return sum;
+}
+
+void gf2_square(std::uint32_t* square, const std::uint32_t* mat) {
+  for (int n = 0; n < 32; ++n) square[n] = gf2_times(mat, mat[n]);
+}
+
+}  // namespace
+
+std::uint32_t crc32_combine(std::uint32_t crc_a, std::uint32_t crc_b, std::uint64_t length_b) {
+  if (length_b == 0) return crc_a;
+  // The pre- and post-conditioning (~) of both CRCs cancel: crc(a b) = Z^len(b) crc(a) ^ crc(b),
+  // Z the operator of one zero byte. Z^len(b) by repeated squaring: start from one zero bit.
+  std::uint32_t even[32], odd[32];
+  odd[0] = polynomial;
+  for (int n = 1; n < 32; ++n) odd[n] = std::uint32_t(1) << (n - 1);
+  gf2_square(even, odd);  // two zero bits
+  gf2_square(odd, even);  // four
+  std::uint32_t c = crc_a;
+  do {
+    gf2_square(even, odd);  // 8, 32, 128, ... zero bits: 1, 4, 16, ... bytes
+    if (length_b & 1u) c = gf2_times(even, c);
+    length_b >>= 1;
+    if (length_b == 0) break;
+    gf2_square(odd, even);
+    if (length_b & 1u) c = gf2_times(odd, c);
+    length_b >>= 1;
+  } while (length_b != 0);
+  return c ^ crc_b;
+}
+
 }  // namespace llmtrain

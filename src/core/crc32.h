@@ -17,6 +17,10 @@ inline std::uint32_t crc32(std::string_view bytes, std::uint32_t previous = 0) {
   return crc32(bytes.data(), bytes.size(), previous);
 }
 
+/// The CRC-32 of a then b from crc_a = crc32(a), crc_b = crc32(b) and b's length alone (as zlib's
+/// crc32_combine), so that pieces checksummed apart give the whole's CRC without a second pass.
+std::uint32_t crc32_combine(std::uint32_t crc_a, std::uint32_t crc_b, std::uint64_t length_b);
+
 /// The same CRC-32 computed by our own table-driven code (what crc32 uses in a build without zlib).
 std::uint32_t crc32_builtin(const void* bytes, std::size_t n, std::uint32_t previous = 0);
 

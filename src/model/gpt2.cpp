@@ -124,16 +124,14 @@ Gpt2::LayerParams Gpt2::bind_layer(std::int64_t l, bool grads) const {
   return lp;
 }
 
-void Gpt2::init_weights(std::uint64_t seed) {
-  const float residual_std = 0.02f / std::sqrt(2.0f * float(config_.n_layer));
-  for (const auto& info : param_infos()) {
-    if (info.shape.size() == 1) {
-      const bool layernorm_weight = info.name.find(".ln_") != std::string::npos && info.name.ends_with(".weight");
-      init_constant(info, layernorm_weight ? 1.0f : 0.0f);
-      continue;
-    }
-    init_normal(info, seed, info.name.ends_with("c_proj.weight") ? residual_std : 0.02f);
+Model::InitRule Gpt2::init_rule(const ParamInfo& info) const {
+  if (info.shape.size() == 1) {  // layer norm weights 1, biases 0
+    const bool layernorm_weight = info.name.find(".ln_") != std::string::npos && info.name.ends_with(".weight");
+    return {0.0f, layernorm_weight ? 1.0f : 0.0f};
   }
+  // The residual projections scaled down, so that the stream's variance does not grow with depth.
+  const float residual_std = 0.02f / std::sqrt(2.0f * float(config_.n_layer));
+  return {info.name.ends_with("c_proj.weight") ? residual_std : 0.02f, 0.0f};
 }
 
 void Gpt2::forward_mlp(std::size_t l) {

@@ -52,7 +52,7 @@ class Gpt2 final : public Decoder<Gpt2Body> {
 
   /// GPT-2's initialisation: normal(0, 0.02), residual projections 0.02 / sqrt(2 L), biases 0,
   /// LayerNorm weights 1.
-  void init_weights(std::uint64_t seed) override;
+  InitRule init_rule(const ParamInfo& info) const override;
 
  private:
   LayerParams bind_layer(std::int64_t l, bool grads) const override;

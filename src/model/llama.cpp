@@ -149,17 +149,12 @@ Llama::LayerParams Llama::bind_layer(std::int64_t l, bool grads) const {
   return lp;
 }
 
-void Llama::init_weights(std::uint64_t seed) {
+Model::InitRule Llama::init_rule(const ParamInfo& info) const {
+  if (info.shape.size() == 1) return {0.0f, 1.0f};  // RMSNorm weights
   // As GPT-2 does, so the stream's variance does not grow with depth.
   const float residual_std = 0.02f / std::sqrt(2.0f * float(config_.n_layer));
-  for (const auto& info : param_infos()) {
-    if (info.shape.size() == 1) {
-      init_constant(info, 1.0f);
-    } else {
-      const bool residual = info.name.ends_with("o_proj.weight") || info.name.ends_with("down_proj.weight");
-      init_normal(info, seed, residual ? residual_std : 0.02f);
-    }
-  }
+  const bool residual = info.name.ends_with("o_proj.weight") || info.name.ends_with("down_proj.weight");
+  return {residual ? residual_std : 0.02f, 0.0f};
 }
 
 void Llama::forward_mlp(std::size_t l) {

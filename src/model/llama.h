@@ -57,7 +57,7 @@ class Llama final : public Decoder<LlamaBody> {
 
   /// normal(0, 0.02) for every matrix, the two projections that feed the residual stream scaled
   /// by 1 / sqrt(2 L); norms 1.
-  void init_weights(std::uint64_t seed) override;
+  InitRule init_rule(const ParamInfo& info) const override;
 
  private:
   LayerParams bind_layer(std::int64_t l, bool grads) const override;

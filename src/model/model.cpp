@@ -1,6 +1,9 @@
 #include "model/model.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <thread>
+#include <vector>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -277,16 +280,69 @@ void Model::zero_grads() {
   if (num_params_ > 0 && !sharded_) ops::zero(grads());
 }
 
-void Model::init_normal(const ParamInfo& info, std::uint64_t seed, float std) {
-  if (device_ != Device::cpu) throw RuntimeError("model: initialise on the CPU, then copy");
-  float* w = param(info).as<float>();
-  for (std::int64_t i = 0; i < info.numel; ++i) w[i] = std * normal_at(seed, std::uint64_t(info.offset + i));
+namespace {
+
+// Threads for initialising weights: the process's compute threads (OMP_NUM_THREADS, as launchers
+// set it per rank), else the machine's.
+std::int64_t init_threads() {
+  if (const char* value = std::getenv("OMP_NUM_THREADS")) {
+    const int n = std::atoi(value);
+    if (n > 0) return n;
+  }
+  return std::max<std::int64_t>(1, std::thread::hardware_concurrency());
 }
 
-void Model::init_constant(const ParamInfo& info, float value) {
+}  // namespace
+
+void Model::init_range(std::uint64_t seed, FlatRange logical, float* out) const {
+  // The parameters in the range, by place in the whole model's flat buffer.
+  std::vector<const ParamInfo*> order;
+  for (const ParamInfo& info : infos_) order.push_back(&info);
+  std::sort(order.begin(), order.end(), [](const ParamInfo* a, const ParamInfo* b) { return a->logical_offset < b->logical_offset; });
+  const auto whole_numel = [](const ParamInfo& info) {
+    std::int64_t n = 1;
+    for (const std::int64_t d : info.full_shape.empty() ? info.shape : info.full_shape) n *= d;
+    return n;
+  };
+  std::int64_t covered = 0;
+  auto p = std::partition_point(order.begin(), order.end(),
+                                [&](const ParamInfo* x) { return x->logical_offset + whole_numel(*x) <= logical.begin; });
+  for (; p != order.end() && (*p)->logical_offset < logical.end; ++p) {
+    const ParamInfo& info = **p;
+    const std::int64_t lo = std::max(logical.begin, info.logical_offset);
+    const std::int64_t hi = std::min(logical.end, info.logical_offset + whole_numel(info));
+    if (lo >= hi) continue;
+    const InitRule rule = init_rule(info);
+    float* to = out + (lo - logical.begin);
+    const auto fill = [&](std::int64_t a, std::int64_t b) {
+      for (std::int64_t i = a; i < b; ++i) {
+        to[i - lo] = rule.std > 0.0f ? rule.std * normal_at(seed, std::uint64_t(i)) : rule.value;
+      }
+    };
+    // Large parameters on several threads (values depend on the index alone: any split is exact).
+    constexpr std::int64_t per_thread = std::int64_t(1) << 22;
+    const std::int64_t threads = std::min<std::int64_t>((hi - lo) / per_thread, init_threads());
+    if (threads <= 1 || rule.std <= 0.0f) {
+      fill(lo, hi);
+    } else {
+      std::vector<std::thread> pool;
+      const std::int64_t step = (hi - lo + threads - 1) / threads;
+      for (std::int64_t a = lo; a < hi; a += step) pool.emplace_back(fill, a, std::min(hi, a + step));
+      for (auto& t : pool) t.join();
+    }
+    covered += hi - lo;
+  }
+  if (covered != logical.size()) {
+    throw RuntimeError("model: init_range: elements " + std::to_string(logical.begin) + " to " + std::to_string(logical.end) +
+                       " are not all parameters of this model");
+  }
+}
+
+void Model::init_weights(std::uint64_t seed) {
   if (device_ != Device::cpu) throw RuntimeError("model: initialise on the CPU, then copy");
-  float* w = param(info).as<float>();
-  for (std::int64_t i = 0; i < info.numel; ++i) w[i] = value;
+  if (!params_.data()) throw RuntimeError("model: init_weights: the model holds no weights (sharded)");
+  float* flat = params().as<float>();
+  for (const Segment& s : segments(false)) init_range(seed, s.logical_range(), flat + s.local);
 }
 
 }  // namespace llmtrain::model

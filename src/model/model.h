@@ -107,8 +107,20 @@ class Model {
   Tensor grad(const ParamInfo& info) const;
   void zero_grads();
 
-  /// The architecture's initialisation; element i of the flat buffer depends only on (seed, i).
-  virtual void init_weights(std::uint64_t seed) = 0;
+  /// How the architecture initialises a parameter: normal(0, std) (std > 0), else `value`.
+  struct InitRule {
+    float std = 0.0f;
+    float value = 0.0f;
+  };
+  virtual InitRule init_rule(const ParamInfo& info) const = 0;
+  /// The initial values of the whole model's flat elements `logical` (a range within the
+  /// parameters this model holds, whole or in part) into `out`: element i's depends only on
+  /// (seed, i), so every layout starts from the same weights without any rank holding them all.
+  /// Computed on several threads when the range is large.
+  void init_range(std::uint64_t seed, FlatRange logical, float* out) const;
+  /// Initialises this model's own weights (its part of the whole model's): init_range of each of
+  /// its segments.
+  void init_weights(std::uint64_t seed);
 
   /// Forward pass on inputs (B,T) with T <= context_length. With targets, returns the summed loss
   /// over the B T positions; with dloss_scale > 0 it also leaves d(loss sum * dloss_scale)/dlogits
@@ -203,9 +215,6 @@ class Model {
   /// the padding: the logits themselves where they have none and are f32, else a copy in
   /// `scratch` (row by row: for inspection, logits(), not for the training loop).
   Tensor unpadded_logits(const Tensor& logits, ops::Buffer& scratch) const;
-  /// GPT-2 style initialisation of one parameter: normal(0, std) from (seed, flat index).
-  void init_normal(const ParamInfo& info, std::uint64_t seed, float std);
-  void init_constant(const ParamInfo& info, float value);
   /// Where forward adds its loss sum while deferred (defer_loss); null otherwise.
   ops::DeviceSum* deferred_loss_sum() const { return loss_deferred_ ? loss_sum_.get() : nullptr; }
 

@@ -28,14 +28,9 @@ class CheckpointSource {
   virtual const model::Model& logical_model() const = 0;
   /// The device the model trains on.
   virtual Device device() const = 0;
-  /// This rank's fp32 master weights (P,) on that device (not for a sharded model: weights_split).
-  virtual Tensor params() const = 0;
-  /// Whether rank 0's weights are only part of the model (ZeRO 3 shards, tensor or pipeline
-  /// parallelism), so that a checkpoint assembles them (gather_weights).
-  virtual bool weights_split() const = 0;
-  /// Collective over every rank: the whole model's fp32 weights (num_params(),) into `flat` (host
-  /// memory) on rank 0; the other ranks may pass null.
-  virtual void gather_weights(float* flat) = 0;
+  /// This rank's fp32 master weights of the runs the optimizer updates, laid out as its m and v
+  /// (on the model's device).
+  virtual Tensor master() const = 0;
   /// The optimizer's state: its moments m and v (local arrays on the model's device).
   virtual const AdamW& optimizer() const = 0;
   /// Where this rank's optimizer state sits in the whole model's flat buffer (the parts a

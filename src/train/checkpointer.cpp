@@ -19,9 +19,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// What this rank's optimizer file holds: ranges of the whole model's flat buffer, taken from
-// these places of its local arrays, and whether it writes one at all.
-struct OptimizerPart {
+// What this rank writes of a checkpoint: ranges of the whole model's flat buffer, taken from
+// these places of its local arrays (master weights, m and v alike), and whether it writes at all.
+struct RankPart {
   std::vector<checkpoint::FlatRange> ranges;
   std::vector<Placed> placed;
   std::int64_t size = 0;
@@ -29,9 +29,17 @@ struct OptimizerPart {
   bool written = false;
 };
 
-OptimizerPart optimizer_part(const CheckpointSource& source, int world_rank) {
-  OptimizerPart part;
-  part.placed = source.optimizer_placement();
+RankPart rank_part(const CheckpointSource& source, int world_rank) {
+  RankPart part;
+  // Runs that continue each other both in the whole model and in the local arrays are one.
+  for (const Placed& p : source.optimizer_placement()) {
+    Placed* last = part.placed.empty() ? nullptr : &part.placed.back();
+    if (last && last->logical.end == p.logical.begin && last->local + last->logical.size() == p.local) {
+      last->logical.end = p.logical.end;
+    } else {
+      part.placed.push_back(p);
+    }
+  }
   for (const Placed& p : part.placed) {
     part.contiguous = part.contiguous && p.local == part.size;
     part.ranges.push_back(p.logical);
@@ -44,7 +52,7 @@ OptimizerPart optimizer_part(const CheckpointSource& source, int world_rank) {
 }
 
 // The local arrays `local` (host memory) at the places of `part`, end to end.
-std::vector<float> compacted(const float* local, const OptimizerPart& part) {
+std::vector<float> compacted(const float* local, const RankPart& part) {
   std::vector<float> out(std::size_t(part.size));
   std::size_t at = 0;
   for (const Placed& p : part.placed) {
@@ -116,10 +124,11 @@ Checkpointer::Checkpointer(const TrainOptions& options, dist::Communicator& worl
       resolved_(config::to_json(options.config)),
       signals_(std::make_unique<StopSignals>()) {
   if (!config_.checkpoint.async) return;
-  // This rank's staging: the weights on rank 0, its optimizer range where it writes one.
-  const OptimizerPart part = optimizer_part(source, world_.rank());
-  stages_optimizer_ = part.written;
-  const std::int64_t floats = (world_.rank() == 0 ? source.num_params() : 0) + (stages_optimizer_ ? 2 * part.size : 0);
+  // This rank's staging: the weights, m and v of the ranges it writes (none where another rank
+  // writes the same state).
+  const RankPart part = rank_part(source, world_.rank());
+  stages_ = part.written;
+  const std::int64_t floats = stages_ ? 3 * part.size : 0;
   const std::int64_t bytes = floats * std::int64_t(sizeof(float));
   // Memory allows when the staging buffers of the ranks on this node take at most half of what is
   // available (the ranks of a node hold about equal parts: this rank's times their number).
@@ -209,36 +218,29 @@ std::string Checkpointer::save(std::int64_t step, CheckpointSource& source) {
                           {"config", resolved_}};
   const auto save_start = Clock::now();
   const AdamW& optimizer = source.optimizer();
-  checkpoint::SaveRequest request{root_, step, config_.checkpoint.keep_last, nullptr, nullptr, {}, state};
+  checkpoint::SaveRequest request{root_, step, config_.checkpoint.keep_last, nullptr, {}, state};
   request.model = &source.logical_model();  // names and shapes of the whole tensors
   const bool on_cpu = source.device() == Device::cpu;
-  // Rank 0's own flat weights are the whole model's on the CPU without ZeRO 3 or tensor
-  // parallelism; else they are assembled on rank 0 (a collective).
-  const bool gathered = !on_cpu || source.weights_split();
-  const OptimizerPart part = optimizer_part(source, world_.rank());
-  request.write_optimizer = part.written;
+  // Each rank writes the ranges it owns, from its own arrays: no rank gathers the model.
+  const RankPart part = rank_part(source, world_.rank());
+  request.writes = part.written;
+  const Tensor master = source.master();
   if (!async_) {
-    std::vector<float> weights;
-    if (gathered) {
-      if (world_.rank() == 0) weights.resize(std::size_t(source.num_params()));
-      source.gather_weights(weights.data());
-      request.weights = weights.data();
-    }
-    // On the CPU the optimizer state is written from where it lives; from a GPU through a copy;
-    // the parts another rank writes (tensor parallelism) left out.
-    std::vector<float> m, v;
-    request.optimizer = {part.ranges, optimizer.m().as<float>(), optimizer.v().as<float>()};
-    if (optimizer.m().device != Device::cpu) {
+    // On the CPU the state is written from where it lives; from a GPU through a copy; the parts
+    // another rank writes (tensor parallelism) left out.
+    std::vector<float> w, m, v;
+    request.part = {part.ranges, master.as<float>(), optimizer.m().as<float>(), optimizer.v().as<float>()};
+    if (part.written && !on_cpu) {
+      w = host_vector(master);
       m = host_vector(optimizer.m());
       v = host_vector(optimizer.v());
-      request.optimizer.m = m.data();
-      request.optimizer.v = v.data();
+      request.part = {part.ranges, w.data(), m.data(), v.data()};
     }
-    if (!part.contiguous) {
-      m = compacted(request.optimizer.m, part);
-      v = compacted(request.optimizer.v, part);
-      request.optimizer.m = m.data();
-      request.optimizer.v = v.data();
+    if (part.written && !part.contiguous) {
+      w = compacted(request.part.weights, part);
+      m = compacted(request.part.m, part);
+      v = compacted(request.part.v, part);
+      request.part = {part.ranges, w.data(), m.data(), v.data()};
     }
     const std::string dir = checkpoint::prepare_dir(root_, step, world_);
     const checkpoint::Committed done =
@@ -260,35 +262,22 @@ std::string Checkpointer::save(std::int64_t step, CheckpointSource& source) {
   }
   auto p = std::make_unique<Pending>();
   p->dir = checkpoint::prepare_dir(root_, step, world_);
-  // The staging buffer holds the weights (rank 0), then m and v where this rank writes them.
+  // The staging buffer holds the weights, m and v of the ranges this rank writes, each end to end.
   float* next = static_cast<float*>(staging_.data());
   std::vector<std::pair<float*, Tensor>> copies;  // staging <- what it saves
-  // The weights' bytes come from request.weights. Shards and tensor-parallel parts are gathered
-  // now (a collective, so not in the background), straight into rank 0's staging buffer.
-  if (source.weights_split()) {
-    const auto gather_start = Clock::now();
-    source.gather_weights(world_.rank() == 0 ? next : nullptr);
-    p->copy_s += seconds_since(gather_start);
-  } else if (world_.rank() == 0) {
-    copies.emplace_back(next, source.params());
-  }
-  if (world_.rank() == 0) {
-    request.weights = next;
-    next += source.num_params();
-  }
   const std::int64_t n = part.size;
-  request.optimizer = {part.ranges, nullptr, nullptr};
-  if (stages_optimizer_) {
+  request.part = {part.ranges, nullptr, nullptr, nullptr};
+  if (stages_) {
     std::int64_t at = 0;
     for (const Placed& placed : part.placed) {
       const std::int64_t length = placed.logical.end - placed.logical.begin;
       const auto slice = [&](const Tensor& t) { return Tensor(t.as<float>() + placed.local, DType::f32, t.device, {length}); };
-      copies.emplace_back(next + at, slice(optimizer.m()));
-      copies.emplace_back(next + n + at, slice(optimizer.v()));
+      copies.emplace_back(next + at, slice(master));
+      copies.emplace_back(next + n + at, slice(optimizer.m()));
+      copies.emplace_back(next + 2 * n + at, slice(optimizer.v()));
       at += length;
     }
-    request.optimizer.m = next;
-    request.optimizer.v = next + n;
+    request.part = {part.ranges, next, next + n, next + 2 * n};
   }
   // From a GPU the copies are made here (at pinned-memory speed); on the CPU by the writer thread.
   if (!on_cpu) {

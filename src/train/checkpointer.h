@@ -65,9 +65,9 @@ class Checkpointer {
   nlohmann::json resolved_;  // the config, as saved in state.json
   std::unique_ptr<StopSignals> signals_;
   bool async_ = false;
-  bool stages_optimizer_ = false;    // async: this rank writes an optimizer file (with ZeRO, or rank 0)
+  bool stages_ = false;              // async: this rank writes its part (not another rank of its replicas)
   CheckpointSource* source_ = nullptr;  // async: whose updates wait for the staging copy
-  ops::Buffer staging_;              // async: this rank's weights (rank 0), m and v
+  ops::Buffer staging_;              // async: the weights, m and v of the ranges this rank writes
   std::unique_ptr<Pending> pending_;  // the save being written in the background
 };
 

@@ -15,10 +15,9 @@ class BucketedSync final : public GradientStrategy {
     sync_.set_norm_scope(std::move(norm));
   }
 
-  void load(const float* mine) override {
-    if (mine == model_.params().as<float>()) return;  // initialised in place
-    ops::copy(model_.params(), Tensor(const_cast<float*>(mine), DType::f32, Device::cpu, {model_.num_params()}));
-  }
+  std::vector<Piece> held() const override { return {{{0, model_.num_params()}, 0}}; }
+  Tensor held_weights() const override { return model_.params(); }
+  void weights_loaded() override {}  // the next forward converts params() afresh
   std::vector<Piece> pieces() const override { return {{sync_.begin(), sync_.end(), 0}}; }
 
   void zero_grads() override { model_.zero_grads(); }
@@ -66,7 +65,9 @@ class ShardedUnits final : public GradientStrategy {
     zero3_.set_norm_scope(std::move(norm));
   }
 
-  void load(const float* mine) override { zero3_.load(mine); }
+  std::vector<Piece> held() const override { return zero3_.pieces(); }
+  Tensor held_weights() const override { return zero3_.master(); }
+  void weights_loaded() override { zero3_.weights_changed(); }
   std::vector<Piece> pieces() const override { return zero3_.pieces(); }
 
   void zero_grads() override { zero3_.zero_grads(); }

@@ -23,9 +23,13 @@ class GradientStrategy {
  public:
   virtual ~GradientStrategy() = default;
 
-  /// Fills this rank's weights from `mine` (P,) f32 host memory: the initial weights in this
-  /// rank's flat layout (the model's own params() where it was initialised in place).
-  virtual void load(const float* mine) = 0;
+  /// The runs of the model's local flat buffer whose fp32 weights this rank keeps (all of them, or
+  /// under ZeRO 3 its shards), in local order; `local` is where each starts in held_weights().
+  virtual std::vector<Piece> held() const = 0;
+  /// Those weights, end to end, f32 on the model's device: the start-up writes its initial weights
+  /// there, then calls weights_loaded().
+  virtual Tensor held_weights() const = 0;
+  virtual void weights_loaded() = 0;
   /// The runs of the flat buffer whose optimizer update this rank makes, in local order.
   virtual std::vector<Piece> pieces() const = 0;
 

@@ -36,7 +36,7 @@ std::string checkpoint_root(const TrainOptions& options) {
   return options.config.checkpoint.dir.empty() ? options.run_dir + "/checkpoints" : options.config.checkpoint.dir;
 }
 
-std::optional<checkpoint::Found> find_resume_point(const TrainOptions& options, bool lead) {
+std::optional<checkpoint::Found> find_resume_point(const TrainOptions& options, bool lead, const std::string& older_than) {
   const bool has_metrics = path_exists(options.run_dir + "/metrics.jsonl");
   std::optional<checkpoint::Found> found;
   if (options.resume == "never") {
@@ -45,6 +45,7 @@ std::optional<checkpoint::Found> find_resume_point(const TrainOptions& options, 
     }
   } else if (options.resume == "auto") {
     for (const auto& dir : checkpoint::complete_checkpoints(checkpoint_root(options))) {
+      if (!older_than.empty() && dir >= older_than) continue;  // step_%08d names sort by step
       try {
         found = checkpoint::find(dir);
         break;

@@ -1,5 +1,7 @@
 #include "train/run.h"
 
+#include <cstdio>
+#include <memory>
 #include <optional>
 
 #include "core/error.h"
@@ -73,8 +75,20 @@ TrainSummary run_training(const TrainOptions& requested) {
   TrainSummary summary;
   summary.lead = world.rank() == 0;
   const std::unique_ptr<RunLock> run_lock = lock_run_folder(options.run_dir, world);  // one writer per run folder
-  const std::optional<checkpoint::Found> resume = find_resume_point(options, summary.lead);
-  Trainer trainer(options, comms, resume ? &*resume : nullptr);
+  std::optional<checkpoint::Found> resume = find_resume_point(options, summary.lead);
+  std::unique_ptr<Trainer> built;
+  while (!built) {
+    try {
+      built = std::make_unique<Trainer>(options, comms, resume ? &*resume : nullptr);
+    } catch (const checkpoint::DamagedCheckpoint& e) {
+      // Damage is found as the ranks read their parts (every rank agrees on it): --resume auto
+      // goes on with the next older complete checkpoint.
+      if (!resume || options.resume != "auto") throw;
+      if (summary.lead) std::fprintf(stderr, "train: warning: skipping damaged checkpoint: %s\n", e.what());
+      resume = find_resume_point(options, summary.lead, resume->dir);
+    }
+  }
+  Trainer& trainer = *built;
   claim_run_folder(run_lock.get(), world);  // from here on the run writes into its folder
   Reporter reporter(options, world, trainer.first_step());
   reporter.run_started(comms, run_shape(trainer), resume ? &*resume : nullptr);

@@ -50,41 +50,6 @@ model::Layout rank_layout(const config::Config& config, const dist::Communicator
   return layout;
 }
 
-// This rank's initial weights in its flat layout, (P,) f32 in host memory at `mine`, identical on
-// every rank: from the checkpoint, model.init_from or train.seed. Weights are initialised, read
-// and written whole, on the CPU, in the one-rank layout: through a whole model that lives only as
-// long as this (with `through_whole`: on a GPU, under ZeRO 3, tensor or pipeline parallelism),
-// else in `model` itself. With `part` (tensor or pipeline parallelism) this rank takes its part.
-struct InitialWeights {
-  std::unique_ptr<model::Model> whole;
-  std::vector<float> part;  // this rank's part of the whole model's (tensor or pipeline parallelism)
-  const float* mine = nullptr;
-};
-
-InitialWeights initial_weights(model::Model& model, const config::Config& config, bool through_whole, bool part,
-                               const checkpoint::Found* resume, dist::Communicator& world) {
-  InitialWeights weights;
-  if (through_whole) weights.whole = model::make_model(config.model, Device::cpu);
-  model::Model& init = weights.whole ? *weights.whole : model;
-  if (resume) {
-    checkpoint::load_weights(*resume, init);
-  } else if (config.model.init_from.empty()) {
-    init.init_weights(std::uint64_t(config.train.seed));
-  } else {
-    checkpoint::import_hf(config.model.init_from, init);
-  }
-  world.broadcast(init.params().as<float>(), init.num_params(), 0);  // identical weights on every rank
-  weights.mine = init.params().as<float>();
-  if (part) {  // this rank's part of them, in its flat layout
-    weights.part.resize(std::size_t(model.num_params()));
-    for (const model::Segment& s : model.segments(false)) {
-      std::copy_n(weights.mine + s.logical, s.length, weights.part.begin() + s.local);
-    }
-    weights.mine = weights.part.data();
-  }
-  return weights;
-}
-
 // Which gradients the global norm counts on this rank and the groups it is summed over: under
 // tensor or pipeline parallelism, the parts this rank owns, summed over those groups.
 NormScope norm_scope(const model::Model& model, const dist::Communicators& comms) {
@@ -103,7 +68,7 @@ void restore_optimizer(AdamW& optimizer, const model::Model& model, const checkp
   std::vector<model::FlatRange> ranges;
   for (const Placed& p : place(optimizer.pieces(), model.segments(false))) ranges.push_back(p.logical);
   std::vector<float> m(static_cast<std::size_t>(n)), v(static_cast<std::size_t>(n));
-  checkpoint::load_optimizer(resume, ranges, m.data(), v.data());
+  checkpoint::load_state(resume, checkpoint::StateKind::optimizer, ranges, {m.data(), v.data()});
   ops::copy(optimizer.m(), Tensor(m.data(), DType::f32, Device::cpu, {n}));
   ops::copy(optimizer.v(), Tensor(v.data(), DType::f32, Device::cpu, {n}));
 }
@@ -163,19 +128,64 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
     tensor_group_ = std::make_unique<CommTensorGroup>(comms.tensor(), device_);
     model_->set_tensor_group(tensor_group_.get());
   }
-  const bool part = layout.tensor_size > 1 || stages_ > 1;  // this rank holds part of the model's tensors
-  {
-    const InitialWeights initial =
-        initial_weights(*model_, config_, part || layout.sharded || device_ != Device::cpu, part, resume, world_);
-    gradients_ = make_gradient_strategy(*model_, config_.dist, data_device_, data_comm_, norm_scope(*model_, comms));
-    gradients_->load(initial.mine);
-  }
-  if (part) {
+  gradients_ = make_gradient_strategy(*model_, config_.dist, data_device_, data_comm_, norm_scope(*model_, comms));
+  if (layout.tensor_size > 1 || stages_ > 1 || layout.sharded) {  // this rank's model is not the whole one
     logical_ = model::make_model(config_.model, Device::cpu, model::Recompute::none, DType::f32,
                                  ops::AttentionKernels::flash, model::Layout{true});
   }
   optimizer_ = std::make_unique<AdamW>(gradients_->pieces(), device_);
-  if (resume) restore_optimizer(*optimizer_, *model_, *resume);
+  // Every rank reads or computes only the state it keeps, and all agree that each could: a damaged
+  // checkpoint found by one rank stops every rank alike (a resume may then try an older one).
+  std::string damaged;
+  try {
+    load_initial_weights(resume);
+    if (resume) restore_optimizer(*optimizer_, *model_, *resume);
+  } catch (const checkpoint::DamagedCheckpoint& e) {
+    damaged = e.what();
+  }
+  std::int64_t failed = damaged.empty() ? -1 : world_.rank();
+  world_.all_reduce_max(&failed, 1);
+  if (!damaged.empty()) throw checkpoint::DamagedCheckpoint(damaged);
+  if (failed >= 0) {
+    throw checkpoint::DamagedCheckpoint(resume->dir + ": rank " + std::to_string(failed) +
+                                        " found part of the checkpoint damaged");
+  }
+}
+
+void Trainer::load_initial_weights(const checkpoint::Found* resume) {
+  // The runs of the whole model this rank keeps, and where each goes in its held weights.
+  const std::vector<Placed> placed = place(gradients_->held(), model_->segments(false));
+  const Tensor held = gradients_->held_weights();
+  std::vector<float> staging;
+  float* to = held.as<float>();
+  if (held.device != Device::cpu) {
+    staging.resize(std::size_t(held.numel()));
+    to = staging.data();
+  }
+  // Runs that follow each other in the held weights are read in one call.
+  std::vector<std::pair<std::int64_t, std::vector<model::FlatRange>>> batches;  // (local start, runs)
+  std::int64_t batch_end = -1;
+  for (const Placed& p : placed) {
+    if (p.local != batch_end) batches.push_back({p.local, {}});
+    batches.back().second.push_back(p.logical);
+    batch_end = p.local + p.logical.size();
+  }
+  const model::Model& whole = logical_model();
+  for (const auto& [local, ranges] : batches) {
+    if (resume) {
+      checkpoint::load_state(*resume, checkpoint::StateKind::weights, ranges, {to + local});
+    } else if (!config_.model.init_from.empty()) {
+      checkpoint::import_hf_ranges(config_.model.init_from, whole, ranges, to + local);
+    } else {
+      std::int64_t at = local;
+      for (const model::FlatRange& r : ranges) {
+        model_->init_range(std::uint64_t(config_.train.seed), r, to + at);
+        at += r.size();
+      }
+    }
+  }
+  if (!staging.empty()) ops::copy(held, Tensor(staging.data(), DType::f32, Device::cpu, {held.numel()}));
+  gradients_->weights_loaded();
 }
 
 const model::Model& Trainer::logical_model() const { return logical_ ? *logical_ : *model_; }
@@ -191,28 +201,6 @@ bool Trainer::writes_optimizer() const {
 
 std::size_t Trainer::state_bytes() const {
   return model_->state_bytes() + optimizer_->m().bytes() + optimizer_->v().bytes() + gradients_->state_bytes();
-}
-
-void Trainer::gather_weights(float* flat) {
-  const model::Layout& layout = model_->layout();
-  const std::int64_t P = model_->num_params();
-  const bool lead = world_.rank() == 0;
-  if (layout.tensor_size == 1 && stages_ == 1) {
-    gradients_->gather_weights(lead ? flat : nullptr);
-    return;
-  }
-  // Tensor and pipeline parallelism: this rank's part (from the shards under ZeRO 3), then, on the
-  // ranks of data index 0, the parts placed in the whole model's flat buffer and summed over the
-  // tensor group and the pipeline onto world rank 0.
-  const bool first_replica = data_comm_.rank() == 0;
-  std::vector<float> part(first_replica ? std::size_t(P) : 0);
-  gradients_->gather_weights(first_replica ? part.data() : nullptr);
-  if (!first_replica) return;
-  std::vector<float> logical(std::size_t(model_->logical_params()), 0.0f);
-  for (const model::Segment& s : model_->segments(true)) std::copy_n(part.begin() + s.local, s.length, logical.begin() + s.logical);
-  tensor_comm_.all_reduce_sum(logical.data(), std::int64_t(logical.size()));
-  pipeline_comm_.all_reduce_sum(logical.data(), std::int64_t(logical.size()));
-  if (lead) std::copy(logical.begin(), logical.end(), flat);
 }
 
 StepResult Trainer::step(std::int64_t step) {

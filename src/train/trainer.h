@@ -34,7 +34,9 @@ class Trainer final : public CheckpointSource {
  public:
   /// Reads the data first (a bad shard stops the run before anything is written), resolves
   /// model.attention (every rank the same way; InputError for a "cudnn" that cuDNN refuses), then
-  /// builds the model, identical on every rank, and the optimizer.
+  /// builds this rank's part of the model and the optimizer. Each rank computes or reads only the
+  /// weights it keeps (its segments, or its ZeRO 3 shards): nothing is broadcast.
+  /// checkpoint::DamagedCheckpoint on every rank when any rank found the checkpoint damaged.
   Trainer(const TrainOptions& options, const dist::Communicators& comms, const checkpoint::Found* resume);
 
   /// One optimizer update, number `step` (1-based): the micro-steps, the gradient sync, clipping
@@ -64,29 +66,23 @@ class Trainer final : public CheckpointSource {
   /// The whole model's parameter list (names, shapes, flat offsets of the one-rank layout): the
   /// model itself without tensor parallelism, else a description without buffers.
   const model::Model& logical_model() const override;
-  /// This rank's fp32 master weights (not for a sharded model), on the device it trains on.
-  Tensor params() const override { return model_->params(); }
+  /// This rank's fp32 master weights of the runs optimizer() updates, laid as its m and v.
+  Tensor master() const override { return gradients_->master(); }
   Device device() const override { return device_; }
   /// The fp32 weights on the CPU, brought up to date (a copy from the GPU where the model is there).
   /// Not for a sharded model (ZeRO 3): see gather_weights.
   const model::Model& host_weights();
-  /// Collective over every rank: the whole model's fp32 weights (its logical_params(),) into
-  /// `flat` (host memory) on rank 0; the other ranks may pass null. From the shards under ZeRO 3
-  /// and the tensor-parallel parts, else a copy of the weights.
-  void gather_weights(float* flat) override;
   /// Where this rank's optimizer state sits in the whole model's flat buffer (the parts a
   /// checkpoint takes from this rank: a replicated parameter's from tensor rank 0 only).
   std::vector<Placed> optimizer_placement() const override;
   /// Whether this rank writes an optimizer file (the first rank of a data-parallel group, or
   /// every rank when ZeRO shards the state).
   bool writes_optimizer() const override;
-  /// Whether rank 0's weights are only part of the model (ZeRO 3 shards, tensor or pipeline
-  /// parallelism), so that a checkpoint assembles them (gather_weights).
-  bool weights_split() const override {
-    return model_->sharded() || model_->layout().tensor_size > 1 || stages_ > 1;
-  }
 
  private:
+  // This rank's weights: from the checkpoint, model.init_from or train.seed, range by range.
+  void load_initial_weights(const checkpoint::Found* resume);
+
   const config::Config& config_;
   Device device_;
   dist::Communicator& world_;      // every rank, host memory
@@ -100,7 +96,7 @@ class Trainer final : public CheckpointSource {
   model::AttentionChoice attention_;
   std::unique_ptr<data::BatchLoader> loader_;
   std::unique_ptr<model::Model> model_;
-  std::unique_ptr<model::Model> logical_;  // logical_model() under tensor parallelism
+  std::unique_ptr<model::Model> logical_;  // logical_model() when this rank's model is only part of it
   std::unique_ptr<model::Model> host_;  // this rank's weights on the CPU when the model is on a GPU (host_weights)
   std::unique_ptr<GradientStrategy> gradients_;  // bucketed sync (ZeRO 0-2) or ZeRO 3
   std::unique_ptr<AdamW> optimizer_;

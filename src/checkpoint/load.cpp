@@ -1,0 +1,355 @@
+// Native checkpoints, loaded: the ranges of the training state a rank needs, from whichever files
+// hold them, each chunk read checked against its CRC-32. Finding a checkpoint and validating its
+// state.json is checkpoint/find.cpp.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors.h"
+#include "core/crc32.h"
+#include "core/error.h"
+#include "core/json_file.h"
+#include "model/arch.h"
+
+namespace llmtrain::checkpoint {
+namespace {
+
+// The largest read(2) a check makes: a chunk is read (and checksummed) in pieces of this size.
+constexpr std::size_t read_piece = std::size_t(8) << 20;
+
+// Bytes [offset, offset + bytes) of a file, to be copied to `to`.
+struct Copy {
+  std::int64_t offset = 0, bytes = 0;
+  std::byte* to = nullptr;
+};
+
+// A file of a checkpoint, read with its CRC-32s: its chunks (state.json's chunk_bytes and
+// chunk_crc32), or, for a file listed with one CRC-32 alone (an earlier version's), the whole file
+// as one chunk. Every chunk read is read whole and checked before the read returns.
+class CheckedFile {
+ public:
+  CheckedFile(std::string path, const nlohmann::json& listed) : path_(std::move(path)) {
+    size_ = listed.at("bytes").get<std::int64_t>();
+    if (listed.contains("chunk_crc32") && listed.value("chunk_bytes", std::int64_t(0)) > 0) {
+      chunk_ = listed.at("chunk_bytes").get<std::int64_t>();
+      for (const auto& c : listed.at("chunk_crc32")) crcs_.push_back(c.get<std::uint32_t>());
+      const std::int64_t expected = (size_ + chunk_ - 1) / chunk_;
+      if (std::int64_t(crcs_.size()) != expected) {
+        throw DamagedCheckpoint(path_ + ": state.json lists " + std::to_string(crcs_.size()) + " chunk checksums for " +
+                                std::to_string(expected) + " chunks of " + std::to_string(chunk_) + " bytes");
+      }
+    } else {
+      chunk_ = std::max<std::int64_t>(size_, 1);
+      crcs_.push_back(listed.at("crc32").get<std::uint32_t>());
+    }
+  }
+
+  const std::string& path() const { return path_; }
+
+  // Carries out `copies` (sorted by offset, disjoint), reading each chunk they touch once.
+  void read(const std::vector<Copy>& copies) const {
+    if (copies.empty()) return;
+    std::vector<std::int64_t> chunks;
+    for (const Copy& c : copies) {
+      if (c.offset < 0 || c.offset + c.bytes > size_) {
+        throw DamagedCheckpoint(path_ + ": bytes " + std::to_string(c.offset) + " to " + std::to_string(c.offset + c.bytes) +
+                                " lie outside the file's " + std::to_string(size_));
+      }
+      for (std::int64_t k = c.offset / chunk_; k * chunk_ < c.offset + c.bytes; ++k) {
+        if (chunks.empty() || chunks.back() != k) chunks.push_back(k);
+      }
+    }
+    std::sort(chunks.begin(), chunks.end());
+    chunks.erase(std::unique(chunks.begin(), chunks.end()), chunks.end());
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw DamagedCheckpoint(path_ + ": cannot open: " + std::strerror(errno));
+    try {
+      std::vector<std::byte> buffer(std::size_t(std::min<std::int64_t>(chunk_, std::int64_t(read_piece))));
+      std::size_t next = 0;  // the first copy that may still need bytes
+      for (const std::int64_t k : chunks) {
+        const std::int64_t begin = k * chunk_, end = std::min(size_, begin + chunk_);
+        std::uint32_t crc = 0;
+        for (std::int64_t at = begin; at < end;) {
+          const std::int64_t n = std::min<std::int64_t>(end - at, std::int64_t(buffer.size()));
+          read_fully(fd, buffer.data(), at, n);
+          crc = crc32(buffer.data(), std::size_t(n), crc);
+          while (next < copies.size() && copies[next].offset + copies[next].bytes <= at) ++next;
+          for (std::size_t i = next; i < copies.size() && copies[i].offset < at + n; ++i) {
+            const std::int64_t lo = std::max(at, copies[i].offset), hi = std::min(at + n, copies[i].offset + copies[i].bytes);
+            if (lo < hi) std::memcpy(copies[i].to + (lo - copies[i].offset), buffer.data() + (lo - at), std::size_t(hi - lo));
+          }
+          at += n;
+        }
+        if (crc != crcs_[std::size_t(k)]) {
+          const std::string where = crcs_.size() == 1 ? std::string()
+                                                      : " in bytes " + std::to_string(begin) + " to " + std::to_string(end);
+          throw DamagedCheckpoint(path_ + ": checksum mismatch" + where + " (the file is damaged)");
+        }
+      }
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    ::close(fd);
+  }
+
+ private:
+  void read_fully(int fd, std::byte* to, std::int64_t at, std::int64_t n) const {
+    while (n > 0) {
+      const ssize_t got = ::pread(fd, to, std::size_t(n), off_t(at));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        throw DamagedCheckpoint(path_ + ": cannot read bytes " + std::to_string(at) + " on: " +
+                                (got == 0 ? std::string("the file ends") : std::string(std::strerror(errno))));
+      }
+      to += got;
+      at += got;
+      n -= got;
+    }
+  }
+
+  std::string path_;
+  std::int64_t size_ = 0;
+  std::int64_t chunk_ = 1;
+  std::vector<std::uint32_t> crcs_;
+};
+
+// A run of the whole model's flat buffer that one file holds: its elements of each tensor of the
+// kind (weights; or m, v) start at these byte offsets of the file.
+struct Held {
+  FlatRange logical;
+  std::size_t file = 0;
+  std::int64_t byte[2] = {0, 0};
+};
+
+std::optional<std::int64_t> parse_int(const std::string& text) {
+  std::int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || text.empty()) return std::nullopt;
+  return value;
+}
+
+// The ranges a file holds: its "ranges" tensor ((n, 2) int64, read through `file`'s checks), or,
+// in optimizer files of earlier versions, its metadata ("ranges": "b0:e0,b1:e1,..." or
+// range_begin and range_end).
+std::vector<FlatRange> file_ranges(const SafetensorsReader& reader, const CheckedFile& file) {
+  std::vector<FlatRange> ranges;
+  if (const TensorInfo* t = reader.find("ranges")) {
+    if (t->dtype != StDtype::i64 || t->shape.size() != 2 || t->shape[1] != 2) {
+      throw DamagedCheckpoint(reader.path() + ": tensor ranges must be I64 of shape [n, 2]");
+    }
+    std::vector<std::int64_t> table(std::size_t(2 * t->shape[0]));
+    file.read({{std::int64_t(reader.data_start() + t->begin), std::int64_t(t->num_bytes()),
+                reinterpret_cast<std::byte*>(table.data())}});
+    for (std::size_t i = 0; i < table.size(); i += 2) ranges.push_back({table[i], table[i + 1]});
+  } else {
+    const auto& meta = reader.metadata();
+    std::vector<std::pair<std::string, std::string>> texts;
+    if (meta.contains("ranges")) {
+      const std::string& list = meta.at("ranges");
+      for (std::size_t at = 0; at <= list.size();) {
+        const std::size_t comma = std::min(list.find(',', at), list.size());
+        const std::string item = list.substr(at, comma - at);
+        const std::size_t colon = item.find(':');
+        texts.emplace_back(item.substr(0, colon), colon == std::string::npos ? "" : item.substr(colon + 1));
+        at = comma + 1;
+      }
+    } else if (meta.contains("range_begin") && meta.contains("range_end")) {
+      texts.emplace_back(meta.at("range_begin"), meta.at("range_end"));
+    } else {
+      throw DamagedCheckpoint(reader.path() + ": no tensor ranges, and no range_begin/range_end or ranges in its metadata");
+    }
+    for (const auto& [b, e] : texts) {
+      const auto begin = parse_int(b), end = parse_int(e);
+      if (!begin || !end) {
+        throw DamagedCheckpoint(reader.path() + ": metadata range: expected integers, got " + json_excerpt(b) + " and " +
+                                json_excerpt(e));
+      }
+      ranges.push_back({*begin, *end});
+    }
+  }
+  for (const FlatRange& r : ranges) {
+    if (r.begin < 0 || r.end < r.begin) {
+      throw DamagedCheckpoint(reader.path() + ": range " + std::to_string(r.begin) + ":" + std::to_string(r.end) +
+                              ": expected 0 <= begin <= end");
+    }
+  }
+  return ranges;
+}
+
+// What the files of a checkpoint hold of one kind of state, sorted by place in the flat buffer.
+class StateIndex {
+ public:
+  StateIndex(const Found& found, StateKind kind) : kind_(kind) {
+    const nlohmann::json& files = found.state.at("files");
+    for (const auto& [name, listed] : files.items()) {
+      const bool weights = name == "model.safetensors" || name.starts_with("model-");
+      if ((kind == StateKind::weights) != weights || (!weights && !name.starts_with("optim-"))) continue;
+      const std::string path = found.dir + "/" + name;
+      files_.emplace_back(path, listed);
+      const SafetensorsReader reader(path);
+      if (name == "model.safetensors") {
+        add_named(found, reader);
+      } else {
+        add_ranges(reader, files_.back());
+      }
+    }
+    std::sort(held_.begin(), held_.end(), [](const Held& a, const Held& b) { return a.logical.begin < b.logical.begin; });
+    for (std::size_t i = 1; i < held_.size(); ++i) {
+      if (held_[i].logical.begin < held_[i - 1].logical.end) {
+        throw DamagedCheckpoint(found.dir + ": " + files_[held_[i - 1].file].path() + " and " + files_[held_[i].file].path() +
+                                " both hold elements from " + std::to_string(held_[i].logical.begin) + " of the flat buffer");
+      }
+    }
+    if (files_.empty()) {
+      throw DamagedCheckpoint(found.dir + ": no " + std::string(kind == StateKind::weights ? "weights" : "optimizer") +
+                              " files listed in state.json");
+    }
+    dir_ = found.dir;
+  }
+
+  int tensors() const { return kind_ == StateKind::weights ? 1 : 2; }
+
+  // The copies that fill `out` with `ranges` end to end, per file; the elements covered.
+  std::int64_t plan(const std::vector<FlatRange>& ranges, const std::vector<float*>& out,
+                    std::vector<std::vector<Copy>>& copies) const {
+    copies.assign(files_.size(), {});
+    std::int64_t covered = 0, at = 0;
+    for (const FlatRange& want : ranges) {
+      // The first held run that ends after `want` begins (runs are disjoint: their ends sorted too).
+      auto h = std::partition_point(held_.begin(), held_.end(), [&](const Held& x) { return x.logical.end <= want.begin; });
+      for (; h != held_.end() && h->logical.begin < want.end; ++h) {
+        const std::int64_t lo = std::max(want.begin, h->logical.begin), hi = std::min(want.end, h->logical.end);
+        if (lo >= hi) continue;
+        for (int t = 0; t < tensors(); ++t) {
+          copies[h->file].push_back({h->byte[t] + (lo - h->logical.begin) * std::int64_t(sizeof(float)),
+                                     (hi - lo) * std::int64_t(sizeof(float)),
+                                     reinterpret_cast<std::byte*>(out[std::size_t(t)] + at + (lo - want.begin))});
+        }
+        covered += hi - lo;
+      }
+      at += want.size();
+    }
+    for (auto& list : copies) {
+      std::sort(list.begin(), list.end(), [](const Copy& a, const Copy& b) { return a.offset < b.offset; });
+    }
+    return covered;
+  }
+
+  const CheckedFile& file(std::size_t i) const { return files_[i]; }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  // A file of named tensors (model.safetensors): each parameter of the whole model in one piece.
+  void add_named(const Found& found, const SafetensorsReader& reader) {
+    const auto logical = model::make_model(found.config.model, Device::cpu, model::Recompute::none, DType::f32,
+                                           ops::AttentionKernels::flash, model::Layout{true});
+    for (const model::ParamInfo& info : logical->param_infos()) {
+      const TensorInfo* t = reader.find(info.name);
+      if (!t) throw DamagedCheckpoint(reader.path() + ": no tensor " + info.name);
+      if (t->dtype != StDtype::f32 || t->shape != info.shape) {
+        throw DamagedCheckpoint(reader.path() + ": tensor " + info.name + " must be F32 of the model's shape");
+      }
+      held_.push_back({{info.logical_offset, info.logical_offset + info.numel}, files_.size() - 1,
+                       {std::int64_t(reader.data_start() + t->begin), 0}});
+    }
+  }
+
+  // A file of ranges: its tensors (weights; or adamw.m and adamw.v) hold them end to end.
+  void add_ranges(const SafetensorsReader& reader, const CheckedFile& file) {
+    const std::vector<FlatRange> ranges = file_ranges(reader, file);
+    std::int64_t total = 0;
+    for (const FlatRange& r : ranges) total += r.size();
+    std::int64_t start[2] = {0, 0};
+    const char* names[2] = {"weights", nullptr};
+    if (kind_ == StateKind::optimizer) {
+      names[0] = "adamw.m";
+      names[1] = "adamw.v";
+    }
+    for (int k = 0; k < tensors(); ++k) {
+      const TensorInfo* t = reader.find(names[k]);
+      if (!t) throw DamagedCheckpoint(reader.path() + ": no tensor " + names[k]);
+      if (t->dtype != StDtype::f32 || t->shape.size() != 1 || t->shape[0] != total) {
+        throw DamagedCheckpoint(reader.path() + ": tensor " + names[k] + " must be F32 of shape [" + std::to_string(total) +
+                                "] (the elements of its ranges)");
+      }
+      start[k] = std::int64_t(reader.data_start() + t->begin);
+    }
+    std::int64_t at = 0;
+    for (const FlatRange& r : ranges) {
+      if (r.size() > 0) {
+        held_.push_back({r, files_.size() - 1, {start[0] + at * std::int64_t(sizeof(float)), start[1] + at * std::int64_t(sizeof(float))}});
+      }
+      at += r.size();
+    }
+  }
+
+  StateKind kind_;
+  std::vector<CheckedFile> files_;
+  std::vector<Held> held_;
+  std::string dir_;
+};
+
+}  // namespace
+
+void load_state(const Found& found, StateKind kind, const std::vector<FlatRange>& ranges,
+                const std::vector<float*>& out) {
+  const StateIndex index(found, kind);
+  if (int(out.size()) != index.tensors()) throw RuntimeError("load_state: wrong number of output arrays");
+  std::int64_t wanted = 0;
+  for (const FlatRange& r : ranges) wanted += r.size();
+  std::vector<std::vector<Copy>> copies;
+  const std::int64_t covered = index.plan(ranges, out, copies);
+  if (covered != wanted) {
+    throw DamagedCheckpoint(found.dir + ": the " + std::string(kind == StateKind::weights ? "weight" : "optimizer") +
+                            " files cover " + std::to_string(covered) + " of the " + std::to_string(wanted) +
+                            " elements of the flat-buffer range(s) this rank needs");
+  }
+  for (std::size_t f = 0; f < copies.size(); ++f) index.file(f).read(copies[f]);
+}
+
+void verify_files(const Found& found) {
+  for (const auto& [file, info] : found.state.at("files").items()) {
+    const std::string path = found.dir + "/" + file;
+    if (file_crc32(path) != info.at("crc32").get<std::uint64_t>()) {
+      throw DamagedCheckpoint(path + ": checksum mismatch (the file is damaged)");
+    }
+  }
+}
+
+void load_weights(const Found& found, model::Model& model) {
+  std::vector<FlatRange> ranges;
+  std::vector<float*> unused;
+  float* params = model.params().as<float>();
+  // A whole model's segments are one run; a part's (a pipeline stage's, say) read in turn.
+  for (const model::Segment& s : model.segments(false)) {
+    load_state(found, StateKind::weights, {s.logical_range()}, {params + s.local});
+  }
+}
+
+std::unique_ptr<model::Model> load_model(const Found& found) {
+  // The config must describe a model whose weights the files can hold, before they are allocated.
+  const double params = double(model::arch_spec(found.config.model.arch).parameter_count(found.config.model));
+  double bytes = 0;
+  for (const auto& [file, info] : found.state.at("files").items()) {
+    if (file.starts_with("model")) bytes += double(info.at("bytes").get<std::int64_t>());
+  }
+  if (4.0 * params > bytes) {
+    throw InputError(found.dir + ": the weight files' " + std::to_string(std::int64_t(bytes)) +
+                     " bytes cannot hold the " + std::to_string(std::int64_t(params)) +
+                     " fp32 parameters of the model in state.json's config");
+  }
+  auto model = model::make_model(found.config.model, Device::cpu);
+  load_weights(found, *model);
+  return model;
+}
+
+}  // namespace llmtrain::checkpoint
