@@ -54,6 +54,17 @@ class CheckedFile {
 
   const std::string& path() const { return path_; }
 
+  // Checks the chunks that hold the safetensors header (the 8-byte length and the JSON after it),
+  // so that a damaged header is reported as a checksum mismatch, not as whatever it now says.
+  void check_header() const {
+    std::uint64_t length = 0;
+    if (size_ < 8) return;  // the reader says what is wrong
+    read({{0, 8, reinterpret_cast<std::byte*>(&length)}});
+    if (length > std::uint64_t(size_ - 8)) return;
+    std::vector<std::byte> header(static_cast<std::size_t>(length));
+    read({{8, std::int64_t(length), header.data()}});
+  }
+
   // Carries out `copies` (sorted by offset, disjoint), reading each chunk they touch once.
   void read(const std::vector<Copy>& copies) const {
     if (copies.empty()) return;
@@ -185,6 +196,17 @@ std::vector<FlatRange> file_ranges(const SafetensorsReader& reader, const Checke
   return ranges;
 }
 
+// A checkpoint file's reader; a file that is not what its header says is a damaged checkpoint.
+SafetensorsReader open_reader(const std::string& path) {
+  try {
+    return SafetensorsReader(path);
+  } catch (const DamagedCheckpoint&) {
+    throw;
+  } catch (const InputError& e) {
+    throw DamagedCheckpoint(e.what());
+  }
+}
+
 // What the files of a checkpoint hold of one kind of state, sorted by place in the flat buffer.
 class StateIndex {
  public:
@@ -195,7 +217,8 @@ class StateIndex {
       if ((kind == StateKind::weights) != weights || (!weights && !name.starts_with("optim-"))) continue;
       const std::string path = found.dir + "/" + name;
       files_.emplace_back(path, listed);
-      const SafetensorsReader reader(path);
+      files_.back().check_header();
+      const SafetensorsReader reader = open_reader(path);
       if (name == "model.safetensors") {
         add_named(found, reader);
       } else {
