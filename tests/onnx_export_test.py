@@ -18,6 +18,7 @@ Needs onnx and onnxruntime (`scripts/setup.sh --with-onnx`); without them it pri
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -188,6 +189,47 @@ def one_model(work, name, config):
     same = sum(a == b for a, b in zip(got, expected))
     check(got == expected, f"{name}: greedy 32 tokens with past_key_values/present equal llmtrain generate "
           f"--temperature 0 ({same}/32 equal): {bytes(got)!r}")
+
+    # 6. A checkpoint written by 4 ranks (tensor 2 x data 2, ZeRO 1: each rank its ranges, no
+    # rank the whole model), exported tensor by tensor into Hugging Face shards: transformers
+    # loads them and its loss on the first validation batch is llmtrain eval's of that checkpoint.
+    mpiexec = shutil.which("mpiexec")
+    if mpiexec is None:
+        print(f"SKIPPED: {name}: the 4-rank export needs mpiexec")
+    elif hf is not None:
+        run4 = os.path.join(work, "run4-" + name)
+        env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+        r = subprocess.run([mpiexec, "--allow-run-as-root", "--oversubscribe", "-np", "4", LLMTRAIN, "train",
+                            "--config", cfg, "--run-dir", run4, "--set", "train.max_steps=20",
+                            "--set", f"data.train={work}/data/train_*.bin", "--set", f"data.val={work}/data/val_*.bin",
+                            "--set", "checkpoint.every=20", "--set", "train.eval_every=0", "--set", "dist.zero_stage=1",
+                            "--set", "dist.tensor_parallel=2"], capture_output=True, env=env)
+        if r.returncode != 0:
+            sys.exit(f"FAILED: 4-rank run: {r.stderr.decode(errors='replace')[-2000:]}")
+        step = os.path.join(run4, "checkpoints", "step_00000020")
+        written = sorted(f for f in os.listdir(step) if f.startswith("model"))
+        check(written == [f"model-{k:05d}.safetensors" for k in range(4)],
+              f"{name}: the 4-rank checkpoint's weights are each rank's ranges (ZeRO 1 over data 2): {written}")
+        sharded = os.path.join(work, f"hf4-{name}")
+        run("export", "--checkpoint", run4, "--output", sharded, "--format", "hf", "--shard-gb", "0.00003")
+        index = json.load(open(os.path.join(sharded, "model.safetensors.index.json")))
+        shards = sorted(set(index["weight_map"].values()))
+        check(len(shards) > 2 and all(os.path.exists(os.path.join(sharded, f)) for f in shards),
+              f"{name}: export --shard-gb writes {len(shards)} shards and model.safetensors.index.json")
+        loss4 = float(run("eval", "--checkpoint", run4, "--batches", "1").decode().split("val_loss")[1].split()[0])
+        hf4 = load_transformers(sharded)
+        logits4 = hf4(batch[:, :-1], np.ones((G, T), dtype=np.int64),
+                      np.tile(np.arange(T, dtype=np.int64), (G, 1))).astype(np.float64)
+        lse4 = np.log(np.exp(logits4 - logits4.max(-1, keepdims=True)).sum(-1)) + logits4.max(-1)
+        hf_loss4 = float((lse4 - np.take_along_axis(logits4, batch[:, 1:, None], -1)[..., 0]).mean())
+        check(abs(hf_loss4 - loss4) < 1e-4,
+              f"{name}: transformers on the sharded export of the 4-rank checkpoint: loss {hf_loss4:.6f} vs "
+              f"llmtrain eval {loss4:.4f}")
+        run("export", "--checkpoint", run4, "--output", sharded + "-bf16", "--format", "hf", "--dtype", "bf16")
+        hf16 = load_transformers(sharded + "-bf16")
+        d = np.abs(hf16(batch[:2, :-1], np.ones((2, T), dtype=np.int64),
+                        np.tile(np.arange(T, dtype=np.int64), (2, 1))) - logits4[:2]).max()
+        check(d < 0.1, f"{name}: --dtype bf16 export: logits within {d:.1e} of fp32's")
 
     # 5. fp16 weights and external data.
     fp16 = ort.InferenceSession(os.path.join(dirs["fp16"], "model.onnx"), opts, providers=["CPUExecutionProvider"])

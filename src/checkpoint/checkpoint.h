@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -130,6 +131,24 @@ class DamagedCheckpoint : public InputError {
 /// Which state load_state reads: the fp32 weights, or AdamW's m and v.
 enum class StateKind { weights, optimizer };
 
+class StateIndex;
+
+/// load_state's reader, kept open for many reads (an export reads one tensor at a time): the
+/// files' ranges are indexed once.
+class StateReader {
+ public:
+  StateReader(const Found& found, StateKind kind);
+  ~StateReader();
+  StateReader(const StateReader&) = delete;
+  StateReader& operator=(const StateReader&) = delete;
+  void read(const std::vector<FlatRange>& ranges, const std::vector<float*>& out) const;
+
+ private:
+  std::unique_ptr<StateIndex> index_;
+  std::string dir_;
+  StateKind kind_;
+};
+
 /// Fills `out` (one array for weights; m then v for the optimizer) with the state of the flat
 /// ranges `ranges` of the whole model, laid end to end, from whichever files hold them: any world
 /// size, ZeRO stage or layout wrote them, this version or an earlier one (model.safetensors named
@@ -156,6 +175,21 @@ std::string hf_architecture(const config::ModelConfig& config);
 /// Writes DIR/model.safetensors and DIR/config.json that transformers' GPT2LMHeadModel or
 /// LlamaForCausalLM loads (GPT-2's Conv1D weights transposed to (in, out); a tied lm_head left out).
 void export_hf(const model::Model& model, const std::string& dir);
+/// How export_hf_streamed writes: the dtype of the weights (F32 or BF16) and the most bytes a
+/// file of them holds (more: Hugging Face's shards, model-0000K-of-0000N.safetensors and
+/// model.safetensors.index.json).
+struct HfExportOptions {
+  bool bf16 = false;
+  std::int64_t shard_bytes = std::int64_t(5) << 30;
+};
+struct HfExported {
+  std::vector<std::string> files;  // the weight files written, in order
+  std::int64_t bytes = 0;
+};
+/// Writes a checkpoint's weights as export_hf does, one tensor at a time from the checkpoint's
+/// files (whatever ranks wrote them): the model is never built, and memory holds about one tensor.
+HfExported export_hf_streamed(const Found& found, const std::string& dir, const HfExportOptions& options);
+
 /// Writes DIR/config.json as transformers (and Optimum, beside an ONNX export) read it:
 /// architecture, vocabulary and shapes. Written atomically.
 void write_hf_config(const config::ModelConfig& config, const std::string& dir);

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <optional>
 #include <cmath>
 #include <memory>
@@ -13,6 +14,7 @@
 #include <sstream>
 
 #include "checkpoint/safetensors.h"
+#include "core/bf16.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "core/json_file.h"
@@ -136,6 +138,68 @@ void export_hf(const model::Model& model, const std::string& dir) {
   }
   write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
   write_hf_config(model.config(), dir);
+}
+
+HfExported export_hf_streamed(const Found& found, const std::string& dir, const HfExportOptions& options) {
+  const config::ModelConfig& c = found.config.model;
+  const model::ArchSpec& spec = model::arch_spec(c.arch);
+  // The whole model's parameter list, without buffers.
+  const auto logical = model::make_model(c, Device::cpu, model::Recompute::none, DType::f32,
+                                         ops::AttentionKernels::flash, model::Layout{true});
+  const StDtype dtype = options.bf16 ? StDtype::bf16 : StDtype::f32;
+  const std::int64_t element = std::int64_t(st_dtype_size(dtype));
+  // Shards: the tensors in order, a new file whenever the next would pass shard_bytes.
+  struct Shard {
+    std::vector<const model::ParamInfo*> params;
+    std::int64_t bytes = 0;
+  };
+  std::vector<Shard> shards(1);
+  for (const model::ParamInfo& info : logical->param_infos()) {
+    const std::int64_t bytes = info.numel * element;
+    if (!shards.back().params.empty() && shards.back().bytes + bytes > options.shard_bytes) shards.emplace_back();
+    shards.back().params.push_back(&info);
+    shards.back().bytes += bytes;
+  }
+  const StateReader reader(found, StateKind::weights);
+  fs::create_directories(dir);
+  HfExported out;
+  nlohmann::json weight_map = nlohmann::json::object();
+  std::vector<float> values;    // one tensor, in the model's layout, then Hugging Face's
+  std::vector<std::uint16_t> half;  // and as bf16
+  for (std::size_t k = 0; k < shards.size(); ++k) {
+    char name[64];
+    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
+    const std::string file = shards.size() == 1 ? std::string("model.safetensors") : std::string(name);
+    std::vector<TensorToWrite> tensors;
+    for (const model::ParamInfo* info : shards[k].params) {
+      std::vector<std::int64_t> shape = info->shape;
+      if (spec.hf_transposed(info->name)) std::swap(shape[0], shape[1]);
+      tensors.push_back({info->name, dtype, shape, nullptr});
+      weight_map[info->name] = file;
+    }
+    const auto bytes_of = [&](std::size_t i) -> const void* {
+      const model::ParamInfo& info = *shards[k].params[i];
+      values.resize(std::size_t(info.numel));
+      reader.read({{info.logical_offset, info.logical_offset + info.numel}}, {values.data()});
+      if (spec.hf_transposed(info.name)) values = transposed(values.data(), info.shape[0], info.shape[1]);
+      if (!options.bf16) return values.data();
+      half.resize(values.size());
+      for (std::size_t j = 0; j < values.size(); ++j) half[j] = float_to_bf16_bits(values[j]);
+      return half.data();
+    };
+    write_safetensors_checked(dir + "/" + file, tensors, {{"format", "pt"}}, default_write_chunk, default_crc_chunk,
+                              bytes_of);
+    out.files.push_back(file);
+    out.bytes += std::int64_t(fs::file_size(dir + "/" + file));
+  }
+  if (shards.size() > 1) {
+    std::int64_t total = 0;
+    for (const Shard& shard : shards) total += shard.bytes;
+    const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    write_file_atomic(dir + "/model.safetensors.index.json", index.dump(2) + "\n");
+  }
+  write_hf_config(c, dir);
+  return out;
 }
 
 void write_hf_config(const config::ModelConfig& config, const std::string& dir) {

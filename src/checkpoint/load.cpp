@@ -207,6 +207,8 @@ SafetensorsReader open_reader(const std::string& path) {
   }
 }
 
+}  // namespace
+
 // What the files of a checkpoint hold of one kind of state, sorted by place in the flat buffer.
 class StateIndex {
  public:
@@ -321,18 +323,26 @@ class StateIndex {
   std::string dir_;
 };
 
-}  // namespace
+StateReader::StateReader(const Found& found, StateKind kind)
+    : index_(std::make_unique<StateIndex>(found, kind)), dir_(found.dir), kind_(kind) {}
+
+StateReader::~StateReader() = default;
 
 void load_state(const Found& found, StateKind kind, const std::vector<FlatRange>& ranges,
                 const std::vector<float*>& out) {
-  const StateIndex index(found, kind);
+  StateReader(found, kind).read(ranges, out);
+}
+
+void StateReader::read(const std::vector<FlatRange>& ranges, const std::vector<float*>& out) const {
+  const StateIndex& index = *index_;
+  const StateKind kind = kind_;
   if (int(out.size()) != index.tensors()) throw RuntimeError("load_state: wrong number of output arrays");
   std::int64_t wanted = 0;
   for (const FlatRange& r : ranges) wanted += r.size();
   std::vector<std::vector<Copy>> copies;
   const std::int64_t covered = index.plan(ranges, out, copies);
   if (covered != wanted) {
-    throw DamagedCheckpoint(found.dir + ": the " + std::string(kind == StateKind::weights ? "weight" : "optimizer") +
+    throw DamagedCheckpoint(dir_ + ": the " + std::string(kind == StateKind::weights ? "weight" : "optimizer") +
                             " files cover " + std::to_string(covered) + " of the " + std::to_string(wanted) +
                             " elements of the flat-buffer range(s) this rank needs");
   }

@@ -438,7 +438,7 @@ std::uint32_t write_safetensors(const std::string& path, const std::vector<Tenso
 
 FileChecksums write_safetensors_checked(const std::string& path, const std::vector<TensorToWrite>& tensors,
                                         const std::map<std::string, std::string>& metadata, std::size_t chunk_bytes,
-                                        std::size_t crc_chunk_bytes) {
+                                        std::size_t crc_chunk_bytes, const TensorBytes& bytes_of) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::vector<std::size_t> sizes;  // bytes of each tensor, in order
@@ -453,7 +453,7 @@ FileChecksums write_safetensors_checked(const std::string& path, const std::vect
     if (!names.insert(t.name).second) throw bad("a tensor of that name comes twice");
     const auto bytes = checked_bytes(t.shape, st_dtype_size(t.dtype));
     if (!bytes) throw bad("shape " + shape_text(t.shape) + " has a negative dim or too many elements");
-    if (*bytes > 0 && t.data == nullptr) throw bad("data is null");
+    if (*bytes > 0 && t.data == nullptr && !bytes_of) throw bad("data is null");
     nlohmann::ordered_json entry;
     entry["dtype"] = st_dtype_name(t.dtype);
     entry["shape"] = t.shape;
@@ -480,7 +480,7 @@ FileChecksums write_safetensors_checked(const std::string& path, const std::vect
   file.write(length, length_bytes);
   file.write(text.data(), text.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
-    if (sizes[i] > 0) file.write(tensors[i].data, sizes[i]);
+    if (sizes[i] > 0) file.write(tensors[i].data ? tensors[i].data : bytes_of(i), sizes[i]);
   }
   file.commit();
   return {file.crc(), crc_chunk_bytes, file.chunk_crcs()};

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <span>
@@ -115,11 +116,17 @@ struct FileChecksums {
 /// The chunk size of checkpoint files' checksums.
 inline constexpr std::size_t default_crc_chunk = std::size_t(8) << 20;
 
-/// write_safetensors, returning the CRC-32 of every `crc_chunk_bytes` of the file as well.
+/// Tensor i's bytes when the file comes to it (a tensor whose `data` is null): valid until the
+/// next call, so that a file can be written one tensor at a time from elsewhere.
+using TensorBytes = std::function<const void*(std::size_t i)>;
+
+/// write_safetensors, returning the CRC-32 of every `crc_chunk_bytes` of the file as well; the
+/// tensors without data are asked of `bytes_of`.
 FileChecksums write_safetensors_checked(const std::string& path, const std::vector<TensorToWrite>& tensors,
                                         const std::map<std::string, std::string>& metadata = {},
                                         std::size_t chunk_bytes = default_write_chunk,
-                                        std::size_t crc_chunk_bytes = default_crc_chunk);
+                                        std::size_t crc_chunk_bytes = default_crc_chunk,
+                                        const TensorBytes& bytes_of = {});
 
 /// CRC-32 of a whole file (as zlib's), read through a memory mapping; RuntimeError if unreadable.
 std::uint32_t file_crc32(const std::string& path);

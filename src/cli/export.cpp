@@ -1,4 +1,5 @@
 // llmtrain export: a checkpoint as Hugging Face transformers files, or as an ONNX graph.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -41,6 +42,7 @@ int copy_tokenizer_files(const config::Config& config, const std::string& dir) {
 Command add_export_command(CLI::App& parent) {
   struct Options {
     std::string checkpoint, output, format = "hf", dtype = "fp32";
+    double shard_gb = 5.0;
     bool no_cache = false, external_data = false;
   };
   auto o = std::make_shared<Options>();
@@ -51,8 +53,14 @@ Command add_export_command(CLI::App& parent) {
                   "hf: Hugging Face transformers (model.safetensors, config.json); onnx: model.onnx for ONNX Runtime")
       ->check(CLI::IsMember({"hf", "onnx"}))
       ->capture_default_str();
-  app->add_option("--dtype", o->dtype, "onnx: weights stored as fp32 or fp16 (computation stays fp32)")
-      ->check(CLI::IsMember({"fp32", "fp16"}))
+  app->add_option("--dtype", o->dtype,
+                  "Weights stored as fp32, or bf16 (hf) or fp16 (onnx; its computation stays fp32)")
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}))
+      ->capture_default_str();
+  app->add_option("--shard-gb", o->shard_gb,
+                  "hf: the most GB of weights per file; more are written as Hugging Face's shards "
+                  "(model-0000K-of-0000N.safetensors and model.safetensors.index.json)")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app->add_flag("--no-cache", o->no_cache, "onnx: no past_key_values inputs nor present outputs");
   app->add_flag("--external-data", o->external_data,
@@ -63,8 +71,11 @@ Command add_export_command(CLI::App& parent) {
               throw InputError("export --format onnx: this build has no ONNX support; install libonnx-dev and "
                                "libprotobuf-dev (scripts/setup.sh) and rebuild");
             }
-            if (o->format != "onnx" && (o->no_cache || o->external_data || o->dtype != "fp32")) {
-              throw InputError("export: --dtype, --no-cache and --external-data apply to --format onnx only");
+            if (o->format != "onnx" && (o->no_cache || o->external_data || o->dtype == "fp16")) {
+              throw InputError("export: --dtype fp16, --no-cache and --external-data apply to --format onnx only");
+            }
+            if (o->format == "onnx" && o->dtype == "bf16") {
+              throw InputError("export: --dtype bf16 applies to --format hf only (onnx: fp32 or fp16)");
             }
             const auto start = std::chrono::steady_clock::now();
             require_output_folder(o->output, "--output");
@@ -76,14 +87,23 @@ Command add_export_command(CLI::App& parent) {
               throw InputError("--output: " + o->output + " overlaps the checkpoint " + found.dir +
                                " that it exports; choose a folder outside it");
             }
-            const auto loaded = checkpoint::load_model(found);
-            model::Model& model = *loaded;
             if (o->format == "hf") {
-              checkpoint::export_hf(model, o->output);
-              std::printf("export: %s -> %s/model.safetensors, %s/config.json (%s)\n", found.dir.c_str(),
-                          o->output.c_str(), o->output.c_str(), checkpoint::hf_architecture(model.config()).c_str());
+              // Tensor by tensor from the checkpoint's files: the model is never built.
+              checkpoint::HfExportOptions options;
+              options.bf16 = o->dtype == "bf16";
+              options.shard_bytes = std::max<std::int64_t>(1, std::int64_t(o->shard_gb * 1e9));
+              const checkpoint::HfExported done = checkpoint::export_hf_streamed(found, o->output, options);
+              const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+              std::printf("export: %s -> %s/%s%s, config.json (%s); %s, %.1f MB, %.1f s\n", found.dir.c_str(),
+                          o->output.c_str(), done.files.front().c_str(),
+                          done.files.size() > 1 ? (" ... " + done.files.back() + " + model.safetensors.index.json").c_str()
+                                                : "",
+                          checkpoint::hf_architecture(found.config.model).c_str(), o->dtype.c_str(),
+                          double(done.bytes) / 1e6, seconds);
               return 0;
             }
+            const auto loaded = checkpoint::load_model(found);
+            model::Model& model = *loaded;
             checkpoint::OnnxOptions options;
             options.fp16 = o->dtype == "fp16";
             options.kv_cache = !o->no_cache;
