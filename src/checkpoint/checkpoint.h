@@ -42,6 +42,9 @@ struct StatePart {
   const float* weights = nullptr;
   const float* m = nullptr;
   const float* v = nullptr;
+  /// Where each range starts in the three arrays (elements); empty: end to end from 0. So a rank
+  /// writes its state from where it lives, without compacting copies.
+  std::vector<std::int64_t> at = {};
   std::int64_t size() const;
 };
 

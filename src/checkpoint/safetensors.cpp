@@ -453,7 +453,12 @@ FileChecksums write_safetensors_checked(const std::string& path, const std::vect
     if (!names.insert(t.name).second) throw bad("a tensor of that name comes twice");
     const auto bytes = checked_bytes(t.shape, st_dtype_size(t.dtype));
     if (!bytes) throw bad("shape " + shape_text(t.shape) + " has a negative dim or too many elements");
-    if (*bytes > 0 && t.data == nullptr && !bytes_of) throw bad("data is null");
+    if (*bytes > 0 && t.data == nullptr && t.pieces.empty() && !bytes_of) throw bad("data is null");
+    if (!t.pieces.empty()) {
+      std::size_t total = 0;
+      for (const auto& [address, n] : t.pieces) total += n;
+      if (total != *bytes) throw bad("its pieces hold " + std::to_string(total) + " bytes, its shape " + std::to_string(*bytes));
+    }
     nlohmann::ordered_json entry;
     entry["dtype"] = st_dtype_name(t.dtype);
     entry["shape"] = t.shape;
@@ -480,7 +485,12 @@ FileChecksums write_safetensors_checked(const std::string& path, const std::vect
   file.write(length, length_bytes);
   file.write(text.data(), text.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
-    if (sizes[i] > 0) file.write(tensors[i].data ? tensors[i].data : bytes_of(i), sizes[i]);
+    if (sizes[i] == 0) continue;
+    if (!tensors[i].pieces.empty()) {
+      for (const auto& [address, n] : tensors[i].pieces) file.write(address, n);
+    } else {
+      file.write(tensors[i].data ? tensors[i].data : bytes_of(i), sizes[i]);
+    }
   }
   file.commit();
   return {file.crc(), crc_chunk_bytes, file.chunk_crcs()};

@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace llmtrain::checkpoint {
@@ -89,6 +90,8 @@ struct TensorToWrite {
   StDtype dtype = StDtype::f32;
   std::vector<std::int64_t> shape;
   const void* data = nullptr;
+  /// Instead of `data`: pieces of memory (address, bytes) that, end to end, hold the tensor.
+  std::vector<std::pair<const void*, std::size_t>> pieces = {};
 };
 
 /// The size of the write(2) calls write_safetensors streams a file in, unless told otherwise.

@@ -94,6 +94,17 @@ WrittenPart write_part(const SaveRequest& r, const std::string& dir, int rank, i
   const auto& ranges = r.part.ranges;
   const bool whole_state = ranges.size() == 1 && ranges[0].begin == 0 && ranges[0].end == P;
   const std::vector<std::int64_t> table = range_table(ranges);
+  // Each array as the pieces that hold the ranges, in order.
+  const auto pieces_of = [&](const float* base) {
+    std::vector<std::pair<const void*, std::size_t>> pieces;
+    std::int64_t at = 0;
+    for (std::size_t i = 0; i < ranges.size(); ++i) {
+      const std::int64_t from = r.part.at.empty() ? at : r.part.at[i];
+      if (ranges[i].size() > 0) pieces.emplace_back(base + from, std::size_t(ranges[i].size()) * sizeof(float));
+      at += ranges[i].size();
+    }
+    return pieces;
+  };
   if (r.writes && (!whole_state || rank == 0)) {
     const std::int64_t n = r.part.size();
     const std::map<std::string, std::string> metadata{{"format", "llmtrain"},
@@ -102,19 +113,22 @@ WrittenPart write_part(const SaveRequest& r, const std::string& dir, int rank, i
                                                       {"world_size", std::to_string(world_size)}};
     const TensorToWrite range_tensor{"ranges", StDtype::i64, {std::int64_t(ranges.size()), 2}, table.data()};
     jobs.push_back({rank_file("optim", rank),
-                    {range_tensor, {"adamw.m", StDtype::f32, {n}, r.part.m}, {"adamw.v", StDtype::f32, {n}, r.part.v}},
+                    {range_tensor, {"adamw.m", StDtype::f32, {n}, nullptr, pieces_of(r.part.m)},
+                     {"adamw.v", StDtype::f32, {n}, nullptr, pieces_of(r.part.v)}},
                     metadata,
                     {},
                     {}});
     if (whole_state) {  // the whole model: named tensors, as Hugging Face tools read them
       Job weights{"model.safetensors", {}, {{"format", "llmtrain"}, {"arch", config::to_string(m.config().arch)}}, {}, {}};
       for (const auto& info : m.param_infos()) {
-        weights.tensors.push_back({info.name, StDtype::f32, info.shape, r.part.weights + info.offset});
+        const std::int64_t at = r.part.at.empty() ? 0 : r.part.at[0];
+        weights.tensors.push_back({info.name, StDtype::f32, info.shape, r.part.weights + at + info.offset});
       }
       jobs.push_back(std::move(weights));
     } else {
-      jobs.push_back({rank_file("model", rank), {range_tensor, {"weights", StDtype::f32, {n}, r.part.weights}},
-                      metadata, {}, {}});
+      jobs.push_back({rank_file("model", rank),
+                      {range_tensor, {"weights", StDtype::f32, {n}, nullptr, pieces_of(r.part.weights)}}, metadata, {},
+                      {}});
     }
   }
   const auto run = [&](Job& job) {

@@ -25,7 +25,6 @@ struct RankPart {
   std::vector<checkpoint::FlatRange> ranges;
   std::vector<Placed> placed;
   std::int64_t size = 0;
-  bool contiguous = true;  // the places are the local arrays from 0 on, in order: no copy needed
   bool written = false;
 };
 
@@ -41,7 +40,6 @@ RankPart rank_part(const CheckpointSource& source, int world_rank) {
     }
   }
   for (const Placed& p : part.placed) {
-    part.contiguous = part.contiguous && p.local == part.size;
     part.ranges.push_back(p.logical);
     part.size += p.logical.end - p.logical.begin;
   }
@@ -49,18 +47,6 @@ RankPart rank_part(const CheckpointSource& source, int world_rank) {
   const bool whole = part.ranges.size() == 1 && part.ranges[0].begin == 0 && part.ranges[0].end == source.num_params();
   part.written = source.writes_optimizer() && (world_rank == 0 || !whole);
   return part;
-}
-
-// The local arrays `local` (host memory) at the places of `part`, end to end.
-std::vector<float> compacted(const float* local, const RankPart& part) {
-  std::vector<float> out(std::size_t(part.size));
-  std::size_t at = 0;
-  for (const Placed& p : part.placed) {
-    const std::int64_t n = p.logical.end - p.logical.begin;
-    std::copy_n(local + p.local, n, out.begin() + std::ptrdiff_t(at));
-    at += std::size_t(n);
-  }
-  return out;
 }
 
 std::vector<float> host_vector(const Tensor& t) {
@@ -218,7 +204,11 @@ std::string Checkpointer::save(std::int64_t step, CheckpointSource& source) {
                           {"config", resolved_}};
   const auto save_start = Clock::now();
   const AdamW& optimizer = source.optimizer();
-  checkpoint::SaveRequest request{root_, step, config_.checkpoint.keep_last, nullptr, {}, state};
+  checkpoint::SaveRequest request;
+  request.root = root_;
+  request.step = step;
+  request.keep_last = config_.checkpoint.keep_last;
+  request.state = std::move(state);
   request.model = &source.logical_model();  // names and shapes of the whole tensors
   const bool on_cpu = source.device() == Device::cpu;
   // Each rank writes the ranges it owns, from its own arrays: no rank gathers the model.
@@ -229,19 +219,20 @@ std::string Checkpointer::save(std::int64_t step, CheckpointSource& source) {
     // On the CPU the state is written from where it lives; from a GPU through a copy; the parts
     // another rank writes (tensor parallelism) left out.
     std::vector<float> w, m, v;
-    request.part = {part.ranges, master.as<float>(), optimizer.m().as<float>(), optimizer.v().as<float>()};
+    request.part.ranges = part.ranges;
+    request.part.weights = master.as<float>();
+    request.part.m = optimizer.m().as<float>();
+    request.part.v = optimizer.v().as<float>();
     if (part.written && !on_cpu) {
       w = host_vector(master);
       m = host_vector(optimizer.m());
       v = host_vector(optimizer.v());
-      request.part = {part.ranges, w.data(), m.data(), v.data()};
+      request.part.weights = w.data();
+      request.part.m = m.data();
+      request.part.v = v.data();
     }
-    if (part.written && !part.contiguous) {
-      w = compacted(request.part.weights, part);
-      m = compacted(request.part.m, part);
-      v = compacted(request.part.v, part);
-      request.part = {part.ranges, w.data(), m.data(), v.data()};
-    }
+    // Written from the places the ranges hold in the local arrays: no compacting copy.
+    for (const Placed& p : part.placed) request.part.at.push_back(p.local);
     const std::string dir = checkpoint::prepare_dir(root_, step, world_);
     const checkpoint::Committed done =
         checkpoint::commit(request, checkpoint::write_part(request, dir, world_.rank(), world_.world_size()), world_);
@@ -266,7 +257,7 @@ std::string Checkpointer::save(std::int64_t step, CheckpointSource& source) {
   float* next = static_cast<float*>(staging_.data());
   std::vector<std::pair<float*, Tensor>> copies;  // staging <- what it saves
   const std::int64_t n = part.size;
-  request.part = {part.ranges, nullptr, nullptr, nullptr};
+  request.part.ranges = part.ranges;
   if (stages_) {
     std::int64_t at = 0;
     for (const Placed& placed : part.placed) {
@@ -277,7 +268,9 @@ std::string Checkpointer::save(std::int64_t step, CheckpointSource& source) {
       copies.emplace_back(next + 2 * n + at, slice(optimizer.v()));
       at += length;
     }
-    request.part = {part.ranges, next, next + n, next + 2 * n};
+    request.part.weights = next;
+    request.part.m = next + n;
+    request.part.v = next + 2 * n;
   }
   // From a GPU the copies are made here (at pinned-memory speed); on the CPU by the writer thread.
   if (!on_cpu) {
