@@ -3,6 +3,8 @@
 // it; transfers to a rank that is not another member of the group are refused here.
 #include "dist/communicator.h"
 
+#include <cerrno>
+#include <cstdlib>
 #include <string>
 
 #include "core/error.h"
@@ -42,6 +44,18 @@ const char* Traffic::name(Kind kind) {
     case kinds: break;
   }
   return "?";
+}
+
+std::int64_t piece_limit(std::int64_t library_limit) {
+  const char* text = std::getenv("LLMTRAIN_COMM_MAX_ELEMENTS");
+  if (!text || !*text) return library_limit;
+  char* end = nullptr;
+  errno = 0;
+  const long long value = std::strtoll(text, &end, 10);
+  if (errno != 0 || *end != '\0' || value <= 0) {
+    throw InputError(std::string("LLMTRAIN_COMM_MAX_ELEMENTS = '") + text + "': not a positive integer");
+  }
+  return std::min<std::int64_t>(library_limit, value);
 }
 
 void Communicator::count(Traffic::Kind kind, double bytes) {

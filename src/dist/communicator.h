@@ -4,6 +4,7 @@
 // NCCL over device memory joins with the CUDA training path.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -178,6 +179,27 @@ class Communicator {
   std::string rank_noun_;
   std::function<std::string(int)> job_rank_place_;
 };
+
+/// The most elements one call of the library under a communicator carries: `library_limit` (MPI
+/// counts are ints: 2^31 - 1), or fewer when the environment variable LLMTRAIN_COMM_MAX_ELEMENTS
+/// holds a smaller positive number (tests force small pieces with it; every rank must see the
+/// same value). A collective or transfer of more elements is made as several calls of at most
+/// this many, each over the same part of every rank's block (a reduce-scatter's or all-gather's
+/// piece j is the same elements of each rank's shard), so that the result is that of one call.
+/// It stays one collective: counted once in traffic(), one wait, one timeout. InputError for a
+/// value that is not a positive integer.
+std::int64_t piece_limit(std::int64_t library_limit);
+
+/// Calls `piece(offset, length)` for consecutive pieces of at most `limit` elements covering
+/// [0, count), in order; once with (0, 0) when count is 0 (every rank still takes part).
+template <class Piece>
+void for_each_piece(std::int64_t count, std::int64_t limit, Piece piece) {
+  if (count <= 0) {
+    piece(std::int64_t(0), std::int64_t(0));
+    return;
+  }
+  for (std::int64_t offset = 0; offset < count; offset += limit) piece(offset, std::min(limit, count - offset));
+}
 
 /// World size 1: every collective is the identity.
 std::unique_ptr<Communicator> make_single_communicator();

@@ -56,6 +56,14 @@ ncclDataType_t element_type(DType dtype) {
   return ncclFloat;
 }
 
+// NCCL's counts are size_t, but pieces of at most 2^30 elements keep every count inside 32 bits
+// (fewer when LLMTRAIN_COMM_MAX_ELEMENTS says so).
+std::int64_t nccl_piece_limit() { return piece_limit(std::int64_t(1) << 30); }
+
+// A reduce-scatter or all-gather in pieces goes through a staging buffer of piece j of every
+// rank's block: at most this many elements in all (1 GiB of floats), whatever the piece limit.
+constexpr std::int64_t staging_elements = std::int64_t(1) << 28;
+
 class Done final : public Request {
  public:
   explicit Done(std::function<void()> finish) : finish_(std::move(finish)) {}
@@ -108,55 +116,110 @@ class NcclCommunicator final : public Communicator {
 
   void do_all_reduce_sum(float* data, std::int64_t count) override {
     after_compute();
-    enqueued(ncclAllReduce(data, data, std::size_t(count), ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce");
+    all_reduce(data, count, ncclFloat, ncclSum);
     finish("all_reduce");
   }
   void do_all_reduce_sum(double* data, std::int64_t count) override {
     after_compute();
-    enqueued(ncclAllReduce(data, data, std::size_t(count), ncclDouble, ncclSum, comm_, stream_), "ncclAllReduce");
+    all_reduce(data, count, ncclDouble, ncclSum);
     finish("all_reduce");
   }
   void do_all_reduce_max(std::int64_t* data, std::int64_t count) override {
     after_compute();
-    enqueued(ncclAllReduce(data, data, std::size_t(count), ncclInt64, ncclMax, comm_, stream_), "ncclAllReduce");
+    all_reduce(data, count, ncclInt64, ncclMax);
     finish("all_reduce (max)");
   }
   void do_all_reduce_max(float* data, std::int64_t count) override {
     after_compute();
-    enqueued(ncclAllReduce(data, data, std::size_t(count), ncclFloat, ncclMax, comm_, stream_), "ncclAllReduce");
+    all_reduce(data, count, ncclFloat, ncclMax);
     finish("all_reduce (max)");
   }
   std::unique_ptr<Request> do_start_all_reduce_sum(float* data, std::int64_t count) override {
     after_compute();
-    enqueued(ncclAllReduce(data, data, std::size_t(count), ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce");
+    all_reduce(data, count, ncclFloat, ncclSum);
     return std::make_unique<Done>([this] { finish("all_reduce (gradient bucket)"); });
   }
+  // In pieces: piece j of every rank's block is copied into a staging buffer (on the stream,
+  // reused piece after piece) and reduce-scattered from there, so each rank's piece j of its shard
+  // is the sum of the same elements as in one call.
   std::unique_ptr<Request> do_start_reduce_scatter_sum(const float* send, float* recv, std::int64_t shard) override {
     after_compute();
-    enqueued(ncclReduceScatter(send, recv, std::size_t(shard), ncclFloat, ncclSum, comm_, stream_), "ncclReduceScatter");
+    const std::int64_t limit = nccl_piece_limit();
+    if (shard <= limit) {
+      enqueued(ncclReduceScatter(send, recv, std::size_t(shard), ncclFloat, ncclSum, comm_, stream_),
+               "ncclReduceScatter");
+    } else {
+      const int world = world_size();
+      const std::int64_t piece = std::min(limit, std::max<std::int64_t>(1, staging_elements / world));
+      void* staging = nullptr;
+      check(cudaMallocAsync(&staging, std::size_t(world * piece) * sizeof(float), stream_), "cudaMallocAsync");
+      float* packed = static_cast<float*>(staging);
+      for_each_piece(shard, piece, [&](std::int64_t offset, std::int64_t length) {
+        for (int r = 0; r < world; ++r) {
+          check(cudaMemcpyAsync(packed + r * length, send + std::int64_t(r) * shard + offset,
+                                std::size_t(length) * sizeof(float), cudaMemcpyDeviceToDevice, stream_),
+                "cudaMemcpyAsync");
+        }
+        enqueued(ncclReduceScatter(packed, recv + offset, std::size_t(length), ncclFloat, ncclSum, comm_, stream_),
+                 "ncclReduceScatter");
+      });
+      check(cudaFreeAsync(staging, stream_), "cudaFreeAsync");
+    }
     return std::make_unique<Done>([this] { finish("reduce_scatter"); });
   }
-  // In place when send is this rank's part of recv (NCCL's rule for in-place all-gathers).
+  // In place when send is this rank's part of recv (NCCL's rule for in-place all-gathers). In
+  // pieces: piece j of every rank's shard is gathered into a staging buffer, then copied to each
+  // rank's block.
   std::unique_ptr<Request> do_start_all_gather(const void* send, void* recv, std::int64_t shard, DType dtype) override {
     after_compute();
-    enqueued(ncclAllGather(send, recv, std::size_t(shard), dtype == DType::f32 ? ncclFloat : ncclBfloat16, comm_, stream_),
-             "ncclAllGather");
+    const ncclDataType_t type = dtype == DType::f32 ? ncclFloat : ncclBfloat16;
+    const std::int64_t limit = nccl_piece_limit();
+    if (shard <= limit) {
+      enqueued(ncclAllGather(send, recv, std::size_t(shard), type, comm_, stream_), "ncclAllGather");
+    } else {
+      const int world = world_size();
+      const std::size_t size = dtype_size(dtype);
+      const std::int64_t piece = std::min(limit, std::max<std::int64_t>(1, staging_elements / world));
+      void* staging = nullptr;
+      check(cudaMallocAsync(&staging, std::size_t(world * piece) * size, stream_), "cudaMallocAsync");
+      char* gathered = static_cast<char*>(staging);
+      for_each_piece(shard, piece, [&](std::int64_t offset, std::int64_t length) {
+        const std::size_t bytes = std::size_t(length) * size;
+        enqueued(ncclAllGather(static_cast<const char*>(send) + std::size_t(offset) * size, gathered, std::size_t(length),
+                               type, comm_, stream_),
+                 "ncclAllGather");
+        for (int r = 0; r < world; ++r) {
+          check(cudaMemcpyAsync(static_cast<char*>(recv) + std::size_t(std::int64_t(r) * shard + offset) * size,
+                                gathered + std::size_t(r) * bytes, bytes, cudaMemcpyDeviceToDevice, stream_),
+                "cudaMemcpyAsync");
+        }
+      });
+      check(cudaFreeAsync(staging, stream_), "cudaFreeAsync");
+    }
     return std::make_unique<Done>([this] { finish("all_gather"); });
   }
   void do_broadcast(float* data, std::int64_t count, int root) override {
     after_compute();
-    enqueued(ncclBroadcast(data, data, std::size_t(count), ncclFloat, root, comm_, stream_), "ncclBroadcast");
+    for_each_piece(count, nccl_piece_limit(), [&](std::int64_t offset, std::int64_t length) {
+      enqueued(ncclBroadcast(data + offset, data + offset, std::size_t(length), ncclFloat, root, comm_, stream_),
+               "ncclBroadcast");
+    });
     finish("broadcast");
   }
   void do_barrier() override { host_.barrier(); }
 
+  // A transfer of more elements than a piece is a group of pieces, matched in order by the peer's.
   std::unique_ptr<Request> do_start_send(const void* data, std::int64_t count, DType dtype, int peer) override {
+    if (count > nccl_piece_limit()) {
+      return do_start_transfers({{PeerTransfer::send, const_cast<void*>(data), count, dtype, peer}});
+    }
     after_compute();
     enqueued(ncclSend(data, std::size_t(count), element_type(dtype), peer, comm_, stream_), "ncclSend");
     return std::make_unique<Transfer>(*this, "send of " + elements(count, dtype) + " to " + rank_phrase(peer),
                                       rank_phrase(peer) + " never received it (dead or hung)");
   }
   std::unique_ptr<Request> do_start_recv(void* data, std::int64_t count, DType dtype, int peer) override {
+    if (count > nccl_piece_limit()) return do_start_transfers({{PeerTransfer::recv, data, count, dtype, peer}});
     after_compute();
     enqueued(ncclRecv(data, std::size_t(count), element_type(dtype), peer, comm_, stream_), "ncclRecv");
     return std::make_unique<Transfer>(*this, "recv of " + elements(count, dtype) + " from " + rank_phrase(peer),
@@ -168,9 +231,16 @@ class NcclCommunicator final : public Communicator {
                                              int recv_from) override {
     after_compute();
     const ncclDataType_t type = element_type(dtype);
+    const std::size_t size = dtype_size(dtype);
     check(ncclGroupStart(), "ncclGroupStart");
-    const ncclResult_t sent = ncclSend(send, std::size_t(count), type, send_to, comm_, stream_);
-    const ncclResult_t received = ncclRecv(recv, std::size_t(count), type, recv_from, comm_, stream_);
+    ncclResult_t sent = ncclSuccess, received = ncclSuccess;
+    for_each_piece(count, nccl_piece_limit(), [&](std::int64_t offset, std::int64_t length) {
+      const std::size_t at = std::size_t(offset) * size;
+      if (sent == ncclSuccess) sent = ncclSend(static_cast<const char*>(send) + at, std::size_t(length), type, send_to, comm_, stream_);
+      if (received == ncclSuccess) {
+        received = ncclRecv(static_cast<char*>(recv) + at, std::size_t(length), type, recv_from, comm_, stream_);
+      }
+    });
     const ncclResult_t ended = ncclGroupEnd();
     check(sent, "ncclSend");
     check(received, "ncclRecv");
@@ -189,10 +259,16 @@ class NcclCommunicator final : public Communicator {
     std::string what;
     std::vector<int> peers;
     check(ncclGroupStart(), "ncclGroupStart");
+    const std::int64_t limit = nccl_piece_limit();
     for (const PeerTransfer& t : transfers) {
       const bool send = t.direction == PeerTransfer::send;
-      const ncclResult_t queued = send ? ncclSend(t.data, std::size_t(t.count), element_type(t.dtype), t.peer, comm_, stream_)
-                                       : ncclRecv(t.data, std::size_t(t.count), element_type(t.dtype), t.peer, comm_, stream_);
+      ncclResult_t queued = ncclSuccess;
+      for_each_piece(t.count, limit, [&](std::int64_t offset, std::int64_t length) {
+        char* at = static_cast<char*>(t.data) + std::size_t(offset) * dtype_size(t.dtype);
+        if (queued != ncclSuccess) return;
+        queued = send ? ncclSend(at, std::size_t(length), element_type(t.dtype), t.peer, comm_, stream_)
+                      : ncclRecv(at, std::size_t(length), element_type(t.dtype), t.peer, comm_, stream_);
+      });
       if (queued != ncclSuccess) {
         ncclGroupEnd();
         check(queued, send ? "ncclSend" : "ncclRecv");
@@ -224,6 +300,14 @@ class NcclCommunicator final : public Communicator {
     std::string operation_, suspect_;
     cudaEvent_t done_ = nullptr;
   };
+
+  // An in-place all-reduce of `count` elements, in pieces of at most the piece limit.
+  template <class T>
+  void all_reduce(T* data, std::int64_t count, ncclDataType_t type, ncclRedOp_t op) {
+    for_each_piece(count, nccl_piece_limit(), [&](std::int64_t offset, std::int64_t length) {
+      enqueued(ncclAllReduce(data + offset, data + offset, std::size_t(length), type, op, comm_, stream_), "ncclAllReduce");
+    });
+  }
 
   // Makes this communicator's stream wait for what the compute stream has been given so far.
   void after_compute() {

@@ -6,12 +6,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "internal.h"
+#include "llmtrain_emu/nccl_control.h"
 
 namespace {
 
@@ -39,6 +41,13 @@ struct llmtrain_emu_nccl_comm {
 };
 
 namespace {
+
+// Calls made, by name (llmtrain_emu::nccl_calls).
+std::map<std::string, std::int64_t>& call_counts() {
+  static std::map<std::string, std::int64_t> counts;
+  return counts;
+}
+void counted(const char* name) { call_counts()[name] += 1; }
 
 int polls_per_call() {
   const char* text = std::getenv("LLMTRAIN_EMU_NCCL_POLLS");
@@ -137,6 +146,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) { return ncclCommDestroy(comm); }
 
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t) {
+  counted("ncclAllReduce");
   const int n = comm ? comm->nranks : 1;
   return submit(comm, [=] {
     reduce_any(send, recv, count, 0, type, op, n);
@@ -146,6 +156,7 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
 
 ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recv_count, ncclDataType_t type, ncclRedOp_t op,
                                ncclComm_t comm, cudaStream_t) {
+  counted("ncclReduceScatter");
   if (!comm) return ncclInvalidArgument;
   const int n = comm->nranks, rank = comm->rank;
   return submit(comm, [=] {
@@ -156,6 +167,7 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recv_count, 
 
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t send_count, ncclDataType_t type, ncclComm_t comm,
                            cudaStream_t) {
+  counted("ncclAllGather");
   if (!comm) return ncclInvalidArgument;
   const int n = comm->nranks;
   return submit(comm, [=] {
@@ -168,6 +180,7 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t send_count, nccl
 
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int, ncclComm_t comm,
                            cudaStream_t) {
+  counted("ncclBroadcast");
   return submit(comm, [=] {
     std::memmove(recv, send, count * type_size(type));
     return ncclSuccess;
@@ -175,6 +188,7 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
 }
 
 ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t) {
+  counted("ncclSend");
   if (const ncclResult_t bad = check_transfer(comm, peer, send, count, type, "ncclSend")) return bad;
   return transfer(comm, true, [=] {
     const int offset = (peer - comm->rank + comm->nranks) % comm->nranks;
@@ -185,6 +199,7 @@ ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int p
 }
 
 ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t) {
+  counted("ncclRecv");
   if (const ncclResult_t bad = check_transfer(comm, peer, recv, count, type, "ncclRecv")) return bad;
   return transfer(comm, false, [=] {
     // Rank `peer` runs this program too: what it sends to this rank is what this process sends
@@ -240,4 +255,9 @@ ncclResult_t ncclGroupEnd() {
     if (status != ncclSuccess && (result == ncclSuccess || result == ncclInProgress)) result = status;
   }
   return result;
+}
+
+std::int64_t llmtrain_emu::nccl_calls(const char* name) {
+  const auto it = call_counts().find(name);
+  return it == call_counts().end() ? 0 : it->second;
 }

@@ -6,7 +6,10 @@
 // mirrored rank; it must be there when wait() returns, and a recv no send matches must fail.
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <vector>
@@ -14,6 +17,7 @@
 #include "catch_compat.h"
 #include "dist/communicator.h"
 #include "dist/nccl_communicator.h"
+#include "llmtrain_emu/nccl_control.h"
 
 using namespace llmtrain;
 
@@ -242,5 +246,121 @@ TEST_CASE("NCCL: start_transfers sends and receives in both directions in one gr
   for (void* p : {static_cast<void*>(act_out), static_cast<void*>(act_in), static_cast<void*>(grad_out),
                   static_cast<void*>(grad_in)}) {
     cudaFree(p);
+  }
+}
+
+namespace {
+
+// Element i of a buffer: distinct everywhere, so a piece in the wrong place shows.
+std::vector<float> ramp(std::size_t n, float base) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = base + 0.25f * float(i) - 0.001f * float(i * i % 17);
+  return v;
+}
+
+// Every collective and transfer of `nccl` (3 emulated ranks) on n elements (per shard), the
+// results' bytes in order.
+std::vector<std::vector<char>> every_call(dist::Communicator& nccl, std::size_t n) {
+  const int W = nccl.world_size();
+  std::vector<std::vector<char>> out;
+  const auto keep = [&](const void* device, std::size_t bytes) {
+    std::vector<char> host(bytes);
+    REQUIRE(cudaMemcpy(host.data(), device, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+    out.push_back(host);
+  };
+  const std::int64_t count = std::int64_t(n);
+  float* a = device_copy(ramp(n, 1.0f));
+  nccl.all_reduce_sum(a, count);
+  keep(a, n * 4);
+  nccl.start_all_reduce_sum(a, count)->wait();
+  keep(a, n * 4);
+  nccl.all_reduce_max(a, count);
+  keep(a, n * 4);
+  double* d = device_copy(std::vector<double>(n, 0.125));
+  nccl.all_reduce_sum(d, count);
+  keep(d, n * 8);
+  std::int64_t* k = device_copy(std::vector<std::int64_t>(n, -3));
+  nccl.all_reduce_max(k, count);
+  keep(k, n * 8);
+  float* whole = device_copy(ramp(n * std::size_t(W), -5.0f));
+  float* shard = device_copy(std::vector<float>(n, -99.0f));
+  nccl.start_reduce_scatter_sum(whole, shard, count)->wait();  // rank 0's shard: 3 x whole[0, n)
+  keep(shard, n * 4);
+  nccl.all_gather(shard, whole, count);
+  keep(whole, n * 4 * std::size_t(W));
+  std::vector<std::uint16_t> words(n * std::size_t(W), 0xffff);
+  for (std::size_t i = 0; i < n; ++i) words[i] = std::uint16_t(0x3f00 + i);
+  std::uint16_t* w = device_copy(words);
+  nccl.start_all_gather(w, w, count, DType::bf16)->wait();  // in place: rank 0's part first
+  keep(w, words.size() * 2);
+  float* b = device_copy(ramp(n, 9.0f));
+  nccl.broadcast(b, count, 2);
+  keep(b, n * 4);
+  float* got = device_copy(std::vector<float>(n, -99.0f));
+  nccl.start_exchange(a, got, count, DType::f32, 1, 2)->wait();
+  keep(got, n * 4);
+  auto sent = nccl.start_send(b, count, DType::f32, 1);
+  nccl.recv(got, count, DType::f32, 2);
+  sent->wait();
+  keep(got, n * 4);
+  float* g2 = device_copy(std::vector<float>(n, -99.0f));
+  nccl.start_transfers({{dist::PeerTransfer::send, a, count, DType::f32, 1},
+                        {dist::PeerTransfer::send, b, count, DType::f32, 2},
+                        {dist::PeerTransfer::recv, got, count, DType::f32, 2},
+                        {dist::PeerTransfer::recv, g2, count, DType::f32, 1}})
+      ->wait();
+  keep(got, n * 4);
+  keep(g2, n * 4);
+  for (void* p : {static_cast<void*>(a), static_cast<void*>(d), static_cast<void*>(k), static_cast<void*>(whole),
+                  static_cast<void*>(shard), static_cast<void*>(w), static_cast<void*>(b), static_cast<void*>(got),
+                  static_cast<void*>(g2)}) {
+    cudaFree(p);
+  }
+  return out;
+}
+
+}  // namespace
+
+// LLMTRAIN_COMM_MAX_ELEMENTS = 7 (and 1): every call of more elements is made in pieces (counted
+// here in the shim's calls), with the same bytes as the whole calls; each still counted once.
+TEST_CASE("NCCL: collectives and transfers in pieces give the whole calls' bytes", "[cuda][dist]") {
+  TwoRanksHost host(3);
+  const auto nccl = dist::make_nccl_communicator(host, 0, 30.0);
+  for (const std::size_t n : {std::size_t(1), std::size_t(7), std::size_t(8), std::size_t(20)}) {
+    CAPTURE(n);
+    const std::int64_t rs0 = llmtrain_emu::nccl_calls("ncclReduceScatter");
+    const dist::Traffic start = nccl->traffic();
+    const auto whole = every_call(*nccl, n);
+    const dist::Traffic once = nccl->traffic().since(start);
+    CHECK(llmtrain_emu::nccl_calls("ncclReduceScatter") - rs0 == 1);
+    const dist::Traffic before = nccl->traffic();
+    for (const char* limit : {"7", "1"}) {
+      CAPTURE(limit);
+      const std::size_t pieces = (n + std::size_t(std::atoi(limit)) - 1) / std::size_t(std::atoi(limit));
+      const std::int64_t all_reduce0 = llmtrain_emu::nccl_calls("ncclAllReduce"),
+                         reduce_scatter0 = llmtrain_emu::nccl_calls("ncclReduceScatter"),
+                         all_gather0 = llmtrain_emu::nccl_calls("ncclAllGather"),
+                         broadcast0 = llmtrain_emu::nccl_calls("ncclBroadcast"), send0 = llmtrain_emu::nccl_calls("ncclSend");
+      setenv("LLMTRAIN_COMM_MAX_ELEMENTS", limit, 1);
+      const auto split = every_call(*nccl, n);
+      unsetenv("LLMTRAIN_COMM_MAX_ELEMENTS");
+      REQUIRE(split.size() == whole.size());
+      for (std::size_t i = 0; i < whole.size(); ++i) {
+        CAPTURE(i);
+        CHECK(split[i] == whole[i]);
+      }
+      CHECK(llmtrain_emu::nccl_calls("ncclAllReduce") - all_reduce0 == std::int64_t(5 * pieces));
+      CHECK(llmtrain_emu::nccl_calls("ncclReduceScatter") - reduce_scatter0 == std::int64_t(pieces));
+      CHECK(llmtrain_emu::nccl_calls("ncclAllGather") - all_gather0 == std::int64_t(2 * pieces));
+      CHECK(llmtrain_emu::nccl_calls("ncclBroadcast") - broadcast0 == std::int64_t(pieces));
+      CHECK(llmtrain_emu::nccl_calls("ncclSend") - send0 == std::int64_t(4 * pieces));
+    }
+    // The split calls (twice: 7 and 1) counted as the whole ones were: once each, the same bytes.
+    const dist::Traffic t = nccl->traffic().since(before);
+    for (int kind = 0; kind < dist::Traffic::kinds; ++kind) {
+      CHECK(t.calls[kind] == 2 * once.calls[kind]);
+      CHECK(std::abs(t.bytes[kind] - 2 * once.bytes[kind]) <= 1e-9 * (1 + once.bytes[kind]));
+    }
+    CHECK(once.calls[dist::Traffic::all_reduce] == 5);
   }
 }
