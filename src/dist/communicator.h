@@ -39,10 +39,14 @@ struct PeerTransfer {
 /// full buffer S (n shards) (n-1)/n S, a broadcast (n-1)/n S. A barrier sends nothing. A send to
 /// another rank counts its bytes (count x element size) under `send`; a receive sends nothing and
 /// is counted, with 0 bytes, under `recv` (the bytes arrive in the sender's count).
+///
+/// `wait_s`: the time the host spent waiting for this communicator, in its blocking calls and in
+/// the wait() of its requests (communication that compute did not hide).
 struct Traffic {
   enum Kind { all_reduce, reduce_scatter, all_gather, broadcast, barrier, send, recv, kinds };
   std::int64_t calls[kinds] = {};
   double bytes[kinds] = {};
+  double wait_s = 0;
 
   double total_bytes() const;
   std::int64_t total_calls() const;
@@ -90,6 +94,20 @@ class Communicator {
   std::unique_ptr<Request> start_all_gather(const void* send, void* recv, std::int64_t shard, DType dtype);
   /// data (count) = root's data.
   void broadcast(float* data, std::int64_t count, int root);
+
+  /// Collectives ordered on the compute stream, for the model's activations (tensor parallelism):
+  /// over device memory (NCCL) each starts after the work the compute stream has been given so
+  /// far, the compute stream's later work sees its result, and the host does not wait for it (the
+  /// communicator watches them for errors and its timeout at its later calls, and in
+  /// wait_queued()). Elements: f32, or bf16 where sums_bf16() (bf16 additions: NCCL reduces bf16
+  /// natively); gathers move f32 or bf16. Over host memory they are done when the call returns.
+  void queue_all_reduce_sum(void* data, std::int64_t count, DType dtype);
+  void queue_reduce_scatter_sum(const void* send, void* recv, std::int64_t shard, DType dtype);
+  void queue_all_gather(const void* send, void* recv, std::int64_t shard, DType dtype);
+  /// Whether queue_all_reduce_sum and queue_reduce_scatter_sum take bf16 elements.
+  virtual bool sums_bf16() const { return false; }
+  /// Waits (on the host) for every queued collective; the timeout applies.
+  virtual void wait_queued() {}
   void barrier();
 
   /// Point-to-point transfers: `count` elements of `dtype` (any: the bytes are moved as they are)
@@ -157,6 +175,10 @@ class Communicator {
                                                        DType dtype) = 0;
   virtual void do_broadcast(float* data, std::int64_t count, int root) = 0;
   virtual void do_barrier() = 0;
+  /// Defaults: the started collective, waited for (f32 sums only).
+  virtual void do_queue_all_reduce_sum(void* data, std::int64_t count, DType dtype);
+  virtual void do_queue_reduce_scatter_sum(const void* send, void* recv, std::int64_t shard, DType dtype);
+  virtual void do_queue_all_gather(const void* send, void* recv, std::int64_t shard, DType dtype);
   // Point-to-point: `peer` has been checked (another rank of this group), count >= 0.
   virtual std::unique_ptr<Request> do_start_send(const void* data, std::int64_t count, DType dtype, int peer) = 0;
   virtual std::unique_ptr<Request> do_start_recv(void* data, std::int64_t count, DType dtype, int peer) = 0;
@@ -173,6 +195,9 @@ class Communicator {
 
  private:
   void count(Traffic::Kind kind, double bytes);
+  // A request whose wait() adds the time it took to traffic_.wait_s.
+  std::unique_ptr<Request> timed(std::unique_ptr<Request> request);
+  friend class TimedRequest;
   // RuntimeError unless `peer` is another rank of this group and count is not negative.
   void check_transfer(const char* operation, std::int64_t count, int peer) const;
   Traffic traffic_;

@@ -64,8 +64,25 @@ void reduce(const void* send, void* recv, size_t count, size_t offset, ncclRedOp
   for (size_t i = 0; i < count; ++i) static_cast<T*>(recv)[i] = op == ncclSum ? T(in[i] * T(nranks)) : in[i];
 }
 
+// bf16 words: the sum of n equal values, in float, rounded to the nearest bf16 (ties to even), as
+// NCCL's bf16 reductions round each step.
+void reduce_bf16(const void* send, void* recv, size_t count, size_t offset, ncclRedOp_t op, int nranks) {
+  std::vector<std::uint16_t> in(static_cast<const std::uint16_t*>(send) + offset,
+                                static_cast<const std::uint16_t*>(send) + offset + count);
+  for (size_t i = 0; i < count; ++i) {
+    std::uint32_t bits = std::uint32_t(in[i]) << 16;
+    float value = 0;
+    std::memcpy(&value, &bits, 4);
+    if (op == ncclSum) value *= float(nranks);
+    std::memcpy(&bits, &value, 4);
+    bits += 0x7fff + ((bits >> 16) & 1);
+    static_cast<std::uint16_t*>(recv)[i] = std::uint16_t(bits >> 16);
+  }
+}
+
 void reduce_any(const void* send, void* recv, size_t count, size_t offset, ncclDataType_t type, ncclRedOp_t op, int n) {
-  if (type == ncclFloat) reduce<float>(send, recv, count, offset, op, n);
+  if (type == ncclBfloat16) reduce_bf16(send, recv, count, offset, op, n);
+  else if (type == ncclFloat) reduce<float>(send, recv, count, offset, op, n);
   else if (type == ncclDouble) reduce<double>(send, recv, count, offset, op, n);
   else if (type == ncclInt32) reduce<std::int32_t>(send, recv, count, offset, op, n);
   else reduce<std::int64_t>(send, recv, count, offset, op, n);

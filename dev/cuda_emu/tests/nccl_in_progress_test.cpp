@@ -17,7 +17,9 @@
 #include "catch_compat.h"
 #include "dist/communicator.h"
 #include "dist/nccl_communicator.h"
+#include "device/stream.h"
 #include "llmtrain_emu/nccl_control.h"
+#include "llmtrain_emu/runtime_control.h"
 
 using namespace llmtrain;
 
@@ -362,5 +364,98 @@ TEST_CASE("NCCL: collectives and transfers in pieces give the whole calls' bytes
       CHECK(std::abs(t.bytes[kind] - 2 * once.bytes[kind]) <= 1e-9 * (1 + once.bytes[kind]));
     }
     CHECK(once.calls[dist::Traffic::all_reduce] == 5);
+  }
+}
+
+namespace {
+
+// Calls of the runtime with which the host waits for the device.
+std::int64_t host_syncs() {
+  return llmtrain_emu::runtime_calls("cudaDeviceSynchronize") + llmtrain_emu::runtime_calls("cudaStreamSynchronize") +
+         llmtrain_emu::runtime_calls("cudaEventSynchronize");
+}
+
+}  // namespace
+
+// ZeRO 3 starts a layer's gather, then the next layer's reduce-scatter, and waits for the gather:
+// its wait() queries its own event, recorded right after it on the communicator's stream, never
+// the whole stream (which would wait for the reduce-scatter queued behind it). The blocking calls
+// still wait for the stream.
+TEST_CASE("NCCL: a started collective's wait() waits for its own event, not the communicator's stream",
+          "[cuda][dist]") {
+  TwoRanksHost host;
+  const auto nccl = dist::make_nccl_communicator(host, 0, 30.0);
+  const std::vector<float> values = {1.0f, 2.0f, 3.0f, 4.0f};
+  float* part = device_copy(std::vector<float>{0.5f, -1.5f});
+  float* gathered = device_copy(std::vector<float>(4, -99.0f));
+  float* sums = device_copy(values);
+  float* summed = device_copy(std::vector<float>(2, -99.0f));
+  auto gather = nccl->start_all_gather(part, gathered, 2, DType::f32);
+  auto reduce = nccl->start_reduce_scatter_sum(sums, summed, 2);
+  const std::int64_t stream_queries = llmtrain_emu::runtime_calls("cudaStreamQuery");
+  const std::int64_t event_queries = llmtrain_emu::runtime_calls("cudaEventQuery");
+  const std::int64_t syncs = host_syncs();
+  gather->wait();
+  CHECK(llmtrain_emu::runtime_calls("cudaStreamQuery") == stream_queries);
+  CHECK(llmtrain_emu::runtime_calls("cudaEventQuery") > event_queries);
+  CHECK(host_copy(gathered, 4) == std::vector<float>{0.5f, -1.5f, 0.5f, -1.5f});
+  reduce->wait();
+  CHECK(llmtrain_emu::runtime_calls("cudaStreamQuery") == stream_queries);
+  CHECK(host_syncs() == syncs);
+  CHECK(host_copy(summed, 2) == std::vector<float>{2.0f, 4.0f});
+  // A bucket's all-reduce too; a blocking all-reduce waits for the stream.
+  auto bucket = nccl->start_all_reduce_sum(sums, 4);
+  bucket->wait();
+  CHECK(llmtrain_emu::runtime_calls("cudaStreamQuery") == stream_queries);
+  nccl->all_reduce_sum(sums, 4);
+  CHECK(llmtrain_emu::runtime_calls("cudaStreamQuery") > stream_queries);
+  CHECK(host_copy(sums, 4) == std::vector<float>{4.0f, 8.0f, 12.0f, 16.0f});
+  for (void* p : {static_cast<void*>(part), static_cast<void*>(gathered), static_cast<void*>(sums),
+                  static_cast<void*>(summed)}) {
+    cudaFree(p);
+  }
+}
+
+// Tensor parallelism's collectives: queued, each makes the compute stream wait for its event (two
+// stream-event waits: the communicator's stream after the compute stream's work, the compute
+// stream after the collective) and returns without the host waiting (no synchronize, no stream
+// query); bf16 is summed as bf16 (2-byte elements counted); wait_queued() waits on the host.
+TEST_CASE("NCCL: queued collectives are ordered on the compute stream without a host wait, bf16 summed in bf16",
+          "[cuda][dist]") {
+  TwoRanksHost host;
+  const auto nccl = dist::make_nccl_communicator(host, 0, 30.0);
+  REQUIRE(nccl->sums_bf16());
+  const std::vector<std::uint16_t> words = {0x3fc0, 0xc000, 0x4050, 0x3f81};  // 1.5, -2, 3.25, 1.0078125
+  std::uint16_t* activations = device_copy(words);
+  std::uint16_t* full = device_copy(std::vector<std::uint16_t>{0x3f80, 0x4000, 0x4040, 0x4080});  // 1 2 3 4
+  std::uint16_t* part = device_copy(std::vector<std::uint16_t>(2, 0xffff));
+  std::uint16_t* gathered = device_copy(std::vector<std::uint16_t>(4, 0xffff));
+  float* f32 = device_copy(std::vector<float>{0.25f, 8.0f});
+  const std::int64_t syncs = host_syncs(), stream_queries = llmtrain_emu::runtime_calls("cudaStreamQuery");
+  const std::int64_t waits = llmtrain_emu::runtime_calls("cudaStreamWaitEvent");
+  const dist::Traffic before = nccl->traffic();
+  nccl->queue_all_reduce_sum(activations, 4, DType::bf16);
+  nccl->queue_reduce_scatter_sum(full, part, 2, DType::bf16);
+  nccl->queue_all_gather(part, gathered, 2, DType::bf16);
+  nccl->queue_all_reduce_sum(f32, 2, DType::f32);
+  CHECK(host_syncs() == syncs);
+  CHECK(llmtrain_emu::runtime_calls("cudaStreamQuery") == stream_queries);
+  CHECK(llmtrain_emu::runtime_calls("cudaStreamWaitEvent") - waits == 2 * 4);
+  const std::int64_t event_queries = llmtrain_emu::runtime_calls("cudaEventQuery");
+  nccl->wait_queued();
+  CHECK(llmtrain_emu::runtime_calls("cudaEventQuery") > event_queries);
+  // Twice each value, in bf16: 3, -4, 6.5, 2.015625.
+  CHECK(host_copy(activations, 4) == std::vector<std::uint16_t>{0x4040, 0xc080, 0x40d0, 0x4001});
+  CHECK(host_copy(part, 2) == std::vector<std::uint16_t>{0x4000, 0x4080});  // rank 0's shard, twice 1 2
+  CHECK(host_copy(gathered, 4) == std::vector<std::uint16_t>{0x4000, 0x4080, 0x4000, 0x4080});
+  CHECK(host_copy(f32, 2) == std::vector<float>{0.5f, 16.0f});
+  const dist::Traffic t = nccl->traffic().since(before);
+  CHECK(t.calls[dist::Traffic::all_reduce] == 2);
+  CHECK(t.bytes[dist::Traffic::all_reduce] == 2 * 0.5 * (4 * 2 + 2 * 4));  // ring: 2 (n-1)/n of 8 + 8 bytes
+  CHECK(t.bytes[dist::Traffic::reduce_scatter] == 0.5 * 2 * 2 * 2);
+  CHECK(t.bytes[dist::Traffic::all_gather] == 0.5 * 2 * 2 * 2);
+  for (void* p : {static_cast<void*>(activations), static_cast<void*>(full), static_cast<void*>(part),
+                  static_cast<void*>(gathered), static_cast<void*>(f32)}) {
+    cudaFree(p);
   }
 }
