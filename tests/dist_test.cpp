@@ -268,6 +268,19 @@ TEST_CASE("collectives in pieces give losses identical bit for bit: ZeRO 3 and t
         FAIL("mpirun exit " << status << ": " << std::string(std::istreambuf_iterator<char>(log), {}));
       }
       got[forced] = logged(run_dir);
+      // Each update's host wait for the data- and tensor-parallel groups: some, and no more than
+      // the time since the start (elapsed_s).
+      std::ifstream metrics(run_dir + "/metrics.jsonl");
+      int updates = 0;
+      for (std::string line; std::getline(metrics, line);) {
+        const auto m = nlohmann::json::parse(line);
+        if (!m.contains("loss")) continue;
+        ++updates;
+        REQUIRE(m.contains("comm_wait_s"));
+        CHECK(m["comm_wait_s"].get<double>() > 0.0);
+        CHECK(m["comm_wait_s"].get<double>() <= m["elapsed_s"].get<double>());
+      }
+      CHECK(updates == 6);
     }
     REQUIRE(got[0].size() == 6 * 4 + 2);  // 6 updates' loss, norm and both collectives; 2 validations
     CHECK(got[1] == got[0]);
