@@ -214,3 +214,83 @@ TEST_CASE("Llama (GQA, untied head) in pipelines of 2 and 4 stages, 1F1B and int
                               "n_head": 4, "n_kv_head": 2, "d_model": 32, "ffn_hidden": 40})",
                           pipeline_parallel, 32, 0.003, 10);
 }
+
+namespace {
+
+// The "loss", "grad_norm" and "val_loss" values of a run's metrics.jsonl as written, and each
+// update's "collectives" and "tensor_collectives" (calls and bytes per kind), as text: compared
+// bit for bit.
+std::vector<std::string> logged(const std::string& run) {
+  std::vector<std::string> out;
+  std::ifstream in(run + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    for (const std::string key : {"\"loss\":", "\"val_loss\":", "\"grad_norm\":"}) {
+      const auto at = line.find(key);
+      if (at != std::string::npos) out.push_back(key + line.substr(at + key.size(), line.find_first_of(",}", at) - at - key.size()));
+    }
+    const auto m = nlohmann::json::parse(line);
+    for (const std::string key : {"collectives", "tensor_collectives"}) {
+      if (m.contains(key)) out.push_back(m[key].dump());
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+// Every collective and transfer in pieces of at most 100 elements (LLMTRAIN_COMM_MAX_ELEMENTS:
+// what a count beyond 2^31 elements takes, made small enough for these models' layers, buckets
+// and activations) against the same runs in whole calls: the same losses and validation losses
+// bit for bit, and the same collectives counted (one each, bytes once).
+TEST_CASE("collectives in pieces give losses identical bit for bit: ZeRO 3 and tensor parallelism at world sizes 2 and 4",
+          "[dist][mpi][pieces]") {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 3000; ++i) text += std::to_string(i * 7919 % 1000) + " ";
+  const std::string corpus = dir.write("corpus.txt", text);
+  REQUIRE(run_llmtrain({"tokenize", "--input", corpus, "--output", dir.path() + "/shards"}).exit_code == 0);
+  const std::string config = dir.write("c.json", R"({
+    "model": {"vocab_size": 251, "context_length": 16, "n_layer": 2, "n_head": 4, "d_model": 32},
+    "data": {"train": ")" + dir.path() + R"(/shards/train_*.bin", "val": ")" + dir.path() + R"(/shards/val_*.bin"},
+    "train": {"micro_batch_size": 2, "global_batch_size": 8, "max_steps": 6, "eval_every": 3, "eval_batches": 2},
+    "optim": {"lr": 0.003, "warmup_steps": 2},
+    "dist": {"bucket_mb": 0.01},
+    "checkpoint": {"every": 0}})");
+  const std::vector<Layout> layouts = {{2, 1, 3}, {4, 1, 3}, {2, 2, 0}, {4, 2, 3}, {4, 2, 3, true}, {4, 4, 0}};
+  for (const auto [ranks, tensor, zero, sequence_parallel, pipeline, virtual_stages] : layouts) {
+    CAPTURE(ranks, tensor, zero, sequence_parallel);
+    const std::string args = "train --config " + config + " --set dist.zero_stage=" + std::to_string(zero) +
+                             " --set dist.tensor_parallel=" + std::to_string(tensor) +
+                             " --set dist.sequence_parallel=" + (sequence_parallel ? "true" : "false");
+    const std::string run = dir.path() + "/w" + std::to_string(ranks) + "t" + std::to_string(tensor) + "z" +
+                            std::to_string(zero) + (sequence_parallel ? "sp" : "");
+    std::vector<std::string> got[2];
+    for (const int forced : {0, 1}) {
+      const std::string run_dir = run + (forced ? "-pieces" : "-whole");
+      setenv("LLMTRAIN_COMM_MAX_ELEMENTS", "100", 1);
+      if (!forced) unsetenv("LLMTRAIN_COMM_MAX_ELEMENTS");
+      const int status = mpirun(ranks, args + " --run-dir " + run_dir, run_dir + ".log");
+      unsetenv("LLMTRAIN_COMM_MAX_ELEMENTS");
+      if (status != 0) {
+        std::ifstream log(run_dir + ".log");
+        FAIL("mpirun exit " << status << ": " << std::string(std::istreambuf_iterator<char>(log), {}));
+      }
+      got[forced] = logged(run_dir);
+      // Each update's host wait for the data- and tensor-parallel groups: some, and no more than
+      // the time since the start (elapsed_s).
+      std::ifstream metrics(run_dir + "/metrics.jsonl");
+      int updates = 0;
+      for (std::string line; std::getline(metrics, line);) {
+        const auto m = nlohmann::json::parse(line);
+        if (!m.contains("loss")) continue;
+        ++updates;
+        REQUIRE(m.contains("comm_wait_s"));
+        CHECK(m["comm_wait_s"].get<double>() > 0.0);
+        CHECK(m["comm_wait_s"].get<double>() <= m["elapsed_s"].get<double>());
+      }
+      CHECK(updates == 6);
+    }
+    REQUIRE(got[0].size() == 6 * 4 + 2);  // 6 updates' loss, norm and both collectives; 2 validations
+    CHECK(got[1] == got[0]);
+  }
+}

@@ -8,7 +8,8 @@
 #  3. Communication: the collectives of one update (their count and the bytes this rank sends, as
 #     metrics.jsonl reports them) are those the algorithm needs, computed here by hand from the
 #     model's shapes: per micro-step and layer one all-gather in forward, one in backward (none
-#     when the layers stay gathered) and one reduce-scatter; ring volumes (n-1)/n S and 2 (n-1)/n S.
+#     when the layers stay gathered; none in forward for the first layer after the first
+#     micro-step: it stays gathered) and one reduce-scatter; ring volumes (n-1)/n S and 2 (n-1)/n S.
 #  4. Memory: the weights, gradients and optimizer state a rank holds (state_bytes) fall with the
 #     data-parallel size and stay within what `llmtrain plan` says for ZeRO 3.
 # Usage: zero3_test.sh LLMTRAIN MPIEXEC
@@ -107,8 +108,10 @@ ceil = lambda n: -(-n // W)
 expect = {}
 if zero == 3:
     gathers_per_layer = 2 if reshard else 1
-    expect["all-gather"] = (micro * L * gathers_per_layer + len(roots),
-                            share * W * 4 * (micro * L * gathers_per_layer * ceil(layer) + sum(ceil(r) for r in roots)))
+    # The first layer stays gathered from one micro-step's backward to the next one's forward.
+    layer_gathers = micro * L * gathers_per_layer - (micro - 1)
+    expect["all-gather"] = (layer_gathers + len(roots),
+                            share * W * 4 * (layer_gathers * ceil(layer) + sum(ceil(r) for r in roots)))
     expect["reduce-scatter"] = (micro * (L + len(roots)), micro * share * W * 4 * (L * ceil(layer) + sum(ceil(r) for r in roots)))
     expect["all-reduce"] = (1, 2 * share * 16)  # the loss and the squared norm, two doubles
 elif zero == 0:

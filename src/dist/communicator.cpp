@@ -3,6 +3,9 @@
 // it; transfers to a rank that is not another member of the group are refused here.
 #include "dist/communicator.h"
 
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
 #include <string>
 
 #include "core/error.h"
@@ -27,6 +30,7 @@ Traffic Traffic::since(const Traffic& earlier) const {
     out.calls[k] = calls[k] - earlier.calls[k];
     out.bytes[k] = bytes[k] - earlier.bytes[k];
   }
+  out.wait_s = wait_s - earlier.wait_s;
   return out;
 }
 
@@ -44,6 +48,18 @@ const char* Traffic::name(Kind kind) {
   return "?";
 }
 
+std::int64_t piece_limit(std::int64_t library_limit) {
+  const char* text = std::getenv("LLMTRAIN_COMM_MAX_ELEMENTS");
+  if (!text || !*text) return library_limit;
+  char* end = nullptr;
+  errno = 0;
+  const long long value = std::strtoll(text, &end, 10);
+  if (errno != 0 || *end != '\0' || value <= 0) {
+    throw InputError(std::string("LLMTRAIN_COMM_MAX_ELEMENTS = '") + text + "': not a positive integer");
+  }
+  return std::min<std::int64_t>(library_limit, value);
+}
+
 void Communicator::count(Traffic::Kind kind, double bytes) {
   traffic_.calls[kind] += 1;
   traffic_.bytes[kind] += bytes;
@@ -54,31 +70,67 @@ namespace {
 // The share of a buffer that one rank sends in a ring over n ranks: (n-1)/n.
 double ring_share(int n) { return n > 1 ? double(n - 1) / n : 0.0; }
 
+using Clock = std::chrono::steady_clock;
+
+// Adds the seconds since it was made to `into` when it goes out of scope.
+class WaitClock {
+ public:
+  explicit WaitClock(double& into) : into_(into), start_(Clock::now()) {}
+  ~WaitClock() { into_ += std::chrono::duration<double>(Clock::now() - start_).count(); }
+  WaitClock(const WaitClock&) = delete;
+  WaitClock& operator=(const WaitClock&) = delete;
+
+ private:
+  double& into_;
+  Clock::time_point start_;
+};
+
 }  // namespace
+
+class TimedRequest final : public Request {
+ public:
+  TimedRequest(Communicator& owner, std::unique_ptr<Request> request) : owner_(owner), request_(std::move(request)) {}
+  void wait() override {
+    WaitClock clock(owner_.traffic_.wait_s);
+    request_->wait();
+  }
+
+ private:
+  Communicator& owner_;
+  std::unique_ptr<Request> request_;
+};
+
+std::unique_ptr<Request> Communicator::timed(std::unique_ptr<Request> request) {
+  return std::make_unique<TimedRequest>(*this, std::move(request));
+}
 
 void Communicator::all_reduce_sum(float* data, std::int64_t count) {
   this->count(Traffic::all_reduce, 2 * ring_share(world_size()) * double(count) * sizeof(float));
+  WaitClock clock(traffic_.wait_s);
   do_all_reduce_sum(data, count);
 }
 
 void Communicator::all_reduce_sum(double* data, std::int64_t count) {
   this->count(Traffic::all_reduce, 2 * ring_share(world_size()) * double(count) * sizeof(double));
+  WaitClock clock(traffic_.wait_s);
   do_all_reduce_sum(data, count);
 }
 
 void Communicator::all_reduce_max(std::int64_t* data, std::int64_t count) {
   this->count(Traffic::all_reduce, 2 * ring_share(world_size()) * double(count) * sizeof(std::int64_t));
+  WaitClock clock(traffic_.wait_s);
   do_all_reduce_max(data, count);
 }
 
 void Communicator::all_reduce_max(float* data, std::int64_t count) {
   this->count(Traffic::all_reduce, 2 * ring_share(world_size()) * double(count) * sizeof(float));
+  WaitClock clock(traffic_.wait_s);
   do_all_reduce_max(data, count);
 }
 
 std::unique_ptr<Request> Communicator::start_all_reduce_sum(float* data, std::int64_t count) {
   this->count(Traffic::all_reduce, 2 * ring_share(world_size()) * double(count) * sizeof(float));
-  return do_start_all_reduce_sum(data, count);
+  return timed(do_start_all_reduce_sum(data, count));
 }
 
 void Communicator::reduce_scatter_sum(const float* send, float* recv, std::int64_t shard) {
@@ -87,7 +139,7 @@ void Communicator::reduce_scatter_sum(const float* send, float* recv, std::int64
 
 std::unique_ptr<Request> Communicator::start_reduce_scatter_sum(const float* send, float* recv, std::int64_t shard) {
   count(Traffic::reduce_scatter, ring_share(world_size()) * double(world_size()) * double(shard) * sizeof(float));
-  return do_start_reduce_scatter_sum(send, recv, shard);
+  return timed(do_start_reduce_scatter_sum(send, recv, shard));
 }
 
 void Communicator::all_gather(const float* send, float* recv, std::int64_t shard) {
@@ -102,17 +154,64 @@ std::unique_ptr<Request> Communicator::start_all_gather(const void* send, void* 
   if (dtype != DType::f32 && dtype != DType::bf16) throw RuntimeError("all_gather: f32 or bf16 elements only");
   count(Traffic::all_gather,
         ring_share(world_size()) * double(world_size()) * double(shard) * double(dtype_size(dtype)));
-  return do_start_all_gather(send, recv, shard, dtype);
+  return timed(do_start_all_gather(send, recv, shard, dtype));
 }
 
 void Communicator::broadcast(float* data, std::int64_t count, int root) {
   this->count(Traffic::broadcast, ring_share(world_size()) * double(count) * sizeof(float));
+  WaitClock clock(traffic_.wait_s);
   do_broadcast(data, count, root);
 }
 
 void Communicator::barrier() {
   count(Traffic::barrier, 0.0);
+  WaitClock clock(traffic_.wait_s);
   do_barrier();
+}
+
+namespace {
+
+void check_queued(const char* operation, DType dtype, bool sum, bool sums_bf16) {
+  if (dtype == DType::f32 || (dtype == DType::bf16 && (!sum || sums_bf16))) return;
+  throw RuntimeError(std::string(operation) + ": " + dtype_name(dtype) + " elements are not supported here");
+}
+
+}  // namespace
+
+void Communicator::queue_all_reduce_sum(void* data, std::int64_t count, DType dtype) {
+  check_queued("queue_all_reduce_sum", dtype, true, sums_bf16());
+  this->count(Traffic::all_reduce, 2 * ring_share(world_size()) * double(count) * double(dtype_size(dtype)));
+  WaitClock clock(traffic_.wait_s);
+  do_queue_all_reduce_sum(data, count, dtype);
+}
+
+void Communicator::queue_reduce_scatter_sum(const void* send, void* recv, std::int64_t shard, DType dtype) {
+  check_queued("queue_reduce_scatter_sum", dtype, true, sums_bf16());
+  count(Traffic::reduce_scatter,
+        ring_share(world_size()) * double(world_size()) * double(shard) * double(dtype_size(dtype)));
+  WaitClock clock(traffic_.wait_s);
+  do_queue_reduce_scatter_sum(send, recv, shard, dtype);
+}
+
+void Communicator::queue_all_gather(const void* send, void* recv, std::int64_t shard, DType dtype) {
+  check_queued("queue_all_gather", dtype, false, sums_bf16());
+  count(Traffic::all_gather, ring_share(world_size()) * double(world_size()) * double(shard) * double(dtype_size(dtype)));
+  WaitClock clock(traffic_.wait_s);
+  do_queue_all_gather(send, recv, shard, dtype);
+}
+
+void Communicator::do_queue_all_reduce_sum(void* data, std::int64_t count, DType dtype) {
+  if (dtype != DType::f32) throw RuntimeError("queue_all_reduce_sum: f32 elements only here");
+  do_all_reduce_sum(static_cast<float*>(data), count);
+}
+
+void Communicator::do_queue_reduce_scatter_sum(const void* send, void* recv, std::int64_t shard, DType dtype) {
+  if (dtype != DType::f32) throw RuntimeError("queue_reduce_scatter_sum: f32 elements only here");
+  do_start_reduce_scatter_sum(static_cast<const float*>(send), static_cast<float*>(recv), shard)->wait();
+}
+
+void Communicator::do_queue_all_gather(const void* send, void* recv, std::int64_t shard, DType dtype) {
+  do_start_all_gather(send, recv, shard, dtype)->wait();
 }
 
 std::string Communicator::rank_phrase(int rank) const {
@@ -137,13 +236,13 @@ void Communicator::check_transfer(const char* operation, std::int64_t count, int
 std::unique_ptr<Request> Communicator::start_send(const void* data, std::int64_t count, DType dtype, int peer) {
   check_transfer("send", count, peer);
   this->count(Traffic::send, double(count) * double(dtype_size(dtype)));
-  return do_start_send(data, count, dtype, peer);
+  return timed(do_start_send(data, count, dtype, peer));
 }
 
 std::unique_ptr<Request> Communicator::start_recv(void* data, std::int64_t count, DType dtype, int peer) {
   check_transfer("recv", count, peer);
   this->count(Traffic::recv, 0.0);
-  return do_start_recv(data, count, dtype, peer);
+  return timed(do_start_recv(data, count, dtype, peer));
 }
 
 void Communicator::send(const void* data, std::int64_t count, DType dtype, int peer) {
@@ -160,7 +259,7 @@ std::unique_ptr<Request> Communicator::start_exchange(const void* send, void* re
   check_transfer("exchange (recv)", count, recv_from);
   this->count(Traffic::send, double(count) * double(dtype_size(dtype)));
   this->count(Traffic::recv, 0.0);
-  return do_start_exchange(send, recv, count, dtype, send_to, recv_from);
+  return timed(do_start_exchange(send, recv, count, dtype, send_to, recv_from));
 }
 
 std::unique_ptr<Request> Communicator::start_transfers(const std::vector<PeerTransfer>& transfers) {
@@ -171,7 +270,7 @@ std::unique_ptr<Request> Communicator::start_transfers(const std::vector<PeerTra
     const bool send = t.direction == PeerTransfer::send;
     this->count(send ? Traffic::send : Traffic::recv, send ? double(t.count) * double(dtype_size(t.dtype)) : 0.0);
   }
-  return do_start_transfers(transfers);
+  return timed(do_start_transfers(transfers));
 }
 
 namespace {

@@ -4,6 +4,7 @@
 // NCCL over device memory joins with the CUDA training path.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -38,10 +39,14 @@ struct PeerTransfer {
 /// full buffer S (n shards) (n-1)/n S, a broadcast (n-1)/n S. A barrier sends nothing. A send to
 /// another rank counts its bytes (count x element size) under `send`; a receive sends nothing and
 /// is counted, with 0 bytes, under `recv` (the bytes arrive in the sender's count).
+///
+/// `wait_s`: the time the host spent waiting for this communicator, in its blocking calls and in
+/// the wait() of its requests (communication that compute did not hide).
 struct Traffic {
   enum Kind { all_reduce, reduce_scatter, all_gather, broadcast, barrier, send, recv, kinds };
   std::int64_t calls[kinds] = {};
   double bytes[kinds] = {};
+  double wait_s = 0;
 
   double total_bytes() const;
   std::int64_t total_calls() const;
@@ -89,6 +94,20 @@ class Communicator {
   std::unique_ptr<Request> start_all_gather(const void* send, void* recv, std::int64_t shard, DType dtype);
   /// data (count) = root's data.
   void broadcast(float* data, std::int64_t count, int root);
+
+  /// Collectives ordered on the compute stream, for the model's activations (tensor parallelism):
+  /// over device memory (NCCL) each starts after the work the compute stream has been given so
+  /// far, the compute stream's later work sees its result, and the host does not wait for it (the
+  /// communicator watches them for errors and its timeout at its later calls, and in
+  /// wait_queued()). Elements: f32, or bf16 where sums_bf16() (bf16 additions: NCCL reduces bf16
+  /// natively); gathers move f32 or bf16. Over host memory they are done when the call returns.
+  void queue_all_reduce_sum(void* data, std::int64_t count, DType dtype);
+  void queue_reduce_scatter_sum(const void* send, void* recv, std::int64_t shard, DType dtype);
+  void queue_all_gather(const void* send, void* recv, std::int64_t shard, DType dtype);
+  /// Whether queue_all_reduce_sum and queue_reduce_scatter_sum take bf16 elements.
+  virtual bool sums_bf16() const { return false; }
+  /// Waits (on the host) for every queued collective; the timeout applies.
+  virtual void wait_queued() {}
   void barrier();
 
   /// Point-to-point transfers: `count` elements of `dtype` (any: the bytes are moved as they are)
@@ -156,6 +175,10 @@ class Communicator {
                                                        DType dtype) = 0;
   virtual void do_broadcast(float* data, std::int64_t count, int root) = 0;
   virtual void do_barrier() = 0;
+  /// Defaults: the started collective, waited for (f32 sums only).
+  virtual void do_queue_all_reduce_sum(void* data, std::int64_t count, DType dtype);
+  virtual void do_queue_reduce_scatter_sum(const void* send, void* recv, std::int64_t shard, DType dtype);
+  virtual void do_queue_all_gather(const void* send, void* recv, std::int64_t shard, DType dtype);
   // Point-to-point: `peer` has been checked (another rank of this group), count >= 0.
   virtual std::unique_ptr<Request> do_start_send(const void* data, std::int64_t count, DType dtype, int peer) = 0;
   virtual std::unique_ptr<Request> do_start_recv(void* data, std::int64_t count, DType dtype, int peer) = 0;
@@ -172,12 +195,36 @@ class Communicator {
 
  private:
   void count(Traffic::Kind kind, double bytes);
+  // A request whose wait() adds the time it took to traffic_.wait_s.
+  std::unique_ptr<Request> timed(std::unique_ptr<Request> request);
+  friend class TimedRequest;
   // RuntimeError unless `peer` is another rank of this group and count is not negative.
   void check_transfer(const char* operation, std::int64_t count, int peer) const;
   Traffic traffic_;
   std::string rank_noun_;
   std::function<std::string(int)> job_rank_place_;
 };
+
+/// The most elements one call of the library under a communicator carries: `library_limit` (MPI
+/// counts are ints: 2^31 - 1), or fewer when the environment variable LLMTRAIN_COMM_MAX_ELEMENTS
+/// holds a smaller positive number (tests force small pieces with it; every rank must see the
+/// same value). A collective or transfer of more elements is made as several calls of at most
+/// this many, each over the same part of every rank's block (a reduce-scatter's or all-gather's
+/// piece j is the same elements of each rank's shard), so that the result is that of one call.
+/// It stays one collective: counted once in traffic(), one wait, one timeout. InputError for a
+/// value that is not a positive integer.
+std::int64_t piece_limit(std::int64_t library_limit);
+
+/// Calls `piece(offset, length)` for consecutive pieces of at most `limit` elements covering
+/// [0, count), in order; once with (0, 0) when count is 0 (every rank still takes part).
+template <class Piece>
+void for_each_piece(std::int64_t count, std::int64_t limit, Piece piece) {
+  if (count <= 0) {
+    piece(std::int64_t(0), std::int64_t(0));
+    return;
+  }
+  for (std::int64_t offset = 0; offset < count; offset += limit) piece(offset, std::min(limit, count - offset));
+}
 
 /// World size 1: every collective is the identity.
 std::unique_ptr<Communicator> make_single_communicator();

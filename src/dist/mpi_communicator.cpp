@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <vector>
 #include <cstdio>
 #include <cstdlib>
@@ -41,10 +42,13 @@ void check(int status, const char* call) {
   }
 }
 
-int as_count(std::int64_t count) {
-  if (count > std::numeric_limits<int>::max()) throw RuntimeError("MPI: a call of more than 2^31 elements");
-  return static_cast<int>(count);
-}
+// MPI counts are ints: a call of more elements is made in pieces of at most this many (fewer
+// when LLMTRAIN_COMM_MAX_ELEMENTS says so).
+std::int64_t mpi_piece_limit() { return piece_limit(std::numeric_limits<int>::max()); }
+
+// A reduce-scatter in pieces packs piece j of every rank's block into one staging buffer: at most
+// this many elements in all (1 GiB of floats), whatever the piece limit.
+constexpr std::int64_t staging_elements = std::int64_t(1) << 28;
 
 // Transfers move elements as they are: 16-bit ones (bf16, u16) as words.
 MPI_Datatype element_type(DType dtype) {
@@ -61,6 +65,33 @@ MPI_Datatype element_type(DType dtype) {
 struct TransferPart {
   MPI_Request mpi = MPI_REQUEST_NULL;
   std::string blame;  // "rank 2 never received it"
+};
+
+// One collective made of one MPI call or several (pieces, when a count exceeds the piece limit):
+// the calls in flight, and those still to start, each once every call before it has finished
+// (pieces that share a staging buffer). Datatypes made for the pieces are freed when all are done.
+struct Pieces {
+  std::vector<MPI_Request> active;
+  std::vector<std::function<void(Pieces&)>> later;
+  std::size_t next = 0;
+  std::vector<MPI_Datatype> types;
+  std::vector<float> staging;
+
+  MPI_Request& add() { return active.emplace_back(MPI_REQUEST_NULL); }
+  // Whether every piece has finished; starts the next deferred one when those in flight have.
+  bool test() {
+    int done = 0;
+    check(MPI_Testall(int(active.size()), active.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
+    if (!done) return false;
+    active.clear();
+    if (next < later.size()) {
+      later[next++](*this);
+      return false;
+    }
+    for (MPI_Datatype& type : types) MPI_Type_free(&type);
+    types.clear();
+    return true;
+  }
 };
 
 class MpiCommunicator final : public Communicator {
@@ -106,64 +137,96 @@ class MpiCommunicator final : public Communicator {
   std::string name() const override { return "mpi"; }
 
   void do_all_reduce_sum(float* data, std::int64_t count) override {
-    MPI_Request r;
-    check(MPI_Iallreduce(MPI_IN_PLACE, data, as_count(count), MPI_FLOAT, MPI_SUM, comm_, &r), "MPI_Iallreduce");
-    wait(r, "all_reduce");
+    start_all_reduce(data, count, MPI_FLOAT, MPI_SUM, "all_reduce")->wait();
   }
   void do_all_reduce_sum(double* data, std::int64_t count) override {
-    MPI_Request r;
-    check(MPI_Iallreduce(MPI_IN_PLACE, data, as_count(count), MPI_DOUBLE, MPI_SUM, comm_, &r), "MPI_Iallreduce");
-    wait(r, "all_reduce");
+    start_all_reduce(data, count, MPI_DOUBLE, MPI_SUM, "all_reduce")->wait();
   }
   void do_all_reduce_max(std::int64_t* data, std::int64_t count) override {
-    MPI_Request r;
-    check(MPI_Iallreduce(MPI_IN_PLACE, data, as_count(count), MPI_INT64_T, MPI_MAX, comm_, &r),
-          "MPI_Iallreduce");
-    wait(r, "all_reduce (max)");
+    start_all_reduce(data, count, MPI_INT64_T, MPI_MAX, "all_reduce (max)")->wait();
   }
 
   void do_all_reduce_max(float* data, std::int64_t count) override {
-    MPI_Request r;
-    check(MPI_Iallreduce(MPI_IN_PLACE, data, as_count(count), MPI_FLOAT, MPI_MAX, comm_, &r), "MPI_Iallreduce");
-    wait(r, "all_reduce (max)");
+    start_all_reduce(data, count, MPI_FLOAT, MPI_MAX, "all_reduce (max)")->wait();
   }
 
   std::unique_ptr<Request> do_start_all_reduce_sum(float* data, std::int64_t count) override {
-    auto request = std::make_unique<Pending>(*this, "all_reduce (gradient bucket)");
-    check(MPI_Iallreduce(MPI_IN_PLACE, data, as_count(count), MPI_FLOAT, MPI_SUM, comm_, &request->mpi),
-          "MPI_Iallreduce");
-    return request;
+    return start_all_reduce(data, count, MPI_FLOAT, MPI_SUM, "all_reduce (gradient bucket)");
   }
 
+  // In pieces, piece j of every rank's block is packed into a staging buffer and reduce-scattered
+  // from there, one piece after another (each reuses the buffer): MPI's reduce-scatter takes the
+  // blocks contiguous, and the same call on fewer elements sums them in the same order.
   std::unique_ptr<Request> do_start_reduce_scatter_sum(const float* send, float* recv, std::int64_t shard) override {
     auto request = std::make_unique<Pending>(*this, "reduce_scatter");
-    check(MPI_Ireduce_scatter_block(send, recv, as_count(shard), MPI_FLOAT, MPI_SUM, comm_, &request->mpi),
-          "MPI_Ireduce_scatter_block");
+    const std::int64_t limit = mpi_piece_limit();
+    if (shard <= limit) {
+      check(MPI_Ireduce_scatter_block(send, recv, int(shard), MPI_FLOAT, MPI_SUM, comm_, &request->pieces.add()),
+            "MPI_Ireduce_scatter_block");
+      return request;
+    }
+    const std::int64_t piece = std::min(limit, std::max<std::int64_t>(1, staging_elements / world_));
+    const int world = world_;
+    const MPI_Comm comm = comm_;
+    for_each_piece(shard, piece, [&](std::int64_t offset, std::int64_t length) {
+      request->pieces.later.push_back([=](Pieces& pieces) {
+        pieces.staging.resize(std::size_t(world * length));
+        for (int r = 0; r < world; ++r) {
+          std::copy_n(send + std::int64_t(r) * shard + offset, length, pieces.staging.data() + r * length);
+        }
+        check(MPI_Ireduce_scatter_block(pieces.staging.data(), recv + offset, int(length), MPI_FLOAT, MPI_SUM, comm,
+                                        &pieces.add()),
+              "MPI_Ireduce_scatter_block");
+      });
+    });
+    request->pieces.test();  // starts the first piece
     return request;
   }
 
+  // In pieces, piece j gathers the same elements of every rank's shard: received through a type
+  // of `length` elements whose extent is a whole shard, so that each lands in its rank's block.
   std::unique_ptr<Request> do_start_all_gather(const void* send, void* recv, std::int64_t shard, DType dtype) override {
     auto request = std::make_unique<Pending>(*this, "all_gather");
     // bf16 travels as 16-bit words: a gather only moves them.
     const MPI_Datatype type = dtype == DType::f32 ? MPI_FLOAT : MPI_UINT16_T;
+    const std::size_t size = dtype_size(dtype);
     // This rank's part already in place in recv is MPI_IN_PLACE (MPI forbids overlapping buffers).
-    const char* mine = static_cast<const char*>(recv) + std::size_t(rank_ * shard) * dtype_size(dtype);
-    const void* source = send == mine ? MPI_IN_PLACE : send;
-    check(MPI_Iallgather(source, as_count(shard), type, recv, as_count(shard), type, comm_, &request->mpi),
-          "MPI_Iallgather");
+    const char* mine = static_cast<const char*>(recv) + std::size_t(rank_ * shard) * size;
+    const bool in_place = send == mine;
+    const std::int64_t limit = mpi_piece_limit();
+    if (shard <= limit) {
+      check(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, int(shard), type, recv, int(shard), type, comm_,
+                           &request->pieces.add()),
+            "MPI_Iallgather");
+      return request;
+    }
+    for_each_piece(shard, limit, [&](std::int64_t offset, std::int64_t length) {
+      MPI_Datatype block, strided;
+      check(MPI_Type_contiguous(int(length), type, &block), "MPI_Type_contiguous");
+      check(MPI_Type_create_resized(block, 0, MPI_Aint(shard) * MPI_Aint(size), &strided), "MPI_Type_create_resized");
+      MPI_Type_free(&block);
+      check(MPI_Type_commit(&strided), "MPI_Type_commit");
+      request->pieces.types.push_back(strided);
+      const void* source = in_place ? MPI_IN_PLACE : static_cast<const char*>(send) + std::size_t(offset) * size;
+      check(MPI_Iallgather(source, int(length), type, static_cast<char*>(recv) + std::size_t(offset) * size, 1, strided,
+                           comm_, &request->pieces.add()),
+            "MPI_Iallgather");
+    });
     return request;
   }
 
   void do_broadcast(float* data, std::int64_t count, int root) override {
-    MPI_Request r;
-    check(MPI_Ibcast(data, as_count(count), MPI_FLOAT, root, comm_, &r), "MPI_Ibcast");
-    wait(r, "broadcast");
+    Pending request(*this, "broadcast");
+    for_each_piece(count, mpi_piece_limit(), [&](std::int64_t offset, std::int64_t length) {
+      check(MPI_Ibcast(data + offset, int(length), MPI_FLOAT, root, comm_, &request.pieces.add()), "MPI_Ibcast");
+    });
+    request.wait();
   }
 
   void do_barrier() override {
-    MPI_Request r;
-    check(MPI_Ibarrier(comm_, &r), "MPI_Ibarrier");
-    wait(r, "barrier");
+    Pending request(*this, "barrier");
+    check(MPI_Ibarrier(comm_, &request.pieces.add()), "MPI_Ibarrier");
+    request.wait();
   }
 
   std::unique_ptr<Request> do_start_send(const void* data, std::int64_t count, DType dtype, int peer) override {
@@ -206,25 +269,24 @@ class MpiCommunicator final : public Communicator {
         [&] {
           std::string who;
           for (const TransferPart& part : parts) {
-            if (part.mpi != MPI_REQUEST_NULL) who += (who.empty() ? "" : "; ") + part.blame;
+            // The pieces of one transfer share their blame: named once.
+            if (part.mpi != MPI_REQUEST_NULL && who.find(part.blame) == std::string::npos) {
+              who += (who.empty() ? "" : "; ") + part.blame;
+            }
           }
           stop_job(operation, who + " (dead or hung)", {});
         });
   }
 
-  // Polls until done; past the timeout, stops every rank (MPI_Abort) with a message. On the side,
-  // every other rank tells rank 0 when it enters a collective and, while it waits in one, once a
-  // second that it is alive; so rank 0 can name the ranks that never arrived or stopped answering.
-  void wait(MPI_Request& request, const char* operation) {
+  // Polls until every piece is done; past the timeout, stops every rank (MPI_Abort) with a
+  // message. A collective is one number in the count (seq_), however many pieces it takes. On the
+  // side, every other rank tells rank 0 when it enters a collective and, while it waits in one,
+  // once a second that it is alive; so rank 0 can name the ranks that never arrived or stopped
+  // answering.
+  void wait(Pieces& pieces, const char* operation) {
     ++seq_;
     send_heartbeat();
-    poll(
-        [&] {
-          int done = 0;
-          check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
-          return done != 0;
-        },
-        [&] { abort_job(operation); });
+    poll([&] { return pieces.test(); }, [&] { abort_job(operation); });
   }
 
  private:
@@ -395,16 +457,35 @@ class MpiCommunicator final : public Communicator {
     for (int r = 0; r < world_; ++r) job_hosts.emplace_back(&all[std::size_t(r) * MPI_MAX_PROCESSOR_NAME]);
   }
 
+  // A transfer of more elements than a count holds is several messages, matched in order (one tag).
   void start_send_part(std::vector<TransferPart>& parts, const void* data, std::int64_t count, DType dtype, int peer) {
-    parts.push_back({MPI_REQUEST_NULL, rank_phrase(peer) + " never received it"});
-    check(MPI_Isend(data, as_count(count), element_type(dtype), peer, transfer_tag, comm_, &parts.back().mpi),
-          "MPI_Isend");
+    for_each_piece(count, mpi_piece_limit(), [&](std::int64_t offset, std::int64_t length) {
+      parts.push_back({MPI_REQUEST_NULL, rank_phrase(peer) + " never received it"});
+      check(MPI_Isend(static_cast<const char*>(data) + std::size_t(offset) * dtype_size(dtype), int(length),
+                      element_type(dtype), peer, transfer_tag, comm_, &parts.back().mpi),
+            "MPI_Isend");
+    });
   }
 
   void start_recv_part(std::vector<TransferPart>& parts, void* data, std::int64_t count, DType dtype, int peer) {
-    parts.push_back({MPI_REQUEST_NULL, rank_phrase(peer) + " never sent it"});
-    check(MPI_Irecv(data, as_count(count), element_type(dtype), peer, transfer_tag, comm_, &parts.back().mpi),
-          "MPI_Irecv");
+    for_each_piece(count, mpi_piece_limit(), [&](std::int64_t offset, std::int64_t length) {
+      parts.push_back({MPI_REQUEST_NULL, rank_phrase(peer) + " never sent it"});
+      check(MPI_Irecv(static_cast<char*>(data) + std::size_t(offset) * dtype_size(dtype), int(length),
+                      element_type(dtype), peer, transfer_tag, comm_, &parts.back().mpi),
+            "MPI_Irecv");
+    });
+  }
+
+  // A collective of `count` elements in place, in pieces of at most the piece limit, all started.
+  template <class T>
+  std::unique_ptr<Request> start_all_reduce(T* data, std::int64_t count, MPI_Datatype type, MPI_Op op,
+                                            const char* operation) {
+    auto request = std::make_unique<Pending>(*this, operation);
+    for_each_piece(count, mpi_piece_limit(), [&](std::int64_t offset, std::int64_t length) {
+      check(MPI_Iallreduce(MPI_IN_PLACE, data + offset, int(length), type, op, comm_, &request->pieces.add()),
+            "MPI_Iallreduce");
+    });
+    return request;
   }
 
   // Rank 0's record of the others (the side channel of heartbeats), made on first use.
@@ -465,10 +546,10 @@ class MpiCommunicator final : public Communicator {
 
   struct Pending final : Request {
     Pending(MpiCommunicator& c, const char* what) : comm(c), operation(what) {}
-    void wait() override { comm.wait(mpi, operation); }
+    void wait() override { comm.wait(pieces, operation); }
     MpiCommunicator& comm;
     const char* operation;
-    MPI_Request mpi = MPI_REQUEST_NULL;
+    Pieces pieces;
   };
 
   // A started transfer: one part (send or recv) or two (exchange).

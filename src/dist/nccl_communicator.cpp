@@ -6,10 +6,14 @@
 // stream: each call is then polled (ncclCommGetAsyncError) until it has left that state, before
 // the stream is queried, else the stream would look idle and the caller read unreduced data.
 // Ordering: each collective's stream first waits (an event) for the work enqueued so far on the
-// ops' compute stream, which wrote its input; the host then waits for the collective (finish),
-// so whatever the compute stream does next sees its result. Transfers (ncclSend, ncclRecv) are
-// ordered the same way; a started one records an event after itself on the communicator's stream
-// and its wait() waits for that event only, not for what was started after it. An exchange's
+// ops' compute stream, which wrote its input; the host then waits for a blocking collective
+// (finish), so whatever the compute stream does next sees its result. A started collective or
+// transfer records an event after itself on the communicator's stream, and its wait() waits for
+// that event only, not for what was started after it (ZeRO 3's gathers and reduce-scatters
+// overlap: waiting for one layer's gather does not wait for the next layer's reduce-scatter). A
+// queued collective (tensor parallelism) makes the compute stream wait for its event and
+// returns: the host waits only in wait_queued() or when too many are still in flight, and each
+// later call checks the oldest for errors and the timeout. An exchange's
 // send and receive are one NCCL group, so that both are under way together (NCCL runs the
 // operations of a communicator one after the other, each until its peer has taken part).
 #include <cuda_runtime_api.h>
@@ -19,6 +23,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <string>
 #include <thread>
@@ -56,14 +61,13 @@ ncclDataType_t element_type(DType dtype) {
   return ncclFloat;
 }
 
-class Done final : public Request {
- public:
-  explicit Done(std::function<void()> finish) : finish_(std::move(finish)) {}
-  void wait() override { finish_(); }
+// NCCL's counts are size_t, but pieces of at most 2^30 elements keep every count inside 32 bits
+// (fewer when LLMTRAIN_COMM_MAX_ELEMENTS says so).
+std::int64_t nccl_piece_limit() { return piece_limit(std::int64_t(1) << 30); }
 
- private:
-  std::function<void()> finish_;
-};
+// A reduce-scatter or all-gather in pieces goes through a staging buffer of piece j of every
+// rank's block: at most this many elements in all (1 GiB of floats), whatever the piece limit.
+constexpr std::int64_t staging_elements = std::int64_t(1) << 28;
 
 class NcclCommunicator final : public Communicator {
  public:
@@ -90,6 +94,9 @@ class NcclCommunicator final : public Communicator {
     poll_comm("ncclCommInitRank");
   }
   ~NcclCommunicator() override {
+    for (const Queued& q : queued_) cudaEventSynchronize(q.event);
+    for (const Queued& q : queued_) cudaEventDestroy(q.event);
+    for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
     if (comm_) ncclCommDestroy(comm_);
     if (compute_done_) cudaEventDestroy(compute_done_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -108,55 +115,85 @@ class NcclCommunicator final : public Communicator {
 
   void do_all_reduce_sum(float* data, std::int64_t count) override {
     after_compute();
-    enqueued(ncclAllReduce(data, data, std::size_t(count), ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce");
+    all_reduce(data, count, ncclFloat, ncclSum);
     finish("all_reduce");
   }
   void do_all_reduce_sum(double* data, std::int64_t count) override {
     after_compute();
-    enqueued(ncclAllReduce(data, data, std::size_t(count), ncclDouble, ncclSum, comm_, stream_), "ncclAllReduce");
+    all_reduce(data, count, ncclDouble, ncclSum);
     finish("all_reduce");
   }
   void do_all_reduce_max(std::int64_t* data, std::int64_t count) override {
     after_compute();
-    enqueued(ncclAllReduce(data, data, std::size_t(count), ncclInt64, ncclMax, comm_, stream_), "ncclAllReduce");
+    all_reduce(data, count, ncclInt64, ncclMax);
     finish("all_reduce (max)");
   }
   void do_all_reduce_max(float* data, std::int64_t count) override {
     after_compute();
-    enqueued(ncclAllReduce(data, data, std::size_t(count), ncclFloat, ncclMax, comm_, stream_), "ncclAllReduce");
+    all_reduce(data, count, ncclFloat, ncclMax);
     finish("all_reduce (max)");
   }
   std::unique_ptr<Request> do_start_all_reduce_sum(float* data, std::int64_t count) override {
     after_compute();
-    enqueued(ncclAllReduce(data, data, std::size_t(count), ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce");
-    return std::make_unique<Done>([this] { finish("all_reduce (gradient bucket)"); });
+    all_reduce(data, count, ncclFloat, ncclSum);
+    return std::make_unique<Transfer>(*this, "all_reduce (gradient bucket)", "another rank died or hangs");
   }
   std::unique_ptr<Request> do_start_reduce_scatter_sum(const float* send, float* recv, std::int64_t shard) override {
     after_compute();
-    enqueued(ncclReduceScatter(send, recv, std::size_t(shard), ncclFloat, ncclSum, comm_, stream_), "ncclReduceScatter");
-    return std::make_unique<Done>([this] { finish("reduce_scatter"); });
+    reduce_scatter(send, recv, shard, DType::f32);
+    return std::make_unique<Transfer>(*this, "reduce_scatter", "another rank died or hangs");
   }
-  // In place when send is this rank's part of recv (NCCL's rule for in-place all-gathers).
   std::unique_ptr<Request> do_start_all_gather(const void* send, void* recv, std::int64_t shard, DType dtype) override {
     after_compute();
-    enqueued(ncclAllGather(send, recv, std::size_t(shard), dtype == DType::f32 ? ncclFloat : ncclBfloat16, comm_, stream_),
-             "ncclAllGather");
-    return std::make_unique<Done>([this] { finish("all_gather"); });
+    all_gather(send, recv, shard, dtype);
+    return std::make_unique<Transfer>(*this, "all_gather", "another rank died or hangs");
   }
   void do_broadcast(float* data, std::int64_t count, int root) override {
     after_compute();
-    enqueued(ncclBroadcast(data, data, std::size_t(count), ncclFloat, root, comm_, stream_), "ncclBroadcast");
+    for_each_piece(count, nccl_piece_limit(), [&](std::int64_t offset, std::int64_t length) {
+      enqueued(ncclBroadcast(data + offset, data + offset, std::size_t(length), ncclFloat, root, comm_, stream_),
+               "ncclBroadcast");
+    });
     finish("broadcast");
   }
   void do_barrier() override { host_.barrier(); }
 
+  bool sums_bf16() const override { return true; }
+  void do_queue_all_reduce_sum(void* data, std::int64_t count, DType dtype) override {
+    after_compute();
+    if (dtype == DType::f32) {
+      all_reduce(static_cast<float*>(data), count, ncclFloat, ncclSum);
+    } else {
+      all_reduce(static_cast<std::uint16_t*>(data), count, ncclBfloat16, ncclSum);
+    }
+    queued("all_reduce (tensor group)");
+  }
+  void do_queue_reduce_scatter_sum(const void* send, void* recv, std::int64_t shard, DType dtype) override {
+    after_compute();
+    reduce_scatter(send, recv, shard, dtype);
+    queued("reduce_scatter (tensor group)");
+  }
+  void do_queue_all_gather(const void* send, void* recv, std::int64_t shard, DType dtype) override {
+    after_compute();
+    all_gather(send, recv, shard, dtype);
+    queued("all_gather (tensor group)");
+  }
+  void wait_queued() override {
+    while (!queued_.empty()) retire_oldest(true);
+  }
+
+  // A transfer of more elements than a piece is a group of pieces, matched in order by the peer's.
   std::unique_ptr<Request> do_start_send(const void* data, std::int64_t count, DType dtype, int peer) override {
+    if (count > nccl_piece_limit()) {
+      return do_start_transfers({{PeerTransfer::send, const_cast<void*>(data), count, dtype, peer}});
+    }
     after_compute();
     enqueued(ncclSend(data, std::size_t(count), element_type(dtype), peer, comm_, stream_), "ncclSend");
     return std::make_unique<Transfer>(*this, "send of " + elements(count, dtype) + " to " + rank_phrase(peer),
                                       rank_phrase(peer) + " never received it (dead or hung)");
   }
   std::unique_ptr<Request> do_start_recv(void* data, std::int64_t count, DType dtype, int peer) override {
+    if (count > nccl_piece_limit()) return do_start_transfers({{PeerTransfer::recv, data, count, dtype, peer}});
     after_compute();
     enqueued(ncclRecv(data, std::size_t(count), element_type(dtype), peer, comm_, stream_), "ncclRecv");
     return std::make_unique<Transfer>(*this, "recv of " + elements(count, dtype) + " from " + rank_phrase(peer),
@@ -168,9 +205,16 @@ class NcclCommunicator final : public Communicator {
                                              int recv_from) override {
     after_compute();
     const ncclDataType_t type = element_type(dtype);
+    const std::size_t size = dtype_size(dtype);
     check(ncclGroupStart(), "ncclGroupStart");
-    const ncclResult_t sent = ncclSend(send, std::size_t(count), type, send_to, comm_, stream_);
-    const ncclResult_t received = ncclRecv(recv, std::size_t(count), type, recv_from, comm_, stream_);
+    ncclResult_t sent = ncclSuccess, received = ncclSuccess;
+    for_each_piece(count, nccl_piece_limit(), [&](std::int64_t offset, std::int64_t length) {
+      const std::size_t at = std::size_t(offset) * size;
+      if (sent == ncclSuccess) sent = ncclSend(static_cast<const char*>(send) + at, std::size_t(length), type, send_to, comm_, stream_);
+      if (received == ncclSuccess) {
+        received = ncclRecv(static_cast<char*>(recv) + at, std::size_t(length), type, recv_from, comm_, stream_);
+      }
+    });
     const ncclResult_t ended = ncclGroupEnd();
     check(sent, "ncclSend");
     check(received, "ncclRecv");
@@ -189,10 +233,16 @@ class NcclCommunicator final : public Communicator {
     std::string what;
     std::vector<int> peers;
     check(ncclGroupStart(), "ncclGroupStart");
+    const std::int64_t limit = nccl_piece_limit();
     for (const PeerTransfer& t : transfers) {
       const bool send = t.direction == PeerTransfer::send;
-      const ncclResult_t queued = send ? ncclSend(t.data, std::size_t(t.count), element_type(t.dtype), t.peer, comm_, stream_)
-                                       : ncclRecv(t.data, std::size_t(t.count), element_type(t.dtype), t.peer, comm_, stream_);
+      ncclResult_t queued = ncclSuccess;
+      for_each_piece(t.count, limit, [&](std::int64_t offset, std::int64_t length) {
+        char* at = static_cast<char*>(t.data) + std::size_t(offset) * dtype_size(t.dtype);
+        if (queued != ncclSuccess) return;
+        queued = send ? ncclSend(at, std::size_t(length), element_type(t.dtype), t.peer, comm_, stream_)
+                      : ncclRecv(at, std::size_t(length), element_type(t.dtype), t.peer, comm_, stream_);
+      });
       if (queued != ncclSuccess) {
         ncclGroupEnd();
         check(queued, send ? "ncclSend" : "ncclRecv");
@@ -208,7 +258,8 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
-  // A started transfer: done when the stream has passed the event recorded right after it.
+  // A started collective or transfer: done when the stream has passed the event recorded right
+  // after it (not what was started after it).
   class Transfer final : public Request {
    public:
     Transfer(NcclCommunicator& owner, std::string operation, std::string suspect)
@@ -225,8 +276,113 @@ class NcclCommunicator final : public Communicator {
     cudaEvent_t done_ = nullptr;
   };
 
-  // Makes this communicator's stream wait for what the compute stream has been given so far.
+  // Enqueues a reduce-scatter of f32 or bf16 elements. In pieces: piece j of every rank's block is
+  // copied into a staging buffer (on the stream, reused piece after piece) and reduce-scattered
+  // from there, so each rank's piece j of its shard is the sum of the same elements as in one call.
+  void reduce_scatter(const void* send, void* recv, std::int64_t shard, DType dtype) {
+    const ncclDataType_t type = dtype == DType::f32 ? ncclFloat : ncclBfloat16;
+    const std::int64_t limit = nccl_piece_limit();
+    if (shard <= limit) {
+      enqueued(ncclReduceScatter(send, recv, std::size_t(shard), type, ncclSum, comm_, stream_), "ncclReduceScatter");
+      return;
+    }
+    const int world = world_size();
+    const std::size_t size = dtype_size(dtype);
+    const std::int64_t piece = std::min(limit, std::max<std::int64_t>(1, staging_elements / world));
+    void* staging = nullptr;
+    check(cudaMallocAsync(&staging, std::size_t(world * piece) * size, stream_), "cudaMallocAsync");
+    char* packed = static_cast<char*>(staging);
+    for_each_piece(shard, piece, [&](std::int64_t offset, std::int64_t length) {
+      const std::size_t bytes = std::size_t(length) * size;
+      for (int r = 0; r < world; ++r) {
+        check(cudaMemcpyAsync(packed + std::size_t(r) * bytes,
+                              static_cast<const char*>(send) + std::size_t(std::int64_t(r) * shard + offset) * size, bytes,
+                              cudaMemcpyDeviceToDevice, stream_),
+              "cudaMemcpyAsync");
+      }
+      enqueued(ncclReduceScatter(packed, static_cast<char*>(recv) + std::size_t(offset) * size, std::size_t(length), type,
+                                 ncclSum, comm_, stream_),
+               "ncclReduceScatter");
+    });
+    check(cudaFreeAsync(staging, stream_), "cudaFreeAsync");
+  }
+
+  // Enqueues an all-gather, in place when send is this rank's part of recv (NCCL's rule for
+  // in-place all-gathers). In pieces: piece j of every rank's shard is gathered into a staging
+  // buffer, then copied to each rank's block.
+  void all_gather(const void* send, void* recv, std::int64_t shard, DType dtype) {
+    const ncclDataType_t type = dtype == DType::f32 ? ncclFloat : ncclBfloat16;
+    const std::int64_t limit = nccl_piece_limit();
+    if (shard <= limit) {
+      enqueued(ncclAllGather(send, recv, std::size_t(shard), type, comm_, stream_), "ncclAllGather");
+      return;
+    }
+    const int world = world_size();
+    const std::size_t size = dtype_size(dtype);
+    const std::int64_t piece = std::min(limit, std::max<std::int64_t>(1, staging_elements / world));
+    void* staging = nullptr;
+    check(cudaMallocAsync(&staging, std::size_t(world * piece) * size, stream_), "cudaMallocAsync");
+    char* gathered = static_cast<char*>(staging);
+    for_each_piece(shard, piece, [&](std::int64_t offset, std::int64_t length) {
+      const std::size_t bytes = std::size_t(length) * size;
+      enqueued(ncclAllGather(static_cast<const char*>(send) + std::size_t(offset) * size, gathered, std::size_t(length),
+                             type, comm_, stream_),
+               "ncclAllGather");
+      for (int r = 0; r < world; ++r) {
+        check(cudaMemcpyAsync(static_cast<char*>(recv) + std::size_t(std::int64_t(r) * shard + offset) * size,
+                              gathered + std::size_t(r) * bytes, bytes, cudaMemcpyDeviceToDevice, stream_),
+              "cudaMemcpyAsync");
+      }
+    });
+    check(cudaFreeAsync(staging, stream_), "cudaFreeAsync");
+  }
+
+  // The collective just enqueued is ordered before the compute stream's later work, which waits
+  // for an event recorded after it; the host goes on. The oldest queued ones are retired: those
+  // done without waiting, and with more than max_queued in flight the oldest waited for (bounded
+  // run-ahead); one older than the timeout aborts.
+  void queued(const char* operation) {
+    Queued q{nullptr, std::chrono::steady_clock::now(), operation};
+    if (!spare_events_.empty()) {
+      q.event = spare_events_.back();
+      spare_events_.pop_back();
+    } else {
+      check(cudaEventCreateWithFlags(&q.event, cudaEventDisableTiming), "cudaEventCreate");
+    }
+    check(cudaEventRecord(q.event, stream_), "cudaEventRecord");
+    check(cudaStreamWaitEvent(device::compute_stream(), q.event, 0), "cudaStreamWaitEvent");
+    queued_.push_back(q);
+    while (queued_.size() > max_queued) retire_oldest(true);
+  }
+
+  // Takes the oldest queued collective off the list once it is done: waiting for it (`wait`,
+  // with the timeout counted from when it was queued) or only when it already is.
+  bool retire_oldest(bool wait) {
+    const Queued q = queued_.front();
+    if (wait) {
+      finish(q.operation, q.event, "another rank died or hangs", q.at);
+    } else if (cudaEventQuery(q.event) != cudaSuccess) {
+      return false;
+    }
+    queued_.pop_front();
+    spare_events_.push_back(q.event);
+    return true;
+  }
+
+  // An in-place all-reduce of `count` elements, in pieces of at most the piece limit.
+  template <class T>
+  void all_reduce(T* data, std::int64_t count, ncclDataType_t type, ncclRedOp_t op) {
+    for_each_piece(count, nccl_piece_limit(), [&](std::int64_t offset, std::int64_t length) {
+      enqueued(ncclAllReduce(data + offset, data + offset, std::size_t(length), type, op, comm_, stream_), "ncclAllReduce");
+    });
+  }
+
+  // Makes this communicator's stream wait for what the compute stream has been given so far, and
+  // retires the queued collectives already done (an old one still in flight: the timeout).
   void after_compute() {
+    while (!queued_.empty() && retire_oldest(false)) {
+    }
+    if (!queued_.empty()) timeout_if_late(queued_.front().at, queued_.front().operation);
     check(cudaEventRecord(compute_done_, device::compute_stream()), "cudaEventRecord");
     check(cudaStreamWaitEvent(stream_, compute_done_, 0), "cudaStreamWaitEvent");
   }
@@ -258,8 +414,8 @@ class NcclCommunicator final : public Communicator {
 
   // Waits for the stream (or, given `until`, for the stream to pass that event), watching for
   // asynchronous NCCL errors and the timeout (which blames `suspect`).
-  void finish(const char* operation, cudaEvent_t until = nullptr, const char* suspect = "another rank died or hangs") {
-    const auto start = std::chrono::steady_clock::now();
+  void finish(const char* operation, cudaEvent_t until = nullptr, const char* suspect = "another rank died or hangs",
+              std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now()) {
     while (true) {
       const cudaError_t done = until ? cudaEventQuery(until) : cudaStreamQuery(stream_);
       if (done == cudaSuccess) return;
@@ -294,6 +450,15 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t compute_done_ = nullptr;
+  // Queued collectives not yet retired, oldest first, and events for reuse.
+  struct Queued {
+    cudaEvent_t event;
+    std::chrono::steady_clock::time_point at;
+    const char* operation;
+  };
+  static constexpr std::size_t max_queued = 64;
+  std::deque<Queued> queued_;
+  std::vector<cudaEvent_t> spare_events_;
 };
 
 }  // namespace

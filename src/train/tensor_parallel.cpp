@@ -15,14 +15,16 @@ Tensor CommTensorGroup::widened(const Tensor& t, std::int64_t room) {
   return wide;
 }
 
+// Every collective is queued (dist::Communicator::queue_*): over NCCL it is ordered on the compute
+// stream, in the activations' dtype, and the host goes on.
 void CommTensorGroup::all_reduce_sum(const Tensor& t) {
   if (comm_.world_size() == 1) return;
-  if (t.dtype == DType::f32) {
-    comm_.all_reduce_sum(t.as<float>(), t.numel());
+  if (t.dtype == DType::f32 || (t.dtype == DType::bf16 && comm_.sums_bf16())) {
+    comm_.queue_all_reduce_sum(t.data, t.numel(), t.dtype);
     return;
   }
   const Tensor wide = widened(t);
-  comm_.all_reduce_sum(wide.as<float>(), t.numel());
+  comm_.queue_all_reduce_sum(wide.data, t.numel(), DType::f32);
   ops::convert(Tensor(t.data, t.dtype, t.device, {t.numel()}), wide);
 }
 
@@ -30,21 +32,21 @@ void CommTensorGroup::all_gather(const Tensor& part, const Tensor& full) {
   if (full.numel() != part.numel() * comm_.world_size() || full.dtype != part.dtype) {
     throw RuntimeError("tensor group: all_gather of mismatched parts");
   }
-  comm_.all_gather(part.data, full.data, part.numel(), part.dtype);
+  comm_.queue_all_gather(part.data, full.data, part.numel(), part.dtype);
 }
 
 void CommTensorGroup::reduce_scatter(const Tensor& full, const Tensor& part) {
   if (full.numel() != part.numel() * comm_.world_size() || full.dtype != part.dtype) {
     throw RuntimeError("tensor group: reduce_scatter of mismatched parts");
   }
-  if (full.dtype == DType::f32) {
-    comm_.reduce_scatter_sum(full.as<float>(), part.as<float>(), part.numel());
+  if (full.dtype == DType::f32 || (full.dtype == DType::bf16 && comm_.sums_bf16())) {
+    comm_.queue_reduce_scatter_sum(full.data, part.data, part.numel(), full.dtype);
     return;
   }
-  // bf16: summed in f32, this rank's part received after the widened input.
+  // bf16 where the communicator sums f32 only: widened, this rank's part received after the input.
   const Tensor wide = widened(full, part.numel());
   float* summed = wide.as<float>() + full.numel();
-  comm_.reduce_scatter_sum(wide.as<float>(), summed, part.numel());
+  comm_.queue_reduce_scatter_sum(wide.data, summed, part.numel(), DType::f32);
   ops::convert(Tensor(part.data, part.dtype, part.device, {part.numel()}),
                Tensor(summed, DType::f32, wide.device, {part.numel()}));
 }

@@ -14,8 +14,10 @@
 
 namespace llmtrain::train {
 
-/// model::TensorGroup over a communicator of the tensor-parallel group (device memory); bf16
-/// tensors are summed in f32.
+/// model::TensorGroup over a communicator of the tensor-parallel group (device memory). Its
+/// collectives are queued (dist::Communicator::queue_*): over NCCL ordered on the compute stream
+/// with no host wait, and bf16 tensors summed in bf16; where the communicator sums f32 only
+/// (MPI, host memory), bf16 tensors are summed in f32 and rounded once.
 class CommTensorGroup final : public model::TensorGroup {
  public:
   CommTensorGroup(dist::Communicator& comm, Device device) : comm_(comm), device_(device) {}

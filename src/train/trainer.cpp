@@ -30,6 +30,7 @@ void add_traffic(dist::Traffic& into, const dist::Traffic& more) {
     into.calls[k] += more.calls[k];
     into.bytes[k] += more.bytes[k];
   }
+  into.wait_s += more.wait_s;
 }
 
 // This rank's part of the model: its ZeRO 3 sharding, its tensor-parallel rank and, in a
@@ -228,6 +229,7 @@ StepResult Trainer::step(std::int64_t step) {
   // d(mean loss over the whole update)/dlogits: each micro-step adds 1 / (G T) per position.
   double loss_sum = pipeline_->forward_backward(batch, float(1.0 / tokens_per_step_), gradients_->grads_ready(),
                                                 result.pipeline_wait_s);
+  tensor_device_.wait_queued();  // the tensor group's collectives, ordered on the compute stream: checked here
   loss_sum += model_->take_loss_sum();
   model_->defer_loss(false);
   pipeline_->reduce_over_stages(loss_sum);  // the last stage's loss; a tied embedding's gradients

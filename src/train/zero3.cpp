@@ -80,6 +80,7 @@ Zero3::Zero3(model::Model& model, dist::Communicator& comm, dist::Communicator& 
     } else {
       layer_units_.at(std::size_t(u.unit.layer)) = i;
       largest_layer = std::max(largest_layer, u.shard);
+      if (first_layer_ < 0 || u.unit.layer < first_layer_) first_layer_ = u.unit.layer;
     }
   }
   master_ = ops::Buffer(device_, std::size_t(std::max<std::int64_t>(local_size_, 1)) * sizeof(float));
@@ -169,7 +170,11 @@ Zero3::UnitShard& Zero3::layer_unit(int layer) { return units_[layer_units_.at(s
 // the others'.
 void Zero3::gather(UnitShard& u) {
   if (!u.root && u.slot < 0) {
-    const auto free = std::find(slot_unit_.begin(), slot_unit_.end(), -1);
+    auto free = std::find(slot_unit_.begin(), slot_unit_.end(), -1);
+    if (free == slot_unit_.end() && kept_layer_ >= 0) {  // the first layer kept for the next forward yields
+      release_weights(layer_unit(kept_layer_));
+      free = std::find(slot_unit_.begin(), slot_unit_.end(), -1);
+    }
     if (free == slot_unit_.end()) throw RuntimeError("ZeRO 3: no free weight slot (a unit was not released)");
     u.slot = int(free - slot_unit_.begin());
     *free = int(u.index);
@@ -200,6 +205,7 @@ void Zero3::wait_gathered(UnitShard& u) {
 
 void Zero3::release_weights(UnitShard& u) {
   if (u.root || u.slot < 0) return;
+  if (u.unit.layer == kept_layer_) kept_layer_ = -1;
   if (u.gathering) {  // a prefetch nobody used
     u.gathering->wait();
     u.gathering.reset();
@@ -267,6 +273,7 @@ void Zero3::on(model::UnitEvent event, int layer) {
       }
       break;
     case UnitEvent::before_forward:
+      if (layer == kept_layer_) kept_layer_ = -1;  // in use again: released as any layer
       wait_gathered(layer_unit(layer));
       prefetch(layer + 1);
       break;
@@ -282,7 +289,11 @@ void Zero3::on(model::UnitEvent event, int layer) {
     }
     case UnitEvent::after_backward: {
       UnitShard& u = layer_unit(layer);
-      release_weights(u);
+      if (layer == first_layer_) {
+        kept_layer_ = layer;  // gathered already for the next micro-step's forward
+      } else {
+        release_weights(u);
+      }
       const auto slot = std::find_if(grad_slots_.begin(), grad_slots_.end(), [&](const GradSlot& g) { return g.unit == &u; });
       reduce_gradients(u, *slot);
       break;

@@ -10,7 +10,10 @@
 // As forward and backward reach each layer (model::UnitEvent), the layer's weights are gathered in
 // the compute dtype (bf16 under mixed precision) into one of a few working slots, the next
 // layer's gather is started meanwhile (prefetch), and the slot is freed after the layer's forward
-// (dist.reshard_after_forward) and after its backward. Each layer's gradients go to a zeroed f32
+// (dist.reshard_after_forward) and after its backward, except the first layer's after backward: it
+// stays gathered for the next micro-step's forward (until the weights change, or its slot is
+// needed). Each request is waited for alone: a layer's gather does not wait for the reduce-scatter
+// started after it (the NCCL communicator waits for each request's own event). Each layer's gradients go to a zeroed f32
 // slot and are reduce-scattered into this rank's gradient shard as soon as its backward is done,
 // every micro-step. The units outside the layers (embeddings, final norm, head) are gathered once
 // after each update and stay so; their gradients are reduce-scattered when backward ends.
@@ -97,6 +100,8 @@ class Zero3 final : public model::UnitHooks {
   std::vector<GradSlot> grad_slots_;
   std::size_t next_grad_slot_ = 0;
   ops::Buffer scratch_;  // (S_max,) f32: a unit's summed gradient part, or a weight part in f32
+  int first_layer_ = -1;  // the first layer forward reaches (the last backward leaves)
+  int kept_layer_ = -1;   // the first layer, kept gathered after backward for the next forward
   NormScope norm_;
 };
 

@@ -6,12 +6,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "internal.h"
+#include "llmtrain_emu/nccl_control.h"
 
 namespace {
 
@@ -40,6 +42,13 @@ struct llmtrain_emu_nccl_comm {
 
 namespace {
 
+// Calls made, by name (llmtrain_emu::nccl_calls).
+std::map<std::string, std::int64_t>& call_counts() {
+  static std::map<std::string, std::int64_t> counts;
+  return counts;
+}
+void counted(const char* name) { call_counts()[name] += 1; }
+
 int polls_per_call() {
   const char* text = std::getenv("LLMTRAIN_EMU_NCCL_POLLS");
   return text ? std::atoi(text) : 3;
@@ -55,8 +64,25 @@ void reduce(const void* send, void* recv, size_t count, size_t offset, ncclRedOp
   for (size_t i = 0; i < count; ++i) static_cast<T*>(recv)[i] = op == ncclSum ? T(in[i] * T(nranks)) : in[i];
 }
 
+// bf16 words: the sum of n equal values, in float, rounded to the nearest bf16 (ties to even), as
+// NCCL's bf16 reductions round each step.
+void reduce_bf16(const void* send, void* recv, size_t count, size_t offset, ncclRedOp_t op, int nranks) {
+  std::vector<std::uint16_t> in(static_cast<const std::uint16_t*>(send) + offset,
+                                static_cast<const std::uint16_t*>(send) + offset + count);
+  for (size_t i = 0; i < count; ++i) {
+    std::uint32_t bits = std::uint32_t(in[i]) << 16;
+    float value = 0;
+    std::memcpy(&value, &bits, 4);
+    if (op == ncclSum) value *= float(nranks);
+    std::memcpy(&bits, &value, 4);
+    bits += 0x7fff + ((bits >> 16) & 1);
+    static_cast<std::uint16_t*>(recv)[i] = std::uint16_t(bits >> 16);
+  }
+}
+
 void reduce_any(const void* send, void* recv, size_t count, size_t offset, ncclDataType_t type, ncclRedOp_t op, int n) {
-  if (type == ncclFloat) reduce<float>(send, recv, count, offset, op, n);
+  if (type == ncclBfloat16) reduce_bf16(send, recv, count, offset, op, n);
+  else if (type == ncclFloat) reduce<float>(send, recv, count, offset, op, n);
   else if (type == ncclDouble) reduce<double>(send, recv, count, offset, op, n);
   else if (type == ncclInt32) reduce<std::int32_t>(send, recv, count, offset, op, n);
   else reduce<std::int64_t>(send, recv, count, offset, op, n);
@@ -137,6 +163,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) { return ncclCommDestroy(comm); }
 
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t) {
+  counted("ncclAllReduce");
   const int n = comm ? comm->nranks : 1;
   return submit(comm, [=] {
     reduce_any(send, recv, count, 0, type, op, n);
@@ -146,6 +173,7 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataT
 
 ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recv_count, ncclDataType_t type, ncclRedOp_t op,
                                ncclComm_t comm, cudaStream_t) {
+  counted("ncclReduceScatter");
   if (!comm) return ncclInvalidArgument;
   const int n = comm->nranks, rank = comm->rank;
   return submit(comm, [=] {
@@ -156,6 +184,7 @@ ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recv_count, 
 
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t send_count, ncclDataType_t type, ncclComm_t comm,
                            cudaStream_t) {
+  counted("ncclAllGather");
   if (!comm) return ncclInvalidArgument;
   const int n = comm->nranks;
   return submit(comm, [=] {
@@ -168,6 +197,7 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t send_count, nccl
 
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int, ncclComm_t comm,
                            cudaStream_t) {
+  counted("ncclBroadcast");
   return submit(comm, [=] {
     std::memmove(recv, send, count * type_size(type));
     return ncclSuccess;
@@ -175,6 +205,7 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
 }
 
 ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t) {
+  counted("ncclSend");
   if (const ncclResult_t bad = check_transfer(comm, peer, send, count, type, "ncclSend")) return bad;
   return transfer(comm, true, [=] {
     const int offset = (peer - comm->rank + comm->nranks) % comm->nranks;
@@ -185,6 +216,7 @@ ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int p
 }
 
 ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t) {
+  counted("ncclRecv");
   if (const ncclResult_t bad = check_transfer(comm, peer, recv, count, type, "ncclRecv")) return bad;
   return transfer(comm, false, [=] {
     // Rank `peer` runs this program too: what it sends to this rank is what this process sends
@@ -240,4 +272,9 @@ ncclResult_t ncclGroupEnd() {
     if (status != ncclSuccess && (result == ncclSuccess || result == ncclInProgress)) result = status;
   }
   return result;
+}
+
+std::int64_t llmtrain_emu::nccl_calls(const char* name) {
+  const auto it = call_counts().find(name);
+  return it == call_counts().end() ? 0 : it->second;
 }

@@ -16,6 +16,7 @@
 
 #include "cuda_runtime_api.h"
 #include "internal.h"
+#include "llmtrain_emu/runtime_control.h"
 #include "nccl.h"
 
 struct CUstream_st {
@@ -403,7 +404,10 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
   return cudaSuccess;
 }
 
-cudaError_t cudaDeviceSynchronize() { return check_sticky(); }
+cudaError_t cudaDeviceSynchronize() {
+  llmtrain_emu::count_runtime_call("cudaDeviceSynchronize");
+  return check_sticky();
+}
 
 cudaError_t cudaDeviceReset() { return cudaSuccess; }
 
@@ -518,12 +522,20 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   return cudaSuccess;
 }
 
+static cudaError_t stream_synchronize(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  llmtrain_emu::count_runtime_call("cudaStreamSynchronize");
+  return stream_synchronize(stream);
+}
+static cudaError_t stream_synchronize(cudaStream_t stream) {
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize: invalid stream");
   return check_sticky();
 }
 
-cudaError_t cudaStreamQuery(cudaStream_t stream) { return cudaStreamSynchronize(stream); }
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  llmtrain_emu::count_runtime_call("cudaStreamQuery");
+  return stream_synchronize(stream);
+}
 
 namespace {
 bool valid_event(cudaEvent_t event) {
@@ -534,6 +546,7 @@ bool valid_event(cudaEvent_t event) {
 }  // namespace
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+  llmtrain_emu::count_runtime_call("cudaStreamWaitEvent");
   if (!valid_stream(stream) || !valid_event(event)) {
     return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: invalid stream or event");
   }
@@ -571,12 +584,20 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   return check_sticky();
 }
 
+static cudaError_t event_synchronize(cudaEvent_t event);
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  llmtrain_emu::count_runtime_call("cudaEventSynchronize");
+  return event_synchronize(event);
+}
+static cudaError_t event_synchronize(cudaEvent_t event) {
   if (!valid_event(event)) return fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: invalid event");
   return check_sticky();
 }
 
-cudaError_t cudaEventQuery(cudaEvent_t event) { return cudaEventSynchronize(event); }
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  llmtrain_emu::count_runtime_call("cudaEventQuery");
+  return event_synchronize(event);
+}
 
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
   if (!valid_event(start) || !valid_event(end)) {
@@ -627,3 +648,22 @@ ncclResult_t ncclGetVersion(int* version) {
 }
 
 const char* ncclGetErrorString(ncclResult_t result) { return result == ncclSuccess ? "no error" : "NCCL error (emulation)"; }
+
+namespace {
+std::mutex runtime_calls_mutex;
+std::map<std::string, std::int64_t>& runtime_call_counts() {
+  static std::map<std::string, std::int64_t> counts;
+  return counts;
+}
+}  // namespace
+
+void llmtrain_emu::count_runtime_call(const char* name) {
+  std::lock_guard<std::mutex> lock(runtime_calls_mutex);
+  runtime_call_counts()[name] += 1;
+}
+
+std::int64_t llmtrain_emu::runtime_calls(const char* name) {
+  std::lock_guard<std::mutex> lock(runtime_calls_mutex);
+  const auto it = runtime_call_counts().find(name);
+  return it == runtime_call_counts().end() ? 0 : it->second;
+}

@@ -6,7 +6,10 @@
 // mirrored rank; it must be there when wait() returns, and a recv no send matches must fail.
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <vector>
@@ -14,6 +17,9 @@
 #include "catch_compat.h"
 #include "dist/communicator.h"
 #include "dist/nccl_communicator.h"
+#include "device/stream.h"
+#include "llmtrain_emu/nccl_control.h"
+#include "llmtrain_emu/runtime_control.h"
 
 using namespace llmtrain;
 
@@ -241,6 +247,215 @@ TEST_CASE("NCCL: start_transfers sends and receives in both directions in one gr
                     "transfers (send): peer rank 3 is not in this group of 3 ranks");
   for (void* p : {static_cast<void*>(act_out), static_cast<void*>(act_in), static_cast<void*>(grad_out),
                   static_cast<void*>(grad_in)}) {
+    cudaFree(p);
+  }
+}
+
+namespace {
+
+// Element i of a buffer: distinct everywhere, so a piece in the wrong place shows.
+std::vector<float> ramp(std::size_t n, float base) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = base + 0.25f * float(i) - 0.001f * float(i * i % 17);
+  return v;
+}
+
+// Every collective and transfer of `nccl` (3 emulated ranks) on n elements (per shard), the
+// results' bytes in order.
+std::vector<std::vector<char>> every_call(dist::Communicator& nccl, std::size_t n) {
+  const int W = nccl.world_size();
+  std::vector<std::vector<char>> out;
+  const auto keep = [&](const void* device, std::size_t bytes) {
+    std::vector<char> host(bytes);
+    REQUIRE(cudaMemcpy(host.data(), device, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+    out.push_back(host);
+  };
+  const std::int64_t count = std::int64_t(n);
+  float* a = device_copy(ramp(n, 1.0f));
+  nccl.all_reduce_sum(a, count);
+  keep(a, n * 4);
+  nccl.start_all_reduce_sum(a, count)->wait();
+  keep(a, n * 4);
+  nccl.all_reduce_max(a, count);
+  keep(a, n * 4);
+  double* d = device_copy(std::vector<double>(n, 0.125));
+  nccl.all_reduce_sum(d, count);
+  keep(d, n * 8);
+  std::int64_t* k = device_copy(std::vector<std::int64_t>(n, -3));
+  nccl.all_reduce_max(k, count);
+  keep(k, n * 8);
+  float* whole = device_copy(ramp(n * std::size_t(W), -5.0f));
+  float* shard = device_copy(std::vector<float>(n, -99.0f));
+  nccl.start_reduce_scatter_sum(whole, shard, count)->wait();  // rank 0's shard: 3 x whole[0, n)
+  keep(shard, n * 4);
+  nccl.all_gather(shard, whole, count);
+  keep(whole, n * 4 * std::size_t(W));
+  std::vector<std::uint16_t> words(n * std::size_t(W), 0xffff);
+  for (std::size_t i = 0; i < n; ++i) words[i] = std::uint16_t(0x3f00 + i);
+  std::uint16_t* w = device_copy(words);
+  nccl.start_all_gather(w, w, count, DType::bf16)->wait();  // in place: rank 0's part first
+  keep(w, words.size() * 2);
+  float* b = device_copy(ramp(n, 9.0f));
+  nccl.broadcast(b, count, 2);
+  keep(b, n * 4);
+  float* got = device_copy(std::vector<float>(n, -99.0f));
+  nccl.start_exchange(a, got, count, DType::f32, 1, 2)->wait();
+  keep(got, n * 4);
+  auto sent = nccl.start_send(b, count, DType::f32, 1);
+  nccl.recv(got, count, DType::f32, 2);
+  sent->wait();
+  keep(got, n * 4);
+  float* g2 = device_copy(std::vector<float>(n, -99.0f));
+  nccl.start_transfers({{dist::PeerTransfer::send, a, count, DType::f32, 1},
+                        {dist::PeerTransfer::send, b, count, DType::f32, 2},
+                        {dist::PeerTransfer::recv, got, count, DType::f32, 2},
+                        {dist::PeerTransfer::recv, g2, count, DType::f32, 1}})
+      ->wait();
+  keep(got, n * 4);
+  keep(g2, n * 4);
+  for (void* p : {static_cast<void*>(a), static_cast<void*>(d), static_cast<void*>(k), static_cast<void*>(whole),
+                  static_cast<void*>(shard), static_cast<void*>(w), static_cast<void*>(b), static_cast<void*>(got),
+                  static_cast<void*>(g2)}) {
+    cudaFree(p);
+  }
+  return out;
+}
+
+}  // namespace
+
+// LLMTRAIN_COMM_MAX_ELEMENTS = 7 (and 1): every call of more elements is made in pieces (counted
+// here in the shim's calls), with the same bytes as the whole calls; each still counted once.
+TEST_CASE("NCCL: collectives and transfers in pieces give the whole calls' bytes", "[cuda][dist]") {
+  TwoRanksHost host(3);
+  const auto nccl = dist::make_nccl_communicator(host, 0, 30.0);
+  for (const std::size_t n : {std::size_t(1), std::size_t(7), std::size_t(8), std::size_t(20)}) {
+    CAPTURE(n);
+    const std::int64_t rs0 = llmtrain_emu::nccl_calls("ncclReduceScatter");
+    const dist::Traffic start = nccl->traffic();
+    const auto whole = every_call(*nccl, n);
+    const dist::Traffic once = nccl->traffic().since(start);
+    CHECK(llmtrain_emu::nccl_calls("ncclReduceScatter") - rs0 == 1);
+    const dist::Traffic before = nccl->traffic();
+    for (const char* limit : {"7", "1"}) {
+      CAPTURE(limit);
+      const std::size_t pieces = (n + std::size_t(std::atoi(limit)) - 1) / std::size_t(std::atoi(limit));
+      const std::int64_t all_reduce0 = llmtrain_emu::nccl_calls("ncclAllReduce"),
+                         reduce_scatter0 = llmtrain_emu::nccl_calls("ncclReduceScatter"),
+                         all_gather0 = llmtrain_emu::nccl_calls("ncclAllGather"),
+                         broadcast0 = llmtrain_emu::nccl_calls("ncclBroadcast"), send0 = llmtrain_emu::nccl_calls("ncclSend");
+      setenv("LLMTRAIN_COMM_MAX_ELEMENTS", limit, 1);
+      const auto split = every_call(*nccl, n);
+      unsetenv("LLMTRAIN_COMM_MAX_ELEMENTS");
+      REQUIRE(split.size() == whole.size());
+      for (std::size_t i = 0; i < whole.size(); ++i) {
+        CAPTURE(i);
+        CHECK(split[i] == whole[i]);
+      }
+      CHECK(llmtrain_emu::nccl_calls("ncclAllReduce") - all_reduce0 == std::int64_t(5 * pieces));
+      CHECK(llmtrain_emu::nccl_calls("ncclReduceScatter") - reduce_scatter0 == std::int64_t(pieces));
+      CHECK(llmtrain_emu::nccl_calls("ncclAllGather") - all_gather0 == std::int64_t(2 * pieces));
+      CHECK(llmtrain_emu::nccl_calls("ncclBroadcast") - broadcast0 == std::int64_t(pieces));
+      CHECK(llmtrain_emu::nccl_calls("ncclSend") - send0 == std::int64_t(4 * pieces));
+    }
+    // The split calls (twice: 7 and 1) counted as the whole ones were: once each, the same bytes.
+    const dist::Traffic t = nccl->traffic().since(before);
+    for (int kind = 0; kind < dist::Traffic::kinds; ++kind) {
+      CHECK(t.calls[kind] == 2 * once.calls[kind]);
+      CHECK(std::abs(t.bytes[kind] - 2 * once.bytes[kind]) <= 1e-9 * (1 + once.bytes[kind]));
+    }
+    CHECK(once.calls[dist::Traffic::all_reduce] == 5);
+  }
+}
+
+namespace {
+
+// Calls of the runtime with which the host waits for the device.
+std::int64_t host_syncs() {
+  return llmtrain_emu::runtime_calls("cudaDeviceSynchronize") + llmtrain_emu::runtime_calls("cudaStreamSynchronize") +
+         llmtrain_emu::runtime_calls("cudaEventSynchronize");
+}
+
+}  // namespace
+
+// ZeRO 3 starts a layer's gather, then the next layer's reduce-scatter, and waits for the gather:
+// its wait() queries its own event, recorded right after it on the communicator's stream, never
+// the whole stream (which would wait for the reduce-scatter queued behind it). The blocking calls
+// still wait for the stream.
+TEST_CASE("NCCL: a started collective's wait() waits for its own event, not the communicator's stream",
+          "[cuda][dist]") {
+  TwoRanksHost host;
+  const auto nccl = dist::make_nccl_communicator(host, 0, 30.0);
+  const std::vector<float> values = {1.0f, 2.0f, 3.0f, 4.0f};
+  float* part = device_copy(std::vector<float>{0.5f, -1.5f});
+  float* gathered = device_copy(std::vector<float>(4, -99.0f));
+  float* sums = device_copy(values);
+  float* summed = device_copy(std::vector<float>(2, -99.0f));
+  auto gather = nccl->start_all_gather(part, gathered, 2, DType::f32);
+  auto reduce = nccl->start_reduce_scatter_sum(sums, summed, 2);
+  const std::int64_t stream_queries = llmtrain_emu::runtime_calls("cudaStreamQuery");
+  const std::int64_t event_queries = llmtrain_emu::runtime_calls("cudaEventQuery");
+  const std::int64_t syncs = host_syncs();
+  gather->wait();
+  CHECK(llmtrain_emu::runtime_calls("cudaStreamQuery") == stream_queries);
+  CHECK(llmtrain_emu::runtime_calls("cudaEventQuery") > event_queries);
+  CHECK(host_copy(gathered, 4) == std::vector<float>{0.5f, -1.5f, 0.5f, -1.5f});
+  reduce->wait();
+  CHECK(llmtrain_emu::runtime_calls("cudaStreamQuery") == stream_queries);
+  CHECK(host_syncs() == syncs);
+  CHECK(host_copy(summed, 2) == std::vector<float>{2.0f, 4.0f});
+  // A bucket's all-reduce too; a blocking all-reduce waits for the stream.
+  auto bucket = nccl->start_all_reduce_sum(sums, 4);
+  bucket->wait();
+  CHECK(llmtrain_emu::runtime_calls("cudaStreamQuery") == stream_queries);
+  nccl->all_reduce_sum(sums, 4);
+  CHECK(llmtrain_emu::runtime_calls("cudaStreamQuery") > stream_queries);
+  CHECK(host_copy(sums, 4) == std::vector<float>{4.0f, 8.0f, 12.0f, 16.0f});
+  for (void* p : {static_cast<void*>(part), static_cast<void*>(gathered), static_cast<void*>(sums),
+                  static_cast<void*>(summed)}) {
+    cudaFree(p);
+  }
+}
+
+// Tensor parallelism's collectives: queued, each makes the compute stream wait for its event (two
+// stream-event waits: the communicator's stream after the compute stream's work, the compute
+// stream after the collective) and returns without the host waiting (no synchronize, no stream
+// query); bf16 is summed as bf16 (2-byte elements counted); wait_queued() waits on the host.
+TEST_CASE("NCCL: queued collectives are ordered on the compute stream without a host wait, bf16 summed in bf16",
+          "[cuda][dist]") {
+  TwoRanksHost host;
+  const auto nccl = dist::make_nccl_communicator(host, 0, 30.0);
+  REQUIRE(nccl->sums_bf16());
+  const std::vector<std::uint16_t> words = {0x3fc0, 0xc000, 0x4050, 0x3f81};  // 1.5, -2, 3.25, 1.0078125
+  std::uint16_t* activations = device_copy(words);
+  std::uint16_t* full = device_copy(std::vector<std::uint16_t>{0x3f80, 0x4000, 0x4040, 0x4080});  // 1 2 3 4
+  std::uint16_t* part = device_copy(std::vector<std::uint16_t>(2, 0xffff));
+  std::uint16_t* gathered = device_copy(std::vector<std::uint16_t>(4, 0xffff));
+  float* f32 = device_copy(std::vector<float>{0.25f, 8.0f});
+  const std::int64_t syncs = host_syncs(), stream_queries = llmtrain_emu::runtime_calls("cudaStreamQuery");
+  const std::int64_t waits = llmtrain_emu::runtime_calls("cudaStreamWaitEvent");
+  const dist::Traffic before = nccl->traffic();
+  nccl->queue_all_reduce_sum(activations, 4, DType::bf16);
+  nccl->queue_reduce_scatter_sum(full, part, 2, DType::bf16);
+  nccl->queue_all_gather(part, gathered, 2, DType::bf16);
+  nccl->queue_all_reduce_sum(f32, 2, DType::f32);
+  CHECK(host_syncs() == syncs);
+  CHECK(llmtrain_emu::runtime_calls("cudaStreamQuery") == stream_queries);
+  CHECK(llmtrain_emu::runtime_calls("cudaStreamWaitEvent") - waits == 2 * 4);
+  const std::int64_t event_queries = llmtrain_emu::runtime_calls("cudaEventQuery");
+  nccl->wait_queued();
+  CHECK(llmtrain_emu::runtime_calls("cudaEventQuery") > event_queries);
+  // Twice each value, in bf16: 3, -4, 6.5, 2.015625.
+  CHECK(host_copy(activations, 4) == std::vector<std::uint16_t>{0x4040, 0xc080, 0x40d0, 0x4001});
+  CHECK(host_copy(part, 2) == std::vector<std::uint16_t>{0x4000, 0x4080});  // rank 0's shard, twice 1 2
+  CHECK(host_copy(gathered, 4) == std::vector<std::uint16_t>{0x4000, 0x4080, 0x4000, 0x4080});
+  CHECK(host_copy(f32, 2) == std::vector<float>{0.5f, 16.0f});
+  const dist::Traffic t = nccl->traffic().since(before);
+  CHECK(t.calls[dist::Traffic::all_reduce] == 2);
+  CHECK(t.bytes[dist::Traffic::all_reduce] == 2 * 0.5 * (4 * 2 + 2 * 4));  // ring: 2 (n-1)/n of 8 + 8 bytes
+  CHECK(t.bytes[dist::Traffic::reduce_scatter] == 0.5 * 2 * 2 * 2);
+  CHECK(t.bytes[dist::Traffic::all_gather] == 0.5 * 2 * 2 * 2);
+  for (void* p : {static_cast<void*>(activations), static_cast<void*>(full), static_cast<void*>(part),
+                  static_cast<void*>(gathered), static_cast<void*>(f32)}) {
     cudaFree(p);
   }
 }
