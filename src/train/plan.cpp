@@ -5,6 +5,7 @@
 
 #include <stdexcept>
 
+#include "checkpoint/safetensors.h"
 #include "model/arch.h"
 #include "model/model.h"
 #include "train/pipeline_schedule.h"
@@ -156,6 +157,29 @@ MemoryPlan plan_memory(const config::Config& config, const RankShare& share, int
 MemoryPlan plan_memory(const config::Config& config, int data_parallel_size, int zero_stage, bool bf16,
                        std::int64_t micro_batch) {
   return plan_memory(config, rank_share(config.model), data_parallel_size, zero_stage, bf16, micro_batch);
+}
+
+std::int64_t host_chunk_bytes() { return std::int64_t(checkpoint::default_write_chunk); }
+
+std::int64_t owned_params(const RankShare& share, int data_parallel_size, int zero_stage) {
+  const std::int64_t D = std::max(data_parallel_size, 1);
+  if (zero_stage != 3) return ceil_div(share.params, D);
+  std::int64_t shards = 0;
+  for (const auto& u : share.units) shards += ceil_div(u.params, D);
+  return shards;
+}
+
+HostPlan plan_host(const MemoryPlan& device, const RankShare& share, int data_parallel_size, int zero_stage, bool gpu) {
+  HostPlan host;
+  host.process = gpu ? gpu_process_bytes : cpu_process_bytes;
+  host.chunk = host_chunk_bytes();
+  // What it writes: f32 weights and AdamW m and v of the parameters it owns.
+  host.staging = 12 * owned_params(share, data_parallel_size, zero_stage);
+  if (!gpu) {  // the CPU backend's "device" is the host
+    host.state = device.state();
+    host.activations = device.activations;
+  }
+  return host;
 }
 
 std::int64_t max_micro_batch(const config::Config& config, bool bf16, int tensor_size, std::int64_t state,
@@ -347,7 +371,9 @@ std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int
           if (p > 1) {
             // The stage that needs most memory decides the fit; the one that sends most the traffic.
             for (const StagePlan& st : stages) {
-              o.memory = std::max(o.memory, stage_memory(c, st, d, zero, bf16).total());
+              const MemoryPlan mine = stage_memory(c, st, d, zero, bf16);
+              o.memory = std::max(o.memory, mine.total());
+              o.host = std::max(o.host, plan_host(mine, st.share, d, zero, true).peak());
               const double sent = update_traffic(c, st.share, d, zero, bf16, micro_steps).bytes + st.sent_tensor +
                                   st.sent_p2p + st.sent_pipeline_collectives;
               if (sent > o.sent) {
@@ -356,7 +382,9 @@ std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int
               }
             }
           } else {
-            o.memory = plan_memory(c, share, d, zero, bf16, B).total();
+            const MemoryPlan mine = plan_memory(c, share, d, zero, bf16, B);
+            o.memory = mine.total();
+            o.host = plan_host(mine, share, d, zero, true).peak();
             o.tensor_sent = tensor_traffic(c, t, bf16, micro_steps).bytes;
             o.sent = update_traffic(c, share, d, zero, bf16, micro_steps).bytes + o.tensor_sent;
           }
