@@ -1,5 +1,6 @@
 // llmtrain plan: parameter count and memory per rank, before a job is launched.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -39,7 +40,7 @@ std::int64_t parse_memory(const std::string& text, const char* option) {
   if (end == 0 || scale == 0 || !(value > 0) || value * scale > 1e15 || value * scale < 1) {
     throw InputError(std::string(option) + " " + text + ": expected a size such as 80GB, 141GB, 24GiB or 2TB");
   }
-  return static_cast<std::int64_t>(value * scale);
+  return std::llround(value * scale);  // "2181.043792MB" is 2,181,043,792 bytes, not one less
 }
 
 std::string with_commas(std::int64_t n) {
@@ -94,11 +95,12 @@ struct HostRow {
 
 // plan's host memory per rank in each phase, GPU ranks and CPU-backend ranks, and per node.
 void print_host(const std::vector<HostRow>& rows, const HostLimit& limit, bool pipeline) {
-  std::printf("%-13s %12s %12s %12s %12s %12s %12s %12s %12s %12s\n", pipeline ? "host, stage" : "host per rank",
+  // Rows named "host fp32 ZeRO 0": scripts that read the device table's "fp32 ZeRO 0" find one line.
+  std::printf("%-16s %12s %12s %12s %12s %12s %12s %12s %12s %12s\n", pipeline ? "host, stage" : "host per rank",
               "GPU start", "training", "save", "resume", "node peak", "CPU start", "training", "save", "resume");
   for (const HostRow& r : rows) {
     const auto b = [](std::int64_t bytes) { return format_bytes(double(bytes)); };
-    std::printf("%-13s %12s %12s %12s %12s %12s %12s %12s %12s %12s\n", r.label.c_str(), b(r.gpu.startup()).c_str(),
+    std::printf("host %-11s %12s %12s %12s %12s %12s %12s %12s %12s %12s\n", r.label.c_str(), b(r.gpu.startup()).c_str(),
                 b(r.gpu.training()).c_str(), b(r.gpu.save()).c_str(), b(r.gpu.resume()).c_str(),
                 b(r.gpu.peak() * limit.ranks_per_node).c_str(), b(r.cpu.startup()).c_str(), b(r.cpu.training()).c_str(),
                 b(r.cpu.save()).c_str(), b(r.cpu.resume()).c_str());
@@ -295,6 +297,7 @@ Command add_plan_command(CLI::App& parent) {
     std::vector<std::string> sets;
     int world_size = 1, gpus = 0, ranks_per_node = 8;
     bool suggest = false;
+    CLI::Option* host_flag = nullptr;  // given even when empty: then a bad value
   };
   auto o = std::make_shared<Options>();
   CLI::App* app = parent.add_subcommand("plan", "Parameter count and memory per rank for a config");
@@ -303,7 +306,7 @@ Command add_plan_command(CLI::App& parent) {
   app->add_option("--set", o->sets, "Override a key by its dotted path")->type_name("KEY=VALUE")->allow_extra_args(false);
   app->add_option("--device-memory", o->device_memory, "Memory of one device, for the largest micro-batch")
       ->capture_default_str();
-  app->add_option("--host-memory", o->host_memory,
+  o->host_flag = app->add_option("--host-memory", o->host_memory,
                   "Host memory of one node; --suggest leaves out the layouts whose ranks need more")
       ->type_name("SIZE");
   app->add_option("--ranks-per-node", o->ranks_per_node, "Ranks (GPUs) on one node, for the host memory per node")
@@ -321,7 +324,7 @@ Command add_plan_command(CLI::App& parent) {
             const config::Config c = config::load_config(o->config_path, overrides);
             const std::int64_t memory = parse_memory(o->device_memory, "--device-memory");
             HostLimit host{o->host_memory, 0, o->ranks_per_node};
-            if (!o->host_memory.empty()) host.bytes = parse_memory(o->host_memory, "--host-memory");
+            if (o->host_flag->count() > 0) host.bytes = parse_memory(o->host_memory, "--host-memory");
             if (o->suggest) {
               return suggest(c, o->config_path, o->gpus > 0 ? o->gpus : o->world_size, o->device_memory, memory, host);
             }
