@@ -65,6 +65,7 @@ class Checkpointer {
   nlohmann::json resolved_;  // the config, as saved in state.json
   std::unique_ptr<StopSignals> signals_;
   bool async_ = false;
+  double file_work_limit_s_ = 0.0;   // the commit's patience for slow writers (dist/file_work.h)
   bool stages_optimizer_ = false;    // async: this rank writes an optimizer file (with ZeRO, or rank 0)
   CheckpointSource* source_ = nullptr;  // async: whose updates wait for the staging copy
   ops::Buffer staging_;              // async: this rank's weights (rank 0), m and v
