@@ -2,9 +2,12 @@
 # plan --host-memory and --ranks-per-node: bad values stop with one error line and exit 2;
 # --suggest leaves out a layout whose ranks need more host memory per node than given, and keeps
 # it when it fits, at a threshold computed by hand.
-# Usage: plan_host_test.sh LLMTRAIN
+# The shipped 13B and 70B configs use the micro-batch --suggest suggests for 64 GPUs of 141 GB on
+# nodes of 8 with 2 TB of host memory.
+# Usage: plan_host_test.sh LLMTRAIN SOURCE_DIR
 set -uo pipefail
 llmtrain="$1"
+source_dir="$2"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAILED: $*"; exit 1; }
@@ -61,4 +64,15 @@ grep -q "^none fits" <<<"$out" || fail "one rank per node, one byte less than a 
 # Without --host-memory nothing is left out for the host.
 out=$(suggest) || fail "no --host-memory: $out"
 grep -q "^fit: 4 of 4 " <<<"$out" && ! grep -q "not the host" <<<"$out" || fail "no --host-memory: $out"
-echo "4 passed (thresholds), 10 bad values refused"
+
+for model in 13b 70b; do
+  config="$source_dir/configs/llama2-$model.json"
+  out=$("$llmtrain" plan --config "$config" --suggest --gpus 64 --device-memory 141GB --host-memory 2TB) ||
+    fail "$model: $out"
+  line=$(grep "^suggested: " <<<"$out") || fail "$model: no suggestion: $out"
+  suggested=$(sed -E 's/.* at micro-batch ([0-9]+),.*/\1/' <<<"$line")
+  configured=$(/usr/bin/python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["train"]["micro_batch_size"])' "$config")
+  [[ "$suggested" == "$configured" ]] || fail "$model: config micro-batch $configured, suggested $suggested: $line"
+  echo "llama2-$model: micro-batch $configured, as suggested: ${line:0:60}"
+done
+echo "6 passed (thresholds, shipped micro-batches), 10 bad values refused"

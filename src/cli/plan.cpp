@@ -203,18 +203,27 @@ int suggest(const config::Config& c, const std::string& config_path, int gpus, c
     return a.sent != b.sent ? a.sent < b.sent : a.memory < b.memory;
   });
   constexpr std::size_t rows_at_most = 15;
-  const auto print_row = [](const train::MeshOption& o) {
-    std::printf("%-16s %4d %11lld %13s %13s %13s %13s\n", mesh_label(o).c_str(), o.zero_stage,
+  const std::int64_t host_per_rank = host.bytes > 0 ? host.bytes / per_node : 0;
+  std::vector<std::int64_t> largest;  // each shown row's max micro-batch
+  const auto print_row = [&](const train::MeshOption& o) {
+    largest.push_back(train::max_micro_batch(c, o, memory, host_per_rank));
+    std::printf("%-16s %4d %11lld %13s %13s %13s %13s %15lld\n", mesh_label(o).c_str(), o.zero_stage,
                 static_cast<long long>(o.micro_steps), format_bytes(double(o.memory)).c_str(),
                 format_bytes(double(o.host)).c_str(), format_bytes(o.sent).c_str(),
-                o.mesh.tensor > 1 ? format_bytes(o.tensor_sent).c_str() : "-");
+                o.mesh.tensor > 1 ? format_bytes(o.tensor_sent).c_str() : "-", static_cast<long long>(largest.back()));
   };
-  std::printf("%-16s %4s %11s %13s %13s %13s %13s\n", "mesh t x d x p", "ZeRO", "micro-steps", "memory/rank",
-              "host/rank", "sent/update", "of it tensor");
+  std::printf("%-16s %4s %11s %13s %13s %13s %13s %15s\n", "mesh t x d x p", "ZeRO", "micro-steps", "memory/rank",
+              "host/rank", "sent/update", "of it tensor", "max micro-batch");
   for (std::size_t i = 0; i < shown.size() && i < rows_at_most; ++i) print_row(shown[i]);
   std::printf("fit: %zu of %zu (mesh, ZeRO stage) choices; %zu shown, least traffic first (per mesh, stages that need "
               "more memory and send no less left out)\n",
               fitting.size(), options.size(), std::min(shown.size(), rows_at_most));
+  const train::MeshOption& best = shown.front();
+  std::printf("suggested: %s ZeRO %d at micro-batch %lld, the first row's max micro-batch (--set dist.tensor_parallel=%d "
+              "--set dist.pipeline_parallel=%d --set dist.zero_stage=%d%s --set train.micro_batch_size=%lld)\n",
+              mesh_label(best).c_str(), best.zero_stage, static_cast<long long>(largest.front()), best.mesh.tensor,
+              best.mesh.pipeline, best.zero_stage, best.sequence_parallel ? " --set dist.sequence_parallel=true" : "",
+              static_cast<long long>(largest.front()));
   std::printf("memory/rank: weights, gradients, optimizer state, ZeRO's buffers and one micro-batch's activations, "
               "of the tensor rank that holds most; with a pipeline (p > 1) the stage that needs most, its "
               "activations for the micro-batches its schedule keeps in flight (min(p - stage, micro-steps) under "
@@ -222,7 +231,9 @@ int suggest(const config::Config& c, const std::string& config_path, int gpus, c
               "optimizer update (ring collectives) over its data group (loss and norm all-reduce not counted) and its "
               "tensor group (every collective; 'of it tensor'), with a pipeline the stage that sends most, with its "
               "activations and gradients to the neighbouring stages and the pipeline group's all-reduces; sp: "
-              "sequence parallelism; host/rank: a GPU rank's host memory at its peak (start-up, training, save, "
+              "sequence parallelism; max micro-batch: the largest train.micro_batch_size (dividing the global batch "
+              "per data rank; with a pipeline at least p micro-steps) at which the row's layout still fits the device "
+              "and the host; host/rank: a GPU rank's host memory at its peak (start-up, training, save, "
               "resume; plan shows each), checked against --host-memory per node of --ranks-per-node ranks (a model of the sharded start-up, save and resume with a stated per-process constant, not a measurement)\n");
   std::printf("every row is exact: the buffers train allocates and the collectives it makes (tensor parallel t "
               "divides n_head and ffn_hidden, and divides n_kv_head or is a multiple of it; pipelines with the "

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 
 #include <stdexcept>
 
@@ -321,9 +322,59 @@ MemoryPlan stage_memory(const config::Config& config, const StagePlan& stage, in
   return plan;
 }
 
-std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int* skipped_batch) {
+std::optional<MeshOption> mesh_option(const config::Config& config, const RankShare& share, const dist::Mesh& mesh,
+                                      int zero, bool sequence_parallel) {
   const auto& m = config.model;
   const bool bf16 = config.train.precision == config::Precision::bf16;
+  const std::int64_t B = config.train.micro_batch_size;
+  const int t = mesh.tensor, d = mesh.data, p = mesh.pipeline;
+  if (config.train.global_batch_size % (B * d) != 0) return std::nullopt;
+  const std::int64_t micro_steps = config.train.global_batch_size / (B * d);
+  // Pipelines as train runs them, every stage as it builds it: it refuses fewer micro-batches
+  // than stages (a multiple of them, interleaved), more virtual stages than layers, and ZeRO 3
+  // with a pipeline.
+  const bool interleaved = config.dist.pipeline_schedule == config::PipelineSchedule::interleaved;
+  if (p > 1 && (micro_steps < p || (interleaved && (micro_steps % p != 0 || p * config.dist.virtual_stages > m.n_layer)))) {
+    return std::nullopt;
+  }
+  if (sequence_parallel && (t == 1 || (B * m.context_length) % t != 0)) return std::nullopt;
+  if (d == 1 && (zero == 1 || zero == 2)) return std::nullopt;  // the trainer runs them as ZeRO 0
+  if (p > 1 && zero == 3) return std::nullopt;
+  config::Config c = config;
+  c.dist.sequence_parallel = sequence_parallel;
+  c.dist.tensor_parallel = t;
+  c.dist.pipeline_parallel = p;
+  MeshOption o;
+  o.mesh = mesh;
+  o.zero_stage = zero;
+  o.micro_steps = micro_steps;
+  o.sequence_parallel = sequence_parallel;
+  if (p > 1) {
+    c.dist.pipeline_layers.clear();  // the balanced split
+    // The stage that needs most memory decides the fit; the one that sends most the traffic.
+    for (const StagePlan& st : pipeline_stages(c, t, bf16, micro_steps)) {
+      const MemoryPlan mine = stage_memory(c, st, d, zero, bf16);
+      o.memory = std::max(o.memory, mine.total());
+      o.host = std::max(o.host, plan_host(mine, st.share, d, zero, true).peak());
+      const double sent = update_traffic(c, st.share, d, zero, bf16, micro_steps).bytes + st.sent_tensor +
+                          st.sent_p2p + st.sent_pipeline_collectives;
+      if (sent > o.sent) {
+        o.sent = sent;
+        o.tensor_sent = st.sent_tensor;
+      }
+    }
+  } else {
+    const MemoryPlan mine = plan_memory(c, share, d, zero, bf16, B);
+    o.memory = mine.total();
+    o.host = plan_host(mine, share, d, zero, true).peak();
+    o.tensor_sent = tensor_traffic(c, t, bf16, micro_steps).bytes;
+    o.sent = update_traffic(c, share, d, zero, bf16, micro_steps).bytes + o.tensor_sent;
+  }
+  return o;
+}
+
+std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int* skipped_batch) {
+  const auto& m = config.model;
   const std::int64_t B = config.train.micro_batch_size;
   std::vector<MeshOption> options;
   if (skipped_batch) *skipped_batch = 0;
@@ -341,59 +392,28 @@ std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int
         if (skipped_batch) ++*skipped_batch;
         continue;
       }
-      const std::int64_t micro_steps = config.train.global_batch_size / (B * d);
-      // Pipelines as train runs them, every stage as it builds it: it refuses fewer micro-batches
-      // than stages (a multiple of them, interleaved), more virtual stages than layers, and ZeRO 3
-      // with a pipeline.
-      const bool interleaved = config.dist.pipeline_schedule == config::PipelineSchedule::interleaved;
-      if (p > 1 && (micro_steps < p || (interleaved && (micro_steps % p != 0 || p * config.dist.virtual_stages > m.n_layer)))) {
-        continue;
-      }
       for (const bool sequence_parallel : {false, true}) {
-        if (sequence_parallel && (t == 1 || (B * m.context_length) % t != 0)) continue;
-        config::Config c = config;
-        c.dist.sequence_parallel = sequence_parallel;
-        c.dist.tensor_parallel = t;
-        c.dist.pipeline_parallel = p;
-        std::vector<StagePlan> stages;
-        if (p > 1) {
-          c.dist.pipeline_layers.clear();  // the balanced split
-          stages = pipeline_stages(c, t, bf16, micro_steps);
-        }
         for (int zero = 0; zero <= 3; ++zero) {
-          if (d == 1 && (zero == 1 || zero == 2)) continue;  // the trainer runs them as ZeRO 0
-          if (p > 1 && zero == 3) continue;
-          MeshOption o;
-          o.mesh = dist::Mesh{t, d, p};
-          o.zero_stage = zero;
-          o.micro_steps = micro_steps;
-          o.sequence_parallel = sequence_parallel;
-          if (p > 1) {
-            // The stage that needs most memory decides the fit; the one that sends most the traffic.
-            for (const StagePlan& st : stages) {
-              const MemoryPlan mine = stage_memory(c, st, d, zero, bf16);
-              o.memory = std::max(o.memory, mine.total());
-              o.host = std::max(o.host, plan_host(mine, st.share, d, zero, true).peak());
-              const double sent = update_traffic(c, st.share, d, zero, bf16, micro_steps).bytes + st.sent_tensor +
-                                  st.sent_p2p + st.sent_pipeline_collectives;
-              if (sent > o.sent) {
-                o.sent = sent;
-                o.tensor_sent = st.sent_tensor;
-              }
-            }
-          } else {
-            const MemoryPlan mine = plan_memory(c, share, d, zero, bf16, B);
-            o.memory = mine.total();
-            o.host = plan_host(mine, share, d, zero, true).peak();
-            o.tensor_sent = tensor_traffic(c, t, bf16, micro_steps).bytes;
-            o.sent = update_traffic(c, share, d, zero, bf16, micro_steps).bytes + o.tensor_sent;
-          }
-          options.push_back(o);
+          if (auto o = mesh_option(config, share, dist::Mesh{t, d, p}, zero, sequence_parallel)) options.push_back(*o);
         }
       }
     }
   }
   return options;
+}
+
+std::int64_t max_micro_batch(const config::Config& config, const MeshOption& option, std::int64_t memory,
+                             std::int64_t host_per_rank) {
+  const RankShare share = rank_share(config.model, option.mesh.tensor);
+  const std::int64_t per_rank = config.train.global_batch_size / option.mesh.data;
+  config::Config c = config;
+  for (std::int64_t B = per_rank; B >= 1; --B) {
+    if (per_rank % B != 0) continue;
+    c.train.micro_batch_size = B;
+    const auto o = mesh_option(c, share, option.mesh, option.zero_stage, option.sequence_parallel);
+    if (o && o->memory <= memory && (host_per_rank <= 0 || o->host <= host_per_rank)) return B;
+  }
+  return 0;
 }
 
 }  // namespace llmtrain::train

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "config/config.h"
@@ -235,5 +236,17 @@ struct MeshOption {
 /// stage that needs most memory deciding the fit and the one that sends most the traffic.
 /// `skipped_batch` counts the meshes left out because the global batch does not divide.
 std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int* skipped_batch = nullptr);
+
+/// One row of mesh_options: `mesh` with ZeRO `zero` and sequence parallelism or not, at the
+/// config's micro-batch, for a rank holding `share` (rank_share at mesh.tensor); nullopt where
+/// mesh_options leaves it out (the batch does not divide, train refuses it).
+std::optional<MeshOption> mesh_option(const config::Config& config, const RankShare& share, const dist::Mesh& mesh,
+                                      int zero, bool sequence_parallel);
+
+/// The largest train.micro_batch_size at which `option`'s layout still fits `memory` bytes per
+/// device (and, when host_per_rank > 0, that much host memory per rank): a divisor B of
+/// global_batch_size / data, where mesh_option takes it (pipelines: at least p micro-steps); 0: none.
+std::int64_t max_micro_batch(const config::Config& config, const MeshOption& option, std::int64_t memory,
+                             std::int64_t host_per_rank = 0);
 
 }  // namespace llmtrain::train
