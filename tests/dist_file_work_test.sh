@@ -3,8 +3,9 @@
 # Rank 1's saves take 8 s longer (LLMTRAIN_TEST_SLOW_SAVE_S) under dist.timeout_s = 3: rank 0
 # waits in the checkpoint's commit meanwhile, with patience (dist/file_work.h) while rank 1 says it
 # is alive. Synchronous and background saves must both complete, and the runs end with status 0.
-# Then rank 1 is stopped (SIGSTOP) in the middle of a 60 s file work: the job must end within
-# dist.timeout_s plus a few seconds, naming rank 1, as dist_hang_test.sh requires outside file work.
+# Then rank 1, and in another run rank 0, is stopped (SIGSTOP) in the middle of a 60 s file work:
+# the job must end within dist.timeout_s plus a few seconds (naming rank 1 when rank 1 hangs), as
+# dist_hang_test.sh requires outside file work.
 # Usage: dist_file_work_test.sh LLMTRAIN MPIEXEC
 set -uo pipefail
 llmtrain="$1"
@@ -27,10 +28,10 @@ config() {  # $1: file, $2: checkpoint.async, $3: max_steps
 JSON
 }
 
-# Two ranks; rank 1 (the second app context) with its saves slowed by $2 s.
-launch() {  # $1: config, $2: slow seconds, $3: run folder
+# Two ranks, each with its saves slowed by some seconds (0: not at all).
+launch() {  # $1: config, $2: rank 1's slow seconds, $3: run folder, $4: rank 0's slow seconds
   "$mpiexec" --allow-run-as-root --oversubscribe \
-    -np 1 "$llmtrain" train --config "$1" --run-dir "$3" : \
+    -np 1 env LLMTRAIN_TEST_SLOW_SAVE_S="${4:-0}" "$llmtrain" train --config "$1" --run-dir "$3" : \
     -np 1 env LLMTRAIN_TEST_SLOW_SAVE_S="$2" "$llmtrain" train --config "$1" --run-dir "$3"
 }
 
@@ -53,28 +54,36 @@ for async in false true; do
   echo "checkpoint.async $async: 2 saves of 8 s on rank 1 under dist.timeout_s = 3: exit 0 after ${took} s, $complete complete checkpoints"
 done
 
-# A rank that hangs in its file work: stopped by the watchdog within dist.timeout_s + 10 s.
-config "$work/c-hang.json" false 4
-run="$work/run-hang"
-launch "$work/c-hang.json" 60 "$run" >"$run.log" 2>&1 &
-job=$!
-for _ in $(seq 1 300); do compgen -G "$run/checkpoints/step_*" >/dev/null && break; sleep 0.1; done
-compgen -G "$run/checkpoints/step_*" >/dev/null || fail "hang: no save started: $(cat "$run.log")"
-sleep 2  # rank 1 is in its 60 s file work, rank 0 in the patient commit
-pid=""
-for p in $(pgrep -f "llmtrain train --config $work/c-hang.json"); do
-  if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then pid=$p; fi
-done
-[[ -n "$pid" ]] || fail "hang: rank 1 not found"
-start=$SECONDS
-kill -STOP "$pid"
-while kill -0 "$job" 2>/dev/null && (( SECONDS - start < 60 )); do sleep 0.5; done
-if kill -0 "$job" 2>/dev/null; then kill -KILL "$job"; kill -KILL "$pid"; fail "hang: the job still runs after 60 s"; fi
-wait "$job"; status=$?
-kill -KILL "$pid" 2>/dev/null
-took=$((SECONDS - start))
-(( status != 0 )) || fail "hang: exit status 0"
-(( took <= 3 + 10 )) || fail "hang: took ${took} s, more than dist.timeout_s + 10 s"
-grep -q "rank(s) 1 never arrived or stopped responding" "$run.log" || fail "hang: rank 1 not named: $(cat "$run.log")"
-echo "hang in file work: job ended ${took} s after SIGSTOP, status $status: $(grep -m1 'never arrived' "$run.log" | cut -c1-160)"
-echo "3 passed, 0 failed"
+# A rank that hangs in its file work: the job stops within dist.timeout_s + 10 s. Rank 1 hung:
+# rank 0 no longer hears it, stops granting patience and names it. Rank 0 hung: rank 1 no longer
+# gets its grants and stops.
+hang() {  # $1: the rank that is slow and then stopped
+  local rank="$1" run="$work/run-hang$1" slow0=0 slow1=0
+  config "$work/c-hang$rank.json" false 4
+  if (( rank == 0 )); then slow0=60; else slow1=60; fi
+  launch "$work/c-hang$rank.json" "$slow1" "$run" "$slow0" >"$run.log" 2>&1 &
+  local job=$!
+  for _ in $(seq 1 300); do compgen -G "$run/checkpoints/step_*" >/dev/null && break; sleep 0.1; done
+  compgen -G "$run/checkpoints/step_*" >/dev/null || fail "hang $rank: no save started: $(cat "$run.log")"
+  sleep 2  # the slow rank is in its 60 s file work, the other in the patient commit
+  local pid=""
+  for p in $(pgrep -f "llmtrain train --config $work/c-hang$rank.json"); do
+    if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$rank"; then pid=$p; fi
+  done
+  [[ -n "$pid" ]] || fail "hang $rank: rank $rank not found"
+  local start=$SECONDS
+  kill -STOP "$pid"
+  while kill -0 "$job" 2>/dev/null && (( SECONDS - start < 60 )); do sleep 0.5; done
+  if kill -0 "$job" 2>/dev/null; then kill -KILL "$job"; kill -KILL "$pid"; fail "hang $rank: the job still runs after 60 s"; fi
+  wait "$job"; local status=$?
+  kill -KILL "$pid" 2>/dev/null
+  local took=$((SECONDS - start))
+  (( status != 0 )) || fail "hang $rank: exit status 0"
+  (( took <= 3 + 10 )) || fail "hang $rank: took ${took} s, more than dist.timeout_s + 10 s"
+  grep -q "did not finish within dist.timeout_s = 3 s" "$run.log" || fail "hang $rank: no watchdog line: $(cat "$run.log")"
+  echo "rank $rank hung in file work: job ended ${took} s after SIGSTOP, status $status: $(grep -m1 'did not finish' "$run.log" | cut -c1-170)"
+}
+hang 1
+grep -q "rank(s) 1 never arrived or stopped responding" "$work/run-hang1.log" || fail "hang 1: rank 1 not named"
+hang 0
+echo "4 passed, 0 failed"

@@ -109,12 +109,13 @@ void print_host(const std::vector<HostRow>& rows, const HostLimit& limit, bool p
   std::printf("host: no rank holds the whole model. GPU ranks: %s per process (CUDA context, libraries, MPI: a "
               "stated constant, not measured), one %s range in flight at start-up (each rank makes or reads only "
               "its own weights, range by range, straight to the device), during a save (the writer's chunk) and a "
-              "resume (memory-mapped, converted one range at a time), and from the first save on the pinned "
-              "staging buffer of the bytes the rank writes (f32 weights and AdamW m and v of the parameters it "
+              "resume (memory-mapped, converted one range at a time), and while training the pinned staging "
+              "buffer, kept between saves, of the bytes the rank writes (f32 weights and AdamW m and v of the parameters it "
               "owns: ZeRO 3 its shards, ZeRO 0-2 ceil(P / data) of its part). CPU ranks: %s per process and the "
               "device figures above, which live in host memory. node peak: the GPU rank's largest phase x "
               "--ranks-per-node %d. The tokenized data is memory-mapped (page cache, shared and reclaimable): not "
-              "counted%s\n",
+              "counted. A model of sharded start-up, saves and resume: today's start-up also builds the whole "
+              "fp32 model on each rank once, and a save gathers the weights on rank 0%s\n",
               format_bytes(double(any.process)).c_str(), format_bytes(double(any.chunk)).c_str(),
               format_bytes(double(train::cpu_process_bytes)).c_str(), limit.ranks_per_node,
               pipeline ? "; with a pipeline, the stage that needs most device memory" : "");
