@@ -755,3 +755,23 @@ TEST_CASE("plan: host memory per rank at start-up, training, a save and a resume
   }
   CHECK(checked == 2);
 }
+
+TEST_CASE("plan: --suggest's max micro-batch, a divisor of the batch per data rank that fits", "[plan][host]") {
+  config::Config c = tiny_llama();  // P = 476
+  c.train.global_batch_size = 24;   // 12 sequences per rank on 2 data ranks: B in 12, 6, 4, 3, 2, 1
+  c.train.micro_batch_size = 1;
+  const train::RankShare whole = train::rank_share(c.model);
+  const auto option = train::mesh_option(c, whole, dist::Mesh{1, 2, 1}, 1, false);
+  REQUIRE(option);
+  // Exactly the memory of micro-batch 4 (ZeRO 1, fp32): 4 fits, 6 does not (its activations are larger).
+  const std::int64_t at4 = train::plan_memory(c, 2, 1, false, 4).total();
+  CHECK(train::plan_memory(c, 2, 1, false, 6).total() > at4);
+  CHECK(train::max_micro_batch(c, *option, at4) == 4);
+  CHECK(train::max_micro_batch(c, *option, at4 - 1) == 3);
+  CHECK(train::max_micro_batch(c, *option, std::int64_t(1) << 40) == 12);
+  // The host: a GPU rank needs 2 GiB + 32 MiB + 12 x ceil(476 / 2) at every micro-batch; a byte less: none.
+  const std::int64_t host = (std::int64_t(2) << 30) + (std::int64_t(32) << 20) + 12 * 238;
+  CHECK(option->host == host);
+  CHECK(train::max_micro_batch(c, *option, at4, host) == 4);
+  CHECK(train::max_micro_batch(c, *option, at4, host - 1) == 0);
+}
