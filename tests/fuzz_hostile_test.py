@@ -679,6 +679,8 @@ cli_lines = [
     ["plan", "--config", CONFIG_FILE, "--world-size", "abc"],
     ["plan", "--config", CONFIG_FILE, "--suggest", "--gpus", "-8"],
     ["plan", "--config", CONFIG_FILE, "--suggest", "--gpus", "99999999999"],
+    ["plan", "--config", CONFIG_FILE, "--suggest", "--host-memory", "lots"],
+    ["plan", "--config", CONFIG_FILE, "--suggest", "--ranks-per-node", "0"],
     ["export", "--checkpoint", RUN, "--output", f"{CASES}/x", "--format", "gguf"],
     ["inspect", "--checkpoint", "/nonexistent"],
     ["inspect", "--checkpoint", "/dev/null"],

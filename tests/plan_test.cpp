@@ -699,3 +699,79 @@ TEST_CASE("plan: pipeline stages against the trainer's state_bytes and transfers
   }
   CHECK(stages[1].share.params == 12704);  // a middle stage: one layer, no embedding, no head
 }
+
+TEST_CASE("plan: host memory per rank at start-up, training, a save and a resume, by hand", "[plan][host]") {
+  config::Config c = tiny_llama();  // P = 476
+  constexpr std::int64_t gpu = std::int64_t(2) << 30, cpu = std::int64_t(512) << 20, chunk = std::int64_t(32) << 20;
+  CHECK(train::gpu_process_bytes == gpu);
+  CHECK(train::cpu_process_bytes == cpu);
+  CHECK(train::host_chunk_bytes() == chunk);
+  const train::RankShare whole = train::rank_share(c.model);
+
+  // ZeRO 1, bf16, 3 data ranks: a rank owns ceil(476 / 3) = 159 parameters and writes their f32
+  // weights, m and v: 12 x 159 = 1,908 bytes of staging.
+  CHECK(train::owned_params(whole, 3, 1) == 159);
+  const train::MemoryPlan z1 = train::plan_memory(c, 3, 1, true, 2);
+  train::HostPlan h = train::plan_host(z1, whole, 3, 1, true);
+  // A GPU rank: no model on the host, only one range in flight, and the staging from training on.
+  CHECK(h.startup() == gpu + chunk);
+  CHECK(h.training() == gpu + 1908);
+  CHECK(h.save() == gpu + 1908 + chunk);
+  CHECK(h.resume() == gpu + chunk);
+  CHECK(h.peak() == gpu + 1908 + chunk);
+  // A CPU rank: its state is host memory. bf16 weights 6 x 476, gradients 4 x 476, m and v 8 x
+  // 159, the padded buffer and summed shard 4 x (3 x 159 + 159): 2,856 + 1,904 + 1,272 + 2,544.
+  const std::int64_t state = 2856 + 1904 + 1272 + 2544;
+  CHECK(z1.state() == state);
+  h = train::plan_host(z1, whole, 3, 1, false);
+  CHECK(h.startup() == cpu + state + chunk);
+  CHECK(h.training() == cpu + state + z1.activations + 1908);
+  CHECK(h.save() == cpu + state + z1.activations + 1908 + chunk);
+  CHECK(h.resume() == cpu + state + chunk);
+
+  // ZeRO 3: the padded shards 16 + 3 x 43 + 15 = 160 parameters, 1,920 bytes written. ZeRO 0 at
+  // one data rank: all 476, 5,712 bytes.
+  CHECK(train::owned_params(whole, 3, 3) == 160);
+  CHECK(train::plan_host(train::plan_memory(c, 3, 3, false, 2), whole, 3, 3, true).save() == gpu + 1920 + chunk);
+  CHECK(train::owned_params(whole, 1, 0) == 476);
+  CHECK(train::plan_host(train::plan_memory(c, 1, 0, false, 2), whole, 1, 0, true).training() == gpu + 5712);
+
+  // --suggest's host figure per GPU rank is the peak. With 2 key/value heads (P = 524): on 1 x 4 x 1
+  // ZeRO 1 a rank owns ceil(524 / 4) = 131 parameters; on 2 x 2 x 1 tensor rank 1 holds 280 and owns 140.
+  c.model.n_kv_head = 2;
+  c.train.global_batch_size = 8;
+  const auto options = train::mesh_options(c, 4);
+  int checked = 0;
+  for (const auto& o : options) {
+    if (o.mesh.pipeline != 1 || o.zero_stage != 1 || o.sequence_parallel) continue;
+    if (o.mesh.tensor == 1 && o.mesh.data == 4) {
+      CHECK(o.host == gpu + chunk + 12 * 131);
+      ++checked;
+    }
+    if (o.mesh.tensor == 2 && o.mesh.data == 2) {
+      CHECK(o.host == gpu + chunk + 12 * 140);
+      ++checked;
+    }
+  }
+  CHECK(checked == 2);
+}
+
+TEST_CASE("plan: --suggest's max micro-batch, a divisor of the batch per data rank that fits", "[plan][host]") {
+  config::Config c = tiny_llama();  // P = 476
+  c.train.global_batch_size = 24;   // 12 sequences per rank on 2 data ranks: B in 12, 6, 4, 3, 2, 1
+  c.train.micro_batch_size = 1;
+  const train::RankShare whole = train::rank_share(c.model);
+  const auto option = train::mesh_option(c, whole, dist::Mesh{1, 2, 1}, 1, false);
+  REQUIRE(option);
+  // Exactly the memory of micro-batch 4 (ZeRO 1, fp32): 4 fits, 6 does not (its activations are larger).
+  const std::int64_t at4 = train::plan_memory(c, 2, 1, false, 4).total();
+  CHECK(train::plan_memory(c, 2, 1, false, 6).total() > at4);
+  CHECK(train::max_micro_batch(c, *option, at4) == 4);
+  CHECK(train::max_micro_batch(c, *option, at4 - 1) == 3);
+  CHECK(train::max_micro_batch(c, *option, std::int64_t(1) << 40) == 12);
+  // The host: a GPU rank needs 2 GiB + 32 MiB + 12 x ceil(476 / 2) at every micro-batch; a byte less: none.
+  const std::int64_t host = (std::int64_t(2) << 30) + (std::int64_t(32) << 20) + 12 * 238;
+  CHECK(option->host == host);
+  CHECK(train::max_micro_batch(c, *option, at4, host) == 4);
+  CHECK(train::max_micro_batch(c, *option, at4, host - 1) == 0);
+}

@@ -1,5 +1,6 @@
 // llmtrain plan: parameter count and memory per rank, before a job is launched.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -17,8 +18,8 @@
 namespace llmtrain::cli {
 namespace {
 
-// "80GB", "141GiB", "512MB" -> bytes.
-std::int64_t parse_memory(const std::string& text) {
+// "80GB", "141GiB", "512MB", "2TB", "2TiB" -> bytes; `option` names the flag in the error.
+std::int64_t parse_memory(const std::string& text, const char* option) {
   std::size_t end = 0;
   double value = 0;
   try {
@@ -32,10 +33,14 @@ std::int64_t parse_memory(const std::string& text) {
   if (unit == "GiB") scale = 1024.0 * 1024 * 1024;
   if (unit == "MB") scale = 1e6;
   if (unit == "MiB") scale = 1024.0 * 1024;
-  if (end == 0 || scale == 0 || value <= 0) {
-    throw InputError("--device-memory " + text + ": expected a size such as 80GB, 141GB or 24GiB");
+  if (unit == "TB") scale = 1e12;
+  if (unit == "TiB") scale = 1024.0 * 1024 * 1024 * 1024;
+  // At most 1 PB: beyond it the byte count would not be a size of one node's memory (and past
+  // 2^63 would not fit the count).
+  if (end == 0 || scale == 0 || !(value > 0) || value * scale > 1e15 || value * scale < 1) {
+    throw InputError(std::string(option) + " " + text + ": expected a size such as 80GB, 141GB, 24GiB or 2TB");
   }
-  return static_cast<std::int64_t>(value * scale);
+  return std::llround(value * scale);  // "2181.043792MB" is 2,181,043,792 bytes, not one less
 }
 
 std::string with_commas(std::int64_t n) {
@@ -75,12 +80,66 @@ std::string mesh_label(const train::MeshOption& o) {
 }
 
 // plan --suggest: the meshes of `gpus` ranks and ZeRO stages that fit `memory` bytes per device.
+// Host memory per node: `host_memory` bytes (0: not checked) for `ranks_per_node` ranks.
+struct HostLimit {
+  std::string text;
+  std::int64_t bytes = 0;
+  int ranks_per_node = 8;
+};
+
+// One row of plan's host table: a (precision, ZeRO stage) on GPU ranks and on CPU ranks.
+struct HostRow {
+  std::string label;
+  train::HostPlan gpu, cpu;
+};
+
+// plan's host memory per rank in each phase, GPU ranks and CPU-backend ranks, and per node.
+void print_host(const std::vector<HostRow>& rows, const HostLimit& limit, bool pipeline) {
+  // Rows named "host fp32 ZeRO 0": scripts that read the device table's "fp32 ZeRO 0" find one line.
+  std::printf("%-16s %12s %12s %12s %12s %12s %12s %12s %12s %12s\n", pipeline ? "host, stage" : "host per rank",
+              "GPU start", "training", "save", "resume", "node peak", "CPU start", "training", "save", "resume");
+  for (const HostRow& r : rows) {
+    const auto b = [](std::int64_t bytes) { return format_bytes(double(bytes)); };
+    std::printf("host %-11s %12s %12s %12s %12s %12s %12s %12s %12s %12s\n", r.label.c_str(), b(r.gpu.startup()).c_str(),
+                b(r.gpu.training()).c_str(), b(r.gpu.save()).c_str(), b(r.gpu.resume()).c_str(),
+                b(r.gpu.peak() * limit.ranks_per_node).c_str(), b(r.cpu.startup()).c_str(), b(r.cpu.training()).c_str(),
+                b(r.cpu.save()).c_str(), b(r.cpu.resume()).c_str());
+  }
+  const train::HostPlan& any = rows.front().gpu;
+  std::printf("host: no rank holds the whole model. GPU ranks: %s per process (CUDA context, libraries, MPI: a "
+              "stated constant, not measured), one %s range in flight at start-up (each rank makes or reads only "
+              "its own weights, range by range, straight to the device), during a save (the writer's chunk) and a "
+              "resume (memory-mapped, converted one range at a time), and while training the pinned staging "
+              "buffer, kept between saves, of the bytes the rank writes (f32 weights and AdamW m and v of the parameters it "
+              "owns: ZeRO 3 its shards, ZeRO 0-2 ceil(P / data) of its part). CPU ranks: %s per process and the "
+              "device figures above, which live in host memory. node peak: the GPU rank's largest phase x "
+              "--ranks-per-node %d. The tokenized data is memory-mapped (page cache, shared and reclaimable): not "
+              "counted. A model of sharded start-up, saves and resume: today's start-up also builds the whole "
+              "fp32 model on each rank once, and a save gathers the weights on rank 0%s\n",
+              format_bytes(double(any.process)).c_str(), format_bytes(double(any.chunk)).c_str(),
+              format_bytes(double(train::cpu_process_bytes)).c_str(), limit.ranks_per_node,
+              pipeline ? "; with a pipeline, the stage that needs most device memory" : "");
+  if (limit.bytes > 0) {
+    std::int64_t most = 0;
+    for (const HostRow& r : rows) most = std::max(most, r.gpu.peak() * limit.ranks_per_node);
+    const std::string needs = format_bytes(double(most));
+    std::printf("host memory %s (%s) per node: %s%s%s\n", limit.text.c_str(), format_bytes(double(limit.bytes)).c_str(),
+                most <= limit.bytes ? "every row's GPU ranks fit" : "a node of GPU ranks needs up to ",
+                most <= limit.bytes ? "" : needs.c_str(), most <= limit.bytes ? "" : "; the rows above that do not fit");
+  }
+}
+
 int suggest(const config::Config& c, const std::string& config_path, int gpus, const std::string& memory_text,
-            std::int64_t memory) {
+            std::int64_t memory, const HostLimit& host) {
   const auto& m = c.model;
   const bool bf16 = c.train.precision == config::Precision::bf16;
   std::printf("plan --suggest: %s on %d device(s) of %s (%s)\n", config_path.c_str(), gpus, memory_text.c_str(),
               format_bytes(double(memory)).c_str());
+  const int per_node = std::min(host.ranks_per_node, gpus);
+  if (host.bytes > 0) {
+    std::printf("host: %s (%s) per node of %d rank(s)\n", host.text.c_str(), format_bytes(double(host.bytes)).c_str(),
+                per_node);
+  }
   std::printf("%s\n", model_line(m).c_str());
   std::printf("batch: micro-batch %lld x %lld tokens, global batch %lld sequences; %s, recompute %s\n",
               static_cast<long long>(c.train.micro_batch_size), static_cast<long long>(m.context_length),
@@ -95,12 +154,31 @@ int suggest(const config::Config& c, const std::string& config_path, int gpus, c
   }
   std::vector<train::MeshOption> fitting;
   const train::MeshOption* smallest = nullptr;
+  const train::MeshOption* least_host = nullptr;  // of those that fit the device
+  int host_refused = 0;
   for (const auto& o : options) {
-    if (o.memory <= memory) fitting.push_back(o);
     if (!smallest || o.memory < smallest->memory) smallest = &o;
+    if (o.memory > memory) continue;
+    if (!least_host || o.host < least_host->host) least_host = &o;
+    if (host.bytes > 0 && o.host * per_node > host.bytes) {
+      ++host_refused;
+      continue;
+    }
+    fitting.push_back(o);
+  }
+  if (host_refused > 0) {
+    std::printf("left out: %d (mesh, ZeRO stage) choice(s) that fit the device but not the host: %d rank(s) x host "
+                "per rank above %s per node\n",
+                host_refused, per_node, host.text.c_str());
   }
   if (fitting.empty()) {
-    if (smallest) {
+    if (least_host && host_refused > 0) {
+      std::printf("none fits: no mesh of %d device(s) with ZeRO 0-3 fits %s per node of host memory; the least, %s "
+                  "ZeRO %d, needs %s per rank, %s per node of %d\n",
+                  gpus, host.text.c_str(), mesh_label(*least_host).c_str(), least_host->zero_stage,
+                  format_bytes(double(least_host->host)).c_str(),
+                  format_bytes(double(least_host->host * per_node)).c_str(), per_node);
+    } else if (smallest) {
       std::printf("none fits: no mesh of %d device(s) with ZeRO 0-3 fits in %s; the smallest, %s ZeRO %d, needs %s "
                   "per rank\n",
                   gpus, memory_text.c_str(), mesh_label(*smallest).c_str(), smallest->zero_stage,
@@ -126,17 +204,27 @@ int suggest(const config::Config& c, const std::string& config_path, int gpus, c
     return a.sent != b.sent ? a.sent < b.sent : a.memory < b.memory;
   });
   constexpr std::size_t rows_at_most = 15;
-  const auto print_row = [](const train::MeshOption& o) {
-    std::printf("%-16s %4d %11lld %13s %13s %13s\n", mesh_label(o).c_str(), o.zero_stage,
+  const std::int64_t host_per_rank = host.bytes > 0 ? host.bytes / per_node : 0;
+  std::vector<std::int64_t> largest;  // each shown row's max micro-batch
+  const auto print_row = [&](const train::MeshOption& o) {
+    largest.push_back(train::max_micro_batch(c, o, memory, host_per_rank));
+    std::printf("%-16s %4d %11lld %13s %13s %13s %13s %15lld\n", mesh_label(o).c_str(), o.zero_stage,
                 static_cast<long long>(o.micro_steps), format_bytes(double(o.memory)).c_str(),
-                format_bytes(o.sent).c_str(), o.mesh.tensor > 1 ? format_bytes(o.tensor_sent).c_str() : "-");
+                format_bytes(double(o.host)).c_str(), format_bytes(o.sent).c_str(),
+                o.mesh.tensor > 1 ? format_bytes(o.tensor_sent).c_str() : "-", static_cast<long long>(largest.back()));
   };
-  std::printf("%-16s %4s %11s %13s %13s %13s\n", "mesh t x d x p", "ZeRO", "micro-steps", "memory/rank", "sent/update",
-              "of it tensor");
+  std::printf("%-16s %4s %11s %13s %13s %13s %13s %15s\n", "mesh t x d x p", "ZeRO", "micro-steps", "memory/rank",
+              "host/rank", "sent/update", "of it tensor", "max micro-batch");
   for (std::size_t i = 0; i < shown.size() && i < rows_at_most; ++i) print_row(shown[i]);
   std::printf("fit: %zu of %zu (mesh, ZeRO stage) choices; %zu shown, least traffic first (per mesh, stages that need "
               "more memory and send no less left out)\n",
               fitting.size(), options.size(), std::min(shown.size(), rows_at_most));
+  const train::MeshOption& best = shown.front();
+  std::printf("suggested: %s ZeRO %d at micro-batch %lld, the first row's max micro-batch (--set dist.tensor_parallel=%d "
+              "--set dist.pipeline_parallel=%d --set dist.zero_stage=%d%s --set train.micro_batch_size=%lld)\n",
+              mesh_label(best).c_str(), best.zero_stage, static_cast<long long>(largest.front()), best.mesh.tensor,
+              best.mesh.pipeline, best.zero_stage, best.sequence_parallel ? " --set dist.sequence_parallel=true" : "",
+              static_cast<long long>(largest.front()));
   std::printf("memory/rank: weights, gradients, optimizer state, ZeRO's buffers and one micro-batch's activations, "
               "of the tensor rank that holds most; with a pipeline (p > 1) the stage that needs most, its "
               "activations for the micro-batches its schedule keeps in flight (min(p - stage, micro-steps) under "
@@ -144,7 +232,10 @@ int suggest(const config::Config& c, const std::string& config_path, int gpus, c
               "optimizer update (ring collectives) over its data group (loss and norm all-reduce not counted) and its "
               "tensor group (every collective; 'of it tensor'), with a pipeline the stage that sends most, with its "
               "activations and gradients to the neighbouring stages and the pipeline group's all-reduces; sp: "
-              "sequence parallelism\n");
+              "sequence parallelism; max micro-batch: the largest train.micro_batch_size (dividing the global batch "
+              "per data rank; with a pipeline at least p micro-steps) at which the row's layout still fits the device "
+              "and the host; host/rank: a GPU rank's host memory at its peak (start-up, training, save, "
+              "resume; plan shows each), checked against --host-memory per node of --ranks-per-node ranks (a model of the sharded start-up, save and resume with a stated per-process constant, not a measurement)\n");
   std::printf("every row is exact: the buffers train allocates and the collectives it makes (tensor parallel t "
               "divides n_head and ffn_hidden, and divides n_kv_head or is a multiple of it; pipelines with the "
               "balanced split, at least p micro-steps (a multiple of p, interleaved), ZeRO 0-2: train refuses ZeRO 3 "
@@ -175,8 +266,13 @@ void print_stages(const config::Config& c, const dist::Mesh& mesh, std::int64_t 
     const train::MemoryPlan p = train::stage_memory(c, st, mesh.data, zero, bf16);
     std::string layers;
     for (const train::StageRange& chunk : st.chunks) {
-      layers += (layers.empty() ? "" : ", ") + std::to_string(chunk.first_layer) +
-                (chunk.layers == 1 ? "" : "-" + std::to_string(chunk.first_layer + chunk.layers - 1));
+      // Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on "-" + std::string here.
+      if (!layers.empty()) layers += ", ";
+      layers += std::to_string(chunk.first_layer);
+      if (chunk.layers != 1) {
+        layers += '-';
+        layers += std::to_string(chunk.first_layer + chunk.layers - 1);
+      }
     }
     layers += std::string(st.embedding ? " + embedding" : "") + (st.head ? " + head" : "");
     const std::string acts = format_bytes(double(p.activations)) + " (" + std::to_string(st.slots) + " slot" +
@@ -209,10 +305,11 @@ void print_stages(const config::Config& c, const dist::Mesh& mesh, std::int64_t 
 
 Command add_plan_command(CLI::App& parent) {
   struct Options {
-    std::string config_path, device_memory = "80GB";
+    std::string config_path, device_memory = "80GB", host_memory;
     std::vector<std::string> sets;
-    int world_size = 1, gpus = 0;
+    int world_size = 1, gpus = 0, ranks_per_node = 8;
     bool suggest = false;
+    CLI::Option* host_flag = nullptr;  // given even when empty: then a bad value
   };
   auto o = std::make_shared<Options>();
   CLI::App* app = parent.add_subcommand("plan", "Parameter count and memory per rank for a config");
@@ -221,6 +318,12 @@ Command add_plan_command(CLI::App& parent) {
   app->add_option("--set", o->sets, "Override a key by its dotted path")->type_name("KEY=VALUE")->allow_extra_args(false);
   app->add_option("--device-memory", o->device_memory, "Memory of one device, for the largest micro-batch")
       ->capture_default_str();
+  o->host_flag = app->add_option("--host-memory", o->host_memory,
+                  "Host memory of one node; --suggest leaves out the layouts whose ranks need more")
+      ->type_name("SIZE");
+  app->add_option("--ranks-per-node", o->ranks_per_node, "Ranks (GPUs) on one node, for the host memory per node")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
   CLI::Option* suggest_flag = app->add_flag(
       "--suggest", o->suggest, "List the meshes and ZeRO stages that fit --device-memory, least communication first");
   app->add_option("--gpus", o->gpus, "Devices for --suggest (default: --world-size)")
@@ -231,8 +334,12 @@ Command add_plan_command(CLI::App& parent) {
             std::vector<config::Override> overrides;
             for (const auto& s : o->sets) overrides.push_back({s});
             const config::Config c = config::load_config(o->config_path, overrides);
-            const std::int64_t memory = parse_memory(o->device_memory);
-            if (o->suggest) return suggest(c, o->config_path, o->gpus > 0 ? o->gpus : o->world_size, o->device_memory, memory);
+            const std::int64_t memory = parse_memory(o->device_memory, "--device-memory");
+            HostLimit host{o->host_memory, 0, o->ranks_per_node};
+            if (o->host_flag->count() > 0) host.bytes = parse_memory(o->host_memory, "--host-memory");
+            if (o->suggest) {
+              return suggest(c, o->config_path, o->gpus > 0 ? o->gpus : o->world_size, o->device_memory, memory, host);
+            }
             const dist::Mesh mesh =
                 dist::Mesh::of(o->world_size, int(c.dist.tensor_parallel), int(c.dist.pipeline_parallel));
             const std::int64_t accum = config::grad_accum_steps(c, mesh.data);
@@ -309,11 +416,13 @@ Command add_plan_command(CLI::App& parent) {
             std::printf("%-13s %12s %12s %12s %12s %12s %12s %12s %16s\n",
                         mesh.pipeline > 1 ? "largest stage" : "per rank", "weights", "gradients", "optimizer", "gathered",
                         "activations", "total", "sent/update", "max micro-batch");
+            std::vector<HostRow> host_rows;
             for (const bool bf16 : {false, true}) {
               for (const int zero : {0, 1, 2, 3}) {
                 char label[32];
                 std::snprintf(label, sizeof label, "%s ZeRO %d", bf16 ? "bf16" : "fp32", zero);
                 train::MemoryPlan p;
+                const train::RankShare* held = &share;  // whose parameters: the stage's with a pipeline
                 double sent = 0;
                 std::string largest;
                 if (mesh.pipeline > 1) {
@@ -327,6 +436,7 @@ Command add_plan_command(CLI::App& parent) {
                     const auto mine = train::stage_memory(c, st, mesh.data, zero, bf16);
                     if (mine.total() > p.total()) {
                       p = mine;
+                      held = &st.share;
                       sent = train::update_traffic(c, st.share, mesh.data, zero, bf16, accum).bytes + st.sent_tensor +
                              st.sent_p2p + st.sent_pipeline_collectives;
                     }
@@ -342,8 +452,11 @@ Command add_plan_command(CLI::App& parent) {
                             format_bytes(double(p.optimizer)).c_str(), format_bytes(double(p.gathered)).c_str(),
                             format_bytes(double(p.activations)).c_str(), format_bytes(double(p.total())).c_str(),
                             format_bytes(sent).c_str(), largest.c_str());
+                host_rows.push_back({label, train::plan_host(p, *held, mesh.data, zero, true),
+                                     train::plan_host(p, *held, mesh.data, zero, false)});
               }
             }
+            print_host(host_rows, host, mesh.pipeline > 1);
             if (mesh.pipeline > 1) print_stages(c, mesh, accum, stages[c.train.precision == config::Precision::bf16]);
             std::printf("weights: f32 master weights (ZeRO 3: this rank's shards; bf16 ZeRO 0-2: and a bf16 working copy); "
                         "gathered: ZeRO 1-2's padded gradient buffer and summed shard (ZeRO 2 holds what ZeRO 1 does), "

@@ -152,6 +152,22 @@ class Communicator {
   /// within them. Counted as their sends and receives. No two buffers may overlap.
   std::unique_ptr<Request> start_transfers(const std::vector<PeerTransfer>& transfers);
 
+  /// Long work outside collectives (reading or writing checkpoint files): tells the other ranks
+  /// that this one is alive, so that a collective waiting for it under patience (set_patience)
+  /// goes on waiting. Cheap; sends at most a message a second. Call it from the thread that makes
+  /// this rank's collectives, every chunk or every 50-100 ms (dist/file_work.h does). Stops the
+  /// job, as a collective would, when another rank found ranks lost. Over MPI only; elsewhere nothing.
+  virtual void keep_alive() {}
+  /// Patience for the collectives after file work (dist::Patience sets and clears it): while
+  /// limit_s > 0, a collective or transfer that has waited dist.timeout_s goes on waiting, up to
+  /// limit_s in all, as long as every rank is heard alive: rank 0 hears the others (each sends a
+  /// heartbeat a second while it waits or calls keep_alive) and tells them, once a second, that it
+  /// heard everyone within dist.timeout_s; a rank silent for dist.timeout_s (dead, hung, cut off)
+  /// still stops the job after about dist.timeout_s. 0: no patience (dist.timeout_s alone). Over
+  /// MPI only; NCCL collectives keep dist.timeout_s.
+  void set_patience(double limit_s) { patience_s_ = limit_s; }
+  double patience_s() const { return patience_s_; }
+
   /// The collectives and transfers this rank has made on this communicator so far.
   const Traffic& traffic() const { return traffic_; }
 
@@ -201,6 +217,7 @@ class Communicator {
   // RuntimeError unless `peer` is another rank of this group and count is not negative.
   void check_transfer(const char* operation, std::int64_t count, int peer) const;
   Traffic traffic_;
+  double patience_s_ = 0.0;
   std::string rank_noun_;
   std::function<std::string(int)> job_rank_place_;
 };

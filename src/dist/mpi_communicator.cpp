@@ -95,6 +95,8 @@ struct Pieces {
 };
 
 class MpiCommunicator final : public Communicator {
+  using Clock = std::chrono::steady_clock;
+
  public:
   /// The job's processes (MPI_COMM_WORLD); initialises MPI unless something already did.
   explicit MpiCommunicator(double timeout_s) : timeout_s_(timeout_s) {
@@ -308,14 +310,94 @@ class MpiCommunicator final : public Communicator {
         send_heartbeat();
         last_beat = now;
       }
-      if (std::chrono::duration<double>(now - start).count() > timeout_s_) late();
+      if (patience_s() > 0) patience_tick(now, spins);  // file work: dist/file_work.h
+      const double waited = std::chrono::duration<double>(now - start).count();
+      if (waited > timeout_s_ && !patient(now, waited)) late();
     }
   }
 
-  using Clock = std::chrono::steady_clock;
+ public:
+  // ---- Patience after file work (dist/file_work.h). Heartbeats go to rank 0 as above; rank 0,
+  // while it hears every rank within dist.timeout_s, grants patience to the others once a second
+  // (grant_tag). A patient collective waits past dist.timeout_s, up to patience_s() in all: on
+  // rank 0 while every rank not yet in it was heard within dist.timeout_s, elsewhere while rank
+  // 0's last grant is younger than dist.timeout_s.
+  void keep_alive() override {
+    const auto now = Clock::now();
+    if (take_verdicts()) stop_job("rank " + verdict_from_ + "'s collective", "", {});
+    if (rank_ == 0) {
+      init_tables();
+      collect_heartbeats();
+      send_grants(now, false);
+      return;
+    }
+    take_grants();
+    if (now - last_keep_alive_ > std::chrono::seconds(1)) {
+      send_heartbeat();
+      last_keep_alive_ = now;
+    }
+  }
+
+ private:
+  void patience_tick(Clock::time_point now, int spins) {
+    if (rank_ == 0) {
+      send_grants(now, true);
+    } else if (spins % 64 == 0) {
+      take_grants();
+    }
+  }
+
+  // Whether a collective that has waited `waited` seconds (past dist.timeout_s) may go on.
+  bool patient(Clock::time_point now, double waited) {
+    if (patience_s() <= 0 || waited > patience_s()) return false;
+    if (rank_ == 0) return every_rank_heard(now, true);
+    return std::chrono::duration<double>(now - last_grant_).count() <= timeout_s_;
+  }
+
+  // Rank 0: every other rank sent a heartbeat within dist.timeout_s (`in_collective`: or has
+  // entered the collective this rank waits in).
+  bool every_rank_heard(Clock::time_point now, bool in_collective) const {
+    for (int r = 1; r < world_; ++r) {
+      if (in_collective && arrived_[std::size_t(r)] >= seq_) continue;
+      if (std::chrono::duration<double>(now - last_heard_[std::size_t(r)]).count() > timeout_s_) return false;
+    }
+    return true;
+  }
+
+  // Rank 0, once a second while every rank is heard: a grant to every other rank.
+  void send_grants(Clock::time_point now, bool in_collective) {
+    init_tables();
+    if (world_ < 2 || now - last_grant_ < std::chrono::seconds(1) || !every_rank_heard(now, in_collective)) return;
+    last_grant_ = now;
+    while (!grant_sends_.empty()) {  // completed ones are dropped
+      int done = 0;
+      MPI_Test(&grant_sends_.front(), &done, MPI_STATUS_IGNORE);
+      if (!done) break;
+      grant_sends_.pop_front();
+    }
+    for (int r = 1; r < world_; ++r) {
+      grant_sends_.push_back(MPI_REQUEST_NULL);
+      MPI_Isend(&grants_sent_, 0, MPI_INT64_T, r, grant_tag, comm_, &grant_sends_.back());
+    }
+    ++grants_sent_;
+  }
+
+  // Ranks > 0: takes rank 0's grants that have arrived.
+  void take_grants() {
+    for (int flag = 1; flag;) {
+      MPI_Iprobe(0, grant_tag, comm_, &flag, MPI_STATUS_IGNORE);
+      if (!flag) break;
+      MPI_Recv(nullptr, 0, MPI_INT64_T, 0, grant_tag, comm_, MPI_STATUS_IGNORE);
+      ++grants_taken_;
+      last_grant_ = Clock::now();
+    }
+  }
+
   static constexpr int heartbeat_tag = 7301;
   static constexpr int count_tag = 7302;
   static constexpr int verdict_tag = 7303;  // on MPI_COMM_WORLD: job ranks found lost
+  static constexpr int grant_tag = 7304;    // rank 0 to the others: every rank heard (patience)
+  static constexpr int grant_count_tag = 7305;
   // Transfers (send, recv, exchange) use one tag of their own: MPI matches the messages between
   // two ranks on one tag in the order they were posted, which is the order the interface promises.
   static constexpr int transfer_tag = 7310;
@@ -531,16 +613,25 @@ class MpiCommunicator final : public Communicator {
 
   // At the end every rank says how many heartbeats it sent and rank 0 takes them all, so no
   // send is left pending when MPI shuts down.
+  // Then rank 0 says how many grants it sent, and each rank takes the rest of them.
   void drain_heartbeats() {
     if (rank_ == 0) {
+      init_tables();
       for (int r = 1; r < world_; ++r) {
         std::int64_t count = 0;
         MPI_Recv(&count, 1, MPI_INT64_T, r, count_tag, comm_, MPI_STATUS_IGNORE);
         while (received_[std::size_t(r)] < count) receive_heartbeat(r);
       }
+      for (int r = 1; r < world_; ++r) MPI_Send(&grants_sent_, 1, MPI_INT64_T, r, grant_count_tag, comm_);
+      for (auto& g : grant_sends_) MPI_Wait(&g, MPI_STATUS_IGNORE);
     } else {
       MPI_Send(&sent_, 1, MPI_INT64_T, 0, count_tag, comm_);
       for (auto& h : sends_) MPI_Wait(&h.request, MPI_STATUS_IGNORE);
+      std::int64_t grants = 0;
+      MPI_Recv(&grants, 1, MPI_INT64_T, 0, grant_count_tag, comm_, MPI_STATUS_IGNORE);
+      for (; grants_taken_ < grants; ++grants_taken_) {
+        MPI_Recv(nullptr, 0, MPI_INT64_T, 0, grant_tag, comm_, MPI_STATUS_IGNORE);
+      }
     }
   }
 
@@ -569,6 +660,11 @@ class MpiCommunicator final : public Communicator {
   std::vector<std::int64_t> received_;         // rank 0: heartbeats taken from each rank
   std::vector<Clock::time_point> last_heard_;  // rank 0: when each rank last sent one
   std::set<int> lost_;                         // job ranks found lost, here or by a verdict
+  // Patience (dist/file_work.h): rank 0's grants sent (to each other rank alike) and in flight;
+  // the others' grants taken and when the last came; when rank 0 last granted, or keep_alive last beat.
+  std::int64_t grants_sent_ = 0, grants_taken_ = 0;
+  std::deque<MPI_Request> grant_sends_;
+  Clock::time_point last_grant_{}, last_keep_alive_{};
   std::string verdict_from_;                   // the job rank whose verdict came first
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::vector<int> job_ranks_;  // MPI_COMM_WORLD rank of each member

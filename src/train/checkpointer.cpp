@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "dist/file_work.h"
 #include "ops/buffer.h"
 #include "train/resume.h"
 
@@ -84,6 +85,13 @@ std::int64_t memory_available() {
   return -1;
 }
 
+// Test hook (tests/dist_file_work_test.sh): LLMTRAIN_TEST_SLOW_SAVE_S adds that many seconds to
+// this rank's file work of every save.
+void slow_save_for_test() {
+  const double seconds = dist::test_delay_s("LLMTRAIN_TEST_SLOW_SAVE_S");
+  if (seconds > 0) std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+}
+
 }  // namespace
 
 // The save being written in the background: what it writes and the thread writing it. On the
@@ -109,6 +117,9 @@ Checkpointer::Checkpointer(const TrainOptions& options, dist::Communicator& worl
       reporter_(reporter),
       resolved_(config::to_json(options.config)),
       signals_(std::make_unique<StopSignals>()) {
+  // File work: the commit after a save waits for a slow writer that is alive (every rank knows the
+  // whole checkpoint's f32 weights, m and v: at most what any rank writes).
+  file_work_limit_s_ = dist::file_work_limit_s(config_.dist.timeout_s, 12.0 * double(source.num_params()));
   if (!config_.checkpoint.async) return;
   // This rank's staging: the weights, m and v of the ranges it writes (none where another rank
   // writes the same state).
@@ -186,12 +197,19 @@ void Checkpointer::flush() {
 void Checkpointer::finish(const char* why) {
   std::unique_ptr<Pending> p = std::move(pending_);
   const auto wait_start = Clock::now();
+  // File work (dist/file_work.h): this rank says it is alive while its writer runs, and the
+  // commit waits, under patience, for ranks whose writers are slower.
+  dist::wait_keeping_alive(world_, [&] { return p->done.load(); });
   if (p->writer.joinable()) p->writer.join();
   const double waited = seconds_since(wait_start);
   if (why && waited >= 0.001) {
     reporter_.info("checkpoint %s: %s waited %.3f s for its background write", p->dir.c_str(), why, waited);
   }
-  const checkpoint::Committed done = checkpoint::commit(p->request, p->part, world_);
+  checkpoint::Committed done;
+  {
+    const dist::Patience patience(world_, file_work_limit_s_);
+    done = checkpoint::commit(p->request, p->part, world_);
+  }
   reporter_.checkpoint_saved(p->request.step, done, {p->stall_s, p->waited_s, p->copy_s, true});
 }
 
@@ -234,8 +252,18 @@ std::string Checkpointer::save(std::int64_t step, CheckpointSource& source) {
     // Written from the places the ranges hold in the local arrays: no compacting copy.
     for (const Placed& p : part.placed) request.part.at.push_back(p.local);
     const std::string dir = checkpoint::prepare_dir(root_, step, world_);
-    const checkpoint::Committed done =
-        checkpoint::commit(request, checkpoint::write_part(request, dir, world_.rank(), world_.world_size()), world_);
+    // File work (dist/file_work.h): written on a thread of its own while this one says the rank is
+    // alive; the commit waits, under patience, for ranks that write longer.
+    checkpoint::WrittenPart written;
+    dist::run_keeping_alive(world_, [&] {
+      slow_save_for_test();
+      written = checkpoint::write_part(request, dir, world_.rank(), world_.world_size());
+    });
+    checkpoint::Committed done;
+    {
+      const dist::Patience patience(world_, file_work_limit_s_);
+      done = checkpoint::commit(request, written, world_);
+    }
     const double stall = seconds_since(save_start);
     reporter_.checkpoint_saved(step, done, {stall, 0.0, 0.0, false});
     return dir;
@@ -295,6 +323,7 @@ std::string Checkpointer::save(std::int64_t step, CheckpointSource& source) {
     }
     raw->copy_done.notify_all();
     try {
+      slow_save_for_test();
       raw->part = checkpoint::write_part(raw->request, raw->dir, rank, world_size);
     } catch (const std::exception& e) {
       raw->part.error = e.what();

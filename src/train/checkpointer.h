@@ -65,6 +65,7 @@ class Checkpointer {
   nlohmann::json resolved_;  // the config, as saved in state.json
   std::unique_ptr<StopSignals> signals_;
   bool async_ = false;
+  double file_work_limit_s_ = 0.0;   // the commit's patience for slow writers (dist/file_work.h)
   bool stages_ = false;              // async: this rank writes its part (not another rank of its replicas)
   CheckpointSource* source_ = nullptr;  // async: whose updates wait for the staging copy
   ops::Buffer staging_;              // async: the weights, m and v of the ranges this rank writes

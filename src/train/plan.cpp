@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 
 #include <stdexcept>
 
+#include "checkpoint/safetensors.h"
 #include "model/arch.h"
 #include "model/model.h"
 #include "train/pipeline_schedule.h"
@@ -158,6 +160,29 @@ MemoryPlan plan_memory(const config::Config& config, int data_parallel_size, int
   return plan_memory(config, rank_share(config.model), data_parallel_size, zero_stage, bf16, micro_batch);
 }
 
+std::int64_t host_chunk_bytes() { return std::int64_t(checkpoint::default_write_chunk); }
+
+std::int64_t owned_params(const RankShare& share, int data_parallel_size, int zero_stage) {
+  const std::int64_t D = std::max(data_parallel_size, 1);
+  if (zero_stage != 3) return ceil_div(share.params, D);
+  std::int64_t shards = 0;
+  for (const auto& u : share.units) shards += ceil_div(u.params, D);
+  return shards;
+}
+
+HostPlan plan_host(const MemoryPlan& device, const RankShare& share, int data_parallel_size, int zero_stage, bool gpu) {
+  HostPlan host;
+  host.process = gpu ? gpu_process_bytes : cpu_process_bytes;
+  host.chunk = host_chunk_bytes();
+  // What it writes: f32 weights and AdamW m and v of the parameters it owns.
+  host.staging = 12 * owned_params(share, data_parallel_size, zero_stage);
+  if (!gpu) {  // the CPU backend's "device" is the host
+    host.state = device.state();
+    host.activations = device.activations;
+  }
+  return host;
+}
+
 std::int64_t max_micro_batch(const config::Config& config, bool bf16, int tensor_size, std::int64_t state,
                              std::int64_t memory) {
   const bool sequence_parallel = config.dist.sequence_parallel && tensor_size > 1;
@@ -297,9 +322,59 @@ MemoryPlan stage_memory(const config::Config& config, const StagePlan& stage, in
   return plan;
 }
 
-std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int* skipped_batch) {
+std::optional<MeshOption> mesh_option(const config::Config& config, const RankShare& share, const dist::Mesh& mesh,
+                                      int zero, bool sequence_parallel) {
   const auto& m = config.model;
   const bool bf16 = config.train.precision == config::Precision::bf16;
+  const std::int64_t B = config.train.micro_batch_size;
+  const int t = mesh.tensor, d = mesh.data, p = mesh.pipeline;
+  if (config.train.global_batch_size % (B * d) != 0) return std::nullopt;
+  const std::int64_t micro_steps = config.train.global_batch_size / (B * d);
+  // Pipelines as train runs them, every stage as it builds it: it refuses fewer micro-batches
+  // than stages (a multiple of them, interleaved), more virtual stages than layers, and ZeRO 3
+  // with a pipeline.
+  const bool interleaved = config.dist.pipeline_schedule == config::PipelineSchedule::interleaved;
+  if (p > 1 && (micro_steps < p || (interleaved && (micro_steps % p != 0 || p * config.dist.virtual_stages > m.n_layer)))) {
+    return std::nullopt;
+  }
+  if (sequence_parallel && (t == 1 || (B * m.context_length) % t != 0)) return std::nullopt;
+  if (d == 1 && (zero == 1 || zero == 2)) return std::nullopt;  // the trainer runs them as ZeRO 0
+  if (p > 1 && zero == 3) return std::nullopt;
+  config::Config c = config;
+  c.dist.sequence_parallel = sequence_parallel;
+  c.dist.tensor_parallel = t;
+  c.dist.pipeline_parallel = p;
+  MeshOption o;
+  o.mesh = mesh;
+  o.zero_stage = zero;
+  o.micro_steps = micro_steps;
+  o.sequence_parallel = sequence_parallel;
+  if (p > 1) {
+    c.dist.pipeline_layers.clear();  // the balanced split
+    // The stage that needs most memory decides the fit; the one that sends most the traffic.
+    for (const StagePlan& st : pipeline_stages(c, t, bf16, micro_steps)) {
+      const MemoryPlan mine = stage_memory(c, st, d, zero, bf16);
+      o.memory = std::max(o.memory, mine.total());
+      o.host = std::max(o.host, plan_host(mine, st.share, d, zero, true).peak());
+      const double sent = update_traffic(c, st.share, d, zero, bf16, micro_steps).bytes + st.sent_tensor +
+                          st.sent_p2p + st.sent_pipeline_collectives;
+      if (sent > o.sent) {
+        o.sent = sent;
+        o.tensor_sent = st.sent_tensor;
+      }
+    }
+  } else {
+    const MemoryPlan mine = plan_memory(c, share, d, zero, bf16, B);
+    o.memory = mine.total();
+    o.host = plan_host(mine, share, d, zero, true).peak();
+    o.tensor_sent = tensor_traffic(c, t, bf16, micro_steps).bytes;
+    o.sent = update_traffic(c, share, d, zero, bf16, micro_steps).bytes + o.tensor_sent;
+  }
+  return o;
+}
+
+std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int* skipped_batch) {
+  const auto& m = config.model;
   const std::int64_t B = config.train.micro_batch_size;
   std::vector<MeshOption> options;
   if (skipped_batch) *skipped_batch = 0;
@@ -317,55 +392,28 @@ std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int
         if (skipped_batch) ++*skipped_batch;
         continue;
       }
-      const std::int64_t micro_steps = config.train.global_batch_size / (B * d);
-      // Pipelines as train runs them, every stage as it builds it: it refuses fewer micro-batches
-      // than stages (a multiple of them, interleaved), more virtual stages than layers, and ZeRO 3
-      // with a pipeline.
-      const bool interleaved = config.dist.pipeline_schedule == config::PipelineSchedule::interleaved;
-      if (p > 1 && (micro_steps < p || (interleaved && (micro_steps % p != 0 || p * config.dist.virtual_stages > m.n_layer)))) {
-        continue;
-      }
       for (const bool sequence_parallel : {false, true}) {
-        if (sequence_parallel && (t == 1 || (B * m.context_length) % t != 0)) continue;
-        config::Config c = config;
-        c.dist.sequence_parallel = sequence_parallel;
-        c.dist.tensor_parallel = t;
-        c.dist.pipeline_parallel = p;
-        std::vector<StagePlan> stages;
-        if (p > 1) {
-          c.dist.pipeline_layers.clear();  // the balanced split
-          stages = pipeline_stages(c, t, bf16, micro_steps);
-        }
         for (int zero = 0; zero <= 3; ++zero) {
-          if (d == 1 && (zero == 1 || zero == 2)) continue;  // the trainer runs them as ZeRO 0
-          if (p > 1 && zero == 3) continue;
-          MeshOption o;
-          o.mesh = dist::Mesh{t, d, p};
-          o.zero_stage = zero;
-          o.micro_steps = micro_steps;
-          o.sequence_parallel = sequence_parallel;
-          if (p > 1) {
-            // The stage that needs most memory decides the fit; the one that sends most the traffic.
-            for (const StagePlan& st : stages) {
-              o.memory = std::max(o.memory, stage_memory(c, st, d, zero, bf16).total());
-              const double sent = update_traffic(c, st.share, d, zero, bf16, micro_steps).bytes + st.sent_tensor +
-                                  st.sent_p2p + st.sent_pipeline_collectives;
-              if (sent > o.sent) {
-                o.sent = sent;
-                o.tensor_sent = st.sent_tensor;
-              }
-            }
-          } else {
-            o.memory = plan_memory(c, share, d, zero, bf16, B).total();
-            o.tensor_sent = tensor_traffic(c, t, bf16, micro_steps).bytes;
-            o.sent = update_traffic(c, share, d, zero, bf16, micro_steps).bytes + o.tensor_sent;
-          }
-          options.push_back(o);
+          if (auto o = mesh_option(config, share, dist::Mesh{t, d, p}, zero, sequence_parallel)) options.push_back(*o);
         }
       }
     }
   }
   return options;
+}
+
+std::int64_t max_micro_batch(const config::Config& config, const MeshOption& option, std::int64_t memory,
+                             std::int64_t host_per_rank) {
+  const RankShare share = rank_share(config.model, option.mesh.tensor);
+  const std::int64_t per_rank = config.train.global_batch_size / option.mesh.data;
+  config::Config c = config;
+  for (std::int64_t B = per_rank; B >= 1; --B) {
+    if (per_rank % B != 0) continue;
+    c.train.micro_batch_size = B;
+    const auto o = mesh_option(c, share, option.mesh, option.zero_stage, option.sequence_parallel);
+    if (o && o->memory <= memory && (host_per_rank <= 0 || o->host <= host_per_rank)) return B;
+  }
+  return 0;
 }
 
 }  // namespace llmtrain::train

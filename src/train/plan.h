@@ -2,7 +2,9 @@
 // stage, the bytes it sends per optimizer update, and the meshes that fit a number of devices.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "config/config.h"
@@ -169,12 +171,54 @@ std::vector<StagePlan> pipeline_stages(const config::Config& config, int tensor_
 MemoryPlan stage_memory(const config::Config& config, const StagePlan& stage, int data_parallel_size, int zero_stage,
                         bool bf16);
 
+/// Host memory of one rank in each phase of a run, as start-up, checkpoints and resume work: no
+/// rank ever holds the whole model. A rank computes (or reads) only its own state, range by
+/// range; a checkpoint is written sharded, each rank writing the logical ranges it owns from a
+/// staging buffer of its own bytes; a resume reads, through a memory mapping, only the byte
+/// ranges the rank owns, converting one range at a time. The tokenized data is memory-mapped: its
+/// pages are the kernel's page cache, shared and reclaimable, and not counted here.
+struct HostPlan {
+  std::int64_t process = 0;      // per-process constant: libraries, MPI, and on a GPU the CUDA context
+  std::int64_t state = 0;        // the rank's state in host memory: CPU backend MemoryPlan::state(); GPU 0
+  std::int64_t activations = 0;  // CPU backend: one micro-batch's (MemoryPlan::activations); GPU 0
+  std::int64_t staging = 0;      // checkpoint staging (pinned on a GPU), kept between saves: the bytes the
+                                 // rank writes, f32 weights and AdamW m and v of the range it owns
+  std::int64_t chunk = 0;        // one range in flight: a file read or write chunk, or init's per-range staging
+  /// Start-up (initialisation, init_from): the rank's own state and one range being made or read.
+  std::int64_t startup() const { return process + state + chunk; }
+  /// Training: state, activations (CPU) and the staging buffer the background saves reuse.
+  std::int64_t training() const { return process + state + activations + staging; }
+  /// During a save: training's, and the writer's chunk.
+  std::int64_t save() const { return training() + chunk; }
+  /// During a resume (before the staging buffer exists): the rank's own state and one range.
+  std::int64_t resume() const { return process + state + chunk; }
+  std::int64_t peak() const { return std::max(std::max(startup(), training()), std::max(save(), resume())); }
+};
+
+/// Per-process host memory besides the model: a stated constant, not a measurement. A GPU rank:
+/// CUDA context, cuBLAS/cuDNN/NCCL and MPI, 2 GiB; a CPU rank: MPI, OpenBLAS and OpenMP, 512 MiB.
+inline constexpr std::int64_t gpu_process_bytes = std::int64_t(2) << 30;
+inline constexpr std::int64_t cpu_process_bytes = std::int64_t(512) << 20;
+/// One range in flight: the checkpoint files' read and write chunk (32 MiB).
+std::int64_t host_chunk_bytes();
+
+/// Parameters whose checkpoint bytes a rank writes, and whose ranges it reads on resume: ZeRO 3
+/// its padded shards (sum of ceil(n / D) over its units); ZeRO 0-2 its part ceil(P / D) of its
+/// share (its optimizer shard's range; at ZeRO 0 the data ranks split the writing alike).
+std::int64_t owned_params(const RankShare& share, int data_parallel_size, int zero_stage);
+
+/// Host bytes of a rank holding `share`, with `device` its plan_memory: on a GPU (`gpu`) only the
+/// process constant, one chunk and the pinned staging of 12 bytes (f32 weight, m, v) per owned
+/// parameter; on the CPU backend the device figures are host memory too.
+HostPlan plan_host(const MemoryPlan& device, const RankShare& share, int data_parallel_size, int zero_stage, bool gpu);
+
 /// One (mesh, ZeRO stage) choice for a number of devices, in the config's precision and micro-batch.
 struct MeshOption {
   dist::Mesh mesh;
   int zero_stage = 0;
   std::int64_t micro_steps = 0;  // per update, on each data-parallel rank
   std::int64_t memory = 0;       // bytes per rank
+  std::int64_t host = 0;         // host bytes per GPU rank, the most of any phase (HostPlan::peak)
   double sent = 0;               // bytes each rank sends per update, all groups
   double tensor_sent = 0;        // of it over the tensor group
   bool sequence_parallel = false;
@@ -192,5 +236,17 @@ struct MeshOption {
 /// stage that needs most memory deciding the fit and the one that sends most the traffic.
 /// `skipped_batch` counts the meshes left out because the global batch does not divide.
 std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int* skipped_batch = nullptr);
+
+/// One row of mesh_options: `mesh` with ZeRO `zero` and sequence parallelism or not, at the
+/// config's micro-batch, for a rank holding `share` (rank_share at mesh.tensor); nullopt where
+/// mesh_options leaves it out (the batch does not divide, train refuses it).
+std::optional<MeshOption> mesh_option(const config::Config& config, const RankShare& share, const dist::Mesh& mesh,
+                                      int zero, bool sequence_parallel);
+
+/// The largest train.micro_batch_size at which `option`'s layout still fits `memory` bytes per
+/// device (and, when host_per_rank > 0, that much host memory per rank): a divisor B of
+/// global_batch_size / data, where mesh_option takes it (pipelines: at least p micro-steps); 0: none.
+std::int64_t max_micro_batch(const config::Config& config, const MeshOption& option, std::int64_t memory,
+                             std::int64_t host_per_rank = 0);
 
 }  // namespace llmtrain::train
