@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "data/shard.h"
+#include "dist/file_work.h"
 #include "ops/buffer.h"
 #include "ops/ops.h"
 #include "ops/profile.h"
@@ -62,16 +63,11 @@ NormScope norm_scope(const model::Model& model, const dist::Communicators& comms
   return norm;
 }
 
-// The checkpoint's optimizer state of every element of this rank's local arrays, wherever it
-// sits in the whole model.
-void restore_optimizer(AdamW& optimizer, const model::Model& model, const checkpoint::Found& resume) {
-  const std::int64_t n = optimizer.size();
+// The flat ranges of the whole model that this rank's local arrays `pieces` hold, in local order.
+std::vector<model::FlatRange> logical_ranges(const std::vector<Piece>& pieces, const model::Model& model) {
   std::vector<model::FlatRange> ranges;
-  for (const Placed& p : place(optimizer.pieces(), model.segments(false))) ranges.push_back(p.logical);
-  std::vector<float> m(static_cast<std::size_t>(n)), v(static_cast<std::size_t>(n));
-  checkpoint::load_state(resume, checkpoint::StateKind::optimizer, ranges, {m.data(), v.data()});
-  ops::copy(optimizer.m(), Tensor(m.data(), DType::f32, Device::cpu, {n}));
-  ops::copy(optimizer.v(), Tensor(v.data(), DType::f32, Device::cpu, {n}));
+  for (const Placed& p : place(pieces, model.segments(false))) ranges.push_back(p.logical);
+  return ranges;
 }
 
 }  // namespace
@@ -136,16 +132,39 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
   }
   optimizer_ = std::make_unique<AdamW>(gradients_->pieces(), device_);
   // Every rank reads or computes only the state it keeps, and all agree that each could: a damaged
-  // checkpoint found by one rank stops every rank alike (a resume may then try an older one).
+  // checkpoint found by one rank stops every rank alike (a resume may then try an older one). The
+  // file work runs on a thread of its own (host memory only) while this one keeps the rank heard,
+  // and the agreement waits, under patience, for ranks that read longer (dist/file_work.h).
   std::string damaged;
-  try {
-    load_initial_weights(resume);
-    if (resume) restore_optimizer(*optimizer_, *model_, *resume);
-  } catch (const checkpoint::DamagedCheckpoint& e) {
-    damaged = e.what();
-  }
+  const Tensor held = gradients_->held_weights();
+  std::vector<float> weights(held.device == Device::cpu ? 0 : std::size_t(held.numel()));
+  std::vector<float> m(resume ? std::size_t(optimizer_->size()) : 0), v(m.size());
+  dist::run_keeping_alive(world_, [&] {
+    try {
+      load_initial_weights(resume, held.device == Device::cpu ? held.as<float>() : weights.data());
+      if (resume) {
+        checkpoint::load_state(*resume, checkpoint::StateKind::optimizer,
+                               logical_ranges(optimizer_->pieces(), *model_), {m.data(), v.data()});
+      }
+    } catch (const checkpoint::DamagedCheckpoint& e) {
+      damaged = e.what();
+    }
+  });
   std::int64_t failed = damaged.empty() ? -1 : world_.rank();
-  world_.all_reduce_max(&failed, 1);
+  {
+    const double bytes = 12.0 * double(num_params());
+    const dist::Patience patience(world_, dist::file_work_limit_s(config_.dist.timeout_s, bytes));
+    world_.all_reduce_max(&failed, 1);
+  }
+  if (failed < 0) {
+    const std::int64_t n = held.numel(), k = optimizer_->size();
+    if (!weights.empty()) ops::copy(held, Tensor(weights.data(), DType::f32, Device::cpu, {n}));
+    gradients_->weights_loaded();
+    if (resume) {
+      ops::copy(optimizer_->m(), Tensor(m.data(), DType::f32, Device::cpu, {k}));
+      ops::copy(optimizer_->v(), Tensor(v.data(), DType::f32, Device::cpu, {k}));
+    }
+  }
   if (!damaged.empty()) throw checkpoint::DamagedCheckpoint(damaged);
   if (failed >= 0) {
     throw checkpoint::DamagedCheckpoint(resume->dir + ": rank " + std::to_string(failed) +
@@ -153,16 +172,9 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
   }
 }
 
-void Trainer::load_initial_weights(const checkpoint::Found* resume) {
+void Trainer::load_initial_weights(const checkpoint::Found* resume, float* to) const {
   // The runs of the whole model this rank keeps, and where each goes in its held weights.
   const std::vector<Placed> placed = place(gradients_->held(), model_->segments(false));
-  const Tensor held = gradients_->held_weights();
-  std::vector<float> staging;
-  float* to = held.as<float>();
-  if (held.device != Device::cpu) {
-    staging.resize(std::size_t(held.numel()));
-    to = staging.data();
-  }
   // Runs that follow each other in the held weights are read in one call.
   std::vector<std::pair<std::int64_t, std::vector<model::FlatRange>>> batches;  // (local start, runs)
   std::int64_t batch_end = -1;
@@ -185,8 +197,6 @@ void Trainer::load_initial_weights(const checkpoint::Found* resume) {
       }
     }
   }
-  if (!staging.empty()) ops::copy(held, Tensor(staging.data(), DType::f32, Device::cpu, {held.numel()}));
-  gradients_->weights_loaded();
 }
 
 const model::Model& Trainer::logical_model() const { return logical_ ? *logical_ : *model_; }

@@ -80,8 +80,9 @@ class Trainer final : public CheckpointSource {
   bool writes_optimizer() const override;
 
  private:
-  // This rank's weights: from the checkpoint, model.init_from or train.seed, range by range.
-  void load_initial_weights(const checkpoint::Found* resume);
+  // This rank's initial weights, laid out as its held weights, into `to` (host memory): from the
+  // checkpoint, model.init_from or train.seed, range by range.
+  void load_initial_weights(const checkpoint::Found* resume, float* to) const;
 
   const config::Config& config_;
   Device device_;
