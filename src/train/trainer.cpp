@@ -14,6 +14,7 @@
 #include "ops/ops.h"
 #include "ops/profile.h"
 #include "train/attention_agreement.h"
+#include "train/context_parallel.h"
 #include "train/gradient_strategy.h"
 #include "train/pipeline_schedule.h"
 #include "train/pipeline_stages.h"
@@ -37,6 +38,9 @@ void add_traffic(dist::Traffic& into, const dist::Traffic& more) {
 model::Layout rank_layout(const config::Config& config, const dist::Communicators& comms) {
   model::Layout layout{config.dist.zero_stage == 3, comms.tensor_group->rank(), comms.tensor_group->world_size(),
                        config.dist.sequence_parallel};
+  layout.context_rank = comms.context_group->rank();
+  layout.context_size = comms.context_group->world_size();
+  layout.context_ring = config.dist.context_parallel_mode == config::ContextParallelMode::ring;
   const int stage = comms.pipeline_group->rank(), stages = comms.pipeline_group->world_size();
   if (stages > 1) {
     const std::vector<StageRange> split = split_layers(config);
@@ -125,6 +129,12 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
       stages_(comms.pipeline_group->world_size()) {
   const auto& tc = config_.train;
   const int T = int(config_.model.context_length), B = int(tc.micro_batch_size);
+  // The ranks of a context group read the same sequences: the sampler's ranks are the data index.
+  context_ = comms.mesh.context;
+  const int readers = data_comm_.world_size() / context_, reader = data_comm_.rank() / context_;
+  if (context_ > 1 && device_ != Device::cpu) {
+    throw InputError("dist.context_parallel = " + std::to_string(context_) + ": runs on CPU ranks only so far");
+  }
   if (!config_.data.val.empty()) {
     val_data_ = std::make_unique<data::TokenDataset>(data::expand_paths(config_.data.val, "data.val"), T,
                                                      std::uint32_t(config_.model.vocab_size));
@@ -133,9 +143,9 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
                        " samples, fewer than one global batch (" + std::to_string(tc.global_batch_size) + ")");
     }
   }
-  accum_ = config::grad_accum_steps(config_, data_comm_.world_size());
+  accum_ = config::grad_accum_steps(config_, readers);
   if (stages_ > 1) {
-    accum_ = pipeline_micro_batches(config_, data_comm_.world_size());  // at least one per stage
+    accum_ = pipeline_micro_batches(config_, readers);  // at least one per stage
   }
   tokens_per_step_ = double(tc.global_batch_size) * T;
   if (resume) {
@@ -147,8 +157,8 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
   }
   loader_ = std::make_unique<data::BatchLoader>(
       train_data_,
-      data::SamplerOptions{train_data_.num_samples(), tc.global_batch_size, B, data_comm_.world_size(),
-                           data_comm_.rank(), config_.data.shuffle, std::uint64_t(config_.data.seed)},
+      data::SamplerOptions{train_data_.num_samples(), tc.global_batch_size, B, readers, reader, config_.data.shuffle,
+                           std::uint64_t(config_.data.seed)},
       sampler_state_);
 
   // Process-wide, as the kernels read it: train.deterministic false lets the bf16 flash attention
@@ -162,6 +172,10 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
   if (layout.tensor_size > 1) {
     tensor_group_ = std::make_unique<CommTensorGroup>(comms.tensor(), device_);
     model_->set_tensor_group(tensor_group_.get());
+  }
+  if (layout.context_size > 1) {
+    context_group_ = std::make_unique<CommContextGroup>(comms.context());
+    model_->set_context_group(context_group_.get());
   }
   const bool part = layout.tensor_size > 1 || stages_ > 1;  // this rank holds part of the model's tensors
   {
@@ -282,13 +296,14 @@ std::optional<double> Trainer::validate() {
   // stages in turn (the last stage's losses).
   const auto& t = config_.train;
   const int T = int(config_.model.context_length), B = int(t.micro_batch_size);
-  const data::SamplerOptions in_order{val_data_->num_samples(), t.global_batch_size, B, data_comm_.world_size(),
-                                      data_comm_.rank(), false, 0};
+  const data::SamplerOptions in_order{val_data_->num_samples(), t.global_batch_size, B, data_comm_.world_size() / context_,
+                                      data_comm_.rank() / context_, false, 0};
   data::BatchLoader loader(*val_data_, in_order, {});
   const std::int64_t batches = std::min(t.eval_batches, val_data_->num_samples() / t.global_batch_size);
   std::array<double, 2> totals = pipeline_->forward_only(loader, batches, B, T);
   data_comm_.all_reduce_sum(totals.data(), 2);
-  return totals[0] / totals[1];
+  // Each rank of a context group counted the whole sequences of which it holds 1 / context_.
+  return totals[0] / (totals[1] / context_);
 }
 
 const model::Model& Trainer::host_weights() {
