@@ -131,6 +131,7 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
   const int T = int(config_.model.context_length), B = int(tc.micro_batch_size);
   // The ranks of a context group read the same sequences: the sampler's ranks are the data index.
   context_ = comms.mesh.context;
+  context_comm_ = &comms.context();
   const int readers = data_comm_.world_size() / context_, reader = data_comm_.rank() / context_;
   if (context_ > 1 && device_ != Device::cpu) {
     throw InputError("dist.context_parallel = " + std::to_string(context_) + ": runs on CPU ranks only so far");
@@ -235,7 +236,7 @@ StepResult Trainer::step(std::int64_t step) {
   const dist::Traffic sent_before = data_device_.traffic(), tensor_before = tensor_device_.traffic();
   // (On the CPU the host and device groups are one communicator: the norm's reduction counts there.)
   const dist::Traffic tensor_host_before = tensor_comm_.traffic(), pipeline_before = pipeline_comm_.traffic();
-  const dist::Traffic link_before = pipeline_link_.traffic();
+  const dist::Traffic link_before = pipeline_link_.traffic(), context_before = context_comm_->traffic();
   gradients_->zero_grads();
   // Every stage reads the update's micro-batches, in order, as its schedule first needs them.
   std::vector<data::MicroBatch> micro;
@@ -284,6 +285,7 @@ StepResult Trainer::step(std::int64_t step) {
   result.sent = data_device_.traffic().since(sent_before);
   result.sent_tensor = tensor_device_.traffic().since(tensor_before);
   result.sent_pipeline = pipeline_comm_.traffic().since(pipeline_before);
+  result.sent_context = context_comm_->traffic().since(context_before);
   if (&pipeline_link_ != &pipeline_comm_) add_traffic(result.sent_pipeline, pipeline_link_.traffic().since(link_before));
   if (&tensor_comm_ != &tensor_device_) add_traffic(result.sent_tensor, tensor_comm_.traffic().since(tensor_host_before));
   result.seconds = std::chrono::duration<double>(Clock::now() - start).count();

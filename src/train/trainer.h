@@ -110,6 +110,7 @@ class Trainer final : public CheckpointSource {
   dist::Communicator& tensor_device_;   // and over the memory the activations live in
   std::unique_ptr<CommTensorGroup> tensor_group_;  // its device side, for the model
   std::unique_ptr<model::ContextGroup> context_group_;  // the context-parallel group, for the model
+  dist::Communicator* context_comm_ = nullptr;           // its communicator (traffic)
   dist::Communicator& pipeline_comm_;   // the stages in order (host memory): losses, norms, the tied embedding
   dist::Communicator& pipeline_link_;   // the same stages over the memory the activations live in: transfers
   int stages_ = 1;                      // pipeline stages
