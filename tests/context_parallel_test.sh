@@ -3,6 +3,7 @@
 #  1. Context parallel 2 and 4 alone, 2 x tensor parallel 2, 2 x data 2 under ZeRO 3 and
 #     2 x pipeline 2 log the one-rank run's losses (1e-5) and end with its weights (1e-4); the
 #     all-gather variant gives the ring's to rounding (1e-6, 1e-5).
+#     bf16 with full recomputation at context parallel 2 gives one rank's to bf16 rounding.
 #  2. A context-parallel-4 checkpoint resumed on one rank, and a one-rank checkpoint resumed at
 #     context parallel 4, continue the one-rank loss curve (1e-5 relative).
 #  3. Communication: what each rank sends its context group in one update (metrics.jsonl), against
@@ -81,6 +82,16 @@ for arch in gpt2 llama; do
   same_run "$work/$arch-cp4" "$run" 1e-6 1e-5 || fail "$arch: allgather differs from ring"
   pass "$arch, context parallel 4: the all-gather variant gives the ring's losses and weights to rounding"
 done
+
+# bf16 with the whole layer recomputed in backward: the one-rank run's losses to bf16 rounding.
+config "$work/bf16.json" 10 0 "$llama"
+for ranks in 1 2; do
+  launch "$ranks" train --config "$work/bf16.json" --run-dir "$work/bf16-$ranks" --set dist.context_parallel="$ranks" \
+    --set train.precision=bf16 --set train.recompute=full >"$work/bf16-$ranks.log" 2>&1 ||
+    fail "bf16 at context parallel $ranks: $(tail -n 3 "$work/bf16-$ranks.log")"
+done
+same_run "$work/bf16-1" "$work/bf16-2" 2e-4 2e-3 || fail "bf16 with full recomputation: context parallel 2 differs from one rank"
+pass "llama, bf16 and full recomputation at context parallel 2: the one-rank losses and weights to bf16 rounding"
 
 # 2. Resume across context-parallel sizes.
 config "$work/resume.json" 20 10 "$llama"
