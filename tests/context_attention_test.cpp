@@ -3,13 +3,15 @@
 // log-sum-exp, gives the rows of the textbook (probability-storing) attention over the whole
 // sequence; the blocks' backward, with each block's key/value gradients summed over the ranks,
 // gives its input gradient. The merge against a hand computation; the packing of key/value
-// columns against its definition.
+// columns against its definition. [cuda]: the GPU kernels of each piece against the CPU's.
 #include <cmath>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "catch_compat.h"
+#include "cuda_compare.h"
 #include "grad_check.h"
 #include "llmtrain/kernels/cpu.h"
 #include "ops/ops.h"
@@ -39,6 +41,8 @@ ops::Chunks rank_chunks(int r, int n, int T) {
   if (n == 1) return {T, 0, -1};
   return {T / (2 * n), r, 2 * n - 1 - r};
 }
+
+Vec nan_values(std::size_t n) { return Vec(n, std::numeric_limits<float>::quiet_NaN()); }
 
 double max_abs_diff(const Vec& a, const Vec& b) {
   REQUIRE(a.size() == b.size());
@@ -155,4 +159,87 @@ TEST_CASE("context attention: chunks that do not cover the rows are refused", "[
   Vec qkv(2 * 8 * 12), out(2 * 8 * 4), lse(2 * 1 * 8);
   CHECK_THROWS(ops::attention_block_forward(t(out, {2, 8, 4}), t(lse, {2, 1, 8}), t(qkv, {2, 8, 12}),
                                             t(qkv, {2, 8, 12}), ops::Chunks{3, 0, 1}, ops::Chunks{8, 0, -1}, 1, 1));
+}
+
+TEST_CASE("cuda context attention: block forward and backward, the merge and the packing match the cpu",
+          "[cuda][ops][context]") {
+  std::string why;
+  if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
+  constexpr double tol = 1e-4;
+  struct Case {
+    int B, T, NH, NKV, HS, n;
+  };
+  for (const Case c : {Case{2, 16, 2, 2, 8, 2}, Case{1, 24, 4, 2, 16, 3}, Case{1, 40, 2, 1, 36, 2}}) {
+    const int B = c.B, T = c.T, NH = c.NH, NKV = c.NKV, HS = c.HS, n = c.n, C = NH * HS, KVC = NKV * HS;
+    const int W = C + 2 * KVC, Tl = T / n;
+    CAPTURE(B, T, NH, NKV, HS, n);
+    std::mt19937 rng(31 + T);
+    // Rank 0's queries against rank n-1's block (every key of its head chunk is seen by rank 0's
+    // tail chunk) and against its own (the causal diagonal), the own block packed in qkv itself.
+    const ops::Chunks me = rank_chunks(0, n, T), them = rank_chunks(n - 1, n, T);
+    Vec qkv = random_vec(rng, std::size_t(B) * Tl * W), other = random_vec(rng, std::size_t(B) * Tl * W);
+    Vec dout = random_vec(rng, std::size_t(B) * Tl * C);
+    Vec kv(std::size_t(B) * Tl * 2 * KVC);
+    ops::kv_pack(t(kv, {B, Tl, 2 * KVC}), t(other, {B, Tl, W}), NH, NKV);
+    const DeviceArray<float> d_qkv(qkv), d_other(other), d_dout(dout), d_kv(nan_values(kv.size()));
+    ops::kv_pack(d_kv.tensor({B, Tl, 2 * KVC}), d_other.tensor({B, Tl, W}), NH, NKV);
+    require_close("kv_pack", d_kv.to_host(), kv, 0.0);
+    // Forward: the own block, the other, merged.
+    Vec out(std::size_t(B) * Tl * C), lse(std::size_t(B) * NH * Tl), part(out.size()), part_lse(lse.size());
+    ops::attention_block_forward(t(out, {B, Tl, C}), t(lse, {B, NH, Tl}), t(qkv, {B, Tl, W}), t(qkv, {B, Tl, W}), me, me,
+                                 NH, NKV);
+    ops::attention_block_forward(t(part, {B, Tl, C}), t(part_lse, {B, NH, Tl}), t(qkv, {B, Tl, W}), t(kv, {B, Tl, 2 * KVC}),
+                                 me, them, NH, NKV);
+    const DeviceArray<float> d_out(nan_values(out.size())), d_lse(nan_values(lse.size())), d_part(nan_values(part.size())),
+        d_part_lse(nan_values(lse.size()));
+    ops::attention_block_forward(d_out.tensor({B, Tl, C}), d_lse.tensor({B, NH, Tl}), d_qkv.tensor({B, Tl, W}),
+                                 d_qkv.tensor({B, Tl, W}), me, me, NH, NKV);
+    ops::attention_block_forward(d_part.tensor({B, Tl, C}), d_part_lse.tensor({B, NH, Tl}), d_qkv.tensor({B, Tl, W}),
+                                 d_kv.tensor({B, Tl, 2 * KVC}), me, them, NH, NKV);
+    require_close("own block out", d_out.to_host(), out, tol);
+    require_close("own block lse", d_lse.to_host(), lse, tol);
+    require_close("other block out", d_part.to_host(), part, tol);
+    // Rows that see no key of the other block: lse -inf on both.
+    const Vec got_part_lse = d_part_lse.to_host();
+    for (std::size_t i = 0; i < part_lse.size(); ++i) {
+      if (std::isinf(part_lse[i])) {
+        CHECK(std::isinf(got_part_lse[i]));
+      } else {
+        CHECK(std::abs(got_part_lse[i] - part_lse[i]) < tol * std::max(1.0f, std::abs(part_lse[i])));
+      }
+    }
+    ops::attention_lse_merge(t(out, {B, Tl, C}), t(lse, {B, NH, Tl}), t(part, {B, Tl, C}), t(part_lse, {B, NH, Tl}));
+    ops::attention_lse_merge(d_out.tensor({B, Tl, C}), d_lse.tensor({B, NH, Tl}), d_part.tensor({B, Tl, C}),
+                             d_part_lse.tensor({B, NH, Tl}));
+    require_close("merged out", d_out.to_host(), out, tol);
+    require_close("merged lse", d_lse.to_host(), lse, tol);
+    // Backward against the merged softmax: into nonzero gradients (they accumulate).
+    const Vec dq0 = random_vec(rng, qkv.size()), dkv0 = random_vec(rng, kv.size());
+    Vec dq = dq0, dkv = dkv0;
+    ops::attention_block_backward(t(dq, {B, Tl, W}), t(dq, {B, Tl, W}), t(dout, {B, Tl, C}), t(qkv, {B, Tl, W}),
+                                  t(out, {B, Tl, C}), t(lse, {B, NH, Tl}), t(qkv, {B, Tl, W}), me, me, NH, NKV);
+    ops::attention_block_backward(t(dq, {B, Tl, W}), t(dkv, {B, Tl, 2 * KVC}), t(dout, {B, Tl, C}), t(qkv, {B, Tl, W}),
+                                  t(out, {B, Tl, C}), t(lse, {B, NH, Tl}), t(kv, {B, Tl, 2 * KVC}), me, them, NH, NKV);
+    const DeviceArray<float> d_dq(dq0), d_dkv(dkv0);
+    ops::attention_block_backward(d_dq.tensor({B, Tl, W}), d_dq.tensor({B, Tl, W}), d_dout.tensor({B, Tl, C}),
+                                  d_qkv.tensor({B, Tl, W}), d_out.tensor({B, Tl, C}), d_lse.tensor({B, NH, Tl}),
+                                  d_qkv.tensor({B, Tl, W}), me, me, NH, NKV);
+    ops::attention_block_backward(d_dq.tensor({B, Tl, W}), d_dkv.tensor({B, Tl, 2 * KVC}), d_dout.tensor({B, Tl, C}),
+                                  d_qkv.tensor({B, Tl, W}), d_out.tensor({B, Tl, C}), d_lse.tensor({B, NH, Tl}),
+                                  d_kv.tensor({B, Tl, 2 * KVC}), me, them, NH, NKV);
+    const Vec got_dq = d_dq.to_host(), got_dkv = d_dkv.to_host();
+    require_changed("dq", got_dq, dq0);
+    require_changed("dkv", got_dkv, dkv0);
+    require_close("dq (own block's dk, dv included)", got_dq, dq, tol);
+    require_close("other block's dkv", got_dkv, dkv, tol);
+    // The join: query columns of dq next to dkv.
+    Vec joined(qkv.size());
+    ops::qkv_join(t(joined, {B, Tl, W}), t(dq, {B, Tl, W}), t(dkv, {B, Tl, 2 * KVC}), NH, NKV);
+    const DeviceArray<float> d_joined(nan_values(joined.size()));
+    ops::qkv_join(d_joined.tensor({B, Tl, W}), d_dq.tensor({B, Tl, W}), d_dkv.tensor({B, Tl, 2 * KVC}), NH, NKV);
+    require_close("qkv_join", d_joined.to_host(), joined, tol);
+    for (const auto* a : {&d_qkv, &d_kv, &d_out, &d_lse, &d_part, &d_part_lse, &d_dq, &d_dkv, &d_joined}) {
+      require_guards("context attention", *a);
+    }
+  }
 }

@@ -5,7 +5,8 @@
 #     all-gather variant gives the ring's to rounding (1e-6, 1e-5).
 #     bf16 with full recomputation at context parallel 2 gives one rank's to bf16 rounding.
 #  2. A context-parallel-4 checkpoint resumed on one rank, and a one-rank checkpoint resumed at
-#     context parallel 4, continue the one-rank loss curve (1e-5 relative).
+#     context parallel 4, continue the one-rank loss curve (1e-5 relative); eval at context
+#     parallel 2 prints the one-rank validation loss.
 #  3. Communication: what each rank sends its context group in one update (metrics.jsonl), against
 #     the formula: per micro-step and layer, forward CP-1 key/value blocks of B T/CP 2 NKV HS
 #     elements, backward CP-1 blocks again and CP-1 f32 blocks of their gradients (ring); an
@@ -107,6 +108,14 @@ mpi 4 "$llmtrain" train --config "$work/resume.json" --run-dir "$work/oneat4" --
   fail "one-rank checkpoint at context parallel 4: $(tail -n 3 "$work/oneat4.log")"
 same_losses "$work/one20/metrics.jsonl" "$work/oneat4/metrics.jsonl" || fail "one-rank checkpoint at context parallel 4: losses differ"
 pass "one-rank checkpoint resumed at context parallel 4: the one-rank loss curve"
+
+# eval of a checkpoint at context parallel 2, alone and with data 2: the one-rank validation loss.
+one=$("$llmtrain" eval --checkpoint "$work/one20" 2>&1 | tail -n 1)
+for ranks in 2 4; do
+  got=$(mpi "$ranks" "$llmtrain" eval --checkpoint "$work/one20" --context-parallel 2 2>&1 | tail -n 1)
+  [[ "$got" == "$one" && "$one" == *val_loss* ]] || fail "eval at world size $ranks, context parallel 2: '$got', one rank: '$one'"
+done
+pass "eval at context parallel 2 (world size 2 and 4) prints the one-rank validation loss"
 
 # 3. The context group's traffic in an update, against the formula.
 for case in "gpt2 2 ring" "gpt2 4 ring" "llama 2 ring" "llama 4 ring" "llama 4 allgather"; do

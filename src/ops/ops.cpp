@@ -300,8 +300,6 @@ void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tens
 }
 
 namespace {
-// The context-parallel attention pieces have CPU kernels only so far.
-#define LLMTRAIN_CPU_ONLY(name) ::llmtrain::ops::dispatch::Kernels{LLMTRAIN_CPU_KERNEL(name), dispatch::NoKernel{}}
 
 void expect_chunks(const Op& op, const char* name, const Chunks& at, std::int64_t T) {
   if (at.len < 1 || at.first < 0 || at.rows() != T) op.fail(std::string(name) + ": chunks do not cover the rows");
@@ -321,7 +319,7 @@ void attention_block_forward(const Tensor& out, const Tensor& lse, const Tensor&
   op.expect("lse", lse, DType::f32, {B, NH, Tq});
   expect_chunks(op, "q_at", q_at, Tq);
   expect_chunks(op, "k_at", k_at, Tk);
-  op.run(LLMTRAIN_CPU_ONLY(attention_block_forward), act, [&](auto v) {
+  op.run(LLMTRAIN_KERNELS(attention_block_forward), act, [&](auto v) {
     return std::tuple(v.f32(out), v.f32(lse), v.in(qkv), v.in(kv), as_int(B), as_int(Tq), as_int(Tk), as_int(C), NH,
                       NKV, as_int(kv.shape[2]), q_at, k_at);
   });
@@ -345,7 +343,7 @@ void attention_block_backward(const Tensor& dq, const Tensor& dkv, const Tensor&
   expect_chunks(op, "q_at", q_at, Tq);
   expect_chunks(op, "k_at", k_at, Tk);
   if (dq.data == dkv.data && kv.shape[2] != width) op.fail("dq and dkv may be one tensor only for a packed qkv block");
-  op.run(LLMTRAIN_CPU_ONLY(attention_block_backward), act, [&](auto v) {
+  op.run(LLMTRAIN_KERNELS(attention_block_backward), act, [&](auto v) {
     return std::tuple(v.f32(dq), v.f32(dkv), v.in(dout), v.in(qkv), v.in(out), v.f32(lse), v.in(kv), as_int(B),
                       as_int(Tq), as_int(Tk), as_int(C), NH, NKV, as_int(kv.shape[2]), q_at, k_at);
   });
@@ -359,7 +357,7 @@ void attention_lse_merge(const Tensor& out, const Tensor& lse, const Tensor& blo
   op.expect("block_out", block_out, DType::f32, {B, T, C});
   op.expect("block_lse", block_lse, DType::f32, {B, NH, T});
   if (NH < 1 || C % NH != 0) op.fail("NH must divide C");
-  op.run(LLMTRAIN_CPU_ONLY(attention_lse_merge), DType::f32, [&](auto v) {
+  op.run(LLMTRAIN_KERNELS(attention_lse_merge), DType::f32, [&](auto v) {
     return std::tuple(v.f32(out), v.f32(lse), v.f32(block_out), v.f32(block_lse), as_int(B), as_int(T), as_int(C),
                       as_int(NH));
   });
@@ -373,7 +371,7 @@ void kv_pack(const Tensor& kv, const Tensor& qkv, int NH, int NKV) {
   const DType act = op.activation(qkv);
   op.expect("qkv", qkv, act, {B, T, C + 2 * KVC});
   op.expect("kv", kv, act, {B, T, 2 * KVC});
-  op.run(LLMTRAIN_CPU_ONLY(kv_pack), act, [&](auto v) {
+  op.run(LLMTRAIN_KERNELS(kv_pack), act, [&](auto v) {
     return std::tuple(v.out(kv), v.in(qkv), std::int64_t(B * T), as_int(C), as_int(KVC));
   });
 }
@@ -387,11 +385,10 @@ void qkv_join(const Tensor& dqkv, const Tensor& dq, const Tensor& dkv, int NH, i
   op.expect("dqkv", dqkv, act, {B, T, C + 2 * KVC});
   op.expect("dq", dq, DType::f32, {B, T, C + 2 * KVC});
   op.expect("dkv", dkv, DType::f32, {B, T, 2 * KVC});
-  op.run(LLMTRAIN_CPU_ONLY(qkv_join), act, [&](auto v) {
+  op.run(LLMTRAIN_KERNELS(qkv_join), act, [&](auto v) {
     return std::tuple(v.out(dqkv), v.f32(dq), v.f32(dkv), std::int64_t(B * T), as_int(C), as_int(KVC));
   });
 }
-#undef LLMTRAIN_CPU_ONLY
 
 #define LLMTRAIN_ELEMENTWISE(name, outputs, inputs)                                                             \
   void name(LLMTRAIN_EW_LIST(LLMTRAIN_EW_TENSOR, outputs), LLMTRAIN_EW_LIST(LLMTRAIN_EW_TENSOR, inputs)) {      \
