@@ -106,8 +106,11 @@ Command add_eval_command(CLI::App& parent) {
               comms = dist::make_communicators(Device::cpu, config.dist.timeout_s, o->tensor_parallel, 1,
                                                o->context_parallel);
             } catch (const InputError&) {
-              throw InputError("--tensor-parallel " + std::to_string(o->tensor_parallel) + " x --context-parallel " +
-                               std::to_string(o->context_parallel) + ": must divide the number of ranks mpirun starts");
+              const std::string sizes =
+                  o->context_parallel == 1 ? "--tensor-parallel " + std::to_string(o->tensor_parallel)
+                                           : "--tensor-parallel " + std::to_string(o->tensor_parallel) +
+                                                 " x --context-parallel " + std::to_string(o->context_parallel);
+              throw InputError(sizes + ": must divide the number of ranks mpirun starts");
             }
             std::unique_ptr<model::Model> loaded = checkpoint::load_model(found);
             std::unique_ptr<train::CommTensorGroup> group;
