@@ -41,6 +41,21 @@ TEST_CASE("mesh: the tensor index varies fastest, then data, then the stage", "[
   CHECK(mesh.describe() == "12 rank(s) = tensor 2 x data 2 x pipeline 3 (tensor index fastest, then data, then stage)");
 }
 
+TEST_CASE("mesh: the context index comes after the tensor index, before data and stage", "[dist][mesh]") {
+  const dist::Mesh mesh = dist::Mesh::of(16, 2, 2, 2);
+  CHECK(mesh.data == 2);
+  // Rank 13 = 1 + 2 (0 + 2 (1 + 2 x 1)): tensor 1, context 0, data 1, stage 1.
+  CHECK(mesh.coord(13) == dist::Mesh::Coord{1, 1, 1, 0});
+  // Rank 3 = 1 + 2 x 1: tensor 1, context 1.
+  CHECK(mesh.coord(3) == dist::Mesh::Coord{1, 0, 0, 1});
+  for (int r = 0; r < 16; ++r) CHECK(mesh.rank(mesh.coord(r)) == r);
+  CHECK(mesh.describe() ==
+        "16 rank(s) = tensor 2 x context 2 x data 2 x pipeline 2 (tensor index fastest, then context, then data, then stage)");
+  CHECK_THROWS_WITH(dist::Mesh::of(12, 2, 1, 4),
+                    "dist.tensor_parallel x dist.context_parallel x dist.pipeline_parallel (2 x 4 x 1 = 8) must divide "
+                    "the number of ranks, 12");
+}
+
 TEST_CASE("mesh: sizes that do not divide the world are refused naming both keys", "[dist][mesh]") {
   CHECK_THROWS_WITH(dist::Mesh::of(6, 4, 1),
                     "dist.tensor_parallel x dist.pipeline_parallel (4 x 1 = 4) must divide the number of ranks, 6");
@@ -62,10 +77,11 @@ TEST_CASE("traffic: one process sends nothing, but every call is counted", "[dis
 // Under mpirun -np 4 (alone, world size 1: only the 1 x 1 x 1 mesh applies).
 TEST_CASE("mesh: every group of a split job holds the ranks that share the other coordinates", "[dist][mesh][mpi]") {
   const int W = job().world_size(), me = job().rank();
-  struct Shape { int tensor, pipeline; };
-  for (const Shape shape : {Shape{1, 1}, Shape{2, 1}, Shape{1, 2}, Shape{2, 2}, Shape{4, 1}, Shape{1, 4}}) {
-    if (W % (shape.tensor * shape.pipeline) != 0) continue;
-    const dist::Mesh mesh = dist::Mesh::of(W, shape.tensor, shape.pipeline);
+  struct Shape { int tensor, pipeline, context; };
+  for (const Shape shape : {Shape{1, 1, 1}, Shape{2, 1, 1}, Shape{1, 2, 1}, Shape{2, 2, 1}, Shape{4, 1, 1}, Shape{1, 4, 1},
+                            Shape{1, 1, 2}, Shape{2, 1, 2}, Shape{1, 2, 2}, Shape{1, 1, 4}}) {
+    if (W % (shape.tensor * shape.pipeline * shape.context) != 0) continue;
+    const dist::Mesh mesh = dist::Mesh::of(W, shape.tensor, shape.pipeline, shape.context);
     CAPTURE(mesh.describe());
     const dist::Communicators comms = dist::split_mesh(job().split(0, me), mesh);
     REQUIRE(comms.world->rank() == me);
@@ -78,14 +94,21 @@ TEST_CASE("mesh: every group of a split job holds the ranks that share the other
       group.all_gather(&mine, all.data(), 1);
       return std::vector<int>(all.begin(), all.end());
     };
-    std::vector<int> data, tensor, pipeline;
-    for (int d = 0; d < mesh.data; ++d) data.push_back(mesh.rank({at.tensor, d, at.pipeline}));
-    for (int t = 0; t < mesh.tensor; ++t) tensor.push_back(mesh.rank({t, at.data, at.pipeline}));
-    for (int p = 0; p < mesh.pipeline; ++p) pipeline.push_back(mesh.rank({at.tensor, at.data, p}));
+    // The data-parallel group holds the context and data axes, context index fastest.
+    std::vector<int> data, tensor, pipeline, context;
+    for (int d = 0; d < mesh.data; ++d) {
+      for (int c = 0; c < mesh.context; ++c) data.push_back(mesh.rank({at.tensor, d, at.pipeline, c}));
+    }
+    for (int t = 0; t < mesh.tensor; ++t) tensor.push_back(mesh.rank({t, at.data, at.pipeline, at.context}));
+    for (int p = 0; p < mesh.pipeline; ++p) pipeline.push_back(mesh.rank({at.tensor, at.data, p, at.context}));
+    for (int c = 0; c < mesh.context; ++c) context.push_back(mesh.rank({at.tensor, at.data, at.pipeline, c}));
     CHECK(members(comms.data_host()) == data);
     CHECK(members(*comms.tensor_group) == tensor);
     CHECK(members(*comms.pipeline_group) == pipeline);
-    CHECK(comms.data_host().rank() == at.data);
+    CHECK(members(*comms.context_group) == context);
+    CHECK(comms.data_host().rank() == at.context + mesh.context * at.data);
+    CHECK(comms.data_index() == at.data);
+    CHECK(comms.context_group->rank() == at.context);
     CHECK(comms.tensor_group->rank() == at.tensor);
 
     // A sum over the data group adds the data group's ranks only.
@@ -94,7 +117,7 @@ TEST_CASE("mesh: every group of a split job holds the ranks that share the other
     float expected = 0;
     for (int r : data) expected += float(r);
     CHECK(sum[0] == expected);
-    CHECK(sum[1] == float(mesh.data));
+    CHECK(sum[1] == float(mesh.data * mesh.context));
   }
 }
 

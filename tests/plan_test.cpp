@@ -775,3 +775,59 @@ TEST_CASE("plan: --suggest's max micro-batch, a divisor of the batch per data ra
   CHECK(train::max_micro_batch(c, *option, at4, host) == 4);
   CHECK(train::max_micro_batch(c, *option, at4, host - 1) == 0);
 }
+
+TEST_CASE("plan: context parallelism's activations, attention buffers and ring bytes, by hand", "[plan][context]") {
+  // tiny Llama: 2 heads of 2, 1 key/value head, 3 layers; sequences of 64 split over 4 ranks.
+  config::Config c = tiny_llama();
+  c.model.context_length = 64;
+  c.dist.context_parallel = 4;
+  // A rank's activations are a whole model's at 16-token sequences.
+  config::ModelConfig short_sequences = c.model;
+  short_sequences.context_length = 16;
+  CHECK(train::activation_bytes(c.model, false, config::Recompute::none, 2, 1, false, 4) ==
+        train::activation_bytes(short_sequences, false, config::Recompute::none, 2));
+  // N = 2 x 16 = 32 tokens, K = 2 x 1 x 2 = 4, C = 4, qkv width 8, 2 heads. Ring, fp32: its
+  // block and 2 in flight (3 x 32 x 4 x 4), the running result and a block's (2 x 32 x 4 x 4),
+  // the block's log-sum-exps (2 x 32 x 4), the query gradients (32 x 8 x 4), its key/value
+  // gradients and 2 accumulators (3 x 32 x 4 x 4): 1536 + 1024 + 256 + 1024 + 1536.
+  CHECK(train::context_scratch_bytes(c, 1, false, 2) == 5376);
+  // All-gather: 4 blocks gathered and 4 gradient blocks instead of 2 in flight.
+  c.dist.context_parallel_mode = config::ContextParallelMode::allgather;
+  CHECK(train::context_scratch_bytes(c, 1, false, 2) == 5376 + 2 * 512 + 2 * 512);
+  c.dist.context_parallel_mode = config::ContextParallelMode::ring;
+  // Per layer and micro-batch: 3 blocks of 32 x 4 values forward (fp32 512 B each; bf16 256 B),
+  // backward 3 again and 3 f32 gradient blocks.
+  CHECK(train::context_layer_bytes(c, 1, false, false) == 3 * 512.0);
+  CHECK(train::context_layer_bytes(c, 1, true, false) == 3 * 256.0);
+  CHECK(train::context_layer_bytes(c, 1, false, true) == 3 * 1024.0);
+  CHECK(train::context_layer_bytes(c, 1, true, true) == 3 * 768.0);
+  // An update of 6 micro-steps (12 sequences / 2), 3 layers; recompute full runs forward twice.
+  CHECK(train::context_traffic(c, 1, false, 6) == 6 * 3 * (1536.0 + 3072.0));
+  c.train.recompute = config::Recompute::full;
+  CHECK(train::context_traffic(c, 1, false, 6) == 6 * 3 * (2 * 1536.0 + 3072.0));
+  c.dist.context_parallel = 1;
+  CHECK(train::context_traffic(c, 1, false, 6) == 0.0);
+  CHECK(train::context_scratch_bytes(c, 1, false, 2) == 0);
+}
+
+TEST_CASE("plan: --suggest weighs context parallelism for long sequences only", "[plan][context]") {
+  config::Config c = tiny_llama();
+  c.train.global_batch_size = 8;
+  for (const auto& o : train::mesh_options(c, 4)) CHECK(o.mesh.context == 1);  // 8 tokens: none
+  c.model.context_length = 8192;
+  bool found = false;
+  for (const auto& o : train::mesh_options(c, 4)) {
+    if (o.mesh.context != 2 || o.mesh.tensor != 1 || o.mesh.pipeline != 1 || o.zero_stage != 1) continue;
+    // 1 x 2 x 1 cp2, ZeRO 1: gradients summed and sharded over the 4 context x data ranks; 8 /
+    // (2 x 2) = 2 micro-steps; memory and bytes as plan_memory, update_traffic and context_traffic.
+    found = true;
+    config::Config cp = c;
+    cp.dist.context_parallel = 2;
+    CHECK(o.mesh.data == 2);
+    CHECK(o.micro_steps == 2);
+    CHECK(o.memory == train::plan_memory(cp, 4, 1, false, 2).total());
+    CHECK(o.context_sent == train::context_traffic(cp, 1, false, 2));
+    CHECK(o.sent == train::update_traffic(cp, 4, 1, false, 2).bytes + o.context_sent);
+  }
+  CHECK(found);
+}

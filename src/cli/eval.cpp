@@ -13,6 +13,7 @@
 #include "data/dataset.h"
 #include "data/shard.h"
 #include "dist/communicator.h"
+#include "train/context_parallel.h"
 #include "train/tensor_parallel.h"
 #include "train/evaluate.h"
 
@@ -49,6 +50,7 @@ Command add_eval_command(CLI::App& parent) {
     std::string checkpoint, data, dump_logits;
     std::int64_t batches = 0;
     int tensor_parallel = 1;
+    int context_parallel = 1;
   };
   auto o = std::make_shared<Options>();
   CLI::App* app = parent.add_subcommand("eval", "Validation loss of a checkpoint");
@@ -58,6 +60,11 @@ Command add_eval_command(CLI::App& parent) {
       ->check(CLI::PositiveNumber);
   app->add_option("--tensor-parallel", o->tensor_parallel,
                   "Under mpirun: ranks that split each layer (must divide the world size)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  app->add_option("--context-parallel", o->context_parallel,
+                  "Under mpirun: ranks that split each sequence (must divide the world size; 2 x it must divide "
+                  "model.context_length)")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
   app->add_option("--dump-logits", o->dump_logits,
@@ -75,12 +82,19 @@ Command add_eval_command(CLI::App& parent) {
             if (!o->dump_logits.empty() && o->tensor_parallel > 1) {
               throw InputError("--dump-logits: with --tensor-parallel 1 only (each rank holds part of the vocabulary)");
             }
+            if (!o->dump_logits.empty() && o->context_parallel > 1) {
+              throw InputError("--dump-logits: with --context-parallel 1 only (each rank holds part of the sequence)");
+            }
             const checkpoint::Found found = checkpoint::find(o->checkpoint);
             const config::Config& config = found.config;
             const std::vector<std::string> patterns = o->data.empty() ? config.data.val : std::vector{o->data};
             if (patterns.empty()) throw InputError("--data: the run has no data.val; name the shards to evaluate");
             const data::TokenDataset data(data::expand_paths(patterns, o->data.empty() ? "data.val" : "--data"),
                                           config.model.context_length, std::uint32_t(config.model.vocab_size));
+            if (config.model.context_length % (2 * o->context_parallel) != 0) {
+              throw InputError("--context-parallel " + std::to_string(o->context_parallel) + ": 2 x it must divide " +
+                               "model.context_length (" + std::to_string(config.model.context_length) + ")");
+            }
             if (data.num_samples() < config.train.global_batch_size) {
               throw InputError("--data: " + std::to_string(data.num_samples()) +
                                " samples, fewer than one global batch (" +
@@ -89,20 +103,33 @@ Command add_eval_command(CLI::App& parent) {
             // The ranks (one without mpirun) on a tensor x data mesh.
             dist::Communicators comms;
             try {
-              comms = dist::make_communicators(Device::cpu, config.dist.timeout_s, o->tensor_parallel, 1);
+              comms = dist::make_communicators(Device::cpu, config.dist.timeout_s, o->tensor_parallel, 1,
+                                               o->context_parallel);
             } catch (const InputError&) {
-              throw InputError("--tensor-parallel " + std::to_string(o->tensor_parallel) +
-                               ": must divide the number of ranks mpirun starts");
+              const std::string sizes =
+                  o->context_parallel == 1 ? "--tensor-parallel " + std::to_string(o->tensor_parallel)
+                                           : "--tensor-parallel " + std::to_string(o->tensor_parallel) +
+                                                 " x --context-parallel " + std::to_string(o->context_parallel);
+              throw InputError(sizes + ": must divide the number of ranks mpirun starts");
             }
             std::unique_ptr<model::Model> loaded = checkpoint::load_model(found);
             std::unique_ptr<train::CommTensorGroup> group;
-            if (o->tensor_parallel > 1) {  // this rank's part of the weights
+            std::unique_ptr<train::CommContextGroup> context_group;
+            if (o->tensor_parallel > 1 || o->context_parallel > 1) {  // this rank's part of the weights
+              model::Layout layout{false, comms.tensor_group->rank(), o->tensor_parallel};
+              layout.context_rank = comms.context_group->rank();
+              layout.context_size = o->context_parallel;
               auto part = model::make_model(config.model, Device::cpu, model::Recompute::none, DType::f32,
-                                            ops::AttentionKernels::flash,
-                                            model::Layout{false, comms.tensor_group->rank(), o->tensor_parallel});
+                                            ops::AttentionKernels::flash, layout);
               train::take_part(*loaded, *part);
-              group = std::make_unique<train::CommTensorGroup>(*comms.tensor_group, Device::cpu);
-              part->set_tensor_group(group.get());
+              if (o->tensor_parallel > 1) {
+                group = std::make_unique<train::CommTensorGroup>(*comms.tensor_group, Device::cpu);
+                part->set_tensor_group(group.get());
+              }
+              if (o->context_parallel > 1) {
+                context_group = std::make_unique<train::CommContextGroup>(*comms.context_group);
+                part->set_context_group(context_group.get());
+              }
               loaded = std::move(part);
             }
             model::Model& model = *loaded;

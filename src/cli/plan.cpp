@@ -73,10 +73,10 @@ std::string model_line(const config::ModelConfig& m) {
   return line;
 }
 
-// "2 x 4 x 8 sp": tensor x data x pipeline, sp with sequence parallelism.
+// "2 x 4 x 8 sp": tensor x data x pipeline, sp with sequence parallelism, cpN with context parallelism N.
 std::string mesh_label(const train::MeshOption& o) {
   return std::to_string(o.mesh.tensor) + " x " + std::to_string(o.mesh.data) + " x " + std::to_string(o.mesh.pipeline) +
-         (o.sequence_parallel ? " sp" : "");
+         (o.sequence_parallel ? " sp" : "") + (o.mesh.context > 1 ? " cp" + std::to_string(o.mesh.context) : "");
 }
 
 // plan --suggest: the meshes of `gpus` ranks and ZeRO stages that fit `memory` bytes per device.
@@ -195,6 +195,7 @@ int suggest(const config::Config& c, const std::string& config_path, int gpus, c
     bool dominated = false;
     for (const auto& q : fitting) {
       dominated = dominated || (q.mesh.tensor == o.mesh.tensor && q.mesh.pipeline == o.mesh.pipeline &&
+                                q.mesh.context == o.mesh.context &&
                                 q.memory <= o.memory && q.sent <= o.sent * 1.001 &&
                                 (q.memory < o.memory || q.zero_stage < o.zero_stage));
     }
@@ -232,7 +233,9 @@ int suggest(const config::Config& c, const std::string& config_path, int gpus, c
               "optimizer update (ring collectives) over its data group (loss and norm all-reduce not counted) and its "
               "tensor group (every collective; 'of it tensor'), with a pipeline the stage that sends most, with its "
               "activations and gradients to the neighbouring stages and the pipeline group's all-reduces; sp: "
-              "sequence parallelism; max micro-batch: the largest train.micro_batch_size (dividing the global batch "
+              "sequence parallelism; cpN: context parallelism over N ranks (offered for sequences of 8,192 tokens "
+              "or more), its ring's key/value blocks and their gradients counted in sent/update; max micro-batch: "
+              "the largest train.micro_batch_size (dividing the global batch "
               "per data rank; with a pipeline at least p micro-steps) at which the row's layout still fits the device "
               "and the host; host/rank: a GPU rank's host memory at its peak (start-up, training, save, "
               "resume; plan shows each), checked against --host-memory per node of --ranks-per-node ranks (a model of the sharded start-up, save and resume with a stated per-process constant, not a measurement)\n");
@@ -250,7 +253,7 @@ void print_stages(const config::Config& c, const dist::Mesh& mesh, std::int64_t 
   const bool bf16 = c.train.precision == config::Precision::bf16;
   const bool interleaved = c.dist.pipeline_schedule != config::PipelineSchedule::one_f_one_b;
   // The trainer runs ZeRO 1-2 on one data rank as 0, and refuses ZeRO 3 with a pipeline.
-  const int zero = mesh.data == 1 ? 0 : int(std::min<std::int64_t>(c.dist.zero_stage, 2));
+  const int zero = mesh.data * mesh.context == 1 ? 0 : int(std::min<std::int64_t>(c.dist.zero_stage, 2));
   const double bubble = train::bubble_fraction(c.dist, int(micro_batches));
   std::printf("pipeline: %d stages, %s, %lld micro-batches per update: bubble %.1f%% of each stage's step (%s)\n",
               mesh.pipeline,
@@ -263,7 +266,7 @@ void print_stages(const config::Config& c, const dist::Mesh& mesh, std::int64_t 
   std::printf("%-5s %-26s %15s %12s %20s %12s %25s %12s\n", "stage", "layers", "parameters", "state", "activations",
               "total", "to neighbours", "sent/update");
   for (const auto& st : stages) {
-    const train::MemoryPlan p = train::stage_memory(c, st, mesh.data, zero, bf16);
+    const train::MemoryPlan p = train::stage_memory(c, st, mesh.data * mesh.context, zero, bf16);
     std::string layers;
     for (const train::StageRange& chunk : st.chunks) {
       // Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on "-" + std::string here.
@@ -279,8 +282,8 @@ void print_stages(const config::Config& c, const dist::Mesh& mesh, std::int64_t 
                              (st.slots == 1 ? "" : "s") + ")";
     const std::string p2p =
         format_bytes(st.sent_p2p) + " (" + std::to_string(st.sends) + (st.sends == 1 ? " send)" : " sends)");
-    const double sent = train::update_traffic(c, st.share, mesh.data, zero, bf16, micro_batches).bytes +
-                        st.sent_tensor + st.sent_p2p + st.sent_pipeline_collectives;
+    const double sent = train::update_traffic(c, st.share, mesh.data * mesh.context, zero, bf16, micro_batches).bytes +
+                        st.sent_tensor + st.sent_p2p + st.sent_pipeline_collectives + st.sent_context;
     std::printf("%-5d %-26s %15s %12s %20s %12s %25s %12s\n", st.stage, layers.c_str(),
                 with_commas(st.share.params).c_str(), format_bytes(double(p.state())).c_str(), acts.c_str(), format_bytes(double(p.total())).c_str(),
                 p2p.c_str(), format_bytes(sent).c_str());
@@ -340,8 +343,9 @@ Command add_plan_command(CLI::App& parent) {
             if (o->suggest) {
               return suggest(c, o->config_path, o->gpus > 0 ? o->gpus : o->world_size, o->device_memory, memory, host);
             }
-            const dist::Mesh mesh =
-                dist::Mesh::of(o->world_size, int(c.dist.tensor_parallel), int(c.dist.pipeline_parallel));
+            const dist::Mesh mesh = dist::Mesh::of(o->world_size, int(c.dist.tensor_parallel),
+                                                   int(c.dist.pipeline_parallel), int(c.dist.context_parallel));
+            const int D = mesh.data * mesh.context;  // the ranks gradients are summed over (ZeRO's group)
             const std::int64_t accum = config::grad_accum_steps(c, mesh.data);
             const auto& m = c.model;
             train::RankShare share;
@@ -433,18 +437,19 @@ Command add_plan_command(CLI::App& parent) {
                   // The stage that needs most memory, and its bytes sent (data group, tensor group,
                   // neighbours, the pipeline group's all-reduces).
                   for (const auto& st : stages[bf16]) {
-                    const auto mine = train::stage_memory(c, st, mesh.data, zero, bf16);
+                    const auto mine = train::stage_memory(c, st, D, zero, bf16);
                     if (mine.total() > p.total()) {
                       p = mine;
                       held = &st.share;
-                      sent = train::update_traffic(c, st.share, mesh.data, zero, bf16, accum).bytes + st.sent_tensor +
-                             st.sent_p2p + st.sent_pipeline_collectives;
+                      sent = train::update_traffic(c, st.share, D, zero, bf16, accum).bytes + st.sent_tensor +
+                             st.sent_p2p + st.sent_pipeline_collectives + st.sent_context;
                     }
                   }
                   largest = "-";
                 } else {
-                  p = train::plan_memory(c, share, mesh.data, zero, bf16, c.train.micro_batch_size);
-                  sent = train::update_traffic(c, share, mesh.data, zero, bf16, accum).bytes;
+                  p = train::plan_memory(c, share, D, zero, bf16, c.train.micro_batch_size);
+                  sent = train::update_traffic(c, share, D, zero, bf16, accum).bytes +
+                         train::context_traffic(c, mesh.tensor, bf16, accum);
                   largest = std::to_string(train::max_micro_batch(c, bf16, mesh.tensor, p.state(), memory));
                 }
                 std::printf("%-13s %12s %12s %12s %12s %12s %12s %12s %16s\n", label,
@@ -452,8 +457,8 @@ Command add_plan_command(CLI::App& parent) {
                             format_bytes(double(p.optimizer)).c_str(), format_bytes(double(p.gathered)).c_str(),
                             format_bytes(double(p.activations)).c_str(), format_bytes(double(p.total())).c_str(),
                             format_bytes(sent).c_str(), largest.c_str());
-                host_rows.push_back({label, train::plan_host(p, *held, mesh.data, zero, true),
-                                     train::plan_host(p, *held, mesh.data, zero, false)});
+                host_rows.push_back({label, train::plan_host(p, *held, D, zero, true),
+                                     train::plan_host(p, *held, D, zero, false)});
               }
             }
             print_host(host_rows, host, mesh.pipeline > 1);
@@ -468,6 +473,25 @@ Command add_plan_command(CLI::App& parent) {
                         mesh.pipeline > 1 ? "; with a pipeline also its tensor group, its sends to the neighbouring "
                                             "stages and the pipeline group's all-reduces (the stage's figures below)"
                                           : "");
+            if (mesh.context > 1) {
+              const std::int64_t B = c.train.micro_batch_size, Tl = m.context_length / mesh.context;
+              std::printf("context parallel %d (%s): each rank holds %lld of each sequence's %lld tokens (chunks r and "
+                          "%d - r, %lld tokens each), so its activations are those of %lld-token sequences; per layer and "
+                          "micro-step it sends %s forward (%d key/value blocks of %lld x %lld tokens) and %s backward "
+                          "(the blocks again and their f32 gradients), fp32; %s and %s in bf16; per update %s (fp32), "
+                          "%s (bf16), in sent/update; gradients summed and ZeRO sharded over its %d context x data "
+                          "ranks\n",
+                          mesh.context, config::to_string(c.dist.context_parallel_mode).c_str(),
+                          static_cast<long long>(Tl), static_cast<long long>(m.context_length), 2 * mesh.context - 1,
+                          static_cast<long long>(Tl / 2), static_cast<long long>(Tl),
+                          format_bytes(train::context_layer_bytes(c, mesh.tensor, false, false)).c_str(), mesh.context - 1,
+                          static_cast<long long>(B), static_cast<long long>(Tl),
+                          format_bytes(train::context_layer_bytes(c, mesh.tensor, false, true)).c_str(),
+                          format_bytes(train::context_layer_bytes(c, mesh.tensor, true, false)).c_str(),
+                          format_bytes(train::context_layer_bytes(c, mesh.tensor, true, true)).c_str(),
+                          format_bytes(train::context_traffic(c, mesh.tensor, false, accum)).c_str(),
+                          format_bytes(train::context_traffic(c, mesh.tensor, true, accum)).c_str(), D);
+            }
             if (mesh.tensor > 1 && mesh.pipeline == 1) {
               // The same on every row of a precision (under sequence parallelism the all-gathers
               // move the compute dtype).

@@ -26,6 +26,9 @@ enum class Recompute { none, mlp, full };
 /// (train/pipeline_schedule.h): one-forward-one-backward, or Megatron's interleaved variant with
 /// dist.virtual_stages model chunks per stage.
 enum class PipelineSchedule { one_f_one_b, interleaved };
+/// dist.context_parallel_mode: how a context-parallel group shares keys and values (model/context_parallel.h):
+/// passed around a ring (one block in flight while the next computes), or all-gathered at once.
+enum class ContextParallelMode { ring, allgather };
 
 /// The names of a choice's values, in the order the enum declares them.
 template <class E>
@@ -49,6 +52,10 @@ struct ChoiceNames<Recompute> {
 template <>
 struct ChoiceNames<PipelineSchedule> {
   static constexpr std::array<std::string_view, 2> values{"1f1b", "interleaved"};
+};
+template <>
+struct ChoiceNames<ContextParallelMode> {
+  static constexpr std::array<std::string_view, 2> values{"ring", "allgather"};
 };
 
 /// An enum the config reads by name.

@@ -46,6 +46,18 @@ void check_pipeline(const Config& c, const Origins& o) {
   }
 }
 
+// Context parallelism cuts every sequence into 2 x dist.context_parallel chunks of equal length
+// (rank r holds chunks r and 2 CP - 1 - r): the sequence length must divide evenly.
+void check_context(const Config& c, const Origins& o) {
+  const std::int64_t cp = c.dist.context_parallel, T = c.model.context_length;
+  if (cp > 1 && T % (2 * cp) != 0) {
+    fail_rule(o, "dist.context_parallel", "model.context_length",
+              "each sequence is cut into 2 x dist.context_parallel = " + std::to_string(2 * cp) +
+                  " chunks of equal length, so model.context_length (" + std::to_string(T) + ") must divide by " +
+                  std::to_string(2 * cp));
+  }
+}
+
 // The architecture's rules: its defaults, and what its layers cannot do.
 void check_arch(ModelConfig& m, const Origins& o, bool tie_embeddings_given) {
   const ArchTraits& arch = arch_traits(m.arch);
@@ -92,6 +104,7 @@ void resolve_and_check(Config& c, const Origins& o, bool tie_embeddings_given) {
                                            std::to_string(t.global_batch_size));
   }
   check_pipeline(c, o);
+  check_context(c, o);
   if (c.optim.min_lr > c.optim.lr) {
     fail_rule(o, "optim.min_lr", "optim.lr", "must be <= optim.lr (" + format_number(c.optim.lr) + "), got " +
                                 format_number(c.optim.min_lr));

@@ -258,11 +258,14 @@ struct Communicators {
   Mesh mesh;
   std::unique_ptr<Communicator> world;        // every rank, host memory: losses, checksums, barriers, checkpoints
   std::unique_ptr<Communicator> data_group;   // same tensor index and stage: replicas of one model part
+                                              // (context x data ranks, context index fastest)
   std::unique_ptr<Communicator> tensor_group;    // same data index and stage: one layer's shards
-  std::unique_ptr<Communicator> pipeline_group;  // same tensor and data index: the stages in order
+  std::unique_ptr<Communicator> pipeline_group;  // same tensor, context and data index: the stages in order
+  std::unique_ptr<Communicator> context_group;   // same tensor and data index and stage: one sequence's parts
   std::unique_ptr<Communicator> data_device;  // the data-parallel group over device memory; null: data_group serves
   std::unique_ptr<Communicator> tensor_device;  // the tensor-parallel group over device memory; null: tensor_group serves
   std::unique_ptr<Communicator> pipeline_device;  // the pipeline group over device memory; null: pipeline_group serves
+  std::unique_ptr<Communicator> context_device;  // the context group over device memory; null: context_group serves
 
   /// The data-parallel group over host memory (scalars: losses, norms; the sampler's rank).
   Communicator& data_host() const { return *data_group; }
@@ -272,6 +275,10 @@ struct Communicators {
   Communicator& tensor() const { return tensor_device ? *tensor_device : *tensor_group; }
   /// The pipeline group over the memory the activations live in (the stages' transfers).
   Communicator& pipeline() const { return pipeline_device ? *pipeline_device : *pipeline_group; }
+  /// The context-parallel group over the memory the activations live in (key/value blocks).
+  Communicator& context() const { return context_device ? *context_device : *context_group; }
+  /// The data-parallel index and size without the context axis: which sequences this rank reads.
+  int data_index() const { return data_group->rank() / mesh.context; }
 };
 
 /// Splits `world` into the groups of `mesh` (mesh.world() must be world's size).
@@ -280,14 +287,14 @@ Communicators split_mesh(std::unique_ptr<Communicator> world, const Mesh& mesh);
 /// make_communicator's choice for the host, and for `device` cuda: binds this process to its GPU
 /// (by local rank) and, with several ranks, adds NCCL over that GPU for the data, tensor and
 /// pipeline groups that have more than one rank.
-/// Its groups are those of a `tensor_parallel` x data x `pipeline_parallel` mesh over the job's
-/// ranks (InputError naming the keys when they do not divide the world size).
+/// Its groups are those of a `tensor_parallel` x `context_parallel` x data x `pipeline_parallel`
+/// mesh over the job's ranks (InputError naming the keys when they do not divide the world size).
 Communicators make_communicators(Device device, double timeout_s = 600.0, int tensor_parallel = 1,
-                                 int pipeline_parallel = 1);
+                                 int pipeline_parallel = 1, int context_parallel = 1);
 /// The same, with the device chosen by `choose` once the host communicator exists (it may run
 /// collectives on it, so that every rank makes the same choice).
 Communicators make_communicators(const std::function<Device(Communicator& world)>& choose, double timeout_s,
-                                 int tensor_parallel = 1, int pipeline_parallel = 1);
+                                 int tensor_parallel = 1, int pipeline_parallel = 1, int context_parallel = 1);
 
 /// True when the environment says this process is one of several started by mpirun or srun.
 bool launched_by_mpi();

@@ -50,11 +50,15 @@ Communicators split_mesh(std::unique_ptr<Communicator> world, const Mesh& mesh) 
   Communicators comms;
   comms.mesh = mesh;
   const Mesh::Coord at = mesh.coord(world->rank());
-  // Each group: the ranks that agree on the other two coordinates (the color), in the order of
-  // the group's own coordinate (the key).
-  comms.data_group = world->split(at.tensor + mesh.tensor * at.pipeline, at.data);
-  comms.tensor_group = world->split(at.data + mesh.data * at.pipeline, at.tensor);
-  comms.pipeline_group = world->split(at.tensor + mesh.tensor * at.data, at.pipeline);
+  // Each group: the ranks that agree on the other coordinates (the color), in the order of the
+  // group's own coordinate (the key). The data-parallel group (the ranks whose gradients are
+  // summed: the same tensor index and stage) holds the context and data axes together, context
+  // index fastest.
+  const int C = mesh.context, D = mesh.data, Tn = mesh.tensor;
+  comms.data_group = world->split(at.tensor + Tn * at.pipeline, at.context + C * at.data);
+  comms.tensor_group = world->split(at.context + C * (at.data + D * at.pipeline), at.tensor);
+  comms.pipeline_group = world->split(at.tensor + Tn * (at.context + C * at.data), at.pipeline);
+  comms.context_group = world->split(at.tensor + Tn * (at.data + D * at.pipeline), at.context);
   comms.pipeline_group->set_rank_noun("stage");  // a transfer that never completes names the stage
   // A collective that times out names each missing rank's place on the mesh's split axes.
   const auto place = [mesh](int job_rank) {
@@ -62,23 +66,27 @@ Communicators split_mesh(std::unique_ptr<Communicator> world, const Mesh& mesh) 
     std::string out;
     if (mesh.pipeline > 1) out += "stage " + std::to_string(c.pipeline);
     if (mesh.tensor > 1) out += (out.empty() ? "" : ", ") + std::string("tensor rank ") + std::to_string(c.tensor);
+    if (mesh.context > 1) out += (out.empty() ? "" : ", ") + std::string("context rank ") + std::to_string(c.context);
     return out.empty() ? out : " (" + out + ")";
   };
-  for (Communicator* group : {world.get(), comms.data_group.get(), comms.tensor_group.get(), comms.pipeline_group.get()}) {
+  for (Communicator* group : {world.get(), comms.data_group.get(), comms.tensor_group.get(), comms.pipeline_group.get(),
+                              comms.context_group.get()}) {
     group->set_job_rank_place(place);
   }
   comms.world = std::move(world);
   return comms;
 }
 
-Communicators make_communicators(Device device, double timeout_s, int tensor_parallel, int pipeline_parallel) {
-  return make_communicators([device](Communicator&) { return device; }, timeout_s, tensor_parallel, pipeline_parallel);
+Communicators make_communicators(Device device, double timeout_s, int tensor_parallel, int pipeline_parallel,
+                                 int context_parallel) {
+  return make_communicators([device](Communicator&) { return device; }, timeout_s, tensor_parallel, pipeline_parallel,
+                            context_parallel);
 }
 
 Communicators make_communicators(const std::function<Device(Communicator& world)>& choose, double timeout_s,
-                                 int tensor_parallel, int pipeline_parallel) {
+                                 int tensor_parallel, int pipeline_parallel, int context_parallel) {
   std::unique_ptr<Communicator> world = make_communicator(false, timeout_s);
-  const Mesh mesh = Mesh::of(world->world_size(), tensor_parallel, pipeline_parallel);
+  const Mesh mesh = Mesh::of(world->world_size(), tensor_parallel, pipeline_parallel, context_parallel);
   const Device device = choose(*world);
   Communicators comms = split_mesh(std::move(world), mesh);
   if (device == Device::cuda) {
@@ -92,6 +100,9 @@ Communicators make_communicators(const std::function<Device(Communicator& world)
     if (comms.pipeline_group->world_size() > 1) {
       comms.pipeline_device = make_nccl_communicator(*comms.pipeline_group, gpu, timeout_s);
       comms.pipeline_device->set_rank_noun("stage");  // a transfer that never completes names the stage
+    }
+    if (comms.context_group->world_size() > 1) {
+      comms.context_device = make_nccl_communicator(*comms.context_group, gpu, timeout_s);
     }
 #else
     (void)gpu;

@@ -68,12 +68,12 @@ class Decoder : public Model {
   Tensor decode_step(std::int32_t token, int pos) override;
   StageIO stage_io() override;
   std::string tied_embedding() const override { return tied() ? Body::names.embedding : ""; }
-  void prepare_activations(int B, int T) override { ensure_acts(B, T); }
+  void prepare_activations(int B, int T) override { ensure_acts(B, local_length(T)); }
   std::size_t activation_bytes(int B, int T) const override {
     Carver carver = Carver::measuring();
     Acts a;
     GradActs g;
-    return lay_out(config_, recompute_, compute_, carver, B, T, a, g, acts_shape());
+    return lay_out(config_, recompute_, compute_, carver, B, local_length(T), a, g, acts_shape());
   }
 
   /// Exact parameter count of `config`, from the parameter list alone (nothing allocated).
@@ -184,6 +184,39 @@ class Decoder : public Model {
   }
   /// Whether the output head is the token embedding.
   bool tied() const { return config::head_is_tied(traits_, config_.tie_embeddings); }
+  /// Causal self-attention of this rank's rows (flash_attention_forward's contract): over the whole
+  /// sequence through the context group under context parallelism, else flash attention.
+  void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int NH, int NKV) {
+    if (cp_.active()) return cp_.attention_forward(out, lse, qkv, NH, NKV);
+    ops::flash_attention_forward(out, lse, qkv, NH, NKV, attention_kernels_);
+  }
+  /// Its backward: dqkv written (not accumulated).
+  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                          const Tensor& lse, int NH, int NKV) {
+    if (cp_.active()) return cp_.attention_backward(dqkv, dout, qkv, out, lse, NH, NKV);
+    ops::flash_attention_backward(dqkv, dout, qkv, out, lse, NH, NKV, attention_kernels_, ops::Accumulate::no);
+  }
+  /// Rotary embeddings of (B,T,H,HS) rows at their true positions (this rank's chunks under
+  /// context parallelism); `backward`: rope_backward.
+  void rope(const Tensor& out, const Tensor& inp, float theta, int rotated_heads, bool backward) {
+    const auto run = [&](const Tensor& o, const Tensor& i, int pos0) {
+      if (backward) {
+        ops::rope_backward(o, i, theta, rotated_heads, pos0);
+      } else {
+        ops::rope_forward(o, i, theta, rotated_heads, pos0);
+      }
+    };
+    if (!cp_.active()) return run(out, inp, 0);
+    const std::int64_t T = out.shape[1], H = out.shape[2], HS = out.shape[3];
+    const ops::Chunks at = cp_.mine(int(T) * cp_.size());
+    const auto rows = [&](const Tensor& t, std::int64_t b, int i) {
+      char* base = static_cast<char*>(t.data) + std::size_t((b * T + std::int64_t(i) * at.len) * H * HS) * dtype_size(t.dtype);
+      return Tensor(base, t.dtype, t.device, {1, at.len, H, HS});
+    };
+    for (std::int64_t b = 0; b < out.shape[0]; ++b) {
+      for (int i = 0; i < at.count(); ++i) run(rows(out, b, i), rows(inp, b, i), at.start(i));
+    }
+  }
 
   Recompute recompute_;
   const config::ArchTraits& traits_;
@@ -208,10 +241,22 @@ class Decoder : public Model {
   bool is_head(const std::string& name) const { return Body::names.head && name == Body::names.head; }
   TensorSlice slice_of(const std::string& name) const;
   bool held(const std::string& name) const;
+  /// This rank's tokens of a sequence of T (all of them without context parallelism).
+  int local_length(int T) const {
+    cp_.check_length(T);
+    return T / cp_.size();
+  }
+  /// The learned positions of this rank's tokens (the table itself without context parallelism).
+  Tensor local_positions(int T);
+  /// Adds the gradient of local_positions' rows into the table's gradient.
+  void add_position_grads();
   /// The residual stream leaving this stage's last layer.
   const Tensor& stream_output() const { return a_.layers.empty() ? a_.encoded : a_.layers.back().residual3; }
 
   ops::Buffer acts_buffer_, logits_f32_;  // logits_f32_: f32 logits in mixed precision
+  // Context parallelism: this rank's tokens and targets, its learned positions and their gradient.
+  std::vector<std::int32_t> cp_inputs_, cp_targets_;
+  ops::Buffer cp_positions_, cp_position_grads_;
   std::vector<Acts> acts_slots_;          // every slot's
 };
 
@@ -377,6 +422,16 @@ Model::StageIO Decoder<Body>::stage_io() {
 template <class Body>
 double Decoder<Body>::forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T,
                               float dloss_scale) {
+  if (cp_.active()) {  // this rank's chunks of every sequence
+    if (T > config_.context_length) ensure_acts(B, T);  // the error names the whole length
+    cp_.take_rows(inputs, B, T, cp_inputs_);
+    inputs = cp_inputs_.data();
+    if (targets) {
+      cp_.take_rows(targets, B, T, cp_targets_);
+      targets = cp_targets_.data();
+    }
+    T = local_length(T);
+  }
   ensure_acts(B, T);
   prepare_weights();
   inputs_upload_.upload(a_.inputs, Tensor(const_cast<std::int32_t*>(inputs), DType::i32, Device::cpu, {B, T}));
@@ -384,7 +439,7 @@ double Decoder<Body>::forward(const std::int32_t* inputs, const std::int32_t* ta
   if (first_stage()) {  // a later pipeline stage's input is the previous stage's output (stage_io)
     const Tensor embedded = sequence_parallel() ? a_.full_out : a_.encoded;
     tp_.vocab_parallel_embedding(embedded.reshape({B, T, config_.d_model}), inputs, a_.inputs, p_.embedding,
-                                 p_.positions, slot_, slots_);
+                                 local_positions(T), slot_, slots_);
     tp_.reduce_output(embedded, a_.encoded);
   }
   for (std::size_t li = 0; li < a_.layers.size(); ++li) {
@@ -434,12 +489,50 @@ void Decoder<Body>::backward(const std::function<void(std::int64_t)>& grads_read
   }
   // A later pipeline stage's input gradient goes to the previous stage (stage_io).
   if (first_stage()) {
-    tp_.vocab_parallel_embedding_backward(g_.embedding, g_.positions,
+    const bool split_positions = cp_.active() && g_.positions.data;
+    Tensor dpositions = g_.positions;
+    if (split_positions) {
+      dpositions = Tensor(cp_position_grads_.data(), DType::f32, device_, {T, C});
+      ops::zero(dpositions);
+    }
+    tp_.vocab_parallel_embedding_backward(g_.embedding, dpositions,
                                           tp_.gather_input(dresidual, a_.full_in).reshape({B, T, C}), a_.inputs,
                                           slot_);
+    if (split_positions) add_position_grads();
   }
   notify(UnitEvent::backward_ends);
   if (grads_ready) grads_ready(num_params());
+}
+
+template <class Body>
+Tensor Decoder<Body>::local_positions(int T) {
+  if (!cp_.active() || !p_.positions.data) return p_.positions;
+  const std::int64_t C = config_.d_model;
+  const std::size_t row = std::size_t(C) * dtype_size(p_.positions.dtype);
+  if (cp_positions_.bytes() < std::size_t(T) * row) {
+    cp_positions_ = ops::Buffer(device_, std::size_t(T) * row);
+    cp_position_grads_ = ops::Buffer(device_, std::size_t(T * C) * sizeof(float));
+  }
+  const ops::Chunks at = cp_.mine(T * cp_.size());
+  for (int i = 0; i < at.count(); ++i) {
+    ops::copy(Tensor(static_cast<char*>(cp_positions_.data()) + std::size_t(i) * at.len * row, p_.positions.dtype,
+                     device_, {at.len, C}),
+              Tensor(static_cast<char*>(p_.positions.data) + std::size_t(at.start(i)) * row, p_.positions.dtype,
+                     device_, {at.len, C}));
+  }
+  return Tensor(cp_positions_.data(), p_.positions.dtype, device_, {T, C});
+}
+
+template <class Body>
+void Decoder<Body>::add_position_grads() {
+  const std::int64_t C = config_.d_model;
+  const ops::Chunks at = cp_.mine(acts_T_ * cp_.size());
+  for (int i = 0; i < at.count(); ++i) {
+    const Tensor table(static_cast<float*>(g_.positions.data) + std::int64_t(at.start(i)) * C, DType::f32, device_, {at.len * C});
+    const Tensor mine(static_cast<float*>(cp_position_grads_.data()) + std::int64_t(i) * at.len * C, DType::f32,
+                      device_, {at.len * C});
+    ops::residual_forward(table, table, mine);
+  }
 }
 
 template <class Body>

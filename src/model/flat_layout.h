@@ -100,6 +100,11 @@ struct Layout {
   // The interleaved schedule: this stage's model chunks (virtual stages s, s + P, ...), in layer
   // order; each runs as a stage of its own (Model::use_chunk). Empty: the one run above.
   std::vector<LayerRun> chunks{};
+  // Context parallelism: this rank's place in the group that splits every sequence (model/context_parallel.h),
+  // and whether the group passes key/value blocks in a ring (else all-gathers them).
+  int context_rank = 0;
+  int context_size = 1;
+  bool context_ring = true;
 };
 
 }  // namespace llmtrain::model

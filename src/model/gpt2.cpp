@@ -151,8 +151,7 @@ void Gpt2::forward_layer(std::size_t l) {
   // Tensor parallelism: c_attn and c_fc column-parallel, the two c_proj row-parallel.
   ops::layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, x, lp.ln1_w, lp.ln1_b);
   tp_.column_parallel_linear(la.qkv, la.ln1, a_.full_in, lp.qkv_w, lp.qkv_b);
-  ops::flash_attention_forward(la.atty.reshape({B, T, C}), la.lse, la.qkv.reshape({B, T, 3 * C}), NH, NH,
-                               attention_kernels_);
+  attention_forward(la.atty.reshape({B, T, C}), la.lse, la.qkv.reshape({B, T, 3 * C}), NH, NH);
   tp_.row_parallel_linear(la.attproj, a_.full_out, la.atty, lp.attproj_w, lp.attproj_b);
   ops::layernorm_residual_forward(la.residual2, la.ln2, la.ln2_mean, la.ln2_rstd, x, la.attproj, lp.ln2_w, lp.ln2_b);
   forward_mlp(l);
@@ -185,9 +184,8 @@ void Gpt2::backward_layer(std::size_t l) {
   // Attention branch: residual2 = x + c_proj(attention(c_attn(ln1))).
   ops::matmul_backward(ga_.atty, lg.attproj_w, lg.attproj_b, tp_.gather_input(dresidual, a_.full_in), la.atty,
                        lp.attproj_w, ops::Accumulate::no);
-  ops::flash_attention_backward(ga_.qkv.reshape({B, T, 3 * CL}), ga_.atty.reshape({B, T, CL}),
-                                la.qkv.reshape({B, T, 3 * CL}), la.atty.reshape({B, T, CL}), la.lse, NH, NH,
-                                attention_kernels_, ops::Accumulate::no);
+  attention_backward(ga_.qkv.reshape({B, T, 3 * CL}), ga_.atty.reshape({B, T, CL}), la.qkv.reshape({B, T, 3 * CL}),
+                     la.atty.reshape({B, T, CL}), la.lse, NH, NH);
   ops::matmul_backward(sp ? a_.full_out : ga_.ln1, lg.qkv_w, lg.qkv_b, ga_.qkv, tp_.gather_input(la.ln1, a_.full_in),
                        lp.qkv_w, ops::Accumulate::no);
   tp_.reduce_output(sp ? a_.full_out : ga_.ln1, ga_.ln1);

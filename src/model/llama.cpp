@@ -178,10 +178,9 @@ void Llama::forward_layer(std::size_t l) {
   // Tensor parallelism: q, k, v, gate and up column-parallel, o and down row-parallel.
   ops::rmsnorm_forward(la.ln1, la.rstd1, x, lp.in_norm, eps);
   tp_.column_parallel_linear(la.qkv, la.ln1, a_.full_in, lp.qkv, none);
-  ops::rope_forward(la.qkvr.reshape({B, T, NH + 2 * NKV, HS_}), la.qkv.reshape({B, T, NH + 2 * NKV, HS_}), theta,
-                    rotated_heads());
-  ops::flash_attention_forward(la.atty.reshape({B, T, C}), la.lse, la.qkvr.reshape({B, T, QKV_}), int(NH), int(NKV),
-                               attention_kernels_);
+  rope(la.qkvr.reshape({B, T, NH + 2 * NKV, HS_}), la.qkv.reshape({B, T, NH + 2 * NKV, HS_}), theta, rotated_heads(),
+       false);
+  attention_forward(la.atty.reshape({B, T, C}), la.lse, la.qkvr.reshape({B, T, QKV_}), int(NH), int(NKV));
   tp_.row_parallel_linear(la.attproj, a_.full_out, la.atty, lp.o, none);
   ops::residual_forward(la.residual2, x, la.attproj);
   ops::rmsnorm_forward(la.ln2, la.rstd2, la.residual2, lp.post_norm, eps);
@@ -221,11 +220,10 @@ void Llama::backward_layer(std::size_t l) {
   // Attention branch: residual2 = x + o(attention(rope(qkv(ln1)))).
   ops::matmul_backward(ga_.atty, lg.o, none, tp_.gather_input(dresidual, a_.full_in), la.atty, lp.o,
                        ops::Accumulate::no);
-  ops::flash_attention_backward(ga_.qkvr.reshape({B, T, QKV_}), ga_.atty.reshape({B, T, CL}),
-                                la.qkvr.reshape({B, T, QKV_}), la.atty.reshape({B, T, CL}), la.lse, int(NH), int(NKV),
-                                attention_kernels_, ops::Accumulate::no);
-  ops::rope_backward(ga_.qkv.reshape({B, T, NH + 2 * NKV, HS_}), ga_.qkvr.reshape({B, T, NH + 2 * NKV, HS_}), theta,
-                     rotated_heads());
+  attention_backward(ga_.qkvr.reshape({B, T, QKV_}), ga_.atty.reshape({B, T, CL}), la.qkvr.reshape({B, T, QKV_}),
+                     la.atty.reshape({B, T, CL}), la.lse, int(NH), int(NKV));
+  rope(ga_.qkv.reshape({B, T, NH + 2 * NKV, HS_}), ga_.qkvr.reshape({B, T, NH + 2 * NKV, HS_}), theta, rotated_heads(),
+       true);
   const Tensor dln1 = sp ? a_.full_out : ga_.ln1;
   const Tensor ln1 = tp_.gather_input(la.ln1, a_.full_in);
   if (kv_sharers_ > 1) {

@@ -23,6 +23,7 @@ Model::Model(const config::ModelConfig& config, Device device, DType compute, op
       attention_kernels_(attention),
       layout_(layout),
       tp_(layout, config.vocab_size, config.d_model, device, compute),
+      cp_(layout.context_rank, layout.context_size, layout.context_ring, device, compute),
       sharded_(layout.sharded) {
   if (compute != DType::f32 && compute != DType::bf16) throw RuntimeError("model: compute dtype must be f32 or bf16");
   const int L = int(config.n_layer);

@@ -16,6 +16,7 @@
 #include "config/config.h"
 #include "core/tensor.h"
 #include "model/activations.h"
+#include "model/context_parallel.h"
 #include "model/flat_layout.h"
 #include "model/tensor_parallel.h"
 #include "ops/buffer.h"
@@ -90,6 +91,11 @@ class Model {
   std::vector<Segment> segments(bool owned_only) const;
   /// Tensor parallelism: the group forward and backward reduce over (set before the first pass).
   void set_tensor_group(TensorGroup* group) { tp_.set_group(group); }
+  /// Context parallelism: the group attention exchanges key/value blocks over (set before the first pass).
+  void set_context_group(ContextGroup* group) { cp_.set_group(group); }
+  /// The ranks each sequence is split over (layout().context_size): forward and backward take
+  /// whole (B,T) sequences and keep this rank's T / context_size tokens of each.
+  int context_size() const { return cp_.size(); }
 
   /// Sharded (ZeRO 3): the model holds no flat buffers; whoever shards it gives each unit its
   /// weights (compute dtype) and gradients (f32) with set_unit_storage, as `hooks` ask for them.
@@ -226,6 +232,7 @@ class Model {
   ops::AttentionKernels attention_kernels_;  // model.attention as resolved at start-up
   Layout layout_;
   TensorParallel tp_;
+  ContextParallel cp_;
 
  private:
   std::vector<ParamInfo> infos_;

@@ -17,6 +17,7 @@
 
 #include "core/tensor.h"
 #include "ops/buffer.h"
+#include "llmtrain/kernels/context_attention.h"
 #include "llmtrain/kernels/elementwise.h"
 
 namespace llmtrain::ops {
@@ -92,6 +93,32 @@ void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tens
                               const Tensor& lse, int NH, int NKV = 0,
                               AttentionKernels kernels = AttentionKernels::flash,
                               Accumulate dqkv_mode = Accumulate::yes);
+
+/// Context parallelism (model/context_parallel.h): which positions of the sequence a rank's rows
+/// hold (kernels::Chunks: one chunk, or the head-and-tail pair of a context-parallel rank).
+using Chunks = kernels::Chunks;
+/// Attention of the queries of qkv (B,Tq,(NH+2NKV)HS) at positions `q_at` against one block of
+/// keys and values at positions `k_at`: kv (B,Tk,W) holds NKV key heads then NKV value heads in
+/// its last 2 NKV HS columns (a packed qkv, or a (B,Tk,2 NKV HS) block from kv_pack). A key is
+/// seen by the queries at or after its position. Writes the block's own softmax result: out
+/// (B,Tq,NH HS) f32 and lse (B,NH,Tq) f32 (rows that see no key of the block: 0 and -inf).
+/// With every key in one block (Chunks{T, 0}) it is flash_attention_forward.
+void attention_block_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const Tensor& kv,
+                             const Chunks& q_at, const Chunks& k_at, int NH, int NKV = 0);
+/// Its backward, against the softmax over all blocks: out (B,Tq,NH HS) and lse (B,NH,Tq) the
+/// merged results (out in the activations' dtype). dq (B,Tq,(NH+2NKV)HS) f32 += the queries'
+/// gradient (its first NH HS columns); dkv f32, shaped as kv, += the block's key and value
+/// gradients (its last 2 NKV HS columns). dq and dkv may be one tensor (a rank's own block).
+void attention_block_backward(const Tensor& dq, const Tensor& dkv, const Tensor& dout, const Tensor& qkv,
+                              const Tensor& out, const Tensor& lse, const Tensor& kv, const Chunks& q_at,
+                              const Chunks& k_at, int NH, int NKV = 0);
+/// The log-sum-exp merge: (out, lse) f32 (B,T,C), (B,NH,T) become the attention over both their
+/// keys and the block's (block_out, block_lse).
+void attention_lse_merge(const Tensor& out, const Tensor& lse, const Tensor& block_out, const Tensor& block_lse);
+/// kv (B,T,2 KVC) = the key and value columns of qkv (B,T,C + 2 KVC), C = NH HS, KVC = NKV HS.
+void kv_pack(const Tensor& kv, const Tensor& qkv, int NH, int NKV = 0);
+/// dqkv (B,T,C + 2 KVC) = the query columns of dq (f32, shaped as dqkv) and dkv (f32, (B,T,2 KVC)).
+void qkv_join(const Tensor& dqkv, const Tensor& dq, const Tensor& dkv, int NH, int NKV = 0);
 
 /// One new position of one sequence: out (C) from q (C) and the caches (maxT, NKV HS) up to `pos`
 /// (NKV 0: NH).

@@ -97,11 +97,50 @@ double flops_per_token(const config::ModelConfig& m) {
 }
 
 std::int64_t activation_bytes(const config::ModelConfig& m, bool bf16, config::Recompute recompute,
-                              std::int64_t micro_batch, int tensor_size, bool sequence_parallel) {
+                              std::int64_t micro_batch, int tensor_size, bool sequence_parallel, int context_size) {
   const DType compute = bf16 ? DType::bf16 : DType::f32;
   return std::int64_t(model::arch_spec(m.arch).activation_bytes(m, recompute, compute, int(micro_batch),
-                                                                int(m.context_length), tensor_size,
+                                                                int(m.context_length / context_size), tensor_size,
                                                                 sequence_parallel && tensor_size > 1));
+}
+
+namespace {
+// Context parallelism's shapes on a tensor rank: tokens per rank N, query width C and key/value width K.
+struct ContextShape {
+  std::int64_t cp, N, NH, C, K;
+};
+ContextShape context_shape(const config::Config& c, int tensor_size, std::int64_t micro_batch) {
+  const auto& m = c.model;
+  const std::int64_t HS = m.d_model / m.n_head, NH = m.n_head / tensor_size;
+  const std::int64_t NKV = m.n_kv_head % tensor_size == 0 ? m.n_kv_head / tensor_size : 1;  // else replicated
+  const std::int64_t cp = c.dist.context_parallel;
+  return {cp, micro_batch * (m.context_length / cp), NH, NH * HS, 2 * NKV * HS};
+}
+}  // namespace
+
+std::int64_t context_scratch_bytes(const config::Config& config, int tensor_size, bool bf16, std::int64_t micro_batch) {
+  const ContextShape s = context_shape(config, tensor_size, micro_batch);
+  if (s.cp <= 1) return 0;
+  const std::int64_t e = bf16 ? 2 : 4;
+  const std::int64_t blocks = config.dist.context_parallel_mode == config::ContextParallelMode::ring ? 2 : s.cp;
+  return (1 + blocks) * s.N * s.K * e + 2 * s.N * s.C * 4 + s.NH * s.N * 4 + s.N * (s.C + s.K) * 4 +
+         (1 + blocks) * s.N * s.K * 4;
+}
+
+double context_layer_bytes(const config::Config& config, int tensor_size, bool bf16, bool backward) {
+  const ContextShape s = context_shape(config, tensor_size, config.train.micro_batch_size);
+  if (s.cp <= 1) return 0;
+  const double block = double(s.N) * double(s.K), e = bf16 ? 2.0 : 4.0;
+  return double(s.cp - 1) * block * (backward ? e + 4.0 : e);
+}
+
+double context_traffic(const config::Config& config, int tensor_size, bool bf16, std::int64_t micro_steps,
+                       std::int64_t layers) {
+  if (layers < 0) layers = config.model.n_layer;
+  const double forward = context_layer_bytes(config, tensor_size, bf16, false);
+  const double per_layer = forward * (config.train.recompute == config::Recompute::full ? 2.0 : 1.0) +
+                           context_layer_bytes(config, tensor_size, bf16, true);
+  return double(micro_steps) * double(layers) * per_layer;
 }
 
 std::int64_t activation_bytes_per_sequence(const config::ModelConfig& m, bool bf16, config::Recompute recompute,
@@ -114,7 +153,8 @@ MemoryPlan plan_memory(const config::Config& config, const RankShare& share, int
   const std::int64_t P = share.params, D = data_parallel_size;
   MemoryPlan plan;
   plan.activations = activation_bytes(config.model, bf16, config.train.recompute, micro_batch, share.tensor_size,
-                                      config.dist.sequence_parallel);
+                                      config.dist.sequence_parallel, int(config.dist.context_parallel)) +
+                     context_scratch_bytes(config, share.tensor_size, bf16, micro_batch);
   if (zero_stage == 3) {
     // The buffers train/zero3.cpp allocates: every unit sharded with padding (a rank's shards of
     // the master weights and gradients); the root units gathered (padded) for the whole step with
@@ -187,7 +227,10 @@ std::int64_t max_micro_batch(const config::Config& config, bool bf16, int tensor
                              std::int64_t memory) {
   const bool sequence_parallel = config.dist.sequence_parallel && tensor_size > 1;
   const auto fits = [&](std::int64_t B) {
-    return state + activation_bytes(config.model, bf16, config.train.recompute, B, tensor_size, sequence_parallel) <=
+    return state +
+               activation_bytes(config.model, bf16, config.train.recompute, B, tensor_size, sequence_parallel,
+                                int(config.dist.context_parallel)) +
+               context_scratch_bytes(config, tensor_size, bf16, B) <=
            memory;
   };
   // Sequence parallelism: B context_length a multiple of the tensor size, B a multiple of `step`.
@@ -273,13 +316,14 @@ std::vector<StagePlan> pipeline_stages(const config::Config& config, int tensor_
   const double compute = bf16 ? 2.0 : 4.0, ring = 2.0 * double(P - 1) / double(P);
   // One stage boundary's tensor of a micro-batch: (B T, C) in the compute dtype, this rank's
   // tokens under sequence parallelism.
-  const double boundary =
-      double(config.train.micro_batch_size * m.context_length) / (sp ? tensor_size : 1) * double(m.d_model) * compute;
+  const double boundary = double(config.train.micro_batch_size * m.context_length) / (sp ? tensor_size : 1) /
+                          double(config.dist.context_parallel) * double(m.d_model) * compute;
   std::vector<StagePlan> stages;
   for (int s = 0; s < P; ++s) {
     StagePlan st;
     st.stage = s;
     model::Layout layout{true, r, tensor_size, sp};
+    layout.context_size = int(config.dist.context_parallel);
     for (std::size_t v = std::size_t(s); v < split.size(); v += std::size_t(P)) {
       st.chunks.push_back(split[v]);
       layout.chunks.push_back({int(split[v].first_layer), int(split[v].layers)});
@@ -298,7 +342,8 @@ std::vector<StagePlan> pipeline_stages(const config::Config& config, int tensor_
     for (const model::Unit& u : model->units()) st.share.units.push_back({u.numel(), u.layer >= 0});
     st.slots = peak_live_activations(stage_schedule(config.dist, s, int(micro_batches)));
     st.activations =
-        st.slots * std::int64_t(model->activation_bytes(int(config.train.micro_batch_size), int(m.context_length)));
+        st.slots * std::int64_t(model->activation_bytes(int(config.train.micro_batch_size), int(m.context_length))) +
+        context_scratch_bytes(config, tensor_size, bf16, config.train.micro_batch_size);
     st.sent_p2p = double(st.sends) * boundary;
     // Every stage takes part in the pipeline group's all-reduces: the tied embedding's gradient
     // (this tensor rank's rows; the middle stages with zeros), the loss and the gradient norm.
@@ -309,6 +354,7 @@ std::vector<StagePlan> pipeline_stages(const config::Config& config, int tensor_
       const UpdateTraffic per_micro_batch = tensor_micro_step(config, tensor_size, bf16, st.layers, st.embedding, st.head);
       st.sent_tensor = double(micro_batches) * per_micro_batch.bytes + 2.0 * double(tensor_size - 1) / double(tensor_size) * 8.0;
     }
+    st.sent_context = context_traffic(config, tensor_size, bf16, micro_batches, st.layers);
     stages.push_back(std::move(st));
   }
   return stages;
@@ -327,7 +373,8 @@ std::optional<MeshOption> mesh_option(const config::Config& config, const RankSh
   const auto& m = config.model;
   const bool bf16 = config.train.precision == config::Precision::bf16;
   const std::int64_t B = config.train.micro_batch_size;
-  const int t = mesh.tensor, d = mesh.data, p = mesh.pipeline;
+  const int t = mesh.tensor, d = mesh.data, p = mesh.pipeline, cp = mesh.context;
+  const int D = d * cp;  // the ranks the gradients are summed over (ZeRO's group)
   if (config.train.global_batch_size % (B * d) != 0) return std::nullopt;
   const std::int64_t micro_steps = config.train.global_batch_size / (B * d);
   // Pipelines as train runs them, every stage as it builds it: it refuses fewer micro-batches
@@ -338,12 +385,13 @@ std::optional<MeshOption> mesh_option(const config::Config& config, const RankSh
     return std::nullopt;
   }
   if (sequence_parallel && (t == 1 || (B * m.context_length) % t != 0)) return std::nullopt;
-  if (d == 1 && (zero == 1 || zero == 2)) return std::nullopt;  // the trainer runs them as ZeRO 0
+  if (D == 1 && (zero == 1 || zero == 2)) return std::nullopt;  // the trainer runs them as ZeRO 0
   if (p > 1 && zero == 3) return std::nullopt;
   config::Config c = config;
   c.dist.sequence_parallel = sequence_parallel;
   c.dist.tensor_parallel = t;
   c.dist.pipeline_parallel = p;
+  c.dist.context_parallel = cp;
   MeshOption o;
   o.mesh = mesh;
   o.zero_stage = zero;
@@ -353,22 +401,24 @@ std::optional<MeshOption> mesh_option(const config::Config& config, const RankSh
     c.dist.pipeline_layers.clear();  // the balanced split
     // The stage that needs most memory decides the fit; the one that sends most the traffic.
     for (const StagePlan& st : pipeline_stages(c, t, bf16, micro_steps)) {
-      const MemoryPlan mine = stage_memory(c, st, d, zero, bf16);
+      const MemoryPlan mine = stage_memory(c, st, D, zero, bf16);
       o.memory = std::max(o.memory, mine.total());
-      o.host = std::max(o.host, plan_host(mine, st.share, d, zero, true).peak());
-      const double sent = update_traffic(c, st.share, d, zero, bf16, micro_steps).bytes + st.sent_tensor +
-                          st.sent_p2p + st.sent_pipeline_collectives;
+      o.host = std::max(o.host, plan_host(mine, st.share, D, zero, true).peak());
+      const double sent = update_traffic(c, st.share, D, zero, bf16, micro_steps).bytes + st.sent_tensor +
+                          st.sent_p2p + st.sent_pipeline_collectives + st.sent_context;
       if (sent > o.sent) {
         o.sent = sent;
         o.tensor_sent = st.sent_tensor;
+        o.context_sent = st.sent_context;
       }
     }
   } else {
-    const MemoryPlan mine = plan_memory(c, share, d, zero, bf16, B);
+    const MemoryPlan mine = plan_memory(c, share, D, zero, bf16, B);
     o.memory = mine.total();
-    o.host = plan_host(mine, share, d, zero, true).peak();
+    o.host = plan_host(mine, share, D, zero, true).peak();
     o.tensor_sent = tensor_traffic(c, t, bf16, micro_steps).bytes;
-    o.sent = update_traffic(c, share, d, zero, bf16, micro_steps).bytes + o.tensor_sent;
+    o.context_sent = context_traffic(c, t, bf16, micro_steps);
+    o.sent = update_traffic(c, share, D, zero, bf16, micro_steps).bytes + o.tensor_sent + o.context_sent;
   }
   return o;
 }
@@ -385,18 +435,22 @@ std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int
         m.n_kv_head % t == 0 || (model::arch_spec(m.arch).traits().grouped_query_attention && t % m.n_kv_head == 0);
     if (gpus % t != 0 || m.n_head % t != 0 || m.ffn_hidden % t != 0 || !kv) continue;
     const RankShare share = rank_share(m, t);
-    for (int p = 1; p <= gpus / t; ++p) {
-      if ((gpus / t) % p != 0 || p > m.n_layer) continue;
-      const int d = gpus / (t * p);
+    // Context parallelism for long sequences only: 2 CP chunks of each.
+    for (int cp = 1; cp <= gpus / t; ++cp) {
+    if ((gpus / t) % cp != 0 || (cp > 1 && (m.context_length < 8192 || m.context_length % (2 * cp) != 0))) continue;
+    for (int p = 1; p <= gpus / (t * cp); ++p) {
+      if ((gpus / (t * cp)) % p != 0 || p > m.n_layer) continue;
+      const int d = gpus / (t * cp * p);
       if (config.train.global_batch_size % (B * d) != 0) {
         if (skipped_batch) ++*skipped_batch;
         continue;
       }
       for (const bool sequence_parallel : {false, true}) {
         for (int zero = 0; zero <= 3; ++zero) {
-          if (auto o = mesh_option(config, share, dist::Mesh{t, d, p}, zero, sequence_parallel)) options.push_back(*o);
+          if (auto o = mesh_option(config, share, dist::Mesh{t, d, p, cp}, zero, sequence_parallel)) options.push_back(*o);
         }
       }
+    }
     }
   }
   return options;

@@ -63,9 +63,23 @@ double flops_per_token(const config::ModelConfig& model);
 /// allocates (its activations, for train.recompute `recompute`, and their gradients), measured by
 /// the model's own layout code (ArchSpec::activation_bytes) with fp32 or bf16 activations, on a
 /// rank of a tensor-parallel group of `tensor_size` (its heads, MLP columns and vocabulary rows;
-/// with `sequence_parallel`, 1/tensor_size of the tokens of the residual stream and norms).
+/// with `sequence_parallel`, 1/tensor_size of the tokens of the residual stream and norms) and of
+/// a context-parallel group of `context_size` (context_length / context_size tokens of each sequence).
 std::int64_t activation_bytes(const config::ModelConfig& model, bool bf16, config::Recompute recompute,
-                              std::int64_t micro_batch, int tensor_size = 1, bool sequence_parallel = false);
+                              std::int64_t micro_batch, int tensor_size = 1, bool sequence_parallel = false,
+                              int context_size = 1);
+/// Context parallelism (config.dist.context_parallel CP > 1): the attention's working buffers a
+/// rank allocates next to its activations (model/context_parallel.cpp), for a micro-batch of
+/// `micro_batch` sequences on a tensor rank of `tensor_size`: with N = micro_batch x T / CP tokens
+/// and K = 2 x its key/value heads x head size, its key/value block and 2 in flight (ring; CP
+/// gathered, allgather) in the compute dtype, the f32 running result, one block's and its
+/// log-sum-exps, the f32 query gradients (N x the qkv width), its own key/value gradients and 2
+/// travelling accumulators (CP, allgather) in f32. 0 without context parallelism.
+std::int64_t context_scratch_bytes(const config::Config& config, int tensor_size, bool bf16, std::int64_t micro_batch);
+/// What each rank sends its context group per layer and micro-batch of `micro_batch` sequences
+/// (ring or allgather alike): forward CP-1 key/value blocks of N K elements in the compute dtype,
+/// backward as many again and CP-1 f32 blocks of their gradients. Bytes; 0 without context parallelism.
+double context_layer_bytes(const config::Config& config, int tensor_size, bool bf16, bool backward);
 /// The same for one sequence.
 std::int64_t activation_bytes_per_sequence(const config::ModelConfig& model, bool bf16,
                                            config::Recompute recompute = config::Recompute::none,
@@ -134,6 +148,11 @@ UpdateTraffic update_traffic(const config::Config& config, int data_parallel_siz
 /// n_kv_head) one all-reduce per layer of all their k and v gradients (n_kv_head x 2 head_size x C
 /// f32). Once per update the gradient norm's (one double). Nothing at size 1.
 UpdateTraffic tensor_traffic(const config::Config& config, int tensor_size, bool bf16, std::int64_t micro_steps);
+/// Over the context group, per update: every layer's context_layer_bytes forward and backward (the
+/// forward twice with train.recompute "full") for each of `micro_steps` micro-batches of `layers`
+/// layers (-1: all). Nothing without context parallelism.
+double context_traffic(const config::Config& config, int tensor_size, bool bf16, std::int64_t micro_steps,
+                       std::int64_t layers = -1);
 
 /// One pipeline stage as the trainer builds it (dist.pipeline_parallel P > 1, the 1F1B schedule):
 /// its layers (train::split_layers), the model of those layers on the tensor rank that holds the
@@ -155,6 +174,7 @@ struct StagePlan {
   double sent_p2p = 0;                   // their bytes: micro_batch x context x d_model (/ t with sequence parallelism) in the compute dtype each
   double sent_pipeline_collectives = 0;  // the pipeline group's all-reduces (ring): the tied embedding's gradient, the loss and the norm
   bool tied = false;                     // the tied embedding's gradients are summed between the first and last stages
+  double sent_context = 0;               // over its context group per update: context_traffic for its layers
   double sent_tensor = 0;                // over its tensor group per update: tensor_traffic's collectives for its layers,
                                          // the embedding's on the first stage, the head's and the cross-entropy's on the last
 };
@@ -221,6 +241,7 @@ struct MeshOption {
   std::int64_t host = 0;         // host bytes per GPU rank, the most of any phase (HostPlan::peak)
   double sent = 0;               // bytes each rank sends per update, all groups
   double tensor_sent = 0;        // of it over the tensor group
+  double context_sent = 0;       // of it over the context group
   bool sequence_parallel = false;
 };
 
@@ -233,7 +254,9 @@ struct MeshOption {
 /// exact: pipeline 1 from plan_memory and update_traffic of the tensor rank that holds most, plus
 /// tensor_traffic; a pipeline (1F1B or interleaved, the balanced split, ZeRO 0-2, at least p
 /// micro-steps and for interleaved a multiple of p, as train requires) from pipeline_stages, the
-/// stage that needs most memory deciding the fit and the one that sends most the traffic.
+/// stage that needs most memory deciding the fit and the one that sends most the traffic. For
+/// sequences of 8,192 tokens or more also context-parallel sizes CP (dividing the ranks left,
+/// 2 CP dividing model.context_length), the gradients' group being the context x data ranks.
 /// `skipped_batch` counts the meshes left out because the global batch does not divide.
 std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int* skipped_batch = nullptr);
 

@@ -189,8 +189,9 @@ void Reporter::update(std::int64_t step, const StepResult& result) {
                      {"collectives", collectives}, {"tensor_collectives", by_kind(result.sent_tensor)},
                      {"tensor_sent_bytes", result.sent_tensor.total_bytes()},
                      {"pipeline_collectives", by_kind(result.sent_pipeline)},
+                     {"context_collectives", by_kind(result.sent_context)},
                      {"pipeline_wait_s", result.pipeline_wait_s},
-                     {"comm_wait_s", result.sent.wait_s + result.sent_tensor.wait_s}});
+                     {"comm_wait_s", result.sent.wait_s + result.sent_tensor.wait_s + result.sent_context.wait_s}});
     tensorboard_->scalar("loss", result.loss, step);
     tensorboard_->scalar("lr", result.lr, step);
     tensorboard_->scalar("grad_norm", result.grad_norm, step);

@@ -70,7 +70,8 @@ TrainSummary run_training(const TrainOptions& requested) {
         resolve_device(options, world);
         return options.device;
       },
-      config.dist.timeout_s, int(config.dist.tensor_parallel), int(config.dist.pipeline_parallel));
+      config.dist.timeout_s, int(config.dist.tensor_parallel), int(config.dist.pipeline_parallel),
+      int(config.dist.context_parallel));
   dist::Communicator& world = *comms.world;
   TrainSummary summary;
   summary.lead = world.rank() == 0;

@@ -18,6 +18,7 @@ struct StepResult {
   dist::Traffic sent;         // what this rank sent to its data-parallel group in the update (ring count)
   dist::Traffic sent_tensor;  // and to its tensor-parallel group
   dist::Traffic sent_pipeline;  // and to the other stages (transfers, the loss and norm sums)
+  dist::Traffic sent_context;   // and to its context-parallel group (key/value blocks and their gradients)
   double pipeline_wait_s = 0;  // time this stage waited for the other stages' activations and gradients
 };
 

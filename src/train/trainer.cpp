@@ -15,6 +15,7 @@
 #include "ops/ops.h"
 #include "ops/profile.h"
 #include "train/attention_agreement.h"
+#include "train/context_parallel.h"
 #include "train/gradient_strategy.h"
 #include "train/pipeline_schedule.h"
 #include "train/pipeline_stages.h"
@@ -39,6 +40,9 @@ void add_traffic(dist::Traffic& into, const dist::Traffic& more) {
 model::Layout rank_layout(const config::Config& config, const dist::Communicators& comms) {
   model::Layout layout{config.dist.zero_stage == 3, comms.tensor_group->rank(), comms.tensor_group->world_size(),
                        config.dist.sequence_parallel};
+  layout.context_rank = comms.context_group->rank();
+  layout.context_size = comms.context_group->world_size();
+  layout.context_ring = config.dist.context_parallel_mode == config::ContextParallelMode::ring;
   const int stage = comms.pipeline_group->rank(), stages = comms.pipeline_group->world_size();
   if (stages > 1) {
     const std::vector<StageRange> split = split_layers(config);
@@ -87,6 +91,13 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
       stages_(comms.pipeline_group->world_size()) {
   const auto& tc = config_.train;
   const int T = int(config_.model.context_length), B = int(tc.micro_batch_size);
+  // The ranks of a context group read the same sequences: the sampler's ranks are the data index.
+  context_ = comms.mesh.context;
+  context_comm_ = &comms.context();
+  const int readers = data_comm_.world_size() / context_, reader = data_comm_.rank() / context_;
+  if (context_ > 1 && device_ != Device::cpu) {
+    throw InputError("dist.context_parallel = " + std::to_string(context_) + ": runs on CPU ranks only so far");
+  }
   if (!config_.data.val.empty()) {
     val_data_ = std::make_unique<data::TokenDataset>(data::expand_paths(config_.data.val, "data.val"), T,
                                                      std::uint32_t(config_.model.vocab_size));
@@ -95,9 +106,9 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
                        " samples, fewer than one global batch (" + std::to_string(tc.global_batch_size) + ")");
     }
   }
-  accum_ = config::grad_accum_steps(config_, data_comm_.world_size());
+  accum_ = config::grad_accum_steps(config_, readers);
   if (stages_ > 1) {
-    accum_ = pipeline_micro_batches(config_, data_comm_.world_size());  // at least one per stage
+    accum_ = pipeline_micro_batches(config_, readers);  // at least one per stage
   }
   tokens_per_step_ = double(tc.global_batch_size) * T;
   if (resume) {
@@ -109,8 +120,8 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
   }
   loader_ = std::make_unique<data::BatchLoader>(
       train_data_,
-      data::SamplerOptions{train_data_.num_samples(), tc.global_batch_size, B, data_comm_.world_size(),
-                           data_comm_.rank(), config_.data.shuffle, std::uint64_t(config_.data.seed)},
+      data::SamplerOptions{train_data_.num_samples(), tc.global_batch_size, B, readers, reader, config_.data.shuffle,
+                           std::uint64_t(config_.data.seed)},
       sampler_state_);
 
   // Process-wide, as the kernels read it: train.deterministic false lets the bf16 flash attention
@@ -124,6 +135,10 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
   if (layout.tensor_size > 1) {
     tensor_group_ = std::make_unique<CommTensorGroup>(comms.tensor(), device_);
     model_->set_tensor_group(tensor_group_.get());
+  }
+  if (layout.context_size > 1) {
+    context_group_ = std::make_unique<CommContextGroup>(comms.context());
+    model_->set_context_group(context_group_.get());
   }
   gradients_ = make_gradient_strategy(*model_, config_.dist, data_device_, data_comm_, norm_scope(*model_, comms));
   if (layout.tensor_size > 1 || stages_ > 1 || layout.sharded) {  // this rank's model is not the whole one
@@ -220,7 +235,7 @@ StepResult Trainer::step(std::int64_t step) {
   const dist::Traffic sent_before = data_device_.traffic(), tensor_before = tensor_device_.traffic();
   // (On the CPU the host and device groups are one communicator: the norm's reduction counts there.)
   const dist::Traffic tensor_host_before = tensor_comm_.traffic(), pipeline_before = pipeline_comm_.traffic();
-  const dist::Traffic link_before = pipeline_link_.traffic();
+  const dist::Traffic link_before = pipeline_link_.traffic(), context_before = context_comm_->traffic();
   gradients_->zero_grads();
   // Every stage reads the update's micro-batches, in order, as its schedule first needs them.
   std::vector<data::MicroBatch> micro;
@@ -270,6 +285,7 @@ StepResult Trainer::step(std::int64_t step) {
   result.sent = data_device_.traffic().since(sent_before);
   result.sent_tensor = tensor_device_.traffic().since(tensor_before);
   result.sent_pipeline = pipeline_comm_.traffic().since(pipeline_before);
+  result.sent_context = context_comm_->traffic().since(context_before);
   if (&pipeline_link_ != &pipeline_comm_) add_traffic(result.sent_pipeline, pipeline_link_.traffic().since(link_before));
   if (&tensor_comm_ != &tensor_device_) add_traffic(result.sent_tensor, tensor_comm_.traffic().since(tensor_host_before));
   result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -282,13 +298,14 @@ std::optional<double> Trainer::validate() {
   // stages in turn (the last stage's losses).
   const auto& t = config_.train;
   const int T = int(config_.model.context_length), B = int(t.micro_batch_size);
-  const data::SamplerOptions in_order{val_data_->num_samples(), t.global_batch_size, B, data_comm_.world_size(),
-                                      data_comm_.rank(), false, 0};
+  const data::SamplerOptions in_order{val_data_->num_samples(), t.global_batch_size, B, data_comm_.world_size() / context_,
+                                      data_comm_.rank() / context_, false, 0};
   data::BatchLoader loader(*val_data_, in_order, {});
   const std::int64_t batches = std::min(t.eval_batches, val_data_->num_samples() / t.global_batch_size);
   std::array<double, 2> totals = pipeline_->forward_only(loader, batches, B, T);
   data_comm_.all_reduce_sum(totals.data(), 2);
-  return totals[0] / totals[1];
+  // Each rank of a context group counted the whole sequences of which it holds 1 / context_.
+  return totals[0] / (totals[1] / context_);
 }
 
 const model::Model& Trainer::host_weights() {

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "llmtrain/kernels/context_attention.h"
 #include "llmtrain/kernels/elementwise.h"
 
 namespace llmtrain::cpu {
@@ -66,6 +67,30 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, int B, in
 /// first writer: what it held is not read).
 void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                               int B, int T, int C, int NH, int NKV, bool accumulate);
+
+/// Context parallelism (llmtrain/kernels/context_attention.h): attention of queries against one
+/// block of keys and values, each row at its true position in the sequence (a key is seen by the
+/// queries at or after it). qkv (B,Tq,(NH+2NKV)HS) holds the queries (its first NH HS columns);
+/// kv (B,Tk,kv_width) the block's NKV key heads then NKV value heads in its last 2 NKV HS columns
+/// (a packed qkv, or a (B,Tk,2 NKV HS) block). Writes out (B,Tq,C) and lse (B,NH,Tq), the
+/// block's own softmax (rows that see no key of the block: out 0, lse -inf).
+void attention_block_forward(float* out, float* lse, const float* qkv, const float* kv, int B, int Tq, int Tk, int C,
+                             int NH, int NKV, int kv_width, kernels::Chunks q_at, kernels::Chunks k_at);
+/// Its backward against the whole row's softmax: out (B,Tq,C) and lse (B,NH,Tq) are the merged
+/// results over every block. dq (B,Tq,(NH+2NKV)HS) += the queries' gradient (first NH HS
+/// columns); dkv (B,Tk,kv_width) += the block's key and value gradients (its last 2 NKV HS
+/// columns). dq and dkv may be the same buffer (the block of the rank's own keys).
+void attention_block_backward(float* dq, float* dkv, const float* dout, const float* qkv, const float* out,
+                              const float* lse, const float* kv, int B, int Tq, int Tk, int C, int NH, int NKV,
+                              int kv_width, kernels::Chunks q_at, kernels::Chunks k_at);
+/// Merges a block's attention (block_out (B,T,C), block_lse (B,NH,T)) into the running result
+/// (out, lse) by their log-sum-exps: out = (e^lse out + e^block_lse block_out) / (e^lse + e^block_lse).
+void attention_lse_merge(float* out, float* lse, const float* block_out, const float* block_lse, int B, int T, int C,
+                         int NH);
+/// kv (N, 2 KVC) = the key and value columns [C, C + 2 KVC) of qkv (N, C + 2 KVC).
+void kv_pack(float* kv, const float* qkv, std::int64_t N, int C, int KVC);
+/// dqkv (N, C + 2 KVC) = dq's query columns [0, C) (dq (N, C + 2 KVC)) next to dkv (N, 2 KVC).
+void qkv_join(float* dqkv, const float* dq, const float* dkv, std::int64_t N, int C, int KVC);
 
 /// Attention of one new position `pos` of one sequence against a KV cache: out (C) from q (C)
 /// and the cached keys and values k_cache, v_cache (maxT, NKV HS) of positions 0..pos; query head

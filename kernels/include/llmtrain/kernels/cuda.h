@@ -21,6 +21,7 @@
 
 #include <cstdint>
 
+#include "llmtrain/kernels/context_attention.h"
 #include "llmtrain/kernels/elementwise.h"
 
 namespace llmtrain::cuda {
@@ -70,6 +71,28 @@ void matmul_backward_dgelu(float* dpre, float* dweight, float* dbias, float* dpr
 /// Lets fp32 matmuls use TF32 tensor cores (about 8x faster, 10-bit mantissa inputs). Off by
 /// default, so that results match the CPU reference to fp32 accuracy.
 void set_matmul_tf32(bool allow);
+
+// kernels/cuda/context_attention.cu: context parallelism's attention pieces (the CPU twins in
+// cpu.h say what each computes), fp32 and bf16 activations; outputs other than kv_pack's and
+// qkv_join's are fp32.
+void attention_block_forward(float* out, float* lse, const float* qkv, const float* kv, int B, int Tq, int Tk, int C,
+                             int NH, int NKV, int kv_width, kernels::Chunks q_at, kernels::Chunks k_at,
+                             cudaStream_t stream);
+void attention_block_forward(float* out, float* lse, const bf16* qkv, const bf16* kv, int B, int Tq, int Tk, int C,
+                             int NH, int NKV, int kv_width, kernels::Chunks q_at, kernels::Chunks k_at,
+                             cudaStream_t stream);
+void attention_block_backward(float* dq, float* dkv, const float* dout, const float* qkv, const float* out,
+                              const float* lse, const float* kv, int B, int Tq, int Tk, int C, int NH, int NKV,
+                              int kv_width, kernels::Chunks q_at, kernels::Chunks k_at, cudaStream_t stream);
+void attention_block_backward(float* dq, float* dkv, const bf16* dout, const bf16* qkv, const bf16* out,
+                              const float* lse, const bf16* kv, int B, int Tq, int Tk, int C, int NH, int NKV,
+                              int kv_width, kernels::Chunks q_at, kernels::Chunks k_at, cudaStream_t stream);
+void attention_lse_merge(float* out, float* lse, const float* block_out, const float* block_lse, int B, int T, int C,
+                         int NH, cudaStream_t stream);
+void kv_pack(float* kv, const float* qkv, std::int64_t N, int C, int KVC, cudaStream_t stream);
+void kv_pack(bf16* kv, const bf16* qkv, std::int64_t N, int C, int KVC, cudaStream_t stream);
+void qkv_join(float* dqkv, const float* dq, const float* dkv, std::int64_t N, int C, int KVC, cudaStream_t stream);
+void qkv_join(bf16* dqkv, const float* dq, const float* dkv, std::int64_t N, int C, int KVC, cudaStream_t stream);
 
 // kernels/cuda/attention_decode.cu
 /// One new position `pos` of one sequence: out (C) from q (C) and the caches k_cache, v_cache

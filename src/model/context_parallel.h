@@ -1,0 +1,101 @@
+// Context parallelism inside the model: the ranks of a context group split every sequence. A
+// sequence of T tokens is cut into 2 CP chunks and rank r holds chunks r and 2 CP - 1 - r (head
+// and tail), so that under the causal mask every rank does the same work; the rows of its
+// activations are its T / CP tokens, in that order, and every position-dependent step (learned
+// positions, rotary embeddings, the causal mask) uses each token's true position.
+//
+// Attention is the only step that needs the other ranks' tokens: each rank keeps its queries and
+// sees every rank's keys and values, either passed around the group in a ring (the default: the
+// next block is in flight while this one computes, and the partial results merge by their
+// log-sum-exp), or all-gathered at once ("allgather": simpler, CP blocks held together). Backward
+// passes the blocks again, with their key/value gradients accumulated by each rank in turn and
+// returned to their owner (ring), or reduce-scattered (allgather). Grouped-query attention moves
+// only the key/value heads.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+#include "ops/buffer.h"
+#include "ops/ops.h"
+
+namespace llmtrain::model {
+
+/// The transfers a context-parallel model makes inside forward and backward, over its context
+/// group, on tensors in the model's memory (train/ provides them over a dist::Communicator).
+class ContextGroup {
+ public:
+  /// A started exchange; wait() finishes it (its buffers stay untouched until then).
+  class Pending {
+   public:
+    virtual ~Pending() = default;
+    virtual void wait() = 0;
+  };
+  virtual ~ContextGroup() = default;
+  /// Sends `send` to rank `send_to` and receives `recv` (same size and dtype) from `recv_from`,
+  /// both under way together.
+  virtual std::unique_ptr<Pending> start_exchange(const Tensor& send, const Tensor& recv, int send_to,
+                                                  int recv_from) = 0;
+  /// full (n x part) = every rank's part, in rank order (f32 or bf16).
+  virtual void all_gather(const Tensor& part, const Tensor& full) = 0;
+  /// part = this rank's share of the sum over ranks of full (n x part), f32.
+  virtual void reduce_scatter(const Tensor& full, const Tensor& part) = 0;
+};
+
+class ContextParallel {
+ public:
+  /// Rank `rank` of a context group of `size`; `ring` false: the all-gather variant.
+  ContextParallel(int rank, int size, bool ring, Device device, DType compute)
+      : rank_(rank), size_(size), ring_(ring), device_(device), compute_(compute) {}
+
+  void set_group(ContextGroup* group) { group_ = group; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  bool active() const { return size_ > 1; }
+  bool ring() const { return ring_; }
+
+  /// The rows a rank holds of a sequence of T tokens (T / size of them): chunks r and 2 size - 1 - r
+  /// of T / (2 size); with one rank, all of it as one chunk.
+  ops::Chunks chunks(int rank, int T) const;
+  ops::Chunks mine(int T) const { return chunks(rank_, T); }
+  /// InputError unless T splits into 2 x size chunks.
+  void check_length(int T) const;
+  /// out (B, T / size) = this rank's tokens of each row of in (B, T), host memory.
+  void take_rows(const std::int32_t* in, int B, int T, std::vector<std::int32_t>& out) const;
+
+  /// Causal attention of this rank's rows against the whole sequence: out (B,Tl,NH HS) and lse
+  /// (B,NH,Tl) from qkv (B,Tl,(NH+2NKV)HS), Tl = T / size, as flash_attention_forward on the whole
+  /// sequence gives them for these rows.
+  void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int NH, int NKV);
+  /// dqkv (B,Tl,(NH+2NKV)HS) = (written, not accumulated) the gradient from dout, as
+  /// flash_attention_backward gives it for these rows.
+  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                          const Tensor& lse, int NH, int NKV);
+
+  /// Elements per rank each layer's attention sends (counted as dist::Traffic counts a send):
+  /// forward (size - 1) key/value blocks of B Tl 2 NKV HS elements in the compute dtype; backward
+  /// as many again, and (size - 1) f32 blocks of their gradients (ring). Bytes.
+  static double ring_forward_bytes(int size, std::int64_t B, std::int64_t Tl, std::int64_t kv_width,
+                                   std::size_t element);
+  static double ring_backward_bytes(int size, std::int64_t B, std::int64_t Tl, std::int64_t kv_width,
+                                    std::size_t element);
+
+ private:
+  ContextGroup& group() const;
+  Tensor scratch(ops::Buffer& buffer, DType dtype, std::initializer_list<std::int64_t> shape);
+
+  int rank_, size_;
+  bool ring_;
+  Device device_;
+  DType compute_;
+  ContextGroup* group_ = nullptr;
+  // Key/value blocks (this rank's, the two in flight or all gathered), the f32 running result
+  // and one block's, the f32 query gradients and key/value gradients (this rank's, the two
+  // travelling accumulators or all of them).
+  ops::Buffer kv_own_, kv_blocks_, acc_out_, block_out_, block_lse_, dq_, dkv_own_, dkv_blocks_;
+};
+
+}  // namespace llmtrain::model
