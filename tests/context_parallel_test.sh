@@ -30,17 +30,21 @@ JSON
 # same_run REF GOT LOSS_TOL WEIGHT_TOL: the same losses (and validation losses) step by step, and
 # final weights within the tolerances (absolute).
 same_run() {
-  /usr/bin/python3 - "$@" <<'PY'
-import json, struct, sys
+  /usr/bin/python3 - "$@" "$llmtrain" <<'PY'
+import json, os, struct, subprocess, sys
 import numpy as np
 ref, got, loss_tol, weight_tol = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+llmtrain = sys.argv[5]
 def losses(run):
     return {(l["step"], k): l[k] for l in map(json.loads, open(f"{run}/metrics.jsonl")) for k in ("loss", "val_loss") if k in l}
 a, b = losses(ref), losses(got)
 assert sorted(a) == sorted(b) and len(a) >= 10, (sorted(a), sorted(b))
 worst_loss = max(abs(a[k] - b[k]) for k in a)
 def weights(run):
-    folder = f"{run}/checkpoints/" + open(f"{run}/checkpoints/latest").read().strip()
+    # The whole model as one file, whichever ranks wrote which ranges of it.
+    folder = f"{run}.weights"
+    if not os.path.exists(f"{folder}/model.safetensors"):
+        subprocess.run([llmtrain, "export", "--checkpoint", run, "--output", folder], check=True, capture_output=True)
     raw = open(f"{folder}/model.safetensors", "rb").read()
     n = struct.unpack("<Q", raw[:8])[0]
     header = json.loads(raw[8:8 + n])

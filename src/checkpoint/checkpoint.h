@@ -169,6 +169,10 @@ void verify_files(const Found& found);
 /// Fills the model's parameters (a model holding the whole model, one rank's layout).
 void load_weights(const Found& found, model::Model& model);
 
+/// InputError unless the checkpoint's weight files are large enough for the fp32 parameters of
+/// the model its config describes (checked before anything of that size is allocated or read).
+void check_weights_fit(const Found& found);
+
 /// The checkpoint's model on the CPU, built from its config, with its weights.
 std::unique_ptr<model::Model> load_model(const Found& found);
 

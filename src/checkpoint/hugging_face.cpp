@@ -141,6 +141,7 @@ void export_hf(const model::Model& model, const std::string& dir) {
 }
 
 HfExported export_hf_streamed(const Found& found, const std::string& dir, const HfExportOptions& options) {
+  check_weights_fit(found);
   const config::ModelConfig& c = found.config.model;
   const model::ArchSpec& spec = model::arch_spec(c.arch);
   // The whole model's parameter list, without buffers.

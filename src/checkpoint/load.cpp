@@ -368,8 +368,7 @@ void load_weights(const Found& found, model::Model& model) {
   }
 }
 
-std::unique_ptr<model::Model> load_model(const Found& found) {
-  // The config must describe a model whose weights the files can hold, before they are allocated.
+void check_weights_fit(const Found& found) {
   const double params = double(model::arch_spec(found.config.model.arch).parameter_count(found.config.model));
   double bytes = 0;
   for (const auto& [file, info] : found.state.at("files").items()) {
@@ -380,6 +379,11 @@ std::unique_ptr<model::Model> load_model(const Found& found) {
                      " bytes cannot hold the " + std::to_string(std::int64_t(params)) +
                      " fp32 parameters of the model in state.json's config");
   }
+}
+
+std::unique_ptr<model::Model> load_model(const Found& found) {
+  // The config must describe a model whose weights the files can hold, before they are allocated.
+  check_weights_fit(found);
   auto model = model::make_model(found.config.model, Device::cpu);
   load_weights(found, *model);
   return model;
