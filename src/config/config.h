@@ -52,6 +52,12 @@ struct AnyString {};
 /// true or false.
 struct Boolean {};
 
+/// data.train: a path or a list of paths (one source), or a list of {"path", "weight"} objects.
+struct WeightedPaths {};
+
+/// data.val: a path or a list of paths (one unnamed set), or an object {"NAME": paths, ...}.
+struct NamedPaths {};
+
 /// Whether a key may differ between a checkpoint's config and the config that resumes from it:
 /// the model's shape and the data order (global_batch_size) must stay; the rest may change.
 /// A field's optional fourth descriptor; may_change when not given.
@@ -90,16 +96,52 @@ struct ModelConfig {
   }
 };
 
+/// One source of training data: its shard paths or globs, its share of the samples, and the name
+/// its tokens are reported under (tokens_seen/NAME; empty: its index in the list).
+struct TrainSource {
+  std::vector<std::string> paths;
+  double weight = 1.0;
+  std::string name;
+  bool operator==(const TrainSource&) const = default;
+};
+
+/// data.train: one source (a path or a list, `weighted` false) or weighted sources.
+struct TrainData {
+  std::vector<TrainSource> sources;  // empty: none given
+  bool weighted = false;             // given as [{"path", "weight"}, ...] (and written back so)
+  bool empty() const { return sources.empty(); }
+  /// Every source's paths, in order.
+  std::vector<std::string> paths() const;
+  /// The name source `index` is reported under.
+  std::string name(std::size_t index) const;
+};
+
+/// One validation set: its name ("" for the unnamed set of the plain form) and its shards.
+struct ValSet {
+  std::string name;
+  std::vector<std::string> paths;
+  bool operator==(const ValSet&) const = default;
+};
+
+/// data.val: one unnamed set (a path or a list) or named sets, in name order.
+struct ValData {
+  std::vector<ValSet> sets;  // empty: no validation
+  bool named = false;        // given as {"NAME": paths, ...}
+  bool empty() const { return sets.empty(); }
+  /// Every set's paths, in order.
+  std::vector<std::string> paths() const;
+};
+
 struct DataConfig {
-  std::vector<std::string> train;  // paths or globs of token shard files
-  std::vector<std::string> val;
+  TrainData train;  // token shard files: one source or weighted sources
+  ValData val;      // validation shards: one set or named sets
   bool shuffle = true;
   std::int64_t seed = 1234;
 
   template <class Visitor>
   void fields(Visitor&& v) {
-    v("train", train, AnyString{});
-    v("val", val, AnyString{});
+    v("train", train, WeightedPaths{});
+    v("val", val, NamedPaths{});
     v("shuffle", shuffle, Boolean{});
     v("seed", seed, IntRange{0});
   }

@@ -2,6 +2,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "dist/communicator.h"
 
@@ -19,6 +22,14 @@ struct StepResult {
   dist::Traffic sent_tensor;  // and to its tensor-parallel group
   dist::Traffic sent_pipeline;  // and to the other stages (transfers, the loss and norm sums)
   double pipeline_wait_s = 0;  // time this stage waited for the other stages' activations and gradients
+  std::vector<std::int64_t> source_tokens;  // a mixture of data.train: tokens seen so far from each source
+};
+
+/// What one validation measured: the mean loss of each of data.val's named sets (none for the
+/// plain form) and the mean of those means (the plain form: its one set's loss).
+struct Validation {
+  double val_loss = 0;
+  std::vector<std::pair<std::string, double>> sets;
 };
 
 }  // namespace llmtrain::train

@@ -108,6 +108,22 @@ void restore_optimizer(AdamW& optimizer, const model::Model& model, const checkp
   ops::copy(optimizer.v(), Tensor(v.data(), DType::f32, Device::cpu, {n}));
 }
 
+// data.train's weighted sources as ranges of the dataset's samples (none for a single source,
+// which keeps the epoch order of one list of shards).
+std::vector<data::MixtureSource> mixture_sources(const config::TrainData& train, const data::TokenDataset& data) {
+  std::vector<data::MixtureSource> sources;
+  if (train.sources.size() < 2) return sources;
+  std::size_t file = 0;
+  for (std::size_t s = 0; s < train.sources.size(); ++s) {
+    const std::size_t files =
+        data::expand_paths(train.sources[s].paths, "data.train[" + std::to_string(s) + "].path").size();
+    const std::int64_t first = data.samples_before(file);
+    sources.push_back({first, data.samples_before(file + files) - first, train.sources[s].weight});
+    file += files;
+  }
+  return sources;
+}
+
 }  // namespace
 
 Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, const checkpoint::Found* resume)
@@ -115,7 +131,7 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
       device_(options.device),
       world_(*comms.world),
       data_comm_(comms.data_host()),
-      train_data_(data::expand_paths(config_.data.train, "data.train"), config_.model.context_length,
+      train_data_(data::expand_paths(config_.data.train.paths(), "data.train"), config_.model.context_length,
                   std::uint32_t(config_.model.vocab_size)),
       data_device_(comms.data()),
       tensor_comm_(*comms.tensor_group),
@@ -125,13 +141,15 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
       stages_(comms.pipeline_group->world_size()) {
   const auto& tc = config_.train;
   const int T = int(config_.model.context_length), B = int(tc.micro_batch_size);
-  if (!config_.data.val.empty()) {
-    val_data_ = std::make_unique<data::TokenDataset>(data::expand_paths(config_.data.val, "data.val"), T,
+  for (const config::ValSet& set : config_.data.val.sets) {
+    const std::string key = set.name.empty() ? "data.val" : "data.val." + set.name;
+    auto data = std::make_unique<data::TokenDataset>(data::expand_paths(set.paths, key), T,
                                                      std::uint32_t(config_.model.vocab_size));
-    if (val_data_->num_samples() < tc.global_batch_size) {
-      throw InputError("data.val: " + std::to_string(val_data_->num_samples()) +
-                       " samples, fewer than one global batch (" + std::to_string(tc.global_batch_size) + ")");
+    if (data->num_samples() < tc.global_batch_size) {
+      throw InputError(key + ": " + std::to_string(data->num_samples()) + " samples, fewer than one global batch (" +
+                       std::to_string(tc.global_batch_size) + ")");
     }
+    val_sets_.push_back({set.name, std::move(data)});
   }
   accum_ = config::grad_accum_steps(config_, data_comm_.world_size());
   if (stages_ > 1) {
@@ -145,11 +163,17 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
     first_step_ = state.at("step").get<std::int64_t>() + 1;
     tokens_seen_ = state.at("tokens_seen").get<std::int64_t>();
   }
+  const std::vector<data::MixtureSource> sources = mixture_sources(config_.data.train, train_data_);
   loader_ = std::make_unique<data::BatchLoader>(
       train_data_,
       data::SamplerOptions{train_data_.num_samples(), tc.global_batch_size, B, data_comm_.world_size(),
                            data_comm_.rank(), config_.data.shuffle, std::uint64_t(config_.data.seed)},
-      sampler_state_);
+      sampler_state_, sources);
+  if (sources.size() >= 2) {  // tokens per source, counted along (from the resumed position)
+    std::vector<double> weights;
+    for (const auto& source : sources) weights.push_back(source.weight);
+    source_counts_.emplace(weights, sampler_state_.next_sample);
+  }
 
   // Process-wide, as the kernels read it: train.deterministic false lets the bf16 flash attention
   // backward take its single pass (dQ by atomics).
@@ -248,6 +272,12 @@ StepResult Trainer::step(std::int64_t step) {
   result.loss = loss_sum / tokens_per_step_;
   result.lr = learning_rate(config_.optim, tc.max_steps, step);
   tokens_seen_ += std::int64_t(tokens_per_step_);
+  if (source_counts_) {
+    while (source_counts_->position() < sampler_state_.next_sample) source_counts_->next();
+    for (const std::int64_t samples : source_counts_->counts()) {
+      result.source_tokens.push_back(samples * config_.model.context_length);
+    }
+  }
   // NaN guard: a non-finite loss or gradient norm skips the update (the same on every rank,
   // since both are reduced over all ranks).
   if (!std::isfinite(result.loss) || !std::isfinite(result.grad_norm)) {
@@ -276,19 +306,25 @@ StepResult Trainer::step(std::int64_t step) {
   return result;
 }
 
-std::optional<double> Trainer::validate() {
-  if (!val_data_) return std::nullopt;
-  // The validation set in order, each data-parallel rank its part of every batch, through the
+std::optional<Validation> Trainer::validate() {
+  if (val_sets_.empty()) return std::nullopt;
+  // Each validation set in order, each data-parallel rank its part of every batch, through the
   // stages in turn (the last stage's losses).
   const auto& t = config_.train;
   const int T = int(config_.model.context_length), B = int(t.micro_batch_size);
-  const data::SamplerOptions in_order{val_data_->num_samples(), t.global_batch_size, B, data_comm_.world_size(),
-                                      data_comm_.rank(), false, 0};
-  data::BatchLoader loader(*val_data_, in_order, {});
-  const std::int64_t batches = std::min(t.eval_batches, val_data_->num_samples() / t.global_batch_size);
-  std::array<double, 2> totals = pipeline_->forward_only(loader, batches, B, T);
-  data_comm_.all_reduce_sum(totals.data(), 2);
-  return totals[0] / totals[1];
+  Validation result;
+  for (const auto& [name, data] : val_sets_) {
+    const data::SamplerOptions in_order{data->num_samples(), t.global_batch_size, B, data_comm_.world_size(),
+                                        data_comm_.rank(), false, 0};
+    data::BatchLoader loader(*data, in_order, {});
+    const std::int64_t batches = std::min(t.eval_batches, data->num_samples() / t.global_batch_size);
+    std::array<double, 2> totals = pipeline_->forward_only(loader, batches, B, T);
+    data_comm_.all_reduce_sum(totals.data(), 2);
+    result.sets.emplace_back(name, totals[0] / totals[1]);
+    result.val_loss += result.sets.back().second / double(val_sets_.size());
+  }
+  if (!config_.data.val.named) result.sets.clear();  // one unnamed set: val_loss alone
+  return result;
 }
 
 const model::Model& Trainer::host_weights() {

@@ -8,6 +8,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "checkpoint/checkpoint.h"
 #include "config/config.h"
@@ -41,8 +43,9 @@ class Trainer final : public CheckpointSource {
   /// and AdamW. A non-finite loss or gradient norm skips the update (the same on every rank).
   StepResult step(std::int64_t step);
 
-  /// The validation loss over train.eval_batches of data.val; nullopt when there is no data.val.
-  std::optional<double> validate();
+  /// The validation losses over train.eval_batches of each set of data.val, and their mean;
+  /// nullopt when there is no data.val.
+  std::optional<Validation> validate();
 
   /// The first update this run makes (1, or the resumed checkpoint's step + 1).
   std::int64_t first_step() const { return first_step_; }
@@ -94,7 +97,8 @@ class Trainer final : public CheckpointSource {
   std::int64_t accum_ = 1;
   double tokens_per_step_ = 0;
   data::TokenDataset train_data_;
-  std::unique_ptr<data::TokenDataset> val_data_;
+  std::vector<std::pair<std::string, std::unique_ptr<data::TokenDataset>>> val_sets_;  // data.val's, by name
+  std::optional<data::Blender> source_counts_;  // a mixture's samples per source up to sampler_state_
   std::int64_t first_step_ = 1, tokens_seen_ = 0, bad_in_a_row_ = 0;
   data::SamplerState sampler_state_;
   model::AttentionChoice attention_;
