@@ -19,6 +19,9 @@
 #include "dist/communicator.h"
 #include "train/tensor_parallel.h"
 #include "train/evaluate.h"
+#include "train/choice_eval.h"
+#include "data/tokenizer.h"
+#include "core/files.h"
 
 namespace llmtrain::cli {
 namespace {
@@ -94,11 +97,57 @@ config::ValData eval_sets(const std::vector<std::string>& args, const config::Va
 
 }  // namespace
 
+// --task KIND FILE: a multiple-choice benchmark of the checkpoint, examples spread over the ranks.
+template <class Options>
+int run_task(const Options& o) {
+  const std::string& kind = o.task[0];
+  const std::string& file = o.task[1];
+  if (kind != "hellaswag" && kind != "choice") throw InputError("--task " + kind + ": expected hellaswag or choice");
+  if (o.tensor_parallel > 1) throw InputError("--task: with --tensor-parallel 1 only");
+  if (!o.data.empty() || !o.dump_logits.empty()) throw InputError("--task: not with --data or --dump-logits");
+  const std::vector<train::ChoiceExample> examples = train::read_choice_file(file, kind, o.limit);
+  const checkpoint::Found found = checkpoint::find(o.checkpoint);
+  const config::Config& config = found.config;
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  if (!o.tokenizer.empty()) {
+    tokenizer = data::load_tokenizer(o.tokenizer);
+  } else {
+    const auto shards =
+        data::expand_paths(config.data.train.paths(), "data.train (to find the tokenizer; or give --tokenizer DIR)");
+    tokenizer = data::load_tokenizer(std::filesystem::path(shards.front()).parent_path().string());
+  }
+  if (tokenizer->vocab_size() > std::uint32_t(config.model.vocab_size)) {
+    throw InputError("tokenizer has " + std::to_string(tokenizer->vocab_size()) +
+                     " tokens, more than the model's model.vocab_size");
+  }
+  if (!o.json.empty()) {
+    const std::filesystem::path out(o.json), folder = out.parent_path();
+    if (!folder.empty() && !std::filesystem::is_directory(folder)) {
+      throw InputError("--json " + o.json + ": no folder " + folder.string());
+    }
+  }
+  const dist::Communicators comms = dist::make_communicators(Device::cpu, config.dist.timeout_s, 1, 1);
+  const std::unique_ptr<model::Model> model = checkpoint::load_model(found);
+  const train::ChoiceResult result = train::score_choices(*model, *tokenizer, examples, kind, config.model.context_length,
+                                                          config.model.vocab_size, comms.world.get());
+  if (comms.world->rank() != 0) return 0;
+  std::printf("eval: %s step %lld: %s %s: n %lld | acc %.4f | acc_norm %.4f | acc_norm_bytes %.4f\n", found.dir.c_str(),
+              static_cast<long long>(found.state.value("step", std::int64_t{0})), kind.c_str(), file.c_str(),
+              static_cast<long long>(result.n), result.acc, result.acc_norm, result.acc_norm_bytes);
+  if (!o.json.empty()) {
+    AtomicFile out(o.json);
+    out.write(train::to_json(result).dump(1) + "\n");
+    out.commit();
+  }
+  return 0;
+}
+
 Command add_eval_command(CLI::App& parent) {
   struct Options {
     std::string checkpoint, dump_logits;
-    std::vector<std::string> data;
-    std::int64_t batches = 0;
+    std::vector<std::string> data, task;
+    std::string json, tokenizer;
+    std::int64_t batches = 0, limit = 0;
     int tensor_parallel = 1;
   };
   auto o = std::make_shared<Options>();
@@ -113,6 +162,15 @@ Command add_eval_command(CLI::App& parent) {
                   "Under mpirun: ranks that split each layer (must divide the world size)")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
+  app->add_option("--task", o->task,
+                  "A multiple-choice benchmark instead of the loss: hellaswag FILE (HellaSwag's JSON Lines: ctx, "
+                  "endings, label) or choice FILE (JSON Lines: context, choices, label); prints acc, acc_norm and "
+                  "acc_norm_bytes")
+      ->expected(2);
+  app->add_option("--json", o->json, "With --task: also write the scores and every prediction to this JSON file");
+  app->add_option("--limit", o->limit, "With --task: the first N examples only (default: all)")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--tokenizer", o->tokenizer, "With --task: folder with tokenizer.json (default: next to the training shards)");
   app->add_option("--dump-logits", o->dump_logits,
                   "Also write the logits of the first micro-batch (validation samples 0..B-1 in order) to this "
                   "file: NumPy .npy, float32, shape (B, T, V)");
@@ -128,6 +186,7 @@ Command add_eval_command(CLI::App& parent) {
             if (!o->dump_logits.empty() && o->tensor_parallel > 1) {
               throw InputError("--dump-logits: with --tensor-parallel 1 only (each rank holds part of the vocabulary)");
             }
+            if (!o->task.empty()) return run_task(*o);
             const checkpoint::Found found = checkpoint::find(o->checkpoint);
             const config::Config& config = found.config;
             const config::ValData sets = eval_sets(o->data, config.data.val);
