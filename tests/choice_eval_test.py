@@ -128,6 +128,26 @@ with tempfile.TemporaryDirectory() as tmp:
     plain["task"] = "hellaswag"
     same_result(plain, got, "--task choice")
 
+    # train.eval_tasks: the same scores at the run's last validation (the same weights as the
+    # checkpoint above), at one rank and, spread over them, at two.
+    config["train"]["eval_every"] = 30
+    config["train"]["eval_tasks"] = [{"task": "hellaswag", "path": f"{tmp}/hs.jsonl"},
+                                     {"task": "choice", "path": f"{tmp}/plain.jsonl", "limit": 3, "name": "plain3"}]
+    with open(f"{tmp}/tasks.json", "w") as f:
+        json.dump(config, f)
+    for ranks in (1, 2) if MPIEXEC else (1,):
+        run_dir = f"{tmp}/tasks{ranks}"
+        r = run("train", "--config", f"{tmp}/tasks.json", "--run-dir", run_dir, mpi=ranks if ranks > 1 else 0)
+        with open(f"{run_dir}/metrics.jsonl") as f:
+            line = [m for m in map(json.loads, f) if "hellaswag/acc" in m]
+        check(len(line) == 1 and line[0]["step"] == 30, f"{ranks} rank(s): one validation with task scores")
+        m = line[0]
+        check(all(m[f"hellaswag/{k}"] == got[k] for k in ("acc", "acc_norm", "acc_norm_bytes")),
+              f"{ranks} rank(s): train.eval_tasks' hellaswag scores are eval --task's")
+        first3 = [p["choice"] == p["label"] for p in got["predictions"][:3]]
+        check(abs(m["plain3/acc"] - sum(first3) / 3) < 1e-12, f"{ranks} rank(s): a named task with a limit")
+        check(f"hellaswag/acc {got['acc']:.4f}" in r.stderr.decode(), f"{ranks} rank(s): the scores in the log line")
+
     # 3. Bad files.
     with open(f"{tmp}/bad.jsonl", "w") as f:
         f.write(json.dumps(EXAMPLES[0]) + "\n" + json.dumps(dict(EXAMPLES[1], label=4)) + "\n")

@@ -59,6 +59,10 @@ TEST_CASE("bad configs are rejected with the key path and the reason", "[config]
       {R"({"data": {"train": [{"path": [], "weight": 1}]}})", {}, "data.train[0].path: expected a path or a non-empty list of paths, got []"},
       {R"({"data": {"train": [{"path": "a", "weight": 1, "name": "x"}, {"path": "b", "weight": 1, "name": "x"}]}})", {}, "data.train[1].name: \"x\" names two sources"},
       {R"({"data": {"train": [{"path": "a", "weight": 1, "name": "a b"}]}})", {}, "data.train[0].name: expected 1 to 64 letters"},
+      {R"({"train": {"eval_tasks": [{"task": "hellaswag"}]}})", {}, "train.eval_tasks[0].path: missing (the task's JSON Lines file)"},
+      {R"({"train": {"eval_tasks": [{"task": "mmlu", "path": "x"}]}})", {}, R"(train.eval_tasks[0].task: expected one of "hellaswag", "choice", got "mmlu")"},
+      {R"({"train": {"eval_tasks": [{"task": "choice", "path": "x", "limit": -1}]}})", {}, "train.eval_tasks[0].limit: expected an integer >= 0, got -1"},
+      {R"({"train": {"eval_tasks": [{"task": "choice", "path": "x"}, {"task": "choice", "path": "y"}]}})", {}, "train.eval_tasks[1]: a second task named \"choice\" (give each a \"name\")"},
       {R"({"data": {"val": 3}})", {}, R"(data.val: expected a path, a list of paths or an object {"NAME": paths, ...}, got 3)"},
       {R"({"data": {"val": {"web": 3}}})", {}, "data.val.web: expected a path or a non-empty list of paths, got 3"},
       {R"({"data": {"val": {"we b": "x"}}})", {}, "data.val.we b: a validation set's name is 1 to 64 letters, digits, '_', '.' or '-'"},
@@ -252,6 +256,13 @@ TEST_CASE("data.train takes weighted sources and data.val named sets, and writes
   CHECK(config::parse_config(R"({"data": {"val": ["a", "b"]}})", "t").data.val.sets ==
         std::vector<config::ValSet>{{"", {"a", "b"}}});
   CHECK(config::parse_config(R"({"data": {"train": [], "val": []}})", "t").data.train.empty());
+  // train.eval_tasks
+  const config::Config tasks = config::parse_config(
+      R"({"train": {"eval_tasks": [{"task": "hellaswag", "path": "hs.jsonl", "limit": 100}, {"task": "choice", "path": "p.jsonl", "name": "arc"}]}})", "t");
+  REQUIRE(tasks.train.eval_tasks.size() == 2);
+  CHECK(tasks.train.eval_tasks[0] == config::EvalTask{"hellaswag", "hs.jsonl", 100, ""});
+  CHECK(tasks.train.eval_tasks[1].metric_name() == "arc");
+  CHECK(config::to_json(config::parse_config(config::to_json(tasks).dump(), "resolved")) == config::to_json(tasks));
 }
 
 TEST_CASE("the resolved config reads back to itself", "[config]") {

@@ -58,6 +58,9 @@ struct WeightedPaths {};
 /// data.val: a path or a list of paths (one unnamed set), or an object {"NAME": paths, ...}.
 struct NamedPaths {};
 
+/// train.eval_tasks: a list of {"task", "path", "limit", "name"} objects.
+struct TaskList {};
+
 /// Whether a key may differ between a checkpoint's config and the config that resumes from it:
 /// the model's shape and the data order (global_batch_size) must stay; the rest may change.
 /// A field's optional fourth descriptor; may_change when not given.
@@ -147,6 +150,16 @@ struct DataConfig {
   }
 };
 
+/// A multiple-choice benchmark run at every validation (train.eval_tasks).
+struct EvalTask {
+  std::string task;        // "hellaswag" or "choice"
+  std::string path;        // its JSON Lines file
+  std::int64_t limit = 0;  // the first N examples; 0: all
+  std::string name;        // its scores' prefix (NAME/acc, ...); empty: `task`
+  bool operator==(const EvalTask&) const = default;
+  std::string metric_name() const { return name.empty() ? task : name; }
+};
+
 struct TrainConfig {
   std::int64_t micro_batch_size = 4;   // sequences per rank per micro-step
   std::int64_t global_batch_size = 8;  // sequences per optimizer update, all ranks together
@@ -161,6 +174,7 @@ struct TrainConfig {
   double peak_tflops = 0.0;        // dense peak of one device for MFU; 0: unknown (MFU not reported)
   Recompute recompute = Recompute::none;  // activations backward recomputes
   bool deterministic = true;  // bitwise-reproducible GPU kernels; false: faster bf16 flash attention backward
+  std::vector<EvalTask> eval_tasks;  // benchmarks scored at every validation
 
   template <class Visitor>
   void fields(Visitor&& v) {
@@ -177,6 +191,7 @@ struct TrainConfig {
     v("peak_tflops", peak_tflops, non_negative);
     v("recompute", recompute, Named{});
     v("deterministic", deterministic, Boolean{});
+    v("eval_tasks", eval_tasks, TaskList{});
   }
 };
 

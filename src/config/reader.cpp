@@ -108,22 +108,6 @@ void read_value(const json& v, const std::string& path, std::string& out, const 
   out = v.get<std::string>();
 }
 
-void read_value(const json& v, const std::string& path, std::vector<std::string>& out,
-                const AnyString&, const Origins& o) {
-  const auto bad = [&] { fail(o, path, "expected a path or a list of paths, got " + shown(v)); };
-  out.clear();
-  if (v.is_string()) {
-    out.push_back(v.get<std::string>());
-  } else if (v.is_array()) {
-    for (const auto& item : v) {
-      if (!item.is_string()) bad();
-      out.push_back(item.get<std::string>());
-    }
-  } else {
-    bad();
-  }
-}
-
 // A validation set's or a source's name becomes part of metric names (val_loss/NAME): letters, digits, _ . -
 bool valid_set_name(const std::string& name) {
   if (name.empty() || name.size() > 64) return false;
@@ -158,7 +142,7 @@ void read_value(const json& v, const std::string& path, TrainData& out, const We
         fail(o, path, "expected a path, a list of paths or a list of {\"path\": GLOB, \"weight\": W} objects, got " +
                           shown(v));
       }
-      out.sources.push_back({std::move(paths), 1.0});
+      out.sources.push_back({std::move(paths), 1.0, ""});
     }
     return;
   }
@@ -223,6 +207,43 @@ void read_value(const json& v, const std::string& path, ValData& out, const Name
     ValSet set{name, {}};
     if (!read_paths(paths, set.paths)) fail(o, at, "expected a path or a non-empty list of paths, got " + shown(paths));
     out.sets.push_back(std::move(set));
+  }
+}
+
+void read_value(const json& v, const std::string& path, std::vector<EvalTask>& out, const TaskList&,
+                const Origins& o) {
+  out.clear();
+  if (!v.is_array()) fail(o, path, "expected a list of {\"task\", \"path\", \"limit\"} objects, got " + shown(v));
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const json& item = v[i];
+    const std::string at = path + "[" + std::to_string(i) + "]";
+    if (!item.is_object()) fail(o, at, "expected an object {\"task\": \"hellaswag\", \"path\": FILE}, got " + shown(item));
+    for (const auto& [key, unused] : item.items()) {
+      if (key != "task" && key != "path" && key != "limit" && key != "name") {
+        const std::string near = closest_match(key, {"task", "path", "limit", "name"});
+        fail(o, at + "." + key, "unknown key (a task has \"task\", \"path\", \"limit\" and \"name\")" +
+                                    (near.empty() ? "" : "; did you mean '" + near + "'?"));
+      }
+    }
+    EvalTask task;
+    if (!item.contains("task")) fail(o, at + ".task", "missing (\"hellaswag\" or \"choice\")");
+    read_value(item["task"], at + ".task", task.task, OneOf{{"hellaswag", "choice"}}, o);
+    if (!item.contains("path")) fail(o, at + ".path", "missing (the task's JSON Lines file)");
+    read_value(item["path"], at + ".path", task.path, AnyString{}, o);
+    if (item.contains("limit")) read_value(item["limit"], at + ".limit", task.limit, IntRange{0}, o);
+    if (item.contains("name")) {
+      const json& name = item["name"];
+      if (!name.is_string() || !valid_set_name(name.get<std::string>())) {
+        fail(o, at + ".name", "expected 1 to 64 letters, digits, '_', '.' or '-', got " + shown(name));
+      }
+      task.name = name.get<std::string>();
+    }
+    for (const EvalTask& other : out) {
+      if (other.metric_name() == task.metric_name()) {
+        fail(o, at, "a second task named \"" + task.metric_name() + "\" (give each a \"name\")");
+      }
+    }
+    out.push_back(std::move(task));
   }
 }
 
@@ -327,6 +348,14 @@ struct SectionWriter {
         sources.push_back(std::move(source));
       }
       object[key] = std::move(sources);
+    } else if constexpr (std::is_same_v<T, std::vector<EvalTask>>) {
+      json tasks = json::array();
+      for (const EvalTask& t : member) {
+        json task = {{"task", t.task}, {"path", t.path}, {"limit", t.limit}};
+        if (!t.name.empty()) task["name"] = t.name;
+        tasks.push_back(std::move(task));
+      }
+      object[key] = std::move(tasks);
     } else if constexpr (std::is_same_v<T, ValData>) {
       if (!member.named) {
         object[key] = paths_json(member.paths());

@@ -230,23 +230,27 @@ void Reporter::skipped(std::int64_t step, std::int64_t bad_in_a_row) {
 }
 
 void Reporter::validation(std::int64_t step, const Validation& validation) {
-  std::string sets;
-  for (const auto& [name, loss] : validation.sets) {
-    char text[128];
-    std::snprintf(text, sizeof text, " | val_loss/%s %.4f", name.c_str(), loss);
-    sets += text;
+  // (name, value) in the order the line shows them: val_loss, each set's, each task score.
+  std::vector<std::pair<std::string, double>> figures;
+  if (validation.has_loss) figures.emplace_back("val_loss", validation.val_loss);
+  for (const auto& [name, loss] : validation.sets) figures.emplace_back("val_loss/" + name, loss);
+  figures.insert(figures.end(), validation.scores.begin(), validation.scores.end());
+  std::string text;
+  for (const auto& [name, value] : figures) {
+    char part[160];
+    std::snprintf(part, sizeof part, " | %s %.4f", name.c_str(), value);
+    text += part;
   }
   if (metrics_) {
-    nlohmann::json line = {{"step", step}, {"val_loss", validation.val_loss}};
-    tensorboard_->scalar("val_loss", validation.val_loss, step);
-    for (const auto& [name, loss] : validation.sets) {
-      line["val_loss/" + name] = loss;
-      tensorboard_->scalar("val_loss/" + name, loss, step);
+    nlohmann::json line = {{"step", step}};
+    for (const auto& [name, value] : figures) {
+      line[name] = value;
+      tensorboard_->scalar(name, value, step);
     }
     metrics_->write(line);
   }
-  info("step %lld/%lld | val_loss %.4f%s", static_cast<long long>(step),
-       static_cast<long long>(config_.train.max_steps), validation.val_loss, sets.c_str());
+  info("step %lld/%lld%s", static_cast<long long>(step), static_cast<long long>(config_.train.max_steps),
+       text.c_str());
 }
 
 void Reporter::op_profile(double seconds) {

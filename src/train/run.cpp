@@ -101,7 +101,7 @@ TrainSummary run_training(const TrainOptions& requested) {
     if ((tc.eval_every > 0 && step % tc.eval_every == 0) || last) {
       if (const std::optional<Validation> validation = trainer.validate()) {
         reporter.validation(step, *validation);
-        summary.final_val_loss = validation->val_loss;
+        if (validation->has_loss) summary.final_val_loss = validation->val_loss;
       }
     }
     // A stop signal on any rank: all agree at this update boundary, save and stop.

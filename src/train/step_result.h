@@ -29,7 +29,9 @@ struct StepResult {
 /// plain form) and the mean of those means (the plain form: its one set's loss).
 struct Validation {
   double val_loss = 0;
+  bool has_loss = true;  // false: no data.val, train.eval_tasks only
   std::vector<std::pair<std::string, double>> sets;
+  std::vector<std::pair<std::string, double>> scores;  // train.eval_tasks: NAME/acc, NAME/acc_norm, NAME/acc_norm_bytes
 };
 
 }  // namespace llmtrain::train

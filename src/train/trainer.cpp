@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <filesystem>
 #include <vector>
 
 #include "core/error.h"
@@ -150,6 +151,16 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
                        std::to_string(tc.global_batch_size) + ")");
     }
     val_sets_.push_back({set.name, std::move(data)});
+  }
+  if (!tc.eval_tasks.empty()) {  // benchmarks at every validation: their files and the run's tokenizer
+    if (config_.dist.tensor_parallel > 1 || config_.dist.pipeline_parallel > 1 || config_.dist.zero_stage == 3) {
+      throw InputError("train.eval_tasks: not with ZeRO 3, tensor or pipeline parallelism (yet); use llmtrain eval --task");
+    }
+    const auto shards = data::expand_paths(config_.data.train.paths(), "data.train");
+    task_tokenizer_ = data::load_tokenizer(std::filesystem::path(shards.front()).parent_path().string());
+    for (const config::EvalTask& task : tc.eval_tasks) {
+      tasks_.emplace_back(task, read_choice_file(task.path, task.task, task.limit));
+    }
   }
   accum_ = config::grad_accum_steps(config_, data_comm_.world_size());
   if (stages_ > 1) {
@@ -307,7 +318,7 @@ StepResult Trainer::step(std::int64_t step) {
 }
 
 std::optional<Validation> Trainer::validate() {
-  if (val_sets_.empty()) return std::nullopt;
+  if (val_sets_.empty() && tasks_.empty()) return std::nullopt;
   // Each validation set in order, each data-parallel rank its part of every batch, through the
   // stages in turn (the last stage's losses).
   const auto& t = config_.train;
@@ -324,6 +335,19 @@ std::optional<Validation> Trainer::validate() {
     result.val_loss += result.sets.back().second / double(val_sets_.size());
   }
   if (!config_.data.val.named) result.sets.clear();  // one unnamed set: val_loss alone
+  result.has_loss = !val_sets_.empty();
+  if (!tasks_.empty()) {  // the whole model on the CPU on every rank: the examples spread over them
+    host_weights();
+    model::Model& scorer = device_ == Device::cpu ? *model_ : *host_;
+    for (const auto& [task, examples] : tasks_) {
+      const ChoiceResult scores = score_choices(scorer, *task_tokenizer_, examples, task.task, T,
+                                                config_.model.vocab_size, &world_);
+      const std::string name = task.metric_name();
+      result.scores.emplace_back(name + "/acc", scores.acc);
+      result.scores.emplace_back(name + "/acc_norm", scores.acc_norm);
+      result.scores.emplace_back(name + "/acc_norm_bytes", scores.acc_norm_bytes);
+    }
+  }
   return result;
 }
 
