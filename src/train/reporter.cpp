@@ -183,13 +183,13 @@ void Reporter::update(std::int64_t step, const StepResult& result) {
     };
     const nlohmann::json collectives = by_kind(result.sent);
     nlohmann::json line = {{"step", step}, {"loss", result.loss}, {"lr", result.lr}, {"grad_norm", result.grad_norm},
-                     {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"elapsed_s", elapsed_s},
-                     {"memory_bytes", memory.current}, {"peak_memory_bytes", memory.peak},
-                     {"state_bytes", state_bytes_}, {"sent_bytes", result.sent.total_bytes()},
-                     {"collectives", collectives}, {"tensor_collectives", by_kind(result.sent_tensor)},
-                     {"tensor_sent_bytes", result.sent_tensor.total_bytes()},
-                     {"pipeline_collectives", by_kind(result.sent_pipeline)},
-                     {"pipeline_wait_s", result.pipeline_wait_s}};
+                       {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"elapsed_s", elapsed_s},
+                       {"memory_bytes", memory.current}, {"peak_memory_bytes", memory.peak},
+                       {"state_bytes", state_bytes_}, {"sent_bytes", result.sent.total_bytes()},
+                       {"collectives", collectives}, {"tensor_collectives", by_kind(result.sent_tensor)},
+                       {"tensor_sent_bytes", result.sent_tensor.total_bytes()},
+                       {"pipeline_collectives", by_kind(result.sent_pipeline)},
+                       {"pipeline_wait_s", result.pipeline_wait_s}};
     for (std::size_t k = 0; k < result.source_tokens.size(); ++k) {  // a mixture's tokens per source
       line["tokens_seen/" + config_.data.train.name(k)] = result.source_tokens[k];
     }
