@@ -22,7 +22,7 @@ FROM ${BUILD_IMAGE} AS build
 ARG LLMTRAIN_CUDA=ON
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       build-essential cmake git libcli11-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin libopenblas0-openmp \
-      libopenblas-dev libpcre2-dev zlib1g-dev \
+      libopenblas-dev libpcre2-dev zlib1g-dev libzstd-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .

@@ -9,7 +9,7 @@ packages=(
   build-essential g++ cmake pkg-config git ca-certificates
   libcli11-dev nlohmann-json3-dev catch2
   libopenmpi-dev openmpi-bin
-  libopenblas-dev libopenblas0-openmp libpcre2-dev zlib1g-dev
+  libopenblas-dev libopenblas0-openmp libpcre2-dev zlib1g-dev libzstd-dev
   libonnx-dev libprotobuf-dev protobuf-compiler
   python3 python3-numpy python3-yaml procps
   slurm-wlm munge  # tests/slurm_test.sh runs scripts/launch/slurm.sbatch under a real single-node Slurm

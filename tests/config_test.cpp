@@ -49,8 +49,23 @@ TEST_CASE("bad configs are rejected with the key path and the reason", "[config]
       {R"({"data": {"shuffle": "yes"}})", {}, R"(data.shuffle: expected true or false, got "yes")"},
       {R"({"train": {"deterministic": 0}})", {}, "train.deterministic: expected true or false, got 0"},
       {"{}", {"train.deterministic=maybe"}, R"(train.deterministic: expected true or false, got "maybe" (from --set train.deterministic=maybe))"},
-      {R"({"data": {"train": 3}})", {}, "data.train: expected a path or a list of paths, got 3"},
-      {R"({"data": {"train": ["a.bin", 1]}})", {}, "data.train: expected a path or a list of paths"},
+      {R"({"data": {"train": 3}})", {}, R"(data.train: expected a path, a list of paths or a list of {"path": GLOB, "weight": W} objects, got 3)"},
+      {R"({"data": {"train": ["a.bin", 1]}})", {}, "data.train: expected a path, a list of paths or a list of"},
+      {R"({"data": {"train": [{"path": "a", "weight": 1}, "b"]}})", {}, R"(data.train[1]: expected an object {"path": GLOB, "weight": W}, got "b")"},
+      {R"({"data": {"train": [{"path": "a", "wieght": 1}]}})", {}, "data.train[0].wieght: unknown key (a source has \"path\", \"weight\" and \"name\"); did you mean 'weight'?"},
+      {R"({"data": {"train": [{"path": "a"}]}})", {}, "data.train[0].weight: missing (the source's share of the samples)"},
+      {R"({"data": {"train": [{"weight": 1}]}})", {}, "data.train[0].path: missing"},
+      {R"({"data": {"train": [{"path": "a", "weight": 0}]}})", {}, "data.train[0].weight: expected a number > 0, got 0 (in test.json)"},
+      {R"({"data": {"train": [{"path": [], "weight": 1}]}})", {}, "data.train[0].path: expected a path or a non-empty list of paths, got []"},
+      {R"({"data": {"train": [{"path": "a", "weight": 1, "name": "x"}, {"path": "b", "weight": 1, "name": "x"}]}})", {}, "data.train[1].name: \"x\" names two sources"},
+      {R"({"data": {"train": [{"path": "a", "weight": 1, "name": "a b"}]}})", {}, "data.train[0].name: expected 1 to 64 letters"},
+      {R"({"train": {"eval_tasks": [{"task": "hellaswag"}]}})", {}, "train.eval_tasks[0].path: missing (the task's JSON Lines file)"},
+      {R"({"train": {"eval_tasks": [{"task": "mmlu", "path": "x"}]}})", {}, R"(train.eval_tasks[0].task: expected one of "hellaswag", "choice", got "mmlu")"},
+      {R"({"train": {"eval_tasks": [{"task": "choice", "path": "x", "limit": -1}]}})", {}, "train.eval_tasks[0].limit: expected an integer >= 0, got -1"},
+      {R"({"train": {"eval_tasks": [{"task": "choice", "path": "x"}, {"task": "choice", "path": "y"}]}})", {}, "train.eval_tasks[1]: a second task named \"choice\" (give each a \"name\")"},
+      {R"({"data": {"val": 3}})", {}, R"(data.val: expected a path, a list of paths or an object {"NAME": paths, ...}, got 3)"},
+      {R"({"data": {"val": {"web": 3}}})", {}, "data.val.web: expected a path or a non-empty list of paths, got 3"},
+      {R"({"data": {"val": {"we b": "x"}}})", {}, "data.val.we b: a validation set's name is 1 to 64 letters, digits, '_', '.' or '-'"},
       {R"({"model": {"init_from": null}})", {}, "model.init_from: expected a string, got null"},
       {R"({"model": 5})", {}, "model: expected an object of keys, got 5"},
       // out of range
@@ -195,14 +210,59 @@ TEST_CASE("defaults, derived keys and overrides resolve as documented", "[config
       R"({"model": {"n_layer": 4}})", "t",
       {{"model.n_layer=2"}, {"data.train=data/train_*.bin"}, {"train.precision=bf16"}, {"optim.lr=1e3"}});
   CHECK(o.model.n_layer == 2);  // later sources win
-  REQUIRE(o.data.train.size() == 1);
-  CHECK(o.data.train[0] == "data/train_*.bin");  // not JSON, so taken as a string
+  REQUIRE(o.data.train.sources.size() == 1);
+  CHECK(o.data.train.paths() == std::vector<std::string>{"data/train_*.bin"});  // not JSON, so taken as a string
   CHECK(o.train.precision == config::Precision::bf16);
   CHECK(o.optim.lr == 1000.0);
 
   const config::Config list = config::parse_config(R"({"data": {"train": ["a.bin", "b.bin"]}})", "t");
-  CHECK(list.data.train == std::vector<std::string>{"a.bin", "b.bin"});
+  CHECK(list.data.train.paths() == std::vector<std::string>{"a.bin", "b.bin"});
+  CHECK(list.data.train.sources.size() == 1);  // a list of paths is one source
+  CHECK_FALSE(list.data.train.weighted);
   CHECK(config::parse_config(R"({"train": {"max_steps": 2e3}})", "t").train.max_steps == 2000);
+}
+
+TEST_CASE("data.train takes weighted sources and data.val named sets, and writes them back as given", "[config]") {
+  const config::Config c = config::parse_config(R"({"data": {
+      "train": [{"path": "web/*.bin", "weight": 0.7}, {"path": ["code/a.bin", "code/b.bin"], "weight": 0.2, "name": "code"},
+                {"path": "books/*.bin", "weight": 0.1}],
+      "val": {"web": "web_val/*.bin", "code": ["cv1.bin", "cv2.bin"]}}})", "t");
+  const auto& train = c.data.train;
+  REQUIRE(train.sources.size() == 3);
+  CHECK(train.weighted);
+  CHECK(train.sources[0] == config::TrainSource{{"web/*.bin"}, 0.7, ""});
+  CHECK(train.sources[1] == config::TrainSource{{"code/a.bin", "code/b.bin"}, 0.2, "code"});
+  CHECK(train.sources[2].weight == 0.1);
+  CHECK(train.name(0) == "0");  // unnamed: its index
+  CHECK(train.name(1) == "code");
+  CHECK(train.paths() == std::vector<std::string>{"web/*.bin", "code/a.bin", "code/b.bin", "books/*.bin"});
+  const auto& val = c.data.val;
+  CHECK(val.named);
+  REQUIRE(val.sets.size() == 2);  // in name order
+  CHECK(val.sets[0] == config::ValSet{"code", {"cv1.bin", "cv2.bin"}});
+  CHECK(val.sets[1] == config::ValSet{"web", {"web_val/*.bin"}});
+  const nlohmann::json once = config::to_json(c);
+  CHECK(once["data"]["train"][1] == nlohmann::json::parse(R"({"path": ["code/a.bin", "code/b.bin"], "weight": 0.2, "name": "code"})"));
+  CHECK(once["data"]["train"][0] == nlohmann::json::parse(R"({"path": "web/*.bin", "weight": 0.7})"));
+  CHECK(once["data"]["val"] == nlohmann::json::parse(R"({"web": "web_val/*.bin", "code": ["cv1.bin", "cv2.bin"]})"));
+  CHECK(config::to_json(config::parse_config(once.dump(), "resolved")) == once);
+  // One weighted source stays weighted in the written config; --set names a set.
+  const config::Config one = config::parse_config(R"({"data": {"train": [{"path": "a.bin", "weight": 3}]}})", "t",
+                                                  {{"data.val.held_out=v/*.bin"}});
+  CHECK(one.data.train.sources.size() == 1);
+  CHECK(config::to_json(one)["data"]["train"] == nlohmann::json::parse(R"([{"path": "a.bin", "weight": 3.0}])"));
+  CHECK(one.data.val.sets == std::vector<config::ValSet>{{"held_out", {"v/*.bin"}}});
+  // The plain forms: one unnamed set, an empty list for none.
+  CHECK(config::parse_config(R"({"data": {"val": ["a", "b"]}})", "t").data.val.sets ==
+        std::vector<config::ValSet>{{"", {"a", "b"}}});
+  CHECK(config::parse_config(R"({"data": {"train": [], "val": []}})", "t").data.train.empty());
+  // train.eval_tasks
+  const config::Config tasks = config::parse_config(
+      R"({"train": {"eval_tasks": [{"task": "hellaswag", "path": "hs.jsonl", "limit": 100}, {"task": "choice", "path": "p.jsonl", "name": "arc"}]}})", "t");
+  REQUIRE(tasks.train.eval_tasks.size() == 2);
+  CHECK(tasks.train.eval_tasks[0] == config::EvalTask{"hellaswag", "hs.jsonl", 100, ""});
+  CHECK(tasks.train.eval_tasks[1].metric_name() == "arc");
+  CHECK(config::to_json(config::parse_config(config::to_json(tasks).dump(), "resolved")) == config::to_json(tasks));
 }
 
 TEST_CASE("the resolved config reads back to itself", "[config]") {

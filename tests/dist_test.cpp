@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -293,4 +294,60 @@ TEST_CASE("collectives in pieces give losses identical bit for bit: ZeRO 3 and t
     REQUIRE(got[0].size() == 6 * 4 + 2);  // 6 updates' loss, norm and both collectives; 2 validations
     CHECK(got[1] == got[0]);
   }
+}
+
+TEST_CASE("a weighted mixture with named validation sets trains alike at world sizes 1, 2 and 4, and resumes across them",
+          "[dist][mpi][mixture]") {
+  TempDir dir;
+  std::string a, b;
+  for (int i = 0; i < 2000; ++i) a += "alpha beta gamma delta "[i % 24];
+  for (int i = 0; i < 1500; ++i) b += std::to_string(i * 7919 % 1000) + " ";
+  for (const auto& [name, text] : {std::pair{"a", a}, std::pair{"b", b}}) {
+    const std::string corpus = dir.write(std::string(name) + ".txt", text);
+    REQUIRE(run_llmtrain({"tokenize", "--input", corpus, "--output", dir.path() + "/" + name}).exit_code == 0);
+  }
+  const std::string config = dir.write("c.json", R"({
+    "model": {"vocab_size": 256, "context_length": 16, "n_layer": 1, "n_head": 2, "d_model": 16},
+    "data": {"train": [{"path": ")" + dir.path() + R"(/a/train_*.bin", "weight": 0.7},
+                       {"path": ")" + dir.path() + R"(/b/train_*.bin", "weight": 0.3, "name": "numbers"}],
+             "val": {"words": ")" + dir.path() + R"(/a/val_*.bin", "numbers": ")" + dir.path() + R"(/b/val_*.bin"}},
+    "train": {"micro_batch_size": 2, "global_batch_size": 8, "max_steps": 10, "eval_every": 5, "eval_batches": 1},
+    "optim": {"lr": 0.01, "warmup_steps": 2, "schedule": "constant"},
+    "checkpoint": {"every": 5}})");
+  // Every figure of the metrics lines that must not depend on the ranks.
+  const auto figures = [](const std::string& run) {
+    std::vector<std::pair<std::string, double>> out;
+    std::ifstream in(run + "/metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const auto m = nlohmann::json::parse(line);
+      for (const char* key : {"loss", "val_loss", "val_loss/words", "val_loss/numbers", "tokens_seen/0", "tokens_seen/numbers"}) {
+        if (m.contains(key)) out.emplace_back(key + std::string("@") + std::to_string(m["step"].get<int>()), m[key].get<double>());
+      }
+    }
+    return out;
+  };
+  const std::string reference = dir.path() + "/w1";
+  REQUIRE(run_llmtrain({"train", "--config", config, "--run-dir", reference}).exit_code == 0);
+  const auto expected = figures(reference);
+  REQUIRE(expected.size() == 10 * 3 + 2 * 3);
+  const auto same = [&](const std::string& run) {
+    const auto got = figures(run);
+    REQUIRE(got.size() == expected.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      CAPTURE(got[i].first);
+      REQUIRE(got[i].first == expected[i].first);
+      CHECK(std::abs(got[i].second - expected[i].second) <= 1e-5 * std::abs(expected[i].second));
+    }
+  };
+  for (const int ranks : {2, 4}) {
+    CAPTURE(ranks);
+    const std::string run = dir.path() + "/w" + std::to_string(ranks);
+    REQUIRE(mpirun(ranks, "train --config " + config + " --run-dir " + run, run + ".log") == 0);
+    same(run);
+  }
+  // Stopped after step 5 at world size 1, resumed at world size 2.
+  const std::string resumed = dir.path() + "/resumed";
+  REQUIRE(run_llmtrain({"train", "--config", config, "--run-dir", resumed, "--set", "train.max_steps=5"}).exit_code == 0);
+  REQUIRE(mpirun(2, "train --config " + config + " --run-dir " + resumed, resumed + ".log") == 0);
+  same(resumed);
 }

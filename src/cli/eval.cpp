@@ -1,11 +1,15 @@
 // llmtrain eval: validation loss of a checkpoint, and (--dump-logits) the logits of its first
 // micro-batch for comparison with other runtimes. Under mpirun the ranks share the batches, and
 // with --tensor-parallel N each layer is split over N of them (CPU ranks).
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
@@ -16,6 +20,9 @@
 #include "train/context_parallel.h"
 #include "train/tensor_parallel.h"
 #include "train/evaluate.h"
+#include "train/choice_eval.h"
+#include "data/tokenizer.h"
+#include "core/files.h"
 
 namespace llmtrain::cli {
 namespace {
@@ -43,19 +50,114 @@ void write_npy(const std::string& path, const float* data, const std::vector<std
   if (!out) throw RuntimeError(path + ": cannot write the logits");
 }
 
+// A --data value: NAME=PATH (a named set) or PATH.
+struct DataArg {
+  std::string name, path;
+};
+
+DataArg parse_data_arg(const std::string& text) {
+  const auto eq = text.find('=');
+  if (eq != std::string::npos && eq > 0 && eq <= 64) {
+    const std::string name = text.substr(0, eq);
+    const bool is_name = std::all_of(name.begin(), name.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-';
+    });
+    if (is_name) {
+      if (eq + 1 == text.size()) throw InputError("--data " + text + ": no path after '='");
+      return {name, text.substr(eq + 1)};
+    }
+  }
+  return {"", text};
+}
+
+// The sets to evaluate: --data's (NAME=PATH each, or unnamed paths that make one set), else the
+// run's data.val.
+config::ValData eval_sets(const std::vector<std::string>& args, const config::ValData& run_val) {
+  if (args.empty()) {
+    if (run_val.empty()) throw InputError("--data: the run has no data.val; name the shards to evaluate");
+    return run_val;
+  }
+  config::ValData sets;
+  for (const std::string& arg : args) {
+    const DataArg data = parse_data_arg(arg);
+    if (!sets.sets.empty() && sets.named != !data.name.empty()) {
+      throw InputError("--data " + arg + ": give every set a name (NAME=PATH) or none");
+    }
+    sets.named = !data.name.empty();
+    if (!sets.named && !sets.sets.empty()) {
+      sets.sets.front().paths.push_back(data.path);  // unnamed paths: one set
+      continue;
+    }
+    for (const config::ValSet& set : sets.sets) {
+      if (set.name == data.name) throw InputError("--data " + arg + ": a second set named " + data.name);
+    }
+    sets.sets.push_back({data.name, {data.path}});
+  }
+  return sets;
+}
+
 }  // namespace
+
+// --task KIND FILE: a multiple-choice benchmark of the checkpoint, examples spread over the ranks.
+template <class Options>
+int run_task(const Options& o) {
+  const std::string& kind = o.task[0];
+  const std::string& file = o.task[1];
+  if (kind != "hellaswag" && kind != "choice") throw InputError("--task " + kind + ": expected hellaswag or choice");
+  if (o.tensor_parallel > 1) throw InputError("--task: with --tensor-parallel 1 only");
+  if (!o.data.empty() || !o.dump_logits.empty()) throw InputError("--task: not with --data or --dump-logits");
+  const std::vector<train::ChoiceExample> examples = train::read_choice_file(file, kind, o.limit);
+  const checkpoint::Found found = checkpoint::find(o.checkpoint);
+  const config::Config& config = found.config;
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  if (!o.tokenizer.empty()) {
+    tokenizer = data::load_tokenizer(o.tokenizer);
+  } else {
+    const auto shards =
+        data::expand_paths(config.data.train.paths(), "data.train (to find the tokenizer; or give --tokenizer DIR)");
+    tokenizer = data::load_tokenizer(std::filesystem::path(shards.front()).parent_path().string());
+  }
+  if (tokenizer->vocab_size() > std::uint32_t(config.model.vocab_size)) {
+    throw InputError("tokenizer has " + std::to_string(tokenizer->vocab_size()) +
+                     " tokens, more than the model's model.vocab_size");
+  }
+  if (!o.json.empty()) {
+    const std::filesystem::path out(o.json), folder = out.parent_path();
+    if (!folder.empty() && !std::filesystem::is_directory(folder)) {
+      throw InputError("--json " + o.json + ": no folder " + folder.string());
+    }
+  }
+  const dist::Communicators comms = dist::make_communicators(Device::cpu, config.dist.timeout_s, 1, 1);
+  const std::unique_ptr<model::Model> model = checkpoint::load_model(found);
+  const train::ChoiceResult result = train::score_choices(*model, *tokenizer, examples, kind, config.model.context_length,
+                                                          config.model.vocab_size, comms.world.get());
+  if (comms.world->rank() != 0) return 0;
+  std::printf("eval: %s step %lld: %s %s: n %lld | acc %.4f | acc_norm %.4f | acc_norm_bytes %.4f\n", found.dir.c_str(),
+              static_cast<long long>(found.state.value("step", std::int64_t{0})), kind.c_str(), file.c_str(),
+              static_cast<long long>(result.n), result.acc, result.acc_norm, result.acc_norm_bytes);
+  if (!o.json.empty()) {
+    AtomicFile out(o.json);
+    out.write(train::to_json(result).dump(1) + "\n");
+    out.commit();
+  }
+  return 0;
+}
 
 Command add_eval_command(CLI::App& parent) {
   struct Options {
-    std::string checkpoint, data, dump_logits;
-    std::int64_t batches = 0;
+    std::string checkpoint, dump_logits;
+    std::vector<std::string> data, task;
+    std::string json, tokenizer;
+    std::int64_t batches = 0, limit = 0;
     int tensor_parallel = 1;
     int context_parallel = 1;
   };
   auto o = std::make_shared<Options>();
   CLI::App* app = parent.add_subcommand("eval", "Validation loss of a checkpoint");
   app->add_option("--checkpoint", o->checkpoint, "Checkpoint folder, checkpoints folder or run folder")->required();
-  app->add_option("--data", o->data, "Token shards (path or glob; default: the run's data.val)");
+  app->add_option("--data", o->data,
+                  "Token shards to evaluate, [NAME=]PATH (a path or glob; repeat it for more; named sets are "
+                  "reported each as val_loss/NAME, and their mean as val_loss; default: the run's data.val)");
   app->add_option("--batches", o->batches, "Global batches to evaluate (default: the run's train.eval_batches)")
       ->check(CLI::PositiveNumber);
   app->add_option("--tensor-parallel", o->tensor_parallel,
@@ -67,6 +169,15 @@ Command add_eval_command(CLI::App& parent) {
                   "model.context_length)")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
+  app->add_option("--task", o->task,
+                  "A multiple-choice benchmark instead of the loss: hellaswag FILE (HellaSwag's JSON Lines: ctx, "
+                  "endings, label) or choice FILE (JSON Lines: context, choices, label); prints acc, acc_norm and "
+                  "acc_norm_bytes")
+      ->expected(2);
+  app->add_option("--json", o->json, "With --task: also write the scores and every prediction to this JSON file");
+  app->add_option("--limit", o->limit, "With --task: the first N examples only (default: all)")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--tokenizer", o->tokenizer, "With --task: folder with tokenizer.json (default: next to the training shards)");
   app->add_option("--dump-logits", o->dump_logits,
                   "Also write the logits of the first micro-batch (validation samples 0..B-1 in order) to this "
                   "file: NumPy .npy, float32, shape (B, T, V)");
@@ -82,23 +193,29 @@ Command add_eval_command(CLI::App& parent) {
             if (!o->dump_logits.empty() && o->tensor_parallel > 1) {
               throw InputError("--dump-logits: with --tensor-parallel 1 only (each rank holds part of the vocabulary)");
             }
+            if (!o->task.empty()) return run_task(*o);
             if (!o->dump_logits.empty() && o->context_parallel > 1) {
               throw InputError("--dump-logits: with --context-parallel 1 only (each rank holds part of the sequence)");
             }
             const checkpoint::Found found = checkpoint::find(o->checkpoint);
             const config::Config& config = found.config;
-            const std::vector<std::string> patterns = o->data.empty() ? config.data.val : std::vector{o->data};
-            if (patterns.empty()) throw InputError("--data: the run has no data.val; name the shards to evaluate");
-            const data::TokenDataset data(data::expand_paths(patterns, o->data.empty() ? "data.val" : "--data"),
-                                          config.model.context_length, std::uint32_t(config.model.vocab_size));
             if (config.model.context_length % (2 * o->context_parallel) != 0) {
               throw InputError("--context-parallel " + std::to_string(o->context_parallel) + ": 2 x it must divide " +
                                "model.context_length (" + std::to_string(config.model.context_length) + ")");
             }
-            if (data.num_samples() < config.train.global_batch_size) {
-              throw InputError("--data: " + std::to_string(data.num_samples()) +
-                               " samples, fewer than one global batch (" +
-                               std::to_string(config.train.global_batch_size) + ")");
+            const config::ValData sets = eval_sets(o->data, config.data.val);
+            std::vector<std::pair<std::string, std::unique_ptr<data::TokenDataset>>> datasets;
+            for (const config::ValSet& set : sets.sets) {
+              const std::string key = !o->data.empty() ? "--data" : set.name.empty() ? "data.val" : "data.val." + set.name;
+              auto data = std::make_unique<data::TokenDataset>(data::expand_paths(set.paths, key),
+                                                               config.model.context_length,
+                                                               std::uint32_t(config.model.vocab_size));
+              if (data->num_samples() < config.train.global_batch_size) {
+                throw InputError(key + (set.name.empty() ? "" : " " + set.name) + ": " +
+                                 std::to_string(data->num_samples()) + " samples, fewer than one global batch (" +
+                                 std::to_string(config.train.global_batch_size) + ")");
+              }
+              datasets.emplace_back(set.name, std::move(data));
             }
             // The ranks (one without mpirun) on a tensor x data mesh.
             dist::Communicators comms;
@@ -134,13 +251,24 @@ Command add_eval_command(CLI::App& parent) {
             }
             model::Model& model = *loaded;
             const std::int64_t batches = o->batches > 0 ? o->batches : config.train.eval_batches;
-            const double loss = train::evaluate(model, data, config, batches, comms.data_group.get());
+            double mean = 0.0;
+            std::string named;
+            for (const auto& [name, data] : datasets) {
+              const double loss = train::evaluate(model, *data, config, batches, comms.data_group.get());
+              mean += loss / double(datasets.size());
+              if (sets.named) {
+                char text[128];
+                std::snprintf(text, sizeof text, " | val_loss/%s %.4f", name.c_str(), loss);
+                named += text;
+              }
+            }
             if (comms.world->rank() != 0) return 0;
-            std::printf("eval: %s step %lld: val_loss %.4f\n", found.dir.c_str(),
-                        static_cast<long long>(found.state.value("step", std::int64_t{0})), loss);
+            std::printf("eval: %s step %lld: val_loss %.4f%s\n", found.dir.c_str(),
+                        static_cast<long long>(found.state.value("step", std::int64_t{0})), mean, named.c_str());
             if (!o->dump_logits.empty()) {
               const auto& t = config.train;
               const int B = int(t.micro_batch_size), T = int(config.model.context_length);
+              const data::TokenDataset& data = *datasets.front().second;  // the first set's
               data::BatchLoader loader(data, {data.num_samples(), t.global_batch_size, B, 1, 0, false, 0}, {});
               const data::MicroBatch batch = loader.next();  // the samples evaluate() starts with
               model.forward(batch.inputs.data(), nullptr, B, T, 0.0f);

@@ -22,7 +22,7 @@ namespace fs = std::filesystem;
 int copy_tokenizer_files(const config::Config& config, const std::string& dir) {
   std::vector<std::string> shards;
   try {
-    shards = data::expand_paths(config.data.train, "data.train");
+    shards = data::expand_paths(config.data.train.paths(), "data.train");
   } catch (const Error&) {
     return 0;
   }

@@ -17,7 +17,7 @@ namespace {
 // The tokenizer recorded next to the run's training shards, unless one is named.
 std::unique_ptr<data::Tokenizer> tokenizer_for(const config::Config& config, const std::string& dir) {
   if (!dir.empty()) return data::load_tokenizer(dir);
-  const auto shards = data::expand_paths(config.data.train, "data.train (to find the tokenizer; or give --tokenizer DIR)");
+  const auto shards = data::expand_paths(config.data.train.paths(), "data.train (to find the tokenizer; or give --tokenizer DIR)");
   return data::load_tokenizer(std::filesystem::path(shards.front()).parent_path().string());
 }
 

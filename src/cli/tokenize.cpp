@@ -1,4 +1,4 @@
-// llmtrain tokenize: text files -> train/val token shards.
+// llmtrain tokenize: text and JSON Lines files (plain, gzip or Zstandard) -> train/val token shards.
 #include <cstdio>
 #include <memory>
 
@@ -10,7 +10,13 @@ namespace llmtrain::cli {
 Command add_tokenize_command(CLI::App& parent) {
   auto options = std::make_shared<data::TokenizeOptions>();
   CLI::App* app = parent.add_subcommand("tokenize", "Turn text files into train and val token shards");
-  app->add_option("--input", options->inputs, "Text files; each is one document")->required()->check(CLI::ExistingFile);
+  app->add_option("--input", options->inputs,
+                  "Input files, read in parallel, documents kept in the order given: text (each file one document) "
+                  "or JSON Lines (a .jsonl name: each line one document), either compressed as .gz or .zst")
+      ->required()
+      ->check(CLI::ExistingFile);
+  app->add_option("--jsonl-field", options->jsonl_field, "JSON Lines: the string field holding each line's document")
+      ->capture_default_str();
   app->add_option("--output", options->output_dir, "Folder for the shards and the tokenizer files")->required();
   app->add_option("--tokenizer", options->tokenizer, "byte | gpt2:DIR (encoder.json + vocab.bpe) | bpe:VOCAB_SIZE (trained here)")
       ->capture_default_str();

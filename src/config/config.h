@@ -52,6 +52,15 @@ struct AnyString {};
 /// true or false.
 struct Boolean {};
 
+/// data.train: a path or a list of paths (one source), or a list of {"path", "weight"} objects.
+struct WeightedPaths {};
+
+/// data.val: a path or a list of paths (one unnamed set), or an object {"NAME": paths, ...}.
+struct NamedPaths {};
+
+/// train.eval_tasks: a list of {"task", "path", "limit", "name"} objects.
+struct TaskList {};
+
 /// Whether a key may differ between a checkpoint's config and the config that resumes from it:
 /// the model's shape and the data order (global_batch_size) must stay; the rest may change.
 /// A field's optional fourth descriptor; may_change when not given.
@@ -90,19 +99,65 @@ struct ModelConfig {
   }
 };
 
+/// One source of training data: its shard paths or globs, its share of the samples, and the name
+/// its tokens are reported under (tokens_seen/NAME; empty: its index in the list).
+struct TrainSource {
+  std::vector<std::string> paths;
+  double weight = 1.0;
+  std::string name;
+  bool operator==(const TrainSource&) const = default;
+};
+
+/// data.train: one source (a path or a list, `weighted` false) or weighted sources.
+struct TrainData {
+  std::vector<TrainSource> sources;  // empty: none given
+  bool weighted = false;             // given as [{"path", "weight"}, ...] (and written back so)
+  bool empty() const { return sources.empty(); }
+  /// Every source's paths, in order.
+  std::vector<std::string> paths() const;
+  /// The name source `index` is reported under.
+  std::string name(std::size_t index) const;
+};
+
+/// One validation set: its name ("" for the unnamed set of the plain form) and its shards.
+struct ValSet {
+  std::string name;
+  std::vector<std::string> paths;
+  bool operator==(const ValSet&) const = default;
+};
+
+/// data.val: one unnamed set (a path or a list) or named sets, in name order.
+struct ValData {
+  std::vector<ValSet> sets;  // empty: no validation
+  bool named = false;        // given as {"NAME": paths, ...}
+  bool empty() const { return sets.empty(); }
+  /// Every set's paths, in order.
+  std::vector<std::string> paths() const;
+};
+
 struct DataConfig {
-  std::vector<std::string> train;  // paths or globs of token shard files
-  std::vector<std::string> val;
+  TrainData train;  // token shard files: one source or weighted sources
+  ValData val;      // validation shards: one set or named sets
   bool shuffle = true;
   std::int64_t seed = 1234;
 
   template <class Visitor>
   void fields(Visitor&& v) {
-    v("train", train, AnyString{});
-    v("val", val, AnyString{});
+    v("train", train, WeightedPaths{});
+    v("val", val, NamedPaths{});
     v("shuffle", shuffle, Boolean{});
     v("seed", seed, IntRange{0});
   }
+};
+
+/// A multiple-choice benchmark run at every validation (train.eval_tasks).
+struct EvalTask {
+  std::string task;        // "hellaswag" or "choice"
+  std::string path;        // its JSON Lines file
+  std::int64_t limit = 0;  // the first N examples; 0: all
+  std::string name;        // its scores' prefix (NAME/acc, ...); empty: `task`
+  bool operator==(const EvalTask&) const = default;
+  std::string metric_name() const { return name.empty() ? task : name; }
 };
 
 struct TrainConfig {
@@ -119,6 +174,7 @@ struct TrainConfig {
   double peak_tflops = 0.0;        // dense peak of one device for MFU; 0: unknown (MFU not reported)
   Recompute recompute = Recompute::none;  // activations backward recomputes
   bool deterministic = true;  // bitwise-reproducible GPU kernels; false: faster bf16 flash attention backward
+  std::vector<EvalTask> eval_tasks;  // benchmarks scored at every validation
 
   template <class Visitor>
   void fields(Visitor&& v) {
@@ -135,6 +191,7 @@ struct TrainConfig {
     v("peak_tflops", peak_tflops, non_negative);
     v("recompute", recompute, Named{});
     v("deterministic", deterministic, Boolean{});
+    v("eval_tasks", eval_tasks, TaskList{});
   }
 };
 

@@ -3,6 +3,7 @@
 // keys are config/rules.cpp's.
 #include "config/config.h"
 
+#include <cctype>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -107,19 +108,142 @@ void read_value(const json& v, const std::string& path, std::string& out, const 
   out = v.get<std::string>();
 }
 
-void read_value(const json& v, const std::string& path, std::vector<std::string>& out,
-                const AnyString&, const Origins& o) {
-  const auto bad = [&] { fail(o, path, "expected a path or a list of paths, got " + shown(v)); };
+// A validation set's or a source's name becomes part of metric names (val_loss/NAME): letters, digits, _ . -
+bool valid_set_name(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (const char c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != '-') return false;
+  }
+  return true;
+}
+
+// One source's or one set's paths: a path or a non-empty list of paths.
+bool read_paths(const json& v, std::vector<std::string>& out) {
   out.clear();
   if (v.is_string()) {
     out.push_back(v.get<std::string>());
-  } else if (v.is_array()) {
-    for (const auto& item : v) {
-      if (!item.is_string()) bad();
-      out.push_back(item.get<std::string>());
+    return true;
+  }
+  if (!v.is_array() || v.empty()) return false;
+  for (const auto& item : v) {
+    if (!item.is_string()) return false;
+    out.push_back(item.get<std::string>());
+  }
+  return true;
+}
+
+void read_value(const json& v, const std::string& path, TrainData& out, const WeightedPaths&, const Origins& o) {
+  out = {};
+  const bool objects = v.is_array() && !v.empty() && v.front().is_object();
+  if (!objects) {  // a path or a list of paths: one source
+    std::vector<std::string> paths;
+    if (!v.is_array() || !v.empty()) {
+      if (!read_paths(v, paths)) {
+        fail(o, path, "expected a path, a list of paths or a list of {\"path\": GLOB, \"weight\": W} objects, got " +
+                          shown(v));
+      }
+      out.sources.push_back({std::move(paths), 1.0, ""});
     }
-  } else {
-    bad();
+    return;
+  }
+  out.weighted = true;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const json& item = v[i];
+    const std::string at = path + "[" + std::to_string(i) + "]";
+    if (!item.is_object()) fail(o, at, "expected an object {\"path\": GLOB, \"weight\": W}, got " + shown(item));
+    for (const auto& [key, unused] : item.items()) {
+      if (key != "path" && key != "weight" && key != "name") {
+        const std::string near = closest_match(key, {"path", "weight", "name"});
+        fail(o, at + "." + key, "unknown key (a source has \"path\", \"weight\" and \"name\")" +
+                                    (near.empty() ? "" : "; did you mean '" + near + "'?"));
+      }
+    }
+    TrainSource source;
+    if (!item.contains("path")) fail(o, at + ".path", "missing (the source's shard path or glob)");
+    if (!read_paths(item["path"], source.paths)) {
+      fail(o, at + ".path", "expected a path or a non-empty list of paths, got " + shown(item["path"]));
+    }
+    if (!item.contains("weight")) fail(o, at + ".weight", "missing (the source's share of the samples)");
+    const json& weight = item["weight"];
+    if (!weight.is_number() || !(weight.get<double>() > 0) || !std::isfinite(weight.get<double>())) {
+      fail(o, at + ".weight", "expected a number > 0, got " + shown(weight));
+    }
+    source.weight = weight.get<double>();
+    if (item.contains("name")) {
+      const json& name = item["name"];
+      if (!name.is_string() || !valid_set_name(name.get<std::string>())) {
+        fail(o, at + ".name", "expected 1 to 64 letters, digits, '_', '.' or '-', got " + shown(name));
+      }
+      source.name = name.get<std::string>();
+    }
+    out.sources.push_back(std::move(source));
+    for (std::size_t j = 0; j < i; ++j) {
+      if (out.name(j) == out.name(i)) fail(o, at + ".name", "\"" + out.name(i) + "\" names two sources");
+    }
+  }
+}
+
+void read_value(const json& v, const std::string& path, ValData& out, const NamedPaths&, const Origins& o) {
+  out = {};
+  if (!v.is_object()) {  // a path or a list of paths: one unnamed set
+    std::vector<std::string> paths;
+    const auto bad = [&] {
+      fail(o, path, "expected a path, a list of paths or an object {\"NAME\": paths, ...}, got " + shown(v));
+    };
+    if (!v.is_string() && !v.is_array()) bad();
+    for (const auto& item : v.is_array() ? v : json::array({v})) {
+      if (!item.is_string()) bad();
+      paths.push_back(item.get<std::string>());
+    }
+    if (!paths.empty()) out.sets.push_back({"", std::move(paths)});
+    return;
+  }
+  out.named = true;
+  for (const auto& [name, paths] : v.items()) {
+    const std::string at = path + "." + name;
+    if (!valid_set_name(name)) {
+      fail(o, at, "a validation set's name is 1 to 64 letters, digits, '_', '.' or '-'");
+    }
+    ValSet set{name, {}};
+    if (!read_paths(paths, set.paths)) fail(o, at, "expected a path or a non-empty list of paths, got " + shown(paths));
+    out.sets.push_back(std::move(set));
+  }
+}
+
+void read_value(const json& v, const std::string& path, std::vector<EvalTask>& out, const TaskList&,
+                const Origins& o) {
+  out.clear();
+  if (!v.is_array()) fail(o, path, "expected a list of {\"task\", \"path\", \"limit\"} objects, got " + shown(v));
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const json& item = v[i];
+    const std::string at = path + "[" + std::to_string(i) + "]";
+    if (!item.is_object()) fail(o, at, "expected an object {\"task\": \"hellaswag\", \"path\": FILE}, got " + shown(item));
+    for (const auto& [key, unused] : item.items()) {
+      if (key != "task" && key != "path" && key != "limit" && key != "name") {
+        const std::string near = closest_match(key, {"task", "path", "limit", "name"});
+        fail(o, at + "." + key, "unknown key (a task has \"task\", \"path\", \"limit\" and \"name\")" +
+                                    (near.empty() ? "" : "; did you mean '" + near + "'?"));
+      }
+    }
+    EvalTask task;
+    if (!item.contains("task")) fail(o, at + ".task", "missing (\"hellaswag\" or \"choice\")");
+    read_value(item["task"], at + ".task", task.task, OneOf{{"hellaswag", "choice"}}, o);
+    if (!item.contains("path")) fail(o, at + ".path", "missing (the task's JSON Lines file)");
+    read_value(item["path"], at + ".path", task.path, AnyString{}, o);
+    if (item.contains("limit")) read_value(item["limit"], at + ".limit", task.limit, IntRange{0}, o);
+    if (item.contains("name")) {
+      const json& name = item["name"];
+      if (!name.is_string() || !valid_set_name(name.get<std::string>())) {
+        fail(o, at + ".name", "expected 1 to 64 letters, digits, '_', '.' or '-', got " + shown(name));
+      }
+      task.name = name.get<std::string>();
+    }
+    for (const EvalTask& other : out) {
+      if (other.metric_name() == task.metric_name()) {
+        fail(o, at, "a second task named \"" + task.metric_name() + "\" (give each a \"name\")");
+      }
+    }
+    out.push_back(std::move(task));
   }
 }
 
@@ -195,6 +319,12 @@ struct SectionReader {
   }
 };
 
+// A list of paths as the config writes it: one path as a string.
+json paths_json(const std::vector<std::string>& paths) {
+  if (paths.size() == 1) return paths.front();
+  return paths;
+}
+
 // Writes one section's keys into a JSON object.
 struct SectionWriter {
   json& object;
@@ -205,12 +335,38 @@ struct SectionWriter {
       return;
     }
     if constexpr (std::is_same_v<T, std::vector<std::string>>) {
-      if (member.size() == 1) {
-        object[key] = member.front();
+      object[key] = paths_json(member);
+    } else if constexpr (std::is_same_v<T, TrainData>) {
+      if (!member.weighted) {
+        object[key] = paths_json(member.paths());
         return;
       }
+      json sources = json::array();
+      for (const TrainSource& s : member.sources) {
+        json source = {{"path", paths_json(s.paths)}, {"weight", s.weight}};
+        if (!s.name.empty()) source["name"] = s.name;
+        sources.push_back(std::move(source));
+      }
+      object[key] = std::move(sources);
+    } else if constexpr (std::is_same_v<T, std::vector<EvalTask>>) {
+      json tasks = json::array();
+      for (const EvalTask& t : member) {
+        json task = {{"task", t.task}, {"path", t.path}, {"limit", t.limit}};
+        if (!t.name.empty()) task["name"] = t.name;
+        tasks.push_back(std::move(task));
+      }
+      object[key] = std::move(tasks);
+    } else if constexpr (std::is_same_v<T, ValData>) {
+      if (!member.named) {
+        object[key] = paths_json(member.paths());
+        return;
+      }
+      json sets = json::object();
+      for (const ValSet& s : member.sets) sets[s.name] = paths_json(s.paths);
+      object[key] = std::move(sets);
+    } else {
+      object[key] = member;
     }
-    object[key] = member;
   }
 };
 
@@ -337,6 +493,22 @@ Config from_json(const json& root, const Origins& origins) {
 }
 
 }  // namespace
+
+std::vector<std::string> TrainData::paths() const {
+  std::vector<std::string> out;
+  for (const TrainSource& s : sources) out.insert(out.end(), s.paths.begin(), s.paths.end());
+  return out;
+}
+
+std::string TrainData::name(std::size_t index) const {
+  return sources.at(index).name.empty() ? std::to_string(index) : sources.at(index).name;
+}
+
+std::vector<std::string> ValData::paths() const {
+  std::vector<std::string> out;
+  for (const ValSet& s : sets) out.insert(out.end(), s.paths.begin(), s.paths.end());
+  return out;
+}
 
 Config parse_config(const std::string& text, const std::string& origin, const std::vector<Override>& overrides) {
   Origins origins{origin, {}};

@@ -34,9 +34,9 @@ void TokenDataset::read_sample(std::int64_t index, std::int32_t* inputs, std::in
 }
 
 BatchLoader::BatchLoader(const TokenDataset& dataset, const SamplerOptions& options, SamplerState start,
-                         std::size_t queue_depth)
+                         std::vector<MixtureSource> sources, std::size_t queue_depth)
     : dataset_(dataset), micro_batch_(options.micro_batch), queue_depth_(std::max<std::size_t>(1, queue_depth)) {
-  DistributedSampler sampler(options, start);  // validates before the thread starts
+  DistributedSampler sampler(options, start, std::move(sources));  // validates before the thread starts
   micro_steps_ = sampler.micro_steps();
   worker_ = std::thread(&BatchLoader::produce, this, std::move(sampler));
 }

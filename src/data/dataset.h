@@ -24,6 +24,8 @@ class TokenDataset {
   std::int64_t num_samples() const { return offsets_.back(); }
   std::int64_t context_length() const { return T_; }
   std::int64_t num_tokens() const;
+  /// The index of the first sample of file `file` (the total for file = the number of files).
+  std::int64_t samples_before(std::size_t file) const { return offsets_.at(file); }
 
   /// inputs, targets: (T,) each. Checks every token against the vocabulary (InputError).
   void read_sample(std::int64_t index, std::int32_t* inputs, std::int32_t* targets) const;
@@ -47,8 +49,9 @@ struct MicroBatch {
 /// never waits on reading. Errors in the thread (a bad token, say) surface from next().
 class BatchLoader {
  public:
+  /// `sources`: a weighted mixture of ranges of the dataset's samples (DistributedSampler).
   BatchLoader(const TokenDataset& dataset, const SamplerOptions& options, SamplerState start,
-              std::size_t queue_depth = 4);
+              std::vector<MixtureSource> sources = {}, std::size_t queue_depth = 4);
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "data/shard.h"
+#include "data/text_inputs.h"
 #include "data/tokenizer.h"
 
 namespace llmtrain::data {
@@ -27,8 +28,6 @@ bool is_shard_file(const fs::path& path) {
   const std::string name = path.filename().string();
   return (name.starts_with("train_") || name.starts_with("val_")) && name.ends_with(".bin");
 }
-
-std::string read_text_file(const std::string& path) { return read_regular_file(path, "a text input file"); }
 
 // Splits `text` into pieces of about `target` bytes, cutting only right after a newline that is
 // followed by a printable ASCII character: GPT-2's pattern always ends a piece there (no
@@ -88,11 +87,10 @@ TokenizeReport tokenize_files(const TokenizeOptions& options) {
   }
 
   TokenizeReport report;
-  std::vector<std::string> documents;
-  for (const auto& path : options.inputs) {
-    documents.push_back(read_text_file(path));
-    report.bytes += std::int64_t(documents.back().size());
-  }
+  const int threads = std::max(1, options.threads > 0 ? options.threads : int(std::thread::hardware_concurrency()));
+  // Every input read (decompressed, its JSON Lines parsed) on the pool, documents in input order.
+  const std::vector<std::string> documents = read_all_documents(options.inputs, options.jsonl_field, threads);
+  for (const auto& document : documents) report.bytes += std::int64_t(document.size());
 
   std::unique_ptr<Tokenizer> tokenizer;
   if (options.tokenizer.starts_with("bpe:")) {
@@ -123,7 +121,6 @@ TokenizeReport tokenize_files(const TokenizeOptions& options) {
   for (std::size_t d = 0; d < documents.size(); ++d) {
     for (const auto piece : split_for_threads(documents[d], 1 << 20)) chunks.push_back({d, piece, {}});
   }
-  const int threads = std::max(1, options.threads > 0 ? options.threads : int(std::thread::hardware_concurrency()));
   std::atomic<std::size_t> next_chunk{0};
   std::atomic<std::int64_t> bytes_done{0};
   std::exception_ptr error;

@@ -8,7 +8,8 @@
 namespace llmtrain::data {
 
 struct TokenizeOptions {
-  std::vector<std::string> inputs;  // each file is one document
+  std::vector<std::string> inputs;  // each file is one document, each line of a .jsonl one (data/text_inputs.h)
+  std::string jsonl_field = "text";  // JSON Lines: the field that holds a line's document
   std::string output_dir;
   std::string tokenizer = "byte";   // byte | gpt2:DIR | bpe:VOCAB_SIZE
   double val_fraction = 0.1;        // the last this fraction of the token stream is validation data
@@ -28,9 +29,12 @@ struct TokenizeReport {
   double encode_seconds = 0;  // encoding alone (no file I/O, no tokenizer loading or training)
 };
 
-/// Encodes every input (preceded by the end-of-text token where the tokenizer has one), splits
+/// Reads the inputs' documents (read_all_documents: plain text, JSON Lines, gzip or Zstandard
+/// compressed, several files at once), encodes every document (preceded by the end-of-text
+/// token where the tokenizer has one) in input order, splits
 /// the token stream into train and val, writes the shards and DIR/tokenizer.json.
-/// InputError for unreadable inputs, a bad tokenizer spec, or existing shards without `force`.
+/// InputError for unreadable or malformed inputs, a bad tokenizer spec, or existing shards
+/// without `force`; nothing is written then.
 TokenizeReport tokenize_files(const TokenizeOptions& options);
 
 }  // namespace llmtrain::data

@@ -182,22 +182,29 @@ void Reporter::update(std::int64_t step, const StepResult& result) {
       return out;
     };
     const nlohmann::json collectives = by_kind(result.sent);
-    metrics_->write({{"step", step}, {"loss", result.loss}, {"lr", result.lr}, {"grad_norm", result.grad_norm},
-                     {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"elapsed_s", elapsed_s},
-                     {"memory_bytes", memory.current}, {"peak_memory_bytes", memory.peak},
-                     {"state_bytes", state_bytes_}, {"sent_bytes", result.sent.total_bytes()},
-                     {"collectives", collectives}, {"tensor_collectives", by_kind(result.sent_tensor)},
-                     {"tensor_sent_bytes", result.sent_tensor.total_bytes()},
-                     {"pipeline_collectives", by_kind(result.sent_pipeline)},
-                     {"context_collectives", by_kind(result.sent_context)},
-                     {"pipeline_wait_s", result.pipeline_wait_s},
-                     {"comm_wait_s", result.sent.wait_s + result.sent_tensor.wait_s + result.sent_context.wait_s}});
+    nlohmann::json line = {{"step", step}, {"loss", result.loss}, {"lr", result.lr}, {"grad_norm", result.grad_norm},
+                       {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"elapsed_s", elapsed_s},
+                       {"memory_bytes", memory.current}, {"peak_memory_bytes", memory.peak},
+                       {"state_bytes", state_bytes_}, {"sent_bytes", result.sent.total_bytes()},
+                       {"collectives", collectives}, {"tensor_collectives", by_kind(result.sent_tensor)},
+                       {"tensor_sent_bytes", result.sent_tensor.total_bytes()},
+                       {"pipeline_collectives", by_kind(result.sent_pipeline)},
+                       {"context_collectives", by_kind(result.sent_context)},
+                       {"pipeline_wait_s", result.pipeline_wait_s},
+                       {"comm_wait_s", result.sent.wait_s + result.sent_tensor.wait_s + result.sent_context.wait_s}};
+    for (std::size_t k = 0; k < result.source_tokens.size(); ++k) {  // a mixture's tokens per source
+      line["tokens_seen/" + config_.data.train.name(k)] = result.source_tokens[k];
+    }
+    metrics_->write(line);
     tensorboard_->scalar("loss", result.loss, step);
     tensorboard_->scalar("lr", result.lr, step);
     tensorboard_->scalar("grad_norm", result.grad_norm, step);
     tensorboard_->scalar("tokens_per_s", tokens_per_s, step);
     if (!mfu.is_null()) tensorboard_->scalar("mfu", mfu.get<double>(), step);
     tensorboard_->scalar("memory_gb", double(memory.current) / 1e9, step);
+    for (std::size_t k = 0; k < result.source_tokens.size(); ++k) {
+      tensorboard_->scalar("tokens_seen/" + config_.data.train.name(k), double(result.source_tokens[k]), step);
+    }
   }
   if (logging_ && (step % tc.log_every == 0 || step == 1 || step == tc.max_steps)) {
     const double eta = elapsed_s / double(step) * double(tc.max_steps - step);
@@ -224,13 +231,28 @@ void Reporter::skipped(std::int64_t step, std::int64_t bad_in_a_row) {
        static_cast<long long>(bad_in_a_row));
 }
 
-void Reporter::validation(std::int64_t step, double val_loss) {
-  if (metrics_) {
-    metrics_->write({{"step", step}, {"val_loss", val_loss}});
-    tensorboard_->scalar("val_loss", val_loss, step);
+void Reporter::validation(std::int64_t step, const Validation& validation) {
+  // (name, value) in the order the line shows them: val_loss, each set's, each task score.
+  std::vector<std::pair<std::string, double>> figures;
+  if (validation.has_loss) figures.emplace_back("val_loss", validation.val_loss);
+  for (const auto& [name, loss] : validation.sets) figures.emplace_back("val_loss/" + name, loss);
+  figures.insert(figures.end(), validation.scores.begin(), validation.scores.end());
+  std::string text;
+  for (const auto& [name, value] : figures) {
+    char part[160];
+    std::snprintf(part, sizeof part, " | %s %.4f", name.c_str(), value);
+    text += part;
   }
-  info("step %lld/%lld | val_loss %.4f", static_cast<long long>(step),
-       static_cast<long long>(config_.train.max_steps), val_loss);
+  if (metrics_) {
+    nlohmann::json line = {{"step", step}};
+    for (const auto& [name, value] : figures) {
+      line[name] = value;
+      tensorboard_->scalar(name, value, step);
+    }
+    metrics_->write(line);
+  }
+  info("step %lld/%lld%s", static_cast<long long>(step), static_cast<long long>(config_.train.max_steps),
+       text.c_str());
 }
 
 void Reporter::op_profile(double seconds) {

@@ -82,7 +82,8 @@ class Reporter {
   void update(std::int64_t step, const StepResult& result);
   /// An update skipped by the NaN guard.
   void skipped(std::int64_t step, std::int64_t bad_in_a_row);
-  void validation(std::int64_t step, double val_loss);
+  /// A validation: val_loss and each named set's val_loss/NAME, in the log line, metrics.jsonl and TensorBoard.
+  void validation(std::int64_t step, const Validation& validation);
   /// A checkpoint made complete: a progress line and a metrics line with its size, write time and
   /// throughput (all ranks' bytes over the slowest rank's time) and the stall it caused.
   void checkpoint_saved(std::int64_t step, const checkpoint::Committed& saved, const SaveStall& stall);

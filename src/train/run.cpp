@@ -114,9 +114,9 @@ TrainSummary run_training(const TrainOptions& requested) {
     summary.final_loss = result.loss;
     const bool last = step == tc.max_steps;
     if ((tc.eval_every > 0 && step % tc.eval_every == 0) || last) {
-      if (const std::optional<double> val_loss = trainer.validate()) {
-        reporter.validation(step, *val_loss);
-        summary.final_val_loss = *val_loss;
+      if (const std::optional<Validation> validation = trainer.validate()) {
+        reporter.validation(step, *validation);
+        if (validation->has_loss) summary.final_val_loss = validation->val_loss;
       }
     }
     // A stop signal on any rank: all agree at this update boundary, save and stop.

@@ -2,6 +2,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "dist/communicator.h"
 
@@ -20,6 +23,16 @@ struct StepResult {
   dist::Traffic sent_pipeline;  // and to the other stages (transfers, the loss and norm sums)
   dist::Traffic sent_context;   // and to its context-parallel group (key/value blocks and their gradients)
   double pipeline_wait_s = 0;  // time this stage waited for the other stages' activations and gradients
+  std::vector<std::int64_t> source_tokens;  // a mixture of data.train: tokens seen so far from each source
+};
+
+/// What one validation measured: the mean loss of each of data.val's named sets (none for the
+/// plain form) and the mean of those means (the plain form: its one set's loss).
+struct Validation {
+  double val_loss = 0;
+  bool has_loss = true;  // false: no data.val, train.eval_tasks only
+  std::vector<std::pair<std::string, double>> sets;
+  std::vector<std::pair<std::string, double>> scores;  // train.eval_tasks: NAME/acc, NAME/acc_norm, NAME/acc_norm_bytes
 };
 
 }  // namespace llmtrain::train

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <filesystem>
 #include <vector>
 
 #include "core/error.h"
@@ -74,6 +75,22 @@ std::vector<model::FlatRange> logical_ranges(const std::vector<Piece>& pieces, c
   return ranges;
 }
 
+// data.train's weighted sources as ranges of the dataset's samples (none for a single source,
+// which keeps the epoch order of one list of shards).
+std::vector<data::MixtureSource> mixture_sources(const config::TrainData& train, const data::TokenDataset& data) {
+  std::vector<data::MixtureSource> sources;
+  if (train.sources.size() < 2) return sources;
+  std::size_t file = 0;
+  for (std::size_t s = 0; s < train.sources.size(); ++s) {
+    const std::size_t files =
+        data::expand_paths(train.sources[s].paths, "data.train[" + std::to_string(s) + "].path").size();
+    const std::int64_t first = data.samples_before(file);
+    sources.push_back({first, data.samples_before(file + files) - first, train.sources[s].weight});
+    file += files;
+  }
+  return sources;
+}
+
 }  // namespace
 
 Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, const checkpoint::Found* resume)
@@ -81,7 +98,7 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
       device_(options.device),
       world_(*comms.world),
       data_comm_(comms.data_host()),
-      train_data_(data::expand_paths(config_.data.train, "data.train"), config_.model.context_length,
+      train_data_(data::expand_paths(config_.data.train.paths(), "data.train"), config_.model.context_length,
                   std::uint32_t(config_.model.vocab_size)),
       data_device_(comms.data()),
       tensor_comm_(*comms.tensor_group),
@@ -98,12 +115,24 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
   if (context_ > 1 && device_ != Device::cpu) {
     throw InputError("dist.context_parallel = " + std::to_string(context_) + ": runs on CPU ranks only so far");
   }
-  if (!config_.data.val.empty()) {
-    val_data_ = std::make_unique<data::TokenDataset>(data::expand_paths(config_.data.val, "data.val"), T,
+  for (const config::ValSet& set : config_.data.val.sets) {
+    const std::string key = set.name.empty() ? "data.val" : "data.val." + set.name;
+    auto data = std::make_unique<data::TokenDataset>(data::expand_paths(set.paths, key), T,
                                                      std::uint32_t(config_.model.vocab_size));
-    if (val_data_->num_samples() < tc.global_batch_size) {
-      throw InputError("data.val: " + std::to_string(val_data_->num_samples()) +
-                       " samples, fewer than one global batch (" + std::to_string(tc.global_batch_size) + ")");
+    if (data->num_samples() < tc.global_batch_size) {
+      throw InputError(key + ": " + std::to_string(data->num_samples()) + " samples, fewer than one global batch (" +
+                       std::to_string(tc.global_batch_size) + ")");
+    }
+    val_sets_.push_back({set.name, std::move(data)});
+  }
+  if (!tc.eval_tasks.empty()) {  // benchmarks at every validation: their files and the run's tokenizer
+    if (config_.dist.tensor_parallel > 1 || config_.dist.pipeline_parallel > 1 || config_.dist.zero_stage == 3) {
+      throw InputError("train.eval_tasks: not with ZeRO 3, tensor or pipeline parallelism (yet); use llmtrain eval --task");
+    }
+    const auto shards = data::expand_paths(config_.data.train.paths(), "data.train");
+    task_tokenizer_ = data::load_tokenizer(std::filesystem::path(shards.front()).parent_path().string());
+    for (const config::EvalTask& task : tc.eval_tasks) {
+      tasks_.emplace_back(task, read_choice_file(task.path, task.task, task.limit));
     }
   }
   accum_ = config::grad_accum_steps(config_, readers);
@@ -118,11 +147,16 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
     first_step_ = state.at("step").get<std::int64_t>() + 1;
     tokens_seen_ = state.at("tokens_seen").get<std::int64_t>();
   }
+  const std::vector<data::MixtureSource> sources = mixture_sources(config_.data.train, train_data_);
   loader_ = std::make_unique<data::BatchLoader>(
       train_data_,
-      data::SamplerOptions{train_data_.num_samples(), tc.global_batch_size, B, readers, reader, config_.data.shuffle,
-                           std::uint64_t(config_.data.seed)},
-      sampler_state_);
+      data::SamplerOptions{train_data_.num_samples(), tc.global_batch_size, B, readers, reader, config_.data.shuffle, std::uint64_t(config_.data.seed)},
+      sampler_state_, sources);
+  if (sources.size() >= 2) {  // tokens per source, counted along (from the resumed position)
+    std::vector<double> weights;
+    for (const auto& source : sources) weights.push_back(source.weight);
+    source_counts_.emplace(weights, sampler_state_.next_sample);
+  }
 
   // Process-wide, as the kernels read it: train.deterministic false lets the bf16 flash attention
   // backward take its single pass (dQ by atomics).
@@ -263,6 +297,12 @@ StepResult Trainer::step(std::int64_t step) {
   result.loss = loss_sum / tokens_per_step_;
   result.lr = learning_rate(config_.optim, tc.max_steps, step);
   tokens_seen_ += std::int64_t(tokens_per_step_);
+  if (source_counts_) {
+    while (source_counts_->position() < sampler_state_.next_sample) source_counts_->next();
+    for (const std::int64_t samples : source_counts_->counts()) {
+      result.source_tokens.push_back(samples * config_.model.context_length);
+    }
+  }
   // NaN guard: a non-finite loss or gradient norm skips the update (the same on every rank,
   // since both are reduced over all ranks).
   if (!std::isfinite(result.loss) || !std::isfinite(result.grad_norm)) {
@@ -292,20 +332,39 @@ StepResult Trainer::step(std::int64_t step) {
   return result;
 }
 
-std::optional<double> Trainer::validate() {
-  if (!val_data_) return std::nullopt;
-  // The validation set in order, each data-parallel rank its part of every batch, through the
+std::optional<Validation> Trainer::validate() {
+  if (val_sets_.empty() && tasks_.empty()) return std::nullopt;
+  // Each validation set in order, each data-parallel rank its part of every batch, through the
   // stages in turn (the last stage's losses).
   const auto& t = config_.train;
   const int T = int(config_.model.context_length), B = int(t.micro_batch_size);
-  const data::SamplerOptions in_order{val_data_->num_samples(), t.global_batch_size, B, data_comm_.world_size() / context_,
-                                      data_comm_.rank() / context_, false, 0};
-  data::BatchLoader loader(*val_data_, in_order, {});
-  const std::int64_t batches = std::min(t.eval_batches, val_data_->num_samples() / t.global_batch_size);
-  std::array<double, 2> totals = pipeline_->forward_only(loader, batches, B, T);
-  data_comm_.all_reduce_sum(totals.data(), 2);
-  // Each rank of a context group counted the whole sequences of which it holds 1 / context_.
-  return totals[0] / (totals[1] / context_);
+  Validation result;
+  for (const auto& [name, data] : val_sets_) {
+    const data::SamplerOptions in_order{data->num_samples(), t.global_batch_size, B, data_comm_.world_size() / context_,
+                                        data_comm_.rank() / context_, false, 0};
+    data::BatchLoader loader(*data, in_order, {});
+    const std::int64_t batches = std::min(t.eval_batches, data->num_samples() / t.global_batch_size);
+    std::array<double, 2> totals = pipeline_->forward_only(loader, batches, B, T);
+    data_comm_.all_reduce_sum(totals.data(), 2);
+    // Each rank of a context group counted the whole sequences of which it holds 1 / context_.
+    result.sets.emplace_back(name, totals[0] / (totals[1] / double(context_)));
+    result.val_loss += result.sets.back().second / double(val_sets_.size());
+  }
+  if (!config_.data.val.named) result.sets.clear();  // one unnamed set: val_loss alone
+  result.has_loss = !val_sets_.empty();
+  if (!tasks_.empty()) {  // the whole model on the CPU on every rank: the examples spread over them
+    host_weights();
+    model::Model& scorer = device_ == Device::cpu ? *model_ : *host_;
+    for (const auto& [task, examples] : tasks_) {
+      const ChoiceResult scores = score_choices(scorer, *task_tokenizer_, examples, task.task, T,
+                                                config_.model.vocab_size, &world_);
+      const std::string name = task.metric_name();
+      result.scores.emplace_back(name + "/acc", scores.acc);
+      result.scores.emplace_back(name + "/acc_norm", scores.acc_norm);
+      result.scores.emplace_back(name + "/acc_norm_bytes", scores.acc_norm_bytes);
+    }
+  }
+  return result;
 }
 
 const model::Model& Trainer::host_weights() {

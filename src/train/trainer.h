@@ -8,6 +8,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "checkpoint/checkpoint.h"
 #include "config/config.h"
@@ -18,6 +20,8 @@
 #include "ops/buffer.h"
 #include "train/adamw.h"
 #include "train/checkpoint_source.h"
+#include "train/choice_eval.h"
+#include "data/tokenizer.h"
 #include "train/gradient_strategy.h"
 #include "train/options.h"
 #include "train/pipeline_executor.h"
@@ -43,8 +47,9 @@ class Trainer final : public CheckpointSource {
   /// and AdamW. A non-finite loss or gradient norm skips the update (the same on every rank).
   StepResult step(std::int64_t step);
 
-  /// The validation loss over train.eval_batches of data.val; nullopt when there is no data.val.
-  std::optional<double> validate();
+  /// The validation losses over train.eval_batches of each set of data.val, and their mean, and
+  /// the scores of train.eval_tasks; nullopt when there is neither.
+  std::optional<Validation> validate();
 
   /// The first update this run makes (1, or the resumed checkpoint's step + 1).
   std::int64_t first_step() const { return first_step_; }
@@ -92,7 +97,10 @@ class Trainer final : public CheckpointSource {
   std::int64_t accum_ = 1;
   double tokens_per_step_ = 0;
   data::TokenDataset train_data_;
-  std::unique_ptr<data::TokenDataset> val_data_;
+  std::vector<std::pair<std::string, std::unique_ptr<data::TokenDataset>>> val_sets_;  // data.val's, by name
+  std::optional<data::Blender> source_counts_;
+  std::unique_ptr<data::Tokenizer> task_tokenizer_;  // train.eval_tasks: the run's tokenizer
+  std::vector<std::pair<config::EvalTask, std::vector<ChoiceExample>>> tasks_;  // and their examples  // a mixture's samples per source up to sampler_state_
   std::int64_t first_step_ = 1, tokens_seen_ = 0, bad_in_a_row_ = 0;
   data::SamplerState sampler_state_;
   model::AttentionChoice attention_;
