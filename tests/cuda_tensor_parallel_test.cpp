@@ -21,6 +21,7 @@
 #include "dist/communicator.h"
 #include "model/model.h"
 #include "ops/buffer.h"
+#include "staged_communicator.h"
 #include "train/tensor_parallel.h"
 
 using namespace llmtrain;
@@ -34,83 +35,6 @@ dist::Communicator& job() {
   static const std::unique_ptr<dist::Communicator> comm = dist::make_communicator(false, 300.0);
   return *comm;
 }
-
-// Collectives on device buffers over a communicator of host buffers: each copies its device input
-// to the host, runs it there, and copies the result back. Only what CommTensorGroup calls.
-class StagedCommunicator final : public dist::Communicator {
- public:
-  explicit StagedCommunicator(dist::Communicator& host) : host_(host) {}
-  int rank() const override { return host_.rank(); }
-  int world_size() const override { return host_.world_size(); }
-  std::string name() const override { return "staged " + host_.name(); }
-  std::unique_ptr<dist::Communicator> split(int, int) override { unsupported("split"); }
-
- protected:
-  void do_all_reduce_sum(float* data, std::int64_t count) override {
-    std::vector<float> host = to_host<float>(data, count);
-    host_.all_reduce_sum(host.data(), count);
-    to_device(data, host);
-  }
-  void do_all_reduce_max(float* data, std::int64_t count) override {
-    std::vector<float> host = to_host<float>(data, count);
-    host_.all_reduce_max(host.data(), count);
-    to_device(data, host);
-  }
-  std::unique_ptr<dist::Request> do_start_reduce_scatter_sum(const float* send, float* recv,
-                                                             std::int64_t shard) override {
-    const std::vector<float> whole = to_host<float>(send, shard * world_size());
-    std::vector<float> part(static_cast<std::size_t>(shard));
-    host_.reduce_scatter_sum(whole.data(), part.data(), shard);
-    to_device(recv, part);
-    return std::make_unique<Done>();
-  }
-  std::unique_ptr<dist::Request> do_start_all_gather(const void* send, void* recv, std::int64_t shard,
-                                                     DType dtype) override {
-    if (dtype != DType::f32 && dtype != DType::bf16) unsupported("all_gather of this dtype");
-    const std::int64_t words = shard * std::int64_t(dtype_size(dtype) / 2);  // 16-bit words
-    const std::vector<std::uint16_t> part = to_host<std::uint16_t>(send, words);
-    std::vector<std::uint16_t> whole(std::size_t(words * world_size()));
-    host_.all_gather(part.data(), whole.data(), shard, dtype);
-    to_device(recv, whole);
-    return std::make_unique<Done>();
-  }
-  void do_all_reduce_sum(double*, std::int64_t) override { unsupported("all_reduce_sum of f64"); }
-  void do_all_reduce_max(std::int64_t*, std::int64_t) override { unsupported("all_reduce_max of i64"); }
-  std::unique_ptr<dist::Request> do_start_all_reduce_sum(float*, std::int64_t) override {
-    unsupported("start_all_reduce_sum");
-  }
-  void do_broadcast(float*, std::int64_t, int) override { unsupported("broadcast"); }
-  void do_barrier() override { host_.barrier(); }
-  std::unique_ptr<dist::Request> do_start_send(const void*, std::int64_t, DType, int) override { unsupported("send"); }
-  std::unique_ptr<dist::Request> do_start_recv(void*, std::int64_t, DType, int) override { unsupported("recv"); }
-  std::unique_ptr<dist::Request> do_start_exchange(const void*, void*, std::int64_t, DType, int, int) override {
-    unsupported("exchange");
-  }
-
- private:
-  struct Done final : dist::Request {
-    void wait() override {}
-  };
-  [[noreturn]] static void unsupported(const char* what) {
-    throw RuntimeError(std::string("StagedCommunicator: no ") + what + " (the model's tensor group does not call it)");
-  }
-  // Elements of 4 bytes (f32) or 2 (bf16 as 16-bit words).
-  template <class T>
-  static std::vector<T> to_host(const void* device, std::int64_t n) {
-    std::vector<T> host(static_cast<std::size_t>(n));
-    const DType as = sizeof(T) == 4 ? DType::f32 : DType::u16;
-    ops::copy(Tensor(host.data(), as, Device::cpu, {n}), Tensor(const_cast<void*>(device), as, Device::cuda, {n}));
-    return host;
-  }
-  template <class T>
-  static void to_device(void* device, std::vector<T>& host) {
-    const DType as = sizeof(T) == 4 ? DType::f32 : DType::u16;
-    const std::int64_t n = std::int64_t(host.size());
-    ops::copy(Tensor(device, as, Device::cuda, {n}), Tensor(host.data(), as, Device::cpu, {n}));
-  }
-
-  dist::Communicator& host_;
-};
 
 config::ModelConfig tiny(const std::string& arch) {
   config::ModelConfig c;
@@ -150,7 +74,7 @@ void compare_tensor_parallel(const std::string& arch, bool sequence_parallel, DT
   layout.tensor_size = N;
   layout.sequence_parallel = sequence_parallel;
   const auto part = model::make_model(c, Device::cuda, recompute, dtype, ops::AttentionKernels::flash, layout);
-  StagedCommunicator staged(world);
+  test::StagedCommunicator staged(world);
   train::CommTensorGroup group(staged, Device::cuda);
   part->set_tensor_group(&group);
   // This rank's weights, and where each of its elements sits in the whole model.

@@ -240,7 +240,7 @@ void kv_pack(float* kv, const float* qkv, std::int64_t N, int C, int KVC) {
 void qkv_join(float* dqkv, const float* dq, const float* dkv, std::int64_t N, int C, int KVC) {
   const std::int64_t QKV = std::int64_t(C) + 2 * KVC;
   for (std::int64_t n = 0; n < N; ++n) {
-    std::copy_n(dq + n * QKV, C, dqkv + n * QKV);
+    if (dq != dqkv) std::copy_n(dq + n * QKV, C, dqkv + n * QKV);  // dq may be dqkv itself
     std::copy_n(dkv + n * 2 * KVC, 2 * KVC, dqkv + n * QKV + C);
   }
 }

@@ -1,6 +1,7 @@
 #include "model/context_parallel.h"
 
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 
@@ -49,29 +50,53 @@ ContextGroup& ContextParallel::group() const {
   return *group_;
 }
 
-Tensor ContextParallel::scratch(ops::Buffer& buffer, DType dtype, std::initializer_list<std::int64_t> shape) {
-  const Tensor wanted(nullptr, dtype, device_, shape);
-  if (buffer.bytes() < wanted.bytes()) {
-    buffer = ops::Buffer();
-    buffer = ops::Buffer(device_, wanted.bytes());
+std::vector<Tensor> ContextParallel::work(std::initializer_list<Tensor> shapes) {
+  constexpr std::size_t align = 256;
+  std::size_t total = 0;
+  for (const Tensor& t : shapes) total += (t.bytes() + align - 1) / align * align;
+  char* base = nullptr;
+  if (lent_.data && lent_.device == device_ && lent_.bytes() >= total) {
+    base = static_cast<char*>(lent_.data);
+  } else {
+    if (work_.bytes() < total) {
+      work_ = ops::Buffer();
+      work_ = ops::Buffer(device_, total);
+    }
+    base = static_cast<char*>(work_.data());
   }
-  return Tensor(buffer.data(), dtype, device_, shape);
+  lent_ = Tensor();  // lent for one call
+  std::vector<Tensor> out;
+  std::size_t used = 0;
+  for (const Tensor& t : shapes) {
+    Tensor carved = t;
+    carved.data = base + used;
+    carved.device = device_;
+    out.push_back(carved);
+    used += (t.bytes() + align - 1) / align * align;
+  }
+  return out;
 }
 
 void ContextParallel::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int NH, int NKV) {
   const std::int64_t B = qkv.shape[0], Tl = qkv.shape[1], C = out.shape[2], KVC = C / NH * NKV;
   const int n = size_, r = rank_, next = (r + 1) % n, prev = (r + n - 1) % n;
   const ops::Chunks me = mine(int(Tl) * n);
-  const Tensor kv = scratch(kv_own_, compute_, {B, Tl, 2 * KVC});
-  const Tensor acc = scratch(acc_out_, DType::f32, {B, Tl, C});
-  const Tensor part = scratch(block_out_, DType::f32, {B, Tl, C});
-  const Tensor part_lse = scratch(block_lse_, DType::f32, {B, NH, Tl});
-  ops::kv_pack(kv, qkv, NH, NKV);
+  // The running result accumulates in out itself when that is f32.
+  const bool f32_out = out.dtype == DType::f32;
+  const Tensor none(nullptr, DType::f32, device_, {0});
+  const std::vector<Tensor> w =
+      work({Tensor(nullptr, compute_, device_, {ring_ ? 2 : n + 1, B, Tl, 2 * KVC}),
+            Tensor(nullptr, DType::f32, device_, {B, Tl, C}), Tensor(nullptr, DType::f32, device_, {B, NH, Tl}),
+            f32_out ? none : Tensor(nullptr, DType::f32, device_, {B, Tl, C})});
+  const Tensor &blocks = w[0], &part = w[1], &part_lse = w[2];
+  const Tensor acc = f32_out ? out : w[3];
   if (ring_) {
-    // Block s comes from rank r - s; the next one travels while this one computes.
-    const Tensor blocks = scratch(kv_blocks_, compute_, {2, B, Tl, 2 * KVC});
-    std::unique_ptr<ContextGroup::Pending> pending = group().start_exchange(kv, block(blocks, 0), next, prev);
-    ops::attention_block_forward(acc, lse, qkv, kv, me, me, NH, NKV);
+    // Block s comes from rank r - s; the next one travels while this one computes. This rank's
+    // own block is sent from the second buffer (the first receive goes to the first) and attended
+    // to in place, in qkv.
+    ops::kv_pack(block(blocks, 1), qkv, NH, NKV);
+    std::unique_ptr<ContextGroup::Pending> pending = group().start_exchange(block(blocks, 1), block(blocks, 0), next, prev);
+    ops::attention_block_forward(acc, lse, qkv, qkv, me, me, NH, NKV);
     for (int s = 1; s < n; ++s) {
       pending->wait();
       const Tensor current = block(blocks, (s - 1) % 2);
@@ -81,8 +106,11 @@ void ContextParallel::attention_forward(const Tensor& out, const Tensor& lse, co
       ops::attention_lse_merge(acc, lse, part, part_lse);
     }
   } else {
-    const Tensor all = scratch(kv_blocks_, compute_, {n, B, Tl, 2 * KVC});
-    group().all_gather(flat(kv), flat(all));
+    // Blocks 0 .. n-1: every rank's; block n: this rank's, packed.
+    const Tensor own = block(blocks, n);
+    const Tensor all(blocks.data, blocks.dtype, device_, {n, B, Tl, 2 * KVC});
+    ops::kv_pack(own, qkv, NH, NKV);
+    group().all_gather(flat(own), flat(all));
     for (int j = 0; j < n; ++j) {
       const ops::Chunks theirs = chunks(j, int(Tl) * n);
       if (j == 0) {
@@ -93,11 +121,7 @@ void ContextParallel::attention_forward(const Tensor& out, const Tensor& lse, co
       ops::attention_lse_merge(acc, lse, part, part_lse);
     }
   }
-  if (out.dtype == DType::f32) {
-    ops::copy(flat(out), flat(acc));
-  } else {
-    ops::convert(flat(out), flat(acc));
-  }
+  if (!f32_out) ops::convert(flat(out), flat(acc));
 }
 
 void ContextParallel::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
@@ -105,20 +129,24 @@ void ContextParallel::attention_backward(const Tensor& dqkv, const Tensor& dout,
   const std::int64_t B = qkv.shape[0], Tl = qkv.shape[1], W = qkv.shape[2], C = dout.shape[2], KVC = C / NH * NKV;
   const int n = size_, r = rank_, next = (r + 1) % n, prev = (r + n - 1) % n;
   const ops::Chunks me = mine(int(Tl) * n);
-  const Tensor kv = scratch(kv_own_, compute_, {B, Tl, 2 * KVC});
-  const Tensor dq = scratch(dq_, DType::f32, {B, Tl, W});
-  const Tensor dkv = scratch(dkv_own_, DType::f32, {B, Tl, 2 * KVC});
+  // The query gradients (and, ring, this rank's own block's key/value gradients, in its columns)
+  // accumulate in dqkv itself when that is f32.
+  const bool f32_grad = dqkv.dtype == DType::f32;
+  const Tensor none(nullptr, DType::f32, device_, {0});
+  const std::vector<Tensor> w =
+      work({Tensor(nullptr, compute_, device_, {ring_ ? 2 : n + 1, B, Tl, 2 * KVC}),
+            Tensor(nullptr, DType::f32, device_, {ring_ ? 2 : n + 1, B, Tl, 2 * KVC}),
+            f32_grad ? none : Tensor(nullptr, DType::f32, device_, {B, Tl, W})});
+  const Tensor &blocks = w[0], &grads = w[1];
+  const Tensor dq = f32_grad ? dqkv : w[2];
   ops::zero(dq);
-  ops::kv_pack(kv, qkv, NH, NKV);
   if (ring_) {
     // The key/value blocks go round again; block s's gradient accumulator starts at the rank
     // after its owner, takes each rank's share in turn and reaches the owner after the last.
-    const Tensor blocks = scratch(kv_blocks_, compute_, {2, B, Tl, 2 * KVC});
-    const Tensor grads = scratch(dkv_blocks_, DType::f32, {2, B, Tl, 2 * KVC});
-    ops::zero(dkv);
-    std::unique_ptr<ContextGroup::Pending> pending = group().start_exchange(kv, block(blocks, 0), next, prev);
+    ops::kv_pack(block(blocks, 1), qkv, NH, NKV);
+    std::unique_ptr<ContextGroup::Pending> pending = group().start_exchange(block(blocks, 1), block(blocks, 0), next, prev);
     std::unique_ptr<ContextGroup::Pending> returning;
-    ops::attention_block_backward(dq, dkv, dout, qkv, out, lse, kv, me, me, NH, NKV);
+    ops::attention_block_backward(dq, dq, dout, qkv, out, lse, qkv, me, me, NH, NKV);
     for (int s = 1; s < n; ++s) {
       pending->wait();
       pending.reset();
@@ -136,20 +164,27 @@ void ContextParallel::attention_backward(const Tensor& dqkv, const Tensor& dout,
       returning = group().start_exchange(accumulator, block(grads, s % 2), next, prev);
     }
     returning->wait();
-    const Tensor mine_back = block(grads, (n - 1) % 2);
-    ops::residual_forward(flat(dkv), flat(dkv), flat(mine_back));
+    // This rank's key/value gradients: its own block's share (dq's key/value columns) and the
+    // other ranks' (the accumulator that came back), summed in the accumulator no longer in use.
+    const Tensor mine_back = block(grads, (n - 1) % 2), total = block(grads, n % 2);
+    ops::kv_pack(total, dq, NH, NKV);
+    ops::residual_forward(flat(total), flat(total), flat(mine_back));
+    ops::qkv_join(dqkv, dq, total, NH, NKV);
   } else {
-    const Tensor all = scratch(kv_blocks_, compute_, {n, B, Tl, 2 * KVC});
-    const Tensor grads = scratch(dkv_blocks_, DType::f32, {n, B, Tl, 2 * KVC});
-    group().all_gather(flat(kv), flat(all));
-    ops::zero(grads);
+    // Blocks 0 .. n-1: every rank's and their gradients; block n: this rank's, packed, and its share.
+    const Tensor own = block(blocks, n), dkv = block(grads, n);
+    const Tensor all(blocks.data, blocks.dtype, device_, {n, B, Tl, 2 * KVC});
+    const Tensor all_grads(grads.data, DType::f32, device_, {n, B, Tl, 2 * KVC});
+    ops::kv_pack(own, qkv, NH, NKV);
+    group().all_gather(flat(own), flat(all));
+    ops::zero(all_grads);
     for (int j = 0; j < n; ++j) {
-      ops::attention_block_backward(dq, block(grads, j), dout, qkv, out, lse, block(all, j), me, chunks(j, int(Tl) * n),
-                                    NH, NKV);
+      ops::attention_block_backward(dq, block(all_grads, j), dout, qkv, out, lse, block(all, j), me,
+                                    chunks(j, int(Tl) * n), NH, NKV);
     }
-    group().reduce_scatter(flat(grads), flat(dkv));
+    group().reduce_scatter(flat(all_grads), flat(dkv));
+    ops::qkv_join(dqkv, dq, dkv, NH, NKV);
   }
-  ops::qkv_join(dqkv, dq, dkv, NH, NKV);
 }
 
 double ContextParallel::ring_forward_bytes(int size, std::int64_t B, std::int64_t Tl, std::int64_t kv_width,

@@ -52,6 +52,10 @@ class ContextParallel {
       : rank_(rank), size_(size), ring_(ring), device_(device), compute_(compute) {}
 
   void set_group(ContextGroup* group) { group_ = group; }
+  /// Memory free during the next attention_forward or attention_backward call only (the model's
+  /// backward scratch, whose layer gradients are dead then): that call carves its work buffers from
+  /// it when they all fit, else from the group's own buffer.
+  void lend(const Tensor& free) { lent_ = free; }
   int rank() const { return rank_; }
   int size() const { return size_; }
   bool active() const { return size_ > 1; }
@@ -85,17 +89,22 @@ class ContextParallel {
 
  private:
   ContextGroup& group() const;
-  Tensor scratch(ops::Buffer& buffer, DType dtype, std::initializer_list<std::int64_t> shape);
+  /// One call's work buffers, in the order asked for: carved from the lent memory when they fit,
+  /// else from work_ (grown to the largest call's).
+  std::vector<Tensor> work(std::initializer_list<Tensor> shapes);
 
   int rank_, size_;
   bool ring_;
   Device device_;
   DType compute_;
   ContextGroup* group_ = nullptr;
-  // Key/value blocks (this rank's, the two in flight or all gathered), the f32 running result
-  // and one block's, the f32 query gradients and key/value gradients (this rank's, the two
-  // travelling accumulators or all of them).
-  ops::Buffer kv_own_, kv_blocks_, acc_out_, block_out_, block_lse_, dq_, dkv_own_, dkv_blocks_;
+  // Forward: the key/value blocks (ring: the two in flight, this rank's own sent from the second;
+  // all-gather: this rank's and all of them), one block's f32 result and log-sum-exp, and the f32
+  // running result unless the output is f32 itself. Backward: the blocks again, the f32 key/value
+  // gradients (ring: the two travelling accumulators; all-gather: all of them and this rank's
+  // share), and the f32 query gradients unless the input gradient is f32 itself.
+  Tensor lent_;
+  ops::Buffer work_;
 };
 
 }  // namespace llmtrain::model

@@ -24,11 +24,14 @@
 //   lay_out_unread(take, config, dims, acts)  a layer's activations that backward never reads
 //   lay_out_mlp(take, config, dims, acts)     the MLP's inner activations (recompute "mlp")
 //   lay_out_kept(take, config, dims, acts)    the others, which backward reads ("full" recomputes)
-//   lay_out_grads(take, config, dims, grads)  the Grads scratch
+//   lay_out_grads(take, config, dims, grads)  the Grads scratch; those laid out after the attention's
+//                                   input and output gradients must be dead while attention's
+//                                   backward runs (context parallelism borrows their memory)
 //   lay_out_decoding(take, config, decoding)  the Decoding tensors
 //   kv_width(config)                the width of a layer's key (and value) cache rows
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -186,15 +189,41 @@ class Decoder : public Model {
   bool tied() const { return config::head_is_tied(traits_, config_.tie_embeddings); }
   /// Causal self-attention of this rank's rows (flash_attention_forward's contract): over the whole
   /// sequence through the context group under context parallelism, else flash attention.
+  /// Under context parallelism the ring's work buffers borrow the backward scratch, dead in
+  /// forward (recomputation's included).
   void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int NH, int NKV) {
-    if (cp_.active()) return cp_.attention_forward(out, lse, qkv, NH, NKV);
+    if (cp_.active()) {
+      cp_.lend(ga_.scratch);
+      return cp_.attention_forward(out, lse, qkv, NH, NKV);
+    }
     ops::flash_attention_forward(out, lse, qkv, NH, NKV, attention_kernels_);
   }
   /// Its backward: dqkv written (not accumulated).
+  /// Under context parallelism the ring's work buffers borrow the backward scratch past dqkv and
+  /// dout (the Grads laid out after the attention's are dead while it runs).
   void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                           const Tensor& lse, int NH, int NKV) {
-    if (cp_.active()) return cp_.attention_backward(dqkv, dout, qkv, out, lse, NH, NKV);
+    if (cp_.active()) {
+      cp_.lend(scratch_after(dqkv, dout));
+      return cp_.attention_backward(dqkv, dout, qkv, out, lse, NH, NKV);
+    }
     ops::flash_attention_backward(dqkv, dout, qkv, out, lse, NH, NKV, attention_kernels_, ops::Accumulate::no);
+  }
+  /// The backward scratch past both tensors (256-byte aligned; none unless both lie in it).
+  Tensor scratch_after(const Tensor& a, const Tensor& b) const {
+    char* const begin = static_cast<char*>(ga_.scratch.data);
+    if (!begin) return Tensor();
+    char* const end = begin + ga_.scratch.bytes();
+    const auto inside = [&](const Tensor& t) {
+      char* const at = static_cast<char*>(t.data);
+      return at >= begin && at + t.bytes() <= end;
+    };
+    if (!inside(a) || !inside(b)) return Tensor();
+    const std::size_t past = std::size_t(std::max(static_cast<char*>(a.data) + a.bytes(),
+                                                  static_cast<char*>(b.data) + b.bytes()) - begin);
+    const std::size_t from = (past + 255) / 256 * 256;
+    if (from >= ga_.scratch.bytes()) return Tensor();
+    return Tensor(begin + from, DType::u16, device_, {std::int64_t(ga_.scratch.bytes() - from) / 2});
   }
   /// Rotary embeddings of (B,T,H,HS) rows at their true positions (this rank's chunks under
   /// context parallelism); `backward`: rope_backward.

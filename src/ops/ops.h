@@ -117,7 +117,8 @@ void attention_block_backward(const Tensor& dq, const Tensor& dkv, const Tensor&
 void attention_lse_merge(const Tensor& out, const Tensor& lse, const Tensor& block_out, const Tensor& block_lse);
 /// kv (B,T,2 KVC) = the key and value columns of qkv (B,T,C + 2 KVC), C = NH HS, KVC = NKV HS.
 void kv_pack(const Tensor& kv, const Tensor& qkv, int NH, int NKV = 0);
-/// dqkv (B,T,C + 2 KVC) = the query columns of dq (f32, shaped as dqkv) and dkv (f32, (B,T,2 KVC)).
+/// dqkv (B,T,C + 2 KVC) = the query columns of dq (f32, shaped as dqkv; it may be dqkv itself) and dkv
+/// (f32, (B,T,2 KVC)).
 void qkv_join(const Tensor& dqkv, const Tensor& dq, const Tensor& dkv, int NH, int NKV = 0);
 
 /// One new position of one sequence: out (C) from q (C) and the caches (maxT, NKV HS) up to `pos`

@@ -112,9 +112,6 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
   context_ = comms.mesh.context;
   context_comm_ = &comms.context();
   const int readers = data_comm_.world_size() / context_, reader = data_comm_.rank() / context_;
-  if (context_ > 1 && device_ != Device::cpu) {
-    throw InputError("dist.context_parallel = " + std::to_string(context_) + ": runs on CPU ranks only so far");
-  }
   for (const config::ValSet& set : config_.data.val.sets) {
     const std::string key = set.name.empty() ? "data.val" : "data.val." + set.name;
     auto data = std::make_unique<data::TokenDataset>(data::expand_paths(set.paths, key), T,
