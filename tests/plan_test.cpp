@@ -776,7 +776,7 @@ TEST_CASE("plan: --suggest's max micro-batch, a divisor of the batch per data ra
   CHECK(train::max_micro_batch(c, *option, at4, host - 1) == 0);
 }
 
-TEST_CASE("plan: context parallelism's activations, attention buffers and ring bytes, by hand", "[plan][context]") {
+TEST_CASE("plan: context parallelism's activations, attention work buffer and ring bytes, by hand", "[plan][context]") {
   // tiny Llama: 2 heads of 2, 1 key/value head, 3 layers; sequences of 64 split over 4 ranks.
   config::Config c = tiny_llama();
   c.model.context_length = 64;
@@ -786,14 +786,21 @@ TEST_CASE("plan: context parallelism's activations, attention buffers and ring b
   short_sequences.context_length = 16;
   CHECK(train::activation_bytes(c.model, false, config::Recompute::none, 2, 1, false, 4) ==
         train::activation_bytes(short_sequences, false, config::Recompute::none, 2));
-  // N = 2 x 16 = 32 tokens, K = 2 x 1 x 2 = 4, C = 4, qkv width 8, 2 heads. Ring, fp32: its
-  // block and 2 in flight (3 x 32 x 4 x 4), the running result and a block's (2 x 32 x 4 x 4),
-  // the block's log-sum-exps (2 x 32 x 4), the query gradients (32 x 8 x 4), its key/value
-  // gradients and 2 accumulators (3 x 32 x 4 x 4): 1536 + 1024 + 256 + 1024 + 1536.
-  CHECK(train::context_scratch_bytes(c, 1, false, 2) == 5376);
-  // All-gather: 4 blocks gathered and 4 gradient blocks instead of 2 in flight.
+  // N = 2 x 16 = 32 tokens, K = 2 x 1 x 2 = 4, C = 4, qkv width 8, 2 heads, ffn 6. The layer's
+  // backward scratch, fp32: ln1 (32 x 4 x 4 = 512), qkv and its rotated twin (1024 each), atty
+  // (512), ln2 (512), gate, up, swi (768 each): 5888 bytes, 2816 of them past atty. Ring, fp32:
+  // forward's 2 blocks in flight (2 x 32 x 4 x 4), a block's result (32 x 4 x 4) and log-sum-exps
+  // (2 x 32 x 4): 1792 <= 5888; backward's 2 blocks and 2 f32 accumulators: 2048 <= 2816. Both
+  // borrowed: no buffer of its own.
+  CHECK(train::context_scratch_bytes(c, 1, false, 2) == 0);
+  // bf16: a scratch of 2944, 1408 past atty; backward's 2 bf16 blocks (512), 2 f32 accumulators
+  // (1024) and the f32 query gradients (32 x 8 x 4 = 1024): 2560 of its own (forward's 1792, with
+  // the f32 running result, is borrowed).
+  CHECK(train::context_scratch_bytes(c, 1, true, 2) == 2560);
+  // All-gather: every rank's block and its own (5 x 512) forward, borrowed (3328); backward the
+  // blocks and their 5 f32 gradient blocks: 5120 of its own.
   c.dist.context_parallel_mode = config::ContextParallelMode::allgather;
-  CHECK(train::context_scratch_bytes(c, 1, false, 2) == 5376 + 2 * 512 + 2 * 512);
+  CHECK(train::context_scratch_bytes(c, 1, false, 2) == 5120);
   c.dist.context_parallel_mode = config::ContextParallelMode::ring;
   // Per layer and micro-batch: 3 blocks of 32 x 4 values forward (fp32 512 B each; bf16 256 B),
   // backward 3 again and 3 f32 gradient blocks.

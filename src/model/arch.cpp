@@ -81,6 +81,10 @@ const ArchSpec gpt2_spec{
     [](const config::ModelConfig& c, Recompute r, DType d, int B, int T, int tensor_size, bool sequence_parallel) {
       return Gpt2::measure_activations(c, r, d, B, T, tensor_size, sequence_parallel);
     },
+    [](const config::ModelConfig& c, Recompute r, DType d, int B, int Tl, int tensor_size, bool sequence_parallel,
+       int context_size, bool ring) {
+      return Gpt2::measure_context_work(c, r, d, B, Tl, tensor_size, sequence_parallel, context_size, ring);
+    },
     "GPT2LMHeadModel",
     gpt2_hf_config,
     gpt2_hf_transposed,
@@ -95,6 +99,10 @@ const ArchSpec llama_spec{
     Llama::parameter_count,
     [](const config::ModelConfig& c, Recompute r, DType d, int B, int T, int tensor_size, bool sequence_parallel) {
       return Llama::measure_activations(c, r, d, B, T, tensor_size, sequence_parallel);
+    },
+    [](const config::ModelConfig& c, Recompute r, DType d, int B, int Tl, int tensor_size, bool sequence_parallel,
+       int context_size, bool ring) {
+      return Llama::measure_context_work(c, r, d, B, Tl, tensor_size, sequence_parallel, context_size, ring);
     },
     "LlamaForCausalLM",
     llama_hf_config,

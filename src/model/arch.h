@@ -42,6 +42,10 @@ struct ArchSpec {
   /// tensor-parallel group of `tensor_size`, with or without sequence parallelism.
   std::size_t (*activation_bytes)(const config::ModelConfig& config, Recompute recompute, DType compute, int B,
                                   int T, int tensor_size, bool sequence_parallel);
+  /// Bytes of the context-parallel attention's own work buffer on a rank holding (B, Tl) rows of a
+  /// context group of `context_size` (none when the backward scratch holds it).
+  std::size_t (*context_work_bytes)(const config::ModelConfig& config, Recompute recompute, DType compute, int B,
+                                    int Tl, int tensor_size, bool sequence_parallel, int context_size, bool ring);
 
   // Hugging Face (export --format hf, model.init_from).
   const char* hf_architecture;  // the transformers class that loads the export

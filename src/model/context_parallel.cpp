@@ -50,10 +50,39 @@ ContextGroup& ContextParallel::group() const {
   return *group_;
 }
 
-std::vector<Tensor> ContextParallel::work(std::initializer_list<Tensor> shapes) {
-  constexpr std::size_t align = 256;
+namespace {
+constexpr std::size_t work_align = 256;
+std::size_t aligned(std::size_t bytes) { return (bytes + work_align - 1) / work_align * work_align; }
+}  // namespace
+
+std::vector<Tensor> ContextParallel::forward_work(int size, bool ring, DType compute, DType out, std::int64_t B,
+                                                  std::int64_t Tl, std::int64_t NH, std::int64_t NKV, std::int64_t C) {
+  const std::int64_t KVC = C / NH * NKV;
+  // The key/value blocks (ring: 2 in flight; all-gather: every rank's and this rank's), one
+  // block's result and log-sum-exps, and the running result unless out is f32.
+  return {Tensor(nullptr, compute, Device::cpu, {ring ? 2 : size + 1, B, Tl, 2 * KVC}),
+          Tensor(nullptr, DType::f32, Device::cpu, {B, Tl, C}), Tensor(nullptr, DType::f32, Device::cpu, {B, NH, Tl}),
+          Tensor(nullptr, DType::f32, Device::cpu, {B, Tl, out == DType::f32 ? 0 : C})};
+}
+
+std::vector<Tensor> ContextParallel::backward_work(int size, bool ring, DType compute, DType dqkv, std::int64_t B,
+                                                   std::int64_t Tl, std::int64_t NH, std::int64_t NKV, std::int64_t C) {
+  const std::int64_t KVC = C / NH * NKV, W = C + 2 * KVC;
+  // The blocks again, their f32 gradients (ring: 2 travelling; all-gather: every rank's and this
+  // rank's share), and the f32 query gradients unless dqkv is f32.
+  return {Tensor(nullptr, compute, Device::cpu, {ring ? 2 : size + 1, B, Tl, 2 * KVC}),
+          Tensor(nullptr, DType::f32, Device::cpu, {ring ? 2 : size + 1, B, Tl, 2 * KVC}),
+          Tensor(nullptr, DType::f32, Device::cpu, {B, Tl, dqkv == DType::f32 ? 0 : W})};
+}
+
+std::size_t ContextParallel::work_bytes(const std::vector<Tensor>& shapes) {
   std::size_t total = 0;
-  for (const Tensor& t : shapes) total += (t.bytes() + align - 1) / align * align;
+  for (const Tensor& t : shapes) total += aligned(t.bytes());
+  return total;
+}
+
+std::vector<Tensor> ContextParallel::work(const std::vector<Tensor>& shapes) {
+  const std::size_t total = work_bytes(shapes);
   char* base = nullptr;
   if (lent_.data && lent_.device == device_ && lent_.bytes() >= total) {
     base = static_cast<char*>(lent_.data);
@@ -72,7 +101,7 @@ std::vector<Tensor> ContextParallel::work(std::initializer_list<Tensor> shapes) 
     carved.data = base + used;
     carved.device = device_;
     out.push_back(carved);
-    used += (t.bytes() + align - 1) / align * align;
+    used += aligned(t.bytes());
   }
   return out;
 }
@@ -83,11 +112,7 @@ void ContextParallel::attention_forward(const Tensor& out, const Tensor& lse, co
   const ops::Chunks me = mine(int(Tl) * n);
   // The running result accumulates in out itself when that is f32.
   const bool f32_out = out.dtype == DType::f32;
-  const Tensor none(nullptr, DType::f32, device_, {0});
-  const std::vector<Tensor> w =
-      work({Tensor(nullptr, compute_, device_, {ring_ ? 2 : n + 1, B, Tl, 2 * KVC}),
-            Tensor(nullptr, DType::f32, device_, {B, Tl, C}), Tensor(nullptr, DType::f32, device_, {B, NH, Tl}),
-            f32_out ? none : Tensor(nullptr, DType::f32, device_, {B, Tl, C})});
+  const std::vector<Tensor> w = work(forward_work(n, ring_, compute_, out.dtype, B, Tl, NH, NKV, C));
   const Tensor &blocks = w[0], &part = w[1], &part_lse = w[2];
   const Tensor acc = f32_out ? out : w[3];
   if (ring_) {
@@ -126,17 +151,13 @@ void ContextParallel::attention_forward(const Tensor& out, const Tensor& lse, co
 
 void ContextParallel::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                                          const Tensor& lse, int NH, int NKV) {
-  const std::int64_t B = qkv.shape[0], Tl = qkv.shape[1], W = qkv.shape[2], C = dout.shape[2], KVC = C / NH * NKV;
+  const std::int64_t B = qkv.shape[0], Tl = qkv.shape[1], C = dout.shape[2], KVC = C / NH * NKV;
   const int n = size_, r = rank_, next = (r + 1) % n, prev = (r + n - 1) % n;
   const ops::Chunks me = mine(int(Tl) * n);
   // The query gradients (and, ring, this rank's own block's key/value gradients, in its columns)
   // accumulate in dqkv itself when that is f32.
   const bool f32_grad = dqkv.dtype == DType::f32;
-  const Tensor none(nullptr, DType::f32, device_, {0});
-  const std::vector<Tensor> w =
-      work({Tensor(nullptr, compute_, device_, {ring_ ? 2 : n + 1, B, Tl, 2 * KVC}),
-            Tensor(nullptr, DType::f32, device_, {ring_ ? 2 : n + 1, B, Tl, 2 * KVC}),
-            f32_grad ? none : Tensor(nullptr, DType::f32, device_, {B, Tl, W})});
+  const std::vector<Tensor> w = work(backward_work(n, ring_, compute_, dqkv.dtype, B, Tl, NH, NKV, C));
   const Tensor &blocks = w[0], &grads = w[1];
   const Tensor dq = f32_grad ? dqkv : w[2];
   ops::zero(dq);

@@ -87,11 +87,21 @@ class ContextParallel {
   static double ring_backward_bytes(int size, std::int64_t B, std::int64_t Tl, std::int64_t kv_width,
                                     std::size_t element);
 
+  /// The work buffers (shapes and dtypes, no data) attention_forward and attention_backward carve,
+  /// for (B, Tl) rows of NH query and NKV key/value heads of width C / NH; `out` and `dqkv` the
+  /// dtypes of the attention's output and input gradient.
+  static std::vector<Tensor> forward_work(int size, bool ring, DType compute, DType out, std::int64_t B,
+                                          std::int64_t Tl, std::int64_t NH, std::int64_t NKV, std::int64_t C);
+  static std::vector<Tensor> backward_work(int size, bool ring, DType compute, DType dqkv, std::int64_t B,
+                                           std::int64_t Tl, std::int64_t NH, std::int64_t NKV, std::int64_t C);
+  /// Bytes a call needs for those buffers together (each 256-byte aligned).
+  static std::size_t work_bytes(const std::vector<Tensor>& shapes);
+
  private:
   ContextGroup& group() const;
   /// One call's work buffers, in the order asked for: carved from the lent memory when they fit,
   /// else from work_ (grown to the largest call's).
-  std::vector<Tensor> work(std::initializer_list<Tensor> shapes);
+  std::vector<Tensor> work(const std::vector<Tensor>& shapes);
 
   int rank_, size_;
   bool ring_;

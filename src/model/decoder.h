@@ -27,6 +27,7 @@
 //   lay_out_grads(take, config, dims, grads)  the Grads scratch; those laid out after the attention's
 //                                   input and output gradients must be dead while attention's
 //                                   backward runs (context parallelism borrows their memory)
+//   attention_grads(grads)          those two, {dqkv (N, qkv width), dout (N, query width)}
 //   lay_out_decoding(take, config, decoding)  the Decoding tensors
 //   kv_width(config)                the width of a layer's key (and value) cache rows
 #pragma once
@@ -40,6 +41,7 @@
 
 #include "config/arch_traits.h"
 #include "core/error.h"
+#include "model/context_parallel.h"
 #include "model/model.h"
 #include "ops/ops.h"
 
@@ -88,6 +90,32 @@ class Decoder : public Model {
       count += numel;
     });
     return count;
+  }
+  /// Bytes of the context-parallel attention's own work buffer on a rank of a context group of
+  /// `context_size` holding (B, Tl) rows: none when forward's buffers fit in the backward scratch
+  /// and backward's in the scratch past the attention's gradients (ContextParallel borrows them),
+  /// else the larger need of those that do not. The grads are laid out at a stand-in address
+  /// (nothing allocated or touched) for their offsets.
+  static std::size_t measure_context_work(const config::ModelConfig& config, Recompute recompute, DType compute,
+                                          int B, int Tl, int tensor_size, bool sequence_parallel, int context_size,
+                                          bool ring) {
+    if (context_size <= 1) return 0;
+    Carver carver{reinterpret_cast<char*>(std::uintptr_t(1) << 16), Device::cpu};
+    Acts a;
+    GradActs g;
+    ActsShape shape{tensor_size, sequence_parallel};
+    shape.acts = false;
+    lay_out(config, recompute, compute, carver, B, Tl, a, g, shape);
+    const auto [dqkv, dout] = Body::attention_grads(g);
+    const std::int64_t HS = config.d_model / config.n_head, NH = config.n_head / tensor_size;
+    const std::int64_t NKV = (dqkv.shape[1] / HS - NH) / 2, C = NH * HS;
+    const std::size_t forward = ContextParallel::work_bytes(
+        ContextParallel::forward_work(context_size, ring, compute, compute, B, Tl, NH, NKV, C));
+    const std::size_t backward = ContextParallel::work_bytes(
+        ContextParallel::backward_work(context_size, ring, compute, dqkv.dtype, B, Tl, NH, NKV, C));
+    const std::size_t own_forward = forward > g.scratch.bytes() ? forward : 0;
+    const std::size_t own_backward = backward > scratch_past(g.scratch, dqkv, dout).bytes() ? backward : 0;
+    return std::max(own_forward, own_backward);
   }
   /// Activation bytes at (B,T): the layout code with a measuring Carver (nothing allocated), on a
   /// rank of a tensor-parallel group of `tensor_size`.
@@ -210,10 +238,11 @@ class Decoder : public Model {
     ops::flash_attention_backward(dqkv, dout, qkv, out, lse, NH, NKV, attention_kernels_, ops::Accumulate::no);
   }
   /// The backward scratch past both tensors (256-byte aligned; none unless both lie in it).
-  Tensor scratch_after(const Tensor& a, const Tensor& b) const {
-    char* const begin = static_cast<char*>(ga_.scratch.data);
+  Tensor scratch_after(const Tensor& a, const Tensor& b) const { return scratch_past(ga_.scratch, a, b); }
+  static Tensor scratch_past(const Tensor& scratch, const Tensor& a, const Tensor& b) {
+    char* const begin = static_cast<char*>(scratch.data);
     if (!begin) return Tensor();
-    char* const end = begin + ga_.scratch.bytes();
+    char* const end = begin + scratch.bytes();
     const auto inside = [&](const Tensor& t) {
       char* const at = static_cast<char*>(t.data);
       return at >= begin && at + t.bytes() <= end;
@@ -222,8 +251,8 @@ class Decoder : public Model {
     const std::size_t past = std::size_t(std::max(static_cast<char*>(a.data) + a.bytes(),
                                                   static_cast<char*>(b.data) + b.bytes()) - begin);
     const std::size_t from = (past + 255) / 256 * 256;
-    if (from >= ga_.scratch.bytes()) return Tensor();
-    return Tensor(begin + from, DType::u16, device_, {std::int64_t(ga_.scratch.bytes() - from) / 2});
+    if (from >= scratch.bytes()) return Tensor();
+    return Tensor(begin + from, DType::u16, scratch.device, {std::int64_t(scratch.bytes() - from) / 2});
   }
   /// Rotary embeddings of (B,T,H,HS) rows at their true positions (this rank's chunks under
   /// context parallelism); `backward`: rope_backward.

@@ -6,6 +6,7 @@
 // the c_fc and GELU outputs, "full" all but each layer's output.
 #pragma once
 
+#include <utility>
 #include <vector>
 
 #include "model/decoder.h"
@@ -40,6 +41,7 @@ struct Gpt2Body {
   static void lay_out_mlp(ActsCarver& take, const config::ModelConfig& config, const ActsDims& dims, Acts& la);
   static void lay_out_kept(ActsCarver& take, const config::ModelConfig& config, const ActsDims& dims, Acts& la);
   static void lay_out_grads(ActsCarver& take, const config::ModelConfig& config, const ActsDims& dims, Grads& g);
+  static std::pair<Tensor, Tensor> attention_grads(const Grads& g) { return {g.qkv, g.atty}; }
   static void lay_out_decoding(ActsCarver& take, const config::ModelConfig& config, Decoding& d);
   static std::int64_t kv_width(const config::ModelConfig& config) { return config.d_model; }
 };

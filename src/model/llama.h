@@ -8,6 +8,7 @@
 // "full" all but each layer's output.
 #pragma once
 
+#include <utility>
 #include <vector>
 
 #include "model/decoder.h"
@@ -43,6 +44,7 @@ struct LlamaBody {
   static void lay_out_mlp(ActsCarver& take, const config::ModelConfig& config, const ActsDims& dims, Acts& la);
   static void lay_out_kept(ActsCarver& take, const config::ModelConfig& config, const ActsDims& dims, Acts& la);
   static void lay_out_grads(ActsCarver& take, const config::ModelConfig& config, const ActsDims& dims, Grads& g);
+  static std::pair<Tensor, Tensor> attention_grads(const Grads& g) { return {g.qkvr, g.atty}; }
   static void lay_out_decoding(ActsCarver& take, const config::ModelConfig& config, Decoding& d);
   static std::int64_t kv_width(const config::ModelConfig& config) {
     return config.n_kv_head * (config.d_model / config.n_head);

@@ -119,12 +119,13 @@ ContextShape context_shape(const config::Config& c, int tensor_size, std::int64_
 }  // namespace
 
 std::int64_t context_scratch_bytes(const config::Config& config, int tensor_size, bool bf16, std::int64_t micro_batch) {
-  const ContextShape s = context_shape(config, tensor_size, micro_batch);
-  if (s.cp <= 1) return 0;
-  const std::int64_t e = bf16 ? 2 : 4;
-  const std::int64_t blocks = config.dist.context_parallel_mode == config::ContextParallelMode::ring ? 2 : s.cp;
-  return (1 + blocks) * s.N * s.K * e + 2 * s.N * s.C * 4 + s.NH * s.N * 4 + s.N * (s.C + s.K) * 4 +
-         (1 + blocks) * s.N * s.K * 4;
+  const auto& m = config.model;
+  const std::int64_t cp = config.dist.context_parallel;
+  if (cp <= 1) return 0;
+  return std::int64_t(model::arch_spec(m.arch).context_work_bytes(
+      m, config.train.recompute, bf16 ? DType::bf16 : DType::f32, int(micro_batch), int(m.context_length / cp),
+      tensor_size, config.dist.sequence_parallel && tensor_size > 1, int(cp),
+      config.dist.context_parallel_mode == config::ContextParallelMode::ring));
 }
 
 double context_layer_bytes(const config::Config& config, int tensor_size, bool bf16, bool backward) {

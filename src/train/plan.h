@@ -68,13 +68,15 @@ double flops_per_token(const config::ModelConfig& model);
 std::int64_t activation_bytes(const config::ModelConfig& model, bool bf16, config::Recompute recompute,
                               std::int64_t micro_batch, int tensor_size = 1, bool sequence_parallel = false,
                               int context_size = 1);
-/// Context parallelism (config.dist.context_parallel CP > 1): the attention's working buffers a
+/// Context parallelism (config.dist.context_parallel CP > 1): the attention's own work buffer a
 /// rank allocates next to its activations (model/context_parallel.cpp), for a micro-batch of
-/// `micro_batch` sequences on a tensor rank of `tensor_size`: with N = micro_batch x T / CP tokens
-/// and K = 2 x its key/value heads x head size, its key/value block and 2 in flight (ring; CP
-/// gathered, allgather) in the compute dtype, the f32 running result, one block's and its
-/// log-sum-exps, the f32 query gradients (N x the qkv width), its own key/value gradients and 2
-/// travelling accumulators (CP, allgather) in f32. 0 without context parallelism.
+/// `micro_batch` sequences on a tensor rank of `tensor_size`. Forward's buffers (with N = micro_batch
+/// x T / CP tokens and K = 2 x its key/value heads x head size: 2 key/value blocks of N x K in the
+/// compute dtype (ring; CP + 1, allgather), one block's f32 result and log-sum-exps, and the f32
+/// running result in bf16) borrow the layer's backward scratch, and backward's (the blocks again,
+/// their f32 gradients likewise, and the f32 query gradients in bf16) the scratch past the
+/// attention's gradients, when they fit: 0 then, else the larger need of those that do not. 0
+/// without context parallelism.
 std::int64_t context_scratch_bytes(const config::Config& config, int tensor_size, bool bf16, std::int64_t micro_batch);
 /// What each rank sends its context group per layer and micro-batch of `micro_batch` sequences
 /// (ring or allgather alike): forward CP-1 key/value blocks of N K elements in the compute dtype,
