@@ -11,8 +11,8 @@ no whole number of micro-batches):
      forward pass) equal those `eval --task` computes independently on its checkpoint (each
      ending's own unpadded forward, log-softmax of the logits) within 1e-4, with the same
      choices, and its metrics.jsonl scores are that file's;
-  2. tensor parallelism 2, ZeRO 3 over 2 ranks, a 2-stage pipeline, context parallelism 2 and
-     tensor 2 x data 2 under ZeRO 3 (4 ranks) give the one-rank run's acc, acc_norm and
+  2. tensor parallelism 2 (with and without sequence parallelism), ZeRO 3 over 2 ranks, a 2-stage
+     pipeline, context parallelism 2 and tensor 2 x data 2 under ZeRO 3 (4 ranks) give the one-rank run's acc, acc_norm and
      acc_norm_bytes, the same choices and token counts, and log-likelihoods within 1e-4.
 
 Usage: eval_tasks_mesh_test.py LLMTRAIN MPIEXEC
@@ -58,7 +58,8 @@ PLAIN = [
     {"context": "jumps over the", "choices": ["lazy dog", "fence"], "label": 1},
 ]
 LAYOUTS = [  # (what, ranks, --set overrides)
-    ("tensor parallel 2", 2, ["dist.tensor_parallel=2"]),
+    ("tensor parallel 2", 2, ["dist.tensor_parallel=2", "dist.sequence_parallel=false"]),
+    ("tensor parallel 2, sequence parallel", 2, ["dist.tensor_parallel=2", "dist.sequence_parallel=true"]),
     ("ZeRO 3 over 2 ranks", 2, ["dist.zero_stage=3"]),
     ("pipeline 2", 2, ["dist.pipeline_parallel=2"]),
     ("context parallel 2", 2, ["dist.context_parallel=2"]),
