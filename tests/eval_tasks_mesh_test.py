@@ -12,8 +12,9 @@ no whole number of micro-batches):
      ending's own unpadded forward, log-softmax of the logits) within 1e-4, with the same
      choices, and its metrics.jsonl scores are that file's;
   2. tensor parallelism 2 (with and without sequence parallelism), ZeRO 3 over 2 ranks, a 2-stage
-     pipeline, context parallelism 2 and tensor 2 x data 2 under ZeRO 3 (4 ranks) give the one-rank run's acc, acc_norm and
-     acc_norm_bytes, the same choices and token counts, and log-likelihoods within 1e-4.
+     pipeline (1F1B and interleaved), context parallelism 2 and tensor 2 x data 2 under ZeRO 3
+     (4 ranks) give the one-rank run's acc, acc_norm and acc_norm_bytes, the same choices and
+     token counts, and log-likelihoods within 1e-4.
 
 Usage: eval_tasks_mesh_test.py LLMTRAIN MPIEXEC
 """
@@ -62,6 +63,8 @@ LAYOUTS = [  # (what, ranks, --set overrides)
     ("tensor parallel 2, sequence parallel", 2, ["dist.tensor_parallel=2", "dist.sequence_parallel=true"]),
     ("ZeRO 3 over 2 ranks", 2, ["dist.zero_stage=3"]),
     ("pipeline 2", 2, ["dist.pipeline_parallel=2"]),
+    ("pipeline 2, interleaved", 2, ["dist.pipeline_parallel=2", "dist.pipeline_schedule=interleaved",
+                                    "dist.virtual_stages=2"]),
     ("context parallel 2", 2, ["dist.context_parallel=2"]),
     ("tensor 2 x data 2, ZeRO 3", 4, ["dist.tensor_parallel=2", "dist.zero_stage=3"]),
 ]
@@ -92,7 +95,7 @@ with tempfile.TemporaryDirectory() as tmp:
     for name, rows in (("hs", HELLASWAG), ("plain", PLAIN)):
         with open(f"{tmp}/{name}.jsonl", "w") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
-    config = {"model": {"vocab_size": 256, "context_length": 64, "n_layer": 2, "n_head": 2, "d_model": 32},
+    config = {"model": {"vocab_size": 256, "context_length": 64, "n_layer": 4, "n_head": 2, "d_model": 32},
               "data": {"train": f"{tmp}/shards/train_*.bin", "val": f"{tmp}/shards/val_*.bin"},
               "train": {"micro_batch_size": 2, "global_batch_size": 8, "max_steps": 31, "eval_every": 0,
                         "eval_batches": 1, "log_every": 100,
