@@ -19,8 +19,9 @@ packages=(
   podman runc debootstrap netavark aardvark-dns iptables
 )
 # Optional: PyTorch for golden files and the CPU benchmark (`scripts/setup.sh --with-torch`).
-# Optional: the ONNX Python packages and transformers for tests/onnx_export_test.py
-# (`scripts/setup.sh --with-onnx`), from PyPI into the system Python 3 (Debian packages none).
+# Optional: the ONNX Python packages and transformers for tests/onnx_export_test.py, and
+# tensorboard for tests/tensorboard_reader_test.py (`scripts/setup.sh --with-onnx`), from PyPI
+# into the system Python 3 (Debian packages none).
 with_onnx=0
 for arg in "$@"; do
   case "$arg" in
@@ -63,8 +64,9 @@ if ((with_onnx)); then
   # numpy is held below 2: a numpy 2 from PyPI would shadow Debian's and break Debian's PyTorch
   # (built against numpy 1); onnx needs at least 1.25. A PyTorch already there is pinned so that
   # pip never replaces it. transformers 4.44.2 (the test's Hugging Face side) runs on Debian 12's
-  # PyTorch 1.13; later releases want PyTorch 2.
-  echo "setup.sh: installing onnx, onnxruntime and transformers from PyPI for /usr/bin/python3"
+  # PyTorch 1.13; later releases want PyTorch 2. tensorboard (its event-file readers, for
+  # tests/tensorboard_reader_test.py) needs neither TensorFlow nor PyTorch.
+  echo "setup.sh: installing onnx, onnxruntime, transformers and tensorboard from PyPI for /usr/bin/python3"
   constraints=$(mktemp)
   echo 'numpy>=1.25,<2' >"$constraints"
   if torch_version=$(/usr/bin/python3 -c 'import torch; print(torch.__version__)' 2>/dev/null); then
@@ -72,6 +74,6 @@ if ((with_onnx)); then
   fi
   chmod a+r "$constraints"
   "${sudo_cmd[@]}" /usr/bin/python3 -m pip install --quiet --break-system-packages -c "$constraints" \
-    onnx onnxruntime 'numpy>=1.25,<2' transformers==4.44.2
+    onnx onnxruntime 'numpy>=1.25,<2' transformers==4.44.2 tensorboard
   rm -f "$constraints"
 fi

@@ -158,3 +158,34 @@ TEST_CASE("bad JSON Lines and truncated compression exit 2 naming file and line,
     check_refused(refused(garbage), garbage + ": line 1: corrupt Zstandard data", out);
   }
 }
+
+TEST_CASE("JSON Lines rows: CRLF and blank lines, stopping early, errors naming file and line", "[data]") {
+  using llmtrain::data::for_each_json_line;
+  std::vector<std::string> seen;
+  const auto collect = [&](const nlohmann::json& object, const std::string& where) {
+    seen.push_back(object.at("t").get<std::string>() + "@" + where);
+    return true;
+  };
+  // Lines 2 (spaces, tabs and CRs), 4 (empty) and 6 (a lone CR) are blank; CRLF ends are dropped.
+  for_each_json_line("f.jsonl", "{\"t\": \"a\"}\r\n \r\t\r\n{\"t\": \"b\"}\n\n{\"t\": \"c\"}\r\n\r\n", collect);
+  CHECK(seen == std::vector<std::string>{"a@f.jsonl:1", "b@f.jsonl:3", "c@f.jsonl:5"});
+  // Stopping after the second row: the bad line after it is never read.
+  seen.clear();
+  for_each_json_line("f.jsonl", "{\"t\": \"a\"}\n{\"t\": \"b\"}\nnot json\n",
+                     [&](const nlohmann::json& object, const std::string& where) {
+                       collect(object, where);
+                       return seen.size() < 2;
+                     });
+  CHECK(seen.size() == 2);
+  const auto error_of = [&](std::string_view text) {
+    try {
+      for_each_json_line("f.jsonl", text, collect);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(error_of("{\"t\": \"a\"}\n\n[1, 2]\n") == "f.jsonl:3: expected a JSON object, got [1,2]");
+  CHECK(error_of("{\"t\": \"a\"}\n{\"t\": \"\xff\"}\n") == "f.jsonl:2: byte 8 of the line is not valid UTF-8");
+  CHECK(error_of("{\"t\": \n").starts_with("f.jsonl:1: malformed JSON: "));
+}

@@ -109,14 +109,30 @@ std::string unzstd(const std::string& path, const std::string& packed) {
 // One document per non-blank line: the string field `field` of the line's JSON object.
 std::vector<std::string> json_lines(const std::string& path, const std::string& text, const std::string& field) {
   std::vector<std::string> documents;
+  for_each_json_line(path, text, [&](const nlohmann::json& object, const std::string& where) {
+    const auto it = object.find(field);
+    if (it == object.end()) throw InputError(where + ": no \"" + field + "\" field (--jsonl-field)");
+    if (!it->is_string()) {
+      throw InputError(where + ": \"" + field + "\" is not a string, got " + json_excerpt(*it));
+    }
+    documents.push_back(it->get<std::string>());
+    return true;
+  });
+  return documents;
+}
+
+}  // namespace
+
+void for_each_json_line(const std::string& path, std::string_view text,
+                        const std::function<bool(const nlohmann::json& object, const std::string& where)>& each) {
   std::size_t start = 0;
   for (std::int64_t line = 1; start < text.size(); ++line) {
     std::size_t end = text.find('\n', start);
-    if (end == std::string::npos) end = text.size();
-    std::string_view row(text.data() + start, end - start);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view row = text.substr(start, end - start);
     start = end + 1;
     if (!row.empty() && row.back() == '\r') row.remove_suffix(1);
-    if (row.find_first_not_of(" \t") == std::string_view::npos) continue;
+    if (row.find_first_not_of(" \t\r") == std::string_view::npos) continue;
     const std::string where = path + ":" + std::to_string(line);
     if (std::size_t bad = 0; !is_valid_utf8(row, &bad)) {
       throw InputError(where + ": byte " + std::to_string(bad + 1) + " of the line is not valid UTF-8");
@@ -130,17 +146,9 @@ std::vector<std::string> json_lines(const std::string& path, const std::string& 
       throw InputError(where + ": malformed JSON: " + reason);
     }
     if (!object.is_object()) throw InputError(where + ": expected a JSON object, got " + json_excerpt(object));
-    const auto it = object.find(field);
-    if (it == object.end()) throw InputError(where + ": no \"" + field + "\" field (--jsonl-field)");
-    if (!it->is_string()) {
-      throw InputError(where + ": \"" + field + "\" is not a string, got " + json_excerpt(*it));
-    }
-    documents.push_back(it->get<std::string>());
+    if (!each(object, where)) return;
   }
-  return documents;
 }
-
-}  // namespace
 
 bool reads_gzip() {
 #if LLMTRAIN_HAVE_ZLIB

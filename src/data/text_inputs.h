@@ -3,8 +3,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace llmtrain::data {
 
@@ -22,6 +26,14 @@ std::vector<std::string> read_documents(const std::string& path, const std::stri
 /// the order of `paths`) is the one thrown, whatever thread met it first.
 std::vector<std::string> read_all_documents(const std::vector<std::string>& paths, const std::string& jsonl_field,
                                             int threads);
+
+/// Calls `each(object, where)` for each non-blank line of `text`, the contents of the JSON Lines
+/// file `path`, in order, until `each` returns false; `where` is "PATH:LINE" for its errors. A
+/// line's trailing '\r' is dropped; a line of nothing but spaces, tabs and '\r' is blank.
+/// InputError naming the file and line for a line that is not valid UTF-8, not JSON, or not a
+/// JSON object.
+void for_each_json_line(const std::string& path, std::string_view text,
+                        const std::function<bool(const nlohmann::json& object, const std::string& where)>& each);
 
 /// Whether this build reads gzip (zlib) and Zstandard (libzstd) inputs.
 bool reads_gzip();

@@ -70,6 +70,7 @@ class Decoder : public Model {
   double forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T, float dloss_scale) override;
   void backward(const std::function<void(std::int64_t)>& grads_ready = {}) override;
   Tensor logits() override;
+  Tensor losses() override;
   Tensor decode_step(std::int32_t token, int pos) override;
   StageIO stage_io() override;
   std::string tied_embedding() const override { return tied() ? Body::names.embedding : ""; }
@@ -599,6 +600,12 @@ Tensor Decoder<Body>::logits() {
     throw RuntimeError(std::string(Body::name) + "::logits: each rank holds only its vocabulary columns");
   }
   return unpadded_logits(a_.logits, logits_f32_).reshape({acts_B_, acts_T_, config_.vocab_size});
+}
+
+template <class Body>
+Tensor Decoder<Body>::losses() {
+  if (!last_stage()) throw RuntimeError(std::string(Body::name) + "::losses: only the last pipeline stage has them");
+  return Tensor(a_.losses.data, DType::f32, device_, {acts_B_, acts_T_});
 }
 
 template <class Body>

@@ -140,6 +140,10 @@ class Model {
 
   /// (B,T,V) f32 logits of the last forward without dloss_scale.
   virtual Tensor logits() = 0;
+  /// (B,Tl) f32 per-position losses of the last forward with targets, on the model's device: the
+  /// last pipeline stage's (the same on every tensor rank); under context parallelism this rank's
+  /// Tl = T / context_size positions of each sequence (ContextParallel::take_rows' order).
+  virtual Tensor losses() = 0;
 
   /// Training: while deferred, forward adds each micro-batch's loss sum into a sum kept on the
   /// model's device and returns 0, so that no micro-step waits for the GPU to finish its forward;

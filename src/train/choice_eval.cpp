@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "core/files.h"
 #include "core/json_file.h"
-#include "core/strings.h"
+#include "data/text_inputs.h"
 
 namespace llmtrain::train {
 namespace {
@@ -36,26 +36,7 @@ std::vector<ChoiceExample> read_choice_file(const std::string& path, const std::
   const char* choices_key = hellaswag ? "endings" : "choices";
   const std::string text = read_regular_file(path, "a JSON Lines task file");
   std::vector<ChoiceExample> examples;
-  std::size_t start = 0;
-  for (std::int64_t line = 1; start < text.size() && (limit <= 0 || std::int64_t(examples.size()) < limit); ++line) {
-    std::size_t end = text.find('\n', start);
-    if (end == std::string::npos) end = text.size();
-    std::string_view row(text.data() + start, end - start);
-    start = end + 1;
-    if (row.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    const std::string where = path + ":" + std::to_string(line);
-    if (std::size_t bad = 0; !is_valid_utf8(row, &bad)) {
-      throw InputError(where + ": byte " + std::to_string(bad + 1) + " of the line is not valid UTF-8");
-    }
-    nlohmann::json object;
-    try {
-      object = nlohmann::json::parse(row);
-    } catch (const nlohmann::json::parse_error& e) {
-      std::string reason = e.what();
-      if (const auto colon = reason.find("]: "); colon != std::string::npos) reason = reason.substr(colon + 3);
-      throw InputError(where + ": malformed JSON: " + reason);
-    }
-    if (!object.is_object()) throw InputError(where + ": expected a JSON object, got " + json_excerpt(object));
+  data::for_each_json_line(path, text, [&](const nlohmann::json& object, const std::string& where) {
     ChoiceExample example;
     example.context = text_field(object, context_key, where);
     const auto choices = object.find(choices_key);
@@ -81,21 +62,16 @@ std::vector<ChoiceExample> read_choice_file(const std::string& path, const std::
     }
     example.label = int(value);
     examples.push_back(std::move(example));
-  }
+    return limit <= 0 || std::int64_t(examples.size()) < limit;
+  });
   if (examples.empty()) throw InputError(path + ": no examples");
   return examples;
 }
 
-ChoiceResult score_choices(model::Model& model, const data::Tokenizer& tokenizer,
-                           const std::vector<ChoiceExample>& examples, const std::string& task,
-                           std::int64_t context_length, std::int64_t vocab_size, dist::Communicator* comm) {
-  const int W = comm ? comm->world_size() : 1, rank = comm ? comm->rank() : 0;
-  // Every choice's log-likelihood and token count, in one flat array summed over the ranks.
-  std::vector<std::size_t> first(examples.size() + 1, 0);
-  for (std::size_t i = 0; i < examples.size(); ++i) first[i + 1] = first[i] + examples[i].choices.size();
-  std::vector<double> figures(2 * first.back(), 0.0);  // loglik, then tokens, per choice
-  std::vector<std::int32_t> inputs;
-  for (std::size_t i = std::size_t(rank); i < examples.size(); i += std::size_t(W)) {
+std::vector<ChoiceSequence> choice_sequences(const data::Tokenizer& tokenizer, const std::vector<ChoiceExample>& examples,
+                                             std::int64_t context_length) {
+  std::vector<ChoiceSequence> sequences;
+  for (std::size_t i = 0; i < examples.size(); ++i) {
     const ChoiceExample& example = examples[i];
     std::vector<std::uint32_t> context = tokenizer.encode(example.context);
     if (context.empty()) {
@@ -104,49 +80,38 @@ ChoiceResult score_choices(model::Model& model, const data::Tokenizer& tokenizer
     }
     for (std::size_t c = 0; c < example.choices.size(); ++c) {
       const std::vector<std::uint32_t> ending = tokenizer.encode(" " + example.choices[c]);
-      std::vector<std::uint32_t> sequence = context;
-      sequence.insert(sequence.end(), ending.begin(), ending.end());
       if (std::int64_t(ending.size()) > context_length) {
         throw InputError("example " + std::to_string(i) + ", choice " + std::to_string(c) + ": " +
                          std::to_string(ending.size()) + " tokens, more than the model's context (" +
                          std::to_string(context_length) + ")");
       }
+      ChoiceSequence sequence{context, std::int64_t(ending.size())};
+      sequence.tokens.insert(sequence.tokens.end(), ending.begin(), ending.end());
       // At most context_length + 1 tokens: the context's last ones.
-      if (std::int64_t(sequence.size()) > context_length + 1) {
-        sequence.erase(sequence.begin(), sequence.end() - (context_length + 1));
+      if (std::int64_t(sequence.tokens.size()) > context_length + 1) {
+        sequence.tokens.erase(sequence.tokens.begin(), sequence.tokens.end() - (context_length + 1));
       }
-      const int T = int(sequence.size()) - 1;
-      inputs.assign(sequence.begin(), sequence.end() - 1);
-      model.forward(inputs.data(), nullptr, 1, T, 0.0f);
-      const float* logits = model.logits().as<float>();  // (1, T, V)
-      double loglik = 0.0;
-      for (std::size_t k = 0; k < ending.size(); ++k) {
-        const std::size_t position = std::size_t(T) - ending.size() + k;  // predicts sequence[position + 1]
-        const float* row = logits + position * std::size_t(vocab_size);
-        double max = -std::numeric_limits<double>::infinity();
-        for (std::int64_t v = 0; v < vocab_size; ++v) max = std::max(max, double(row[v]));
-        double sum = 0.0;
-        for (std::int64_t v = 0; v < vocab_size; ++v) sum += std::exp(double(row[v]) - max);
-        loglik += double(row[ending[k]]) - max - std::log(sum);
-      }
-      figures[2 * (first[i] + c)] = loglik;
-      figures[2 * (first[i] + c) + 1] = double(ending.size());
+      sequences.push_back(std::move(sequence));
     }
   }
-  if (comm) comm->all_reduce_sum(figures.data(), std::int64_t(figures.size()));
+  return sequences;
+}
 
+ChoiceResult choice_result(const std::vector<ChoiceExample>& examples, const std::vector<ChoiceSequence>& sequences,
+                           const std::vector<double>& logliks, const std::string& task) {
   ChoiceResult result;
   result.task = task;
   result.n = std::int64_t(examples.size());
+  std::size_t at = 0;  // the first choice of example i in sequences and logliks
   for (std::size_t i = 0; i < examples.size(); ++i) {
     const ChoiceExample& example = examples[i];
     ChoicePrediction p;
     p.index = std::int64_t(i);
     p.label = example.label;
     std::vector<double> per_token, per_byte;
-    for (std::size_t c = 0; c < example.choices.size(); ++c) {
-      const double loglik = figures[2 * (first[i] + c)];
-      const auto tokens = std::int64_t(figures[2 * (first[i] + c) + 1]);
+    for (std::size_t c = 0; c < example.choices.size(); ++c, ++at) {
+      const double loglik = logliks[at];
+      const std::int64_t tokens = sequences[at].ending;
       p.logliks.push_back(loglik);
       p.ending_tokens.push_back(tokens);
       per_token.push_back(loglik / double(tokens));
@@ -164,6 +129,40 @@ ChoiceResult score_choices(model::Model& model, const data::Tokenizer& tokenizer
   result.acc_norm /= double(result.n);
   result.acc_norm_bytes /= double(result.n);
   return result;
+}
+
+ChoiceResult score_choices(model::Model& model, const data::Tokenizer& tokenizer,
+                           const std::vector<ChoiceExample>& examples, const std::string& task,
+                           std::int64_t context_length, std::int64_t vocab_size, dist::Communicator* comm) {
+  const int W = comm ? comm->world_size() : 1, rank = comm ? comm->rank() : 0;
+  const std::vector<ChoiceSequence> sequences = choice_sequences(tokenizer, examples, context_length);
+  // Every choice's log-likelihood, summed over the ranks (each fills its examples').
+  std::vector<double> logliks(sequences.size(), 0.0);
+  std::vector<std::int32_t> inputs;
+  std::size_t at = 0;  // example i's first choice
+  for (std::size_t i = 0; i < examples.size(); at += examples[i].choices.size(), ++i) {
+    if (i % std::size_t(W) != std::size_t(rank)) continue;
+    for (std::size_t c = 0; c < examples[i].choices.size(); ++c) {
+      const ChoiceSequence& sequence = sequences[at + c];
+      const int T = int(sequence.tokens.size()) - 1;
+      inputs.assign(sequence.tokens.begin(), sequence.tokens.end() - 1);
+      model.forward(inputs.data(), nullptr, 1, T, 0.0f);
+      const float* logits = model.logits().as<float>();  // (1, T, V)
+      double loglik = 0.0;
+      for (std::int64_t k = 0; k < sequence.ending; ++k) {
+        const std::size_t position = std::size_t(T - sequence.ending + k);  // predicts tokens[position + 1]
+        const float* row = logits + position * std::size_t(vocab_size);
+        double max = -std::numeric_limits<double>::infinity();
+        for (std::int64_t v = 0; v < vocab_size; ++v) max = std::max(max, double(row[v]));
+        double sum = 0.0;
+        for (std::int64_t v = 0; v < vocab_size; ++v) sum += std::exp(double(row[v]) - max);
+        loglik += double(row[sequence.tokens[position + 1]]) - max - std::log(sum);
+      }
+      logliks[at + c] = loglik;
+    }
+  }
+  if (comm) comm->all_reduce_sum(logliks.data(), std::int64_t(logliks.size()));
+  return choice_result(examples, sequences, logliks, task);
 }
 
 nlohmann::json to_json(const ChoiceResult& result) {

@@ -48,6 +48,23 @@ struct ChoiceResult {
   std::vector<ChoicePrediction> predictions;  // in file order
 };
 
+/// One choice to score: the context's tokens (its last ones where the whole would not fit) then
+/// the choice's, at most context_length + 1 tokens; the last `ending` of them are the choice's.
+struct ChoiceSequence {
+  std::vector<std::uint32_t> tokens;
+  std::int64_t ending = 0;
+};
+
+/// Every choice of every example as a sequence to score (example 0's choices, then example 1's,
+/// ...). InputError for a choice longer than the context, or an empty context without an
+/// end-of-text token to stand for it.
+std::vector<ChoiceSequence> choice_sequences(const data::Tokenizer& tokenizer, const std::vector<ChoiceExample>& examples,
+                                             std::int64_t context_length);
+
+/// The predictions and scores from each choice's log-likelihood `logliks` (choice_sequences' order).
+ChoiceResult choice_result(const std::vector<ChoiceExample>& examples, const std::vector<ChoiceSequence>& sequences,
+                           const std::vector<double>& logliks, const std::string& task);
+
 /// Scores `examples` with `model` (B = 1 forward passes of up to `context_length` positions).
 /// With `comm`, rank r scores examples r, r + W, ... and every rank gets the whole result.
 ChoiceResult score_choices(model::Model& model, const data::Tokenizer& tokenizer,

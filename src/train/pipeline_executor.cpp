@@ -71,28 +71,35 @@ void PipelineExecutor::reduce_over_stages(double& loss_sum) {
 }
 
 std::array<double, 2> PipelineExecutor::forward_only(data::BatchLoader& loader, std::int64_t batches, int B, int T) {
+  std::array<double, 2> totals{0.0, 0.0};
+  for (std::int64_t b = 0; b < batches; ++b) {
+    std::vector<data::MicroBatch> micro;
+    for (std::int64_t k = 0; k < loader.micro_steps(); ++k) micro.push_back(loader.next());
+    forward_micro_batches(micro, B, T, [&](int, double loss) {
+      totals[0] += loss;
+      totals[1] += double(B) * T;
+    });
+  }
+  if (stages_ > 1) comm_.all_reduce_sum(totals.data(), 2);
+  return totals;
+}
+
+void PipelineExecutor::forward_micro_batches(const std::vector<data::MicroBatch>& micro, int B, int T,
+                                             const std::function<void(int, double)>& each) {
   model_.prepare_activations(B, T);
   // Each micro-batch's forward through this stage's chunks in turn, each transfer on its own
   // (forwards only: no steady state to pair).
   std::vector<PipelineOp> ops;
-  for (int k = 0; k < int(loader.micro_steps()); ++k) {
+  for (int k = 0; k < int(micro.size()); ++k) {
     for (int chunk = 0; chunk < model_.chunks(); ++chunk) ops.push_back({PipelineOp::forward, k, chunk});
   }
   const auto groups = transfer_groups(ops, stages_, stage_, model_.chunks(), int(ops.size()));
-  std::array<double, 2> totals{0.0, 0.0};
   double waited = 0.0;
-  for (std::int64_t b = 0; b < batches; ++b) {
-    std::vector<data::MicroBatch> micro;
-    for (std::int64_t k = 0; k < loader.micro_steps(); ++k) micro.push_back(loader.next());
-    run(ops, groups, true, [&](const PipelineOp& op) {
-      const data::MicroBatch& batch = micro[std::size_t(op.micro_batch)];
-      const double loss = model_.forward(batch.inputs.data(), batch.targets.data(), B, T, 0.0f);
-      totals[0] += model_.last_stage() ? loss : 0.0;
-      totals[1] += model_.last_stage() ? double(B) * T : 0.0;
-    }, waited);
-  }
-  if (stages_ > 1) comm_.all_reduce_sum(totals.data(), 2);
-  return totals;
+  run(ops, groups, true, [&](const PipelineOp& op) {
+    const data::MicroBatch& batch = micro[std::size_t(op.micro_batch)];
+    const double loss = model_.forward(batch.inputs.data(), batch.targets.data(), B, T, 0.0f);
+    if (model_.last_stage()) each(op.micro_batch, loss);
+  }, waited);
 }
 
 void PipelineExecutor::run(const std::vector<PipelineOp>& ops, const std::vector<std::vector<StageTransfer>>& groups,

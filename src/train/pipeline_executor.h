@@ -47,6 +47,11 @@ class PipelineExecutor {
   /// forwards only; returns the loss sum and the count of positions it covers, summed over the
   /// stages (the last stage's).
   std::array<double, 2> forward_only(data::BatchLoader& loader, std::int64_t batches, int B, int T);
+  /// Forwards only of `micro` (B sequences of T tokens each, with targets), through the stages in
+  /// turn; on the last stage `each(k, loss)` follows micro-batch k's forward (its loss sum, and its
+  /// per-position losses in the model's losses()). Every stage passes the same micro-batches.
+  void forward_micro_batches(const std::vector<data::MicroBatch>& micro, int B, int T,
+                             const std::function<void(int, double)>& each);
 
   /// Whether the gradients' reduction may start inside the last backward (grads_ready): only
   /// without a pipeline, where one chunk finishes its gradients in buffer order and no sum over

@@ -74,7 +74,8 @@ void keep_metrics_up_to(const std::string& path, std::int64_t last_step) {
 }
 
 Reporter::Reporter(const TrainOptions& options, dist::Communicator& world, std::int64_t first_step)
-    : config_(options.config), device_(options.device), device_note_(options.device_note), world_size_(world.world_size()), logging_(options.progress) {
+    : config_(options.config), device_(options.device), device_note_(options.device_note), world_size_(world.world_size()), logging_(options.progress),
+      run_dir_(options.run_dir) {
   const bool lead = world.rank() == 0;  // the rank that prints and writes run files
   if (lead) {
     fs::create_directories(options.run_dir);
@@ -250,6 +251,13 @@ void Reporter::validation(std::int64_t step, const Validation& validation) {
       tensorboard_->scalar(name, value, step);
     }
     metrics_->write(line);
+    for (const auto& [name, result] : validation.tasks) {
+      char file[32];
+      std::snprintf(file, sizeof file, "/step_%08lld.json", static_cast<long long>(step));
+      const std::string dir = run_dir_ + "/tasks/" + name;
+      fs::create_directories(dir);
+      write_file_atomic(dir + file, to_json(result).dump() + "\n");
+    }
   }
   info("step %lld/%lld%s", static_cast<long long>(step), static_cast<long long>(config_.train.max_steps),
        text.c_str());

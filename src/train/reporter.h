@@ -82,7 +82,9 @@ class Reporter {
   void update(std::int64_t step, const StepResult& result);
   /// An update skipped by the NaN guard.
   void skipped(std::int64_t step, std::int64_t bad_in_a_row);
-  /// A validation: val_loss and each named set's val_loss/NAME, in the log line, metrics.jsonl and TensorBoard.
+  /// A validation: val_loss and each named set's val_loss/NAME, in the log line, metrics.jsonl and
+  /// TensorBoard; each task's scores there too, and its predictions in
+  /// RUN_DIR/tasks/NAME/step_SSSSSSSS.json (eval --task --json's form).
   void validation(std::int64_t step, const Validation& validation);
   /// A checkpoint made complete: a progress line and a metrics line with its size, write time and
   /// throughput (all ranks' bytes over the slowest rank's time) and the stall it caused.
@@ -98,6 +100,7 @@ class Reporter {
   bool logging_;
   std::unique_ptr<MetricsLog> metrics_;             // rank 0 only
   std::unique_ptr<TensorBoardWriter> tensorboard_;  // rank 0 only
+  std::string run_dir_;
   std::unique_ptr<RunLog> log_;
   std::chrono::steady_clock::time_point start_;
   std::int64_t device_peak_ = 0;  // of the GPU's memory in use, as sampled after updates

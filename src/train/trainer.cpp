@@ -12,6 +12,7 @@
 #include "core/files.h"
 #include "data/shard.h"
 #include "dist/file_work.h"
+#include "model/context_parallel.h"
 #include "ops/buffer.h"
 #include "ops/ops.h"
 #include "ops/profile.h"
@@ -123,13 +124,12 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
     val_sets_.push_back({set.name, std::move(data)});
   }
   if (!tc.eval_tasks.empty()) {  // benchmarks at every validation: their files and the run's tokenizer
-    if (config_.dist.tensor_parallel > 1 || config_.dist.pipeline_parallel > 1 || config_.dist.zero_stage == 3) {
-      throw InputError("train.eval_tasks: not with ZeRO 3, tensor or pipeline parallelism (yet); use llmtrain eval --task");
-    }
     const auto shards = data::expand_paths(config_.data.train.paths(), "data.train");
     task_tokenizer_ = data::load_tokenizer(std::filesystem::path(shards.front()).parent_path().string());
     for (const config::EvalTask& task : tc.eval_tasks) {
-      tasks_.emplace_back(task, read_choice_file(task.path, task.task, task.limit));
+      std::vector<ChoiceExample> examples = read_choice_file(task.path, task.task, task.limit);
+      std::vector<ChoiceSequence> sequences = choice_sequences(*task_tokenizer_, examples, T);
+      tasks_.push_back({task, std::move(examples), std::move(sequences)});
     }
   }
   accum_ = config::grad_accum_steps(config_, readers);
@@ -349,19 +349,74 @@ std::optional<Validation> Trainer::validate() {
   }
   if (!config_.data.val.named) result.sets.clear();  // one unnamed set: val_loss alone
   result.has_loss = !val_sets_.empty();
-  if (!tasks_.empty()) {  // the whole model on the CPU on every rank: the examples spread over them
-    host_weights();
-    model::Model& scorer = device_ == Device::cpu ? *model_ : *host_;
-    for (const auto& [task, examples] : tasks_) {
-      const ChoiceResult scores = score_choices(scorer, *task_tokenizer_, examples, task.task, T,
-                                                config_.model.vocab_size, &world_);
-      const std::string name = task.metric_name();
-      result.scores.emplace_back(name + "/acc", scores.acc);
-      result.scores.emplace_back(name + "/acc_norm", scores.acc_norm);
-      result.scores.emplace_back(name + "/acc_norm_bytes", scores.acc_norm_bytes);
-    }
+  for (const auto& [task, examples, sequences] : tasks_) {
+    const ChoiceResult scores = choice_result(examples, sequences, sequence_logliks(sequences), task.task);
+    const std::string name = task.metric_name();
+    result.scores.emplace_back(name + "/acc", scores.acc);
+    result.scores.emplace_back(name + "/acc_norm", scores.acc_norm);
+    result.scores.emplace_back(name + "/acc_norm_bytes", scores.acc_norm_bytes);
+    result.tasks.emplace_back(name, scores);
   }
   return result;
+}
+
+std::vector<double> Trainer::sequence_logliks(const std::vector<ChoiceSequence>& sequences) {
+  // The validation's path, whatever the mesh: micro-batches of B sequences of the whole context
+  // length (each padded at its end, which a causal model's earlier positions never see) through
+  // the stages, each data-parallel rank its share; the last stage's per-position losses over a
+  // sequence's last tokens give their log-likelihood. The ranks of a tensor, context or pipeline
+  // group pass the same micro-batches, and every data-parallel rank as many (ZeRO 3 gathers the
+  // weights with all of them).
+  const int T = int(config_.model.context_length), B = int(config_.train.micro_batch_size);
+  const std::int64_t readers = data_comm_.world_size() / context_, reader = data_comm_.rank() / context_;
+  const auto count = std::int64_t(sequences.size());
+  const std::int64_t micro_batches = (count + B - 1) / B;  // global micro-batch g: sequences [g B, g B + B)
+  const std::int64_t mine = (micro_batches + readers - 1) / readers;  // g = j readers + reader, j < mine
+  // Context parallelism: this rank's positions of each sequence, as the model keeps them.
+  const model::ContextParallel split(context_comm_->rank(), context_, true, Device::cpu, DType::f32);
+  const int Tl = T / context_;
+  const bool counts = tensor_comm_.rank() == 0;  // the tensor ranks' losses are the same
+  std::vector<double> logliks(sequences.size(), 0.0);
+  std::vector<std::int32_t> ending(std::size_t(B) * T), local_ending;  // (B, T) 1 where a position predicts an ending token
+  std::vector<float> losses(std::size_t(B) * Tl);
+  for (std::int64_t j0 = 0; j0 < mine; j0 += accum_) {
+    std::vector<data::MicroBatch> micro;
+    std::vector<std::vector<std::int32_t>> endings;
+    for (std::int64_t j = j0; j < std::min(mine, j0 + accum_); ++j) {
+      data::MicroBatch batch;
+      batch.inputs.assign(std::size_t(B) * T, 0);
+      batch.targets.assign(std::size_t(B) * T, 0);
+      std::fill(ending.begin(), ending.end(), 0);
+      for (std::int64_t b = 0; b < B; ++b) {
+        const std::int64_t s = (j * readers + reader) * B + b;
+        if (s >= count) break;  // padding: a micro-batch of nothing to score
+        const ChoiceSequence& sequence = sequences[std::size_t(s)];
+        const std::int64_t L = std::int64_t(sequence.tokens.size()) - 1;  // positions used
+        for (std::int64_t t = 0; t < L; ++t) {
+          batch.inputs[std::size_t(b * T + t)] = std::int32_t(sequence.tokens[std::size_t(t)]);
+          batch.targets[std::size_t(b * T + t)] = std::int32_t(sequence.tokens[std::size_t(t + 1)]);
+          ending[std::size_t(b * T + t)] = t >= L - sequence.ending;
+        }
+      }
+      split.take_rows(ending.data(), B, T, local_ending);
+      endings.push_back(local_ending);
+      micro.push_back(std::move(batch));
+    }
+    pipeline_->forward_micro_batches(micro, B, T, [&](int k, double) {
+      if (!counts) return;
+      ops::copy(Tensor(losses.data(), DType::f32, Device::cpu, {B, Tl}), model_->losses());
+      const std::int64_t g = (j0 + k) * readers + reader;
+      for (std::int64_t b = 0; b < B && g * B + b < count; ++b) {
+        double sum = 0.0;
+        for (int t = 0; t < Tl; ++t) {
+          if (endings[std::size_t(k)][std::size_t(b * Tl + t)]) sum += double(losses[std::size_t(b * Tl + t)]);
+        }
+        logliks[std::size_t(g * B + b)] -= sum;
+      }
+    });
+  }
+  world_.all_reduce_sum(logliks.data(), count);
+  return logliks;
 }
 
 const model::Model& Trainer::host_weights() {

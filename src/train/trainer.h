@@ -88,6 +88,9 @@ class Trainer final : public CheckpointSource {
   // This rank's initial weights, laid out as its held weights, into `to` (host memory): from the
   // checkpoint, model.init_from or train.seed, range by range.
   void load_initial_weights(const checkpoint::Found* resume, float* to) const;
+  // Every sequence's log-likelihood of its last `ending` tokens, on every rank, by the
+  // validation's forward passes (any mesh).
+  std::vector<double> sequence_logliks(const std::vector<ChoiceSequence>& sequences);
 
   const config::Config& config_;
   Device device_;
@@ -98,9 +101,14 @@ class Trainer final : public CheckpointSource {
   double tokens_per_step_ = 0;
   data::TokenDataset train_data_;
   std::vector<std::pair<std::string, std::unique_ptr<data::TokenDataset>>> val_sets_;  // data.val's, by name
-  std::optional<data::Blender> source_counts_;
+  std::optional<data::Blender> source_counts_;  // a mixture's samples per source up to sampler_state_
   std::unique_ptr<data::Tokenizer> task_tokenizer_;  // train.eval_tasks: the run's tokenizer
-  std::vector<std::pair<config::EvalTask, std::vector<ChoiceExample>>> tasks_;  // and their examples  // a mixture's samples per source up to sampler_state_
+  struct ScoredTask {
+    config::EvalTask task;
+    std::vector<ChoiceExample> examples;
+    std::vector<ChoiceSequence> sequences;  // every choice, tokenized once
+  };
+  std::vector<ScoredTask> tasks_;  // train.eval_tasks with their examples
   std::int64_t first_step_ = 1, tokens_seen_ = 0, bad_in_a_row_ = 0;
   data::SamplerState sampler_state_;
   model::AttentionChoice attention_;
