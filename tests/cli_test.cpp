@@ -209,6 +209,7 @@ TEST_CASE("train, eval, generate and export work end to end on a tiny run", "[cl
   CHECK(nlohmann::json::parse(std::ifstream(run + "/config.json"))["train"]["max_steps"] == 6);
   // Checkpoints at 2, 4 and 6; keep_last 2 leaves 4 and 6.
   CHECK(!std::filesystem::exists(run + "/checkpoints/step_00000002"));
+  CHECK(!std::filesystem::exists(run + "/checkpoints/.pruned-step_00000002"));  // deleted before the end
   CHECK(std::filesystem::exists(run + "/checkpoints/step_00000004/COMPLETE"));
   CHECK(std::filesystem::exists(run + "/checkpoints/step_00000006/optim-00000.safetensors"));
 

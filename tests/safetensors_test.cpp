@@ -399,3 +399,42 @@ TEST_CASE("file_crc32 is zlib's crc32 of the file's bytes", "[checkpoint]") {
           file_crc32(dir.path() + "/missing");
         }).find(dir.path() + "/missing: cannot open") == 0);
 }
+
+TEST_CASE("a large file (written past the page cache where the file system allows) holds its pieces and checksums",
+          "[checkpoint]") {
+  // Over two 8 MiB bounce buffers and a tail of whole blocks and a few bytes more; the pieces at
+  // odd addresses and of odd lengths; CRC chunks of an odd size, so that they end inside buffers.
+  test::TempDir dir;
+  const std::size_t n = (std::size_t(17) << 20) / sizeof(float) + 4099;
+  std::string source(n * sizeof(float) + 1, '\0');
+  std::uint32_t state = 777;
+  for (auto& c : source) {
+    state = state * 1664525u + 1013904223u;
+    c = static_cast<char>(state >> 24);
+  }
+  const char* at = source.data() + 1;  // floats at an address no O_DIRECT write could use as it is
+  const std::size_t first = 3 * 1000 * 1001, second = 5 * 1024 * 1024 + 3;
+  const std::vector<std::pair<const void*, std::size_t>> pieces = {
+      {at, first}, {at + first, second}, {at + first + second, n * sizeof(float) - first - second}};
+  const std::vector<std::int64_t> small = {1, 2, 3};
+  const std::size_t crc_chunk = (std::size_t(1) << 20) + 3;
+  const std::string path = dir.path() + "/big.safetensors";
+  const FileChecksums sums = write_safetensors_checked(
+      path, {{"w", StDtype::f32, {std::int64_t(n)}, nullptr, pieces}, {"r", StDtype::i64, {3}, small.data()}}, {},
+      default_write_chunk, crc_chunk);
+
+  const std::string file = read_bytes(path);
+  CHECK(sums.crc32 == builtin_crc(file));
+  REQUIRE(sums.chunks.size() == (file.size() + crc_chunk - 1) / crc_chunk);
+  for (std::size_t c = 0; c < sums.chunks.size(); ++c) {
+    CHECK(sums.chunks[c] == builtin_crc(file.substr(c * crc_chunk, crc_chunk)));
+  }
+  SafetensorsReader reader(path);
+  REQUIRE(reader.find("w") != nullptr);
+  REQUIRE(reader.find("r") != nullptr);
+  const auto w = reader.data(*reader.find("w"));
+  REQUIRE(w.size() == n * sizeof(float));
+  CHECK(std::memcmp(w.data(), at, w.size()) == 0);
+  CHECK(values_of<std::int64_t>(reader, *reader.find("r")) == small);
+  CHECK(std::distance(std::filesystem::directory_iterator(dir.path()), std::filesystem::directory_iterator()) == 1);
+}

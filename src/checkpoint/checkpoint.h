@@ -79,6 +79,9 @@ struct Committed {
   std::string dir;
   std::int64_t bytes = 0;
   double write_seconds = 0.0;
+  /// Rank 0: checkpoints beyond keep_last, already renamed out of the way (no longer checkpoints),
+  /// for the caller to delete (remove_pruned), in the background if it likes.
+  std::vector<std::string> pruned;
 };
 
 /// A save in three parts, so that the writing can run in the background (train/checkpointer.h):
@@ -94,9 +97,14 @@ WrittenPart write_part(const SaveRequest& request, const std::string& dir, int r
 /// 3. commit (collective, every rank with its write_part): the ranks agree that all their files
 ///    are durable (else RuntimeError on every rank: on a failing rank its own error, on the others
 ///    which rank failed). Then rank 0 writes state.json (with every file's checksum), COMPLETE,
-///    `latest`, and deletes checkpoints beyond keep_last. So a crash at any moment before leaves
-///    the previous checkpoint as `latest`, whole.
+///    `latest`, and renames checkpoints beyond keep_last to hidden `.pruned-step_N` folders (the
+///    caller deletes them: remove_pruned). So a crash at any moment before leaves the previous
+///    checkpoint as `latest`, whole.
 Committed commit(const SaveRequest& request, const WrittenPart& mine, dist::Communicator& comm);
+
+/// Deletes the folders commit() set aside, and any a crash left behind in `root` before; best
+/// effort (what cannot be deleted now is tried again after the next save).
+void remove_pruned(const std::string& root, const std::vector<std::string>& pruned);
 
 /// The three parts in a row (called by every rank); returns the checkpoint's folder.
 std::string save(const SaveRequest& request, dist::Communicator& comm);

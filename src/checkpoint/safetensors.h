@@ -99,8 +99,10 @@ inline constexpr std::size_t default_write_chunk = std::size_t(32) << 20;
 
 /// Writes atomically: PATH.tmp (its blocks reserved first, so a full disk fails before any byte
 /// is written), fsync, rename; header padded with spaces to a multiple of 8; tensors stored in the
-/// given order, straight from their memory in sequential writes of `chunk_bytes`, each chunk's
-/// write-back to the disk started as soon as it is written. Returns the CRC-32 (as zlib's crc32)
+/// given order. Files of 4 MiB and more go to the disk directly (O_DIRECT, through aligned bounce
+/// buffers, bypassing the page cache) where the file system allows it; smaller ones, and all on
+/// file systems that refuse O_DIRECT, straight from their memory in sequential writes of
+/// `chunk_bytes`, each chunk's write-back to the disk started as soon as it is written. Returns the CRC-32 (as zlib's crc32)
 /// of the whole file, computed chunk by chunk as it is written. RuntimeError naming the path on
 /// any I/O failure (disk full, permission) or bad argument (a negative dim, a repeated name), and
 /// the temp file is removed.

@@ -26,6 +26,9 @@ namespace fs = std::filesystem;
 // Writes a small text file atomically: an exclusive temporary name, fsync, rename (core/files.h).
 void write_text_atomic(const std::string& path, const std::string& text) { write_file_atomic(path, text); }
 
+// Checkpoints beyond keep_last are renamed to this prefix plus their name before they are deleted.
+constexpr const char* pruned_prefix = ".pruned-";
+
 std::string step_dir_name(std::int64_t step) {
   char name[32];
   std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
@@ -193,7 +196,7 @@ Committed commit(const SaveRequest& r, const WrittenPart& mine, dist::Communicat
   comm.all_reduce_max(chunk_bytes.data(), std::int64_t(chunk_bytes.size()));
   if (!chunk_crc.empty()) comm.all_reduce_max(chunk_crc.data(), std::int64_t(chunk_crc.size()));
 
-  Committed done{dir, 0, double(bytes[slots]) / 1e6};
+  Committed done{dir, 0, double(bytes[slots]) / 1e6, {}};
   for (std::size_t k = 0; k < slots; ++k) done.bytes += std::max<std::int64_t>(bytes[k], 0);
   std::string error;
   if (rank == 0) {
@@ -221,7 +224,9 @@ Committed commit(const SaveRequest& r, const WrittenPart& mine, dist::Communicat
       write_text_atomic(dir + "/COMPLETE", "");
       write_text_atomic(r.root + "/latest", name + "\n");
 
-      // Only now, with a newer complete checkpoint on disk, are old ones deleted.
+      // Only now, with a newer complete checkpoint on disk, do old ones go: each renamed at once
+      // (then no longer a checkpoint, whole or not), its files deleted later (remove_pruned),
+      // since deleting gigabytes takes a while.
       std::vector<std::string> complete;
       for (const auto& entry : fs::directory_iterator(r.root)) {
         const std::string n = entry.path().filename().string();
@@ -229,7 +234,12 @@ Committed commit(const SaveRequest& r, const WrittenPart& mine, dist::Communicat
       }
       std::sort(complete.begin(), complete.end());
       for (std::size_t i = 0; i + std::size_t(r.keep_last) < complete.size(); ++i) {
-        fs::remove_all(r.root + "/" + complete[i]);
+        // Best effort, as deleting always was: a checkpoint that cannot be set aside stays.
+        const std::string aside = r.root + "/" + pruned_prefix + complete[i];
+        std::error_code not_moved;
+        fs::remove_all(aside, not_moved);  // a set-aside folder of that name that a crash left
+        fs::rename(r.root + "/" + complete[i], aside, not_moved);
+        if (!not_moved) done.pruned.push_back(aside);
       }
     } catch (const std::exception& e) {
       error = e.what();
@@ -243,8 +253,19 @@ Committed commit(const SaveRequest& r, const WrittenPart& mine, dist::Communicat
   return done;
 }
 
+void remove_pruned(const std::string& root, const std::vector<std::string>& pruned) {
+  std::vector<std::string> all = pruned;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(root, error)) {
+    if (entry.path().filename().string().starts_with(pruned_prefix)) all.push_back(entry.path().string());
+  }
+  for (const std::string& dir : all) fs::remove_all(dir, error);
+}
+
 std::string save(const SaveRequest& r, dist::Communicator& comm) {
   const std::string dir = prepare_dir(r.root, r.step, comm);
-  return commit(r, write_part(r, dir, comm.rank(), comm.world_size()), comm).dir;
+  const Committed done = commit(r, write_part(r, dir, comm.rank(), comm.world_size()), comm);
+  if (comm.rank() == 0) remove_pruned(r.root, done.pruned);
+  return done.dir;
 }
 }  // namespace llmtrain::checkpoint

@@ -1,7 +1,10 @@
 #include "train/checkpointer.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -85,11 +88,23 @@ std::int64_t memory_available() {
   return -1;
 }
 
+// How much less a background writer's threads weigh with the scheduler than training's: nice 10
+// gives them about a tenth of a core that training also wants, all of one it leaves idle.
+constexpr int writer_niceness = 10;
+
 // Test hook (tests/dist_file_work_test.sh): LLMTRAIN_TEST_SLOW_SAVE_S adds that many seconds to
 // this rank's file work of every save.
 void slow_save_for_test() {
   const double seconds = dist::test_delay_s("LLMTRAIN_TEST_SLOW_SAVE_S");
   if (seconds > 0) std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+}
+
+// Lowers the calling thread's scheduling priority (Linux: per thread, inherited by the threads
+// it starts) by `writer_niceness`; best effort.
+void writer_priority() {
+  errno = 0;
+  const int now = ::getpriority(PRIO_PROCESS, 0);
+  if (errno == 0) ::setpriority(PRIO_PROCESS, 0, std::min(now + writer_niceness, 19));
 }
 
 }  // namespace
@@ -153,6 +168,7 @@ Checkpointer::Checkpointer(const TrainOptions& options, dist::Communicator& worl
 
 Checkpointer::~Checkpointer() {
   if (source_) source_->set_before_update({});
+  if (pruner_.joinable()) pruner_.join();
   if (!pending_) return;
   // Leaving on an error: the files are finished either way; only alone may we mark them complete.
   pending_->writer.join();
@@ -189,6 +205,17 @@ void Checkpointer::wait_for_copy() {
   pending_->stall_s += seconds_since(start);
 }
 
+// Rank 0 deletes the checkpoints a commit set aside on a thread of its own (gigabytes take a
+// while to delete, and training need not wait), one deletion at a time.
+void Checkpointer::remove_pruned(std::vector<std::string> pruned) {
+  if (world_.rank() != 0) return;
+  if (pruner_.joinable()) pruner_.join();
+  pruner_ = std::thread([root = root_, pruned = std::move(pruned)] {
+    writer_priority();
+    checkpoint::remove_pruned(root, pruned);
+  });
+}
+
 void Checkpointer::flush() {
   if (pending_) finish("the end of training");
 }
@@ -210,6 +237,7 @@ void Checkpointer::finish(const char* why) {
     const dist::Patience patience(world_, file_work_limit_s_);
     done = checkpoint::commit(p->request, p->part, world_);
   }
+  remove_pruned(std::move(done.pruned));
   reporter_.checkpoint_saved(p->request.step, done, {p->stall_s, p->waited_s, p->copy_s, true});
 }
 
@@ -264,6 +292,7 @@ std::string Checkpointer::save(std::int64_t step, CheckpointSource& source) {
       const dist::Patience patience(world_, file_work_limit_s_);
       done = checkpoint::commit(request, written, world_);
     }
+    remove_pruned(std::move(done.pruned));
     const double stall = seconds_since(save_start);
     reporter_.checkpoint_saved(step, done, {stall, 0.0, 0.0, false});
     return dir;
@@ -322,6 +351,9 @@ std::string Checkpointer::save(std::int64_t step, CheckpointSource& source) {
       raw->copied = true;
     }
     raw->copy_done.notify_all();
+    // The files are written at a lower priority (this thread and those it starts): where the
+    // training threads want every core, they come first, and the writer takes what they leave.
+    writer_priority();
     try {
       slow_save_for_test();
       raw->part = checkpoint::write_part(raw->request, raw->dir, rank, world_size);

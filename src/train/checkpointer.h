@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -57,6 +58,7 @@ class Checkpointer {
   struct Pending;
   void finish(const char* why);
   void wait_for_copy();
+  void remove_pruned(std::vector<std::string> pruned);
 
   const config::Config& config_;
   std::string root_;
@@ -70,6 +72,7 @@ class Checkpointer {
   CheckpointSource* source_ = nullptr;  // async: whose updates wait for the staging copy
   ops::Buffer staging_;              // async: the weights, m and v of the ranges this rank writes
   std::unique_ptr<Pending> pending_;  // the save being written in the background
+  std::thread pruner_;               // rank 0: deletes the checkpoints beyond keep_last
 };
 
 }  // namespace llmtrain::train
