@@ -8,6 +8,9 @@
 # it), minus that of the same run with a tiny model (d_model 64, 2 layers: the process's own
 # libraries, MPI, buffers), against the state the rank holds (state_bytes: weights, gradients,
 # optimizer state and the buffers that gather and reduce them). The target: at most 1.5x.
+#   3. export the 4-rank checkpoint of part 1 to Hugging Face's sharded layout (bf16 in 100 MB
+#      shards, and fp32): the exporting process's peak resident memory less the tiny model's
+#      export's, against the largest tensor and the whole model (the target: about one tensor).
 # Environment: LLMTRAIN (the binary; default build/src/llmtrain), MPIEXEC (default mpiexec).
 # Prints one line per rank and run; exits 1 when a figure cannot be read.
 set -euo pipefail
@@ -86,3 +89,31 @@ print(f'    rank {$r}: peak RSS {big * 1.048576:.0f} MB, tiny model {tiny * 1.04
   done
 done
 echo "bench_host_memory: largest ratio $worst (target: at most 1.5)"
+
+# 3. Export, one process: peak RSS less the tiny model's export's.
+export_peak() {  # export_peak SIZE DTYPE: KiB
+  rm -rf "$work/$1-hf-$2"
+  /usr/bin/python3 "$work/peak.py" "$work/$1-export-$2.peak" "$llmtrain" export --checkpoint "$work/$1-train" \
+    --format hf --dtype "$2" --shard-gb 0.1 --output "$work/$1-hf-$2" >"$work/$1-export-$2.log" 2>&1 ||
+    { echo "bench_host_memory: export of $1 failed: $(tail -n 3 "$work/$1-export-$2.log")" >&2; exit 1; }
+  cat "$work/$1-export-$2.peak.0"
+}
+for dtype in fp32 bf16; do
+  big=$(export_peak big "$dtype") tiny=$(export_peak tiny "$dtype")
+  shards=$(ls "$work/big-hf-$dtype"/model-*-of-*.safetensors | wc -l)
+  /usr/bin/python3 - "$big" "$tiny" "$params" "$dtype" "$shards" "$work/big-hf-fp32" <<'PY'
+import glob, json, struct, sys
+big, tiny, params, dtype, shards = int(sys.argv[1]) * 1024 / 1e6, int(sys.argv[2]) * 1024 / 1e6, int(sys.argv[3]), sys.argv[4], sys.argv[5]
+largest = 0  # the largest tensor, f32, as the fp32 export's files hold it
+for path in glob.glob(sys.argv[6] + "/model-*-of-*.safetensors"):
+    with open(path, "rb") as f:
+        header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+    largest = max([largest] + [t["data_offsets"][1] - t["data_offsets"][0] for k, t in header.items() if k != "__metadata__"])
+largest /= 1e6
+model = params * 4 / 1e6
+extra = big - tiny
+print(f"  export --format hf --dtype {dtype} of the 4-rank checkpoint ({shards} shards): peak RSS {big:.0f} MB, "
+      f"tiny model {tiny:.0f} MB, difference {extra:.0f} MB = {extra / largest:.1f}x the largest tensor "
+      f"({largest:.1f} MB), {extra / model:.3f}x the model ({model:.0f} MB)")
+PY
+done

@@ -359,13 +359,11 @@ void verify_files(const Found& found) {
 }
 
 void load_weights(const Found& found, model::Model& model) {
-  std::vector<FlatRange> ranges;
-  std::vector<float*> unused;
+  // A whole model's segments are one run; a part's (a pipeline stage's, say) read in turn, the
+  // files indexed once.
+  const StateReader reader(found, StateKind::weights);
   float* params = model.params().as<float>();
-  // A whole model's segments are one run; a part's (a pipeline stage's, say) read in turn.
-  for (const model::Segment& s : model.segments(false)) {
-    load_state(found, StateKind::weights, {s.logical_range()}, {params + s.local});
-  }
+  for (const model::Segment& s : model.segments(false)) reader.read({s.logical_range()}, {params + s.local});
 }
 
 void check_weights_fit(const Found& found) {

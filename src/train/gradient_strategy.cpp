@@ -43,9 +43,6 @@ class BucketedSync final : public GradientStrategy {
 
   bool replicated() const override { return true; }
   bool shards_optimizer() const override { return sync_.zero_stage() > 0; }
-  void gather_weights(float* flat) override {
-    if (flat) ops::copy(Tensor(flat, DType::f32, Device::cpu, {model_.num_params()}), model_.params());
-  }
   std::size_t state_bytes() const override { return sync_.state_bytes(); }
 
  private:
@@ -81,7 +78,6 @@ class ShardedUnits final : public GradientStrategy {
 
   bool replicated() const override { return false; }
   bool shards_optimizer() const override { return true; }
-  void gather_weights(float* flat) override { zero3_.gather_weights(flat); }
   std::size_t state_bytes() const override { return zero3_.state_bytes(); }
 
  private:

@@ -58,9 +58,6 @@ class GradientStrategy {
   virtual bool replicated() const = 0;
   /// Whether each rank of the group holds only a shard of the optimizer state.
   virtual bool shards_optimizer() const = 0;
-  /// Collective over the group: this rank's weights in its flat layout, (P,) f32, into `flat`
-  /// (host memory); a rank passing null takes part and receives nothing.
-  virtual void gather_weights(float* flat) = 0;
   /// Bytes of the buffers it holds for the reduction (and, for ZeRO 3, the shards).
   virtual std::size_t state_bytes() const = 0;
 };

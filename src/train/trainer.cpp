@@ -420,7 +420,7 @@ std::vector<double> Trainer::sequence_logliks(const std::vector<ChoiceSequence>&
 }
 
 const model::Model& Trainer::host_weights() {
-  if (model_->sharded()) throw RuntimeError("host_weights: the model is sharded (ZeRO 3): gather_weights");
+  if (model_->sharded()) throw RuntimeError("host_weights: the model is sharded (ZeRO 3)");
   if (device_ == Device::cpu) return *model_;
   if (!host_) {
     host_ = model::make_model(config_.model, Device::cpu, model::Recompute::none, DType::f32,

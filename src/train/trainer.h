@@ -75,7 +75,7 @@ class Trainer final : public CheckpointSource {
   Tensor master() const override { return gradients_->master(); }
   Device device() const override { return device_; }
   /// The fp32 weights on the CPU, brought up to date (a copy from the GPU where the model is there).
-  /// Not for a sharded model (ZeRO 3): see gather_weights.
+  /// Not for a sharded model (ZeRO 3), whose ranks hold shards only.
   const model::Model& host_weights();
   /// Where this rank's optimizer state sits in the whole model's flat buffer (the parts a
   /// checkpoint takes from this rank: a replicated parameter's from tensor rank 0 only).

@@ -142,25 +142,6 @@ void Zero3::load(const float* flat_weights) {
   weights_changed();
 }
 
-void Zero3::gather_weights(float* flat_weights) {
-  // One unit at a time through a (W S) f32 buffer: this rank's part, then everyone's.
-  std::int64_t largest = 0;
-  for (const UnitShard& u : units_) largest = std::max(largest, u.shard);
-  ops::Buffer buffer(device_, std::size_t(largest * W_) * sizeof(float));
-  for (const UnitShard& u : units_) {
-    void* mine = at(buffer.data(), rank_ * u.shard, DType::f32);
-    if (u.part() > 0) {
-      ops::copy(flat(mine, DType::f32, device_, u.part()),
-                flat(at(master_.data(), u.local, DType::f32), DType::f32, device_, u.part()));
-    }
-    if (W_ > 1) comm_.all_gather(mine, buffer.data(), u.shard, DType::f32);
-    if (flat_weights) {
-      ops::copy(flat(flat_weights + u.unit.begin, DType::f32, Device::cpu, u.unit.numel()),
-                flat(buffer.data(), DType::f32, device_, u.unit.numel()));
-    }
-  }
-}
-
 void Zero3::bind(const UnitShard& u) { model_.set_unit_storage(u.index, u.weights(weight_slots_), u.grads); }
 
 Zero3::UnitShard& Zero3::layer_unit(int layer) { return units_[layer_units_.at(std::size_t(layer))]; }

@@ -49,9 +49,6 @@ class Zero3 final : public model::UnitHooks {
 
   /// Fills this rank's master weights from the whole flat weights `flat` (P,) f32 in host memory.
   void load(const float* flat);
-  /// Collective: every rank takes part; on rank 0 `flat` (P,) f32 host memory receives the whole
-  /// weights (other ranks may pass null). Gathers one unit at a time.
-  void gather_weights(float* flat);
 
   /// Before an update's first micro-step: the gradient shard is zeroed.
   void zero_grads();
