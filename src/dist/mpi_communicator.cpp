@@ -429,12 +429,19 @@ class MpiCommunicator final : public Communicator {
     MPI_Group_free(&job);
   }
 
+  // Rank 0 names the ranks that went silent. A rank still heard from is alive and waiting on
+  // others (in an earlier collective that the lost ranks never finished for it, in a transfer, in
+  // file work): it is named only when no rank went silent, as the one that never arrived.
   [[noreturn]] void abort_job(const char* operation) {
-    std::vector<int> missing;
+    std::vector<int> silent, behind;
     for (int r = 1; r < world_ && rank_ == 0; ++r) {
-      const bool silent = Clock::now() - last_heard_[std::size_t(r)] > std::chrono::milliseconds(2500);
-      if (arrived_[std::size_t(r)] < seq_ || silent) missing.push_back(job_ranks_[std::size_t(r)]);
+      if (Clock::now() - last_heard_[std::size_t(r)] > std::chrono::milliseconds(2500)) {
+        silent.push_back(job_ranks_[std::size_t(r)]);
+      } else if (arrived_[std::size_t(r)] < seq_) {
+        behind.push_back(job_ranks_[std::size_t(r)]);
+      }
     }
+    const std::vector<int>& missing = silent.empty() ? behind : silent;
     const std::string who = rank_ != 0        ? "rank " + std::to_string(job_ranks_[0]) + " names the missing rank(s)"
                             : missing.empty() ? "every rank is in it, but it did not complete"
                                               : "";
