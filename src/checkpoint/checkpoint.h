@@ -79,9 +79,6 @@ struct Committed {
   std::string dir;
   std::int64_t bytes = 0;
   double write_seconds = 0.0;
-  /// Rank 0: checkpoints beyond keep_last, already renamed out of the way (no longer checkpoints),
-  /// for the caller to delete (remove_pruned), in the background if it likes.
-  std::vector<std::string> pruned;
 };
 
 /// A save in three parts, so that the writing can run in the background (train/checkpointer.h):
@@ -102,9 +99,10 @@ WrittenPart write_part(const SaveRequest& request, const std::string& dir, int r
 ///    checkpoint as `latest`, whole.
 Committed commit(const SaveRequest& request, const WrittenPart& mine, dist::Communicator& comm);
 
-/// Deletes the folders commit() set aside, and any a crash left behind in `root` before; best
-/// effort (what cannot be deleted now is tried again after the next save).
-void remove_pruned(const std::string& root, const std::vector<std::string>& pruned);
+/// Deletes the folders commit() set aside in `root` (a crash's leftovers too); best effort (what
+/// cannot be deleted now is tried again after the next save). Slow for large checkpoints: the
+/// caller may run it in the background.
+void remove_pruned(const std::string& root);
 
 /// The three parts in a row (called by every rank); returns the checkpoint's folder.
 std::string save(const SaveRequest& request, dist::Communicator& comm);

@@ -196,7 +196,7 @@ Committed commit(const SaveRequest& r, const WrittenPart& mine, dist::Communicat
   comm.all_reduce_max(chunk_bytes.data(), std::int64_t(chunk_bytes.size()));
   if (!chunk_crc.empty()) comm.all_reduce_max(chunk_crc.data(), std::int64_t(chunk_crc.size()));
 
-  Committed done{dir, 0, double(bytes[slots]) / 1e6, {}};
+  Committed done{dir, 0, double(bytes[slots]) / 1e6};
   for (std::size_t k = 0; k < slots; ++k) done.bytes += std::max<std::int64_t>(bytes[k], 0);
   std::string error;
   if (rank == 0) {
@@ -239,7 +239,6 @@ Committed commit(const SaveRequest& r, const WrittenPart& mine, dist::Communicat
         std::error_code not_moved;
         fs::remove_all(aside, not_moved);  // a set-aside folder of that name that a crash left
         fs::rename(r.root + "/" + complete[i], aside, not_moved);
-        if (!not_moved) done.pruned.push_back(aside);
       }
     } catch (const std::exception& e) {
       error = e.what();
@@ -253,19 +252,19 @@ Committed commit(const SaveRequest& r, const WrittenPart& mine, dist::Communicat
   return done;
 }
 
-void remove_pruned(const std::string& root, const std::vector<std::string>& pruned) {
-  std::vector<std::string> all = pruned;
+void remove_pruned(const std::string& root) {
+  std::vector<std::string> aside;
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(root, error)) {
-    if (entry.path().filename().string().starts_with(pruned_prefix)) all.push_back(entry.path().string());
+    if (entry.path().filename().string().starts_with(pruned_prefix)) aside.push_back(entry.path().string());
   }
-  for (const std::string& dir : all) fs::remove_all(dir, error);
+  for (const std::string& dir : aside) fs::remove_all(dir, error);
 }
 
 std::string save(const SaveRequest& r, dist::Communicator& comm) {
   const std::string dir = prepare_dir(r.root, r.step, comm);
   const Committed done = commit(r, write_part(r, dir, comm.rank(), comm.world_size()), comm);
-  if (comm.rank() == 0) remove_pruned(r.root, done.pruned);
+  if (comm.rank() == 0) remove_pruned(r.root);
   return done.dir;
 }
 }  // namespace llmtrain::checkpoint

@@ -207,12 +207,12 @@ void Checkpointer::wait_for_copy() {
 
 // Rank 0 deletes the checkpoints a commit set aside on a thread of its own (gigabytes take a
 // while to delete, and training need not wait), one deletion at a time.
-void Checkpointer::remove_pruned(std::vector<std::string> pruned) {
+void Checkpointer::remove_pruned() {
   if (world_.rank() != 0) return;
   if (pruner_.joinable()) pruner_.join();
-  pruner_ = std::thread([root = root_, pruned = std::move(pruned)] {
+  pruner_ = std::thread([root = root_] {
     writer_priority();
-    checkpoint::remove_pruned(root, pruned);
+    checkpoint::remove_pruned(root);
   });
 }
 
@@ -237,7 +237,7 @@ void Checkpointer::finish(const char* why) {
     const dist::Patience patience(world_, file_work_limit_s_);
     done = checkpoint::commit(p->request, p->part, world_);
   }
-  remove_pruned(std::move(done.pruned));
+  remove_pruned();
   reporter_.checkpoint_saved(p->request.step, done, {p->stall_s, p->waited_s, p->copy_s, true});
 }
 
@@ -292,7 +292,7 @@ std::string Checkpointer::save(std::int64_t step, CheckpointSource& source) {
       const dist::Patience patience(world_, file_work_limit_s_);
       done = checkpoint::commit(request, written, world_);
     }
-    remove_pruned(std::move(done.pruned));
+    remove_pruned();
     const double stall = seconds_since(save_start);
     reporter_.checkpoint_saved(step, done, {stall, 0.0, 0.0, false});
     return dir;

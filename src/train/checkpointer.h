@@ -58,7 +58,7 @@ class Checkpointer {
   struct Pending;
   void finish(const char* why);
   void wait_for_copy();
-  void remove_pruned(std::vector<std::string> pruned);
+  void remove_pruned();
 
   const config::Config& config_;
   std::string root_;
