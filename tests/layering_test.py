@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The include graph of src/ and kernels/ keeps the design's layers (README, "Layout").
+"""The include graph of src/ and kernels/ keeps the design's layers (docs/ARCHITECTURE.md).
 
 Fails, naming the files, when
   - a file under kernels/ includes anything from src/ (the kernel library is a leaf);
@@ -103,7 +103,7 @@ def main():
             text = f.read()
         here = folder_of(path)
         if here not in LAYER_OF:
-            problems.append(f"{path}: folder src/{here} has no place in the layer order; add it to LAYERS and the README")
+            problems.append(f"{path}: folder src/{here} has no place in the layer order; add it to LAYERS and docs/ARCHITECTURE.md")
             continue
         for target in INCLUDE.findall(text):
             found = resolve(root, path, target)
