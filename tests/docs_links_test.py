@@ -76,10 +76,13 @@ def anchors(path, cache={}):
 
 
 def links(text):
-    """(line number, target) of every link outside code."""
-    for number, line in prose_lines(text):
-        for match in LINK.finditer(INLINE_CODE.sub(lambda m: " " * len(m.group(0)), line)):
-            yield number, match.group(2)
+    """(line number, target) of every link outside code; a link's text may run over lines."""
+    lines = text.split("\n")
+    prose = set(number for number, _ in prose_lines(text))
+    kept = "\n".join(line if number in prose else "" for number, line in enumerate(lines, 1))
+    kept = INLINE_CODE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), kept)
+    for match in LINK.finditer(kept):
+        yield kept.count("\n", 0, match.start()) + 1, match.group(2)
 
 
 def main():
