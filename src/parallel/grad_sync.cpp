@@ -1,4 +1,4 @@
-#include "train/grad_sync.h"
+#include "parallel/grad_sync.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,9 +8,9 @@
 #include "core/crc32.h"
 #include "core/error.h"
 #include "ops/ops.h"
-#include "train/tensor_parallel.h"
+#include "parallel/tensor_parallel_comm.h"
 
-namespace llmtrain::train {
+namespace llmtrain::parallel {
 namespace {
 
 // Elements [begin, begin + n) of a 1-D tensor.
@@ -110,4 +110,4 @@ void check_replicas(dist::Communicator& comm, const float* params, std::int64_t 
                      " differ from rank 0's (replica check): the ranks have diverged");
 }
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::parallel

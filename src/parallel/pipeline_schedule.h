@@ -37,7 +37,7 @@
 
 #include "config/config.h"
 
-namespace llmtrain::train {
+namespace llmtrain::parallel {
 
 /// One unit of a stage's work: the forward or the backward of one micro-batch through one of
 /// the stage's model chunks.
@@ -144,4 +144,4 @@ std::vector<std::vector<StageTransfer>> transfer_groups(const std::vector<Pipeli
 /// or a transfer is never matched.
 std::string simulate_transfers(const std::vector<std::vector<std::vector<StageTransfer>>>& groups);
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::parallel

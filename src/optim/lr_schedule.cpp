@@ -1,10 +1,10 @@
-#include "train/schedule.h"
+#include "optim/lr_schedule.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numbers>
 
-namespace llmtrain::train {
+namespace llmtrain::optim {
 
 double learning_rate(const config::OptimConfig& optim, std::int64_t max_steps, std::int64_t step) {
   if (step <= optim.warmup_steps) return optim.lr * double(step) / double(optim.warmup_steps);
@@ -16,4 +16,4 @@ double learning_rate(const config::OptimConfig& optim, std::int64_t max_steps, s
   return optim.min_lr + 0.5 * span * (1.0 + std::cos(std::numbers::pi * progress));  // cosine
 }
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::optim

@@ -20,7 +20,7 @@
 #include "dist/communicator.h"
 #include "model/model.h"
 
-namespace llmtrain::train {
+namespace llmtrain::eval {
 
 struct ChoiceExample {
   std::string context;
@@ -75,4 +75,4 @@ ChoiceResult score_choices(model::Model& model, const data::Tokenizer& tokenizer
 /// "choice_norm", "choice_norm_bytes", "logliks", "ending_tokens"}, ...]}
 nlohmann::json to_json(const ChoiceResult& result);
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::eval

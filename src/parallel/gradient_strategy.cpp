@@ -1,9 +1,9 @@
-#include "train/gradient_strategy.h"
+#include "parallel/gradient_strategy.h"
 
 #include "ops/ops.h"
-#include "train/zero3.h"
+#include "parallel/zero3.h"
 
-namespace llmtrain::train {
+namespace llmtrain::parallel {
 namespace {
 
 // ZeRO 0, 1 and 2: every rank keeps all weights and gradients; GradientSync reduces them.
@@ -15,10 +15,10 @@ class BucketedSync final : public GradientStrategy {
     sync_.set_norm_scope(std::move(norm));
   }
 
-  std::vector<Piece> held() const override { return {{{0, model_.num_params()}, 0}}; }
+  std::vector<optim::Piece> held() const override { return {{{0, model_.num_params()}, 0}}; }
   Tensor held_weights() const override { return model_.params(); }
   void weights_loaded() override {}  // the next forward converts params() afresh
-  std::vector<Piece> pieces() const override { return {{sync_.begin(), sync_.end(), 0}}; }
+  std::vector<optim::Piece> pieces() const override { return {{sync_.begin(), sync_.end(), 0}}; }
 
   void zero_grads() override { model_.zero_grads(); }
   std::function<void(std::int64_t)> grads_ready() override {
@@ -62,10 +62,10 @@ class ShardedUnits final : public GradientStrategy {
     zero3_.set_norm_scope(std::move(norm));
   }
 
-  std::vector<Piece> held() const override { return zero3_.pieces(); }
+  std::vector<optim::Piece> held() const override { return zero3_.pieces(); }
   Tensor held_weights() const override { return zero3_.master(); }
   void weights_loaded() override { zero3_.weights_changed(); }
-  std::vector<Piece> pieces() const override { return zero3_.pieces(); }
+  std::vector<optim::Piece> pieces() const override { return zero3_.pieces(); }
 
   void zero_grads() override { zero3_.zero_grads(); }
   std::function<void(std::int64_t)> grads_ready() override { return {}; }
@@ -93,4 +93,4 @@ std::unique_ptr<GradientStrategy> make_gradient_strategy(model::Model& model, co
   return std::make_unique<BucketedSync>(model, dist, comm, host_comm, std::move(norm));
 }
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::parallel

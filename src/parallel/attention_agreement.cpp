@@ -1,9 +1,9 @@
-#include "train/attention_agreement.h"
+#include "parallel/attention_agreement.h"
 
 #include <cstdint>
 #include <string>
 
-namespace llmtrain::train {
+namespace llmtrain::parallel {
 namespace {
 
 // cuDNN's answers agreed by every rank: "yes" only where all say yes. So all ranks choose the same
@@ -40,4 +40,4 @@ model::AttentionChoice resolve_attention_on_every_rank(const config::Config& con
   return model::resolve_attention(config, device, agreed);
 }
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::parallel

@@ -1,5 +1,5 @@
 // The mean loss of a model over a data set, in order: the `eval` command's measure (the trainer's
-// validation runs its own pipeline of stages, train/pipeline_executor.h).
+// validation runs its own pipeline of stages, parallel/pipeline_executor.h).
 #pragma once
 
 #include <cstdint>
@@ -9,7 +9,7 @@
 #include "dist/communicator.h"
 #include "model/model.h"
 
-namespace llmtrain::train {
+namespace llmtrain::eval {
 
 /// Mean loss over `batches` global batches of `data` in order (no shuffling), micro-batches of
 /// the config's micro_batch_size; at most as many batches as the data holds. With `comm`, each
@@ -19,4 +19,4 @@ namespace llmtrain::train {
 double evaluate(model::Model& model, const data::TokenDataset& data, const config::Config& config,
                 std::int64_t batches, dist::Communicator* comm = nullptr);
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::eval

@@ -11,12 +11,12 @@
 #include <memory>
 #include <vector>
 
-#include "model/flat_layout.h"
 #include "core/tensor.h"
 #include "dist/communicator.h"
+#include "model/flat_layout.h"
 #include "ops/buffer.h"
 
-namespace llmtrain::train {
+namespace llmtrain::parallel {
 
 /// Under tensor or pipeline parallelism, which gradients the global norm counts on this rank
 /// (flat ranges of its buffer: a parameter several ranks hold, once) and the other groups to sum
@@ -81,4 +81,4 @@ std::vector<int> ranks_differing_from_first(const std::vector<std::int64_t>& che
 /// ranks whose weights differ from rank 0's.
 void check_replicas(dist::Communicator& comm, const float* params, std::int64_t P, std::int64_t step);
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::parallel

@@ -6,13 +6,13 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/flat_layout.h"
 #include "dist/communicator.h"
+#include "model/flat_layout.h"
 #include "model/model.h"
 #include "ops/buffer.h"
-#include "train/adamw.h"
+#include "optim/adamw.h"
 
-namespace llmtrain::train {
+namespace llmtrain::parallel {
 
 /// model::TensorGroup over a communicator of the tensor-parallel group (device memory). Its
 /// collectives are queued (dist::Communicator::queue_*): over NCCL ordered on the compute stream
@@ -47,7 +47,7 @@ struct Placed {
 /// The local arrays of `pieces` (flat ranges of the model's local buffer, end to end), placed in
 /// the whole model's flat buffer through `segments` (model::Model::segments), in local order. Parts
 /// not in `segments` (with owned_only: those another tensor rank lists) are left out.
-std::vector<Placed> place(const std::vector<Piece>& pieces, const std::vector<model::Segment>& segments);
+std::vector<Placed> place(const std::vector<optim::Piece>& pieces, const std::vector<model::Segment>& segments);
 
 /// The flat ranges of the model's local buffer whose gradients the global norm counts on this
 /// rank: the parts it owns (a part several ranks hold alike, such as a replicated parameter, has
@@ -55,7 +55,7 @@ std::vector<Placed> place(const std::vector<Piece>& pieces, const std::vector<mo
 std::vector<model::FlatRange> norm_ranges(const model::Model& model);
 
 /// Sum of squares of `local` (the local arrays of `pieces`) over the flat ranges `counted`.
-double sum_squares_in(const Tensor& local, const std::vector<Piece>& pieces,
+double sum_squares_in(const Tensor& local, const std::vector<optim::Piece>& pieces,
                       const std::vector<model::FlatRange>& counted);
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::parallel

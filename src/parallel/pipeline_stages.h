@@ -2,11 +2,11 @@
 // dist.pipeline_layers lists them.
 //
 // The split is over the P V virtual stages (dist.pipeline_parallel x dist.virtual_stages; V = 1
-// for 1F1B): range v goes to stage v % P as its chunk v / P (train/pipeline_schedule.h). The first
+// for 1F1B): range v goes to stage v % P as its chunk v / P (parallel/pipeline_schedule.h). The first
 // virtual stage also holds the embedding, the last the final norm, the head and the loss.
 //
 // The cost model: training FLOPs per token (forward and backward), as flops_per_token counts them
-// (train/plan.h).
+// (plan/memory_plan.h).
 //   a layer:     6 x its weights (the matmuls) + 12 x C x T (attention's scores and weighted sums)
 //   the head:    6 x V x C (the logits matmul; the final norm and the loss's softmax, a few C and V,
 //                are left out)
@@ -27,7 +27,7 @@
 
 #include "config/config.h"
 
-namespace llmtrain::train {
+namespace llmtrain::parallel {
 
 /// The layers of one virtual stage: first_layer .. first_layer + layers - 1.
 struct StageRange {
@@ -64,4 +64,4 @@ std::vector<StageRange> split_layers(const config::Config& config);
 std::string describe_split(const config::ModelConfig& model, const std::vector<StageRange>& split,
                            int pipeline_parallel);
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::parallel

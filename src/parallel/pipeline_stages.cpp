@@ -1,4 +1,4 @@
-#include "train/pipeline_stages.h"
+#include "parallel/pipeline_stages.h"
 
 #include <cstdio>
 
@@ -6,7 +6,7 @@
 #include "model/arch.h"
 #include "model/model.h"
 
-namespace llmtrain::train {
+namespace llmtrain::parallel {
 
 StageCostModel stage_cost_model(const config::ModelConfig& m) {
   // A layer's weights, from the model's own parameter list (built sharded: nothing allocated).
@@ -120,4 +120,4 @@ std::string describe_split(const config::ModelConfig& model, const std::vector<S
   return text;
 }
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::parallel

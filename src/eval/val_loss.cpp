@@ -1,8 +1,8 @@
-#include "train/evaluate.h"
+#include "eval/val_loss.h"
 
 #include <algorithm>
 
-namespace llmtrain::train {
+namespace llmtrain::eval {
 
 double evaluate(model::Model& model, const data::TokenDataset& data, const config::Config& config,
                 std::int64_t batches, dist::Communicator* comm) {
@@ -27,4 +27,4 @@ double evaluate(model::Model& model, const data::TokenDataset& data, const confi
   return totals[0] / totals[1];
 }
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::eval

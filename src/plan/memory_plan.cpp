@@ -1,4 +1,4 @@
-#include "train/plan.h"
+#include "plan/memory_plan.h"
 
 #include <algorithm>
 #include <numeric>
@@ -9,10 +9,10 @@
 #include "checkpoint/safetensors.h"
 #include "model/arch.h"
 #include "model/model.h"
-#include "train/pipeline_schedule.h"
-#include "train/pipeline_stages.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline_stages.h"
 
-namespace llmtrain::train {
+namespace llmtrain::plan {
 namespace {
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
@@ -157,7 +157,7 @@ MemoryPlan plan_memory(const config::Config& config, const RankShare& share, int
                                       config.dist.sequence_parallel, int(config.dist.context_parallel)) +
                      context_scratch_bytes(config, share.tensor_size, bf16, micro_batch);
   if (zero_stage == 3) {
-    // The buffers train/zero3.cpp allocates: every unit sharded with padding (a rank's shards of
+    // The buffers parallel/zero3.cpp allocates: every unit sharded with padding (a rank's shards of
     // the master weights and gradients); the root units gathered (padded) for the whole step with
     // f32 gradient buffers of the same length; weight slots of the padded layer size in the
     // compute dtype; two gradient slots, each the padded layer in f32 plus its reduce-scattered
@@ -185,7 +185,7 @@ MemoryPlan plan_memory(const config::Config& config, const RankShare& share, int
     return plan;
   }
   // The model's flat buffers: f32 master weights (and, in bf16, a 2-byte working copy) and f32
-  // gradients, whole. ZeRO 1 and 2 over more than one rank (train/grad_sync.cpp): AdamW's m and v
+  // gradients, whole. ZeRO 1 and 2 over more than one rank (parallel/grad_sync.cpp): AdamW's m and v
   // of this rank's shard, a buffer of the padded gradients and the shard they sum into.
   const bool sharded = zero_stage >= 1 && D > 1;
   const std::int64_t shard = ceil_div(P, D);
@@ -313,7 +313,7 @@ std::vector<StagePlan> pipeline_stages(const config::Config& config, int tensor_
   const int P = int(config.dist.pipeline_parallel);
   const int r = tensor_rank >= 0 ? tensor_rank : most_rows_rank(m, tensor_size);
   const bool sp = config.dist.sequence_parallel && tensor_size > 1;
-  const std::vector<StageRange> split = split_layers(config);
+  const std::vector<parallel::StageRange> split = parallel::split_layers(config);
   const double compute = bf16 ? 2.0 : 4.0, ring = 2.0 * double(P - 1) / double(P);
   // One stage boundary's tensor of a micro-batch: (B T, C) in the compute dtype, this rank's
   // tokens under sequence parallelism.
@@ -341,7 +341,7 @@ std::vector<StagePlan> pipeline_stages(const config::Config& config, int tensor_
     st.share.tensor_rank = r;
     st.share.params = model->num_params();
     for (const model::Unit& u : model->units()) st.share.units.push_back({u.numel(), u.layer >= 0});
-    st.slots = peak_live_activations(stage_schedule(config.dist, s, int(micro_batches)));
+    st.slots = parallel::peak_live_activations(parallel::stage_schedule(config.dist, s, int(micro_batches)));
     st.activations =
         st.slots * std::int64_t(model->activation_bytes(int(config.train.micro_batch_size), int(m.context_length))) +
         context_scratch_bytes(config, tensor_size, bf16, config.train.micro_batch_size);
@@ -471,4 +471,4 @@ std::int64_t max_micro_batch(const config::Config& config, const MeshOption& opt
   return 0;
 }
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::plan

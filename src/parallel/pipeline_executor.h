@@ -1,5 +1,5 @@
 // One stage's share of an update or of a validation pass, in its schedule's order
-// (train/pipeline_schedule.h): the forwards and backwards of the micro-batches through the stage's
+// (parallel/pipeline_schedule.h): the forwards and backwards of the micro-batches through the stage's
 // model chunks, with the activations and gradients to and from the neighbouring stages. Training
 // without a pipeline is the degenerate schedule of one stage (F0 B0 F1 B1 ...: each micro-step's
 // forward, then its backward) with nothing to transfer, so an update and a validation have one
@@ -17,9 +17,9 @@
 #include "dist/communicator.h"
 #include "model/model.h"
 #include "ops/buffer.h"
-#include "train/pipeline_schedule.h"
+#include "parallel/pipeline_schedule.h"
 
-namespace llmtrain::train {
+namespace llmtrain::parallel {
 
 class PipelineExecutor {
  public:
@@ -84,4 +84,4 @@ class PipelineExecutor {
   ops::Buffer tied_peer_;                   // the other end's gradients of it, received (model's device)
 };
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::parallel

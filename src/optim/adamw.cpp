@@ -1,11 +1,11 @@
-#include "train/adamw.h"
+#include "optim/adamw.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "ops/ops.h"
 
-namespace llmtrain::train {
+namespace llmtrain::optim {
 namespace {
 
 std::int64_t total_size(const std::vector<Piece>& pieces) {
@@ -56,4 +56,4 @@ void AdamW::update(const std::vector<model::ParamInfo>& infos, const Tensor& par
                           float(optim.weight_decay), int(step), float(scale)});
 }
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::optim

@@ -1,8 +1,8 @@
-#include "train/context_parallel.h"
+#include "parallel/context_parallel_comm.h"
 
 #include "core/error.h"
 
-namespace llmtrain::train {
+namespace llmtrain::parallel {
 namespace {
 
 class Started final : public model::ContextGroup::Pending {
@@ -41,4 +41,4 @@ void CommContextGroup::reduce_scatter(const Tensor& full, const Tensor& part) {
   comm_.reduce_scatter_sum(full.as<float>(), part.as<float>(), part.numel());
 }
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::parallel

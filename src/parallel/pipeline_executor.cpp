@@ -1,4 +1,4 @@
-#include "train/pipeline_executor.h"
+#include "parallel/pipeline_executor.h"
 
 #include <chrono>
 #include <map>
@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "ops/ops.h"
 
-namespace llmtrain::train {
+namespace llmtrain::parallel {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -187,4 +187,4 @@ void PipelineExecutor::sum_tied_embedding() {
   ops::residual_forward(mine, mine, theirs);
 }
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::parallel

@@ -1,4 +1,4 @@
-#include "train/pipeline_schedule.h"
+#include "parallel/pipeline_schedule.h"
 
 #include <algorithm>
 #include <map>
@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 
-namespace llmtrain::train {
+namespace llmtrain::parallel {
 namespace {
 
 void check_stage(int stages, int stage, int micro_batches) {
@@ -353,4 +353,4 @@ std::string simulate_transfers(const std::vector<std::vector<std::vector<StageTr
   return stuck;
 }
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::parallel

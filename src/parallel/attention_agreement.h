@@ -6,7 +6,7 @@
 #include "dist/communicator.h"
 #include "model/attention_choice.h"
 
-namespace llmtrain::train {
+namespace llmtrain::parallel {
 
 /// model::resolve_attention with cuDNN's answers agreed by every rank of `world` ("yes" only
 /// where all say yes), so all ranks choose the same kernels, and a "cudnn" refused on one rank is
@@ -14,4 +14,4 @@ namespace llmtrain::train {
 model::AttentionChoice resolve_attention_on_every_rank(const config::Config& config, Device device,
                                                        dist::Communicator& world);
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::parallel

@@ -9,9 +9,9 @@
 
 #include "config/config.h"
 #include "dist/mesh.h"
-#include "train/pipeline_stages.h"
+#include "parallel/pipeline_stages.h"
 
-namespace llmtrain::train {
+namespace llmtrain::plan {
 
 struct MemoryPlan {
   std::int64_t weights = 0;      // f32 master weights a rank keeps (ZeRO 3: its shards); ZeRO 0-2 in bf16 also the 2-byte working copy
@@ -96,7 +96,7 @@ std::int64_t activation_bytes_per_sequence(const config::ModelConfig& model, boo
 /// and `gathered` the padded buffer the gradients are reduce-scattered from and the weights
 /// all-gathered into (4 D S) and the summed shard (4 S). ZeRO 3 shards each unit padded, ceil(n /
 /// D) parameters of it per rank, master weights, gradients, m and v alike; `gathered` counts the
-/// working buffers train/zero3.cpp allocates: the root units gathered (D ceil(n / D) each) in the
+/// working buffers parallel/zero3.cpp allocates: the root units gathered (D ceil(n / D) each) in the
 /// compute dtype (4 or 2 bytes) with f32 gradient buffers as long, two layer slots of D ceil(n /
 /// D) parameters in the compute dtype (the current layer and the prefetched next; with
 /// dist.reshard_after_forward false one per layer), two f32 gradient slots of a layer plus its
@@ -157,13 +157,13 @@ double context_traffic(const config::Config& config, int tensor_size, bool bf16,
                        std::int64_t layers = -1);
 
 /// One pipeline stage as the trainer builds it (dist.pipeline_parallel P > 1, the 1F1B schedule):
-/// its layers (train::split_layers), the model of those layers on the tensor rank that holds the
+/// its layers (split_layers), the model of those layers on the tensor rank that holds the
 /// most vocabulary rows (model::make_model with Layout{first_layer, layers}, sharded: nothing
 /// allocated), its activation slots and what it sends to its neighbours per optimizer update.
 struct StagePlan {
   int stage = 0;
   std::int64_t first_layer = 0, layers = 0;  // the first chunk's first layer; the layers of all its chunks
-  std::vector<StageRange> chunks;        // its model chunks (virtual stages stage, stage + P, ...): one under 1F1B
+  std::vector<parallel::StageRange> chunks;        // its model chunks (virtual stages stage, stage + P, ...): one under 1F1B
   bool embedding = false, head = false;  // the first stage holds the embedding; the last the final norm, head and loss
   RankShare share;                       // this stage's parameters on that tensor rank
   std::int64_t slots = 1;                // (micro-batch, chunk) pairs whose activations it keeps at once, as its
@@ -274,4 +274,4 @@ std::optional<MeshOption> mesh_option(const config::Config& config, const RankSh
 std::int64_t max_micro_batch(const config::Config& config, const MeshOption& option, std::int64_t memory,
                              std::int64_t host_per_rank = 0);
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::plan

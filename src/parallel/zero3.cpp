@@ -1,13 +1,13 @@
-#include "train/zero3.h"
+#include "parallel/zero3.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
 #include "ops/ops.h"
-#include "train/tensor_parallel.h"
+#include "parallel/tensor_parallel_comm.h"
 
-namespace llmtrain::train {
+namespace llmtrain::parallel {
 
 struct Zero3::UnitShard {
   model::Unit unit;
@@ -320,4 +320,4 @@ void Zero3::weights_changed() {
   }
 }
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::parallel

@@ -1,7 +1,7 @@
 // How a data-parallel group shares the gradients and the optimizer's work, behind one interface
-// so that an update runs the same calls whichever is configured: bucketed sync (train/grad_sync.h:
+// so that an update runs the same calls whichever is configured: bucketed sync (parallel/grad_sync.h:
 // ZeRO 0 all-reduces buckets of the flat gradient buffer as backward finishes them, ZeRO 1 and 2
-// reduce-scatter it and all-gather the updated weights) or fully sharded units (train/zero3.h).
+// reduce-scatter it and all-gather the updated weights) or fully sharded units (parallel/zero3.h).
 #pragma once
 
 #include <cstddef>
@@ -14,10 +14,10 @@
 #include "core/tensor.h"
 #include "dist/communicator.h"
 #include "model/model.h"
-#include "train/adamw.h"
-#include "train/grad_sync.h"
+#include "optim/adamw.h"
+#include "parallel/grad_sync.h"
 
-namespace llmtrain::train {
+namespace llmtrain::parallel {
 
 class GradientStrategy {
  public:
@@ -25,13 +25,13 @@ class GradientStrategy {
 
   /// The runs of the model's local flat buffer whose fp32 weights this rank keeps (all of them, or
   /// under ZeRO 3 its shards), in local order; `local` is where each starts in held_weights().
-  virtual std::vector<Piece> held() const = 0;
+  virtual std::vector<optim::Piece> held() const = 0;
   /// Those weights, end to end, f32 on the model's device: the start-up writes its initial weights
   /// there, then calls weights_loaded().
   virtual Tensor held_weights() const = 0;
   virtual void weights_loaded() = 0;
   /// The runs of the flat buffer whose optimizer update this rank makes, in local order.
-  virtual std::vector<Piece> pieces() const = 0;
+  virtual std::vector<optim::Piece> pieces() const = 0;
 
   /// Before an update's first micro-step: the gradients it accumulates start from zero.
   virtual void zero_grads() = 0;
@@ -70,4 +70,4 @@ std::unique_ptr<GradientStrategy> make_gradient_strategy(model::Model& model, co
                                                          dist::Communicator& comm, dist::Communicator& host_comm,
                                                          NormScope norm);
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::parallel

@@ -1,11 +1,11 @@
-#include "train/tensor_parallel.h"
+#include "parallel/tensor_parallel_comm.h"
 
 #include <algorithm>
 
 #include "core/error.h"
 #include "ops/ops.h"
 
-namespace llmtrain::train {
+namespace llmtrain::parallel {
 
 Tensor CommTensorGroup::widened(const Tensor& t, std::int64_t room) {
   const std::size_t bytes = std::size_t(t.numel() + room) * sizeof(float);
@@ -62,9 +62,9 @@ void take_part(const model::Model& whole, model::Model& part) {
   for (const model::Segment& s : part.segments(false)) std::copy_n(from + s.logical, s.length, to + s.local);
 }
 
-std::vector<Placed> place(const std::vector<Piece>& pieces, const std::vector<model::Segment>& segments) {
+std::vector<Placed> place(const std::vector<optim::Piece>& pieces, const std::vector<model::Segment>& segments) {
   std::vector<Placed> out;
-  for (const Piece& piece : pieces) {
+  for (const optim::Piece& piece : pieces) {
     // Segments are in local order: the first that ends after the piece begins, onwards.
     auto s = std::upper_bound(segments.begin(), segments.end(), piece.begin,
                               [](std::int64_t at, const model::Segment& seg) { return at < seg.local + seg.length; });
@@ -90,11 +90,11 @@ std::vector<model::FlatRange> norm_ranges(const model::Model& model) {
   return out;
 }
 
-double sum_squares_in(const Tensor& local, const std::vector<Piece>& pieces,
+double sum_squares_in(const Tensor& local, const std::vector<optim::Piece>& pieces,
                       const std::vector<model::FlatRange>& counted) {
   // Every range adds into one sum on the device, read once (not one wait per parameter).
   ops::DeviceSum sum(local.device);
-  for (const Piece& piece : pieces) {
+  for (const optim::Piece& piece : pieces) {
     for (const auto& range : counted) {
       const std::int64_t lo = std::max(piece.begin, range.begin), hi = std::min(piece.end, range.end);
       if (lo >= hi) continue;
@@ -106,4 +106,4 @@ double sum_squares_in(const Tensor& local, const std::vector<Piece>& pieces,
   return sum.take();
 }
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::parallel

@@ -1,4 +1,4 @@
-#include "train/choice_eval.h"
+#include "eval/choice_eval.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 #include "core/json_file.h"
 #include "data/text_inputs.h"
 
-namespace llmtrain::train {
+namespace llmtrain::eval {
 namespace {
 
 // The string `key` of a line's object, or an error naming file, line and key.
@@ -180,4 +180,4 @@ nlohmann::json to_json(const ChoiceResult& result) {
           {"acc_norm_bytes", result.acc_norm_bytes}, {"predictions", std::move(predictions)}};
 }
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::eval

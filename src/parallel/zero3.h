@@ -1,5 +1,5 @@
 // Fully sharded data parallelism (ZeRO 3): each rank of the data-parallel group keeps only its
-// shard of the fp32 master weights, of the gradients and (in train/adamw.h) of the AdamW state.
+// shard of the fp32 master weights, of the gradients and (in optim/adamw.h) of the AdamW state.
 //
 // The shards follow the model's units (model::Unit: one per layer, plus the runs of parameters
 // outside the layers). A unit of n elements over W ranks is cut into W parts of S = ceil(n / W)
@@ -26,10 +26,10 @@
 #include "dist/communicator.h"
 #include "model/model.h"
 #include "ops/buffer.h"
-#include "train/adamw.h"
-#include "train/grad_sync.h"
+#include "optim/adamw.h"
+#include "parallel/grad_sync.h"
 
-namespace llmtrain::train {
+namespace llmtrain::parallel {
 
 class Zero3 final : public model::UnitHooks {
  public:
@@ -42,7 +42,7 @@ class Zero3 final : public model::UnitHooks {
   Zero3& operator=(const Zero3&) = delete;
 
   /// This rank's parts of the flat buffer, in local order (empty parts left out).
-  const std::vector<Piece>& pieces() const { return pieces_; }
+  const std::vector<optim::Piece>& pieces() const { return pieces_; }
   /// Local arrays, (local_size,) f32 on the model's device.
   Tensor master() const;
   Tensor grads() const;  // summed over the group once finish() returned
@@ -89,7 +89,7 @@ class Zero3 final : public model::UnitHooks {
   const DType compute_;
   std::vector<UnitShard> units_;
   std::vector<std::size_t> layer_units_;  // per layer: its index in units_
-  std::vector<Piece> pieces_;
+  std::vector<optim::Piece> pieces_;
   std::int64_t local_size_ = 0;
   ops::Buffer master_, grads_;
   std::vector<ops::Buffer> weight_slots_;  // layer units' gathered weights (W S_max, compute dtype)
@@ -102,4 +102,4 @@ class Zero3 final : public model::UnitHooks {
   NormScope norm_;
 };
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::parallel

@@ -11,7 +11,7 @@
 #include "ops/buffer.h"
 #include "ops/ops.h"
 
-namespace llmtrain::train {
+namespace llmtrain::optim {
 
 /// A run of the flat buffer that this rank updates: flat elements [begin, end), stored from
 /// `local` on in the rank's local arrays (weights, gradients, m, v: the pieces end to end).
@@ -48,4 +48,4 @@ class AdamW {
   bool planned_ = false;
 };
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::optim

@@ -5,7 +5,7 @@
 #include "dist/communicator.h"
 #include "model/context_parallel.h"
 
-namespace llmtrain::train {
+namespace llmtrain::parallel {
 
 /// model::ContextGroup over a communicator of the context-parallel group (the memory the
 /// activations live in).
@@ -21,4 +21,4 @@ class CommContextGroup final : public model::ContextGroup {
   dist::Communicator& comm_;
 };
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::parallel
