@@ -374,7 +374,7 @@ std::optional<MeshOption> mesh_option(const config::Config& config, const RankSh
   const auto& m = config.model;
   const bool bf16 = config.train.precision == config::Precision::bf16;
   const std::int64_t B = config.train.micro_batch_size;
-  const int t = mesh.tensor, d = mesh.data, p = mesh.pipeline, cp = mesh.context;
+  const int t = mesh.size(dist::Axis::tensor), d = mesh.size(dist::Axis::data), p = mesh.size(dist::Axis::pipeline), cp = mesh.size(dist::Axis::context);
   const int D = d * cp;  // the ranks the gradients are summed over (ZeRO's group)
   if (config.train.global_batch_size % (B * d) != 0) return std::nullopt;
   const std::int64_t micro_steps = config.train.global_batch_size / (B * d);
@@ -448,7 +448,12 @@ std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int
       }
       for (const bool sequence_parallel : {false, true}) {
         for (int zero = 0; zero <= 3; ++zero) {
-          if (auto o = mesh_option(config, share, dist::Mesh{t, d, p, cp}, zero, sequence_parallel)) options.push_back(*o);
+          dist::Mesh mesh;
+          mesh.sizes[dist::Axis::tensor] = t;
+          mesh.sizes[dist::Axis::context] = cp;
+          mesh.sizes[dist::Axis::data] = d;
+          mesh.sizes[dist::Axis::pipeline] = p;
+          if (auto o = mesh_option(config, share, mesh, zero, sequence_parallel)) options.push_back(*o);
         }
       }
     }
@@ -459,8 +464,8 @@ std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int
 
 std::int64_t max_micro_batch(const config::Config& config, const MeshOption& option, std::int64_t memory,
                              std::int64_t host_per_rank) {
-  const RankShare share = rank_share(config.model, option.mesh.tensor);
-  const std::int64_t per_rank = config.train.global_batch_size / option.mesh.data;
+  const RankShare share = rank_share(config.model, option.mesh.size(dist::Axis::tensor));
+  const std::int64_t per_rank = config.train.global_batch_size / option.mesh.size(dist::Axis::data);
   config::Config c = config;
   for (std::int64_t B = per_rank; B >= 1; --B) {
     if (per_rank % B != 0) continue;
