@@ -291,7 +291,7 @@ class Decoder : public Model {
   void ensure_acts(int B, int T);
   void ensure_decoding();
   void select_activations() override;
-  void bind_unit(const Unit& unit) override;
+  void bind_run(const ParamRun& run) override;
   Params bind_params(bool grads) const;
   void bind_ends(Params& p, bool grads) const;
   std::string norm_weight_name() const { return std::string(Body::names.final_norm) + ".weight"; }
@@ -363,10 +363,10 @@ void Decoder<Body>::bind_ends(Params& p, bool grads) const {
 }
 
 template <class Body>
-void Decoder<Body>::bind_unit(const Unit& unit) {
-  if (unit.layer >= 0) {
-    p_.layers[std::size_t(unit.layer)] = bind_layer(unit.layer, false);
-    g_.layers[std::size_t(unit.layer)] = bind_layer(unit.layer, true);
+void Decoder<Body>::bind_run(const ParamRun& run) {
+  if (run.layer >= 0) {
+    p_.layers[std::size_t(run.layer)] = bind_layer(run.layer, false);
+    g_.layers[std::size_t(run.layer)] = bind_layer(run.layer, true);
     return;
   }
   bind_ends(p_, false);
@@ -494,7 +494,7 @@ double Decoder<Body>::forward(const std::int32_t* inputs, const std::int32_t* ta
   ensure_acts(B, T);
   prepare_weights();
   inputs_upload_.upload(a_.inputs, Tensor(const_cast<std::int32_t*>(inputs), DType::i32, Device::cpu, {B, T}));
-  notify(UnitEvent::forward_begins);
+  notify(PassEvent::forward_begins);
   if (first_stage()) {  // a later pipeline stage's input is the previous stage's output (stage_io)
     const Tensor embedded = sequence_parallel() ? a_.full_out : a_.encoded;
     tp_.vocab_parallel_embedding(embedded.reshape({B, T, config_.d_model}), inputs, a_.inputs, p_.embedding,
@@ -503,9 +503,9 @@ double Decoder<Body>::forward(const std::int32_t* inputs, const std::int32_t* ta
   }
   for (std::size_t li = 0; li < a_.layers.size(); ++li) {
     const std::size_t l = std::size_t(first_layer()) + li;
-    notify(UnitEvent::before_forward, int(l));
+    notify(PassEvent::before_forward, int(l));
     forward_layer(l);
-    notify(UnitEvent::after_forward, int(l));
+    notify(PassEvent::after_forward, int(l));
   }
   if (!last_stage()) return 0.0;  // its output goes to the next stage
   final_norm_forward(a_.lnf, a_.lnf_mean, a_.lnf_rstd, stream_output(), p_.norm_weight, p_.norm_bias);
@@ -540,11 +540,11 @@ void Decoder<Body>::backward(const std::function<void(std::int64_t)>& grads_read
   }
   for (std::size_t li = a_.layers.size(); li-- > 0;) {
     const std::size_t l = std::size_t(first_layer()) + li;
-    notify(UnitEvent::before_backward, int(l));
+    notify(PassEvent::before_backward, int(l));
     recompute(l);
     backward_layer(l);
-    notify(UnitEvent::after_backward, int(l));
-    if (grads_ready) grads_ready(layer_grads_end(std::int64_t(l)));
+    notify(PassEvent::after_backward, int(l));
+    if (grads_ready) grads_ready(layer_params(std::int64_t(l)).end);
   }
   // A later pipeline stage's input gradient goes to the previous stage (stage_io).
   if (first_stage()) {
@@ -559,7 +559,7 @@ void Decoder<Body>::backward(const std::function<void(std::int64_t)>& grads_read
                                           slot_);
     if (split_positions) add_position_grads();
   }
-  notify(UnitEvent::backward_ends);
+  notify(PassEvent::backward_ends);
   if (grads_ready) grads_ready(num_params());
 }
 

@@ -1,6 +1,8 @@
 // The model interface the trainer, checkpoints and text generation use: a model's parameters
 // live in one flat fp32 buffer and their gradients in another (model/flat_layout.h), laid out
-// over ranks by a Layout (ZeRO 3 units, this rank's tensor-parallel part, its pipeline stage).
+// over ranks by a Layout (this rank's tensor-parallel part, its pipeline stage), or in storage
+// that whoever shards them owns and binds run by run (ParamRun), told of each pass's progress
+// through a PassObserver (model/pass_observer.h).
 // The parts every model builds from have headers of their own: tensor parallelism
 // (model/tensor_parallel.h), activation memory (model/activations.h), and the decoder skeleton
 // the architectures share (model/decoder.h).
@@ -18,6 +20,7 @@
 #include "model/activations.h"
 #include "model/context_parallel.h"
 #include "model/flat_layout.h"
+#include "model/pass_observer.h"
 #include "model/tensor_parallel.h"
 #include "ops/buffer.h"
 #include "ops/ops.h"
@@ -97,15 +100,20 @@ class Model {
   /// whole (B,T) sequences and keep this rank's T / context_size tokens of each.
   int context_size() const { return cp_.size(); }
 
-  /// Sharded (ZeRO 3): the model holds no flat buffers; whoever shards it gives each unit its
-  /// weights (compute dtype) and gradients (f32) with set_unit_storage, as `hooks` ask for them.
-  /// params() and grads() are then empty.
-  bool sharded() const { return sharded_; }
-  const std::vector<Unit>& units() const { return units_; }
-  /// Unit u's weights (u's numel elements of compute_dtype()) and f32 gradients now live at these
-  /// addresses (sharded models only); forward and backward use them from here on.
-  void set_unit_storage(std::size_t u, void* weights, float* grads);
-  void set_hooks(UnitHooks* hooks) { hooks_ = hooks; }
+  /// The flat layout run by run: each layer's parameters, and the parameters outside the layers,
+  /// in flat-buffer order (ParamInfo::run indexes it).
+  const std::vector<ParamRun>& param_runs() const { return runs_; }
+  /// Where layer l's parameters (and gradients) lie in the flat buffer (l on this pipeline stage).
+  FlatRange layer_params(std::int64_t l) const;
+  /// External storage (layout().external_storage): the model holds no flat buffers; whoever owns
+  /// its weights gives each run its weights (compute dtype) and gradients (f32) with
+  /// set_run_storage, when the observer hears they are needed. params() and grads() are then empty.
+  bool external_storage() const { return external_storage_; }
+  /// Run r's weights (its size() elements of compute_dtype()) and f32 gradients now live at these
+  /// addresses (external storage only; null: not in place); forward and backward use them from here on.
+  void set_run_storage(std::size_t r, void* weights, float* grads);
+  /// Told of each PassEvent of forward and backward (null: nobody).
+  void set_observer(PassObserver* observer) { observer_ = observer; }
   /// Bytes of the flat buffers this model owns (weights, working copy, gradients).
   std::size_t state_bytes() const { return params_.bytes() + grads_.bytes() + working_.bytes(); }
   /// A view of one parameter (or its gradient) with its shape.
@@ -192,16 +200,13 @@ class Model {
   /// added, in its order; those another pipeline stage holds (`held` false, and the layers outside
   /// this stage's) only count towards the whole model's layout.
   void add_param(const std::string& name, std::vector<std::int64_t> shape, TensorSlice slice = {}, bool held = true);
-  /// Where in the flat buffer layer l's gradients end: after its backward, every gradient before
-  /// that point is final (the flat buffer holds the last layers first).
-  std::int64_t layer_grads_end(std::int64_t l) const;
-  /// Forms the units and allocates the flat buffers (none when sharded).
+  /// Forms the parameter runs and allocates the flat buffers (none with external storage).
   void allocate();
-  /// Rebinds the architecture's tensors of unit `unit` after its storage moved.
-  virtual void bind_unit(const Unit& unit) = 0;
-  /// Tells the hooks (when sharded) that forward or backward reached `event`.
-  void notify(UnitEvent event, int layer = -1) {
-    if (hooks_) hooks_->on(event, layer);
+  /// Rebinds the architecture's tensors of parameter run `run` after its storage moved.
+  virtual void bind_run(const ParamRun& run) = 0;
+  /// Tells the observer (if any) that forward or backward reached `event`.
+  void notify(PassEvent event, int layer = -1) {
+    if (observer_) observer_->on(event, layer);
   }
   /// Flat offset where the parameter `name` starts.
   std::int64_t offset_of(const std::string& name) const { return param_info(name).offset; }
@@ -243,15 +248,15 @@ class Model {
   std::unordered_map<std::string, std::size_t> index_;  // name -> infos_ index
   std::int64_t num_params_ = 0;
   std::int64_t logical_params_ = 0;
-  bool sharded_ = false;
+  bool external_storage_ = false;
   ops::Buffer params_, grads_, working_;  // working_: bf16 weights in mixed precision
   // Whether working_ holds params_ rounded: once per update, not once per micro-step (a
   // conversion of every weight per forward, gradient accumulation or not).
   mutable bool working_current_ = false;
-  std::vector<Unit> units_;
-  std::vector<void*> unit_weights_;  // where each unit's weights (compute dtype) start
-  std::vector<float*> unit_grads_;   // and its gradients
-  UnitHooks* hooks_ = nullptr;
+  std::vector<ParamRun> runs_;
+  std::vector<void*> run_weights_;  // where each run's weights (compute dtype) start
+  std::vector<float*> run_grads_;   // and its gradients
+  PassObserver* observer_ = nullptr;
  protected:
   int slots_ = 1, slot_ = 0;  // activation slots (set_activation_slots) and the one in use
   std::vector<LayerRun> chunks_;  // this stage's model chunks (Layout::chunks, or the one run)
@@ -267,7 +272,7 @@ class Model {
 /// `compute` f32, or bf16 for mixed precision (train.precision). config.attention is not read:
 /// `attention` is its resolved value (resolve_attention in model/attention_choice.h; on the CPU
 /// the reference serves both, so flash is as good as any).
-/// `layout`: sharded for ZeRO 3 (Model::sharded), this rank's tensor-parallel part.
+/// `layout`: external storage (Model::external_storage, for ZeRO 3), this rank's tensor-parallel part.
 std::unique_ptr<Model> make_model(const config::ModelConfig& config, Device device,
                                   Recompute recompute = Recompute::none, DType compute = DType::f32,
                                   ops::AttentionKernels attention = ops::AttentionKernels::flash, Layout layout = {});

@@ -9,13 +9,10 @@
 namespace llmtrain::parallel {
 
 StageCostModel stage_cost_model(const config::ModelConfig& m) {
-  // A layer's weights, from the model's own parameter list (built sharded: nothing allocated).
+  // A layer's weights, from the model's own parameter list (external storage: nothing allocated).
   const auto model = model::make_model(m, Device::cpu, config::Recompute::none, DType::f32,
                                        ops::AttentionKernels::flash, model::Layout{true});
-  double layer_weights = 0;
-  for (const model::Unit& unit : model->units()) {
-    if (unit.layer >= 0) layer_weights = double(unit.numel());
-  }
+  const double layer_weights = double(model->layer_params(0).size());
   const double C = double(m.d_model);
   // the token embedding, and a learned positions table where the architecture has one
   const double tables = model::arch_spec(m.arch).traits().positions == config::Positions::learned ? 2 : 1;

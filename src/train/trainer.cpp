@@ -172,7 +172,7 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
     model_->set_context_group(context_group_.get());
   }
   gradients_ = parallel::make_gradient_strategy(*model_, config_.dist, data_device_, data_comm_, norm_scope(*model_, comms));
-  if (layout.tensor_size > 1 || stages_ > 1 || layout.sharded) {  // this rank's model is not the whole one
+  if (layout.tensor_size > 1 || stages_ > 1 || layout.external_storage) {  // this rank's model is not the whole one
     logical_ = model::make_model(config_.model, Device::cpu, model::Recompute::none, DType::f32,
                                  ops::AttentionKernels::flash, model::Layout{true});
   }
@@ -420,7 +420,7 @@ std::vector<double> Trainer::sequence_logliks(const std::vector<eval::ChoiceSequ
 }
 
 const model::Model& Trainer::host_weights() {
-  if (model_->sharded()) throw RuntimeError("host_weights: the model is sharded (ZeRO 3)");
+  if (model_->external_storage()) throw RuntimeError("host_weights: the model is sharded (ZeRO 3)");
   if (device_ == Device::cpu) return *model_;
   if (!host_) {
     host_ = model::make_model(config_.model, Device::cpu, model::Recompute::none, DType::f32,
