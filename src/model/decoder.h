@@ -1,11 +1,11 @@
 // The decoder skeleton GPT-2 and Llama share: the token embedding, a stack of layers on one
 // residual stream, a final norm and an output head with its loss. Decoder<Body> owns the loops
 // (forward, backward, incremental decoding: their definitions are model/decoder_passes.h's), the
-// parameters outside the layers, the activation slots and the pipeline-stage boundaries; an architecture supplies its parameter list and layer
-// body (Body: the types of one layer's weights and activations, and their layout code) and, as a
-// subclass, the layer's forward, backward and decode step, its slices and its final norm. So a
-// further architecture is a Body, a layer body and its rows in the tables (config/arch_traits.cpp,
-// model/arch.cpp).
+// parameters outside the layers, the activation slots and the residual stream's ends of each layer
+// range it holds; an architecture supplies its parameter list and layer body (Body: the types of
+// one layer's weights and activations, and their layout code) and, as a subclass, the layer's
+// forward, backward and decode step, its slices and its final norm. So a further architecture is
+// a Body, a layer body and its rows in the tables (config/arch_traits.cpp, model/arch.cpp).
 //
 // Activation memory: the residual stream needs only ONE gradient buffer, accumulated in place
 // through the whole backward pass (each residual connection adds its branch's input gradient to
@@ -72,7 +72,7 @@ class Decoder : public Model {
   Tensor logits() override;
   Tensor losses() override;
   Tensor decode_step(std::int32_t token, int pos) override;
-  StageIO stage_io() override;
+  StreamEnds stream_ends() override;
   std::string tied_embedding() const override { return tied() ? Body::names.embedding : ""; }
   void prepare_activations(int B, int T) override { ensure_acts(B, local_length(T)); }
   std::size_t activation_bytes(int B, int T) const override {
@@ -195,11 +195,11 @@ class Decoder : public Model {
                                    const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd) = 0;
 
   // Helpers for the layer bodies.
-  /// Layer l's activations (l is a model layer index on this stage).
-  const LayerActs& layer_acts(std::size_t l) const { return a_.layers[l - std::size_t(first_layer())]; }
+  /// Layer l's activations (l is a model layer index in the range in use).
+  const LayerActs& layer_acts(std::size_t l) const { return a_.layers[l - std::size_t(layers_in_use().begin)]; }
   /// The residual stream entering layer l.
   const Tensor& layer_input(std::size_t l) const {
-    const std::size_t li = l - std::size_t(first_layer());
+    const std::size_t li = l - std::size_t(layers_in_use().begin);
     return li ? a_.layers[li - 1].residual3 : a_.encoded;
   }
   /// What backward does before layer l's backward under train.recompute.
@@ -309,7 +309,7 @@ class Decoder : public Model {
   Tensor local_positions(int T);
   /// Adds the gradient of local_positions' rows into the table's gradient.
   void add_position_grads();
-  /// The residual stream leaving this stage's last layer.
+  /// The residual stream leaving the last layer of the range in use.
   const Tensor& stream_output() const { return a_.layers.empty() ? a_.encoded : a_.layers.back().residual3; }
 
   ops::Buffer acts_buffer_, logits_f32_;  // logits_f32_: f32 logits in mixed precision
@@ -325,7 +325,7 @@ TensorSlice Decoder<Body>::slice_of(const std::string& name) const {
   if (name == Body::names.embedding || is_head(name)) {
     TensorSlice rows = tp_.vocab_part();
     // A tied embedding on the last pipeline stage (the head's) is a copy of the first stage's.
-    rows.owner = is_head(name) || holds_first_stage();
+    rows.owner = is_head(name) || holds_model_begin();
     return rows;
   }
   return layer_slice(name);
@@ -335,9 +335,9 @@ template <class Body>
 bool Decoder<Body>::held(const std::string& name) const {
   // Pipeline stages: the first holds the embedding (and learned positions), the last the final
   // norm and the head (the embedding too when tied).
-  if (name.starts_with(std::string(Body::names.final_norm) + ".") || is_head(name)) return holds_last_stage();
-  if (Body::names.positions && name == Body::names.positions) return holds_first_stage();
-  if (name == Body::names.embedding) return holds_first_stage() || (holds_last_stage() && tied());
+  if (name.starts_with(std::string(Body::names.final_norm) + ".") || is_head(name)) return holds_model_end();
+  if (Body::names.positions && name == Body::names.positions) return holds_model_begin();
+  if (name == Body::names.embedding) return holds_model_begin() || (holds_model_end() && tied());
   return true;  // a layer's: add_param keeps this stage's
 }
 
@@ -454,7 +454,7 @@ void Decoder<Body>::ensure_acts(int B, int T) {
   for (Acts& slot : acts_slots_) {
     lay_out(config_, recompute_, compute_, carver, B, T, slot, ga_, acts_only);
     // lay_out made room for the most vocabulary rows any rank has.
-    if (holds_last_stage()) {
+    if (holds_model_end()) {
       slot.logits = Tensor(slot.logits.data, slot.logits.dtype, device_,
                            {std::int64_t(B) * T, logits_stride(tp_.vocab_end() - tp_.vocab_begin())});
     }
@@ -467,10 +467,10 @@ void Decoder<Body>::ensure_acts(int B, int T) {
 
 template <class Body>
 void Decoder<Body>::select_activations() {
-  // Slot slot_ (a slot holds room for the largest chunk) with the layers of the chunk in use.
+  // Slot slot_ (a slot holds room for the largest range) with the layers of the range in use.
   if (std::size_t(slot_) >= acts_slots_.size()) return;
   a_ = acts_slots_[std::size_t(slot_)];
-  a_.layers.resize(std::size_t(stage_layers()));
+  a_.layers.resize(std::size_t(layers_in_use().size()));
 }
 
 }  // namespace llmtrain::model

@@ -16,7 +16,7 @@
 namespace llmtrain::model {
 
 template <class Body>
-Model::StageIO Decoder<Body>::stage_io() {
+Model::StreamEnds Decoder<Body>::stream_ends() {
   return {a_.encoded, stream_output(), ga_.residual, ga_.residual};
 }
 
@@ -37,19 +37,19 @@ double Decoder<Body>::forward(const std::int32_t* inputs, const std::int32_t* ta
   prepare_weights();
   inputs_upload_.upload(a_.inputs, Tensor(const_cast<std::int32_t*>(inputs), DType::i32, Device::cpu, {B, T}));
   notify(PassEvent::forward_begins);
-  if (first_stage()) {  // a later pipeline stage's input is the previous stage's output (stage_io)
+  if (begins_model()) {  // a later range's input is an earlier one's output (stream_ends)
     const Tensor embedded = sequence_parallel() ? a_.full_out : a_.encoded;
     tp_.vocab_parallel_embedding(embedded.reshape({B, T, config_.d_model}), inputs, a_.inputs, p_.embedding,
                                  local_positions(T), slot_, slots_);
     tp_.reduce_output(embedded, a_.encoded);
   }
   for (std::size_t li = 0; li < a_.layers.size(); ++li) {
-    const std::size_t l = std::size_t(first_layer()) + li;
+    const std::size_t l = std::size_t(layers_in_use().begin) + li;
     notify(PassEvent::before_forward, int(l));
     forward_layer(l);
     notify(PassEvent::after_forward, int(l));
   }
-  if (!last_stage()) return 0.0;  // its output goes to the next stage
+  if (!ends_model()) return 0.0;  // its output goes on to the next range
   final_norm_forward(a_.lnf, a_.lnf_mean, a_.lnf_rstd, stream_output(), p_.norm_weight, p_.norm_bias);
   ops::matmul_forward(a_.logits, tp_.gather_input(a_.lnf, a_.lnf_full), p_.head, Tensor());
   if (!targets) return 0.0;
@@ -70,7 +70,7 @@ void Decoder<Body>::backward(const std::function<void(std::int64_t)>& grads_read
   // too); the outputs' gradients the row-parallel backward needs are gathered whole.
   const bool sp = sequence_parallel();
   const Tensor& dresidual = ga_.residual;
-  if (last_stage()) {  // an earlier pipeline stage starts from the next stage's gradient (stage_io)
+  if (ends_model()) {  // an earlier range starts from the next range's input gradient (stream_ends)
     ops::zero(dresidual);
     const Tensor dlnf = sp ? a_.full_out : ga_.lnf;  // the head's partial input gradient
     ops::matmul_backward(dlnf, g_.head, Tensor(), dlogits, sp ? a_.lnf_full : a_.lnf, p_.head, ops::Accumulate::no);
@@ -81,15 +81,15 @@ void Decoder<Body>::backward(const std::function<void(std::int64_t)>& grads_read
     });
   }
   for (std::size_t li = a_.layers.size(); li-- > 0;) {
-    const std::size_t l = std::size_t(first_layer()) + li;
+    const std::size_t l = std::size_t(layers_in_use().begin) + li;
     notify(PassEvent::before_backward, int(l));
     recompute(l);
     backward_layer(l);
     notify(PassEvent::after_backward, int(l));
     if (grads_ready) grads_ready(layer_params(std::int64_t(l)).end);
   }
-  // A later pipeline stage's input gradient goes to the previous stage (stage_io).
-  if (first_stage()) {
+  // A later range's input gradient goes back to the range before it (stream_ends).
+  if (begins_model()) {
     const bool split_positions = cp_.active() && g_.positions.data;
     Tensor dpositions = g_.positions;
     if (split_positions) {
@@ -146,7 +146,9 @@ Tensor Decoder<Body>::logits() {
 
 template <class Body>
 Tensor Decoder<Body>::losses() {
-  if (!last_stage()) throw RuntimeError(std::string(Body::name) + "::losses: only the last pipeline stage has them");
+  if (!ends_model()) {
+    throw RuntimeError(std::string(Body::name) + "::losses: only the layers that end the model (a pipeline's last stage) have them");
+  }
   return Tensor(a_.losses.data, DType::f32, device_, {acts_B_, acts_T_});
 }
 

@@ -63,10 +63,10 @@ struct ParamRun : FlatRange {
   int layer = -1;  // -1: outside the layers
 };
 
-/// A run of consecutive transformer layers [first, first + count): one model chunk of a pipeline stage.
-struct LayerRun {
-  int first = 0;
-  int count = 0;
+/// Transformer layers [begin, end).
+struct LayerRange {
+  int begin = 0, end = 0;
+  int size() const { return end - begin; }
 };
 
 /// How a model is laid out over ranks: whether its weights and gradients live in storage another
@@ -77,13 +77,12 @@ struct Layout {
   int tensor_rank = 0;
   int tensor_size = 1;
   bool sequence_parallel = false;  // norms and residual adds on this rank's 1/tensor_size of the tokens
-  // Pipeline parallelism: this stage's layers [first_layer, first_layer + layers); -1: every layer.
-  // The first stage also holds the token embedding, the last the final norm, the head and the loss.
-  int first_layer = 0;
-  int layers = -1;
-  // The interleaved schedule: this stage's model chunks (virtual stages s, s + P, ...), in layer
-  // order; each runs as a stage of its own (Model::use_chunk). Empty: the one run above.
-  std::vector<LayerRun> chunks{};
+  // The layers this model holds, as ranges in increasing order, each run on its own by forward and
+  // backward (Model::use_layer_range); empty: every layer, as one range. A model holding a range
+  // that begins at layer 0 also holds the token embedding, one whose range ends at the last layer
+  // the final norm, the head and the loss (parallel/pipeline_stages.h gives a pipeline stage's
+  // chunks as such ranges).
+  std::vector<LayerRange> layer_ranges{};
   // Context parallelism: this rank's place in the group that splits every sequence (model/context_parallel.h),
   // and whether the group passes key/value blocks in a ring (else all-gathers them).
   int context_rank = 0;

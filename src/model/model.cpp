@@ -27,33 +27,33 @@ Model::Model(const config::ModelConfig& config, Device device, DType compute, op
       external_storage_(layout.external_storage) {
   if (compute != DType::f32 && compute != DType::bf16) throw RuntimeError("model: compute dtype must be f32 or bf16");
   const int L = int(config.n_layer);
-  chunks_ = layout.chunks;
-  if (chunks_.empty()) chunks_.push_back({layout.first_layer, layout.layers < 0 ? L : layout.layers});
-  for (std::size_t c = 0; c < chunks_.size(); ++c) {
-    const LayerRun& run = chunks_[c];
-    if (run.first < 0 || run.count < 0 || run.first + run.count > L || (c > 0 && run.first < chunks_[c - 1].first + chunks_[c - 1].count)) {
-      throw RuntimeError("model: pipeline chunk " + std::to_string(c) + " (layers " + std::to_string(run.first) + " + " +
-                         std::to_string(run.count) + ") outside model.n_layer " + std::to_string(L) + " or out of order");
+  ranges_ = layout.layer_ranges;
+  if (ranges_.empty()) ranges_.push_back({0, L});
+  for (std::size_t r = 0; r < ranges_.size(); ++r) {
+    const LayerRange& range = ranges_[r];
+    if (range.begin < 0 || range.size() < 0 || range.end > L || (r > 0 && range.begin < ranges_[r - 1].end)) {
+      throw RuntimeError("model: layer range " + std::to_string(r) + " (layers " + std::to_string(range.begin) + " to " +
+                         std::to_string(range.end) + ") outside model.n_layer " + std::to_string(L) + " or out of order");
     }
   }
 }
 
 bool Model::holds_layer(std::int64_t l) const {
-  for (const LayerRun& run : chunks_) {
-    if (l >= run.first && l < run.first + run.count) return true;
+  for (const LayerRange& range : ranges_) {
+    if (l >= range.begin && l < range.end) return true;
   }
   return false;
 }
 
-int Model::most_chunk_layers() const {
+int Model::largest_layer_range() const {
   int most = 0;
-  for (const LayerRun& run : chunks_) most = std::max(most, run.count);
+  for (const LayerRange& range : ranges_) most = std::max(most, range.size());
   return most;
 }
 
-void Model::use_chunk(int chunk) {
-  if (chunk < 0 || chunk >= chunks()) throw RuntimeError("model: no pipeline chunk " + std::to_string(chunk));
-  chunk_ = chunk;
+void Model::use_layer_range(int range) {
+  if (range < 0 || range >= int(ranges_.size())) throw RuntimeError("model: no layer range " + std::to_string(range));
+  range_ = range;
   select_activations();
 }
 
@@ -111,7 +111,7 @@ FlatRange Model::layer_params(std::int64_t l) const {
   for (const ParamRun& run : runs_) {
     if (run.layer == l) return run;
   }
-  throw RuntimeError("model: layer " + std::to_string(l) + " is not on this pipeline stage");
+  throw RuntimeError("model: layer " + std::to_string(l) + " is not one this model holds");
 }
 
 std::vector<Segment> Model::segments(bool owned_only) const {

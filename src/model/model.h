@@ -46,25 +46,22 @@ class Model {
   /// Whether this model (this pipeline stage) holds parameter `name`.
   bool has_param(const std::string& name) const { return index_.contains(name); }
 
-  // Pipeline parallelism (layout().layers >= 0): this stage's layers and its place in the pipeline,
-  // those of the model chunk in use when the stage holds several (interleaved schedule).
-  int first_layer() const { return chunks_[std::size_t(chunk_)].first; }
-  int stage_layers() const { return chunks_[std::size_t(chunk_)].count; }
-  /// Whether the chunk in use is the pipeline's first virtual stage (it embeds the tokens) or
-  /// its last (final norm, head and loss).
-  bool first_stage() const { return first_layer() == 0; }
-  bool last_stage() const { return first_layer() + stage_layers() == config_.n_layer; }
-  /// Whether any chunk of this stage is the first or last virtual stage (holds the embedding, or
-  /// the final norm and head), or holds layer l.
-  bool holds_first_stage() const { return chunks_.front().first == 0; }
-  bool holds_last_stage() const { return chunks_.back().first + chunks_.back().count == config_.n_layer; }
+  /// The layers this model holds (Layout::layer_ranges, or every layer as one range). Forward,
+  /// backward and stream_ends work on the range selected (range 0 at first); each activation slot
+  /// holds one range's activations.
+  const std::vector<LayerRange>& layer_ranges() const { return ranges_; }
+  void use_layer_range(int range);
+  /// The layers of the range in use.
+  const LayerRange& layers_in_use() const { return ranges_[std::size_t(range_)]; }
+  /// Whether the range in use begins at layer 0 (forward embeds the tokens) or ends at the last
+  /// layer (forward ends with the final norm, the head and the loss).
+  bool begins_model() const { return layers_in_use().begin == 0; }
+  bool ends_model() const { return layers_in_use().end == config_.n_layer; }
+  /// Whether any range begins at layer 0 (the model holds the embedding) or ends at the last
+  /// layer (it holds the final norm and the head), or holds layer l.
+  bool holds_model_begin() const { return ranges_.front().begin == 0; }
+  bool holds_model_end() const { return ranges_.back().end == config_.n_layer; }
   bool holds_layer(std::int64_t l) const;
-  /// The model chunks of this stage (one unless Layout::chunks lists several); forward, backward
-  /// and stage_io work on the one selected (chunk 0 at first). Each activation slot holds one
-  /// chunk's activations.
-  int chunks() const { return int(chunks_.size()); }
-  void use_chunk(int chunk);
-  int chunk() const { return chunk_; }
   /// The token embedding's name when the output head shares it (GPT-2; Llama with
   /// tie_embeddings), else "": in a pipeline the first and last stages each hold it.
   virtual std::string tied_embedding() const = 0;
@@ -103,7 +100,7 @@ class Model {
   /// The flat layout run by run: each layer's parameters, and the parameters outside the layers,
   /// in flat-buffer order (ParamInfo::run indexes it).
   const std::vector<ParamRun>& param_runs() const { return runs_; }
-  /// Where layer l's parameters (and gradients) lie in the flat buffer (l on this pipeline stage).
+  /// Where layer l's parameters (and gradients) lie in the flat buffer (l a layer this model holds).
   FlatRange layer_params(std::int64_t l) const;
   /// External storage (layout().external_storage): the model holds no flat buffers; whoever owns
   /// its weights gives each run its weights (compute dtype) and gradients (f32) with
@@ -159,23 +156,24 @@ class Model {
   void defer_loss(bool deferred);
   double take_loss_sum();
 
-  /// Pipeline parallelism: the forward passes whose backward has not run yet keep their
-  /// activations in slots of their own (one by default); forward and backward use the selected one.
+  /// The forward passes whose backward has not run yet (a pipeline's micro-batches in flight) keep
+  /// their activations in slots of their own (one by default); forward and backward use the selected one.
   void set_activation_slots(int slots);
   void use_activation_slot(int slot);
   int activation_slot() const { return slot_; }
   int activation_slots() const { return slots_; }
-  /// The current slot's tensors at the stage's boundaries: before forward, a later stage's
-  /// `input` (the residual stream entering its first layer) is filled with the previous stage's
-  /// `output`; before backward, an earlier stage's `output_grad` with the next stage's
-  /// `input_grad` (the gradient of its input, after its backward). (B T, C) in the compute dtype,
-  /// this rank's tokens under sequence parallelism.
-  struct StageIO {
+  /// The current slot's residual stream at the ends of the range in use: `input` enters its
+  /// first layer (forward reads it there unless the range begins the model: fill it before
+  /// forward), `output` leaves its last; `output_grad` is the gradient of `output` (backward
+  /// starts from it unless the range ends the model: fill it before backward), `input_grad` that
+  /// of `input` after backward. (B T, C) in the compute dtype, this rank's tokens under sequence
+  /// parallelism.
+  struct StreamEnds {
     Tensor input, output, input_grad, output_grad;
   };
-  virtual StageIO stage_io() = 0;
-  /// Lays out the activations of (B,T) micro-batches (forward does it too), so that a stage's
-  /// input can be written before its first forward.
+  virtual StreamEnds stream_ends() = 0;
+  /// Lays out the activations of (B,T) micro-batches (forward does it too), so that a range's
+  /// input (stream_ends) can be written before its first forward.
   virtual void prepare_activations(int B, int T) = 0;
 
   /// Incremental decoding of one sequence with a KV cache: feed its tokens at positions 0, 1,
@@ -185,9 +183,9 @@ class Model {
 
   /// Bytes of activation memory forward and backward need at (B,T) (both sets: values and gradients).
   virtual std::size_t activation_bytes(int B, int T) const = 0;
-  /// This model's activation layout: its tensor-parallel part and pipeline stage.
+  /// This model's activation layout: its tensor-parallel part and its layers.
   ActsShape acts_shape() const {
-    return {layout_.tensor_size, sequence_parallel(), most_chunk_layers(), holds_last_stage(), true, true};
+    return {layout_.tensor_size, sequence_parallel(), largest_layer_range(), holds_model_end(), true, true};
   }
 
  protected:
@@ -218,8 +216,8 @@ class Model {
   /// current. Forward passes call it first, so that updates, loads and copies into params() are
   /// always seen.
   void prepare_weights();
-  /// The layers of this stage's largest chunk (what each activation slot makes room for).
-  int most_chunk_layers() const;
+  /// The layers of the largest range (what each activation slot makes room for).
+  int largest_layer_range() const;
   /// Tensor parallelism (layout().tensor_size > 1): this rank's part of the group.
   int tensor_size() const { return tp_.size(); }
   bool sequence_parallel() const { return tp_.sequence_parallel(); }
@@ -259,8 +257,8 @@ class Model {
   PassObserver* observer_ = nullptr;
  protected:
   int slots_ = 1, slot_ = 0;  // activation slots (set_activation_slots) and the one in use
-  std::vector<LayerRun> chunks_;  // this stage's model chunks (Layout::chunks, or the one run)
-  int chunk_ = 0;                 // the one in use
+  std::vector<LayerRange> ranges_;  // the layers held (Layout::layer_ranges, or all of them)
+  int range_ = 0;                   // the one in use
   /// The architecture's reaction to use_activation_slot (its activation tensors of that slot).
   virtual void select_activations() = 0;
  private:

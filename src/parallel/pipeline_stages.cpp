@@ -23,6 +23,16 @@ StageCostModel stage_cost_model(const config::ModelConfig& m) {
   return costs;
 }
 
+model::LayerRange layer_range(const StageRange& chunk) {
+  return {int(chunk.first_layer), int(chunk.first_layer + chunk.layers)};
+}
+
+std::vector<model::LayerRange> stage_layer_ranges(const std::vector<StageRange>& split, int stage, int stages) {
+  std::vector<model::LayerRange> ranges;
+  for (std::size_t v = std::size_t(stage); v < split.size(); v += std::size_t(stages)) ranges.push_back(layer_range(split[v]));
+  return ranges;
+}
+
 std::vector<double> stage_costs(const StageCostModel& costs, const std::vector<StageRange>& split) {
   std::vector<double> out;
   for (const auto& range : split) out.push_back(double(range.layers) * costs.layer);

@@ -46,15 +46,7 @@ model::Layout rank_layout(const config::Config& config, const dist::Communicator
   layout.context_size = comms.context_group->world_size();
   layout.context_ring = config.dist.context_parallel_mode == config::ContextParallelMode::ring;
   const int stage = comms.pipeline_group->rank(), stages = comms.pipeline_group->world_size();
-  if (stages > 1) {
-    const std::vector<parallel::StageRange> split = parallel::split_layers(config);
-    for (std::size_t v = std::size_t(stage); v < split.size(); v += std::size_t(stages)) {
-      layout.chunks.push_back({int(split[v].first_layer), int(split[v].layers)});
-    }
-    layout.first_layer = layout.chunks.front().first;
-    layout.layers = layout.chunks.front().count;
-    if (layout.chunks.size() == 1) layout.chunks.clear();
-  }
+  if (stages > 1) layout.layer_ranges = parallel::stage_layer_ranges(parallel::split_layers(config), stage, stages);
   return layout;
 }
 
