@@ -17,7 +17,8 @@ namespace {
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
-// The share of one tensor rank: the model's own parameter list, built sharded (no buffers).
+// The share of one tensor rank: the model's own parameter list, built with external storage (no
+// buffers). ZeRO 3 shards each parameter run as one unit (parallel/zero3.h).
 RankShare share_of(const config::ModelConfig& m, int tensor_size, int tensor_rank) {
   const auto model = model::make_model(m, Device::cpu, config::Recompute::none, DType::f32,
                                        ops::AttentionKernels::flash, model::Layout{true, tensor_rank, tensor_size});
@@ -25,7 +26,7 @@ RankShare share_of(const config::ModelConfig& m, int tensor_size, int tensor_ran
   share.tensor_size = tensor_size;
   share.tensor_rank = tensor_rank;
   share.params = model->num_params();
-  for (const model::Unit& u : model->units()) share.units.push_back({u.numel(), u.layer >= 0});
+  for (const model::ParamRun& run : model->param_runs()) share.units.push_back({run.size(), run.layer >= 0});
   return share;
 }
 
@@ -327,7 +328,7 @@ std::vector<StagePlan> pipeline_stages(const config::Config& config, int tensor_
     layout.context_size = int(config.dist.context_parallel);
     for (std::size_t v = std::size_t(s); v < split.size(); v += std::size_t(P)) {
       st.chunks.push_back(split[v]);
-      layout.chunks.push_back({int(split[v].first_layer), int(split[v].layers)});
+      layout.layer_ranges.push_back(parallel::layer_range(split[v]));
       st.layers += split[v].layers;
       // Each chunk's micro-batches go on to the next virtual stage, and their gradients back.
       st.sends += (v + 1 < split.size() ? micro_batches : 0) + (v > 0 ? micro_batches : 0);
@@ -335,12 +336,12 @@ std::vector<StagePlan> pipeline_stages(const config::Config& config, int tensor_
     st.first_layer = st.chunks.front().first_layer;
     const auto model = model::make_model(m, Device::cpu, config.train.recompute, bf16 ? DType::bf16 : DType::f32,
                                          ops::AttentionKernels::flash, layout);
-    st.embedding = model->holds_first_stage();
-    st.head = model->holds_last_stage();
+    st.embedding = model->holds_model_begin();
+    st.head = model->holds_model_end();
     st.share.tensor_size = tensor_size;
     st.share.tensor_rank = r;
     st.share.params = model->num_params();
-    for (const model::Unit& u : model->units()) st.share.units.push_back({u.numel(), u.layer >= 0});
+    for (const model::ParamRun& run : model->param_runs()) st.share.units.push_back({run.size(), run.layer >= 0});
     st.slots = parallel::peak_live_activations(parallel::stage_schedule(config.dist, s, int(micro_batches)));
     st.activations =
         st.slots * std::int64_t(model->activation_bytes(int(config.train.micro_batch_size), int(m.context_length))) +

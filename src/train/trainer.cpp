@@ -40,15 +40,7 @@ model::Layout rank_layout(const config::Config& config, const dist::Communicator
   layout.context_size = comms.host(Axis::context).world_size();
   layout.context_ring = config.dist.context_parallel_mode == config::ContextParallelMode::ring;
   const int stage = comms.host(Axis::pipeline).rank(), stages = comms.host(Axis::pipeline).world_size();
-  if (stages > 1) {
-    const std::vector<parallel::StageRange> split = parallel::split_layers(config);
-    for (std::size_t v = std::size_t(stage); v < split.size(); v += std::size_t(stages)) {
-      layout.chunks.push_back({int(split[v].first_layer), int(split[v].layers)});
-    }
-    layout.first_layer = layout.chunks.front().first;
-    layout.layers = layout.chunks.front().count;
-    if (layout.chunks.size() == 1) layout.chunks.clear();
-  }
+  if (stages > 1) layout.layer_ranges = parallel::stage_layer_ranges(parallel::split_layers(config), stage, stages);
   return layout;
 }
 
@@ -158,8 +150,9 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
     context_group_ = std::make_unique<parallel::CommContextGroup>(comms.device(Axis::context));
     model_->set_context_group(context_group_.get());
   }
-  gradients_ = parallel::make_gradient_strategy(*model_, config_.dist, comms_.device(Axis::data), comms_.host(Axis::data), norm_scope(*model_, comms));
-  if (layout.tensor_size > 1 || stages_ > 1 || layout.sharded) {  // this rank's model is not the whole one
+  gradients_ = parallel::make_gradient_strategy(*model_, config_.dist, comms_.device(Axis::data), comms_.host(Axis::data),
+                                                norm_scope(*model_, comms));
+  if (layout.tensor_size > 1 || stages_ > 1 || layout.external_storage) {  // this rank's model is not the whole one
     logical_ = model::make_model(config_.model, Device::cpu, model::Recompute::none, DType::f32,
                                  ops::AttentionKernels::flash, model::Layout{true});
   }
@@ -402,7 +395,7 @@ std::vector<double> Trainer::sequence_logliks(const std::vector<eval::ChoiceSequ
 }
 
 const model::Model& Trainer::host_weights() {
-  if (model_->sharded()) throw RuntimeError("host_weights: the model is sharded (ZeRO 3)");
+  if (model_->external_storage()) throw RuntimeError("host_weights: the model is sharded (ZeRO 3)");
   if (device_ == Device::cpu) return *model_;
   if (!host_) {
     host_ = model::make_model(config_.model, Device::cpu, model::Recompute::none, DType::f32,
