@@ -13,9 +13,9 @@
 #include "core/strings.h"
 #include "ops/buffer.h"
 #include "ops/profile.h"
-#include "train/pipeline_schedule.h"
-#include "train/pipeline_stages.h"
-#include "train/plan.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline_stages.h"
+#include "plan/memory_plan.h"
 
 namespace llmtrain::train {
 namespace {
@@ -104,8 +104,8 @@ void Reporter::run_started(const dist::Communicators& comms, const RunShape& run
   if (comms.mesh.pipeline > 1) {
     info("pipeline: %d stages, %s schedule, %lld micro-batches per update (bubble %.0f%% by its formula); %s",
          comms.mesh.pipeline, config::to_string(config_.dist.pipeline_schedule).c_str(),
-         static_cast<long long>(run.micro_steps), 100.0 * bubble_fraction(config_.dist, int(run.micro_steps)),
-         describe_split(config_.model, split_layers(config_), comms.mesh.pipeline).c_str());
+         static_cast<long long>(run.micro_steps), 100.0 * parallel::bubble_fraction(config_.dist, int(run.micro_steps)),
+         parallel::describe_split(config_.model, parallel::split_layers(config_), comms.mesh.pipeline).c_str());
   }
   if (!device_note_.empty()) info("train: %s", device_note_.c_str());
   if (resume) {
@@ -164,7 +164,7 @@ void Reporter::update(std::int64_t step, const StepResult& result) {
   // MFU against the configured per-device peak (none is known for CPUs: then null).
   const nlohmann::json mfu =
       tc.peak_tflops > 0
-          ? nlohmann::json(tokens_per_s * flops_per_token(config_.model) / (tc.peak_tflops * 1e12 * world_size_))
+          ? nlohmann::json(tokens_per_s * plan::flops_per_token(config_.model) / (tc.peak_tflops * 1e12 * world_size_))
           : nlohmann::json(nullptr);
   // Memory: of the process on the CPU backend; of the GPU (its peak sampled here) on CUDA.
   MemoryUse memory = process_memory();

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "dist/communicator.h"
-#include "train/choice_eval.h"
+#include "eval/choice_eval.h"
 
 namespace llmtrain::train {
 
@@ -34,7 +34,7 @@ struct Validation {
   bool has_loss = true;  // false: no data.val, train.eval_tasks only
   std::vector<std::pair<std::string, double>> sets;
   std::vector<std::pair<std::string, double>> scores;  // train.eval_tasks: NAME/acc, NAME/acc_norm, NAME/acc_norm_bytes
-  std::vector<std::pair<std::string, ChoiceResult>> tasks;  // and each task's predictions, by NAME
+  std::vector<std::pair<std::string, eval::ChoiceResult>> tasks;  // and each task's predictions, by NAME
 };
 
 }  // namespace llmtrain::train

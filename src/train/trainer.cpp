@@ -16,13 +16,13 @@
 #include "ops/buffer.h"
 #include "ops/ops.h"
 #include "ops/profile.h"
-#include "train/attention_agreement.h"
-#include "train/context_parallel.h"
-#include "train/gradient_strategy.h"
-#include "train/pipeline_schedule.h"
-#include "train/pipeline_stages.h"
-#include "train/schedule.h"
-#include "train/tensor_parallel.h"
+#include "optim/lr_schedule.h"
+#include "parallel/attention_agreement.h"
+#include "parallel/context_parallel_comm.h"
+#include "parallel/gradient_strategy.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline_stages.h"
+#include "parallel/tensor_parallel_comm.h"
 
 namespace llmtrain::train {
 namespace {
@@ -47,7 +47,7 @@ model::Layout rank_layout(const config::Config& config, const dist::Communicator
   layout.context_ring = config.dist.context_parallel_mode == config::ContextParallelMode::ring;
   const int stage = comms.pipeline_group->rank(), stages = comms.pipeline_group->world_size();
   if (stages > 1) {
-    const std::vector<StageRange> split = split_layers(config);
+    const std::vector<parallel::StageRange> split = parallel::split_layers(config);
     for (std::size_t v = std::size_t(stage); v < split.size(); v += std::size_t(stages)) {
       layout.chunks.push_back({int(split[v].first_layer), int(split[v].layers)});
     }
@@ -60,19 +60,19 @@ model::Layout rank_layout(const config::Config& config, const dist::Communicator
 
 // Which gradients the global norm counts on this rank and the groups it is summed over: under
 // tensor or pipeline parallelism, the parts this rank owns, summed over those groups.
-NormScope norm_scope(const model::Model& model, const dist::Communicators& comms) {
-  NormScope norm;
+parallel::NormScope norm_scope(const model::Model& model, const dist::Communicators& comms) {
+  parallel::NormScope norm;
   const bool tensor = comms.tensor_group->world_size() > 1, pipeline = comms.pipeline_group->world_size() > 1;
-  if (tensor || pipeline) norm.counted = norm_ranges(model);
+  if (tensor || pipeline) norm.counted = parallel::norm_ranges(model);
   if (tensor) norm.groups.push_back(comms.tensor_group.get());
   if (pipeline) norm.groups.push_back(comms.pipeline_group.get());
   return norm;
 }
 
 // The flat ranges of the whole model that this rank's local arrays `pieces` hold, in local order.
-std::vector<model::FlatRange> logical_ranges(const std::vector<Piece>& pieces, const model::Model& model) {
+std::vector<model::FlatRange> logical_ranges(const std::vector<optim::Piece>& pieces, const model::Model& model) {
   std::vector<model::FlatRange> ranges;
-  for (const Placed& p : place(pieces, model.segments(false))) ranges.push_back(p.logical);
+  for (const parallel::Placed& p : parallel::place(pieces, model.segments(false))) ranges.push_back(p.logical);
   return ranges;
 }
 
@@ -127,14 +127,14 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
     const auto shards = data::expand_paths(config_.data.train.paths(), "data.train");
     task_tokenizer_ = data::load_tokenizer(std::filesystem::path(shards.front()).parent_path().string());
     for (const config::EvalTask& task : tc.eval_tasks) {
-      std::vector<ChoiceExample> examples = read_choice_file(task.path, task.task, task.limit);
-      std::vector<ChoiceSequence> sequences = choice_sequences(*task_tokenizer_, examples, T);
+      std::vector<eval::ChoiceExample> examples = eval::read_choice_file(task.path, task.task, task.limit);
+      std::vector<eval::ChoiceSequence> sequences = eval::choice_sequences(*task_tokenizer_, examples, T);
       tasks_.push_back({task, std::move(examples), std::move(sequences)});
     }
   }
   accum_ = config::grad_accum_steps(config_, readers);
   if (stages_ > 1) {
-    accum_ = pipeline_micro_batches(config_, readers);  // at least one per stage
+    accum_ = parallel::pipeline_micro_batches(config_, readers);  // at least one per stage
   }
   tokens_per_step_ = double(tc.global_batch_size) * T;
   if (resume) {
@@ -158,25 +158,25 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
   // Process-wide, as the kernels read it: train.deterministic false lets the bf16 flash attention
   // backward take its single pass (dQ by atomics).
   ops::set_deterministic(tc.deterministic);
-  attention_ = resolve_attention_on_every_rank(config_, device_, world_);
+  attention_ = parallel::resolve_attention_on_every_rank(config_, device_, world_);
   const model::Layout layout = rank_layout(config_, comms);
   model_ = model::make_model(config_.model, device_, tc.recompute, model::precision_dtype(tc.precision),
                              attention_.kernels, layout);
-  pipeline_ = std::make_unique<PipelineExecutor>(*model_, config_, pipeline_comm_, pipeline_link_, int(accum_));
+  pipeline_ = std::make_unique<parallel::PipelineExecutor>(*model_, config_, pipeline_comm_, pipeline_link_, int(accum_));
   if (layout.tensor_size > 1) {
-    tensor_group_ = std::make_unique<CommTensorGroup>(comms.tensor(), device_);
+    tensor_group_ = std::make_unique<parallel::CommTensorGroup>(comms.tensor(), device_);
     model_->set_tensor_group(tensor_group_.get());
   }
   if (layout.context_size > 1) {
-    context_group_ = std::make_unique<CommContextGroup>(comms.context());
+    context_group_ = std::make_unique<parallel::CommContextGroup>(comms.context());
     model_->set_context_group(context_group_.get());
   }
-  gradients_ = make_gradient_strategy(*model_, config_.dist, data_device_, data_comm_, norm_scope(*model_, comms));
+  gradients_ = parallel::make_gradient_strategy(*model_, config_.dist, data_device_, data_comm_, norm_scope(*model_, comms));
   if (layout.tensor_size > 1 || stages_ > 1 || layout.sharded) {  // this rank's model is not the whole one
     logical_ = model::make_model(config_.model, Device::cpu, model::Recompute::none, DType::f32,
                                  ops::AttentionKernels::flash, model::Layout{true});
   }
-  optimizer_ = std::make_unique<AdamW>(gradients_->pieces(), device_);
+  optimizer_ = std::make_unique<optim::AdamW>(gradients_->pieces(), device_);
   // Every rank reads or computes only the state it keeps, and all agree that each could: a damaged
   // checkpoint found by one rank stops every rank alike (a resume may then try an older one). The
   // file work runs on a thread of its own (host memory only) while this one keeps the rank heard,
@@ -220,11 +220,11 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
 
 void Trainer::load_initial_weights(const checkpoint::Found* resume, float* to) const {
   // The runs of the whole model this rank keeps, and where each goes in its held weights.
-  const std::vector<Placed> placed = place(gradients_->held(), model_->segments(false));
+  const std::vector<parallel::Placed> placed = parallel::place(gradients_->held(), model_->segments(false));
   // Runs that follow each other in the held weights are read in one call.
   std::vector<std::pair<std::int64_t, std::vector<model::FlatRange>>> batches;  // (local start, runs)
   std::int64_t batch_end = -1;
-  for (const Placed& p : placed) {
+  for (const parallel::Placed& p : placed) {
     if (p.local != batch_end) batches.push_back({p.local, {}});
     batches.back().second.push_back(p.logical);
     batch_end = p.local + p.logical.size();
@@ -247,8 +247,8 @@ void Trainer::load_initial_weights(const checkpoint::Found* resume, float* to) c
 
 const model::Model& Trainer::logical_model() const { return logical_ ? *logical_ : *model_; }
 
-std::vector<Placed> Trainer::optimizer_placement() const {
-  return place(optimizer_->pieces(), model_->segments(true));
+std::vector<parallel::Placed> Trainer::optimizer_placement() const {
+  return parallel::place(optimizer_->pieces(), model_->segments(true));
 }
 
 bool Trainer::writes_optimizer() const {
@@ -292,7 +292,7 @@ StepResult Trainer::step(std::int64_t step) {
   // loss_sum is then over all ranks
   result.grad_norm = gradients_->finish(loss_sum);
   result.loss = loss_sum / tokens_per_step_;
-  result.lr = learning_rate(config_.optim, tc.max_steps, step);
+  result.lr = optim::learning_rate(config_.optim, tc.max_steps, step);
   tokens_seen_ += std::int64_t(tokens_per_step_);
   if (source_counts_) {
     while (source_counts_->position() < sampler_state_.next_sample) source_counts_->next();
@@ -317,7 +317,7 @@ StepResult Trainer::step(std::int64_t step) {
   // shards have nothing to compare.
   const auto every = config_.dist.replica_check_every;
   if (gradients_->replicated() && data_comm_.world_size() > 1 && every > 0 && step % every == 0) {
-    check_replicas(data_comm_, host_weights().params().as<float>(), model_->num_params(), step);
+    parallel::check_replicas(data_comm_, host_weights().params().as<float>(), model_->num_params(), step);
   }
   result.sent = data_device_.traffic().since(sent_before);
   result.sent_tensor = tensor_device_.traffic().since(tensor_before);
@@ -350,7 +350,7 @@ std::optional<Validation> Trainer::validate() {
   if (!config_.data.val.named) result.sets.clear();  // one unnamed set: val_loss alone
   result.has_loss = !val_sets_.empty();
   for (const auto& [task, examples, sequences] : tasks_) {
-    const ChoiceResult scores = choice_result(examples, sequences, sequence_logliks(sequences), task.task);
+    const eval::ChoiceResult scores = eval::choice_result(examples, sequences, sequence_logliks(sequences), task.task);
     const std::string name = task.metric_name();
     result.scores.emplace_back(name + "/acc", scores.acc);
     result.scores.emplace_back(name + "/acc_norm", scores.acc_norm);
@@ -360,7 +360,7 @@ std::optional<Validation> Trainer::validate() {
   return result;
 }
 
-std::vector<double> Trainer::sequence_logliks(const std::vector<ChoiceSequence>& sequences) {
+std::vector<double> Trainer::sequence_logliks(const std::vector<eval::ChoiceSequence>& sequences) {
   // The validation's path, whatever the mesh: micro-batches of B sequences of the whole context
   // length (each padded at its end, which a causal model's earlier positions never see) through
   // the stages, each data-parallel rank its share; the last stage's per-position losses over a
@@ -390,7 +390,7 @@ std::vector<double> Trainer::sequence_logliks(const std::vector<ChoiceSequence>&
       for (std::int64_t b = 0; b < B; ++b) {
         const std::int64_t s = (j * readers + reader) * B + b;
         if (s >= count) break;  // padding: a micro-batch of nothing to score
-        const ChoiceSequence& sequence = sequences[std::size_t(s)];
+        const eval::ChoiceSequence& sequence = sequences[std::size_t(s)];
         const std::int64_t L = std::int64_t(sequence.tokens.size()) - 1;  // positions used
         for (std::int64_t t = 0; t < L; ++t) {
           batch.inputs[std::size_t(b * T + t)] = std::int32_t(sequence.tokens[std::size_t(t)]);
