@@ -135,10 +135,10 @@ print(f"losses of {len(ref)} steps against one rank's: largest relative differen
 sys.exit(0 if error <= 1e-4 else 1)
 PY
 }
-# reference CONFIG: the one-rank run of CONFIG, in $work/ref.
+# reference CONFIG: the one-rank run of CONFIG (no context axis either), in $work/ref.
 reference() {
   rm -rf "$work/ref"
-  "$llmtrain" train --config "$1" --run-dir "$work/ref" --device cpu >"$work/ref.log" 2>&1 || fail "the one-rank run: $(tail -n 3 "$work/ref.log")"
+  "$llmtrain" train --config "$1" --set dist.context_parallel=1 --run-dir "$work/ref" --device cpu >"$work/ref.log" 2>&1 || fail "the one-rank run: $(tail -n 3 "$work/ref.log")"
 }
 
 case "$case" in
