@@ -36,7 +36,12 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 LLMTRAIN="$llmtrain"
 export OMPI_MCA_rmaps_base_oversubscribe=1  # 4 ranks even on a 1-core machine
 passed=0
 pass() { echo "ok: $*"; passed=$((passed + 1)); }
-fail() { echo "FAILED: $*"; echo "$passed passed, 1 failed"; exit 1; }
+fail() {
+  echo "FAILED: $*"
+  [[ -n "${run:-}" && -f "$run.log" ]] && { echo "--- $run.log (last lines but progress)"; grep -v '| loss ' "$run.log" | tail -n 15; }
+  echo "$passed passed, 1 failed"
+  exit 1
+}
 
 for i in $(seq 1 400); do printf 'the quick brown fox %d jumps over the lazy dog\n' "$i"; done > "$work/text.txt"
 "$llmtrain" tokenize --input "$work/text.txt" --output "$work/data" >/dev/null || fail "tokenize"
@@ -149,6 +154,7 @@ kill)
   wait_for_step "$run" 150 || fail "kill: no training steps: $(tail -n 5 "$run.log")"
   pid=$(rank_pid "$run" 1)
   [[ -n "$pid" ]] || fail "kill: rank 1 not found"
+  grep -q "mpirun.sh: the job failed" "$run.log" && fail "kill: the first job failed before rank 1 was killed"
   kill -KILL "$pid"
   killed_at=$(last_step "$run")
   finish "$run"
@@ -176,6 +182,7 @@ nodes|context)
   run="$work/run"
   launch "$run" "$work/c.json" -n 4 -H "$work/hosts" --max-restarts 1 --grace 3
   wait_for_step "$run" 150 || fail "$case: no training steps: $(tail -n 5 "$run.log")"
+  grep -q "mpirun.sh: the job failed" "$run.log" && fail "$case: the first job failed before node4 was killed"
   # node4 dies: its daemon and its rank at once, and its ssh stops answering.
   echo node4 >"$work/down"
   kill_marked "$work:node4"

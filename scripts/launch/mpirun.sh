@@ -123,10 +123,13 @@ run_job() {
       fi
       # Open MPI's report of a closed connection names the other end: "  Peer host:  node2".
       [[ "$line" =~ ^[[:space:]]*Peer\ host:[[:space:]]*([^[:space:]]+) ]] && echo "${BASH_REMATCH[1]}" >>"$work/peers"
-      # The rank mpirun blames: "process rank 1 with PID 123 on node n2 exited on signal 9 (Killed)",
-      # or, for an exit status, "Process name: [[4711,1],1]" (job, then rank).
+      # The rank to blame: the first that llmtrain's watchdog names as lost ("rank(s) 2 (tensor rank
+      # 0), 3 never arrived or stopped responding"), or the one mpirun names: "process rank 1 with
+      # PID 123 on node n2 exited on signal 9 (Killed)", or "Process name: [[4711,1],1]" (job, rank).
       if [[ ! -e "$work/failed" ]]; then
-        if [[ "$line" =~ process\ rank\ ([0-9]+)\ with\ PID\ [0-9]+\ on\ node\ ([^[:space:]]+) ]]; then
+        if [[ "$line" =~ rank\(s\)\ ([0-9]+)[^:]*never\ arrived ]]; then
+          echo "${BASH_REMATCH[1]}" >"$work/failed"
+        elif [[ "$line" =~ process\ rank\ ([0-9]+)\ with\ PID\ [0-9]+\ on\ node\ ([^[:space:]]+) ]]; then
           echo "${BASH_REMATCH[1]} ${BASH_REMATCH[2]}" >"$work/failed"
         elif [[ "$line" =~ ^[[:space:]]*Process\ name:[[:space:]]*\[\[[0-9]+,[0-9]+\],([0-9]+)\] ]]; then
           echo "${BASH_REMATCH[1]}" >"$work/failed"
