@@ -215,15 +215,15 @@ run_dir() {
   [[ -n "$dir" ]] && echo "$dir" || { config="${config##*/}"; echo "runs/${config%.*}"; }
 }
 
-# Why the last job failed, in one line: its status (a signal's name for 128+N), the rank mpirun
-# blamed, and the last line that rank logged.
+# Why the last job failed, in one line: its status (a signal's name for 128+N), the rank blamed
+# (by llmtrain's watchdog or by mpirun), and the last line that rank logged.
 failure() {
   local why="exit status $status" rank="" node="" log
   ((status > 128 && status <= 128 + 64)) && why+=" (SIG$(kill -l $((status - 128)) 2>/dev/null || echo "$((status - 128))"))"
   ((status == lost_status)) && why+=" (ranks or a node lost)"
   [[ -s "$work/failed" ]] && read -r rank node <"$work/failed"
   if [[ -z "$rank" ]]; then
-    echo "$why; mpirun named no failing rank"
+    echo "$why; no rank named as the failing one"
     return
   fi
   log="$(run_dir)/logs/rank-$(printf '%05d' "$rank").log"
