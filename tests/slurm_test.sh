@@ -219,24 +219,5 @@ total=$(tail -n 1 <<<"$seen")
 [[ "$(tr '\n' ' ' <<<"$seen")" == "$(seq 1 "$total" | tr '\n' ' ')" ]] \
   || fail "metrics.jsonl steps 1..$total are not each there once: repeated $(sort -n <<<"$seen" | uniq -d | head -n 3 | tr '\n' ' ')"
 pass "TERM to the batch shell and srun (--full): $(grep -o 'status [0-9]* after a stop\|exit 75' "$out" | tail -n 1), requeued, resumed from $newest; steps 1..$total each logged once"
-# The run trains for ever: end it for good (a TERM would make the script checkpoint and requeue).
-scancel --signal=KILL --full "$job"
-scancel "$job"
-for _ in $(seq 1 100); do [[ -z "$(squeue -h -j "$job" -t R,CG,PD 2>/dev/null)" ]] && break; sleep 0.2; done
-
-# 5. Exit 76 from the ranks, as the survivors of a lost node exit: requeued like 75.
-cat > "$work/lost-once" <<'SH'
-#!/usr/bin/env bash
-(( ${SLURM_RESTART_COUNT:-0} == 0 )) && exit 76
-exit 0
-SH
-chmod +x "$work/lost-once"
-job=$(LLMTRAIN="$work/lost-once" sbatch --parsable --nodes=1 --ntasks-per-node=2 "$source_dir/scripts/launch/slurm.sbatch" \
-        "$work/c.json" "$work/lost") || fail "sbatch refused the exit-76 job"
-out="$work/llmtrain-$job.out"
-ln -s "$out" "$work/job-$job.out"
-stopped_and_requeued 1 "exit 76"
-grep -q "lost ranks or a node (exit 76): requeueing job $job" "$out" || fail "exit 76: the script did not say it requeued"
-pass "exit 76 from the ranks: job $job requeued ($(field Restarts) restart, state $(field JobState))"
 scancel "$job"
 echo "$passed passed, 0 failed"
