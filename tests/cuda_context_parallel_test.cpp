@@ -8,7 +8,7 @@
 //     position, GQA) on the device, ring and all-gather, fp32 and bf16, with full recomputation:
 //     the ranks' loss sums add up to the whole CPU model's, and so do their gradients.
 //
-// The exchanges are the trainer's own (train::CommContextGroup) through a communicator that stages
+// The exchanges are the trainer's own (CommContextGroup) through a communicator that stages
 // each device buffer through host memory (MPI between the processes): the ranks may share one GPU,
 // and the CUDA emulator (dev/cuda_emu) runs them. So this covers the device path of context
 // parallelism but NCCL's transport, which test_nccl (test_nccl_emu: a ring exchange on 3 ranks)
@@ -27,8 +27,8 @@
 #include "model/model.h"
 #include "ops/buffer.h"
 #include "ops/ops.h"
+#include "parallel/context_parallel_comm.h"
 #include "staged_communicator.h"
-#include "train/context_parallel.h"
 
 using namespace llmtrain;
 using llmtrain::test::relative_error;
@@ -99,7 +99,7 @@ void compare_attention(bool ring, int B, int T, int NH, int NKV, int HS) {
 
   model::ContextParallel cp(rank, N, ring, Device::cuda, DType::f32);
   test::StagedCommunicator staged(world);
-  train::CommContextGroup group(staged);
+  parallel::CommContextGroup group(staged);
   cp.set_group(&group);
   const ops::Chunks at = cp.mine(T);
   const test::DeviceArray<float> d_qkv(rows_of(qkv, B, T, W, at)), d_dout(rows_of(dout, B, T, C, at));
@@ -165,7 +165,7 @@ void compare_model(const std::string& arch, bool ring, DType dtype, model::Recom
   layout.context_ring = ring;
   const auto part = model::make_model(c, Device::cuda, recompute, dtype, ops::AttentionKernels::flash, layout);
   test::StagedCommunicator staged(world);
-  train::CommContextGroup group(staged);
+  parallel::CommContextGroup group(staged);
   part->set_context_group(&group);
   CHECK(part->num_params() == whole->num_params());
   ops::copy(part->params(), whole->params());

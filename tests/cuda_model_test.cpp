@@ -12,8 +12,8 @@
 #include "dist/communicator.h"
 #include "model/model.h"
 #include "ops/buffer.h"
+#include "parallel/zero3.h"
 #include "pipeline_stages_check.h"
-#include "train/zero3.h"
 
 using namespace llmtrain;
 using llmtrain::test::relative_error;
@@ -150,7 +150,7 @@ TEST_CASE("cuda ZeRO 3: bf16 working slots and sharded gradients match the unsha
     const auto sharded = model::make_model(c, Device::cuda, model::Recompute::none, DType::bf16,
                                            ops::AttentionKernels::flash, model::Layout{true});
     const auto comm = dist::make_single_communicator();
-    train::Zero3 zero3(*sharded, *comm, *comm, reshard);
+    parallel::Zero3 zero3(*sharded, *comm, *comm, reshard);
     zero3.load(cpu->params().as<float>());
 
     const int B = 2, T = 29;

@@ -5,7 +5,7 @@
 // rank's slice of every gradient. The vocabulary (251) divides by neither size, so the
 // vocabulary-parallel embedding and cross-entropy get parts of unequal rows.
 //
-// The model's collectives are the trainer's own (train::CommTensorGroup, bf16 summed in f32) over
+// The model's collectives are the trainer's own (CommTensorGroup, bf16 summed in f32) over
 // MPI, through a communicator that stages each device buffer through host memory: two ranks may
 // share one GPU, and the CUDA emulator (dev/cuda_emu) has no NCCL between processes. So this covers
 // the model-level device path of tensor parallelism, everything but NCCL's transport (test_nccl).
@@ -16,13 +16,13 @@
 #include <vector>
 
 #include "catch_compat.h"
-#include "cuda_compare.h"
 #include "core/error.h"
+#include "cuda_compare.h"
 #include "dist/communicator.h"
 #include "model/model.h"
 #include "ops/buffer.h"
+#include "parallel/tensor_parallel_comm.h"
 #include "staged_communicator.h"
-#include "train/tensor_parallel.h"
 
 using namespace llmtrain;
 using llmtrain::test::relative_error;
@@ -75,7 +75,7 @@ void compare_tensor_parallel(const std::string& arch, bool sequence_parallel, DT
   layout.sequence_parallel = sequence_parallel;
   const auto part = model::make_model(c, Device::cuda, recompute, dtype, ops::AttentionKernels::flash, layout);
   test::StagedCommunicator staged(world);
-  train::CommTensorGroup group(staged, Device::cuda);
+  parallel::CommTensorGroup group(staged, Device::cuda);
   part->set_tensor_group(&group);
   // This rank's weights, and where each of its elements sits in the whole model.
   const std::vector<model::Segment> segments = part->segments(false);

@@ -12,10 +12,10 @@
 #include "core/bf16.h"
 #include "model/gpt2.h"
 #include "model/llama.h"
-#include "train/adamw.h"
 #include "ops/buffer.h"
 #include "ops/ops.h"
-#include "train/plan.h"
+#include "optim/adamw.h"
+#include "plan/memory_plan.h"
 #include "weights_compare.h"
 
 using namespace llmtrain;
@@ -123,7 +123,7 @@ void check_adamw_steps(const std::string& arch) {
   const Golden g(arch);
   const auto owner = g.make_model();
   model::Model& m = *owner;
-  train::AdamW optimizer({{0, m.num_params(), 0}});
+  optim::AdamW optimizer({{0, m.num_params(), 0}});
   const auto reference = read(g.file, "adamw_losses");
   const double n = double(g.B) * g.T;
   for (std::size_t step = 1; step <= reference.size(); ++step) {
@@ -239,9 +239,9 @@ TEST_CASE("plan's parameter count and activation memory agree with the models' o
       c.tie_embeddings = arch == "gpt2";
       CAPTURE(arch, config::to_string(recompute));
       const auto m = model::make_model(c, Device::cpu, recompute);
-      CHECK(train::parameter_count(c) == m->num_params());
+      CHECK(plan::parameter_count(c) == m->num_params());
       const int B = 3;
-      const auto planned = B * train::activation_bytes_per_sequence(c, false, recompute);
+      const auto planned = B * plan::activation_bytes_per_sequence(c, false, recompute);
       const auto actual = std::int64_t(m->activation_bytes(B, int(c.context_length)));
       // The model rounds each of its (at most 40 + 20 L) buffers up to 64 bytes, at B sequences;
       // the plan measures one sequence (rounded the same way) and multiplies.
@@ -253,7 +253,7 @@ TEST_CASE("plan's parameter count and activation memory agree with the models' o
       for (const bool bf16 : {false, true}) {
         CAPTURE(bf16);
         const auto mixed = model::make_model(c, Device::cpu, recompute, bf16 ? DType::bf16 : DType::f32);
-        CHECK(train::activation_bytes_per_sequence(c, bf16, recompute) ==
+        CHECK(plan::activation_bytes_per_sequence(c, bf16, recompute) ==
               std::int64_t(mixed->activation_bytes(1, int(c.context_length))));
       }
     }
@@ -326,7 +326,7 @@ TEST_CASE("mixed precision: the optimizer writes the bf16 working copy, and forw
   const auto loss_of = [&](model::Model& model) {
     return model.forward(g.inputs.data(), g.targets.data(), g.B, g.T, 0.0f);
   };
-  train::AdamW optimizer({{0, P, 0}});
+  optim::AdamW optimizer({{0, P, 0}});
   for (std::int64_t step = 1; step <= 3; ++step) {
     m.zero_grads();
     m.forward(g.inputs.data(), g.targets.data(), g.B, g.T, float(1.0 / n));

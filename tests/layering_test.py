@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""The include graph of src/ and kernels/ keeps the design's layers (README, "Layout").
+"""The include graph of src/ and kernels/ keeps the design's layers (docs/ARCHITECTURE.md).
 
 Fails, naming the files, when
   - a file under kernels/ includes anything from src/ (the kernel library is a leaf);
   - a file under src/ includes one from a folder above its own in the layer order
-    core; config, data; device; kernels, ops; model; dist; checkpoint; train; cli;
+    core; config, data; device; kernels, ops; model; dist; optim; parallel; checkpoint; eval, plan;
+    train; cli;
+  - two files under src/ share a base name (train/plan.cpp beside cli/plan.cpp: a reader finds
+    a file by its name);
   - files include each other in a circle. A unit is a header with its sources (foo.h, foo.cpp,
     foo.cu): unit A depends on unit B when any file of A includes a file of B, so foo.cpp
     including bar.h while bar.cpp includes foo.h is a circle, even though no header includes the
@@ -18,8 +21,8 @@ import os
 import re
 import sys
 
-LAYERS = [["core"], ["config", "data"], ["device"], ["kernels", "ops"], ["model"], ["dist"],
-          ["checkpoint"], ["train"], ["cli"]]
+LAYERS = [["core"], ["config", "data"], ["device"], ["kernels", "ops"], ["model"], ["dist"], ["optim"],
+          ["parallel"], ["checkpoint"], ["eval", "plan"], ["train"], ["cli"]]
 LAYER_OF = {folder: level for level, folders in enumerate(LAYERS) for folder in folders}
 SOURCE_SUFFIXES = (".h", ".hpp", ".cpp", ".cu", ".cuh", ".def")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
@@ -103,7 +106,7 @@ def main():
             text = f.read()
         here = folder_of(path)
         if here not in LAYER_OF:
-            problems.append(f"{path}: folder src/{here} has no place in the layer order; add it to LAYERS and the README")
+            problems.append(f"{path}: folder src/{here} has no place in the layer order; add it to LAYERS and docs/ARCHITECTURE.md")
             continue
         for target in INCLUDE.findall(text):
             found = resolve(root, path, target)
@@ -118,6 +121,13 @@ def main():
             if a != b:
                 edges.setdefault(a, set()).add(b)
                 why.setdefault((a, b), f"{path} includes {found}")
+    by_base = {}
+    for path in files:
+        if path.startswith("src"):
+            by_base.setdefault(os.path.splitext(os.path.basename(path))[0], set()).add(os.path.dirname(path))
+    for base, folders in sorted(by_base.items()):
+        if len(folders) > 1:
+            problems.append(f"base name {base} in " + ", ".join(sorted(folders)) + ": give each file a name of its own")
     for component in circles(edges):
         members = set(component)
         links = [why[(a, b)] for a in component for b in sorted(edges.get(a, ())) if b in members]

@@ -12,11 +12,11 @@
 #include "catch_compat.h"
 #include "config/config.h"
 #include "core/error.h"
-#include "train/pipeline_schedule.h"
-#include "train/pipeline_stages.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline_stages.h"
 
 using namespace llmtrain;
-using train::PipelineOp;
+using parallel::PipelineOp;
 
 namespace {
 
@@ -38,20 +38,20 @@ std::string text(const std::vector<PipelineOp>& list) {
   std::string out;
   for (const auto& op : list) {
     if (!out.empty()) out.push_back(' ');
-    out.append(train::to_string(op));
+    out.append(parallel::to_string(op));
   }
   return out;
 }
 
 std::vector<std::vector<PipelineOp>> all_1f1b(int P, int m) {
   std::vector<std::vector<PipelineOp>> out;
-  for (int s = 0; s < P; ++s) out.push_back(train::one_f_one_b(P, s, m));
+  for (int s = 0; s < P; ++s) out.push_back(parallel::one_f_one_b(P, s, m));
   return out;
 }
 
 std::vector<std::vector<PipelineOp>> all_interleaved(int P, int m, int V) {
   std::vector<std::vector<PipelineOp>> out;
-  for (int s = 0; s < P; ++s) out.push_back(train::interleaved(P, s, m, V));
+  for (int s = 0; s < P; ++s) out.push_back(parallel::interleaved(P, s, m, V));
   return out;
 }
 
@@ -70,32 +70,32 @@ std::string input_error(const std::function<void()>& f) {
 
 TEST_CASE("1F1B: warm-up, one forward one backward, cool-down on each stage (P 4, m 8)", "[pipeline]") {
   // Stage 0 runs P - 1 = 3 forwards before its first backward; the last stage none.
-  CHECK(text(train::one_f_one_b(4, 0, 8)) == "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7");
-  CHECK(text(train::one_f_one_b(4, 1, 8)) == "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7");
-  CHECK(text(train::one_f_one_b(4, 3, 8)) == "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7");
+  CHECK(text(parallel::one_f_one_b(4, 0, 8)) == "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7");
+  CHECK(text(parallel::one_f_one_b(4, 1, 8)) == "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7");
+  CHECK(text(parallel::one_f_one_b(4, 3, 8)) == "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7");
   // Fewer micro-batches than stages: all forwards, then all backwards.
-  CHECK(text(train::one_f_one_b(4, 0, 2)) == "F0 F1 B0 B1");
-  CHECK(train::one_f_one_b(4, 0, 8) == ops("F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7"));
-  CHECK_THROWS_AS(train::one_f_one_b(4, 4, 8), std::invalid_argument);
-  CHECK_THROWS_AS(train::one_f_one_b(4, 0, 0), std::invalid_argument);
+  CHECK(text(parallel::one_f_one_b(4, 0, 2)) == "F0 F1 B0 B1");
+  CHECK(parallel::one_f_one_b(4, 0, 8) == ops("F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7"));
+  CHECK_THROWS_AS(parallel::one_f_one_b(4, 4, 8), std::invalid_argument);
+  CHECK_THROWS_AS(parallel::one_f_one_b(4, 0, 0), std::invalid_argument);
 }
 
 TEST_CASE("one stage: each micro-step's forward, then its backward, with nothing to transfer", "[pipeline]") {
   // The trainer runs training without a pipeline as this schedule: the micro-steps of gradient
   // accumulation in order, one set of activations, no transfers.
-  CHECK(text(train::one_f_one_b(1, 0, 4)) == "F0 B0 F1 B1 F2 B2 F3 B3");
-  CHECK(text(train::one_f_one_b(1, 0, 1)) == "F0 B0");
+  CHECK(text(parallel::one_f_one_b(1, 0, 4)) == "F0 B0 F1 B1 F2 B2 F3 B3");
+  CHECK(text(parallel::one_f_one_b(1, 0, 1)) == "F0 B0");
   for (int m : {1, 2, 5, 8}) {
     CAPTURE(m);
-    const auto list = train::one_f_one_b(1, 0, m);
-    CHECK(train::peak_live_activations(list) == 1);
-    const auto groups = train::transfer_groups(list, 1, 0, 1, 0);
+    const auto list = parallel::one_f_one_b(1, 0, m);
+    CHECK(parallel::peak_live_activations(list) == 1);
+    const auto groups = parallel::transfer_groups(list, 1, 0, 1, 0);
     CHECK(groups.size() == list.size() + 1);
     for (const auto& group : groups) CHECK(group.empty());
     // Forwards only (validation): no transfers either.
     std::vector<PipelineOp> forwards;
     for (int k = 0; k < m; ++k) forwards.push_back({PipelineOp::forward, k, 0});
-    for (const auto& group : train::transfer_groups(forwards, 1, 0, 1, m)) CHECK(group.empty());
+    for (const auto& group : parallel::transfer_groups(forwards, 1, 0, 1, m)) CHECK(group.empty());
   }
 }
 
@@ -104,7 +104,7 @@ TEST_CASE("1F1B: each micro-batch forward once, then backward once, in order", "
     for (int m : {1, 2, 3, 4, 7, 8, 16}) {
       for (int s = 0; s < P; ++s) {
         CAPTURE(P, m, s);
-        const auto list = train::one_f_one_b(P, s, m);
+        const auto list = parallel::one_f_one_b(P, s, m);
         REQUIRE(list.size() == std::size_t(2 * m));
         std::vector<int> forward_at(std::size_t(m), -1), backward_at(std::size_t(m), -1);
         int next_forward = 0, next_backward = 0;
@@ -131,7 +131,7 @@ TEST_CASE("1F1B: each micro-batch forward once, then backward once, in order", "
 TEST_CASE("1F1B: the simulated bubble is (P - 1) / (m + P - 1) on every stage", "[pipeline]") {
   // A hand-worked timeline, P 4, m 2 (forward 1, backward 2): the last stage runs F0 3-4, B0 4-6,
   // F1 6-7, B1 7-9; stage 0 ends with B1 13-15.
-  const auto small = train::simulate_pipeline(all_1f1b(4, 2), 2, 1);
+  const auto small = parallel::simulate_pipeline(all_1f1b(4, 2), 2, 1);
   CHECK(small.makespan == 15);
   CHECK(small.start[3] == std::vector<double>{3, 4, 6, 7});
   CHECK(small.start[0] == std::vector<double>{0, 1, 10, 13});
@@ -139,7 +139,7 @@ TEST_CASE("1F1B: the simulated bubble is (P - 1) / (m + P - 1) on every stage", 
   for (int P : {1, 2, 3, 4, 8}) {
     for (int m : {1, 2, 4, 5, 8, 16, 32}) {
       CAPTURE(P, m);
-      const auto sim = train::simulate_pipeline(all_1f1b(P, m), m, 1);
+      const auto sim = parallel::simulate_pipeline(all_1f1b(P, m), m, 1);
       // Every stage computes 3 m and waits 3 (P - 1): the step is 3 (m + P - 1).
       CHECK(sim.makespan == 3.0 * (m + P - 1));
       for (int s = 0; s < P; ++s) {
@@ -147,19 +147,19 @@ TEST_CASE("1F1B: the simulated bubble is (P - 1) / (m + P - 1) on every stage", 
         CHECK(sim.busy[std::size_t(s)] == 3.0 * m);
         CHECK(sim.idle[std::size_t(s)] == 3.0 * (P - 1));
         CHECK(sim.bubble(s) == Approx(double(P - 1) / double(m + P - 1)).epsilon(1e-15));
-        CHECK(sim.bubble(s) == Approx(train::bubble_fraction_1f1b(P, m)).epsilon(1e-15));
+        CHECK(sim.bubble(s) == Approx(parallel::bubble_fraction_1f1b(P, m)).epsilon(1e-15));
       }
     }
   }
   // Other costs: the same fraction (forward 1, backward 1).
-  const auto equal = train::simulate_pipeline(all_1f1b(4, 8), 8, 1, {1, 1});
+  const auto equal = parallel::simulate_pipeline(all_1f1b(4, 8), 8, 1, {1, 1});
   CHECK(equal.bubble(0) == Approx(3.0 / 11.0));
 }
 
 TEST_CASE("1F1B: at most P - stage micro-batches alive on a stage, P on the first", "[pipeline]") {
   for (int P : {2, 4, 8}) {
     for (int m : {1, 3, 8, 16}) {
-      const auto sim = train::simulate_pipeline(all_1f1b(P, m), m, 1);
+      const auto sim = parallel::simulate_pipeline(all_1f1b(P, m), m, 1);
       for (int s = 0; s < P; ++s) {
         CAPTURE(P, m, s);
         CHECK(sim.peak_live[std::size_t(s)] == std::min(P - s, m));
@@ -170,10 +170,10 @@ TEST_CASE("1F1B: at most P - stage micro-batches alive on a stage, P on the firs
   // GPipe's order (all forwards, then all backwards) keeps every micro-batch alive: the count sees it.
   std::vector<std::vector<PipelineOp>> gpipe;
   for (int s = 0; s < 4; ++s) gpipe.push_back(ops("F0 F1 F2 F3 F4 F5 F6 F7 B0 B1 B2 B3 B4 B5 B6 B7"));
-  CHECK(train::simulate_pipeline(gpipe, 8, 1).peak_live[0] == 8);
+  CHECK(parallel::simulate_pipeline(gpipe, 8, 1).peak_live[0] == 8);
   // The trainer's slot count of each stage's own list agrees with the simulator's.
-  for (int s = 0; s < 4; ++s) CHECK(train::peak_live_activations(train::one_f_one_b(4, s, 8)) == 4 - s);
-  CHECK(train::peak_live_activations(gpipe[0]) == 8);
+  for (int s = 0; s < 4; ++s) CHECK(parallel::peak_live_activations(parallel::one_f_one_b(4, s, 8)) == 4 - s);
+  CHECK(parallel::peak_live_activations(gpipe[0]) == 8);
 }
 
 TEST_CASE("interleaved: a stage keeps its warm-up's (micro-batch, chunk) pairs and one more alive", "[pipeline]") {
@@ -185,7 +185,7 @@ TEST_CASE("interleaved: a stage keeps its warm-up's (micro-batch, chunk) pairs a
         CAPTURE(P, V, s);
         const int m = 4 * P;
         const int w = std::min(2 * (P - s - 1) + (V - 1) * P, V * m);
-        CHECK(train::peak_live_activations(train::interleaved(P, s, m, V)) == std::min(w + 1, V * m));
+        CHECK(parallel::peak_live_activations(parallel::interleaved(P, s, m, V)) == std::min(w + 1, V * m));
       }
     }
   }
@@ -197,19 +197,19 @@ TEST_CASE("interleaved: Megatron's order for P 2, V 2, m 4, and its timeline", "
   // reversed. Warm-up: 2 (P - s - 1) + (V - 1) P = 4 forwards on stage 0, 2 on stage 1.
   const auto stage0 = ops("F0 F1 F0.1 F1.1 F2 B0.1 F3 B1.1 F2.1 B0 F3.1 B1 B2.1 B3.1 B2 B3");
   const auto stage1 = ops("F0 F1 F0.1 B0.1 F1.1 B1.1 F2 B0 F3 B1 F2.1 B2.1 F3.1 B3.1 B2 B3");
-  CHECK(text(train::interleaved(2, 0, 4, 2)) == text(stage0));
-  CHECK(text(train::interleaved(2, 1, 4, 2)) == text(stage1));
+  CHECK(text(parallel::interleaved(2, 0, 4, 2)) == text(stage0));
+  CHECK(text(parallel::interleaved(2, 1, 4, 2)) == text(stage1));
 
   // The timeline worked by hand (forward 1, backward 2; stage 1 holds virtual stages 1 and 3):
   // both stages compute 24 and wait 3 of a 27-long step, 1/9, against 1F1B's 1/5 at m 4.
-  const auto sim = train::simulate_pipeline({stage0, stage1}, 4, 2);
+  const auto sim = parallel::simulate_pipeline({stage0, stage1}, 4, 2);
   CHECK(sim.start[0] == std::vector<double>{0, 1, 2, 3, 4, 6, 8, 9, 11, 12, 14, 15, 18, 21, 23, 25});
   CHECK(sim.start[1] == std::vector<double>{1, 2, 3, 4, 6, 7, 9, 10, 12, 13, 15, 16, 18, 19, 21, 23});
   CHECK(sim.makespan == 27);
   CHECK(sim.idle == std::vector<double>{3, 3});
   CHECK(sim.bubble(0) == Approx(1.0 / 9.0));
-  CHECK(train::bubble_fraction_interleaved(2, 4, 2) == Approx(1.0 / 9.0));
-  CHECK(sim.bubble(0) < train::bubble_fraction_1f1b(2, 4));
+  CHECK(parallel::bubble_fraction_interleaved(2, 4, 2) == Approx(1.0 / 9.0));
+  CHECK(sim.bubble(0) < parallel::bubble_fraction_1f1b(2, 4));
   // Activations alive: warm-up + 1 (micro-batch, chunk) pairs, each of half a stage's layers.
   CHECK(sim.peak_live == std::vector<int>{5, 3});
 }
@@ -220,16 +220,16 @@ TEST_CASE("interleaved: complete, deadlock-free, its bubble Megatron's and below
       for (int groups : {1, 2, 4}) {
         const int m = groups * P;
         CAPTURE(P, V, m);
-        const auto sim = train::simulate_pipeline(all_interleaved(P, m, V), m, V);  // throws on a bad list
+        const auto sim = parallel::simulate_pipeline(all_interleaved(P, m, V), m, V);  // throws on a bad list
         // 1F1B over the same layers: each op does the work of V chunks.
-        const auto one = train::simulate_pipeline(all_1f1b(P, m), m, 1, {double(V), 2.0 * V});
+        const auto one = parallel::simulate_pipeline(all_1f1b(P, m), m, 1, {double(V), 2.0 * V});
         // Every stage computes 3 V m chunk-ops and waits 3 (P - 1), a V-th of 1F1B's wait.
         CHECK(sim.makespan == 3.0 * (V * m + P - 1));
         for (int s = 0; s < P; ++s) {
           CAPTURE(s);
           CHECK(sim.busy[std::size_t(s)] == 3.0 * V * m);
           CHECK(sim.idle[std::size_t(s)] == 3.0 * (P - 1));
-          CHECK(sim.bubble(s) == Approx(train::bubble_fraction_interleaved(P, m, V)).epsilon(1e-15));
+          CHECK(sim.bubble(s) == Approx(parallel::bubble_fraction_interleaved(P, m, V)).epsilon(1e-15));
           CHECK(sim.bubble(s) < one.bubble(s));
           // Activations: the warm-up's forwards and the one before the first backward, of one chunk each.
           const int warmup = std::min(2 * (P - s - 1) + (V - 1) * P, V * m);
@@ -239,13 +239,13 @@ TEST_CASE("interleaved: complete, deadlock-free, its bubble Megatron's and below
     }
   }
   // m must be a multiple of P.
-  CHECK_THROWS_AS(train::interleaved(4, 0, 6, 2), std::invalid_argument);
+  CHECK_THROWS_AS(parallel::interleaved(4, 0, 6, 2), std::invalid_argument);
 }
 
 TEST_CASE("simulator: incomplete lists and deadlocks are errors naming the stage and op", "[pipeline]") {
   const auto message = [](const std::vector<std::vector<PipelineOp>>& lists, int m, int V) {
     try {
-      train::simulate_pipeline(lists, m, V);
+      parallel::simulate_pipeline(lists, m, V);
     } catch (const std::logic_error& e) {
       return std::string(e.what());
     }
@@ -276,21 +276,21 @@ TEST_CASE("simulator: incomplete lists and deadlocks are errors naming the stage
 TEST_CASE("pipeline micro-batches: at least the stages, a multiple of them for interleaved", "[pipeline]") {
   const auto parse = [](const std::string& json) { return config::parse_config(json, "t.json"); };
   const auto c = parse(R"({"train": {"micro_batch_size": 1, "global_batch_size": 8}, "dist": {"pipeline_parallel": 4}})");
-  CHECK(train::pipeline_micro_batches(c, 1) == 8);
-  CHECK(train::pipeline_micro_batches(c, 2) == 4);
-  CHECK(input_error([&] { train::pipeline_micro_batches(c, 4); }) ==
+  CHECK(parallel::pipeline_micro_batches(c, 1) == 8);
+  CHECK(parallel::pipeline_micro_batches(c, 2) == 4);
+  CHECK(input_error([&] { parallel::pipeline_micro_batches(c, 4); }) ==
         "train.global_batch_size / (train.micro_batch_size x data-parallel size) = 8 / (1 x 4) = 2 micro-batch(es) "
         "per update, fewer than the 4 stages of dist.pipeline_parallel: every stage needs one in flight (raise "
         "train.global_batch_size or lower train.micro_batch_size)");
   const auto i = parse(R"({"train": {"micro_batch_size": 1, "global_batch_size": 6},
                            "dist": {"pipeline_parallel": 4, "pipeline_schedule": "interleaved", "virtual_stages": 2}})");
-  CHECK(input_error([&] { train::pipeline_micro_batches(i, 1); })
+  CHECK(input_error([&] { parallel::pipeline_micro_batches(i, 1); })
             .find("= 6 micro-batch(es) per update, not a multiple of dist.pipeline_parallel (4), as "
                   "dist.pipeline_schedule \"interleaved\" needs") != std::string::npos);
-  CHECK(train::stage_schedule(i.dist, 3, 8) == train::interleaved(4, 3, 8, 2));
-  CHECK(train::stage_schedule(c.dist, 3, 8) == train::one_f_one_b(4, 3, 8));
-  CHECK(train::bubble_fraction(i.dist, 8) == Approx(3.0 / 19.0));
-  CHECK(train::bubble_fraction(c.dist, 8) == Approx(3.0 / 11.0));
+  CHECK(parallel::stage_schedule(i.dist, 3, 8) == parallel::interleaved(4, 3, 8, 2));
+  CHECK(parallel::stage_schedule(c.dist, 3, 8) == parallel::one_f_one_b(4, 3, 8));
+  CHECK(parallel::bubble_fraction(i.dist, 8) == Approx(3.0 / 19.0));
+  CHECK(parallel::bubble_fraction(c.dist, 8) == Approx(3.0 / 11.0));
 }
 
 namespace {
@@ -298,20 +298,20 @@ namespace {
 // The least possible cost of the most expensive stage over every split of the model's layers
 // into `stages` contiguous non-empty ranges, by trying them all.
 double best_max_cost(const config::ModelConfig& model, int stages) {
-  const auto costs = train::stage_cost_model(model);
+  const auto costs = parallel::stage_cost_model(model);
   double best = 1e300;
   std::vector<std::int64_t> counts;
   std::function<void(std::int64_t)> place = [&](std::int64_t left) {
     if (int(counts.size()) == stages - 1) {
       if (left < 1) return;
       counts.push_back(left);
-      std::vector<train::StageRange> split;
+      std::vector<parallel::StageRange> split;
       std::int64_t first = 0;
       for (auto n : counts) {
         split.push_back({first, n});
         first += n;
       }
-      const auto c = train::stage_costs(costs, split);
+      const auto c = parallel::stage_costs(costs, split);
       best = std::min(best, *std::max_element(c.begin(), c.end()));
       counts.pop_back();
       return;
@@ -326,7 +326,7 @@ double best_max_cost(const config::ModelConfig& model, int stages) {
   return best;
 }
 
-std::vector<std::int64_t> layer_counts(const std::vector<train::StageRange>& split) {
+std::vector<std::int64_t> layer_counts(const std::vector<parallel::StageRange>& split) {
   std::vector<std::int64_t> out;
   std::int64_t next = 0;
   for (const auto& r : split) {
@@ -343,76 +343,76 @@ TEST_CASE("stage split: balanced by cost, the head on the last stage counted", "
   const config::Config gpt2 = config::load_config(LLMTRAIN_SOURCE_DIR "/configs/gpt2-124m.json");
   // By hand, per token: a layer 6 (12 C^2 + 13 C) + 12 C T = 42,527,232 + 9,437,184 = 51,964,416
   // FLOPs; the head 6 V C = 231,584,256 = 4.46 layers; the embedding 2 C x 2 tables = 3,072.
-  const auto costs = train::stage_cost_model(gpt2.model);
+  const auto costs = parallel::stage_cost_model(gpt2.model);
   CHECK(costs.layer == 51964416.0);
   CHECK(costs.head == 231584256.0);
   CHECK(costs.embedding == 3072.0);
   // Four stages: the last takes 1 layer and the head (5.46); 11 layers over three stages, 4 at
   // most each, the earlier one the lighter: 3, 4, 4.
-  const auto split = train::split_layers(gpt2.model, 4, {});
+  const auto split = parallel::split_layers(gpt2.model, 4, {});
   CHECK(layer_counts(split) == std::vector<std::int64_t>{3, 4, 4, 1});
-  const auto c = train::stage_costs(costs, split);
+  const auto c = parallel::stage_costs(costs, split);
   CHECK(*std::max_element(c.begin(), c.end()) == best_max_cost(gpt2.model, 4));
-  CHECK(train::describe_split(gpt2.model, split, 4) ==
+  CHECK(parallel::describe_split(gpt2.model, split, 4) ==
         "stage 0: layers 0-2 + embedding (3.00); stage 1: layers 3-6 (4.00); stage 2: layers 7-10 (4.00); "
         "stage 3: layer 11 + head (5.46)");
   // Interleaved, 2 stages x 2 chunks: the same four ranges, stage 0 holding virtual stages 0 and 2.
-  CHECK(train::describe_split(gpt2.model, split, 2) ==
+  CHECK(parallel::describe_split(gpt2.model, split, 2) ==
         "stage 0: layers 0-2 + embedding, layers 7-10 (7.00); stage 1: layers 3-6, layer 11 + head (9.46)");
   // Every stage count, against trying every split.
   for (int stages = 1; stages <= 6; ++stages) {
     CAPTURE(stages);
-    const auto s = train::split_layers(gpt2.model, stages, {});
+    const auto s = parallel::split_layers(gpt2.model, stages, {});
     const auto counts = layer_counts(s);
     CHECK(counts.size() == std::size_t(stages));
     CHECK(std::all_of(counts.begin(), counts.end(), [](std::int64_t n) { return n >= 1; }));
-    const auto sc = train::stage_costs(costs, s);
+    const auto sc = parallel::stage_costs(costs, s);
     CHECK(*std::max_element(sc.begin(), sc.end()) == best_max_cost(gpt2.model, stages));
   }
-  CHECK(layer_counts(train::split_layers(gpt2.model, 12, {})) == std::vector<std::int64_t>(12, 1));
+  CHECK(layer_counts(parallel::split_layers(gpt2.model, 12, {})) == std::vector<std::int64_t>(12, 1));
   // Where stages could take the same load, the later ones take the extra layers.
   config::ModelConfig eleven = gpt2.model;
   eleven.n_layer = 11;
-  CHECK(layer_counts(train::split_layers(eleven, 4, {})) == std::vector<std::int64_t>{3, 3, 4, 1});
+  CHECK(layer_counts(parallel::split_layers(eleven, 4, {})) == std::vector<std::int64_t>{3, 3, 4, 1});
   config::ModelConfig bytes = gpt2.model;  // a 256-token vocabulary: the head is 0.02 of a layer
   bytes.vocab_size = 256;
-  CHECK(layer_counts(train::split_layers(bytes, 5, {})) == std::vector<std::int64_t>{2, 2, 3, 3, 2});
+  CHECK(layer_counts(parallel::split_layers(bytes, 5, {})) == std::vector<std::int64_t>{2, 2, 3, 3, 2});
 
   // Llama 3.2 1B's shape, 16 layers: the head (vocab 128,256) is 3.8 layers, so 5, 5, 5, 1.
   const config::Config llama = config::load_config(LLMTRAIN_SOURCE_DIR "/configs/llama-1b.json");
-  const auto lc = train::stage_cost_model(llama.model);
+  const auto lc = parallel::stage_cost_model(llama.model);
   CHECK(lc.head / lc.layer == Approx(3.80).epsilon(0.01));
-  const auto ls = train::split_layers(llama.model, 4, {});
+  const auto ls = parallel::split_layers(llama.model, 4, {});
   CHECK(layer_counts(ls) == std::vector<std::int64_t>{5, 5, 5, 1});
-  const auto lcost = train::stage_costs(lc, ls);
+  const auto lcost = parallel::stage_costs(lc, ls);
   CHECK(*std::max_element(lcost.begin(), lcost.end()) == best_max_cost(llama.model, 4));
 }
 
 TEST_CASE("stage split: by hand, and errors naming the keys", "[pipeline]") {
   const config::Config gpt2 = config::load_config(LLMTRAIN_SOURCE_DIR "/configs/gpt2-124m.json");
-  const auto split = train::split_layers(gpt2.model, 4, {2, 4, 4, 2});
-  CHECK(split == std::vector<train::StageRange>{{0, 2}, {2, 4}, {6, 4}, {10, 2}});
+  const auto split = parallel::split_layers(gpt2.model, 4, {2, 4, 4, 2});
+  CHECK(split == std::vector<parallel::StageRange>{{0, 2}, {2, 4}, {6, 4}, {10, 2}});
   // From the config: dist.pipeline_layers over pipeline_parallel x virtual_stages.
   const config::Config c = config::parse_config(
       R"({"dist": {"pipeline_parallel": 2, "pipeline_schedule": "interleaved", "virtual_stages": 2,
                    "pipeline_layers": [1, 5, 5, 1]}})",
       "t.json");
-  CHECK(train::split_layers(c) == std::vector<train::StageRange>{{0, 1}, {1, 5}, {6, 5}, {11, 1}});
+  CHECK(parallel::split_layers(c) == std::vector<parallel::StageRange>{{0, 1}, {1, 5}, {6, 5}, {11, 1}});
 
-  CHECK(input_error([&] { train::split_layers(gpt2.model, 13, {}); }) ==
+  CHECK(input_error([&] { parallel::split_layers(gpt2.model, 13, {}); }) ==
         "dist.pipeline_parallel x dist.virtual_stages: 13 stage(s), but model.n_layer is 12 (every stage needs at "
         "least one layer)");
-  CHECK(input_error([&] { train::split_layers(gpt2.model, 4, {4, 4, 4}); }) ==
+  CHECK(input_error([&] { parallel::split_layers(gpt2.model, 4, {4, 4, 4}); }) ==
         "dist.pipeline_layers: lists 3 stage(s), expected 4 (dist.pipeline_parallel x dist.virtual_stages)");
-  CHECK(input_error([&] { train::split_layers(gpt2.model, 4, {4, 4, 4, 1}); }) ==
+  CHECK(input_error([&] { parallel::split_layers(gpt2.model, 4, {4, 4, 4, 1}); }) ==
         "dist.pipeline_layers: adds up to 13 layers, expected model.n_layer (12)");
-  CHECK(input_error([&] { train::split_layers(gpt2.model, 4, {6, 6, 0, 0}); }) ==
+  CHECK(input_error([&] { parallel::split_layers(gpt2.model, 4, {6, 6, 0, 0}); }) ==
         "dist.pipeline_layers: entry 2 is 0; every stage needs at least one layer");
 }
 
 namespace {
 
-using Groups = std::vector<std::vector<train::StageTransfer>>;
+using Groups = std::vector<std::vector<parallel::StageTransfer>>;
 
 // Every stage's transfer groups for the schedule; unpaired: each op's transfers on their own
 // (no steady-state iterations), as if every forward were warm-up.
@@ -423,8 +423,8 @@ std::vector<Groups> all_groups(int P, int V, int m, bool paired = true) {
   dist.pipeline_schedule = V > 1 ? config::PipelineSchedule::interleaved : config::PipelineSchedule::one_f_one_b;
   std::vector<Groups> groups;
   for (int s = 0; s < P; ++s) {
-    const int warm_up = paired ? train::warm_up_forwards(dist, s, m) : V * m;
-    groups.push_back(train::transfer_groups(train::stage_schedule(dist, s, m), P, s, V, warm_up));
+    const int warm_up = paired ? parallel::warm_up_forwards(dist, s, m) : V * m;
+    groups.push_back(parallel::transfer_groups(parallel::stage_schedule(dist, s, m), P, s, V, warm_up));
   }
   return groups;
 }
@@ -444,11 +444,11 @@ std::vector<Groups> one_by_one(const std::vector<Groups>& grouped) {
 }  // namespace
 
 TEST_CASE("transfer groups: an iteration's receives before it, its sends after it", "[pipeline]") {
-  using T = train::StageTransfer;
+  using T = parallel::StageTransfer;
   const PipelineOp F0{PipelineOp::forward, 0, 0}, F1{PipelineOp::forward, 1, 0};
   const PipelineOp B0{PipelineOp::backward, 0, 0}, B1{PipelineOp::backward, 1, 0};
   // 1F1B, 2 stages, 2 micro-batches, stage 0: warm-up F0, steady (F1 B0), cool-down B1.
-  const Groups g = train::transfer_groups(train::one_f_one_b(2, 0, 2), 2, 0, 1, 1);
+  const Groups g = parallel::transfer_groups(parallel::one_f_one_b(2, 0, 2), 2, 0, 1, 1);
   REQUIRE(g.size() == 5);
   CHECK(g[0].empty());  // F0 on the first virtual stage needs nothing
   CHECK(g[1] == std::vector<T>{{T::send, 1, F0}, {T::recv, 1, B0}});
@@ -456,7 +456,7 @@ TEST_CASE("transfer groups: an iteration's receives before it, its sends after i
   CHECK(g[3] == std::vector<T>{{T::send, 1, F1}, {T::recv, 1, B1}});
   CHECK(g[4].empty());  // the first virtual stage sends no gradient back
   // Stage 1 (the last): no warm-up, (F0 B0) (F1 B1), receiving activations and sending gradients.
-  const Groups last = train::transfer_groups(train::one_f_one_b(2, 1, 2), 2, 1, 1, 0);
+  const Groups last = parallel::transfer_groups(parallel::one_f_one_b(2, 1, 2), 2, 1, 1, 0);
   CHECK(last[0] == std::vector<T>{{T::recv, 0, F0}});
   CHECK(last[1].empty());
   CHECK(last[2] == std::vector<T>{{T::send, 0, B0}, {T::recv, 0, F1}});
@@ -467,9 +467,9 @@ TEST_CASE("transfer groups: an iteration's receives before it, its sends after i
   dist.pipeline_parallel = 3;
   dist.virtual_stages = 2;
   dist.pipeline_schedule = config::PipelineSchedule::interleaved;
-  CHECK(train::warm_up_forwards(dist, 0, 3) == 6);
-  CHECK(train::warm_up_forwards(dist, 2, 3) == 3);
-  const Groups all = train::transfer_groups(train::stage_schedule(dist, 0, 3), 3, 0, 2, 6);
+  CHECK(parallel::warm_up_forwards(dist, 0, 3) == 6);
+  CHECK(parallel::warm_up_forwards(dist, 2, 3) == 3);
+  const Groups all = parallel::transfer_groups(parallel::stage_schedule(dist, 0, 3), 3, 0, 2, 6);
   for (std::size_t k = 1; k < all.size() - 1; ++k) CHECK(!all[k].empty());
 }
 
@@ -481,7 +481,7 @@ TEST_CASE("transfer groups: no deadlock under NCCL's one-group-at-a-time order, 
         const int m = k * P;
         if (P * V > 12) continue;
         CAPTURE(P, V, m);
-        CHECK(train::simulate_transfers(all_groups(P, V, m)) == "");
+        CHECK(parallel::simulate_transfers(all_groups(P, V, m)) == "");
       }
     }
   }
@@ -489,7 +489,7 @@ TEST_CASE("transfer groups: no deadlock under NCCL's one-group-at-a-time order, 
   // 1F1B stage 0 sends its next activation while stage 1 sends a gradient back, and so on
   // interleaved.
   for (const int V : {1, 2}) {
-    const std::string stuck = train::simulate_transfers(one_by_one(all_groups(2, V, 4, false)));
+    const std::string stuck = parallel::simulate_transfers(one_by_one(all_groups(2, V, 4, false)));
     CAPTURE(V, stuck);
     CHECK(stuck.find("stage 0 at group") != std::string::npos);
     CHECK(stuck.find("stage 1 at group") != std::string::npos);
@@ -497,5 +497,5 @@ TEST_CASE("transfer groups: no deadlock under NCCL's one-group-at-a-time order, 
   // A send and a receive of different micro-batches (orders that differ) are an error.
   auto swapped = all_groups(2, 1, 2);
   std::swap(swapped[1][0], swapped[1][2]);  // stage 1 receives micro-batch 1's activation first
-  CHECK_THROWS_AS(train::simulate_transfers(swapped), std::logic_error);
+  CHECK_THROWS_AS(parallel::simulate_transfers(swapped), std::logic_error);
 }

@@ -8,7 +8,7 @@
 #include "catch_compat.h"
 #include "config/config.h"
 #include "core/error.h"
-#include "train/plan.h"
+#include "plan/memory_plan.h"
 
 using namespace llmtrain;
 
@@ -48,7 +48,7 @@ config::Config tiny_llama() {
 
 TEST_CASE("plan: ZeRO 3 units of a tiny Llama and GPT-2, counted by hand", "[plan]") {
   const config::Config llama = tiny_llama();
-  const auto units = train::shard_units(llama.model);
+  const auto units = plan::shard_units(llama.model);
   REQUIRE(units.size() == 5);
   const std::vector<std::int64_t> sizes = {48, 128, 128, 128, 44};
   const std::vector<bool> layers = {false, true, true, true, false};
@@ -57,19 +57,19 @@ TEST_CASE("plan: ZeRO 3 units of a tiny Llama and GPT-2, counted by hand", "[pla
     CHECK(units[i].params == sizes[i]);
     CHECK(units[i].layer == layers[i]);
   }
-  CHECK(train::parameter_count(llama.model) == 476);
+  CHECK(plan::parameter_count(llama.model) == 476);
 
   // GPT-2, vocab 10, context 8, d_model 4, ffn 16, 2 layers. Root before: ln_f 2 x 4 = 8. Each
   // layer: ln_1 8, c_attn 12 x 4 + 12 = 60, attn.c_proj 16 + 4 = 20, ln_2 8, c_fc 16 x 4 + 16 = 80,
   // mlp.c_proj 4 x 16 + 4 = 68 -> 244. Root after: wpe 8 x 4 = 32, wte 10 x 4 = 40 -> 72.
   const config::ModelConfig gpt2 = shape(config::Arch::gpt2, 10, 8, 2, 2, 2, 4, 16, true);
-  const auto g = train::shard_units(gpt2);
+  const auto g = plan::shard_units(gpt2);
   REQUIRE(g.size() == 4);
   CHECK(g[0].params == 8);
   CHECK(g[1].params == 244);
   CHECK(g[2].params == 244);
   CHECK(g[3].params == 72);
-  CHECK(train::parameter_count(gpt2) == 568);
+  CHECK(plan::parameter_count(gpt2) == 568);
 }
 
 TEST_CASE("plan: the units add up to the models' own parameter lists for every shipped config", "[plan]") {
@@ -77,13 +77,13 @@ TEST_CASE("plan: the units add up to the models' own parameter lists for every s
        {"gpt2-124m", "gpt2-350m", "tiny", "tiny-llama", "llama-1b", "llama2-13b", "llama2-70b"}) {
     CAPTURE(name);
     const config::Config c = config::load_config(LLMTRAIN_SOURCE_DIR "/configs/" + name + ".json");
-    const std::int64_t P = train::parameter_count(c.model);  // the model's own list (ArchSpec)
+    const std::int64_t P = plan::parameter_count(c.model);  // the model's own list (ArchSpec)
     config::ModelConfig no_layers = c.model;
     no_layers.n_layer = 0;
-    const std::int64_t root = train::parameter_count(no_layers);
+    const std::int64_t root = plan::parameter_count(no_layers);
     REQUIRE((P - root) % c.model.n_layer == 0);
     std::int64_t sum = 0, root_units = 0;
-    for (const auto& u : train::shard_units(c.model)) {
+    for (const auto& u : plan::shard_units(c.model)) {
       sum += u.params;
       if (u.layer) {
         CHECK(u.params == (P - root) / c.model.n_layer);
@@ -95,17 +95,17 @@ TEST_CASE("plan: the units add up to the models' own parameter lists for every s
     CHECK(root_units == root);
   }
   // Published sizes: GPT-2 small, Llama 2 13B and 70B.
-  CHECK(train::parameter_count(config::load_config(LLMTRAIN_SOURCE_DIR "/configs/gpt2-124m.json").model) == 124439808);
-  CHECK(train::parameter_count(config::load_config(LLMTRAIN_SOURCE_DIR "/configs/llama2-13b.json").model) ==
+  CHECK(plan::parameter_count(config::load_config(LLMTRAIN_SOURCE_DIR "/configs/gpt2-124m.json").model) == 124439808);
+  CHECK(plan::parameter_count(config::load_config(LLMTRAIN_SOURCE_DIR "/configs/llama2-13b.json").model) ==
         13015864320);
-  CHECK(train::parameter_count(config::load_config(LLMTRAIN_SOURCE_DIR "/configs/llama2-70b.json").model) ==
+  CHECK(plan::parameter_count(config::load_config(LLMTRAIN_SOURCE_DIR "/configs/llama2-70b.json").model) ==
         68976648192);
 }
 
 TEST_CASE("plan: memory per rank at ZeRO 0 to 3 over 3 ranks, where padding matters", "[plan]") {
   config::Config c = tiny_llama();
   // ZeRO 0: every buffer whole, P = 476.
-  auto p = train::plan_memory(c, 3, 0, false, 2);
+  auto p = plan::plan_memory(c, 3, 0, false, 2);
   CHECK(p.weights == 4 * 476);
   CHECK(p.gradients == 4 * 476);
   CHECK(p.optimizer == 8 * 476);
@@ -113,39 +113,39 @@ TEST_CASE("plan: memory per rank at ZeRO 0 to 3 over 3 ranks, where padding matt
   // Activations: the model's buffer at micro-batch 2, measured at once (each piece rounded to 64
   // bytes at B = 2, so no more than twice one sequence's).
   const std::int64_t activations = p.activations;
-  CHECK(activations == train::activation_bytes(c.model, false, config::Recompute::none, 2));
-  CHECK(activations <= 2 * train::activation_bytes_per_sequence(c.model, false));
-  CHECK(activations > train::activation_bytes_per_sequence(c.model, false));
+  CHECK(activations == plan::activation_bytes(c.model, false, config::Recompute::none, 2));
+  CHECK(activations <= 2 * plan::activation_bytes_per_sequence(c.model, false));
+  CHECK(activations > plan::activation_bytes_per_sequence(c.model, false));
   // ZeRO 1 and 2 (the same buffers in llmtrain): the whole gradient buffer stays; m and v of a
   // shard of ceil(476 / 3) = 159; the padded buffer of 3 x 159 and the summed shard of 159, f32.
   for (const int zero : {1, 2}) {
     CAPTURE(zero);
-    p = train::plan_memory(c, 3, zero, true, 2);
+    p = plan::plan_memory(c, 3, zero, true, 2);
     CHECK(p.weights == 6 * 476);
     CHECK(p.gradients == 4 * 476);
     CHECK(p.optimizer == 8 * 159);
     CHECK(p.gathered == 4 * (3 * 159 + 159));
   }
   // On one data-parallel rank the trainer runs ZeRO 1 and 2 as 0: nothing sharded, no buffers.
-  p = train::plan_memory(c, 1, 1, false, 2);
+  p = plan::plan_memory(c, 1, 1, false, 2);
   CHECK(p.optimizer == 8 * 476);
   CHECK(p.gathered == 0);
 
   // ZeRO 3: shards ceil(48/3) + 3 ceil(128/3) + ceil(44/3) = 16 + 3 x 43 + 15 = 160 parameters.
   // Gathered: the roots padded, 3 x 16 + 3 x 15 = 93; layer slots of 3 x 43 = 129 in the compute
   // dtype; f32 gradients for the roots (93) and 2 slots of 129 + 43; f32 scratch of 43.
-  p = train::plan_memory(c, 3, 3, false, 2);
+  p = plan::plan_memory(c, 3, 3, false, 2);
   CHECK(p.weights == 4 * 160);
   CHECK(p.gradients == 4 * 160);
   CHECK(p.optimizer == 8 * 160);
   CHECK(p.gathered == 4 * (93 + 2 * 129) + 4 * (93 + 2 * (129 + 43) + 43));  // fp32: 3324
   CHECK(p.activations == activations);
   CHECK(p.total() == 640 + 640 + 1280 + 3324 + activations);
-  p = train::plan_memory(c, 3, 3, true, 2);
+  p = plan::plan_memory(c, 3, 3, true, 2);
   CHECK(p.weights == 640);
   CHECK(p.gathered == 2 * (93 + 2 * 129) + 4 * (93 + 2 * (129 + 43) + 43));  // bf16 weights: 2622
   c.dist.reshard_after_forward = false;  // every layer stays gathered from forward to backward
-  p = train::plan_memory(c, 3, 3, true, 2);
+  p = plan::plan_memory(c, 3, 3, true, 2);
   CHECK(p.gathered == 2 * (93 + 3 * 129) + 4 * (93 + 2 * (129 + 43) + 43));  // 2880
 }
 
@@ -168,12 +168,12 @@ TEST_CASE("plan: weights, gradients, optimizer and gathered bytes equal what the
                                {3, 3, true, true, 1850818},  {3, 3, true, false, 1943236}};
   config::Config c = config::load_config(LLMTRAIN_SOURCE_DIR "/configs/tiny-llama.json");
   c.model.n_layer = 3;
-  CHECK(train::parameter_count(c.model) == 171456);
-  CHECK(train::plan_memory(c, 2, 1, false, 1).state() == 16 * 171456 + 20 * 85728 - 8 * 171456);
+  CHECK(plan::parameter_count(c.model) == 171456);
+  CHECK(plan::plan_memory(c, 2, 1, false, 1).state() == 16 * 171456 + 20 * 85728 - 8 * 171456);
   for (const auto& m : measured) {
     CAPTURE(m.ranks, m.zero, m.bf16, m.reshard);
     c.dist.reshard_after_forward = m.reshard;
-    const auto p = train::plan_memory(c, m.ranks, m.zero, m.bf16, 1);
+    const auto p = plan::plan_memory(c, m.ranks, m.zero, m.bf16, 1);
     CHECK(p.weights + p.gradients + p.optimizer + p.gathered == m.state_bytes);
   }
 }
@@ -188,7 +188,7 @@ TEST_CASE("plan: a tensor-parallel rank's parameters and units, counted by hand"
   const std::vector<std::vector<std::int64_t>> gpt2_units = {{8, 134, 134, 32 + 20}, {8, 134, 134, 32 + 24}};
   for (int r = 0; r < 2; ++r) {
     CAPTURE(r);
-    const auto share = train::rank_share(gpt2, 2, r);
+    const auto share = plan::rank_share(gpt2, 2, r);
     CHECK(share.tensor_rank == r);
     REQUIRE(share.units.size() == 4);
     std::int64_t sum = 0;
@@ -201,10 +201,10 @@ TEST_CASE("plan: a tensor-parallel rank's parameters and units, counted by hand"
   }
   // The rank plan prints holds most: rank 1 (6 vocabulary rows), 332 parameters. Both ranks
   // together hold the model (572) and the replicated parameters once more (8 + 2 x 24 + 32).
-  CHECK(train::rank_share(gpt2, 2).tensor_rank == 1);
-  CHECK(train::rank_share(gpt2, 2).params == 332);
-  CHECK(train::rank_share(gpt2, 2, 0).params + 332 == train::parameter_count(gpt2) + 8 + 2 * 24 + 32);
-  CHECK(train::rank_share(gpt2, 1).params == train::parameter_count(gpt2));
+  CHECK(plan::rank_share(gpt2, 2).tensor_rank == 1);
+  CHECK(plan::rank_share(gpt2, 2).params == 332);
+  CHECK(plan::rank_share(gpt2, 2, 0).params + 332 == plan::parameter_count(gpt2) + 8 + 2 * 24 + 32);
+  CHECK(plan::rank_share(gpt2, 1).params == plan::parameter_count(gpt2));
 
   // Llama, vocab 11, d_model 4, 2 heads of 2 and 2 key/value heads, SwiGLU 6, 3 layers, untied,
   // over 2 ranks: each layer's norms whole (8), q, k, v and o (16 each) and gate, up and down (24
@@ -212,7 +212,7 @@ TEST_CASE("plan: a tensor-parallel rank's parameters and units, counted by hand"
   // final norm (4) whole.
   config::ModelConfig llama = tiny_llama().model;
   llama.n_kv_head = 2;
-  const auto r0 = train::rank_share(llama, 2, 0), r1 = train::rank_share(llama, 2, 1);
+  const auto r0 = plan::rank_share(llama, 2, 0), r1 = plan::rank_share(llama, 2, 1);
   const std::vector<std::int64_t> units0 = {20 + 4, 76, 76, 76, 20}, units1 = {24 + 4, 76, 76, 76, 24};
   REQUIRE(r0.units.size() == 5);
   REQUIRE(r1.units.size() == 5);
@@ -223,13 +223,13 @@ TEST_CASE("plan: a tensor-parallel rank's parameters and units, counted by hand"
   }
   CHECK(r0.params == 272);
   CHECK(r1.params == 280);
-  CHECK(train::rank_share(llama, 2).tensor_rank == 1);
+  CHECK(plan::rank_share(llama, 2).tensor_rank == 1);
   // What the models cannot split: 4 ranks over 2 heads (GPT-2); 4 ranks over 6 key/value heads
   // (neither divides the other). 2 ranks over 1 key/value head replicate it: each holds its 2
   // k and 2 v rows whole (8 + 8), so a layer has 8 + 8 + 16 + 8 + 36 = 76 parameters.
-  CHECK_THROWS_AS(train::rank_share(gpt2, 4), InputError);
-  CHECK_THROWS_AS(train::rank_share(shape(config::Arch::llama, 11, 8, 1, 12, 6, 24, 8, false), 4), InputError);
-  CHECK(train::rank_share(tiny_llama().model, 2, 0).units[1].params == 76);
+  CHECK_THROWS_AS(plan::rank_share(gpt2, 4), InputError);
+  CHECK_THROWS_AS(plan::rank_share(shape(config::Arch::llama, 11, 8, 1, 12, 6, 24, 8, false), 4), InputError);
+  CHECK(plan::rank_share(tiny_llama().model, 2, 0).units[1].params == 76);
 }
 
 namespace {
@@ -253,22 +253,22 @@ TEST_CASE("plan: tensor-parallel memory per rank, by hand and against the traine
   // c_proj biases) whole, (3 C C + 3 C + C C + 2 F C + F) / 2 = 6,256 split: 6,448; wpe 1,024
   // and 125 of 251 wte rows (4,000). P = 64 + 3 x 6,448 + 5,024 = 24,432.
   config::Config c = tp_model(config::Arch::gpt2);
-  const auto share = train::rank_share(c.model, 2, 0);
+  const auto share = plan::rank_share(c.model, 2, 0);
   CHECK(share.params == 24432);
   // ZeRO 0: 16 bytes a parameter.
-  CHECK(train::plan_memory(c, share, 1, 0, false, 2).state() == 16 * 24432);
+  CHECK(plan::plan_memory(c, share, 1, 0, false, 2).state() == 16 * 24432);
   // ZeRO 1 over 2 data ranks: S = 12,216; 8 P + 8 S + the padded buffer and shard 4 (2 S + S).
-  CHECK(train::plan_memory(c, share, 2, 1, false, 2).state() == 8 * 24432 + 8 * 12216 + 12 * 12216);
+  CHECK(plan::plan_memory(c, share, 2, 1, false, 2).state() == 8 * 24432 + 8 * 12216 + 12 * 12216);
   // ZeRO 3 over 2: shards 32 + 3 x 3,224 + 2,512 = 12,216 (16 bytes each); roots gathered 2 x (32
   // + 2,512) = 5,088 in f32 with f32 gradients as long, 2 weight slots of 2 x 3,224, 2 gradient
   // slots of 3 x 3,224, scratch of the largest shard 3,224.
-  const auto z3 = train::plan_memory(c, share, 2, 3, false, 2);
+  const auto z3 = plan::plan_memory(c, share, 2, 3, false, 2);
   CHECK(z3.weights + z3.gradients + z3.optimizer == 16 * 12216);
   CHECK(z3.gathered == 4 * (5088 + 2 * 2 * 3224) + 4 * (5088 + 2 * 3 * 3224 + 3224));
   // Activations: the model's own measure at tensor size 2 (heads, MLP columns and vocabulary rows
   // halved; the residual stream whole): less than one rank's, more than half of it.
-  const std::int64_t whole = train::activation_bytes(c.model, false, config::Recompute::none, 2);
-  CHECK(z3.activations == train::activation_bytes(c.model, false, config::Recompute::none, 2, 2));
+  const std::int64_t whole = plan::activation_bytes(c.model, false, config::Recompute::none, 2);
+  CHECK(z3.activations == plan::activation_bytes(c.model, false, config::Recompute::none, 2, 2));
   CHECK(z3.activations < whole);
   CHECK(2 * z3.activations > whole);
 
@@ -307,11 +307,11 @@ TEST_CASE("plan: tensor-parallel memory per rank, by hand and against the traine
     config::Config run = tp_model(m.arch, m.kv);
     run.dist.reshard_after_forward = m.reshard;
     run.train.recompute = m.recompute;
-    const auto p = train::plan_memory(run, train::rank_share(run.model, m.tensor, 0), m.ranks / m.tensor, m.zero,
+    const auto p = plan::plan_memory(run, plan::rank_share(run.model, m.tensor, 0), m.ranks / m.tensor, m.zero,
                                       m.bf16, 2);
     CHECK(p.state() == m.state_bytes);
   }
-  CHECK(train::rank_share(tp_model(llama).model, 4, 0).params == 10144);
+  CHECK(plan::rank_share(tp_model(llama).model, 4, 0).params == 10144);
 }
 
 TEST_CASE("plan: the tensor group's all-reduces per update, against Megatron's count", "[plan][tensor]") {
@@ -322,41 +322,41 @@ TEST_CASE("plan: the tensor group's all-reduces per update, against Megatron's c
   // by the count tests/mesh_equivalence_test.py's tensor_traffic checks against runs (metrics.jsonl's
   // tensor_collectives).
   config::Config c = tp_model(config::Arch::gpt2);
-  auto t = train::tensor_traffic(c, 2, false, 4);
+  auto t = plan::tensor_traffic(c, 2, false, 4);
   CHECK(t.all_reduces == 4 * 16 + 1);
   CHECK(t.reduce_scatters + t.all_gathers == 0);
   CHECK(t.bytes == 461832.0);
   // Measured on 4 ranks: tensor 2 x data 2 (2 micro-steps) and tensor 4 (4 micro-steps, 1.5 x
   // the bytes), and the same for Llama (the count does not depend on the architecture).
-  CHECK(train::tensor_traffic(c, 2, false, 2).bytes == 230920.0);
-  CHECK(train::tensor_traffic(c, 4, false, 4).bytes == 692748.0);
-  CHECK(train::tensor_traffic(tp_model(config::Arch::llama), 2, false, 2).bytes == 230920.0);
+  CHECK(plan::tensor_traffic(c, 2, false, 2).bytes == 230920.0);
+  CHECK(plan::tensor_traffic(c, 4, false, 4).bytes == 692748.0);
+  CHECK(plan::tensor_traffic(tp_model(config::Arch::llama), 2, false, 2).bytes == 230920.0);
   // recompute "mlp" runs no collective again; "full" runs each layer's forward again in
   // backward: 2 more per layer. Tensor 4, 4 micro-steps: (1 + 6 x 3 + 1) x 2,048 + 192 values,
   // 1.5 x 4 bytes each, 4 times, and the norm's 12 bytes: 987,660 in 4 x 22 + 1 = 89 (measured).
   c.train.recompute = config::Recompute::mlp;
-  CHECK(train::tensor_traffic(c, 2, false, 2).bytes == 230920.0);
+  CHECK(plan::tensor_traffic(c, 2, false, 2).bytes == 230920.0);
   c.train.recompute = config::Recompute::full;
-  t = train::tensor_traffic(c, 4, false, 4);
+  t = plan::tensor_traffic(c, 4, false, 4);
   CHECK(t.all_reduces == 89);
   CHECK(t.bytes == 987660.0);
-  CHECK(train::tensor_traffic(c, 1, false, 4).bytes == 0.0);
-  CHECK(train::tensor_traffic(c, 1, false, 4).all_reduces == 0);
+  CHECK(plan::tensor_traffic(c, 1, false, 4).bytes == 0.0);
+  CHECK(plan::tensor_traffic(c, 1, false, 4).all_reduces == 0);
   // The activations are summed in f32 under bf16 too: the same bytes.
-  CHECK(train::tensor_traffic(c, 4, true, 4).bytes == 987660.0);
+  CHECK(plan::tensor_traffic(c, 4, true, 4).bytes == 987660.0);
   // The data group of tensor 2 x data 2 (ZeRO 1, GPT-2, rank 0's 24,432 parameters): a
   // reduce-scatter and an all-gather of 2 x 12,216 f32 each, half sent: 48,864 bytes each.
   c = tp_model(config::Arch::gpt2);
-  CHECK(train::update_traffic(c, train::rank_share(c.model, 2, 0), 2, 1, false, 2).bytes == 2 * 48864.0);
+  CHECK(plan::update_traffic(c, plan::rank_share(c.model, 2, 0), 2, 1, false, 2).bytes == 2 * 48864.0);
   // ZeRO 3 over the data group of tensor 2 x data 2, 2 micro-steps, as measured (metrics.jsonl's
   // collectives without the loss's all-reduce): GPT-2 fp32 all-gathers 164,928 and
   // reduce-scatters 97,728 bytes; Llama bf16 50,272 and 74,368.
-  auto z3 = train::update_traffic(c, train::rank_share(c.model, 2, 0), 2, 3, false, 2);
+  auto z3 = plan::update_traffic(c, plan::rank_share(c.model, 2, 0), 2, 3, false, 2);
   CHECK(z3.all_gathers == 14);
   CHECK(z3.reduce_scatters == 10);
   CHECK(z3.bytes == 164928.0 + 97728.0);
   const config::Config l = tp_model(config::Arch::llama);
-  z3 = train::update_traffic(l, train::rank_share(l.model, 2, 0), 2, 3, true, 2);
+  z3 = plan::update_traffic(l, plan::rank_share(l.model, 2, 0), 2, 3, true, 2);
   CHECK(z3.bytes == 50272.0 + 74368.0);
 }
 
@@ -369,7 +369,7 @@ TEST_CASE("plan: the tensor group's collectives with sequence parallelism and re
   // all-gathers 80 calls 327,680 bytes, reduce-scatters 56 and 229,376, all-reduces 37 and 10,248.
   config::Config c = tp_model(config::Arch::gpt2);
   c.dist.sequence_parallel = true;
-  auto t = train::tensor_traffic(c, 2, false, 4);
+  auto t = plan::tensor_traffic(c, 2, false, 4);
   CHECK(t.all_gathers == 80);
   CHECK(t.reduce_scatters == 56);
   CHECK(t.all_reduces == 37);
@@ -379,14 +379,14 @@ TEST_CASE("plan: the tensor group's collectives with sequence parallelism and re
   // Measured: 104 all-gathers of 319,488 bytes, 80 reduce-scatters of 491,520, 37 all-reduces of
   // 15,372.
   c.train.recompute = config::Recompute::full;
-  t = train::tensor_traffic(c, 4, true, 4);
+  t = plan::tensor_traffic(c, 4, true, 4);
   CHECK(t.all_gathers == 104);
   CHECK(t.reduce_scatters == 80);
   CHECK(t.bytes == 319488.0 + 491520.0 + 15372.0);
   // recompute mlp gathers the MLP's input once more per layer: 23 all-gathers per micro-step;
   // measured at tensor 2 x data 2 (2 micro-steps), bf16: 46 of 94,208 bytes.
   c.train.recompute = config::Recompute::mlp;
-  t = train::tensor_traffic(c, 2, true, 2);
+  t = plan::tensor_traffic(c, 2, true, 2);
   CHECK(t.all_gathers == 46);
   CHECK(t.bytes == 94208.0 + 114688.0 + 5128.0);
 
@@ -395,15 +395,15 @@ TEST_CASE("plan: the tensor group's collectives with sequence parallelism and re
   // parallelism, 4 micro-steps: (16 + 3) x 4 + 1 = 77 all-reduces, 1.5 x 4 bytes x ((14 x 2,048 +
   // 192) + 3 x 1,024) per micro-step and the norm's 12: 766,476 bytes, as measured.
   config::Config l = tp_model(config::Arch::llama);
-  t = train::tensor_traffic(l, 4, false, 4);
+  t = plan::tensor_traffic(l, 4, false, 4);
   CHECK(t.all_reduces == 77);
   CHECK(t.bytes == 766476.0);
-  CHECK(train::tensor_traffic(l, 4, true, 4).bytes == 766476.0);
+  CHECK(plan::tensor_traffic(l, 4, true, 4).bytes == 766476.0);
   // With sequence parallelism: 9 + 3 all-reduces per micro-step (a Llama norm has no bias: C
   // each), 1.5 x 4 x (192 + 7 x 32 + 3 x 1,024) bytes; measured 49 all-reduces of 83,724 bytes,
   // 80 all-gathers of 491,520 and 56 reduce-scatters of 344,064.
   l.dist.sequence_parallel = true;
-  t = train::tensor_traffic(l, 4, false, 4);
+  t = plan::tensor_traffic(l, 4, false, 4);
   CHECK(t.all_reduces == 49);
   CHECK(t.all_gathers == 80);
   CHECK(t.reduce_scatters == 56);
@@ -411,7 +411,7 @@ TEST_CASE("plan: the tensor group's collectives with sequence parallelism and re
   // Tensor 2 x data 2 (heads split, no extra all-reduce), recompute mlp, fp32: measured 46
   // all-gathers of 188,416 bytes, 28 reduce-scatters of 114,688, 19 all-reduces of 3,336.
   l.train.recompute = config::Recompute::mlp;
-  CHECK(train::tensor_traffic(l, 2, false, 2).bytes == 188416.0 + 114688.0 + 3336.0);
+  CHECK(plan::tensor_traffic(l, 2, false, 2).bytes == 188416.0 + 114688.0 + 3336.0);
 }
 
 TEST_CASE("plan: the largest micro-batch that fits", "[plan]") {
@@ -419,24 +419,24 @@ TEST_CASE("plan: the largest micro-batch that fits", "[plan]") {
   for (const int tensor : {1, 2}) {
     CAPTURE(tensor);
     const std::int64_t state = 1000, memory = 5000000;
-    const std::int64_t B = train::max_micro_batch(c, false, tensor, state, memory);
+    const std::int64_t B = plan::max_micro_batch(c, false, tensor, state, memory);
     REQUIRE(B > 1);
-    CHECK(state + train::activation_bytes(c.model, false, config::Recompute::none, B, tensor) <= memory);
-    CHECK(state + train::activation_bytes(c.model, false, config::Recompute::none, B + 1, tensor) > memory);
+    CHECK(state + plan::activation_bytes(c.model, false, config::Recompute::none, B, tensor) <= memory);
+    CHECK(state + plan::activation_bytes(c.model, false, config::Recompute::none, B + 1, tensor) > memory);
   }
-  CHECK(train::max_micro_batch(c, false, 1, 1000, 1000) == 0);
+  CHECK(plan::max_micro_batch(c, false, 1, 1000, 1000) == 0);
 }
 
 TEST_CASE("plan: bytes each rank sends per update, against the ring formulas", "[plan]") {
   config::Config c = tiny_llama();
   // ZeRO 0: one all-reduce of 4 x 476 bytes: 2 x 2/3 x 1904.
-  auto t = train::update_traffic(c, 3, 0, true, 2);
+  auto t = plan::update_traffic(c, 3, 0, true, 2);
   CHECK(t.all_reduces == 1);
   CHECK(t.reduce_scatters + t.all_gathers == 0);
   CHECK(t.bytes == Approx(2.0 * 2.0 / 3.0 * 1904.0));
   // ZeRO 1 and 2: reduce-scatter and all-gather of 3 x 159 x 4 bytes, (3-1)/3 of each: 2 x 1272.
   for (const int zero : {1, 2}) {
-    t = train::update_traffic(c, 3, zero, true, 2);
+    t = plan::update_traffic(c, 3, zero, true, 2);
     CHECK(t.reduce_scatters == 1);
     CHECK(t.all_gathers == 1);
     CHECK(t.bytes == 2544.0);
@@ -445,21 +445,21 @@ TEST_CASE("plan: bytes each rank sends per update, against the ring formulas", "
   // (2 x 2 x 43 x 2 = 344 sent) and a reduce-scatter of 3 x 43 f32 (2 x 43 x 4 = 344): 3 x 688;
   // the roots' gradients: 2 x (16 + 15) x 4 = 248. Once per update the roots gathered:
   // 2 x (16 + 15) x 2 = 124. Total 2 x (2064 + 248) + 124 = 4748.
-  t = train::update_traffic(c, 3, 3, true, 2);
+  t = plan::update_traffic(c, 3, 3, true, 2);
   CHECK(t.all_gathers == 2 * 3 * 2 + 2);
   CHECK(t.reduce_scatters == 5 * 2);
   CHECK(t.all_reduces == 0);
   CHECK(t.bytes == 4748.0);
   // fp32: gathers of 4-byte weights: 2 x (3 x (688 + 344) + 248) + 248 = 6936.
-  CHECK(train::update_traffic(c, 3, 3, false, 2).bytes == 6936.0);
+  CHECK(plan::update_traffic(c, 3, 3, false, 2).bytes == 6936.0);
   // Without resharding, one gather per layer and micro-step: 2 x (3 x (172 + 344) + 248) + 124.
   c.dist.reshard_after_forward = false;
-  t = train::update_traffic(c, 3, 3, true, 2);
+  t = plan::update_traffic(c, 3, 3, true, 2);
   CHECK(t.all_gathers == 3 * 2 + 2);
   CHECK(t.bytes == 3716.0);
   // One rank sends nothing.
-  CHECK(train::update_traffic(c, 1, 3, true, 2).bytes == 0.0);
-  CHECK(train::update_traffic(c, 1, 0, true, 2).bytes == 0.0);
+  CHECK(plan::update_traffic(c, 1, 3, true, 2).bytes == 0.0);
+  CHECK(plan::update_traffic(c, 1, 0, true, 2).bytes == 0.0);
 }
 
 TEST_CASE("plan: the meshes --suggest weighs, pipelines as the trainer builds their stages", "[plan]") {
@@ -467,7 +467,7 @@ TEST_CASE("plan: the meshes --suggest weighs, pipelines as the trainer builds th
   c.model.n_kv_head = 2;  // so that 2 tensor-parallel ranks divide the heads; layers of 144, P = 524
   c.train.global_batch_size = 8;
   int skipped = -1;
-  auto options = train::mesh_options(c, 4, &skipped);
+  auto options = plan::mesh_options(c, 4, &skipped);
   CHECK(skipped == 0);
   // t x d x p: 1x4x1, 1x2x2, 2x2x1, 2x1x2 (p = 4 > 3 layers and t = 4 > 2 heads left out), the
   // last two with and without sequence parallelism; at d = 1 only ZeRO 0 and 3; with a pipeline
@@ -475,18 +475,18 @@ TEST_CASE("plan: the meshes --suggest weighs, pipelines as the trainer builds th
   CHECK(options.size() == 4 + 3 + 2 * 4 + 2 * 1);
   const auto find = [&](int t, int d, int p, int zero, bool sp = false) {
     for (const auto& o : options) {
-      if (o.mesh.tensor == t && o.mesh.data == d && o.mesh.pipeline == p && o.zero_stage == zero &&
+      if (o.mesh.size(dist::Axis::tensor) == t && o.mesh.size(dist::Axis::data) == d && o.mesh.size(dist::Axis::pipeline) == p && o.zero_stage == zero &&
           o.sequence_parallel == sp) {
         return o;
       }
     }
     FAIL("no option " << t << " x " << d << " x " << p << " ZeRO " << zero);
-    return train::MeshOption{};
+    return plan::MeshOption{};
   };
   // Pure data parallelism: exactly plan_memory and update_traffic; 8 / (2 x 4) = 1 micro-step.
   const auto dp = find(1, 4, 1, 1);
   CHECK(dp.micro_steps == 1);
-  CHECK(dp.memory == train::plan_memory(c, 4, 1, false, 2).total());
+  CHECK(dp.memory == plan::plan_memory(c, 4, 1, false, 2).total());
   CHECK(dp.sent == 2.0 * 3 * 131 * 4);  // reduce-scatter and all-gather of 4 x 131 x 4 bytes
   CHECK(dp.tensor_sent == 0.0);
   // 2 x 2 x 1, ZeRO 1, fp32, 2 micro-steps: exact, for tensor rank 1 (6 of the 11 vocabulary
@@ -494,7 +494,7 @@ TEST_CASE("plan: the meshes --suggest weighs, pipelines as the trainer builds th
   // activations at tensor size 2. Sent: the data group's reduce-scatter and all-gather, 140 x 4
   // bytes each; the tensor group's per micro-step (1 + 4 x 3 + 1) x 64 + 3 x 16 = 944 f32 values
   // (N = 2 x 8 tokens, d_model 4), twice, and the norm's 8 bytes: 2 x 3,776 + 8 = 7,560.
-  const std::int64_t acts2 = train::activation_bytes(c.model, false, config::Recompute::none, 2, 2);
+  const std::int64_t acts2 = plan::activation_bytes(c.model, false, config::Recompute::none, 2, 2);
   const auto tp = find(2, 2, 1, 1);
   CHECK(tp.micro_steps == 2);
   CHECK(tp.memory == 4 * 280 + 4 * 280 + 8 * 140 + 4 * 420 + acts2);
@@ -504,7 +504,7 @@ TEST_CASE("plan: the meshes --suggest weighs, pipelines as the trainer builds th
   // that needs most memory, and the one that sends most.
   config::Config pc = c;
   pc.dist.pipeline_parallel = 2;
-  const auto stages = train::pipeline_stages(pc, 1, false, 2);
+  const auto stages = plan::pipeline_stages(pc, 1, false, 2);
   REQUIRE(stages.size() == 2);
   // The balanced split of 3 layers: the first stage also holds the embedding (44), the last the
   // head (44) and final norm (4); each layer 144.
@@ -520,14 +520,14 @@ TEST_CASE("plan: the meshes --suggest weighs, pipelines as the trainer builds th
   for (const auto& st : stages) most = std::max(most, 4.0 * double(st.share.params) + 2 * 256.0 + 16.0);
   CHECK(pp.sent == most);
   bool zero3 = false;
-  for (const auto& o : options) zero3 = zero3 || (o.mesh.pipeline > 1 && o.zero_stage == 3);
+  for (const auto& o : options) zero3 = zero3 || (o.mesh.size(dist::Axis::pipeline) > 1 && o.zero_stage == 3);
   CHECK_FALSE(zero3);  // train refuses ZeRO 3 with a pipeline
   // 2 x 1 x 2, ZeRO 0, 4 micro-steps: the tensor group's all-reduces of the first stage's layers
   // and the embedding, or the last stage's layers, the head's input gradient and the
   // cross-entropy's 3 N values; each 64 f32 values (N = 16 tokens, d_model 4), 4 micro-steps, and
   // the norm's 8 bytes.
   const auto tpp = find(2, 1, 2, 0);
-  const auto tstages = train::pipeline_stages(pc, 2, false, 4);
+  const auto tstages = plan::pipeline_stages(pc, 2, false, 4);
   double tensor_most = 0;
   for (const auto& st : tstages) {
     const double values = double(1 + 4 * st.layers) * 64 + (st.head ? 48 : 0);
@@ -540,46 +540,46 @@ TEST_CASE("plan: the meshes --suggest weighs, pipelines as the trainer builds th
   // builds them (layers 0 and 2, 1 and 3), every micro-batch and chunk sending on.
   c.dist.pipeline_schedule = config::PipelineSchedule::interleaved;
   c.dist.virtual_stages = 2;
-  options = train::mesh_options(c, 2);
-  for (const auto& o : options) CHECK(o.mesh.pipeline == 1);
+  options = plan::mesh_options(c, 2);
+  for (const auto& o : options) CHECK(o.mesh.size(dist::Axis::pipeline) == 1);
   c.model.n_layer = 4;
-  options = train::mesh_options(c, 2);
+  options = plan::mesh_options(c, 2);
   const auto ipp = find(1, 1, 2, 0);
   config::Config ic = c;
   ic.dist.pipeline_parallel = 2;
-  const auto istages = train::pipeline_stages(ic, 1, false, ipp.micro_steps);
+  const auto istages = plan::pipeline_stages(ic, 1, false, ipp.micro_steps);
   REQUIRE(istages.size() == 2);
   CHECK(istages[0].chunks.size() == 2);
   CHECK(istages[1].chunks[0].first_layer == 1);
-  CHECK(ipp.memory == std::max(train::stage_memory(ic, istages[0], 1, 0, false).total(),
-                               train::stage_memory(ic, istages[1], 1, 0, false).total()));
+  CHECK(ipp.memory == std::max(plan::stage_memory(ic, istages[0], 1, 0, false).total(),
+                               plan::stage_memory(ic, istages[1], 1, 0, false).total()));
   c.model.n_layer = 3;
   c.dist.pipeline_schedule = config::PipelineSchedule::one_f_one_b;
   c.dist.virtual_stages = 1;
-  options = train::mesh_options(c, 4);
+  options = plan::mesh_options(c, 4);
   // Sequence parallelism on 2 x 2 x 1: the activations at 1/2 of the tokens for the residual
   // stream, the same state; the tensor group's traffic as tensor_traffic says.
   const auto sp = find(2, 2, 1, 1, true);
-  CHECK(sp.memory == tp.memory - acts2 + train::activation_bytes(c.model, false, config::Recompute::none, 2, 2, true));
+  CHECK(sp.memory == tp.memory - acts2 + plan::activation_bytes(c.model, false, config::Recompute::none, 2, 2, true));
   CHECK(sp.memory < tp.memory);
   config::Config with_sp = c;
   with_sp.dist.sequence_parallel = true;
-  CHECK(sp.tensor_sent == train::tensor_traffic(with_sp, 2, false, 2).bytes);
+  CHECK(sp.tensor_sent == plan::tensor_traffic(with_sp, 2, false, 2).bytes);
   CHECK(sp.sent == 2 * 560.0 + sp.tensor_sent);
   // A global batch of 12 is no multiple of 2 x 4: the 1 x 4 x 1 mesh is left out.
   c.train.global_batch_size = 12;
-  options = train::mesh_options(c, 4, &skipped);
+  options = plan::mesh_options(c, 4, &skipped);
   CHECK(skipped == 1);
   CHECK(options.size() == 3 + 2 * 4 + 2 * 1);
   // One key/value head: tensor parallel 2 replicates it, so 2 x 2 x 1 stays an option.
   c.train.global_batch_size = 8;
   c.model.n_kv_head = 1;
   bool replicated = false;
-  for (const auto& o : train::mesh_options(c, 4)) replicated = replicated || (o.mesh.tensor == 2 && o.mesh.data == 2);
+  for (const auto& o : plan::mesh_options(c, 4)) replicated = replicated || (o.mesh.size(dist::Axis::tensor) == 2 && o.mesh.size(dist::Axis::data) == 2);
   CHECK(replicated);
   // Tensor parallelism that does not divide the MLP columns is no option either.
   c.model.ffn_hidden = 5;
-  for (const auto& o : train::mesh_options(c, 4)) CHECK(o.mesh.tensor == 1);
+  for (const auto& o : plan::mesh_options(c, 4)) CHECK(o.mesh.size(dist::Axis::tensor) == 1);
 }
 
 TEST_CASE("plan: pipeline stages against the trainer's state_bytes and transfers on 2 stages", "[plan][pipeline]") {
@@ -593,7 +593,7 @@ TEST_CASE("plan: pipeline stages against the trainer's state_bytes and transfers
   // 2 ranks, fp32, 4 micro-batches. Each layer 4 x 32 x 32 x 3 + ... = 12,704 parameters (the
   // ZeRO 3 units below); stage 0: layers 0-1, wte 251 x 32 and wpe 32 x 32 = 34,464; stage 1:
   // layers 2-3, ln_f 64 and the tied wte again = 33,504.
-  auto stages = train::pipeline_stages(gpt, 1, false, 4);
+  auto stages = plan::pipeline_stages(gpt, 1, false, 4);
   REQUIRE(stages.size() == 2);
   CHECK(stages[0].first_layer == 0);
   CHECK(stages[0].layers == 2);
@@ -602,12 +602,12 @@ TEST_CASE("plan: pipeline stages against the trainer's state_bytes and transfers
   CHECK(stages[1].head);
   CHECK(stages[0].share.params == 2 * 12704 + 251 * 32 + 32 * 32);
   CHECK(stages[1].share.params == 2 * 12704 + 64 + 251 * 32);
-  CHECK(train::stage_memory(gpt, stages[0], 1, 0, false).state() == 551424);  // measured
+  CHECK(plan::stage_memory(gpt, stages[0], 1, 0, false).state() == 551424);  // measured
   // 1F1B keeps min(P - stage, m) micro-batches' activations: 2 on stage 0, 1 on stage 1.
   CHECK(stages[0].slots == 2);
   CHECK(stages[1].slots == 1);
   CHECK(stages[0].activations % 2 == 0);
-  CHECK(stages[0].activations / 2 < train::activation_bytes(gpt.model, false, config::Recompute::none, 2));
+  CHECK(stages[0].activations / 2 < plan::activation_bytes(gpt.model, false, config::Recompute::none, 2));
   // Measured: 4 sends of 32,768 bytes in all (4 x (2 x 32, 32) f32), stage 1 the 4 gradients
   // back; the pipeline group's 3 all-reduces, 32,144 bytes: the tied 251 x 32 gradient and the
   // loss and norm doubles (ring factor 2 (2 - 1) / 2 = 1).
@@ -618,7 +618,7 @@ TEST_CASE("plan: pipeline stages against the trainer's state_bytes and transfers
     CHECK(st.sent_pipeline_collectives == 32144.0);
     CHECK(st.sent_tensor == 0.0);
   }
-  CHECK_THROWS_AS(train::stage_memory(gpt, stages[0], 1, 3, false), std::invalid_argument);
+  CHECK_THROWS_AS(plan::stage_memory(gpt, stages[0], 1, 3, false), std::invalid_argument);
 
   // The interleaved schedule, 2 chunks of one layer per stage: stage 0 holds layers 0 and 2 (the
   // same parameters as above: state_bytes 551,424, measured), stage 1 layers 1 and 3. Measured:
@@ -628,7 +628,7 @@ TEST_CASE("plan: pipeline stages against the trainer's state_bytes and transfers
   config::Config inter = gpt;
   inter.dist.pipeline_schedule = config::PipelineSchedule::interleaved;
   inter.dist.virtual_stages = 2;
-  const auto chunked = train::pipeline_stages(inter, 1, false, 4);
+  const auto chunked = plan::pipeline_stages(inter, 1, false, 4);
   REQUIRE(chunked.size() == 2);
   REQUIRE(chunked[0].chunks.size() == 2);
   CHECK(chunked[0].chunks[0].first_layer == 0);
@@ -637,7 +637,7 @@ TEST_CASE("plan: pipeline stages against the trainer's state_bytes and transfers
   CHECK(chunked[0].layers == 2);
   CHECK(chunked[0].embedding);
   CHECK(chunked[1].head);
-  CHECK(train::stage_memory(inter, chunked[0], 1, 0, false).state() == 551424);  // measured
+  CHECK(plan::stage_memory(inter, chunked[0], 1, 0, false).state() == 551424);  // measured
   CHECK(chunked[0].slots == 5);
   CHECK(chunked[1].slots == 3);
   CHECK(chunked[0].sends == 12);
@@ -653,15 +653,15 @@ TEST_CASE("plan: pipeline stages against the trainer's state_bytes and transfers
   config::Config tsp = gpt;
   tsp.dist.tensor_parallel = 2;
   tsp.dist.sequence_parallel = true;
-  stages = train::pipeline_stages(tsp, 2, false, 4, 0);
+  stages = plan::pipeline_stages(tsp, 2, false, 4, 0);
   CHECK(stages[0].share.params == 17920);
-  CHECK(train::stage_memory(tsp, stages[0], 1, 0, false).state() == 286720);
+  CHECK(plan::stage_memory(tsp, stages[0], 1, 0, false).state() == 286720);
   CHECK(stages[0].sent_p2p == 16384.0);
   CHECK(stages[0].sent_pipeline_collectives == 16016.0);
   CHECK(stages[0].sent_tensor == 364552.0);
   CHECK(stages[0].sent_tensor == 4 * (90112.0 + 1024.0) + 8.0);
   // plan prints the rank with the most rows: tensor rank 1, one more row of wte.
-  const auto most = train::pipeline_stages(tsp, 2, false, 4);
+  const auto most = plan::pipeline_stages(tsp, 2, false, 4);
   CHECK(most[0].share.tensor_rank == 1);
   CHECK(most[0].share.params == 17920 + 32);
 
@@ -677,17 +677,17 @@ TEST_CASE("plan: pipeline stages against the trainer's state_bytes and transfers
   llama.train.precision = config::Precision::bf16;
   llama.dist.pipeline_parallel = 2;
   llama.dist.zero_stage = 1;
-  stages = train::pipeline_stages(llama, 1, true, 4);
+  stages = plan::pipeline_stages(llama, 1, true, 4);
   CHECK(stages[0].share.params == 31200);
-  CHECK(train::stage_memory(llama, stages[0], 2, 1, true).state() == 624000);
+  CHECK(plan::stage_memory(llama, stages[0], 2, 1, true).state() == 624000);
   CHECK(stages[0].sent_p2p == 16384.0);
   CHECK_FALSE(stages[0].tied);
   CHECK(stages[0].sent_pipeline_collectives == 16.0);
-  CHECK(train::update_traffic(llama, stages[0].share, 2, 1, true, 4).bytes == 124800.0);
+  CHECK(plan::update_traffic(llama, stages[0].share, 2, 1, true, 4).bytes == 124800.0);
 
   // 4 stages: the middle ones send both ways; the ring all-reduce sends 2 x 3/4 of the buffer.
   gpt.dist.pipeline_parallel = 4;
-  stages = train::pipeline_stages(gpt, 1, false, 8);
+  stages = plan::pipeline_stages(gpt, 1, false, 8);
   REQUIRE(stages.size() == 4);
   const std::vector<std::int64_t> sends = {8, 16, 16, 8}, slots = {4, 3, 2, 1};
   for (std::size_t s = 0; s < 4; ++s) {
@@ -704,16 +704,16 @@ TEST_CASE("plan: pipeline stages against the trainer's state_bytes and transfers
 TEST_CASE("plan: host memory per rank at start-up, training, a save and a resume, by hand", "[plan][host]") {
   config::Config c = tiny_llama();  // P = 476
   constexpr std::int64_t gpu = std::int64_t(2) << 30, cpu = std::int64_t(512) << 20, chunk = std::int64_t(32) << 20;
-  CHECK(train::gpu_process_bytes == gpu);
-  CHECK(train::cpu_process_bytes == cpu);
-  CHECK(train::host_chunk_bytes() == chunk);
-  const train::RankShare whole = train::rank_share(c.model);
+  CHECK(plan::gpu_process_bytes == gpu);
+  CHECK(plan::cpu_process_bytes == cpu);
+  CHECK(plan::host_chunk_bytes() == chunk);
+  const plan::RankShare whole = plan::rank_share(c.model);
 
   // ZeRO 1, bf16, 3 data ranks: a rank owns ceil(476 / 3) = 159 parameters and writes their f32
   // weights, m and v: 12 x 159 = 1,908 bytes of staging.
-  CHECK(train::owned_params(whole, 3, 1) == 159);
-  const train::MemoryPlan z1 = train::plan_memory(c, 3, 1, true, 2);
-  train::HostPlan h = train::plan_host(z1, whole, 3, 1, true);
+  CHECK(plan::owned_params(whole, 3, 1) == 159);
+  const plan::MemoryPlan z1 = plan::plan_memory(c, 3, 1, true, 2);
+  plan::HostPlan h = plan::plan_host(z1, whole, 3, 1, true);
   // A GPU rank: no model on the host, only one range in flight, and the staging from training on.
   CHECK(h.startup() == gpu + chunk);
   CHECK(h.training() == gpu + 1908);
@@ -724,7 +724,7 @@ TEST_CASE("plan: host memory per rank at start-up, training, a save and a resume
   // 159, the padded buffer and summed shard 4 x (3 x 159 + 159): 2,856 + 1,904 + 1,272 + 2,544.
   const std::int64_t state = 2856 + 1904 + 1272 + 2544;
   CHECK(z1.state() == state);
-  h = train::plan_host(z1, whole, 3, 1, false);
+  h = plan::plan_host(z1, whole, 3, 1, false);
   CHECK(h.startup() == cpu + state + chunk);
   CHECK(h.training() == cpu + state + z1.activations + 1908);
   CHECK(h.save() == cpu + state + z1.activations + 1908 + chunk);
@@ -732,24 +732,24 @@ TEST_CASE("plan: host memory per rank at start-up, training, a save and a resume
 
   // ZeRO 3: the padded shards 16 + 3 x 43 + 15 = 160 parameters, 1,920 bytes written. ZeRO 0 at
   // one data rank: all 476, 5,712 bytes.
-  CHECK(train::owned_params(whole, 3, 3) == 160);
-  CHECK(train::plan_host(train::plan_memory(c, 3, 3, false, 2), whole, 3, 3, true).save() == gpu + 1920 + chunk);
-  CHECK(train::owned_params(whole, 1, 0) == 476);
-  CHECK(train::plan_host(train::plan_memory(c, 1, 0, false, 2), whole, 1, 0, true).training() == gpu + 5712);
+  CHECK(plan::owned_params(whole, 3, 3) == 160);
+  CHECK(plan::plan_host(plan::plan_memory(c, 3, 3, false, 2), whole, 3, 3, true).save() == gpu + 1920 + chunk);
+  CHECK(plan::owned_params(whole, 1, 0) == 476);
+  CHECK(plan::plan_host(plan::plan_memory(c, 1, 0, false, 2), whole, 1, 0, true).training() == gpu + 5712);
 
   // --suggest's host figure per GPU rank is the peak. With 2 key/value heads (P = 524): on 1 x 4 x 1
   // ZeRO 1 a rank owns ceil(524 / 4) = 131 parameters; on 2 x 2 x 1 tensor rank 1 holds 280 and owns 140.
   c.model.n_kv_head = 2;
   c.train.global_batch_size = 8;
-  const auto options = train::mesh_options(c, 4);
+  const auto options = plan::mesh_options(c, 4);
   int checked = 0;
   for (const auto& o : options) {
-    if (o.mesh.pipeline != 1 || o.zero_stage != 1 || o.sequence_parallel) continue;
-    if (o.mesh.tensor == 1 && o.mesh.data == 4) {
+    if (o.mesh.size(dist::Axis::pipeline) != 1 || o.zero_stage != 1 || o.sequence_parallel) continue;
+    if (o.mesh.size(dist::Axis::tensor) == 1 && o.mesh.size(dist::Axis::data) == 4) {
       CHECK(o.host == gpu + chunk + 12 * 131);
       ++checked;
     }
-    if (o.mesh.tensor == 2 && o.mesh.data == 2) {
+    if (o.mesh.size(dist::Axis::tensor) == 2 && o.mesh.size(dist::Axis::data) == 2) {
       CHECK(o.host == gpu + chunk + 12 * 140);
       ++checked;
     }
@@ -761,20 +761,20 @@ TEST_CASE("plan: --suggest's max micro-batch, a divisor of the batch per data ra
   config::Config c = tiny_llama();  // P = 476
   c.train.global_batch_size = 24;   // 12 sequences per rank on 2 data ranks: B in 12, 6, 4, 3, 2, 1
   c.train.micro_batch_size = 1;
-  const train::RankShare whole = train::rank_share(c.model);
-  const auto option = train::mesh_option(c, whole, dist::Mesh{1, 2, 1}, 1, false);
+  const plan::RankShare whole = plan::rank_share(c.model);
+  const auto option = plan::mesh_option(c, whole, dist::Mesh::of(2, {}), 1, false);
   REQUIRE(option);
   // Exactly the memory of micro-batch 4 (ZeRO 1, fp32): 4 fits, 6 does not (its activations are larger).
-  const std::int64_t at4 = train::plan_memory(c, 2, 1, false, 4).total();
-  CHECK(train::plan_memory(c, 2, 1, false, 6).total() > at4);
-  CHECK(train::max_micro_batch(c, *option, at4) == 4);
-  CHECK(train::max_micro_batch(c, *option, at4 - 1) == 3);
-  CHECK(train::max_micro_batch(c, *option, std::int64_t(1) << 40) == 12);
+  const std::int64_t at4 = plan::plan_memory(c, 2, 1, false, 4).total();
+  CHECK(plan::plan_memory(c, 2, 1, false, 6).total() > at4);
+  CHECK(plan::max_micro_batch(c, *option, at4) == 4);
+  CHECK(plan::max_micro_batch(c, *option, at4 - 1) == 3);
+  CHECK(plan::max_micro_batch(c, *option, std::int64_t(1) << 40) == 12);
   // The host: a GPU rank needs 2 GiB + 32 MiB + 12 x ceil(476 / 2) at every micro-batch; a byte less: none.
   const std::int64_t host = (std::int64_t(2) << 30) + (std::int64_t(32) << 20) + 12 * 238;
   CHECK(option->host == host);
-  CHECK(train::max_micro_batch(c, *option, at4, host) == 4);
-  CHECK(train::max_micro_batch(c, *option, at4, host - 1) == 0);
+  CHECK(plan::max_micro_batch(c, *option, at4, host) == 4);
+  CHECK(plan::max_micro_batch(c, *option, at4, host - 1) == 0);
 }
 
 TEST_CASE("plan: context parallelism's activations, attention work buffer and ring bytes, by hand", "[plan][context]") {
@@ -785,57 +785,57 @@ TEST_CASE("plan: context parallelism's activations, attention work buffer and ri
   // A rank's activations are a whole model's at 16-token sequences.
   config::ModelConfig short_sequences = c.model;
   short_sequences.context_length = 16;
-  CHECK(train::activation_bytes(c.model, false, config::Recompute::none, 2, 1, false, 4) ==
-        train::activation_bytes(short_sequences, false, config::Recompute::none, 2));
+  CHECK(plan::activation_bytes(c.model, false, config::Recompute::none, 2, 1, false, 4) ==
+        plan::activation_bytes(short_sequences, false, config::Recompute::none, 2));
   // N = 2 x 16 = 32 tokens, K = 2 x 1 x 2 = 4, C = 4, qkv width 8, 2 heads, ffn 6. The layer's
   // backward scratch, fp32: ln1 (32 x 4 x 4 = 512), qkv and its rotated twin (1024 each), atty
   // (512), ln2 (512), gate, up, swi (768 each): 5888 bytes, 2816 of them past atty. Ring, fp32:
   // forward's 2 blocks in flight (2 x 32 x 4 x 4), a block's result (32 x 4 x 4) and log-sum-exps
   // (2 x 32 x 4): 1792 <= 5888; backward's 2 blocks and 2 f32 accumulators: 2048 <= 2816. Both
   // borrowed: no buffer of its own.
-  CHECK(train::context_scratch_bytes(c, 1, false, 2) == 0);
+  CHECK(plan::context_scratch_bytes(c, 1, false, 2) == 0);
   // bf16: a scratch of 2944, 1408 past atty; backward's 2 bf16 blocks (512), 2 f32 accumulators
   // (1024) and the f32 query gradients (32 x 8 x 4 = 1024): 2560 of its own (forward's 1792, with
   // the f32 running result, is borrowed).
-  CHECK(train::context_scratch_bytes(c, 1, true, 2) == 2560);
+  CHECK(plan::context_scratch_bytes(c, 1, true, 2) == 2560);
   // All-gather: every rank's block and its own (5 x 512) forward, borrowed (3328); backward the
   // blocks and their 5 f32 gradient blocks: 5120 of its own.
   c.dist.context_parallel_mode = config::ContextParallelMode::allgather;
-  CHECK(train::context_scratch_bytes(c, 1, false, 2) == 5120);
+  CHECK(plan::context_scratch_bytes(c, 1, false, 2) == 5120);
   c.dist.context_parallel_mode = config::ContextParallelMode::ring;
   // Per layer and micro-batch: 3 blocks of 32 x 4 values forward (fp32 512 B each; bf16 256 B),
   // backward 3 again and 3 f32 gradient blocks.
-  CHECK(train::context_layer_bytes(c, 1, false, false) == 3 * 512.0);
-  CHECK(train::context_layer_bytes(c, 1, true, false) == 3 * 256.0);
-  CHECK(train::context_layer_bytes(c, 1, false, true) == 3 * 1024.0);
-  CHECK(train::context_layer_bytes(c, 1, true, true) == 3 * 768.0);
+  CHECK(plan::context_layer_bytes(c, 1, false, false) == 3 * 512.0);
+  CHECK(plan::context_layer_bytes(c, 1, true, false) == 3 * 256.0);
+  CHECK(plan::context_layer_bytes(c, 1, false, true) == 3 * 1024.0);
+  CHECK(plan::context_layer_bytes(c, 1, true, true) == 3 * 768.0);
   // An update of 6 micro-steps (12 sequences / 2), 3 layers; recompute full runs forward twice.
-  CHECK(train::context_traffic(c, 1, false, 6) == 6 * 3 * (1536.0 + 3072.0));
+  CHECK(plan::context_traffic(c, 1, false, 6) == 6 * 3 * (1536.0 + 3072.0));
   c.train.recompute = config::Recompute::full;
-  CHECK(train::context_traffic(c, 1, false, 6) == 6 * 3 * (2 * 1536.0 + 3072.0));
+  CHECK(plan::context_traffic(c, 1, false, 6) == 6 * 3 * (2 * 1536.0 + 3072.0));
   c.dist.context_parallel = 1;
-  CHECK(train::context_traffic(c, 1, false, 6) == 0.0);
-  CHECK(train::context_scratch_bytes(c, 1, false, 2) == 0);
+  CHECK(plan::context_traffic(c, 1, false, 6) == 0.0);
+  CHECK(plan::context_scratch_bytes(c, 1, false, 2) == 0);
 }
 
 TEST_CASE("plan: --suggest weighs context parallelism for long sequences only", "[plan][context]") {
   config::Config c = tiny_llama();
   c.train.global_batch_size = 8;
-  for (const auto& o : train::mesh_options(c, 4)) CHECK(o.mesh.context == 1);  // 8 tokens: none
+  for (const auto& o : plan::mesh_options(c, 4)) CHECK(o.mesh.size(dist::Axis::context) == 1);  // 8 tokens: none
   c.model.context_length = 8192;
   bool found = false;
-  for (const auto& o : train::mesh_options(c, 4)) {
-    if (o.mesh.context != 2 || o.mesh.tensor != 1 || o.mesh.pipeline != 1 || o.zero_stage != 1) continue;
+  for (const auto& o : plan::mesh_options(c, 4)) {
+    if (o.mesh.size(dist::Axis::context) != 2 || o.mesh.size(dist::Axis::tensor) != 1 || o.mesh.size(dist::Axis::pipeline) != 1 || o.zero_stage != 1) continue;
     // 1 x 2 x 1 cp2, ZeRO 1: gradients summed and sharded over the 4 context x data ranks; 8 /
     // (2 x 2) = 2 micro-steps; memory and bytes as plan_memory, update_traffic and context_traffic.
     found = true;
     config::Config cp = c;
     cp.dist.context_parallel = 2;
-    CHECK(o.mesh.data == 2);
+    CHECK(o.mesh.size(dist::Axis::data) == 2);
     CHECK(o.micro_steps == 2);
-    CHECK(o.memory == train::plan_memory(cp, 4, 1, false, 2).total());
-    CHECK(o.context_sent == train::context_traffic(cp, 1, false, 2));
-    CHECK(o.sent == train::update_traffic(cp, 4, 1, false, 2).bytes + o.context_sent);
+    CHECK(o.memory == plan::plan_memory(cp, 4, 1, false, 2).total());
+    CHECK(o.context_sent == plan::context_traffic(cp, 1, false, 2));
+    CHECK(o.sent == plan::update_traffic(cp, 4, 1, false, 2).bytes + o.context_sent);
   }
   CHECK(found);
 }

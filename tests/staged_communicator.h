@@ -2,7 +2,7 @@
 // context parallelism under mpirun: each call copies its device input to the host, runs it there
 // (MPI between the processes), and copies the result back. Two ranks may then share one GPU, and
 // the CUDA emulator (dev/cuda_emu), which has no NCCL between processes, runs them. Only what
-// train::CommTensorGroup and train::CommContextGroup call; the rest throws.
+// CommTensorGroup and CommContextGroup call; the rest throws.
 #pragma once
 
 #include <cstdint>

@@ -6,8 +6,8 @@
 #include "catch_compat.h"
 #include "config/config.h"
 #include "model/sampling.h"
-#include "train/grad_sync.h"
-#include "train/schedule.h"
+#include "optim/lr_schedule.h"
+#include "parallel/grad_sync.h"
 
 using namespace llmtrain;
 
@@ -17,21 +17,21 @@ TEST_CASE("the learning rate warms up linearly, then decays to min_lr", "[train]
   o.min_lr = 0.1;
   o.warmup_steps = 10;
   const std::int64_t max_steps = 110;
-  CHECK(train::learning_rate(o, max_steps, 1) == 0.1);
-  CHECK(train::learning_rate(o, max_steps, 5) == 0.5);
-  CHECK(train::learning_rate(o, max_steps, 10) == 1.0);
+  CHECK(optim::learning_rate(o, max_steps, 1) == 0.1);
+  CHECK(optim::learning_rate(o, max_steps, 5) == 0.5);
+  CHECK(optim::learning_rate(o, max_steps, 10) == 1.0);
   o.schedule = "cosine";
-  CHECK(std::abs(train::learning_rate(o, max_steps, 60) - 0.55) < 1e-12);  // halfway: mean of lr and min_lr
-  CHECK(std::abs(train::learning_rate(o, max_steps, 35) - (0.1 + 0.45 * (1 + std::cos(std::numbers::pi / 4)))) < 1e-12);
-  CHECK(std::abs(train::learning_rate(o, max_steps, 110) - 0.1) < 1e-12);
+  CHECK(std::abs(optim::learning_rate(o, max_steps, 60) - 0.55) < 1e-12);  // halfway: mean of lr and min_lr
+  CHECK(std::abs(optim::learning_rate(o, max_steps, 35) - (0.1 + 0.45 * (1 + std::cos(std::numbers::pi / 4)))) < 1e-12);
+  CHECK(std::abs(optim::learning_rate(o, max_steps, 110) - 0.1) < 1e-12);
   o.schedule = "linear";
-  CHECK(std::abs(train::learning_rate(o, max_steps, 60) - 0.55) < 1e-12);
-  CHECK(std::abs(train::learning_rate(o, max_steps, 85) - 0.325) < 1e-12);
+  CHECK(std::abs(optim::learning_rate(o, max_steps, 60) - 0.55) < 1e-12);
+  CHECK(std::abs(optim::learning_rate(o, max_steps, 85) - 0.325) < 1e-12);
   o.schedule = "constant";
-  CHECK(train::learning_rate(o, max_steps, 100) == 1.0);
+  CHECK(optim::learning_rate(o, max_steps, 100) == 1.0);
   o.warmup_steps = 0;
   o.schedule = "cosine";
-  CHECK(train::learning_rate(o, max_steps, 1) < 1.0);  // no warmup: decay from the first step
+  CHECK(optim::learning_rate(o, max_steps, 1) < 1.0);  // no warmup: decay from the first step
 }
 
 TEST_CASE("sampling: greedy, top-k, top-p and the softmax frequencies", "[generate]") {
@@ -58,9 +58,9 @@ TEST_CASE("sampling: greedy, top-k, top-p and the softmax frequencies", "[genera
 }
 
 TEST_CASE("the replica check names the ranks whose checksum differs from rank 0's", "[train][dist]") {
-  CHECK(train::ranks_differing_from_first({7, 7, 7, 7}).empty());
-  CHECK(train::ranks_differing_from_first({7, 7, 9, 7, 8}) == std::vector<int>{2, 4});
-  CHECK(train::ranks_differing_from_first({7}).empty());
+  CHECK(parallel::ranks_differing_from_first({7, 7, 7, 7}).empty());
+  CHECK(parallel::ranks_differing_from_first({7, 7, 9, 7, 8}) == std::vector<int>{2, 4});
+  CHECK(parallel::ranks_differing_from_first({7}).empty());
 }
 
 TEST_CASE("a resume keeps the model's shape and the data order, and may change the other keys", "[train][config]") {

@@ -14,15 +14,15 @@
 #include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/files.h"
 #include "data/dataset.h"
 #include "data/shard.h"
-#include "dist/communicator.h"
-#include "train/context_parallel.h"
-#include "train/tensor_parallel.h"
-#include "train/evaluate.h"
-#include "train/choice_eval.h"
 #include "data/tokenizer.h"
-#include "core/files.h"
+#include "dist/communicator.h"
+#include "eval/choice_eval.h"
+#include "eval/val_loss.h"
+#include "parallel/context_parallel_comm.h"
+#include "parallel/tensor_parallel_comm.h"
 
 namespace llmtrain::cli {
 namespace {
@@ -106,7 +106,7 @@ int run_task(const Options& o) {
   if (kind != "hellaswag" && kind != "choice") throw InputError("--task " + kind + ": expected hellaswag or choice");
   if (o.tensor_parallel > 1) throw InputError("--task: with --tensor-parallel 1 only");
   if (!o.data.empty() || !o.dump_logits.empty()) throw InputError("--task: not with --data or --dump-logits");
-  const std::vector<train::ChoiceExample> examples = train::read_choice_file(file, kind, o.limit);
+  const std::vector<eval::ChoiceExample> examples = eval::read_choice_file(file, kind, o.limit);
   const checkpoint::Found found = checkpoint::find(o.checkpoint);
   const config::Config& config = found.config;
   std::unique_ptr<data::Tokenizer> tokenizer;
@@ -127,9 +127,9 @@ int run_task(const Options& o) {
       throw InputError("--json " + o.json + ": no folder " + folder.string());
     }
   }
-  const dist::Communicators comms = dist::make_communicators(Device::cpu, config.dist.timeout_s, 1, 1);
+  const dist::Communicators comms = dist::make_communicators(Device::cpu, config.dist.timeout_s, [](int world) { return dist::Mesh::of(world, {}); });
   const std::unique_ptr<model::Model> model = checkpoint::load_model(found);
-  const train::ChoiceResult result = train::score_choices(*model, *tokenizer, examples, kind, config.model.context_length,
+  const eval::ChoiceResult result = eval::score_choices(*model, *tokenizer, examples, kind, config.model.context_length,
                                                           config.model.vocab_size, comms.world.get());
   if (comms.world->rank() != 0) return 0;
   std::printf("eval: %s step %lld: %s %s: n %lld | acc %.4f | acc_norm %.4f | acc_norm_bytes %.4f\n", found.dir.c_str(),
@@ -137,7 +137,7 @@ int run_task(const Options& o) {
               static_cast<long long>(result.n), result.acc, result.acc_norm, result.acc_norm_bytes);
   if (!o.json.empty()) {
     AtomicFile out(o.json);
-    out.write(train::to_json(result).dump(1) + "\n");
+    out.write(eval::to_json(result).dump(1) + "\n");
     out.commit();
   }
   return 0;
@@ -220,8 +220,9 @@ Command add_eval_command(CLI::App& parent) {
             // The ranks (one without mpirun) on a tensor x data mesh.
             dist::Communicators comms;
             try {
-              comms = dist::make_communicators(Device::cpu, config.dist.timeout_s, o->tensor_parallel, 1,
-                                               o->context_parallel);
+              comms = dist::make_communicators(Device::cpu, config.dist.timeout_s, [&o](int world) {
+                return dist::Mesh::of(world, {{dist::Axis::tensor, o->tensor_parallel}, {dist::Axis::context, o->context_parallel}});
+              });
             } catch (const InputError&) {
               const std::string sizes =
                   o->context_parallel == 1 ? "--tensor-parallel " + std::to_string(o->tensor_parallel)
@@ -230,21 +231,21 @@ Command add_eval_command(CLI::App& parent) {
               throw InputError(sizes + ": must divide the number of ranks mpirun starts");
             }
             std::unique_ptr<model::Model> loaded = checkpoint::load_model(found);
-            std::unique_ptr<train::CommTensorGroup> group;
-            std::unique_ptr<train::CommContextGroup> context_group;
+            std::unique_ptr<parallel::CommTensorGroup> group;
+            std::unique_ptr<parallel::CommContextGroup> context_group;
             if (o->tensor_parallel > 1 || o->context_parallel > 1) {  // this rank's part of the weights
-              model::Layout layout{false, comms.tensor_group->rank(), o->tensor_parallel};
-              layout.context_rank = comms.context_group->rank();
+              model::Layout layout{false, comms.host(dist::Axis::tensor).rank(), o->tensor_parallel};
+              layout.context_rank = comms.host(dist::Axis::context).rank();
               layout.context_size = o->context_parallel;
               auto part = model::make_model(config.model, Device::cpu, model::Recompute::none, DType::f32,
                                             ops::AttentionKernels::flash, layout);
-              train::take_part(*loaded, *part);
+              parallel::take_part(*loaded, *part);
               if (o->tensor_parallel > 1) {
-                group = std::make_unique<train::CommTensorGroup>(*comms.tensor_group, Device::cpu);
+                group = std::make_unique<parallel::CommTensorGroup>(comms.host(dist::Axis::tensor), Device::cpu);
                 part->set_tensor_group(group.get());
               }
               if (o->context_parallel > 1) {
-                context_group = std::make_unique<train::CommContextGroup>(*comms.context_group);
+                context_group = std::make_unique<parallel::CommContextGroup>(comms.host(dist::Axis::context));
                 part->set_context_group(context_group.get());
               }
               loaded = std::move(part);
@@ -254,7 +255,7 @@ Command add_eval_command(CLI::App& parent) {
             double mean = 0.0;
             std::string named;
             for (const auto& [name, data] : datasets) {
-              const double loss = train::evaluate(model, *data, config, batches, comms.data_group.get());
+              const double loss = eval::evaluate(model, *data, config, batches, &comms.host(dist::Axis::data));
               mean += loss / double(datasets.size());
               if (sets.named) {
                 char text[128];

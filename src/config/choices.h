@@ -23,7 +23,7 @@ enum class Precision { fp32, bf16 };
 /// train.recompute: which activations backward recomputes instead of keeping from forward.
 enum class Recompute { none, mlp, full };
 /// dist.pipeline_schedule: the order of forward and backward micro-batches on each pipeline stage
-/// (train/pipeline_schedule.h): one-forward-one-backward, or Megatron's interleaved variant with
+/// (parallel/pipeline_schedule.h): one-forward-one-backward, or Megatron's interleaved variant with
 /// dist.virtual_stages model chunks per stage.
 enum class PipelineSchedule { one_f_one_b, interleaved };
 /// dist.context_parallel_mode: how a context-parallel group shares keys and values (model/context_parallel.h):

@@ -64,7 +64,7 @@ struct Unit : FlatRange {
 };
 
 /// The points of forward and backward at which a sharded model's weights must be in place or its
-/// gradients are complete (train/zero3.h acts on them).
+/// gradients are complete (parallel/zero3.h acts on them).
 enum class UnitEvent {
   forward_begins,   // before anything of a forward pass: the units outside the layers are needed
   before_forward,   // layer `layer`'s weights are needed

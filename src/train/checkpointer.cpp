@@ -27,7 +27,7 @@ using Clock = std::chrono::steady_clock;
 // these places of its local arrays (master weights, m and v alike), and whether it writes at all.
 struct RankPart {
   std::vector<checkpoint::FlatRange> ranges;
-  std::vector<Placed> placed;
+  std::vector<parallel::Placed> placed;
   std::int64_t size = 0;
   bool written = false;
 };
@@ -35,15 +35,15 @@ struct RankPart {
 RankPart rank_part(const CheckpointSource& source, int world_rank) {
   RankPart part;
   // Runs that continue each other both in the whole model and in the local arrays are one.
-  for (const Placed& p : source.optimizer_placement()) {
-    Placed* last = part.placed.empty() ? nullptr : &part.placed.back();
+  for (const parallel::Placed& p : source.optimizer_placement()) {
+    parallel::Placed* last = part.placed.empty() ? nullptr : &part.placed.back();
     if (last && last->logical.end == p.logical.begin && last->local + last->logical.size() == p.local) {
       last->logical.end = p.logical.end;
     } else {
       part.placed.push_back(p);
     }
   }
-  for (const Placed& p : part.placed) {
+  for (const parallel::Placed& p : part.placed) {
     part.ranges.push_back(p.logical);
     part.size += p.logical.end - p.logical.begin;
   }
@@ -249,7 +249,7 @@ std::string Checkpointer::save(std::int64_t step, CheckpointSource& source) {
                           {"zero_stage", config_.dist.zero_stage},
                           {"config", resolved_}};
   const auto save_start = Clock::now();
-  const AdamW& optimizer = source.optimizer();
+  const optim::AdamW& optimizer = source.optimizer();
   checkpoint::SaveRequest request;
   request.root = root_;
   request.step = step;
@@ -278,7 +278,7 @@ std::string Checkpointer::save(std::int64_t step, CheckpointSource& source) {
       request.part.v = v.data();
     }
     // Written from the places the ranges hold in the local arrays: no compacting copy.
-    for (const Placed& p : part.placed) request.part.at.push_back(p.local);
+    for (const parallel::Placed& p : part.placed) request.part.at.push_back(p.local);
     const std::string dir = checkpoint::prepare_dir(root_, step, world_);
     // File work (dist/file_work.h): written on a thread of its own while this one says the rank is
     // alive; the commit waits, under patience, for ranks that write longer.
@@ -317,7 +317,7 @@ std::string Checkpointer::save(std::int64_t step, CheckpointSource& source) {
   request.part.ranges = part.ranges;
   if (stages_) {
     std::int64_t at = 0;
-    for (const Placed& placed : part.placed) {
+    for (const parallel::Placed& placed : part.placed) {
       const std::int64_t length = placed.logical.end - placed.logical.begin;
       const auto slice = [&](const Tensor& t) { return Tensor(t.as<float>() + placed.local, DType::f32, t.device, {length}); };
       copies.emplace_back(next + at, slice(master));

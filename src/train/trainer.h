@@ -14,19 +14,19 @@
 #include "checkpoint/checkpoint.h"
 #include "config/config.h"
 #include "data/dataset.h"
+#include "data/tokenizer.h"
 #include "dist/communicator.h"
+#include "eval/choice_eval.h"
 #include "model/attention_choice.h"
 #include "model/model.h"
 #include "ops/buffer.h"
-#include "train/adamw.h"
-#include "train/checkpoint_source.h"
-#include "train/choice_eval.h"
-#include "data/tokenizer.h"
-#include "train/gradient_strategy.h"
+#include "optim/adamw.h"
+#include "parallel/gradient_strategy.h"
+#include "parallel/pipeline_executor.h"
+#include "parallel/tensor_parallel_comm.h"
+#include "train/checkpointer.h"
 #include "train/options.h"
-#include "train/pipeline_executor.h"
 #include "train/step_result.h"
-#include "train/tensor_parallel.h"
 
 namespace llmtrain::train {
 
@@ -59,7 +59,7 @@ class Trainer final : public CheckpointSource {
   std::int64_t micro_steps() const { return accum_; }
   std::int64_t tokens_seen() const override { return tokens_seen_; }
   data::SamplerState sampler_state() const override { return sampler_state_; }
-  const AdamW& optimizer() const override { return *optimizer_; }
+  const optim::AdamW& optimizer() const override { return *optimizer_; }
   /// Bytes this rank holds of weights, gradients and optimizer state (and the buffers that
   /// reduce or gather them), by llmtrain's own count of its buffers: constant through a run.
   std::size_t state_bytes() const;
@@ -79,7 +79,7 @@ class Trainer final : public CheckpointSource {
   const model::Model& host_weights();
   /// Where this rank's optimizer state sits in the whole model's flat buffer (the parts a
   /// checkpoint takes from this rank: a replicated parameter's from tensor rank 0 only).
-  std::vector<Placed> optimizer_placement() const override;
+  std::vector<parallel::Placed> optimizer_placement() const override;
   /// Whether this rank writes an optimizer file (the first rank of a data-parallel group, or
   /// every rank when ZeRO shards the state).
   bool writes_optimizer() const override;
@@ -90,12 +90,11 @@ class Trainer final : public CheckpointSource {
   void load_initial_weights(const checkpoint::Found* resume, float* to) const;
   // Every sequence's log-likelihood of its last `ending` tokens, on every rank, by the
   // validation's forward passes (any mesh).
-  std::vector<double> sequence_logliks(const std::vector<ChoiceSequence>& sequences);
+  std::vector<double> sequence_logliks(const std::vector<eval::ChoiceSequence>& sequences);
 
   const config::Config& config_;
   Device device_;
-  dist::Communicator& world_;      // every rank, host memory
-  dist::Communicator& data_comm_;  // the data-parallel group, host memory (its context x data ranks)
+  const dist::Communicators& comms_;  // every rank, and each mesh axis's group (dist/mesh.h)
   int context_ = 1;                // ranks per context-parallel group: they read the same sequences
   std::int64_t accum_ = 1;
   double tokens_per_step_ = 0;
@@ -105,8 +104,8 @@ class Trainer final : public CheckpointSource {
   std::unique_ptr<data::Tokenizer> task_tokenizer_;  // train.eval_tasks: the run's tokenizer
   struct ScoredTask {
     config::EvalTask task;
-    std::vector<ChoiceExample> examples;
-    std::vector<ChoiceSequence> sequences;  // every choice, tokenized once
+    std::vector<eval::ChoiceExample> examples;
+    std::vector<eval::ChoiceSequence> sequences;  // every choice, tokenized once
   };
   std::vector<ScoredTask> tasks_;  // train.eval_tasks with their examples
   std::int64_t first_step_ = 1, tokens_seen_ = 0, bad_in_a_row_ = 0;
@@ -116,18 +115,12 @@ class Trainer final : public CheckpointSource {
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<model::Model> logical_;  // logical_model() when this rank's model is only part of it
   std::unique_ptr<model::Model> host_;  // this rank's weights on the CPU when the model is on a GPU (host_weights)
-  std::unique_ptr<GradientStrategy> gradients_;  // bucketed sync (ZeRO 0-2) or ZeRO 3
-  std::unique_ptr<AdamW> optimizer_;
-  dist::Communicator& data_device_;     // the data-parallel group the gradients travel on
-  dist::Communicator& tensor_comm_;     // the tensor-parallel group, host memory
-  dist::Communicator& tensor_device_;   // and over the memory the activations live in
-  std::unique_ptr<CommTensorGroup> tensor_group_;  // its device side, for the model
+  std::unique_ptr<parallel::GradientStrategy> gradients_;  // bucketed sync (ZeRO 0-2) or ZeRO 3
+  std::unique_ptr<optim::AdamW> optimizer_;
+  std::unique_ptr<parallel::CommTensorGroup> tensor_group_;  // its device side, for the model
   std::unique_ptr<model::ContextGroup> context_group_;  // the context-parallel group, for the model
-  dist::Communicator* context_comm_ = nullptr;           // its communicator (traffic)
-  dist::Communicator& pipeline_comm_;   // the stages in order (host memory): losses, norms, the tied embedding
-  dist::Communicator& pipeline_link_;   // the same stages over the memory the activations live in: transfers
   int stages_ = 1;                      // pipeline stages
-  std::unique_ptr<PipelineExecutor> pipeline_;  // its schedule (the one-stage one without a pipeline)
+  std::unique_ptr<parallel::PipelineExecutor> pipeline_;  // its schedule (the one-stage one without a pipeline)
   std::function<void()> before_update_;
 };
 

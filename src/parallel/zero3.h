@@ -1,0 +1,105 @@
+// Fully sharded data parallelism (ZeRO 3): each rank of the data-parallel group keeps only its
+// shard of the fp32 master weights, of the gradients and (in optim/adamw.h) of the AdamW state.
+//
+// The shards follow the model's units (model::Unit: one per layer, plus the runs of parameters
+// outside the layers). A unit of n elements over W ranks is cut into W parts of S = ceil(n / W)
+// elements; rank r owns flat elements [begin + r S, begin + (r + 1) S) of it, clipped to the
+// unit (the last ranks' parts may be short or empty). This rank's parts of all units, laid end to
+// end, are its local arrays: master weights, gradients, m and v.
+//
+// As forward and backward reach each layer (model::UnitEvent), the layer's weights are gathered in
+// the compute dtype (bf16 under mixed precision) into one of a few working slots, the next
+// layer's gather is started meanwhile (prefetch), and the slot is freed after the layer's forward
+// (dist.reshard_after_forward) and after its backward, except the first layer's after backward: it
+// stays gathered for the next micro-step's forward (until the weights change, or its slot is
+// needed). Each request is waited for alone: a layer's gather does not wait for the reduce-scatter
+// started after it (the NCCL communicator waits for each request's own event). Each layer's gradients go to a zeroed f32
+// slot and are reduce-scattered into this rank's gradient shard as soon as its backward is done,
+// every micro-step. The units outside the layers (embeddings, final norm, head) are gathered once
+// after each update and stay so; their gradients are reduce-scattered when backward ends.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "dist/communicator.h"
+#include "model/model.h"
+#include "ops/buffer.h"
+#include "optim/adamw.h"
+#include "parallel/grad_sync.h"
+
+namespace llmtrain::parallel {
+
+class Zero3 final : public model::UnitHooks {
+ public:
+  /// Shards `model` (built sharded: model::Model::sharded) over `comm`, the data-parallel group
+  /// over the memory the model lives in; `host_comm` is the same group over host memory (norms).
+  /// Installs itself as the model's hooks; the master weights start at zero (load() fills them).
+  Zero3(model::Model& model, dist::Communicator& comm, dist::Communicator& host_comm, bool reshard_after_forward);
+  ~Zero3() override;
+  Zero3(const Zero3&) = delete;
+  Zero3& operator=(const Zero3&) = delete;
+
+  /// This rank's parts of the flat buffer, in local order (empty parts left out).
+  const std::vector<optim::Piece>& pieces() const { return pieces_; }
+  /// Local arrays, (local_size,) f32 on the model's device.
+  Tensor master() const;
+  Tensor grads() const;  // summed over the group once finish() returned
+
+  /// Fills this rank's master weights from the whole flat weights `flat` (P,) f32 in host memory.
+  void load(const float* flat);
+
+  /// Before an update's first micro-step: the gradient shard is zeroed.
+  void zero_grads();
+  /// After the last micro-step's backward: waits for the reduce-scatters in flight and returns the
+  /// global gradient norm; `loss_sum` (this rank's) is summed over the group in the same call.
+  double finish(double& loss_sum);
+  void set_norm_scope(NormScope scope) { norm_ = std::move(scope); }
+  /// After the optimizer changed the master weights: every gathered copy is out of date.
+  void weights_changed();
+
+  /// Bytes of the buffers held: shards (master weights and gradients), gathered weights and
+  /// gradient slots. (The AdamW shard is the optimizer's.)
+  std::size_t state_bytes() const;
+
+  void on(model::UnitEvent event, int layer) override;
+
+ private:
+  struct UnitShard;
+  struct GradSlot;
+
+  UnitShard& layer_unit(int layer);
+  void gather(UnitShard& u);
+  void wait_gathered(UnitShard& u);
+  void release_weights(UnitShard& u);
+  void prefetch(int layer);
+  void begin_backward(UnitShard& u);
+  void reduce_gradients(UnitShard& u, GradSlot& slot);
+  void finish_reduction(GradSlot& slot);
+  void accumulate(const UnitShard& u, const float* summed_part);
+  void bind(const UnitShard& u);
+
+  model::Model& model_;
+  dist::Communicator& comm_;
+  dist::Communicator& host_comm_;
+  const bool reshard_after_forward_;
+  const int W_, rank_;
+  const Device device_;
+  const DType compute_;
+  std::vector<UnitShard> units_;
+  std::vector<std::size_t> layer_units_;  // per layer: its index in units_
+  std::vector<optim::Piece> pieces_;
+  std::int64_t local_size_ = 0;
+  ops::Buffer master_, grads_;
+  std::vector<ops::Buffer> weight_slots_;  // layer units' gathered weights (W S_max, compute dtype)
+  std::vector<int> slot_unit_;             // the unit in each weight slot, or -1
+  std::vector<GradSlot> grad_slots_;
+  std::size_t next_grad_slot_ = 0;
+  ops::Buffer scratch_;  // (S_max,) f32: a unit's summed gradient part, or a weight part in f32
+  int first_layer_ = -1;  // the first layer forward reaches (the last backward leaves)
+  int kept_layer_ = -1;   // the first layer, kept gathered after backward for the next forward
+  NormScope norm_;
+};
+
+}  // namespace llmtrain::parallel

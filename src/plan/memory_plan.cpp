@@ -1,0 +1,479 @@
+#include "plan/memory_plan.h"
+
+#include <algorithm>
+#include <numeric>
+#include <optional>
+
+#include <stdexcept>
+
+#include "checkpoint/safetensors.h"
+#include "model/arch.h"
+#include "model/model.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline_stages.h"
+
+namespace llmtrain::plan {
+namespace {
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// The share of one tensor rank: the model's own parameter list, built sharded (no buffers).
+RankShare share_of(const config::ModelConfig& m, int tensor_size, int tensor_rank) {
+  const auto model = model::make_model(m, Device::cpu, config::Recompute::none, DType::f32,
+                                       ops::AttentionKernels::flash, model::Layout{true, tensor_rank, tensor_size});
+  RankShare share;
+  share.tensor_size = tensor_size;
+  share.tensor_rank = tensor_rank;
+  share.params = model->num_params();
+  for (const model::Unit& u : model->units()) share.units.push_back({u.numel(), u.layer >= 0});
+  return share;
+}
+
+// The tensor rank with the most vocabulary rows ([V r / t, V (r + 1) / t)); the first of those.
+int most_rows_rank(const config::ModelConfig& m, int tensor_size) {
+  int most = 0;
+  std::int64_t rows = -1;
+  for (int r = 0; r < tensor_size; ++r) {
+    const std::int64_t mine = m.vocab_size * (r + 1) / tensor_size - m.vocab_size * r / tensor_size;
+    if (mine > rows) {
+      rows = mine;
+      most = r;
+    }
+  }
+  return most;
+}
+
+// The tensor group's collectives per micro-step for a stage of `layers` layers (all of them
+// without pipelines), with the embedding and/or the head; see tensor_traffic.
+UpdateTraffic tensor_micro_step(const config::Config& c, int tensor_size, bool bf16, std::int64_t layers,
+                                bool embedding = true, bool head = true) {
+  UpdateTraffic t;
+  if (tensor_size <= 1) return t;
+  const auto& m = c.model;
+  const double N = double(c.train.micro_batch_size * m.context_length), C = double(m.d_model);
+  const bool full = c.train.recompute == config::Recompute::full, mlp = c.train.recompute == config::Recompute::mlp;
+  const double ring = 2.0 * double(tensor_size - 1) / double(tensor_size), share = double(tensor_size - 1) / tensor_size;
+  const std::int64_t ends = (embedding ? 1 : 0) + (head ? 1 : 0);
+  double all_reduced = head ? 3 * N : 0;  // f32 values: the cross-entropy's row maxima and sums
+  t.all_reduces = head ? 2 : 0;
+  if (!c.dist.sequence_parallel) {
+    const std::int64_t sums = ends + (full ? 6 : 4) * layers;  // the embedding, the layers, the head's input gradient
+    t.all_reduces += sums;
+    all_reduced += double(sums) * N * C;
+  } else {
+    t.all_gathers = (6 + (full ? 2 : mlp ? 1 : 0)) * layers + ends;
+    t.reduce_scatters = (4 + (full ? 2 : 0)) * layers + ends;
+    const std::int64_t norms = 2 * layers + (head ? 1 : 0);
+    t.all_reduces += norms;
+    // a norm's weight (and bias)
+    all_reduced += double(norms) * (config::norm_params_per_channel(model::arch_spec(m.arch).traits()) * C);
+    t.bytes += share * N * C * (double(t.all_gathers) * (bf16 ? 2.0 : 4.0) + double(t.reduce_scatters) * 4.0);
+  }
+  if (model::arch_spec(m.arch).traits().grouped_query_attention && m.n_kv_head % tensor_size != 0) {
+    // Replicated key/value heads: each layer's k and v gradients, one slot per head.
+    t.all_reduces += layers;
+    all_reduced += double(layers) * double(m.n_kv_head) * 2.0 * double(m.d_model / m.n_head) * C;
+  }
+  t.bytes += ring * 4.0 * all_reduced;
+  return t;
+}
+
+}  // namespace
+
+std::int64_t parameter_count(const config::ModelConfig& m) { return model::arch_spec(m.arch).parameter_count(m); }
+
+RankShare rank_share(const config::ModelConfig& m, int tensor_size, int tensor_rank) {
+  if (tensor_rank >= 0) return share_of(m, tensor_size, tensor_rank);
+  // Only the vocabulary rows differ between ranks: the rank with the most of them holds the most.
+  return share_of(m, tensor_size, most_rows_rank(m, tensor_size));
+}
+
+std::vector<ShardUnit> shard_units(const config::ModelConfig& m) { return rank_share(m, 1, 0).units; }
+
+double flops_per_token(const config::ModelConfig& m) {
+  const double head_size = double(m.d_model) / double(m.n_head);
+  return 6.0 * double(parameter_count(m)) +
+         12.0 * double(m.n_layer) * double(m.n_head) * head_size * double(m.context_length);
+}
+
+std::int64_t activation_bytes(const config::ModelConfig& m, bool bf16, config::Recompute recompute,
+                              std::int64_t micro_batch, int tensor_size, bool sequence_parallel, int context_size) {
+  const DType compute = bf16 ? DType::bf16 : DType::f32;
+  return std::int64_t(model::arch_spec(m.arch).activation_bytes(m, recompute, compute, int(micro_batch),
+                                                                int(m.context_length / context_size), tensor_size,
+                                                                sequence_parallel && tensor_size > 1));
+}
+
+namespace {
+// Context parallelism's shapes on a tensor rank: tokens per rank N, query width C and key/value width K.
+struct ContextShape {
+  std::int64_t cp, N, NH, C, K;
+};
+ContextShape context_shape(const config::Config& c, int tensor_size, std::int64_t micro_batch) {
+  const auto& m = c.model;
+  const std::int64_t HS = m.d_model / m.n_head, NH = m.n_head / tensor_size;
+  const std::int64_t NKV = m.n_kv_head % tensor_size == 0 ? m.n_kv_head / tensor_size : 1;  // else replicated
+  const std::int64_t cp = c.dist.context_parallel;
+  return {cp, micro_batch * (m.context_length / cp), NH, NH * HS, 2 * NKV * HS};
+}
+}  // namespace
+
+std::int64_t context_scratch_bytes(const config::Config& config, int tensor_size, bool bf16, std::int64_t micro_batch) {
+  const auto& m = config.model;
+  const std::int64_t cp = config.dist.context_parallel;
+  if (cp <= 1) return 0;
+  return std::int64_t(model::arch_spec(m.arch).context_work_bytes(
+      m, config.train.recompute, bf16 ? DType::bf16 : DType::f32, int(micro_batch), int(m.context_length / cp),
+      tensor_size, config.dist.sequence_parallel && tensor_size > 1, int(cp),
+      config.dist.context_parallel_mode == config::ContextParallelMode::ring));
+}
+
+double context_layer_bytes(const config::Config& config, int tensor_size, bool bf16, bool backward) {
+  const ContextShape s = context_shape(config, tensor_size, config.train.micro_batch_size);
+  if (s.cp <= 1) return 0;
+  const double block = double(s.N) * double(s.K), e = bf16 ? 2.0 : 4.0;
+  return double(s.cp - 1) * block * (backward ? e + 4.0 : e);
+}
+
+double context_traffic(const config::Config& config, int tensor_size, bool bf16, std::int64_t micro_steps,
+                       std::int64_t layers) {
+  if (layers < 0) layers = config.model.n_layer;
+  const double forward = context_layer_bytes(config, tensor_size, bf16, false);
+  const double per_layer = forward * (config.train.recompute == config::Recompute::full ? 2.0 : 1.0) +
+                           context_layer_bytes(config, tensor_size, bf16, true);
+  return double(micro_steps) * double(layers) * per_layer;
+}
+
+std::int64_t activation_bytes_per_sequence(const config::ModelConfig& m, bool bf16, config::Recompute recompute,
+                                           int tensor_size) {
+  return activation_bytes(m, bf16, recompute, 1, tensor_size);
+}
+
+MemoryPlan plan_memory(const config::Config& config, const RankShare& share, int data_parallel_size, int zero_stage,
+                       bool bf16, std::int64_t micro_batch) {
+  const std::int64_t P = share.params, D = data_parallel_size;
+  MemoryPlan plan;
+  plan.activations = activation_bytes(config.model, bf16, config.train.recompute, micro_batch, share.tensor_size,
+                                      config.dist.sequence_parallel, int(config.dist.context_parallel)) +
+                     context_scratch_bytes(config, share.tensor_size, bf16, micro_batch);
+  if (zero_stage == 3) {
+    // The buffers parallel/zero3.cpp allocates: every unit sharded with padding (a rank's shards of
+    // the master weights and gradients); the root units gathered (padded) for the whole step with
+    // f32 gradient buffers of the same length; weight slots of the padded layer size in the
+    // compute dtype; two gradient slots, each the padded layer in f32 plus its reduce-scattered
+    // part; a scratch part of the largest unit.
+    std::int64_t shards = 0, root = 0, layer_shard = 0, largest_shard = 0, layers = 0;
+    for (const auto& u : share.units) {
+      const std::int64_t shard = ceil_div(u.params, D);
+      shards += shard;
+      largest_shard = std::max(largest_shard, shard);
+      if (u.layer) {
+        layer_shard = std::max(layer_shard, shard);
+        ++layers;
+      } else {
+        root += D * shard;
+      }
+    }
+    const std::int64_t compute = bf16 ? 2 : 4;
+    const std::int64_t weight_slots = config.dist.reshard_after_forward ? std::min<std::int64_t>(2, layers) : layers;
+    const std::int64_t gradient_slots = std::min<std::int64_t>(2, layers);
+    plan.weights = 4 * shards;
+    plan.gradients = 4 * shards;
+    plan.optimizer = 8 * shards;
+    plan.gathered = compute * (root + weight_slots * D * layer_shard) +
+                    4 * (root + gradient_slots * (D + 1) * layer_shard + std::max<std::int64_t>(largest_shard, 1));
+    return plan;
+  }
+  // The model's flat buffers: f32 master weights (and, in bf16, a 2-byte working copy) and f32
+  // gradients, whole. ZeRO 1 and 2 over more than one rank (parallel/grad_sync.cpp): AdamW's m and v
+  // of this rank's shard, a buffer of the padded gradients and the shard they sum into.
+  const bool sharded = zero_stage >= 1 && D > 1;
+  const std::int64_t shard = ceil_div(P, D);
+  plan.weights = (bf16 ? 4 + 2 : 4) * P;
+  plan.gradients = 4 * P;
+  plan.optimizer = 8 * (sharded ? shard : P);
+  plan.gathered = sharded ? 4 * (D * shard + shard) : 0;
+  return plan;
+}
+
+MemoryPlan plan_memory(const config::Config& config, int data_parallel_size, int zero_stage, bool bf16,
+                       std::int64_t micro_batch) {
+  return plan_memory(config, rank_share(config.model), data_parallel_size, zero_stage, bf16, micro_batch);
+}
+
+std::int64_t host_chunk_bytes() { return std::int64_t(checkpoint::default_write_chunk); }
+
+std::int64_t owned_params(const RankShare& share, int data_parallel_size, int zero_stage) {
+  const std::int64_t D = std::max(data_parallel_size, 1);
+  if (zero_stage != 3) return ceil_div(share.params, D);
+  std::int64_t shards = 0;
+  for (const auto& u : share.units) shards += ceil_div(u.params, D);
+  return shards;
+}
+
+HostPlan plan_host(const MemoryPlan& device, const RankShare& share, int data_parallel_size, int zero_stage, bool gpu) {
+  HostPlan host;
+  host.process = gpu ? gpu_process_bytes : cpu_process_bytes;
+  host.chunk = host_chunk_bytes();
+  // What it writes: f32 weights and AdamW m and v of the parameters it owns.
+  host.staging = 12 * owned_params(share, data_parallel_size, zero_stage);
+  if (!gpu) {  // the CPU backend's "device" is the host
+    host.state = device.state();
+    host.activations = device.activations;
+  }
+  return host;
+}
+
+std::int64_t max_micro_batch(const config::Config& config, bool bf16, int tensor_size, std::int64_t state,
+                             std::int64_t memory) {
+  const bool sequence_parallel = config.dist.sequence_parallel && tensor_size > 1;
+  const auto fits = [&](std::int64_t B) {
+    return state +
+               activation_bytes(config.model, bf16, config.train.recompute, B, tensor_size, sequence_parallel,
+                                int(config.dist.context_parallel)) +
+               context_scratch_bytes(config, tensor_size, bf16, B) <=
+           memory;
+  };
+  // Sequence parallelism: B context_length a multiple of the tensor size, B a multiple of `step`.
+  const std::int64_t step = sequence_parallel ? tensor_size / std::gcd(config.model.context_length,
+                                                                       std::int64_t(tensor_size))
+                                              : 1;
+  if (!fits(1)) return 0;
+  // Double until it does not fit, then halve the gap (the activations grow with B).
+  std::int64_t good = 1, bad = 2;
+  constexpr std::int64_t most = std::int64_t(1) << 30;
+  while (bad <= most && fits(bad)) {
+    good = bad;
+    bad *= 2;
+  }
+  while (bad <= most && bad - good > 1) {
+    const std::int64_t mid = good + (bad - good) / 2;
+    (fits(mid) ? good : bad) = mid;
+  }
+  return good / step * step;
+}
+
+UpdateTraffic update_traffic(const config::Config& config, const RankShare& share, int data_parallel_size,
+                             int zero_stage, bool bf16, std::int64_t micro_steps) {
+  const std::int64_t D = data_parallel_size;
+  UpdateTraffic t;
+  if (D <= 1) return t;
+  const std::int64_t P = share.params;
+  // A ring all-gather or reduce-scatter of a buffer padded to D ceil(n / D) elements of `bytes`
+  // each sends (D - 1) / D of it: (D - 1) ceil(n / D) elements.
+  const auto gather_or_scatter = [D](std::int64_t n, std::int64_t bytes) { return (D - 1) * ceil_div(n, D) * bytes; };
+  if (zero_stage == 0) {
+    t.all_reduces = 1;
+    t.bytes = 2.0 * double(D - 1) / double(D) * 4.0 * double(P);
+    return t;
+  }
+  if (zero_stage <= 2) {
+    t.reduce_scatters = 1;
+    t.all_gathers = 1;
+    t.bytes = double(2 * gather_or_scatter(P, 4));
+    return t;
+  }
+  const std::int64_t compute = bf16 ? 2 : 4;
+  const std::int64_t gathers_per_layer = config.dist.reshard_after_forward ? 2 : 1;
+  std::int64_t per_micro_step = 0, per_update = 0;
+  for (const auto& u : share.units) {
+    if (u.layer) {
+      t.all_gathers += gathers_per_layer * micro_steps;
+      per_micro_step += gathers_per_layer * gather_or_scatter(u.params, compute);
+    } else {
+      ++t.all_gathers;
+      per_update += gather_or_scatter(u.params, compute);
+    }
+    t.reduce_scatters += micro_steps;
+    per_micro_step += gather_or_scatter(u.params, 4);
+  }
+  t.bytes = double(micro_steps * per_micro_step + per_update);
+  return t;
+}
+
+UpdateTraffic update_traffic(const config::Config& config, int data_parallel_size, int zero_stage, bool bf16,
+                             std::int64_t micro_steps) {
+  return update_traffic(config, rank_share(config.model), data_parallel_size, zero_stage, bf16, micro_steps);
+}
+
+UpdateTraffic tensor_traffic(const config::Config& config, int tensor_size, bool bf16, std::int64_t micro_steps) {
+  UpdateTraffic t = tensor_micro_step(config, tensor_size, bf16, config.model.n_layer);
+  if (tensor_size <= 1) return t;
+  // micro_steps of them, and the gradient norm's double once.
+  t.all_reduces = micro_steps * t.all_reduces + 1;
+  t.all_gathers *= micro_steps;
+  t.reduce_scatters *= micro_steps;
+  t.bytes = double(micro_steps) * t.bytes + 2.0 * double(tensor_size - 1) / double(tensor_size) * 8.0;
+  return t;
+}
+
+std::vector<StagePlan> pipeline_stages(const config::Config& config, int tensor_size, bool bf16,
+                                       std::int64_t micro_batches, int tensor_rank) {
+  const auto& m = config.model;
+  const int P = int(config.dist.pipeline_parallel);
+  const int r = tensor_rank >= 0 ? tensor_rank : most_rows_rank(m, tensor_size);
+  const bool sp = config.dist.sequence_parallel && tensor_size > 1;
+  const std::vector<parallel::StageRange> split = parallel::split_layers(config);
+  const double compute = bf16 ? 2.0 : 4.0, ring = 2.0 * double(P - 1) / double(P);
+  // One stage boundary's tensor of a micro-batch: (B T, C) in the compute dtype, this rank's
+  // tokens under sequence parallelism.
+  const double boundary = double(config.train.micro_batch_size * m.context_length) / (sp ? tensor_size : 1) /
+                          double(config.dist.context_parallel) * double(m.d_model) * compute;
+  std::vector<StagePlan> stages;
+  for (int s = 0; s < P; ++s) {
+    StagePlan st;
+    st.stage = s;
+    model::Layout layout{true, r, tensor_size, sp};
+    layout.context_size = int(config.dist.context_parallel);
+    for (std::size_t v = std::size_t(s); v < split.size(); v += std::size_t(P)) {
+      st.chunks.push_back(split[v]);
+      layout.chunks.push_back({int(split[v].first_layer), int(split[v].layers)});
+      st.layers += split[v].layers;
+      // Each chunk's micro-batches go on to the next virtual stage, and their gradients back.
+      st.sends += (v + 1 < split.size() ? micro_batches : 0) + (v > 0 ? micro_batches : 0);
+    }
+    st.first_layer = st.chunks.front().first_layer;
+    const auto model = model::make_model(m, Device::cpu, config.train.recompute, bf16 ? DType::bf16 : DType::f32,
+                                         ops::AttentionKernels::flash, layout);
+    st.embedding = model->holds_first_stage();
+    st.head = model->holds_last_stage();
+    st.share.tensor_size = tensor_size;
+    st.share.tensor_rank = r;
+    st.share.params = model->num_params();
+    for (const model::Unit& u : model->units()) st.share.units.push_back({u.numel(), u.layer >= 0});
+    st.slots = parallel::peak_live_activations(parallel::stage_schedule(config.dist, s, int(micro_batches)));
+    st.activations =
+        st.slots * std::int64_t(model->activation_bytes(int(config.train.micro_batch_size), int(m.context_length))) +
+        context_scratch_bytes(config, tensor_size, bf16, config.train.micro_batch_size);
+    st.sent_p2p = double(st.sends) * boundary;
+    // Every stage takes part in the pipeline group's all-reduces: the tied embedding's gradient
+    // (this tensor rank's rows; the middle stages with zeros), the loss and the gradient norm.
+    st.tied = !model->tied_embedding().empty();
+    const double tied_rows = double(m.vocab_size * (r + 1) / tensor_size - m.vocab_size * r / tensor_size);
+    st.sent_pipeline_collectives = ring * ((st.tied ? tied_rows * double(m.d_model) * 4.0 : 0.0) + 2 * 8.0);
+    if (tensor_size > 1) {  // micro-batches of its collectives, and the gradient norm's double once
+      const UpdateTraffic per_micro_batch = tensor_micro_step(config, tensor_size, bf16, st.layers, st.embedding, st.head);
+      st.sent_tensor = double(micro_batches) * per_micro_batch.bytes + 2.0 * double(tensor_size - 1) / double(tensor_size) * 8.0;
+    }
+    st.sent_context = context_traffic(config, tensor_size, bf16, micro_batches, st.layers);
+    stages.push_back(std::move(st));
+  }
+  return stages;
+}
+
+MemoryPlan stage_memory(const config::Config& config, const StagePlan& stage, int data_parallel_size, int zero_stage,
+                        bool bf16) {
+  if (zero_stage == 3) throw std::invalid_argument("stage_memory: ZeRO 3 with a pipeline is refused by the trainer");
+  MemoryPlan plan = plan_memory(config, stage.share, data_parallel_size, zero_stage, bf16, 1);
+  plan.activations = stage.activations;
+  return plan;
+}
+
+std::optional<MeshOption> mesh_option(const config::Config& config, const RankShare& share, const dist::Mesh& mesh,
+                                      int zero, bool sequence_parallel) {
+  const auto& m = config.model;
+  const bool bf16 = config.train.precision == config::Precision::bf16;
+  const std::int64_t B = config.train.micro_batch_size;
+  const int t = mesh.size(dist::Axis::tensor), d = mesh.size(dist::Axis::data), p = mesh.size(dist::Axis::pipeline), cp = mesh.size(dist::Axis::context);
+  const int D = d * cp;  // the ranks the gradients are summed over (ZeRO's group)
+  if (config.train.global_batch_size % (B * d) != 0) return std::nullopt;
+  const std::int64_t micro_steps = config.train.global_batch_size / (B * d);
+  // Pipelines as train runs them, every stage as it builds it: it refuses fewer micro-batches
+  // than stages (a multiple of them, interleaved), more virtual stages than layers, and ZeRO 3
+  // with a pipeline.
+  const bool interleaved = config.dist.pipeline_schedule == config::PipelineSchedule::interleaved;
+  if (p > 1 && (micro_steps < p || (interleaved && (micro_steps % p != 0 || p * config.dist.virtual_stages > m.n_layer)))) {
+    return std::nullopt;
+  }
+  if (sequence_parallel && (t == 1 || (B * m.context_length) % t != 0)) return std::nullopt;
+  if (D == 1 && (zero == 1 || zero == 2)) return std::nullopt;  // the trainer runs them as ZeRO 0
+  if (p > 1 && zero == 3) return std::nullopt;
+  config::Config c = config;
+  c.dist.sequence_parallel = sequence_parallel;
+  c.dist.tensor_parallel = t;
+  c.dist.pipeline_parallel = p;
+  c.dist.context_parallel = cp;
+  MeshOption o;
+  o.mesh = mesh;
+  o.zero_stage = zero;
+  o.micro_steps = micro_steps;
+  o.sequence_parallel = sequence_parallel;
+  if (p > 1) {
+    c.dist.pipeline_layers.clear();  // the balanced split
+    // The stage that needs most memory decides the fit; the one that sends most the traffic.
+    for (const StagePlan& st : pipeline_stages(c, t, bf16, micro_steps)) {
+      const MemoryPlan mine = stage_memory(c, st, D, zero, bf16);
+      o.memory = std::max(o.memory, mine.total());
+      o.host = std::max(o.host, plan_host(mine, st.share, D, zero, true).peak());
+      const double sent = update_traffic(c, st.share, D, zero, bf16, micro_steps).bytes + st.sent_tensor +
+                          st.sent_p2p + st.sent_pipeline_collectives + st.sent_context;
+      if (sent > o.sent) {
+        o.sent = sent;
+        o.tensor_sent = st.sent_tensor;
+        o.context_sent = st.sent_context;
+      }
+    }
+  } else {
+    const MemoryPlan mine = plan_memory(c, share, D, zero, bf16, B);
+    o.memory = mine.total();
+    o.host = plan_host(mine, share, D, zero, true).peak();
+    o.tensor_sent = tensor_traffic(c, t, bf16, micro_steps).bytes;
+    o.context_sent = context_traffic(c, t, bf16, micro_steps);
+    o.sent = update_traffic(c, share, D, zero, bf16, micro_steps).bytes + o.tensor_sent + o.context_sent;
+  }
+  return o;
+}
+
+std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int* skipped_batch) {
+  const auto& m = config.model;
+  const std::int64_t B = config.train.micro_batch_size;
+  std::vector<MeshOption> options;
+  if (skipped_batch) *skipped_batch = 0;
+  for (int t = 1; t <= std::min(8, gpus); ++t) {
+    // The splits the models make: whole query heads and MLP columns; Llama's key/value heads
+    // split too, or each replicated on t / n_kv_head ranks (GPT-2 has as many as query heads).
+    const bool kv =
+        m.n_kv_head % t == 0 || (model::arch_spec(m.arch).traits().grouped_query_attention && t % m.n_kv_head == 0);
+    if (gpus % t != 0 || m.n_head % t != 0 || m.ffn_hidden % t != 0 || !kv) continue;
+    const RankShare share = rank_share(m, t);
+    // Context parallelism for long sequences only: 2 CP chunks of each.
+    for (int cp = 1; cp <= gpus / t; ++cp) {
+    if ((gpus / t) % cp != 0 || (cp > 1 && (m.context_length < 8192 || m.context_length % (2 * cp) != 0))) continue;
+    for (int p = 1; p <= gpus / (t * cp); ++p) {
+      if ((gpus / (t * cp)) % p != 0 || p > m.n_layer) continue;
+      const int d = gpus / (t * cp * p);
+      if (config.train.global_batch_size % (B * d) != 0) {
+        if (skipped_batch) ++*skipped_batch;
+        continue;
+      }
+      for (const bool sequence_parallel : {false, true}) {
+        for (int zero = 0; zero <= 3; ++zero) {
+          dist::Mesh mesh;
+          mesh.sizes[dist::Axis::tensor] = t;
+          mesh.sizes[dist::Axis::context] = cp;
+          mesh.sizes[dist::Axis::data] = d;
+          mesh.sizes[dist::Axis::pipeline] = p;
+          if (auto o = mesh_option(config, share, mesh, zero, sequence_parallel)) options.push_back(*o);
+        }
+      }
+    }
+    }
+  }
+  return options;
+}
+
+std::int64_t max_micro_batch(const config::Config& config, const MeshOption& option, std::int64_t memory,
+                             std::int64_t host_per_rank) {
+  const RankShare share = rank_share(config.model, option.mesh.size(dist::Axis::tensor));
+  const std::int64_t per_rank = config.train.global_batch_size / option.mesh.size(dist::Axis::data);
+  config::Config c = config;
+  for (std::int64_t B = per_rank; B >= 1; --B) {
+    if (per_rank % B != 0) continue;
+    c.train.micro_batch_size = B;
+    const auto o = mesh_option(c, share, option.mesh, option.zero_stage, option.sequence_parallel);
+    if (o && o->memory <= memory && (host_per_rank <= 0 || o->host <= host_per_rank)) return B;
+  }
+  return 0;
+}
+
+}  // namespace llmtrain::plan
