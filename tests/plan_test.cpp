@@ -234,7 +234,7 @@ TEST_CASE("plan: a tensor-parallel rank's parameters and units, counted by hand"
 
 namespace {
 
-// The GPT-2 and Llama of tests/tensor_parallel_test.sh: vocab 251 (uneven over 2 and 4 ranks),
+// The GPT-2 and Llama of the tensor-parallel test runs: vocab 251 (uneven over 2 and 4 ranks),
 // context 32, 3 layers, 4 heads, d_model 32; GPT-2's ffn 128, Llama's 40 with `kv` key/value
 // heads, untied.
 config::Config tp_model(config::Arch arch, std::int64_t kv = 2) {
@@ -319,7 +319,8 @@ TEST_CASE("plan: the tensor group's all-reduces per update, against Megatron's c
   // layers: per micro-step 1 + 4 x 3 + 1 all-reduces of N C f32 values and the cross-entropy's
   // maxima (N) and sums (2 N): 14 x 2,048 + 192 = 28,864 values, 115,456 bytes, all sent at 2
   // ranks (2 (t-1)/t = 1); 4 of them and the norm's 8 bytes: 461,832 bytes in 65 all-reduces,
-  // as tests/tensor_parallel_test.sh measures (metrics.jsonl's tensor_collectives).
+  // by the count tests/mesh_equivalence_test.py's tensor_traffic checks against runs (metrics.jsonl's
+  // tensor_collectives).
   config::Config c = tp_model(config::Arch::gpt2);
   auto t = plan::tensor_traffic(c, 2, false, 4);
   CHECK(t.all_reduces == 4 * 16 + 1);
