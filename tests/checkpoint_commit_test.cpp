@@ -115,7 +115,7 @@ TEST_CASE("a complete checkpoint of the step being saved stays whole until its r
   CHECK(names_in(root + "/step_00000006").empty());
 }
 
-TEST_CASE("state.json is checked against the checksum its commit marker records; an empty marker records none",
+TEST_CASE("state.json is checked against the checksum its commit marker records, and an empty marker records none",
           "[checkpoint]") {
   test::TempDir dir;
   const auto comm = dist::make_single_communicator();

@@ -475,7 +475,7 @@ TEST_CASE("a large file (written past the page cache where the file system allow
   CHECK(direct_bytes_written() - direct_before == file.size() / 4096 * 4096);
 }
 
-TEST_CASE("a refusal of O_DIRECT in the writer thread sends the rest buffered; a real I/O error still fails",
+TEST_CASE("a refusal of O_DIRECT in the writer thread sends the rest buffered, and a real I/O error still fails",
           "[checkpoint]") {
   test::TempDir dir;
   if (!takes_direct_writes(dir.path())) LLMTRAIN_SKIP(dir.path() + " does not take O_DIRECT writes: no direct write to refuse");
