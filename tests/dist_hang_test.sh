@@ -33,7 +33,7 @@ rank_pid() {
 check() {
   local signal="$1" expect="$2" rank="${3:-1}" np="${4:-2}" run="$work/run-$1-${3:-1}"
   "$mpiexec" --allow-run-as-root --oversubscribe -np "$np" "$llmtrain" train --config "$work/c.json" --run-dir "$run" \
-    > "$run.log" 2>&1 &
+    --set train.global_batch_size=$((2 * np)) > "$run.log" 2>&1 &
   local job=$!
   for _ in $(seq 1 200); do [[ -s "$run/metrics.jsonl" ]] && break; sleep 0.1; done
   [[ -s "$run/metrics.jsonl" ]] || fail "$signal: the run did not start: $(cat "$run.log")"
