@@ -6,6 +6,10 @@ Fails, naming the files, when
   - a file under src/ includes one from a folder above its own in the layer order
     core; config, data; device; kernels, ops; model; dist; optim; parallel; checkpoint; eval, plan;
     train; cli;
+  - a file under src/ or kernels/ is over MAX_LINES lines (a file that long holds more than one
+    thing: split it along its seams);
+  - a file under bench/ includes one from tests/ (the benchmarks build where the tests are not
+    shipped, as in the container image);
   - two files under src/ share a base name (train/plan.cpp beside cli/plan.cpp: a reader finds
     a file by its name);
   - files include each other in a circle. A unit is a header with its sources (foo.h, foo.cpp,
@@ -25,6 +29,7 @@ LAYERS = [["core"], ["config", "data"], ["device"], ["kernels", "ops"], ["model"
           ["parallel"], ["checkpoint"], ["eval", "plan"], ["train"], ["cli"]]
 LAYER_OF = {folder: level for level, folders in enumerate(LAYERS) for folder in folders}
 SOURCE_SUFFIXES = (".h", ".hpp", ".cpp", ".cu", ".cuh", ".def")
+MAX_LINES = 600
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 
 
@@ -121,6 +126,25 @@ def main():
             if a != b:
                 edges.setdefault(a, set()).add(b)
                 why.setdefault((a, b), f"{path} includes {found}")
+    for path in files:
+        with open(os.path.join(root, path), encoding="utf-8") as f:
+            lines = sum(1 for _ in f)
+        if lines > MAX_LINES:
+            problems.append(f"{path}: {lines} lines, over {MAX_LINES}")
+    for folder, _, names in os.walk(os.path.join(root, "bench")):
+        for name in sorted(names):
+            path = os.path.relpath(os.path.join(folder, name), root)
+            if not name.endswith(SOURCE_SUFFIXES + (".txt", ".cmake")):
+                continue
+            with open(os.path.join(root, path), encoding="utf-8") as f:
+                text = f.read()
+            for target in INCLUDE.findall(text):
+                found = resolve(root, path, target)
+                in_tests = os.path.isfile(os.path.join(root, "tests", target))
+                if (found is None and in_tests) or (found or "").startswith("tests" + os.sep):
+                    problems.append(f'{path}: includes "{target}" from tests/')
+            if name == "CMakeLists.txt" and re.search(r"(\$\{[A-Z_]*SOURCE_DIR\}|\.\.)/tests/", text):
+                problems.append(f"{path}: builds sources from tests/")
     by_base = {}
     for path in files:
         if path.startswith("src"):
