@@ -100,11 +100,12 @@ with tempfile.TemporaryDirectory() as tmp:
         json.dump(config, f)
     run([LLMTRAIN, "train", "--config", f"{tmp}/c.json", "--run-dir", f"{tmp}/run"])
     run([LLMTRAIN, "export", "--checkpoint", f"{tmp}/run", "--output", f"{tmp}/hf", "--format", "hf"])
-    # The export's BPE files under the names transformers' GPT2Tokenizer reads (a folder of their
-    # own: the export's tokenizer.json is llmtrain's, not a fast tokenizer's).
+    # The run's BPE files (tokenize wrote them beside the shards) under the names transformers'
+    # GPT2Tokenizer reads, in a folder of their own (llmtrain's tokenizer.json is not a fast
+    # tokenizer's).
     os.makedirs(f"{tmp}/hf_tokenizer")
     for ours, theirs in (("encoder.json", "vocab.json"), ("vocab.bpe", "merges.txt")):
-        with open(f"{tmp}/hf/{ours}", "rb") as src, open(f"{tmp}/hf_tokenizer/{theirs}", "wb") as dst:
+        with open(f"{tmp}/shards/{ours}", "rb") as src, open(f"{tmp}/hf_tokenizer/{theirs}", "wb") as dst:
             dst.write(src.read())
     with open(f"{tmp}/hf_tokenizer/tokenizer_config.json", "w") as f:
         json.dump({"tokenizer_class": "GPT2Tokenizer", "model_max_length": 64}, f)
