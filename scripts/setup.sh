@@ -86,7 +86,8 @@ fi
 if ((with_lm_eval)); then
   # The harness's Hugging Face backend needs transformers and accelerate besides; both are held
   # to releases that run on Debian 12's PyTorch 1.13 (transformers 4.44.2 as above, accelerate
-  # below 1.0), which is pinned so that pip never replaces it, as is numpy below 2.
+  # below 1.0), which is pinned so that pip never replaces it, as is numpy below 2 (and so
+  # pyarrow below 20: later releases need numpy 2).
   venv="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv-lm-eval"
   echo "setup.sh: installing lm-evaluation-harness 0.4.x from PyPI into $venv"
   [[ -x "$venv/bin/python" ]] || /usr/bin/python3 -m venv --system-site-packages "$venv"
@@ -95,7 +96,7 @@ if ((with_lm_eval)); then
   torch_version=$(/usr/bin/python3 -c 'import torch; print(torch.__version__)')
   echo "torch==$torch_version" >>"$constraints"
   "$venv/bin/python" -m pip install --quiet -c "$constraints" 'lm-eval>=0.4,<0.5' transformers==4.44.2 \
-    'accelerate>=0.26,<1' 'numpy>=1.25,<2'
+    'accelerate>=0.26,<1' 'numpy>=1.25,<2' 'pyarrow>=15,<20'
   rm -f "$constraints"
   "$venv/bin/python" -c 'import importlib.metadata as m, lm_eval.models.huggingface; print("setup.sh: lm-eval", m.version("lm_eval"))'
 fi
