@@ -22,12 +22,17 @@ packages=(
 # Optional: the ONNX Python packages and transformers for tests/onnx_export_test.py, and
 # tensorboard for tests/tensorboard_reader_test.py (`scripts/setup.sh --with-onnx`), from PyPI
 # into the system Python 3 (Debian packages none).
+# Optional: lm-evaluation-harness 0.4.x for tests/hellaswag_harness_test.py (and transformers for
+# tests/choice_eval_test.py), in a virtual environment .venv-lm-eval at the repository's root that
+# sees the system's packages, so that Debian's PyTorch serves it (`scripts/setup.sh --with-lm-eval`).
 with_onnx=0
+with_lm_eval=0
 for arg in "$@"; do
   case "$arg" in
     --with-torch) packages+=(python3-torch python3-matplotlib) ;;
     --with-onnx) with_onnx=1; packages+=(python3-pip) ;;
-    *) echo "setup.sh: unknown option $arg (known: --with-torch, --with-onnx)" >&2; exit 2 ;;
+    --with-lm-eval) with_lm_eval=1; packages+=(python3-torch python3-venv python3-pip) ;;
+    *) echo "setup.sh: unknown option $arg (known: --with-torch, --with-onnx, --with-lm-eval)" >&2; exit 2 ;;
   esac
 done
 
@@ -76,4 +81,22 @@ if ((with_onnx)); then
   "${sudo_cmd[@]}" /usr/bin/python3 -m pip install --quiet --break-system-packages -c "$constraints" \
     onnx onnxruntime 'numpy>=1.25,<2' transformers==4.44.2 tensorboard
   rm -f "$constraints"
+fi
+
+if ((with_lm_eval)); then
+  # The harness's Hugging Face backend needs transformers and accelerate besides; both are held
+  # to releases that run on Debian 12's PyTorch 1.13 (transformers 4.44.2 as above, accelerate
+  # below 1.0), which is pinned so that pip never replaces it, as is numpy below 2 (and so
+  # pyarrow below 20: later releases need numpy 2).
+  venv="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv-lm-eval"
+  echo "setup.sh: installing lm-evaluation-harness 0.4.x from PyPI into $venv"
+  [[ -x "$venv/bin/python" ]] || /usr/bin/python3 -m venv --system-site-packages "$venv"
+  constraints=$(mktemp)
+  echo 'numpy>=1.25,<2' >"$constraints"
+  torch_version=$(/usr/bin/python3 -c 'import torch; print(torch.__version__)')
+  echo "torch==$torch_version" >>"$constraints"
+  "$venv/bin/python" -m pip install --quiet -c "$constraints" 'lm-eval>=0.4,<0.5' transformers==4.44.2 \
+    'accelerate>=0.26,<1' 'numpy>=1.25,<2' 'pyarrow>=15,<20'
+  rm -f "$constraints"
+  "$venv/bin/python" -c 'import importlib.metadata as m, lm_eval.models.huggingface; print("setup.sh: lm-eval", m.version("lm_eval"))'
 fi

@@ -60,7 +60,7 @@ TEST_CASE("bad configs are rejected with the key path and the reason", "[config]
       {R"({"data": {"train": [{"path": "a", "weight": 1, "name": "x"}, {"path": "b", "weight": 1, "name": "x"}]}})", {}, "data.train[1].name: \"x\" names two sources"},
       {R"({"data": {"train": [{"path": "a", "weight": 1, "name": "a b"}]}})", {}, "data.train[0].name: expected 1 to 64 letters"},
       {R"({"train": {"eval_tasks": [{"task": "hellaswag"}]}})", {}, "train.eval_tasks[0].path: missing (the task's JSON Lines file)"},
-      {R"({"train": {"eval_tasks": [{"task": "mmlu", "path": "x"}]}})", {}, R"(train.eval_tasks[0].task: expected one of "hellaswag", "choice", got "mmlu")"},
+      {R"({"train": {"eval_tasks": [{"task": "mmlu", "path": "x"}]}})", {}, R"(train.eval_tasks[0].task: expected one of "hellaswag", "hellaswag_llmc", "choice", got "mmlu")"},
       {R"({"train": {"eval_tasks": [{"task": "choice", "path": "x", "limit": -1}]}})", {}, "train.eval_tasks[0].limit: expected an integer >= 0, got -1"},
       {R"({"train": {"eval_tasks": [{"task": "choice", "path": "x"}, {"task": "choice", "path": "y"}]}})", {}, "train.eval_tasks[1]: a second task named \"choice\" (give each a \"name\")"},
       {R"({"data": {"val": 3}})", {}, R"(data.val: expected a path, a list of paths or an object {"NAME": paths, ...}, got 3)"},

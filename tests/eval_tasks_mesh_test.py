@@ -13,8 +13,9 @@ no whole number of micro-batches):
      choices, and its metrics.jsonl scores are that file's;
   2. tensor parallelism 2 (with and without sequence parallelism), ZeRO 3 over 2 ranks, a 2-stage
      pipeline (1F1B and interleaved), context parallelism 2 and tensor 2 x data 2 under ZeRO 3
-     (4 ranks) give the one-rank run's acc, acc_norm and acc_norm_bytes, the same choices and
-     token counts, and log-likelihoods within 1e-4.
+     (4 ranks) give the one-rank run's scores (hellaswag's acc, acc_norm and acc_bytes; choice's
+     acc, acc_norm and acc_norm_bytes), the same choices and token counts, and log-likelihoods
+     within 1e-4.
 
 Usage: eval_tasks_mesh_test.py LLMTRAIN MPIEXEC
 """
@@ -47,13 +48,16 @@ def run(*args, ranks=1):
 
 
 LONG = "fortune favors the bold and the quick brown fox jumps over the lazy dog while the moon"  # > 64 bytes
-HELLASWAG = [
+HELLASWAG = [  # HellaSwag's fields: lm-evaluation-harness's query is "activity_label: ctx_a Ctx_b"
     {"ctx": "the quick brown fox", "endings": ["jumps over the lazy dog", "sat", "caf\u00e9 au lait", "runs"], "label": 0},
     {"ctx": LONG, "endings": ["rises", "and back", "over the hills", "x"], "label": 2},
     {"ctx": "fortune", "endings": ["favors the bold", "cookie", "\u00e9t\u00e9", "x"], "label": "0"},
     {"ctx": "the lazy dog", "endings": ["sleeps", "jumps over the quick brown fox", "barks at the moon", "is lazy"], "label": 3},
     {"ctx": "over the", "endings": ["lazy dog", "moon and back", "hills and far away", "top"], "label": 0},
 ]
+for row in HELLASWAG:
+    row.update(activity_label="fox", ctx_a=row["ctx"].split(" ")[0], ctx_b=" ".join(row["ctx"].split(" ")[1:]))
+SCORES = {"hellaswag": ("acc", "acc_norm", "acc_bytes"), "plain": ("acc", "acc_norm", "acc_norm_bytes")}
 PLAIN = [
     {"context": "the quick", "choices": ["brown fox", "slow snail", "red"], "label": 0},
     {"context": "jumps over the", "choices": ["lazy dog", "fence"], "label": 1},
@@ -75,11 +79,12 @@ def load_result(run_dir, name):
         return json.load(f)
 
 
-def same(got, want, what):
-    check(got["n"] == want["n"] and all(got[k] == want[k] for k in ("acc", "acc_norm", "acc_norm_bytes")),
-          f"{what}: n {got['n']}, acc {got['acc']}, acc_norm {got['acc_norm']}, acc_norm_bytes {got['acc_norm_bytes']} "
-          f"(want {want['acc']}, {want['acc_norm']}, {want['acc_norm_bytes']})")
-    keys = ("label", "choice", "choice_norm", "choice_norm_bytes", "ending_tokens")
+def same(got, want, what, name):
+    scores = SCORES[name]
+    check(got["n"] == want["n"] and all(got[k] == want[k] for k in scores),
+          f"{what}: n {got['n']}, {', '.join(f'{k} {got[k]}' for k in scores)} "
+          f"(want {', '.join(str(want[k]) for k in scores)})")
+    keys = ("label", "ending_tokens", *("choice" + k[len("acc"):] for k in scores))
     check(all([a[k] for k in keys] == [b[k] for k in keys] for a, b in zip(got["predictions"], want["predictions"])),
           f"{what}: every example's choices and token counts")
     worst = max(abs(x - y) for a, b in zip(got["predictions"], want["predictions"])
@@ -120,8 +125,8 @@ with tempfile.TemporaryDirectory() as tmp:
         with open(f"{tmp}/{name}.json") as f:
             independent = json.load(f)
         independent["task"] = reference[name]["task"]
-        same(reference[name], independent, f"one rank, {name}: train.eval_tasks vs eval --task")
-        check(len(line) == 1 and all(line[0][f"{name}/{k}"] == reference[name][k] for k in ("acc", "acc_norm", "acc_norm_bytes")),
+        same(reference[name], independent, f"one rank, {name}: train.eval_tasks vs eval --task", name)
+        check(len(line) == 1 and all(line[0][f"{name}/{k}"] == reference[name][k] for k in SCORES[name]),
               f"one rank, {name}: metrics.jsonl's scores are the predictions file's")
     check(reference["hellaswag"]["predictions"][1]["ending_tokens"] == [6, 9, 15, 2],
           "a context longer than the model's keeps its last tokens (the endings' counts unchanged)")
@@ -134,7 +139,7 @@ with tempfile.TemporaryDirectory() as tmp:
         overrides = [arg for s in sets for arg in ("--set", s)]
         run("train", "--config", f"{tmp}/c.json", "--run-dir", run_dir, "--resume", start, *overrides, ranks=ranks)
         for name in ("hellaswag", "plain"):
-            same(load_result(run_dir, name), reference[name], f"{what}, {name}")
+            same(load_result(run_dir, name), reference[name], f"{what}, {name}", name)
 
 if failures:
     print(f"{len(failures)} check(s) failed")

@@ -103,7 +103,7 @@ template <class Options>
 int run_task(const Options& o) {
   const std::string& kind = o.task[0];
   const std::string& file = o.task[1];
-  if (kind != "hellaswag" && kind != "choice") throw InputError("--task " + kind + ": expected hellaswag or choice");
+  if (!eval::is_choice_task(kind)) throw InputError("--task " + kind + ": expected hellaswag, hellaswag_llmc or choice");
   if (o.tensor_parallel > 1) throw InputError("--task: with --tensor-parallel 1 only");
   if (!o.data.empty() || !o.dump_logits.empty()) throw InputError("--task: not with --data or --dump-logits");
   const std::vector<eval::ChoiceExample> examples = eval::read_choice_file(file, kind, o.limit);
@@ -132,12 +132,18 @@ int run_task(const Options& o) {
   const eval::ChoiceResult result = eval::score_choices(*model, *tokenizer, examples, kind, config.model.context_length,
                                                           config.model.vocab_size, comms.world.get());
   if (comms.world->rank() != 0) return 0;
-  std::printf("eval: %s step %lld: %s %s: n %lld | acc %.4f | acc_norm %.4f | acc_norm_bytes %.4f\n", found.dir.c_str(),
+  std::string scores;
+  for (const auto& [name, value] : result.scores) {
+    char part[64];
+    std::snprintf(part, sizeof part, " | %s %.4f", name.c_str(), value);
+    scores += part;
+  }
+  std::printf("eval: %s step %lld: %s %s: n %lld%s\n", found.dir.c_str(),
               static_cast<long long>(found.state.value("step", std::int64_t{0})), kind.c_str(), file.c_str(),
-              static_cast<long long>(result.n), result.acc, result.acc_norm, result.acc_norm_bytes);
+              static_cast<long long>(result.n), scores.c_str());
   if (!o.json.empty()) {
     AtomicFile out(o.json);
-    out.write(eval::to_json(result).dump(1) + "\n");
+    out.write(eval::to_json(result, &examples).dump(1) + "\n");
     out.commit();
   }
   return 0;
@@ -170,9 +176,10 @@ Command add_eval_command(CLI::App& parent) {
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
   app->add_option("--task", o->task,
-                  "A multiple-choice benchmark instead of the loss: hellaswag FILE (HellaSwag's JSON Lines: ctx, "
-                  "endings, label) or choice FILE (JSON Lines: context, choices, label); prints acc, acc_norm and "
-                  "acc_norm_bytes")
+                  "A multiple-choice benchmark instead of the loss: hellaswag FILE (lm-evaluation-harness's "
+                  "hellaswag task on HellaSwag's JSON Lines: acc, acc_norm per character, acc_bytes), "
+                  "hellaswag_llmc FILE (llm.c's: ctx and endings as published, acc, acc_norm per token) or choice "
+                  "FILE (JSON Lines: context, choices, label; acc, acc_norm per token, acc_norm_bytes)")
       ->expected(2);
   app->add_option("--json", o->json, "With --task: also write the scores and every prediction to this JSON file");
   app->add_option("--limit", o->limit, "With --task: the first N examples only (default: all)")

@@ -152,7 +152,7 @@ struct DataConfig {
 
 /// A multiple-choice benchmark run at every validation (train.eval_tasks).
 struct EvalTask {
-  std::string task;        // "hellaswag" or "choice"
+  std::string task;        // "hellaswag", "hellaswag_llmc" or "choice"
   std::string path;        // its JSON Lines file
   std::int64_t limit = 0;  // the first N examples; 0: all
   std::string name;        // its scores' prefix (NAME/acc, ...); empty: `task`

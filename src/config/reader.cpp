@@ -226,8 +226,8 @@ void read_value(const json& v, const std::string& path, std::vector<EvalTask>& o
       }
     }
     EvalTask task;
-    if (!item.contains("task")) fail(o, at + ".task", "missing (\"hellaswag\" or \"choice\")");
-    read_value(item["task"], at + ".task", task.task, OneOf{{"hellaswag", "choice"}}, o);
+    if (!item.contains("task")) fail(o, at + ".task", "missing (\"hellaswag\", \"hellaswag_llmc\" or \"choice\")");
+    read_value(item["task"], at + ".task", task.task, OneOf{{"hellaswag", "hellaswag_llmc", "choice"}}, o);
     if (!item.contains("path")) fail(o, at + ".path", "missing (the task's JSON Lines file)");
     read_value(item["path"], at + ".path", task.path, AnyString{}, o);
     if (item.contains("limit")) read_value(item["limit"], at + ".limit", task.limit, IntRange{0}, o);

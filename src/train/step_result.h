@@ -34,7 +34,7 @@ struct Validation {
   double val_loss = 0;
   bool has_loss = true;  // false: no data.val, train.eval_tasks only
   std::vector<std::pair<std::string, double>> sets;
-  std::vector<std::pair<std::string, double>> scores;  // train.eval_tasks: NAME/acc, NAME/acc_norm, NAME/acc_norm_bytes
+  std::vector<std::pair<std::string, double>> scores;  // train.eval_tasks: NAME/acc, NAME/acc_norm, ... (the task's scores)
   std::vector<std::pair<std::string, eval::ChoiceResult>> tasks;  // and each task's predictions, by NAME
 };
 

@@ -107,7 +107,7 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
     task_tokenizer_ = data::load_tokenizer(std::filesystem::path(shards.front()).parent_path().string());
     for (const config::EvalTask& task : tc.eval_tasks) {
       std::vector<eval::ChoiceExample> examples = eval::read_choice_file(task.path, task.task, task.limit);
-      std::vector<eval::ChoiceSequence> sequences = eval::choice_sequences(*task_tokenizer_, examples, T);
+      std::vector<eval::ChoiceSequence> sequences = eval::choice_sequences(*task_tokenizer_, examples, task.task, T);
       tasks_.push_back({task, std::move(examples), std::move(sequences)});
     }
   }
@@ -327,9 +327,7 @@ std::optional<Validation> Trainer::validate() {
   for (const auto& [task, examples, sequences] : tasks_) {
     const eval::ChoiceResult scores = eval::choice_result(examples, sequences, sequence_logliks(sequences), task.task);
     const std::string name = task.metric_name();
-    result.scores.emplace_back(name + "/acc", scores.acc);
-    result.scores.emplace_back(name + "/acc_norm", scores.acc_norm);
-    result.scores.emplace_back(name + "/acc_norm_bytes", scores.acc_norm_bytes);
+    for (const auto& [metric, value] : scores.scores) result.scores.emplace_back(name + "/" + metric, value);
     result.tasks.emplace_back(name, scores);
   }
   return result;
