@@ -8,7 +8,7 @@
 // dQ += dS K, dK += dS^T Q, dV += P^T dO. Scratch is query_block x T floats per score matrix and
 // thread: memory linear in T. The softmax between the products uses exp_vec (vectorised). On the
 // benchmark shape (T=256, HS=64, 2 x86-64 cores) this took attention from scalar dot products at
-// ~2 GFLOP/s to OpenBLAS's block speed (see the README's profile).
+// ~2 GFLOP/s to OpenBLAS's block speed (docs/benchmarks.md, CPU training).
 //
 // Threads: the forward runs one (batch, head, query block) per task; the backward one (batch, kv
 // head) per task, since every query block and every query head of a group adds into the same dK,
