@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Checkpoints written by an earlier version (tests/data/legacy_checkpoints: one model.safetensors,
-# optimizer ranges in the files' metadata) resume on other meshes and continue the loss curve of
-# the run that wrote them (1e-5 relative): world size 2 ZeRO 1 at world size 1 and under ZeRO 3 at
-# world size 4; tensor 2 x data 2 ZeRO 1 at tensor 2 ZeRO 3 and at world size 1.
+# Checkpoints written by earlier versions (tests/data/legacy_checkpoints: one model.safetensors,
+# optimizer ranges in the files' metadata; or each rank's weights and AdamW state as ranges, before
+# the optimizer interface) resume on other meshes and continue the loss curve of the run that wrote
+# them (1e-5 relative): world size 2 ZeRO 1 at world size 1 and under ZeRO 3 at world size 4;
+# tensor 2 x data 2 ZeRO 1 at tensor 2 ZeRO 3 and at world size 1; world size 2 ZeRO 3 at world
+# size 1 and at world size 2 under ZeRO 1.
 # Usage: legacy_checkpoint_test.sh LLMTRAIN MPIEXEC
 source "$(dirname "$0")/checkpoint_test_setup.sh"
 fixtures="$(cd "$(dirname "$0")/data/legacy_checkpoints" && pwd)"
 cd "$work" || fail "cd $work"
 cp "$fixtures/config.json" "$work/config.json"
-for case in "world2_zero1 1 1 0" "world2_zero1 4 1 3" "tensor2_data2_zero1 2 2 3" "tensor2_data2_zero1 1 1 0"; do
+for case in "world2_zero1 1 1 0" "world2_zero1 4 1 3" "tensor2_data2_zero1 2 2 3" "tensor2_data2_zero1 1 1 0" \
+  "world2_zero3 1 1 0" "world2_zero3 2 1 1"; do
   read -r name ranks tensor zero <<<"$case"
   mkdir -p "$work/$name/checkpoints"
   rm -rf "$work/$name/checkpoints/step_00000010" && cp -r "$fixtures/$name" "$work/$name/checkpoints/step_00000010"
