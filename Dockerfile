@@ -57,4 +57,4 @@ CMD ["info"]
 # as secrets (never baked into the image); its host key is made when the container starts, or
 # taken from the secret llmtrain_host_key:
 #   docker run --gpus all --network host -v keys:/run/secrets:ro --entrypoint llmtrain-sshd llmtrain
-# and on the first node launch mpirun with a hostfile naming the nodes (see README).
+# and on the first node launch mpirun with a hostfile naming the nodes (see docs/clusters.md).

@@ -17,7 +17,7 @@ mapfile -t corpus < <(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name
 build/src/llmtrain tokenize --input "${corpus[@]}" --output data/tiny --tokenizer byte --val-fraction 0.05 --force
 
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
-# Idle OpenMP threads sleep at once instead of spinning (README, Threads): on a machine that other
+# Idle OpenMP threads sleep at once instead of spinning (docs/training.md, Threads): on a machine that other
 # work shares, spinning threads take the cores that the busy ones wait for.
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 run=runs/quickstart-$(date +%Y%m%d-%H%M%S)

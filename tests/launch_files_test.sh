@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The launch files parse (bash -n, a YAML parser), and every `llmtrain SUBCOMMAND --flag` in the
-# README's code and in the launch files is a flag that subcommand has. The Dockerfile makes no key
-# at build time, and the container's sshd wrapper makes or takes its host key at start.
+# documentation (README.md, docs/*.md) and in the launch files is a flag that subcommand has. The
+# Dockerfile makes no key at build time, and the container's sshd wrapper makes or takes its host
+# key at start.
 # Usage: launch_files_test.sh LLMTRAIN SOURCE_DIR
 set -uo pipefail
 llmtrain="$1"
@@ -15,9 +16,9 @@ if /usr/bin/python3 -c "import yaml" 2>/dev/null; then
 else
   echo "SKIPPED: no YAML parser (python3-yaml) for scripts/launch/k8s-mpijob.yaml"
 fi
-# Flags after `llmtrain SUB` on one line (README code blocks, launch files) against SUB --help.
+# Flags after `llmtrain SUB` on one line (README.md and docs/ pages, launch files) against SUB --help.
 lines=$(grep -hoE '(llmtrain|build/src/llmtrain) (train|generate|eval|tokenize|export|plan|inspect|check-config|info)( [^|#;&]*)?' \
-          README.md scripts/launch/* scripts/quickstart.sh)
+          README.md docs/*.md scripts/launch/* scripts/quickstart.sh)
 flags_checked=0
 while IFS= read -r line; do
   sub=$(awk '{print $2}' <<<"$line")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The include graph of src/ and kernels/ keeps the design's layers (README, "Layout").
+"""The include graph of src/ and kernels/ keeps the design's layers (docs/ARCHITECTURE.md).
 
 Fails, naming the files, when
   - a file under kernels/ includes anything from src/ (the kernel library is a leaf);

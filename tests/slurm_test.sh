@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/launch/slurm.sbatch under a real single-node Slurm (Debian's slurm-wlm and munge): the
 # test starts munged, slurmctld and slurmd with a config in a temporary folder, submits the
-# README's sbatch command (2 CPU ranks, extra arguments passed to `llmtrain train`), and then:
+# sbatch command of docs/clusters.md (2 CPU ranks, extra arguments passed to `llmtrain train`;
+# the test first checks that the page still shows it), and then:
 #  1. USR1 to the batch shell (what --signal=B:USR1@120 sends before the time limit): the ranks
 #     checkpoint, the script exits 75 and requeues the job; the job starts again and resumes.
 #  2. TERM to the tasks (`scancel --signal=TERM`, a preemption): the same.
@@ -16,6 +17,11 @@
 set -uo pipefail
 llmtrain=$(realpath "$1")
 source_dir=$(realpath "$2")
+# The command documented in docs/clusters.md ("Where and how", Slurm with CPU ranks) is the one
+# submitted below: if the page changes it, this test must change with it.
+documented='sbatch --nodes=1 --ntasks-per-node=2 scripts/launch/slurm.sbatch'
+grep -qF "\`$documented C " "$source_dir/docs/clusters.md" ||
+  { echo "FAILED: docs/clusters.md no longer shows '$documented C RUN_DIR ...', the command this test submits"; exit 1; }
 skip() { echo "SKIPPED: $* (scripts/setup.sh installs slurm-wlm and munge)"; exit 77; }
 for tool in munged slurmctld slurmd sbatch squeue scontrol scancel; do
   command -v "$tool" >/dev/null || skip "no $tool on PATH"
@@ -120,7 +126,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/tiny_run.sh"
 tiny_run "$work" "$llmtrain" 100000 || fail "tokenize"
 run="$work/run"
 cd "$work"
-# The README's command, CPU ranks.
+# The documented command (above), CPU ranks.
 job=$(sbatch --parsable --nodes=1 --ntasks-per-node=2 "$source_dir/scripts/launch/slurm.sbatch" \
         "$work/c.json" "$run" --set train.log_every=1 --device cpu) || fail "sbatch refused the job"
 out="$work/llmtrain-$job.out"

@@ -881,7 +881,7 @@ def cmd_report(a):
 def cmd_self_test(_):
     """Parsers, MFU and the table on made-up input: what can be checked without a GPU."""
     d = {"V": 50257, "T": 1024, "L": 12, "H": 12, "C": 768, "F": 3072}
-    assert gpt2_parameters(d) == 124439808, gpt2_parameters(d)  # README: llmtrain plan's count
+    assert gpt2_parameters(d) == 124439808, gpt2_parameters(d)  # docs/plan.md: llmtrain plan's count
     assert abs(flops_per_token(d, 124439808) - (6 * 124439808 + 12 * 12 * 12 * 64 * 1024)) < 1
     assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16")[0] == 989.0
     assert peak_tflops("NVIDIA H100 PCIe", "bf16")[0] == 756.0
