@@ -2,7 +2,7 @@
 // (B x T tokens, C channels, NH heads, V vocabulary rows), each against its ceiling: achieved
 // bytes/s against the memory bandwidth for the memory-bound ops, achieved FLOP/s against the
 // matrix peak for the matmuls and attention. The ops are the timing mode of the op case registry
-// (tests/op_cases.h, the cases test_cuda_ops checks against the CPU): each step of a case is one
+// (op_cases/op_cases.h, the cases test_cuda_ops checks against the CPU): each step of a case is one
 // row. Each runs through ops:: (the model's own entry points, with their dispatch), `--warmup`
 // times untimed, then `--reps` times between two CUDA events on the compute stream; the row is
 // the mean. Fused ops have their unfused sequence beside them, so that each fusion's saving reads

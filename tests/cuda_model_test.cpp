@@ -194,9 +194,9 @@ TEST_CASE("cuda pipeline stages (1F1B and interleaved chunks) give the whole cpu
           "[cuda][model][pipeline]") {
   std::string why;
   if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
-  using model::LayerRun;
-  const std::vector<std::vector<LayerRun>> two_stages = {{{0, 2}}, {{2, 3}}};
-  const std::vector<std::vector<LayerRun>> chunked = {{{0, 2}, {3, 1}}, {{2, 1}, {4, 1}}};
+  using parallel::StageRange;
+  const std::vector<std::vector<StageRange>> two_stages = {{{0, 2}}, {{2, 3}}};
+  const std::vector<std::vector<StageRange>> chunked = {{{0, 2}, {3, 1}}, {{2, 1}, {4, 1}}};
   test::check_pipeline_stages("gpt2", true, two_stages, Device::cuda, 1e-4);
   test::check_pipeline_stages("gpt2", true, chunked, Device::cuda, 1e-4);
   test::check_pipeline_stages("llama", false, chunked, Device::cuda, 1e-4);

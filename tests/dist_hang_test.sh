@@ -28,16 +28,17 @@ rank_pid() {
   done
 }
 
-# Starts a 2-rank run, waits until it trains, sends SIGNAL to rank 1, and checks how the job ends.
+# Starts a run of NP ranks (2), waits until it trains, sends SIGNAL to rank RANK (1), and checks
+# how the job ends.
 check() {
-  local signal="$1" expect="$2" run="$work/run-$1"
-  "$mpiexec" --allow-run-as-root --oversubscribe -np 2 "$llmtrain" train --config "$work/c.json" --run-dir "$run" \
-    > "$run.log" 2>&1 &
+  local signal="$1" expect="$2" rank="${3:-1}" np="${4:-2}" run="$work/run-$1-${3:-1}"
+  "$mpiexec" --allow-run-as-root --oversubscribe -np "$np" "$llmtrain" train --config "$work/c.json" --run-dir "$run" \
+    --set train.global_batch_size=$((2 * np)) > "$run.log" 2>&1 &
   local job=$!
   for _ in $(seq 1 200); do [[ -s "$run/metrics.jsonl" ]] && break; sleep 0.1; done
   [[ -s "$run/metrics.jsonl" ]] || fail "$signal: the run did not start: $(cat "$run.log")"
-  local pid; pid=$(rank_pid "$run" 1)
-  [[ -n "$pid" ]] || fail "$signal: rank 1 not found"
+  local pid; pid=$(rank_pid "$run" "$rank")
+  [[ -n "$pid" ]] || fail "$signal: rank $rank not found"
   local start=$SECONDS
   kill "-$signal" "$pid"
   local waited=0
@@ -55,4 +56,8 @@ check() {
 
 check STOP "rank(s) 1 never arrived"   # hung: llmtrain's watchdog names it
 check KILL "rank 1"                    # dead: the launcher notices and names it
-echo "2 passed, 0 failed"
+# Rank 0 itself lost (its node cut off: silent, not reported dead): the survivors call the roll,
+# and the lowest one heard alive (rank 1) names rank 0.
+check STOP "rank 1: .* did not finish within dist.timeout_s = 5 s: rank(s) 0 never arrived or stopped responding" 0 3
+grep -q "rank 0 names the missing" "$work/run-STOP-0.log" && fail "a survivor still defers to the lost rank 0: $(cat "$work/run-STOP-0.log")"
+echo "3 passed, 0 failed"

@@ -211,6 +211,15 @@ for name, data in shard_variants.items():
         ["train", "--config", config_with(d, data__train=shard, data__val=[]), "--run-dir", f"{d}/run"], "bad.bin")
     add("shard", f"eval on shard: {name}", ["eval", "--checkpoint", RUN, "--data", shard], "bad.bin")
 
+# A bad validation shard found while a background save is in flight: step 1's save is still
+# uncommitted when step 2's validation reads the shard (the commit comes after it).
+for name in ("token 65535 in uint16", "token 256 (vocab is 256)"):
+    d = case_dir()
+    shard = write(f"{d}/bad.bin", shard_variants[name])
+    add("shard", f"validate with a background save in flight: {name}",
+        ["train", "--config", config_with(d, data__val=shard, checkpoint__every=1, checkpoint__async=True,
+                                          train__eval_every=2, train__max_steps=4), "--run-dir", f"{d}/run"], "bad.bin")
+
 for name in ["a directory", "a FIFO", "a link to /dev/zero", "a link loop", "a dangling link"]:
     d = case_dir()
     shard = f"{d}/bad.bin"
@@ -314,12 +323,34 @@ def copy_step(d):
     return f"{d}/run/checkpoints/step_00000002"
 
 
-def with_state(fn):
+def recommit(step):
+    """COMPLETE recording the state.json now in place: an edit the commit itself could have made."""
+    data = read(f"{step}/state.json")
+    write(f"{step}/COMPLETE", json.dumps({"state.json": {"crc32": zlib.crc32(data), "bytes": len(data)}}) + "\n")
+
+
+def with_state(fn, committed=True):
     def mutate(step):
         s = json.loads(json.dumps(state))
         fn(s)
         write(f"{step}/state.json", json.dumps(s))
+        if committed:
+            recommit(step)
     return mutate
+
+
+def state_digit_changed(step):
+    """A digit of tokens_seen changed: valid JSON and a valid state.json, but not the one committed."""
+    text = read(f"{step}/state.json")
+    at = text.index(b'"tokens_seen": ') + len(b'"tokens_seen": ')
+    write(f"{step}/state.json", text[:at] + (b"7" if text[at:at + 1] != b"7" else b"8") + text[at + 1:])
+
+
+def whole_crc_wrong(s):
+    """The whole file's crc32 off by one bit, its chunk checksums (the ones a reader checks) right."""
+    listed = s["files"]["model.safetensors"]
+    assert "chunk_crc32" in listed
+    listed["crc32"] ^= 1
 
 
 def state_text(text):
@@ -332,6 +363,7 @@ def rewrite_listed(step, name, data):
     s = json.loads(read(f"{step}/state.json"))
     s["files"][name] = {"crc32": zlib.crc32(data), "bytes": len(data)}
     write(f"{step}/state.json", json.dumps(s))
+    recommit(step)
 
 
 def optim_with(metadata_changes=None, tensor_changes=None):
@@ -442,6 +474,9 @@ checkpoint_variants = [
     ("state.json a FIFO", replace_file("state.json", "fifo"), ALL, "state.json"),
     ("state.json a link loop", replace_file("state.json", "loop"), ALL, "state.json"),
     ("COMPLETE missing", lambda step: os.remove(f"{step}/COMPLETE"), LOADERS, "COMPLETE"),
+    ("COMPLETE not a marker", lambda step: write(f"{step}/COMPLETE", "[1, 2]"), ALL, "COMPLETE"),
+    ("state.json damaged (a digit changed, still valid)", state_digit_changed, ALL, "state.json"),
+    ("whole-file crc32 wrong, chunk checksums right", with_state(whole_crc_wrong), ALL, "combine"),
     ("model.safetensors a byte flipped", flip_byte("model.safetensors", -1), ALL, "model.safetensors"),
     ("model.safetensors cut short", lambda step: write(f"{step}/model.safetensors",
                                                        read(f"{step}/model.safetensors")[:-7]), ALL,

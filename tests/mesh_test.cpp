@@ -19,6 +19,8 @@
 
 using namespace llmtrain;
 
+using llmtrain::dist::Axis;
+
 namespace {
 
 // The job's communicator, made once: MPI starts once per process and stops at exit.
@@ -27,40 +29,54 @@ dist::Communicator& job() {
   return *comm;
 }
 
+// The mesh of W ranks for tensor, pipeline and context sizes, and a place on it, as the tests
+// below spell them (the mesh's own table orders the axes tensor, context, data, pipeline).
+dist::Mesh mesh_of(int W, int tensor, int pipeline, int context = 1) {
+  return dist::Mesh::of(W, {{Axis::tensor, tensor}, {Axis::pipeline, pipeline}, {Axis::context, context}});
+}
+dist::Mesh::Coord place(int tensor, int data, int pipeline, int context = 0) {
+  dist::Mesh::Coord c;
+  c[Axis::tensor] = tensor;
+  c[Axis::data] = data;
+  c[Axis::pipeline] = pipeline;
+  c[Axis::context] = context;
+  return c;
+}
+
 }  // namespace
 
 TEST_CASE("mesh: the tensor index varies fastest, then data, then the stage", "[dist][mesh]") {
-  const dist::Mesh mesh = dist::Mesh::of(12, 2, 3);
-  CHECK(mesh.data == 2);
+  const dist::Mesh mesh = mesh_of(12, 2, 3);
+  CHECK(mesh.size(Axis::data) == 2);
   CHECK(mesh.world() == 12);
   // Rank 7 = 1 + 2 (1 + 2 x 1): tensor 1, data 1, stage 1.
-  CHECK(mesh.coord(7) == dist::Mesh::Coord{1, 1, 1});
-  CHECK(mesh.coord(5) == dist::Mesh::Coord{1, 0, 1});
-  CHECK(mesh.coord(2) == dist::Mesh::Coord{0, 1, 0});
+  CHECK(mesh.coord(7) == place(1, 1, 1));
+  CHECK(mesh.coord(5) == place(1, 0, 1));
+  CHECK(mesh.coord(2) == place(0, 1, 0));
   for (int r = 0; r < 12; ++r) CHECK(mesh.rank(mesh.coord(r)) == r);
   CHECK(mesh.describe() == "12 rank(s) = tensor 2 x data 2 x pipeline 3 (tensor index fastest, then data, then stage)");
 }
 
 TEST_CASE("mesh: the context index comes after the tensor index, before data and stage", "[dist][mesh]") {
-  const dist::Mesh mesh = dist::Mesh::of(16, 2, 2, 2);
-  CHECK(mesh.data == 2);
+  const dist::Mesh mesh = mesh_of(16, 2, 2, 2);
+  CHECK(mesh.size(Axis::data) == 2);
   // Rank 13 = 1 + 2 (0 + 2 (1 + 2 x 1)): tensor 1, context 0, data 1, stage 1.
-  CHECK(mesh.coord(13) == dist::Mesh::Coord{1, 1, 1, 0});
+  CHECK(mesh.coord(13) == place(1, 1, 1, 0));
   // Rank 3 = 1 + 2 x 1: tensor 1, context 1.
-  CHECK(mesh.coord(3) == dist::Mesh::Coord{1, 0, 0, 1});
+  CHECK(mesh.coord(3) == place(1, 0, 0, 1));
   for (int r = 0; r < 16; ++r) CHECK(mesh.rank(mesh.coord(r)) == r);
   CHECK(mesh.describe() ==
         "16 rank(s) = tensor 2 x context 2 x data 2 x pipeline 2 (tensor index fastest, then context, then data, then stage)");
-  CHECK_THROWS_WITH(dist::Mesh::of(12, 2, 1, 4),
+  CHECK_THROWS_WITH(mesh_of(12, 2, 1, 4),
                     "dist.tensor_parallel x dist.context_parallel x dist.pipeline_parallel (2 x 4 x 1 = 8) must divide "
                     "the number of ranks, 12");
 }
 
 TEST_CASE("mesh: sizes that do not divide the world are refused naming both keys", "[dist][mesh]") {
-  CHECK_THROWS_WITH(dist::Mesh::of(6, 4, 1),
+  CHECK_THROWS_WITH(mesh_of(6, 4, 1),
                     "dist.tensor_parallel x dist.pipeline_parallel (4 x 1 = 4) must divide the number of ranks, 6");
-  CHECK_THROWS_AS(dist::Mesh::of(8, 0, 1), InputError);
-  CHECK(dist::Mesh::of(1, 1, 1).data == 1);
+  CHECK_THROWS_AS(mesh_of(8, 0, 1), InputError);
+  CHECK(mesh_of(1, 1, 1).size(Axis::data) == 1);
 }
 
 TEST_CASE("traffic: one process sends nothing, but every call is counted", "[dist][mesh]") {
@@ -81,7 +97,7 @@ TEST_CASE("mesh: every group of a split job holds the ranks that share the other
   for (const Shape shape : {Shape{1, 1, 1}, Shape{2, 1, 1}, Shape{1, 2, 1}, Shape{2, 2, 1}, Shape{4, 1, 1}, Shape{1, 4, 1},
                             Shape{1, 1, 2}, Shape{2, 1, 2}, Shape{1, 2, 2}, Shape{1, 1, 4}}) {
     if (W % (shape.tensor * shape.pipeline * shape.context) != 0) continue;
-    const dist::Mesh mesh = dist::Mesh::of(W, shape.tensor, shape.pipeline, shape.context);
+    const dist::Mesh mesh = mesh_of(W, shape.tensor, shape.pipeline, shape.context);
     CAPTURE(mesh.describe());
     const dist::Communicators comms = dist::split_mesh(job().split(0, me), mesh);
     REQUIRE(comms.world->rank() == me);
@@ -96,28 +112,31 @@ TEST_CASE("mesh: every group of a split job holds the ranks that share the other
     };
     // The data-parallel group holds the context and data axes, context index fastest.
     std::vector<int> data, tensor, pipeline, context;
-    for (int d = 0; d < mesh.data; ++d) {
-      for (int c = 0; c < mesh.context; ++c) data.push_back(mesh.rank({at.tensor, d, at.pipeline, c}));
+    for (int d = 0; d < mesh.size(Axis::data); ++d) {
+      for (int c = 0; c < mesh.size(Axis::context); ++c) {
+        data.push_back(mesh.rank(place(at[Axis::tensor], d, at[Axis::pipeline], c)));
+      }
     }
-    for (int t = 0; t < mesh.tensor; ++t) tensor.push_back(mesh.rank({t, at.data, at.pipeline, at.context}));
-    for (int p = 0; p < mesh.pipeline; ++p) pipeline.push_back(mesh.rank({at.tensor, at.data, p, at.context}));
-    for (int c = 0; c < mesh.context; ++c) context.push_back(mesh.rank({at.tensor, at.data, at.pipeline, c}));
-    CHECK(members(comms.data_host()) == data);
-    CHECK(members(*comms.tensor_group) == tensor);
-    CHECK(members(*comms.pipeline_group) == pipeline);
-    CHECK(members(*comms.context_group) == context);
-    CHECK(comms.data_host().rank() == at.context + mesh.context * at.data);
-    CHECK(comms.data_index() == at.data);
-    CHECK(comms.context_group->rank() == at.context);
-    CHECK(comms.tensor_group->rank() == at.tensor);
+    const int t0 = at[Axis::tensor], d0 = at[Axis::data], p0 = at[Axis::pipeline], c0 = at[Axis::context];
+    for (int t = 0; t < mesh.size(Axis::tensor); ++t) tensor.push_back(mesh.rank(place(t, d0, p0, c0)));
+    for (int p = 0; p < mesh.size(Axis::pipeline); ++p) pipeline.push_back(mesh.rank(place(t0, d0, p, c0)));
+    for (int c = 0; c < mesh.size(Axis::context); ++c) context.push_back(mesh.rank(place(t0, d0, p0, c)));
+    CHECK(members(comms.host(Axis::data)) == data);
+    CHECK(members(comms.host(Axis::tensor)) == tensor);
+    CHECK(members(comms.host(Axis::pipeline)) == pipeline);
+    CHECK(members(comms.host(Axis::context)) == context);
+    CHECK(comms.host(Axis::data).rank() == at[Axis::context] + mesh.size(Axis::context) * at[Axis::data]);
+    CHECK(comms.data_index() == at[Axis::data]);
+    CHECK(comms.host(Axis::context).rank() == at[Axis::context]);
+    CHECK(comms.host(Axis::tensor).rank() == at[Axis::tensor]);
 
     // A sum over the data group adds the data group's ranks only.
     std::vector<float> sum = {float(me), 1.0f};
-    comms.data_host().all_reduce_sum(sum.data(), 2);
+    comms.host(Axis::data).all_reduce_sum(sum.data(), 2);
     float expected = 0;
     for (int r : data) expected += float(r);
     CHECK(sum[0] == expected);
-    CHECK(sum[1] == float(mesh.data * mesh.context));
+    CHECK(sum[1] == float(mesh.size(Axis::data) * mesh.size(Axis::context)));
   }
 }
 
@@ -259,15 +278,15 @@ TEST_CASE("transfers: neighbouring stages of a 2-stage pipeline pass activations
           "[dist][mesh][mpi]") {
   const int W = job().world_size(), me = job().rank();
   if (W % 2 != 0) {
-    CHECK_THROWS_AS(dist::Mesh::of(W, 1, 2), InputError);
+    CHECK_THROWS_AS(mesh_of(W, 1, 2), InputError);
     return;
   }
-  const dist::Mesh mesh = dist::Mesh::of(W, 1, 2);  // 4 ranks: data 2 x pipeline 2
+  const dist::Mesh mesh = mesh_of(W, 1, 2);  // 4 ranks: data 2 x pipeline 2
   const dist::Communicators comms = dist::split_mesh(job().split(0, me), mesh);
-  dist::Communicator& pipe = *comms.pipeline_group;
+  dist::Communicator& pipe = comms.host(Axis::pipeline);
   const dist::Mesh::Coord at = mesh.coord(me);
-  const int stage = at.pipeline, other = 1 - stage;
-  const int partner = mesh.rank({at.tensor, at.data, other});  // the job rank of the other stage
+  const int stage = at[Axis::pipeline], other = 1 - stage;
+  const int partner = mesh.rank(place(at[Axis::tensor], at[Axis::data], other));  // the job rank of the other stage
   REQUIRE(pipe.rank() == stage);
   CHECK(pipe.job_rank(other) == partner);
   CHECK(pipe.job_rank(stage) == me);
@@ -319,19 +338,19 @@ TEST_CASE("transfers: neighbouring stages of a 2-stage pipeline pass activations
   CHECK(std::string(dist::Traffic::name(dist::Traffic::recv)) == "recv");
 
   // The blocking forms, and each group's own ranks: the data group's partner is another replica.
-  if (mesh.data > 1) {
-    dist::Communicator& data = comms.data_host();
-    const int peer = at.data ^ 1;  // pairs of replicas
-    if (peer < mesh.data) {
+  if (mesh.size(Axis::data) > 1) {
+    dist::Communicator& data = comms.host(Axis::data);
+    const int peer = at[Axis::data] ^ 1;  // pairs of replicas
+    if (peer < mesh.size(Axis::data)) {
       std::vector<float> got(5, 0.0f);
-      if (at.data % 2 == 0) {
+      if (at[Axis::data] % 2 == 0) {
         data.send(payload(me, 9, 5).data(), 5, DType::f32, peer);
         data.recv(got.data(), 5, DType::f32, peer);
       } else {
         data.recv(got.data(), 5, DType::f32, peer);
         data.send(payload(me, 9, 5).data(), 5, DType::f32, peer);
       }
-      CHECK(got == payload(mesh.rank({at.tensor, peer, at.pipeline}), 9, 5));
+      CHECK(got == payload(mesh.rank(place(at[Axis::tensor], peer, at[Axis::pipeline])), 9, 5));
       CHECK(data.traffic().bytes[dist::Traffic::send] == 20.0);
     }
   }

@@ -6,12 +6,12 @@
 #include "pipeline_stages_check.h"
 
 using llmtrain::Device;
-using llmtrain::model::LayerRun;
+using llmtrain::parallel::StageRange;
 using llmtrain::test::check_pipeline_stages;
 
 // Stages of one chunk each: the layers of each stage.
-std::vector<std::vector<LayerRun>> one_chunk_each(const std::vector<int>& layers_per_stage) {
-  std::vector<std::vector<LayerRun>> stages;
+std::vector<std::vector<StageRange>> one_chunk_each(const std::vector<int>& layers_per_stage) {
+  std::vector<std::vector<StageRange>> stages;
   int first = 0;
   for (const int n : layers_per_stage) {
     stages.push_back({{first, n}});

@@ -15,6 +15,7 @@
 #include "cuda_compare.h"
 #include "model/model.h"
 #include "ops/buffer.h"
+#include "parallel/pipeline_stages.h"
 
 namespace llmtrain::test {
 
@@ -38,7 +39,7 @@ inline config::ModelConfig tiny_pipeline_model(const std::string& arch, bool tie
 /// model on the CPU: losses within `tolerance` relative, every gradient (summed over the stages
 /// holding it) within `tolerance` in relative norm.
 inline void check_pipeline_stages(const std::string& arch, bool tied,
-                                  const std::vector<std::vector<model::LayerRun>>& chunks_per_stage, Device device,
+                                  const std::vector<std::vector<parallel::StageRange>>& chunks_per_stage, Device device,
                                   double tolerance) {
   const int P = int(chunks_per_stage.size()), V = int(chunks_per_stage.front().size());
   CAPTURE(arch, tied, P, V);
@@ -50,9 +51,7 @@ inline void check_pipeline_stages(const std::string& arch, bool tied,
   for (const auto& chunks : chunks_per_stage) {
     REQUIRE(int(chunks.size()) == V);
     model::Layout layout;
-    layout.first_layer = chunks.front().first;
-    layout.layers = chunks.front().count;
-    if (chunks.size() > 1) layout.chunks = chunks;
+    for (const parallel::StageRange& chunk : chunks) layout.layer_ranges.push_back(parallel::layer_range(chunk));
     stages.push_back(model::make_model(c, device, model::Recompute::none, DType::f32, ops::AttentionKernels::flash, layout));
     model::Model& stage = *stages.back();
     // The stage's weights from the whole model's, through its place in the whole flat buffer.
@@ -80,7 +79,7 @@ inline void check_pipeline_stages(const std::string& arch, bool tied,
   // Virtual stage v of micro-batch m: its stage, with its chunk and that pair's slot selected.
   const auto select = [&](int v, int m) -> model::Model& {
     model::Model& stage = *stages[std::size_t(v % P)];
-    stage.use_chunk(v / P);
+    stage.use_layer_range(v / P);
     stage.use_activation_slot(m * V + v / P);
     return stage;
   };
@@ -89,20 +88,20 @@ inline void check_pipeline_stages(const std::string& arch, bool tied,
   for (int m = 0; m < M; ++m) {  // forward of both micro-batches through every virtual stage
     for (int v = 0; v < P * V; ++v) {
       if (v > 0) {
-        const Tensor out = select(v - 1, m).stage_io().output;
-        ops::copy(select(v, m).stage_io().input, out);
+        const Tensor out = select(v - 1, m).stream_ends().output;
+        ops::copy(select(v, m).stream_ends().input, out);
       }
       model::Model& stage = select(v, m);
-      CHECK(stage.first_stage() == (v == 0));
-      CHECK(stage.last_stage() == (v == P * V - 1));
+      CHECK(stage.begins_model() == (v == 0));
+      CHECK(stage.ends_model() == (v == P * V - 1));
       got[std::size_t(m)] = stage.forward(inputs[std::size_t(m)].data(), targets[std::size_t(m)].data(), B, T, float(1.0 / n));
     }
   }
   for (int m = M; m-- > 0;) {  // backward, the later micro-batch first
     for (int v = P * V; v-- > 0;) {
       if (v + 1 < P * V) {
-        const Tensor grad = select(v + 1, m).stage_io().input_grad;
-        ops::copy(select(v, m).stage_io().output_grad, grad);
+        const Tensor grad = select(v + 1, m).stream_ends().input_grad;
+        ops::copy(select(v, m).stream_ends().output_grad, grad);
       }
       select(v, m).backward();
     }

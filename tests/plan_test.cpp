@@ -234,7 +234,7 @@ TEST_CASE("plan: a tensor-parallel rank's parameters and units, counted by hand"
 
 namespace {
 
-// The GPT-2 and Llama of tests/tensor_parallel_test.sh: vocab 251 (uneven over 2 and 4 ranks),
+// The GPT-2 and Llama of the tensor-parallel test runs: vocab 251 (uneven over 2 and 4 ranks),
 // context 32, 3 layers, 4 heads, d_model 32; GPT-2's ffn 128, Llama's 40 with `kv` key/value
 // heads, untied.
 config::Config tp_model(config::Arch arch, std::int64_t kv = 2) {
@@ -319,7 +319,8 @@ TEST_CASE("plan: the tensor group's all-reduces per update, against Megatron's c
   // layers: per micro-step 1 + 4 x 3 + 1 all-reduces of N C f32 values and the cross-entropy's
   // maxima (N) and sums (2 N): 14 x 2,048 + 192 = 28,864 values, 115,456 bytes, all sent at 2
   // ranks (2 (t-1)/t = 1); 4 of them and the norm's 8 bytes: 461,832 bytes in 65 all-reduces,
-  // as tests/tensor_parallel_test.sh measures (metrics.jsonl's tensor_collectives).
+  // by the count tests/mesh_equivalence_test.py's tensor_traffic checks against runs (metrics.jsonl's
+  // tensor_collectives).
   config::Config c = tp_model(config::Arch::gpt2);
   auto t = plan::tensor_traffic(c, 2, false, 4);
   CHECK(t.all_reduces == 4 * 16 + 1);
@@ -474,7 +475,7 @@ TEST_CASE("plan: the meshes --suggest weighs, pipelines as the trainer builds th
   CHECK(options.size() == 4 + 3 + 2 * 4 + 2 * 1);
   const auto find = [&](int t, int d, int p, int zero, bool sp = false) {
     for (const auto& o : options) {
-      if (o.mesh.tensor == t && o.mesh.data == d && o.mesh.pipeline == p && o.zero_stage == zero &&
+      if (o.mesh.size(dist::Axis::tensor) == t && o.mesh.size(dist::Axis::data) == d && o.mesh.size(dist::Axis::pipeline) == p && o.zero_stage == zero &&
           o.sequence_parallel == sp) {
         return o;
       }
@@ -519,7 +520,7 @@ TEST_CASE("plan: the meshes --suggest weighs, pipelines as the trainer builds th
   for (const auto& st : stages) most = std::max(most, 4.0 * double(st.share.params) + 2 * 256.0 + 16.0);
   CHECK(pp.sent == most);
   bool zero3 = false;
-  for (const auto& o : options) zero3 = zero3 || (o.mesh.pipeline > 1 && o.zero_stage == 3);
+  for (const auto& o : options) zero3 = zero3 || (o.mesh.size(dist::Axis::pipeline) > 1 && o.zero_stage == 3);
   CHECK_FALSE(zero3);  // train refuses ZeRO 3 with a pipeline
   // 2 x 1 x 2, ZeRO 0, 4 micro-steps: the tensor group's all-reduces of the first stage's layers
   // and the embedding, or the last stage's layers, the head's input gradient and the
@@ -540,7 +541,7 @@ TEST_CASE("plan: the meshes --suggest weighs, pipelines as the trainer builds th
   c.dist.pipeline_schedule = config::PipelineSchedule::interleaved;
   c.dist.virtual_stages = 2;
   options = plan::mesh_options(c, 2);
-  for (const auto& o : options) CHECK(o.mesh.pipeline == 1);
+  for (const auto& o : options) CHECK(o.mesh.size(dist::Axis::pipeline) == 1);
   c.model.n_layer = 4;
   options = plan::mesh_options(c, 2);
   const auto ipp = find(1, 1, 2, 0);
@@ -574,11 +575,11 @@ TEST_CASE("plan: the meshes --suggest weighs, pipelines as the trainer builds th
   c.train.global_batch_size = 8;
   c.model.n_kv_head = 1;
   bool replicated = false;
-  for (const auto& o : plan::mesh_options(c, 4)) replicated = replicated || (o.mesh.tensor == 2 && o.mesh.data == 2);
+  for (const auto& o : plan::mesh_options(c, 4)) replicated = replicated || (o.mesh.size(dist::Axis::tensor) == 2 && o.mesh.size(dist::Axis::data) == 2);
   CHECK(replicated);
   // Tensor parallelism that does not divide the MLP columns is no option either.
   c.model.ffn_hidden = 5;
-  for (const auto& o : plan::mesh_options(c, 4)) CHECK(o.mesh.tensor == 1);
+  for (const auto& o : plan::mesh_options(c, 4)) CHECK(o.mesh.size(dist::Axis::tensor) == 1);
 }
 
 TEST_CASE("plan: pipeline stages against the trainer's state_bytes and transfers on 2 stages", "[plan][pipeline]") {
@@ -743,12 +744,12 @@ TEST_CASE("plan: host memory per rank at start-up, training, a save and a resume
   const auto options = plan::mesh_options(c, 4);
   int checked = 0;
   for (const auto& o : options) {
-    if (o.mesh.pipeline != 1 || o.zero_stage != 1 || o.sequence_parallel) continue;
-    if (o.mesh.tensor == 1 && o.mesh.data == 4) {
+    if (o.mesh.size(dist::Axis::pipeline) != 1 || o.zero_stage != 1 || o.sequence_parallel) continue;
+    if (o.mesh.size(dist::Axis::tensor) == 1 && o.mesh.size(dist::Axis::data) == 4) {
       CHECK(o.host == gpu + chunk + 12 * 131);
       ++checked;
     }
-    if (o.mesh.tensor == 2 && o.mesh.data == 2) {
+    if (o.mesh.size(dist::Axis::tensor) == 2 && o.mesh.size(dist::Axis::data) == 2) {
       CHECK(o.host == gpu + chunk + 12 * 140);
       ++checked;
     }
@@ -761,7 +762,7 @@ TEST_CASE("plan: --suggest's max micro-batch, a divisor of the batch per data ra
   c.train.global_batch_size = 24;   // 12 sequences per rank on 2 data ranks: B in 12, 6, 4, 3, 2, 1
   c.train.micro_batch_size = 1;
   const plan::RankShare whole = plan::rank_share(c.model);
-  const auto option = plan::mesh_option(c, whole, dist::Mesh{1, 2, 1}, 1, false);
+  const auto option = plan::mesh_option(c, whole, dist::Mesh::of(2, {}), 1, false);
   REQUIRE(option);
   // Exactly the memory of micro-batch 4 (ZeRO 1, fp32): 4 fits, 6 does not (its activations are larger).
   const std::int64_t at4 = plan::plan_memory(c, 2, 1, false, 4).total();
@@ -820,17 +821,17 @@ TEST_CASE("plan: context parallelism's activations, attention work buffer and ri
 TEST_CASE("plan: --suggest weighs context parallelism for long sequences only", "[plan][context]") {
   config::Config c = tiny_llama();
   c.train.global_batch_size = 8;
-  for (const auto& o : plan::mesh_options(c, 4)) CHECK(o.mesh.context == 1);  // 8 tokens: none
+  for (const auto& o : plan::mesh_options(c, 4)) CHECK(o.mesh.size(dist::Axis::context) == 1);  // 8 tokens: none
   c.model.context_length = 8192;
   bool found = false;
   for (const auto& o : plan::mesh_options(c, 4)) {
-    if (o.mesh.context != 2 || o.mesh.tensor != 1 || o.mesh.pipeline != 1 || o.zero_stage != 1) continue;
+    if (o.mesh.size(dist::Axis::context) != 2 || o.mesh.size(dist::Axis::tensor) != 1 || o.mesh.size(dist::Axis::pipeline) != 1 || o.zero_stage != 1) continue;
     // 1 x 2 x 1 cp2, ZeRO 1: gradients summed and sharded over the 4 context x data ranks; 8 /
     // (2 x 2) = 2 micro-steps; memory and bytes as plan_memory, update_traffic and context_traffic.
     found = true;
     config::Config cp = c;
     cp.dist.context_parallel = 2;
-    CHECK(o.mesh.data == 2);
+    CHECK(o.mesh.size(dist::Axis::data) == 2);
     CHECK(o.micro_steps == 2);
     CHECK(o.memory == plan::plan_memory(cp, 4, 1, false, 2).total());
     CHECK(o.context_sent == plan::context_traffic(cp, 1, false, 2));

@@ -2,7 +2,12 @@
 // and every malformed file rejected naming the file and the tensor or byte offset.
 #include "checkpoint/safetensors.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "catch_compat.h"
+#include "checkpoint/disk_writer.h"
 #include "core/crc32.h"
 #include "core/error.h"
 #include "process.h"
@@ -33,6 +39,31 @@ std::string error_of(const std::function<void()>& f) {
 std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+// Whether the file system of `dir` takes O_DIRECT writes, found without the writer: an aligned
+// block written through a descriptor opened with O_DIRECT.
+bool takes_direct_writes(const std::string& dir) {
+  const std::string probe = dir + "/direct-probe";
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_DIRECT | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  void* block = std::aligned_alloc(4096, 4096);
+  std::memset(block, 0, 4096);
+  const bool ok = ::pwrite(fd, block, 4096, 0) == 4096;
+  std::free(block);
+  ::close(fd);
+  std::filesystem::remove(probe);
+  return ok;
+}
+
+// `n` pseudo-random bytes.
+std::string noise(std::size_t n, std::uint32_t seed) {
+  std::string bytes(n, '\0');
+  for (auto& c : bytes) {
+    seed = seed * 1664525u + 1013904223u;
+    c = static_cast<char>(seed >> 24);
+  }
+  return bytes;
 }
 
 // 8-byte little-endian `length`, then `rest`.
@@ -419,6 +450,7 @@ TEST_CASE("a large file (written past the page cache where the file system allow
   const std::vector<std::int64_t> small = {1, 2, 3};
   const std::size_t crc_chunk = (std::size_t(1) << 20) + 3;
   const std::string path = dir.path() + "/big.safetensors";
+  const std::uint64_t direct_before = direct_bytes_written();
   const FileChecksums sums = write_safetensors_checked(
       path, {{"w", StDtype::f32, {std::int64_t(n)}, nullptr, pieces}, {"r", StDtype::i64, {3}, small.data()}}, {},
       default_write_chunk, crc_chunk);
@@ -437,4 +469,49 @@ TEST_CASE("a large file (written past the page cache where the file system allow
   CHECK(std::memcmp(w.data(), at, w.size()) == 0);
   CHECK(values_of<std::int64_t>(reader, *reader.find("r")) == small);
   CHECK(std::distance(std::filesystem::directory_iterator(dir.path()), std::filesystem::directory_iterator()) == 1);
+  // Which way ran: where the file system takes O_DIRECT, every whole 4 KiB block of the file
+  // went direct (the bytes under a block at its end, buffered).
+  if (!takes_direct_writes(dir.path())) LLMTRAIN_SKIP(dir.path() + " does not take O_DIRECT writes: only the buffered way ran");
+  CHECK(direct_bytes_written() - direct_before == file.size() / 4096 * 4096);
+}
+
+TEST_CASE("a refusal of O_DIRECT in the writer thread sends the rest buffered, and a real I/O error still fails",
+          "[checkpoint]") {
+  test::TempDir dir;
+  if (!takes_direct_writes(dir.path())) LLMTRAIN_SKIP(dir.path() + " does not take O_DIRECT writes: no direct write to refuse");
+  // 20 MiB and a few bytes: two full bounce buffers go through the writer thread, the first refused.
+  const std::string bytes = noise((std::size_t(20) << 20) + 5, 99);
+  const std::size_t crc_chunk = std::size_t(3) << 20;
+  const auto write = [&](const std::string& name) {
+    DiskWriter writer(dir.path() + "/" + name, default_write_chunk, crc_chunk);
+    writer.reserve(bytes.size());
+    writer.write(bytes.data(), bytes.size());
+    writer.commit();
+    return writer.direct_bytes();
+  };
+  // The hook off again however a case ends (an exception out of write() included).
+  struct HookOff {
+    ~HookOff() { fail_first_direct_write_for_test(0); }
+  } hook_off;
+  for (const int refusal : {EINVAL, EOPNOTSUPP, EPERM, ENOSYS}) {
+    INFO("refused with " << std::strerror(refusal));
+    fail_first_direct_write_for_test(refusal);
+    const std::uint64_t direct = write("refused");
+    fail_first_direct_write_for_test(0);
+    CHECK(direct == 0);  // the refusal cleared O_DIRECT for the rest of the file
+    CHECK(read_bytes(dir.path() + "/refused") == bytes);
+  }
+  CHECK(write("direct") == bytes.size() / 4096 * 4096);  // the same file, not refused: direct
+  CHECK(read_bytes(dir.path() + "/direct") == bytes);
+  for (const int failure : {ENOSPC, EIO, EDQUOT}) {
+    INFO("failed with " << std::strerror(failure));
+    fail_first_direct_write_for_test(failure);
+    const std::string error = error_of<RuntimeError>([&] { write("failed"); });
+    fail_first_direct_write_for_test(0);
+    CHECK(error.find(std::string("failed: cannot write ")) != std::string::npos);
+    CHECK(error.find(std::strerror(failure)) != std::string::npos);
+    CHECK_FALSE(std::filesystem::exists(dir.path() + "/failed"));
+  }
+  CHECK(direct_refused(ENOTSUP));
+  CHECK_FALSE(direct_refused(EROFS));
 }

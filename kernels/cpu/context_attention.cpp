@@ -3,15 +3,12 @@
 // merge of two blocks' results, and the packing of key/value columns. The blocking follows
 // flash_attention.cpp: blocks of query rows inside one chunk (contiguous positions), their scores
 // against the keys each block may see in every chunk of the key block, sgemm on the blocks.
-#if LLMTRAIN_HAVE_OPENBLAS
-#include <cblas.h>
-#endif
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "block_gemm.h"
 #include "llmtrain/kernels/cpu.h"
 #include "llmtrain/kernels/vec_math.h"
 
@@ -21,28 +18,6 @@ namespace {
 
 constexpr int query_block = 64;
 constexpr float minus_infinity = -std::numeric_limits<float>::infinity();
-
-void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, std::int64_t lda,
-          const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
-#if LLMTRAIN_HAVE_OPENBLAS
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha,
-              A, int(lda), B, int(ldb), beta, C, int(ldc));
-#else
-  for (int m = 0; m < M; ++m) {
-    float* c = C + m * ldc;
-    for (int n = 0; n < N; ++n) c[n] = beta == 0.0f ? 0.0f : beta * c[n];
-    for (int k = 0; k < K; ++k) {
-      const float a = alpha * (trans_a ? A[k * lda + m] : A[m * lda + k]);
-      if (trans_b) {
-        for (int n = 0; n < N; ++n) c[n] += a * B[n * ldb + k];
-      } else {
-        const float* b = B + k * ldb;
-        for (int n = 0; n < N; ++n) c[n] += a * b[n];
-      }
-    }
-  }
-#endif
-}
 
 // A block of query rows: local rows [t0, t0 + rows) at positions p0 .. p0 + rows - 1.
 struct QueryBlock {
@@ -98,8 +73,8 @@ void attention_block_forward(float* out, float* lse, const float* qkv, const flo
           const float* vbase = kv + std::int64_t(b) * Tk * ld + v_col + std::int64_t(h / group) * HS;
           for (int i = 0, off = 0; i < k_at.count(); off += vis[i], ++i) {
             if (vis[i] == 0) continue;
-            gemm(false, true, qb.rows, vis[i], HS, scale, q, QKV, kbase + std::int64_t(i) * k_at.len * ld, ld, 0.0f,
-                 score.data() + off, total);
+            block_gemm(false, true, qb.rows, vis[i], HS, scale, q, QKV, kbase + std::int64_t(i) * k_at.len * ld, ld,
+                       0.0f, score.data() + off, total);
           }
           for (int r = 0; r < qb.rows; ++r) {
             float* s = score.data() + std::int64_t(r) * total;
@@ -130,8 +105,8 @@ void attention_block_forward(float* out, float* lse, const float* qkv, const flo
           float beta = 0.0f;
           for (int i = 0, off = 0; i < k_at.count(); off += vis[i], ++i) {
             if (vis[i] == 0) continue;
-            gemm(false, false, qb.rows, HS, vis[i], 1.0f, score.data() + off, total,
-                 vbase + std::int64_t(i) * k_at.len * ld, ld, beta, o, C);
+            block_gemm(false, false, qb.rows, HS, vis[i], 1.0f, score.data() + off, total,
+                       vbase + std::int64_t(i) * k_at.len * ld, ld, beta, o, C);
             beta = 1.0f;
           }
         }
@@ -176,8 +151,10 @@ void attention_block_backward(float* dq, float* dkv, const float* dout, const fl
             for (int i = 0, off = 0; i < k_at.count(); off += vis[i], ++i) {
               if (vis[i] == 0) continue;
               const std::int64_t k0 = std::int64_t(i) * k_at.len * ld;
-              gemm(false, true, qb.rows, vis[i], HS, scale, q, QKV, kbase + k0, ld, 0.0f, prob.data() + off, total);
-              gemm(false, true, qb.rows, vis[i], HS, 1.0f, dy, C, vbase + k0, ld, 0.0f, dscore.data() + off, total);
+              block_gemm(false, true, qb.rows, vis[i], HS, scale, q, QKV, kbase + k0, ld, 0.0f, prob.data() + off,
+                         total);
+              block_gemm(false, true, qb.rows, vis[i], HS, 1.0f, dy, C, vbase + k0, ld, 0.0f, dscore.data() + off,
+                         total);
             }
             for (int r = 0; r < qb.rows; ++r) {
               float* p = prob.data() + std::int64_t(r) * total;
@@ -198,10 +175,12 @@ void attention_block_backward(float* dq, float* dkv, const float* dout, const fl
               if (vis[i] == 0) continue;
               const std::int64_t k0 = std::int64_t(i) * k_at.len * ld;
               // dQ += dS K, dK += dS^T Q, dV += P^T dO
-              gemm(false, false, qb.rows, HS, vis[i], 1.0f, dscore.data() + off, total, kbase + k0, ld, 1.0f, dqh,
-                   QKV);
-              gemm(true, false, vis[i], HS, qb.rows, 1.0f, dscore.data() + off, total, q, QKV, 1.0f, dkbase + k0, ld);
-              gemm(true, false, vis[i], HS, qb.rows, 1.0f, prob.data() + off, total, dy, C, 1.0f, dvbase + k0, ld);
+              block_gemm(false, false, qb.rows, HS, vis[i], 1.0f, dscore.data() + off, total, kbase + k0, ld, 1.0f,
+                         dqh, QKV);
+              block_gemm(true, false, vis[i], HS, qb.rows, 1.0f, dscore.data() + off, total, q, QKV, 1.0f,
+                         dkbase + k0, ld);
+              block_gemm(true, false, vis[i], HS, qb.rows, 1.0f, prob.data() + off, total, dy, C, 1.0f, dvbase + k0,
+                         ld);
             }
           }
         }

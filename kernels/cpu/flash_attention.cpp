@@ -14,15 +14,12 @@
 // head) per task, since every query block and every query head of a group adds into the same dK,
 // dV (one thread owns them: no races, a fixed order, the same bits at any thread count). BLAS calls
 // inside a parallel region run on their thread (OpenBLAS's OpenMP build does not nest).
-#if LLMTRAIN_HAVE_OPENBLAS
-#include <cblas.h>
-#endif
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "block_gemm.h"
 #include "llmtrain/kernels/cpu.h"
 #include "llmtrain/kernels/vec_math.h"
 
@@ -31,31 +28,6 @@ namespace llmtrain::cpu {
 namespace {
 
 constexpr int query_block = 64;
-
-// C (M,N) = alpha op(A) op(B) + beta C, row-major, op = transpose when the flag is set; lda, ldb,
-// ldc are the row strides of A, B, C as stored. OpenBLAS's sgemm, or plain loops without it.
-void block_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, std::int64_t lda,
-                const float* B, std::int64_t ldb, float beta, float* C, std::int64_t ldc) {
-#if LLMTRAIN_HAVE_OPENBLAS
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha,
-              A, int(lda), B, int(ldb), beta, C, int(ldc));
-#else
-  for (int m = 0; m < M; ++m) {
-    float* c = C + m * ldc;
-    for (int n = 0; n < N; ++n) c[n] = beta == 0.0f ? 0.0f : beta * c[n];
-    for (int k = 0; k < K; ++k) {
-      const float a = alpha * (trans_a ? A[k * lda + m] : A[m * lda + k]);
-      if (trans_b) {
-        for (int n = 0; n < N; ++n) c[n] += a * B[n * ldb + k];
-      } else {
-        const float* b = B + k * ldb;
-#pragma omp simd
-        for (int n = 0; n < N; ++n) c[n] += a * b[n];
-      }
-    }
-  }
-#endif
-}
 
 }  // namespace
 

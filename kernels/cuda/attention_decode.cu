@@ -14,6 +14,7 @@
 #include <string>
 
 #include "cuda_check.h"
+#include "instantiate.cuh"
 #include "launch.cuh"
 #include "llmtrain/kernels/cuda.h"
 #include "reduce.cuh"
@@ -98,14 +99,11 @@ void attention_decode_dispatch(Elem* out, const Elem* q, const Elem* k_cache, co
 
 }  // namespace
 
-void attention_decode(float* out, const float* q, const float* k_cache, const float* v_cache, int pos, int C,
-                      int NH, int NKV, cudaStream_t stream) {
+template <class Act>
+void attention_decode(Act* out, const Act* q, const Act* k_cache, const Act* v_cache, int pos, int C, int NH, int NKV,
+                      cudaStream_t stream) {
   attention_decode_dispatch(out, q, k_cache, v_cache, pos, C, NH, NKV, stream);
 }
-
-void attention_decode(bf16* out, const bf16* q, const bf16* k_cache, const bf16* v_cache, int pos, int C,
-                      int NH, int NKV, cudaStream_t stream) {
-  attention_decode_dispatch(out, q, k_cache, v_cache, pos, C, NH, NKV, stream);
-}
+LLMTRAIN_INSTANTIATE_ACTIVATIONS(attention_decode)
 
 }  // namespace llmtrain::cuda

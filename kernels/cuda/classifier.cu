@@ -27,6 +27,7 @@
 #include <cmath>
 
 #include "cuda_check.h"
+#include "instantiate.cuh"
 #include "launch.cuh"
 #include "llmtrain/kernels/cuda.h"
 #include "reduce.cuh"
@@ -242,49 +243,36 @@ double classifier_parallel_finish_dispatch(Elem* logits, float* losses, const fl
 
 }  // namespace
 
-double fused_classifier(float* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
+template <class Act>
+double fused_classifier(Act* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
                         std::int64_t ld, float dlogits_scale, double* loss_sum, cudaStream_t stream) {
   return fused_classifier_dispatch(logits, losses, targets, N, V, ld, dlogits_scale, loss_sum, stream);
 }
+LLMTRAIN_INSTANTIATE_ACTIVATIONS(fused_classifier)
 
-double fused_classifier(bf16* logits, float* losses, const std::int32_t* targets, std::int64_t N, int V,
-                        std::int64_t ld, float dlogits_scale, double* loss_sum, cudaStream_t stream) {
-  return fused_classifier_dispatch(logits, losses, targets, N, V, ld, dlogits_scale, loss_sum, stream);
-}
-
-void classifier_row_max(float* row_max, const float* logits, std::int64_t N, int V, std::int64_t ld,
+template <class Act>
+void classifier_row_max(float* row_max, const Act* logits, std::int64_t N, int V, std::int64_t ld,
                         cudaStream_t stream) {
   classifier_row_max_dispatch(row_max, logits, N, V, ld, stream);
 }
-void classifier_row_max(float* row_max, const bf16* logits, std::int64_t N, int V, std::int64_t ld,
-                        cudaStream_t stream) {
-  classifier_row_max_dispatch(row_max, logits, N, V, ld, stream);
-}
+LLMTRAIN_INSTANTIATE_ACTIVATIONS(classifier_row_max)
 
-void classifier_row_stats(float* sum_exp, float* target_logit, const float* logits, const float* row_max,
+template <class Act>
+void classifier_row_stats(float* sum_exp, float* target_logit, const Act* logits, const float* row_max,
                           const std::int32_t* targets, std::int64_t N, int V, std::int64_t ld,
                           std::int64_t vocab_begin, cudaStream_t stream) {
   classifier_row_stats_dispatch(sum_exp, target_logit, logits, row_max, targets, N, V, ld, vocab_begin, stream);
 }
-void classifier_row_stats(float* sum_exp, float* target_logit, const bf16* logits, const float* row_max,
-                          const std::int32_t* targets, std::int64_t N, int V, std::int64_t ld,
-                          std::int64_t vocab_begin, cudaStream_t stream) {
-  classifier_row_stats_dispatch(sum_exp, target_logit, logits, row_max, targets, N, V, ld, vocab_begin, stream);
-}
+LLMTRAIN_INSTANTIATE_ACTIVATIONS(classifier_row_stats)
 
-double classifier_parallel_finish(float* logits, float* losses, const float* row_max, const float* sum_exp,
+template <class Act>
+double classifier_parallel_finish(Act* logits, float* losses, const float* row_max, const float* sum_exp,
                                   const float* target_logit, const std::int32_t* targets, std::int64_t N, int V,
                                   std::int64_t ld, std::int64_t vocab_begin, float dlogits_scale, double* loss_sum,
                                   cudaStream_t stream) {
   return classifier_parallel_finish_dispatch(logits, losses, row_max, sum_exp, target_logit, targets, N, V, ld,
                                              vocab_begin, dlogits_scale, loss_sum, stream);
 }
-double classifier_parallel_finish(bf16* logits, float* losses, const float* row_max, const float* sum_exp,
-                                  const float* target_logit, const std::int32_t* targets, std::int64_t N, int V,
-                                  std::int64_t ld, std::int64_t vocab_begin, float dlogits_scale, double* loss_sum,
-                                  cudaStream_t stream) {
-  return classifier_parallel_finish_dispatch(logits, losses, row_max, sum_exp, target_logit, targets, N, V, ld,
-                                             vocab_begin, dlogits_scale, loss_sum, stream);
-}
+LLMTRAIN_INSTANTIATE_ACTIVATIONS(classifier_parallel_finish)
 
 }  // namespace llmtrain::cuda

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "cuda_check.h"
+#include "instantiate.cuh"
 #include "launch.cuh"
 #include "llmtrain/kernels/cuda.h"
 #include "reduce.cuh"
@@ -277,26 +278,21 @@ void backward(float* dq, float* dkv, const Elem* dout, const Elem* qkv, const El
 
 }  // namespace
 
-void attention_block_forward(float* out, float* lse, const float* qkv, const float* kv, int B, int Tq, int Tk, int C,
+template <class Act>
+void attention_block_forward(float* out, float* lse, const Act* qkv, const Act* kv, int B, int Tq, int Tk, int C,
                              int NH, int NKV, int kv_width, kernels::Chunks q_at, kernels::Chunks k_at,
                              cudaStream_t stream) {
   forward(out, lse, qkv, kv, B, Tq, Tk, C, NH, NKV, kv_width, q_at, k_at, stream);
 }
-void attention_block_forward(float* out, float* lse, const bf16* qkv, const bf16* kv, int B, int Tq, int Tk, int C,
-                             int NH, int NKV, int kv_width, kernels::Chunks q_at, kernels::Chunks k_at,
-                             cudaStream_t stream) {
-  forward(out, lse, qkv, kv, B, Tq, Tk, C, NH, NKV, kv_width, q_at, k_at, stream);
-}
-void attention_block_backward(float* dq, float* dkv, const float* dout, const float* qkv, const float* out,
-                              const float* lse, const float* kv, int B, int Tq, int Tk, int C, int NH, int NKV,
+LLMTRAIN_INSTANTIATE_ACTIVATIONS(attention_block_forward)
+
+template <class Act>
+void attention_block_backward(float* dq, float* dkv, const Act* dout, const Act* qkv, const Act* out,
+                              const float* lse, const Act* kv, int B, int Tq, int Tk, int C, int NH, int NKV,
                               int kv_width, kernels::Chunks q_at, kernels::Chunks k_at, cudaStream_t stream) {
   backward(dq, dkv, dout, qkv, out, lse, kv, B, Tq, Tk, C, NH, NKV, kv_width, q_at, k_at, stream);
 }
-void attention_block_backward(float* dq, float* dkv, const bf16* dout, const bf16* qkv, const bf16* out,
-                              const float* lse, const bf16* kv, int B, int Tq, int Tk, int C, int NH, int NKV,
-                              int kv_width, kernels::Chunks q_at, kernels::Chunks k_at, cudaStream_t stream) {
-  backward(dq, dkv, dout, qkv, out, lse, kv, B, Tq, Tk, C, NH, NKV, kv_width, q_at, k_at, stream);
-}
+LLMTRAIN_INSTANTIATE_ACTIVATIONS(attention_block_backward)
 
 void attention_lse_merge(float* out, float* lse, const float* block_out, const float* block_lse, int B, int T, int C,
                          int NH, cudaStream_t stream) {
@@ -307,26 +303,20 @@ void attention_lse_merge(float* out, float* lse, const float* block_out, const f
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
 }
 
-void kv_pack(float* kv, const float* qkv, std::int64_t N, int C, int KVC, cudaStream_t stream) {
+template <class Act>
+void kv_pack(Act* kv, const Act* qkv, std::int64_t N, int C, int KVC, cudaStream_t stream) {
   if (N * KVC == 0) return;
   kv_pack_kernel<<<grid_for(N * 2 * KVC, 256), 256, 0, stream>>>(kv, qkv, N, C, KVC);
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
 }
-void kv_pack(bf16* kv, const bf16* qkv, std::int64_t N, int C, int KVC, cudaStream_t stream) {
-  if (N * KVC == 0) return;
-  kv_pack_kernel<<<grid_for(N * 2 * KVC, 256), 256, 0, stream>>>(kv, qkv, N, C, KVC);
-  LLMTRAIN_CUDA_CHECK(cudaGetLastError());
-}
+LLMTRAIN_INSTANTIATE_ACTIVATIONS(kv_pack)
 
-void qkv_join(float* dqkv, const float* dq, const float* dkv, std::int64_t N, int C, int KVC, cudaStream_t stream) {
+template <class Act>
+void qkv_join(Act* dqkv, const float* dq, const float* dkv, std::int64_t N, int C, int KVC, cudaStream_t stream) {
   if (N == 0) return;
   qkv_join_kernel<<<grid_for(N * (C + 2 * KVC), 256), 256, 0, stream>>>(dqkv, dq, dkv, N, C, KVC);
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
 }
-void qkv_join(bf16* dqkv, const float* dq, const float* dkv, std::int64_t N, int C, int KVC, cudaStream_t stream) {
-  if (N == 0) return;
-  qkv_join_kernel<<<grid_for(N * (C + 2 * KVC), 256), 256, 0, stream>>>(dqkv, dq, dkv, N, C, KVC);
-  LLMTRAIN_CUDA_CHECK(cudaGetLastError());
-}
+LLMTRAIN_INSTANTIATE_ACTIVATIONS(qkv_join)
 
 }  // namespace llmtrain::cuda

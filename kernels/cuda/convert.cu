@@ -26,12 +26,11 @@ struct Convert {
 }  // namespace
 
 // The launcher's vector width is bf16's (8) in both directions: the fp32 side takes two accesses.
-void convert(bf16* out, const float* in, std::int64_t N, cudaStream_t stream) {
-  launch_elementwise<bf16>(Convert<bf16, float>{out, in}, N, aligned16({out, in}), stream);
+template <class To, class From>
+void convert(To* out, const From* in, std::int64_t N, cudaStream_t stream) {
+  launch_elementwise<bf16>(Convert<To, From>{out, in}, N, aligned16({out, in}), stream);
 }
-
-void convert(float* out, const bf16* in, std::int64_t N, cudaStream_t stream) {
-  launch_elementwise<bf16>(Convert<float, bf16>{out, in}, N, aligned16({out, in}), stream);
-}
+template void convert<bf16, float>(bf16*, const float*, std::int64_t, cudaStream_t);
+template void convert<float, bf16>(float*, const bf16*, std::int64_t, cudaStream_t);
 
 }  // namespace llmtrain::cuda

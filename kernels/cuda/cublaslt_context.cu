@@ -1,21 +1,27 @@
+// The cuBLASLt handle and workspace that callers make for the matmuls (cuda::Blas).
 #include "cublaslt_context.h"
 #include "cuda_check.h"
+#include "llmtrain/kernels/cuda.h"
 
 namespace llmtrain::cuda {
 
-// 32 MiB: what NVIDIA recommends for cuBLASLt on Hopper (4 MiB would do before it); the large
-// split-K and stream-K algorithms need it.
-constexpr std::size_t matmul_workspace_bytes = std::size_t(32) << 20;
-
-CublasLtContext::CublasLtContext() {
-  LLMTRAIN_CUBLAS_CHECK(cublasLtCreate(&handle_));
-  LLMTRAIN_CUDA_CHECK(cudaMalloc(&workspace_, matmul_workspace_bytes));
-  workspace_bytes_ = matmul_workspace_bytes;
+Blas create_blas(std::size_t workspace_bytes) {
+  Blas blas;
+  LLMTRAIN_CUBLAS_CHECK(cublasLtCreate(&blas.handle));
+  if (workspace_bytes > 0) {
+    const cudaError_t status = cudaMalloc(&blas.workspace, workspace_bytes);
+    if (status != cudaSuccess) {
+      cublasLtDestroy(blas.handle);
+      throw_cuda_error(status, "cudaMalloc(matmul workspace)", __FILE__, __LINE__);
+    }
+  }
+  blas.workspace_bytes = workspace_bytes;
+  return blas;
 }
 
-CublasLtContext& CublasLtContext::get() {
-  static CublasLtContext* const context = new CublasLtContext();  // never deleted: see the header
-  return *context;
+void destroy_blas(const Blas& blas) {
+  if (blas.workspace) LLMTRAIN_CUDA_CHECK(cudaFree(blas.workspace));
+  if (blas.handle) LLMTRAIN_CUBLAS_CHECK(cublasLtDestroy(blas.handle));
 }
 
 }  // namespace llmtrain::cuda

@@ -7,6 +7,7 @@
 // store.
 #include "cuda_check.h"
 #include "elementwise_launch.cuh"
+#include "instantiate.cuh"
 #include "llmtrain/kernels/cuda.h"
 #include "vector_io.cuh"
 
@@ -96,36 +97,28 @@ struct ResidualBackward {
 
 }  // namespace
 
-void gelu_forward(float* out, const float* inp, std::int64_t N, cudaStream_t stream) {
-  launch_elementwise<float>(GeluForward<float>{out, inp}, N, aligned16({out, inp}), stream);
+template <class Act>
+void gelu_forward(Act* out, const Act* inp, std::int64_t N, cudaStream_t stream) {
+  launch_elementwise<Act>(GeluForward<Act>{out, inp}, N, aligned16({out, inp}), stream);
 }
+LLMTRAIN_INSTANTIATE_ACTIVATIONS(gelu_forward)
 
-void gelu_backward(float* dinp, const float* inp, const float* dout, std::int64_t N, cudaStream_t stream) {
-  launch_elementwise<float>(GeluBackward<float>{dinp, inp, dout}, N, aligned16({dinp, inp, dout}), stream);
+template <class Act>
+void gelu_backward(Act* dinp, const Act* inp, const Act* dout, std::int64_t N, cudaStream_t stream) {
+  launch_elementwise<Act>(GeluBackward<Act>{dinp, inp, dout}, N, aligned16({dinp, inp, dout}), stream);
 }
+LLMTRAIN_INSTANTIATE_ACTIVATIONS(gelu_backward)
 
-void residual_forward(float* out, const float* a, const float* b, std::int64_t N, cudaStream_t stream) {
-  launch_elementwise<float>(ResidualForward<float>{out, a, b}, N, aligned16({out, a, b}), stream);
+template <class Act>
+void residual_forward(Act* out, const Act* a, const Act* b, std::int64_t N, cudaStream_t stream) {
+  launch_elementwise<Act>(ResidualForward<Act>{out, a, b}, N, aligned16({out, a, b}), stream);
 }
+LLMTRAIN_INSTANTIATE_ACTIVATIONS(residual_forward)
 
-void residual_backward(float* da, float* db, const float* dout, std::int64_t N, cudaStream_t stream) {
-  launch_elementwise<float>(ResidualBackward<float>{da, db, dout}, N, aligned16({da, db, dout}), stream);
+template <class Act>
+void residual_backward(Act* da, Act* db, const Act* dout, std::int64_t N, cudaStream_t stream) {
+  launch_elementwise<Act>(ResidualBackward<Act>{da, db, dout}, N, aligned16({da, db, dout}), stream);
 }
-
-void gelu_forward(bf16* out, const bf16* inp, std::int64_t N, cudaStream_t stream) {
-  launch_elementwise<bf16>(GeluForward<bf16>{out, inp}, N, aligned16({out, inp}), stream);
-}
-
-void gelu_backward(bf16* dinp, const bf16* inp, const bf16* dout, std::int64_t N, cudaStream_t stream) {
-  launch_elementwise<bf16>(GeluBackward<bf16>{dinp, inp, dout}, N, aligned16({dinp, inp, dout}), stream);
-}
-
-void residual_forward(bf16* out, const bf16* a, const bf16* b, std::int64_t N, cudaStream_t stream) {
-  launch_elementwise<bf16>(ResidualForward<bf16>{out, a, b}, N, aligned16({out, a, b}), stream);
-}
-
-void residual_backward(bf16* da, bf16* db, const bf16* dout, std::int64_t N, cudaStream_t stream) {
-  launch_elementwise<bf16>(ResidualBackward<bf16>{da, db, dout}, N, aligned16({da, db, dout}), stream);
-}
+LLMTRAIN_INSTANTIATE_ACTIVATIONS(residual_backward)
 
 }  // namespace llmtrain::cuda

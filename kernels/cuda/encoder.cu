@@ -17,6 +17,7 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include "cuda_check.h"
+#include "instantiate.cuh"
 #include "launch.cuh"
 #include "llmtrain/kernels/cuda.h"
 #include "vector_io.cuh"
@@ -171,24 +172,18 @@ void encoder_backward_dispatch(Grad* dwte, Grad* dwpe, const Elem* dout, const s
 
 }  // namespace
 
-void encoder_forward(float* out, const std::int32_t* inp, const float* wte, const float* wpe, int B, int T,
-                     int C, cudaStream_t stream) {
+template <class Act>
+void encoder_forward(Act* out, const std::int32_t* inp, const Act* wte, const Act* wpe, int B, int T, int C,
+                     cudaStream_t stream) {
   encoder_forward_dispatch(out, inp, wte, wpe, B, T, C, stream);
 }
+LLMTRAIN_INSTANTIATE_ACTIVATIONS(encoder_forward)
 
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* inp, int B, int T,
-                      int C, cudaStream_t stream) {
+template <class Act>
+void encoder_backward(float* dwte, float* dwpe, const Act* dout, const std::int32_t* inp, int B, int T, int C,
+                      cudaStream_t stream) {
   encoder_backward_dispatch(dwte, dwpe, dout, inp, B, T, C, stream);
 }
-
-void encoder_forward(bf16* out, const std::int32_t* inp, const bf16* wte, const bf16* wpe, int B, int T,
-                     int C, cudaStream_t stream) {
-  encoder_forward_dispatch(out, inp, wte, wpe, B, T, C, stream);
-}
-
-void encoder_backward(float* dwte, float* dwpe, const bf16* dout, const std::int32_t* inp, int B, int T,
-                      int C, cudaStream_t stream) {
-  encoder_backward_dispatch(dwte, dwpe, dout, inp, B, T, C, stream);
-}
+LLMTRAIN_INSTANTIATE_ACTIVATIONS(encoder_backward)
 
 }  // namespace llmtrain::cuda

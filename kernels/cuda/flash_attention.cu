@@ -37,6 +37,7 @@
 
 #include "llmtrain/kernels/error.h"
 #include "flash_attention_tiles.cuh"
+#include "instantiate.cuh"
 
 namespace llmtrain::cuda {
 namespace flash {
@@ -163,26 +164,18 @@ bool flash_attention_uses_tensor_cores(int head_size, const void* qkv, const voi
   return (head_size == 64 || head_size == 128) && flash::aligned16(qkv) && flash::aligned16(out);
 }
 
-void flash_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV,
+template <class Act>
+void flash_attention_forward(Act* out, float* lse, const Act* qkv, int B, int T, int C, int NH, int NKV,
                              cudaStream_t stream) {
   flash::forward_dispatch(out, lse, qkv, B, T, C, NH, NKV, stream);
 }
+LLMTRAIN_INSTANTIATE_ACTIVATIONS(flash_attention_forward)
 
-void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                              const float* lse, int B, int T, int C, int NH, int NKV, bool accumulate,
-                              cudaStream_t stream) {
+template <class Act>
+void flash_attention_backward(Act* dqkv, const Act* dout, const Act* qkv, const Act* out, const float* lse, int B,
+                              int T, int C, int NH, int NKV, bool accumulate, cudaStream_t stream) {
   flash::backward_dispatch(dqkv, dout, qkv, out, lse, B, T, C, NH, NKV, accumulate, stream);
 }
-
-void flash_attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, int NKV,
-                             cudaStream_t stream) {
-  flash::forward_dispatch(out, lse, qkv, B, T, C, NH, NKV, stream);
-}
-
-void flash_attention_backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
-                              const float* lse, int B, int T, int C, int NH, int NKV, bool accumulate,
-                              cudaStream_t stream) {
-  flash::backward_dispatch(dqkv, dout, qkv, out, lse, B, T, C, NH, NKV, accumulate, stream);
-}
+LLMTRAIN_INSTANTIATE_ACTIVATIONS(flash_attention_backward)
 
 }  // namespace llmtrain::cuda

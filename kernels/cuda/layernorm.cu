@@ -18,6 +18,7 @@
 #include <algorithm>
 
 #include "cuda_check.h"
+#include "instantiate.cuh"
 #include "launch.cuh"
 #include "llmtrain/kernels/cuda.h"
 #include "reduce.cuh"
@@ -299,36 +300,25 @@ void layernorm_backward_dispatch(Elem* dinp, float* dweight, float* dbias, const
 
 }  // namespace
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, std::int64_t N, int C, cudaStream_t stream) {
-  layernorm_forward_dispatch<float>(out, mean, rstd, inp, weight, bias, nullptr, nullptr, N, C, stream);
+template <class Act>
+void layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Act* weight, const Act* bias,
+                       std::int64_t N, int C, cudaStream_t stream) {
+  layernorm_forward_dispatch<Act>(out, mean, rstd, inp, weight, bias, nullptr, nullptr, N, C, stream);
 }
+LLMTRAIN_INSTANTIATE_ACTIVATIONS(layernorm_forward)
 
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, std::int64_t N, int C,
-                        cudaStream_t stream) {
+template <class Act>
+void layernorm_backward(Act* dinp, float* dweight, float* dbias, const Act* dout, const Act* inp, const Act* weight,
+                        const float* mean, const float* rstd, std::int64_t N, int C, cudaStream_t stream) {
   layernorm_backward_dispatch(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, stream);
 }
+LLMTRAIN_INSTANTIATE_ACTIVATIONS(layernorm_backward)
 
-void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* weight,
-                       const bf16* bias, std::int64_t N, int C, cudaStream_t stream) {
-  layernorm_forward_dispatch<bf16>(out, mean, rstd, inp, weight, bias, nullptr, nullptr, N, C, stream);
+template <class Act>
+void layernorm_residual_forward(Act* residual, Act* out, float* mean, float* rstd, const Act* a, const Act* b,
+                                const Act* weight, const Act* bias, std::int64_t N, int C, cudaStream_t stream) {
+  layernorm_forward_dispatch<Act>(out, mean, rstd, residual, weight, bias, a, b, N, C, stream);
 }
-
-void layernorm_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
-                        const bf16* weight, const float* mean, const float* rstd, std::int64_t N, int C,
-                        cudaStream_t stream) {
-  layernorm_backward_dispatch(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, stream);
-}
-
-void layernorm_residual_forward(float* residual, float* out, float* mean, float* rstd, const float* a, const float* b,
-                                const float* weight, const float* bias, std::int64_t N, int C, cudaStream_t stream) {
-  layernorm_forward_dispatch<float>(out, mean, rstd, residual, weight, bias, a, b, N, C, stream);
-}
-
-void layernorm_residual_forward(bf16* residual, bf16* out, float* mean, float* rstd, const bf16* a, const bf16* b,
-                                const bf16* weight, const bf16* bias, std::int64_t N, int C, cudaStream_t stream) {
-  layernorm_forward_dispatch<bf16>(out, mean, rstd, residual, weight, bias, a, b, N, C, stream);
-}
+LLMTRAIN_INSTANTIATE_ACTIVATIONS(layernorm_residual_forward)
 
 }  // namespace llmtrain::cuda

@@ -8,7 +8,7 @@
 //    neither needed (no memset beforehand) nor read. dbias is a deterministic column sum of dout (reduce.cuh): the BGRADB epilogue
 //    overwrites instead of adding, and would need a buffer and a second pass anyway.
 //  - fp32 in and out with CUBLAS_COMPUTE_32F (true fp32 products: matches the CPU to ~1e-6),
-//    or CUBLAS_COMPUTE_32F_FAST_TF32 after set_matmul_tf32(true).
+//    or CUBLAS_COMPUTE_32F_FAST_TF32 where the caller's Blas allows TF32.
 //  - bf16 (mixed precision): bf16 A and B (tensor cores), CUBLAS_COMPUTE_32F (fp32 accumulation;
 //    the TF32 switch does not apply). out and dinp are bf16 D matrices (the += of dinp reads the
 //    old bf16 value as C with beta = 1: one rounding per op); dweight is an fp32 D matrix, so the
@@ -37,6 +37,7 @@
 
 #include "cublaslt_context.h"
 #include "cuda_check.h"
+#include "instantiate.cuh"
 #include "launch.cuh"
 #include "llmtrain/kernels/cuda.h"
 #include "reduce.cuh"
@@ -125,15 +126,17 @@ struct Epilogue {
 };
 
 // trans_a, trans_b, m, n, k, lda, ldb, ldd, epilogue, tf32, alignments of A, B, D, bias, aux,
-// types of A/B and D.
+// types of A/B and D, and the workspace the algorithm was chosen within (callers may make Blas
+// objects with workspaces of other sizes).
 using AlgoKey = std::tuple<bool, bool, std::uint64_t, std::uint64_t, std::uint64_t, std::int64_t,
                            std::int64_t, std::int64_t, int, bool, std::uint32_t, std::uint32_t,
-                           std::uint32_t, std::uint32_t, std::uint32_t, int, int>;
+                           std::uint32_t, std::uint32_t, std::uint32_t, int, int, std::size_t>;
 
 // The algorithm for each key, chosen on the key's first matmul:
 //  - the heuristic is asked for up to max_algo_candidates algorithms, best first (its order is
 //    fixed for one GPU model, cuBLASLt version and problem, so the choice is the same every run);
-//  - a candidate needing more workspace than ours (32 MiB, cublaslt_context.cu) is passed over;
+//  - a candidate needing more workspace than the caller's Blas has (cuda::matmul_workspace_bytes,
+//    32 MiB, for the op layer's) is passed over;
 //  - the candidates run the matmul in that order until one succeeds; that one has done the
 //    call's work and is cached. A candidate that cublasLtMatmul rejects (NOT_SUPPORTED,
 //    INVALID_VALUE, ARCH_MISMATCH: statuses of its argument checks, returned before anything is
@@ -208,8 +211,8 @@ std::string describe(const Gemm& g, bool tf32, const void* A, const void* B, con
 
 // Runs D = op(A) op(B) (+ beta D) with the epilogue. Returns false, having launched nothing, when
 // no algorithm takes the problem and `may_decline` (the caller has an unfused way); else throws.
-bool gemm(const Gemm& g, const void* A, const void* B, void* D, Epilogue epi, float beta, cudaStream_t stream,
-          bool may_decline = false) {
+bool gemm(const Gemm& g, const void* A, const void* B, void* D, Epilogue epi, float beta, const Blas& blas,
+          cudaStream_t stream, bool may_decline = false) {
   const void* bias = epi.kind == CUBLASLT_EPILOGUE_BIAS || epi.kind == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ? epi.bias : nullptr;
   // A bias view below 16-byte alignment (a bf16 one may be 2-byte aligned) goes through an
   // aligned stream-ordered copy: cuBLASLt states no alignment rule for the BIAS epilogue's
@@ -222,8 +225,7 @@ bool gemm(const Gemm& g, const void* A, const void* B, void* D, Epilogue epi, fl
     bias = aligned_bias.at<char>();
     epi.bias = bias;
   }
-  CublasLtContext& context = CublasLtContext::get();
-  const bool tf32 = g.ab_type == CUDA_R_32F && context.allow_tf32();  // TF32 rounds fp32 inputs only
+  const bool tf32 = g.ab_type == CUDA_R_32F && blas.allow_tf32;  // TF32 rounds fp32 inputs only
   MatmulDesc desc(tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
   desc.set(CUBLASLT_MATMUL_DESC_TRANSA, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
   desc.set(CUBLASLT_MATMUL_DESC_TRANSB, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
@@ -239,8 +241,8 @@ bool gemm(const Gemm& g, const void* A, const void* B, void* D, Epilogue epi, fl
   const Layout d(g.d_type, g.m, g.n, g.ldd);
   const float alpha = 1.0f;
   const auto run = [&](const cublasLtMatmulAlgo_t& algo) {
-    return cublasLtMatmul(context.handle(), desc.get(), &alpha, A, a.get(), B, b.get(), &beta, D, d.get(), D,
-                          d.get(), &algo, context.workspace(), context.workspace_bytes(), stream);
+    return cublasLtMatmul(blas.handle, desc.get(), &alpha, A, a.get(), B, b.get(), &beta, D, d.get(), D, d.get(),
+                          &algo, blas.workspace, blas.workspace_bytes, stream);
   };
 
   const AlgoKey key{g.trans_a,
@@ -259,7 +261,8 @@ bool gemm(const Gemm& g, const void* A, const void* B, void* D, Epilogue epi, fl
                     epi.bias ? alignment_of(epi.bias) : 0u,
                     epi.aux ? alignment_of(epi.aux) : 0u,
                     int(g.ab_type),
-                    int(g.d_type)};
+                    int(g.d_type),
+                    blas.workspace_bytes};
   AlgoCache& cache = AlgoCache::get();
   if (const std::optional<cublasLtMatmulAlgo_t> algo = cache.find(key)) {
     LLMTRAIN_CUBLAS_CHECK(run(*algo));
@@ -267,7 +270,7 @@ bool gemm(const Gemm& g, const void* A, const void* B, void* D, Epilogue epi, fl
   }
 
   Preference preference;
-  preference.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, std::uint64_t(context.workspace_bytes()));
+  preference.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, std::uint64_t(blas.workspace_bytes));
   preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(A));
   preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(B));
   preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(D));
@@ -276,7 +279,7 @@ bool gemm(const Gemm& g, const void* A, const void* B, void* D, Epilogue epi, fl
   int candidate_count = 0;
   // With no algorithm for the problem the heuristic returns NOT_SUPPORTED (and a count of 0).
   const cublasStatus_t heuristic =
-      cublasLtMatmulAlgoGetHeuristic(context.handle(), desc.get(), a.get(), b.get(), d.get(), d.get(),
+      cublasLtMatmulAlgoGetHeuristic(blas.handle, desc.get(), a.get(), b.get(), d.get(), d.get(),
                                      preference.get(), max_algo_candidates, candidates.data(), &candidate_count);
   std::string tried = heuristic == CUBLAS_STATUS_SUCCESS
                           ? "the heuristic offered " + std::to_string(candidate_count) + " algorithm(s)"
@@ -289,9 +292,9 @@ bool gemm(const Gemm& g, const void* A, const void* B, void* D, Epilogue epi, fl
       tried += std::string("state ") + cublasLtGetStatusString(candidate.state);
       continue;
     }
-    if (candidate.workspaceSize > context.workspace_bytes()) {
+    if (candidate.workspaceSize > blas.workspace_bytes) {
       tried += "needs " + std::to_string(candidate.workspaceSize) + " bytes of workspace, we have " +
-               std::to_string(context.workspace_bytes());
+               std::to_string(blas.workspace_bytes);
       continue;
     }
     const cublasStatus_t status = run(candidate.algo);
@@ -396,31 +399,32 @@ Gemm dweight_gemm(std::int64_t N, int C, int OC, std::int64_t ld) {
 
 template <class Elem>
 void matmul_forward_gemms(Elem* out, const Elem* inp, const Elem* weight, const Elem* bias, std::int64_t N,
-                          int C, int OC, std::int64_t ld, cudaStream_t stream) {
+                          int C, int OC, std::int64_t ld, const Blas& blas, cudaStream_t stream) {
   if (N <= 0 || OC <= 0) return;
   // out^T (OC x N) = W^T (OC x C; W stored column-major C x OC) inp^T (C x N) [+ bias]
   const Gemm g = forward_gemm<Elem>(N, C, OC, ld, "forward out = inp W^T");
-  gemm(g, weight, inp, out, Epilogue{bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, bias}, 0.0f, stream);
+  gemm(g, weight, inp, out, Epilogue{bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, bias}, 0.0f, blas,
+       stream);
 }
 
 template <class Elem>
 void matmul_backward_gemms(Elem* dinp, float* dweight, float* dbias, const Elem* dout, const Elem* inp,
                            const Elem* weight, std::int64_t N, int C, int OC, std::int64_t ld, bool accumulate,
-                           cudaStream_t stream) {
+                           const Blas& blas, cudaStream_t stream) {
   if (N <= 0 || OC <= 0 || C <= 0) return;
   // dinp^T (C x N) += W^T (C x OC, W stored column-major) dout^T (OC x N)
   const Gemm dx = dinp_gemm<Elem>(N, C, OC, ld, "backward dinp += dout W");
-  gemm(dx, weight, dout, dinp, Epilogue{}, accumulate ? 1.0f : 0.0f, stream);
+  gemm(dx, weight, dout, dinp, Epilogue{}, accumulate ? 1.0f : 0.0f, blas, stream);
   // dweight^T (C x OC) += inp^T (C x N) dout (N x OC; dout^T stored column-major OC x N)
   const Gemm dw = dweight_gemm<Elem>(N, C, OC, ld);
-  gemm(dw, inp, dout, dweight, Epilogue{}, 1.0f, stream);
+  gemm(dw, inp, dout, dweight, Epilogue{}, 1.0f, blas, stream);
   if (dbias) column_sums<1>(ColumnOutputs<1>{{dbias}}, BiasGrad<Elem>{dout, ld}, N, OC, stream);
 }
 
 // pre = inp W^T + bias and out = GELU(pre) in one GEMM where cuBLASLt takes it.
 template <class Elem>
 void matmul_gelu_forward_gemms(Elem* out, Elem* pre, const Elem* inp, const Elem* weight, const Elem* bias,
-                               std::int64_t N, int C, int OC, cudaStream_t stream) {
+                               std::int64_t N, int C, int OC, const Blas& blas, cudaStream_t stream) {
   if (N <= 0 || OC <= 0) return;
   const Gemm g = forward_gemm<Elem>(N, C, OC, OC, "forward out = GELU(inp W^T + bias)");
   // GELU_AUX_BIAS needs a bias: a missing one is a zero vector (OC elements, next to nothing).
@@ -430,17 +434,17 @@ void matmul_gelu_forward_gemms(Elem* out, Elem* pre, const Elem* inp, const Elem
     bias = zero_bias.at<Elem>();
   }
   if (OC % 8 == 0 &&
-      gemm(g, weight, inp, out, Epilogue{CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias, pre, OC}, 0.0f, stream, true)) {
+      gemm(g, weight, inp, out, Epilogue{CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias, pre, OC}, 0.0f, blas, stream, true)) {
     return;
   }
-  gemm(g, weight, inp, pre, Epilogue{CUBLASLT_EPILOGUE_BIAS, bias}, 0.0f, stream);
+  gemm(g, weight, inp, pre, Epilogue{CUBLASLT_EPILOGUE_BIAS, bias}, 0.0f, blas, stream);
   gelu_forward(out, pre, N * OC, stream);
 }
 
 template <class Elem>
 void matmul_backward_dgelu_gemms(Elem* dpre, float* dweight, float* dbias, float* dpre_bias, const Elem* dout,
                                  const Elem* inp, const Elem* pre, const Elem* weight, std::int64_t N, int C, int OC,
-                                 cudaStream_t stream) {
+                                 const Blas& blas, cudaStream_t stream) {
   if (N <= 0 || OC <= 0 || C <= 0) return;
   // dpre^T (C x N) = GELU'(pre^T) . W^T (C x OC) dout^T (OC x N), written (beta = 0)
   const Gemm dx = dinp_gemm<Elem>(N, C, OC, OC, "backward dpre = GELU'(pre) dout W");
@@ -451,13 +455,13 @@ void matmul_backward_dgelu_gemms(Elem* dpre, float* dweight, float* dbias, float
   if (C % 8 == 0) {
     const Epilogue epi{bgrad ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU,
                        bgrad ? bias_grad.at<float>() : nullptr, const_cast<Elem*>(pre), C};
-    fused = gemm(dx, weight, dout, dpre, epi, 0.0f, stream, true);
+    fused = gemm(dx, weight, dout, dpre, epi, 0.0f, blas, stream, true);
   }
   if (fused && bgrad) {
     add_columns(dpre_bias, bias_grad.at<float>(), C, stream);
   } else if (!fused) {  // the product, then the elementwise GELU backward into the zeroed dpre
     const StreamScratch product(std::size_t(N) * std::size_t(C) * sizeof(Elem), stream);
-    gemm(dx, weight, dout, product.at<Elem>(), Epilogue{}, 0.0f, stream);
+    gemm(dx, weight, dout, product.at<Elem>(), Epilogue{}, 0.0f, blas, stream);
     LLMTRAIN_CUDA_CHECK(cudaMemsetAsync(dpre, 0, std::size_t(N) * std::size_t(C) * sizeof(Elem), stream));
     gelu_backward(dpre, pre, product.at<Elem>(), N * C, stream);
   }
@@ -466,58 +470,40 @@ void matmul_backward_dgelu_gemms(Elem* dpre, float* dweight, float* dbias, float
   }
   // dweight and dbias as in matmul_backward
   const Gemm dw = dweight_gemm<Elem>(N, C, OC, OC);
-  gemm(dw, inp, dout, dweight, Epilogue{}, 1.0f, stream);
+  gemm(dw, inp, dout, dweight, Epilogue{}, 1.0f, blas, stream);
   if (dbias) column_sums<1>(ColumnOutputs<1>{{dbias}}, BiasGrad<Elem>{dout, OC}, N, OC, stream);
 }
 
 }  // namespace
 
-void set_matmul_tf32(bool allow) {
-  CublasLtContext::get().set_allow_tf32(allow);
+template <class Act>
+void matmul_forward(Act* out, const Act* inp, const Act* weight, const Act* bias, std::int64_t N, int C, int OC,
+                    std::int64_t ld, const Blas& blas, cudaStream_t stream) {
+  matmul_forward_gemms(out, inp, weight, bias, N, C, OC, ld, blas, stream);
 }
+LLMTRAIN_INSTANTIATE_ACTIVATIONS(matmul_forward)
 
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, std::int64_t N,
-                    int C, int OC, std::int64_t ld, cudaStream_t stream) {
-  matmul_forward_gemms(out, inp, weight, bias, N, C, OC, ld, stream);
-}
-
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, std::int64_t N, int C, int OC, std::int64_t ld, bool accumulate,
+template <class Act>
+void matmul_backward(Act* dinp, float* dweight, float* dbias, const Act* dout, const Act* inp, const Act* weight,
+                     std::int64_t N, int C, int OC, std::int64_t ld, bool accumulate, const Blas& blas,
                      cudaStream_t stream) {
-  matmul_backward_gemms(dinp, dweight, dbias, dout, inp, weight, N, C, OC, ld, accumulate, stream);
+  matmul_backward_gemms(dinp, dweight, dbias, dout, inp, weight, N, C, OC, ld, accumulate, blas, stream);
 }
+LLMTRAIN_INSTANTIATE_ACTIVATIONS(matmul_backward)
 
-void matmul_forward(bf16* out, const bf16* inp, const bf16* weight, const bf16* bias, std::int64_t N, int C,
-                    int OC, std::int64_t ld, cudaStream_t stream) {
-  matmul_forward_gemms(out, inp, weight, bias, N, C, OC, ld, stream);
+template <class Act>
+void matmul_gelu_forward(Act* out, Act* pre, const Act* inp, const Act* weight, const Act* bias, std::int64_t N,
+                         int C, int OC, const Blas& blas, cudaStream_t stream) {
+  matmul_gelu_forward_gemms(out, pre, inp, weight, bias, N, C, OC, blas, stream);
 }
+LLMTRAIN_INSTANTIATE_ACTIVATIONS(matmul_gelu_forward)
 
-void matmul_backward(bf16* dinp, float* dweight, float* dbias, const bf16* dout, const bf16* inp,
-                     const bf16* weight, std::int64_t N, int C, int OC, std::int64_t ld, bool accumulate,
-                     cudaStream_t stream) {
-  matmul_backward_gemms(dinp, dweight, dbias, dout, inp, weight, N, C, OC, ld, accumulate, stream);
-}
-
-void matmul_gelu_forward(float* out, float* pre, const float* inp, const float* weight, const float* bias,
-                         std::int64_t N, int C, int OC, cudaStream_t stream) {
-  matmul_gelu_forward_gemms(out, pre, inp, weight, bias, N, C, OC, stream);
-}
-
-void matmul_backward_dgelu(float* dpre, float* dweight, float* dbias, float* dpre_bias, const float* dout,
-                           const float* inp, const float* pre, const float* weight, std::int64_t N, int C, int OC,
+template <class Act>
+void matmul_backward_dgelu(Act* dpre, float* dweight, float* dbias, float* dpre_bias, const Act* dout, const Act* inp,
+                           const Act* pre, const Act* weight, std::int64_t N, int C, int OC, const Blas& blas,
                            cudaStream_t stream) {
-  matmul_backward_dgelu_gemms(dpre, dweight, dbias, dpre_bias, dout, inp, pre, weight, N, C, OC, stream);
+  matmul_backward_dgelu_gemms(dpre, dweight, dbias, dpre_bias, dout, inp, pre, weight, N, C, OC, blas, stream);
 }
-
-void matmul_gelu_forward(bf16* out, bf16* pre, const bf16* inp, const bf16* weight, const bf16* bias,
-                         std::int64_t N, int C, int OC, cudaStream_t stream) {
-  matmul_gelu_forward_gemms(out, pre, inp, weight, bias, N, C, OC, stream);
-}
-
-void matmul_backward_dgelu(bf16* dpre, float* dweight, float* dbias, float* dpre_bias, const bf16* dout,
-                           const bf16* inp, const bf16* pre, const bf16* weight, std::int64_t N, int C, int OC,
-                           cudaStream_t stream) {
-  matmul_backward_dgelu_gemms(dpre, dweight, dbias, dpre_bias, dout, inp, pre, weight, N, C, OC, stream);
-}
+LLMTRAIN_INSTANTIATE_ACTIVATIONS(matmul_backward_dgelu)
 
 }  // namespace llmtrain::cuda

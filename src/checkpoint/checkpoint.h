@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -78,6 +79,7 @@ struct WrittenPart {
   std::vector<File> files;
   std::string error;     // empty: every file is written, fsynced and renamed into place
   double seconds = 0.0;  // from the first byte to the last file's rename
+  std::string dir;       // the folder written (prepare_dir's)
   std::int64_t bytes() const;
 };
 
@@ -90,8 +92,13 @@ struct Committed {
 
 /// A save in three parts, so that the writing can run in the background (train/checkpointer.h):
 /// 1. prepare_dir (collective): rank 0 removes an earlier attempt at this step that never became
-///    complete and creates the step folder; then a barrier. Returns the folder.
+///    complete and creates the step folder; then every rank learns the folder. A complete
+///    checkpoint of the same step is never deleted here: the new one is written beside it (a
+///    hidden `.replacing-step_N`) and commit swaps it in once complete. Returns the folder to
+///    write into.
 std::string prepare_dir(const std::string& root, std::int64_t step, dist::Communicator& comm);
+/// The folder of step `step`'s checkpoint under `root` (ROOT/step_%08d).
+std::string step_dir(const std::string& root, std::int64_t step);
 /// 2. write_part (no communication; any thread): this rank's files, its weights as
 ///    model-RANK.safetensors and its moments as optim-RANK.safetensors (a rank holding the whole
 ///    state: model.safetensors, named tensors; only rank 0 writes when every rank does), each file
@@ -125,6 +132,15 @@ std::string resolve_dir(const std::string& path);
 /// object, and files: plain file names (model.safetensors or model-*.safetensors among them) with
 /// crc32 and bytes, and optionally chunk_bytes and chunk_crc32 (one per chunk of the file).
 void validate_state(const nlohmann::json& state, const std::string& file);
+
+/// The commit marker (COMPLETE) of a checkpoint whose state.json holds `state_text`: state.json's
+/// CRC-32 and size, as JSON. Written last, it records the one file that state.json itself cannot.
+std::string complete_marker(std::string_view state_text);
+
+/// DamagedCheckpoint unless `state_text` (state.json of the checkpoint in `dir`) has the size and
+/// CRC-32 recorded in dir/COMPLETE; an empty COMPLETE (an earlier version's) records none and
+/// passes. InputError naming COMPLETE when it is not a marker.
+void check_state_file(const std::string& dir, std::string_view state_text);
 
 struct Found {
   std::string dir;

@@ -12,6 +12,7 @@
 #include <filesystem>
 
 #include "checkpoint/safetensors.h"
+#include "core/crc32.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "core/json_file.h"
@@ -95,10 +96,21 @@ void validate_state(const nlohmann::json& state, const std::string& file) {
         throw InputError(where + ": chunk_crc32: expected a list of " + std::to_string(chunks) + " checksums (one per " +
                          std::to_string(chunk) + " bytes), got " + json_excerpt(list));
       }
+      // The chunks' checksums must combine to the whole file's: a reader checks only the chunks it
+      // reads, so a damaged list (or crc32) would otherwise go unseen.
+      std::uint32_t whole = 0;
+      std::int64_t at = 0;
       for (const auto& c : list) {
         if (!c.is_number_integer() || c.get<std::int64_t>() < 0 || c.get<std::int64_t>() > 0xFFFFFFFFll) {
           throw InputError(where + ": chunk_crc32: expected integers from 0 to 4294967295, got " + json_excerpt(c));
         }
+        const std::int64_t length = std::min(chunk, bytes - at);
+        whole = at == 0 ? c.get<std::uint32_t>() : crc32_combine(whole, c.get<std::uint32_t>(), std::uint64_t(length));
+        at += length;
+      }
+      if (chunks > 0 && whole != info.at("crc32").get<std::uint32_t>()) {
+        throw DamagedCheckpoint(where + ": the chunk checksums combine to crc32 " + std::to_string(whole) + ", not " +
+                                std::to_string(info.at("crc32").get<std::uint32_t>()) + " (state.json is damaged)");
       }
     }
   }
@@ -128,7 +140,8 @@ Found find(const std::string& path) {
   }
   if (!path_exists(dir + "/COMPLETE")) throw InputError(dir + ": incomplete checkpoint (no COMPLETE file)");
   const std::string state_file = dir + "/state.json";
-  Found found{dir, read_json_file(state_file, "the state.json of a checkpoint"), {}};
+  const std::string state_text = read_regular_file(state_file, "the state.json of a checkpoint", std::uint64_t(1) << 30);
+  Found found{dir, parse_json_text(state_text, state_file), {}};
   validate_state(found.state, state_file);
   // Sizes (cheap, and no read of a file that is not what was written).
   for (const auto& [file, info] : found.state["files"].items()) {
@@ -141,7 +154,33 @@ Found find(const std::string& path) {
   }
   // Checksums: as each rank reads the chunks it needs (load_state), or all (verify_files).
   found.config = config::parse_config(found.state["config"].dump(), state_file);
+  // Last, so that a state.json that is not one is named for what is wrong in it: whether its
+  // bytes are those the commit recorded.
+  check_state_file(dir, state_text);
   return found;
+}
+
+std::string complete_marker(std::string_view state_text) {
+  const nlohmann::json marker = {{"state.json", {{"crc32", crc32(state_text)}, {"bytes", state_text.size()}}}};
+  return marker.dump() + "\n";
+}
+
+void check_state_file(const std::string& dir, std::string_view state_text) {
+  const std::string file = dir + "/COMPLETE";
+  const std::string text = read_regular_file(file, "the commit marker of a checkpoint", 4096);
+  if (text.empty()) return;  // an earlier version's marker: state.json has no checksum
+  const nlohmann::json marker = parse_json_text(text, file);
+  const nlohmann::json* listed = marker.is_object() && marker.contains("state.json") ? &marker.at("state.json") : nullptr;
+  if (!listed || !listed->is_object()) {
+    throw InputError(file + ": expected {\"state.json\": {\"crc32\": ..., \"bytes\": ...}}, got " + json_excerpt(marker));
+  }
+  const std::int64_t crc = state_int(*listed, "crc32", file + ": state.json", 0, 0xFFFFFFFFll);
+  const std::int64_t bytes = state_int(*listed, "bytes", file + ": state.json", 0, max_count);
+  if (std::int64_t(state_text.size()) != bytes || crc32(state_text) != std::uint32_t(crc)) {
+    throw DamagedCheckpoint(dir + "/state.json: " + std::to_string(state_text.size()) + " bytes of crc32 " +
+                            std::to_string(crc32(state_text)) + ", the commit recorded " + std::to_string(bytes) +
+                            " of crc32 " + std::to_string(crc) + " (the file is damaged)");
+  }
 }
 
 std::vector<std::string> complete_checkpoints(const std::string& root) {

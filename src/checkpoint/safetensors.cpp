@@ -11,13 +11,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <future>
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <utility>
 
+#include "checkpoint/disk_writer.h"
 #include "core/crc32.h"
 #include "core/error.h"
 #include "core/files.h"
@@ -136,205 +136,6 @@ TensorInfo parse_tensor_entry(const std::string& path, const std::string& name, 
   }
   return info;
 }
-
-// The temporary file a writer fills (core/files.h: created exclusively, never through a link;
-// renamed into place on commit, else removed). Each chunk's CRC-32 is taken as it is written, so
-// there is no second pass over the file. Two ways to the disk:
-//  - Direct (large files, where the file system allows O_DIRECT): the bytes are copied into one of
-//    two aligned bounce buffers, checksummed there while they are in the cache, and written from it
-//    by a second thread while the next buffer fills. The kernel neither copies them nor keeps them
-//    in its page cache, so a save in the background costs the training threads little: no
-//    write-back work, no page-cache churn (about a third of what buffered writes cost them).
-//  - Buffered (small files, or where O_DIRECT is refused): large sequential write(2) calls, each
-//    piece's write-back started at once so that the final fsync finds little left to do.
-class TempFile {
- public:
-  TempFile(const std::string& path, std::size_t chunk, std::size_t crc_chunk)
-      : file_(path), chunk_(chunk), crc_chunk_(std::max<std::size_t>(crc_chunk, 1)) {}
-  ~TempFile() {
-    if (in_flight_.valid()) in_flight_.wait();
-  }
-
-  // Reserves the file's blocks up front (a full disk fails here, before anything is written) and
-  // chooses the way to the disk.
-  void reserve(std::size_t total) {
-    if (total != 0 && ::fallocate(file_.fd(), 0, 0, off_t(total)) != 0) {
-      // Out of space or quota: say so now. Anything else (a file system or device that cannot
-      // reserve): the writes find out.
-      if (errno == ENOSPC || errno == EDQUOT || errno == EFBIG) {
-        throw RuntimeError(file_.path() + ": cannot write " + file_.temp_path() + ": " + errno_text());
-      }
-    }
-    if (total >= direct_min_bytes) start_direct();
-  }
-
-  void write(const void* data, std::size_t n) {
-    const auto* bytes = static_cast<const unsigned char*>(data);
-    while (n > 0) {
-      const std::size_t to_chunk_end = crc_chunk_ - written_ % crc_chunk_;
-      if (direct_) {
-        // Into the bounce buffer, then its CRC from there (still in the cache).
-        const std::size_t piece = std::min({n, to_chunk_end, bounce_bytes - filled_});
-        unsigned char* at = buffers_[current_].get() + filled_;
-        std::memcpy(at, bytes, piece);
-        chunk_crc_ = crc32(at, piece, chunk_crc_);
-        filled_ += piece;
-        written_ += piece;
-        if (filled_ == bounce_bytes) send_buffer();
-        if (written_ % crc_chunk_ == 0) end_chunk();
-        bytes += piece;
-        n -= piece;
-        continue;
-      }
-      const std::size_t piece = std::min({n, chunk_, to_chunk_end});
-      if (piece < min_parallel_crc) {
-        chunk_crc_ = crc32(bytes, piece, chunk_crc_);
-        write_all(bytes, piece);
-      } else {
-        // The CRC by a second thread while this one writes: both read the same memory side by side.
-        auto crc = std::async(std::launch::async, [bytes, piece, previous = chunk_crc_] { return crc32(bytes, piece, previous); });
-        try {
-          write_all(bytes, piece);
-        } catch (...) {
-          crc.wait();
-          throw;
-        }
-        chunk_crc_ = crc.get();
-      }
-      if (written_ % crc_chunk_ == 0) end_chunk();
-      bytes += piece;
-      n -= piece;
-    }
-  }
-  void commit() {
-    if (direct_) finish_direct();
-    if (written_ % crc_chunk_ != 0) end_chunk();
-    file_.commit();
-  }
-  std::uint32_t crc() const { return crc_; }
-  const std::vector<std::uint32_t>& chunk_crcs() const { return chunk_crcs_; }
-  std::size_t bytes() const { return written_; }
-
- private:
-  struct FreeAligned {
-    void operator()(unsigned char* p) const { std::free(p); }
-  };
-  using Aligned = std::unique_ptr<unsigned char[], FreeAligned>;
-
-  void write_all(const unsigned char* bytes, std::size_t n) {
-    const std::size_t start = written_;
-    while (n > 0) {
-      const ssize_t written = ::write(file_.fd(), bytes, std::min(n, io_chunk));
-      if (written < 0 && errno == EINTR) continue;
-      if (written <= 0) throw write_error(errno);
-      bytes += written;
-      n -= std::size_t(written);
-      written_ += std::size_t(written);
-    }
-    // Start the write-back of what was just written (best effort; fsync in commit() is the guarantee).
-    if (written_ - start >= min_writeback) ::sync_file_range(file_.fd(), off_t(start), off_t(written_ - start), SYNC_FILE_RANGE_WRITE);
-  }
-
-  RuntimeError write_error(int error) const {
-    return RuntimeError(file_.path() + ": cannot write " + file_.temp_path() + ": " + std::strerror(error));
-  }
-
-  // Direct writes from here on, if the file system takes them (tmpfs and some network file systems
-  // do not: those stay buffered).
-  void start_direct() {
-    const int flags = ::fcntl(file_.fd(), F_GETFL);
-    if (flags < 0 || ::fcntl(file_.fd(), F_SETFL, flags | O_DIRECT) != 0) return;
-    for (Aligned& b : buffers_) {
-      b.reset(static_cast<unsigned char*>(std::aligned_alloc(direct_align, bounce_bytes)));
-      if (!b) {  // no memory for the buffers: buffered writes need none
-        ::fcntl(file_.fd(), F_SETFL, flags);
-        return;
-      }
-    }
-    direct_ = true;
-  }
-
-  // Writes all `n` bytes at `offset` (the descriptor direct or not); 0, or the errno that stopped it.
-  static int write_at(int fd, const unsigned char* bytes, std::size_t n, std::size_t offset) {
-    while (n > 0) {
-      const ssize_t written = ::pwrite(fd, bytes, std::min(n, io_chunk), off_t(offset));
-      if (written < 0 && errno == EINTR) continue;
-      if (written <= 0) return written < 0 ? errno : EIO;
-      bytes += written;
-      offset += std::size_t(written);
-      n -= std::size_t(written);
-    }
-    return 0;
-  }
-
-  // The full current buffer goes to the disk on the second thread; this one fills the other.
-  void send_buffer() {
-    wait_in_flight();
-    const unsigned char* bytes = buffers_[current_].get();
-    const std::size_t n = filled_, offset = written_ - filled_;
-    const int fd = file_.fd();
-    in_flight_ = std::async(std::launch::async, [fd, bytes, n, offset] {
-      const int error = write_at(fd, bytes, n, offset);
-      if (error != EINVAL) return error;
-      // O_DIRECT accepted by fcntl, refused by the write: this buffer and the rest go buffered.
-      const int flags = ::fcntl(fd, F_GETFL);
-      if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_DIRECT) != 0) return EINVAL;
-      return write_at(fd, bytes, n, offset);
-    });
-    current_ ^= 1;
-    filled_ = 0;
-  }
-
-  void wait_in_flight() {
-    if (!in_flight_.valid()) return;
-    const int error = in_flight_.get();
-    if (error != 0) throw write_error(error);
-  }
-
-  // The last buffer: its whole blocks directly, the rest (under a block) buffered; the file's
-  // length is then exactly what was written (fallocate may have reserved more only if asked to).
-  void finish_direct() {
-    wait_in_flight();
-    const unsigned char* bytes = buffers_[current_].get();
-    const std::size_t offset = written_ - filled_, whole = filled_ / direct_align * direct_align;
-    int error = 0;
-    if (whole > 0) error = write_at(file_.fd(), bytes, whole, offset);
-    const int flags = ::fcntl(file_.fd(), F_GETFL);
-    if (flags >= 0) ::fcntl(file_.fd(), F_SETFL, flags & ~O_DIRECT);
-    if (error == EINVAL) error = write_at(file_.fd(), bytes, whole, offset);
-    if (error == 0 && filled_ > whole) error = write_at(file_.fd(), bytes + whole, filled_ - whole, offset + whole);
-    if (error != 0) throw write_error(error);
-    filled_ = 0;
-    direct_ = false;
-  }
-
-  // The chunk just finished joins the list, and the whole file's CRC.
-  void end_chunk() {
-    const std::size_t length = written_ % crc_chunk_ == 0 ? crc_chunk_ : written_ % crc_chunk_;
-    chunk_crcs_.push_back(chunk_crc_);
-    crc_ = crc32_combine(crc_, chunk_crc_, length);
-    chunk_crc_ = 0;
-  }
-
-  static constexpr std::size_t min_writeback = std::size_t(1) << 20;
-  static constexpr std::size_t min_parallel_crc = std::size_t(1) << 20;
-  // Direct writes: files from this size on; buffers aligned (and sized) for any block size up to 4 KiB.
-  static constexpr std::size_t direct_min_bytes = std::size_t(4) << 20;
-  static constexpr std::size_t direct_align = 4096;
-  static constexpr std::size_t bounce_bytes = std::size_t(8) << 20;
-  AtomicFile file_;
-  std::size_t chunk_;
-  std::size_t crc_chunk_;
-  std::uint32_t crc_ = 0;  // of the whole chunks so far (CRC-32 of nothing: 0)
-  std::uint32_t chunk_crc_ = 0;  // of the chunk being written
-  std::vector<std::uint32_t> chunk_crcs_;
-  std::size_t written_ = 0;
-  bool direct_ = false;
-  Aligned buffers_[2];
-  int current_ = 0;
-  std::size_t filled_ = 0;
-  std::future<int> in_flight_;
-};
 
 }  // namespace
 
@@ -594,7 +395,7 @@ FileChecksums write_safetensors_checked(const std::string& path, const std::vect
     length[i] = static_cast<unsigned char>(std::uint64_t(text.size()) >> (8 * i));
   }
 
-  TempFile file(path, std::clamp<std::size_t>(chunk_bytes, 1, io_chunk), crc_chunk_bytes);
+  DiskWriter file(path, std::clamp<std::size_t>(chunk_bytes, 1, io_chunk), crc_chunk_bytes);
   file.reserve(length_bytes + text.size() + offset);
   file.write(length, length_bytes);
   file.write(text.data(), text.size());

@@ -3,6 +3,7 @@
 // back is checkpoint/find.cpp; Hugging Face's layout is checkpoint/hugging_face.cpp.
 #include "checkpoint/checkpoint.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +29,23 @@ void write_text_atomic(const std::string& path, const std::string& text) { write
 
 // Checkpoints beyond keep_last are renamed to this prefix plus their name before they are deleted.
 constexpr const char* pruned_prefix = ".pruned-";
+// A checkpoint that replaces a complete one of the same step is written to this prefix plus its
+// name, then swapped in (not a step folder until then: finders look for step_* names).
+constexpr const char* replacing_prefix = ".replacing-";
+
+// Puts the complete checkpoint `written` in place of the complete one at `dir` (same step), and
+// sets the old one aside as `aside` for remove_pruned. One atomic exchange where the file system
+// has it; else two renames (a crash between them leaves the new one complete at `written`).
+void swap_in(const std::string& written, const std::string& dir, const std::string& aside) {
+  std::error_code ignored;
+  fs::remove_all(aside, ignored);
+  if (::renameat2(AT_FDCWD, written.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
+    fs::rename(written, aside);
+    return;
+  }
+  fs::rename(dir, aside);
+  fs::rename(written, dir);
+}
 
 std::string step_dir_name(std::int64_t step) {
   char name[32];
@@ -71,15 +89,24 @@ std::vector<std::int64_t> range_table(const std::vector<FlatRange>& ranges) {
 
 }  // namespace
 
+std::string step_dir(const std::string& root, std::int64_t step) { return root + "/" + step_dir_name(step); }
+
 std::string prepare_dir(const std::string& root, std::int64_t step, dist::Communicator& comm) {
-  const std::string dir = root + "/" + step_dir_name(step);
+  const std::string dir = step_dir(root, step);
+  // A complete checkpoint of this step (a run resumed from an older one, or one that skipped this
+  // one as damaged) stays whole until its replacement is: the new one is written beside it and
+  // swapped in by commit. An incomplete attempt (no COMPLETE) is not a checkpoint: it goes.
+  const std::string replacement = root + "/" + replacing_prefix + step_dir_name(step);
+  std::int64_t replaces = 0;
   if (comm.rank() == 0) {
     fs::create_directories(root);
-    fs::remove_all(dir);  // an incomplete attempt at this step (no COMPLETE) is not a checkpoint
-    fs::create_directories(dir);
+    replaces = fs::exists(dir + "/COMPLETE") ? 1 : 0;
+    fs::remove_all(replacement);  // a crash's leftover of an earlier replacement
+    if (!replaces) fs::remove_all(dir);
+    fs::create_directories(replaces ? replacement : dir);
   }
-  comm.barrier();
-  return dir;
+  comm.all_reduce_max(&replaces, 1);  // every rank writes into the same folder
+  return replaces ? replacement : dir;
 }
 
 WrittenPart write_part(const SaveRequest& r, const std::string& dir, int rank, int world_size) {
@@ -156,6 +183,7 @@ WrittenPart write_part(const SaveRequest& r, const std::string& dir, int rank, i
     part.files.push_back(job.written);
   }
   part.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  part.dir = dir;
   return part;
 }
 
@@ -163,6 +191,7 @@ Committed commit(const SaveRequest& r, const WrittenPart& mine, dist::Communicat
   const int rank = comm.rank(), W = comm.world_size();
   const std::string name = step_dir_name(r.step);
   const std::string dir = r.root + "/" + name;
+  const std::string written = mine.dir.empty() ? dir : mine.dir;  // prepare_dir's folder
   // Agreement first: the lowest rank whose writing failed (W when none did).
   std::int64_t failed = mine.error.empty() ? -W : -rank;
   comm.all_reduce_max(&failed, 1);
@@ -220,8 +249,10 @@ Committed commit(const SaveRequest& r, const WrittenPart& mine, dist::Communicat
       state["step"] = r.step;
       state["files"] = files;
       state["llmtrain_version"] = build::version;
-      write_text_atomic(dir + "/state.json", state.dump(2) + "\n");
-      write_text_atomic(dir + "/COMPLETE", "");
+      const std::string state_text = state.dump(2) + "\n";
+      write_text_atomic(written + "/state.json", state_text);
+      write_text_atomic(written + "/COMPLETE", complete_marker(state_text));
+      if (written != dir) swap_in(written, dir, r.root + "/" + pruned_prefix + name);
       write_text_atomic(r.root + "/latest", name + "\n");
 
       // Only now, with a newer complete checkpoint on disk, do old ones go: each renamed at once

@@ -127,7 +127,7 @@ int run_task(const Options& o) {
       throw InputError("--json " + o.json + ": no folder " + folder.string());
     }
   }
-  const dist::Communicators comms = dist::make_communicators(Device::cpu, config.dist.timeout_s, 1, 1);
+  const dist::Communicators comms = dist::make_communicators(Device::cpu, config.dist.timeout_s, [](int world) { return dist::Mesh::of(world, {}); });
   const std::unique_ptr<model::Model> model = checkpoint::load_model(found);
   const eval::ChoiceResult result = eval::score_choices(*model, *tokenizer, examples, kind, config.model.context_length,
                                                           config.model.vocab_size, comms.world.get());
@@ -220,8 +220,9 @@ Command add_eval_command(CLI::App& parent) {
             // The ranks (one without mpirun) on a tensor x data mesh.
             dist::Communicators comms;
             try {
-              comms = dist::make_communicators(Device::cpu, config.dist.timeout_s, o->tensor_parallel, 1,
-                                               o->context_parallel);
+              comms = dist::make_communicators(Device::cpu, config.dist.timeout_s, [&o](int world) {
+                return dist::Mesh::of(world, {{dist::Axis::tensor, o->tensor_parallel}, {dist::Axis::context, o->context_parallel}});
+              });
             } catch (const InputError&) {
               const std::string sizes =
                   o->context_parallel == 1 ? "--tensor-parallel " + std::to_string(o->tensor_parallel)
@@ -233,18 +234,18 @@ Command add_eval_command(CLI::App& parent) {
             std::unique_ptr<parallel::CommTensorGroup> group;
             std::unique_ptr<parallel::CommContextGroup> context_group;
             if (o->tensor_parallel > 1 || o->context_parallel > 1) {  // this rank's part of the weights
-              model::Layout layout{false, comms.tensor_group->rank(), o->tensor_parallel};
-              layout.context_rank = comms.context_group->rank();
+              model::Layout layout{false, comms.host(dist::Axis::tensor).rank(), o->tensor_parallel};
+              layout.context_rank = comms.host(dist::Axis::context).rank();
               layout.context_size = o->context_parallel;
               auto part = model::make_model(config.model, Device::cpu, model::Recompute::none, DType::f32,
                                             ops::AttentionKernels::flash, layout);
               parallel::take_part(*loaded, *part);
               if (o->tensor_parallel > 1) {
-                group = std::make_unique<parallel::CommTensorGroup>(*comms.tensor_group, Device::cpu);
+                group = std::make_unique<parallel::CommTensorGroup>(comms.host(dist::Axis::tensor), Device::cpu);
                 part->set_tensor_group(group.get());
               }
               if (o->context_parallel > 1) {
-                context_group = std::make_unique<parallel::CommContextGroup>(*comms.context_group);
+                context_group = std::make_unique<parallel::CommContextGroup>(comms.host(dist::Axis::context));
                 part->set_context_group(context_group.get());
               }
               loaded = std::move(part);
@@ -254,7 +255,7 @@ Command add_eval_command(CLI::App& parent) {
             double mean = 0.0;
             std::string named;
             for (const auto& [name, data] : datasets) {
-              const double loss = eval::evaluate(model, *data, config, batches, comms.data_group.get());
+              const double loss = eval::evaluate(model, *data, config, batches, &comms.host(dist::Axis::data));
               mean += loss / double(datasets.size());
               if (sets.named) {
                 char text[128];

@@ -24,10 +24,13 @@ Command add_inspect_command(CLI::App& parent) {
             // Not checkpoint::find(), which stops at the first damaged file: inspect reports every file.
             const std::string dir = checkpoint::resolve_dir(*path);
             const std::string state_file = dir + "/state.json";
-            const auto state = read_json_file(state_file, "the state.json of a checkpoint");
+            const std::string state_text = read_regular_file(state_file, "the state.json of a checkpoint", std::uint64_t(1) << 30);
+            const auto state = parse_json_text(state_text, state_file);
             checkpoint::validate_state(state, state_file);
             const config::ModelConfig m = config::parse_config(state.at("config").dump(), state_file).model;
             const bool complete = path_exists(dir + "/COMPLETE");
+            // What is shown below comes from state.json: not from one whose bytes the commit did not record.
+            if (complete) checkpoint::check_state_file(dir, state_text);
             const auto integer = [](const nlohmann::json& v) { return static_cast<long long>(v.get<std::int64_t>()); };
             std::printf("checkpoint %s%s\n", dir.c_str(), complete ? "" : "  (INCOMPLETE: no COMPLETE file)");
             std::printf("  step %lld, %lld tokens seen, world size %lld, ZeRO %lld, sampler epoch %lld next sample %lld\n",

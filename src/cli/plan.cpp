@@ -75,8 +75,8 @@ std::string model_line(const config::ModelConfig& m) {
 
 // "2 x 4 x 8 sp": tensor x data x pipeline, sp with sequence parallelism, cpN with context parallelism N.
 std::string mesh_label(const plan::MeshOption& o) {
-  return std::to_string(o.mesh.tensor) + " x " + std::to_string(o.mesh.data) + " x " + std::to_string(o.mesh.pipeline) +
-         (o.sequence_parallel ? " sp" : "") + (o.mesh.context > 1 ? " cp" + std::to_string(o.mesh.context) : "");
+  return std::to_string(o.mesh.size(dist::Axis::tensor)) + " x " + std::to_string(o.mesh.size(dist::Axis::data)) + " x " + std::to_string(o.mesh.size(dist::Axis::pipeline)) +
+         (o.sequence_parallel ? " sp" : "") + (o.mesh.size(dist::Axis::context) > 1 ? " cp" + std::to_string(o.mesh.size(dist::Axis::context)) : "");
 }
 
 // plan --suggest: the meshes of `gpus` ranks and ZeRO stages that fit `memory` bytes per device.
@@ -194,8 +194,8 @@ int suggest(const config::Config& c, const std::string& config_path, int gpus, c
   for (const auto& o : fitting) {
     bool dominated = false;
     for (const auto& q : fitting) {
-      dominated = dominated || (q.mesh.tensor == o.mesh.tensor && q.mesh.pipeline == o.mesh.pipeline &&
-                                q.mesh.context == o.mesh.context &&
+      dominated = dominated || (q.mesh.size(dist::Axis::tensor) == o.mesh.size(dist::Axis::tensor) && q.mesh.size(dist::Axis::pipeline) == o.mesh.size(dist::Axis::pipeline) &&
+                                q.mesh.size(dist::Axis::context) == o.mesh.size(dist::Axis::context) &&
                                 q.memory <= o.memory && q.sent <= o.sent * 1.001 &&
                                 (q.memory < o.memory || q.zero_stage < o.zero_stage));
     }
@@ -212,7 +212,7 @@ int suggest(const config::Config& c, const std::string& config_path, int gpus, c
     std::printf("%-16s %4d %11lld %13s %13s %13s %13s %15lld\n", mesh_label(o).c_str(), o.zero_stage,
                 static_cast<long long>(o.micro_steps), format_bytes(double(o.memory)).c_str(),
                 format_bytes(double(o.host)).c_str(), format_bytes(o.sent).c_str(),
-                o.mesh.tensor > 1 ? format_bytes(o.tensor_sent).c_str() : "-", static_cast<long long>(largest.back()));
+                o.mesh.size(dist::Axis::tensor) > 1 ? format_bytes(o.tensor_sent).c_str() : "-", static_cast<long long>(largest.back()));
   };
   std::printf("%-16s %4s %11s %13s %13s %13s %13s %15s\n", "mesh t x d x p", "ZeRO", "micro-steps", "memory/rank",
               "host/rank", "sent/update", "of it tensor", "max micro-batch");
@@ -223,8 +223,8 @@ int suggest(const config::Config& c, const std::string& config_path, int gpus, c
   const plan::MeshOption& best = shown.front();
   std::printf("suggested: %s ZeRO %d at micro-batch %lld, the first row's max micro-batch (--set dist.tensor_parallel=%d "
               "--set dist.pipeline_parallel=%d --set dist.zero_stage=%d%s --set train.micro_batch_size=%lld)\n",
-              mesh_label(best).c_str(), best.zero_stage, static_cast<long long>(largest.front()), best.mesh.tensor,
-              best.mesh.pipeline, best.zero_stage, best.sequence_parallel ? " --set dist.sequence_parallel=true" : "",
+              mesh_label(best).c_str(), best.zero_stage, static_cast<long long>(largest.front()), best.mesh.size(dist::Axis::tensor),
+              best.mesh.size(dist::Axis::pipeline), best.zero_stage, best.sequence_parallel ? " --set dist.sequence_parallel=true" : "",
               static_cast<long long>(largest.front()));
   std::printf("memory/rank: weights, gradients, optimizer state, ZeRO's buffers and one micro-batch's activations, "
               "of the tensor rank that holds most; with a pipeline (p > 1) the stage that needs most, its "
@@ -253,10 +253,10 @@ void print_stages(const config::Config& c, const dist::Mesh& mesh, std::int64_t 
   const bool bf16 = c.train.precision == config::Precision::bf16;
   const bool interleaved = c.dist.pipeline_schedule != config::PipelineSchedule::one_f_one_b;
   // The trainer runs ZeRO 1-2 on one data rank as 0, and refuses ZeRO 3 with a pipeline.
-  const int zero = mesh.data * mesh.context == 1 ? 0 : int(std::min<std::int64_t>(c.dist.zero_stage, 2));
+  const int zero = mesh.size(dist::Axis::data) * mesh.size(dist::Axis::context) == 1 ? 0 : int(std::min<std::int64_t>(c.dist.zero_stage, 2));
   const double bubble = parallel::bubble_fraction(c.dist, int(micro_batches));
   std::printf("pipeline: %d stages, %s, %lld micro-batches per update: bubble %.1f%% of each stage's step (%s)\n",
-              mesh.pipeline,
+              mesh.size(dist::Axis::pipeline),
               interleaved ? ("interleaved with " + std::to_string(c.dist.virtual_stages) + " chunks per stage").c_str()
                           : "1F1B",
               static_cast<long long>(micro_batches), 100.0 * bubble,
@@ -266,7 +266,7 @@ void print_stages(const config::Config& c, const dist::Mesh& mesh, std::int64_t 
   std::printf("%-5s %-26s %15s %12s %20s %12s %25s %12s\n", "stage", "layers", "parameters", "state", "activations",
               "total", "to neighbours", "sent/update");
   for (const auto& st : stages) {
-    const plan::MemoryPlan p = plan::stage_memory(c, st, mesh.data * mesh.context, zero, bf16);
+    const plan::MemoryPlan p = plan::stage_memory(c, st, mesh.size(dist::Axis::data) * mesh.size(dist::Axis::context), zero, bf16);
     std::string layers;
     for (const parallel::StageRange& chunk : st.chunks) {
       // Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on "-" + std::string here.
@@ -282,7 +282,7 @@ void print_stages(const config::Config& c, const dist::Mesh& mesh, std::int64_t 
                              (st.slots == 1 ? "" : "s") + ")";
     const std::string p2p =
         format_bytes(st.sent_p2p) + " (" + std::to_string(st.sends) + (st.sends == 1 ? " send)" : " sends)");
-    const double sent = plan::update_traffic(c, st.share, mesh.data * mesh.context, zero, bf16, micro_batches).bytes +
+    const double sent = plan::update_traffic(c, st.share, mesh.size(dist::Axis::data) * mesh.size(dist::Axis::context), zero, bf16, micro_batches).bytes +
                         st.sent_tensor + st.sent_p2p + st.sent_pipeline_collectives + st.sent_context;
     std::printf("%-5d %-26s %15s %12s %20s %12s %25s %12s\n", st.stage, layers.c_str(),
                 with_commas(st.share.params).c_str(), format_bytes(double(p.state())).c_str(), acts.c_str(), format_bytes(double(p.total())).c_str(),
@@ -297,7 +297,7 @@ void print_stages(const config::Config& c, const dist::Mesh& mesh, std::int64_t 
               "micro-batch x context x d_model%s in %s; sent/update: "
               "that, the pipeline group's all-reduces (%sthe loss and the gradient norm: %s per rank, ring), the "
               "tensor and data groups\n",
-              c.dist.sequence_parallel && mesh.tensor > 1 ? " / tensor size" : "", bf16 ? "bf16" : "f32",
+              c.dist.sequence_parallel && mesh.size(dist::Axis::tensor) > 1 ? " / tensor size" : "", bf16 ? "bf16" : "f32",
               first.tied ? "the tied embedding's gradient summed between the first and last stages, every stage "
                            "taking part; "
                          : "",
@@ -343,34 +343,33 @@ Command add_plan_command(CLI::App& parent) {
             if (o->suggest) {
               return suggest(c, o->config_path, o->gpus > 0 ? o->gpus : o->world_size, o->device_memory, memory, host);
             }
-            const dist::Mesh mesh = dist::Mesh::of(o->world_size, int(c.dist.tensor_parallel),
-                                                   int(c.dist.pipeline_parallel), int(c.dist.context_parallel));
-            const int D = mesh.data * mesh.context;  // the ranks gradients are summed over (ZeRO's group)
-            const std::int64_t accum = config::grad_accum_steps(c, mesh.data);
+            const dist::Mesh mesh = dist::Mesh::of(o->world_size, c.dist);
+            const int D = mesh.size(dist::Axis::data) * mesh.size(dist::Axis::context);  // the ranks gradients are summed over (ZeRO's group)
+            const std::int64_t accum = config::grad_accum_steps(c, mesh.size(dist::Axis::data));
             const auto& m = c.model;
             plan::RankShare share;
             try {
-              share = plan::rank_share(m, mesh.tensor);
+              share = plan::rank_share(m, mesh.size(dist::Axis::tensor));
             } catch (const InputError& e) {
               throw InputError(o->config_path + ": " + e.what());
             }
-            const bool sequence_parallel = c.dist.sequence_parallel && mesh.tensor > 1;
-            if (sequence_parallel && (c.train.micro_batch_size * m.context_length) % mesh.tensor != 0) {
+            const bool sequence_parallel = c.dist.sequence_parallel && mesh.size(dist::Axis::tensor) > 1;
+            if (sequence_parallel && (c.train.micro_batch_size * m.context_length) % mesh.size(dist::Axis::tensor) != 0) {
               throw InputError(o->config_path + ": dist.sequence_parallel: train.micro_batch_size x model.context_length (" +
                                std::to_string(c.train.micro_batch_size) + " x " + std::to_string(m.context_length) +
-                               ") must be a multiple of dist.tensor_parallel (" + std::to_string(mesh.tensor) + ")");
+                               ") must be a multiple of dist.tensor_parallel (" + std::to_string(mesh.size(dist::Axis::tensor)) + ")");
             }
             // With a pipeline: every stage as the trainer builds it, in both precisions.
             std::vector<plan::StagePlan> stages[2];
-            if (mesh.pipeline > 1) {
+            if (mesh.size(dist::Axis::pipeline) > 1) {
               try {  // the trainer's check: at least one micro-batch per stage (a multiple for interleaved)
-                parallel::pipeline_micro_batches(c, mesh.data);
+                parallel::pipeline_micro_batches(c, mesh.size(dist::Axis::data));
               } catch (const InputError& e) {
                 throw InputError(o->config_path + ": " + e.what());
               }
               try {
                 for (const bool bf16 : {false, true}) {
-                  stages[bf16] = plan::pipeline_stages(c, mesh.tensor, bf16, accum);
+                  stages[bf16] = plan::pipeline_stages(c, mesh.size(dist::Axis::tensor), bf16, accum);
                 }
               } catch (const InputError& e) {
                 throw InputError(o->config_path + ": " + e.what());
@@ -379,8 +378,8 @@ Command add_plan_command(CLI::App& parent) {
             std::printf("plan: %s at world size %d\n", o->config_path.c_str(), o->world_size);
             std::printf("mesh: %s\n", mesh.describe().c_str());
             std::printf("%s\n", model_line(m).c_str());
-            if (mesh.tensor > 1) {
-              const std::int64_t V = m.vocab_size, r = share.tensor_rank, t = mesh.tensor;
+            if (mesh.size(dist::Axis::tensor) > 1) {
+              const std::int64_t V = m.vocab_size, r = share.tensor_rank, t = mesh.size(dist::Axis::tensor);
               std::string kv;
               const config::ArchTraits& arch = model::arch_spec(m.arch).traits();
               if (arch.grouped_query_attention) {
@@ -392,7 +391,7 @@ Command add_plan_command(CLI::App& parent) {
               std::printf("tensor parallel %d%s: the figures below are tensor rank %d's, which holds most: %s "
                           "parameters (%lld of %lld heads, %s%lld of %lld ffn columns, vocabulary rows %lld-%lld of "
                           "%lld; norms%s whole)\n",
-                          mesh.tensor, sequence_parallel ? " with sequence parallelism" : "", share.tensor_rank,
+                          mesh.size(dist::Axis::tensor), sequence_parallel ? " with sequence parallelism" : "", share.tensor_rank,
                           with_commas(share.params).c_str(), static_cast<long long>(m.n_head / t),
                           static_cast<long long>(m.n_head), kv.c_str(), static_cast<long long>(m.ffn_hidden / t),
                           static_cast<long long>(m.ffn_hidden), static_cast<long long>(V * r / t),
@@ -416,9 +415,9 @@ Command add_plan_command(CLI::App& parent) {
             std::printf("ZeRO 3 units: %lld layers of %s parameters, root (embeddings, head, final norm) %s%s; "
                         "dist.reshard_after_forward %s\n",
                         static_cast<long long>(m.n_layer), with_commas(layer).c_str(), with_commas(root).c_str(),
-                        mesh.tensor > 1 ? " (this rank's parts)" : "", c.dist.reshard_after_forward ? "true" : "false");
+                        mesh.size(dist::Axis::tensor) > 1 ? " (this rank's parts)" : "", c.dist.reshard_after_forward ? "true" : "false");
             std::printf("%-13s %12s %12s %12s %12s %12s %12s %12s %16s\n",
-                        mesh.pipeline > 1 ? "largest stage" : "per rank", "weights", "gradients", "optimizer", "gathered",
+                        mesh.size(dist::Axis::pipeline) > 1 ? "largest stage" : "per rank", "weights", "gradients", "optimizer", "gathered",
                         "activations", "total", "sent/update", "max micro-batch");
             std::vector<HostRow> host_rows;
             for (const bool bf16 : {false, true}) {
@@ -429,7 +428,7 @@ Command add_plan_command(CLI::App& parent) {
                 const plan::RankShare* held = &share;  // whose parameters: the stage's with a pipeline
                 double sent = 0;
                 std::string largest;
-                if (mesh.pipeline > 1) {
+                if (mesh.size(dist::Axis::pipeline) > 1) {
                   if (zero == 3) {
                     std::printf("%-13s %12s\n", label, "n/a with a pipeline (train refuses ZeRO 3 with dist.pipeline_parallel > 1)");
                     continue;
@@ -449,8 +448,8 @@ Command add_plan_command(CLI::App& parent) {
                 } else {
                   p = plan::plan_memory(c, share, D, zero, bf16, c.train.micro_batch_size);
                   sent = plan::update_traffic(c, share, D, zero, bf16, accum).bytes +
-                         plan::context_traffic(c, mesh.tensor, bf16, accum);
-                  largest = std::to_string(plan::max_micro_batch(c, bf16, mesh.tensor, p.state(), memory));
+                         plan::context_traffic(c, mesh.size(dist::Axis::tensor), bf16, accum);
+                  largest = std::to_string(plan::max_micro_batch(c, bf16, mesh.size(dist::Axis::tensor), p.state(), memory));
                 }
                 std::printf("%-13s %12s %12s %12s %12s %12s %12s %12s %16s\n", label,
                             format_bytes(double(p.weights)).c_str(), format_bytes(double(p.gradients)).c_str(),
@@ -461,8 +460,8 @@ Command add_plan_command(CLI::App& parent) {
                                      plan::plan_host(p, *held, D, zero, false)});
               }
             }
-            print_host(host_rows, host, mesh.pipeline > 1);
-            if (mesh.pipeline > 1) print_stages(c, mesh, accum, stages[c.train.precision == config::Precision::bf16]);
+            print_host(host_rows, host, mesh.size(dist::Axis::pipeline) > 1);
+            if (mesh.size(dist::Axis::pipeline) > 1) print_stages(c, mesh, accum, stages[c.train.precision == config::Precision::bf16]);
             std::printf("weights: f32 master weights (ZeRO 3: this rank's shards; bf16 ZeRO 0-2: and a bf16 working copy); "
                         "gathered: ZeRO 1-2's padded gradient buffer and summed shard (ZeRO 2 holds what ZeRO 1 does), "
                         "ZeRO 3's gathered weights (root units and 2 layers, or every layer without "
@@ -470,33 +469,33 @@ Command add_plan_command(CLI::App& parent) {
                         "gradients + optimizer + gathered is the trainer's state_bytes\n");
             std::printf("sent/update: bytes each rank sends per optimizer update over its data-parallel group (ring "
                         "all-reduce, reduce-scatter and all-gather volumes; loss and norm all-reduce not counted)%s\n",
-                        mesh.pipeline > 1 ? "; with a pipeline also its tensor group, its sends to the neighbouring "
+                        mesh.size(dist::Axis::pipeline) > 1 ? "; with a pipeline also its tensor group, its sends to the neighbouring "
                                             "stages and the pipeline group's all-reduces (the stage's figures below)"
                                           : "");
-            if (mesh.context > 1) {
-              const std::int64_t B = c.train.micro_batch_size, Tl = m.context_length / mesh.context;
+            if (mesh.size(dist::Axis::context) > 1) {
+              const std::int64_t B = c.train.micro_batch_size, Tl = m.context_length / mesh.size(dist::Axis::context);
               std::printf("context parallel %d (%s): each rank holds %lld of each sequence's %lld tokens (chunks r and "
                           "%d - r, %lld tokens each), so its activations are those of %lld-token sequences; per layer and "
                           "micro-step it sends %s forward (%d key/value blocks of %lld x %lld tokens) and %s backward "
                           "(the blocks again and their f32 gradients), fp32; %s and %s in bf16; per update %s (fp32), "
                           "%s (bf16), in sent/update; gradients summed and ZeRO sharded over its %d context x data "
                           "ranks\n",
-                          mesh.context, config::to_string(c.dist.context_parallel_mode).c_str(),
-                          static_cast<long long>(Tl), static_cast<long long>(m.context_length), 2 * mesh.context - 1,
+                          mesh.size(dist::Axis::context), config::to_string(c.dist.context_parallel_mode).c_str(),
+                          static_cast<long long>(Tl), static_cast<long long>(m.context_length), 2 * mesh.size(dist::Axis::context) - 1,
                           static_cast<long long>(Tl / 2), static_cast<long long>(Tl),
-                          format_bytes(plan::context_layer_bytes(c, mesh.tensor, false, false)).c_str(), mesh.context - 1,
+                          format_bytes(plan::context_layer_bytes(c, mesh.size(dist::Axis::tensor), false, false)).c_str(), mesh.size(dist::Axis::context) - 1,
                           static_cast<long long>(B), static_cast<long long>(Tl),
-                          format_bytes(plan::context_layer_bytes(c, mesh.tensor, false, true)).c_str(),
-                          format_bytes(plan::context_layer_bytes(c, mesh.tensor, true, false)).c_str(),
-                          format_bytes(plan::context_layer_bytes(c, mesh.tensor, true, true)).c_str(),
-                          format_bytes(plan::context_traffic(c, mesh.tensor, false, accum)).c_str(),
-                          format_bytes(plan::context_traffic(c, mesh.tensor, true, accum)).c_str(), D);
+                          format_bytes(plan::context_layer_bytes(c, mesh.size(dist::Axis::tensor), false, true)).c_str(),
+                          format_bytes(plan::context_layer_bytes(c, mesh.size(dist::Axis::tensor), true, false)).c_str(),
+                          format_bytes(plan::context_layer_bytes(c, mesh.size(dist::Axis::tensor), true, true)).c_str(),
+                          format_bytes(plan::context_traffic(c, mesh.size(dist::Axis::tensor), false, accum)).c_str(),
+                          format_bytes(plan::context_traffic(c, mesh.size(dist::Axis::tensor), true, accum)).c_str(), D);
             }
-            if (mesh.tensor > 1 && mesh.pipeline == 1) {
+            if (mesh.size(dist::Axis::tensor) > 1 && mesh.size(dist::Axis::pipeline) == 1) {
               // The same on every row of a precision (under sequence parallelism the all-gathers
               // move the compute dtype).
-              const auto fp32 = plan::tensor_traffic(c, mesh.tensor, false, accum);
-              const auto bf16 = plan::tensor_traffic(c, mesh.tensor, true, accum);
+              const auto fp32 = plan::tensor_traffic(c, mesh.size(dist::Axis::tensor), false, accum);
+              const auto bf16 = plan::tensor_traffic(c, mesh.size(dist::Axis::tensor), true, accum);
               std::printf("tensor group: %s sent per update on the fp32 rows, %s on the bf16 rows, in %lld "
                           "all-reduces, %lld reduce-scatters and %lld all-gathers (ring volumes): %s\n",
                           format_bytes(fp32.bytes).c_str(), format_bytes(bf16.bytes).c_str(),
@@ -513,7 +512,7 @@ Command add_plan_command(CLI::App& parent) {
                                 "with recompute full), and the head's input gradient, of micro-batch x context x "
                                 "d_model f32 values; the cross-entropy's maxima and sums; once the gradient norm's");
             }
-            if (mesh.pipeline == 1)
+            if (mesh.size(dist::Axis::pipeline) == 1)
             std::printf("max micro-batch: sequences that fit in %s (%s) next to the weights, gradients, optimizer state "
                         "and ZeRO's buffers\n",
                         o->device_memory.c_str(), format_bytes(double(memory)).c_str());

@@ -38,4 +38,13 @@ class RuntimeError : public Error {
   explicit RuntimeError(const std::string& message) : Error(message, ExitCode::runtime_failure) {}
 };
 
+/// A collective or transfer did not finish in time, or a peer is gone: ranks dead, hung or cut off.
+/// Exit 76 (ExitCode::ranks_lost), which launchers read to restart the job. The MPI communicator
+/// stops the whole job itself with this status (it must, while other ranks wait in MPI); a
+/// communicator whose other ranks time out on their own (NCCL) throws this instead.
+class RanksLostError : public Error {
+ public:
+  explicit RanksLostError(const std::string& message) : Error(message, ExitCode::ranks_lost) {}
+};
+
 }  // namespace llmtrain

@@ -34,6 +34,15 @@ Traffic Traffic::since(const Traffic& earlier) const {
   return out;
 }
 
+Traffic& Traffic::operator+=(const Traffic& more) {
+  for (int k = 0; k < kinds; ++k) {
+    calls[k] += more.calls[k];
+    bytes[k] += more.bytes[k];
+  }
+  wait_s += more.wait_s;
+  return *this;
+}
+
 const char* Traffic::name(Kind kind) {
   switch (kind) {
     case all_reduce: return "all-reduce";

@@ -52,6 +52,7 @@ struct Traffic {
   std::int64_t total_calls() const;
   /// What was counted after `earlier` (an earlier copy of the same counts).
   Traffic since(const Traffic& earlier) const;
+  Traffic& operator+=(const Traffic& more);
   static const char* name(Kind kind);
 };
 
@@ -251,50 +252,43 @@ std::unique_ptr<Communicator> make_single_communicator();
 /// does not finish within `timeout_s` (a rank died or hangs) aborts every rank with a message.
 std::unique_ptr<Communicator> make_communicator(bool verbose, double timeout_s = 600.0);
 
-/// The communicators of one training process on its mesh (dist/mesh.h): every rank, and the
-/// groups of ranks that share all mesh coordinates but one. Over host memory always; the
-/// data-parallel group also over device memory on GPUs (NCCL), where the gradients live.
+/// The communicators of one training process on its mesh (dist/mesh.h): every rank, and for each
+/// axis the group of ranks that share every coordinate but those the axis's row spans. Over host
+/// memory always; also over device memory on GPUs (NCCL), where the gradients and activations live.
 struct Communicators {
-  Mesh mesh;
-  std::unique_ptr<Communicator> world;        // every rank, host memory: losses, checksums, barriers, checkpoints
-  std::unique_ptr<Communicator> data_group;   // same tensor index and stage: replicas of one model part
-                                              // (context x data ranks, context index fastest)
-  std::unique_ptr<Communicator> tensor_group;    // same data index and stage: one layer's shards
-  std::unique_ptr<Communicator> pipeline_group;  // same tensor, context and data index: the stages in order
-  std::unique_ptr<Communicator> context_group;   // same tensor and data index and stage: one sequence's parts
-  std::unique_ptr<Communicator> data_device;  // the data-parallel group over device memory; null: data_group serves
-  std::unique_ptr<Communicator> tensor_device;  // the tensor-parallel group over device memory; null: tensor_group serves
-  std::unique_ptr<Communicator> pipeline_device;  // the pipeline group over device memory; null: pipeline_group serves
-  std::unique_ptr<Communicator> context_device;  // the context group over device memory; null: context_group serves
+  /// One axis's group: over host memory, and over device memory where that is another communicator.
+  struct Group {
+    std::unique_ptr<Communicator> host;
+    std::unique_ptr<Communicator> device;  // null: `host` serves
+  };
 
-  /// The data-parallel group over host memory (scalars: losses, norms; the sampler's rank).
-  Communicator& data_host() const { return *data_group; }
-  /// The data-parallel group over the memory the gradients live in (NCCL for CUDA with several ranks).
-  Communicator& data() const { return data_device ? *data_device : *data_group; }
-  /// The tensor-parallel group over the memory the activations live in.
-  Communicator& tensor() const { return tensor_device ? *tensor_device : *tensor_group; }
-  /// The pipeline group over the memory the activations live in (the stages' transfers).
-  Communicator& pipeline() const { return pipeline_device ? *pipeline_device : *pipeline_group; }
-  /// The context-parallel group over the memory the activations live in (key/value blocks).
-  Communicator& context() const { return context_device ? *context_device : *context_group; }
-  /// The data-parallel index and size without the context axis: which sequences this rank reads.
-  int data_index() const { return data_group->rank() / mesh.context; }
+  Mesh mesh;
+  std::unique_ptr<Communicator> world;  // every rank, host memory: losses, checksums, barriers, checkpoints
+  PerAxis<Group> groups;
+
+  /// Axis a's group over host memory (scalars: losses, norms; the sampler's rank).
+  Communicator& host(Axis a) const { return *groups[a].host; }
+  /// Axis a's group over the memory the gradients and activations live in (NCCL for CUDA with
+  /// several ranks).
+  Communicator& device(Axis a) const { return groups[a].device ? *groups[a].device : *groups[a].host; }
+  /// The data-parallel index without the context axis: which sequences this rank reads.
+  int data_index() const { return host(Axis::data).rank() / mesh.size(Axis::context); }
+  /// What this rank has sent over axis a's group, host and device communicators together.
+  Traffic traffic(Axis a) const;
 };
 
 /// Splits `world` into the groups of `mesh` (mesh.world() must be world's size).
 Communicators split_mesh(std::unique_ptr<Communicator> world, const Mesh& mesh);
 
-/// make_communicator's choice for the host, and for `device` cuda: binds this process to its GPU
-/// (by local rank) and, with several ranks, adds NCCL over that GPU for the data, tensor and
-/// pipeline groups that have more than one rank.
-/// Its groups are those of a `tensor_parallel` x `context_parallel` x data x `pipeline_parallel`
-/// mesh over the job's ranks (InputError naming the keys when they do not divide the world size).
-Communicators make_communicators(Device device, double timeout_s = 600.0, int tensor_parallel = 1,
-                                 int pipeline_parallel = 1, int context_parallel = 1);
-/// The same, with the device chosen by `choose` once the host communicator exists (it may run
-/// collectives on it, so that every rank makes the same choice).
+/// make_communicator's choice for the host, split into the groups of `mesh_of(world size)`
+/// (which may throw InputError naming the keys that do not divide it), and for `device` cuda:
+/// binds this process to its GPU (by local rank) and adds NCCL over that GPU for every group
+/// with more than one rank. The device is chosen by `choose` once the host communicator exists
+/// (it may run collectives on it, so that every rank makes the same choice).
 Communicators make_communicators(const std::function<Device(Communicator& world)>& choose, double timeout_s,
-                                 int tensor_parallel = 1, int pipeline_parallel = 1, int context_parallel = 1);
+                                 const std::function<Mesh(int world)>& mesh_of);
+/// The same on a fixed device.
+Communicators make_communicators(Device device, double timeout_s, const std::function<Mesh(int world)>& mesh_of);
 
 /// True when the environment says this process is one of several started by mpirun or srun.
 bool launched_by_mpi();

@@ -50,59 +50,60 @@ Communicators split_mesh(std::unique_ptr<Communicator> world, const Mesh& mesh) 
   Communicators comms;
   comms.mesh = mesh;
   const Mesh::Coord at = mesh.coord(world->rank());
-  // Each group: the ranks that agree on the other coordinates (the color), in the order of the
-  // group's own coordinate (the key). The data-parallel group (the ranks whose gradients are
-  // summed: the same tensor index and stage) holds the context and data axes together, context
-  // index fastest.
-  const int C = mesh.context, D = mesh.data, Tn = mesh.tensor;
-  comms.data_group = world->split(at.tensor + Tn * at.pipeline, at.context + C * at.data);
-  comms.tensor_group = world->split(at.context + C * (at.data + D * at.pipeline), at.tensor);
-  comms.pipeline_group = world->split(at.tensor + Tn * (at.context + C * at.data), at.pipeline);
-  comms.context_group = world->split(at.tensor + Tn * (at.data + D * at.pipeline), at.context);
-  comms.pipeline_group->set_rank_noun("stage");  // a transfer that never completes names the stage
+  // Each group: the ranks that agree on the coordinates outside the axes it spans (the color),
+  // in the order of its own coordinates, the faster axis first (the key).
+  for (const AxisRow& row : mesh_axes) {
+    int color = 0, key = 0;
+    for (int a = axis_count - 1; a >= 0; --a) {
+      const Axis axis = Axis(a);
+      int& into = (row.group_axes & axis_bit(axis)) ? key : color;
+      into = into * mesh.size(axis) + at[axis];
+    }
+    comms.groups[row.axis].host = world->split(color, key);
+    if (row.rank_noun) comms.groups[row.axis].host->set_rank_noun(row.rank_noun);  // "stage 1 (rank 3)"
+  }
   // A collective that times out names each missing rank's place on the mesh's split axes.
   const auto place = [mesh](int job_rank) {
     const Mesh::Coord c = mesh.coord(job_rank);
     std::string out;
-    if (mesh.pipeline > 1) out += "stage " + std::to_string(c.pipeline);
-    if (mesh.tensor > 1) out += (out.empty() ? "" : ", ") + std::string("tensor rank ") + std::to_string(c.tensor);
-    if (mesh.context > 1) out += (out.empty() ? "" : ", ") + std::string("context rank ") + std::to_string(c.context);
+    for (int a = axis_count - 1; a >= 0; --a) {  // the stage first
+      const AxisRow& row = mesh_axes[std::size_t(a)];
+      if (!row.rank_label || mesh.size(row.axis) == 1) continue;
+      out += (out.empty() ? "" : ", ") + std::string(row.rank_label) + " " + std::to_string(c[row.axis]);
+    }
     return out.empty() ? out : " (" + out + ")";
   };
-  for (Communicator* group : {world.get(), comms.data_group.get(), comms.tensor_group.get(), comms.pipeline_group.get(),
-                              comms.context_group.get()}) {
-    group->set_job_rank_place(place);
-  }
+  world->set_job_rank_place(place);
+  for (const auto& group : comms.groups.values) group.host->set_job_rank_place(place);
   comms.world = std::move(world);
   return comms;
 }
 
-Communicators make_communicators(Device device, double timeout_s, int tensor_parallel, int pipeline_parallel,
-                                 int context_parallel) {
-  return make_communicators([device](Communicator&) { return device; }, timeout_s, tensor_parallel, pipeline_parallel,
-                            context_parallel);
+Traffic Communicators::traffic(Axis a) const {
+  Traffic sent = groups[a].host->traffic();
+  if (groups[a].device) sent += groups[a].device->traffic();
+  return sent;
+}
+
+Communicators make_communicators(Device device, double timeout_s, const std::function<Mesh(int world)>& mesh_of) {
+  return make_communicators([device](Communicator&) { return device; }, timeout_s, mesh_of);
 }
 
 Communicators make_communicators(const std::function<Device(Communicator& world)>& choose, double timeout_s,
-                                 int tensor_parallel, int pipeline_parallel, int context_parallel) {
+                                 const std::function<Mesh(int world)>& mesh_of) {
   std::unique_ptr<Communicator> world = make_communicator(false, timeout_s);
-  const Mesh mesh = Mesh::of(world->world_size(), tensor_parallel, pipeline_parallel, context_parallel);
+  const Mesh mesh = mesh_of(world->world_size());
   const Device device = choose(*world);
   Communicators comms = split_mesh(std::move(world), mesh);
   if (device == Device::cuda) {
     const int gpu = ops::use_cuda_device(comms.world->local_rank());
     // One GPU process has nothing to reduce: no device communicator.
 #if LLMTRAIN_HAVE_CUDA
-    if (comms.data_group->world_size() > 1) comms.data_device = make_nccl_communicator(*comms.data_group, gpu, timeout_s);
-    if (comms.tensor_group->world_size() > 1) {
-      comms.tensor_device = make_nccl_communicator(*comms.tensor_group, gpu, timeout_s);
-    }
-    if (comms.pipeline_group->world_size() > 1) {
-      comms.pipeline_device = make_nccl_communicator(*comms.pipeline_group, gpu, timeout_s);
-      comms.pipeline_device->set_rank_noun("stage");  // a transfer that never completes names the stage
-    }
-    if (comms.context_group->world_size() > 1) {
-      comms.context_device = make_nccl_communicator(*comms.context_group, gpu, timeout_s);
+    for (const AxisRow& row : mesh_axes) {
+      Communicators::Group& group = comms.groups[row.axis];
+      if (group.host->world_size() == 1) continue;
+      group.device = make_nccl_communicator(*group.host, gpu, timeout_s);
+      if (row.rank_noun) group.device->set_rank_noun(row.rank_noun);
     }
 #else
     (void)gpu;

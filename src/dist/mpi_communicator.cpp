@@ -1,7 +1,7 @@
 // MPI over host memory. Every collective and transfer is started non-blocking and polled, so that
 // one that does not finish within the timeout (a rank died or hangs) stops the job with a clear
-// message instead of hanging it. A rank that finds others lost tells every rank (a verdict), so
-// each surviving rank stops with one line naming the lost ranks and their hosts, exit status 76.
+// message instead of hanging it. Each surviving rank stops with one line naming the lost ranks and
+// their hosts (dist/lost_ranks.h), exit status 76. The calls in pieces: dist/mpi_pieces.h.
 #include <mpi.h>
 #include <omp.h>
 
@@ -13,86 +13,18 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
-#include <set>
 #include <string>
 #include <thread>
 
 #include "core/error.h"
 #include "dist/communicator.h"
+#include "dist/lost_ranks.h"
+#include "dist/mpi_pieces.h"
 
 namespace llmtrain::dist {
 namespace {
 
 class MpiCommunicator;
-
-// The exit status of a job stopped because ranks stopped answering (dead, hung, or cut off by
-// the network): relaunching on the hosts that answer resumes it (scripts/launch/mpirun.sh).
-constexpr int ranks_lost_status = static_cast<int>(ExitCode::ranks_lost);
-// Each job rank's host (MPI_Get_processor_name), gathered when the world communicator is made.
-std::vector<std::string> job_hosts;
-// How long a rank that stops waits for the others' verdicts, to name every lost rank.
-constexpr double verdict_wait_s = 1.0;
-
-void check(int status, const char* call) {
-  if (status != MPI_SUCCESS) {
-    char text[MPI_MAX_ERROR_STRING];
-    int length = 0;
-    MPI_Error_string(status, text, &length);
-    throw RuntimeError(std::string("MPI error in ") + call + ": " + std::string(text, std::size_t(length)));
-  }
-}
-
-// MPI counts are ints: a call of more elements is made in pieces of at most this many (fewer
-// when LLMTRAIN_COMM_MAX_ELEMENTS says so).
-std::int64_t mpi_piece_limit() { return piece_limit(std::numeric_limits<int>::max()); }
-
-// A reduce-scatter in pieces packs piece j of every rank's block into one staging buffer: at most
-// this many elements in all (1 GiB of floats), whatever the piece limit.
-constexpr std::int64_t staging_elements = std::int64_t(1) << 28;
-
-// Transfers move elements as they are: 16-bit ones (bf16, u16) as words.
-MPI_Datatype element_type(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return MPI_FLOAT;
-    case DType::i32: return MPI_INT32_T;
-    case DType::bf16:
-    case DType::u16: return MPI_UINT16_T;
-  }
-  return MPI_BYTE;
-}
-
-// One message of a transfer in flight, and whom to blame when it never finishes.
-struct TransferPart {
-  MPI_Request mpi = MPI_REQUEST_NULL;
-  std::string blame;  // "rank 2 never received it"
-};
-
-// One collective made of one MPI call or several (pieces, when a count exceeds the piece limit):
-// the calls in flight, and those still to start, each once every call before it has finished
-// (pieces that share a staging buffer). Datatypes made for the pieces are freed when all are done.
-struct Pieces {
-  std::vector<MPI_Request> active;
-  std::vector<std::function<void(Pieces&)>> later;
-  std::size_t next = 0;
-  std::vector<MPI_Datatype> types;
-  std::vector<float> staging;
-
-  MPI_Request& add() { return active.emplace_back(MPI_REQUEST_NULL); }
-  // Whether every piece has finished; starts the next deferred one when those in flight have.
-  bool test() {
-    int done = 0;
-    check(MPI_Testall(int(active.size()), active.data(), &done, MPI_STATUSES_IGNORE), "MPI_Testall");
-    if (!done) return false;
-    active.clear();
-    if (next < later.size()) {
-      later[next++](*this);
-      return false;
-    }
-    for (MPI_Datatype& type : types) MPI_Type_free(&type);
-    types.clear();
-    return true;
-  }
-};
 
 class MpiCommunicator final : public Communicator {
   using Clock = std::chrono::steady_clock;
@@ -108,7 +40,7 @@ class MpiCommunicator final : public Communicator {
       owns_mpi_ = true;
     }
     adopt(MPI_COMM_WORLD);
-    gather_hosts();
+    lost_ranks::gather_hosts(comm_);
     // Threads per rank: OMP_NUM_THREADS when set; otherwise the cores this rank may run on, shared
     // among the node's ranks. OpenMP's default, a thread per core in every rank, oversubscribes
     // the node, and each parallel region then waits for descheduled threads.
@@ -303,7 +235,10 @@ class MpiCommunicator final : public Communicator {
       const bool finished = done();
       if (rank_ == 0) collect_heartbeats();
       if (finished) return;
-      if (spins % 64 == 0 && take_verdicts()) stop_job("rank " + verdict_from_ + "'s collective", "", {});
+      if (spins % 64 == 0) {
+        lost_ranks::answer_roll_calls();
+        if (lost_ranks::take_verdicts()) stop_job("rank " + lost_ranks::verdict_from() + "'s collective", "", {});
+      }
       if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
       const auto now = Clock::now();
       if (rank_ != 0 && now - last_beat > std::chrono::seconds(1)) {
@@ -324,7 +259,8 @@ class MpiCommunicator final : public Communicator {
   // 0's last grant is younger than dist.timeout_s.
   void keep_alive() override {
     const auto now = Clock::now();
-    if (take_verdicts()) stop_job("rank " + verdict_from_ + "'s collective", "", {});
+    lost_ranks::answer_roll_calls();
+    if (lost_ranks::take_verdicts()) stop_job("rank " + lost_ranks::verdict_from() + "'s collective", "", {});
     if (rank_ == 0) {
       init_tables();
       collect_heartbeats();
@@ -395,7 +331,7 @@ class MpiCommunicator final : public Communicator {
 
   static constexpr int heartbeat_tag = 7301;
   static constexpr int count_tag = 7302;
-  static constexpr int verdict_tag = 7303;  // on MPI_COMM_WORLD: job ranks found lost
+  // 7303 and 7306 on MPI_COMM_WORLD: verdicts and roll calls (dist/lost_ranks.cpp).
   static constexpr int grant_tag = 7304;    // rank 0 to the others: every rank heard (patience)
   static constexpr int grant_count_tag = 7305;
   // Transfers (send, recv, exchange) use one tag of their own: MPI matches the messages between
@@ -449,101 +385,23 @@ class MpiCommunicator final : public Communicator {
   }
 
   // Prints "llmtrain: error: rank R: OPERATION did not finish within dist.timeout_s = T s: WHO;
-  // stopping every rank" and stops the whole job, not just this group. Ranks found `lost` are
-  // told to every rank first, and the verdicts of others taken for a moment, so that the line
-  // names every lost rank and its host ("rank(s) 2, 3 never arrived or stopped responding (dead,
-  // hung or cut off; host node2)"); then exit status 76, ranks_lost_status.
+  // stopping every rank" and stops the whole job, not just this group, with exit status 76. WHO
+  // names the lost ranks and their hosts (dist/lost_ranks.h: the ranks this one found `lost`, the
+  // verdicts of others, or, when no rank has names, a roll call of the survivors); else `who`.
   [[noreturn]] void stop_job(const std::string& operation, const std::string& who, const std::vector<int>& lost) {
     // Whatever happens to MPI_Abort (it can wait on a daemon that is gone), the process ends.
     std::thread([wait_s = std::min(timeout_s_, 10.0)] {
       std::this_thread::sleep_for(std::chrono::duration<double>(wait_s + 5.0));
-      std::_Exit(ranks_lost_status);
+      std::_Exit(lost_ranks::exit_status());
     }).detach();
-    std::vector<MPI_Request> sends;
-    for (int job : lost) lost_.insert(job);
-    if (!lost.empty()) send_verdict(lost, sends);
-    if (!lost.empty() || who.empty() || who.find("names the missing") != std::string::npos) {
-      // A rank that found no one itself waits for a verdict up to a timeout more (the rank that
-      // has the names may have entered the collective later), then a second for the others'.
-      const double wait_s = lost_.empty() ? std::max(verdict_wait_s, std::min(timeout_s_, 10.0)) : verdict_wait_s;
-      const auto start = Clock::now();
-      for (double waited = 0; waited < wait_s; waited = std::chrono::duration<double>(Clock::now() - start).count()) {
-        if (!lost_.empty() && waited >= verdict_wait_s) break;
-        take_verdicts();
-        for (MPI_Request& r : sends) {
-          int done = 0;
-          if (r != MPI_REQUEST_NULL) MPI_Test(&r, &done, MPI_STATUS_IGNORE);
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
-    }
-    const bool named = !lost_.empty();
-    std::string line = named ? lost_phrase() : who;
-    if (!named && !verdict_from_.empty()) line = "rank " + verdict_from_ + " found ranks lost";
+    const bool no_names = who.find("names the missing") != std::string::npos;
+    const std::string line = lost_ranks::settle(lost, who, no_names, std::min(timeout_s_, 10.0),
+                                                [this](int job) { return job_rank_place(job); });
     std::fprintf(stderr, "llmtrain: error: rank %d: %s did not finish within dist.timeout_s = %.0f s: %s; stopping every rank\n",
                  job_ranks_[std::size_t(rank_)], operation.c_str(), timeout_s_, line.c_str());
     std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, ranks_lost_status);
-    std::_Exit(ranks_lost_status);
-  }
-
-  // "rank(s) 2 (tensor rank 0), 3 (tensor rank 1) never arrived or stopped responding (dead, hung
-  // or cut off; host node2)": the ranks this rank and the verdicts it took found lost.
-  std::string lost_phrase() const {
-    std::string ranks, hosts;
-    std::set<std::string> seen;
-    for (int job : lost_) {
-      ranks += (ranks.empty() ? "" : ", ") + std::to_string(job) + job_rank_place(job);
-      const std::string host = std::size_t(job) < job_hosts.size() ? job_hosts[std::size_t(job)] : "";
-      if (!host.empty() && seen.insert(host).second) hosts += (hosts.empty() ? "" : ", ") + host;
-    }
-    return "rank(s) " + ranks + " never arrived or stopped responding (dead, hung or cut off; host" +
-           (seen.size() > 1 ? "s " : " ") + hosts + ")";
-  }
-
-  // Tells every other rank of the job (MPI_COMM_WORLD, whatever this group is) which ranks were
-  // found lost. The sends to lost ranks never complete; the process ends with them pending.
-  void send_verdict(const std::vector<int>& lost, std::vector<MPI_Request>& sends) {
-    int me = 0, size = 1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &me);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    static std::vector<int> payload;  // outlives the pending sends
-    payload = lost;
-    for (int r = 0; r < size; ++r) {
-      if (r == me || lost_.count(r)) continue;
-      sends.push_back(MPI_REQUEST_NULL);
-      MPI_Isend(payload.data(), int(payload.size()), MPI_INT, r, verdict_tag, MPI_COMM_WORLD, &sends.back());
-    }
-  }
-
-  // Takes the verdicts that have arrived, adding their ranks to lost_; whether there were any.
-  bool take_verdicts() {
-    bool any = false;
-    for (int flag = 1; flag;) {
-      MPI_Status status;
-      MPI_Iprobe(MPI_ANY_SOURCE, verdict_tag, MPI_COMM_WORLD, &flag, &status);
-      if (!flag) break;
-      int count = 0;
-      MPI_Get_count(&status, MPI_INT, &count);
-      std::vector<int> ranks(std::size_t(std::max(count, 0)));
-      MPI_Recv(ranks.data(), count, MPI_INT, status.MPI_SOURCE, verdict_tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-      for (int job : ranks) lost_.insert(job);
-      if (verdict_from_.empty()) verdict_from_ = std::to_string(status.MPI_SOURCE);
-      any = true;
-    }
-    return any;
-  }
-
-  // Every job rank's host name, once, from the world communicator.
-  void gather_hosts() {
-    char name[MPI_MAX_PROCESSOR_NAME] = {};
-    int length = 0;
-    MPI_Get_processor_name(name, &length);
-    std::vector<char> all(std::size_t(world_) * MPI_MAX_PROCESSOR_NAME);
-    check(MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, comm_),
-          "MPI_Allgather");
-    job_hosts.clear();
-    for (int r = 0; r < world_; ++r) job_hosts.emplace_back(&all[std::size_t(r) * MPI_MAX_PROCESSOR_NAME]);
+    MPI_Abort(MPI_COMM_WORLD, lost_ranks::exit_status());
+    std::_Exit(lost_ranks::exit_status());
   }
 
   // A transfer of more elements than a count holds is several messages, matched in order (one tag).
@@ -666,13 +524,11 @@ class MpiCommunicator final : public Communicator {
   std::vector<std::int64_t> arrived_;          // rank 0: the last collective each rank entered
   std::vector<std::int64_t> received_;         // rank 0: heartbeats taken from each rank
   std::vector<Clock::time_point> last_heard_;  // rank 0: when each rank last sent one
-  std::set<int> lost_;                         // job ranks found lost, here or by a verdict
   // Patience (dist/file_work.h): rank 0's grants sent (to each other rank alike) and in flight;
   // the others' grants taken and when the last came; when rank 0 last granted, or keep_alive last beat.
   std::int64_t grants_sent_ = 0, grants_taken_ = 0;
   std::deque<MPI_Request> grant_sends_;
   Clock::time_point last_grant_{}, last_keep_alive_{};
-  std::string verdict_from_;                   // the job rank whose verdict came first
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::vector<int> job_ranks_;  // MPI_COMM_WORLD rank of each member
   bool owns_mpi_ = false;

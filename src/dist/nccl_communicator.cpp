@@ -38,7 +38,10 @@ namespace llmtrain::dist {
 namespace {
 
 [[noreturn]] void nccl_failed(ncclResult_t status, const char* call) {
-  throw RuntimeError(std::string("NCCL error in ") + call + ": " + ncclGetErrorString(status));
+  const std::string message = std::string("NCCL error in ") + call + ": " + ncclGetErrorString(status);
+  // A peer that exited or a network that failed under NCCL: ranks lost, as a timeout (exit 76).
+  if (status == ncclRemoteError) throw RanksLostError(message + " (a rank died or was cut off)");
+  throw RuntimeError(message);
 }
 
 // For calls after which nothing waits on NCCL's state (the communicator's own set-up is polled).
@@ -438,7 +441,7 @@ class NcclCommunicator final : public Communicator {
     if (waited <= timeout_s_) return;
     ncclCommAbort(comm_);
     comm_ = nullptr;
-    throw RuntimeError("rank " + std::to_string(job_rank(rank())) + ": NCCL " + operation +
+    throw RanksLostError("rank " + std::to_string(job_rank(rank())) + ": NCCL " + operation +
                        " did not finish within dist.timeout_s = " + std::to_string(int(timeout_s_)) + " s: " + suspect +
                        "; communicator aborted");
   }

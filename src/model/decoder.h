@@ -1,11 +1,11 @@
 // The decoder skeleton GPT-2 and Llama share: the token embedding, a stack of layers on one
 // residual stream, a final norm and an output head with its loss. Decoder<Body> owns the loops
-// (forward, backward, incremental decoding), the parameters outside the layers, the activation
-// slots and the pipeline-stage boundaries; an architecture supplies its parameter list and layer
-// body (Body: the types of one layer's weights and activations, and their layout code) and, as a
-// subclass, the layer's forward, backward and decode step, its slices and its final norm. So a
-// further architecture is a Body, a layer body and its rows in the tables (config/arch_traits.cpp,
-// model/arch.cpp).
+// (forward, backward, incremental decoding: their definitions are model/decoder_passes.h's), the
+// parameters outside the layers, the activation slots and the residual stream's ends of each layer
+// range it holds; an architecture supplies its parameter list and layer body (Body: the types of
+// one layer's weights and activations, and their layout code) and, as a subclass, the layer's
+// forward, backward and decode step, its slices and its final norm. So a further architecture is
+// a Body, a layer body and its rows in the tables (config/arch_traits.cpp, model/arch.cpp).
 //
 // Activation memory: the residual stream needs only ONE gradient buffer, accumulated in place
 // through the whole backward pass (each residual connection adds its branch's input gradient to
@@ -72,7 +72,7 @@ class Decoder : public Model {
   Tensor logits() override;
   Tensor losses() override;
   Tensor decode_step(std::int32_t token, int pos) override;
-  StageIO stage_io() override;
+  StreamEnds stream_ends() override;
   std::string tied_embedding() const override { return tied() ? Body::names.embedding : ""; }
   void prepare_activations(int B, int T) override { ensure_acts(B, local_length(T)); }
   std::size_t activation_bytes(int B, int T) const override {
@@ -195,11 +195,11 @@ class Decoder : public Model {
                                    const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd) = 0;
 
   // Helpers for the layer bodies.
-  /// Layer l's activations (l is a model layer index on this stage).
-  const LayerActs& layer_acts(std::size_t l) const { return a_.layers[l - std::size_t(first_layer())]; }
+  /// Layer l's activations (l is a model layer index in the range in use).
+  const LayerActs& layer_acts(std::size_t l) const { return a_.layers[l - std::size_t(layers_in_use().begin)]; }
   /// The residual stream entering layer l.
   const Tensor& layer_input(std::size_t l) const {
-    const std::size_t li = l - std::size_t(first_layer());
+    const std::size_t li = l - std::size_t(layers_in_use().begin);
     return li ? a_.layers[li - 1].residual3 : a_.encoded;
   }
   /// What backward does before layer l's backward under train.recompute.
@@ -291,7 +291,7 @@ class Decoder : public Model {
   void ensure_acts(int B, int T);
   void ensure_decoding();
   void select_activations() override;
-  void bind_unit(const Unit& unit) override;
+  void bind_run(const ParamRun& run) override;
   Params bind_params(bool grads) const;
   void bind_ends(Params& p, bool grads) const;
   std::string norm_weight_name() const { return std::string(Body::names.final_norm) + ".weight"; }
@@ -309,7 +309,7 @@ class Decoder : public Model {
   Tensor local_positions(int T);
   /// Adds the gradient of local_positions' rows into the table's gradient.
   void add_position_grads();
-  /// The residual stream leaving this stage's last layer.
+  /// The residual stream leaving the last layer of the range in use.
   const Tensor& stream_output() const { return a_.layers.empty() ? a_.encoded : a_.layers.back().residual3; }
 
   ops::Buffer acts_buffer_, logits_f32_;  // logits_f32_: f32 logits in mixed precision
@@ -325,7 +325,7 @@ TensorSlice Decoder<Body>::slice_of(const std::string& name) const {
   if (name == Body::names.embedding || is_head(name)) {
     TensorSlice rows = tp_.vocab_part();
     // A tied embedding on the last pipeline stage (the head's) is a copy of the first stage's.
-    rows.owner = is_head(name) || holds_first_stage();
+    rows.owner = is_head(name) || holds_model_begin();
     return rows;
   }
   return layer_slice(name);
@@ -335,9 +335,9 @@ template <class Body>
 bool Decoder<Body>::held(const std::string& name) const {
   // Pipeline stages: the first holds the embedding (and learned positions), the last the final
   // norm and the head (the embedding too when tied).
-  if (name.starts_with(std::string(Body::names.final_norm) + ".") || is_head(name)) return holds_last_stage();
-  if (Body::names.positions && name == Body::names.positions) return holds_first_stage();
-  if (name == Body::names.embedding) return holds_first_stage() || (holds_last_stage() && tied());
+  if (name.starts_with(std::string(Body::names.final_norm) + ".") || is_head(name)) return holds_model_end();
+  if (Body::names.positions && name == Body::names.positions) return holds_model_begin();
+  if (name == Body::names.embedding) return holds_model_begin() || (holds_model_end() && tied());
   return true;  // a layer's: add_param keeps this stage's
 }
 
@@ -363,10 +363,10 @@ void Decoder<Body>::bind_ends(Params& p, bool grads) const {
 }
 
 template <class Body>
-void Decoder<Body>::bind_unit(const Unit& unit) {
-  if (unit.layer >= 0) {
-    p_.layers[std::size_t(unit.layer)] = bind_layer(unit.layer, false);
-    g_.layers[std::size_t(unit.layer)] = bind_layer(unit.layer, true);
+void Decoder<Body>::bind_run(const ParamRun& run) {
+  if (run.layer >= 0) {
+    p_.layers[std::size_t(run.layer)] = bind_layer(run.layer, false);
+    g_.layers[std::size_t(run.layer)] = bind_layer(run.layer, true);
     return;
   }
   bind_ends(p_, false);
@@ -454,7 +454,7 @@ void Decoder<Body>::ensure_acts(int B, int T) {
   for (Acts& slot : acts_slots_) {
     lay_out(config_, recompute_, compute_, carver, B, T, slot, ga_, acts_only);
     // lay_out made room for the most vocabulary rows any rank has.
-    if (holds_last_stage()) {
+    if (holds_model_end()) {
       slot.logits = Tensor(slot.logits.data, slot.logits.dtype, device_,
                            {std::int64_t(B) * T, logits_stride(tp_.vocab_end() - tp_.vocab_begin())});
     }
@@ -467,194 +467,10 @@ void Decoder<Body>::ensure_acts(int B, int T) {
 
 template <class Body>
 void Decoder<Body>::select_activations() {
-  // Slot slot_ (a slot holds room for the largest chunk) with the layers of the chunk in use.
+  // Slot slot_ (a slot holds room for the largest range) with the layers of the range in use.
   if (std::size_t(slot_) >= acts_slots_.size()) return;
   a_ = acts_slots_[std::size_t(slot_)];
-  a_.layers.resize(std::size_t(stage_layers()));
-}
-
-template <class Body>
-Model::StageIO Decoder<Body>::stage_io() {
-  return {a_.encoded, stream_output(), ga_.residual, ga_.residual};
-}
-
-template <class Body>
-double Decoder<Body>::forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T,
-                              float dloss_scale) {
-  if (cp_.active()) {  // this rank's chunks of every sequence
-    if (T > config_.context_length) ensure_acts(B, T);  // the error names the whole length
-    cp_.take_rows(inputs, B, T, cp_inputs_);
-    inputs = cp_inputs_.data();
-    if (targets) {
-      cp_.take_rows(targets, B, T, cp_targets_);
-      targets = cp_targets_.data();
-    }
-    T = local_length(T);
-  }
-  ensure_acts(B, T);
-  prepare_weights();
-  inputs_upload_.upload(a_.inputs, Tensor(const_cast<std::int32_t*>(inputs), DType::i32, Device::cpu, {B, T}));
-  notify(UnitEvent::forward_begins);
-  if (first_stage()) {  // a later pipeline stage's input is the previous stage's output (stage_io)
-    const Tensor embedded = sequence_parallel() ? a_.full_out : a_.encoded;
-    tp_.vocab_parallel_embedding(embedded.reshape({B, T, config_.d_model}), inputs, a_.inputs, p_.embedding,
-                                 local_positions(T), slot_, slots_);
-    tp_.reduce_output(embedded, a_.encoded);
-  }
-  for (std::size_t li = 0; li < a_.layers.size(); ++li) {
-    const std::size_t l = std::size_t(first_layer()) + li;
-    notify(UnitEvent::before_forward, int(l));
-    forward_layer(l);
-    notify(UnitEvent::after_forward, int(l));
-  }
-  if (!last_stage()) return 0.0;  // its output goes to the next stage
-  final_norm_forward(a_.lnf, a_.lnf_mean, a_.lnf_rstd, stream_output(), p_.norm_weight, p_.norm_bias);
-  ops::matmul_forward(a_.logits, tp_.gather_input(a_.lnf, a_.lnf_full), p_.head, Tensor());
-  if (!targets) return 0.0;
-  targets_upload_.upload(a_.targets,
-                         Tensor(const_cast<std::int32_t*>(targets), DType::i32, Device::cpu, {a_.targets.shape[0]}));
-  return tp_.vocab_parallel_cross_entropy(a_.logits, a_.losses, a_.targets, dloss_scale, deferred_loss_sum());
-}
-
-template <class Body>
-void Decoder<Body>::backward(const std::function<void(std::int64_t)>& grads_ready) {
-  const int B = acts_B_, T = acts_T_;
-  const std::int64_t C = config_.d_model;
-  const Tensor& dlogits = a_.logits;  // fused_classifier left the gradient there
-  // d(residual stream): each residual connection adds its branch's input gradient in place.
-  // Tensor parallelism: the input gradients of the split matmuls (the head, and the layers'
-  // column-parallel ones) are summed over the group (this rank's tokens of them under sequence
-  // parallelism, whose norms then see only those tokens: their weights' gradients are summed
-  // too); the outputs' gradients the row-parallel backward needs are gathered whole.
-  const bool sp = sequence_parallel();
-  const Tensor& dresidual = ga_.residual;
-  if (last_stage()) {  // an earlier pipeline stage starts from the next stage's gradient (stage_io)
-    ops::zero(dresidual);
-    const Tensor dlnf = sp ? a_.full_out : ga_.lnf;  // the head's partial input gradient
-    ops::matmul_backward(dlnf, g_.head, Tensor(), dlogits, sp ? a_.lnf_full : a_.lnf, p_.head, ops::Accumulate::no);
-    tp_.reduce_output(dlnf, ga_.lnf);  // each rank's vocabulary rows' share
-    tp_.norm_backward(norm_grads(g_.norm_weight, config::norm_params_per_channel(traits_) * C), [&] {
-      final_norm_backward(dresidual, g_.norm_weight, g_.norm_bias, ga_.lnf, stream_output(), p_.norm_weight,
-                          a_.lnf_mean, a_.lnf_rstd);
-    });
-  }
-  for (std::size_t li = a_.layers.size(); li-- > 0;) {
-    const std::size_t l = std::size_t(first_layer()) + li;
-    notify(UnitEvent::before_backward, int(l));
-    recompute(l);
-    backward_layer(l);
-    notify(UnitEvent::after_backward, int(l));
-    if (grads_ready) grads_ready(layer_grads_end(std::int64_t(l)));
-  }
-  // A later pipeline stage's input gradient goes to the previous stage (stage_io).
-  if (first_stage()) {
-    const bool split_positions = cp_.active() && g_.positions.data;
-    Tensor dpositions = g_.positions;
-    if (split_positions) {
-      dpositions = Tensor(cp_position_grads_.data(), DType::f32, device_, {T, C});
-      ops::zero(dpositions);
-    }
-    tp_.vocab_parallel_embedding_backward(g_.embedding, dpositions,
-                                          tp_.gather_input(dresidual, a_.full_in).reshape({B, T, C}), a_.inputs,
-                                          slot_);
-    if (split_positions) add_position_grads();
-  }
-  notify(UnitEvent::backward_ends);
-  if (grads_ready) grads_ready(num_params());
-}
-
-template <class Body>
-Tensor Decoder<Body>::local_positions(int T) {
-  if (!cp_.active() || !p_.positions.data) return p_.positions;
-  const std::int64_t C = config_.d_model;
-  const std::size_t row = std::size_t(C) * dtype_size(p_.positions.dtype);
-  if (cp_positions_.bytes() < std::size_t(T) * row) {
-    cp_positions_ = ops::Buffer(device_, std::size_t(T) * row);
-    cp_position_grads_ = ops::Buffer(device_, std::size_t(T * C) * sizeof(float));
-  }
-  const ops::Chunks at = cp_.mine(T * cp_.size());
-  for (int i = 0; i < at.count(); ++i) {
-    ops::copy(Tensor(static_cast<char*>(cp_positions_.data()) + std::size_t(i) * at.len * row, p_.positions.dtype,
-                     device_, {at.len, C}),
-              Tensor(static_cast<char*>(p_.positions.data) + std::size_t(at.start(i)) * row, p_.positions.dtype,
-                     device_, {at.len, C}));
-  }
-  return Tensor(cp_positions_.data(), p_.positions.dtype, device_, {T, C});
-}
-
-template <class Body>
-void Decoder<Body>::add_position_grads() {
-  const std::int64_t C = config_.d_model;
-  const ops::Chunks at = cp_.mine(acts_T_ * cp_.size());
-  for (int i = 0; i < at.count(); ++i) {
-    const Tensor table(static_cast<float*>(g_.positions.data) + std::int64_t(at.start(i)) * C, DType::f32, device_, {at.len * C});
-    const Tensor mine(static_cast<float*>(cp_position_grads_.data()) + std::int64_t(i) * at.len * C, DType::f32,
-                      device_, {at.len * C});
-    ops::residual_forward(table, table, mine);
-  }
-}
-
-template <class Body>
-Tensor Decoder<Body>::logits() {
-  if (tensor_size() > 1) {
-    throw RuntimeError(std::string(Body::name) + "::logits: each rank holds only its vocabulary columns");
-  }
-  return unpadded_logits(a_.logits, logits_f32_).reshape({acts_B_, acts_T_, config_.vocab_size});
-}
-
-template <class Body>
-Tensor Decoder<Body>::losses() {
-  if (!last_stage()) throw RuntimeError(std::string(Body::name) + "::losses: only the last pipeline stage has them");
-  return Tensor(a_.losses.data, DType::f32, device_, {acts_B_, acts_T_});
-}
-
-template <class Body>
-void Decoder<Body>::ensure_decoding() {
-  if (d_.buffer.data()) return;
-  const std::int64_t C = config_.d_model, V = config_.vocab_size;
-  for (const bool measure : {true, false}) {
-    Carver carver{measure ? nullptr : static_cast<char*>(d_.buffer.data()), device_};
-    ActsCarver take{carver, compute_};
-    d_.token = carver.take(DType::i32, {1, 1});
-    d_.x = take.take({1, C});
-    d_.x2 = take.take({1, C});
-    d_.ln = take.take({1, C});
-    d_.mean = take.stat({1});
-    d_.rstd = take.stat({1});
-    d_.logits = take.take({1, V});
-    Body::lay_out_decoding(take, config_, d_);
-    d_.k_cache.clear();
-    d_.v_cache.clear();
-    for (std::int64_t l = 0; l < config_.n_layer; ++l) {
-      d_.k_cache.push_back(take.take({config_.context_length, Body::kv_width(config_)}));
-      d_.v_cache.push_back(take.take({config_.context_length, Body::kv_width(config_)}));
-    }
-    if (measure) d_.buffer = ops::Buffer(device_, carver.used);
-  }
-}
-
-template <class Body>
-Tensor Decoder<Body>::decode_step(std::int32_t token, int pos) {
-  if (pos < 0 || pos >= config_.context_length) {
-    throw RuntimeError(std::string(Body::name) + "::decode_step: position " + std::to_string(pos) +
-                       " outside the context");
-  }
-  if (tensor_size() > 1) throw RuntimeError(std::string(Body::name) + "::decode_step: not under tensor parallelism");
-  ensure_decoding();
-  if (pos == 0) prepare_weights();
-  const std::int64_t C = config_.d_model;
-  ops::copy(d_.token, Tensor(&token, DType::i32, Device::cpu, {1, 1}));
-  // Learned positions: position `pos` of the table is position 0 of this view.
-  Tensor positions;
-  if (p_.positions.data) {
-    char* row = static_cast<char*>(p_.positions.data) + std::size_t(pos * C) * dtype_size(p_.positions.dtype);
-    positions = Tensor(row, p_.positions.dtype, device_, {1, C});
-  }
-  ops::encoder_forward(d_.x.reshape({1, 1, C}), d_.token, p_.embedding, positions);
-  for (std::size_t l = 0; l < p_.layers.size(); ++l) decode_layer(l, pos);
-  final_norm_forward(d_.ln, d_.mean, d_.rstd, d_.x, p_.norm_weight, p_.norm_bias);
-  ops::matmul_forward(d_.logits, d_.ln, p_.head, Tensor());
-  return as_f32(d_.logits, logits_f32_).reshape({config_.vocab_size});
+  a_.layers.resize(std::size_t(layers_in_use().size()));
 }
 
 }  // namespace llmtrain::model

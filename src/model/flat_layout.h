@@ -1,7 +1,7 @@
 // The flat layout: every parameter of a model lives in one flat fp32 buffer and its gradient in
 // another, in the order backward finishes them (output head first, embeddings last), so that
 // all-reduce buckets, ZeRO shards, optimizer runs and checkpoints are all ranges of these buffers.
-// FlatRange is the one type for such a range; the rest places parameters and units on it.
+// FlatRange is the one type for such a range; the rest places parameters on it.
 #pragma once
 
 #include <cstdint>
@@ -41,7 +41,7 @@ struct ParamInfo {
   std::int64_t numel = 0;
   bool decay = false;
   int layer = -1;       // the transformer layer it belongs to; -1: outside the layers
-  std::size_t unit = 0;  // index into Model::units()
+  std::size_t run = 0;  // index into Model::param_runs()
   std::vector<std::int64_t> full_shape;  // the whole tensor's shape (= shape without tensor parallelism)
   TensorSlice slice;                     // which part of it `shape` is
   std::int64_t logical_offset = 0;       // where the whole tensor starts in the whole model's flat buffer
@@ -55,51 +55,34 @@ struct Segment {
   FlatRange logical_range() const { return {logical, logical + length}; }
 };
 
-/// A range of the flat buffer that fully sharded data parallelism (ZeRO 3) gathers and reduces as
-/// one piece: one layer's parameters, or a run of consecutive parameters outside the layers
-/// (embeddings, final norm, untied head), which stay gathered for a whole update.
-struct Unit : FlatRange {
+/// A run of consecutive parameters that belong to one layer (or all to none: the embeddings, the
+/// final norm, an untied head). Each layer's parameters are one run; the parameters outside the
+/// layers make one run at each end of the flat buffer. A model whose weights live in external
+/// storage takes them run by run (Model::set_run_storage).
+struct ParamRun : FlatRange {
   int layer = -1;  // -1: outside the layers
-  std::int64_t numel() const { return size(); }
 };
 
-/// The points of forward and backward at which a sharded model's weights must be in place or its
-/// gradients are complete (parallel/zero3.h acts on them).
-enum class UnitEvent {
-  forward_begins,   // before anything of a forward pass: the units outside the layers are needed
-  before_forward,   // layer `layer`'s weights are needed
-  after_forward,    // layer `layer`'s forward is done
-  before_backward,  // layer `layer`'s weights and a zeroed gradient buffer are needed
-  after_backward,   // layer `layer`'s gradients of this micro-batch are complete
-  backward_ends,    // the gradients of the units outside the layers are complete
+/// Transformer layers [begin, end).
+struct LayerRange {
+  int begin = 0, end = 0;
+  int size() const { return end - begin; }
 };
 
-class UnitHooks {
- public:
-  virtual ~UnitHooks() = default;
-  virtual void on(UnitEvent event, int layer) = 0;
-};
-
-/// A run of consecutive transformer layers [first, first + count): one model chunk of a pipeline stage.
-struct LayerRun {
-  int first = 0;
-  int count = 0;
-};
-
-/// How a model is laid out over ranks: sharded for ZeRO 3 (no flat buffers of its own), and this
-/// rank's place in its tensor-parallel group.
+/// How a model is laid out over ranks: whether its weights and gradients live in storage another
+/// part of the program owns (no flat buffers of its own: parallel/zero3.h's gathered shards), and this rank's
+/// place in its tensor-parallel group.
 struct Layout {
-  bool sharded = false;
+  bool external_storage = false;
   int tensor_rank = 0;
   int tensor_size = 1;
   bool sequence_parallel = false;  // norms and residual adds on this rank's 1/tensor_size of the tokens
-  // Pipeline parallelism: this stage's layers [first_layer, first_layer + layers); -1: every layer.
-  // The first stage also holds the token embedding, the last the final norm, the head and the loss.
-  int first_layer = 0;
-  int layers = -1;
-  // The interleaved schedule: this stage's model chunks (virtual stages s, s + P, ...), in layer
-  // order; each runs as a stage of its own (Model::use_chunk). Empty: the one run above.
-  std::vector<LayerRun> chunks{};
+  // The layers this model holds, as ranges in increasing order, each run on its own by forward and
+  // backward (Model::use_layer_range); empty: every layer, as one range. A model holding a range
+  // that begins at layer 0 also holds the token embedding, one whose range ends at the last layer
+  // the final norm, the head and the loss (parallel/pipeline_stages.h gives a pipeline stage's
+  // chunks as such ranges).
+  std::vector<LayerRange> layer_ranges{};
   // Context parallelism: this rank's place in the group that splits every sequence (model/context_parallel.h),
   // and whether the group passes key/value blocks in a ring (else all-gathers them).
   int context_rank = 0;

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "model/decoder.h"
+#include "model/decoder_passes.h"
 
 namespace llmtrain::model {
 

@@ -24,36 +24,36 @@ Model::Model(const config::ModelConfig& config, Device device, DType compute, op
       layout_(layout),
       tp_(layout, config.vocab_size, config.d_model, device, compute),
       cp_(layout.context_rank, layout.context_size, layout.context_ring, device, compute),
-      sharded_(layout.sharded) {
+      external_storage_(layout.external_storage) {
   if (compute != DType::f32 && compute != DType::bf16) throw RuntimeError("model: compute dtype must be f32 or bf16");
   const int L = int(config.n_layer);
-  chunks_ = layout.chunks;
-  if (chunks_.empty()) chunks_.push_back({layout.first_layer, layout.layers < 0 ? L : layout.layers});
-  for (std::size_t c = 0; c < chunks_.size(); ++c) {
-    const LayerRun& run = chunks_[c];
-    if (run.first < 0 || run.count < 0 || run.first + run.count > L || (c > 0 && run.first < chunks_[c - 1].first + chunks_[c - 1].count)) {
-      throw RuntimeError("model: pipeline chunk " + std::to_string(c) + " (layers " + std::to_string(run.first) + " + " +
-                         std::to_string(run.count) + ") outside model.n_layer " + std::to_string(L) + " or out of order");
+  ranges_ = layout.layer_ranges;
+  if (ranges_.empty()) ranges_.push_back({0, L});
+  for (std::size_t r = 0; r < ranges_.size(); ++r) {
+    const LayerRange& range = ranges_[r];
+    if (range.begin < 0 || range.size() < 0 || range.end > L || (r > 0 && range.begin < ranges_[r - 1].end)) {
+      throw RuntimeError("model: layer range " + std::to_string(r) + " (layers " + std::to_string(range.begin) + " to " +
+                         std::to_string(range.end) + ") outside model.n_layer " + std::to_string(L) + " or out of order");
     }
   }
 }
 
 bool Model::holds_layer(std::int64_t l) const {
-  for (const LayerRun& run : chunks_) {
-    if (l >= run.first && l < run.first + run.count) return true;
+  for (const LayerRange& range : ranges_) {
+    if (l >= range.begin && l < range.end) return true;
   }
   return false;
 }
 
-int Model::most_chunk_layers() const {
+int Model::largest_layer_range() const {
   int most = 0;
-  for (const LayerRun& run : chunks_) most = std::max(most, run.count);
+  for (const LayerRange& range : ranges_) most = std::max(most, range.size());
   return most;
 }
 
-void Model::use_chunk(int chunk) {
-  if (chunk < 0 || chunk >= chunks()) throw RuntimeError("model: no pipeline chunk " + std::to_string(chunk));
-  chunk_ = chunk;
+void Model::use_layer_range(int range) {
+  if (range < 0 || range >= int(ranges_.size())) throw RuntimeError("model: no layer range " + std::to_string(range));
+  range_ = range;
   select_activations();
 }
 
@@ -107,11 +107,11 @@ void Model::add_param(const std::string& name, std::vector<std::int64_t> shape, 
   infos_.push_back(std::move(info));
 }
 
-std::int64_t Model::layer_grads_end(std::int64_t l) const {
-  for (const Unit& unit : units_) {
-    if (unit.layer == l) return unit.end;
+FlatRange Model::layer_params(std::int64_t l) const {
+  for (const ParamRun& run : runs_) {
+    if (run.layer == l) return run;
   }
-  throw RuntimeError("model: layer " + std::to_string(l) + " is not on this pipeline stage");
+  throw RuntimeError("model: layer " + std::to_string(l) + " is not one this model holds");
 }
 
 std::vector<Segment> Model::segments(bool owned_only) const {
@@ -150,15 +150,15 @@ std::vector<Segment> Model::segments(bool owned_only) const {
 }
 
 void Model::allocate() {
-  // Units: maximal runs of consecutive parameters of one layer (or of none).
+  // Maximal runs of consecutive parameters of one layer (or of none).
   for (auto& info : infos_) {
-    if (units_.empty() || units_.back().layer != info.layer) units_.push_back(Unit{{info.offset, info.offset}, info.layer});
-    units_.back().end = info.offset + info.numel;
-    info.unit = units_.size() - 1;
+    if (runs_.empty() || runs_.back().layer != info.layer) runs_.push_back(ParamRun{{info.offset, info.offset}, info.layer});
+    runs_.back().end = info.offset + info.numel;
+    info.run = runs_.size() - 1;
   }
-  unit_weights_.assign(units_.size(), nullptr);
-  unit_grads_.assign(units_.size(), nullptr);
-  if (sharded_) return;
+  run_weights_.assign(runs_.size(), nullptr);
+  run_grads_.assign(runs_.size(), nullptr);
+  if (external_storage_) return;
   params_ = ops::Buffer(device_, std::size_t(num_params_) * sizeof(float));
   // On the CPU the gradients come zeroed from the OS and take memory only once backward writes
   // them: a model loaded for export, eval or generate holds its weights alone (GPT-2 124M's
@@ -168,9 +168,9 @@ void Model::allocate() {
   if (compute_ == DType::bf16) working_ = ops::Buffer(device_, std::size_t(num_params_) * dtype_size(DType::bf16));
   if (device_ != Device::cpu) zero_grads();
   char* weights = static_cast<char*>(compute_ == DType::bf16 ? working_.data() : params_.data());
-  for (std::size_t u = 0; u < units_.size(); ++u) {
-    unit_weights_[u] = weights + std::size_t(units_[u].begin) * dtype_size(compute_);
-    unit_grads_[u] = static_cast<float*>(grads_.data()) + units_[u].begin;
+  for (std::size_t r = 0; r < runs_.size(); ++r) {
+    run_weights_[r] = weights + std::size_t(runs_[r].begin) * dtype_size(compute_);
+    run_grads_[r] = static_cast<float*>(grads_.data()) + runs_[r].begin;
   }
 }
 
@@ -193,15 +193,15 @@ void Model::defer_loss(bool deferred) {
 
 double Model::take_loss_sum() { return loss_sum_ ? loss_sum_->take() : 0.0; }
 
-void Model::set_unit_storage(std::size_t u, void* weights, float* grads) {
-  if (!sharded_) throw RuntimeError("model: set_unit_storage on a model that owns its flat buffers");
-  unit_weights_.at(u) = weights;
-  unit_grads_.at(u) = grads;
-  bind_unit(units_[u]);
+void Model::set_run_storage(std::size_t r, void* weights, float* grads) {
+  if (!external_storage_) throw RuntimeError("model: set_run_storage on a model that owns its flat buffers");
+  run_weights_.at(r) = weights;
+  run_grads_.at(r) = grads;
+  bind_run(runs_[r]);
 }
 
 void Model::prepare_weights() {
-  if (compute_ != DType::bf16 || sharded_ || working_current_) return;
+  if (compute_ != DType::bf16 || external_storage_ || working_current_) return;
   ops::convert(working_.view(DType::bf16, {num_params_}), params_.view(DType::f32, {num_params_}));
   working_current_ = true;
 }
@@ -262,13 +262,13 @@ Tensor Model::param(const ParamInfo& info) const {
 }
 
 Tensor Model::grad(const ParamInfo& info) const {
-  float* base = unit_grads_[info.unit];
-  return shaped(base ? base + (info.offset - units_[info.unit].begin) : nullptr, DType::f32, device_, info.shape);
+  float* base = run_grads_[info.run];
+  return shaped(base ? base + (info.offset - runs_[info.run].begin) : nullptr, DType::f32, device_, info.shape);
 }
 
 Tensor Model::weight(const ParamInfo& info) const {
-  char* base = static_cast<char*>(unit_weights_[info.unit]);
-  const std::size_t at = std::size_t(info.offset - units_[info.unit].begin) * dtype_size(compute_);
+  char* base = static_cast<char*>(run_weights_[info.run]);
+  const std::size_t at = std::size_t(info.offset - runs_[info.run].begin) * dtype_size(compute_);
   return shaped(base ? base + at : nullptr, compute_, device_, info.shape);
 }
 
@@ -278,7 +278,7 @@ Tensor Model::param_named(const std::string& name, bool grads) const {
 }
 
 void Model::zero_grads() {
-  if (num_params_ > 0 && !sharded_) ops::zero(grads());
+  if (num_params_ > 0 && !external_storage_) ops::zero(grads());
 }
 
 namespace {
@@ -341,7 +341,7 @@ void Model::init_range(std::uint64_t seed, FlatRange logical, float* out) const 
 
 void Model::init_weights(std::uint64_t seed) {
   if (device_ != Device::cpu) throw RuntimeError("model: initialise on the CPU, then copy");
-  if (!params_.data()) throw RuntimeError("model: init_weights: the model holds no weights (sharded)");
+  if (!params_.data()) throw RuntimeError("model: init_weights: the model holds no weights (external storage)");
   float* flat = params().as<float>();
   for (const Segment& s : segments(false)) init_range(seed, s.logical_range(), flat + s.local);
 }

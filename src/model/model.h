@@ -1,6 +1,8 @@
 // The model interface the trainer, checkpoints and text generation use: a model's parameters
 // live in one flat fp32 buffer and their gradients in another (model/flat_layout.h), laid out
-// over ranks by a Layout (ZeRO 3 units, this rank's tensor-parallel part, its pipeline stage).
+// over ranks by a Layout (this rank's tensor-parallel part, its pipeline stage), or in storage
+// that whoever shards them owns and binds run by run (ParamRun), told of each pass's progress
+// through a PassObserver (model/pass_observer.h).
 // The parts every model builds from have headers of their own: tensor parallelism
 // (model/tensor_parallel.h), activation memory (model/activations.h), and the decoder skeleton
 // the architectures share (model/decoder.h).
@@ -18,6 +20,7 @@
 #include "model/activations.h"
 #include "model/context_parallel.h"
 #include "model/flat_layout.h"
+#include "model/pass_observer.h"
 #include "model/tensor_parallel.h"
 #include "ops/buffer.h"
 #include "ops/ops.h"
@@ -43,25 +46,22 @@ class Model {
   /// Whether this model (this pipeline stage) holds parameter `name`.
   bool has_param(const std::string& name) const { return index_.contains(name); }
 
-  // Pipeline parallelism (layout().layers >= 0): this stage's layers and its place in the pipeline,
-  // those of the model chunk in use when the stage holds several (interleaved schedule).
-  int first_layer() const { return chunks_[std::size_t(chunk_)].first; }
-  int stage_layers() const { return chunks_[std::size_t(chunk_)].count; }
-  /// Whether the chunk in use is the pipeline's first virtual stage (it embeds the tokens) or
-  /// its last (final norm, head and loss).
-  bool first_stage() const { return first_layer() == 0; }
-  bool last_stage() const { return first_layer() + stage_layers() == config_.n_layer; }
-  /// Whether any chunk of this stage is the first or last virtual stage (holds the embedding, or
-  /// the final norm and head), or holds layer l.
-  bool holds_first_stage() const { return chunks_.front().first == 0; }
-  bool holds_last_stage() const { return chunks_.back().first + chunks_.back().count == config_.n_layer; }
+  /// The layers this model holds (Layout::layer_ranges, or every layer as one range). Forward,
+  /// backward and stream_ends work on the range selected (range 0 at first); each activation slot
+  /// holds one range's activations.
+  const std::vector<LayerRange>& layer_ranges() const { return ranges_; }
+  void use_layer_range(int range);
+  /// The layers of the range in use.
+  const LayerRange& layers_in_use() const { return ranges_[std::size_t(range_)]; }
+  /// Whether the range in use begins at layer 0 (forward embeds the tokens) or ends at the last
+  /// layer (forward ends with the final norm, the head and the loss).
+  bool begins_model() const { return layers_in_use().begin == 0; }
+  bool ends_model() const { return layers_in_use().end == config_.n_layer; }
+  /// Whether any range begins at layer 0 (the model holds the embedding) or ends at the last
+  /// layer (it holds the final norm and the head), or holds layer l.
+  bool holds_model_begin() const { return ranges_.front().begin == 0; }
+  bool holds_model_end() const { return ranges_.back().end == config_.n_layer; }
   bool holds_layer(std::int64_t l) const;
-  /// The model chunks of this stage (one unless Layout::chunks lists several); forward, backward
-  /// and stage_io work on the one selected (chunk 0 at first). Each activation slot holds one
-  /// chunk's activations.
-  int chunks() const { return int(chunks_.size()); }
-  void use_chunk(int chunk);
-  int chunk() const { return chunk_; }
   /// The token embedding's name when the output head shares it (GPT-2; Llama with
   /// tie_embeddings), else "": in a pipeline the first and last stages each hold it.
   virtual std::string tied_embedding() const = 0;
@@ -97,15 +97,20 @@ class Model {
   /// whole (B,T) sequences and keep this rank's T / context_size tokens of each.
   int context_size() const { return cp_.size(); }
 
-  /// Sharded (ZeRO 3): the model holds no flat buffers; whoever shards it gives each unit its
-  /// weights (compute dtype) and gradients (f32) with set_unit_storage, as `hooks` ask for them.
-  /// params() and grads() are then empty.
-  bool sharded() const { return sharded_; }
-  const std::vector<Unit>& units() const { return units_; }
-  /// Unit u's weights (u's numel elements of compute_dtype()) and f32 gradients now live at these
-  /// addresses (sharded models only); forward and backward use them from here on.
-  void set_unit_storage(std::size_t u, void* weights, float* grads);
-  void set_hooks(UnitHooks* hooks) { hooks_ = hooks; }
+  /// The flat layout run by run: each layer's parameters, and the parameters outside the layers,
+  /// in flat-buffer order (ParamInfo::run indexes it).
+  const std::vector<ParamRun>& param_runs() const { return runs_; }
+  /// Where layer l's parameters (and gradients) lie in the flat buffer (l a layer this model holds).
+  FlatRange layer_params(std::int64_t l) const;
+  /// External storage (layout().external_storage): the model holds no flat buffers; whoever owns
+  /// its weights gives each run its weights (compute dtype) and gradients (f32) with
+  /// set_run_storage, when the observer hears they are needed. params() and grads() are then empty.
+  bool external_storage() const { return external_storage_; }
+  /// Run r's weights (its size() elements of compute_dtype()) and f32 gradients now live at these
+  /// addresses (external storage only; null: not in place); forward and backward use them from here on.
+  void set_run_storage(std::size_t r, void* weights, float* grads);
+  /// Told of each PassEvent of forward and backward (null: nobody).
+  void set_observer(PassObserver* observer) { observer_ = observer; }
   /// Bytes of the flat buffers this model owns (weights, working copy, gradients).
   std::size_t state_bytes() const { return params_.bytes() + grads_.bytes() + working_.bytes(); }
   /// A view of one parameter (or its gradient) with its shape.
@@ -151,23 +156,24 @@ class Model {
   void defer_loss(bool deferred);
   double take_loss_sum();
 
-  /// Pipeline parallelism: the forward passes whose backward has not run yet keep their
-  /// activations in slots of their own (one by default); forward and backward use the selected one.
+  /// The forward passes whose backward has not run yet (a pipeline's micro-batches in flight) keep
+  /// their activations in slots of their own (one by default); forward and backward use the selected one.
   void set_activation_slots(int slots);
   void use_activation_slot(int slot);
   int activation_slot() const { return slot_; }
   int activation_slots() const { return slots_; }
-  /// The current slot's tensors at the stage's boundaries: before forward, a later stage's
-  /// `input` (the residual stream entering its first layer) is filled with the previous stage's
-  /// `output`; before backward, an earlier stage's `output_grad` with the next stage's
-  /// `input_grad` (the gradient of its input, after its backward). (B T, C) in the compute dtype,
-  /// this rank's tokens under sequence parallelism.
-  struct StageIO {
+  /// The current slot's residual stream at the ends of the range in use: `input` enters its
+  /// first layer (forward reads it there unless the range begins the model: fill it before
+  /// forward), `output` leaves its last; `output_grad` is the gradient of `output` (backward
+  /// starts from it unless the range ends the model: fill it before backward), `input_grad` that
+  /// of `input` after backward. (B T, C) in the compute dtype, this rank's tokens under sequence
+  /// parallelism.
+  struct StreamEnds {
     Tensor input, output, input_grad, output_grad;
   };
-  virtual StageIO stage_io() = 0;
-  /// Lays out the activations of (B,T) micro-batches (forward does it too), so that a stage's
-  /// input can be written before its first forward.
+  virtual StreamEnds stream_ends() = 0;
+  /// Lays out the activations of (B,T) micro-batches (forward does it too), so that a range's
+  /// input (stream_ends) can be written before its first forward.
   virtual void prepare_activations(int B, int T) = 0;
 
   /// Incremental decoding of one sequence with a KV cache: feed its tokens at positions 0, 1,
@@ -177,9 +183,9 @@ class Model {
 
   /// Bytes of activation memory forward and backward need at (B,T) (both sets: values and gradients).
   virtual std::size_t activation_bytes(int B, int T) const = 0;
-  /// This model's activation layout: its tensor-parallel part and pipeline stage.
+  /// This model's activation layout: its tensor-parallel part and its layers.
   ActsShape acts_shape() const {
-    return {layout_.tensor_size, sequence_parallel(), most_chunk_layers(), holds_last_stage(), true, true};
+    return {layout_.tensor_size, sequence_parallel(), largest_layer_range(), holds_model_end(), true, true};
   }
 
  protected:
@@ -192,16 +198,13 @@ class Model {
   /// added, in its order; those another pipeline stage holds (`held` false, and the layers outside
   /// this stage's) only count towards the whole model's layout.
   void add_param(const std::string& name, std::vector<std::int64_t> shape, TensorSlice slice = {}, bool held = true);
-  /// Where in the flat buffer layer l's gradients end: after its backward, every gradient before
-  /// that point is final (the flat buffer holds the last layers first).
-  std::int64_t layer_grads_end(std::int64_t l) const;
-  /// Forms the units and allocates the flat buffers (none when sharded).
+  /// Forms the parameter runs and allocates the flat buffers (none with external storage).
   void allocate();
-  /// Rebinds the architecture's tensors of unit `unit` after its storage moved.
-  virtual void bind_unit(const Unit& unit) = 0;
-  /// Tells the hooks (when sharded) that forward or backward reached `event`.
-  void notify(UnitEvent event, int layer = -1) {
-    if (hooks_) hooks_->on(event, layer);
+  /// Rebinds the architecture's tensors of parameter run `run` after its storage moved.
+  virtual void bind_run(const ParamRun& run) = 0;
+  /// Tells the observer (if any) that forward or backward reached `event`.
+  void notify(PassEvent event, int layer = -1) {
+    if (observer_) observer_->on(event, layer);
   }
   /// Flat offset where the parameter `name` starts.
   std::int64_t offset_of(const std::string& name) const { return param_info(name).offset; }
@@ -213,8 +216,8 @@ class Model {
   /// current. Forward passes call it first, so that updates, loads and copies into params() are
   /// always seen.
   void prepare_weights();
-  /// The layers of this stage's largest chunk (what each activation slot makes room for).
-  int most_chunk_layers() const;
+  /// The layers of the largest range (what each activation slot makes room for).
+  int largest_layer_range() const;
   /// Tensor parallelism (layout().tensor_size > 1): this rank's part of the group.
   int tensor_size() const { return tp_.size(); }
   bool sequence_parallel() const { return tp_.sequence_parallel(); }
@@ -243,19 +246,19 @@ class Model {
   std::unordered_map<std::string, std::size_t> index_;  // name -> infos_ index
   std::int64_t num_params_ = 0;
   std::int64_t logical_params_ = 0;
-  bool sharded_ = false;
+  bool external_storage_ = false;
   ops::Buffer params_, grads_, working_;  // working_: bf16 weights in mixed precision
   // Whether working_ holds params_ rounded: once per update, not once per micro-step (a
   // conversion of every weight per forward, gradient accumulation or not).
   mutable bool working_current_ = false;
-  std::vector<Unit> units_;
-  std::vector<void*> unit_weights_;  // where each unit's weights (compute dtype) start
-  std::vector<float*> unit_grads_;   // and its gradients
-  UnitHooks* hooks_ = nullptr;
+  std::vector<ParamRun> runs_;
+  std::vector<void*> run_weights_;  // where each run's weights (compute dtype) start
+  std::vector<float*> run_grads_;   // and its gradients
+  PassObserver* observer_ = nullptr;
  protected:
   int slots_ = 1, slot_ = 0;  // activation slots (set_activation_slots) and the one in use
-  std::vector<LayerRun> chunks_;  // this stage's model chunks (Layout::chunks, or the one run)
-  int chunk_ = 0;                 // the one in use
+  std::vector<LayerRange> ranges_;  // the layers held (Layout::layer_ranges, or all of them)
+  int range_ = 0;                   // the one in use
   /// The architecture's reaction to use_activation_slot (its activation tensors of that slot).
   virtual void select_activations() = 0;
  private:
@@ -267,7 +270,7 @@ class Model {
 /// `compute` f32, or bf16 for mixed precision (train.precision). config.attention is not read:
 /// `attention` is its resolved value (resolve_attention in model/attention_choice.h; on the CPU
 /// the reference serves both, so flash is as good as any).
-/// `layout`: sharded for ZeRO 3 (Model::sharded), this rank's tensor-parallel part.
+/// `layout`: external storage (Model::external_storage, for ZeRO 3), this rank's tensor-parallel part.
 std::unique_ptr<Model> make_model(const config::ModelConfig& config, Device device,
                                   Recompute recompute = Recompute::none, DType compute = DType::f32,
                                   ops::AttentionKernels attention = ops::AttentionKernels::flash, Layout layout = {});

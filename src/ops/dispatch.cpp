@@ -71,6 +71,13 @@ DType Op::expect_same_size(std::initializer_list<const Tensor*> tensors, bool f3
 
 void Op::fail(const std::string& what) const { throw RuntimeError(std::string("ops::") + name_ + ": " + what); }
 
+#if LLMTRAIN_HAVE_CUDA
+const cuda::Blas& matmul_blas() {
+  static const cuda::Blas* const blas = new cuda::Blas(cuda::create_blas());  // never deleted: see the header
+  return *blas;
+}
+#endif
+
 bool Op::on_cuda(std::initializer_list<const Tensor*> tensors) const {
   Devices devices(name_);
   for (const Tensor* t : tensors) devices.see(*t);

@@ -1,9 +1,10 @@
 // The op dispatcher: how every op of ops.h runs, written once.
 //
 // An op (src/ops/ops.cpp) validates its tensors through an `Op`, then hands `Op::run` its kernels
-// (LLMTRAIN_KERNELS(name): cpu::name of kernels/include/llmtrain/kernels/cpu.h and cuda::name of
-// kernels/include/llmtrain/kernels/cuda.h) and ONE description of the kernels' arguments: a generic lambda that maps
-// the op's tensors through a view,
+// (LLMTRAIN_KERNELS(name): cpu::name of llmtrain/kernels/cpu.h and cuda::name of
+// llmtrain/kernels/cuda.h; LLMTRAIN_MATMUL_KERNELS(name) for the matmuls, whose CUDA kernels also
+// take the op layer's cuBLASLt handle and workspace) and ONE description of the kernels' arguments:
+// a generic lambda that maps the op's tensors through a view,
 //
 //     [&](auto v) { return std::tuple(v.out(out), v.f32(mean), v.in(inp), N, C); }
 //
@@ -17,8 +18,9 @@
 //              (nearest even) after the call: the f32 op's result rounded once, which is what the
 //              CUDA kernels compute up to the order of their fp32 sums. A check of the mixed-precision
 //              path, not a fast one;
-//   cuda f32, cuda bf16   the kernel's overload for float or __nv_bfloat16 pointers, on the compute
-//              stream (an op without a kernel for that element type throws).
+//   cuda f32, cuda bf16   the kernel for float or __nv_bfloat16 pointers (cuda.h's templates are
+//              defined for both), on the compute stream of src/device, and for a matmul with
+//              matmul_blas() (an op without a kernel for that element type throws).
 //
 // Nothing here is seen by the model: it includes ops.h only.
 #pragma once
@@ -53,9 +55,17 @@ struct Kernels {
   Cuda cuda;
 };
 
-// Each kernel is wrapped in a generic lambda, so that an overload set (fp32 and bf16) can be passed
-// around and an overload that does not exist is detected (std::is_invocable) rather than a
-// compile error.
+#if LLMTRAIN_HAVE_CUDA
+/// The cuBLASLt handle and workspace (cuda::matmul_workspace_bytes) every op's matmul runs with:
+/// made on first use on the current device, kept for the process (as the compute stream, whose
+/// order the shared workspace relies on), never destroyed (the driver reclaims both at exit;
+/// destroying them from a static destructor can run after the CUDA runtime has shut down).
+const cuda::Blas& matmul_blas();
+#endif
+
+// Each kernel is wrapped in a generic lambda, so that a template or an overload set (fp32 and bf16)
+// can be passed around and a kernel that does not take the arguments is detected
+// (std::is_invocable) rather than a compile error.
 #define LLMTRAIN_CPU_KERNEL(name) \
   [](auto... kernel_args) -> decltype(::llmtrain::cpu::name(kernel_args...)) { \
     return ::llmtrain::cpu::name(kernel_args...);                               \
@@ -65,11 +75,21 @@ struct Kernels {
   [](auto... kernel_args) -> decltype(::llmtrain::cuda::name(kernel_args..., cudaStream_t{})) { \
     return ::llmtrain::cuda::name(kernel_args..., ::llmtrain::device::compute_stream());        \
   }
+#define LLMTRAIN_CUDA_MATMUL_KERNEL(name)                                                                 \
+  [](auto... kernel_args)                                                                                 \
+      -> decltype(::llmtrain::cuda::name(kernel_args..., ::llmtrain::cuda::Blas{}, cudaStream_t{})) {     \
+    return ::llmtrain::cuda::name(kernel_args..., ::llmtrain::ops::dispatch::matmul_blas(),               \
+                                  ::llmtrain::device::compute_stream());                                  \
+  }
 #else
 #define LLMTRAIN_CUDA_KERNEL(name) ::llmtrain::ops::dispatch::NoKernel{}
+#define LLMTRAIN_CUDA_MATMUL_KERNEL(name) ::llmtrain::ops::dispatch::NoKernel{}
 #endif
 /// The CPU reference and the CUDA kernel of one name.
 #define LLMTRAIN_KERNELS(name) ::llmtrain::ops::dispatch::Kernels{LLMTRAIN_CPU_KERNEL(name), LLMTRAIN_CUDA_KERNEL(name)}
+/// The same for a matmul: its CUDA kernel also takes matmul_blas().
+#define LLMTRAIN_MATMUL_KERNELS(name) \
+  ::llmtrain::ops::dispatch::Kernels{LLMTRAIN_CPU_KERNEL(name), LLMTRAIN_CUDA_MATMUL_KERNEL(name)}
 
 // ---- views ----------------------------------------------------------------------------------------
 

@@ -136,7 +136,7 @@ void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, 
   op.expect("weight", weight, act, {OC, C});
   const std::int64_t ld = row_stride(op, "out", out, act, N, OC);
   if (bias.data) op.expect("bias", bias, act, {OC});
-  op.run(LLMTRAIN_KERNELS(matmul_forward), act, [&](auto v) {
+  op.run(LLMTRAIN_MATMUL_KERNELS(matmul_forward), act, [&](auto v) {
     return std::tuple(v.out(out), v.in(inp), v.in(weight), v.in(bias), N, as_int(C), as_int(OC), ld);
   });
 }
@@ -152,7 +152,7 @@ void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& db
   op.expect("dweight", dweight, DType::f32, {OC, C});
   const std::int64_t ld = row_stride(op, "dout", dout, act, N, OC);
   if (dbias.data) op.expect("dbias", dbias, DType::f32, {OC});
-  op.run(LLMTRAIN_KERNELS(matmul_backward), act, [&](auto v) {
+  op.run(LLMTRAIN_MATMUL_KERNELS(matmul_backward), act, [&](auto v) {
     return std::tuple(v.out(dinp), v.f32(dweight), v.f32(dbias), v.in(dout), v.in(inp), v.in(weight), N,
                       as_int(C), as_int(OC), ld, dinp_mode == Accumulate::yes);
   });
@@ -168,7 +168,7 @@ void matmul_gelu_forward(const Tensor& out, const Tensor& pre, const Tensor& inp
   op.expect("out", out, act, {N, OC});
   op.expect("pre", pre, act, {N, OC});
   if (bias.data) op.expect("bias", bias, act, {OC});
-  op.run(LLMTRAIN_KERNELS(matmul_gelu_forward), act, [&](auto v) {
+  op.run(LLMTRAIN_MATMUL_KERNELS(matmul_gelu_forward), act, [&](auto v) {
     return std::tuple(v.out(out), v.out(pre), v.in(inp), v.in(weight), v.in(bias), N, as_int(C), as_int(OC));
   });
 }
@@ -186,7 +186,7 @@ void matmul_backward_dgelu(const Tensor& dpre, const Tensor& dweight, const Tens
   op.expect("dout", dout, act, {N, OC});
   if (dbias.data) op.expect("dbias", dbias, DType::f32, {OC});
   if (dpre_bias.data) op.expect("dpre_bias", dpre_bias, DType::f32, {C});
-  op.run(LLMTRAIN_KERNELS(matmul_backward_dgelu), act, [&](auto v) {
+  op.run(LLMTRAIN_MATMUL_KERNELS(matmul_backward_dgelu), act, [&](auto v) {
     return std::tuple(v.out(dpre), v.f32(dweight), v.f32(dbias), v.f32(dpre_bias), v.in(dout), v.in(inp), v.in(pre),
                       v.in(weight), N, as_int(C), as_int(OC));
   });

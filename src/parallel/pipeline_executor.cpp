@@ -59,7 +59,7 @@ double PipelineExecutor::forward_backward(const std::function<const data::MicroB
       return;
     }
     const data::MicroBatch& b = batch(op.micro_batch);
-    loss += model_.forward(b.inputs.data(), model_.last_stage() ? b.targets.data() : nullptr, B_, T_, dloss_scale);
+    loss += model_.forward(b.inputs.data(), model_.ends_model() ? b.targets.data() : nullptr, B_, T_, dloss_scale);
   }, waited);
   return loss;
 }
@@ -89,16 +89,18 @@ void PipelineExecutor::forward_micro_batches(const std::vector<data::MicroBatch>
   model_.prepare_activations(B, T);
   // Each micro-batch's forward through this stage's chunks in turn, each transfer on its own
   // (forwards only: no steady state to pair).
+  // (The model's layer ranges are this stage's chunks, in order.)
+  const int chunks = int(model_.layer_ranges().size());
   std::vector<PipelineOp> ops;
   for (int k = 0; k < int(micro.size()); ++k) {
-    for (int chunk = 0; chunk < model_.chunks(); ++chunk) ops.push_back({PipelineOp::forward, k, chunk});
+    for (int chunk = 0; chunk < chunks; ++chunk) ops.push_back({PipelineOp::forward, k, chunk});
   }
-  const auto groups = transfer_groups(ops, stages_, stage_, model_.chunks(), int(ops.size()));
+  const auto groups = transfer_groups(ops, stages_, stage_, chunks, int(ops.size()));
   double waited = 0.0;
   run(ops, groups, true, [&](const PipelineOp& op) {
     const data::MicroBatch& batch = micro[std::size_t(op.micro_batch)];
     const double loss = model_.forward(batch.inputs.data(), batch.targets.data(), B, T, 0.0f);
-    if (model_.last_stage()) each(op.micro_batch, loss);
+    if (model_.ends_model()) each(op.micro_batch, loss);
   }, waited);
 }
 
@@ -118,7 +120,7 @@ void PipelineExecutor::run(const std::vector<PipelineOp>& ops, const std::vector
       found = slot_of.emplace(key, free_slots.back()).first;
       free_slots.pop_back();
     }
-    model_.use_chunk(op.chunk);
+    model_.use_layer_range(op.chunk);
     model_.use_activation_slot(found->second);
   };
   const auto release = [&](const PipelineOp& op) {
@@ -137,7 +139,7 @@ void PipelineExecutor::run(const std::vector<PipelineOp>& ops, const std::vector
         transfers.push_back({dist::PeerTransfer::send, out.data, out.numel(), out.dtype, t.peer});
       } else {
         select(t.op);
-        const model::Model::StageIO io = model_.stage_io();
+        const model::Model::StreamEnds io = model_.stream_ends();
         const Tensor& into = t.op.kind == PipelineOp::forward ? io.input : io.output_grad;
         transfers.push_back({dist::PeerTransfer::recv, into.data, into.numel(), into.dtype, t.peer});
       }
@@ -160,8 +162,8 @@ void PipelineExecutor::run(const std::vector<PipelineOp>& ops, const std::vector
     // Its result for the next stage, if it has one: an activation on (every virtual stage but the
     // last), a gradient back (every one but the first).
     const bool forward = op.kind == PipelineOp::forward;
-    if (forward ? !model_.last_stage() : !model_.first_stage()) {
-      const model::Model::StageIO io = model_.stage_io();
+    if (forward ? !model_.ends_model() : !model_.begins_model()) {
+      const model::Model::StreamEnds io = model_.stream_ends();
       const Tensor& result = forward ? io.output : io.input_grad;
       if (outbox_.size() <= outgoing.size()) outbox_.emplace_back();
       ops::Buffer& buffer = outbox_[outgoing.size()];

@@ -9,13 +9,10 @@
 namespace llmtrain::parallel {
 
 StageCostModel stage_cost_model(const config::ModelConfig& m) {
-  // A layer's weights, from the model's own parameter list (built sharded: nothing allocated).
+  // A layer's weights, from the model's own parameter list (external storage: nothing allocated).
   const auto model = model::make_model(m, Device::cpu, config::Recompute::none, DType::f32,
                                        ops::AttentionKernels::flash, model::Layout{true});
-  double layer_weights = 0;
-  for (const model::Unit& unit : model->units()) {
-    if (unit.layer >= 0) layer_weights = double(unit.numel());
-  }
+  const double layer_weights = double(model->layer_params(0).size());
   const double C = double(m.d_model);
   // the token embedding, and a learned positions table where the architecture has one
   const double tables = model::arch_spec(m.arch).traits().positions == config::Positions::learned ? 2 : 1;
@@ -24,6 +21,16 @@ StageCostModel stage_cost_model(const config::ModelConfig& m) {
   costs.embedding = 2 * C * tables;
   costs.head = 6 * double(m.vocab_size) * C;
   return costs;
+}
+
+model::LayerRange layer_range(const StageRange& chunk) {
+  return {int(chunk.first_layer), int(chunk.first_layer + chunk.layers)};
+}
+
+std::vector<model::LayerRange> stage_layer_ranges(const std::vector<StageRange>& split, int stage, int stages) {
+  std::vector<model::LayerRange> ranges;
+  for (std::size_t v = std::size_t(stage); v < split.size(); v += std::size_t(stages)) ranges.push_back(layer_range(split[v]));
+  return ranges;
 }
 
 std::vector<double> stage_costs(const StageCostModel& costs, const std::vector<StageRange>& split) {

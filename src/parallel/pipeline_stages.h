@@ -26,15 +26,24 @@
 #include <vector>
 
 #include "config/config.h"
+#include "model/flat_layout.h"
 
 namespace llmtrain::parallel {
 
-/// The layers of one virtual stage: first_layer .. first_layer + layers - 1.
+/// The layers of one virtual stage (a model chunk of its pipeline stage): first_layer ..
+/// first_layer + layers - 1.
 struct StageRange {
   std::int64_t first_layer = 0;
   std::int64_t layers = 0;
   bool operator==(const StageRange&) const = default;
 };
+
+/// A chunk's layers as the model takes them (model::Layout::layer_ranges).
+model::LayerRange layer_range(const StageRange& chunk);
+/// The chunks of pipeline stage `stage` of `stages` in `split` (virtual stages stage, stage +
+/// stages, ...): the layer ranges that stage's model is built for, the index of each its chunk
+/// index in the schedule (Model::use_layer_range).
+std::vector<model::LayerRange> stage_layer_ranges(const std::vector<StageRange>& split, int stage, int stages);
 
 /// Training FLOPs per token of the parts the split balances (the cost model above).
 struct StageCostModel {

@@ -9,9 +9,12 @@
 
 namespace llmtrain::parallel {
 
-struct Zero3::UnitShard {
-  model::Unit unit;
-  std::size_t index = 0;         // in the model's units()
+// A range of the flat buffer gathered and reduced as one piece: one of the model's parameter runs
+// (a layer's parameters, or a run outside the layers, which stays gathered for a whole update).
+struct Zero3::Unit {
+  model::FlatRange range;        // its flat elements
+  int layer = -1;                // the layer its parameters belong to; -1: outside the layers
+  std::size_t index = 0;         // its run in the model's param_runs()
   std::int64_t shard = 0;        // S: elements per rank (the unit padded to W S)
   std::int64_t part_begin = 0;   // this rank's flat elements [part_begin, part_end)
   std::int64_t part_end = 0;
@@ -32,7 +35,7 @@ struct Zero3::UnitShard {
 struct Zero3::GradSlot {
   ops::Buffer sums;    // (W S_max) f32: what backward adds into
   ops::Buffer summed;  // (S_max,) f32: this rank's part summed over the group
-  UnitShard* unit = nullptr;  // the unit whose reduction is in flight
+  Unit* unit = nullptr;  // the unit whose reduction is in flight
   std::unique_ptr<dist::Request> reducing;
 };
 
@@ -55,19 +58,20 @@ Zero3::Zero3(model::Model& model, dist::Communicator& comm, dist::Communicator& 
       rank_(comm.rank()),
       device_(model.device()),
       compute_(model.compute_dtype()) {
-  if (!model.sharded()) throw RuntimeError("ZeRO 3: the model must be built sharded");
-  const auto& units = model.units();
-  units_.resize(units.size());
+  if (!model.external_storage()) throw RuntimeError("ZeRO 3: the model must be built with external storage");
+  const auto& runs = model.param_runs();
+  units_.resize(runs.size());
   layer_units_.assign(std::size_t(model.config().n_layer), 0);
   std::int64_t largest_layer = 0, largest = 0;
-  for (std::size_t i = 0; i < units.size(); ++i) {
-    UnitShard& u = units_[i];
-    u.unit = units[i];
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    Unit& u = units_[i];
+    u.range = runs[i];
+    u.layer = runs[i].layer;
     u.index = i;
-    u.root = u.unit.layer < 0;
-    u.shard = (u.unit.numel() + W_ - 1) / W_;
-    u.part_begin = std::min(u.unit.end, u.unit.begin + rank_ * u.shard);
-    u.part_end = std::min(u.unit.end, u.part_begin + u.shard);
+    u.root = u.layer < 0;
+    u.shard = (u.range.size() + W_ - 1) / W_;
+    u.part_begin = std::min(u.range.end, u.range.begin + rank_ * u.shard);
+    u.part_end = std::min(u.range.end, u.part_begin + u.shard);
     u.local = local_size_;
     local_size_ += u.part();
     if (u.part() > 0) pieces_.push_back({u.part_begin, u.part_end, u.local});
@@ -78,9 +82,9 @@ Zero3::Zero3(model::Model& model, dist::Communicator& comm, dist::Communicator& 
       ops::zero(flat(u.root_grads.data(), DType::f32, device_, u.shard * W_));
       u.grads = static_cast<float*>(u.root_grads.data());
     } else {
-      layer_units_.at(std::size_t(u.unit.layer)) = i;
+      layer_units_.at(std::size_t(u.layer)) = i;
       largest_layer = std::max(largest_layer, u.shard);
-      if (first_layer_ < 0 || u.unit.layer < first_layer_) first_layer_ = u.unit.layer;
+      if (first_layer_ < 0 || u.layer < first_layer_) first_layer_ = u.layer;
     }
   }
   master_ = ops::Buffer(device_, std::size_t(std::max<std::int64_t>(local_size_, 1)) * sizeof(float));
@@ -104,14 +108,14 @@ Zero3::Zero3(model::Model& model, dist::Communicator& comm, dist::Communicator& 
     g.sums = ops::Buffer(device_, std::size_t(largest_layer * W_) * sizeof(float));
     g.summed = ops::Buffer(device_, std::size_t(std::max<std::int64_t>(largest_layer, 1)) * sizeof(float));
   }
-  for (const UnitShard& u : units_) bind(u);
-  model_.set_hooks(this);
+  for (const Unit& u : units_) bind(u);
+  model_.set_observer(this);
 }
 
 Zero3::~Zero3() {
   // Nothing may be left in flight on buffers about to be freed (an exception mid-step).
   try {
-    for (UnitShard& u : units_) {
+    for (Unit& u : units_) {
       if (u.gathering) u.gathering->wait();
     }
     for (GradSlot& g : grad_slots_) {
@@ -119,7 +123,7 @@ Zero3::~Zero3() {
     }
   } catch (...) {
   }
-  model_.set_hooks(nullptr);
+  model_.set_observer(nullptr);
 }
 
 Tensor Zero3::master() const { return flat(master_.data(), DType::f32, device_, local_size_); }
@@ -127,14 +131,14 @@ Tensor Zero3::grads() const { return flat(grads_.data(), DType::f32, device_, lo
 
 std::size_t Zero3::state_bytes() const {
   std::size_t bytes = master_.bytes() + grads_.bytes() + scratch_.bytes();
-  for (const UnitShard& u : units_) bytes += u.root_weights.bytes() + u.root_grads.bytes();
+  for (const Unit& u : units_) bytes += u.root_weights.bytes() + u.root_grads.bytes();
   for (const ops::Buffer& slot : weight_slots_) bytes += slot.bytes();
   for (const GradSlot& g : grad_slots_) bytes += g.sums.bytes() + g.summed.bytes();
   return bytes;
 }
 
 void Zero3::load(const float* flat_weights) {
-  for (const UnitShard& u : units_) {
+  for (const Unit& u : units_) {
     if (u.part() == 0) continue;
     ops::copy(flat(at(master_.data(), u.local, DType::f32), DType::f32, device_, u.part()),
               flat(const_cast<float*>(flat_weights) + u.part_begin, DType::f32, Device::cpu, u.part()));
@@ -142,14 +146,14 @@ void Zero3::load(const float* flat_weights) {
   weights_changed();
 }
 
-void Zero3::bind(const UnitShard& u) { model_.set_unit_storage(u.index, u.weights(weight_slots_), u.grads); }
+void Zero3::bind(const Unit& u) { model_.set_run_storage(u.index, u.weights(weight_slots_), u.grads); }
 
-Zero3::UnitShard& Zero3::layer_unit(int layer) { return units_[layer_units_.at(std::size_t(layer))]; }
+Zero3::Unit& Zero3::layer_unit(int layer) { return units_[layer_units_.at(std::size_t(layer))]; }
 
 // Starts gathering u's weights (into a free slot for a layer): this rank's part of the master
 // weights, converted to the compute dtype, goes to its place in the slot; the all-gather brings
 // the others'.
-void Zero3::gather(UnitShard& u) {
+void Zero3::gather(Unit& u) {
   if (!u.root && u.slot < 0) {
     auto free = std::find(slot_unit_.begin(), slot_unit_.end(), -1);
     if (free == slot_unit_.end() && kept_layer_ >= 0) {  // the first layer kept for the next forward yields
@@ -176,7 +180,7 @@ void Zero3::gather(UnitShard& u) {
   bind(u);
 }
 
-void Zero3::wait_gathered(UnitShard& u) {
+void Zero3::wait_gathered(Unit& u) {
   if (!u.current) gather(u);
   if (u.gathering) {
     u.gathering->wait();
@@ -184,9 +188,9 @@ void Zero3::wait_gathered(UnitShard& u) {
   }
 }
 
-void Zero3::release_weights(UnitShard& u) {
+void Zero3::release_weights(Unit& u) {
   if (u.root || u.slot < 0) return;
-  if (u.unit.layer == kept_layer_) kept_layer_ = -1;
+  if (u.layer == kept_layer_) kept_layer_ = -1;
   if (u.gathering) {  // a prefetch nobody used
     u.gathering->wait();
     u.gathering.reset();
@@ -200,14 +204,14 @@ void Zero3::release_weights(UnitShard& u) {
 // Starts the gather of `layer` when it is not gathered and a slot is free.
 void Zero3::prefetch(int layer) {
   if (layer < 0 || layer >= int(layer_units_.size())) return;
-  UnitShard& u = layer_unit(layer);
+  Unit& u = layer_unit(layer);
   if (u.current) return;
   if (std::find(slot_unit_.begin(), slot_unit_.end(), -1) == slot_unit_.end()) return;
   gather(u);
 }
 
 // Gives the layer a zeroed gradient slot (finishing the reduction that last used it).
-void Zero3::begin_backward(UnitShard& u) {
+void Zero3::begin_backward(Unit& u) {
   GradSlot& slot = grad_slots_[next_grad_slot_];
   next_grad_slot_ = (next_grad_slot_ + 1) % grad_slots_.size();
   finish_reduction(slot);
@@ -218,7 +222,7 @@ void Zero3::begin_backward(UnitShard& u) {
 }
 
 // Starts summing the unit's gradients of this micro-step over the group into this rank's part.
-void Zero3::reduce_gradients(UnitShard& u, GradSlot& slot) {
+void Zero3::reduce_gradients(Unit& u, GradSlot& slot) {
   if (W_ > 1) {
     slot.reducing = comm_.start_reduce_scatter_sum(static_cast<float*>(slot.sums.data()),
                                                    static_cast<float*>(slot.summed.data()), u.shard);
@@ -239,37 +243,37 @@ void Zero3::finish_reduction(GradSlot& slot) {
 }
 
 // gradient shard += this micro-step's summed part of unit u.
-void Zero3::accumulate(const UnitShard& u, const float* summed_part) {
+void Zero3::accumulate(const Unit& u, const float* summed_part) {
   if (u.part() == 0) return;
   const Tensor shard = flat(at(grads_.data(), u.local, DType::f32), DType::f32, device_, u.part());
   ops::residual_forward(shard, shard, flat(const_cast<float*>(summed_part), DType::f32, device_, u.part()));
 }
 
-void Zero3::on(model::UnitEvent event, int layer) {
-  using model::UnitEvent;
+void Zero3::on(model::PassEvent event, int layer) {
+  using model::PassEvent;
   switch (event) {
-    case UnitEvent::forward_begins:
-      for (UnitShard& u : units_) {
+    case PassEvent::forward_begins:
+      for (Unit& u : units_) {
         if (u.root) wait_gathered(u);
       }
       break;
-    case UnitEvent::before_forward:
+    case PassEvent::before_forward:
       if (layer == kept_layer_) kept_layer_ = -1;  // in use again: released as any layer
       wait_gathered(layer_unit(layer));
       prefetch(layer + 1);
       break;
-    case UnitEvent::after_forward:
+    case PassEvent::after_forward:
       if (reshard_after_forward_) release_weights(layer_unit(layer));
       break;
-    case UnitEvent::before_backward: {
-      UnitShard& u = layer_unit(layer);
+    case PassEvent::before_backward: {
+      Unit& u = layer_unit(layer);
       wait_gathered(u);
       begin_backward(u);
       prefetch(layer - 1);
       break;
     }
-    case UnitEvent::after_backward: {
-      UnitShard& u = layer_unit(layer);
+    case PassEvent::after_backward: {
+      Unit& u = layer_unit(layer);
       if (layer == first_layer_) {
         kept_layer_ = layer;  // gathered already for the next micro-step's forward
       } else {
@@ -279,8 +283,8 @@ void Zero3::on(model::UnitEvent event, int layer) {
       reduce_gradients(u, *slot);
       break;
     }
-    case UnitEvent::backward_ends:
-      for (UnitShard& u : units_) {
+    case PassEvent::backward_ends:
+      for (Unit& u : units_) {
         if (!u.root) continue;
         float* sums = static_cast<float*>(u.root_grads.data());
         if (W_ > 1) comm_.reduce_scatter_sum(sums, static_cast<float*>(scratch_.data()), u.shard);
@@ -307,7 +311,7 @@ double Zero3::finish(double& loss_sum) {
 }
 
 void Zero3::weights_changed() {
-  for (UnitShard& u : units_) {
+  for (Unit& u : units_) {
     if (u.root) {
       if (u.gathering) {
         u.gathering->wait();

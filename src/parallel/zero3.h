@@ -1,13 +1,15 @@
 // Fully sharded data parallelism (ZeRO 3): each rank of the data-parallel group keeps only its
 // shard of the fp32 master weights, of the gradients and (in optim/) of the optimizer state.
 //
-// The shards follow the model's units (model::Unit: one per layer, plus the runs of parameters
-// outside the layers). A unit of n elements over W ranks is cut into W parts of S = ceil(n / W)
+// The shards follow units formed from the model's parameter runs (model::ParamRun: one per layer,
+// plus the runs of parameters outside the layers), one unit per run. A unit of n elements over W ranks is cut into W parts of S = ceil(n / W)
 // elements; rank r owns flat elements [begin + r S, begin + (r + 1) S) of it, clipped to the
 // unit (the last ranks' parts may be short or empty). This rank's parts of all units, laid end to
 // end, are its local arrays: master weights, gradients, m and v.
 //
-// As forward and backward reach each layer (model::UnitEvent), the layer's weights are gathered in
+// As forward and backward reach each layer (model::PassEvent, heard as the model's observer), and
+// the model's weights live in storage this class owns (model::Layout::external_storage), bound
+// unit by unit. The layer's weights are gathered in
 // the compute dtype (bf16 under mixed precision) into one of a few working slots, the next
 // layer's gather is started meanwhile (prefetch), and the slot is freed after the layer's forward
 // (dist.reshard_after_forward) and after its backward, except the first layer's after backward: it
@@ -31,11 +33,12 @@
 
 namespace llmtrain::parallel {
 
-class Zero3 final : public model::UnitHooks {
+class Zero3 final : public model::PassObserver {
  public:
-  /// Shards `model` (built sharded: model::Model::sharded) over `comm`, the data-parallel group
-  /// over the memory the model lives in; `host_comm` is the same group over host memory (norms).
-  /// Installs itself as the model's hooks; the master weights start at zero (load() fills them).
+  /// Shards `model` (built with external storage: model::Model::external_storage) over `comm`, the
+  /// data-parallel group over the memory the model lives in; `host_comm` is the same group over host
+  /// memory (norms). Installs itself as the model's observer; the master weights start at zero
+  /// (load() fills them).
   Zero3(model::Model& model, dist::Communicator& comm, dist::Communicator& host_comm, bool reshard_after_forward);
   ~Zero3() override;
   Zero3(const Zero3&) = delete;
@@ -63,22 +66,22 @@ class Zero3 final : public model::UnitHooks {
   /// gradient slots. (The optimizer state shard is the optimizer's.)
   std::size_t state_bytes() const;
 
-  void on(model::UnitEvent event, int layer) override;
+  void on(model::PassEvent event, int layer) override;
 
  private:
-  struct UnitShard;
+  struct Unit;
   struct GradSlot;
 
-  UnitShard& layer_unit(int layer);
-  void gather(UnitShard& u);
-  void wait_gathered(UnitShard& u);
-  void release_weights(UnitShard& u);
+  Unit& layer_unit(int layer);
+  void gather(Unit& u);
+  void wait_gathered(Unit& u);
+  void release_weights(Unit& u);
   void prefetch(int layer);
-  void begin_backward(UnitShard& u);
-  void reduce_gradients(UnitShard& u, GradSlot& slot);
+  void begin_backward(Unit& u);
+  void reduce_gradients(Unit& u, GradSlot& slot);
   void finish_reduction(GradSlot& slot);
-  void accumulate(const UnitShard& u, const float* summed_part);
-  void bind(const UnitShard& u);
+  void accumulate(const Unit& u, const float* summed_part);
+  void bind(const Unit& u);
 
   model::Model& model_;
   dist::Communicator& comm_;
@@ -87,7 +90,7 @@ class Zero3 final : public model::UnitHooks {
   const int W_, rank_;
   const Device device_;
   const DType compute_;
-  std::vector<UnitShard> units_;
+  std::vector<Unit> units_;
   std::vector<std::size_t> layer_units_;  // per layer: its index in units_
   std::vector<optim::Piece> pieces_;
   std::int64_t local_size_ = 0;

@@ -18,7 +18,8 @@ namespace {
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
-// The share of one tensor rank: the model's own parameter list, built sharded (no buffers).
+// The share of one tensor rank: the model's own parameter list, built with external storage (no
+// buffers). ZeRO 3 shards each parameter run as one unit (parallel/zero3.h).
 RankShare share_of(const config::ModelConfig& m, int tensor_size, int tensor_rank) {
   const auto model = model::make_model(m, Device::cpu, config::Recompute::none, DType::f32,
                                        ops::AttentionKernels::flash, model::Layout{true, tensor_rank, tensor_size});
@@ -26,7 +27,7 @@ RankShare share_of(const config::ModelConfig& m, int tensor_size, int tensor_ran
   share.tensor_size = tensor_size;
   share.tensor_rank = tensor_rank;
   share.params = model->num_params();
-  for (const model::Unit& u : model->units()) share.units.push_back({u.numel(), u.layer >= 0});
+  for (const model::ParamRun& run : model->param_runs()) share.units.push_back({run.size(), run.layer >= 0});
   return share;
 }
 
@@ -331,7 +332,7 @@ std::vector<StagePlan> pipeline_stages(const config::Config& config, int tensor_
     layout.context_size = int(config.dist.context_parallel);
     for (std::size_t v = std::size_t(s); v < split.size(); v += std::size_t(P)) {
       st.chunks.push_back(split[v]);
-      layout.chunks.push_back({int(split[v].first_layer), int(split[v].layers)});
+      layout.layer_ranges.push_back(parallel::layer_range(split[v]));
       st.layers += split[v].layers;
       // Each chunk's micro-batches go on to the next virtual stage, and their gradients back.
       st.sends += (v + 1 < split.size() ? micro_batches : 0) + (v > 0 ? micro_batches : 0);
@@ -339,12 +340,12 @@ std::vector<StagePlan> pipeline_stages(const config::Config& config, int tensor_
     st.first_layer = st.chunks.front().first_layer;
     const auto model = model::make_model(m, Device::cpu, config.train.recompute, bf16 ? DType::bf16 : DType::f32,
                                          ops::AttentionKernels::flash, layout);
-    st.embedding = model->holds_first_stage();
-    st.head = model->holds_last_stage();
+    st.embedding = model->holds_model_begin();
+    st.head = model->holds_model_end();
     st.share.tensor_size = tensor_size;
     st.share.tensor_rank = r;
     st.share.params = model->num_params();
-    for (const model::Unit& u : model->units()) st.share.units.push_back({u.numel(), u.layer >= 0});
+    for (const model::ParamRun& run : model->param_runs()) st.share.units.push_back({run.size(), run.layer >= 0});
     st.slots = parallel::peak_live_activations(parallel::stage_schedule(config.dist, s, int(micro_batches)));
     st.activations =
         st.slots * std::int64_t(model->activation_bytes(int(config.train.micro_batch_size), int(m.context_length))) +
@@ -378,7 +379,7 @@ std::optional<MeshOption> mesh_option(const config::Config& config, const RankSh
   const auto& m = config.model;
   const bool bf16 = config.train.precision == config::Precision::bf16;
   const std::int64_t B = config.train.micro_batch_size;
-  const int t = mesh.tensor, d = mesh.data, p = mesh.pipeline, cp = mesh.context;
+  const int t = mesh.size(dist::Axis::tensor), d = mesh.size(dist::Axis::data), p = mesh.size(dist::Axis::pipeline), cp = mesh.size(dist::Axis::context);
   const int D = d * cp;  // the ranks the gradients are summed over (ZeRO's group)
   if (config.train.global_batch_size % (B * d) != 0) return std::nullopt;
   const std::int64_t micro_steps = config.train.global_batch_size / (B * d);
@@ -452,7 +453,12 @@ std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int
       }
       for (const bool sequence_parallel : {false, true}) {
         for (int zero = 0; zero <= 3; ++zero) {
-          if (auto o = mesh_option(config, share, dist::Mesh{t, d, p, cp}, zero, sequence_parallel)) options.push_back(*o);
+          dist::Mesh mesh;
+          mesh.sizes[dist::Axis::tensor] = t;
+          mesh.sizes[dist::Axis::context] = cp;
+          mesh.sizes[dist::Axis::data] = d;
+          mesh.sizes[dist::Axis::pipeline] = p;
+          if (auto o = mesh_option(config, share, mesh, zero, sequence_parallel)) options.push_back(*o);
         }
       }
     }
@@ -463,8 +469,8 @@ std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int
 
 std::int64_t max_micro_batch(const config::Config& config, const MeshOption& option, std::int64_t memory,
                              std::int64_t host_per_rank) {
-  const RankShare share = rank_share(config.model, option.mesh.tensor);
-  const std::int64_t per_rank = config.train.global_batch_size / option.mesh.data;
+  const RankShare share = rank_share(config.model, option.mesh.size(dist::Axis::tensor));
+  const std::int64_t per_rank = config.train.global_batch_size / option.mesh.size(dist::Axis::data);
   config::Config c = config;
   for (std::int64_t B = per_rank; B >= 1; --B) {
     if (per_rank % B != 0) continue;

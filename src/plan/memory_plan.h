@@ -265,7 +265,7 @@ struct MeshOption {
 std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int* skipped_batch = nullptr);
 
 /// One row of mesh_options: `mesh` with ZeRO `zero` and sequence parallelism or not, at the
-/// config's micro-batch, for a rank holding `share` (rank_share at mesh.tensor); nullopt where
+/// config's micro-batch, for a rank holding `share` (rank_share at mesh.size(dist::Axis::tensor)); nullopt where
 /// mesh_options leaves it out (the batch does not divide, train refuses it).
 std::optional<MeshOption> mesh_option(const config::Config& config, const RankShare& share, const dist::Mesh& mesh,
                                       int zero, bool sequence_parallel);

@@ -176,19 +176,47 @@ Checkpointer::Checkpointer(const TrainOptions& options, dist::Communicator& worl
 Checkpointer::~Checkpointer() {
   if (source_) source_->set_before_update({});
   if (pruner_.joinable()) pruner_.join();
-  if (!pending_) return;
-  // Leaving on an error: the files are finished either way; only alone may we mark them complete.
-  pending_->writer.join();
-  if (world_.world_size() == 1) {
-    try {
-      finish("an error stopped the run");
-    } catch (const std::exception& e) {
-      reporter_.info("checkpoint %s: not completed: %s", pending_ ? pending_->dir.c_str() : "", e.what());
+  if (pending_) {
+    // Leaving on an error: the files are finished (or their writer abandoned); only alone, and
+    // only once they are finished, may we mark them complete.
+    const std::shared_ptr<Pending> p = pending_;
+    if (!settle(*p)) {
+      pending_.reset();
+      reporter_.info("checkpoint %s: left incomplete: an error stopped the run and its writer did not finish "
+                     "within %.0f s", p->dir.c_str(), file_work_limit_s_);
+    } else if (world_.world_size() == 1) {
+      try {
+        finish("an error stopped the run");
+      } catch (const std::exception& e) {
+        reporter_.info("checkpoint %s: not completed: %s", p->dir.c_str(), e.what());
+      }
+    } else {
+      reporter_.info("checkpoint %s: files written, but left incomplete: an error stopped the run, so the "
+                     "ranks cannot agree that all of theirs are", p->dir.c_str());
     }
-  } else {
-    reporter_.info("checkpoint %s: files written, but left incomplete: an error stopped the run, so the "
-                   "ranks cannot agree that all of theirs are", pending_->dir.c_str());
   }
+  // A commit above may have started the pruner again.
+  if (pruner_.joinable()) pruner_.join();
+  // An abandoned writer may still read the staging buffer: it is left to the process's end.
+  if (abandoned_) new ops::Buffer(std::move(staging_));  // NOLINT: deliberately never freed
+}
+
+// On an error path: waits for `p`'s writer to finish, up to the commit's patience, and joins it;
+// a writer that does not finish in time (a stalled file system) is detached, still holding its
+// share of `p`, so that no joinable thread is ever destroyed. Whether the writer finished.
+bool Checkpointer::settle(Pending& p) noexcept {
+  if (!p.writer.joinable()) return p.done.load();
+  const auto start = Clock::now();
+  while (!p.done.load() && seconds_since(start) < file_work_limit_s_) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (!p.done.load()) {
+    p.writer.detach();
+    abandoned_ = true;
+    return false;
+  }
+  p.writer.join();
+  return true;
 }
 
 bool Checkpointer::stop_requested() {
@@ -229,11 +257,17 @@ void Checkpointer::flush() {
 
 // Waits for this rank's writer, then commits with every rank (a collective) and reports.
 void Checkpointer::finish(const char* why) {
-  std::unique_ptr<Pending> p = std::move(pending_);
+  const std::shared_ptr<Pending> p = std::move(pending_);
   const auto wait_start = Clock::now();
   // File work (dist/file_work.h): this rank says it is alive while its writer runs, and the
-  // commit waits, under patience, for ranks whose writers are slower.
-  dist::wait_keeping_alive(world_, [&] { return p->done.load(); });
+  // commit waits, under patience, for ranks whose writers are slower. An error here (ranks lost)
+  // leaves the checkpoint incomplete, its writer settled first.
+  try {
+    dist::wait_keeping_alive(world_, [&] { return p->done.load(); });
+  } catch (...) {
+    settle(*p);
+    throw;
+  }
   if (p->writer.joinable()) p->writer.join();
   const double waited = seconds_since(wait_start);
   if (why && waited >= 0.001) {
@@ -304,7 +338,7 @@ std::string Checkpointer::save(std::int64_t step, CheckpointSource& source) {
     remove_pruned();
     const double stall = seconds_since(save_start);
     reporter_.checkpoint_saved(step, done, {stall, 0.0, 0.0, false});
-    return dir;
+    return done.dir;
   }
 
   // A save still being written: this one waits for it (its commit is a collective, on every rank).
@@ -317,7 +351,7 @@ std::string Checkpointer::save(std::int64_t step, CheckpointSource& source) {
     reporter_.info("checkpoint: the save of step %lld waited %.3f s for step %lld's to finish writing",
                    static_cast<long long>(step), waited, static_cast<long long>(previous));
   }
-  auto p = std::make_unique<Pending>();
+  auto p = std::make_shared<Pending>();
   p->dir = checkpoint::prepare_dir(root_, step, world_);
   // The staging buffer holds the weights and each optimizer state tensor of the ranges this rank
   // writes, each end to end.
@@ -352,9 +386,10 @@ std::string Checkpointer::save(std::int64_t step, CheckpointSource& source) {
   p->request = std::move(request);
   p->waited_s = waited;
   p->stall_s = seconds_since(save_start);
-  Pending* raw = p.get();
+  // The writer holds a share of what it writes: a writer abandoned on an error path (settle) never
+  // writes into freed memory.
   const int rank = world_.rank(), world_size = world_.world_size();
-  p->writer = std::thread([raw, rank, world_size, copies = std::move(copies)] {
+  p->writer = std::thread([raw = p, rank, world_size, copies = std::move(copies)] {
     const auto copy_start = Clock::now();
     for (const auto& [dst, src] : copies) std::memcpy(dst, src.as<float>(), std::size_t(src.numel()) * sizeof(float));
     if (!copies.empty()) raw->copy_s = seconds_since(copy_start);
@@ -375,7 +410,7 @@ std::string Checkpointer::save(std::int64_t step, CheckpointSource& source) {
     raw->done.store(true);
   });
   pending_ = std::move(p);
-  return pending_->dir;
+  return checkpoint::step_dir(root_, step);  // where commit puts it
 }
 
 }  // namespace llmtrain::train

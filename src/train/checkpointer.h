@@ -73,9 +73,11 @@ class CheckpointSource {
 class Checkpointer {
  public:
   Checkpointer(const TrainOptions& options, dist::Communicator& world, Reporter& reporter, CheckpointSource& source);
-  /// On the way out of an error, a save still being written is finished (its files made durable)
-  /// and, at world size 1, committed; with more ranks it stays incomplete (the ranks cannot be
-  /// relied on to agree then) and the previous checkpoint remains `latest`.
+  /// On the way out of an error, a save still being written is waited for (up to the commit's
+  /// patience for slow writers) and, at world size 1, committed; with more ranks, or when its
+  /// writer does not finish in time (it is then abandoned, never joined), it stays incomplete and
+  /// the previous checkpoint remains `latest`. Nothing here throws or ends the process: the error
+  /// that stopped the run is the one reported.
   ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
@@ -95,6 +97,7 @@ class Checkpointer {
  private:
   struct Pending;
   void finish(const char* why);
+  bool settle(Pending& p) noexcept;
   void wait_for_copy();
   void remove_pruned();
 
@@ -109,7 +112,8 @@ class Checkpointer {
   bool stages_ = false;              // async: this rank writes its part (not another rank of its replicas)
   CheckpointSource* source_ = nullptr;  // async: whose updates wait for the staging copy
   ops::Buffer staging_;              // async: the weights and optimizer state of the ranges this rank writes
-  std::unique_ptr<Pending> pending_;  // the save being written in the background
+  std::shared_ptr<Pending> pending_;  // the save being written in the background (shared with its writer)
+  bool abandoned_ = false;           // a writer was detached on an error path (settle)
   std::thread pruner_;               // rank 0: deletes the checkpoints beyond keep_last
 };
 

@@ -101,11 +101,11 @@ void Reporter::run_started(const dist::Communicators& comms, const RunShape& run
   info("dist: %s communicator, %d rank(s), this is rank %d (local rank %d), %d CPU threads", world.name().c_str(),
        world.world_size(), world.rank(), world.local_rank(), omp_get_max_threads());
   info("dist: mesh %s", comms.mesh.describe().c_str());
-  if (comms.mesh.pipeline > 1) {
+  if (comms.mesh.size(dist::Axis::pipeline) > 1) {
     info("pipeline: %d stages, %s schedule, %lld micro-batches per update (bubble %.0f%% by its formula); %s",
-         comms.mesh.pipeline, config::to_string(config_.dist.pipeline_schedule).c_str(),
+         comms.mesh.size(dist::Axis::pipeline), config::to_string(config_.dist.pipeline_schedule).c_str(),
          static_cast<long long>(run.micro_steps), 100.0 * parallel::bubble_fraction(config_.dist, int(run.micro_steps)),
-         parallel::describe_split(config_.model, parallel::split_layers(config_), comms.mesh.pipeline).c_str());
+         parallel::describe_split(config_.model, parallel::split_layers(config_), comms.mesh.size(dist::Axis::pipeline)).c_str());
   }
   if (!device_note_.empty()) info("train: %s", device_note_.c_str());
   if (resume) {
@@ -120,7 +120,7 @@ void Reporter::run_started(const dist::Communicators& comms, const RunShape& run
   info("train: %lld parameters, %lld train samples of %d tokens, %d data-parallel rank(s) x %lld micro-step(s) "
        "of %d per update, ZeRO %lld",
        static_cast<long long>(run.num_params), static_cast<long long>(run.train_samples),
-       int(config_.model.context_length), comms.mesh.data, static_cast<long long>(run.micro_steps),
+       int(config_.model.context_length), comms.mesh.size(dist::Axis::data), static_cast<long long>(run.micro_steps),
        int(config_.train.micro_batch_size), static_cast<long long>(config_.dist.zero_stage));
   state_bytes_ = run.state_bytes;
   info("train: this rank holds %s of weights, gradients and optimizer state%s", format_bytes(double(state_bytes_)).c_str(),
@@ -174,7 +174,7 @@ void Reporter::update(std::int64_t step, const StepResult& result) {
     memory = {gpu.device_used, device_peak_};
   }
   if (metrics_) {
-    // Collectives on the data-parallel and tensor-parallel groups in this update: kind -> [calls, bytes sent].
+    // Each mesh axis's collectives in this update, kind -> [calls, bytes sent], and their bytes.
     const auto by_kind = [](const dist::Traffic& sent) {
       nlohmann::json out = nlohmann::json::object();
       for (int k = 0; k < dist::Traffic::kinds; ++k) {
@@ -182,17 +182,18 @@ void Reporter::update(std::int64_t step, const StepResult& result) {
       }
       return out;
     };
-    const nlohmann::json collectives = by_kind(result.sent);
     nlohmann::json line = {{"step", step}, {"loss", result.loss}, {"lr", result.lr}, {"grad_norm", result.grad_norm},
                        {"tokens_per_s", tokens_per_s}, {"mfu", mfu}, {"elapsed_s", elapsed_s},
                        {"memory_bytes", memory.current}, {"peak_memory_bytes", memory.peak},
-                       {"state_bytes", state_bytes_}, {"sent_bytes", result.sent.total_bytes()},
-                       {"collectives", collectives}, {"tensor_collectives", by_kind(result.sent_tensor)},
-                       {"tensor_sent_bytes", result.sent_tensor.total_bytes()},
-                       {"pipeline_collectives", by_kind(result.sent_pipeline)},
-                       {"context_collectives", by_kind(result.sent_context)},
-                       {"pipeline_wait_s", result.pipeline_wait_s},
-                       {"comm_wait_s", result.sent.wait_s + result.sent_tensor.wait_s + result.sent_context.wait_s}};
+                       {"state_bytes", state_bytes_}, {"pipeline_wait_s", result.pipeline_wait_s}};
+    double comm_wait_s = 0;
+    for (const dist::AxisRow& row : dist::mesh_axes) {
+      const dist::Traffic& sent = result.sent[row.axis];
+      line[std::string(row.metrics_prefix) + "collectives"] = by_kind(sent);
+      line[std::string(row.metrics_prefix) + "sent_bytes"] = sent.total_bytes();
+      if (row.in_comm_wait) comm_wait_s += sent.wait_s;
+    }
+    line["comm_wait_s"] = comm_wait_s;
     for (std::size_t k = 0; k < result.source_tokens.size(); ++k) {  // a mixture's tokens per source
       line["tokens_seen/" + config_.data.train.name(k)] = result.source_tokens[k];
     }

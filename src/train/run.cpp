@@ -70,8 +70,7 @@ TrainSummary run_training(const TrainOptions& requested) {
         resolve_device(options, world);
         return options.device;
       },
-      config.dist.timeout_s, int(config.dist.tensor_parallel), int(config.dist.pipeline_parallel),
-      int(config.dist.context_parallel));
+      config.dist.timeout_s, [&config](int world) { return dist::Mesh::of(world, config.dist); });
   dist::Communicator& world = *comms.world;
   TrainSummary summary;
   summary.lead = world.rank() == 0;

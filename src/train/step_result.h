@@ -19,10 +19,11 @@ struct StepResult {
   double seconds = 0;    // wall time of the update
   bool skipped = false;  // non-finite loss or norm: no update made
   std::int64_t bad_in_a_row = 0;
-  dist::Traffic sent;         // what this rank sent to its data-parallel group in the update (ring count)
-  dist::Traffic sent_tensor;  // and to its tensor-parallel group
-  dist::Traffic sent_pipeline;  // and to the other stages (transfers, the loss and norm sums)
-  dist::Traffic sent_context;   // and to its context-parallel group (key/value blocks and their gradients)
+  // What this rank sent over each mesh axis's group in the update (ring count), its host and
+  // device communicators together: gradients over the data group, the layers' collectives over the
+  // tensor group, activations and the loss and norm sums to the other stages, key/value blocks
+  // and their gradients over the context group.
+  dist::PerAxis<dist::Traffic> sent;
   double pipeline_wait_s = 0;  // time this stage waited for the other stages' activations and gradients
   std::vector<std::int64_t> source_tokens;  // a mixture of data.train: tokens seen so far from each source
 };

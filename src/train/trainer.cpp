@@ -26,36 +26,22 @@
 #include "parallel/tensor_parallel_comm.h"
 
 namespace llmtrain::train {
+
+using dist::Axis;
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-void add_traffic(dist::Traffic& into, const dist::Traffic& more) {
-  for (int k = 0; k < dist::Traffic::kinds; ++k) {
-    into.calls[k] += more.calls[k];
-    into.bytes[k] += more.bytes[k];
-  }
-  into.wait_s += more.wait_s;
-}
-
 // This rank's part of the model: its ZeRO 3 sharding, its tensor-parallel rank and, in a
 // pipeline, its stage's layers (virtual stages stage, stage + P, ...).
 model::Layout rank_layout(const config::Config& config, const dist::Communicators& comms) {
-  model::Layout layout{config.dist.zero_stage == 3, comms.tensor_group->rank(), comms.tensor_group->world_size(),
+  model::Layout layout{config.dist.zero_stage == 3, comms.host(Axis::tensor).rank(), comms.host(Axis::tensor).world_size(),
                        config.dist.sequence_parallel};
-  layout.context_rank = comms.context_group->rank();
-  layout.context_size = comms.context_group->world_size();
+  layout.context_rank = comms.host(Axis::context).rank();
+  layout.context_size = comms.host(Axis::context).world_size();
   layout.context_ring = config.dist.context_parallel_mode == config::ContextParallelMode::ring;
-  const int stage = comms.pipeline_group->rank(), stages = comms.pipeline_group->world_size();
-  if (stages > 1) {
-    const std::vector<parallel::StageRange> split = parallel::split_layers(config);
-    for (std::size_t v = std::size_t(stage); v < split.size(); v += std::size_t(stages)) {
-      layout.chunks.push_back({int(split[v].first_layer), int(split[v].layers)});
-    }
-    layout.first_layer = layout.chunks.front().first;
-    layout.layers = layout.chunks.front().count;
-    if (layout.chunks.size() == 1) layout.chunks.clear();
-  }
+  const int stage = comms.host(Axis::pipeline).rank(), stages = comms.host(Axis::pipeline).world_size();
+  if (stages > 1) layout.layer_ranges = parallel::stage_layer_ranges(parallel::split_layers(config), stage, stages);
   return layout;
 }
 
@@ -63,10 +49,10 @@ model::Layout rank_layout(const config::Config& config, const dist::Communicator
 // tensor or pipeline parallelism, the parts this rank owns, summed over those groups.
 parallel::NormScope norm_scope(const model::Model& model, const dist::Communicators& comms) {
   parallel::NormScope norm;
-  const bool tensor = comms.tensor_group->world_size() > 1, pipeline = comms.pipeline_group->world_size() > 1;
+  const bool tensor = comms.host(Axis::tensor).world_size() > 1, pipeline = comms.host(Axis::pipeline).world_size() > 1;
   if (tensor || pipeline) norm.counted = parallel::norm_ranges(model);
-  if (tensor) norm.groups.push_back(comms.tensor_group.get());
-  if (pipeline) norm.groups.push_back(comms.pipeline_group.get());
+  if (tensor) norm.groups.push_back(&comms.host(Axis::tensor));
+  if (pipeline) norm.groups.push_back(&comms.host(Axis::pipeline));
   return norm;
 }
 
@@ -98,22 +84,15 @@ std::vector<data::MixtureSource> mixture_sources(const config::TrainData& train,
 Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, const checkpoint::Found* resume)
     : config_(options.config),
       device_(options.device),
-      world_(*comms.world),
-      data_comm_(comms.data_host()),
+      comms_(comms),
       train_data_(data::expand_paths(config_.data.train.paths(), "data.train"), config_.model.context_length,
                   std::uint32_t(config_.model.vocab_size)),
-      data_device_(comms.data()),
-      tensor_comm_(*comms.tensor_group),
-      tensor_device_(comms.tensor()),
-      pipeline_comm_(*comms.pipeline_group),
-      pipeline_link_(comms.pipeline()),
-      stages_(comms.pipeline_group->world_size()) {
+      stages_(comms.mesh.size(Axis::pipeline)) {
   const auto& tc = config_.train;
   const int T = int(config_.model.context_length), B = int(tc.micro_batch_size);
   // The ranks of a context group read the same sequences: the sampler's ranks are the data index.
-  context_ = comms.mesh.context;
-  context_comm_ = &comms.context();
-  const int readers = data_comm_.world_size() / context_, reader = data_comm_.rank() / context_;
+  context_ = comms.mesh.size(Axis::context);
+  const int readers = comms_.host(Axis::data).world_size() / context_, reader = comms_.host(Axis::data).rank() / context_;
   for (const config::ValSet& set : config_.data.val.sets) {
     const std::string key = set.name.empty() ? "data.val" : "data.val." + set.name;
     auto data = std::make_unique<data::TokenDataset>(data::expand_paths(set.paths, key), T,
@@ -159,21 +138,22 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
   // Process-wide, as the kernels read it: train.deterministic false lets the bf16 flash attention
   // backward take its single pass (dQ by atomics).
   ops::set_deterministic(tc.deterministic);
-  attention_ = parallel::resolve_attention_on_every_rank(config_, device_, world_);
+  attention_ = parallel::resolve_attention_on_every_rank(config_, device_, *comms_.world);
   const model::Layout layout = rank_layout(config_, comms);
   model_ = model::make_model(config_.model, device_, tc.recompute, model::precision_dtype(tc.precision),
                              attention_.kernels, layout);
-  pipeline_ = std::make_unique<parallel::PipelineExecutor>(*model_, config_, pipeline_comm_, pipeline_link_, int(accum_));
+  pipeline_ = std::make_unique<parallel::PipelineExecutor>(*model_, config_, comms_.host(Axis::pipeline), comms_.device(Axis::pipeline), int(accum_));
   if (layout.tensor_size > 1) {
-    tensor_group_ = std::make_unique<parallel::CommTensorGroup>(comms.tensor(), device_);
+    tensor_group_ = std::make_unique<parallel::CommTensorGroup>(comms.device(Axis::tensor), device_);
     model_->set_tensor_group(tensor_group_.get());
   }
   if (layout.context_size > 1) {
-    context_group_ = std::make_unique<parallel::CommContextGroup>(comms.context());
+    context_group_ = std::make_unique<parallel::CommContextGroup>(comms.device(Axis::context));
     model_->set_context_group(context_group_.get());
   }
-  gradients_ = parallel::make_gradient_strategy(*model_, config_.dist, data_device_, data_comm_, norm_scope(*model_, comms));
-  if (layout.tensor_size > 1 || stages_ > 1 || layout.sharded) {  // this rank's model is not the whole one
+  gradients_ = parallel::make_gradient_strategy(*model_, config_.dist, comms_.device(Axis::data), comms_.host(Axis::data),
+                                                norm_scope(*model_, comms));
+  if (layout.tensor_size > 1 || stages_ > 1 || layout.external_storage) {  // this rank's model is not the whole one
     logical_ = model::make_model(config_.model, Device::cpu, model::Recompute::none, DType::f32,
                                  ops::AttentionKernels::flash, model::Layout{true});
   }
@@ -195,7 +175,7 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
     state_names.push_back(optimizer_state[k].name);
     state_arrays.push_back(state[k].data());
   }
-  dist::run_keeping_alive(world_, [&] {
+  dist::run_keeping_alive(*comms_.world, [&] {
     try {
       load_initial_weights(resume, held.device == Device::cpu ? held.as<float>() : weights.data());
       if (resume) {
@@ -206,11 +186,11 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
       damaged = e.what();
     }
   });
-  std::int64_t failed = damaged.empty() ? -1 : world_.rank();
+  std::int64_t failed = damaged.empty() ? -1 : comms_.world->rank();
   {
     const double bytes = 4.0 * double(1 + optimizer_state.size()) * double(num_params());
-    const dist::Patience patience(world_, dist::file_work_limit_s(config_.dist.timeout_s, bytes));
-    world_.all_reduce_max(&failed, 1);
+    const dist::Patience patience(*comms_.world, dist::file_work_limit_s(config_.dist.timeout_s, bytes));
+    comms_.world->all_reduce_max(&failed, 1);
   }
   if (failed < 0) {
     const std::int64_t n = held.numel(), k = optimizer_->size();
@@ -262,7 +242,7 @@ std::vector<parallel::Placed> Trainer::optimizer_placement() const {
 
 bool Trainer::writes_optimizer() const {
   // Ranks of one data-parallel group hold the same state unless ZeRO shards it.
-  return data_comm_.rank() == 0 || gradients_->shards_optimizer();
+  return comms_.host(Axis::data).rank() == 0 || gradients_->shards_optimizer();
 }
 
 std::size_t Trainer::state_bytes() const {
@@ -272,10 +252,8 @@ std::size_t Trainer::state_bytes() const {
 StepResult Trainer::step(std::int64_t step) {
   const auto start = Clock::now();
   const auto& tc = config_.train;
-  const dist::Traffic sent_before = data_device_.traffic(), tensor_before = tensor_device_.traffic();
-  // (On the CPU the host and device groups are one communicator: the norm's reduction counts there.)
-  const dist::Traffic tensor_host_before = tensor_comm_.traffic(), pipeline_before = pipeline_comm_.traffic();
-  const dist::Traffic link_before = pipeline_link_.traffic(), context_before = context_comm_->traffic();
+  dist::PerAxis<dist::Traffic> sent_before;
+  for (const dist::AxisRow& row : dist::mesh_axes) sent_before[row.axis] = comms_.traffic(row.axis);
   gradients_->zero_grads();
   // Every stage reads the update's micro-batches, in order, as its schedule first needs them.
   std::vector<data::MicroBatch> micro;
@@ -294,7 +272,7 @@ StepResult Trainer::step(std::int64_t step) {
   // d(mean loss over the whole update)/dlogits: each micro-step adds 1 / (G T) per position.
   double loss_sum = pipeline_->forward_backward(batch, float(1.0 / tokens_per_step_), gradients_->grads_ready(),
                                                 result.pipeline_wait_s);
-  tensor_device_.wait_queued();  // the tensor group's collectives, ordered on the compute stream: checked here
+  comms_.device(Axis::tensor).wait_queued();  // the tensor group's collectives, ordered on the compute stream: checked here
   loss_sum += model_->take_loss_sum();
   model_->defer_loss(false);
   pipeline_->reduce_over_stages(loss_sum);  // the last stage's loss; a tied embedding's gradients
@@ -325,15 +303,12 @@ StepResult Trainer::step(std::int64_t step) {
   // Replicas of one part of the model (the ranks of a data-parallel group) can drift apart;
   // shards have nothing to compare.
   const auto every = config_.dist.replica_check_every;
-  if (gradients_->replicated() && data_comm_.world_size() > 1 && every > 0 && step % every == 0) {
-    parallel::check_replicas(data_comm_, host_weights().params().as<float>(), model_->num_params(), step);
+  if (gradients_->replicated() && comms_.host(Axis::data).world_size() > 1 && every > 0 && step % every == 0) {
+    parallel::check_replicas(comms_.host(Axis::data), host_weights().params().as<float>(), model_->num_params(), step);
   }
-  result.sent = data_device_.traffic().since(sent_before);
-  result.sent_tensor = tensor_device_.traffic().since(tensor_before);
-  result.sent_pipeline = pipeline_comm_.traffic().since(pipeline_before);
-  result.sent_context = context_comm_->traffic().since(context_before);
-  if (&pipeline_link_ != &pipeline_comm_) add_traffic(result.sent_pipeline, pipeline_link_.traffic().since(link_before));
-  if (&tensor_comm_ != &tensor_device_) add_traffic(result.sent_tensor, tensor_comm_.traffic().since(tensor_host_before));
+  for (const dist::AxisRow& row : dist::mesh_axes) {
+    result.sent[row.axis] = comms_.traffic(row.axis).since(sent_before[row.axis]);
+  }
   result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return result;
 }
@@ -346,12 +321,12 @@ std::optional<Validation> Trainer::validate() {
   const int T = int(config_.model.context_length), B = int(t.micro_batch_size);
   Validation result;
   for (const auto& [name, data] : val_sets_) {
-    const data::SamplerOptions in_order{data->num_samples(), t.global_batch_size, B, data_comm_.world_size() / context_,
-                                        data_comm_.rank() / context_, false, 0};
+    const data::SamplerOptions in_order{data->num_samples(), t.global_batch_size, B, comms_.host(Axis::data).world_size() / context_,
+                                        comms_.host(Axis::data).rank() / context_, false, 0};
     data::BatchLoader loader(*data, in_order, {});
     const std::int64_t batches = std::min(t.eval_batches, data->num_samples() / t.global_batch_size);
     std::array<double, 2> totals = pipeline_->forward_only(loader, batches, B, T);
-    data_comm_.all_reduce_sum(totals.data(), 2);
+    comms_.host(Axis::data).all_reduce_sum(totals.data(), 2);
     // Each rank of a context group counted the whole sequences of which it holds 1 / context_.
     result.sets.emplace_back(name, totals[0] / (totals[1] / double(context_)));
     result.val_loss += result.sets.back().second / double(val_sets_.size());
@@ -377,14 +352,14 @@ std::vector<double> Trainer::sequence_logliks(const std::vector<eval::ChoiceSequ
   // group pass the same micro-batches, and every data-parallel rank as many (ZeRO 3 gathers the
   // weights with all of them).
   const int T = int(config_.model.context_length), B = int(config_.train.micro_batch_size);
-  const std::int64_t readers = data_comm_.world_size() / context_, reader = data_comm_.rank() / context_;
+  const std::int64_t readers = comms_.host(Axis::data).world_size() / context_, reader = comms_.host(Axis::data).rank() / context_;
   const auto count = std::int64_t(sequences.size());
   const std::int64_t micro_batches = (count + B - 1) / B;  // global micro-batch g: sequences [g B, g B + B)
   const std::int64_t mine = (micro_batches + readers - 1) / readers;  // g = j readers + reader, j < mine
   // Context parallelism: this rank's positions of each sequence, as the model keeps them.
-  const model::ContextParallel split(context_comm_->rank(), context_, true, Device::cpu, DType::f32);
+  const model::ContextParallel split(comms_.device(Axis::context).rank(), context_, true, Device::cpu, DType::f32);
   const int Tl = T / context_;
-  const bool counts = tensor_comm_.rank() == 0;  // the tensor ranks' losses are the same
+  const bool counts = comms_.host(Axis::tensor).rank() == 0;  // the tensor ranks' losses are the same
   std::vector<double> logliks(sequences.size(), 0.0);
   std::vector<std::int32_t> ending(std::size_t(B) * T), local_ending;  // (B, T) 1 where a position predicts an ending token
   std::vector<float> losses(std::size_t(B) * Tl);
@@ -424,12 +399,12 @@ std::vector<double> Trainer::sequence_logliks(const std::vector<eval::ChoiceSequ
       }
     });
   }
-  world_.all_reduce_sum(logliks.data(), count);
+  comms_.world->all_reduce_sum(logliks.data(), count);
   return logliks;
 }
 
 const model::Model& Trainer::host_weights() {
-  if (model_->sharded()) throw RuntimeError("host_weights: the model is sharded (ZeRO 3)");
+  if (model_->external_storage()) throw RuntimeError("host_weights: the model is sharded (ZeRO 3)");
   if (device_ == Device::cpu) return *model_;
   if (!host_) {
     host_ = model::make_model(config_.model, Device::cpu, model::Recompute::none, DType::f32,

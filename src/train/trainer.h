@@ -94,8 +94,7 @@ class Trainer final : public CheckpointSource {
 
   const config::Config& config_;
   Device device_;
-  dist::Communicator& world_;      // every rank, host memory
-  dist::Communicator& data_comm_;  // the data-parallel group, host memory (its context x data ranks)
+  const dist::Communicators& comms_;  // every rank, and each mesh axis's group (dist/mesh.h)
   int context_ = 1;                // ranks per context-parallel group: they read the same sequences
   std::int64_t accum_ = 1;
   double tokens_per_step_ = 0;
@@ -118,14 +117,8 @@ class Trainer final : public CheckpointSource {
   std::unique_ptr<model::Model> host_;  // this rank's weights on the CPU when the model is on a GPU (host_weights)
   std::unique_ptr<parallel::GradientStrategy> gradients_;  // bucketed sync (ZeRO 0-2) or ZeRO 3
   std::unique_ptr<optim::Optimizer> optimizer_;  // optim.name's (optim/registry.h)
-  dist::Communicator& data_device_;     // the data-parallel group the gradients travel on
-  dist::Communicator& tensor_comm_;     // the tensor-parallel group, host memory
-  dist::Communicator& tensor_device_;   // and over the memory the activations live in
   std::unique_ptr<parallel::CommTensorGroup> tensor_group_;  // its device side, for the model
   std::unique_ptr<model::ContextGroup> context_group_;  // the context-parallel group, for the model
-  dist::Communicator* context_comm_ = nullptr;           // its communicator (traffic)
-  dist::Communicator& pipeline_comm_;   // the stages in order (host memory): losses, norms, the tied embedding
-  dist::Communicator& pipeline_link_;   // the same stages over the memory the activations live in: transfers
   int stages_ = 1;                      // pipeline stages
   std::unique_ptr<parallel::PipelineExecutor> pipeline_;  // its schedule (the one-stage one without a pipeline)
   std::function<void()> before_update_;

@@ -75,6 +75,12 @@ CublasLtCounts since(const CublasLtCounts& before) {
   return now;
 }
 
+// The cuBLASLt handle and workspace every case's matmuls run with (as the op layer keeps one).
+const cuda::Blas& blas() {
+  static const cuda::Blas made = cuda::create_blas();
+  return made;
+}
+
 // The message of the kernel library's error that `f` throws ("" when it throws none).
 template <class F>
 std::string error_of(F&& f) {
@@ -103,7 +109,7 @@ TEST_CASE("cuBLASLt fallback: the first algorithm that runs does the matmul, and
 
   const OfferedAlgorithms offered(8, 3);  // of 8 algorithms, #0-#2 are turned down
   CublasLtCounts before = cublaslt_counts();
-  cuda::matmul_forward(d_out.get(), d_inp.get(), d_weight.get(), d_bias.get(), N, C, OC, OC, nullptr);
+  cuda::matmul_forward(d_out.get(), d_inp.get(), d_weight.get(), d_bias.get(), N, C, OC, OC, blas(), nullptr);
   CHECK(d_out.read() == out_ref);
   CublasLtCounts counts = since(before);
   CHECK(counts.heuristic_calls == 1);
@@ -115,7 +121,7 @@ TEST_CASE("cuBLASLt fallback: the first algorithm that runs does the matmul, and
   // left them alone. Two products, so two choices.
   before = cublaslt_counts();
   cuda::matmul_backward(d_dinp.get(), d_dweight.get(), d_dbias.get(), d_dout.get(), d_inp.get(), d_weight.get(),
-                        N, C, OC, OC, true, nullptr);
+                        N, C, OC, OC, true, blas(), nullptr);
   CHECK(d_dinp.read() == dinp_ref);
   CHECK(d_dweight.read() == dweight_ref);
   CHECK(d_dbias.read() == dbias_ref);
@@ -128,7 +134,7 @@ TEST_CASE("cuBLASLt fallback: the first algorithm that runs does the matmul, and
   // when the heuristic would now offer #0 as working (one algorithm per shape per process).
   const OfferedAlgorithms all_run(8, 0);
   before = cublaslt_counts();
-  cuda::matmul_forward(d_out.get(), d_inp.get(), d_weight.get(), d_bias.get(), N, C, OC, OC, nullptr);
+  cuda::matmul_forward(d_out.get(), d_inp.get(), d_weight.get(), d_bias.get(), N, C, OC, OC, blas(), nullptr);
   CHECK(d_out.read() == out_ref);
   counts = since(before);
   CHECK(counts.heuristic_calls == 0);
@@ -145,7 +151,7 @@ TEST_CASE("cuBLASLt fallback: a matmul shape that no algorithm runs is an error 
                bias = integers(OC, 3);
     const DeviceArray<float> d_inp(inp), d_weight(weight), d_bias(bias), d_out(std::size_t(N) * OC);
     const auto forward = [&] {
-      cuda::matmul_forward(d_out.get(), d_inp.get(), d_weight.get(), d_bias.get(), N, C, OC, OC, nullptr);
+      cuda::matmul_forward(d_out.get(), d_inp.get(), d_weight.get(), d_bias.get(), N, C, OC, OC, blas(), nullptr);
     };
     {
       const OfferedAlgorithms offered(4, 4);
@@ -176,7 +182,8 @@ TEST_CASE("cuBLASLt fallback: a matmul shape that no algorithm runs is an error 
     const OfferedAlgorithms offered(0, 0);
     const std::string message = error_of([&] {
       // inp one element in: 2-byte aligned.
-      cuda::matmul_forward(d_out.get(), d_inp.get() + 1, d_weight.get(), nullptr, N, C, OC, OC, nullptr);
+      cuda::matmul_forward<cuda::bf16>(d_out.get(), d_inp.get() + 1, d_weight.get(), nullptr, N, C, OC, OC, blas(),
+                                       nullptr);
     });
     INFO(message);
     CHECK(message.find("forward out = inp W^T (N=2, C=13, OC=5)") != std::string::npos);

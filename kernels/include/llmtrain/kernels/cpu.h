@@ -1,5 +1,7 @@
-// CPU reference implementations of the Transformer ops, fp32. The CUDA twins (kernels/include/llmtrain/kernels/cuda.h) take
-// the same arguments in the same order, plus a stream.
+// CPU reference implementations of the Transformer ops, fp32. The CUDA twins
+// (llmtrain/kernels/cuda.h) take the same arguments in the same order, plus a stream (the
+// matmuls: a cuBLASLt handle and workspace, then a stream); kernels/cpu/NAME.cpp and
+// kernels/cuda/NAME.cu hold an op's twins under one file name.
 //
 // Conventions: B batch, T time, C channels, V vocabulary, NH heads, HS = C / NH head size,
 // OC output channels, N = B * T rows. Every backward op ACCUMULATES (+=) into its outputs, both
@@ -98,7 +100,7 @@ void qkv_join(float* dqkv, const float* dq, const float* dkv, std::int64_t N, in
 void attention_decode(float* out, const float* q, const float* k_cache, const float* v_cache, int pos, int C, int NH,
                       int NKV);
 
-/// The elementwise ops of kernels/include/llmtrain/kernels/elementwise.def: (outputs..., inputs..., N).
+/// The elementwise ops of llmtrain/kernels/elementwise.def: (outputs..., inputs..., N).
 #define LLMTRAIN_ELEMENTWISE(name, outputs, inputs)                                                  \
   void name(LLMTRAIN_EW_LIST(LLMTRAIN_EW_F32_OUT, outputs), LLMTRAIN_EW_LIST(LLMTRAIN_EW_F32_IN, inputs), \
             std::int64_t N);

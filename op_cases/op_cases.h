@@ -2,15 +2,15 @@
 // once, as data (its tensors with their shapes, roles and random ranges, its ops:: calls, the
 // tolerances of its outputs, the bytes and FLOPs of each call), and run in two modes:
 //
-//   - check mode (test_cuda_ops: cuda_ops_test.cpp, op_check.cpp): over a grid of shapes, each
-//     case on the CPU and on the GPU, the outputs compared within their tolerances;
+//   - check mode (test_cuda_ops: tests/cuda_ops_test.cpp, tests/op_check.cpp): over a grid of
+//     shapes, each case on the CPU and on the GPU, the outputs compared within their tolerances;
 //   - timing mode (bench/bench_kernels.cpp): at the model's shapes, each step (one row of the
 //     table) timed on the GPU against the memory or matrix ceiling.
 //
 // An op builder (layernorm_case(N, C), ...) describes a case at any shape; the check grids
 // (op_cases.cpp) and the model's shapes (op_timing_cases.cpp) call the same builders. Cases that
 // only one mode runs are marked by their Use: check_only (grids of ops the benchmark does not
-// time, e.g. rope), timing_only (attention, timed here and checked by flash_attention_test.cpp;
+// time, e.g. rope), timing_only (attention, timed here and checked by tests/flash_attention_test.cpp;
 // each fused op's unfused sequence, timed beside it). Depends only on the ops:: API.
 #pragma once
 

@@ -1,0 +1,204 @@
+// The passes of the decoder skeleton (model/decoder.h): the training forward (embedding, the
+// layers of the selected run, final norm, head and loss) and backward (the same in reverse, into
+// the one residual-stream gradient), the per-position views of their results, and incremental
+// decoding with a KV cache. The class, its parameters and its activation layout are decoder.h's;
+// an architecture's header includes this one, so that its passes are instantiated with it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "core/error.h"
+#include "model/decoder.h"
+#include "ops/ops.h"
+
+namespace llmtrain::model {
+
+template <class Body>
+Model::StreamEnds Decoder<Body>::stream_ends() {
+  return {a_.encoded, stream_output(), ga_.residual, ga_.residual};
+}
+
+template <class Body>
+double Decoder<Body>::forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T,
+                              float dloss_scale) {
+  if (cp_.active()) {  // this rank's chunks of every sequence
+    if (T > config_.context_length) ensure_acts(B, T);  // the error names the whole length
+    cp_.take_rows(inputs, B, T, cp_inputs_);
+    inputs = cp_inputs_.data();
+    if (targets) {
+      cp_.take_rows(targets, B, T, cp_targets_);
+      targets = cp_targets_.data();
+    }
+    T = local_length(T);
+  }
+  ensure_acts(B, T);
+  prepare_weights();
+  inputs_upload_.upload(a_.inputs, Tensor(const_cast<std::int32_t*>(inputs), DType::i32, Device::cpu, {B, T}));
+  notify(PassEvent::forward_begins);
+  if (begins_model()) {  // a later range's input is an earlier one's output (stream_ends)
+    const Tensor embedded = sequence_parallel() ? a_.full_out : a_.encoded;
+    tp_.vocab_parallel_embedding(embedded.reshape({B, T, config_.d_model}), inputs, a_.inputs, p_.embedding,
+                                 local_positions(T), slot_, slots_);
+    tp_.reduce_output(embedded, a_.encoded);
+  }
+  for (std::size_t li = 0; li < a_.layers.size(); ++li) {
+    const std::size_t l = std::size_t(layers_in_use().begin) + li;
+    notify(PassEvent::before_forward, int(l));
+    forward_layer(l);
+    notify(PassEvent::after_forward, int(l));
+  }
+  if (!ends_model()) return 0.0;  // its output goes on to the next range
+  final_norm_forward(a_.lnf, a_.lnf_mean, a_.lnf_rstd, stream_output(), p_.norm_weight, p_.norm_bias);
+  ops::matmul_forward(a_.logits, tp_.gather_input(a_.lnf, a_.lnf_full), p_.head, Tensor());
+  if (!targets) return 0.0;
+  targets_upload_.upload(a_.targets,
+                         Tensor(const_cast<std::int32_t*>(targets), DType::i32, Device::cpu, {a_.targets.shape[0]}));
+  return tp_.vocab_parallel_cross_entropy(a_.logits, a_.losses, a_.targets, dloss_scale, deferred_loss_sum());
+}
+
+template <class Body>
+void Decoder<Body>::backward(const std::function<void(std::int64_t)>& grads_ready) {
+  const int B = acts_B_, T = acts_T_;
+  const std::int64_t C = config_.d_model;
+  const Tensor& dlogits = a_.logits;  // fused_classifier left the gradient there
+  // d(residual stream): each residual connection adds its branch's input gradient in place.
+  // Tensor parallelism: the input gradients of the split matmuls (the head, and the layers'
+  // column-parallel ones) are summed over the group (this rank's tokens of them under sequence
+  // parallelism, whose norms then see only those tokens: their weights' gradients are summed
+  // too); the outputs' gradients the row-parallel backward needs are gathered whole.
+  const bool sp = sequence_parallel();
+  const Tensor& dresidual = ga_.residual;
+  if (ends_model()) {  // an earlier range starts from the next range's input gradient (stream_ends)
+    ops::zero(dresidual);
+    const Tensor dlnf = sp ? a_.full_out : ga_.lnf;  // the head's partial input gradient
+    ops::matmul_backward(dlnf, g_.head, Tensor(), dlogits, sp ? a_.lnf_full : a_.lnf, p_.head, ops::Accumulate::no);
+    tp_.reduce_output(dlnf, ga_.lnf);  // each rank's vocabulary rows' share
+    tp_.norm_backward(norm_grads(g_.norm_weight, config::norm_params_per_channel(traits_) * C), [&] {
+      final_norm_backward(dresidual, g_.norm_weight, g_.norm_bias, ga_.lnf, stream_output(), p_.norm_weight,
+                          a_.lnf_mean, a_.lnf_rstd);
+    });
+  }
+  for (std::size_t li = a_.layers.size(); li-- > 0;) {
+    const std::size_t l = std::size_t(layers_in_use().begin) + li;
+    notify(PassEvent::before_backward, int(l));
+    recompute(l);
+    backward_layer(l);
+    notify(PassEvent::after_backward, int(l));
+    if (grads_ready) grads_ready(layer_params(std::int64_t(l)).end);
+  }
+  // A later range's input gradient goes back to the range before it (stream_ends).
+  if (begins_model()) {
+    const bool split_positions = cp_.active() && g_.positions.data;
+    Tensor dpositions = g_.positions;
+    if (split_positions) {
+      dpositions = Tensor(cp_position_grads_.data(), DType::f32, device_, {T, C});
+      ops::zero(dpositions);
+    }
+    tp_.vocab_parallel_embedding_backward(g_.embedding, dpositions,
+                                          tp_.gather_input(dresidual, a_.full_in).reshape({B, T, C}), a_.inputs,
+                                          slot_);
+    if (split_positions) add_position_grads();
+  }
+  notify(PassEvent::backward_ends);
+  if (grads_ready) grads_ready(num_params());
+}
+
+template <class Body>
+Tensor Decoder<Body>::local_positions(int T) {
+  if (!cp_.active() || !p_.positions.data) return p_.positions;
+  const std::int64_t C = config_.d_model;
+  const std::size_t row = std::size_t(C) * dtype_size(p_.positions.dtype);
+  if (cp_positions_.bytes() < std::size_t(T) * row) {
+    cp_positions_ = ops::Buffer(device_, std::size_t(T) * row);
+    cp_position_grads_ = ops::Buffer(device_, std::size_t(T * C) * sizeof(float));
+  }
+  const ops::Chunks at = cp_.mine(T * cp_.size());
+  for (int i = 0; i < at.count(); ++i) {
+    ops::copy(Tensor(static_cast<char*>(cp_positions_.data()) + std::size_t(i) * at.len * row, p_.positions.dtype,
+                     device_, {at.len, C}),
+              Tensor(static_cast<char*>(p_.positions.data) + std::size_t(at.start(i)) * row, p_.positions.dtype,
+                     device_, {at.len, C}));
+  }
+  return Tensor(cp_positions_.data(), p_.positions.dtype, device_, {T, C});
+}
+
+template <class Body>
+void Decoder<Body>::add_position_grads() {
+  const std::int64_t C = config_.d_model;
+  const ops::Chunks at = cp_.mine(acts_T_ * cp_.size());
+  for (int i = 0; i < at.count(); ++i) {
+    const Tensor table(static_cast<float*>(g_.positions.data) + std::int64_t(at.start(i)) * C, DType::f32, device_, {at.len * C});
+    const Tensor mine(static_cast<float*>(cp_position_grads_.data()) + std::int64_t(i) * at.len * C, DType::f32,
+                      device_, {at.len * C});
+    ops::residual_forward(table, table, mine);
+  }
+}
+
+template <class Body>
+Tensor Decoder<Body>::logits() {
+  if (tensor_size() > 1) {
+    throw RuntimeError(std::string(Body::name) + "::logits: each rank holds only its vocabulary columns");
+  }
+  return unpadded_logits(a_.logits, logits_f32_).reshape({acts_B_, acts_T_, config_.vocab_size});
+}
+
+template <class Body>
+Tensor Decoder<Body>::losses() {
+  if (!ends_model()) {
+    throw RuntimeError(std::string(Body::name) + "::losses: only the layers that end the model (a pipeline's last stage) have them");
+  }
+  return Tensor(a_.losses.data, DType::f32, device_, {acts_B_, acts_T_});
+}
+
+template <class Body>
+void Decoder<Body>::ensure_decoding() {
+  if (d_.buffer.data()) return;
+  const std::int64_t C = config_.d_model, V = config_.vocab_size;
+  for (const bool measure : {true, false}) {
+    Carver carver{measure ? nullptr : static_cast<char*>(d_.buffer.data()), device_};
+    ActsCarver take{carver, compute_};
+    d_.token = carver.take(DType::i32, {1, 1});
+    d_.x = take.take({1, C});
+    d_.x2 = take.take({1, C});
+    d_.ln = take.take({1, C});
+    d_.mean = take.stat({1});
+    d_.rstd = take.stat({1});
+    d_.logits = take.take({1, V});
+    Body::lay_out_decoding(take, config_, d_);
+    d_.k_cache.clear();
+    d_.v_cache.clear();
+    for (std::int64_t l = 0; l < config_.n_layer; ++l) {
+      d_.k_cache.push_back(take.take({config_.context_length, Body::kv_width(config_)}));
+      d_.v_cache.push_back(take.take({config_.context_length, Body::kv_width(config_)}));
+    }
+    if (measure) d_.buffer = ops::Buffer(device_, carver.used);
+  }
+}
+
+template <class Body>
+Tensor Decoder<Body>::decode_step(std::int32_t token, int pos) {
+  if (pos < 0 || pos >= config_.context_length) {
+    throw RuntimeError(std::string(Body::name) + "::decode_step: position " + std::to_string(pos) +
+                       " outside the context");
+  }
+  if (tensor_size() > 1) throw RuntimeError(std::string(Body::name) + "::decode_step: not under tensor parallelism");
+  ensure_decoding();
+  if (pos == 0) prepare_weights();
+  const std::int64_t C = config_.d_model;
+  ops::copy(d_.token, Tensor(&token, DType::i32, Device::cpu, {1, 1}));
+  // Learned positions: position `pos` of the table is position 0 of this view.
+  Tensor positions;
+  if (p_.positions.data) {
+    char* row = static_cast<char*>(p_.positions.data) + std::size_t(pos * C) * dtype_size(p_.positions.dtype);
+    positions = Tensor(row, p_.positions.dtype, device_, {1, C});
+  }
+  ops::encoder_forward(d_.x.reshape({1, 1, C}), d_.token, p_.embedding, positions);
+  for (std::size_t l = 0; l < p_.layers.size(); ++l) decode_layer(l, pos);
+  final_norm_forward(d_.ln, d_.mean, d_.rstd, d_.x, p_.norm_weight, p_.norm_bias);
+  ops::matmul_forward(d_.logits, d_.ln, p_.head, Tensor());
+  return as_f32(d_.logits, logits_f32_).reshape({config_.vocab_size});
+}
+
+}  // namespace llmtrain::model
