@@ -54,7 +54,7 @@ struct Saver {
     const std::int64_t P = model->num_params();
     state.assign(std::size_t(P), value);
     request.step = step;
-    request.part = {{{0, P}}, state.data(), state.data(), state.data()};
+    request.part = {{{0, P}}, state.data(), {{"adamw.m", state.data()}, {"adamw.v", state.data()}}};
     return request;
   }
   // The first weight of the checkpoint at `path`, as a reader finds it.

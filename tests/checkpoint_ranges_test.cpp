@@ -46,7 +46,7 @@ Found write_ranks(const std::string& dir, const model::Model& model, const std::
     }
     SaveRequest request;
     request.model = &model;
-    request.part = {parts[r], w.data(), m.data(), v.data()};
+    request.part = {parts[r], w.data(), {{"adamw.m", m.data()}, {"adamw.v", v.data()}}};
     const WrittenPart written = write_part(request, dir, int(r), int(parts.size()));
     REQUIRE(written.error.empty());
     for (const auto& f : written.files) {
@@ -71,7 +71,7 @@ TEST_CASE("ranges written by some ranks read back by others, whichever files hol
   const std::int64_t n = 5 + 30 + 2;
   std::vector<float> w(n), m(n), v(n);
   load_state(found, StateKind::weights, wanted, {w.data()});
-  load_state(found, StateKind::optimizer, wanted, {m.data(), v.data()});
+  load_state(found, StateKind::optimizer, wanted, {m.data(), v.data()}, {"adamw.m", "adamw.v"});
   std::int64_t at = 0;
   for (const FlatRange& r : wanted) {
     for (std::int64_t i = r.begin; i < r.end; ++i, ++at) {
@@ -140,7 +140,7 @@ TEST_CASE("a million ranges resume by a sorted merge, in seconds", "[checkpoint]
   std::shuffle(wanted.begin(), wanted.end(), std::mt19937(5));
   std::vector<float> m(std::size_t(2 * count)), v(m.size());
   const auto start = std::chrono::steady_clock::now();
-  load_state(found, StateKind::optimizer, wanted, {m.data(), v.data()});
+  load_state(found, StateKind::optimizer, wanted, {m.data(), v.data()}, {"adamw.m", "adamw.v"});
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("load_state: 10^6 wanted ranges over 2 x 10^6 held: %.2f s\n", seconds);
   for (std::size_t k = 0; k < wanted.size(); ++k) {

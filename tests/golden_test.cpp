@@ -123,7 +123,7 @@ void check_adamw_steps(const std::string& arch) {
   const Golden g(arch);
   const auto owner = g.make_model();
   model::Model& m = *owner;
-  optim::AdamW optimizer({{0, m.num_params(), 0}});
+  optim::AdamW optimizer({{0, m.num_params(), 0}}, g.config.optim);
   const auto reference = read(g.file, "adamw_losses");
   const double n = double(g.B) * g.T;
   for (std::size_t step = 1; step <= reference.size(); ++step) {
@@ -133,8 +133,8 @@ void check_adamw_steps(const std::string& arch) {
     CAPTURE(step, loss, reference[step - 1]);
     CHECK(std::abs(loss - reference[step - 1]) / reference[step - 1] < 1e-4);
     const double norm = std::sqrt(ops::sum_squares(m.grads()));
-    optimizer.update(m.param_infos(), m.params(), m.grads(), norm, g.config.optim, g.config.train.grad_clip, g.config.optim.lr,
-                     std::int64_t(step));
+    optimizer.update({m.param_infos(), m.params(), m.grads(), norm, g.config.train.grad_clip, g.config.optim.lr,
+                      std::int64_t(step)});
   }
   for (const auto& info : m.param_infos()) {
     const std::vector<float> got(m.param(info).as<float>(), m.param(info).as<float>() + info.numel);
@@ -326,14 +326,14 @@ TEST_CASE("mixed precision: the optimizer writes the bf16 working copy, and forw
   const auto loss_of = [&](model::Model& model) {
     return model.forward(g.inputs.data(), g.targets.data(), g.B, g.T, 0.0f);
   };
-  optim::AdamW optimizer({{0, P, 0}});
+  optim::AdamW optimizer({{0, P, 0}}, g.config.optim);
   for (std::int64_t step = 1; step <= 3; ++step) {
     m.zero_grads();
     m.forward(g.inputs.data(), g.targets.data(), g.B, g.T, float(1.0 / n));
     m.backward();
     const double norm = std::sqrt(ops::sum_squares(m.grads()));
-    optimizer.update(m.param_infos(), m.params(), m.grads(), norm, g.config.optim, g.config.train.grad_clip,
-                     g.config.optim.lr, step, m.working_weights());
+    optimizer.update({m.param_infos(), m.params(), m.grads(), norm, g.config.train.grad_clip, g.config.optim.lr, step,
+                      m.working_weights()});
     m.working_weights_written();
     // The next forward uses the copy as the optimizer left it: the loss of a model that converts
     // the same master weights afresh.

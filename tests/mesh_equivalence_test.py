@@ -318,6 +318,10 @@ ROWS = [
         resume=("legacy:tensor2_data2_zero1", 10), weight_tol=None),
     Row("checkpoint", "legacy-tp2-dp2-zero1@10>w1", 1, base="legacy", resume=("legacy:tensor2_data2_zero1", 10),
         weight_tol=None),
+    # Written before the optimizer interface: each rank's weights and adamw.m/adamw.v as ranges.
+    Row("checkpoint", "legacy-w2-zero3@10>w1", 1, base="legacy", resume=("legacy:world2_zero3", 10), weight_tol=None),
+    Row("checkpoint", "legacy-w2-zero3@10>w2-zero1", 2, "dist.zero_stage=1", base="legacy",
+        resume=("legacy:world2_zero3", 10), weight_tol=None),
 ]
 REFERENCES = ("gpt2", "llama", "llama-bf16")  # base configs whose one-rank run the group "references" shares
 

@@ -5,7 +5,8 @@
 //                                              data parallelism alone)
 //   DIR/step_00000100/model-00003.safetensors  else: each writing rank's weights, as ranges of the
 //                                              whole model's flat buffer ("ranges", "weights")
-//   DIR/step_00000100/optim-00003.safetensors  AdamW m and v of the same ranges
+//   DIR/step_00000100/optim-00003.safetensors  the optimizer's state tensors of the same ranges,
+//                                              by the names it gives them ("adamw.m", "adamw.v")
 //   DIR/step_00000100/state.json               step, tokens, sampler, world size, config, and each
 //                                              file's CRC-32, whole and per chunk
 //   DIR/step_00000100/COMPLETE                 written last
@@ -35,15 +36,21 @@ namespace llmtrain::checkpoint {
 /// ZeRO units, the optimizer and checkpoints (model/flat_layout.h).
 using FlatRange = model::FlatRange;
 
+/// One array of the optimizer's state (optim::StateTensor laid out like the parameters) under the
+/// name the optimizer gives it.
+struct NamedState {
+  std::string name;
+  const float* data = nullptr;
+};
+
 /// One rank's part of the training state: ranges of the whole model's flat buffer, and their fp32
-/// weights and AdamW moments, each laid end to end (as many elements as the ranges hold). One
-/// range [0, P): the rank holds the whole state.
+/// weights and optimizer state tensors, each laid end to end (as many elements as the ranges
+/// hold). One range [0, P): the rank holds the whole state.
 struct StatePart {
   std::vector<FlatRange> ranges;
   const float* weights = nullptr;
-  const float* m = nullptr;
-  const float* v = nullptr;
-  /// Where each range starts in the three arrays (elements); empty: end to end from 0. So a rank
+  std::vector<NamedState> optimizer;
+  /// Where each range starts in the arrays (elements); empty: end to end from 0. So a rank
   /// writes its state from where it lives, without compacting copies.
   std::vector<std::int64_t> at = {};
   std::int64_t size() const;
@@ -153,7 +160,7 @@ class DamagedCheckpoint : public InputError {
   using InputError::InputError;
 };
 
-/// Which state load_state reads: the fp32 weights, or AdamW's m and v.
+/// Which state load_state reads: the fp32 weights, or the optimizer's state tensors (by name).
 enum class StateKind { weights, optimizer };
 
 class StateIndex;
@@ -162,7 +169,9 @@ class StateIndex;
 /// files' ranges are indexed once.
 class StateReader {
  public:
-  StateReader(const Found& found, StateKind kind);
+  /// `names`: the optimizer's state tensors to read (StateKind::optimizer), in the order of the
+  /// output arrays; for the weights none.
+  StateReader(const Found& found, StateKind kind, const std::vector<std::string>& names = {});
   ~StateReader();
   StateReader(const StateReader&) = delete;
   StateReader& operator=(const StateReader&) = delete;
@@ -174,7 +183,8 @@ class StateReader {
   StateKind kind_;
 };
 
-/// Fills `out` (one array for weights; m then v for the optimizer) with the state of the flat
+/// Fills `out` (one array for weights; for the optimizer one per name of `names`, the tensors its
+/// state() lists, e.g. "adamw.m" and "adamw.v") with the state of the flat
 /// ranges `ranges` of the whole model, laid end to end, from whichever files hold them: any world
 /// size, ZeRO stage or layout wrote them, this version or an earlier one (model.safetensors named
 /// tensors; optimizer files with ranges in their metadata). Reads only the chunks of the files
@@ -182,7 +192,7 @@ class StateReader {
 /// ranges), and checks each chunk's CRC-32 as it reads it (files with only a whole-file CRC-32:
 /// the whole file). DamagedCheckpoint naming the file on a mismatch or on ranges not covered.
 void load_state(const Found& found, StateKind kind, const std::vector<FlatRange>& ranges,
-                const std::vector<float*>& out);
+                const std::vector<float*>& out, const std::vector<std::string>& names = {});
 
 /// Reads every file of the checkpoint and checks it against state.json's CRC-32s; DamagedCheckpoint
 /// naming the first that differs.

@@ -134,11 +134,12 @@ class CheckedFile {
 };
 
 // A run of the whole model's flat buffer that one file holds: its elements of each tensor of the
-// kind (weights; or m, v) start at these byte offsets of the file.
+// kind (weights; or the optimizer's state tensors, in the order asked for) start at these byte
+// offsets of the file.
 struct Held {
   FlatRange logical;
   std::size_t file = 0;
-  std::int64_t byte[2] = {0, 0};
+  std::vector<std::int64_t> byte;
 };
 
 std::optional<std::int64_t> parse_int(const std::string& text) {
@@ -212,7 +213,8 @@ SafetensorsReader open_reader(const std::string& path) {
 // What the files of a checkpoint hold of one kind of state, sorted by place in the flat buffer.
 class StateIndex {
  public:
-  StateIndex(const Found& found, StateKind kind) : kind_(kind) {
+  StateIndex(const Found& found, StateKind kind, const std::vector<std::string>& names)
+      : kind_(kind), names_(kind == StateKind::weights ? std::vector<std::string>{"weights"} : names) {
     const nlohmann::json& files = found.state.at("files");
     for (const auto& [name, listed] : files.items()) {
       const bool weights = name == "model.safetensors" || name.starts_with("model-");
@@ -241,7 +243,7 @@ class StateIndex {
     dir_ = found.dir;
   }
 
-  int tensors() const { return kind_ == StateKind::weights ? 1 : 2; }
+  int tensors() const { return int(names_.size()); }
 
   // The copies that fill `out` with `ranges` end to end, per file; the elements covered.
   std::int64_t plan(const std::vector<FlatRange>& ranges, const std::vector<float*>& out,
@@ -255,7 +257,7 @@ class StateIndex {
         const std::int64_t lo = std::max(want.begin, h->logical.begin), hi = std::min(want.end, h->logical.end);
         if (lo >= hi) continue;
         for (int t = 0; t < tensors(); ++t) {
-          copies[h->file].push_back({h->byte[t] + (lo - h->logical.begin) * std::int64_t(sizeof(float)),
+          copies[h->file].push_back({h->byte[std::size_t(t)] + (lo - h->logical.begin) * std::int64_t(sizeof(float)),
                                      (hi - lo) * std::int64_t(sizeof(float)),
                                      reinterpret_cast<std::byte*>(out[std::size_t(t)] + at + (lo - want.begin))});
         }
@@ -284,53 +286,52 @@ class StateIndex {
         throw DamagedCheckpoint(reader.path() + ": tensor " + info.name + " must be F32 of the model's shape");
       }
       held_.push_back({{info.logical_offset, info.logical_offset + info.numel}, files_.size() - 1,
-                       {std::int64_t(reader.data_start() + t->begin), 0}});
+                       {std::int64_t(reader.data_start() + t->begin)}});
     }
   }
 
-  // A file of ranges: its tensors (weights; or adamw.m and adamw.v) hold them end to end.
+  // A file of ranges: its tensors (weights; or the optimizer's, by the names asked for, such as
+  // adamw.m and adamw.v) hold them end to end.
   void add_ranges(const SafetensorsReader& reader, const CheckedFile& file) {
     const std::vector<FlatRange> ranges = file_ranges(reader, file);
     std::int64_t total = 0;
     for (const FlatRange& r : ranges) total += r.size();
-    std::int64_t start[2] = {0, 0};
-    const char* names[2] = {"weights", nullptr};
-    if (kind_ == StateKind::optimizer) {
-      names[0] = "adamw.m";
-      names[1] = "adamw.v";
-    }
-    for (int k = 0; k < tensors(); ++k) {
-      const TensorInfo* t = reader.find(names[k]);
-      if (!t) throw DamagedCheckpoint(reader.path() + ": no tensor " + names[k]);
+    std::vector<std::int64_t> start;
+    for (const std::string& name : names_) {
+      const TensorInfo* t = reader.find(name);
+      if (!t) throw DamagedCheckpoint(reader.path() + ": no tensor " + name);
       if (t->dtype != StDtype::f32 || t->shape.size() != 1 || t->shape[0] != total) {
-        throw DamagedCheckpoint(reader.path() + ": tensor " + names[k] + " must be F32 of shape [" + std::to_string(total) +
+        throw DamagedCheckpoint(reader.path() + ": tensor " + name + " must be F32 of shape [" + std::to_string(total) +
                                 "] (the elements of its ranges)");
       }
-      start[k] = std::int64_t(reader.data_start() + t->begin);
+      start.push_back(std::int64_t(reader.data_start() + t->begin));
     }
     std::int64_t at = 0;
     for (const FlatRange& r : ranges) {
       if (r.size() > 0) {
-        held_.push_back({r, files_.size() - 1, {start[0] + at * std::int64_t(sizeof(float)), start[1] + at * std::int64_t(sizeof(float))}});
+        Held held{r, files_.size() - 1, start};
+        for (std::int64_t& byte : held.byte) byte += at * std::int64_t(sizeof(float));
+        held_.push_back(std::move(held));
       }
       at += r.size();
     }
   }
 
   StateKind kind_;
+  std::vector<std::string> names_;  // the tensors read from each file of ranges
   std::vector<CheckedFile> files_;
   std::vector<Held> held_;
   std::string dir_;
 };
 
-StateReader::StateReader(const Found& found, StateKind kind)
-    : index_(std::make_unique<StateIndex>(found, kind)), dir_(found.dir), kind_(kind) {}
+StateReader::StateReader(const Found& found, StateKind kind, const std::vector<std::string>& names)
+    : index_(std::make_unique<StateIndex>(found, kind, names)), dir_(found.dir), kind_(kind) {}
 
 StateReader::~StateReader() = default;
 
 void load_state(const Found& found, StateKind kind, const std::vector<FlatRange>& ranges,
-                const std::vector<float*>& out) {
-  StateReader(found, kind).read(ranges, out);
+                const std::vector<float*>& out, const std::vector<std::string>& names) {
+  StateReader(found, kind, names).read(ranges, out);
 }
 
 void StateReader::read(const std::vector<FlatRange>& ranges, const std::vector<float*>& out) const {

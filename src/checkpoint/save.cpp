@@ -142,12 +142,12 @@ WrittenPart write_part(const SaveRequest& r, const std::string& dir, int rank, i
                                                       {"rank", std::to_string(rank)},
                                                       {"world_size", std::to_string(world_size)}};
     const TensorToWrite range_tensor{"ranges", StDtype::i64, {std::int64_t(ranges.size()), 2}, table.data()};
-    jobs.push_back({rank_file("optim", rank),
-                    {range_tensor, {"adamw.m", StDtype::f32, {n}, nullptr, pieces_of(r.part.m)},
-                     {"adamw.v", StDtype::f32, {n}, nullptr, pieces_of(r.part.v)}},
-                    metadata,
-                    {},
-                    {}});
+    // The optimizer's state tensors, each under the name the optimizer gives it.
+    std::vector<TensorToWrite> optimizer{range_tensor};
+    for (const NamedState& state : r.part.optimizer) {
+      optimizer.push_back({state.name, StDtype::f32, {n}, nullptr, pieces_of(state.data)});
+    }
+    jobs.push_back({rank_file("optim", rank), std::move(optimizer), metadata, {}, {}});
     if (whole_state) {  // the whole model: named tensors, as Hugging Face tools read them
       Job weights{"model.safetensors", {}, {{"format", "llmtrain"}, {"arch", config::to_string(m.config().arch)}}, {}, {}};
       for (const auto& info : m.param_infos()) {

@@ -110,7 +110,7 @@ void print_host(const std::vector<HostRow>& rows, const HostLimit& limit, bool p
               "stated constant, not measured), one %s range in flight at start-up (each rank makes or reads only "
               "its own weights, range by range, straight to the device), during a save (the writer's chunk) and a "
               "resume (memory-mapped, converted one range at a time), and while training the pinned staging "
-              "buffer, kept between saves, of the bytes the rank writes (f32 weights and optim::AdamW m and v of the parameters it "
+              "buffer, kept between saves, of the bytes the rank writes (f32 weights and the optimizer state, AdamW's m and v, of the parameters it "
               "owns: ZeRO 3 its shards, ZeRO 0-2 ceil(P / data) of its part). CPU ranks: %s per process and the "
               "device figures above, which live in host memory. node peak: the GPU rank's largest phase x "
               "--ranks-per-node %d. The tokenized data is memory-mapped (page cache, shared and reclaimable): not "

@@ -43,6 +43,15 @@ struct OneOf {
   std::vector<std::string> values;
 };
 
+/// optim.name: one of optimizer_names().
+struct OptimizerName {};
+
+/// The names optim.name accepts: "adamw", and those optim::register_optimizer (optim/registry.h)
+/// added since, which also holds what each selects.
+std::vector<std::string> optimizer_names();
+/// Adds `name` to optimizer_names() (once).
+void add_optimizer_name(const std::string& name);
+
 /// One of an enum's names (config/choices.h): the member's type says which.
 struct Named {};
 
@@ -196,6 +205,7 @@ struct TrainConfig {
 };
 
 struct OptimConfig {
+  std::string name = "adamw";  // the optimizer (optim/registry.h); its state is what checkpoints hold
   double lr = 6e-4;
   double min_lr = 6e-5;
   std::int64_t warmup_steps = 100;
@@ -207,6 +217,7 @@ struct OptimConfig {
 
   template <class Visitor>
   void fields(Visitor&& v) {
+    v("name", name, OptimizerName{}, OnResume::must_match);
     v("lr", lr, positive);
     v("min_lr", min_lr, non_negative);
     v("warmup_steps", warmup_steps, IntRange{0});

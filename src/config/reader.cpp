@@ -3,10 +3,12 @@
 // keys are config/rules.cpp's.
 #include "config/config.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <type_traits>
@@ -22,6 +24,17 @@
 
 namespace llmtrain::config {
 namespace {
+
+// optim.name's values: AdamW's, and those registered since (optim/registry.h).
+struct OptimizerNames {
+  std::mutex mutex;
+  std::vector<std::string> names{"adamw"};
+};
+
+OptimizerNames& optimizer_name_list() {
+  static OptimizerNames list;
+  return list;
+}
 
 using nlohmann::json;
 
@@ -93,6 +106,10 @@ void read_value(const json& v, const std::string& path, std::string& out, const 
   }
   const std::string near = closest_match(out, r.values);
   fail(o, path, expected + ", got " + shown(v) + (near.empty() ? "" : "; did you mean \"" + near + "\"?"));
+}
+
+void read_value(const json& v, const std::string& path, std::string& out, const OptimizerName&, const Origins& o) {
+  read_value(v, path, out, OneOf{optimizer_names()}, o);
 }
 
 template <Choice E>
@@ -549,6 +566,18 @@ json to_json(const Config& config) {
     root[name] = std::move(object);
   });
   return root;
+}
+
+std::vector<std::string> optimizer_names() {
+  OptimizerNames& list = optimizer_name_list();
+  const std::lock_guard lock(list.mutex);
+  return list.names;
+}
+
+void add_optimizer_name(const std::string& name) {
+  OptimizerNames& list = optimizer_name_list();
+  const std::lock_guard lock(list.mutex);
+  if (std::find(list.names.begin(), list.names.end(), name) == list.names.end()) list.names.push_back(name);
 }
 
 }  // namespace llmtrain::config

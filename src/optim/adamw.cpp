@@ -6,37 +6,28 @@
 #include "ops/ops.h"
 
 namespace llmtrain::optim {
-namespace {
 
-std::int64_t total_size(const std::vector<Piece>& pieces) {
-  std::int64_t n = 0;
-  for (const Piece& p : pieces) n += p.size();
-  return n;
-}
-
-}  // namespace
-
-AdamW::AdamW(std::vector<Piece> pieces, Device device)
-    : pieces_(std::move(pieces)),
-      size_(total_size(pieces_)),
-      m_(device, std::size_t(size_) * sizeof(float)),
-      v_(device, std::size_t(size_) * sizeof(float)) {
-  if (size_ > 0) {
+AdamW::AdamW(std::vector<Piece> pieces, const config::OptimConfig& optim, Device device)
+    : Optimizer(std::move(pieces)),
+      optim_(optim),
+      m_(device, std::size_t(size()) * sizeof(float)),
+      v_(device, std::size_t(size()) * sizeof(float)) {
+  if (size() > 0) {
     ops::zero(m());
     ops::zero(v());
   }
 }
 
-void AdamW::update(const std::vector<model::ParamInfo>& infos, const Tensor& params, const Tensor& grads,
-                   double grad_norm, const config::OptimConfig& optim, double grad_clip, double lr,
-                   std::int64_t step, const Tensor& working) {
-  const double scale = grad_clip > 0 && grad_norm > grad_clip ? grad_clip / (grad_norm + 1e-6) : 1.0;
+std::vector<StateTensor> AdamW::state() const { return {{"adamw.m", m()}, {"adamw.v", v()}}; }
+
+void AdamW::update(const UpdateArgs& a) {
+  const double scale = a.grad_clip > 0 && a.grad_norm > a.grad_clip ? a.grad_clip / (a.grad_norm + 1e-6) : 1.0;
   if (!planned_) {
     // Each parameter's part inside each piece, at its place in the local arrays; neighbours alike
     // in weight decay merge into one run (a layer's 2-D weights and its biases alternate).
     std::vector<ops::AdamWRun> runs;
-    for (const Piece& piece : pieces_) {
-      for (const auto& info : infos) {
+    for (const Piece& piece : pieces()) {
+      for (const auto& info : a.infos) {
         const std::int64_t lo = std::max(info.offset, piece.begin), hi = std::min(info.offset + info.numel, piece.end);
         if (lo >= hi) continue;
         const std::int64_t at = piece.local + (lo - piece.begin);
@@ -47,13 +38,13 @@ void AdamW::update(const std::vector<model::ParamInfo>& infos, const Tensor& par
         }
       }
     }
-    plan_ = ops::AdamWPlan(runs, params.device);
+    plan_ = ops::AdamWPlan(runs, a.params.device);
     planned_ = true;
   }
   if (plan_.runs().empty()) return;  // nothing of the model on this rank
-  ops::adamw_update_runs(params, grads, m(), v(), working, plan_,
-                         {float(lr), float(optim.beta1), float(optim.beta2), float(optim.eps),
-                          float(optim.weight_decay), int(step), float(scale)});
+  ops::adamw_update_runs(a.params, a.grads, m(), v(), a.working, plan_,
+                         {float(a.lr), float(optim_.beta1), float(optim_.beta2), float(optim_.eps),
+                          float(optim_.weight_decay), int(a.step), float(scale)});
 }
 
 }  // namespace llmtrain::optim

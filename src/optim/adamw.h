@@ -1,47 +1,44 @@
 // AdamW over this rank's parts of the model's flat parameter buffer (all of it, its ZeRO 1/2
-// range, or its ZeRO 3 parts of every unit), with global-norm gradient clipping. Its moments live
-// on the model's device.
+// range, or its ZeRO 3 parts of every unit), with global-norm gradient clipping, behind the
+// Optimizer interface (optim/optimizer.h). Its moments live on the model's device, as the state
+// tensors "adamw.m" and "adamw.v".
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "config/config.h"
-#include "model/model.h"
+#include "core/tensor.h"
 #include "ops/buffer.h"
 #include "ops/ops.h"
+#include "optim/optimizer.h"
+#include "optim/piece.h"
 
 namespace llmtrain::optim {
 
-/// A run of the flat buffer that this rank updates: flat elements [begin, end), stored from
-/// `local` on in the rank's local arrays (weights, gradients, m, v: the pieces end to end).
-struct Piece : model::FlatRange {
-  std::int64_t local = 0;
-};
-
-class AdamW {
+class AdamW final : public Optimizer {
  public:
-  /// Zero state for `pieces` (their local offsets cover [0, sum of their sizes)), on `device`.
-  AdamW(std::vector<Piece> pieces, Device device = Device::cpu);
+  /// optim.name's value for AdamW.
+  static constexpr const char* name = "adamw";
+  /// Bytes of state per parameter element: f32 m and v.
+  static constexpr std::int64_t bytes_per_param = 8;
 
-  /// One AdamW step `step` (1-based) at learning rate `lr`: `params` and `grads` are the local
-  /// arrays (size(),) f32 on the model's device; the gradients are scaled so the global norm
-  /// `grad_norm` is at most `grad_clip` (0: no clipping). Weight decay only on 2-D parameters
-  /// (`infos` says which flat elements are which; the same every call). `working` (size(),) bf16,
-  /// when it has data, receives the updated weights rounded to bf16 in the same pass (the model's
-  /// working copy under mixed precision). One kernel launch on the GPU for the whole update.
-  void update(const std::vector<model::ParamInfo>& infos, const Tensor& params, const Tensor& grads,
-              double grad_norm, const config::OptimConfig& optim, double grad_clip, double lr, std::int64_t step,
-              const Tensor& working = {});
+  /// Zero state for `pieces` (their local offsets cover [0, sum of their sizes)), on `device`,
+  /// with optim's betas, eps and weight decay.
+  AdamW(std::vector<Piece> pieces, const config::OptimConfig& optim, Device device = Device::cpu);
 
-  const std::vector<Piece>& pieces() const { return pieces_; }
-  std::int64_t size() const { return size_; }
-  Tensor m() const { return m_.view(DType::f32, {size_}); }  // first moments
-  Tensor v() const { return v_.view(DType::f32, {size_}); }  // second moments
+  /// One AdamW step: the gradients are scaled so that the global norm is at most grad_clip;
+  /// weight decay only on 2-D parameters (ParamInfo::decay). One kernel launch on the GPU for the
+  /// whole update, which also writes the bf16 working copy when there is one.
+  void update(const UpdateArgs& args) override;
+  /// "adamw.m" and "adamw.v": the first and second moments.
+  std::vector<StateTensor> state() const override;
+
+  Tensor m() const { return m_.view(DType::f32, {size()}); }  // first moments
+  Tensor v() const { return v_.view(DType::f32, {size()}); }  // second moments
 
  private:
-  std::vector<Piece> pieces_;
-  std::int64_t size_ = 0;
+  config::OptimConfig optim_;
   ops::Buffer m_, v_;
   // The runs of the local arrays with and without weight decay, laid out on the first update.
   ops::AdamWPlan plan_;

@@ -14,7 +14,7 @@
 #include "core/tensor.h"
 #include "dist/communicator.h"
 #include "model/model.h"
-#include "optim/adamw.h"
+#include "optim/piece.h"
 #include "parallel/grad_sync.h"
 
 namespace llmtrain::parallel {

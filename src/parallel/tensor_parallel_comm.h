@@ -10,7 +10,7 @@
 #include "model/flat_layout.h"
 #include "model/model.h"
 #include "ops/buffer.h"
-#include "optim/adamw.h"
+#include "optim/piece.h"
 
 namespace llmtrain::parallel {
 
@@ -37,8 +37,8 @@ class CommTensorGroup final : public model::TensorGroup {
 /// `part` (a model of the same config with a tensor-parallel layout, CPU).
 void take_part(const model::Model& whole, model::Model& part);
 
-/// A run of a rank's local arrays (weights, gradients, m, v: see Piece) and where it sits in the
-/// whole model's flat buffer.
+/// A run of a rank's local arrays (weights, gradients, optimizer state: see optim::Piece) and
+/// where it sits in the whole model's flat buffer.
 struct Placed {
   model::FlatRange logical;
   std::int64_t local = 0;  // offset in the local arrays

@@ -1,5 +1,5 @@
 // Fully sharded data parallelism (ZeRO 3): each rank of the data-parallel group keeps only its
-// shard of the fp32 master weights, of the gradients and (in optim/adamw.h) of the AdamW state.
+// shard of the fp32 master weights, of the gradients and (in optim/) of the optimizer state.
 //
 // The shards follow units formed from the model's parameter runs (model::ParamRun: one per layer,
 // plus the runs of parameters outside the layers), one unit per run. A unit of n elements over W ranks is cut into W parts of S = ceil(n / W)
@@ -28,7 +28,7 @@
 #include "dist/communicator.h"
 #include "model/model.h"
 #include "ops/buffer.h"
-#include "optim/adamw.h"
+#include "optim/piece.h"
 #include "parallel/grad_sync.h"
 
 namespace llmtrain::parallel {
@@ -63,7 +63,7 @@ class Zero3 final : public model::PassObserver {
   void weights_changed();
 
   /// Bytes of the buffers held: shards (master weights and gradients), gathered weights and
-  /// gradient slots. (The AdamW shard is the optimizer's.)
+  /// gradient slots. (The optimizer state shard is the optimizer's.)
   std::size_t state_bytes() const;
 
   void on(model::PassEvent event, int layer) override;

@@ -9,6 +9,7 @@
 #include "checkpoint/safetensors.h"
 #include "model/arch.h"
 #include "model/model.h"
+#include "optim/registry.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/pipeline_stages.h"
 
@@ -154,6 +155,9 @@ MemoryPlan plan_memory(const config::Config& config, const RankShare& share, int
                        bool bf16, std::int64_t micro_batch) {
   const std::int64_t P = share.params, D = data_parallel_size;
   MemoryPlan plan;
+  // The optimizer's state, as optim.name's optimizer counts it (no state is allocated).
+  const std::int64_t state = optim::state_bytes_per_param(config.optim);
+  plan.optimizer_bytes_per_param = state;
   plan.activations = activation_bytes(config.model, bf16, config.train.recompute, micro_batch, share.tensor_size,
                                       config.dist.sequence_parallel, int(config.dist.context_parallel)) +
                      context_scratch_bytes(config, share.tensor_size, bf16, micro_batch);
@@ -180,19 +184,19 @@ MemoryPlan plan_memory(const config::Config& config, const RankShare& share, int
     const std::int64_t gradient_slots = std::min<std::int64_t>(2, layers);
     plan.weights = 4 * shards;
     plan.gradients = 4 * shards;
-    plan.optimizer = 8 * shards;
+    plan.optimizer = state * shards;
     plan.gathered = compute * (root + weight_slots * D * layer_shard) +
                     4 * (root + gradient_slots * (D + 1) * layer_shard + std::max<std::int64_t>(largest_shard, 1));
     return plan;
   }
   // The model's flat buffers: f32 master weights (and, in bf16, a 2-byte working copy) and f32
-  // gradients, whole. ZeRO 1 and 2 over more than one rank (parallel/grad_sync.cpp): AdamW's m and v
-  // of this rank's shard, a buffer of the padded gradients and the shard they sum into.
+  // gradients, whole. ZeRO 1 and 2 over more than one rank (parallel/grad_sync.cpp): the optimizer
+  // state of this rank's shard, a buffer of the padded gradients and the shard they sum into.
   const bool sharded = zero_stage >= 1 && D > 1;
   const std::int64_t shard = ceil_div(P, D);
   plan.weights = (bf16 ? 4 + 2 : 4) * P;
   plan.gradients = 4 * P;
-  plan.optimizer = 8 * (sharded ? shard : P);
+  plan.optimizer = state * (sharded ? shard : P);
   plan.gathered = sharded ? 4 * (D * shard + shard) : 0;
   return plan;
 }
@@ -216,8 +220,8 @@ HostPlan plan_host(const MemoryPlan& device, const RankShare& share, int data_pa
   HostPlan host;
   host.process = gpu ? gpu_process_bytes : cpu_process_bytes;
   host.chunk = host_chunk_bytes();
-  // What it writes: f32 weights and AdamW m and v of the parameters it owns.
-  host.staging = 12 * owned_params(share, data_parallel_size, zero_stage);
+  // What it writes: f32 weights and the optimizer's state of the parameters it owns.
+  host.staging = (4 + device.optimizer_bytes_per_param) * owned_params(share, data_parallel_size, zero_stage);
   if (!gpu) {  // the CPU backend's "device" is the host
     host.state = device.state();
     host.activations = device.activations;

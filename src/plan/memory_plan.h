@@ -16,7 +16,8 @@ namespace llmtrain::plan {
 struct MemoryPlan {
   std::int64_t weights = 0;      // f32 master weights a rank keeps (ZeRO 3: its shards); ZeRO 0-2 in bf16 also the 2-byte working copy
   std::int64_t gradients = 0;    // f32 gradients a rank keeps (ZeRO 3: its shard)
-  std::int64_t optimizer = 0;    // AdamW m and v
+  std::int64_t optimizer = 0;    // the optimizer's state (AdamW: m and v)
+  std::int64_t optimizer_bytes_per_param = 0;  // of that state per parameter element (optim::state_bytes_per_param)
   std::int64_t gathered = 0;     // ZeRO 1-2: the padded reduce-scatter / all-gather buffer and the summed shard; ZeRO 3: its working buffers
   std::int64_t activations = 0;  // for one micro-batch, with their gradients
   std::int64_t state() const { return weights + gradients + optimizer + gathered; }
@@ -91,12 +92,13 @@ std::int64_t activation_bytes_per_sequence(const config::ModelConfig& model, boo
 /// counted as the trainer allocates them, so that state() is the trainer's state_bytes (the log's
 /// "this rank holds", metrics.jsonl's state_bytes) of that rank. With P the share's parameters:
 /// ZeRO 0 (and ZeRO 1-2 on one data rank, which the trainer runs as 0): f32 master weights (4 P;
-/// bf16: and a 2-byte working copy, 6 P), f32 gradients 4 P, AdamW m and v 8 P. ZeRO 1 and 2
-/// (the same in llmtrain: the gradient buffer stays whole): m and v of a shard of S = ceil(P / D),
+/// bf16: and a 2-byte working copy, 6 P), f32 gradients 4 P, the optimizer's state (what optim.name's
+/// optimizer says it needs per parameter: AdamW's m and v 8 P). ZeRO 1 and 2 (the same in
+/// llmtrain: the gradient buffer stays whole): the optimizer state of a shard of S = ceil(P / D),
 /// and `gathered` the padded buffer the gradients are reduce-scattered from and the weights
 /// all-gathered into (4 D S) and the summed shard (4 S). ZeRO 3 shards each unit padded, ceil(n /
-/// D) parameters of it per rank, master weights, gradients, m and v alike; `gathered` counts the
-/// working buffers parallel/zero3.cpp allocates: the root units gathered (D ceil(n / D) each) in the
+/// D) parameters of it per rank, master weights, gradients and optimizer state alike; `gathered`
+/// counts the working buffers parallel/zero3.cpp allocates: the root units gathered (D ceil(n / D) each) in the
 /// compute dtype (4 or 2 bytes) with f32 gradient buffers as long, two layer slots of D ceil(n /
 /// D) parameters in the compute dtype (the current layer and the prefetched next; with
 /// dist.reshard_after_forward false one per layer), two f32 gradient slots of a layer plus its
@@ -204,7 +206,7 @@ struct HostPlan {
   std::int64_t state = 0;        // the rank's state in host memory: CPU backend MemoryPlan::state(); GPU 0
   std::int64_t activations = 0;  // CPU backend: one micro-batch's (MemoryPlan::activations); GPU 0
   std::int64_t staging = 0;      // checkpoint staging (pinned on a GPU), kept between saves: the bytes the
-                                 // rank writes, f32 weights and AdamW m and v of the range it owns
+                                 // rank writes, f32 weights and optimizer state of the range it owns
   std::int64_t chunk = 0;        // one range in flight: a file read or write chunk, or init's per-range staging
   /// Start-up (initialisation, init_from): the rank's own state and one range being made or read.
   std::int64_t startup() const { return process + state + chunk; }
@@ -230,8 +232,8 @@ std::int64_t host_chunk_bytes();
 std::int64_t owned_params(const RankShare& share, int data_parallel_size, int zero_stage);
 
 /// Host bytes of a rank holding `share`, with `device` its plan_memory: on a GPU (`gpu`) only the
-/// process constant, one chunk and the pinned staging of 12 bytes (f32 weight, m, v) per owned
-/// parameter; on the CPU backend the device figures are host memory too.
+/// process constant, one chunk and the pinned staging of 4 bytes (the f32 weight) plus
+/// device.optimizer_bytes_per_param (AdamW: m, v) per owned parameter; on the CPU backend the device figures are host memory too.
 HostPlan plan_host(const MemoryPlan& device, const RankShare& share, int data_parallel_size, int zero_stage, bool gpu);
 
 /// One (mesh, ZeRO stage) choice for a number of devices, in the config's precision and micro-batch.

@@ -24,7 +24,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // What this rank writes of a checkpoint: ranges of the whole model's flat buffer, taken from
-// these places of its local arrays (master weights, m and v alike), and whether it writes at all.
+// these places of its local arrays (master weights and optimizer state alike), and whether it
+// writes at all.
 struct RankPart {
   std::vector<checkpoint::FlatRange> ranges;
   std::vector<parallel::Placed> placed;
@@ -57,6 +58,11 @@ std::vector<float> host_vector(const Tensor& t) {
   std::vector<float> out(std::size_t(t.numel()));
   ops::copy(Tensor(out.data(), DType::f32, Device::cpu, {t.numel()}), t);
   return out;
+}
+
+// f32 arrays a rank writes per parameter element: the weights and each optimizer state tensor.
+std::int64_t arrays_written(const CheckpointSource& source) {
+  return 1 + std::int64_t(source.optimizer().state().size());
 }
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
@@ -133,14 +139,15 @@ Checkpointer::Checkpointer(const TrainOptions& options, dist::Communicator& worl
       resolved_(config::to_json(options.config)),
       signals_(std::make_unique<StopSignals>()) {
   // File work: the commit after a save waits for a slow writer that is alive (every rank knows the
-  // whole checkpoint's f32 weights, m and v: at most what any rank writes).
-  file_work_limit_s_ = dist::file_work_limit_s(config_.dist.timeout_s, 12.0 * double(source.num_params()));
+  // whole checkpoint's f32 weights and optimizer state: at most what any rank writes).
+  file_work_limit_s_ = dist::file_work_limit_s(config_.dist.timeout_s,
+                                               4.0 * double(arrays_written(source)) * double(source.num_params()));
   if (!config_.checkpoint.async) return;
-  // This rank's staging: the weights, m and v of the ranges it writes (none where another rank
-  // writes the same state).
+  // This rank's staging: the weights and optimizer state of the ranges it writes (none where
+  // another rank writes the same state).
   const RankPart part = rank_part(source, world_.rank());
   stages_ = part.written;
-  const std::int64_t floats = stages_ ? 3 * part.size : 0;
+  const std::int64_t floats = stages_ ? arrays_written(source) * part.size : 0;
   const std::int64_t bytes = floats * std::int64_t(sizeof(float));
   // Memory allows when the staging buffers of the ranks on this node take at most half of what is
   // available (the ranks of a node hold about equal parts: this rank's times their number).
@@ -283,7 +290,7 @@ std::string Checkpointer::save(std::int64_t step, CheckpointSource& source) {
                           {"zero_stage", config_.dist.zero_stage},
                           {"config", resolved_}};
   const auto save_start = Clock::now();
-  const optim::AdamW& optimizer = source.optimizer();
+  const std::vector<optim::StateTensor> optimizer = source.optimizer().state();
   checkpoint::SaveRequest request;
   request.root = root_;
   request.step = step;
@@ -298,18 +305,20 @@ std::string Checkpointer::save(std::int64_t step, CheckpointSource& source) {
   if (!async_) {
     // On the CPU the state is written from where it lives; from a GPU through a copy; the parts
     // another rank writes (tensor parallelism) left out.
-    std::vector<float> w, m, v;
+    std::vector<float> w;
+    std::vector<std::vector<float>> states(optimizer.size());
     request.part.ranges = part.ranges;
     request.part.weights = master.as<float>();
-    request.part.m = optimizer.m().as<float>();
-    request.part.v = optimizer.v().as<float>();
+    for (const optim::StateTensor& tensor : optimizer) {
+      request.part.optimizer.push_back({tensor.name, tensor.tensor.as<float>()});
+    }
     if (part.written && !on_cpu) {
       w = host_vector(master);
-      m = host_vector(optimizer.m());
-      v = host_vector(optimizer.v());
       request.part.weights = w.data();
-      request.part.m = m.data();
-      request.part.v = v.data();
+      for (std::size_t k = 0; k < optimizer.size(); ++k) {
+        states[k] = host_vector(optimizer[k].tensor);
+        request.part.optimizer[k].data = states[k].data();
+      }
     }
     // Written from the places the ranges hold in the local arrays: no compacting copy.
     for (const parallel::Placed& p : part.placed) request.part.at.push_back(p.local);
@@ -344,7 +353,8 @@ std::string Checkpointer::save(std::int64_t step, CheckpointSource& source) {
   }
   auto p = std::make_shared<Pending>();
   p->dir = checkpoint::prepare_dir(root_, step, world_);
-  // The staging buffer holds the weights, m and v of the ranges this rank writes, each end to end.
+  // The staging buffer holds the weights and each optimizer state tensor of the ranges this rank
+  // writes, each end to end.
   float* next = static_cast<float*>(staging_.data());
   std::vector<std::pair<float*, Tensor>> copies;  // staging <- what it saves
   const std::int64_t n = part.size;
@@ -355,13 +365,15 @@ std::string Checkpointer::save(std::int64_t step, CheckpointSource& source) {
       const std::int64_t length = placed.logical.end - placed.logical.begin;
       const auto slice = [&](const Tensor& t) { return Tensor(t.as<float>() + placed.local, DType::f32, t.device, {length}); };
       copies.emplace_back(next + at, slice(master));
-      copies.emplace_back(next + n + at, slice(optimizer.m()));
-      copies.emplace_back(next + 2 * n + at, slice(optimizer.v()));
+      for (std::size_t k = 0; k < optimizer.size(); ++k) {
+        copies.emplace_back(next + std::int64_t(k + 1) * n + at, slice(optimizer[k].tensor));
+      }
       at += length;
     }
     request.part.weights = next;
-    request.part.m = next + n;
-    request.part.v = next + 2 * n;
+    for (std::size_t k = 0; k < optimizer.size(); ++k) {
+      request.part.optimizer.push_back({optimizer[k].name, next + std::int64_t(k + 1) * n});
+    }
   }
   // From a GPU the copies are made here (at pinned-memory speed); on the CPU by the writer thread.
   if (!on_cpu) {

@@ -18,7 +18,7 @@
 #include "dist/communicator.h"
 #include "model/model.h"
 #include "ops/buffer.h"
-#include "optim/adamw.h"
+#include "optim/optimizer.h"
 #include "parallel/tensor_parallel_comm.h"
 #include "train/options.h"
 #include "train/reporter.h"
@@ -42,11 +42,11 @@ class CheckpointSource {
   virtual const model::Model& logical_model() const = 0;
   /// The device the model trains on.
   virtual Device device() const = 0;
-  /// This rank's fp32 master weights of the runs the optimizer updates, laid out as its m and v
-  /// (on the model's device).
+  /// This rank's fp32 master weights of the runs the optimizer updates, laid out as its state
+  /// tensors (on the model's device).
   virtual Tensor master() const = 0;
-  /// The optimizer's state: its moments m and v (local arrays on the model's device).
-  virtual const optim::AdamW& optimizer() const = 0;
+  /// The optimizer, whose state() a checkpoint saves by name (local arrays on the model's device).
+  virtual const optim::Optimizer& optimizer() const = 0;
   /// Where this rank's optimizer state sits in the whole model's flat buffer (the parts a
   /// checkpoint takes from this rank: a replicated parameter's from tensor rank 0 only).
   virtual std::vector<parallel::Placed> optimizer_placement() const = 0;
@@ -111,7 +111,7 @@ class Checkpointer {
   double file_work_limit_s_ = 0.0;   // the commit's patience for slow writers (dist/file_work.h)
   bool stages_ = false;              // async: this rank writes its part (not another rank of its replicas)
   CheckpointSource* source_ = nullptr;  // async: whose updates wait for the staging copy
-  ops::Buffer staging_;              // async: the weights, m and v of the ranges this rank writes
+  ops::Buffer staging_;              // async: the weights and optimizer state of the ranges this rank writes
   std::shared_ptr<Pending> pending_;  // the save being written in the background (shared with its writer)
   bool abandoned_ = false;           // a writer was detached on an error path (settle)
   std::thread pruner_;               // rank 0: deletes the checkpoints beyond keep_last

@@ -24,6 +24,10 @@ void check_resumable(const config::Config& saved, const config::Config& now, con
         throw InputError(path + ": the checkpoint " + dir + " has " + value.dump() + ", the config " +
                          now_value.dump() + "; use --resume never and a new --run-dir for another model");
       }
+      if (path == "optim.name") {  // the checkpoint holds that optimizer's state, by its names
+        throw InputError(path + ": the checkpoint " + dir + " holds the state of optimizer " + value.dump() +
+                         ", the config asks for " + now_value.dump() + "; resume with the same optimizer");
+      }
       throw InputError(path + ": the checkpoint " + dir + " was trained with " + value.dump() +
                        "; resuming needs the same data order");
     }

@@ -17,6 +17,7 @@
 #include "ops/ops.h"
 #include "ops/profile.h"
 #include "optim/lr_schedule.h"
+#include "optim/registry.h"
 #include "parallel/attention_agreement.h"
 #include "parallel/context_parallel_comm.h"
 #include "parallel/gradient_strategy.h"
@@ -156,7 +157,8 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
     logical_ = model::make_model(config_.model, Device::cpu, model::Recompute::none, DType::f32,
                                  ops::AttentionKernels::flash, model::Layout{true});
   }
-  optimizer_ = std::make_unique<optim::AdamW>(gradients_->pieces(), device_);
+  optimizer_ = optim::make_optimizer(config_.optim, gradients_->pieces(), device_);
+  const std::vector<optim::StateTensor> optimizer_state = optimizer_->state();
   // Every rank reads or computes only the state it keeps, and all agree that each could: a damaged
   // checkpoint found by one rank stops every rank alike (a resume may then try an older one). The
   // file work runs on a thread of its own (host memory only) while this one keeps the rank heard,
@@ -164,13 +166,21 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
   std::string damaged;
   const Tensor held = gradients_->held_weights();
   std::vector<float> weights(held.device == Device::cpu ? 0 : std::size_t(held.numel()));
-  std::vector<float> m(resume ? std::size_t(optimizer_->size()) : 0), v(m.size());
+  // The optimizer's state tensors, read by their names into host arrays.
+  std::vector<std::vector<float>> state(resume ? optimizer_state.size() : 0,
+                                        std::vector<float>(std::size_t(optimizer_->size())));
+  std::vector<std::string> state_names;
+  std::vector<float*> state_arrays;
+  for (std::size_t k = 0; k < state.size(); ++k) {
+    state_names.push_back(optimizer_state[k].name);
+    state_arrays.push_back(state[k].data());
+  }
   dist::run_keeping_alive(*comms_.world, [&] {
     try {
       load_initial_weights(resume, held.device == Device::cpu ? held.as<float>() : weights.data());
       if (resume) {
         checkpoint::load_state(*resume, checkpoint::StateKind::optimizer,
-                               logical_ranges(optimizer_->pieces(), *model_), {m.data(), v.data()});
+                               logical_ranges(optimizer_->pieces(), *model_), state_arrays, state_names);
       }
     } catch (const checkpoint::DamagedCheckpoint& e) {
       damaged = e.what();
@@ -178,7 +188,7 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
   });
   std::int64_t failed = damaged.empty() ? -1 : comms_.world->rank();
   {
-    const double bytes = 12.0 * double(num_params());
+    const double bytes = 4.0 * double(1 + optimizer_state.size()) * double(num_params());
     const dist::Patience patience(*comms_.world, dist::file_work_limit_s(config_.dist.timeout_s, bytes));
     comms_.world->all_reduce_max(&failed, 1);
   }
@@ -186,9 +196,8 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
     const std::int64_t n = held.numel(), k = optimizer_->size();
     if (!weights.empty()) ops::copy(held, Tensor(weights.data(), DType::f32, Device::cpu, {n}));
     gradients_->weights_loaded();
-    if (resume) {
-      ops::copy(optimizer_->m(), Tensor(m.data(), DType::f32, Device::cpu, {k}));
-      ops::copy(optimizer_->v(), Tensor(v.data(), DType::f32, Device::cpu, {k}));
+    for (std::size_t i = 0; i < state.size(); ++i) {
+      ops::copy(optimizer_state[i].tensor, Tensor(state[i].data(), DType::f32, Device::cpu, {k}));
     }
   }
   if (!damaged.empty()) throw checkpoint::DamagedCheckpoint(damaged);
@@ -237,7 +246,7 @@ bool Trainer::writes_optimizer() const {
 }
 
 std::size_t Trainer::state_bytes() const {
-  return model_->state_bytes() + optimizer_->m().bytes() + optimizer_->v().bytes() + gradients_->state_bytes();
+  return model_->state_bytes() + optimizer_->state_bytes() + gradients_->state_bytes();
 }
 
 StepResult Trainer::step(std::int64_t step) {
@@ -288,8 +297,8 @@ StepResult Trainer::step(std::int64_t step) {
   }
   bad_in_a_row_ = 0;
   if (before_update_) before_update_();
-  optimizer_->update(model_->param_infos(), gradients_->master(), gradients_->grads(), result.grad_norm,
-                     config_.optim, tc.grad_clip, result.lr, step, gradients_->working_weights());
+  optimizer_->update({model_->param_infos(), gradients_->master(), gradients_->grads(), result.grad_norm, tc.grad_clip,
+                      result.lr, step, gradients_->working_weights()});
   gradients_->weights_updated();
   // Replicas of one part of the model (the ranks of a data-parallel group) can drift apart;
   // shards have nothing to compare.

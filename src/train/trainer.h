@@ -20,7 +20,7 @@
 #include "model/attention_choice.h"
 #include "model/model.h"
 #include "ops/buffer.h"
-#include "optim/adamw.h"
+#include "optim/optimizer.h"
 #include "parallel/gradient_strategy.h"
 #include "parallel/pipeline_executor.h"
 #include "parallel/tensor_parallel_comm.h"
@@ -31,7 +31,7 @@
 namespace llmtrain::train {
 
 /// Owns one rank's training state: the data (train and validation), the model (and its host copy
-/// on a GPU), the gradients' data-parallel strategy, AdamW, the pipeline executor, the sampler
+/// on a GPU), the gradients' data-parallel strategy, the optimizer (optim.name), the pipeline executor, the sampler
 /// position and the tokens seen. Built from a checkpoint when `resume` is given, else from the
 /// config's initialisation.
 class Trainer final : public CheckpointSource {
@@ -44,7 +44,7 @@ class Trainer final : public CheckpointSource {
   Trainer(const TrainOptions& options, const dist::Communicators& comms, const checkpoint::Found* resume);
 
   /// One optimizer update, number `step` (1-based): the micro-steps, the gradient sync, clipping
-  /// and AdamW. A non-finite loss or gradient norm skips the update (the same on every rank).
+  /// and the optimizer's update. A non-finite loss or gradient norm skips the update (the same on every rank).
   StepResult step(std::int64_t step);
 
   /// The validation losses over train.eval_batches of each set of data.val, and their mean, and
@@ -59,7 +59,7 @@ class Trainer final : public CheckpointSource {
   std::int64_t micro_steps() const { return accum_; }
   std::int64_t tokens_seen() const override { return tokens_seen_; }
   data::SamplerState sampler_state() const override { return sampler_state_; }
-  const optim::AdamW& optimizer() const override { return *optimizer_; }
+  const optim::Optimizer& optimizer() const override { return *optimizer_; }
   /// Bytes this rank holds of weights, gradients and optimizer state (and the buffers that
   /// reduce or gather them), by llmtrain's own count of its buffers: constant through a run.
   std::size_t state_bytes() const;
@@ -71,7 +71,7 @@ class Trainer final : public CheckpointSource {
   /// The whole model's parameter list (names, shapes, flat offsets of the one-rank layout): the
   /// model itself without tensor parallelism, else a description without buffers.
   const model::Model& logical_model() const override;
-  /// This rank's fp32 master weights of the runs optimizer() updates, laid as its m and v.
+  /// This rank's fp32 master weights of the runs optimizer() updates, laid out as its state.
   Tensor master() const override { return gradients_->master(); }
   Device device() const override { return device_; }
   /// The fp32 weights on the CPU, brought up to date (a copy from the GPU where the model is there).
@@ -116,7 +116,7 @@ class Trainer final : public CheckpointSource {
   std::unique_ptr<model::Model> logical_;  // logical_model() when this rank's model is only part of it
   std::unique_ptr<model::Model> host_;  // this rank's weights on the CPU when the model is on a GPU (host_weights)
   std::unique_ptr<parallel::GradientStrategy> gradients_;  // bucketed sync (ZeRO 0-2) or ZeRO 3
-  std::unique_ptr<optim::AdamW> optimizer_;
+  std::unique_ptr<optim::Optimizer> optimizer_;  // optim.name's (optim/registry.h)
   std::unique_ptr<parallel::CommTensorGroup> tensor_group_;  // its device side, for the model
   std::unique_ptr<model::ContextGroup> context_group_;  // the context-parallel group, for the model
   int stages_ = 1;                      // pipeline stages
