@@ -142,7 +142,7 @@ every_step_once tiny 20 && [[ -d "$vol/tiny/checkpoints/step_00000020" ]] ||
   fail "tiny run: steps $(steps tiny | tr '\n' ' '), checkpoints $(ls "$vol/tiny/checkpoints" 2>&1)"
 pass "a tiny run writes 20 steps and its checkpoint to the mounted volume"
 
-config stop 600 0
+config stop 6000 0  # long enough that the stop lands mid-run: 600 steps take well under a second
 stop_cmd=(podman run --name "$name-single" -v "$vol:/work" -e OMP_NUM_THREADS=1 "$image" train --config /work/stop.json --run-dir /work/stop)
 "${stop_cmd[@]}" >"$work/stop1.log" 2>&1 &
 wait_for_step stop 30 120 || fail "podman stop case: no step 30 within 120 s: $(tail -n 5 "$work/stop1.log")"
@@ -154,10 +154,10 @@ stopped_at=$(steps stop | tail -n 1)
   fail "podman stop: exit $status (want 75), checkpoints $(ls "$vol/stop/checkpoints" 2>&1), last step $stopped_at"
 podman rm "$name-single" >/dev/null
 "${stop_cmd[@]}" >"$work/stop2.log" 2>&1 || fail "the same podman run after the stop: $(tail -n 5 "$work/stop2.log")"
-grep -q "resuming from" "$work/stop2.log" && every_step_once stop 600 ||
+grep -q "resuming from" "$work/stop2.log" && every_step_once stop 6000 ||
   fail "the rerun did not resume with every step once: $(grep -c . <(steps stop)) step records"
 podman rm "$name-single" >/dev/null
-pass "podman stop gives exit 75 and a checkpoint at step $stopped_at; the same podman run resumes it, 600 steps logged once"
+pass "podman stop gives exit 75 and a checkpoint at step $stopped_at; the same podman run resumes it, 6000 steps logged once"
 fi
 
 # --- 2. two nodes ---
