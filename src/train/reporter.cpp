@@ -101,11 +101,11 @@ void Reporter::run_started(const dist::Communicators& comms, const RunShape& run
   info("dist: %s communicator, %d rank(s), this is rank %d (local rank %d), %d CPU threads", world.name().c_str(),
        world.world_size(), world.rank(), world.local_rank(), omp_get_max_threads());
   info("dist: mesh %s", comms.mesh.describe().c_str());
-  if (comms.mesh.size(dist::Axis::pipeline) > 1) {
+  if (const int stages = comms.mesh.size(dist::Axis::pipeline); stages > 1) {
     info("pipeline: %d stages, %s schedule, %lld micro-batches per update (bubble %.0f%% by its formula); %s",
-         comms.mesh.size(dist::Axis::pipeline), config::to_string(config_.dist.pipeline_schedule).c_str(),
-         static_cast<long long>(run.micro_steps), 100.0 * parallel::bubble_fraction(config_.dist, int(run.micro_steps)),
-         parallel::describe_split(config_.model, parallel::split_layers(config_), comms.mesh.size(dist::Axis::pipeline)).c_str());
+         stages, config::to_string(config_.dist.pipeline_schedule).c_str(), static_cast<long long>(run.micro_steps),
+         100.0 * parallel::bubble_fraction(config_.dist, int(run.micro_steps)),
+         parallel::describe_split(config_.model, parallel::split_layers(config_), stages).c_str());
   }
   if (!device_note_.empty()) info("train: %s", device_note_.c_str());
   if (resume) {

@@ -92,7 +92,7 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
   const int T = int(config_.model.context_length), B = int(tc.micro_batch_size);
   // The ranks of a context group read the same sequences: the sampler's ranks are the data index.
   context_ = comms.mesh.size(Axis::context);
-  const int readers = comms_.host(Axis::data).world_size() / context_, reader = comms_.host(Axis::data).rank() / context_;
+  const int readers = comms_.mesh.size(Axis::data), reader = comms_.data_index();
   for (const config::ValSet& set : config_.data.val.sets) {
     const std::string key = set.name.empty() ? "data.val" : "data.val." + set.name;
     auto data = std::make_unique<data::TokenDataset>(data::expand_paths(set.paths, key), T,
@@ -321,8 +321,8 @@ std::optional<Validation> Trainer::validate() {
   const int T = int(config_.model.context_length), B = int(t.micro_batch_size);
   Validation result;
   for (const auto& [name, data] : val_sets_) {
-    const data::SamplerOptions in_order{data->num_samples(), t.global_batch_size, B, comms_.host(Axis::data).world_size() / context_,
-                                        comms_.host(Axis::data).rank() / context_, false, 0};
+    const data::SamplerOptions in_order{data->num_samples(), t.global_batch_size, B, comms_.mesh.size(Axis::data),
+                                        comms_.data_index(), false, 0};
     data::BatchLoader loader(*data, in_order, {});
     const std::int64_t batches = std::min(t.eval_batches, data->num_samples() / t.global_batch_size);
     std::array<double, 2> totals = pipeline_->forward_only(loader, batches, B, T);
@@ -350,7 +350,7 @@ std::vector<double> Trainer::sequence_logliks(const std::vector<eval::ChoiceSequ
   // group pass the same micro-batches, and every data-parallel rank as many (ZeRO 3 gathers the
   // weights with all of them).
   const int T = int(config_.model.context_length), B = int(config_.train.micro_batch_size);
-  const std::int64_t readers = comms_.host(Axis::data).world_size() / context_, reader = comms_.host(Axis::data).rank() / context_;
+  const std::int64_t readers = comms_.mesh.size(Axis::data), reader = comms_.data_index();
   const auto count = std::int64_t(sequences.size());
   const std::int64_t micro_batches = (count + B - 1) / B;  // global micro-batch g: sequences [g B, g B + B)
   const std::int64_t mine = (micro_batches + readers - 1) / readers;  // g = j readers + reader, j < mine
