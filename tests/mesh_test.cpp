@@ -2,8 +2,11 @@
 // divide, the members of every group of a split job (under mpirun with 4 ranks), and the traffic
 // each collective counts against the ring formulas, computed by hand. Transfers between two ranks:
 // a ring, the neighbouring stages of a 2-stage pipeline, their order, dtypes and counts, and
-// (a hidden case, run under mpirun -np 2 by tests/CMakeLists.txt) a recv that never completes.
+// (hidden cases, run under mpirun by tests/CMakeLists.txt) a recv that never completes, and lost
+// ranks named while a live one waits in another group.
 #include <algorithm>
+#include <csignal>
+#include <cstdlib>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -41,6 +44,12 @@ dist::Mesh::Coord place(int tensor, int data, int pipeline, int context = 0) {
   c[Axis::pipeline] = pipeline;
   c[Axis::context] = context;
   return c;
+}
+
+// This process's rank in the job, as mpirun numbers it (before any communicator exists).
+int job_rank_from_env() {
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  return rank ? std::atoi(rank) : 0;
 }
 
 }  // namespace
@@ -369,6 +378,26 @@ TEST_CASE("transfers: a recv from a rank that never sends stops the job, naming 
   }
   std::this_thread::sleep_for(std::chrono::seconds(30));
   FAIL("rank 0 was not stopped");
+}
+
+// Ranks 2 and 3 hang (SIGSTOP) while rank 1, alive, waits in a collective of another group ({2, 1},
+// where rank 2 is the group's rank 0 and takes its heartbeats). Rank 0, in a collective of the
+// whole job, hears none of the three; it must name ranks 2 and 3 alone, since rank 1 answers the
+// roll call. Rank 0's timeout (4 s) is the shortest, so it is the one that stops the job.
+TEST_CASE("lost ranks: a rank alive in another group's collective is not named lost", "[.][lost_elsewhere]") {
+  const int me = job_rank_from_env();
+  const auto comm = dist::make_communicator(false, me == 0 ? 4.0 : 30.0);
+  REQUIRE(comm->world_size() == 4);
+  const bool pair = me == 1 || me == 2;
+  const auto group = comm->split(pair ? 0 : 1, me == 2 ? 0 : 1);
+  if (me >= 2) raise(SIGSTOP);
+  std::vector<float> x(16, 1.0f);
+  if (me == 1) {
+    group->all_reduce_sum(x.data(), 16);
+  } else {
+    comm->all_reduce_sum(x.data(), 16);
+  }
+  FAIL("the collective returned");
 }
 
 namespace {

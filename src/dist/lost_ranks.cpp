@@ -125,6 +125,20 @@ void answer_roll_calls() {
   }
 }
 
+std::vector<int> unanswered(const std::vector<int>& candidates, double wait_s) {
+  for (int job : candidates) send_roll(job);
+  std::vector<int> silent = candidates;
+  const auto start = Clock::now();
+  for (;;) {
+    answer_roll_calls();
+    progress_sends();
+    silent.erase(std::remove_if(silent.begin(), silent.end(), [](int job) { return heard_alive.count(job) > 0; }),
+                 silent.end());
+    if (silent.empty() || std::chrono::duration<double>(Clock::now() - start).count() >= wait_s) return silent;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
 std::string settle(const std::vector<int>& found, const std::string& fallback, bool roll_call,
                    double wait_for_names_s, const std::function<std::string(int)>& place) {
   for (int job : found) lost.insert(job);

@@ -32,6 +32,11 @@ const std::string& verdict_from();
 /// while waiting in any collective, so that live ranks answer at once.
 void answer_roll_calls();
 
+/// Of `candidates` (job ranks silent on one group), those that do not answer a roll call within
+/// `wait_s`: a rank silent on one group may be alive, waiting in another group's collective
+/// (heartbeats go to each group's rank 0 alone), and answers. Returns as soon as all have answered.
+std::vector<int> unanswered(const std::vector<int>& candidates, double wait_s);
+
 /// For a rank that stops: `found` (job ranks it found lost itself, perhaps none) is told to every
 /// rank; then it waits for the others' verdicts for a moment (up to `wait_for_names_s` when it
 /// found none), calling the roll meanwhile when `roll_call`. Returns what its line says of the

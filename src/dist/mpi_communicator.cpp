@@ -365,9 +365,11 @@ class MpiCommunicator final : public Communicator {
     MPI_Group_free(&job);
   }
 
-  // Rank 0 names the ranks that went silent. A rank still heard from is alive and waiting on
-  // others (in an earlier collective that the lost ranks never finished for it, in a transfer, in
-  // file work): it is named only when no rank went silent, as the one that never arrived.
+  // Rank 0 names the ranks that went silent and do not answer a roll call either. A rank still
+  // heard from is alive and waiting on others (in an earlier collective that the lost ranks never
+  // finished for it, in a transfer, in file work); so is one that answers the roll call (it waits
+  // in another group's collective, and its heartbeats go to that group's rank 0). Such ranks are
+  // named only when no rank is lost, as the ones that never arrived.
   [[noreturn]] void abort_job(const char* operation) {
     std::vector<int> silent, behind;
     for (int r = 1; r < world_ && rank_ == 0; ++r) {
@@ -376,6 +378,14 @@ class MpiCommunicator final : public Communicator {
       } else if (arrived_[std::size_t(r)] < seq_) {
         behind.push_back(job_ranks_[std::size_t(r)]);
       }
+    }
+    if (!silent.empty()) {
+      const std::vector<int> lost = lost_ranks::unanswered(silent, std::min(timeout_s_, 2.0));
+      for (int job : silent) {
+        if (std::find(lost.begin(), lost.end(), job) == lost.end()) behind.push_back(job);
+      }
+      std::sort(behind.begin(), behind.end());
+      silent = lost;
     }
     const std::vector<int>& missing = silent.empty() ? behind : silent;
     const std::string who = rank_ != 0        ? "rank " + std::to_string(job_ranks_[0]) + " names the missing rank(s)"
