@@ -1,5 +1,6 @@
 // Hugging Face export and import: names and shapes as GPT2LMHeadModel and LlamaForCausalLM have
 // them, bit-exact round trips, sharded checkpoints, and clear errors for files that do not fit.
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -193,6 +194,50 @@ TEST_CASE("Llama export then init_from round-trips the weights bit for bit", "[c
   checkpoint::export_hf(a, dir.path());
   checkpoint::import_hf(dir.path(), b);
   CHECK(std::memcmp(a.params().data, b.params().data, a.params().bytes()) == 0);
+}
+
+namespace {
+
+// Reads scattered ranges of the whole model (odd starts and lengths, across tensors and through
+// the rows of GPT-2's transposed Conv1D weights) from `dir` and checks them against `m`'s weights,
+// bit for bit, and that exactly their bytes were read.
+void check_ranges_read(const model::Model& m, const std::string& dir) {
+  const std::int64_t n = m.params().numel();
+  std::vector<model::FlatRange> ranges;
+  std::uint64_t x = 12345;
+  for (std::int64_t at = 3; at < n;) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    const std::int64_t length = 1 + std::int64_t((x >> 33) % 97);
+    ranges.push_back({at, std::min(n, at + length)});
+    at += length + std::int64_t((x >> 20) % 53);
+  }
+  std::reverse(ranges.begin(), ranges.end());  // any order: each lands where the list puts it
+  std::int64_t wanted = 0;
+  for (const auto& r : ranges) wanted += r.size();
+  std::vector<float> out(std::size_t(wanted), -1.0f);
+  const std::size_t bytes = checkpoint::import_hf_ranges(dir, m, ranges, out.data());
+  CHECK(bytes == std::size_t(wanted) * sizeof(float));
+  const float* w = m.params().as<float>();
+  std::int64_t at = 0, differ = 0;
+  for (const auto& r : ranges) {
+    for (std::int64_t i = r.begin; i < r.end; ++i) differ += std::memcmp(&out[std::size_t(at++)], &w[i], 4) != 0;
+  }
+  CHECK(differ == 0);
+}
+
+}  // namespace
+
+TEST_CASE("init_from of scattered ranges reads only their bytes and gives the weights bit for bit",
+          "[checkpoint][export]") {
+  test::TempDir gpt2_dir, llama_dir;
+  model::Gpt2 g(small_config(), Device::cpu);
+  g.init_weights(5);
+  checkpoint::export_hf(g, gpt2_dir.path());
+  check_ranges_read(g, gpt2_dir.path());
+  model::Llama l(small_llama(), Device::cpu);
+  l.init_weights(6);
+  checkpoint::export_hf(l, llama_dir.path());
+  check_ranges_read(l, llama_dir.path());
 }
 
 TEST_CASE("init_from reads sharded checkpoints and checks a Llama folder's config.json", "[checkpoint][export][llama]") {

@@ -198,7 +198,8 @@ void load_state(const Found& found, StateKind kind, const std::vector<FlatRange>
 /// naming the first that differs.
 void verify_files(const Found& found);
 
-/// Fills the model's parameters (a model holding the whole model, one rank's layout).
+/// Fills the model's parameters: the whole model's, or those of a part (a pipeline stage, a
+/// tensor-parallel rank's layout), each segment read from the files that hold it.
 void load_weights(const Found& found, model::Model& model);
 
 /// InputError unless the checkpoint's weight files are large enough for the fp32 parameters of
@@ -242,9 +243,11 @@ void import_hf(const std::string& path, model::Model& model);
 
 /// Fills `out` with the flat ranges `ranges` (laid end to end) of the whole model whose parameters
 /// `logical` lists (the one-rank layout's names, shapes and offsets: a sharded model without
-/// buffers will do), from Hugging Face weights as import_hf reads them: one tensor at a time, and
-/// only the tensors the ranges touch. Every tensor's name and shape is checked as import_hf does.
-void import_hf_ranges(const std::string& path, const model::Model& logical, const std::vector<FlatRange>& ranges,
-                      float* out);
+/// buffers will do), from Hugging Face weights as import_hf reads them: only the wanted elements
+/// of each tensor (a tensor stored transposed, as GPT-2's Conv1D weights, is read as a piece of
+/// each stored row). Every tensor's name and shape is checked as import_hf does. Returns the bytes
+/// of tensor data read from the files.
+std::size_t import_hf_ranges(const std::string& path, const model::Model& logical,
+                             const std::vector<FlatRange>& ranges, float* out);
 
 }  // namespace llmtrain::checkpoint

@@ -207,8 +207,8 @@ void write_hf_config(const config::ModelConfig& config, const std::string& dir) 
   write_file_atomic(dir + "/config.json", model::arch_spec(config.arch).hf_config(config).dump(2) + "\n");
 }
 
-void import_hf_ranges(const std::string& path, const model::Model& logical, const std::vector<FlatRange>& ranges,
-                      float* out) {
+std::size_t import_hf_ranges(const std::string& path, const model::Model& logical,
+                             const std::vector<FlatRange>& ranges, float* out) {
   const model::ArchSpec& spec = model::arch_spec(logical.config().arch);
   const HfTensors source(path);
   check_hf_config(path, logical.config(), spec);
@@ -233,7 +233,7 @@ void import_hf_ranges(const std::string& path, const model::Model& logical, cons
   }
   std::sort(wanted.begin(), wanted.end(), [](const Wanted& a, const Wanted& b) { return a.range.begin < b.range.begin; });
   std::set<std::string> used;
-  std::vector<float> tensor;  // one tensor at a time, in the model's layout
+  std::vector<float> column;  // a transposed tensor's piece of one stored row
   for (const auto& info : logical.param_infos()) {
     const auto [reader, t] = hf_name(info.name);
     if (!t) throw InputError(where + ": tensor " + info.name + " is missing");
@@ -250,13 +250,37 @@ void import_hf_ranges(const std::string& path, const model::Model& logical, cons
     }
     const std::int64_t begin = info.logical_offset, end = begin + t->numel();
     auto w = std::partition_point(wanted.begin(), wanted.end(), [&](const Wanted& x) { return x.range.end <= begin; });
-    if (w == wanted.end() || w->range.begin >= end) continue;  // no wanted element in this tensor
-    tensor.resize(std::size_t(t->numel()));
-    reader->read_f32(t->name, tensor);
-    if (conv) tensor = transposed(tensor.data(), expected[0], expected[1]);
+    // Only the wanted elements are read: a slice of the stored tensor, or (stored transposed, as
+    // GPT-2's Conv1D weights) a piece of each stored row per logical row block.
     for (; w != wanted.end() && w->range.begin < end; ++w) {
       const std::int64_t lo = std::max(begin, w->range.begin), hi = std::min(end, w->range.end);
-      std::copy(tensor.begin() + (lo - begin), tensor.begin() + (hi - begin), out + w->at + (lo - w->range.begin));
+      float* dst = out + w->at + (lo - w->range.begin);  // receives logical element lo - begin
+      if (!conv) {
+        reader->read_f32_range(*t, lo - begin, {dst, std::size_t(hi - lo)});
+        continue;
+      }
+      const std::int64_t rows = expected[1], cols = expected[0];  // logical (rows, cols); stored (cols, rows)
+      const std::int64_t a = lo - begin, b = hi - begin;
+      // Logical rows [i0, i1) and columns [j0, j1): stored row j holds logical column j.
+      const auto block = [&](std::int64_t i0, std::int64_t i1, std::int64_t j0, std::int64_t j1) {
+        column.resize(std::size_t(i1 - i0));
+        for (std::int64_t j = j0; j < j1; ++j) {
+          reader->read_f32_range(*t, j * rows + i0, column);
+          for (std::int64_t i = i0; i < i1; ++i) dst[i * cols + j - a] = column[std::size_t(i - i0)];
+        }
+      };
+      for (std::int64_t k = a; k < b;) {
+        const std::int64_t i = k / cols, j = k % cols;
+        if (j == 0 && b - k >= cols) {  // whole logical rows
+          const std::int64_t i1 = i + (b - k) / cols;
+          block(i, i1, 0, cols);
+          k = i1 * cols;
+        } else {  // part of one row
+          const std::int64_t j1 = std::min(cols, j + (b - k));
+          block(i, i + 1, j, j1);
+          k += j1 - j;
+        }
+      }
     }
   }
   for (const auto& reader : source.readers()) {
@@ -269,6 +293,9 @@ void import_hf_ranges(const std::string& path, const model::Model& logical, cons
       if (!used.contains(t.name) && !ignorable) throw InputError(reader->path() + ": unexpected tensor " + t.name);
     }
   }
+  std::size_t bytes = 0;
+  for (const auto& reader : source.readers()) bytes += reader->bytes_read();
+  return bytes;
 }
 
 void import_hf(const std::string& path, model::Model& model) {

@@ -68,6 +68,11 @@ class SafetensorsReader {
   /// Copies a tensor into `out` as float32 (from F32, BF16 or F16), checking the element count;
   /// InputError naming the tensor when it is absent, of another dtype or of another size.
   void read_f32(std::string_view name, std::span<float> out) const;
+  /// Copies elements [first, first + out.size()) of tensor `info` (row-major) into `out` as
+  /// float32, touching only their bytes; InputError as read_f32 for a dtype that is not a float.
+  void read_f32_range(const TensorInfo& info, std::int64_t first, std::span<float> out) const;
+  /// Bytes of tensor data read_f32 and read_f32_range have copied out of the file so far.
+  std::size_t bytes_read() const { return bytes_read_; }
   /// The header's "__metadata__" (empty when it has none).
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::string& path() const { return path_; }
@@ -82,6 +87,7 @@ class SafetensorsReader {
   std::vector<TensorInfo> tensors_;
   std::map<std::string, std::size_t, std::less<>> index_;  // name -> position in tensors_
   std::map<std::string, std::string> metadata_;
+  mutable std::size_t bytes_read_ = 0;
 };
 
 /// A tensor to write: `data` points at numel(shape) * st_dtype_size(dtype) bytes, host memory.

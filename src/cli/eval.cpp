@@ -237,16 +237,19 @@ Command add_eval_command(CLI::App& parent) {
                                                  " x --context-parallel " + std::to_string(o->context_parallel);
               throw InputError(sizes + ": must divide the number of ranks mpirun starts");
             }
-            std::unique_ptr<model::Model> loaded = checkpoint::load_model(found);
+            std::unique_ptr<model::Model> loaded;
             std::unique_ptr<parallel::CommTensorGroup> group;
             std::unique_ptr<parallel::CommContextGroup> context_group;
-            if (o->tensor_parallel > 1 || o->context_parallel > 1) {  // this rank's part of the weights
+            if (o->tensor_parallel == 1 && o->context_parallel == 1) {
+              loaded = checkpoint::load_model(found);
+            } else {  // this rank's part of the weights, read alone (no rank holds the whole model)
               model::Layout layout{false, comms.host(dist::Axis::tensor).rank(), o->tensor_parallel};
               layout.context_rank = comms.host(dist::Axis::context).rank();
               layout.context_size = o->context_parallel;
+              checkpoint::check_weights_fit(found);
               auto part = model::make_model(config.model, Device::cpu, model::Recompute::none, DType::f32,
                                             ops::AttentionKernels::flash, layout);
-              parallel::take_part(*loaded, *part);
+              checkpoint::load_weights(found, *part);
               if (o->tensor_parallel > 1) {
                 group = std::make_unique<parallel::CommTensorGroup>(comms.host(dist::Axis::tensor), Device::cpu);
                 part->set_tensor_group(group.get());

@@ -56,12 +56,6 @@ void CommTensorGroup::all_reduce_max(const Tensor& t) {
   if (comm_.world_size() > 1) comm_.all_reduce_max(t.as<float>(), t.numel());
 }
 
-void take_part(const model::Model& whole, model::Model& part) {
-  const float* from = whole.params().as<float>();
-  float* to = part.params().as<float>();
-  for (const model::Segment& s : part.segments(false)) std::copy_n(from + s.logical, s.length, to + s.local);
-}
-
 std::vector<Placed> place(const std::vector<optim::Piece>& pieces, const std::vector<model::Segment>& segments) {
   std::vector<Placed> out;
   for (const optim::Piece& piece : pieces) {

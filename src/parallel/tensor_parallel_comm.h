@@ -33,10 +33,6 @@ class CommTensorGroup final : public model::TensorGroup {
   ops::Buffer wide_;  // bf16 sums in f32
 };
 
-/// Copies this rank's part of the whole model's weights (`whole`, one-rank layout, CPU) into
-/// `part` (a model of the same config with a tensor-parallel layout, CPU).
-void take_part(const model::Model& whole, model::Model& part);
-
 /// A run of a rank's local arrays (weights, gradients, optimizer state: see optim::Piece) and
 /// where it sits in the whole model's flat buffer.
 struct Placed {

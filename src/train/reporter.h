@@ -53,6 +53,7 @@ struct RunShape {
   std::int64_t micro_steps = 1;    // per update (a pipeline's micro-batches)
   std::size_t state_bytes = 0;     // weights, gradients and optimizer state this rank holds
   std::string attention;           // the attention kernels model.attention resolved to, and why
+  std::string init_note;           // what model.init_from cost this rank (Trainer::init_note)
 };
 
 /// Owns the run's reports: this rank's log (RunLog: its own file, and stderr on rank 0), and on

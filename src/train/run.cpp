@@ -20,7 +20,8 @@ namespace {
 // The figures of the start-up lines.
 RunShape run_shape(const Trainer& trainer) {
   return {trainer.first_step(),   trainer.num_params(),  trainer.train_samples(),
-          trainer.micro_steps(),  trainer.state_bytes(), trainer.attention().describe()};
+          trainer.micro_steps(),  trainer.state_bytes(), trainer.attention().describe(),
+          trainer.init_note()};
 }
 
 }  // namespace

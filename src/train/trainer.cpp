@@ -175,9 +175,10 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
     state_names.push_back(optimizer_state[k].name);
     state_arrays.push_back(state[k].data());
   }
+  std::size_t init_bytes = 0;
   dist::run_keeping_alive(*comms_.world, [&] {
     try {
-      load_initial_weights(resume, held.device == Device::cpu ? held.as<float>() : weights.data());
+      init_bytes = load_initial_weights(resume, held.device == Device::cpu ? held.as<float>() : weights.data());
       if (resume) {
         checkpoint::load_state(*resume, checkpoint::StateKind::optimizer,
                                logical_ranges(optimizer_->pieces(), *model_), state_arrays, state_names);
@@ -201,13 +202,20 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
     }
   }
   if (!damaged.empty()) throw checkpoint::DamagedCheckpoint(damaged);
+  if (!resume && !config_.model.init_from.empty()) {
+    const double kept = 4.0 * double(held.numel()), mib = 1024.0 * 1024.0;
+    char note[160];
+    std::snprintf(note, sizeof note, "read %.1f MiB of tensor data for the %.1f MiB of weights it keeps (%.2fx)",
+                  double(init_bytes) / mib, kept / mib, kept > 0 ? double(init_bytes) / kept : 0.0);
+    init_note_ = note;
+  }
   if (failed >= 0) {
     throw checkpoint::DamagedCheckpoint(resume->dir + ": rank " + std::to_string(failed) +
                                         " found part of the checkpoint damaged");
   }
 }
 
-void Trainer::load_initial_weights(const checkpoint::Found* resume, float* to) const {
+std::size_t Trainer::load_initial_weights(const checkpoint::Found* resume, float* to) const {
   // The runs of the whole model this rank keeps, and where each goes in its held weights.
   const std::vector<parallel::Placed> placed = parallel::place(gradients_->held(), model_->segments(false));
   // Runs that follow each other in the held weights are read in one call.
@@ -219,11 +227,12 @@ void Trainer::load_initial_weights(const checkpoint::Found* resume, float* to) c
     batch_end = p.local + p.logical.size();
   }
   const model::Model& whole = logical_model();
+  std::size_t init_bytes = 0;
   for (const auto& [local, ranges] : batches) {
     if (resume) {
       checkpoint::load_state(*resume, checkpoint::StateKind::weights, ranges, {to + local});
     } else if (!config_.model.init_from.empty()) {
-      checkpoint::import_hf_ranges(config_.model.init_from, whole, ranges, to + local);
+      init_bytes += checkpoint::import_hf_ranges(config_.model.init_from, whole, ranges, to + local);
     } else {
       std::int64_t at = local;
       for (const model::FlatRange& r : ranges) {
@@ -232,6 +241,7 @@ void Trainer::load_initial_weights(const checkpoint::Found* resume, float* to) c
       }
     }
   }
+  return init_bytes;
 }
 
 const model::Model& Trainer::logical_model() const { return logical_ ? *logical_ : *model_; }

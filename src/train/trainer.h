@@ -65,6 +65,9 @@ class Trainer final : public CheckpointSource {
   std::size_t state_bytes() const;
   /// The attention kernels model.attention resolved to, and why.
   const model::AttentionChoice& attention() const { return attention_; }
+  /// What model.init_from cost this rank: "read X MiB of tensor data for the Y MiB of weights it
+  /// keeps (Rx)"; "" when the weights came from elsewhere.
+  const std::string& init_note() const { return init_note_; }
   /// Called in each update before the weights and optimizer state change (a background
   /// checkpoint may still be copying them); empty: nothing to wait for.
   void set_before_update(std::function<void()> hook) override { before_update_ = std::move(hook); }
@@ -87,7 +90,8 @@ class Trainer final : public CheckpointSource {
  private:
   // This rank's initial weights, laid out as its held weights, into `to` (host memory): from the
   // checkpoint, model.init_from or train.seed, range by range.
-  void load_initial_weights(const checkpoint::Found* resume, float* to) const;
+  // Returns the bytes of tensor data read from model.init_from (0 when it is not read).
+  std::size_t load_initial_weights(const checkpoint::Found* resume, float* to) const;
   // Every sequence's log-likelihood of its last `ending` tokens, on every rank, by the
   // validation's forward passes (any mesh).
   std::vector<double> sequence_logliks(const std::vector<eval::ChoiceSequence>& sequences);
@@ -111,6 +115,7 @@ class Trainer final : public CheckpointSource {
   std::int64_t first_step_ = 1, tokens_seen_ = 0, bad_in_a_row_ = 0;
   data::SamplerState sampler_state_;
   model::AttentionChoice attention_;
+  std::string init_note_;
   std::unique_ptr<data::BatchLoader> loader_;
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<model::Model> logical_;  // logical_model() when this rank's model is only part of it
