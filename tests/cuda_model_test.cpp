@@ -8,10 +8,12 @@
 #include <vector>
 
 #include "catch_compat.h"
+#include "core/crc32.h"
 #include "cuda_compare.h"
 #include "dist/communicator.h"
 #include "model/model.h"
 #include "ops/buffer.h"
+#include "parallel/grad_sync.h"
 #include "parallel/zero3.h"
 #include "pipeline_stages_check.h"
 
@@ -86,6 +88,20 @@ void compare_model(const std::string& arch, model::Recompute recompute) {
 }
 
 }  // namespace
+
+TEST_CASE("cuda the replica check's checksum of device weights, copied in chunks, is the host's", "[cuda][dist]") {
+  std::string why;
+  if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
+  std::vector<float> w(300007);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = float(i % 613) * 0.29f - 7.0f;
+  const test::DeviceArray<float> d(w);
+  const Tensor t = d.tensor({std::int64_t(w.size())});
+  const std::uint32_t whole = crc32(w.data(), w.size() * sizeof(float));
+  for (const std::int64_t chunk : {std::int64_t(1) << 20, std::int64_t(65536), std::int64_t(1000)}) {
+    CAPTURE(chunk);
+    CHECK(parallel::weights_crc32(t, chunk) == whole);
+  }
+}
 
 TEST_CASE("cuda GPT-2 forward, backward and decoding match the cpu reference", "[cuda][model]") {
   compare_model("gpt2", model::Recompute::none);

@@ -4,6 +4,7 @@
 #include <numbers>
 
 #include "catch_compat.h"
+#include "core/crc32.h"
 #include "config/config.h"
 #include "model/sampling.h"
 #include "optim/lr_schedule.h"
@@ -61,6 +62,19 @@ TEST_CASE("the replica check names the ranks whose checksum differs from rank 0'
   CHECK(parallel::ranks_differing_from_first({7, 7, 7, 7}).empty());
   CHECK(parallel::ranks_differing_from_first({7, 7, 9, 7, 8}) == std::vector<int>{2, 4});
   CHECK(parallel::ranks_differing_from_first({7}).empty());
+}
+
+TEST_CASE("the replica check's checksum, taken in chunks, is the CRC-32 of the whole buffer", "[train][dist]") {
+  std::vector<float> w(1000003);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = float(i % 977) * 0.37f - 11.0f;
+  const std::uint32_t whole = crc32(w.data(), w.size() * sizeof(float));
+  const Tensor t(w.data(), DType::f32, Device::cpu, {std::int64_t(w.size())});
+  for (const std::int64_t chunk : {std::int64_t(1) << 20, std::int64_t(4096), std::int64_t(7), std::int64_t(2000000)}) {
+    CAPTURE(chunk);
+    CHECK(parallel::weights_crc32(t, chunk) == whole);
+  }
+  w[999999] += 1.0f;
+  CHECK(parallel::weights_crc32(t, 4096) != whole);
 }
 
 TEST_CASE("a resume keeps the model's shape and the data order, and may change the other keys", "[train][config]") {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "core/crc32.h"
 #include "core/error.h"
@@ -98,9 +99,27 @@ std::vector<int> ranks_differing_from_first(const std::vector<std::int64_t>& che
   return out;
 }
 
-void check_replicas(dist::Communicator& comm, const float* params, std::int64_t P, std::int64_t step) {
+std::uint32_t weights_crc32(const Tensor& params, std::int64_t chunk) {
+  const std::int64_t P = params.numel();
+  const bool on_host = params.device == Device::cpu;
+  std::vector<float> host(on_host ? 0 : std::size_t(std::min(P, chunk)));
+  std::uint32_t crc = 0;
+  for (std::int64_t at = 0; at < P; at += chunk) {
+    const std::int64_t n = std::min(chunk, P - at);
+    const float* from = params.as<float>() + at;
+    if (!on_host) {
+      ops::copy(Tensor(host.data(), DType::f32, Device::cpu, {n}), Tensor(const_cast<float*>(from), DType::f32, params.device, {n}));
+      from = host.data();
+    }
+    crc = crc32(from, std::size_t(n) * sizeof(float), crc);
+  }
+  return crc;
+}
+
+void check_replicas(dist::Communicator& comm, const Tensor& params, std::int64_t step) {
+  const std::uint32_t crc = weights_crc32(params);
   std::vector<std::int64_t> checksums(std::size_t(comm.world_size()), -1);
-  checksums[std::size_t(comm.rank())] = std::int64_t(crc32(params, std::size_t(P) * sizeof(float)));
+  checksums[std::size_t(comm.rank())] = std::int64_t(crc);
   comm.all_reduce_max(checksums.data(), std::int64_t(checksums.size()));
   const auto differing = ranks_differing_from_first(checksums);
   if (differing.empty()) return;

@@ -77,8 +77,13 @@ class GradientSync {
 /// The ranks whose weight checksum differs from rank 0's (checksums indexed by rank).
 std::vector<int> ranks_differing_from_first(const std::vector<std::int64_t>& checksums);
 
-/// Compares a CRC-32 of the weights (P,) across ranks; RuntimeError on every rank naming the
-/// ranks whose weights differ from rank 0's.
-void check_replicas(dist::Communicator& comm, const float* params, std::int64_t P, std::int64_t step);
+/// The CRC-32 of the bytes of `params` (P,) f32, on the CPU or a device, taken `chunk` elements at
+/// a time (8 MiB by default): device weights are copied to the host one chunk at a time, so that
+/// no host copy of the model is ever held.
+std::uint32_t weights_crc32(const Tensor& params, std::int64_t chunk = std::int64_t(2) << 20);
+
+/// Compares weights_crc32 of the weights across ranks; RuntimeError on every rank naming the ranks
+/// whose weights differ from rank 0's.
+void check_replicas(dist::Communicator& comm, const Tensor& params, std::int64_t step);
 
 }  // namespace llmtrain::parallel

@@ -314,7 +314,7 @@ StepResult Trainer::step(std::int64_t step) {
   // shards have nothing to compare.
   const auto every = config_.dist.replica_check_every;
   if (gradients_->replicated() && comms_.host(Axis::data).world_size() > 1 && every > 0 && step % every == 0) {
-    parallel::check_replicas(comms_.host(Axis::data), host_weights().params().as<float>(), model_->num_params(), step);
+    parallel::check_replicas(comms_.host(Axis::data), model_->params(), step);
   }
   for (const dist::AxisRow& row : dist::mesh_axes) {
     result.sent[row.axis] = comms_.traffic(row.axis).since(sent_before[row.axis]);
@@ -409,17 +409,6 @@ std::vector<double> Trainer::sequence_logliks(const std::vector<eval::ChoiceSequ
   }
   comms_.world->all_reduce_sum(logliks.data(), count);
   return logliks;
-}
-
-const model::Model& Trainer::host_weights() {
-  if (model_->external_storage()) throw RuntimeError("host_weights: the model is sharded (ZeRO 3)");
-  if (device_ == Device::cpu) return *model_;
-  if (!host_) {
-    host_ = model::make_model(config_.model, Device::cpu, model::Recompute::none, DType::f32,
-                              ops::AttentionKernels::flash, model_->layout());
-  }
-  ops::copy(host_->params(), model_->params());
-  return *host_;
 }
 
 }  // namespace llmtrain::train

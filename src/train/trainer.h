@@ -77,9 +77,6 @@ class Trainer final : public CheckpointSource {
   /// This rank's fp32 master weights of the runs optimizer() updates, laid out as its state.
   Tensor master() const override { return gradients_->master(); }
   Device device() const override { return device_; }
-  /// The fp32 weights on the CPU, brought up to date (a copy from the GPU where the model is there).
-  /// Not for a sharded model (ZeRO 3), whose ranks hold shards only.
-  const model::Model& host_weights();
   /// Where this rank's optimizer state sits in the whole model's flat buffer (the parts a
   /// checkpoint takes from this rank: a replicated parameter's from tensor rank 0 only).
   std::vector<parallel::Placed> optimizer_placement() const override;
@@ -119,7 +116,6 @@ class Trainer final : public CheckpointSource {
   std::unique_ptr<data::BatchLoader> loader_;
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<model::Model> logical_;  // logical_model() when this rank's model is only part of it
-  std::unique_ptr<model::Model> host_;  // this rank's weights on the CPU when the model is on a GPU (host_weights)
   std::unique_ptr<parallel::GradientStrategy> gradients_;  // bucketed sync (ZeRO 0-2) or ZeRO 3
   std::unique_ptr<optim::Optimizer> optimizer_;  // optim.name's (optim/registry.h)
   std::unique_ptr<parallel::CommTensorGroup> tensor_group_;  // its device side, for the model
