@@ -75,4 +75,16 @@ for model in 13b 70b; do
   [[ "$suggested" == "$configured" ]] || fail "$model: config micro-batch $configured, suggested $suggested: $line"
   echo "llama2-$model: micro-batch $configured, as suggested: ${line:0:60}"
 done
-echo "6 passed (thresholds, shipped micro-batches), 10 bad values refused"
+# A long context puts context parallelism first: the suggested --set options give the first row's
+# whole mesh, its context size included (tensor x data x pipeline, then cpN).
+out=$("$llmtrain" plan --config "$source_dir/configs/llama2-70b.json" --suggest --gpus 64 --device-memory 141GB \
+  --set model.context_length=131072 --set train.micro_batch_size=1) || fail "70b at 128k: $out"
+line=$(grep "^suggested: " <<<"$out") || fail "70b at 128k: no suggestion: $out"
+read -r t d p cp < <(sed -E 's/^suggested: ([0-9]+) x ([0-9]+) x ([0-9]+)( sp)? cp([0-9]+) .*/\1 \2 \3 \5/' <<<"$line")
+[[ "$cp" =~ ^[0-9]+$ ]] || fail "70b at 128k: the first row has no context parallelism: $line"
+for want in "dist.tensor_parallel=$t" "dist.context_parallel=$cp" "dist.pipeline_parallel=$p"; do
+  grep -q -- "--set $want " <<<"$line" || fail "70b at 128k: the suggestion lacks --set $want: $line"
+done
+(( t * d * p * cp == 64 )) || fail "70b at 128k: the mesh $t x $d x $p cp$cp is not 64 ranks: $line"
+echo "llama2-70b at 128k tokens: $t x $d x $p cp$cp, set as $(grep -o -- '--set dist.context_parallel=[0-9]*' <<<"$line")"
+echo "7 passed (thresholds, shipped micro-batches, a context-parallel suggestion), 10 bad values refused"

@@ -79,6 +79,25 @@ std::string mesh_label(const plan::MeshOption& o) {
          (o.sequence_parallel ? " sp" : "") + (o.mesh.size(dist::Axis::context) > 1 ? " cp" + std::to_string(o.mesh.size(dist::Axis::context)) : "");
 }
 
+// Whether two options lay out the same mesh (every axis the same size).
+bool same_mesh(const plan::MeshOption& a, const plan::MeshOption& b) {
+  for (const dist::AxisRow& row : dist::mesh_axes) {
+    if (a.mesh.size(row.axis) != b.mesh.size(row.axis)) return false;
+  }
+  return true;
+}
+
+// The `--set` options that give an option's mesh: every axis with a config key (the data axis takes
+// the ranks left), those not always named only when above 1. "--set dist.tensor_parallel=2 ... ".
+std::string mesh_sets(const plan::MeshOption& o) {
+  std::string out;
+  for (const dist::AxisRow& row : dist::mesh_axes) {
+    const int size = o.mesh.size(row.axis);
+    if (row.size_key && (row.always_named || size > 1)) out += "--set " + std::string(row.size_key) + "=" + std::to_string(size) + " ";
+  }
+  return out;
+}
+
 // plan --suggest: the meshes of `gpus` ranks and ZeRO stages that fit `memory` bytes per device.
 // Host memory per node: `host_memory` bytes (0: not checked) for `ranks_per_node` ranks.
 struct HostLimit {
@@ -194,9 +213,7 @@ int suggest(const config::Config& c, const std::string& config_path, int gpus, c
   for (const auto& o : fitting) {
     bool dominated = false;
     for (const auto& q : fitting) {
-      dominated = dominated || (q.mesh.size(dist::Axis::tensor) == o.mesh.size(dist::Axis::tensor) && q.mesh.size(dist::Axis::pipeline) == o.mesh.size(dist::Axis::pipeline) &&
-                                q.mesh.size(dist::Axis::context) == o.mesh.size(dist::Axis::context) &&
-                                q.memory <= o.memory && q.sent <= o.sent * 1.001 &&
+      dominated = dominated || (same_mesh(q, o) && q.memory <= o.memory && q.sent <= o.sent * 1.001 &&
                                 (q.memory < o.memory || q.zero_stage < o.zero_stage));
     }
     if (!dominated) shown.push_back(o);
@@ -221,10 +238,10 @@ int suggest(const config::Config& c, const std::string& config_path, int gpus, c
               "more memory and send no less left out)\n",
               fitting.size(), options.size(), std::min(shown.size(), rows_at_most));
   const plan::MeshOption& best = shown.front();
-  std::printf("suggested: %s ZeRO %d at micro-batch %lld, the first row's max micro-batch (--set dist.tensor_parallel=%d "
-              "--set dist.pipeline_parallel=%d --set dist.zero_stage=%d%s --set train.micro_batch_size=%lld)\n",
-              mesh_label(best).c_str(), best.zero_stage, static_cast<long long>(largest.front()), best.mesh.size(dist::Axis::tensor),
-              best.mesh.size(dist::Axis::pipeline), best.zero_stage, best.sequence_parallel ? " --set dist.sequence_parallel=true" : "",
+  std::printf("suggested: %s ZeRO %d at micro-batch %lld, the first row's max micro-batch (%s--set dist.zero_stage=%d%s "
+              "--set train.micro_batch_size=%lld)\n",
+              mesh_label(best).c_str(), best.zero_stage, static_cast<long long>(largest.front()), mesh_sets(best).c_str(),
+              best.zero_stage, best.sequence_parallel ? " --set dist.sequence_parallel=true" : "",
               static_cast<long long>(largest.front()));
   std::printf("memory/rank: weights, gradients, optimizer state, ZeRO's buffers and one micro-batch's activations, "
               "of the tensor rank that holds most; with a pipeline (p > 1) the stage that needs most, its "
