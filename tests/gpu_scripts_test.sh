@@ -24,7 +24,7 @@ if command -v shellcheck >/dev/null; then
 fi
 check "gpu_bench.py self-test" "$python" scripts/lib/gpu_bench.py self-test
 
-if PYTHON="$python" scripts/gpu_check.sh --dry-run --build-dir "$tmp/build-gpu" > "$tmp/dry" 2>&1 && grep -q "benchmark *| not run (dry run)" "$tmp/dry" && grep -q "^+ cmake -S . -B" "$tmp/dry"; then
+if PYTHON="$python" scripts/gpu_check.sh --dry-run --full --build-dir "$tmp/build-gpu" > "$tmp/dry" 2>&1 && grep -q "benchmark *| not run (dry run)" "$tmp/dry" && grep -q "^+ cmake -S . -B" "$tmp/dry"; then
   ok "gpu_check.sh --dry-run"
 else
   bad "gpu_check.sh --dry-run"; cat "$tmp/dry"
@@ -39,7 +39,7 @@ if grep -q "^+ cmake --build .* --target llmtrain bench_kernels" "$tmp/dry" &&
 else
   bad "gpu_check.sh --dry-run: the kernel table"; cat "$tmp/dry"
 fi
-if PYTHON="$python" scripts/gpu_check.sh --dry-run --skip-kernels --build-dir "$tmp/build-gpu" > "$tmp/dry2" 2>&1;
+if PYTHON="$python" scripts/gpu_check.sh --dry-run --full --skip-kernels --build-dir "$tmp/build-gpu" > "$tmp/dry2" 2>&1;
    grep -q "^ kernels | skipped (--skip-kernels)" "$tmp/dry2" && ! grep -q "bench_kernels" "$tmp/dry2"; then
   ok "gpu_check.sh --dry-run --skip-kernels"
 else

@@ -101,9 +101,10 @@ def write_shard(path, n_tokens, vocab, seed=1):
     for i in range(n_tokens):  # a 64-bit LCG: the same tokens everywhere for the same seed
         state = (state * 6364136223846793005 + 1442695040888963407) & (2**64 - 1)
         struct.pack_into("<H", tokens, 2 * i, (state >> 33) % vocab)
-    with open(path, "wb") as f:
+    with open(path + ".part", "wb") as f:  # renamed when whole: a stopped writer leaves no shard
         f.write(struct.pack("<256i", *header))
         f.write(tokens)
+    os.replace(path + ".part", path)
     return path
 
 
@@ -869,7 +870,8 @@ def cmd_report(a):
         table += "\n" + render_kernels(kernels, a.kernels_status)
     print(table)
     if a.json:
-        doc = {"header": a.header, "build": a.build, "tests": a.tests, "tests_detail": tests,
+        doc = {"status": a.status, "out_of_time": [x for x in (a.out_of_time or "").split(", ") if x],
+               "header": a.header, "build": a.build, "tests": a.tests, "tests_detail": tests,
                "problems": a.problem or [], "notes": a.note or [], "found": a.found or [],
                "ld_library_path": a.ld_library_path, "benchmark": suite if suite is not None else bench,
                "kernels_status": a.kernels_status, "kernels": kernels, "stages": a.stage or [], "table": table}
@@ -1048,6 +1050,8 @@ def main(argv=None):
     r.add_argument("--tests")
     r.add_argument("--build")
     r.add_argument("--header", default="")
+    r.add_argument("--status", help='the run\'s status: "passed", "failed" or "incomplete (out of time)"')
+    r.add_argument("--out-of-time", help="the stages skipped or cut short for time, separated by \", \"")
     r.add_argument("--suite", help="gpu_bench.py suite's JSON")
     r.add_argument("--tests-json", help="gpu_bench.py cuda-tests' JSON")
     r.add_argument("--problem", action="append", help="a missing piece (repeatable)")
