@@ -3,14 +3,17 @@
 # and the CUDA pieces, from the system or as Python wheels: builds llmtrain for this GPU only,
 # runs the Catch2 test cases tagged [cuda], trains GPT-2 124M (T=1024) with each attention path
 # (our flash attention, cuDNN's), and prints one table. The whole run keeps to one deadline
-# (--budget): the build is capped so that the stages after it keep what they need, and the time
-# after the build is split between the stages by their needs (measured on the last run in this
-# build folder, else estimated); a stage that no longer fits is skipped, and the table says so.
+# (--budget): the build is capped so that the [cuda] tests and the benchmark keep their needs
+# after it, and they get those first; the sanitizer and the kernel table share what they leave.
+# The needs are measured on the last run in this build folder, else estimated; what no longer
+# fits is skipped for time (a test binary still running at the tests' deadline is stopped, its
+# finished cases kept), and the table says so.
 #
-# Two modes. --quick (the default when --budget is under 360 s) fits 4 minutes after the build:
-# the [cuda] cases of the ops and the model (test_ops, test_cuda_ops, test_cuda_model), then one
-# bf16 training row per attention path at one micro-batch (16 unless --batches names one); no
-# PyTorch, no kernel table. --full (the default from 360 s) runs the [cuda] cases of every test
+# Two modes. --quick (the default unless the budget holds the full mode) needs 3 minutes after the
+# build (4.5 with the sanitizer): the [cuda] cases of the ops and the model (test_ops,
+# test_cuda_ops, test_cuda_model), then one bf16 training row per attention path at one
+# micro-batch (16 unless --batches names one); no PyTorch, no kernel table. --full (the default
+# where the budget holds it) runs the [cuda] cases of every test
 # binary, searches the largest micro-batch that fits for each attention path, trains the same
 # model in PyTorch (bf16 autocast, SDPA, fused AdamW, torch.compile), profiles each path (nsys
 # where it works, else llmtrain's --profile-ops), and times every op of the step with
@@ -46,16 +49,21 @@
 #          [--skip-sanitizer]
 #   --dry-run     find everything (the probe included), list what is missing, print the commands
 #   --build-only  find, configure and build (no GPU needed), then stop
-#   --quick, --full  the modes above (default: --quick under 360 s of budget)
-#   --out FILE    the table as JSON (default BUILD_DIR/gpu_check/gpu_check.json)
-#   --budget S    the time the whole check may take, build included (default 480: 8 minutes)
+#   --quick, --full  the modes above (default: --full where the budget holds a build of about 240 s
+#                 and the full mode's stages at their needs, about 1050 s with PyTorch; else --quick)
+#   --out FILE    the table as JSON (default BUILD_DIR/gpu_check/gpu_check.json), with "status"
+#   --budget S    the time the whole check may take, build included (default 480: 8 minutes, which
+#                 runs --quick: a build of up to 290 s, then about 270 s of stages)
 # Environment: JOBS (default: nproc), CUDA_ARCHS (default: the GPU's compute capability),
 #   PEAK_TFLOPS (a GPU this script does not know), CUDA_HOME, NCCL_HOME, CUDNN_HOME,
 #   LLMTRAIN_VENDOR_DIR (default: third_party/), PYTHON (default: python3), EXTRA_CMAKE_ARGS
 #   (more -D flags for the configure step, split on spaces; they come last and win),
 #   GPU_CHECK_TIME_SCALE (tests of the deadline logic only: budget seconds per real second).
-# Exit status: 0 when the build, every [cuda] test that ran and every benchmark row passed; 1
-#   otherwise, and also when no GPU is usable or every [cuda] case skipped; 2 usage.
+# Status (the last line, and "status" in the JSON) and exit status: "passed" (0) when the build,
+#   every stage and every benchmark row ran and passed; "failed" (1) when anything failed, also
+#   when no GPU is usable, every [cuda] case skipped or the build was stopped at its cap;
+#   "incomplete (out of time)" (3) when nothing failed but a stage, a test binary or a benchmark
+#   row was skipped or stopped for time (the last line names which); 2 usage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo="$(pwd)"
@@ -418,8 +426,7 @@ set_needs() {  # set_needs MODE: need[] and row_need for MODE (PyTorch as that m
     done < "$needs_file"
   fi
 }
-mandatory=(tests bench)    # the build's cap keeps their needs; they get them first
-optional=(kernels sanitizer)  # these share only what the tests and the benchmark leave
+mandatory=(tests bench)  # the build's cap keeps their needs; the other stages share what they leave
 planned() {  # planned MODE: the stages MODE would run, in order
   ((skip_tests)) || echo tests
   ((skip_bench)) || echo bench

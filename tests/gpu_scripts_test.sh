@@ -29,6 +29,14 @@ if PYTHON="$python" scripts/gpu_check.sh --dry-run --full --build-dir "$tmp/buil
 else
   bad "gpu_check.sh --dry-run"; cat "$tmp/dry"
 fi
+# No mode named: the default budget (480 s) cannot hold the full mode's needs and a build, so --quick.
+if PYTHON="$python" scripts/gpu_check.sh --dry-run --build-dir "$tmp/build-gpu" > "$tmp/dry0" 2>&1 &&
+   grep -q "^GPU check (quick, budget 480 s)" "$tmp/dry0" && grep -q "^gpu_check: the quick mode (default for --budget 480" "$tmp/dry0" &&
+   grep -q "^gpu_check: status: dry run, nothing run" "$tmp/dry0"; then
+  ok "gpu_check.sh --dry-run: the default budget's mode is --quick"
+else
+  bad "gpu_check.sh --dry-run: the default mode"; cat "$tmp/dry0"
+fi
 # The kernel table: built (bench_kernels among the targets), run after the training runs, its
 # status line in the table; --skip-kernels leaves it out of both.
 if grep -q "^+ cmake --build .* --target llmtrain bench_kernels" "$tmp/dry" &&
