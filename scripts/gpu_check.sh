@@ -48,7 +48,7 @@
 #          [--attention flash,cudnn] [--skip-tests] [--skip-bench] [--skip-pytorch] [--skip-kernels]
 #          [--skip-sanitizer]
 #   --dry-run     find everything (the probe included), list what is missing, print the commands
-#   --build-only  find, configure and build (no GPU needed), then stop
+#   --build-only  find, configure and build (no GPU needed), then stop (the build may take the budget)
 #   --quick, --full  the modes above (default: --full where the budget holds a build of about 240 s
 #                 and the full mode's stages at their needs, about 1050 s with PyTorch; else --quick)
 #   --out FILE    the table as JSON (default BUILD_DIR/gpu_check/gpu_check.json), with "status"
@@ -457,7 +457,7 @@ fi
 set_needs "$mode"
 mapfile -t plan < <(planned "$mode")   # the stages after the build, in order
 mode_needs=$(( report_reserve + build_allowance + $(total_need "${plan[@]}") ))
-if ((mode_needs > budget)); then
+if ((mode_needs > budget && !build_only)); then
   notes+=("the $mode mode needs about $mode_needs s (a build of about $build_allowance s, then $(for s in "${plan[@]}"; do printf '%s %s s, ' "$s" "${need[$s]}"; done | sed 's/, $//')) and the budget is $budget s: what does not fit is skipped for time (give a larger --budget$( ((quick)) || echo ", or --quick"))")
 fi
 
@@ -582,9 +582,10 @@ PY
   targets+=("${test_targets[@]}")
 fi
 # The build's cap: the budget less the report's reserve and the needs of the tests and the benchmark
-# (the sanitizer and the kernel table get only what they leave); 30 s at the least.
+# (the sanitizer and the kernel table get only what they leave); 30 s at the least. --build-only
+# keeps nothing for them.
 after_build=0
-for s in "${plan[@]}"; do is_mandatory "$s" && after_build=$((after_build + need[$s])); done
+for s in "${plan[@]}"; do is_mandatory "$s" && ((!build_only)) && after_build=$((after_build + need[$s])); done
 build_cap=$(( $(left) - report_reserve - after_build ))
 ((build_cap < 30)) && build_cap=30
 # The benchmark's synthetic tokens (a few seconds of Python), written while the build runs.
