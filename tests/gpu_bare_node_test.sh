@@ -179,7 +179,9 @@ fi
 
 echo "== scripts/gpu_check.sh --build-only (JOBS=$jobs)"
 export JOBS="$jobs"
-if ! nice -n 10 scripts/gpu_check.sh --build-only --build-dir "$work/build" --out "$sim/gpu_check.json"; then
+# (--full: every test binary with [cuda] cases and bench_kernels are built; --budget: the build's
+# cap, and a build from scratch on a few cores takes far more than the default 480 s.)
+if ! nice -n 10 scripts/gpu_check.sh --build-only --full --budget 7200 --build-dir "$work/build" --out "$sim/gpu_check.json"; then
   tail -n 40 "$work/build/gpu_check/configure.log" "$work/build/gpu_check/build.log" 2>/dev/null
   echo "FAILED: gpu_check.sh --build-only"; exit 1
 fi

@@ -24,10 +24,18 @@ if command -v shellcheck >/dev/null; then
 fi
 check "gpu_bench.py self-test" "$python" scripts/lib/gpu_bench.py self-test
 
-if PYTHON="$python" scripts/gpu_check.sh --dry-run --build-dir "$tmp/build-gpu" > "$tmp/dry" 2>&1 && grep -q "benchmark *| not run (dry run)" "$tmp/dry" && grep -q "^+ cmake -S . -B" "$tmp/dry"; then
+if PYTHON="$python" scripts/gpu_check.sh --dry-run --full --build-dir "$tmp/build-gpu" > "$tmp/dry" 2>&1 && grep -q "benchmark *| not run (dry run)" "$tmp/dry" && grep -q "^+ cmake -S . -B" "$tmp/dry"; then
   ok "gpu_check.sh --dry-run"
 else
   bad "gpu_check.sh --dry-run"; cat "$tmp/dry"
+fi
+# No mode named: the default budget (480 s) cannot hold the full mode's needs and a build, so --quick.
+if PYTHON="$python" scripts/gpu_check.sh --dry-run --build-dir "$tmp/build-gpu" > "$tmp/dry0" 2>&1 &&
+   grep -q "^GPU check (quick, budget 480 s)" "$tmp/dry0" && grep -q "^gpu_check: the quick mode (default for --budget 480" "$tmp/dry0" &&
+   grep -q "^gpu_check: status: dry run, nothing run" "$tmp/dry0"; then
+  ok "gpu_check.sh --dry-run: the default budget's mode is --quick"
+else
+  bad "gpu_check.sh --dry-run: the default mode"; cat "$tmp/dry0"
 fi
 # The kernel table: built (bench_kernels among the targets), run after the training runs, its
 # status line in the table; --skip-kernels leaves it out of both.
@@ -39,7 +47,7 @@ if grep -q "^+ cmake --build .* --target llmtrain bench_kernels" "$tmp/dry" &&
 else
   bad "gpu_check.sh --dry-run: the kernel table"; cat "$tmp/dry"
 fi
-if PYTHON="$python" scripts/gpu_check.sh --dry-run --skip-kernels --build-dir "$tmp/build-gpu" > "$tmp/dry2" 2>&1;
+if PYTHON="$python" scripts/gpu_check.sh --dry-run --full --skip-kernels --build-dir "$tmp/build-gpu" > "$tmp/dry2" 2>&1;
    grep -q "^ kernels | skipped (--skip-kernels)" "$tmp/dry2" && ! grep -q "bench_kernels" "$tmp/dry2"; then
   ok "gpu_check.sh --dry-run --skip-kernels"
 else

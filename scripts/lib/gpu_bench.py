@@ -7,6 +7,9 @@ Standard library only (a GPU node may have nothing else). Subcommands:
   report --bench FILE.json [--tests ...] [...]       the one table gpu_check.sh prints
   cuda-tests --build DIR [--tag T] --out FILE.json   runs every Catch2 test case tagged [cuda]
   self-test                                          checks the parsers and the table on made-up input
+cuda-tests and suite exit 0 when everything passed, 1 when anything failed, and 3 (OUT_OF_TIME) when
+nothing failed but something was skipped for time (a test binary stopped at the deadline or not
+run, a training row, PyTorch or a profile left out).
 
 MFU = tokens/s x (6 N + 12 L H Q T) / peak, with N parameters, L layers, H heads of size Q and
 context T (matmuls forward and backward, plus attention's scores and weighted sums), against the
@@ -30,6 +33,8 @@ import time
 import xml.etree.ElementTree as ET
 
 SHARD_MAGIC, SHARD_VERSION = 20240520, 1
+# Exit status of cuda-tests and suite when nothing failed but something was skipped for time.
+OUT_OF_TIME = 3
 
 # Dense (no sparsity) peaks of one device in TFLOP/s, from NVIDIA's datasheets: bf16 tensor
 # cores, TF32 tensor cores, fp32 CUDA cores. First matching name wins (most specific first).
@@ -96,9 +101,10 @@ def write_shard(path, n_tokens, vocab, seed=1):
     for i in range(n_tokens):  # a 64-bit LCG: the same tokens everywhere for the same seed
         state = (state * 6364136223846793005 + 1442695040888963407) & (2**64 - 1)
         struct.pack_into("<H", tokens, 2 * i, (state >> 33) % vocab)
-    with open(path, "wb") as f:
+    with open(path + ".part", "wb") as f:  # renamed when whole: a stopped writer leaves no shard
         f.write(struct.pack("<256i", *header))
         f.write(tokens)
+    os.replace(path + ".part", path)
     return path
 
 
@@ -324,6 +330,13 @@ def parse_catch_xml(text):
     return cases
 
 
+def completed_cases_xml(text):
+    """The test cases a Catch2 XML report had finished when its binary was stopped (the file ends
+    mid-case): the complete TestCase elements, as a report of their own; None when there is none."""
+    done = re.findall(r"<TestCase\b.*?</TestCase>", text, re.S)
+    return "<Catch>" + "".join(done) + "</Catch>" if done else None
+
+
 def run_in_group(cmd, timeout_s, cwd):
     """Exit code of `cmd`, or None when it ran past `timeout_s`: then it and every process it
     started (llmtrain runs of the CLI tests) are killed, as a process group."""
@@ -355,8 +368,12 @@ def run_tagged_tests(build_dir, tag="[cuda]", timeout_s=900, deadline=None, scal
                      allow_all_skipped=False):
     """Runs the test binaries of BUILD/tests with the Catch2 tag filter and counts their cases. Those
     named in `order` first, in that order (only those when `only_order`); with a `deadline` (epoch
-    seconds) one budget across them all: each binary gets what is left of it, and those it leaves
-    no time for are listed as not run. Budget seconds are real seconds times `scale`."""
+    seconds) one budget across them all: each binary gets what is left of it, those it leaves no
+    time for are not run, and one still running at the deadline is stopped there. Both are skipped
+    for time (summary "stopped" and "not_run", "out_of_time" true), not failed: the cases a stopped
+    binary had finished still count, a failed one among them included. A binary that runs past its
+    own `timeout_s` before the deadline hangs: that is a failure. Budget seconds are real seconds
+    times `scale`."""
     tests_dir = os.path.abspath(os.path.join(build_dir, "tests"))
     names = os.listdir(tests_dir) if os.path.isdir(tests_dir) else []
     binaries = sorted(os.path.join(tests_dir, f) for f in names
@@ -367,7 +384,7 @@ def run_tagged_tests(build_dir, tag="[cuda]", timeout_s=900, deadline=None, scal
         binaries = [b for b in binaries if not only_order or os.path.basename(b) in rank]
         binaries.sort(key=lambda b: rank.get(os.path.basename(b), len(rank)))
     summary = {"passed": 0, "failed": 0, "skipped": 0, "binaries": 0, "failures": [], "skips": [], "problems": [],
-               "skip_reasons": {}, "not_run": [], "seconds": {}}
+               "skip_reasons": {}, "not_run": [], "stopped": [], "seconds": {}}
     if not binaries:
         summary["problems"].append(f"no test binaries (test_*) in {tests_dir}: was the build made with BUILD_TESTING=ON?")
     for binary in binaries:
@@ -389,17 +406,23 @@ def run_tagged_tests(build_dir, tag="[cuda]", timeout_s=900, deadline=None, scal
             summary["problems"].append(f"{name}: cannot run: {e}")
             continue
         summary["seconds"][name] = round((time.time() - start) * scale, 1)
+        at_deadline = code is None and deadline is not None and timeout < timeout_s / scale
         try:
             with open(xml_path, errors="replace") as f:
                 text = f.read()
+        except OSError:
+            text = ""
+        if at_deadline:
+            summary["stopped"].append(f"{name} (stopped at its deadline after {timeout * scale:.0f} s)")
+            text = completed_cases_xml(text)  # what it had finished before it was stopped
+            if text is None:
+                continue
+        try:
             cases, reasons = parse_catch_xml(text), skip_reasons(text)
-        except (OSError, ET.ParseError) as e:
-            if code is None and deadline is not None and timeout < timeout_s / scale:
-                why = f"stopped at the deadline after {timeout * scale:.0f} s"
-            else:
-                why = f"timed out after {timeout * scale:.0f} s" if code is None else f"exit code {code}, unreadable report ({e})"
+        except ET.ParseError as e:
+            why = f"timed out after {timeout * scale:.0f} s" if code is None else f"exit code {code}, unreadable report ({e})"
             summary["failed"] += 1
-            summary["failures"].append(f"{name}: crashed or hung ({why})" if "deadline" not in why else f"{name}: {why}")
+            summary["failures"].append(f"{name}: crashed or hung ({why})")
             summary["binaries"] += 1
             continue
         if not cases:
@@ -415,22 +438,19 @@ def run_tagged_tests(build_dir, tag="[cuda]", timeout_s=900, deadline=None, scal
                 summary["skip_reasons"][why] = summary["skip_reasons"].get(why, 0) + 1
         if code not in (0, None) and not any(o == "failed" for _, o in cases):
             summary["problems"].append(f"{name} exited {code} with no failed case")
-    ran = len(binaries) - len(summary["not_run"])
+    ran = len(binaries) - len(summary["not_run"]) - len(summary["stopped"])
     if ran and summary["binaries"] == 0:
         summary["problems"].append(f"no test case tagged {tag} in {ran} test binaries")
-    if summary["skipped"] and not summary["passed"] and not summary["failed"] and not allow_all_skipped:
+    out_of_time = summary["stopped"] + [f"{n} (not run)" for n in summary["not_run"]]
+    summary["out_of_time"] = bool(out_of_time)
+    if summary["skipped"] and not summary["passed"] and not summary["failed"] and not allow_all_skipped and not out_of_time:
         first = next(iter(summary["skip_reasons"]), "")
         summary["problems"].append(f"every {tag} case skipped ({summary['skipped']}), nothing was checked: {first}")
-    if summary["not_run"]:
-        summary.setdefault("notes", [])
-        note = f"not run for time: {', '.join(summary['not_run'])}"
-        if summary["binaries"]:
-            summary["notes"].append(note)
-        else:
-            summary["problems"].append(f"no test binary ran: {note}")
+    if out_of_time:
+        summary.setdefault("notes", []).append(f"skipped for time: {', '.join(out_of_time)}")
     summary["line"] = (f"{summary['passed']} passed, {summary['failed']} failed, {summary['skipped']} skipped "
                        f"({summary['binaries']} test binaries with {tag} cases"
-                       + (f"; not run for time: {', '.join(summary['not_run'])}" if summary["not_run"] else "") + ")")
+                       + (f"; skipped for time: {', '.join(out_of_time)}" if out_of_time else "") + ")")
     return summary
 
 
@@ -449,7 +469,9 @@ def cmd_cuda_tests(a):
         print(f"  note    {line}")
     for line in summary["problems"]:
         print(f"  problem {line}")
-    return 0 if summary["failed"] == 0 and not summary["problems"] else 1
+    if summary["failed"] or summary["problems"]:
+        return 1
+    return OUT_OF_TIME if summary["out_of_time"] else 0
 
 
 def cmd_shard(a):
@@ -659,8 +681,11 @@ def cmd_suite(a):
     if not a.keep:
         shutil.rmtree(workdir, ignore_errors=True)
     save()
-    bad = [r for r in res["rows"] if "error" in r and not r.get("refused")] or res["failures"]
-    return 1 if bad else 0
+    # A row not run for time, or a part skipped for time (PyTorch, a profile), is no failure.
+    bad = [r for r in res["rows"] if "error" in r and not r.get("refused") and r["error"] != "not run: out of time"]
+    if bad or res["failures"]:
+        return 1
+    return OUT_OF_TIME if res["skipped"] else 0
 
 
 def fmt_bytes(n):
@@ -845,7 +870,8 @@ def cmd_report(a):
         table += "\n" + render_kernels(kernels, a.kernels_status)
     print(table)
     if a.json:
-        doc = {"header": a.header, "build": a.build, "tests": a.tests, "tests_detail": tests,
+        doc = {"status": a.status, "out_of_time": [x for x in (a.out_of_time or "").split(", ") if x],
+               "header": a.header, "build": a.build, "tests": a.tests, "tests_detail": tests,
                "problems": a.problem or [], "notes": a.note or [], "found": a.found or [],
                "ld_library_path": a.ld_library_path, "benchmark": suite if suite is not None else bench,
                "kernels_status": a.kernels_status, "kernels": kernels, "stages": a.stage or [], "table": table}
@@ -949,6 +975,27 @@ def cmd_self_test(_):
     for want in [" kernels | ok: 4 ops", "4300 GB/s", "2516 GB/s", "58.5%", "386.5 TFLOP/s", "48.9%", "skipped: no cuDNN",
                  "FAILED"]:
         assert want in kt, (want, kt)
+    # A test binary still running at the deadline: skipped for time, not failed; the cases it had
+    # finished count (the failed one too); the binary after it is not run.
+    partial = ('<?xml version="1.0" encoding="UTF-8"?><Catch name="t"><Group name="t">'
+               '<TestCase name="p" tags="[cuda]"><OverallResult success="true"/></TestCase>'
+               '<TestCase name="f" tags="[cuda]"><Expression success="false"/><OverallResult success="false"/></TestCase>'
+               '<TestCase name="unfinished" tags="[cuda]"><Expression success="true"/>')
+    assert parse_catch_xml(completed_cases_xml(partial)) == [("p", "passed"), ("f", "failed")]
+    assert completed_cases_xml('<?xml version="1.0"?><Catch name="t"><Group name="t"><TestCase name="u">') is None
+    with tempfile.TemporaryDirectory() as tmp:
+        os.makedirs(os.path.join(tmp, "tests"))
+        for name, body in (("test_a", partial), ("test_b", "")):
+            path = os.path.join(tmp, "tests", name)
+            with open(path, "w") as f:  # writes its report so far, then hangs
+                f.write(f"#!/bin/sh\nwhile [ $# -gt 0 ]; do [ \"$1\" = --out ] && out=\"$2\"; shift; done\n"
+                        f"printf '%s' '{body}' > \"$out\"\nexec sleep 60\n")
+            os.chmod(path, 0o755)
+        s = run_tagged_tests(tmp, deadline=time.time() + 1.5, scale=10.0, order=["test_a", "test_b"])
+        assert s["stopped"] and s["stopped"][0].startswith("test_a (stopped at its deadline after 15 s)"), s
+        assert s["not_run"] == ["test_b"] and s["out_of_time"] and (s["passed"], s["failed"]) == (1, 1), s
+        assert s["failures"] == ["test_a: f"] and "skipped for time: test_a (stopped" in s["line"], s
+        assert "test_b (not run)" in s["line"] and not s["problems"], s
     print("gpu_bench.py self-test: ok")
     return 0
 
@@ -1003,6 +1050,8 @@ def main(argv=None):
     r.add_argument("--tests")
     r.add_argument("--build")
     r.add_argument("--header", default="")
+    r.add_argument("--status", help='the run\'s status: "passed", "failed" or "incomplete (out of time)"')
+    r.add_argument("--out-of-time", help="the stages skipped or cut short for time, separated by \", \"")
     r.add_argument("--suite", help="gpu_bench.py suite's JSON")
     r.add_argument("--tests-json", help="gpu_bench.py cuda-tests' JSON")
     r.add_argument("--problem", action="append", help="a missing piece (repeatable)")
