@@ -10,6 +10,8 @@
 #  4. TERM to the batch shell and srun as well (`scancel --signal=TERM --full`): srun turns a TERM
 #     of its own into SIGKILL for the tasks, so the checkpoint of this stop may not be written;
 #     the script still requeues, and the run resumes from the newest checkpoint it has.
+#  5. A rank lost (SIGSTOP to task 1): rank 0 stops after dist.timeout_s with exit 76, naming it;
+#     the script requeues the job, and the run resumes from the newest checkpoint.
 # The daemons run as root (SlurmdUser=root, no cgroups); a requeued job waits AuthInfo's
 # cred_expire (120 s by default, 5 s here) before it starts again.
 # SKIPPED (exit 77) where the Slurm or munge daemons are not installed, or without root.
@@ -127,8 +129,9 @@ tiny_run "$work" "$llmtrain" 100000 || fail "tokenize"
 run="$work/run"
 cd "$work"
 # The documented command (above), CPU ranks.
+# dist.timeout_s 5: a hung rank (case 5) stops the other within seconds.
 job=$(sbatch --parsable --nodes=1 --ntasks-per-node=2 "$source_dir/scripts/launch/slurm.sbatch" \
-        "$work/c.json" "$run" --set train.log_every=1 --device cpu) || fail "sbatch refused the job"
+        "$work/c.json" "$run" --set train.log_every=1 --set dist.timeout_s=5 --device cpu) || fail "sbatch refused the job"
 out="$work/llmtrain-$job.out"
 ln -s "$out" "$work/job-$job.out"
 # Training steps only (checkpoint records carry a step too).
@@ -219,5 +222,25 @@ total=$(tail -n 1 <<<"$seen")
 [[ "$(tr '\n' ' ' <<<"$seen")" == "$(seq 1 "$total" | tr '\n' ' ')" ]] \
   || fail "metrics.jsonl steps 1..$total are not each there once: repeated $(sort -n <<<"$seen" | uniq -d | head -n 3 | tr '\n' ' ')"
 pass "TERM to the batch shell and srun (--full): $(grep -o 'status [0-9]* after a stop\|exit 75' "$out" | tail -n 1), requeued, resumed from $newest; steps 1..$total each logged once"
+
+# 5. A rank lost (stopped, as a node cut off leaves it): the other stops after dist.timeout_s with
+#    exit 76 naming it, the script requeues the job, and the run resumes from the newest checkpoint.
+task_pid() {  # the pid of the llmtrain task whose SLURM_PROCID is $1
+  local pid
+  for pid in $(pgrep -f "llmtrain train --config $work/c.json --run-dir $run"); do
+    tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "SLURM_PROCID=$1" && { echo "$pid"; return; }
+  done
+}
+hung=$(task_pid 1)
+[[ -n "$hung" ]] || fail "a lost rank: task 1 of run 4 not found"
+kill -STOP "$hung"
+stopped_and_requeued 4 "a lost rank"
+kill -KILL "$hung" 2>/dev/null
+logged "rank 0: .* did not finish within dist.timeout_s = 5 s: rank(s) 1 never arrived" \
+  || fail "a lost rank: rank 0 did not name rank 1: $(grep -m 3 'llmtrain: error' "$out")"
+grep -q "exit 76): requeueing job $job" "$out" || fail "a lost rank: the script did not requeue after exit 76"
+for _ in $(seq 1 300); do (( $(grep -c "resuming from" "$out") >= 4 )) && break; sleep 0.2; done  # run 5's line
+grep "resuming from" "$out" | tail -n 1 | grep -q "$newest (step $newest_step)" || fail "run 5 did not resume from $newest"
+pass "a lost rank: rank 0 stopped with exit 76 naming rank 1, job $job requeued, run 5 resumed from $newest"
 scancel "$job"
 echo "$passed passed, 0 failed"
