@@ -7,13 +7,14 @@
 //                                              whole model's flat buffer ("ranges", "weights")
 //   DIR/step_00000100/optim-00003.safetensors  the optimizer's state tensors of the same ranges,
 //                                              by the names it gives them ("adamw.m", "adamw.v")
-//   DIR/step_00000100/state.json               step, tokens, sampler, world size, config, and each
-//                                              file's CRC-32, whole and per chunk
+//   DIR/step_00000100/state.json               step, tokens, sampler, world size, config, data
+//                                              sources, and each file's CRC-32, whole and per
+//                                              chunk, and the runs its ranges lie in ("spans")
 //   DIR/step_00000100/COMPLETE                 written last
 //   DIR/latest                                 names the newest complete checkpoint
 //
-// No rank gathers the model: each writes the ranges it owns, and a resume reads only the ranges
-// it needs (on any mesh), checking the CRC-32 of each chunk it reads.
+// No rank gathers the model: each writes the ranges it owns, and a resume opens only the files
+// and reads only the ranges it needs (on any mesh), checking the CRC-32 of each chunk it reads.
 #pragma once
 
 #include <cstddef>
