@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <sstream>
+#include <stdexcept>
 #include <vector>
 
 #include "data/shard.h"
@@ -19,7 +20,11 @@ std::string source_key(const nlohmann::json& source, std::size_t index) {
 // Each source's weight as a share of their sum: weights 7, 3 and 0.7, 0.3 are the same mixture.
 std::vector<double> shares(const nlohmann::json& sources) {
   double total = 0;
-  for (const auto& s : sources) total += s.at("weight").get<double>();
+  for (const auto& s : sources) {
+    const double w = s.at("weight").get<double>();
+    if (!(w > 0) || !std::isfinite(w)) throw std::domain_error("a weight that is not a number > 0");
+    total += w;
+  }
   std::vector<double> out;
   for (const auto& s : sources) out.push_back(s.at("weight").get<double>() / total);
   return out;

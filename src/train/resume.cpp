@@ -1,6 +1,7 @@
 #include "train/resume.h"
 
 #include <cstdio>
+#include <exception>
 
 #include <nlohmann/json.hpp>
 
@@ -47,10 +48,11 @@ void check_same_data(const checkpoint::Found& found, const config::Config& now, 
     }
     return;
   }
+  const nlohmann::json record = data_record(now.data.train);
   std::string change;
   try {
-    change = data_record_change(*saved, data_record(now.data.train));
-  } catch (const nlohmann::json::exception&) {
+    change = data_record_change(*saved, record);
+  } catch (const std::exception&) {  // (a record of the wrong shape, or weights that are not > 0)
     throw InputError(found.dir + "/state.json: data: expected {\"sources\": [{\"weight\": W, \"shards\": [{\"path\": P, \"bytes\": N}]}]}, got " +
                      saved->dump().substr(0, 80));
   }
