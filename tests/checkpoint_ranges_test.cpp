@@ -1,5 +1,6 @@
 // Checkpoint state by ranges: files written by several ranks, read back by other ranges (a resume
-// on another mesh), the chunk checksums of what is read, and the time a million ranges take.
+// on another mesh), the chunk checksums of what is read, the files a reader opens, and the time a
+// million ranges take.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -50,7 +51,12 @@ Found write_ranks(const std::string& dir, const model::Model& model, const std::
     const WrittenPart written = write_part(request, dir, int(r), int(parts.size()));
     REQUIRE(written.error.empty());
     for (const auto& f : written.files) {
-      files[f.name] = {{"crc32", f.crc32}, {"bytes", f.bytes}, {"chunk_bytes", f.chunk_bytes}, {"chunk_crc32", f.chunk_crc32}};
+      files[f.name] = {{"crc32", f.crc32},
+                       {"bytes", f.bytes},
+                       {"chunk_bytes", f.chunk_bytes},
+                       {"chunk_crc32", f.chunk_crc32},
+                       {"spans", nlohmann::json::array()}};
+      for (const FlatRange& span : f.spans) files[f.name]["spans"].push_back({span.begin, span.end});
     }
   }
   Found found;
@@ -87,6 +93,85 @@ TEST_CASE("ranges written by some ranks read back by others, whichever files hol
     FAIL("no error");
   } catch (const DamagedCheckpoint& e) {
     CHECK(std::string(e.what()).find("cover 5 of the 10 elements") != std::string::npos);
+  }
+}
+
+// Four ranks' ZeRO 3-like shards, each a part of both halves of the flat buffer (so that each
+// file's ranges reach across the others'): a reader of one rank's ranges opens that rank's file
+// alone (the spans in state.json say which), one across a boundary the two files; a checkpoint
+// whose state.json lists no spans (an earlier version's) is read by opening every file, to the
+// same values.
+TEST_CASE("a reader opens only the files whose spans hold its ranges, and without spans every file", "[checkpoint]") {
+  test::TempDir dir;
+  const auto model = model::make_model(tiny_model(), Device::cpu);
+  const std::int64_t P = model->num_params(), q = P / 8, h = 4 * q;
+  REQUIRE(q > 2);
+  std::vector<std::vector<FlatRange>> parts;
+  for (std::int64_t r = 0; r < 4; ++r) parts.push_back({{h + r * q, h + (r + 1) * q}, {r * q, (r + 1) * q}});
+  parts[3][0].end = P;
+  Found found = write_ranks(dir.path(), *model, parts);
+  REQUIRE(found.state["files"]["model-00002.safetensors"]["spans"] == nlohmann::json({{2 * q, 3 * q}, {h + 2 * q, h + 3 * q}}));
+  const auto check = [](const float* got, std::int64_t n, std::int64_t first, float scale) {
+    for (std::int64_t i = 0; i < n; ++i) REQUIRE(got[i] == scale * float(first + i));
+  };
+  const std::size_t nq = static_cast<std::size_t>(2 * q);
+  std::vector<float> w(nq), m(nq), v(nq);
+  {
+    const StateReader weights(found, StateKind::weights);
+    CHECK(weights.files_opened() == 0);
+    weights.read({{2 * q, 3 * q}, {h + 2 * q, h + 3 * q}}, {w.data()});  // rank 2's
+    check(w.data(), q, 2 * q, 1.0f);
+    check(w.data() + q, q, h + 2 * q, 1.0f);
+    CHECK(weights.files_opened() == 1);
+    weights.read({{2 * q + 1, 3 * q}}, {w.data()});  // the same file: opened once
+    CHECK(weights.files_opened() == 1);
+    weights.read({{h + q + 1, h + 2 * q + 1}}, {w.data()});  // across the boundary of ranks 1 and 2
+    check(w.data(), q, h + q + 1, 1.0f);
+    CHECK(weights.files_opened() == 2);
+    const StateReader optimizer(found, StateKind::optimizer, {"adamw.m", "adamw.v"});
+    optimizer.read({{3 * q, 3 * q + 2}, {0, 1}}, {m.data(), v.data()});  // ranks 3 and 0
+    CHECK(m[0] == 2.0f * float(3 * q));
+    CHECK(v[2] == 0.0f);
+    CHECK(optimizer.files_opened() == 2);
+  }
+  for (auto& [name, listed] : found.state["files"].items()) listed.erase("spans");
+  const StateReader old(found, StateKind::weights);
+  CHECK(old.files_opened() == 4);
+  std::fill(w.begin(), w.end(), -1.0f);
+  old.read({{2 * q, 3 * q}}, {w.data()});
+  check(w.data(), q, 2 * q, 1.0f);
+  // Spans that are not [begin, end] pairs: named.
+  found.state["files"]["model-00001.safetensors"]["spans"] = {{5, 2}};
+  try {
+    const StateReader bad(found, StateKind::weights);
+    FAIL("no error");
+  } catch (const DamagedCheckpoint& e) {
+    CHECK(std::string(e.what()).find("files.model-00001.safetensors.spans: expected a list of [begin, end] with 0 <= "
+                                     "begin <= end, got [[5,2]]") != std::string::npos);
+  }
+}
+
+// A file's index: touching ranges joined, then the smallest gaps closed down to the limit.
+TEST_CASE("index_spans covers the ranges with at most the limit's runs, closing the smallest gaps", "[checkpoint]") {
+  using Pairs = std::vector<std::pair<std::int64_t, std::int64_t>>;
+  const auto pairs = [](const std::vector<FlatRange>& runs) {
+    Pairs out;
+    for (const FlatRange& r : runs) out.emplace_back(r.begin, r.end);
+    return out;
+  };
+  const std::vector<FlatRange> ranges = {{50, 60}, {0, 10}, {10, 20}, {23, 30}, {5, 5}, {100, 110}, {40, 45}};
+  CHECK(pairs(index_spans(ranges)) == Pairs{{0, 20}, {23, 30}, {40, 45}, {50, 60}, {100, 110}});
+  // gaps 3, 10, 5, 40: closing the two smallest (3, 5)
+  CHECK(pairs(index_spans(ranges, 3)) == Pairs{{0, 30}, {40, 60}, {100, 110}});
+  CHECK(pairs(index_spans(ranges, 1)) == Pairs{{0, 110}});
+  CHECK(index_spans({{3, 3}}).empty());
+  // A layout of more ranges than the limit: still covered.
+  std::vector<FlatRange> rows;
+  for (std::int64_t i = 0; i < 1000; ++i) rows.push_back({10 * i, 10 * i + 3});
+  const std::vector<FlatRange> covered = index_spans(rows);
+  CHECK(covered.size() == max_index_spans);
+  for (const FlatRange& r : rows) {
+    CHECK(std::any_of(covered.begin(), covered.end(), [&](const FlatRange& c) { return c.begin <= r.begin && r.end <= c.end; }));
   }
 }
 

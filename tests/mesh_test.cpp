@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -19,6 +20,9 @@
 #include "core/error.h"
 #include "dist/communicator.h"
 #include "dist/mesh.h"
+#ifdef LLMTRAIN_MPI_CALL_LOG
+#include "mpi_call_log.h"
+#endif
 
 using namespace llmtrain;
 
@@ -586,3 +590,74 @@ TEST_CASE("pieces: collectives and transfers split by LLMTRAIN_COMM_MAX_ELEMENTS
     CHECK(dist::piece_limit(5) == 5);
   }
 }
+
+#ifdef LLMTRAIN_MPI_CALL_LOG
+// Under mpirun -np 2 and -np 4. Open MPI's non-blocking collectives compute a reduce-scatter's or
+// all-gather's ranks x count, and byte offsets, in int: a limit forced between one rank's count
+// and the total (elements), or below the bytes (all-reduce too), must split the call, every call
+// MPI sees within it (as MPI's profiling interface records them), with the whole call's bytes.
+TEST_CASE("pieces: a collective whose total over the ranks or whose bytes pass MPI's int is split within them",
+          "[dist][mesh][mpi][pieces_total]") {
+  using test::MpiCalls;
+  auto comm = job().split(0, job().rank());
+  const int W = comm->world_size();
+  if (W == 1) {
+    SUCCEED("one rank: no MPI call to split");
+    return;
+  }
+  for (const std::int64_t n : {5, 13, 64}) {
+    CAPTURE(n);
+    test::mpi_calls() = MpiCalls{};
+    const dist::Traffic before = comm->traffic();
+    const auto whole = every_call(*comm, n);
+    const dist::Traffic whole_traffic = comm->traffic().since(before);
+    const MpiCalls whole_calls = test::mpi_calls();
+    // Whole calls: one MPI call each (2 all-reduces of f32, f64, i64 max, f32 max: 5; 3 gathers).
+    REQUIRE(whole_calls.calls[MpiCalls::reduce_scatter] == 1);
+    REQUIRE(whole_calls.calls[MpiCalls::all_gather] == 3);
+    REQUIRE(whole_calls.calls[MpiCalls::all_reduce] == 5);
+    REQUIRE(whole_calls.calls[MpiCalls::broadcast] == 1);
+    REQUIRE(whole_calls.largest_total[MpiCalls::all_gather] == W * n);
+
+    // elements: one rank's n is within the limit, the total W n is not
+    const std::int64_t elements = W * n - 1;
+    // bytes: n f32 (4 n bytes) and more are not; one rank's count is far within the element limit
+    const std::int64_t bytes = 4 * n - 1;
+    for (const char* variable : {"LLMTRAIN_COMM_MAX_ELEMENTS", "LLMTRAIN_COMM_MAX_BYTES"}) {
+      CAPTURE(variable);
+      const bool by_elements = std::string(variable) == "LLMTRAIN_COMM_MAX_ELEMENTS";
+      const std::int64_t limit = by_elements ? elements : bytes;
+      test::mpi_calls() = MpiCalls{};
+      const dist::Traffic start = comm->traffic();
+      setenv(variable, std::to_string(limit).c_str(), 1);
+      const auto split = every_call(*comm, n);
+      unsetenv(variable);
+      const MpiCalls calls = test::mpi_calls();
+      REQUIRE(split.size() == whole.size());
+      for (std::size_t k = 0; k < whole.size(); ++k) {
+        CAPTURE(k);
+        CHECK(split[k] == whole[k]);
+      }
+      // Split: more MPI calls than whole, each within the limit.
+      CHECK(calls.calls[MpiCalls::reduce_scatter] > 1);
+      CHECK(calls.calls[MpiCalls::all_gather] > 3);
+      if (!by_elements) CHECK(calls.calls[MpiCalls::all_reduce] > 5);
+      for (const int kind : {MpiCalls::all_reduce, MpiCalls::reduce_scatter, MpiCalls::all_gather, MpiCalls::broadcast}) {
+        CAPTURE(kind);
+        CHECK(calls.largest_count[kind] >= 1);
+        if (by_elements) {
+          CHECK(calls.largest_total[kind] <= limit);
+        } else {
+          CHECK(calls.largest_bytes[kind] <= limit);
+        }
+      }
+      // One logical call each, the same bytes counted.
+      const dist::Traffic t = comm->traffic().since(start);
+      for (int kind = 0; kind < dist::Traffic::kinds; ++kind) {
+        CHECK(t.calls[kind] == whole_traffic.calls[kind]);
+        CHECK(std::abs(t.bytes[kind] - whole_traffic.bytes[kind]) <= 1e-9 * (1.0 + whole_traffic.bytes[kind]));
+      }
+    }
+  }
+}
+#endif

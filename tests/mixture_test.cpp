@@ -1,8 +1,10 @@
 // Weighted mixtures and named validation sets in whole runs: tokens per source and each set's
 // validation loss in the log, metrics.jsonl and TensorBoard; a one-source list trains exactly as
-// the plain list; a mixture resumes exactly; eval reports the same named losses.
+// the plain list; a mixture resumes exactly, and refuses other weights or shards unless told;
+// eval reports the same named losses.
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -155,4 +157,75 @@ TEST_CASE("a one-source weighted list trains exactly as the plain list, and a mi
   // 2:1 over 32 samples: within one sample of 21.33 from the first source
   CHECK(last["tokens_seen/0"].get<std::int64_t>() + last["tokens_seen/1"].get<std::int64_t>() == 32 * 16);
   CHECK(std::abs(last["tokens_seen/0"].get<double>() / 16 - 32.0 * 2 / 3) < 1.0);
+}
+
+// The checkpoint records data.train's sources (weights and shard files): a resume on another
+// mixture stops with one line naming what changed, unless data.resume_changed_mixture says to go on.
+TEST_CASE("a mixture resumed with other weights or shards is refused, or continues when told to", "[mixture]") {
+  TempDir dir;
+  make_sources(dir);
+  const std::string a = dir.path() + "/a", b = dir.path() + "/b";
+  const auto mix = [&](const std::string& name, const char* wa, const char* wb) {
+    return dir.write(name, config_text(R"({
+      "train": [{"path": ")" + a + R"(/train_*.bin", "weight": )" + wa + R"(}, {"path": ")" + b +
+                                       R"(/train_*.bin", "weight": )" + wb + R"(, "name": "numbers"}]})"));
+  };
+  const std::string run = dir.path() + "/run";
+  const auto last_step = [&] {
+    std::int64_t step = 0;
+    for (const auto& m : metrics(run)) {
+      if (m.contains("loss")) step = m["step"].get<std::int64_t>();
+    }
+    return step;
+  };
+  const auto errors = [](const std::string& err) {
+    std::size_t n = 0;
+    for (std::size_t at = err.find("error:"); at != std::string::npos; at = err.find("error:", at + 1)) ++n;
+    return n;
+  };
+  REQUIRE(run_llmtrain({"train", "--config", mix("2_1.json", "2", "1"), "--run-dir", run, "--set", "train.max_steps=3"})
+              .exit_code == 0);
+  const std::string checkpoint = run + "/checkpoints/step_00000003";
+  const nlohmann::json state = nlohmann::json::parse(std::ifstream(checkpoint + "/state.json"));
+  REQUIRE(state.at("data").at("sources").size() == 2);
+  CHECK(state["data"]["sources"][1]["weight"] == 1.0);
+  CHECK(state["data"]["sources"][1]["shards"].size() == 1);
+
+  // Other weights: refused, one line naming the source, both weights and the way on.
+  const auto other = run_llmtrain({"train", "--config", mix("1_1.json", "1", "1"), "--run-dir", run});
+  CHECK(other.exit_code == 2);
+  CHECK(other.err.find("llmtrain: error: data.train[0]: weight 1 (a share of 0.5), the checkpoint's 2 (a share of "
+                       "0.666667): the checkpoint " + checkpoint +
+                       " was trained on another mixture; set data.resume_changed_mixture=true to continue with this "
+                       "one from step 3") != std::string::npos);
+  CHECK(errors(other.err) == 1);
+
+  // A shard more under a glob: refused, naming it.
+  const std::string extra = b + "/train_zz.bin";
+  std::filesystem::copy_file(state["data"]["sources"][1]["shards"][0]["path"].get<std::string>(), extra);
+  const auto more = run_llmtrain({"train", "--config", mix("2_1b.json", "2", "1"), "--run-dir", run});
+  std::filesystem::remove(extra);
+  CHECK(more.exit_code == 2);
+  CHECK(more.err.find("llmtrain: error: data.train[1] (numbers) = [\"" + b + "/train_*.bin\"]: shard 1 is " + extra) !=
+        std::string::npos);
+  CHECK(more.err.find(", new (the checkpoint's 1 shards)") != std::string::npos);
+  CHECK(errors(more.err) == 1);
+  CHECK(last_step() == 3);  // neither trained
+
+  // The same mixture (4:2 are the shares of 2:1): resumes as before, without a note.
+  const auto same = run_llmtrain({"train", "--config", mix("4_2.json", "4", "2"), "--run-dir", run, "--set",
+                                  "train.max_steps=5"});
+  CHECK(same.exit_code == 0);
+  CHECK(same.err.find("resum") != std::string::npos);
+  CHECK(same.err.find("note:") == std::string::npos);
+  CHECK(last_step() == 5);
+
+  // Told to: continues with the new mixture from step 5, with a note.
+  const auto told = run_llmtrain({"train", "--config", mix("1_1c.json", "1", "1"), "--run-dir", run, "--set",
+                                  "data.resume_changed_mixture=true"});
+  CHECK(told.exit_code == 0);
+  CHECK(told.err.find("continuing with the new mixture from step 5 (data.resume_changed_mixture)") != std::string::npos);
+  CHECK(last_step() == 8);
+  const nlohmann::json after = nlohmann::json::parse(std::ifstream(run + "/checkpoints/step_00000008/state.json"));
+  CHECK(after["data"]["sources"][0]["weight"] == 1.0);  // the new mixture, recorded
 }

@@ -7,13 +7,14 @@
 //                                              whole model's flat buffer ("ranges", "weights")
 //   DIR/step_00000100/optim-00003.safetensors  the optimizer's state tensors of the same ranges,
 //                                              by the names it gives them ("adamw.m", "adamw.v")
-//   DIR/step_00000100/state.json               step, tokens, sampler, world size, config, and each
-//                                              file's CRC-32, whole and per chunk
+//   DIR/step_00000100/state.json               step, tokens, sampler, world size, config, data
+//                                              sources, and each file's CRC-32, whole and per
+//                                              chunk, and the runs its ranges lie in ("spans")
 //   DIR/step_00000100/COMPLETE                 written last
 //   DIR/latest                                 names the newest complete checkpoint
 //
-// No rank gathers the model: each writes the ranges it owns, and a resume reads only the ranges
-// it needs (on any mesh), checking the CRC-32 of each chunk it reads.
+// No rank gathers the model: each writes the ranges it owns, and a resume opens only the files
+// and reads only the ranges it needs (on any mesh), checking the CRC-32 of each chunk it reads.
 #pragma once
 
 #include <cstddef>
@@ -67,6 +68,14 @@ struct SaveRequest {
   bool writes = true;          // false: another rank writes the same state (a data-parallel replica)
 };
 
+/// The most runs state.json lists for one file: enough for a ZeRO 3 shard of a model of a hundred
+/// layers or more (a run per layer); a file of more ranges is listed by fewer, wider runs.
+inline constexpr std::size_t max_index_spans = 128;
+
+/// `ranges` (any order) as at most `limit` sorted disjoint runs that cover them: touching ones
+/// joined, then the smallest gaps closed until `limit` remain (empty ranges left out).
+std::vector<FlatRange> index_spans(std::vector<FlatRange> ranges, std::size_t limit = max_index_spans);
+
 /// What one rank wrote of a checkpoint: each file's name, CRC-32 and size, or why it could not.
 struct WrittenPart {
   struct File {
@@ -75,6 +84,9 @@ struct WrittenPart {
     std::int64_t bytes = 0;
     std::int64_t chunk_bytes = 0;         // the CRC-32 of each chunk of this many bytes:
     std::vector<std::uint32_t> chunk_crc32;  // in order (the last chunk may be short)
+    // At most max_index_spans runs of the whole model's flat buffer that cover the file's
+    // ranges (index_spans): state.json's index of which file a reader opens for which ranges.
+    std::vector<FlatRange> spans;
   };
   std::vector<File> files;
   std::string error;     // empty: every file is written, fsynced and renamed into place
@@ -176,6 +188,9 @@ class StateReader {
   StateReader(const StateReader&) = delete;
   StateReader& operator=(const StateReader&) = delete;
   void read(const std::vector<FlatRange>& ranges, const std::vector<float*>& out) const;
+  /// The files opened so far: those holding ranges read (state.json's spans say which), and every
+  /// file of a checkpoint whose state.json lists no spans (an earlier version's).
+  std::size_t files_opened() const;
 
  private:
   std::unique_ptr<StateIndex> index_;

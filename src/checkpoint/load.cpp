@@ -211,37 +211,63 @@ SafetensorsReader open_reader(const std::string& path) {
 }  // namespace
 
 // What the files of a checkpoint hold of one kind of state, sorted by place in the flat buffer.
+// A file state.json lists with its spans (runs of the flat buffer that cover its ranges, save's
+// index_spans) is opened, and its header and ranges read, only once a read asks for ranges in
+// one of them: a rank reads the few files that hold its ranges, not every rank's. A file listed
+// without them (an earlier version's) is read at once.
 class StateIndex {
  public:
   StateIndex(const Found& found, StateKind kind, const std::vector<std::string>& names)
-      : kind_(kind), names_(kind == StateKind::weights ? std::vector<std::string>{"weights"} : names) {
+      : found_(found), kind_(kind), names_(kind == StateKind::weights ? std::vector<std::string>{"weights"} : names) {
     const nlohmann::json& files = found.state.at("files");
+    std::size_t listed_files = 0;
     for (const auto& [name, listed] : files.items()) {
       const bool weights = name == "model.safetensors" || name.starts_with("model-");
       if ((kind == StateKind::weights) != weights || (!weights && !name.starts_with("optim-"))) continue;
-      const std::string path = found.dir + "/" + name;
-      files_.emplace_back(path, listed);
-      files_.back().check_header();
-      const SafetensorsReader reader = open_reader(path);
-      if (name == "model.safetensors") {
-        add_named(found, reader);
+      ++listed_files;
+      if (listed.contains("spans")) {
+        unopened_.push_back({name, listed_spans(found.dir, name, listed.at("spans"))});
       } else {
-        add_ranges(reader, files_.back());
+        open(name);
       }
     }
-    std::sort(held_.begin(), held_.end(), [](const Held& a, const Held& b) { return a.logical.begin < b.logical.begin; });
-    for (std::size_t i = 1; i < held_.size(); ++i) {
-      if (held_[i].logical.begin < held_[i - 1].logical.end) {
-        throw DamagedCheckpoint(found.dir + ": " + files_[held_[i - 1].file].path() + " and " + files_[held_[i].file].path() +
-                                " both hold elements from " + std::to_string(held_[i].logical.begin) + " of the flat buffer");
-      }
-    }
-    if (files_.empty()) {
+    if (listed_files == 0) {
       throw DamagedCheckpoint(found.dir + ": no " + std::string(kind == StateKind::weights ? "weights" : "optimizer") +
                               " files listed in state.json");
     }
     dir_ = found.dir;
   }
+
+  // Opens the files not yet open whose spans meet one of `ranges`.
+  void open_for(const std::vector<FlatRange>& ranges) {
+    if (unopened_.empty()) return;
+    std::vector<FlatRange> wanted;
+    for (const FlatRange& r : ranges) {
+      if (r.size() > 0) wanted.push_back(r);
+    }
+    std::sort(wanted.begin(), wanted.end(), [](const FlatRange& a, const FlatRange& b) { return a.begin < b.begin; });
+    std::vector<std::int64_t> end_so_far(wanted.size());  // the largest end of wanted[0..i]
+    for (std::size_t i = 0; i < wanted.size(); ++i) end_so_far[i] = std::max(wanted[i].end, i ? end_so_far[i - 1] : 0);
+    std::vector<Unopened> still;
+    // Whether a wanted range meets `span`: of those that begin before it ends, one ends after it
+    // begins.
+    const auto wanted_in = [&](const FlatRange& span) {
+      const auto before =
+          std::partition_point(wanted.begin(), wanted.end(), [&](const FlatRange& r) { return r.begin < span.end; });
+      const std::size_t n = std::size_t(before - wanted.begin());
+      return span.size() > 0 && n > 0 && end_so_far[n - 1] > span.begin;
+    };
+    for (Unopened& file : unopened_) {
+      if (std::any_of(file.spans.begin(), file.spans.end(), wanted_in)) {
+        open(file.name);
+      } else {
+        still.push_back(std::move(file));
+      }
+    }
+    unopened_ = std::move(still);
+  }
+
+  std::size_t files_opened() const { return files_.size(); }
 
   int tensors() const { return int(names_.size()); }
 
@@ -275,6 +301,51 @@ class StateIndex {
   const std::string& dir() const { return dir_; }
 
  private:
+  struct Unopened {
+    std::string name;
+    std::vector<FlatRange> spans;
+  };
+
+  // A file's spans as state.json lists them: [[begin, end], ...], each 0 <= begin <= end.
+  static std::vector<FlatRange> listed_spans(const std::string& dir, const std::string& name, const nlohmann::json& list) {
+    const auto bad = [&] {
+      return DamagedCheckpoint(dir + "/state.json: files." + name +
+                               ".spans: expected a list of [begin, end] with 0 <= begin <= end, got " + json_excerpt(list));
+    };
+    if (!list.is_array()) throw bad();
+    std::vector<FlatRange> spans;
+    for (const nlohmann::json& span : list) {
+      if (!span.is_array() || span.size() != 2 || !span[0].is_number_integer() || !span[1].is_number_integer()) {
+        throw bad();
+      }
+      const FlatRange r{span[0].get<std::int64_t>(), span[1].get<std::int64_t>()};
+      if (r.begin < 0 || r.end < r.begin) throw bad();
+      spans.push_back(r);
+    }
+    return spans;
+  }
+
+  // Reads file `name`'s header and ranges into the index; checks that no two files hold the same
+  // elements.
+  void open(const std::string& name) {
+    const std::string path = found_.dir + "/" + name;
+    files_.emplace_back(path, found_.state.at("files").at(name));
+    files_.back().check_header();
+    const SafetensorsReader reader = open_reader(path);
+    if (name == "model.safetensors") {
+      add_named(found_, reader);
+    } else {
+      add_ranges(reader, files_.back());
+    }
+    std::sort(held_.begin(), held_.end(), [](const Held& a, const Held& b) { return a.logical.begin < b.logical.begin; });
+    for (std::size_t i = 1; i < held_.size(); ++i) {
+      if (held_[i].logical.begin < held_[i - 1].logical.end) {
+        throw DamagedCheckpoint(found_.dir + ": " + files_[held_[i - 1].file].path() + " and " + files_[held_[i].file].path() +
+                                " both hold elements from " + std::to_string(held_[i].logical.begin) + " of the flat buffer");
+      }
+    }
+  }
+
   // A file of named tensors (model.safetensors): each parameter of the whole model in one piece.
   void add_named(const Found& found, const SafetensorsReader& reader) {
     const auto logical = model::make_model(found.config.model, Device::cpu, model::Recompute::none, DType::f32,
@@ -317,8 +388,10 @@ class StateIndex {
     }
   }
 
+  Found found_;  // (a copy: a reader may outlive the Found it was made from)
   StateKind kind_;
   std::vector<std::string> names_;  // the tensors read from each file of ranges
+  std::vector<Unopened> unopened_;  // listed with spans that no read has asked for yet
   std::vector<CheckedFile> files_;
   std::vector<Held> held_;
   std::string dir_;
@@ -329,13 +402,16 @@ StateReader::StateReader(const Found& found, StateKind kind, const std::vector<s
 
 StateReader::~StateReader() = default;
 
+std::size_t StateReader::files_opened() const { return index_->files_opened(); }
+
 void load_state(const Found& found, StateKind kind, const std::vector<FlatRange>& ranges,
                 const std::vector<float*>& out, const std::vector<std::string>& names) {
   StateReader(found, kind, names).read(ranges, out);
 }
 
 void StateReader::read(const std::vector<FlatRange>& ranges, const std::vector<float*>& out) const {
-  const StateIndex& index = *index_;
+  StateIndex& index = *index_;
+  index.open_for(ranges);
   const StateKind kind = kind_;
   if (int(out.size()) != index.tensors()) throw RuntimeError("load_state: wrong number of output arrays");
   std::int64_t wanted = 0;

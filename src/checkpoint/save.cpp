@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <map>
 #include <thread>
 #include <cstdio>
@@ -109,6 +110,37 @@ std::string prepare_dir(const std::string& root, std::int64_t step, dist::Commun
   return replaces ? replacement : dir;
 }
 
+std::vector<FlatRange> index_spans(std::vector<FlatRange> ranges, std::size_t limit) {
+  std::erase_if(ranges, [](const FlatRange& r) { return r.size() <= 0; });
+  std::sort(ranges.begin(), ranges.end(), [](const FlatRange& a, const FlatRange& b) { return a.begin < b.begin; });
+  std::vector<FlatRange> runs;
+  for (const FlatRange& r : ranges) {
+    if (!runs.empty() && r.begin <= runs.back().end) {
+      runs.back().end = std::max(runs.back().end, r.end);
+    } else {
+      runs.push_back(r);
+    }
+  }
+  if (runs.size() <= limit || limit == 0) return runs;
+  // Close the runs.size() - limit smallest gaps (the first of equal ones), keeping the others.
+  std::vector<std::size_t> gaps(runs.size() - 1);  // gap i: between runs i and i + 1
+  for (std::size_t i = 0; i < gaps.size(); ++i) gaps[i] = i;
+  std::stable_sort(gaps.begin(), gaps.end(), [&](std::size_t a, std::size_t b) {
+    return runs[a + 1].begin - runs[a].end < runs[b + 1].begin - runs[b].end;
+  });
+  std::vector<bool> closed(gaps.size(), false);
+  for (std::size_t k = 0; k < runs.size() - limit; ++k) closed[gaps[k]] = true;
+  std::vector<FlatRange> out{runs[0]};
+  for (std::size_t i = 1; i < runs.size(); ++i) {
+    if (closed[i - 1]) {
+      out.back().end = runs[i].end;
+    } else {
+      out.push_back(runs[i]);
+    }
+  }
+  return out;
+}
+
 WrittenPart write_part(const SaveRequest& r, const std::string& dir, int rank, int world_size) {
   const model::Model& m = *r.model;
   const auto start = std::chrono::steady_clock::now();
@@ -124,6 +156,7 @@ WrittenPart write_part(const SaveRequest& r, const std::string& dir, int rank, i
   const auto& ranges = r.part.ranges;
   const bool whole_state = ranges.size() == 1 && ranges[0].begin == 0 && ranges[0].end == P;
   const std::vector<std::int64_t> table = range_table(ranges);
+  const std::vector<FlatRange> spans = index_spans(ranges);
   // Each array as the pieces that hold the ranges, in order.
   const auto pieces_of = [&](const float* base) {
     std::vector<std::pair<const void*, std::size_t>> pieces;
@@ -166,7 +199,7 @@ WrittenPart write_part(const SaveRequest& r, const std::string& dir, int rank, i
       const std::string path = dir + "/" + job.name;
       const FileChecksums sums = write_safetensors_checked(path, job.tensors, job.metadata, r.write_chunk);
       job.written = {job.name, sums.crc32, std::int64_t(fs::file_size(path)), std::int64_t(sums.chunk_bytes),
-                     sums.chunks};
+                     sums.chunks, spans};
     } catch (const std::exception& e) {
       job.error = e.what();
     }
@@ -209,6 +242,11 @@ Committed commit(const SaveRequest& r, const WrittenPart& mine, dist::Communicat
   for (const auto& f : mine.files) chunks = std::max<std::int64_t>(chunks, std::int64_t(f.chunk_crc32.size()));
   comm.all_reduce_max(&chunks, 1);
   std::vector<std::int64_t> chunk_crc(slots * std::size_t(chunks), -1);
+  // Each file's spans, begin and end each, in its slot's 2 max_index_spans entries (none: the
+  // least int64, which every rank leaves in the slots of others).
+  constexpr std::int64_t none = std::numeric_limits<std::int64_t>::min();
+  const std::size_t per_slot = 2 * max_index_spans;
+  std::vector<std::int64_t> spans(slots * per_slot, none);
   bool whole_model_file = false;
   for (const auto& f : mine.files) {
     const bool weights = f.name.starts_with("model");
@@ -218,12 +256,17 @@ Committed commit(const SaveRequest& r, const WrittenPart& mine, dist::Communicat
     bytes[slot] = f.bytes;
     chunk_bytes[slot] = f.chunk_bytes;
     for (std::size_t c = 0; c < f.chunk_crc32.size(); ++c) chunk_crc[slot * std::size_t(chunks) + c] = f.chunk_crc32[c];
+    for (std::size_t k = 0; k < f.spans.size() && k < max_index_spans; ++k) {
+      spans[slot * per_slot + 2 * k] = f.spans[k].begin;
+      spans[slot * per_slot + 2 * k + 1] = f.spans[k].end;
+    }
   }
   bytes[slots] = std::int64_t(mine.seconds * 1e6);
   comm.all_reduce_max(crc.data(), std::int64_t(crc.size()));
   comm.all_reduce_max(bytes.data(), std::int64_t(bytes.size()));
   comm.all_reduce_max(chunk_bytes.data(), std::int64_t(chunk_bytes.size()));
   if (!chunk_crc.empty()) comm.all_reduce_max(chunk_crc.data(), std::int64_t(chunk_crc.size()));
+  comm.all_reduce_max(spans.data(), std::int64_t(spans.size()));
 
   Committed done{dir, 0, double(bytes[slots]) / 1e6};
   for (std::size_t k = 0; k < slots; ++k) done.bytes += std::max<std::int64_t>(bytes[k], 0);
@@ -242,8 +285,12 @@ Committed commit(const SaveRequest& r, const WrittenPart& mine, dist::Communicat
         for (std::size_t c = 0; c < std::size_t(chunks); ++c) {
           if (chunk_crc[slot * std::size_t(chunks) + c] >= 0) list.push_back(chunk_crc[slot * std::size_t(chunks) + c]);
         }
+        nlohmann::json index = nlohmann::json::array();
+        for (std::size_t k = slot * per_slot; k < (slot + 1) * per_slot && spans[k] != none; k += 2) {
+          index.push_back({spans[k], spans[k + 1]});
+        }
         files[file] = {{"crc32", crc[slot]}, {"bytes", bytes[slot]}, {"chunk_bytes", chunk_bytes[slot]},
-                       {"chunk_crc32", std::move(list)}};
+                       {"chunk_crc32", std::move(list)}, {"spans", std::move(index)}};
       }
       nlohmann::json state = r.state;
       state["step"] = r.step;

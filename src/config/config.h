@@ -149,6 +149,9 @@ struct DataConfig {
   ValData val;      // validation shards: one set or named sets
   bool shuffle = true;
   std::int64_t seed = 1234;
+  // A resume whose data.train weights or shard files differ from the checkpoint's continues with
+  // the new mixture from the checkpoint's step (false: refused, train/data_record.h).
+  bool resume_changed_mixture = false;
 
   template <class Visitor>
   void fields(Visitor&& v) {
@@ -156,6 +159,7 @@ struct DataConfig {
     v("val", val, NamedPaths{});
     v("shuffle", shuffle, Boolean{});
     v("seed", seed, IntRange{0});
+    v("resume_changed_mixture", resume_changed_mixture, Boolean{});
   }
 };
 

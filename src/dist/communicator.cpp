@@ -57,14 +57,14 @@ const char* Traffic::name(Kind kind) {
   return "?";
 }
 
-std::int64_t piece_limit(std::int64_t library_limit) {
-  const char* text = std::getenv("LLMTRAIN_COMM_MAX_ELEMENTS");
+std::int64_t piece_limit(std::int64_t library_limit, const char* variable) {
+  const char* text = std::getenv(variable);
   if (!text || !*text) return library_limit;
   char* end = nullptr;
   errno = 0;
   const long long value = std::strtoll(text, &end, 10);
   if (errno != 0 || *end != '\0' || value <= 0) {
-    throw InputError(std::string("LLMTRAIN_COMM_MAX_ELEMENTS = '") + text + "': not a positive integer");
+    throw InputError(std::string(variable) + " = '" + text + "': not a positive integer");
   }
   return std::min<std::int64_t>(library_limit, value);
 }

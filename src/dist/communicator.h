@@ -230,8 +230,9 @@ class Communicator {
 /// this many, each over the same part of every rank's block (a reduce-scatter's or all-gather's
 /// piece j is the same elements of each rank's shard), so that the result is that of one call.
 /// It stays one collective: counted once in traffic(), one wait, one timeout. InputError for a
-/// value that is not a positive integer.
-std::int64_t piece_limit(std::int64_t library_limit);
+/// value that is not a positive integer. `variable` names another limit forced the same way
+/// (LLMTRAIN_COMM_MAX_BYTES: MPI's bytes per call, dist/mpi_pieces.h).
+std::int64_t piece_limit(std::int64_t library_limit, const char* variable = "LLMTRAIN_COMM_MAX_ELEMENTS");
 
 /// Calls `piece(offset, length)` for consecutive pieces of at most `limit` elements covering
 /// [0, count), in order; once with (0, 0) when count is 0 (every rank still takes part).

@@ -88,21 +88,21 @@ class MpiCommunicator final : public Communicator {
     return start_all_reduce(data, count, MPI_FLOAT, MPI_SUM, "all_reduce (gradient bucket)");
   }
 
-  // In pieces, piece j of every rank's block is packed into a staging buffer and reduce-scattered
-  // from there, one piece after another (each reuses the buffer): MPI's reduce-scatter takes the
-  // blocks contiguous, and the same call on fewer elements sums them in the same order.
+  // A call is whole while its total (every rank's block) stays within MPI's ints, in elements and
+  // in bytes (dist/mpi_pieces.h). In pieces, piece j of every rank's block is packed into a
+  // staging buffer and reduce-scattered from there, one piece after another (each reuses the
+  // buffer): MPI's reduce-scatter takes the blocks contiguous, and the same call on fewer elements
+  // sums them in the same order.
   std::unique_ptr<Request> do_start_reduce_scatter_sum(const float* send, float* recv, std::int64_t shard) override {
     auto request = std::make_unique<Pending>(*this, "reduce_scatter");
-    const std::int64_t limit = mpi_piece_limit();
-    if (shard <= limit) {
+    if (shard <= collective_piece(world_, sizeof(float))) {
       check(MPI_Ireduce_scatter_block(send, recv, int(shard), MPI_FLOAT, MPI_SUM, comm_, &request->pieces.add()),
             "MPI_Ireduce_scatter_block");
       return request;
     }
-    const std::int64_t piece = std::min(limit, std::max<std::int64_t>(1, staging_elements / world_));
     const int world = world_;
     const MPI_Comm comm = comm_;
-    for_each_piece(shard, piece, [&](std::int64_t offset, std::int64_t length) {
+    for_each_piece(shard, staged_piece(world_, sizeof(float)), [&](std::int64_t offset, std::int64_t length) {
       request->pieces.later.push_back([=](Pieces& pieces) {
         pieces.staging.resize(std::size_t(world * length));
         for (int r = 0; r < world; ++r) {
@@ -117,8 +117,11 @@ class MpiCommunicator final : public Communicator {
     return request;
   }
 
-  // In pieces, piece j gathers the same elements of every rank's shard: received through a type
-  // of `length` elements whose extent is a whole shard, so that each lands in its rank's block.
+  // Whole within the same bounds as a reduce-scatter. In pieces, piece j gathers the same elements
+  // of every rank's shard: received through a type of `length` elements whose extent is a whole
+  // shard, so that each lands in its rank's block. Every count, total and byte count of a call is
+  // within the bounds; the blocks' distance is the type's extent, an MPI_Aint. All pieces start
+  // at once (none waits on another), so that collectives start in the same order on every rank.
   std::unique_ptr<Request> do_start_all_gather(const void* send, void* recv, std::int64_t shard, DType dtype) override {
     auto request = std::make_unique<Pending>(*this, "all_gather");
     // bf16 travels as 16-bit words: a gather only moves them.
@@ -127,14 +130,13 @@ class MpiCommunicator final : public Communicator {
     // This rank's part already in place in recv is MPI_IN_PLACE (MPI forbids overlapping buffers).
     const char* mine = static_cast<const char*>(recv) + std::size_t(rank_ * shard) * size;
     const bool in_place = send == mine;
-    const std::int64_t limit = mpi_piece_limit();
-    if (shard <= limit) {
+    if (shard <= collective_piece(world_, size)) {
       check(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, int(shard), type, recv, int(shard), type, comm_,
                            &request->pieces.add()),
             "MPI_Iallgather");
       return request;
     }
-    for_each_piece(shard, limit, [&](std::int64_t offset, std::int64_t length) {
+    for_each_piece(shard, collective_piece(world_, size), [&](std::int64_t offset, std::int64_t length) {
       MPI_Datatype block, strided;
       check(MPI_Type_contiguous(int(length), type, &block), "MPI_Type_contiguous");
       check(MPI_Type_create_resized(block, 0, MPI_Aint(shard) * MPI_Aint(size), &strided), "MPI_Type_create_resized");
@@ -151,7 +153,7 @@ class MpiCommunicator final : public Communicator {
 
   void do_broadcast(float* data, std::int64_t count, int root) override {
     Pending request(*this, "broadcast");
-    for_each_piece(count, mpi_piece_limit(), [&](std::int64_t offset, std::int64_t length) {
+    for_each_piece(count, collective_piece(1, sizeof(float)), [&](std::int64_t offset, std::int64_t length) {
       check(MPI_Ibcast(data + offset, int(length), MPI_FLOAT, root, comm_, &request.pieces.add()), "MPI_Ibcast");
     });
     request.wait();
@@ -433,12 +435,13 @@ class MpiCommunicator final : public Communicator {
     });
   }
 
-  // A collective of `count` elements in place, in pieces of at most the piece limit, all started.
+  // A collective of `count` elements in place, in pieces within MPI's ints (elements and bytes),
+  // all started.
   template <class T>
   std::unique_ptr<Request> start_all_reduce(T* data, std::int64_t count, MPI_Datatype type, MPI_Op op,
                                             const char* operation) {
     auto request = std::make_unique<Pending>(*this, operation);
-    for_each_piece(count, mpi_piece_limit(), [&](std::int64_t offset, std::int64_t length) {
+    for_each_piece(count, collective_piece(1, sizeof(T)), [&](std::int64_t offset, std::int64_t length) {
       check(MPI_Iallreduce(MPI_IN_PLACE, data + offset, int(length), type, op, comm_, &request->pieces.add()),
             "MPI_Iallreduce");
     });

@@ -1,9 +1,11 @@
 // The MPI communicator's calls (dist/mpi_communicator.cpp): status checks, and collectives and
-// transfers made of several MPI calls ("pieces") where a count exceeds what an int holds.
+// transfers made of several MPI calls ("pieces") where a count, a total over the ranks or a byte
+// offset would exceed what an int holds.
 #pragma once
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -26,13 +28,36 @@ inline void check(int status, const char* call) {
   }
 }
 
-// MPI counts are ints: a call of more elements is made in pieces of at most this many (fewer
+// MPI counts are ints: a transfer of more elements is made in pieces of at most this many (fewer
 // when LLMTRAIN_COMM_MAX_ELEMENTS says so).
 inline std::int64_t mpi_piece_limit() { return piece_limit(std::numeric_limits<int>::max()); }
 
-// A reduce-scatter in pieces packs piece j of every rank's block into one staging buffer: at most
-// this many elements in all (1 GiB of floats), whatever the piece limit.
-inline constexpr std::int64_t staging_elements = std::int64_t(1) << 28;
+// Open MPI's non-blocking collectives (libnbc) compute more than the count in int: a
+// reduce-scatter's ranks x count, and byte offsets into the buffers. Each call of a collective is
+// kept so that every one of those stays within an int: at most this many bytes in all (fewer when
+// LLMTRAIN_COMM_MAX_BYTES says so).
+inline std::int64_t mpi_byte_limit() {
+  return piece_limit(std::numeric_limits<int>::max(), "LLMTRAIN_COMM_MAX_BYTES");
+}
+
+// A reduce-scatter in pieces goes through one staging buffer holding piece j of every rank's
+// block: at most this many bytes (1 GiB), whatever the limits.
+inline constexpr std::int64_t staging_bytes = std::int64_t(1) << 30;
+
+/// Elements per rank of one call of a collective over `ranks` blocks of `size`-byte elements (1
+/// block for an all-reduce or broadcast): the count, the total ranks x count and the total bytes
+/// all within the limits above. At least 1, so that a call always moves something.
+inline std::int64_t collective_piece(int ranks, std::size_t size) {
+  const std::int64_t by_count = mpi_piece_limit() / ranks;
+  const std::int64_t by_bytes = mpi_byte_limit() / (std::int64_t(ranks) * std::int64_t(size));
+  return std::max<std::int64_t>(1, std::min(by_count, by_bytes));
+}
+
+/// The same for a call through the staging buffer.
+inline std::int64_t staged_piece(int ranks, std::size_t size) {
+  const std::int64_t by_staging = staging_bytes / (std::int64_t(ranks) * std::int64_t(size));
+  return std::max<std::int64_t>(1, std::min(collective_piece(ranks, size), by_staging));
+}
 
 // Transfers move elements as they are: 16-bit ones (bf16, u16) as words.
 inline MPI_Datatype element_type(DType dtype) {

@@ -16,6 +16,7 @@
 
 #include "dist/file_work.h"
 #include "ops/buffer.h"
+#include "train/data_record.h"
 #include "train/resume.h"
 
 namespace llmtrain::train {
@@ -137,6 +138,7 @@ Checkpointer::Checkpointer(const TrainOptions& options, dist::Communicator& worl
       world_(world),
       reporter_(reporter),
       resolved_(config::to_json(options.config)),
+      data_(data_record(options.config.data.train)),
       signals_(std::make_unique<StopSignals>()) {
   // File work: the commit after a save waits for a slow writer that is alive (every rank knows the
   // whole checkpoint's f32 weights and optimizer state: at most what any rank writes).
@@ -288,7 +290,8 @@ std::string Checkpointer::save(std::int64_t step, CheckpointSource& source) {
                           {"sampler", {{"epoch", sampler.epoch}, {"next_sample", sampler.next_sample}}},
                           {"world_size", world_.world_size()},
                           {"zero_stage", config_.dist.zero_stage},
-                          {"config", resolved_}};
+                          {"config", resolved_},
+                          {"data", data_}};
   const auto save_start = Clock::now();
   const std::vector<optim::StateTensor> optimizer = source.optimizer().state();
   checkpoint::SaveRequest request;

@@ -106,6 +106,7 @@ class Checkpointer {
   dist::Communicator& world_;
   Reporter& reporter_;
   nlohmann::json resolved_;  // the config, as saved in state.json
+  nlohmann::json data_;      // data.train's sources as read (train/data_record.h), saved there too
   std::unique_ptr<StopSignals> signals_;
   bool async_ = false;
   double file_work_limit_s_ = 0.0;   // the commit's patience for slow writers (dist/file_work.h)

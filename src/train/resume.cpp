@@ -1,11 +1,13 @@
 #include "train/resume.h"
 
 #include <cstdio>
+#include <exception>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/files.h"
+#include "train/data_record.h"
 
 namespace llmtrain::train {
 namespace {
@@ -31,6 +33,39 @@ void check_resumable(const config::Config& saved, const config::Config& now, con
       throw InputError(path + ": the checkpoint " + dir + " was trained with " + value.dump() +
                        "; resuming needs the same data order");
     }
+  }
+}
+
+// Checks that this run reads data.train as the checkpoint's run did (its record in state.json):
+// the same sources, weights and shard files, unless data.resume_changed_mixture says to go on
+// with the new ones. A checkpoint of an earlier version records none: accepted, with a note.
+void check_same_data(const checkpoint::Found& found, const config::Config& now, bool lead) {
+  const auto saved = found.state.find("data");
+  if (saved == found.state.end()) {
+    if (lead) {
+      std::fprintf(stderr, "train: note: %s records no data.train sources (an earlier version); resuming without checking them\n",
+                   found.dir.c_str());
+    }
+    return;
+  }
+  const nlohmann::json record = data_record(now.data.train);
+  std::string change;
+  try {
+    change = data_record_change(*saved, record);
+  } catch (const std::exception&) {  // (a record of the wrong shape, or weights that are not > 0)
+    throw InputError(found.dir + "/state.json: data: expected {\"sources\": [{\"weight\": W, \"shards\": [{\"path\": P, \"bytes\": N}]}]}, got " +
+                     saved->dump().substr(0, 80));
+  }
+  if (change.empty()) return;
+  const std::string step = std::to_string(found.state.at("step").get<std::int64_t>());
+  if (!now.data.resume_changed_mixture) {
+    throw InputError(change + ": the checkpoint " + found.dir +
+                     " was trained on another mixture; set data.resume_changed_mixture=true to continue with this one from step " +
+                     step);
+  }
+  if (lead) {
+    std::fprintf(stderr, "train: note: %s; continuing with the new mixture from step %s (data.resume_changed_mixture)\n",
+                 change.c_str(), step.c_str());
   }
 }
 
@@ -60,7 +95,10 @@ std::optional<checkpoint::Found> find_resume_point(const TrainOptions& options, 
   } else {
     found = checkpoint::find(options.resume);
   }
-  if (found) check_resumable(found->config, options.config, found->dir);
+  if (found) {
+    check_resumable(found->config, options.config, found->dir);
+    check_same_data(*found, options.config, lead);
+  }
   return found;
 }
 

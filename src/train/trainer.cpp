@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <algorithm>
+#include <optional>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -228,9 +229,13 @@ std::size_t Trainer::load_initial_weights(const checkpoint::Found* resume, float
   }
   const model::Model& whole = logical_model();
   std::size_t init_bytes = 0;
+  // One reader for every batch: each file's header and ranges are read once, and only the files
+  // that hold this rank's runs are opened.
+  std::optional<checkpoint::StateReader> reader;
+  if (resume) reader.emplace(*resume, checkpoint::StateKind::weights);
   for (const auto& [local, ranges] : batches) {
     if (resume) {
-      checkpoint::load_state(*resume, checkpoint::StateKind::weights, ranges, {to + local});
+      reader->read(ranges, {to + local});
     } else if (!config_.model.init_from.empty()) {
       init_bytes += checkpoint::import_hf_ranges(config_.model.init_from, whole, ranges, to + local);
     } else {
