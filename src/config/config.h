@@ -149,6 +149,9 @@ struct DataConfig {
   ValData val;      // validation shards: one set or named sets
   bool shuffle = true;
   std::int64_t seed = 1234;
+  // Packed sequences: the end-of-text token of the tokenizer beside the shards ends a document.
+  bool document_mask = false;    // attention stays within each document of a sequence
+  bool reset_positions = false;  // positions count from each document's first token
 
   template <class Visitor>
   void fields(Visitor&& v) {
@@ -156,6 +159,8 @@ struct DataConfig {
     v("val", val, NamedPaths{});
     v("shuffle", shuffle, Boolean{});
     v("seed", seed, IntRange{0});
+    v("document_mask", document_mask, Boolean{});
+    v("reset_positions", reset_positions, Boolean{});
   }
 };
 
