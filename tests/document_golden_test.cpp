@@ -1,14 +1,18 @@
 // Packed sequences (data.document_mask, data.reset_positions) in GPT-2 and Llama against the
 // golden files of scripts/gen_document_reference.py: PyTorch's scaled_dot_product_attention with
 // the boolean block-causal mask (and position ids reset per document), float64, over two
-// sequences of 3 and 4 documents. Loss, logits and every parameter gradient within 1e-5.
+// sequences of 3 and 4 documents. Loss, logits and every parameter gradient within 1e-5. And the
+// keys' resolution at start-up: the end-of-text id from tokenizer.json, one-line refusals.
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "catch_compat.h"
 #include "checkpoint/safetensors.h"
+#include "model/documents.h"
 #include "model/model.h"
 
 using namespace llmtrain;
@@ -94,4 +98,54 @@ TEST_CASE("Llama over packed documents matches PyTorch's block-causal attention"
   check_documents("llama", "mask", model::Recompute::none);
   check_documents("llama", "reset", model::Recompute::none);
   check_documents("llama", "reset", model::Recompute::full);
+}
+
+namespace {
+
+// The message of what f throws ("" if nothing).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("document keys take the end-of-text id beside the shards and refuse what cannot mask", "[model][documents]") {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "llmtrain_documents_test";
+  std::filesystem::create_directories(dir / "bpe");
+  std::filesystem::create_directories(dir / "byte");
+  std::ofstream(dir / "bpe" / "tokenizer.json") << R"({"kind": "gpt2", "vocab_size": 50257, "eot_token": 50256})";
+  std::ofstream(dir / "byte" / "tokenizer.json") << R"({"kind": "byte", "vocab_size": 256, "eot_token": null})";
+  config::DataConfig data;
+  const auto resolve = [&](const std::string& sub, Device device, config::Attention attention) {
+    return model::documents_for(data, (dir / sub).string(), device, attention);
+  };
+  CHECK_FALSE(resolve("byte", Device::cpu, config::Attention::automatic).active());  // neither key: nothing read
+  data.document_mask = true;
+  const model::Model::Documents d = resolve("bpe", Device::cpu, config::Attention::automatic);
+  CHECK(d.eot == 50256);
+  CHECK(d.mask);
+  CHECK_FALSE(d.reset_positions);
+  const std::string no_eot = error_of([&] { resolve("byte", Device::cpu, config::Attention::automatic); });
+  CAPTURE(no_eot);
+  CHECK(no_eot.find("data.document_mask: the tokenizer recorded in") == 0);
+  CHECK(no_eot.find("byte/tokenizer.json has no end-of-text token") != std::string::npos);
+  const std::string cudnn = error_of([&] { resolve("bpe", Device::cuda, config::Attention::cudnn); });
+  CAPTURE(cudnn);
+  CHECK(cudnn.find("data.document_mask: cuDNN's attention (model.attention \"cudnn\") has no document mask") == 0);
+  const std::string flash = error_of([&] { resolve("bpe", Device::cuda, config::Attention::flash); });
+  CAPTURE(flash);
+  CHECK(flash.find("data.document_mask: the CUDA attention kernels have no document mask yet") == 0);
+  data.document_mask = false;
+  data.reset_positions = true;  // positions alone: the CPU
+  CHECK(resolve("bpe", Device::cpu, config::Attention::flash).reset_positions);
+  CHECK(error_of([&] { resolve("bpe", Device::cuda, config::Attention::flash); })
+            .find("data.reset_positions: not yet checked on a GPU") == 0);
+  CHECK(error_of([&] { resolve("byte", Device::cpu, config::Attention::flash); }).find("data.reset_positions:") == 0);
+  std::filesystem::remove_all(dir);
 }

@@ -27,6 +27,9 @@ Model::Documents documents_for(const config::DataConfig& data, const std::string
     throw InputError("data.document_mask: the CUDA attention kernels have no document mask yet; train on the CPU "
                      "(--device cpu)");
   }
+  if (device == Device::cuda) {  // the position pieces run through CUDA ops, but no GPU has checked them yet
+    throw InputError("data.reset_positions: not yet checked on a GPU; train on the CPU (--device cpu)");
+  }
   documents.eot = std::int32_t(*eot);
   documents.mask = data.document_mask;
   documents.reset_positions = data.reset_positions;

@@ -13,8 +13,9 @@ namespace llmtrain::model {
 
 /// The Documents of `data` for shards in `shard_dir` on `device`: none unless data.document_mask
 /// or data.reset_positions asks. InputError (one line naming the key and the file) when the
-/// tokenizer beside the shards has no end-of-text token, or when the mask would run on kernels
-/// that have none (every CUDA attention kernel so far; `attention` names model.attention's choice).
+/// tokenizer beside the shards has no end-of-text token, or on a GPU (no CUDA attention kernel has
+/// the mask yet, and reset positions have not been checked there; `attention` names
+/// model.attention's choice for the message).
 Model::Documents documents_for(const config::DataConfig& data, const std::string& shard_dir, Device device,
                                config::Attention attention);
 
