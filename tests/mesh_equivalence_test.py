@@ -301,6 +301,9 @@ ROWS = [
     Row("context", "llama-docs-cp2-allgather", 2, "dist.context_parallel=2 dist.context_parallel_mode=allgather",
         base="llama-docs"),
     Row("context", "llama-docs-cp4", 4, "dist.context_parallel=4", base="llama-docs"),
+    Row("context", "docs-cp2-tp2-sp", 4, "dist.context_parallel=2 dist.tensor_parallel=2 dist.sequence_parallel=true",
+        base="docs"),  # learned positions added once over the tensor group
+    Row("context", "docs-pp2", 2, "dist.pipeline_parallel=2", base="docs"),  # each stage's slots keep their documents
     Row("context", "llama-bf16-cp2", 2, "dist.context_parallel=2", base="llama-bf16",
         loss_tol=2e-4, weight_tol=2e-3),  # bf16 rounding
 
