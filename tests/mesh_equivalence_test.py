@@ -72,6 +72,11 @@ def base_config(name, data):
     if name == "llama-bf16":  # the whole layer recomputed in backward; 10 smaller updates keep bf16's drift small
         config["train"].update(precision="bf16", recompute="full", max_steps=10)
         config["optim"] = {"warmup_steps": 1}
+    if name.endswith("docs"):  # packed documents: attention within each, positions from each one's start
+        config["model"]["vocab_size"] = 300  # the documents corpus' trained tokenizer
+        config["data"] = {"train": f"{data}_docs/train_*.bin", "val": f"{data}_docs/val_*.bin",
+                          "document_mask": True, "reset_positions": True}
+        config["train"]["max_steps"] = 10
     if name in ("long", "term"):  # runs to interrupt: long enough that every interruption comes before the end
         config["model"] = dict(SMALL)
         config["train"].update(max_steps=3000 if name == "long" else 1200, eval_every=0)
@@ -290,6 +295,15 @@ ROWS = [
     Row("context", "llama-cp2-pp2", 4, "dist.context_parallel=2 dist.pipeline_parallel=2", base="llama"),
     Row("context", "llama-cp4@10>w1", 1, base="llama", resume=("llama-cp4", 10), against=ONE),
     Row("context", "llama-w1@10>cp4", 4, "dist.context_parallel=4", base="llama", resume=(ONE, 10)),
+    # Packed documents (data.document_mask, data.reset_positions): the mask over the ranks' chunks.
+    Row("context", "docs-cp2", 2, "dist.context_parallel=2", base="docs"),
+    Row("context", "docs-cp4-allgather", 4, "dist.context_parallel=4 dist.context_parallel_mode=allgather", base="docs"),
+    Row("context", "llama-docs-cp2-allgather", 2, "dist.context_parallel=2 dist.context_parallel_mode=allgather",
+        base="llama-docs"),
+    Row("context", "llama-docs-cp4", 4, "dist.context_parallel=4", base="llama-docs"),
+    Row("context", "docs-cp2-tp2-sp", 4, "dist.context_parallel=2 dist.tensor_parallel=2 dist.sequence_parallel=true",
+        base="docs"),  # learned positions added once over the tensor group
+    Row("context", "docs-pp2", 2, "dist.pipeline_parallel=2", base="docs"),  # each stage's slots keep their documents
     Row("context", "llama-bf16-cp2", 2, "dist.context_parallel=2", base="llama-bf16",
         loss_tol=2e-4, weight_tol=2e-3),  # bf16 rounding
 
@@ -408,6 +422,18 @@ class Harness:
         self.failures.append(what)
 
     def prepare_data(self):
+        if not os.path.exists(f"{self.data}_docs.ok"):  # short documents, several to a sequence, with end-of-text
+            rng = random.Random(7)
+            words = "the a of and to in is was for on with as by at from it that this be".split()
+            with open(f"{self.work}/docs.jsonl", "w") as f:
+                for i in range(400):
+                    text = f"doc {i}: " + " ".join(rng.choice(words) for _ in range(rng.randint(2, 30))) + "."
+                    f.write(json.dumps({"text": text}) + "\n")
+            status, out = self.call(1, "tokenize", "--input", f"{self.work}/docs.jsonl", "--output", f"{self.data}_docs",
+                                    "--tokenizer", "bpe:300", "--force")
+            if status != 0:
+                sys.exit(f"FAILED: tokenize: {out}")
+            open(f"{self.data}_docs.ok", "w").close()
         if os.path.exists(f"{self.data}.ok"):
             return
         with open(f"{self.work}/text.txt", "w") as f:
@@ -695,6 +721,16 @@ def context_length_refused(h):
     assert not os.path.exists(f"{path}/metrics.jsonl"), "the refused run wrote metrics"
 
 
+def document_mask_refused(h):
+    path = f"{h.out}/bad-docs"
+    status, out = h.call(1, "train", "--config", h.config_file("gpt2"), "--run-dir", path,
+                         "--set", "data.document_mask=true")
+    lines = [l for l in out.splitlines() if l.startswith("llmtrain: error:")]
+    assert status == 2 and len(lines) == 1 and "data.document_mask" in lines[0] and "end-of-text" in lines[0], \
+        f"exit {status}: {out}"
+    assert not os.path.exists(f"{path}/metrics.jsonl"), "the refused run wrote metrics"
+
+
 def damaged_checkpoints(h):
     """A corrupted checkpoint: explicit resume exits 2 naming the file, auto falls back to the
     previous one; truncated and partial ones: explicit resume exits 2 naming what is wrong."""
@@ -802,6 +838,8 @@ CHECKS = [  # (group, what, check)
      eval_as_one_rank(f"{ONE} llama", "--context-parallel", [(2, 2), (4, 2)])),
     ("context", "a context length that does not split into 2 x dist.context_parallel chunks: exit 2 naming both keys",
      context_length_refused),
+    ("context", "data.document_mask with a tokenizer that has no end-of-text token (byte): exit 2, one line",
+     document_mask_refused),
     ("pipeline", "a stopped stage ends the job within dist.timeout_s (3 s), the message naming stage 1 and rank 1",
      stopped_stage),
     ("checkpoint", "damaged checkpoints: explicit resume exits 2 naming what is wrong; auto falls back to the previous one",

@@ -3,12 +3,15 @@
 // merge of two blocks' results, and the packing of key/value columns. The blocking follows
 // flash_attention.cpp: blocks of query rows inside one chunk (contiguous positions), their scores
 // against the keys each block may see in every chunk of the key block, sgemm on the blocks.
+// Document masks: seg holds the whole sequences' segment ids, read at the rows' positions; a
+// block's keys in each chunk start at its first row's document (earlier keys are skipped).
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "block_gemm.h"
+#include "document_mask.h"
 #include "llmtrain/kernels/cpu.h"
 #include "llmtrain/kernels/vec_math.h"
 
@@ -36,16 +39,37 @@ std::vector<QueryBlock> query_blocks(kernels::Chunks q) {
 
 // The keys of key chunk i that row position p sees: the first `seen` of the chunk.
 int seen_keys(kernels::Chunks k, int i, int p) { return std::clamp(p - k.start(i) + 1, 0, k.len); }
+// The first key of key chunk i in the document that begins at position `start`.
+int first_key(kernels::Chunks k, int i, int start) { return std::clamp(start - k.start(i), 0, k.len); }
+
+// The keys of each chunk a query block computes scores for: [lo[i], lo[i] + width[i]) of chunk i,
+// side by side in the score rows (columns from off[i]), total in all.
+struct KeySpan {
+  int lo[2] = {0, 0}, width[2] = {0, 0}, off[2] = {0, 0}, total = 0;
+  KeySpan(kernels::Chunks k, int last, int first_start) {
+    for (int i = 0; i < k.count(); ++i) {
+      const int vis = seen_keys(k, i, last);
+      lo[i] = std::min(vis, first_key(k, i, first_start));
+      width[i] = vis - lo[i];
+      off[i] = total;
+      total += width[i];
+    }
+  }
+};
 
 }  // namespace
 
 void attention_block_forward(float* out, float* lse, const float* qkv, const float* kv, int B, int Tq, int Tk, int C,
-                             int NH, int NKV, int kv_width, kernels::Chunks q_at, kernels::Chunks k_at) {
+                             int NH, int NKV, int kv_width, kernels::Chunks q_at, kernels::Chunks k_at,
+                             const std::int32_t* seg, int T) {
   const int HS = C / NH, group = NH / NKV, KVC = NKV * HS;
   const float scale = 1.0f / std::sqrt(float(HS));
   const std::int64_t QKV = std::int64_t(C) + 2 * KVC, ld = kv_width;
   const std::int64_t k_col = kv_width - 2 * KVC, v_col = k_col + KVC;
   const std::vector<QueryBlock> blocks = query_blocks(q_at);
+  const std::vector<int> starts = document_starts(seg, seg ? B : 0, T);
+  // the first position of the document of position p of sequence b
+  const auto doc = [&](int b, int p) { return seg ? starts[std::size_t(b) * std::size_t(T) + std::size_t(p)] : 0; };
   const int nblocks = int(blocks.size());
   const bool threads = worth_threads(std::int64_t(B) * NH * Tq * Tk * HS);
 #pragma omp parallel if (threads)
@@ -59,9 +83,9 @@ void attention_block_forward(float* out, float* lse, const float* qkv, const flo
           const float* q = qkv + (std::int64_t(b) * Tq + qb.t0) * QKV + std::int64_t(h) * HS;
           float* o = out + (std::int64_t(b) * Tq + qb.t0) * C + std::int64_t(h) * HS;
           float* l = lse + (std::int64_t(b) * NH + h) * Tq + qb.t0;
-          // The keys of each chunk the block's last row sees, side by side in the scores.
-          int vis[2] = {0, 0}, total = 0;
-          for (int i = 0; i < k_at.count(); ++i) total += vis[i] = seen_keys(k_at, i, qb.p0 + qb.rows - 1);
+          // The keys of each chunk the block's rows may see, side by side in the scores.
+          const KeySpan span(k_at, qb.p0 + qb.rows - 1, doc(b, qb.p0));
+          const int total = span.total;
           if (total == 0) {
             for (int r = 0; r < qb.rows; ++r) {
               std::fill(o + std::int64_t(r) * C, o + std::int64_t(r) * C + HS, 0.0f);
@@ -71,17 +95,24 @@ void attention_block_forward(float* out, float* lse, const float* qkv, const flo
           }
           const float* kbase = kv + std::int64_t(b) * Tk * ld + k_col + std::int64_t(h / group) * HS;
           const float* vbase = kv + std::int64_t(b) * Tk * ld + v_col + std::int64_t(h / group) * HS;
-          for (int i = 0, off = 0; i < k_at.count(); off += vis[i], ++i) {
-            if (vis[i] == 0) continue;
-            block_gemm(false, true, qb.rows, vis[i], HS, scale, q, QKV, kbase + std::int64_t(i) * k_at.len * ld, ld,
-                       0.0f, score.data() + off, total);
+          for (int i = 0; i < k_at.count(); ++i) {
+            if (span.width[i] == 0) continue;
+            block_gemm(false, true, qb.rows, span.width[i], HS, scale, q, QKV,
+                       kbase + (std::int64_t(i) * k_at.len + span.lo[i]) * ld, ld, 0.0f, score.data() + span.off[i],
+                       total);
           }
           for (int r = 0; r < qb.rows; ++r) {
             float* s = score.data() + std::int64_t(r) * total;
+            // row r sees columns [first[i], seen[i]) of chunk i's span
+            const int p = qb.p0 + r;
+            int first[2] = {0, 0}, seen[2] = {0, 0};
+            for (int i = 0; i < k_at.count(); ++i) {
+              first[i] = span.off[i] + first_key(k_at, i, doc(b, p)) - span.lo[i];
+              seen[i] = span.off[i] + seen_keys(k_at, i, p) - span.lo[i];
+            }
             float max_score = minus_infinity;
-            for (int i = 0, off = 0; i < k_at.count(); off += vis[i], ++i) {
-              const int seen = seen_keys(k_at, i, qb.p0 + r);
-              for (int j = 0; j < seen; ++j) max_score = std::max(max_score, s[off + j]);
+            for (int i = 0; i < k_at.count(); ++i) {
+              for (int j = first[i]; j < seen[i]; ++j) max_score = std::max(max_score, s[j]);
             }
             if (max_score == minus_infinity) {
               l[r] = minus_infinity;
@@ -89,24 +120,23 @@ void attention_block_forward(float* out, float* lse, const float* qkv, const flo
               continue;
             }
             float sum = 0.0f;
-            for (int i = 0, off = 0; i < k_at.count(); off += vis[i], ++i) {
-              const int seen = seen_keys(k_at, i, qb.p0 + r);
-              for (int j = 0; j < seen; ++j) sum += exp_vec(s[off + j] - max_score);
+            for (int i = 0; i < k_at.count(); ++i) {
+              for (int j = first[i]; j < seen[i]; ++j) sum += exp_vec(s[j] - max_score);
             }
             const float row_lse = max_score + std::log(sum);
             l[r] = row_lse;
-            for (int i = 0, off = 0; i < k_at.count(); off += vis[i], ++i) {
-              const int seen = seen_keys(k_at, i, qb.p0 + r);
-              for (int j = 0; j < seen; ++j) s[off + j] = exp_vec(s[off + j] - row_lse);
-              std::fill(s + off + seen, s + off + vis[i], 0.0f);
+            for (int i = 0; i < k_at.count(); ++i) {
+              std::fill(s + span.off[i], s + first[i], 0.0f);
+              for (int j = first[i]; j < seen[i]; ++j) s[j] = exp_vec(s[j] - row_lse);
+              std::fill(s + seen[i], s + span.off[i] + span.width[i], 0.0f);
             }
           }
           // O (rows, HS) = sum over the chunks of P V
           float beta = 0.0f;
-          for (int i = 0, off = 0; i < k_at.count(); off += vis[i], ++i) {
-            if (vis[i] == 0) continue;
-            block_gemm(false, false, qb.rows, HS, vis[i], 1.0f, score.data() + off, total,
-                       vbase + std::int64_t(i) * k_at.len * ld, ld, beta, o, C);
+          for (int i = 0; i < k_at.count(); ++i) {
+            if (span.width[i] == 0) continue;
+            block_gemm(false, false, qb.rows, HS, span.width[i], 1.0f, score.data() + span.off[i], total,
+                       vbase + (std::int64_t(i) * k_at.len + span.lo[i]) * ld, ld, beta, o, C);
             beta = 1.0f;
           }
         }
@@ -117,12 +147,16 @@ void attention_block_forward(float* out, float* lse, const float* qkv, const flo
 
 void attention_block_backward(float* dq, float* dkv, const float* dout, const float* qkv, const float* out,
                               const float* lse, const float* kv, int B, int Tq, int Tk, int C, int NH, int NKV,
-                              int kv_width, kernels::Chunks q_at, kernels::Chunks k_at) {
+                              int kv_width, kernels::Chunks q_at, kernels::Chunks k_at, const std::int32_t* seg,
+                              int T) {
   const int HS = C / NH, group = NH / NKV, KVC = NKV * HS;
   const float scale = 1.0f / std::sqrt(float(HS));
   const std::int64_t QKV = std::int64_t(C) + 2 * KVC, ld = kv_width;
   const std::int64_t k_col = kv_width - 2 * KVC, v_col = k_col + KVC;
   const std::vector<QueryBlock> blocks = query_blocks(q_at);
+  const std::vector<int> starts = document_starts(seg, seg ? B : 0, T);
+  // the first position of the document of position p of sequence b
+  const auto doc = [&](int b, int p) { return seg ? starts[std::size_t(b) * std::size_t(T) + std::size_t(p)] : 0; };
   const bool threads = worth_threads(std::int64_t(B) * NH * Tq * Tk * HS);
   // One task per (batch, key/value head): it owns that head's dK, dV and its query heads' dQ.
 #pragma omp parallel if (threads)
@@ -139,8 +173,8 @@ void attention_block_backward(float* dq, float* dkv, const float* dout, const fl
         float* dvbase = dkv + kv0 + v_col + std::int64_t(kvh) * HS;
         for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
           for (const QueryBlock& qb : blocks) {
-            int vis[2] = {0, 0}, total = 0;
-            for (int i = 0; i < k_at.count(); ++i) total += vis[i] = seen_keys(k_at, i, qb.p0 + qb.rows - 1);
+            const KeySpan span(k_at, qb.p0 + qb.rows - 1, doc(b, qb.p0));
+            const int total = span.total;
             if (total == 0) continue;
             const std::int64_t row0 = std::int64_t(b) * Tq + qb.t0;
             const float* q = qkv + row0 * QKV + std::int64_t(h) * HS;
@@ -148,38 +182,44 @@ void attention_block_backward(float* dq, float* dkv, const float* dout, const fl
             const float* dy = dout + row0 * C + std::int64_t(h) * HS;
             const float* y = out + row0 * C + std::int64_t(h) * HS;
             const float* l = lse + (std::int64_t(b) * NH + h) * Tq + qb.t0;
-            for (int i = 0, off = 0; i < k_at.count(); off += vis[i], ++i) {
-              if (vis[i] == 0) continue;
-              const std::int64_t k0 = std::int64_t(i) * k_at.len * ld;
-              block_gemm(false, true, qb.rows, vis[i], HS, scale, q, QKV, kbase + k0, ld, 0.0f, prob.data() + off,
-                         total);
-              block_gemm(false, true, qb.rows, vis[i], HS, 1.0f, dy, C, vbase + k0, ld, 0.0f, dscore.data() + off,
-                         total);
+            for (int i = 0; i < k_at.count(); ++i) {
+              if (span.width[i] == 0) continue;
+              const std::int64_t k0 = (std::int64_t(i) * k_at.len + span.lo[i]) * ld;
+              block_gemm(false, true, qb.rows, span.width[i], HS, scale, q, QKV, kbase + k0, ld, 0.0f,
+                         prob.data() + span.off[i], total);
+              block_gemm(false, true, qb.rows, span.width[i], HS, 1.0f, dy, C, vbase + k0, ld, 0.0f,
+                         dscore.data() + span.off[i], total);
             }
             for (int r = 0; r < qb.rows; ++r) {
               float* p = prob.data() + std::int64_t(r) * total;
               float* ds = dscore.data() + std::int64_t(r) * total;
               float D = 0.0f;
               for (int e = 0; e < HS; ++e) D += dy[std::int64_t(r) * C + e] * y[std::int64_t(r) * C + e];
-              for (int i = 0, off = 0; i < k_at.count(); off += vis[i], ++i) {
-                const int seen = seen_keys(k_at, i, qb.p0 + r);
-                for (int j = 0; j < seen; ++j) {
-                  p[off + j] = exp_vec(p[off + j] - l[r]);
-                  ds[off + j] = p[off + j] * (ds[off + j] - D) * scale;
+              const int pos = qb.p0 + r;
+              for (int i = 0; i < k_at.count(); ++i) {
+                const int end = span.off[i] + span.width[i];
+                const int first = span.off[i] + first_key(k_at, i, doc(b, pos)) - span.lo[i];
+                const int seen = span.off[i] + seen_keys(k_at, i, pos) - span.lo[i];
+                std::fill(p + span.off[i], p + first, 0.0f);
+                std::fill(ds + span.off[i], ds + first, 0.0f);
+                for (int j = first; j < seen; ++j) {
+                  p[j] = exp_vec(p[j] - l[r]);
+                  ds[j] = p[j] * (ds[j] - D) * scale;
                 }
-                std::fill(p + off + seen, p + off + vis[i], 0.0f);
-                std::fill(ds + off + seen, ds + off + vis[i], 0.0f);
+                std::fill(p + seen, p + end, 0.0f);
+                std::fill(ds + seen, ds + end, 0.0f);
               }
             }
-            for (int i = 0, off = 0; i < k_at.count(); off += vis[i], ++i) {
-              if (vis[i] == 0) continue;
-              const std::int64_t k0 = std::int64_t(i) * k_at.len * ld;
+            for (int i = 0; i < k_at.count(); ++i) {
+              if (span.width[i] == 0) continue;
+              const std::int64_t k0 = (std::int64_t(i) * k_at.len + span.lo[i]) * ld;
+              const int off = span.off[i], width = span.width[i];
               // dQ += dS K, dK += dS^T Q, dV += P^T dO
-              block_gemm(false, false, qb.rows, HS, vis[i], 1.0f, dscore.data() + off, total, kbase + k0, ld, 1.0f,
+              block_gemm(false, false, qb.rows, HS, width, 1.0f, dscore.data() + off, total, kbase + k0, ld, 1.0f,
                          dqh, QKV);
-              block_gemm(true, false, vis[i], HS, qb.rows, 1.0f, dscore.data() + off, total, q, QKV, 1.0f,
+              block_gemm(true, false, width, HS, qb.rows, 1.0f, dscore.data() + off, total, q, QKV, 1.0f,
                          dkbase + k0, ld);
-              block_gemm(true, false, vis[i], HS, qb.rows, 1.0f, prob.data() + off, total, dy, C, 1.0f, dvbase + k0,
+              block_gemm(true, false, width, HS, qb.rows, 1.0f, prob.data() + off, total, dy, C, 1.0f, dvbase + k0,
                          ld);
             }
           }

@@ -10,6 +10,11 @@
 // benchmark shape (T=256, HS=64, 2 x86-64 cores) this took attention from scalar dot products at
 // ~2 GFLOP/s to OpenBLAS's block speed (docs/benchmarks.md, CPU training).
 //
+// Document masks (packed sequences): with seg (B,T), row t sees keys s <= t with seg[s] = seg[t],
+// the keys from its document's first row. A query block's scores start at the first key of its
+// first row's document, so the keys of earlier documents are never multiplied: the work follows
+// the sum of the documents' squared lengths (plus a block's rows against one document boundary).
+//
 // Threads: the forward runs one (batch, head, query block) per task; the backward one (batch, kv
 // head) per task, since every query block and every query head of a group adds into the same dK,
 // dV (one thread owns them: no races, a fixed order, the same bits at any thread count). BLAS calls
@@ -20,6 +25,7 @@
 #include <vector>
 
 #include "block_gemm.h"
+#include "document_mask.h"
 #include "llmtrain/kernels/cpu.h"
 #include "llmtrain/kernels/vec_math.h"
 
@@ -31,12 +37,14 @@ constexpr int query_block = 64;
 
 }  // namespace
 
-void flash_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV) {
+void flash_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV,
+                             const std::int32_t* seg) {
   const int HS = C / NH, group = NH / NKV;
   const float scale = 1.0f / std::sqrt(float(HS));
   const std::int64_t C3 = std::int64_t(NH + 2 * NKV) * HS;  // qkv row width
   const std::int64_t k_at = C, v_at = C + std::int64_t(NKV) * HS;
   const int blocks = (T + query_block - 1) / query_block;
+  const std::vector<int> starts = document_starts(seg, B, T);
   // about T^2 HS multiply-adds per (batch, head), half of them masked
   const bool threads = worth_threads(std::int64_t(B) * NH * T * T * HS);
 #pragma omp parallel if (threads)
@@ -46,26 +54,30 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, int B, in
     for (int b = 0; b < B; ++b) {
       for (int h = 0; h < NH; ++h) {
         for (int blk = 0; blk < blocks; ++blk) {
-          const int t0 = blk * query_block, rows = std::min(query_block, T - t0), keys = t0 + rows;
-          const float* q = qkv + (std::int64_t(b) * T + t0) * C3 + std::int64_t(h) * HS;         // (rows, HS), ld C3
-          const float* k = qkv + std::int64_t(b) * T * C3 + k_at + std::int64_t(h / group) * HS;  // (keys, HS)
-          const float* v = qkv + std::int64_t(b) * T * C3 + v_at + std::int64_t(h / group) * HS;  // (keys, HS)
+          const int t0 = blk * query_block, rows = std::min(query_block, T - t0);
+          const int* start = starts.data() + std::int64_t(b) * T;
+          const int lo = start[t0], keys = t0 + rows - lo;  // keys lo .. t0 + rows - 1
+          const float* q = qkv + (std::int64_t(b) * T + t0) * C3 + std::int64_t(h) * HS;  // (rows, HS), ld C3
+          const float* k = qkv + (std::int64_t(b) * T + lo) * C3 + k_at + std::int64_t(h / group) * HS;  // (keys, HS)
+          const float* v = qkv + (std::int64_t(b) * T + lo) * C3 + v_at + std::int64_t(h / group) * HS;  // (keys, HS)
           // S (rows, keys) = scale Q K^T
           block_gemm(false, true, rows, keys, HS, scale, q, C3, k, C3, 0.0f, score.data(), keys);
           for (int r = 0; r < rows; ++r) {
             float* s = score.data() + std::int64_t(r) * keys;
-            const int seen = t0 + r + 1;  // causal: keys 0 .. t0 + r
+            // causal within the document: keys start[t] .. t, columns first .. seen - 1
+            const int first = start[t0 + r] - lo, seen = t0 + r + 1 - lo;
             float max_score = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : max_score)
-            for (int j = 0; j < seen; ++j) max_score = std::max(max_score, s[j]);
+            for (int j = first; j < seen; ++j) max_score = std::max(max_score, s[j]);
             float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-            for (int j = 0; j < seen; ++j) sum += exp_vec(s[j] - max_score);
+            for (int j = first; j < seen; ++j) sum += exp_vec(s[j] - max_score);
             const float row_lse = max_score + std::log(sum);
             lse[(std::int64_t(b) * NH + h) * T + t0 + r] = row_lse;
-            // P, the probabilities backward recomputes from lse; zero past the diagonal
+            // P, the probabilities backward recomputes from lse; zero outside the row's keys
+            std::fill(s, s + first, 0.0f);
 #pragma omp simd
-            for (int j = 0; j < seen; ++j) s[j] = exp_vec(s[j] - row_lse);
+            for (int j = first; j < seen; ++j) s[j] = exp_vec(s[j] - row_lse);
             std::fill(s + seen, s + keys, 0.0f);
           }
           // O (rows, HS) = P V
@@ -78,13 +90,14 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, int B, in
 }
 
 void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                              int B, int T, int C, int NH, int NKV, bool accumulate) {
+                              int B, int T, int C, int NH, int NKV, bool accumulate, const std::int32_t* seg) {
   const int HS = C / NH, group = NH / NKV;
   const float scale = 1.0f / std::sqrt(float(HS));
   const std::int64_t C3 = std::int64_t(NH + 2 * NKV) * HS;
   if (!accumulate) std::fill(dqkv, dqkv + std::int64_t(B) * T * C3, 0.0f);  // its first writer
   const std::int64_t k_at = C, v_at = C + std::int64_t(NKV) * HS;
   const int blocks = (T + query_block - 1) / query_block;
+  const std::vector<int> starts = document_starts(seg, B, T);
   const bool threads = worth_threads(std::int64_t(B) * NH * T * T * HS);
 #pragma omp parallel if (threads)
   {
@@ -100,27 +113,31 @@ void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, 
         float* dv = dqkv + base + v_at + std::int64_t(kvh) * HS;
         for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
           for (int blk = 0; blk < blocks; ++blk) {
-            const int t0 = blk * query_block, rows = std::min(query_block, T - t0), keys = t0 + rows;
-            const std::int64_t row0 = std::int64_t(b) * T + t0;
+            const int t0 = blk * query_block, rows = std::min(query_block, T - t0);
+            const int* start = starts.data() + std::int64_t(b) * T;
+            const int lo = start[t0], keys = t0 + rows - lo;  // keys lo .. t0 + rows - 1
+            const std::int64_t row0 = std::int64_t(b) * T + t0, key0 = std::int64_t(lo) * C3;
             const float* q = qkv + row0 * C3 + std::int64_t(h) * HS;  // (rows, HS), ld C3
             float* dq = dqkv + row0 * C3 + std::int64_t(h) * HS;
             const float* dy = dout + row0 * C + std::int64_t(h) * HS;  // (rows, HS), ld C
             const float* y = out + row0 * C + std::int64_t(h) * HS;
             // S = scale Q K^T into prob, dP = dO V^T into dscore
-            block_gemm(false, true, rows, keys, HS, scale, q, C3, k, C3, 0.0f, prob.data(), keys);
-            block_gemm(false, true, rows, keys, HS, 1.0f, dy, C, v, C3, 0.0f, dscore.data(), keys);
+            block_gemm(false, true, rows, keys, HS, scale, q, C3, k + key0, C3, 0.0f, prob.data(), keys);
+            block_gemm(false, true, rows, keys, HS, 1.0f, dy, C, v + key0, C3, 0.0f, dscore.data(), keys);
             for (int r = 0; r < rows; ++r) {
               float* p = prob.data() + std::int64_t(r) * keys;
               float* ds = dscore.data() + std::int64_t(r) * keys;
-              const int seen = t0 + r + 1;
+              const int first = start[t0 + r] - lo, seen = t0 + r + 1 - lo;
               const float row_lse = lse[(std::int64_t(b) * NH + h) * T + t0 + r];
               // D = sum over keys of p dp = dy . y, since y = sum over keys of p v.
               float D = 0.0f;
 #pragma omp simd reduction(+ : D)
               for (int i = 0; i < HS; ++i) D += dy[std::int64_t(r) * C + i] * y[std::int64_t(r) * C + i];
               // softmax backward (ds = p (dp - D)), then the scale of the scores
+              std::fill(p, p + first, 0.0f);
+              std::fill(ds, ds + first, 0.0f);
 #pragma omp simd
-              for (int j = 0; j < seen; ++j) {
+              for (int j = first; j < seen; ++j) {
                 p[j] = exp_vec(p[j] - row_lse);
                 ds[j] = p[j] * (ds[j] - D) * scale;
               }
@@ -128,9 +145,9 @@ void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, 
               std::fill(ds + seen, ds + keys, 0.0f);
             }
             // dQ (rows, HS) += dS K; dK (keys, HS) += dS^T Q; dV (keys, HS) += P^T dO
-            block_gemm(false, false, rows, HS, keys, 1.0f, dscore.data(), keys, k, C3, 1.0f, dq, C3);
-            block_gemm(true, false, keys, HS, rows, 1.0f, dscore.data(), keys, q, C3, 1.0f, dk, C3);
-            block_gemm(true, false, keys, HS, rows, 1.0f, prob.data(), keys, dy, C, 1.0f, dv, C3);
+            block_gemm(false, false, rows, HS, keys, 1.0f, dscore.data(), keys, k + key0, C3, 1.0f, dq, C3);
+            block_gemm(true, false, keys, HS, rows, 1.0f, dscore.data(), keys, q, C3, 1.0f, dk + key0, C3);
+            block_gemm(true, false, keys, HS, rows, 1.0f, prob.data(), keys, dy, C, 1.0f, dv + key0, C3);
           }
         }
       }

@@ -21,6 +21,7 @@
 #include "dist/communicator.h"
 #include "eval/choice_eval.h"
 #include "eval/val_loss.h"
+#include "model/documents.h"
 #include "parallel/context_parallel_comm.h"
 #include "parallel/tensor_parallel_comm.h"
 
@@ -261,6 +262,8 @@ Command add_eval_command(CLI::App& parent) {
               loaded = std::move(part);
             }
             model::Model& model = *loaded;
+            model.set_documents(model::documents_for(config.data, model::shard_folder(sets.sets.front().paths, "--data"),
+                                                     Device::cpu, config.model.attention));
             const std::int64_t batches = o->batches > 0 ? o->batches : config.train.eval_batches;
             double mean = 0.0;
             std::string named;

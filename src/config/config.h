@@ -152,6 +152,9 @@ struct DataConfig {
   // A resume whose data.train weights or shard files differ from the checkpoint's continues with
   // the new mixture from the checkpoint's step (false: refused, train/data_record.h).
   bool resume_changed_mixture = false;
+  // Packed sequences: the end-of-text token of the tokenizer beside the shards ends a document.
+  bool document_mask = false;    // attention stays within each document of a sequence
+  bool reset_positions = false;  // positions count from each document's first token
 
   template <class Visitor>
   void fields(Visitor&& v) {
@@ -160,6 +163,8 @@ struct DataConfig {
     v("shuffle", shuffle, Boolean{});
     v("seed", seed, IntRange{0});
     v("resume_changed_mixture", resume_changed_mixture, Boolean{});
+    v("document_mask", document_mask, Boolean{});
+    v("reset_positions", reset_positions, Boolean{});
   }
 };
 

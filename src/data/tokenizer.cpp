@@ -69,4 +69,14 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
   throw InputError(path + ": kind: expected \"byte\" or \"gpt2\", got " + json_excerpt(kind));
 }
 
+std::optional<std::uint32_t> recorded_eot_token(const std::string& dir) {
+  const std::string path = dir + "/tokenizer.json";
+  const nlohmann::json record = read_json_file(path, "the tokenizer.json that llmtrain tokenize writes next to the shards");
+  if (!record.is_object() || !record.contains("eot_token")) return std::nullopt;
+  const nlohmann::json& eot = record.at("eot_token");
+  if (eot.is_null()) return std::nullopt;
+  if (!eot.is_number_unsigned()) throw InputError(path + ": eot_token: expected a token id or null");
+  return eot.get<std::uint32_t>();
+}
+
 }  // namespace llmtrain::data

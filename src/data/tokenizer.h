@@ -76,5 +76,8 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec);
 /// shards in DIR can be decoded later; load_tokenizer reads it back.
 void save_tokenizer(const Tokenizer& tokenizer, const std::string& dir);
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir);
+/// The end-of-text id DIR/tokenizer.json records (none: the tokenizer has none), without loading
+/// the tokenizer itself. InputError if the file is missing or malformed.
+std::optional<std::uint32_t> recorded_eot_token(const std::string& dir);
 
 }  // namespace llmtrain::data

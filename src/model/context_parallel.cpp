@@ -106,7 +106,8 @@ std::vector<Tensor> ContextParallel::work(const std::vector<Tensor>& shapes) {
   return out;
 }
 
-void ContextParallel::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int NH, int NKV) {
+void ContextParallel::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int NH, int NKV,
+                                        const Tensor& segments) {
   const std::int64_t B = qkv.shape[0], Tl = qkv.shape[1], C = out.shape[2], KVC = C / NH * NKV;
   const int n = size_, r = rank_, next = (r + 1) % n, prev = (r + n - 1) % n;
   const ops::Chunks me = mine(int(Tl) * n);
@@ -121,13 +122,13 @@ void ContextParallel::attention_forward(const Tensor& out, const Tensor& lse, co
     // to in place, in qkv.
     ops::kv_pack(block(blocks, 1), qkv, NH, NKV);
     std::unique_ptr<ContextGroup::Pending> pending = group().start_exchange(block(blocks, 1), block(blocks, 0), next, prev);
-    ops::attention_block_forward(acc, lse, qkv, qkv, me, me, NH, NKV);
+    ops::attention_block_forward(acc, lse, qkv, qkv, me, me, NH, NKV, segments);
     for (int s = 1; s < n; ++s) {
       pending->wait();
       const Tensor current = block(blocks, (s - 1) % 2);
       pending.reset();
       if (s + 1 < n) pending = group().start_exchange(current, block(blocks, s % 2), next, prev);
-      ops::attention_block_forward(part, part_lse, qkv, current, me, chunks((r + n - s) % n, int(Tl) * n), NH, NKV);
+      ops::attention_block_forward(part, part_lse, qkv, current, me, chunks((r + n - s) % n, int(Tl) * n), NH, NKV, segments);
       ops::attention_lse_merge(acc, lse, part, part_lse);
     }
   } else {
@@ -139,10 +140,10 @@ void ContextParallel::attention_forward(const Tensor& out, const Tensor& lse, co
     for (int j = 0; j < n; ++j) {
       const ops::Chunks theirs = chunks(j, int(Tl) * n);
       if (j == 0) {
-        ops::attention_block_forward(acc, lse, qkv, block(all, j), me, theirs, NH, NKV);
+        ops::attention_block_forward(acc, lse, qkv, block(all, j), me, theirs, NH, NKV, segments);
         continue;
       }
-      ops::attention_block_forward(part, part_lse, qkv, block(all, j), me, theirs, NH, NKV);
+      ops::attention_block_forward(part, part_lse, qkv, block(all, j), me, theirs, NH, NKV, segments);
       ops::attention_lse_merge(acc, lse, part, part_lse);
     }
   }
@@ -150,7 +151,7 @@ void ContextParallel::attention_forward(const Tensor& out, const Tensor& lse, co
 }
 
 void ContextParallel::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                                         const Tensor& lse, int NH, int NKV) {
+                                         const Tensor& lse, int NH, int NKV, const Tensor& segments) {
   const std::int64_t B = qkv.shape[0], Tl = qkv.shape[1], C = dout.shape[2], KVC = C / NH * NKV;
   const int n = size_, r = rank_, next = (r + 1) % n, prev = (r + n - 1) % n;
   const ops::Chunks me = mine(int(Tl) * n);
@@ -167,7 +168,7 @@ void ContextParallel::attention_backward(const Tensor& dqkv, const Tensor& dout,
     ops::kv_pack(block(blocks, 1), qkv, NH, NKV);
     std::unique_ptr<ContextGroup::Pending> pending = group().start_exchange(block(blocks, 1), block(blocks, 0), next, prev);
     std::unique_ptr<ContextGroup::Pending> returning;
-    ops::attention_block_backward(dq, dq, dout, qkv, out, lse, qkv, me, me, NH, NKV);
+    ops::attention_block_backward(dq, dq, dout, qkv, out, lse, qkv, me, me, NH, NKV, segments);
     for (int s = 1; s < n; ++s) {
       pending->wait();
       pending.reset();
@@ -181,7 +182,7 @@ void ContextParallel::attention_backward(const Tensor& dqkv, const Tensor& dout,
         returning.reset();
       }
       ops::attention_block_backward(dq, accumulator, dout, qkv, out, lse, current, me,
-                                    chunks((r + n - s) % n, int(Tl) * n), NH, NKV);
+                                    chunks((r + n - s) % n, int(Tl) * n), NH, NKV, segments);
       returning = group().start_exchange(accumulator, block(grads, s % 2), next, prev);
     }
     returning->wait();
@@ -201,7 +202,7 @@ void ContextParallel::attention_backward(const Tensor& dqkv, const Tensor& dout,
     ops::zero(all_grads);
     for (int j = 0; j < n; ++j) {
       ops::attention_block_backward(dq, block(all_grads, j), dout, qkv, out, lse, block(all, j), me,
-                                    chunks(j, int(Tl) * n), NH, NKV);
+                                    chunks(j, int(Tl) * n), NH, NKV, segments);
     }
     group().reduce_scatter(flat(all_grads), flat(dkv));
     ops::qkv_join(dqkv, dq, dkv, NH, NKV);

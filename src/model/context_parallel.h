@@ -72,12 +72,13 @@ class ContextParallel {
 
   /// Causal attention of this rank's rows against the whole sequence: out (B,Tl,NH HS) and lse
   /// (B,NH,Tl) from qkv (B,Tl,(NH+2NKV)HS), Tl = T / size, as flash_attention_forward on the whole
-  /// sequence gives them for these rows.
-  void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int NH, int NKV);
+  /// sequence gives them for these rows. segments: the whole sequences' (B,T) document mask, or empty.
+  void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int NH, int NKV,
+                         const Tensor& segments = Tensor());
   /// dqkv (B,Tl,(NH+2NKV)HS) = (written, not accumulated) the gradient from dout, as
   /// flash_attention_backward gives it for these rows.
   void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                          const Tensor& lse, int NH, int NKV);
+                          const Tensor& lse, int NH, int NKV, const Tensor& segments = Tensor());
 
   /// Elements per rank each layer's attention sends (counted as dist::Traffic counts a send):
   /// forward (size - 1) key/value blocks of B Tl 2 NKV HS elements in the compute dtype; backward

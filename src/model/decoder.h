@@ -223,9 +223,9 @@ class Decoder : public Model {
   void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int NH, int NKV) {
     if (cp_.active()) {
       cp_.lend(ga_.scratch);
-      return cp_.attention_forward(out, lse, qkv, NH, NKV);
+      return cp_.attention_forward(out, lse, qkv, NH, NKV, segments());
     }
-    ops::flash_attention_forward(out, lse, qkv, NH, NKV, attention_kernels_);
+    ops::flash_attention_forward(out, lse, qkv, NH, NKV, attention_kernels_, segments());
   }
   /// Its backward: dqkv written (not accumulated).
   /// Under context parallelism the ring's work buffers borrow the backward scratch past dqkv and
@@ -234,9 +234,10 @@ class Decoder : public Model {
                           const Tensor& lse, int NH, int NKV) {
     if (cp_.active()) {
       cp_.lend(scratch_after(dqkv, dout));
-      return cp_.attention_backward(dqkv, dout, qkv, out, lse, NH, NKV);
+      return cp_.attention_backward(dqkv, dout, qkv, out, lse, NH, NKV, segments());
     }
-    ops::flash_attention_backward(dqkv, dout, qkv, out, lse, NH, NKV, attention_kernels_, ops::Accumulate::no);
+    ops::flash_attention_backward(dqkv, dout, qkv, out, lse, NH, NKV, attention_kernels_, ops::Accumulate::no,
+                                  segments());
   }
   /// The backward scratch past both tensors (256-byte aligned; none unless both lie in it).
   Tensor scratch_after(const Tensor& a, const Tensor& b) const { return scratch_past(ga_.scratch, a, b); }
@@ -265,8 +266,17 @@ class Decoder : public Model {
         ops::rope_forward(o, i, theta, rotated_heads, pos0);
       }
     };
-    if (!cp_.active()) return run(out, inp, 0);
     const std::int64_t T = out.shape[1], H = out.shape[2], HS = out.shape[3];
+    if (reset_positions()) {  // each document's rows from position 0
+      const auto piece = [&](const Tensor& t, std::int64_t b, int row, int n) {
+        char* base = static_cast<char*>(t.data) + std::size_t((b * T + row) * H * HS) * dtype_size(t.dtype);
+        return Tensor(base, t.dtype, t.device, {1, n, H, HS});
+      };
+      return for_each_document_piece(int(T), [&](std::int64_t b, int row, int n, int pos0) {
+        run(piece(out, b, row, n), piece(inp, b, row, n), pos0);
+      });
+    }
+    if (!cp_.active()) return run(out, inp, 0);
     const ops::Chunks at = cp_.mine(int(T) * cp_.size());
     const auto rows = [&](const Tensor& t, std::int64_t b, int i) {
       char* base = static_cast<char*>(t.data) + std::size_t((b * T + std::int64_t(i) * at.len) * H * HS) * dtype_size(t.dtype);
@@ -309,6 +319,21 @@ class Decoder : public Model {
   Tensor local_positions(int T);
   /// Adds the gradient of local_positions' rows into the table's gradient.
   void add_position_grads();
+  /// Packed sequences (documents_): the segment ids and document starts of the current slot's
+  /// whole sequences (B,T) from their inputs, the ids also on the device.
+  void take_documents(const std::int32_t* inputs, int B, int T);
+  /// (B,T) i32 segment ids of the whole sequences (under context parallelism too: the blocks'
+  /// kernels read them at their rows' positions) for the attention's mask; empty without it.
+  Tensor segments() const;
+  /// f(b, row, n, pos0) for each run of n rows of sequence b from local row `row` (of Tl) that lie
+  /// in one document and at consecutive positions, pos0 the first one's position in its document.
+  void for_each_document_piece(int Tl, const std::function<void(std::int64_t, int, int, int)>& f) const;
+  bool reset_positions() const { return documents_.active() && documents_.reset_positions; }
+  /// Learned positions under reset_positions: the table's rows added to the embedded tokens
+  /// (N,C) (by tensor rank 0: the sum over the group counts them once), and their gradient from
+  /// the stream's (N,C).
+  void add_document_positions(const Tensor& embedded);
+  void add_document_position_grads(const Tensor& dstream);
   /// The residual stream leaving the last layer of the range in use.
   const Tensor& stream_output() const { return a_.layers.empty() ? a_.encoded : a_.layers.back().residual3; }
 
@@ -316,6 +341,14 @@ class Decoder : public Model {
   // Context parallelism: this rank's tokens and targets, its learned positions and their gradient.
   std::vector<std::int32_t> cp_inputs_, cp_targets_;
   ops::Buffer cp_positions_, cp_position_grads_;
+  // Packed sequences: per activation slot (backward and recomputation read their micro-batch's).
+  struct SlotDocuments {
+    int B = 0, T = 0;                        // whole sequences
+    std::vector<std::int32_t> seg, start;    // (B,T): segment id, first position of its document
+    ops::Buffer device;                      // seg on the model's device
+  };
+  std::vector<SlotDocuments> slot_documents_;
+  ops::Buffer document_grads_;  // f32 stream gradient for add_document_position_grads (bf16)
   std::vector<Acts> acts_slots_;          // every slot's
 };
 

@@ -23,6 +23,7 @@ Model::StreamEnds Decoder<Body>::stream_ends() {
 template <class Body>
 double Decoder<Body>::forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T,
                               float dloss_scale) {
+  if (documents_.active()) take_documents(inputs, B, T);  // the whole sequences, before CP's split
   if (cp_.active()) {  // this rank's chunks of every sequence
     if (T > config_.context_length) ensure_acts(B, T);  // the error names the whole length
     cp_.take_rows(inputs, B, T, cp_inputs_);
@@ -39,8 +40,10 @@ double Decoder<Body>::forward(const std::int32_t* inputs, const std::int32_t* ta
   notify(PassEvent::forward_begins);
   if (begins_model()) {  // a later range's input is an earlier one's output (stream_ends)
     const Tensor embedded = sequence_parallel() ? a_.full_out : a_.encoded;
+    const bool reset = reset_positions() && p_.positions.data;
     tp_.vocab_parallel_embedding(embedded.reshape({B, T, config_.d_model}), inputs, a_.inputs, p_.embedding,
-                                 local_positions(T), slot_, slots_);
+                                 reset ? Tensor() : local_positions(T), slot_, slots_);
+    if (reset) add_document_positions(embedded);
     tp_.reduce_output(embedded, a_.encoded);
   }
   for (std::size_t li = 0; li < a_.layers.size(); ++li) {
@@ -90,16 +93,17 @@ void Decoder<Body>::backward(const std::function<void(std::int64_t)>& grads_read
   }
   // A later range's input gradient goes back to the range before it (stream_ends).
   if (begins_model()) {
-    const bool split_positions = cp_.active() && g_.positions.data;
-    Tensor dpositions = g_.positions;
+    const bool reset = reset_positions() && g_.positions.data;
+    const bool split_positions = !reset && cp_.active() && g_.positions.data;
+    Tensor dpositions = reset ? Tensor() : g_.positions;
     if (split_positions) {
       dpositions = Tensor(cp_position_grads_.data(), DType::f32, device_, {T, C});
       ops::zero(dpositions);
     }
-    tp_.vocab_parallel_embedding_backward(g_.embedding, dpositions,
-                                          tp_.gather_input(dresidual, a_.full_in).reshape({B, T, C}), a_.inputs,
-                                          slot_);
+    const Tensor dstream = tp_.gather_input(dresidual, a_.full_in);
+    tp_.vocab_parallel_embedding_backward(g_.embedding, dpositions, dstream.reshape({B, T, C}), a_.inputs, slot_);
     if (split_positions) add_position_grads();
+    if (reset) add_document_position_grads(dstream);
   }
   notify(PassEvent::backward_ends);
   if (grads_ready) grads_ready(num_params());
@@ -134,6 +138,87 @@ void Decoder<Body>::add_position_grads() {
                       device_, {at.len * C});
     ops::residual_forward(table, table, mine);
   }
+}
+
+template <class Body>
+void Decoder<Body>::take_documents(const std::int32_t* inputs, int B, int T) {
+  if (slot_documents_.size() < std::size_t(slots_)) slot_documents_.resize(std::size_t(slots_));
+  SlotDocuments& d = slot_documents_[std::size_t(slot_)];
+  d.B = B;
+  d.T = T;
+  d.seg.resize(std::size_t(B) * std::size_t(T));
+  d.start.resize(d.seg.size());
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (std::int64_t t = 0; t < T; ++t) {
+      const std::size_t i = std::size_t(b * T + t);
+      // the end-of-text token at t - 1 ends its document: t starts the next one
+      const bool begins = t == 0 || inputs[i - 1] == documents_.eot;
+      d.seg[i] = t == 0 ? 0 : d.seg[i - 1] + (begins ? 1 : 0);
+      d.start[i] = begins ? std::int32_t(t) : d.start[i - 1];
+    }
+  }
+  if (!documents_.mask) return;
+  const std::size_t bytes = d.seg.size() * sizeof(std::int32_t);
+  if (d.device.bytes() < bytes) d.device = ops::Buffer(device_, bytes);
+  ops::copy(Tensor(static_cast<std::int32_t*>(d.device.data()), DType::i32, device_, {std::int64_t(d.seg.size())}),
+            Tensor(d.seg.data(), DType::i32, Device::cpu, {std::int64_t(d.seg.size())}));
+}
+
+template <class Body>
+Tensor Decoder<Body>::segments() const {
+  if (!documents_.active() || !documents_.mask) return Tensor();
+  const SlotDocuments& d = slot_documents_.at(std::size_t(slot_));
+  return Tensor(const_cast<void*>(d.device.data()), DType::i32, device_, {d.B, d.T});
+}
+
+template <class Body>
+void Decoder<Body>::for_each_document_piece(int Tl, const std::function<void(std::int64_t, int, int, int)>& f) const {
+  const SlotDocuments& d = slot_documents_.at(std::size_t(slot_));
+  const ops::Chunks at = cp_.active() ? cp_.mine(Tl * cp_.size()) : ops::Chunks{Tl, 0};
+  for (std::int64_t b = 0; b < d.B; ++b) {
+    const std::int32_t* start = d.start.data() + b * d.T;
+    for (int i = 0; i < at.count(); ++i) {
+      for (int p = at.start(i), end = p + at.len; p < end;) {
+        int q = p + 1;
+        while (q < end && start[q] == start[p]) ++q;
+        f(b, i * at.len + (p - at.start(i)), q - p, p - start[p]);
+        p = q;
+      }
+    }
+  }
+}
+
+template <class Body>
+void Decoder<Body>::add_document_positions(const Tensor& embedded) {
+  const Tensor table = tp_.bias_once(p_.positions);
+  if (!table.data) return;
+  const std::int64_t C = config_.d_model, T = acts_T_;
+  const std::size_t elt = dtype_size(embedded.dtype);
+  for_each_document_piece(int(T), [&](std::int64_t b, int row, int n, int pos0) {
+    const Tensor x(static_cast<char*>(embedded.data) + std::size_t((b * T + row) * C) * elt, embedded.dtype, device_,
+                   {n * C});
+    const Tensor w(static_cast<char*>(table.data) + std::size_t(pos0 * C) * elt, table.dtype, device_, {n * C});
+    ops::residual_forward(x, x, w);
+  });
+}
+
+template <class Body>
+void Decoder<Body>::add_document_position_grads(const Tensor& dstream) {
+  const std::int64_t C = config_.d_model, T = acts_T_;
+  Tensor grads = dstream;
+  if (dstream.dtype != DType::f32) {
+    if (document_grads_.bytes() < std::size_t(dstream.numel()) * sizeof(float)) {
+      document_grads_ = ops::Buffer(device_, std::size_t(dstream.numel()) * sizeof(float));
+    }
+    grads = Tensor(document_grads_.data(), DType::f32, device_, {dstream.numel()});
+    ops::convert(grads, Tensor(dstream.data, dstream.dtype, device_, {dstream.numel()}));
+  }
+  const float* g = static_cast<const float*>(grads.data);
+  float* table = static_cast<float*>(g_.positions.data);
+  for_each_document_piece(int(T), [&](std::int64_t b, int row, int n, int pos0) {
+    const Tensor rows(table + std::int64_t(pos0) * C, DType::f32, device_, {n * C});
+    ops::residual_forward(rows, rows, Tensor(const_cast<float*>(g) + (b * T + row) * C, DType::f32, device_, {n * C}));
+  });
 }
 
 template <class Body>

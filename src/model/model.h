@@ -150,6 +150,20 @@ class Model {
   /// Tl = T / context_size positions of each sequence (ContextParallel::take_rows' order).
   virtual Tensor losses() = 0;
 
+  /// Packed sequences (data.document_mask, data.reset_positions): each end-of-text input token
+  /// (id `eot`) closes a document, so with seg[t] the number of them among the inputs before t,
+  /// `mask` makes token t attend only to s <= t with seg[s] = seg[t], and `reset_positions`
+  /// gives it position t minus its document's first index (learned or rotary positions).
+  /// Applies to forward and backward, not to decode_step. Set before the next forward.
+  struct Documents {
+    std::int32_t eot = -1;  // < 0: no documents (a plain causal sequence)
+    bool mask = false;
+    bool reset_positions = false;
+    bool active() const { return eot >= 0 && (mask || reset_positions); }
+  };
+  void set_documents(const Documents& documents) { documents_ = documents; }
+  const Documents& documents() const { return documents_; }
+
   /// Training: while deferred, forward adds each micro-batch's loss sum into a sum kept on the
   /// model's device and returns 0, so that no micro-step waits for the GPU to finish its forward;
   /// take_loss_sum() reads it (waiting, once per update) and starts it again from 0.
@@ -240,6 +254,7 @@ class Model {
   Layout layout_;
   TensorParallel tp_;
   ContextParallel cp_;
+  Documents documents_;
 
  private:
   std::vector<ParamInfo> infos_;

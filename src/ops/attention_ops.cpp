@@ -26,6 +26,21 @@ std::int64_t qkv_width(const Op& op, std::int64_t C, int NH, int& NKV) {
   return (NH + 2 * NKV) * (C / NH);
 }
 
+// A document mask: segments (B,T) i32, nondecreasing along each sequence (checked where the host
+// can read them).
+void expect_segments(const Op& op, const Tensor& segments, std::int64_t B, std::int64_t T) {
+  op.expect("segments", segments, DType::i32, {B, T});
+  if (segments.device != Device::cpu) return;
+  const std::int32_t* s = segments.as<std::int32_t>();
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (std::int64_t t = 1; t < T; ++t) {
+      if (s[b * T + t] < s[b * T + t - 1]) {
+        op.fail("segments: decrease at sequence " + std::to_string(b) + ", position " + std::to_string(t));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void attention_decode(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int pos,
@@ -84,7 +99,7 @@ void set_deterministic(bool deterministic) {
 }
 
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int NH, int NKV,
-                             AttentionKernels kernels) {
+                             AttentionKernels kernels, const Tensor& segments) {
   const Op op("flash_attention_forward");
   const auto B = out.shape[0], T = out.shape[1], C = out.shape[2];
   const std::int64_t width = qkv_width(op, C, NH, NKV);
@@ -92,6 +107,14 @@ void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
   op.expect("out", out, act, {B, T, C});
   op.expect("qkv", qkv, act, {B, T, width});
   op.expect("lse", lse, DType::f32, {B, NH, T});
+  if (segments.data) {  // the document mask: the CPU's kernel alone so far
+    expect_segments(op, segments, B, T);
+    return op.run(dispatch::Kernels{LLMTRAIN_CPU_KERNEL(flash_attention_forward), dispatch::NoKernel{}}, act,
+                  [&](auto v) {
+                    return std::tuple(v.out(out), v.f32(lse), v.in(qkv), as_int(B), as_int(T), as_int(C), NH, NKV,
+                                      v.i32(segments));
+                  });
+  }
   const auto args = [&](auto v) {
     return std::tuple(v.out(out), v.f32(lse), v.in(qkv), as_int(B), as_int(T), as_int(C), NH, NKV);
   };
@@ -104,7 +127,8 @@ void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
 }
 
 void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                              const Tensor& lse, int NH, int NKV, AttentionKernels kernels, Accumulate dqkv_mode) {
+                              const Tensor& lse, int NH, int NKV, AttentionKernels kernels, Accumulate dqkv_mode,
+                              const Tensor& segments) {
   const Op op("flash_attention_backward");
   const auto B = dout.shape[0], T = dout.shape[1], C = dout.shape[2];
   const std::int64_t width = qkv_width(op, C, NH, NKV);
@@ -114,6 +138,14 @@ void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tens
   op.expect("qkv", qkv, act, {B, T, width});
   op.expect("dqkv", dqkv, act, {B, T, width});
   op.expect("lse", lse, DType::f32, {B, NH, T});
+  if (segments.data) {
+    expect_segments(op, segments, B, T);
+    return op.run(dispatch::Kernels{LLMTRAIN_CPU_KERNEL(flash_attention_backward), dispatch::NoKernel{}}, act,
+                  [&](auto v) {
+                    return std::tuple(v.out(dqkv), v.in(dout), v.in(qkv), v.in(out), v.f32(lse), as_int(B),
+                                      as_int(T), as_int(C), NH, NKV, dqkv_mode == Accumulate::yes, v.i32(segments));
+                  });
+  }
   const auto args = [&](auto v) {
     return std::tuple(v.out(dqkv), v.in(dout), v.in(qkv), v.in(out), v.f32(lse), as_int(B), as_int(T), as_int(C),
                       NH, NKV, dqkv_mode == Accumulate::yes);
@@ -133,7 +165,7 @@ void expect_chunks(const Op& op, const char* name, const Chunks& at, std::int64_
 }  // namespace
 
 void attention_block_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const Tensor& kv,
-                             const Chunks& q_at, const Chunks& k_at, int NH, int NKV) {
+                             const Chunks& q_at, const Chunks& k_at, int NH, int NKV, const Tensor& segments) {
   const Op op("attention_block_forward");
   const auto B = qkv.shape[0], Tq = qkv.shape[1], Tk = kv.shape[1], C = out.shape[2];
   const std::int64_t expected = qkv_width(op, C, NH, NKV), kv_cols = 2 * (C / NH) * NKV;
@@ -145,6 +177,15 @@ void attention_block_forward(const Tensor& out, const Tensor& lse, const Tensor&
   op.expect("lse", lse, DType::f32, {B, NH, Tq});
   expect_chunks(op, "q_at", q_at, Tq);
   expect_chunks(op, "k_at", k_at, Tk);
+  if (segments.data) {
+    expect_segments(op, segments, B, segments.shape[1]);
+    return op.run(dispatch::Kernels{LLMTRAIN_CPU_KERNEL(attention_block_forward), dispatch::NoKernel{}}, act,
+                  [&](auto v) {
+                    return std::tuple(v.f32(out), v.f32(lse), v.in(qkv), v.in(kv), as_int(B), as_int(Tq), as_int(Tk),
+                                      as_int(C), NH, NKV, as_int(kv.shape[2]), q_at, k_at, v.i32(segments),
+                                      as_int(segments.shape[1]));
+                  });
+  }
   op.run(LLMTRAIN_KERNELS(attention_block_forward), act, [&](auto v) {
     return std::tuple(v.f32(out), v.f32(lse), v.in(qkv), v.in(kv), as_int(B), as_int(Tq), as_int(Tk), as_int(C), NH,
                       NKV, as_int(kv.shape[2]), q_at, k_at);
@@ -153,7 +194,7 @@ void attention_block_forward(const Tensor& out, const Tensor& lse, const Tensor&
 
 void attention_block_backward(const Tensor& dq, const Tensor& dkv, const Tensor& dout, const Tensor& qkv,
                               const Tensor& out, const Tensor& lse, const Tensor& kv, const Chunks& q_at,
-                              const Chunks& k_at, int NH, int NKV) {
+                              const Chunks& k_at, int NH, int NKV, const Tensor& segments) {
   const Op op("attention_block_backward");
   const auto B = dout.shape[0], Tq = dout.shape[1], C = dout.shape[2], Tk = kv.shape[1];
   const std::int64_t width = qkv_width(op, C, NH, NKV), kv_cols = 2 * (C / NH) * NKV;
@@ -169,6 +210,15 @@ void attention_block_backward(const Tensor& dq, const Tensor& dkv, const Tensor&
   expect_chunks(op, "q_at", q_at, Tq);
   expect_chunks(op, "k_at", k_at, Tk);
   if (dq.data == dkv.data && kv.shape[2] != width) op.fail("dq and dkv may be one tensor only for a packed qkv block");
+  if (segments.data) {
+    expect_segments(op, segments, B, segments.shape[1]);
+    return op.run(dispatch::Kernels{LLMTRAIN_CPU_KERNEL(attention_block_backward), dispatch::NoKernel{}}, act,
+                  [&](auto v) {
+                    return std::tuple(v.f32(dq), v.f32(dkv), v.in(dout), v.in(qkv), v.in(out), v.f32(lse), v.in(kv),
+                                      as_int(B), as_int(Tq), as_int(Tk), as_int(C), NH, NKV, as_int(kv.shape[2]), q_at,
+                                      k_at, v.i32(segments), as_int(segments.shape[1]));
+                  });
+  }
   op.run(LLMTRAIN_KERNELS(attention_block_backward), act, [&](auto v) {
     return std::tuple(v.f32(dq), v.f32(dkv), v.in(dout), v.in(qkv), v.in(out), v.f32(lse), v.in(kv), as_int(B),
                       as_int(Tq), as_int(Tk), as_int(C), NH, NKV, as_int(kv.shape[2]), q_at, k_at);

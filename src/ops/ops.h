@@ -83,16 +83,19 @@ void set_deterministic(bool deterministic);
 /// Causal self-attention, memory-lean (flash attention): qkv (B,T,(NH+2NKV)HS) holds NH query, NKV
 /// key and NKV value heads (grouped-query attention; NKV 0 means NH, GPT-2's qkv (B,T,3C)) ->
 /// out (B,T,NH HS) and lse (B,NH,T) f32, the log-sum-exp of each row's scaled scores; nothing of
-/// size T x T is stored.
+/// size T x T is stored. segments (B,T) i32, nondecreasing along each sequence (empty: plain
+/// causal): a document mask for packed sequences, row t attending to keys s <= t with
+/// segments[s] = segments[t]; CPU kernels only so far (CUDA tensors throw "no CUDA kernel").
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int NH, int NKV = 0,
-                             AttentionKernels kernels = AttentionKernels::flash);
+                             AttentionKernels kernels = AttentionKernels::flash, const Tensor& segments = Tensor());
 /// dqkv += (or, Accumulate::no, =) the gradient from dout (B,T,NH HS), recomputing the
 /// probabilities from qkv, out and lse. As dqkv's first writer cuDNN writes it directly, with no
-/// scratch copy to add; llmtrain's kernels zero it on the device and add.
+/// scratch copy to add; llmtrain's kernels zero it on the device and add. segments: the
+/// forward's document mask (empty: none).
 void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                               const Tensor& lse, int NH, int NKV = 0,
                               AttentionKernels kernels = AttentionKernels::flash,
-                              Accumulate dqkv_mode = Accumulate::yes);
+                              Accumulate dqkv_mode = Accumulate::yes, const Tensor& segments = Tensor());
 
 /// Context parallelism (model/context_parallel.h): which positions of the sequence a rank's rows
 /// hold (kernels::Chunks: one chunk, or the head-and-tail pair of a context-parallel rank).
@@ -102,16 +105,19 @@ using Chunks = kernels::Chunks;
 /// its last 2 NKV HS columns (a packed qkv, or a (B,Tk,2 NKV HS) block from kv_pack). A key is
 /// seen by the queries at or after its position. Writes the block's own softmax result: out
 /// (B,Tq,NH HS) f32 and lse (B,NH,Tq) f32 (rows that see no key of the block: 0 and -inf).
-/// With every key in one block (Chunks{T, 0}) it is flash_attention_forward.
+/// With every key in one block (Chunks{T, 0}) it is flash_attention_forward. segments (B,T) i32:
+/// the whole sequences' segment ids (T their whole length; empty: none), a document mask as
+/// flash_attention_forward's, read at the rows' positions (CPU kernels only so far).
 void attention_block_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const Tensor& kv,
-                             const Chunks& q_at, const Chunks& k_at, int NH, int NKV = 0);
+                             const Chunks& q_at, const Chunks& k_at, int NH, int NKV = 0,
+                             const Tensor& segments = Tensor());
 /// Its backward, against the softmax over all blocks: out (B,Tq,NH HS) and lse (B,NH,Tq) the
 /// merged results (out in the activations' dtype). dq (B,Tq,(NH+2NKV)HS) f32 += the queries'
 /// gradient (its first NH HS columns); dkv f32, shaped as kv, += the block's key and value
 /// gradients (its last 2 NKV HS columns). dq and dkv may be one tensor (a rank's own block).
 void attention_block_backward(const Tensor& dq, const Tensor& dkv, const Tensor& dout, const Tensor& qkv,
                               const Tensor& out, const Tensor& lse, const Tensor& kv, const Chunks& q_at,
-                              const Chunks& k_at, int NH, int NKV = 0);
+                              const Chunks& k_at, int NH, int NKV = 0, const Tensor& segments = Tensor());
 /// The log-sum-exp merge: (out, lse) f32 (B,T,C), (B,NH,T) become the attention over both their
 /// keys and the block's (block_out, block_lse).
 void attention_lse_merge(const Tensor& out, const Tensor& lse, const Tensor& block_out, const Tensor& block_lse);

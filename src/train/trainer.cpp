@@ -14,6 +14,7 @@
 #include "data/shard.h"
 #include "dist/file_work.h"
 #include "model/context_parallel.h"
+#include "model/documents.h"
 #include "ops/buffer.h"
 #include "ops/ops.h"
 #include "ops/profile.h"
@@ -143,6 +144,8 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
   const model::Layout layout = rank_layout(config_, comms);
   model_ = model::make_model(config_.model, device_, tc.recompute, model::precision_dtype(tc.precision),
                              attention_.kernels, layout);
+  model_->set_documents(model::documents_for(config_.data, model::shard_folder(config_.data.train.paths(), "data.train"),
+                                             device_, config_.model.attention));
   pipeline_ = std::make_unique<parallel::PipelineExecutor>(*model_, config_, comms_.host(Axis::pipeline), comms_.device(Axis::pipeline), int(accum_));
   if (layout.tensor_size > 1) {
     tensor_group_ = std::make_unique<parallel::CommTensorGroup>(comms.device(Axis::tensor), device_);

@@ -63,28 +63,36 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 
 /// The same attention without the probabilities (flash-attention interface): out (B,T,C) and
 /// lse (B,NH,T), the log-sum-exp of each row's scaled scores, from qkv (B,T,(NH+2NKV)HS).
-void flash_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV);
+/// seg (B,T), nondecreasing along each sequence (may be null: plain causal): a document mask, row
+/// t sees the keys s <= t with seg[s] = seg[t] (the CPU alone has it so far).
+void flash_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV,
+                             const std::int32_t* seg = nullptr);
 /// dqkv (B,T,(NH+2NKV)HS) += from dout (B,T,C), recomputing the probabilities from qkv and lse
 /// (B,NH,T); out (B,T,C) gives D = rowsum(dout * out). !accumulate: dqkv is written instead (its
-/// first writer: what it held is not read).
+/// first writer: what it held is not read). seg: the forward's document mask (may be null).
 void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                              int B, int T, int C, int NH, int NKV, bool accumulate);
+                              int B, int T, int C, int NH, int NKV, bool accumulate,
+                              const std::int32_t* seg = nullptr);
 
 /// Context parallelism (llmtrain/kernels/context_attention.h): attention of queries against one
 /// block of keys and values, each row at its true position in the sequence (a key is seen by the
 /// queries at or after it). qkv (B,Tq,(NH+2NKV)HS) holds the queries (its first NH HS columns);
 /// kv (B,Tk,kv_width) the block's NKV key heads then NKV value heads in its last 2 NKV HS columns
 /// (a packed qkv, or a (B,Tk,2 NKV HS) block). Writes out (B,Tq,C) and lse (B,NH,Tq), the
-/// block's own softmax (rows that see no key of the block: out 0, lse -inf).
+/// block's own softmax (rows that see no key of the block: out 0, lse -inf). seg (B,T) (may be
+/// null): the whole sequences' segment ids (T = the whole length), read at the rows' positions, a
+/// document mask as flash_attention_forward's.
 void attention_block_forward(float* out, float* lse, const float* qkv, const float* kv, int B, int Tq, int Tk, int C,
-                             int NH, int NKV, int kv_width, kernels::Chunks q_at, kernels::Chunks k_at);
+                             int NH, int NKV, int kv_width, kernels::Chunks q_at, kernels::Chunks k_at,
+                             const std::int32_t* seg = nullptr, int T = 0);
 /// Its backward against the whole row's softmax: out (B,Tq,C) and lse (B,NH,Tq) are the merged
 /// results over every block. dq (B,Tq,(NH+2NKV)HS) += the queries' gradient (first NH HS
 /// columns); dkv (B,Tk,kv_width) += the block's key and value gradients (its last 2 NKV HS
 /// columns). dq and dkv may be the same buffer (the block of the rank's own keys).
 void attention_block_backward(float* dq, float* dkv, const float* dout, const float* qkv, const float* out,
                               const float* lse, const float* kv, int B, int Tq, int Tk, int C, int NH, int NKV,
-                              int kv_width, kernels::Chunks q_at, kernels::Chunks k_at);
+                              int kv_width, kernels::Chunks q_at, kernels::Chunks k_at,
+                              const std::int32_t* seg = nullptr, int T = 0);
 /// Merges a block's attention (block_out (B,T,C), block_lse (B,NH,T)) into the running result
 /// (out, lse) by their log-sum-exps: out = (e^lse out + e^block_lse block_out) / (e^lse + e^block_lse).
 void attention_lse_merge(float* out, float* lse, const float* block_out, const float* block_lse, int B, int T, int C,
