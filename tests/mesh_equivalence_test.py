@@ -19,7 +19,7 @@ CHECKS holds what is not a layout compared with another: memory per rank, eval u
 refused configs, damaged checkpoints, a full disk, a stopped pipeline stage.
 
 Usage: mesh_equivalence_test.py LLMTRAIN MPIEXEC [--work DIR] [GROUP...]
-  GROUP: references, zero, tensor, context, pipeline, checkpoint (default: all of them).
+  GROUP: references, zero, tensor, context, pipeline, checkpoint, muon (default: all of them).
   --work DIR keeps the runs in DIR: the group "references" writes the one-rank references there
   and the other groups reuse them (ctest runs it first, as a fixture); without it, everything
   runs in a temporary folder, removed at the end.
@@ -43,7 +43,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 LEGACY = os.path.join(HERE, "data", "legacy_checkpoints")
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-GROUPS = ("references", "zero", "tensor", "context", "pipeline", "checkpoint")
+GROUPS = ("references", "zero", "tensor", "context", "pipeline", "checkpoint", "muon")
 
 
 # ----- base configs: the models rows train, and their one-rank references -----
@@ -72,6 +72,8 @@ def base_config(name, data):
     if name == "llama-bf16":  # the whole layer recomputed in backward; 10 smaller updates keep bf16's drift small
         config["train"].update(precision="bf16", recompute="full", max_steps=10)
         config["optim"] = {"warmup_steps": 1}
+    if name.endswith("muon"):  # Muon on the hidden matrices, AdamW on the rest
+        config["optim"].update(name="muon", muon={"lr": 0.02})
     if name in ("long", "term"):  # runs to interrupt: long enough that every interruption comes before the end
         config["model"] = dict(SMALL)
         config["train"].update(max_steps=3000 if name == "long" else 1200, eval_every=0)
@@ -305,6 +307,15 @@ ROWS = [
     Row("pipeline", "pp2-interleaved@10>w1", 1, resume=("pp2-interleaved", 10), against=ONE),
     Row("pipeline", "w1@10>pp2-interleaved", 2,
         "dist.pipeline_parallel=2 dist.pipeline_schedule=interleaved dist.virtual_stages=2", resume=(ONE, 10)),
+
+    # Muon: the layouts that keep each hidden matrix whole on its rank (data, context, pipeline),
+    # and a run resumed on another layout continuing the one-rank curve.
+    Row("muon", "muon-w2", 2, base="muon"),
+    Row("muon", "muon-pp2", 2, "dist.pipeline_parallel=2", base="muon"),
+    Row("muon", "muon-pp2@10>w2", 2, base="muon", resume=("muon-pp2", 10), against=ONE),
+    Row("muon", "muon-w1@10>pp2-dp2", 4, "dist.pipeline_parallel=2", base="muon", resume=(ONE, 10)),
+    Row("muon", "llama-muon-cp2", 2, "dist.context_parallel=2", base="llama-muon"),
+    Row("muon", "llama-muon-pp2-dp2", 4, "dist.pipeline_parallel=2", base="llama-muon"),
 
     # Interrupted runs end bit for bit as uninterrupted ones; an earlier version's checkpoints resume.
     Row("checkpoint", "w1-zero1-sigkill", 1, "dist.zero_stage=1", base="long", interrupt=("SIGKILL", 12, 10, (0.05, 0.35)), **EXACT),
@@ -695,6 +706,19 @@ def context_length_refused(h):
     assert not os.path.exists(f"{path}/metrics.jsonl"), "the refused run wrote metrics"
 
 
+def muon_split_refused(h):
+    """Muon under ZeRO 1 or tensor parallel 2 (matrices split between ranks): exit 2, one error line
+    naming optim.name and the key that splits, before any training."""
+    for key in ("dist.zero_stage=1", "dist.tensor_parallel=2"):
+        path = f"{h.out}/muon-refused-{key.split('.')[1].split('=')[0]}"
+        status, out = h.call(1, "train", "--config", h.config_file("muon"), "--run-dir", path, "--set", key,
+                             "--set", "train.max_steps=1")
+        errors = [line for line in out.splitlines() if "error:" in line]
+        assert status == 2 and len(errors) == 1 and "optim.name" in errors[0] and key.split("=")[0] in errors[0], \
+            f"{key}: exit {status}: {out}"
+        assert not os.path.exists(f"{path}/metrics.jsonl"), "the refused run wrote metrics"
+
+
 def damaged_checkpoints(h):
     """A corrupted checkpoint: explicit resume exits 2 naming the file, auto falls back to the
     previous one; truncated and partial ones: explicit resume exits 2 naming what is wrong."""
@@ -804,6 +828,8 @@ CHECKS = [  # (group, what, check)
      context_length_refused),
     ("pipeline", "a stopped stage ends the job within dist.timeout_s (3 s), the message naming stage 1 and rank 1",
      stopped_stage),
+    ("muon", "Muon with dist.zero_stage 1 or dist.tensor_parallel 2: exit 2, one error line naming optim.name and the key",
+     muon_split_refused),
     ("checkpoint", "damaged checkpoints: explicit resume exits 2 naming what is wrong; auto falls back to the previous one",
      damaged_checkpoints),
     ("checkpoint", "full disk while saving: exit 1 with a clear message; the previous checkpoint loads", full_disk),
