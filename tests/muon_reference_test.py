@@ -185,7 +185,7 @@ if MODE == "numpy":
     for case in data["newton_schulz"]:
         r, c = case["rows"], case["cols"]
         want = newton_schulz(np.array(case["u"]).reshape(r, c), case["steps"], case["coefficients"], case["eps"])
-        got = np.array(case["o"]).reshape(r, c)
+        got = np.array(case["o"], dtype=np.float64).reshape(r, c)  # a NaN or inf was written as null: nan
         err = np.abs(got - want).max() / np.abs(want).max()
         tol = 3e-2 if case["bf16"] else 2e-5
         check(err < tol and np.abs(got).max() > 0.1,
@@ -193,18 +193,18 @@ if MODE == "numpy":
     # Sabotage guard: the reference must tell apart a wrong step count.
     case = data["newton_schulz"][2]
     wrong = newton_schulz(np.array(case["u"]).reshape(16, 16), case["steps"] - 1, case["coefficients"], case["eps"])
-    check(np.abs(np.array(case["o"]).reshape(16, 16) - wrong).max() > 1e-3, "one step fewer gives a different matrix")
+    check(np.abs(np.array(case["o"], dtype=np.float64).reshape(16, 16) - wrong).max() > 1e-3, "one step fewer gives a different matrix")
 
 for run in data["runs"]:
     arch = "gpt2" if run["params"][0]["name"].startswith("transformer.") else "llama"
-    got = [np.array(s["weights"]) for s in run["steps"]]
+    got = [np.array(s["weights"], dtype=np.float64) for s in run["steps"]]
     moved = np.abs(got[-1] - np.array(run["initial"])).max()
     if MODE == "numpy":
         want, buf = numpy_run(run)
         for t, (g_, w_) in enumerate(zip(got, want), start=1):
             err = np.abs(g_ - w_).max()
             check(err < 1e-6, f"{arch}: weights after update {t} within {err:.2e} of NumPy's (< 1e-6)")
-        err = np.abs(np.array(run["momentum"]) - buf).max()
+        err = np.abs(np.array(run["momentum"], dtype=np.float64) - buf).max()
         check(err < 1e-6, f"{arch}: muon.momentum within {err:.2e} of NumPy's (< 1e-6)")
     else:
         want = torch_run(run)

@@ -139,6 +139,10 @@ TEST_CASE("Muon takes each layer's 2-D matrices (GPT-2's c_attn as q, k, v) by l
   config::OptimConfig muon;
   muon.name = "muon";
   CHECK(optim::state_bytes_per_param(muon) == 12);
+  // No CUDA path yet: a GPU run is refused by name rather than updated on the host.
+  CHECK_THROWS_WITH(optim::make_optimizer(muon, {optim::Piece{{0, 16}, 0}}, Device::cuda),
+                    "optim.name: \"muon\" runs on the CPU only so far (no CUDA Newton-Schulz yet); use optim.name "
+                    "\"adamw\" for GPU runs");
 }
 
 TEST_CASE("Newton-Schulz gives a matrix whose singular values lie near 1", "[optim][muon]") {
