@@ -196,6 +196,18 @@ def context_traffic(run):
 context_traffic.what = "the context group's bytes per layer as the formula"
 
 
+def muon_traffic(run):
+    """Muon's gathers under ZeRO: at step 2 this rank (rank 0 of the data group) sent parts of the
+    matrices it does not own to their owners and received its owned ones' parts (sends counted on
+    the data axis; with one rank owning every W-th matrix round-robin, some of each)."""
+    got = update_2(run, "collectives")
+    assert got.get("send", (0, 0))[0] > 0 and got.get("recv", (0, 0))[0] > 0, f"no Muon transfers at step 2: {got}"
+    print(f"  data group: {got}")
+
+
+muon_traffic.what = "Muon's owner gathers and scatters counted as the data axis' sends and receives"
+
+
 def pipeline_transfers(per_micro):
     """Stage 0's transfers of an update: PER_MICRO tensors of (B T, C) f32 per micro-batch (1 under
     1F1B: its activation; 3 interleaved with 2 chunks: both chunks' activations and the second
@@ -308,8 +320,16 @@ ROWS = [
     Row("pipeline", "w1@10>pp2-interleaved", 2,
         "dist.pipeline_parallel=2 dist.pipeline_schedule=interleaved dist.virtual_stages=2", resume=(ONE, 10)),
 
-    # Muon: the layouts that keep each hidden matrix whole on its rank (data, context, pipeline),
-    # and a run resumed on another layout continuing the one-rank curve.
+    # Muon: layouts that keep each hidden matrix whole on its rank (data, context, pipeline) and
+    # ZeRO's, whose matrices each owner gathers (the sends and receives counted on the data axis);
+    # runs resumed on another layout continue the one-rank curve.
+    Row("muon", "muon-zero1-w2", 2, "dist.zero_stage=1", base="muon", checks=(muon_traffic,)),
+    Row("muon", "muon-zero3-w2", 2, Z3, base="muon", checks=(muon_traffic,)),
+    Row("muon", "muon-zero3-w4", 4, Z3, base="muon", checks=(muon_traffic,)),
+    Row("muon", "muon-zero3-w4@10>w1", 1, base="muon", resume=("muon-zero3-w4", 10)),
+    Row("muon", "muon-zero1-w2@10>pp2", 2, "dist.pipeline_parallel=2", base="muon", resume=("muon-zero1-w2", 10)),
+    Row("muon", "llama-muon-zero3-w2", 2, Z3, base="llama-muon", checks=(muon_traffic,)),
+    Row("muon", "llama-muon-pp2-dp2-zero1", 4, "dist.pipeline_parallel=2 dist.zero_stage=1", base="llama-muon"),
     Row("muon", "muon-w2", 2, base="muon"),
     Row("muon", "muon-pp2", 2, "dist.pipeline_parallel=2", base="muon"),
     Row("muon", "muon-pp2@10>w2", 2, base="muon", resume=("muon-pp2", 10), against=ONE),
@@ -706,17 +726,16 @@ def context_length_refused(h):
     assert not os.path.exists(f"{path}/metrics.jsonl"), "the refused run wrote metrics"
 
 
-def muon_split_refused(h):
-    """Muon under ZeRO 1 or tensor parallel 2 (matrices split between ranks): exit 2, one error line
-    naming optim.name and the key that splits, before any training."""
-    for key in ("dist.zero_stage=1", "dist.tensor_parallel=2"):
-        path = f"{h.out}/muon-refused-{key.split('.')[1].split('=')[0]}"
-        status, out = h.call(1, "train", "--config", h.config_file("muon"), "--run-dir", path, "--set", key,
-                             "--set", "train.max_steps=1")
-        errors = [line for line in out.splitlines() if "error:" in line]
-        assert status == 2 and len(errors) == 1 and "optim.name" in errors[0] and key.split("=")[0] in errors[0], \
-            f"{key}: exit {status}: {out}"
-        assert not os.path.exists(f"{path}/metrics.jsonl"), "the refused run wrote metrics"
+def muon_tensor_refused(h):
+    """Muon at tensor parallel 2 (matrices sliced over the tensor group, which it does not gather):
+    exit 2, one error line naming optim.name and dist.tensor_parallel, before any training."""
+    path = f"{h.out}/muon-refused-tp2"
+    status, out = h.call(1, "train", "--config", h.config_file("muon"), "--run-dir", path,
+                         "--set", "dist.tensor_parallel=2", "--set", "train.max_steps=1")
+    errors = [line for line in out.splitlines() if "error:" in line]
+    assert status == 2 and len(errors) == 1 and "optim.name" in errors[0] and "dist.tensor_parallel" in errors[0], \
+        f"exit {status}: {out}"
+    assert not os.path.exists(f"{path}/metrics.jsonl"), "the refused run wrote metrics"
 
 
 def damaged_checkpoints(h):
@@ -828,8 +847,7 @@ CHECKS = [  # (group, what, check)
      context_length_refused),
     ("pipeline", "a stopped stage ends the job within dist.timeout_s (3 s), the message naming stage 1 and rank 1",
      stopped_stage),
-    ("muon", "Muon with dist.zero_stage 1 or dist.tensor_parallel 2: exit 2, one error line naming optim.name and the key",
-     muon_split_refused),
+    ("muon", "Muon with dist.tensor_parallel 2: exit 2, one error line naming optim.name and the key", muon_tensor_refused),
     ("checkpoint", "damaged checkpoints: explicit resume exits 2 naming what is wrong; auto falls back to the previous one",
      damaged_checkpoints),
     ("checkpoint", "full disk while saving: exit 1 with a clear message; the previous checkpoint loads", full_disk),

@@ -7,6 +7,9 @@
 // the output head, norms and biases are AdamW's, with optim's keys. One schedule scales both
 // learning rates. State: "muon.momentum" (the momentum of the Muon matrices' elements) and
 // "adamw.m", "adamw.v" (AdamW's moments of the others), each laid out like the parameters.
+// Under ZeRO (UpdateArgs::shard_group) each matrix is orthogonalised once, by an owner rank chosen
+// round-robin over the matrices, which gathers the other ranks' parts of u and sends theirs of O
+// back (point-to-point transfers through the data-parallel communicator, counted there).
 #pragma once
 
 #include <cstdint>
@@ -14,6 +17,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "dist/communicator.h"
 #include "core/tensor.h"
 #include "model/model.h"
 #include "ops/buffer.h"
@@ -62,20 +66,34 @@ class Muon final : public Optimizer {
   Tensor v() const { return v_.view(DType::f32, {size()}); }
 
  private:
-  // A Muon matrix at `local` in the local arrays.
+  // One part of a Muon matrix on one rank of the shard group: elements [at, at + length) of the
+  // matrix, at `local` in that rank's local arrays (known for this rank's parts only).
+  struct Part {
+    int rank = 0;
+    std::int64_t at = 0, length = 0, local = 0;
+  };
+  // A Muon matrix and where its parts lie; `owner` orthogonalises it (matrices round-robin over
+  // the shard group's ranks).
   struct Placed {
-    std::int64_t local = 0, rows = 0, cols = 0;
+    std::int64_t rows = 0, cols = 0;
+    int owner = 0;
+    std::vector<Part> parts;
   };
   void lay_out(const UpdateArgs& a);
+  // Sends this rank's parts of u to each matrix's owner, which orthogonalises the whole, and
+  // receives the result into the same places of u (ZeRO: the matrices are split over the ranks).
+  void orthogonalise_sharded(dist::Communicator& group, float* u);
 
   config::OptimConfig optim_;
   double lr_ = 0.0, weight_decay_ = 0.0;  // Muon's peak lr and weight decay
   NewtonSchulz ns_;
   ops::Buffer momentum_, m_, v_;
-  std::vector<Placed> matrices_;
+  std::vector<Placed> matrices_;  // those with a part on this rank
+  int rank_ = 0;
   ops::AdamWPlan adamw_plan_;  // the elements outside the matrices
   bool planned_ = false;
-  std::vector<float> u_, scratch_;
+  std::vector<float> u_, scratch_;           // u, then O, laid out like the local arrays
+  std::vector<std::vector<float>> whole_;    // the matrices this rank owns, gathered
 };
 
 }  // namespace llmtrain::optim
