@@ -25,6 +25,7 @@
 #include "optim/muon.h"
 #include "optim/newton_schulz.h"
 #include "optim/registry.h"
+#include "plan/memory_plan.h"
 #include "process.h"
 
 using namespace llmtrain;
@@ -138,6 +139,13 @@ TEST_CASE("Muon takes each layer's 2-D matrices (GPT-2's c_attn as q, k, v) by l
   config::OptimConfig muon;
   muon.name = "muon";
   CHECK(optim::state_bytes_per_param(muon) == 12);
+  // plan: 12 bytes of state per parameter where AdamW has 8, unsharded and as ZeRO 3's shards of 4.
+  const config::Config c = config::parse_config(R"({"optim": {"name": "muon"}})", "c.json", {});
+  config::Config with_adamw = c;
+  with_adamw.optim.name = "adamw";
+  const std::int64_t P = plan::parameter_count(c.model);
+  CHECK(plan::plan_memory(c, 1, 0, false, 1).optimizer == 12 * P);
+  CHECK(plan::plan_memory(c, 4, 3, false, 1).optimizer * 2 == plan::plan_memory(with_adamw, 4, 3, false, 1).optimizer * 3);
   // No CUDA path yet: a GPU run is refused by name rather than updated on the host.
   CHECK_THROWS_WITH(optim::make_optimizer(muon, {optim::Piece{{0, 16}, 0}}, Device::cuda),
                     "optim.name: \"muon\" runs on the CPU only so far (no CUDA Newton-Schulz yet); use optim.name "
