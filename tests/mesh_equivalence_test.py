@@ -69,7 +69,7 @@ def base_config(name, data):
               "checkpoint": {"every": 10, "keep_last": 5}}
     if name.startswith("llama"):
         config["model"] = dict(LLAMA)
-    if name == "llama-bf16":  # the whole layer recomputed in backward; 10 smaller updates keep bf16's drift small
+    if name.startswith("llama-bf16"):  # the whole layer recomputed in backward; 10 smaller updates keep bf16's drift small
         config["train"].update(precision="bf16", recompute="full", max_steps=10)
         config["optim"] = {"warmup_steps": 1}
     if name.endswith("muon"):  # Muon on the hidden matrices, AdamW on the rest
@@ -330,6 +330,13 @@ ROWS = [
     Row("muon", "muon-zero1-w2@10>pp2", 2, "dist.pipeline_parallel=2", base="muon", resume=("muon-zero1-w2", 10)),
     Row("muon", "llama-muon-zero3-w2", 2, Z3, base="llama-muon", checks=(muon_traffic,)),
     Row("muon", "llama-muon-pp2-dp2-zero1", 4, "dist.pipeline_parallel=2 dist.zero_stage=1", base="llama-muon"),
+    # bf16: Newton-Schulz's products are rounded to bf16, a step function: gradients that differ
+    # in the last bits (another summation order; AdamW's weights then agree to 1e-8) round some
+    # entries the other way, and O differs at bf16's precision. Muon's steps here (0.02 x 0.2
+    # sqrt(40) x O) are some 7 times AdamW's (6e-4): the weights' tolerance is 7 times the AdamW
+    # rows' 2e-3 (measured: 3.4e-4 at data 2, 5.3e-3 under ZeRO 3).
+    Row("muon", "llama-bf16-muon-w2", 2, base="llama-bf16-muon", loss_tol=5e-4, weight_tol=1.5e-2),
+    Row("muon", "llama-bf16-muon-zero3-w2", 2, Z3, base="llama-bf16-muon", loss_tol=5e-4, weight_tol=1.5e-2),
     Row("muon", "muon-w2", 2, base="muon"),
     Row("muon", "muon-pp2", 2, "dist.pipeline_parallel=2", base="muon"),
     Row("muon", "muon-pp2@10>w2", 2, base="muon", resume=("muon-pp2", 10), against=ONE),

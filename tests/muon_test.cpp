@@ -217,6 +217,27 @@ TEST_CASE("Muon trains, checkpoints muon.momentum, resumes bit for bit, and refu
   }
   REQUIRE(losses.size() == 6);
   CHECK(losses.back() < losses.front());
+  // bf16 (Newton-Schulz's products rounded to bf16, the bf16 working copy written by Muon): the
+  // fp32 run's losses within bf16's drift, and further from a run whose matrices stay put.
+  const auto losses_of = [](const std::string& run) {
+    std::vector<double> out;
+    std::ifstream in(run + "/metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const auto m = nlohmann::json::parse(line);
+      if (m.contains("loss")) out.push_back(m["loss"].get<double>());
+    }
+    return out;
+  };
+  REQUIRE(train(dir.path() + "/bf16", {"--set", "train.precision=bf16"}).exit_code == 0);
+  REQUIRE(train(dir.path() + "/still", {"--set", "optim.muon.lr=1e-9"}).exit_code == 0);
+  const std::vector<double> bf16 = losses_of(dir.path() + "/bf16"), still = losses_of(dir.path() + "/still");
+  REQUIRE(bf16.size() == losses.size());
+  REQUIRE(still.size() == losses.size());
+  double drift = 0.0;
+  for (std::size_t i = 0; i < losses.size(); ++i) drift = std::max(drift, std::abs(bf16[i] - losses[i]));
+  CAPTURE(drift, still.back(), losses.back());
+  CHECK(drift < 0.01);
+  CHECK(std::abs(still.back() - losses.back()) > 5 * drift);
   // Resuming with AdamW: exit 2 and one line naming optim.name.
   const auto refused = train(one, {"--set", "optim.name=adamw", "--set", "train.max_steps=8"});
   CAPTURE(refused.err);
