@@ -197,12 +197,42 @@ context_traffic.what = "the context group's bytes per layer as the formula"
 
 
 def muon_traffic(run):
-    """Muon's gathers under ZeRO: at step 2 this rank (rank 0 of the data group) sent parts of the
-    matrices it does not own to their owners and received its owned ones' parts (sends counted on
-    the data axis; with one rank owning every W-th matrix round-robin, some of each)."""
+    """Muon's gathers under ZeRO, as the data axis' sends and receives of an update (rank 0's):
+    matrix j (flat order; GPT-2's c_attn as its q, k and v blocks) is owned by rank j mod W, which
+    receives the other ranks' parts of u and sends their parts of O back, one transfer each way per
+    part; a rank that holds part of a matrix it does not own sends that part and receives it back.
+    Under ZeRO 1 and 2 (GPT-2) rank r holds [r S, (r + 1) S) of the flat buffer, S = ceil(P / W):
+    counts and bytes exact. Under ZeRO 3 (shards of each layer unit): some of each."""
     got = update_2(run, "collectives")
-    assert got.get("send", (0, 0))[0] > 0 and got.get("recv", (0, 0))[0] > 0, f"no Muon transfers at step 2: {got}"
     print(f"  data group: {got}")
+    m, d, W = run.config["model"], run.config["dist"], run.ranks
+    if d["zero_stage"] == 3 or m["arch"] != "gpt2":
+        assert got.get("send", (0, 0))[0] > 0 and got.get("recv", (0, 0))[0] > 0, f"no Muon transfers: {got}"
+        return
+    V, T, L, C, F = m["vocab_size"], m["context_length"], m["n_layer"], m["d_model"], m["ffn_hidden"]
+    at, matrices = 2 * C, []  # ln_f first, then the layers from the last, then wpe and wte
+    for _ in range(L):
+        at += 2 * C  # ln_1
+        matrices += [(at + k * C * C, C * C) for k in range(3)]  # c_attn's q, k, v
+        at += 3 * C * C + 3 * C
+        matrices.append((at, C * C))  # attn.c_proj
+        at += C * C + C + 2 * C  # and ln_2
+        matrices.append((at, F * C))  # c_fc
+        at += F * C + F
+        matrices.append((at, C * F))  # mlp.c_proj
+        at += C * F + C
+    P = at + T * C + V * C
+    S = -(-P // W)
+    parts = lambda off, n: [(r, min(off + n, (r + 1) * S) - max(off, r * S)) for r in range(W)
+                            if min(off + n, (r + 1) * S) > max(off, r * S)]
+    calls, sent = 0, 0
+    for j, (off, n) in enumerate(matrices):
+        for r, length in parts(off, n):
+            if (j % W == 0) != (r == 0):  # rank 0 owns j and r is another rank, or r == 0 and another owns j
+                calls += 1
+                sent += 4 * length
+    expect = {"send": (calls, sent), "recv": (calls, 0.0)}
+    same_traffic({k: got.get(k, (0, 0.0)) for k in expect}, expect, "data group, Muon's transfers")
 
 
 muon_traffic.what = "Muon's owner gathers and scatters counted as the data axis' sends and receives"
@@ -324,6 +354,7 @@ ROWS = [
     # ZeRO's, whose matrices each owner gathers (the sends and receives counted on the data axis);
     # runs resumed on another layout continue the one-rank curve.
     Row("muon", "muon-zero1-w2", 2, "dist.zero_stage=1", base="muon", checks=(muon_traffic,)),
+    Row("muon", "muon-zero1-w4", 4, "dist.zero_stage=1", base="muon", checks=(muon_traffic,)),
     Row("muon", "muon-zero3-w2", 2, Z3, base="muon", checks=(muon_traffic,)),
     Row("muon", "muon-zero3-w4", 4, Z3, base="muon", checks=(muon_traffic,)),
     Row("muon", "muon-zero3-w4@10>w1", 1, base="muon", resume=("muon-zero3-w4", 10)),
