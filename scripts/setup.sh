@@ -25,14 +25,19 @@ packages=(
 # Optional: lm-evaluation-harness 0.4.x for tests/hellaswag_harness_test.py (and transformers for
 # tests/choice_eval_test.py), in a virtual environment .venv-lm-eval at the repository's root that
 # sees the system's packages, so that Debian's PyTorch serves it (`scripts/setup.sh --with-lm-eval`).
+# Optional: a PyTorch >= 2.9 from PyPI (its CPU-only wheel) with torch.optim.Muon, for
+# tests/muon_reference_test.py, in a virtual environment .venv-torch at the repository's root
+# (`scripts/setup.sh --with-torch-muon`; Debian's python3-torch is older and has no Muon).
 with_onnx=0
 with_lm_eval=0
+with_torch_muon=0
 for arg in "$@"; do
   case "$arg" in
     --with-torch) packages+=(python3-torch python3-matplotlib) ;;
     --with-onnx) with_onnx=1; packages+=(python3-pip) ;;
     --with-lm-eval) with_lm_eval=1; packages+=(python3-torch python3-venv python3-pip) ;;
-    *) echo "setup.sh: unknown option $arg (known: --with-torch, --with-onnx, --with-lm-eval)" >&2; exit 2 ;;
+    --with-torch-muon) with_torch_muon=1; packages+=(python3-venv python3-pip) ;;
+    *) echo "setup.sh: unknown option $arg (known: --with-torch, --with-onnx, --with-lm-eval, --with-torch-muon)" >&2; exit 2 ;;
   esac
 done
 
@@ -99,4 +104,15 @@ if ((with_lm_eval)); then
     'accelerate>=0.26,<1' 'numpy>=1.25,<2' 'pyarrow>=15,<20'
   rm -f "$constraints"
   "$venv/bin/python" -c 'import importlib.metadata as m, lm_eval.models.huggingface; print("setup.sh: lm-eval", m.version("lm_eval"))'
+fi
+
+if ((with_torch_muon)); then
+  # Its own venv without the system's packages: a PyTorch 2.9 beside Debian's older one would
+  # shadow it for the other tests. The CPU wheel index keeps the download small (no CUDA libraries).
+  venv="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv-torch"
+  echo "setup.sh: installing PyTorch >= 2.9 (CPU) and numpy from PyPI into $venv"
+  [[ -x "$venv/bin/python" ]] || /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --index-url https://download.pytorch.org/whl/cpu 'torch>=2.9'
+  "$venv/bin/python" -m pip install --quiet numpy
+  "$venv/bin/python" -c 'import torch; assert hasattr(torch.optim, "Muon"); print("setup.sh: torch", torch.__version__, "with torch.optim.Muon")'
 fi

@@ -165,16 +165,16 @@ TEST_CASE("optim.name selects a registered optimizer; plan counts its state per 
   CHECK(optim::state_bytes_per_param(adamw) == 8);
   config::OptimConfig sgd;
   sgd.name = "sgd_momentum";
-  CHECK_THROWS_WITH(optim::state_bytes_per_param(sgd), "optim.name: expected one of \"adamw\", got \"sgd_momentum\"");
+  CHECK_THROWS_WITH(optim::state_bytes_per_param(sgd), "optim.name: expected one of \"adamw\", \"muon\", got \"sgd_momentum\"");
   CHECK(config_error(R"({"optim": {"name": "sgd_momentum"}})").find(
-            "optim.name: expected one of \"adamw\", got \"sgd_momentum\"") != std::string::npos);
+            "optim.name: expected one of \"adamw\", \"muon\", got \"sgd_momentum\"") != std::string::npos);
   register_sgd_momentum();
   CHECK(optim::state_bytes_per_param(sgd) == 4);
   const config::Config c = config::parse_config(R"({"optim": {"name": "sgd_momentum"}})", "c.json", {});
   CHECK(c.optim.name == "sgd_momentum");
   const std::string near_miss = config_error(R"({"optim": {"name": "sgd_momentun"}})");
   CAPTURE(near_miss);
-  CHECK(near_miss.find("optim.name: expected one of \"adamw\", \"sgd_momentum\"") != std::string::npos);
+  CHECK(near_miss.find("optim.name: expected one of \"adamw\", \"muon\", \"sgd_momentum\"") != std::string::npos);
   CHECK(near_miss.find("did you mean \"sgd_momentum\"?") != std::string::npos);
   // plan: 4 bytes of state per parameter where AdamW has 8, unsharded and as ZeRO 3's shards.
   config::Config with_adamw = c;

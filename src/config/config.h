@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -213,6 +214,23 @@ struct TrainConfig {
   }
 };
 
+/// optim.muon: the Muon optimizer's keys (optim/muon.h), read as one object whose keys are each
+/// checked like a section's (config/muon_keys.cpp).
+struct MuonConfig {
+  std::optional<double> lr;            // absent: optim.lr (the schedule scales it alike)
+  double momentum = 0.95;
+  bool nesterov = true;
+  std::int64_t ns_steps = 5;           // Newton-Schulz iterations
+  std::vector<double> ns_coefficients{3.4445, -4.7750, 2.0315};  // (a, b, c)
+  std::string adjust_lr = "match_rms_adamw";  // or "original"
+  std::optional<double> weight_decay;  // absent: optim.weight_decay
+  double eps = 1e-7;                   // floor of the Frobenius norm Newton-Schulz divides by
+  bool operator==(const MuonConfig&) const = default;
+};
+
+/// optim.muon: an object of MuonConfig's keys.
+struct MuonKeys {};
+
 struct OptimConfig {
   std::string name = "adamw";  // the optimizer (optim/registry.h); its state is what checkpoints hold
   double lr = 6e-4;
@@ -223,6 +241,7 @@ struct OptimConfig {
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
+  MuonConfig muon;  // read whatever optim.name is; used when it is "muon"
 
   template <class Visitor>
   void fields(Visitor&& v) {
@@ -235,6 +254,7 @@ struct OptimConfig {
     v("beta1", beta1, unit_open_right);
     v("beta2", beta2, unit_open_right);
     v("eps", eps, positive);
+    v("muon", muon, MuonKeys{});
   }
 };
 

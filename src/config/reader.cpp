@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config/muon_keys.h"
 #include "config/origins.h"
 #include "config/rules.h"
 #include "core/error.h"
@@ -28,7 +29,7 @@ namespace {
 // optim.name's values: AdamW's, and those registered since (optim/registry.h).
 struct OptimizerNames {
   std::mutex mutex;
-  std::vector<std::string> names{"adamw"};
+  std::vector<std::string> names{"adamw", "muon"};
 };
 
 OptimizerNames& optimizer_name_list() {
@@ -264,6 +265,10 @@ void read_value(const json& v, const std::string& path, std::vector<EvalTask>& o
   }
 }
 
+void read_value(const json& v, const std::string& path, MuonConfig& out, const MuonKeys&, const Origins& o) {
+  read_muon_keys(v, path, out, o);
+}
+
 void read_value(const json& v, const std::string& path, bool& out, const Boolean&, const Origins& o) {
   if (!v.is_boolean()) fail(o, path, "expected true or false, got " + shown(v));
   out = v.get<bool>();
@@ -373,6 +378,8 @@ struct SectionWriter {
         tasks.push_back(std::move(task));
       }
       object[key] = std::move(tasks);
+    } else if constexpr (std::is_same_v<T, MuonConfig>) {
+      object[key] = muon_keys_json(member);
     } else if constexpr (std::is_same_v<T, ValData>) {
       if (!member.named) {
         object[key] = paths_json(member.paths());

@@ -14,6 +14,10 @@
 #include "model/model.h"
 #include "optim/piece.h"
 
+namespace llmtrain::dist {
+class Communicator;
+}
+
 namespace llmtrain::optim {
 
 /// What one update gets. The tensors are the rank's local arrays (the pieces end to end) on the
@@ -28,6 +32,10 @@ struct UpdateArgs {
   std::int64_t step = 0;   // the update's number, 1-based
   Tensor working = {};     // (size(),) bf16 when it has data: receives the updated weights rounded to
                            // bf16 (the model's working copy under mixed precision)
+  // The ranks whose pieces together hold every parameter whole, when this rank's pieces are a
+  // shard of them (ZeRO's data-parallel group, host memory); null when each rank's pieces hold
+  // whole parameters. An optimizer that needs whole tensors (Muon) gathers them through it.
+  dist::Communicator* shard_group = nullptr;
 };
 
 /// How a state tensor lies over the ranks.

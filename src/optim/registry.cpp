@@ -6,11 +6,10 @@
 
 #include "core/error.h"
 #include "optim/adamw.h"
+#include "optim/muon.h"
 
 namespace llmtrain::optim {
 namespace {
-
-
 
 // AdamW: every parameter, 8 bytes of state each.
 OptimizerKind adamw_kind() {
@@ -21,12 +20,21 @@ OptimizerKind adamw_kind() {
           }};
 }
 
+// Muon: every parameter (its hidden matrices by Muon, the rest by AdamW), 12 bytes of state each.
+OptimizerKind muon_kind() {
+  return {[](const config::OptimConfig&) { return Muon::bytes_per_param; },
+          [](const model::ParamInfo&) { return true; },
+          [](const config::OptimConfig& optim, std::vector<Piece> pieces, Device device) -> std::unique_ptr<Optimizer> {
+            return std::make_unique<Muon>(std::move(pieces), optim, device);
+          }};
+}
+
 struct Registry {
   std::mutex mutex;
-  std::map<std::string, OptimizerKind> kinds{{AdamW::name, adamw_kind()}};
+  std::map<std::string, OptimizerKind> kinds{{AdamW::name, adamw_kind()}, {Muon::name, muon_kind()}};
 };
 
-// The optimizers by name, AdamW from the start.
+// The optimizers by name, AdamW and Muon from the start.
 Registry& registry() {
   static Registry r;
   return r;

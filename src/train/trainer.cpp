@@ -316,7 +316,8 @@ StepResult Trainer::step(std::int64_t step) {
   bad_in_a_row_ = 0;
   if (before_update_) before_update_();
   optimizer_->update({model_->param_infos(), gradients_->master(), gradients_->grads(), result.grad_norm, tc.grad_clip,
-                      result.lr, step, gradients_->working_weights()});
+                      result.lr, step, gradients_->working_weights(),
+                      gradients_->shards_optimizer() ? &comms_.host(Axis::data) : nullptr});
   gradients_->weights_updated();
   // Replicas of one part of the model (the ranks of a data-parallel group) can drift apart;
   // shards have nothing to compare.

@@ -1,0 +1,99 @@
+// Muon (MomentUm Orthogonalized by Newton-Schulz) over the model's hidden matrices, AdamW over
+// every other parameter, behind the Optimizer interface (optim/optimizer.h). The update is
+// torch.optim.Muon's: momentum buf <- buf + (1 - mu)(g - buf), u = g + mu (buf - g) (Nesterov) or
+// buf, O = Newton-Schulz(u) (optim/newton_schulz.h), W <- W (1 - lr wd) - lr_adj O with lr_adj
+// from the matrix's logical (out, in) shape. The hidden matrices are each layer's 2-D weights
+// (GPT-2's fused c_attn as its q, k and v blocks, each orthogonalised on its own); the embeddings,
+// the output head, norms and biases are AdamW's, with optim's keys. One schedule scales both
+// learning rates. State: "muon.momentum" (the momentum of the Muon matrices' elements) and
+// "adamw.m", "adamw.v" (AdamW's moments of the others), each laid out like the parameters.
+// Under ZeRO (UpdateArgs::shard_group) each matrix is orthogonalised once, by an owner rank chosen
+// round-robin over the matrices, which gathers the other ranks' parts of u and sends theirs of O
+// back (point-to-point transfers through the data-parallel communicator, counted there).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "dist/communicator.h"
+#include "core/tensor.h"
+#include "model/model.h"
+#include "ops/buffer.h"
+#include "ops/ops.h"
+#include "optim/newton_schulz.h"
+#include "optim/optimizer.h"
+#include "optim/piece.h"
+
+namespace llmtrain::optim {
+
+/// One matrix Muon orthogonalises: `rows` x `cols` (out, in) elements, row-major from `offset` of
+/// the flat buffer whose ParamInfo it comes from.
+struct MuonMatrix {
+  std::string name;  // the parameter's name; "...c_attn.weight[q]" for a block of a fused one
+  std::int64_t offset = 0, rows = 0, cols = 0;
+  std::int64_t numel() const { return rows * cols; }
+};
+
+/// The matrices of `infos` that Muon updates (every 2-D parameter of a transformer layer, GPT-2's
+/// c_attn split into q, k and v), in their order; the rest is AdamW's.
+std::vector<MuonMatrix> muon_matrices(const std::vector<model::ParamInfo>& infos);
+
+/// lr_adj for a (rows, cols) matrix: lr sqrt(max(1, rows / cols)) ("original") or
+/// lr 0.2 sqrt(max(rows, cols)) ("match_rms_adamw").
+double muon_adjusted_lr(double lr, const std::string& adjust_lr, std::int64_t rows, std::int64_t cols);
+
+class Muon final : public Optimizer {
+ public:
+  /// optim.name's value for Muon.
+  static constexpr const char* name = "muon";
+  /// Bytes of state per parameter element: the f32 momentum and AdamW's f32 m and v, each laid out
+  /// like the parameters.
+  static constexpr std::int64_t bytes_per_param = 12;
+
+  /// Zero state for `pieces` on `device` (the CPU only: InputError naming optim.name elsewhere).
+  Muon(std::vector<Piece> pieces, const config::OptimConfig& optim, Device device = Device::cpu);
+
+  /// One update: gradients scaled so that the global norm is at most grad_clip, then Muon on the
+  /// matrices and AdamW on the rest, both at args.lr's place in the schedule.
+  void update(const UpdateArgs& args) override;
+  /// "muon.momentum", "adamw.m" and "adamw.v".
+  std::vector<StateTensor> state() const override;
+
+  Tensor momentum() const { return momentum_.view(DType::f32, {size()}); }
+  Tensor m() const { return m_.view(DType::f32, {size()}); }
+  Tensor v() const { return v_.view(DType::f32, {size()}); }
+
+ private:
+  // One part of a Muon matrix on one rank of the shard group: elements [at, at + length) of the
+  // matrix, at `local` in that rank's local arrays (known for this rank's parts only).
+  struct Part {
+    int rank = 0;
+    std::int64_t at = 0, length = 0, local = 0;
+  };
+  // A Muon matrix and where its parts lie; `owner` orthogonalises it (matrices round-robin over
+  // the shard group's ranks).
+  struct Placed {
+    std::int64_t rows = 0, cols = 0;
+    int owner = 0;
+    std::vector<Part> parts;
+  };
+  void lay_out(const UpdateArgs& a);
+  // Sends this rank's parts of u to each matrix's owner, which orthogonalises the whole, and
+  // receives the result into the same places of u (ZeRO: the matrices are split over the ranks).
+  void orthogonalise_sharded(dist::Communicator& group, float* u);
+
+  config::OptimConfig optim_;
+  double lr_ = 0.0, weight_decay_ = 0.0;  // Muon's peak lr and weight decay
+  NewtonSchulz ns_;
+  ops::Buffer momentum_, m_, v_;
+  std::vector<Placed> matrices_;  // those with a part on this rank
+  int rank_ = 0;
+  ops::AdamWPlan adamw_plan_;  // the elements outside the matrices
+  bool planned_ = false;
+  std::vector<float> u_, scratch_;           // u, then O, laid out like the local arrays
+  std::vector<std::vector<float>> whole_;    // the matrices this rank owns, gathered
+};
+
+}  // namespace llmtrain::optim
