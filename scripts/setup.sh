@@ -108,11 +108,12 @@ fi
 
 if ((with_torch_muon)); then
   # Its own venv without the system's packages: a PyTorch 2.9 beside Debian's older one would
-  # shadow it for the other tests. The CPU wheel index keeps the download small (no CUDA libraries).
+  # shadow it for the other tests. PyPI's wheel (about 4 GB with its CUDA libraries) runs on the CPU;
+  # TORCH_INDEX_URL may name a CPU-only wheel index instead, where one can be reached.
   venv="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv-torch"
-  echo "setup.sh: installing PyTorch >= 2.9 (CPU) and numpy from PyPI into $venv"
+  echo "setup.sh: installing PyTorch >= 2.9 and numpy from PyPI into $venv"
   [[ -x "$venv/bin/python" ]] || /usr/bin/python3 -m venv "$venv"
-  "$venv/bin/python" -m pip install --quiet --index-url https://download.pytorch.org/whl/cpu 'torch>=2.9'
+  "$venv/bin/python" -m pip install --quiet ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} 'torch>=2.9'
   "$venv/bin/python" -m pip install --quiet numpy
   "$venv/bin/python" -c 'import torch; assert hasattr(torch.optim, "Muon"); print("setup.sh: torch", torch.__version__, "with torch.optim.Muon")'
 fi
