@@ -22,15 +22,8 @@ work=$(mktemp -d)
 trap '[[ -n "${KEEP:-}" ]] || rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 
-# Each rank runs llmtrain as a child and prints the child's maximum resident set (KiB).
-cat > "$work/peak.py" <<'PY'
-import os, resource, subprocess, sys
-status = subprocess.call(sys.argv[2:])
-kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-with open(f"{sys.argv[1]}.{os.environ.get('OMPI_COMM_WORLD_RANK', '0')}", "w") as f:
-    f.write(f"{kib}\n")
-sys.exit(status)
-PY
+# Each rank runs llmtrain through scripts/lib/peak_rss.py, which writes its peak RSS (KiB).
+peak="$PWD/scripts/lib/peak_rss.py"
 for i in $(seq 1 3000); do printf 'line %d of the host memory benchmark corpus, with a few words\n' "$i"; done > "$work/text.txt"
 "$llmtrain" tokenize --input "$work/text.txt" --output "$work/data" >/dev/null
 
@@ -52,7 +45,7 @@ config "$work/tiny.json" '{"arch": "llama", "vocab_size": 256, "context_length":
 run() {  # run NAME CONFIG [ARGS...]: 4 or 2 ranks as the args say; peaks in $work/NAME.peak.RANK
   local name="$1" config="$2" ranks=4; shift 2
   [[ " $* " == *" dist.tensor_parallel=1 "* ]] && ranks=2
-  "$mpiexec" --allow-run-as-root --oversubscribe -np "$ranks" /usr/bin/python3 "$work/peak.py" "$work/$name.peak" \
+  "$mpiexec" --allow-run-as-root --oversubscribe -np "$ranks" /usr/bin/python3 "$peak" "$work/$name.peak" \
     "$llmtrain" train --config "$config" "$@" >"$work/$name.log" 2>&1 ||
     { echo "bench_host_memory: $name failed: $(grep -m 3 error "$work/$name.log")" >&2; exit 1; }
 }
@@ -93,7 +86,7 @@ echo "bench_host_memory: largest ratio $worst (target: at most 1.5)"
 # 3. Export, one process: peak RSS less the tiny model's export's.
 export_peak() {  # export_peak SIZE DTYPE: KiB
   rm -rf "$work/$1-hf-$2"
-  /usr/bin/python3 "$work/peak.py" "$work/$1-export-$2.peak" "$llmtrain" export --checkpoint "$work/$1-train" \
+  /usr/bin/python3 "$peak" "$work/$1-export-$2.peak" "$llmtrain" export --checkpoint "$work/$1-train" \
     --format hf --dtype "$2" --shard-gb 0.1 --output "$work/$1-hf-$2" >"$work/$1-export-$2.log" 2>&1 ||
     { echo "bench_host_memory: export of $1 failed: $(tail -n 3 "$work/$1-export-$2.log")" >&2; exit 1; }
   cat "$work/$1-export-$2.peak.0"

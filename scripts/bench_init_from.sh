@@ -18,15 +18,8 @@ work=$(mktemp -d)
 trap '[[ -n "${KEEP:-}" ]] || rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 
-# Each rank runs llmtrain as a child and writes the child's maximum resident set (KiB).
-cat > "$work/peak.py" <<'PY'
-import os, resource, subprocess, sys
-status = subprocess.call(sys.argv[2:])
-kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-with open(f"{sys.argv[1]}.{os.environ.get('OMPI_COMM_WORLD_RANK', '0')}", "w") as f:
-    f.write(f"{kib}\n")
-sys.exit(status)
-PY
+# Each rank runs llmtrain through scripts/lib/peak_rss.py, which writes its peak RSS (KiB).
+peak="$PWD/scripts/lib/peak_rss.py"
 
 for i in $(seq 1 2000); do printf 'line %d of the init_from benchmark corpus, with a few words\n' "$i"; done > "$work/text.txt"
 "$llmtrain" tokenize --input "$work/text.txt" --output "$work/data" >/dev/null
@@ -52,7 +45,7 @@ source_run() {  # source_run ARCH: one update of a seeded model, saved
     >"$work/$1-source.log" 2>&1 || { echo "bench_init_from: $1: the source run failed" >&2; exit 1; }
 }
 eval_tp2() {  # eval_tp2 ARCH: eval --tensor-parallel 2 of its source checkpoint; peaks in $work/ARCH.peak.RANK
-  "$mpiexec" --allow-run-as-root --oversubscribe -np 2 /usr/bin/python3 "$work/peak.py" "$work/$1.peak" \
+  "$mpiexec" --allow-run-as-root --oversubscribe -np 2 /usr/bin/python3 "$peak" "$work/$1.peak" \
     "$llmtrain" eval --checkpoint "$work/$1-source" --tensor-parallel 2 --batches 1 --data "$work/data/train_*.bin" \
     >"$work/$1-eval.log" 2>&1 || { echo "bench_init_from: $1: eval failed: $(grep -m 3 error "$work/$1-eval.log")" >&2; exit 1; }
 }

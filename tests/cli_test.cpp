@@ -9,9 +9,11 @@
 
 #include "catch_compat.h"
 #include "process.h"
+#include "run_metrics.h"
 
 using llmtrain::test::run_llmtrain;
 using llmtrain::test::TempDir;
+using llmtrain::test::training_losses;
 
 namespace {
 
@@ -56,18 +58,6 @@ std::string cudnn_unusable(const std::string& err) {
   const std::string fallback = "attention: flash (bf16, but ";
   if (line.rfind(fallback, 0) != 0) return "";
   return "cuDNN's attention cannot run here: " + line.substr(fallback.size(), line.size() - fallback.size() - 1);
-}
-
-// The training losses a run logged, step by step, from RUN/metrics.jsonl (validation and
-// checkpoint records, which carry no "loss", left out).
-std::vector<double> training_losses(const std::string& run) {
-  std::vector<double> out;
-  std::ifstream metrics(run + "/metrics.jsonl");
-  for (std::string line; std::getline(metrics, line);) {
-    const auto m = nlohmann::json::parse(line);
-    if (m.contains("loss")) out.push_back(m["loss"].get<double>());
-  }
-  return out;
 }
 
 }  // namespace

@@ -12,38 +12,14 @@
 
 #include "catch_compat.h"
 #include "checkpoint/safetensors.h"
+#include "golden_reference.h"
 #include "model/documents.h"
 #include "model/model.h"
 
 using namespace llmtrain;
+using namespace llmtrain::test::golden;  // read, read_i32, relative_error
 
 namespace {
-
-std::vector<float> read(const checkpoint::SafetensorsReader& r, const std::string& name) {
-  const auto* info = r.find(name);
-  REQUIRE(info != nullptr);
-  std::vector<float> out(std::size_t(info->numel()));
-  r.read_f32(name, out);
-  return out;
-}
-
-std::vector<std::int32_t> read_i32(const checkpoint::SafetensorsReader& r, const std::string& name) {
-  const auto* info = r.find(name);
-  REQUIRE(info != nullptr);
-  const auto bytes = r.data(*info);
-  std::vector<std::int32_t> out(bytes.size() / 4);
-  std::memcpy(out.data(), bytes.data(), bytes.size());
-  return out;
-}
-
-double relative_error(const float* a, const std::vector<float>& b) {
-  double diff = 0.0, ref = 0.0;
-  for (std::size_t i = 0; i < b.size(); ++i) {
-    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    ref += double(b[i]) * b[i];
-  }
-  return std::sqrt(diff / ref);
-}
 
 void check_documents(const std::string& arch, const std::string& variant, model::Recompute recompute) {
   const checkpoint::SafetensorsReader file(LLMTRAIN_SOURCE_DIR "/tests/data/" + arch + "_documents_reference.safetensors");

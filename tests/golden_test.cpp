@@ -10,6 +10,7 @@
 #include "catch_compat.h"
 #include "checkpoint/safetensors.h"
 #include "core/bf16.h"
+#include "golden_reference.h"
 #include "model/gpt2.h"
 #include "model/llama.h"
 #include "ops/buffer.h"
@@ -19,36 +20,10 @@
 #include "weights_compare.h"
 
 using namespace llmtrain;
+using namespace llmtrain::test::golden;  // read, read_i32, relative_error
 
 namespace {
 
-
-std::vector<float> read(const checkpoint::SafetensorsReader& r, const std::string& name) {
-  const auto* info = r.find(name);
-  REQUIRE(info != nullptr);
-  std::vector<float> out(std::size_t(info->numel()));
-  r.read_f32(name, out);
-  return out;
-}
-
-std::vector<std::int32_t> read_i32(const checkpoint::SafetensorsReader& r, const std::string& name) {
-  const auto* info = r.find(name);
-  REQUIRE(info != nullptr);
-  const auto bytes = r.data(*info);
-  std::vector<std::int32_t> out(bytes.size() / 4);
-  std::memcpy(out.data(), bytes.data(), bytes.size());
-  return out;
-}
-
-// |a - b| / |b| over whole tensors.
-double relative_error(const float* a, const std::vector<float>& b) {
-  double diff = 0.0, ref = 0.0;
-  for (std::size_t i = 0; i < b.size(); ++i) {
-    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    ref += double(b[i]) * b[i];
-  }
-  return std::sqrt(diff / ref);
-}
 
 struct Golden {
   checkpoint::SafetensorsReader file;

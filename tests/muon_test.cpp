@@ -27,6 +27,7 @@
 #include "optim/registry.h"
 #include "plan/memory_plan.h"
 #include "process.h"
+#include "run_metrics.h"
 
 using namespace llmtrain;
 
@@ -209,28 +210,15 @@ TEST_CASE("Muon trains, checkpoints muon.momentum, resumes bit for bit, and refu
   }
   CHECK(files >= 2);
   // The loss fell (a working optimizer, not a no-op): the last logged loss below the first.
-  std::vector<double> losses;
-  std::ifstream metrics(one + "/metrics.jsonl");
-  for (std::string line; std::getline(metrics, line);) {
-    const auto m = nlohmann::json::parse(line);
-    if (m.contains("loss")) losses.push_back(m["loss"].get<double>());
-  }
+  const std::vector<double> losses = test::training_losses(one);
   REQUIRE(losses.size() == 6);
   CHECK(losses.back() < losses.front());
   // bf16 (Newton-Schulz's products rounded to bf16, the bf16 working copy written by Muon): the
   // fp32 run's losses within bf16's drift, and further from a run whose matrices stay put.
-  const auto losses_of = [](const std::string& run) {
-    std::vector<double> out;
-    std::ifstream in(run + "/metrics.jsonl");
-    for (std::string line; std::getline(in, line);) {
-      const auto m = nlohmann::json::parse(line);
-      if (m.contains("loss")) out.push_back(m["loss"].get<double>());
-    }
-    return out;
-  };
   REQUIRE(train(dir.path() + "/bf16", {"--set", "train.precision=bf16"}).exit_code == 0);
   REQUIRE(train(dir.path() + "/still", {"--set", "optim.muon.lr=1e-9"}).exit_code == 0);
-  const std::vector<double> bf16 = losses_of(dir.path() + "/bf16"), still = losses_of(dir.path() + "/still");
+  const std::vector<double> bf16 = test::training_losses(dir.path() + "/bf16");
+  const std::vector<double> still = test::training_losses(dir.path() + "/still");
   REQUIRE(bf16.size() == losses.size());
   REQUIRE(still.size() == losses.size());
   double drift = 0.0;

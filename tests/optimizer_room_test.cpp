@@ -27,6 +27,7 @@
 #include "optim/registry.h"
 #include "plan/memory_plan.h"
 #include "process.h"
+#include "run_metrics.h"
 #include "train/run.h"
 
 using namespace llmtrain;
@@ -138,15 +139,6 @@ void check_resume_equal(const std::string& run) {
   CHECK(files >= 2);
 }
 
-std::vector<double> losses(const std::string& run) {
-  std::vector<double> out;
-  std::ifstream in(run + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const auto m = nlohmann::json::parse(line);
-    if (m.contains("loss")) out.push_back(m["loss"].get<double>());
-  }
-  return out;
-}
 
 // The message of the InputError that reading `json` as a config throws ("" when none).
 std::string config_error(const std::string& json) {
@@ -271,12 +263,12 @@ TEST_CASE("a toy SGD with momentum trains through the optimizer interface on 1 a
     two_ranks(two + "-split", zero, 3);
     two_ranks(two + "-split", zero, steps);
   }
-  const std::vector<double> one_losses = losses(one);
+  const std::vector<double> one_losses = test::training_losses(one);
   REQUIRE(one_losses.size() == std::size_t(steps));
   for (const int zero : {1, 3}) {
     const std::string two = dir.path() + "/two-zero" + std::to_string(zero);
     CAPTURE(zero);
-    const std::vector<double> got = losses(two);
+    const std::vector<double> got = test::training_losses(two);
     REQUIRE(got.size() == one_losses.size());
     for (std::size_t i = 0; i < got.size(); ++i) CHECK(std::abs(got[i] - one_losses[i]) <= 1e-5 * one_losses[i]);
     // Each rank wrote its shard of the toy's state.
