@@ -76,6 +76,30 @@ struct TaskList {};
 /// A field's optional fourth descriptor; may_change when not given.
 enum class OnResume { may_change, must_match };
 
+/// model.moe: a Mixture-of-Experts MLP in the llama family's layers (docs/moe.md), read as one
+/// object whose keys are each checked like a section's (config/moe_keys.cpp). `enabled` false
+/// (the key absent or null): every layer keeps its dense MLP.
+struct MoeConfig {
+  bool enabled = false;
+  std::int64_t experts = 0;            // E routed experts per MoE layer
+  std::int64_t top_k = 0;              // k experts per token
+  std::int64_t ffn_hidden = 0;         // each routed expert's SwiGLU width
+  std::int64_t shared_experts = 0;     // always-on experts, added to the routed output
+  std::int64_t shared_ffn_hidden = 0;  // each shared expert's width; 0: ffn_hidden (resolved on load)
+  std::int64_t first_dense_layers = 0; // the first N layers keep model.ffn_hidden's dense MLP
+  std::string router = "softmax";      // "softmax" or "sigmoid" (DeepSeek-V3)
+  bool normalize_top_k = true;         // softmax: the k weights renormalised to sum 1
+  double route_scale = 1.0;            // the k weights' factor
+  double aux_loss_coef = 0.01;         // switch load-balancing loss
+  double z_loss_coef = 0.0;            // router z-loss
+  double bias_update_rate = 0.0;       // aux-loss-free balancing (the expert bias moves by it per update)
+  double capacity_factor = 0.0;        // 0: dropless
+  bool operator==(const MoeConfig&) const = default;
+};
+
+/// model.moe: an object of MoeConfig's keys, or null.
+struct MoeKeys {};
+
 struct ModelConfig {
   Arch arch = Arch::gpt2;
   std::int64_t vocab_size = 50257;
@@ -90,6 +114,7 @@ struct ModelConfig {
   bool tie_embeddings = true;   // output head shares the token embedding; unset: gpt2 true, llama false
   Attention attention = Attention::automatic;  // GPU attention kernels: auto, our flash attention, or cuDNN's fused attention
   std::string init_from;        // Hugging Face style safetensors file or folder; empty: random init
+  MoeConfig moe;                // Mixture-of-Experts MLPs (llama); absent: dense
 
   template <class Visitor>
   void fields(Visitor&& v) {
@@ -106,6 +131,7 @@ struct ModelConfig {
     v("tie_embeddings", tie_embeddings, Boolean{}, OnResume::must_match);
     v("attention", attention, Named{});
     v("init_from", init_from, AnyString{});
+    v("moe", moe, MoeKeys{}, OnResume::must_match);
   }
 };
 

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config/moe_keys.h"
 #include "config/muon_keys.h"
 #include "config/origins.h"
 #include "config/rules.h"
@@ -269,6 +270,10 @@ void read_value(const json& v, const std::string& path, MuonConfig& out, const M
   read_muon_keys(v, path, out, o);
 }
 
+void read_value(const json& v, const std::string& path, MoeConfig& out, const MoeKeys&, const Origins& o) {
+  read_moe_keys(v, path, out, o);
+}
+
 void read_value(const json& v, const std::string& path, bool& out, const Boolean&, const Origins& o) {
   if (!v.is_boolean()) fail(o, path, "expected true or false, got " + shown(v));
   out = v.get<bool>();
@@ -380,6 +385,8 @@ struct SectionWriter {
       object[key] = std::move(tasks);
     } else if constexpr (std::is_same_v<T, MuonConfig>) {
       object[key] = muon_keys_json(member);
+    } else if constexpr (std::is_same_v<T, MoeConfig>) {
+      object[key] = moe_keys_json(member);
     } else if constexpr (std::is_same_v<T, ValData>) {
       if (!member.named) {
         object[key] = paths_json(member.paths());

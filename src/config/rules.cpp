@@ -87,6 +87,41 @@ void check_arch(ModelConfig& m, const Origins& o, bool tie_embeddings_given) {
   }
 }
 
+// Mixture-of-Experts MLPs: the llama family's SwiGLU layers, on one rank or data parallel (ZeRO
+// 0-3); the other parallelisms and recomputation are not built for them yet (docs/moe.md).
+void check_moe(Config& c, const Origins& o) {
+  MoeConfig& m = c.model.moe;
+  if (!m.enabled) return;
+  if (arch_traits(c.model.arch).mlp != Mlp::swiglu) {
+    fail_rule(o, "model.moe", "model.arch",
+              "Mixture-of-Experts layers are built for the llama family, got model.arch \"" + to_string(c.model.arch) + "\"");
+  }
+  if (m.shared_ffn_hidden == 0) m.shared_ffn_hidden = m.ffn_hidden;
+  if (m.first_dense_layers >= c.model.n_layer) {
+    fail_rule(o, "model.moe.first_dense_layers", "model.n_layer",
+              "must be < model.n_layer (" + std::to_string(c.model.n_layer) + "), got " +
+                  std::to_string(m.first_dense_layers));
+  }
+  const auto refuse = [&](const char* key, std::int64_t value) {
+    if (value > 1) {
+      fail_rule(o, "model.moe", key, std::string("Mixture-of-Experts layers are not built for ") + key + " > 1 yet (got " +
+                                         std::to_string(value) + "); data parallelism and ZeRO 1-3 work");
+    }
+  };
+  refuse("dist.tensor_parallel", c.dist.tensor_parallel);
+  refuse("dist.context_parallel", c.dist.context_parallel);
+  refuse("dist.pipeline_parallel", c.dist.pipeline_parallel);
+  if (c.dist.sequence_parallel) {
+    fail_rule(o, "model.moe", "dist.sequence_parallel",
+              "Mixture-of-Experts layers are not built for sequence parallelism yet (it needs dist.tensor_parallel)");
+  }
+  if (c.train.recompute != Recompute::none) {
+    fail_rule(o, "model.moe", "train.recompute",
+              "Mixture-of-Experts layers keep their activations: train.recompute must be \"none\", got \"" +
+                  to_string(c.train.recompute) + "\"");
+  }
+}
+
 }  // namespace
 
 void resolve_and_check(Config& c, const Origins& o, bool tie_embeddings_given) {
@@ -105,6 +140,7 @@ void resolve_and_check(Config& c, const Origins& o, bool tie_embeddings_given) {
   }
   check_pipeline(c, o);
   check_context(c, o);
+  check_moe(c, o);
   if (c.optim.name == "muon" && c.dist.tensor_parallel > 1) {
     // Each Muon matrix is orthogonalised whole: its owner gathers ZeRO's shards of it, but not
     // (yet) the tensor-parallel slices.

@@ -291,6 +291,7 @@ class Decoder : public Model {
   const config::ArchTraits& traits_;
   Params p_, g_;
   int acts_B_ = 0, acts_T_ = 0;
+  float dloss_scale_ = 0.0f;  // the last forward's (the layers' own losses scale by it in backward)
   Acts a_;  // the activation slot in use
   GradActs ga_;
   Decoding d_;

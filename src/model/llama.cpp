@@ -1,5 +1,6 @@
 #include "model/llama.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -38,6 +39,10 @@ void LlamaBody::for_each_param(const config::ModelConfig& c, const ParamVisitor&
     f(h + "self_attn.v_proj.weight", {NKV * HS, C});
     f(h + "self_attn.o_proj.weight", {C, NH * HS});
     f(h + "post_attention_layernorm.weight", {C});
+    if (is_moe_layer(c, l)) {
+      for_each_moe_param(c, [&](const std::string& name, std::vector<std::int64_t> shape) { f(h + name, shape); });
+      continue;
+    }
     f(h + "mlp.gate_proj.weight", {F4, C});
     f(h + "mlp.up_proj.weight", {F4, C});
     f(h + "mlp.down_proj.weight", {C, F4});
@@ -55,9 +60,12 @@ void LlamaBody::lay_out_unread(ActsCarver& take, const config::ModelConfig& conf
 
 void LlamaBody::lay_out_mlp(ActsCarver& take, const config::ModelConfig& config, const ActsDims& d, Acts& la) {
   const std::int64_t F = widths(config, d.tensor_size).F;
-  la.gate = take.take({d.N, F});
-  la.up = take.take({d.N, F});
-  la.swi = take.take({d.N, F});
+  if (has_dense_layers(config)) {
+    la.gate = take.take({d.N, F});
+    la.up = take.take({d.N, F});
+    la.swi = take.take({d.N, F});
+  }
+  if (config.moe.enabled) lay_out_moe_acts(take, config, d.N, la.moe);
 }
 
 void LlamaBody::lay_out_kept(ActsCarver& take, const config::ModelConfig& config, const ActsDims& d, Acts& la) {
@@ -81,9 +89,12 @@ void LlamaBody::lay_out_grads(ActsCarver& take, const config::ModelConfig& confi
   g.qkvr = take.take({N, QKV});
   g.atty = take.take({N, CL});
   g.ln2 = take.take({R, C});
-  g.gate = take.take({N, F});
-  g.up = take.take({N, F});
-  g.swi = take.take({N, F});
+  if (has_dense_layers(config)) {
+    g.gate = take.take({N, F});
+    g.up = take.take({N, F});
+    g.swi = take.take({N, F});
+  }
+  if (config.moe.enabled) lay_out_moe_grads(take, config, N, g.moe);
 }
 
 void LlamaBody::lay_out_decoding(ActsCarver& take, const config::ModelConfig& config, Decoding& d) {
@@ -93,9 +104,12 @@ void LlamaBody::lay_out_decoding(ActsCarver& take, const config::ModelConfig& co
   d.qkvr = take.take({1, QKV});
   d.atty = take.take({1, C});
   d.proj = take.take({1, C});
-  d.gate = take.take({1, F});
-  d.up = take.take({1, F});
-  d.swi = take.take({1, F});
+  if (has_dense_layers(config)) {
+    d.gate = take.take({1, F});
+    d.up = take.take({1, F});
+    d.swi = take.take({1, F});
+  }
+  if (config.moe.enabled) lay_out_moe_acts(take, config, 1, d.moe);
 }
 
 Llama::Llama(const config::ModelConfig& config, Device device, Recompute recompute, DType compute,
@@ -143,6 +157,18 @@ Llama::LayerParams Llama::bind_layer(std::int64_t l, bool grads) const {
   lp.qkv = Tensor(q.data, q.dtype, device_, {QKV_, config_.d_model});
   lp.o = param_named(h + "self_attn.o_proj.weight", grads);
   lp.post_norm = param_named(h + "post_attention_layernorm.weight", grads);
+  if (is_moe_layer(config_, l)) {
+    const auto named = [&](const char* name) { return has_param(h + name) ? param_named(h + name, grads) : Tensor(); };
+    lp.moe = {named("mlp.gate.weight"),
+              named("mlp.gate.e_score_correction_bias"),
+              named("mlp.experts.gate_proj"),
+              named("mlp.experts.up_proj"),
+              named("mlp.experts.down_proj"),
+              named("mlp.shared_experts.gate_proj.weight"),
+              named("mlp.shared_experts.up_proj.weight"),
+              named("mlp.shared_experts.down_proj.weight")};
+    return lp;
+  }
   lp.gate = param_named(h + "mlp.gate_proj.weight", grads);
   lp.up = param_named(h + "mlp.up_proj.weight", grads);
   lp.down = param_named(h + "mlp.down_proj.weight", grads);
@@ -150,10 +176,12 @@ Llama::LayerParams Llama::bind_layer(std::int64_t l, bool grads) const {
 }
 
 Model::InitRule Llama::init_rule(const ParamInfo& info) const {
+  if (info.name.ends_with("e_score_correction_bias")) return {0.0f, 0.0f};  // the experts start unbiased
   if (info.shape.size() == 1) return {0.0f, 1.0f};  // RMSNorm weights
   // As GPT-2 does, so the stream's variance does not grow with depth.
   const float residual_std = 0.02f / std::sqrt(2.0f * float(config_.n_layer));
-  const bool residual = info.name.ends_with("o_proj.weight") || info.name.ends_with("down_proj.weight");
+  const bool residual = info.name.ends_with("o_proj.weight") || info.name.ends_with("down_proj.weight") ||
+                        info.name.ends_with("experts.down_proj");
   return {residual ? residual_std : 0.02f, 0.0f};
 }
 
@@ -184,9 +212,26 @@ void Llama::forward_layer(std::size_t l) {
   tp_.row_parallel_linear(la.attproj, a_.full_out, la.atty, lp.o, none);
   ops::residual_forward(la.residual2, x, la.attproj);
   ops::rmsnorm_forward(la.ln2, la.rstd2, la.residual2, lp.post_norm, eps);
-  forward_mlp(l);
-  tp_.row_parallel_linear(la.down, a_.full_out, la.swi, lp.down, none);
+  if (is_moe_layer(config_, std::int64_t(l))) {
+    const MoeLayerStats s = moe_forward(config_.moe, lp.moe, la.moe, la.ln2, la.down,
+                                        moe_capacity(config_.moe, std::int64_t(B) * T));
+    const double layers = double(config_.n_layer - config_.moe.first_dense_layers);
+    if (l == std::size_t(config_.moe.first_dense_layers)) ++moe_stats_.forwards;
+    moe_stats_.aux += s.aux / layers;
+    moe_stats_.z += s.z / layers;
+    moe_stats_.dropped += s.dropped / layers;
+    moe_stats_.imbalance = std::max(moe_stats_.imbalance, s.imbalance);
+  } else {
+    forward_mlp(l);
+    tp_.row_parallel_linear(la.down, a_.full_out, la.swi, lp.down, none);
+  }
   ops::residual_forward(la.residual3, la.residual2, la.down);
+}
+
+MoeStats Llama::take_moe_stats() {
+  const MoeStats s = moe_stats_;
+  moe_stats_ = MoeStats();
+  return s;
 }
 
 void Llama::backward_layer(std::size_t l) {
@@ -202,18 +247,27 @@ void Llama::backward_layer(std::size_t l) {
   const Tensor& x = layer_input(l);
   // Each activation gradient's first writer writes it (no zeroing), except those that the
   // accumulating elementwise and rotary backwards write first.
-  ops::zero(ga_.gate);
-  ops::zero(ga_.up);
   ops::zero(ga_.qkv);
-  // MLP branch: residual3 = residual2 + down(swiglu(gate(ln2), up(ln2))).
-  ops::matmul_backward(ga_.swi, lg.down, none, tp_.gather_input(dresidual, a_.full_in), la.swi, lp.down,
-                       ops::Accumulate::no);
-  ops::swiglu_backward(ga_.gate, ga_.up, ga_.swi, la.gate, la.up);
-  const Tensor dln2 = sp ? a_.full_out : ga_.ln2;
-  const Tensor ln2 = tp_.gather_input(la.ln2, a_.full_in);
-  ops::matmul_backward(dln2, lg.gate, none, ga_.gate, ln2, lp.gate, ops::Accumulate::no);
-  ops::matmul_backward(dln2, lg.up, none, ga_.up, ln2, lp.up);
-  tp_.reduce_output(dln2, ga_.ln2);
+  if (is_moe_layer(config_, std::int64_t(l))) {
+    // The micro-batch's load-balancing and z losses are means over its N tokens; each micro-step's
+    // counts 1 / (micro-steps x data ranks) = dloss_scale N of the update's mean, as its loss does.
+    const config::MoeConfig& m = config_.moe;
+    const float per_batch = dloss_scale_ * float(std::int64_t(B) * T);
+    moe_backward(m, lp.moe, lg.moe, la.moe, ga_.moe, la.ln2, ga_.ln2, dresidual, float(m.aux_loss_coef) * per_batch,
+                 float(m.z_loss_coef) * per_batch);
+  } else {
+    ops::zero(ga_.gate);
+    ops::zero(ga_.up);
+    // MLP branch: residual3 = residual2 + down(swiglu(gate(ln2), up(ln2))).
+    ops::matmul_backward(ga_.swi, lg.down, none, tp_.gather_input(dresidual, a_.full_in), la.swi, lp.down,
+                         ops::Accumulate::no);
+    ops::swiglu_backward(ga_.gate, ga_.up, ga_.swi, la.gate, la.up);
+    const Tensor dln2 = sp ? a_.full_out : ga_.ln2;
+    const Tensor ln2 = tp_.gather_input(la.ln2, a_.full_in);
+    ops::matmul_backward(dln2, lg.gate, none, ga_.gate, ln2, lp.gate, ops::Accumulate::no);
+    ops::matmul_backward(dln2, lg.up, none, ga_.up, ln2, lp.up);
+    tp_.reduce_output(dln2, ga_.ln2);
+  }
   tp_.norm_backward(norm_grads(lg.post_norm, C), [&] {
     ops::rmsnorm_backward(dresidual, lg.post_norm, ga_.ln2, la.residual2, lp.post_norm, la.rstd2);
   });
@@ -278,10 +332,14 @@ void Llama::decode_layer(std::size_t l, int pos) {
   ops::matmul_forward(d_.proj, d_.atty, lp.o, none);
   ops::residual_forward(d_.x2, d_.x, d_.proj);
   ops::rmsnorm_forward(d_.ln, d_.rstd, d_.x2, lp.post_norm, eps);
-  ops::matmul_forward(d_.gate, d_.ln, lp.gate, none);
-  ops::matmul_forward(d_.up, d_.ln, lp.up, none);
-  ops::swiglu_forward(d_.swi, d_.gate, d_.up);
-  ops::matmul_forward(d_.proj, d_.swi, lp.down, none);
+  if (is_moe_layer(config_, std::int64_t(l))) {
+    moe_forward(config_.moe, lp.moe, d_.moe, d_.ln, d_.proj, 0);  // one token: nothing to drop
+  } else {
+    ops::matmul_forward(d_.gate, d_.ln, lp.gate, none);
+    ops::matmul_forward(d_.up, d_.ln, lp.up, none);
+    ops::swiglu_forward(d_.swi, d_.gate, d_.up);
+    ops::matmul_forward(d_.proj, d_.swi, lp.down, none);
+  }
   ops::residual_forward(d_.x, d_.x2, d_.proj);
 }
 

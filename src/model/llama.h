@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "model/decoder_passes.h"
+#include "model/moe_layer.h"
 
 namespace llmtrain::model {
 
@@ -23,20 +24,24 @@ struct LlamaBody {
 
   struct Params {
     Tensor in_norm, qkv, o, post_norm, gate, up, down;  // qkv: q_proj, k_proj, v_proj stacked ((NH+2NKV)HS, C)
+    MoeWeights moe;  // a Mixture-of-Experts layer's MLP (model.moe), in place of gate, up and down
   };
   // Forward activations of one layer; which of them are the layer's own and which share one
   // scratch with every other layer depends on the recompute mode (model/decoder.h).
   struct Acts {
     Tensor ln1, rstd1, qkv, qkvr, atty, lse, attproj, residual2, ln2, rstd2, gate, up, swi, down, residual3;
+    MoeActs moe;
   };
   // One layer's activation gradients. gate, up, qkvr and qkv (accumulated into) are zeroed before
   // each layer's backward; the others are written by their first writer.
   struct Grads {
     Tensor ln1, qkv, qkvr, atty, ln2, gate, up, swi;
+    MoeGrads moe;
   };
   // decode_step's tensors; the key/value cache rows hold the NKV grouped heads once (kv_width NKV HS).
   struct Decoding {
     Tensor qkv, qkvr, atty, proj, gate, up, swi;
+    MoeActs moe;
   };
 
   static void for_each_param(const config::ModelConfig& config, const ParamVisitor& f);
@@ -60,6 +65,7 @@ class Llama final : public Decoder<LlamaBody> {
   /// normal(0, 0.02) for every matrix, the two projections that feed the residual stream scaled
   /// by 1 / sqrt(2 L); norms 1.
   InitRule init_rule(const ParamInfo& info) const override;
+  MoeStats take_moe_stats() override;
 
  private:
   LayerParams bind_layer(std::int64_t l, bool grads) const override;
@@ -79,6 +85,7 @@ class Llama final : public Decoder<LlamaBody> {
   std::int64_t NH_, NKV_;  // this rank's query and key/value heads (all of them without tensor parallelism)
   int kv_sharers_ = 1;     // ranks that hold the same key/value head (tensor parallel size > n_kv_head)
   ops::Buffer kv_grads_;   // backward_qkv_shared_kv's slots
+  MoeStats moe_stats_;     // the MoE layers' router statistics since take_moe_stats
 };
 
 }  // namespace llmtrain::model

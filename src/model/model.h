@@ -30,6 +30,13 @@ namespace llmtrain::model {
 /// Which activations backward recomputes instead of keeping from forward (config train.recompute).
 using Recompute = config::Recompute;
 
+/// Mixture of Experts: the router statistics of the forwards since the last take_moe_stats, summed
+/// over them (each forward's aux and z: the mean over its MoE layers; imbalance: the largest).
+struct MoeStats {
+  double aux = 0.0, z = 0.0, dropped = 0.0, imbalance = 0.0;
+  std::int64_t forwards = 0;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -138,6 +145,8 @@ class Model {
   /// in place of the logits, ready for backward(). Without targets returns 0 and keeps the logits.
   virtual double forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T,
                          float dloss_scale) = 0;
+  /// The MoE layers' statistics since the last call (then reset); all zero for a dense model.
+  virtual MoeStats take_moe_stats() { return {}; }
   /// Adds this micro-batch's gradients into grads() (after forward with dloss_scale > 0). As
   /// backward goes, `grads_ready(n)` (if given) says that the first n elements of grads() are final,
   /// so their reduction across ranks can start while the rest is computed.

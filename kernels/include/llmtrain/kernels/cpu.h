@@ -166,4 +166,51 @@ double sum_squares(const float* x, std::int64_t N, double* into);
 void adamw_update(float* param, const float* grad, float* m, float* v, std::int64_t N, float lr, float beta1,
                   float beta2, float eps, float weight_decay, int step, float grad_scale);
 
+// ---- Mixture of Experts (moe.cpp, grouped_matmul.cpp; docs/moe.md) ------------------------------
+// E experts, k chosen per token, N tokens, N k token slots (slot s = t k + j: token t's j-th
+// choice); M = offsets[E] rows kept, in expert order.
+
+/// Router forward from logits (N,E): probs (N,E) f32 the softmax probabilities (or, `sigmoid`,
+/// the sigmoid scores); experts (N,k) the top k of probs + bias (bias (E) or null), ties to the
+/// lower index; weights (N,k) f32 the chosen probs, renormalised to sum 1 when `normalize` (always
+/// with `sigmoid`), times route_scale; counts (E) f32 how many tokens chose each expert; losses (3)
+/// f32: the load-balancing loss (E/k) sum_e (c_e/N) Pbar_e, the z-loss mean_t lse_t^2, and the
+/// largest load over the mean load.
+void moe_router_forward(float* probs, std::int32_t* experts, float* weights, float* counts, float* losses,
+                        const float* logits, const float* bias, std::int64_t N, int E, int k, bool sigmoid,
+                        bool normalize, float route_scale);
+/// dlogits (N,E) WRITTEN: the gradient from dweights (N,k) f32, plus aux_scale times the
+/// load-balancing loss's and z_scale times the z-loss's (counts held constant).
+void moe_router_backward(float* dlogits, const float* dweights, const float* logits, const float* probs,
+                         const std::int32_t* experts, const float* counts, std::int64_t N, int E, int k,
+                         bool sigmoid, bool normalize, float route_scale, float aux_scale, float z_scale);
+/// The dispatch plan of experts (N,k): offsets (E+1) the first row of each expert; slot_row (N k)
+/// each slot's row (-1: dropped), row_slot (N k) each row's slot (-1 past M); with capacity > 0
+/// each expert keeps at most `capacity` slots, the later ones in token order dropped; dropped (1)
+/// f32 the fraction of slots dropped.
+void moe_dispatch(std::int32_t* offsets, std::int32_t* row_slot, std::int32_t* slot_row, float* dropped,
+                  const std::int32_t* experts, std::int64_t N, int E, int k, std::int64_t capacity);
+/// xp (N k, C): its first M rows, row r a copy of x (N,C)'s row of slot row_slot[r].
+void moe_permute_forward(float* xp, const float* x, const std::int32_t* row_slot, const std::int32_t* offsets,
+                         std::int64_t N, int E, int k, int C);
+/// dx (N,C) += (or, !accumulate, =) the sum of its kept slots' rows of dxp (N k, C): a gather.
+void moe_permute_backward(float* dx, const float* dxp, const std::int32_t* slot_row, std::int64_t N, int k, int C,
+                          bool accumulate);
+/// out (N,C) WRITTEN: sum over token t's kept slots of weights (N,k) times y's (N k, C) row.
+void moe_unpermute_forward(float* out, const float* y, const float* weights, const std::int32_t* slot_row,
+                           std::int64_t N, int k, int C);
+/// dy (N k, C; first M rows) and dweights (N,k) f32 (0 for a dropped slot) WRITTEN from dout (N,C).
+void moe_unpermute_backward(float* dy, float* dweights, const float* dout, const float* y, const float* weights,
+                            const std::int32_t* row_slot, const std::int32_t* slot_row, const std::int32_t* offsets,
+                            std::int64_t N, int E, int k, int C);
+/// bias (E) += rate sign(mean load - loads_e): aux-loss-free balancing.
+void moe_bias_update(float* bias, const float* loads, int E, float rate);
+/// out (rows, OC) = each expert's rows of inp (rows, C) times weight[e]^T (weight (E,OC,C)), the
+/// rows of expert e being [offsets[e], offsets[e+1]).
+void grouped_matmul_forward(float* out, const float* inp, const float* weight, const std::int32_t* offsets, int E,
+                            int C, int OC);
+/// dweight (E,OC,C) += ; dinp (rows, C) += (or, !accumulate, =) from dout (rows, OC).
+void grouped_matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                             const std::int32_t* offsets, int E, int C, int OC, bool accumulate);
+
 }  // namespace llmtrain::cpu
