@@ -198,7 +198,16 @@ void Reporter::update(std::int64_t step, const StepResult& result) {
     for (std::size_t k = 0; k < result.source_tokens.size(); ++k) {  // a mixture's tokens per source
       line["tokens_seen/" + config_.data.train.name(k)] = result.source_tokens[k];
     }
+    const std::pair<const char*, double> moe[] = {{"aux_loss", result.aux_loss}, {"z_loss", result.z_loss},
+                                                  {"load_imbalance", result.load_imbalance},
+                                                  {"dropped_frac", result.dropped_frac}};
+    if (result.moe) {
+      for (const auto& [name, value] : moe) line[name] = value;
+    }
     metrics_->write(line);
+    if (result.moe) {
+      for (const auto& [name, value] : moe) tensorboard_->scalar(name, value, step);
+    }
     tensorboard_->scalar("loss", result.loss, step);
     tensorboard_->scalar("lr", result.lr, step);
     tensorboard_->scalar("grad_norm", result.grad_norm, step);
@@ -211,12 +220,17 @@ void Reporter::update(std::int64_t step, const StepResult& result) {
   }
   if (logging_ && (step % tc.log_every == 0 || step == 1 || step == tc.max_steps)) {
     const double eta = elapsed_s / double(step) * double(tc.max_steps - step);
-    char mfu_text[64] = "";
+    char mfu_text[160] = "";
     if (!mfu.is_null()) std::snprintf(mfu_text, sizeof mfu_text, " | mfu %.1f%%", 100.0 * mfu.get<double>());
     if (config_.dist.pipeline_parallel > 1) {  // rank 0's stage: the time it waited for the others
       const std::size_t used = std::strlen(mfu_text);
       std::snprintf(mfu_text + used, sizeof mfu_text - used, " | bubble %.0f%%",
                     100.0 * result.pipeline_wait_s / std::max(result.seconds, 1e-9));
+    }
+    if (result.moe) {  // the router's statistics after the norm
+      const std::size_t used = std::strlen(mfu_text);
+      std::snprintf(mfu_text + used, sizeof mfu_text - used, " | aux %.4f | z %.3f | imbalance %.2f | dropped %.3f",
+                    result.aux_loss, result.z_loss, result.load_imbalance, result.dropped_frac);
     }
     log_->line("step %lld/%lld | loss %.4f | lr %.2e | norm %.3f | %s tok/s%s | mem %.2f GB (peak %.2f, state %s) | "
                "%s elapsed, ETA %s",

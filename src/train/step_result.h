@@ -26,6 +26,12 @@ struct StepResult {
   dist::PerAxis<dist::Traffic> sent;
   double pipeline_wait_s = 0;  // time this stage waited for the other stages' activations and gradients
   std::vector<std::int64_t> source_tokens;  // a mixture of data.train: tokens seen so far from each source
+  // Mixture of Experts (model.moe): the router's statistics of the update, over its micro-steps and
+  // data ranks: the load-balancing and z losses (means over the MoE layers, then over the
+  // micro-steps, as loss), the largest load over the mean load of any layer and micro-step, and the
+  // mean fraction of token slots dropped.
+  bool moe = false;
+  double aux_loss = 0, z_loss = 0, load_imbalance = 0, dropped_frac = 0;
 };
 
 /// What one validation measured: the mean loss of each of data.val's named sets (none for the

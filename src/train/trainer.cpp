@@ -267,6 +267,21 @@ std::size_t Trainer::state_bytes() const {
   return model_->state_bytes() + optimizer_->state_bytes() + gradients_->state_bytes();
 }
 
+void Trainer::take_moe_stats(StepResult& result) {
+  const model::MoeStats s = model_->take_moe_stats();
+  double sums[4] = {s.aux, s.z, s.dropped, double(s.forwards)};
+  float most = float(s.imbalance);
+  dist::Communicator& data = comms_.host(Axis::data);
+  data.all_reduce_sum(sums, 4);
+  data.all_reduce_max(&most, 1);
+  const double forwards = std::max(sums[3], 1.0);
+  result.moe = true;
+  result.aux_loss = sums[0] / forwards;
+  result.z_loss = sums[1] / forwards;
+  result.dropped_frac = sums[2] / forwards;
+  result.load_imbalance = most;
+}
+
 StepResult Trainer::step(std::int64_t step) {
   const auto start = Clock::now();
   const auto& tc = config_.train;
@@ -284,6 +299,7 @@ StepResult Trainer::step(std::int64_t step) {
     return micro[std::size_t(k)];
   };
   StepResult result;
+  model_->take_moe_stats();  // the validations' forwards since the last update do not count
   // The micro-steps' losses add up on the model's device and are read once, after the last
   // one: a micro-step never waits for the GPU to finish its forward pass.
   model_->defer_loss(true);
@@ -297,6 +313,7 @@ StepResult Trainer::step(std::int64_t step) {
   // loss_sum is then over all ranks
   result.grad_norm = gradients_->finish(loss_sum);
   result.loss = loss_sum / tokens_per_step_;
+  if (config_.model.moe.enabled) take_moe_stats(result);
   result.lr = optim::learning_rate(config_.optim, tc.max_steps, step);
   tokens_seen_ += std::int64_t(tokens_per_step_);
   if (source_counts_) {

@@ -85,6 +85,8 @@ class Trainer final : public CheckpointSource {
   bool writes_optimizer() const override;
 
  private:
+  /// Mixture of Experts: the model's router statistics of this update, reduced over the data ranks, into result.
+  void take_moe_stats(StepResult& result);
   // This rank's initial weights, laid out as its held weights, into `to` (host memory): from the
   // checkpoint, model.init_from or train.seed, range by range.
   // Returns the bytes of tensor data read from model.init_from (0 when it is not read).
