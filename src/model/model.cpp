@@ -98,7 +98,7 @@ void Model::add_param(const std::string& name, std::vector<std::int64_t> shape, 
   std::int64_t full = 1;
   for (const auto d : info.full_shape) full *= d;
   for (const auto d : info.shape) info.numel *= d;
-  info.decay = info.shape.size() == 2;
+  info.decay = info.shape.size() >= 2;  // matrices, and the experts' stacked ones (E, OC, C)
   info.layer = layer;
   info.logical_offset = logical_params_;
   num_params_ += info.numel;
