@@ -87,6 +87,10 @@ Command add_export_command(CLI::App& parent) {
               throw InputError("--output: " + o->output + " overlaps the checkpoint " + found.dir +
                                " that it exports; choose a folder outside it");
             }
+            if (found.config.model.moe.enabled) {
+              throw InputError("model.moe: export --format " + o->format +
+                               " of Mixture-of-Experts models is not built yet (train, eval and generate work)");
+            }
             if (o->format == "hf") {
               // Tensor by tensor from the checkpoint's files: the model is never built.
               checkpoint::HfExportOptions options;
