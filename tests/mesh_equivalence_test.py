@@ -19,7 +19,7 @@ CHECKS holds what is not a layout compared with another: memory per rank, eval u
 refused configs, damaged checkpoints, a full disk, a stopped pipeline stage.
 
 Usage: mesh_equivalence_test.py LLMTRAIN MPIEXEC [--work DIR] [GROUP...]
-  GROUP: references, zero, tensor, context, pipeline, checkpoint, muon (default: all of them).
+  GROUP: references, zero, tensor, context, pipeline, checkpoint, muon, moe (default: all of them).
   --work DIR keeps the runs in DIR: the group "references" writes the one-rank references there
   and the other groups reuse them (ctest runs it first, as a fixture); without it, everything
   runs in a temporary folder, removed at the end.
@@ -43,7 +43,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 LEGACY = os.path.join(HERE, "data", "legacy_checkpoints")
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-GROUPS = ("references", "zero", "tensor", "context", "pipeline", "checkpoint", "muon")
+GROUPS = ("references", "zero", "tensor", "context", "pipeline", "checkpoint", "muon", "moe")
 
 
 # ----- base configs: the models rows train, and their one-rank references -----
@@ -77,6 +77,11 @@ def base_config(name, data):
         config["data"] = {"train": f"{data}_docs/train_*.bin", "val": f"{data}_docs/val_*.bin",
                           "document_mask": True, "reset_positions": True}
         config["train"]["max_steps"] = 10
+    if name.startswith("moe"):  # Mixture of Experts: layer 0 dense, 3 MoE layers with a shared expert
+        config["model"] = dict(LLAMA, moe={"experts": 4, "top_k": 2, "ffn_hidden": 16, "shared_experts": 1,
+                                           "first_dense_layers": 1, "aux_loss_coef": 0.01, "z_loss_coef": 0.001})
+        if name == "moe-bias":  # aux-loss-free balancing: the expert bias is state
+            config["model"]["moe"].update(router="sigmoid", bias_update_rate=0.01, aux_loss_coef=0.0)
     if name.endswith("muon"):  # Muon on the hidden matrices, AdamW on the rest
         config["optim"].update(name="muon", muon={"lr": 0.02})
     if name in ("long", "term"):  # runs to interrupt: long enough that every interruption comes before the end
@@ -389,6 +394,16 @@ ROWS = [
     Row("muon", "llama-muon-cp2", 2, "dist.context_parallel=2", base="llama-muon"),
     Row("muon", "llama-muon-pp2-dp2", 4, "dist.pipeline_parallel=2", base="llama-muon"),
 
+    # Mixture of Experts: the router's losses are per micro-batch (train.micro_batch_size sequences of
+    # one rank), so data parallelism and ZeRO match one rank at the same micro_batch_size; runs
+    # resumed on another layout continue the curve.
+    Row("moe", "moe-w2", 2, base="moe"),
+    Row("moe", "moe-zero1-w2", 2, "dist.zero_stage=1", base="moe"),
+    Row("moe", "moe-zero3-w2", 2, Z3, base="moe"),
+    Row("moe", "moe-zero3-w4", 4, Z3, base="moe"),
+    Row("moe", "moe-w2@10>w1", 1, base="moe", resume=("moe-w2", 10)),
+    Row("moe", "moe-zero3-w2@10>w1", 1, base="moe", resume=("moe-zero3-w2", 10), against=ONE),
+
     # Interrupted runs end bit for bit as uninterrupted ones; an earlier version's checkpoints resume.
     Row("checkpoint", "w1-zero1-sigkill", 1, "dist.zero_stage=1", base="long", interrupt=("SIGKILL", 12, 10, (0.05, 0.35)), **EXACT),
     Row("checkpoint", "w2-zero1-sigkill", 2, "dist.zero_stage=1", base="long", interrupt=("SIGKILL", 12, 10, (0.05, 0.35)), **EXACT),
@@ -429,7 +444,9 @@ class Run:
             return f.read()
 
     def losses(self):
-        return {(m["step"], k): m[k] for m in self.metrics() for k in ("loss", "val_loss") if k in m}
+        # MoE runs: the router's statistics per update too (each micro-batch's, whoever ran it)
+        keys = ("loss", "val_loss", "aux_loss", "z_loss", "load_imbalance", "dropped_frac")
+        return {(m["step"], k): m[k] for m in self.metrics() for k in keys if k in m}
 
     def final_checkpoint(self):
         with open(f"{self.dir}/checkpoints/latest") as f:
@@ -627,8 +644,41 @@ class Harness:
         assert worst <= row.weight_tol, f"largest weight difference {worst:.2e} > {row.weight_tol}"
         return summary + f"; weights within {row.weight_tol} (largest difference {worst:.1e})"
 
+    @staticmethod
+    def flat_weights(checkpoint):
+        """A checkpoint's whole flat parameter buffer from its model*.safetensors: one file of named
+        tensors (in flat order), or one file per writing rank of "ranges" (begin, end) and
+        "weights". For MoE models, which `export` does not write yet."""
+        pieces = []
+        for name in sorted(f for f in os.listdir(checkpoint) if f.startswith("model") and f.endswith(".safetensors")):
+            with open(f"{checkpoint}/{name}", "rb") as f:
+                raw = f.read()
+            n = struct.unpack("<Q", raw[:8])[0]
+            header = json.loads(raw[8:8 + n])
+            data = lambda info, dtype: np.frombuffer(raw[8 + n + info["data_offsets"][0]:8 + n + info["data_offsets"][1]],
+                                                     dtype=dtype)
+            if "ranges" in header:
+                ranges, weights, at = data(header["ranges"], np.int64).reshape(-1, 2), data(header["weights"], np.float32), 0
+                for begin, end in ranges:
+                    pieces.append((int(begin), weights[at:at + end - begin]))
+                    at += end - begin
+            else:
+                at = 0
+                for key, info in sorted(((k, v) for k, v in header.items() if k != "__metadata__"),
+                                        key=lambda kv: kv[1]["data_offsets"][0]):
+                    values = data(info, np.float32)
+                    pieces.append((at, values))
+                    at += values.size
+        flat = np.full(max(o + v.size for o, v in pieces), np.nan, dtype=np.float32)
+        for offset, values in pieces:
+            flat[offset:offset + values.size] = values
+        assert not np.isnan(flat).any(), f"{checkpoint}: parts of the flat buffer missing"
+        return {"flat": flat}
+
     def weights(self, run):
         """The final model as one file, whichever ranks wrote which ranges of it (llmtrain export)."""
+        if run.config["model"].get("moe"):
+            return self.flat_weights(run.final_checkpoint())
         folder = f"{run.dir}.weights"
         if not os.path.exists(f"{folder}/model.safetensors"):
             status, out = self.call(1, "export", "--checkpoint", run.dir, "--output", folder)
@@ -812,6 +862,20 @@ def muon_tensor_refused(h):
     assert not os.path.exists(f"{path}/metrics.jsonl"), "the refused run wrote metrics"
 
 
+def moe_refused(h):
+    """MoE layers with the parallelisms and recomputation not built for them: exit 2 before any
+    training, one error line naming model.moe and the key."""
+    for key in ("dist.tensor_parallel=2", "dist.pipeline_parallel=2", "dist.context_parallel=2", "train.recompute=mlp"):
+        path = f"{h.out}/moe-refused-{key}"
+        status, out = h.call(1, "train", "--config", h.config_file("moe"), "--run-dir", path, "--set", key,
+                             "--set", "train.max_steps=1")
+        errors = [line for line in out.splitlines() if "error:" in line]
+        assert status == 2 and len(errors) == 1 and "model.moe" in errors[0] and key.split("=")[0] in errors[0], \
+            f"{key}: exit {status}: {out}"
+        assert not os.path.exists(f"{path}/metrics.jsonl"), f"{key}: the refused run wrote metrics"
+        print(f"  {key}: {errors[0]}")
+
+
 def damaged_checkpoints(h):
     """A corrupted checkpoint: explicit resume exits 2 naming the file, auto falls back to the
     previous one; truncated and partial ones: explicit resume exits 2 naming what is wrong."""
@@ -924,6 +988,8 @@ CHECKS = [  # (group, what, check)
     ("pipeline", "a stopped stage ends the job within dist.timeout_s (3 s), the message naming stage 1 and rank 1",
      stopped_stage),
     ("muon", "Muon with dist.tensor_parallel 2: exit 2, one error line naming optim.name and the key", muon_tensor_refused),
+    ("moe", "MoE with tensor, pipeline or context parallelism or recomputation: exit 2, one line naming model.moe and the key",
+     moe_refused),
     ("checkpoint", "damaged checkpoints: explicit resume exits 2 naming what is wrong; auto falls back to the previous one",
      damaged_checkpoints),
     ("checkpoint", "full disk while saving: exit 1 with a clear message; the previous checkpoint loads", full_disk),
