@@ -220,12 +220,9 @@ void moe_unpermute_backward(float* dy, float* dweights, const float* dout, const
   }
 }
 
-void moe_bias_update(float* bias, const float* loads, int E, float rate) {
-  double mean = 0.0;
-  for (int e = 0; e < E; ++e) mean += loads[e];
-  mean /= E;
-  for (int e = 0; e < E; ++e) {
-    const double gap = mean - loads[e];
+void moe_bias_update(float* bias, const float* loads, float mean_load, std::int64_t n, float rate) {
+  for (std::int64_t e = 0; e < n; ++e) {
+    const float gap = mean_load - loads[e];
     bias[e] += gap > 0 ? rate : gap < 0 ? -rate : 0.0f;
   }
 }

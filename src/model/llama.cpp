@@ -224,6 +224,9 @@ void Llama::forward_layer(std::size_t l) {
     moe_stats_.z += s.z / layers;
     moe_stats_.dropped += s.dropped / layers;
     moe_stats_.imbalance = std::max(moe_stats_.imbalance, s.imbalance);
+    const std::size_t E = s.counts.size(), at = (l - std::size_t(config_.moe.first_dense_layers)) * E;
+    moe_stats_.loads.resize(std::size_t(layers) * E, 0.0);
+    for (std::size_t e = 0; e < E; ++e) moe_stats_.loads[at + e] += s.counts[e];
   } else {
     forward_mlp(l);
     tp_.row_parallel_linear(la.down, a_.full_out, la.swi, lp.down, none);

@@ -35,6 +35,7 @@ using Recompute = config::Recompute;
 struct MoeStats {
   double aux = 0.0, z = 0.0, dropped = 0.0, imbalance = 0.0;
   std::int64_t forwards = 0;
+  std::vector<double> loads;  // (MoE layers x E) tokens routed to each expert, summed over the forwards
 };
 
 class Model {

@@ -36,7 +36,7 @@ void for_each_moe_param(const config::ModelConfig& config,
   const config::MoeConfig& m = config.moe;
   const std::int64_t C = config.d_model, E = m.experts, I = m.ffn_hidden, S = m.shared_experts * m.shared_ffn_hidden;
   f("mlp.gate.weight", {E, C});
-  if (m.bias_update_rate > 0) f("mlp.gate.e_score_correction_bias", {E});
+  if (m.router == "sigmoid" || m.bias_update_rate > 0) f("mlp.gate.e_score_correction_bias", {E});
   f("mlp.experts.gate_proj", {E, I, C});
   f("mlp.experts.up_proj", {E, I, C});
   f("mlp.experts.down_proj", {E, C, I});
@@ -120,7 +120,7 @@ MoeLayerStats moe_forward(const config::MoeConfig& moe, const MoeWeights& w, con
     ops::residual_forward(out, out, a.shared_out);
   }
   const std::vector<float> losses = read<float>(a.losses);
-  return {losses[0], losses[1], losses[2], read<float>(a.dropped)[0]};
+  return {losses[0], losses[1], losses[2], read<float>(a.dropped)[0], read<float>(a.counts)};
 }
 
 void moe_backward(const config::MoeConfig& moe, const MoeWeights& w, const MoeWeights& g, const MoeActs& a,

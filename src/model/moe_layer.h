@@ -20,7 +20,7 @@
 namespace llmtrain::model {
 
 /// One MoE layer's weights (or their gradients); shared_* without data when it has no shared expert,
-/// bias without data when it has no expert bias (bias_update_rate 0).
+/// bias without data when it has no expert bias (a softmax router with bias_update_rate 0).
 struct MoeWeights {
   Tensor router, bias, gate, up, down, shared_gate, shared_up, shared_down;
 };
@@ -40,6 +40,7 @@ struct MoeGrads {
 /// mean load, and the fraction of token slots dropped.
 struct MoeLayerStats {
   double aux = 0.0, z = 0.0, imbalance = 0.0, dropped = 0.0;
+  std::vector<float> counts;  // (E) tokens that chose each expert
 };
 
 /// Whether layer l of `config` has a Mixture-of-Experts MLP.

@@ -119,13 +119,13 @@ void moe_unpermute_backward(const Tensor& dy, const Tensor& dweights, const Tens
   });
 }
 
-void moe_bias_update(const Tensor& bias, const Tensor& loads, float rate) {
+void moe_bias_update(const Tensor& bias, const Tensor& loads, float mean_load, float rate) {
   const Op op("moe_bias_update");
-  const auto E = bias.shape[0];
-  op.expect("bias", bias, DType::f32, {E});
-  op.expect("loads", loads, DType::f32, {E});
+  const auto n = bias.shape[0];
+  op.expect("bias", bias, DType::f32, {n});
+  op.expect("loads", loads, DType::f32, {n});
   op.run(LLMTRAIN_KERNELS(moe_bias_update), DType::f32,
-         [&](auto v) { return std::tuple(v.f32(bias), v.f32(loads), as_int(E), rate); });
+         [&](auto v) { return std::tuple(v.f32(bias), v.f32(loads), mean_load, n, rate); });
 }
 
 void grouped_matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& offsets) {

@@ -41,8 +41,8 @@ void moe_unpermute_forward(const Tensor& out, const Tensor& y, const Tensor& wei
 void moe_unpermute_backward(const Tensor& dy, const Tensor& dweights, const Tensor& dout, const Tensor& y,
                             const Tensor& weights, const Tensor& row_slot, const Tensor& slot_row,
                             const Tensor& offsets);
-/// bias (E) f32 += rate sign(mean load - loads (E) f32).
-void moe_bias_update(const Tensor& bias, const Tensor& loads, float rate);
+/// bias (n) f32 += rate sign(mean_load - loads (n) f32): n a layer's experts, or a shard's part of them.
+void moe_bias_update(const Tensor& bias, const Tensor& loads, float mean_load, float rate);
 /// out (R,OC) = each expert e's rows [offsets[e], offsets[e+1]) of inp (R,C) times weight (E,OC,C)[e]^T.
 void grouped_matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& offsets);
 /// dweight (E,OC,C) f32 += ; dinp (R,C) += (or, Accumulate::no, =) from dout (R,OC).

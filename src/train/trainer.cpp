@@ -16,6 +16,7 @@
 #include "model/context_parallel.h"
 #include "model/documents.h"
 #include "ops/buffer.h"
+#include "ops/moe_ops.h"
 #include "ops/ops.h"
 #include "ops/profile.h"
 #include "optim/lr_schedule.h"
@@ -280,6 +281,36 @@ void Trainer::take_moe_stats(StepResult& result) {
   result.z_loss = sums[1] / forwards;
   result.dropped_frac = sums[2] / forwards;
   result.load_imbalance = most;
+  moe_loads_ = s.loads;  // the global batch's: every rank the same
+  moe_loads_.resize(std::size_t((config_.model.n_layer - config_.model.moe.first_dense_layers) * config_.model.moe.experts));
+  if (!moe_loads_.empty()) data.all_reduce_sum(moe_loads_.data(), std::int64_t(moe_loads_.size()));
+}
+
+void Trainer::update_expert_bias() {
+  // Each MoE layer's bias (a parameter the optimizer leaves bit for bit: no gradient, no weight
+  // decay) moves where its master copy lives: this rank's pieces, a ZeRO shard's part of it
+  // included; ZeRO 1/2's all-gather and ZeRO 3's gathers then bring every rank's working copy.
+  const config::MoeConfig& moe = config_.model.moe;
+  const std::int64_t E = moe.experts;
+  const Tensor master = gradients_->master();
+  for (std::int64_t l = moe.first_dense_layers; l < config_.model.n_layer; ++l) {
+    const std::string name = "model.layers." + std::to_string(l) + ".mlp.gate.e_score_correction_bias";
+    if (!model_->has_param(name)) continue;
+    const std::int64_t begin = model_->param_info(name).offset, end = begin + E;
+    const double* loads = moe_loads_.data() + (l - moe.first_dense_layers) * E;
+    double mean = 0.0;
+    for (std::int64_t e = 0; e < E; ++e) mean += loads[e] / double(E);
+    for (const optim::Piece& piece : gradients_->pieces()) {
+      const std::int64_t lo = std::max(begin, piece.begin), hi = std::min(end, piece.end);
+      if (lo >= hi) continue;
+      std::vector<float> part(loads + (lo - begin), loads + (hi - begin));
+      ops::Buffer on_device(master.device, part.size() * sizeof(float));
+      const Tensor part_loads(on_device.data(), DType::f32, master.device, {hi - lo});
+      ops::copy(part_loads, Tensor(part.data(), DType::f32, Device::cpu, {hi - lo}));
+      const Tensor bias(master.as<float>() + piece.local + (lo - piece.begin), DType::f32, master.device, {hi - lo});
+      ops::moe_bias_update(bias, part_loads, float(mean), float(moe.bias_update_rate));
+    }
+  }
 }
 
 StepResult Trainer::step(std::int64_t step) {
@@ -332,6 +363,7 @@ StepResult Trainer::step(std::int64_t step) {
   }
   bad_in_a_row_ = 0;
   if (before_update_) before_update_();
+  if (config_.model.moe.enabled && config_.model.moe.bias_update_rate > 0) update_expert_bias();
   optimizer_->update({model_->param_infos(), gradients_->master(), gradients_->grads(), result.grad_norm, tc.grad_clip,
                       result.lr, step, gradients_->working_weights(),
                       gradients_->shards_optimizer() ? &comms_.host(Axis::data) : nullptr});

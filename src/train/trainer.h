@@ -87,6 +87,9 @@ class Trainer final : public CheckpointSource {
  private:
   /// Mixture of Experts: the model's router statistics of this update, reduced over the data ranks, into result.
   void take_moe_stats(StepResult& result);
+  /// aux-loss-free balancing: each MoE layer's expert bias += bias_update_rate sign(mean load - load),
+  /// the loads the update's global batch's (take_moe_stats), in the master weights (before the optimizer).
+  void update_expert_bias();
   // This rank's initial weights, laid out as its held weights, into `to` (host memory): from the
   // checkpoint, model.init_from or train.seed, range by range.
   // Returns the bytes of tensor data read from model.init_from (0 when it is not read).
@@ -112,6 +115,7 @@ class Trainer final : public CheckpointSource {
   };
   std::vector<ScoredTask> tasks_;  // train.eval_tasks with their examples
   std::int64_t first_step_ = 1, tokens_seen_ = 0, bad_in_a_row_ = 0;
+  std::vector<double> moe_loads_;  // the last update's tokens per expert (MoE layers x E), over the global batch
   data::SamplerState sampler_state_;
   model::AttentionChoice attention_;
   std::string init_note_;

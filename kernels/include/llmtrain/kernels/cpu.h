@@ -203,8 +203,9 @@ void moe_unpermute_forward(float* out, const float* y, const float* weights, con
 void moe_unpermute_backward(float* dy, float* dweights, const float* dout, const float* y, const float* weights,
                             const std::int32_t* row_slot, const std::int32_t* slot_row, const std::int32_t* offsets,
                             std::int64_t N, int E, int k, int C);
-/// bias (E) += rate sign(mean load - loads_e): aux-loss-free balancing.
-void moe_bias_update(float* bias, const float* loads, int E, float rate);
+/// bias (n) += rate sign(mean_load - loads (n)): aux-loss-free balancing (n: all of a layer's E
+/// experts, or the part of them a ZeRO shard holds).
+void moe_bias_update(float* bias, const float* loads, float mean_load, std::int64_t n, float rate);
 /// out (rows, OC) = each expert's rows of inp (rows, C) times weight[e]^T (weight (E,OC,C)), the
 /// rows of expert e being [offsets[e], offsets[e+1]).
 void grouped_matmul_forward(float* out, const float* inp, const float* weight, const std::int32_t* offsets, int E,
