@@ -70,7 +70,17 @@ std::string model_line(const config::ModelConfig& m) {
                 static_cast<long long>(m.n_layer), static_cast<long long>(m.d_model), static_cast<long long>(m.n_head),
                 static_cast<long long>(m.n_kv_head), static_cast<long long>(m.ffn_hidden),
                 static_cast<long long>(m.vocab_size), static_cast<long long>(m.context_length));
-  return line;
+  if (!m.moe.enabled) return line;
+  const config::MoeConfig& e = m.moe;
+  char moe[320];
+  std::snprintf(moe, sizeof moe,
+                "\nmoe: %lld MoE layers (the first %lld dense), %lld experts of ffn %lld, top %lld, %lld shared of ffn %lld, "
+                "router %s; %s parameters active per token",
+                static_cast<long long>(m.n_layer - e.first_dense_layers), static_cast<long long>(e.first_dense_layers),
+                static_cast<long long>(e.experts), static_cast<long long>(e.ffn_hidden), static_cast<long long>(e.top_k),
+                static_cast<long long>(e.shared_experts), static_cast<long long>(e.shared_ffn_hidden), e.router.c_str(),
+                with_commas(plan::active_parameter_count(m)).c_str());
+  return line + std::string(moe);
 }
 
 // "2 x 4 x 8 sp": tensor x data x pipeline, sp with sequence parallelism, cpN with context parallelism N.
@@ -424,14 +434,15 @@ Command add_plan_command(CLI::App& parent) {
             std::int64_t root = 0, layer = 0;
             for (const auto& u : share.units) {
               if (u.layer) {
-                layer = u.params;
+                layer = std::max(layer, u.params);  // MoE: the dense first layers are smaller
               } else {
                 root += u.params;
               }
             }
-            std::printf("ZeRO 3 units: %lld layers of %s parameters, root (embeddings, head, final norm) %s%s; "
+            std::printf("ZeRO 3 units: %lld layers of %s%s parameters, root (embeddings, head, final norm) %s%s; "
                         "dist.reshard_after_forward %s\n",
-                        static_cast<long long>(m.n_layer), with_commas(layer).c_str(), with_commas(root).c_str(),
+                        static_cast<long long>(m.n_layer), m.moe.enabled ? "up to " : "", with_commas(layer).c_str(),
+                        with_commas(root).c_str(),
                         mesh.size(dist::Axis::tensor) > 1 ? " (this rank's parts)" : "", c.dist.reshard_after_forward ? "true" : "false");
             std::printf("%-13s %12s %12s %12s %12s %12s %12s %12s %16s\n",
                         mesh.size(dist::Axis::pipeline) > 1 ? "largest stage" : "per rank", "weights", "gradients", "optimizer", "gathered",

@@ -92,9 +92,17 @@ RankShare rank_share(const config::ModelConfig& m, int tensor_size, int tensor_r
 
 std::vector<ShardUnit> shard_units(const config::ModelConfig& m) { return rank_share(m, 1, 0).units; }
 
+std::int64_t active_parameter_count(const config::ModelConfig& m) {
+  if (!m.moe.enabled) return parameter_count(m);
+  // Each token runs k of the E routed experts of each MoE layer (three (I, C) matrices each).
+  const std::int64_t idle = (m.n_layer - m.moe.first_dense_layers) * (m.moe.experts - m.moe.top_k) * 3 *
+                            m.moe.ffn_hidden * m.d_model;
+  return parameter_count(m) - idle;
+}
+
 double flops_per_token(const config::ModelConfig& m) {
   const double head_size = double(m.d_model) / double(m.n_head);
-  return 6.0 * double(parameter_count(m)) +
+  return 6.0 * double(active_parameter_count(m)) +
          12.0 * double(m.n_layer) * double(m.n_head) * head_size * double(m.context_length);
 }
 

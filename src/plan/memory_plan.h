@@ -26,6 +26,8 @@ struct MemoryPlan {
 
 /// Exact parameter count of the config's model (its ArchSpec: the model's own parameter list).
 std::int64_t parameter_count(const config::ModelConfig& model);
+/// The parameters one token runs through: all of them, less each MoE layer's E - k idle routed experts.
+std::int64_t active_parameter_count(const config::ModelConfig& model);
 
 /// One unit of ZeRO 3: a contiguous range of the flat parameter buffer that is sharded, gathered
 /// and reduce-scattered as one.
