@@ -1,6 +1,7 @@
 // The Mixture-of-Experts kernels and layer: hand-computed router, capacity and loss cases, and the
 // layer's gradients (router, experts, shared experts, the load-balancing and z losses) against
 // central finite differences.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -8,6 +9,7 @@
 
 #include "catch_compat.h"
 #include "grad_check.h"
+#include "model/model.h"
 #include "model/moe_layer.h"
 #include "ops/moe_ops.h"
 
@@ -224,4 +226,36 @@ TEST_CASE("moe layer: the router's aux and z loss gradients alone match finite d
                              ti(experts, {N, k}), t(counts, {E}), kind, 0.7f, 0.3f);
     test::check_gradient(sigmoid ? "sigmoid logits" : "softmax logits", logits, dlogits, loss, 1e-3, 5e-3);
   }
+}
+
+TEST_CASE("moe model: decode_step with the KV cache gives the full forward's logits, position by position") {
+  config::ModelConfig c;
+  c.arch = config::Arch::llama;
+  c.vocab_size = 37;
+  c.context_length = 12;
+  c.n_layer = 3;
+  c.n_head = 2;
+  c.n_kv_head = 1;
+  c.d_model = 16;
+  c.ffn_hidden = 20;
+  c.tie_embeddings = false;
+  c.moe = {true, 4, 2, 8, 1, 6, 1, "sigmoid", true, 2.0, 0.01, 0.0, 0.0, 0.0};
+  auto m = model::make_model(c, Device::cpu);
+  m->init_weights(11);
+  std::mt19937 rng(4);
+  std::vector<std::int32_t> tokens(12);
+  for (auto& tok : tokens) tok = std::int32_t(rng() % 37);
+  m->forward(tokens.data(), nullptr, 1, 12, 0.0f);
+  const Vec full(m->logits().as<float>(), m->logits().as<float>() + m->logits().numel());
+  double worst = 0.0, scale = 0.0;
+  for (int pos = 0; pos < 12; ++pos) {
+    const Tensor step = m->decode_step(tokens[std::size_t(pos)], pos);
+    for (int v = 0; v < 37; ++v) {
+      worst = std::max(worst, double(std::fabs(step.as<float>()[v] - full[std::size_t(pos * 37 + v)])));
+      scale = std::max(scale, double(std::fabs(full[std::size_t(pos * 37 + v)])));
+    }
+  }
+  CAPTURE(worst, scale);
+  CHECK(scale > 0.01);
+  CHECK(worst < 1e-5 * scale + 1e-6);
 }
