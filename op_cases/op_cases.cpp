@@ -638,7 +638,7 @@ const std::map<std::string, std::vector<OpCase>>& check_cases() {
     std::map<std::string, std::vector<OpCase>> t;
     for (auto* builder : {encoder_cases, layernorm_cases, layernorm_residual_cases, matmul_cases, matmul_gelu_cases,
                           attention_decode_cases, elementwise_cases, rmsnorm_cases, rope_cases, fused_classifier_cases,
-                          vocab_parallel_cases, sum_squares_cases, adamw_cases}) {
+                          vocab_parallel_cases, sum_squares_cases, adamw_cases, moe_cases}) {
       for (OpCase& c : builder()) t[c.op].push_back(std::move(c));
     }
     return t;

@@ -201,6 +201,16 @@ OpCase sum_squares_case(std::int64_t N, float lo, float hi);
 /// adamw_update of N f32 parameters with their gradient and moments.
 OpCase adamw_case(std::int64_t N, const ops::AdamWParams& p);
 
+/// Mixture of Experts (moe_cases.cpp): moe_router_forward then _backward over logits (N,E), top k;
+/// moe_dispatch with the permutation and combination of N k slots of C channels (capacity 0:
+/// dropless); grouped_matmul_forward and _backward over R rows of E experts' (OC,C) weights (their
+/// offsets from moe_dispatch); moe_bias_update of E experts. Every case of them.
+OpCase moe_router_case(std::int64_t N, std::int64_t E, std::int64_t k, bool sigmoid, bool bias);
+OpCase moe_dispatch_case(std::int64_t N, std::int64_t E, std::int64_t k, std::int64_t C, std::int64_t capacity);
+OpCase grouped_matmul_case(std::int64_t R, std::int64_t E, std::int64_t C, std::int64_t OC);
+OpCase moe_bias_update_case(std::int64_t E);
+std::vector<OpCase> moe_cases();
+
 // ---- the registry ----------------------------------------------------------------------------
 
 /// Every check-mode case, by op (the name of its test cases): the grids of shapes.

@@ -149,6 +149,11 @@ void run_case(const OpCase& c, DType dtype) {
         REQUIRE(d.holds(inputs[k]));
         continue;
       }
+      if (a.kind == Kind::i32) {  // indices (the MoE router's choices, its dispatch plan): exactly
+        INFO(a.name << ": an integer output differs from the reference's");
+        REQUIRE(d.holds(ref.values[k]));
+        continue;
+      }
       std::vector<float> got = d.values();
       if (run > 0) {
         INFO(a.name << " differs between device runs " << 1 << " and " << run + 1);
