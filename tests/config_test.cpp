@@ -346,3 +346,39 @@ TEST_CASE("the GPT-2 configs have GPT-2's shapes", "[config]") {
   CHECK(medium.model.n_head == 16);
   CHECK(medium.model.d_model == 1024);
 }
+
+TEST_CASE("model.moe: its keys, defaults and rules", "[config][moe]") {
+  const std::string llama = R"({"model": {"arch": "llama", "n_layer": 4, "d_model": 64, "n_head": 4, "moe": )";
+  const auto with = [&](const std::string& moe) { return llama + moe + "}}"; };
+  const config::Config c = config::parse_config(with(R"({"experts": 8, "top_k": 2, "ffn_hidden": 32})"), "t");
+  CHECK(c.model.moe.enabled);
+  CHECK(c.model.moe.shared_ffn_hidden == 32);  // 0 -> ffn_hidden
+  CHECK(c.model.moe.router == "softmax");
+  CHECK(c.model.moe.normalize_top_k);
+  CHECK(c.model.moe.aux_loss_coef == 0.01);
+  CHECK(c.model.moe.capacity_factor == 0.0);
+  CHECK_FALSE(config::parse_config(with("null"), "t").model.moe.enabled);
+  CHECK_FALSE(config::parse_config(llama + "null}}", "t").model.moe.enabled);
+  const config::Config written = config::parse_config(config::to_json(c).dump(), "t");  // written back as read
+  CHECK(written.model.moe == c.model.moe);
+  const std::string base = R"({"experts": 8, "top_k": 2, "ffn_hidden": 32)";
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {with(R"({"experts": 8, "top_k": 2})"), "model.moe.ffn_hidden: missing"},
+      {with(base + R"(, "expert": 3})"), "model.moe.expert: unknown key"},
+      {with(R"({"experts": 4, "top_k": 5, "ffn_hidden": 8})"), "model.moe.top_k: must be <= model.moe.experts (4), got 5"},
+      {with(base + R"(, "router": "sigmod"})"), "did you mean \"sigmoid\"?"},
+      {with(base + R"(, "first_dense_layers": 4})"), "model.moe.first_dense_layers: must be < model.n_layer (4)"},
+      {R"({"model": {"moe": {"experts": 8, "top_k": 2, "ffn_hidden": 32}}})", "model.moe: Mixture-of-Experts layers are built for the llama family"},
+      {llama + base + R"(}}, "dist": {"tensor_parallel": 2}})", "not built for dist.tensor_parallel > 1"},
+      {with(base + "}"), "train.recompute"},
+  };
+  for (std::size_t i = 0; i < bad.size(); ++i) {
+    const auto& [json, expected] = bad[i];
+    CAPTURE(json);
+    const std::string message =
+        i == bad.size() - 1 ? load_error(json, {"train.recompute=full"}) : load_error(json);
+    CAPTURE(message);
+    CHECK(message.find(expected) != std::string::npos);
+    CHECK(message.find('\n') == std::string::npos);
+  }
+}
