@@ -81,7 +81,7 @@ TEST_CASE("moe router: load-balancing loss, z-loss and load imbalance by hand") 
   CHECK(skew.counts == Vec{0.0f, 2.0f});
 }
 
-TEST_CASE("moe dispatch: capacity drops the later slots in token order; a large factor equals dropless") {
+TEST_CASE("moe dispatch: capacity drops the later slots in token order, and a large factor equals dropless") {
   std::vector<std::int32_t> experts{0, 1, 0, 0, 0, 1, 0, 0};  // N = 4 tokens, k = 2
   const auto plan = [&](std::int64_t capacity) {
     std::vector<std::int32_t> offsets(3), row_slot(8), slot_row(8);
