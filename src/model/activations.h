@@ -56,6 +56,10 @@ struct ActsDims {
   std::int64_t R = 0;    // rows of the residual stream on this rank (N / tensor_size with sequence parallelism)
   int tensor_size = 1;   // this rank's part of the heads, MLP columns and vocabulary is 1 / tensor_size
   std::int64_t layers = 0;  // the layers to lay out (this pipeline stage's largest chunk)
+  // The layer position whose own activations are being laid out (0 .. layers-1; without a pipeline
+  // the layer itself), or -1 for those every layer shares: Mixture-of-Experts models lay out the
+  // dense MLP's activations or the experts' by it.
+  std::int64_t layer = -1;
 };
 
 /// The activation carver of one layout pass: `take` hands out tensors in the compute dtype,

@@ -432,8 +432,10 @@ std::size_t Decoder<Body>::lay_out(const config::ModelConfig& config, Recompute 
     if (full) Body::lay_out_kept(take, config, dims, shared);
     for (std::int64_t l = 0; l < dims.layers; ++l) {
       LayerActs la = shared;
-      if (!full) Body::lay_out_kept(take, config, dims, la);
-      if (recompute == Recompute::none) Body::lay_out_mlp(take, config, dims, la);
+      ActsDims own = dims;
+      own.layer = l;
+      if (!full) Body::lay_out_kept(take, config, own, la);
+      if (recompute == Recompute::none) Body::lay_out_mlp(take, config, own, la);
       la.residual3 = take.take({R, C});
       a.layers.push_back(la);
     }

@@ -60,12 +60,15 @@ void LlamaBody::lay_out_unread(ActsCarver& take, const config::ModelConfig& conf
 
 void LlamaBody::lay_out_mlp(ActsCarver& take, const config::ModelConfig& config, const ActsDims& d, Acts& la) {
   const std::int64_t F = widths(config, d.tensor_size).F;
-  if (has_dense_layers(config)) {
+  // A layer of its own (d.layer >= 0) gets the activations of its kind of MLP; a shared slot both.
+  const bool dense = d.layer >= 0 ? !is_moe_layer(config, d.layer) : has_dense_layers(config);
+  const bool moe = d.layer >= 0 ? is_moe_layer(config, d.layer) : config.moe.enabled;
+  if (dense) {
     la.gate = take.take({d.N, F});
     la.up = take.take({d.N, F});
     la.swi = take.take({d.N, F});
   }
-  if (config.moe.enabled) lay_out_moe_acts(take, config, d.N, la.moe);
+  if (moe) lay_out_moe_acts(take, config, d.N, la.moe);
 }
 
 void LlamaBody::lay_out_kept(ActsCarver& take, const config::ModelConfig& config, const ActsDims& d, Acts& la) {
