@@ -1,6 +1,8 @@
-// llmtrain eval: validation loss of a checkpoint, and (--dump-logits) the logits of its first
-// micro-batch for comparison with other runtimes. Under mpirun the ranks share the batches, and
-// with --tensor-parallel N each layer is split over N of them (CPU ranks).
+// llmtrain eval: validation loss of a checkpoint, (--task) a multiple-choice benchmark's scores,
+// and (--dump-logits) the logits of its first micro-batch for comparison with other runtimes.
+// Under mpirun the ranks share the batches or examples, and with --tensor-parallel N or
+// --context-parallel N each layer or sequence is split over N of them (CPU ranks), each reading
+// only its part of the weights.
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
