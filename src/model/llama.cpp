@@ -140,6 +140,15 @@ Llama::Llama(const config::ModelConfig& config, Device device, Recompute recompu
   kv_sharers_ = kv_split ? 1 : N / int(config.n_kv_head);
   QKV_ = (NH_ + 2 * NKV_) * HS_;
   build();
+  // The tensor-parallel sum of the two norms' gradients takes them as one run of 2 HS.
+  const std::vector<ParamInfo>& infos = param_infos();
+  for (std::size_t i = 0; i < infos.size(); ++i) {
+    if (!infos[i].name.ends_with("self_attn.q_norm.weight")) continue;
+    if (i + 1 == infos.size() || !infos[i + 1].name.ends_with("self_attn.k_norm.weight") ||
+        infos[i + 1].offset != infos[i].offset + HS_) {
+      throw RuntimeError("Llama: " + infos[i].name + " and its k_norm are not adjacent");
+    }
+  }
 }
 
 TensorSlice Llama::layer_slice(const std::string& name) const {
@@ -169,9 +178,6 @@ Llama::LayerParams Llama::bind_layer(std::int64_t l, bool grads) const {
   if (config_.qk_norm) {
     lp.q_norm = param_named(h + "self_attn.q_norm.weight", grads);
     lp.k_norm = param_named(h + "self_attn.k_norm.weight", grads);
-    if (grads && lp.k_norm.data != static_cast<char*>(lp.q_norm.data) + HS_ * dtype_size(lp.q_norm.dtype)) {
-      throw RuntimeError("Llama: layer " + std::to_string(l) + "'s q_norm and k_norm weights are not adjacent");
-    }
   }
   lp.post_norm = param_named(h + "post_attention_layernorm.weight", grads);
   lp.gate = param_named(h + "mlp.gate_proj.weight", grads);
