@@ -46,6 +46,13 @@ void compare_model(const std::string& arch, model::Recompute recompute, bool qk_
   const auto cpu = model::make_model(c, Device::cpu, recompute);
   const auto gpu = model::make_model(c, Device::cuda, recompute);
   cpu->init_weights(7);
+  if (qk_norm) {  // norm weights other than 1, so that a query norm used for keys would show
+    for (const auto& info : cpu->param_infos()) {
+      if (info.shape.size() != 1) continue;
+      float* w = cpu->param(info).as<float>();
+      for (std::int64_t i = 0; i < info.numel; ++i) w[i] = 1.0f + 0.3f * std::sin(float(i + info.offset));
+    }
+  }
   ops::copy(gpu->params(), cpu->params());
 
   const int B = 3, T = 29;

@@ -322,6 +322,7 @@ TEST_CASE("model.qk_norm exports Qwen3ForCausalLM (q_norm, k_norm, config) and r
   CHECK(config["tie_word_embeddings"] == false);
   checkpoint::import_hf(dir.path(), b);
   CHECK(std::memcmp(a.params().data, b.params().data, a.params().bytes()) == 0);
+  check_ranges_read(a, dir.path());  // the ranged reads each rank makes, through the norms too
 
   // A Llama config without qk_norm refuses the norms, naming the key to set.
   model::Llama plain(small_llama(), Device::cpu);
