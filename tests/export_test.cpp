@@ -341,4 +341,14 @@ TEST_CASE("model.qk_norm exports Qwen3ForCausalLM (q_norm, k_norm, config) and r
   other.rope_theta = 10000.0;
   model::Llama c(other, Device::cpu);
   CHECK_THROWS_AS(checkpoint::import_hf(dir.path(), c), InputError);
+  // A head size other than d_model / n_head (as Qwen3-0.6B's) is named before any shape.
+  file_config["head_dim"] = 8;
+  std::ofstream(dir.path() + "/config.json") << file_config.dump();
+  try {
+    checkpoint::import_hf(dir.path(), b);
+    FAIL("no error");
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()).find("model.d_model / model.n_head: the config has 4, but ") == 0);
+    CHECK(std::string(e.what()).find("has head_dim = 8") != std::string::npos);
+  }
 }
