@@ -28,16 +28,23 @@ packages=(
 # Optional: a PyTorch >= 2.9 from PyPI (its CPU-only wheel) with torch.optim.Muon, for
 # tests/muon_reference_test.py, in a virtual environment .venv-torch at the repository's root
 # (`scripts/setup.sh --with-torch-muon`; Debian's python3-torch is older and has no Muon).
+# Optional: transformers 5.x (with safetensors) beside that PyTorch in the same .venv-torch, for
+# tests/hf_training_reference_test.py (`scripts/setup.sh --with-transformers5`; it installs the
+# PyTorch too when the venv has none). Debian's transformers, and the 4.44.2 that --with-onnx puts
+# into the system Python for Debian's PyTorch 1.13, know no Qwen3.
 with_onnx=0
 with_lm_eval=0
 with_torch_muon=0
+with_transformers5=0
 for arg in "$@"; do
   case "$arg" in
     --with-torch) packages+=(python3-torch python3-matplotlib) ;;
     --with-onnx) with_onnx=1; packages+=(python3-pip) ;;
     --with-lm-eval) with_lm_eval=1; packages+=(python3-torch python3-venv python3-pip) ;;
     --with-torch-muon) with_torch_muon=1; packages+=(python3-venv python3-pip) ;;
-    *) echo "setup.sh: unknown option $arg (known: --with-torch, --with-onnx, --with-lm-eval, --with-torch-muon)" >&2; exit 2 ;;
+    --with-transformers5) with_transformers5=1; packages+=(python3-venv python3-pip) ;;
+    *) echo "setup.sh: unknown option $arg (known: --with-torch, --with-onnx, --with-lm-eval, --with-torch-muon," \
+            "--with-transformers5)" >&2; exit 2 ;;
   esac
 done
 
@@ -116,4 +123,15 @@ if ((with_torch_muon)); then
   "$venv/bin/python" -m pip install --quiet ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} 'torch>=2.9'
   "$venv/bin/python" -m pip install --quiet numpy
   "$venv/bin/python" -c 'import torch; assert hasattr(torch.optim, "Muon"); print("setup.sh: torch", torch.__version__, "with torch.optim.Muon")'
+fi
+
+if ((with_transformers5)); then
+  # The same venv as --with-torch-muon (one PyTorch from PyPI serves both tests); transformers is
+  # held to 5.x, whose Qwen3 config reads the rotary base from rope_parameters.
+  venv="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv-torch"
+  echo "setup.sh: installing PyTorch >= 2.9 and transformers 5.x from PyPI into $venv"
+  [[ -x "$venv/bin/python" ]] || /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} 'torch>=2.9'
+  "$venv/bin/python" -m pip install --quiet numpy safetensors 'transformers>=5,<6'
+  "$venv/bin/python" -c 'import torch, transformers; from transformers import Qwen3ForCausalLM; print("setup.sh: torch", torch.__version__, "transformers", transformers.__version__)'
 fi

@@ -85,6 +85,8 @@ TEST_CASE("bad configs are rejected with the key path and the reason", "[config]
       {R"({"model": {"d_model": 100, "n_head": 3}})", {}, "model.n_head: must divide model.d_model (100), got 3"},
       {R"({"model": {"arch": "llama", "n_head": 8, "n_kv_head": 3, "d_model": 64}})", {}, "model.n_kv_head: must divide model.n_head (8), got 3"},
       {R"({"model": {"n_head": 8, "n_kv_head": 2, "d_model": 64}})", {}, "model.n_kv_head: gpt2 has no grouped-query attention"},
+      {R"({"model": {"qk_norm": true}})", {}, "model.qk_norm: gpt2 has no per-head query and key norms: must be false"},
+      {R"({"model": {"arch": "llama", "qk_norm": 1}})", {}, "model.qk_norm: expected"},
       {R"({"train": {"micro_batch_size": 4, "global_batch_size": 6}})", {}, "train.global_batch_size: must be a multiple of train.micro_batch_size (4), got 6"},
       {R"({"optim": {"lr": 1e-4, "min_lr": 1e-3}})", {}, "optim.min_lr: must be <= optim.lr"},
       // cuDNN's fused attention has bf16 kernels only: a config error, not a failure at the first op.

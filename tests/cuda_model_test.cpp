@@ -1,5 +1,6 @@
 // Whole models on the CUDA backend against the CPU reference (fp32): the same weights and batch
-// give the same loss, logits and gradients, and KV-cache decoding the same logits; a ZeRO-3
+// give the same loss, logits and gradients (model.qk_norm's norms included), and KV-cache decoding
+// the same logits; a ZeRO-3
 // sharded model on the device against the unsharded one; and pipeline stages (of one or two model
 // chunks) on the device against the whole model.
 #include <cmath>
@@ -37,13 +38,21 @@ config::ModelConfig tiny(const std::string& arch) {
   return c;
 }
 
-void compare_model(const std::string& arch, model::Recompute recompute) {
+void compare_model(const std::string& arch, model::Recompute recompute, bool qk_norm = false) {
   std::string why;
   if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
-  const auto c = tiny(arch);
+  auto c = tiny(arch);
+  c.qk_norm = qk_norm;
   const auto cpu = model::make_model(c, Device::cpu, recompute);
   const auto gpu = model::make_model(c, Device::cuda, recompute);
   cpu->init_weights(7);
+  if (qk_norm) {  // norm weights other than 1, so that a query norm used for keys would show
+    for (const auto& info : cpu->param_infos()) {
+      if (info.shape.size() != 1) continue;
+      float* w = cpu->param(info).as<float>();
+      for (std::int64_t i = 0; i < info.numel; ++i) w[i] = 1.0f + 0.3f * std::sin(float(i + info.offset));
+    }
+  }
   ops::copy(gpu->params(), cpu->params());
 
   const int B = 3, T = 29;
@@ -110,6 +119,12 @@ TEST_CASE("cuda GPT-2 forward, backward and decoding match the cpu reference", "
 TEST_CASE("cuda Llama forward, backward and decoding match the cpu reference", "[cuda][model][llama]") {
   compare_model("llama", model::Recompute::none);
   compare_model("llama", model::Recompute::full);
+}
+
+TEST_CASE("cuda Llama with model.qk_norm: forward, backward and decoding match the cpu reference",
+          "[cuda][model][llama]") {
+  compare_model("llama", model::Recompute::none, true);
+  compare_model("llama", model::Recompute::full, true);
 }
 
 TEST_CASE("cuda bf16 mixed precision: loss within 1e-2 of the fp32 cpu reference", "[cuda][model][bf16]") {

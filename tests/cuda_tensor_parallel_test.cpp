@@ -61,13 +61,22 @@ struct Tolerance {
 // The tensor-parallel device model of this rank against the whole CPU model, over two micro-steps
 // (gradients accumulate: the kept parts of norm and shared key/value gradients are exercised).
 // Checks only with CHECK: a rank that stopped early would leave the others in a collective.
-void compare_tensor_parallel(const std::string& arch, bool sequence_parallel, DType dtype, model::Recompute recompute) {
+void compare_tensor_parallel(const std::string& arch, bool sequence_parallel, DType dtype, model::Recompute recompute,
+                             bool qk_norm = false) {
   dist::Communicator& world = job();
   const int rank = world.rank(), N = world.world_size();
-  CAPTURE(arch, N, rank, sequence_parallel, dtype_name(dtype), config::to_string(recompute));
-  const auto c = tiny(arch);
+  CAPTURE(arch, N, rank, sequence_parallel, dtype_name(dtype), config::to_string(recompute), qk_norm);
+  auto c = tiny(arch);
+  c.qk_norm = qk_norm;
   const auto whole = model::make_model(c, Device::cpu);
   whole->init_weights(7);
+  if (qk_norm) {  // norm weights other than 1
+    for (const auto& info : whole->param_infos()) {
+      if (info.shape.size() != 1) continue;
+      float* w = whole->param(info).as<float>();
+      for (std::int64_t i = 0; i < info.numel; ++i) w[i] = 1.0f + 0.3f * std::sin(float(i + info.offset));
+    }
+  }
 
   model::Layout layout;
   layout.tensor_rank = rank;
@@ -171,5 +180,16 @@ TEST_CASE("cuda tensor parallel Llama (GQA, untied head): loss and gradient slic
     }
     // Backward recomputes each layer's forward, with its collectives (the all-gathers again).
     compare_tensor_parallel("llama", sequence_parallel, DType::f32, model::Recompute::full);
+  }
+}
+
+TEST_CASE("cuda tensor parallel Llama with model.qk_norm: loss and gradient slices match the whole cpu model",
+          "[cuda][tensor][mpi][llama]") {
+  std::string why;
+  if (!tensor_job(&why)) LLMTRAIN_SKIP(why);
+  for (const bool sequence_parallel : {false, true}) {
+    for (const DType dtype : {DType::f32, DType::bf16}) {
+      compare_tensor_parallel("llama", sequence_parallel, dtype, model::Recompute::none, true);
+    }
   }
 }

@@ -6,21 +6,27 @@ more update and validates (step 31) with two tasks (HellaSwag's format and the p
 a context longer than the model's, choices of several lengths and a count of endings that fills
 no whole number of micro-batches):
 
-  1. the one-rank run's log-likelihoods (RUN_DIR/tasks/NAME/step_00000031.json, every ending
-     padded to the context length and scored from the per-position losses of the validation's
-     forward pass) equal those `eval --task` computes independently on its checkpoint (each
-     ending's own unpadded forward, log-softmax of the logits) within 1e-4, with the same
-     choices, and its metrics.jsonl scores are that file's;
+  1. the one-rank run's log-likelihoods (RUN_DIR/tasks/NAME/step_00000031.json, the per-position
+     losses of the validation's forward passes over micro-batches padded to their longest
+     sequence: 64 positions, or the whole context of 256 for the long context) equal those
+     `eval --task` computes on its checkpoint, which scores through the same path
+     (eval/sequence_scoring.h; its values are checked against PyTorch's logits in test_eval and
+     against transformers and lm-evaluation-harness in their own tests), with the same choices;
+     the start-up line counts the positions a validation runs and what padding every sequence to
+     the context would;
   2. tensor parallelism 2 (with and without sequence parallelism), ZeRO 3 over 2 ranks, a 2-stage
      pipeline (1F1B and interleaved), context parallelism 2 and tensor 2 x data 2 under ZeRO 3
      (4 ranks) give the one-rank run's scores (hellaswag's acc, acc_norm and acc_bytes; choice's
      acc, acc_norm and acc_norm_bytes), the same choices and token counts, and log-likelihoods
-     within 1e-4.
+     within 1e-4;
+  3. `eval --task` under mpirun with --tensor-parallel 2 and with --context-parallel 2 (each rank
+     reading only its part of the weights) gives the one-rank scores too.
 
 Usage: eval_tasks_mesh_test.py LLMTRAIN MPIEXEC
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -47,7 +53,7 @@ def run(*args, ranks=1):
     return r
 
 
-LONG = "fortune favors the bold and the quick brown fox jumps over the lazy dog while the moon"  # > 64 bytes
+LONG = " ".join(["fortune favors the bold and the quick brown fox jumps over the lazy dog while the moon"] * 4)  # > 256 bytes
 HELLASWAG = [  # HellaSwag's fields: lm-evaluation-harness's query is "activity_label: ctx_a Ctx_b"
     {"ctx": "the quick brown fox", "endings": ["jumps over the lazy dog", "sat", "caf\u00e9 au lait", "runs"], "label": 0},
     {"ctx": LONG, "endings": ["rises", "and back", "over the hills", "x"], "label": 2},
@@ -100,7 +106,7 @@ with tempfile.TemporaryDirectory() as tmp:
     for name, rows in (("hs", HELLASWAG), ("plain", PLAIN)):
         with open(f"{tmp}/{name}.jsonl", "w") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
-    config = {"model": {"vocab_size": 256, "context_length": 64, "n_layer": 4, "n_head": 2, "d_model": 32},
+    config = {"model": {"vocab_size": 256, "context_length": 256, "n_layer": 4, "n_head": 2, "d_model": 32},
               "data": {"train": f"{tmp}/shards/train_*.bin", "val": f"{tmp}/shards/val_*.bin"},
               "train": {"micro_batch_size": 2, "global_batch_size": 8, "max_steps": 31, "eval_every": 0,
                         "eval_batches": 1, "log_every": 100,
@@ -115,7 +121,14 @@ with tempfile.TemporaryDirectory() as tmp:
     start = f"{tmp}/base/checkpoints/step_00000030"
 
     # 1. One rank against eval --task's independent scoring.
-    run("train", "--config", f"{tmp}/c.json", "--run-dir", f"{tmp}/one", "--resume", start)
+    one = run("train", "--config", f"{tmp}/c.json", "--run-dir", f"{tmp}/one", "--resume", start)
+    notes = re.findall(r"train\.eval_tasks (\w+): (\d+) sequences in (\d+) micro-batches, ([\d.]+)M positions per "
+                       r"validation \(padding each to the context: ([\d.]+)M\)", one.stderr.decode())
+    # hellaswag: 20 endings in 10 micro-batches of 2, the long context's four endings in two of
+    # the whole context (256), the rest of 64 positions; plain: 5 choices in 3 micro-batches of 64.
+    check(notes == [("hellaswag", "20", "10", f"{(2 * 256 + 8 * 64) * 2 / 1e6:.3g}", f"{10 * 2 * 256 / 1e6:.3g}"),
+                    ("plain", "5", "3", f"{3 * 2 * 64 / 1e6:.3g}", f"{3 * 2 * 256 / 1e6:.3g}")],
+          f"the start-up lines count each task's positions per validation: {notes}")
     with open(f"{tmp}/one/metrics.jsonl") as f:
         line = [m for m in map(json.loads, f) if "hellaswag/acc" in m]
     reference = {}
@@ -140,6 +153,17 @@ with tempfile.TemporaryDirectory() as tmp:
         run("train", "--config", f"{tmp}/c.json", "--run-dir", run_dir, "--resume", start, *overrides, ranks=ranks)
         for name in ("hellaswag", "plain"):
             same(load_result(run_dir, name), reference[name], f"{what}, {name}", name)
+
+    # 3. eval --task on tensor and context ranks.
+    for what, option in (("tensor parallel 2", "--tensor-parallel"), ("context parallel 2", "--context-parallel")):
+        for name, task, path in (("hellaswag", "hellaswag", "hs.jsonl"), ("plain", "choice", "plain.jsonl")):
+            out = f"{tmp}/{name}_{option[2:]}.json"
+            run("eval", "--checkpoint", f"{tmp}/one", "--task", task, f"{tmp}/{path}", option, "2", "--json", out,
+                ranks=2)
+            with open(out) as f:
+                got = json.load(f)
+            got["task"] = reference[name]["task"]
+            same(got, reference[name], f"eval --task {name} {option} 2", name)
 
 if failures:
     print(f"{len(failures)} check(s) failed")

@@ -288,3 +288,67 @@ TEST_CASE("init_from reads sharded checkpoints and checks a Llama folder's confi
     CHECK(std::string(e.what()) == tied_dir.path() + "/model.safetensors: tensor lm_head.weight is missing");
   }
 }
+
+TEST_CASE("model.qk_norm exports Qwen3ForCausalLM (q_norm, k_norm, config) and reads it back bit for bit",
+          "[checkpoint][export][llama]") {
+  test::TempDir dir;
+  auto qwen = small_llama();
+  qwen.qk_norm = true;
+  model::Llama a(qwen, Device::cpu), b(qwen, Device::cpu);
+  a.init_weights(21);
+  // Norm weights start at 1: make them differ so that the round trip shows.
+  for (const auto& info : a.param_infos()) {
+    if (info.shape.size() == 1) {
+      for (std::int64_t i = 0; i < info.numel; ++i) a.param(info).as<float>()[i] = 1.0f + 0.01f * float(i);
+    }
+  }
+  b.init_weights(22);
+  checkpoint::export_hf(a, dir.path());
+  // Qwen3Attention's norms: one (head_dim,) weight each for the query and key heads.
+  const checkpoint::SafetensorsReader file(dir.path() + "/model.safetensors");
+  for (int l = 0; l < 2; ++l) {
+    for (const char* norm : {"q_norm", "k_norm"}) {
+      const auto* t = file.find("model.layers." + std::to_string(l) + ".self_attn." + norm + ".weight");
+      REQUIRE(t != nullptr);
+      CHECK(t->shape == std::vector<std::int64_t>{4});
+    }
+  }
+  CHECK(file.tensors().size() == 9 * 2 + 2 * 2 + 3);  // the Llama layer's 9, two norms, the 3 ends
+  const auto config = nlohmann::json::parse(std::ifstream(dir.path() + "/config.json"));
+  CHECK(config["architectures"][0] == "Qwen3ForCausalLM");
+  CHECK(config["model_type"] == "qwen3");
+  CHECK(config["head_dim"] == 4);
+  CHECK(config["rope_parameters"]["rope_theta"] == 500000.0);
+  CHECK(config["tie_word_embeddings"] == false);
+  checkpoint::import_hf(dir.path(), b);
+  CHECK(std::memcmp(a.params().data, b.params().data, a.params().bytes()) == 0);
+  check_ranges_read(a, dir.path());  // the ranged reads each rank makes, through the norms too
+
+  // A Llama config without qk_norm refuses the norms, naming the key to set.
+  model::Llama plain(small_llama(), Device::cpu);
+  try {
+    checkpoint::import_hf(dir.path(), plain);
+    FAIL("no error");
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()).find("unexpected tensor model.layers.") != std::string::npos);
+    CHECK(std::string(e.what()).find("set model.qk_norm true") != std::string::npos);
+  }
+  // transformers 5 writes the rotary base only inside rope_parameters: it is still checked.
+  auto file_config = config;
+  file_config.erase("rope_theta");
+  std::ofstream(dir.path() + "/config.json") << file_config.dump();
+  auto other = qwen;
+  other.rope_theta = 10000.0;
+  model::Llama c(other, Device::cpu);
+  CHECK_THROWS_AS(checkpoint::import_hf(dir.path(), c), InputError);
+  // A head size other than d_model / n_head (as Qwen3-0.6B's) is named before any shape.
+  file_config["head_dim"] = 8;
+  std::ofstream(dir.path() + "/config.json") << file_config.dump();
+  try {
+    checkpoint::import_hf(dir.path(), b);
+    FAIL("no error");
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()).find("model.d_model / model.n_head: the config has 4, but ") == 0);
+    CHECK(std::string(e.what()).find("has head_dim = 8") != std::string::npos);
+  }
+}

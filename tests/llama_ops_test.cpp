@@ -117,3 +117,39 @@ TEST_CASE("grouped-query attention: finite differences, and NKV = NH equals plai
   cpu::attention_forward(b.data(), att.data(), expanded.data(), B, T, C, NH, NH);
   for (std::size_t i = 0; i < a.size(); ++i) REQUIRE(std::abs(a[i] - b[i]) < 1e-6f);
 }
+
+TEST_CASE("qk_norm: each query and key head normalised by hand, value heads copied, finite differences",
+          "[ops][llama][grad]") {
+  // One token, NH 2, NKV 1, HS 2: heads (3, 4), (1, 0) | (0, 2) | (5, 6). rms (3, 4) = sqrt(12.5),
+  // rms (1, 0) = sqrt(0.5), rms (0, 2) = sqrt(2); q weights (1, 2), k weights (3, 1); eps 0.
+  Vec x = {3.0f, 4.0f, 1.0f, 0.0f, 0.0f, 2.0f, 5.0f, 6.0f}, wq = {1.0f, 2.0f}, wk = {3.0f, 1.0f}, y(8), rstd(3);
+  ops::qk_norm_forward(t(y, {1, 8}), t(rstd, {1, 3}), t(x, {1, 8}), t(wq, {2}), t(wk, {2}), 2, 1, 0.0f);
+  const float r1 = std::sqrt(12.5f), r2 = std::sqrt(0.5f), r3 = std::sqrt(2.0f);
+  const Vec expected = {3.0f / r1, 8.0f / r1, 1.0f / r2, 0.0f, 0.0f, 2.0f / r3, 5.0f, 6.0f};
+  for (std::size_t i = 0; i < 8; ++i) CHECK(std::abs(y[i] - expected[i]) < 1e-6f);
+  CHECK(std::abs(rstd[2] - 1.0f / r3) < 1e-6f);
+
+  std::mt19937 rng(17);
+  struct HeadShape {
+    int N, NH, NKV, HS;
+  };
+  for (const auto s : {HeadShape{3, 2, 1, 4}, HeadShape{5, 4, 2, 6}, HeadShape{2, 1, 1, 8}}) {
+    CAPTURE(s.N, s.NH, s.NKV, s.HS);
+    const std::int64_t W = std::int64_t(s.NH + 2 * s.NKV) * s.HS;
+    Vec xs = random_vec(rng, std::size_t(s.N * W), 1.5f, 0.3f), qw = random_vec(rng, std::size_t(s.HS), 0.3f, 1.0f),
+        kw = random_vec(rng, std::size_t(s.HS), 0.3f, 1.0f), out(xs.size()), r(std::size_t(s.N * (s.NH + s.NKV)));
+    const Vec R = random_vec(rng, out.size());
+    const auto loss = [&] {
+      ops::qk_norm_forward(t(out, {s.N, W}), t(r, {s.N, s.NH + s.NKV}), t(xs, {s.N, W}), t(qw, {s.HS}),
+                           t(kw, {s.HS}), s.NH, s.NKV, 1e-5f);
+      return weighted_sum(out, R);
+    };
+    loss();
+    Vec dx(xs.size(), 7.0f), dq(std::size_t(s.HS), 0.0f), dk(std::size_t(s.HS), 0.0f), dout = R;  // dx written
+    ops::qk_norm_backward(t(dx, {s.N, W}), t(dq, {s.HS}), t(dk, {s.HS}), t(dout, {s.N, W}), t(xs, {s.N, W}),
+                          t(qw, {s.HS}), t(kw, {s.HS}), t(r, {s.N, s.NH + s.NKV}), s.NH, s.NKV);
+    check_gradient("x", xs, dx, loss, 1e-3);
+    check_gradient("q_weight", qw, dq, loss, 1e-3);
+    check_gradient("k_weight", kw, dk, loss, 1e-3);
+  }
+}

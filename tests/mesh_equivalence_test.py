@@ -69,6 +69,9 @@ def base_config(name, data):
               "checkpoint": {"every": 10, "keep_last": 5}}
     if name.startswith("llama"):
         config["model"] = dict(LLAMA)
+    if name.startswith("llama-qk"):  # Qwen3's per-head query and key norms (replicated over a tensor group)
+        config["model"]["qk_norm"] = True
+        config["train"]["max_steps"] = 10
     if name.startswith("llama-bf16"):  # the whole layer recomputed in backward; 10 smaller updates keep bf16's drift small
         config["train"].update(precision="bf16", recompute="full", max_steps=10)
         config["optim"] = {"warmup_steps": 1}
@@ -173,6 +176,9 @@ def tensor_traffic(run):
     if m["arch"] == "llama" and n > NKV:  # replicated key/value heads: their k and v gradients
         per_micro["all-reduce"][0] += L
         per_micro["all-reduce"][1] += ring * 4 * L * NKV * 2 * HS * C
+    if m.get("qk_norm"):  # each rank's heads add to the replicated q_norm and k_norm: summed per layer
+        per_micro["all-reduce"][0] += L
+        per_micro["all-reduce"][1] += ring * 4 * L * 2 * HS
     expect = {k: (micro * c, micro * b) for k, (c, b) in per_micro.items()}
     calls, sent = expect["all-reduce"]
     expect["all-reduce"] = (calls + 1, sent + ring * 8)  # + the gradient norm per update
@@ -310,6 +316,7 @@ ROWS = [
     Row("zero", "zero3-w4@10>w2-zero1", 2, "dist.zero_stage=1", resume=("zero3-w4", 10)),
     Row("zero", "zero3-w4@10>w2-gathered", 2, Z3 + " dist.reshard_after_forward=false", resume=("zero3-w4", 10)),
     Row("zero", "llama-zero3-w2", 2, Z3, base="llama", checks=(zero_traffic,)),
+    Row("zero", "llama-qk-zero3-w2", 2, Z3, base="llama-qk"),
 
     # Tensor parallelism (Megatron), with and without sequence parallelism, alone and with data 2.
     Row("tensor", "tp2", 2, "dist.tensor_parallel=2", checks=(tensor_traffic,)),
@@ -324,6 +331,10 @@ ROWS = [
     Row("tensor", "llama-tp2-dp2", 4, "dist.tensor_parallel=2", base="llama", checks=(tensor_traffic,)),
     Row("tensor", "llama-tp4", 4, "dist.tensor_parallel=4", base="llama", checks=(tensor_traffic,)),
     Row("tensor", "llama-tp4-sp", 4, "dist.tensor_parallel=4 dist.sequence_parallel=true", base="llama",
+        checks=(tensor_traffic,)),
+    # model.qk_norm: the norms' weight gradients summed over the group; key/value heads replicated at 4.
+    Row("tensor", "llama-qk-tp2", 2, "dist.tensor_parallel=2", base="llama-qk", checks=(tensor_traffic,)),
+    Row("tensor", "llama-qk-tp4-sp", 4, "dist.tensor_parallel=4 dist.sequence_parallel=true", base="llama-qk",
         checks=(tensor_traffic,)),
 
     # Context parallelism: ring and all-gather, alone and with tensor, data (ZeRO 3) and pipeline.
@@ -342,6 +353,7 @@ ROWS = [
         base="llama"),
     Row("context", "llama-cp2-dp2-zero3", 4, "dist.context_parallel=2 " + Z3, base="llama"),
     Row("context", "llama-cp2-pp2", 4, "dist.context_parallel=2 dist.pipeline_parallel=2", base="llama"),
+    Row("context", "llama-qk-cp2", 2, "dist.context_parallel=2", base="llama-qk"),
     Row("context", "llama-cp4@10>w1", 1, base="llama", resume=("llama-cp4", 10), against=ONE),
     Row("context", "llama-w1@10>cp4", 4, "dist.context_parallel=4", base="llama", resume=(ONE, 10)),
     # Packed documents (data.document_mask, data.reset_positions): the mask over the ranks' chunks.
@@ -360,6 +372,7 @@ ROWS = [
     Row("pipeline", "pp2", 2, "dist.pipeline_parallel=2",
         checks=(log_says("pipeline: 2 stages"), pipeline_transfers(1))),
     Row("pipeline", "pp2@10>w1", 1, resume=("pp2", 10)),
+    Row("pipeline", "llama-qk-pp2", 2, "dist.pipeline_parallel=2", base="llama-qk"),
     Row("pipeline", "w1@10>pp2", 2, "dist.pipeline_parallel=2", resume=(ONE, 10)),
     Row("pipeline", "w1@10>pp2-tp2", 4, "dist.pipeline_parallel=2 dist.tensor_parallel=2", resume=(ONE, 10)),
     Row("pipeline", "pp4", 4, "dist.pipeline_parallel=4", checks=(pipeline_transfers(1),)),
@@ -427,7 +440,7 @@ ROWS = [
     Row("checkpoint", "legacy-w2-zero3@10>w2-zero1", 2, "dist.zero_stage=1", base="legacy",
         resume=("legacy:world2_zero3", 10), weight_tol=None),
 ]
-REFERENCES = ("gpt2", "llama", "llama-bf16")  # base configs whose one-rank run the group "references" shares
+REFERENCES = ("gpt2", "llama", "llama-bf16", "llama-qk")  # base configs whose one-rank run the group "references" shares
 
 
 # ----- running -----

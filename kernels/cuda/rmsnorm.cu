@@ -2,7 +2,9 @@
 // of the vector width and the pointers are aligned; float sums with warp shuffles; the weight
 // gradient is a deterministic column sum (reduce.cuh), as in layernorm.cu. bf16: the same kernels
 // on bf16 activations and weight (8 per 128-bit access), fp32 rstd, arithmetic and weight
-// gradient. CPU reference: kernels/cpu/rmsnorm.cpp.
+// gradient. CPU reference: kernels/cpu/rmsnorm.cpp. qk_norm (model.qk_norm): the same per query and
+// key head of a packed qkv, one warp per (token, head), value heads copied; scalar loads (a head is
+// 64 or 128 elements: two or four per lane).
 #include "cuda_check.h"
 #include "instantiate.cuh"
 #include "launch.cuh"
@@ -122,6 +124,74 @@ void rmsnorm_backward_dispatch(Elem* dinp, float* dweight, const Elem* dout, con
   column_sums<1>(ColumnOutputs<1>{{dweight}}, RmsnormWeightGrad<Elem>{dout, inp, rstd, C}, N, C, stream);
 }
 
+// One warp per (token, head) of qkv (N, H HS), H = NH + 2 NKV: query heads by q_weight, key heads
+// by k_weight, value heads copied.
+template <class Elem>
+__global__ void qk_norm_forward_kernel(Elem* out, float* rstd /* (N, NH + NKV) */, const Elem* inp,
+                                       const Elem* q_weight /* (HS) */, const Elem* k_weight /* (HS) */,
+                                       std::int64_t N, int NH, int NKV, int HS, float eps) {
+  const int H = NH + 2 * NKV;
+  const std::int64_t row = std::int64_t(blockIdx.x) * rows_per_block + threadIdx.x / warp_size;
+  if (row >= N * H) return;  // the whole warp
+  const int lane = threadIdx.x % warp_size;
+  const std::int64_t n = row / H;
+  const int h = int(row % H);
+  const Elem* x = inp + row * HS;
+  Elem* y = out + row * HS;
+  if (h >= NH + NKV) {
+    for (int c = lane; c < HS; c += warp_size) y[c] = x[c];
+    return;
+  }
+  const Elem* w = h < NH ? q_weight : k_weight;
+  float sum_squares = 0.0f;
+  for (int c = lane; c < HS; c += warp_size) sum_squares += to_float(x[c]) * to_float(x[c]);
+  const float s = 1.0f / sqrtf(warp_reduce(sum_squares, SumOp{}) / float(HS) + eps);
+  for (int c = lane; c < HS; c += warp_size) y[c] = from_float<Elem>(to_float(x[c]) * s * to_float(w[c]));
+  if (lane == 0) rstd[n * (NH + NKV) + h] = s;
+}
+
+template <class Elem>
+__global__ void qk_norm_backward_kernel(Elem* dinp, const Elem* dout, const Elem* inp, const Elem* q_weight,
+                                        const Elem* k_weight, const float* rstd, std::int64_t N, int NH, int NKV,
+                                        int HS) {
+  const int H = NH + 2 * NKV;
+  const std::int64_t row = std::int64_t(blockIdx.x) * rows_per_block + threadIdx.x / warp_size;
+  if (row >= N * H) return;  // the whole warp
+  const int lane = threadIdx.x % warp_size;
+  const std::int64_t n = row / H;
+  const int h = int(row % H);
+  const Elem* x = inp + row * HS;
+  const Elem* dy = dout + row * HS;
+  Elem* dx = dinp + row * HS;
+  if (h >= NH + NKV) {
+    for (int c = lane; c < HS; c += warp_size) dx[c] = dy[c];
+    return;
+  }
+  const Elem* w = h < NH ? q_weight : k_weight;
+  const float s = rstd[n * (NH + NKV) + h];
+  float dot = 0.0f;
+  for (int c = lane; c < HS; c += warp_size) dot += to_float(w[c]) * to_float(dy[c]) * to_float(x[c]) * s;
+  dot = warp_reduce(dot, SumOp{}) / float(HS);
+  for (int c = lane; c < HS; c += warp_size) {
+    dx[c] = from_float<Elem>(s * (to_float(w[c]) * to_float(dy[c]) - to_float(x[c]) * s * dot));
+  }
+}
+
+// Per (row, channel) of the query (first) or key heads, row = token x heads + head: x rstd dy.
+template <class Elem>
+struct QkNormWeightGrad {
+  const Elem* dout;   // (N, H HS)
+  const Elem* inp;    // (N, H HS)
+  const float* rstd;  // (N, NH + NKV)
+  int heads, first, H, normed, HS;  // the heads summed: first .. first + heads - 1
+  __device__ void operator()(std::int64_t i, int c, float (&v)[1]) const {
+    const std::int64_t n = i / heads;
+    const int h = first + int(i % heads);
+    const std::int64_t at = (n * H + h) * HS + c;
+    v[0] = to_float(inp[at]) * rstd[n * normed + h] * to_float(dout[at]);
+  }
+};
+
 }  // namespace
 
 template <class Act>
@@ -137,5 +207,32 @@ void rmsnorm_backward(Act* dinp, float* dweight, const Act* dout, const Act* inp
   rmsnorm_backward_dispatch(dinp, dweight, dout, inp, weight, rstd, N, C, stream);
 }
 LLMTRAIN_INSTANTIATE_ACTIVATIONS(rmsnorm_backward)
+
+template <class Act>
+void qk_norm_forward(Act* out, float* rstd, const Act* inp, const Act* q_weight, const Act* k_weight, std::int64_t N,
+                     int NH, int NKV, int HS, float eps, cudaStream_t stream) {
+  const std::int64_t rows = N * (NH + 2 * NKV);
+  if (rows <= 0) return;
+  qk_norm_forward_kernel<Act><<<row_blocks(rows), rows_per_block * warp_size, 0, stream>>>(
+      out, rstd, inp, q_weight, k_weight, N, NH, NKV, HS, eps);
+  LLMTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+LLMTRAIN_INSTANTIATE_ACTIVATIONS(qk_norm_forward)
+
+template <class Act>
+void qk_norm_backward(Act* dinp, float* dq_weight, float* dk_weight, const Act* dout, const Act* inp,
+                      const Act* q_weight, const Act* k_weight, const float* rstd, std::int64_t N, int NH, int NKV,
+                      int HS, cudaStream_t stream) {
+  const int H = NH + 2 * NKV;
+  if (N <= 0) return;
+  qk_norm_backward_kernel<Act><<<row_blocks(N * H), rows_per_block * warp_size, 0, stream>>>(
+      dinp, dout, inp, q_weight, k_weight, rstd, N, NH, NKV, HS);
+  LLMTRAIN_CUDA_CHECK(cudaGetLastError());
+  column_sums<1>(ColumnOutputs<1>{{dq_weight}}, QkNormWeightGrad<Act>{dout, inp, rstd, NH, 0, H, NH + NKV, HS},
+                 N * NH, HS, stream);
+  column_sums<1>(ColumnOutputs<1>{{dk_weight}}, QkNormWeightGrad<Act>{dout, inp, rstd, NKV, NH, H, NH + NKV, HS},
+                 N * NKV, HS, stream);
+}
+LLMTRAIN_INSTANTIATE_ACTIVATIONS(qk_norm_backward)
 
 }  // namespace llmtrain::cuda

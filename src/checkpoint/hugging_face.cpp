@@ -35,7 +35,9 @@ std::vector<float> transposed(const float* x, std::int64_t rows, std::int64_t co
 
 }  // namespace
 
-std::string hf_architecture(const config::ModelConfig& c) { return model::arch_spec(c.arch).hf_architecture; }
+std::string hf_architecture(const config::ModelConfig& c) {
+  return model::arch_spec(c.arch).hf_config(c).at("architectures").at(0).get<std::string>();
+}
 
 namespace {
 
@@ -100,8 +102,11 @@ void check_hf_config(const std::string& path, const config::ModelConfig& c, cons
   const nlohmann::json hf = read_json_file(file, "a Hugging Face config.json");
   const nlohmann::json expected = spec.hf_config(c);
   for (const auto& [hf_key, our_key] : spec.hf_checked_keys) {
-    if (!hf.contains(hf_key)) continue;
-    const nlohmann::json& theirs = hf[hf_key];
+    // transformers 5 writes the rotary base inside rope_parameters.
+    const bool nested = !hf.contains(hf_key) && hf_key == "rope_theta" && hf.contains("rope_parameters") &&
+                        hf["rope_parameters"].is_object() && hf["rope_parameters"].contains(hf_key);
+    if (!hf.contains(hf_key) && !nested) continue;
+    const nlohmann::json& theirs = nested ? hf["rope_parameters"][hf_key] : hf[hf_key];
     const nlohmann::json& ours = expected.at(hf_key);
     if (ours.is_boolean()) {
       if (!theirs.is_boolean() || theirs.get<bool>() == ours.get<bool>()) continue;
@@ -290,7 +295,10 @@ std::size_t import_hf_ranges(const std::string& path, const model::Model& logica
       const bool ignorable = (t.name == "lm_head.weight" && logical.config().tie_embeddings) ||
                              t.name.ends_with(".attn.bias") || t.name.ends_with(".attn.masked_bias") ||
                              t.name.ends_with(".rotary_emb.inv_freq");
-      if (!used.contains(t.name) && !ignorable) throw InputError(reader->path() + ": unexpected tensor " + t.name);
+      if (used.contains(t.name) || ignorable) continue;
+      const bool head_norm = t.name.ends_with("self_attn.q_norm.weight") || t.name.ends_with("self_attn.k_norm.weight");
+      throw InputError(reader->path() + ": unexpected tensor " + t.name +
+                       (head_norm && !logical.config().qk_norm ? " (per-head query/key norms: set model.qk_norm true)" : ""));
     }
   }
   std::size_t bytes = 0;

@@ -451,6 +451,10 @@ bool onnx_available() { return true; }
 
 OnnxExportResult export_onnx(const model::Model& model, const std::string& dir, const OnnxOptions& options) {
   const config::ModelConfig& c = model.config();
+  if (c.qk_norm) {
+    throw InputError("export --format onnx: model.qk_norm (per-head query/key norms) is not in the ONNX graph yet; "
+                     "use --format hf");
+  }
   fs::create_directories(dir);
   const std::int64_t weight_bytes = model.num_params() * (options.fp16 ? 2 : 4);
   const bool external = options.external_data || weight_bytes > inline_weight_limit;

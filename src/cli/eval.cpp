@@ -1,6 +1,8 @@
-// llmtrain eval: validation loss of a checkpoint, and (--dump-logits) the logits of its first
-// micro-batch for comparison with other runtimes. Under mpirun the ranks share the batches, and
-// with --tensor-parallel N each layer is split over N of them (CPU ranks).
+// llmtrain eval: validation loss of a checkpoint, (--task) a multiple-choice benchmark's scores,
+// and (--dump-logits) the logits of its first micro-batch for comparison with other runtimes.
+// Under mpirun the ranks share the batches or examples, and with --tensor-parallel N or
+// --context-parallel N each layer or sequence is split over N of them (CPU ranks), each reading
+// only its part of the weights.
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
@@ -20,9 +22,11 @@
 #include "data/tokenizer.h"
 #include "dist/communicator.h"
 #include "eval/choice_eval.h"
+#include "eval/sequence_scoring.h"
 #include "eval/val_loss.h"
 #include "model/documents.h"
 #include "parallel/context_parallel_comm.h"
+#include "parallel/pipeline_executor.h"
 #include "parallel/tensor_parallel_comm.h"
 
 namespace llmtrain::cli {
@@ -97,6 +101,59 @@ config::ValData eval_sets(const std::vector<std::string>& args, const config::Va
   return sets;
 }
 
+// The ranks (one without mpirun) on a tensor x context x data mesh.
+dist::Communicators eval_communicators(const config::Config& config, int tensor_parallel, int context_parallel) {
+  if (config.model.context_length % (2 * context_parallel) != 0) {
+    throw InputError("--context-parallel " + std::to_string(context_parallel) + ": 2 x it must divide " +
+                     "model.context_length (" + std::to_string(config.model.context_length) + ")");
+  }
+  try {
+    return dist::make_communicators(Device::cpu, config.dist.timeout_s, [&](int world) {
+      return dist::Mesh::of(world, {{dist::Axis::tensor, tensor_parallel}, {dist::Axis::context, context_parallel}});
+    });
+  } catch (const InputError&) {
+    const std::string sizes = context_parallel == 1
+                                  ? "--tensor-parallel " + std::to_string(tensor_parallel)
+                                  : "--tensor-parallel " + std::to_string(tensor_parallel) + " x --context-parallel " +
+                                        std::to_string(context_parallel);
+    throw InputError(sizes + ": must divide the number of ranks mpirun starts");
+  }
+}
+
+// The checkpoint's model on this rank, with the groups it calls (declared first: they outlive it).
+struct EvalModel {
+  std::unique_ptr<parallel::CommTensorGroup> tensor_group;
+  std::unique_ptr<parallel::CommContextGroup> context_group;
+  std::unique_ptr<model::Model> model;
+};
+
+// The whole model with one tensor and one context rank, else only this rank's part of the
+// weights, read alone (no rank holds the whole model).
+EvalModel load_eval_model(const checkpoint::Found& found, const dist::Communicators& comms) {
+  const int tensor_parallel = comms.mesh.size(dist::Axis::tensor), context_parallel = comms.mesh.size(dist::Axis::context);
+  EvalModel loaded;
+  if (tensor_parallel == 1 && context_parallel == 1) {
+    loaded.model = checkpoint::load_model(found);
+    return loaded;
+  }
+  model::Layout layout{false, comms.host(dist::Axis::tensor).rank(), tensor_parallel};
+  layout.context_rank = comms.host(dist::Axis::context).rank();
+  layout.context_size = context_parallel;
+  checkpoint::check_weights_fit(found);
+  loaded.model = model::make_model(found.config.model, Device::cpu, model::Recompute::none, DType::f32,
+                                   ops::AttentionKernels::flash, layout);
+  checkpoint::load_weights(found, *loaded.model);
+  if (tensor_parallel > 1) {
+    loaded.tensor_group = std::make_unique<parallel::CommTensorGroup>(comms.host(dist::Axis::tensor), Device::cpu);
+    loaded.model->set_tensor_group(loaded.tensor_group.get());
+  }
+  if (context_parallel > 1) {
+    loaded.context_group = std::make_unique<parallel::CommContextGroup>(comms.host(dist::Axis::context));
+    loaded.model->set_context_group(loaded.context_group.get());
+  }
+  return loaded;
+}
+
 }  // namespace
 
 // --task KIND FILE: a multiple-choice benchmark of the checkpoint, examples spread over the ranks.
@@ -105,19 +162,17 @@ int run_task(const Options& o) {
   const std::string& kind = o.task[0];
   const std::string& file = o.task[1];
   if (!eval::is_choice_task(kind)) throw InputError("--task " + kind + ": expected hellaswag, hellaswag_llmc or choice");
-  if (o.tensor_parallel > 1) throw InputError("--task: with --tensor-parallel 1 only");
   if (!o.data.empty() || !o.dump_logits.empty()) throw InputError("--task: not with --data or --dump-logits");
   const std::vector<eval::ChoiceExample> examples = eval::read_choice_file(file, kind, o.limit);
   const checkpoint::Found found = checkpoint::find(o.checkpoint);
   const config::Config& config = found.config;
-  std::unique_ptr<data::Tokenizer> tokenizer;
-  if (!o.tokenizer.empty()) {
-    tokenizer = data::load_tokenizer(o.tokenizer);
-  } else {
+  std::string tokenizer_dir = o.tokenizer;
+  if (tokenizer_dir.empty()) {
     const auto shards =
         data::expand_paths(config.data.train.paths(), "data.train (to find the tokenizer; or give --tokenizer DIR)");
-    tokenizer = data::load_tokenizer(std::filesystem::path(shards.front()).parent_path().string());
+    tokenizer_dir = std::filesystem::path(shards.front()).parent_path().string();
   }
+  const std::unique_ptr<data::Tokenizer> tokenizer = data::load_tokenizer(tokenizer_dir);
   if (tokenizer->vocab_size() > std::uint32_t(config.model.vocab_size)) {
     throw InputError("tokenizer has " + std::to_string(tokenizer->vocab_size()) +
                      " tokens, more than the model's model.vocab_size");
@@ -128,10 +183,25 @@ int run_task(const Options& o) {
       throw InputError("--json " + o.json + ": no folder " + folder.string());
     }
   }
-  const dist::Communicators comms = dist::make_communicators(Device::cpu, config.dist.timeout_s, [](int world) { return dist::Mesh::of(world, {}); });
-  const std::unique_ptr<model::Model> model = checkpoint::load_model(found);
-  const eval::ChoiceResult result = eval::score_choices(*model, *tokenizer, examples, kind, config.model.context_length,
-                                                          config.model.vocab_size, comms.world.get());
+  const dist::Communicators comms = eval_communicators(config, o.tensor_parallel, o.context_parallel);
+  const EvalModel loaded = load_eval_model(found, comms);
+  model::Model& model = *loaded.model;
+  // The documents of packed sequences as the run had them (the end-of-text id of this tokenizer).
+  model.set_documents(model::documents_for(config.data, tokenizer_dir, Device::cpu, config.model.attention));
+  // train.eval_tasks' path: the validation's forward passes over this mesh (one pipeline stage).
+  parallel::PipelineExecutor pipeline(model, config, comms.host(dist::Axis::pipeline), comms.device(dist::Axis::pipeline), 1);
+  eval::ScoringRank rank;
+  rank.readers = comms.mesh.size(dist::Axis::data);
+  rank.reader = comms.data_index();
+  rank.context_rank = comms.host(dist::Axis::context).rank();
+  rank.context_size = o.context_parallel;
+  rank.tensor_size = o.tensor_parallel;
+  rank.counts = comms.host(dist::Axis::tensor).rank() == 0;
+  const std::vector<eval::ChoiceSequence> sequences =
+      eval::choice_sequences(*tokenizer, examples, kind, config.model.context_length);
+  const std::vector<double> logliks = eval::sequence_logliks(pipeline, model, sequences, int(config.train.micro_batch_size),
+                                                             config.model.context_length, rank, *comms.world);
+  const eval::ChoiceResult result = eval::choice_result(examples, sequences, logliks, kind);
   if (comms.world->rank() != 0) return 0;
   std::string scores;
   for (const auto& [name, value] : result.scores) {
@@ -207,10 +277,6 @@ Command add_eval_command(CLI::App& parent) {
             }
             const checkpoint::Found found = checkpoint::find(o->checkpoint);
             const config::Config& config = found.config;
-            if (config.model.context_length % (2 * o->context_parallel) != 0) {
-              throw InputError("--context-parallel " + std::to_string(o->context_parallel) + ": 2 x it must divide " +
-                               "model.context_length (" + std::to_string(config.model.context_length) + ")");
-            }
             const config::ValData sets = eval_sets(o->data, config.data.val);
             std::vector<std::pair<std::string, std::unique_ptr<data::TokenDataset>>> datasets;
             for (const config::ValSet& set : sets.sets) {
@@ -225,43 +291,9 @@ Command add_eval_command(CLI::App& parent) {
               }
               datasets.emplace_back(set.name, std::move(data));
             }
-            // The ranks (one without mpirun) on a tensor x data mesh.
-            dist::Communicators comms;
-            try {
-              comms = dist::make_communicators(Device::cpu, config.dist.timeout_s, [&o](int world) {
-                return dist::Mesh::of(world, {{dist::Axis::tensor, o->tensor_parallel}, {dist::Axis::context, o->context_parallel}});
-              });
-            } catch (const InputError&) {
-              const std::string sizes =
-                  o->context_parallel == 1 ? "--tensor-parallel " + std::to_string(o->tensor_parallel)
-                                           : "--tensor-parallel " + std::to_string(o->tensor_parallel) +
-                                                 " x --context-parallel " + std::to_string(o->context_parallel);
-              throw InputError(sizes + ": must divide the number of ranks mpirun starts");
-            }
-            std::unique_ptr<model::Model> loaded;
-            std::unique_ptr<parallel::CommTensorGroup> group;
-            std::unique_ptr<parallel::CommContextGroup> context_group;
-            if (o->tensor_parallel == 1 && o->context_parallel == 1) {
-              loaded = checkpoint::load_model(found);
-            } else {  // this rank's part of the weights, read alone (no rank holds the whole model)
-              model::Layout layout{false, comms.host(dist::Axis::tensor).rank(), o->tensor_parallel};
-              layout.context_rank = comms.host(dist::Axis::context).rank();
-              layout.context_size = o->context_parallel;
-              checkpoint::check_weights_fit(found);
-              auto part = model::make_model(config.model, Device::cpu, model::Recompute::none, DType::f32,
-                                            ops::AttentionKernels::flash, layout);
-              checkpoint::load_weights(found, *part);
-              if (o->tensor_parallel > 1) {
-                group = std::make_unique<parallel::CommTensorGroup>(comms.host(dist::Axis::tensor), Device::cpu);
-                part->set_tensor_group(group.get());
-              }
-              if (o->context_parallel > 1) {
-                context_group = std::make_unique<parallel::CommContextGroup>(comms.host(dist::Axis::context));
-                part->set_context_group(context_group.get());
-              }
-              loaded = std::move(part);
-            }
-            model::Model& model = *loaded;
+            const dist::Communicators comms = eval_communicators(config, o->tensor_parallel, o->context_parallel);
+            const EvalModel loaded = load_eval_model(found, comms);
+            model::Model& model = *loaded.model;
             model.set_documents(model::documents_for(config.data, model::shard_folder(sets.sets.front().paths, "--data"),
                                                      Device::cpu, config.model.attention));
             const std::int64_t batches = o->batches > 0 ? o->batches : config.train.eval_batches;

@@ -10,11 +10,13 @@ namespace {
 constexpr ArchTraits gpt2{
     Arch::gpt2, Norm::layernorm, Positions::learned, Mlp::gelu,
     /*biases=*/true, /*grouped_query_attention=*/false, /*untied_head=*/false, /*tied_by_default=*/true,
+    /*head_norms=*/false,
 };
 
 constexpr ArchTraits llama{
     Arch::llama, Norm::rmsnorm, Positions::rotary, Mlp::swiglu,
     /*biases=*/false, /*grouped_query_attention=*/true, /*untied_head=*/true, /*tied_by_default=*/false,
+    /*head_norms=*/true,
 };
 
 }  // namespace

@@ -43,6 +43,8 @@ struct ArchTraits {
   bool untied_head;
   /// model.tie_embeddings when the config does not say.
   bool tied_by_default;
+  /// RMSNorm over each query and key head before the rotary embedding (model.qk_norm) is possible.
+  bool head_norms;
 };
 
 /// The row of `arch`.

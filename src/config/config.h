@@ -112,6 +112,7 @@ struct ModelConfig {
   double norm_eps = 1e-5;       // llama: RMSNorm epsilon
   double rope_theta = 10000.0;  // llama: rotary embedding base
   bool tie_embeddings = true;   // output head shares the token embedding; unset: gpt2 true, llama false
+  bool qk_norm = false;         // llama: RMSNorm over each query and key head before RoPE (Qwen3, OLMoE)
   Attention attention = Attention::automatic;  // GPU attention kernels: auto, our flash attention, or cuDNN's fused attention
   std::string init_from;        // Hugging Face style safetensors file or folder; empty: random init
   MoeConfig moe;                // Mixture-of-Experts MLPs (llama); absent: dense
@@ -129,6 +130,7 @@ struct ModelConfig {
     v("norm_eps", norm_eps, NumberRange{0.0, 1.0, true, true}, OnResume::must_match);
     v("rope_theta", rope_theta, positive, OnResume::must_match);
     v("tie_embeddings", tie_embeddings, Boolean{}, OnResume::must_match);
+    v("qk_norm", qk_norm, Boolean{}, OnResume::must_match);
     v("attention", attention, Named{});
     v("init_from", init_from, AnyString{});
     v("moe", moe, MoeKeys{}, OnResume::must_match);

@@ -81,6 +81,9 @@ void check_arch(ModelConfig& m, const Origins& o, bool tie_embeddings_given) {
     fail_rule(o, "model.tie_embeddings", "model.arch",
               name + " always ties its output head to the token embedding: must be true");
   }
+  if (m.qk_norm && !arch.head_norms) {
+    fail_rule(o, "model.qk_norm", "model.arch", name + " has no per-head query and key norms: must be false");
+  }
   if (arch.positions == Positions::rotary && (m.d_model / m.n_head) % 2 != 0) {
     fail_rule(o, "model.n_head", "model.d_model", name + "'s rotary embeddings need an even head size (d_model / n_head), got " +
                                 std::to_string(m.d_model / m.n_head));

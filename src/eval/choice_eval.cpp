@@ -1,9 +1,7 @@
 #include "eval/choice_eval.h"
 
 #include <algorithm>
-#include <cmath>
 #include <fstream>
-#include <limits>
 
 #include "core/error.h"
 #include "core/files.h"
@@ -196,40 +194,6 @@ ChoiceResult choice_result(const std::vector<ChoiceExample>& examples, const std
   }
   for (std::size_t m = 0; m < metrics.size(); ++m) result.scores.emplace_back(metrics[m].name, correct[m] / double(result.n));
   return result;
-}
-
-ChoiceResult score_choices(model::Model& model, const data::Tokenizer& tokenizer,
-                           const std::vector<ChoiceExample>& examples, const std::string& task,
-                           std::int64_t context_length, std::int64_t vocab_size, dist::Communicator* comm) {
-  const int W = comm ? comm->world_size() : 1, rank = comm ? comm->rank() : 0;
-  const std::vector<ChoiceSequence> sequences = choice_sequences(tokenizer, examples, task, context_length);
-  // Every choice's log-likelihood, summed over the ranks (each fills its examples').
-  std::vector<double> logliks(sequences.size(), 0.0);
-  std::vector<std::int32_t> inputs;
-  std::size_t at = 0;  // example i's first choice
-  for (std::size_t i = 0; i < examples.size(); at += examples[i].choices.size(), ++i) {
-    if (i % std::size_t(W) != std::size_t(rank)) continue;
-    for (std::size_t c = 0; c < examples[i].choices.size(); ++c) {
-      const ChoiceSequence& sequence = sequences[at + c];
-      const int T = int(sequence.tokens.size()) - 1;
-      inputs.assign(sequence.tokens.begin(), sequence.tokens.end() - 1);
-      model.forward(inputs.data(), nullptr, 1, T, 0.0f);
-      const float* logits = model.logits().as<float>();  // (1, T, V)
-      double loglik = 0.0;
-      for (std::int64_t k = 0; k < sequence.ending; ++k) {
-        const std::size_t position = std::size_t(T - sequence.ending + k);  // predicts tokens[position + 1]
-        const float* row = logits + position * std::size_t(vocab_size);
-        double max = -std::numeric_limits<double>::infinity();
-        for (std::int64_t v = 0; v < vocab_size; ++v) max = std::max(max, double(row[v]));
-        double sum = 0.0;
-        for (std::int64_t v = 0; v < vocab_size; ++v) sum += std::exp(double(row[v]) - max);
-        loglik += double(row[sequence.tokens[position + 1]]) - max - std::log(sum);
-      }
-      logliks[at + c] = loglik;
-    }
-  }
-  if (comm) comm->all_reduce_sum(logliks.data(), std::int64_t(logliks.size()));
-  return choice_result(examples, sequences, logliks, task);
 }
 
 nlohmann::json to_json(const ChoiceResult& result, const std::vector<ChoiceExample>* examples) {

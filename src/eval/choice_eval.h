@@ -16,9 +16,9 @@
 //    hellaswag_llmc; `acc`, `acc_norm` (per token) and `acc_norm_bytes` (the total over the
 //    choice's UTF-8 bytes).
 //
-// A choice's log-likelihood is the summed log-probability of its tokens given the context (one
-// forward pass of context + choice, at most context_length + 1 tokens: longer ones keep their
-// last tokens). No token precedes the context (an empty context gets the end-of-text token).
+// A choice's log-likelihood is the summed log-probability of its tokens given the context (the
+// per-position losses of a forward pass of context + choice, at most context_length + 1 tokens:
+// longer ones keep their last tokens; eval/sequence_scoring.h runs them). No token precedes the context (an empty context gets the end-of-text token).
 // Ties go to the lowest index.
 #pragma once
 
@@ -30,8 +30,6 @@
 #include <nlohmann/json.hpp>
 
 #include "data/tokenizer.h"
-#include "dist/communicator.h"
-#include "model/model.h"
 
 namespace llmtrain::eval {
 
@@ -85,12 +83,6 @@ std::vector<ChoiceSequence> choice_sequences(const data::Tokenizer& tokenizer, c
 /// The predictions and scores from each choice's log-likelihood `logliks` (choice_sequences' order).
 ChoiceResult choice_result(const std::vector<ChoiceExample>& examples, const std::vector<ChoiceSequence>& sequences,
                            const std::vector<double>& logliks, const std::string& task);
-
-/// Scores `examples` with `model` (B = 1 forward passes of up to `context_length` positions).
-/// With `comm`, rank r scores examples r, r + W, ... and every rank gets the whole result.
-ChoiceResult score_choices(model::Model& model, const data::Tokenizer& tokenizer,
-                           const std::vector<ChoiceExample>& examples, const std::string& task,
-                           std::int64_t context_length, std::int64_t vocab_size, dist::Communicator* comm = nullptr);
 
 /// {"task", "n", SCORE..., "predictions": [{"index", "label", PICK..., "logliks", "ending_tokens"},
 /// ...]}: each score by its name, each prediction's pick for score "acc*" as "choice*" ("acc_norm":

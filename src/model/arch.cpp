@@ -45,11 +45,12 @@ bool gpt2_hf_transposed(const std::string& name) {
          name.ends_with("mlp.c_fc.weight") || name.ends_with("mlp.c_proj.weight");
 }
 
-// transformers' LlamaConfig.
+// transformers' LlamaConfig, or with model.qk_norm its Qwen3Config (the same layer with q_norm and
+// k_norm; rope_parameters is how transformers 5 reads the rotary base, rope_theta how 4 does).
 nlohmann::json llama_hf_config(const config::ModelConfig& c) {
-  return {
-      {"architectures", {"LlamaForCausalLM"}},
-      {"model_type", "llama"},
+  nlohmann::json j = {
+      {"architectures", {c.qk_norm ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}},
+      {"model_type", c.qk_norm ? "qwen3" : "llama"},
       {"vocab_size", c.vocab_size},
       {"hidden_size", c.d_model},
       {"intermediate_size", c.ffn_hidden},
@@ -69,6 +70,14 @@ nlohmann::json llama_hf_config(const config::ModelConfig& c) {
       {"initializer_range", 0.02},
       {"torch_dtype", "float32"},
   };
+  if (c.qk_norm) {
+    j.erase("mlp_bias");
+    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", c.rope_theta}};
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
+    j["max_window_layers"] = c.n_layer;
+  }
+  return j;
 }
 
 bool never_transposed(const std::string&) { return false; }
@@ -85,7 +94,6 @@ const ArchSpec gpt2_spec{
        int context_size, bool ring) {
       return Gpt2::measure_context_work(c, r, d, B, Tl, tensor_size, sequence_parallel, context_size, ring);
     },
-    "GPT2LMHeadModel",
     gpt2_hf_config,
     gpt2_hf_transposed,
     "transformer.",
@@ -104,11 +112,13 @@ const ArchSpec llama_spec{
        int context_size, bool ring) {
       return Llama::measure_context_work(c, r, d, B, Tl, tensor_size, sequence_parallel, context_size, ring);
     },
-    "LlamaForCausalLM",
     llama_hf_config,
     never_transposed,
     "",
-    {{"rope_theta", "rope_theta"}, {"rms_norm_eps", "norm_eps"}, {"tie_word_embeddings", "tie_embeddings"}},
+    {{"rope_theta", "rope_theta"},
+     {"rms_norm_eps", "norm_eps"},
+     {"tie_word_embeddings", "tie_embeddings"},
+     {"head_dim", "d_model / model.n_head"}},
 };
 
 }  // namespace

@@ -48,8 +48,8 @@ struct ArchSpec {
                                     int Tl, int tensor_size, bool sequence_parallel, int context_size, bool ring);
 
   // Hugging Face (export --format hf, model.init_from).
-  const char* hf_architecture;  // the transformers class that loads the export
-  /// The export's config.json, as that class's config reads it.
+  /// The export's config.json, as the transformers class that loads it (its "architectures")
+  /// reads it.
   nlohmann::json (*hf_config)(const config::ModelConfig& config);
   /// Whether Hugging Face stores this parameter transposed, (in, out) (GPT-2's Conv1D weights).
   bool (*hf_transposed)(const std::string& name);

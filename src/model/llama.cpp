@@ -23,6 +23,11 @@ Widths widths(const config::ModelConfig& c, int tensor_size) {
   return {NH, NH * HS, (NH + 2 * NKV) * HS, c.ffn_hidden / tensor_size};
 }
 
+// This rank's key/value heads.
+std::int64_t kv_heads(const config::ModelConfig& c, int tensor_size) {
+  return c.n_kv_head % tensor_size == 0 ? c.n_kv_head / tensor_size : 1;
+}
+
 }  // namespace
 
 void LlamaBody::for_each_param(const config::ModelConfig& c, const ParamVisitor& f) {
@@ -37,6 +42,10 @@ void LlamaBody::for_each_param(const config::ModelConfig& c, const ParamVisitor&
     f(h + "self_attn.q_proj.weight", {NH * HS, C});
     f(h + "self_attn.k_proj.weight", {NKV * HS, C});
     f(h + "self_attn.v_proj.weight", {NKV * HS, C});
+    if (c.qk_norm) {  // adjacent: their gradients are summed over a tensor group in one call
+      f(h + "self_attn.q_norm.weight", {HS});
+      f(h + "self_attn.k_norm.weight", {HS});
+    }
     f(h + "self_attn.o_proj.weight", {C, NH * HS});
     f(h + "post_attention_layernorm.weight", {C});
     if (is_moe_layer(c, l)) {
@@ -53,7 +62,13 @@ void LlamaBody::for_each_param(const config::ModelConfig& c, const ParamVisitor&
 // The pre-rotation qkv and the two branch outputs: backward never reads them.
 void LlamaBody::lay_out_unread(ActsCarver& take, const config::ModelConfig& config, const ActsDims& d, Acts& la) {
   const std::int64_t C = config.d_model;
-  la.qkv = take.take({d.N, widths(config, d.tensor_size).QKV});
+  const std::int64_t QKV = widths(config, d.tensor_size).QKV;
+  // With model.qk_norm backward reads qkv (the norm's input) and not qkn.
+  if (config.qk_norm) {
+    la.qkn = take.take({d.N, QKV});
+  } else {
+    la.qkv = take.take({d.N, QKV});
+  }
   la.attproj = take.take({d.R, C});
   la.down = take.take({d.R, C});
 }
@@ -76,6 +91,10 @@ void LlamaBody::lay_out_kept(ActsCarver& take, const config::ModelConfig& config
   const std::int64_t N = d.N, R = d.R, C = config.d_model;
   la.ln1 = take.take({R, C});
   la.rstd1 = take.stat({R});
+  if (config.qk_norm) {
+    la.qkv = take.take({N, QKV});
+    la.rstd_qk = take.stat({N, NH + kv_heads(config, d.tensor_size)});
+  }
   la.qkvr = take.take({N, QKV});
   la.atty = take.take({N, CL});
   la.lse = take.stat({d.B, NH, d.T});
@@ -98,6 +117,7 @@ void LlamaBody::lay_out_grads(ActsCarver& take, const config::ModelConfig& confi
     g.swi = take.take({N, F});
   }
   if (config.moe.enabled) lay_out_moe_grads(take, config, N, g.moe);
+  if (config.qk_norm) g.qkn = take.take({N, QKV});
 }
 
 void LlamaBody::lay_out_decoding(ActsCarver& take, const config::ModelConfig& config, Decoding& d) {
@@ -113,6 +133,10 @@ void LlamaBody::lay_out_decoding(ActsCarver& take, const config::ModelConfig& co
     d.swi = take.take({1, F});
   }
   if (config.moe.enabled) lay_out_moe_acts(take, config, 1, d.moe);
+  if (config.qk_norm) {
+    d.qkn = take.take({1, QKV});
+    d.rstd_qk = take.stat({1, config.n_head + config.n_kv_head});
+  }
 }
 
 Llama::Llama(const config::ModelConfig& config, Device device, Recompute recompute, DType compute,
@@ -136,6 +160,15 @@ Llama::Llama(const config::ModelConfig& config, Device device, Recompute recompu
   kv_sharers_ = kv_split ? 1 : N / int(config.n_kv_head);
   QKV_ = (NH_ + 2 * NKV_) * HS_;
   build();
+  // The tensor-parallel sum of the two norms' gradients takes them as one run of 2 HS.
+  const std::vector<ParamInfo>& infos = param_infos();
+  for (std::size_t i = 0; i < infos.size(); ++i) {
+    if (!infos[i].name.ends_with("self_attn.q_norm.weight")) continue;
+    if (i + 1 == infos.size() || !infos[i + 1].name.ends_with("self_attn.k_norm.weight") ||
+        infos[i + 1].offset != infos[i].offset + HS_) {
+      throw RuntimeError("Llama: " + infos[i].name + " and its k_norm are not adjacent");
+    }
+  }
 }
 
 TensorSlice Llama::layer_slice(const std::string& name) const {
@@ -162,6 +195,10 @@ Llama::LayerParams Llama::bind_layer(std::int64_t l, bool grads) const {
   const Tensor q = param_named(h + "self_attn.q_proj.weight", grads);
   lp.qkv = Tensor(q.data, q.dtype, device_, {QKV_, config_.d_model});
   lp.o = param_named(h + "self_attn.o_proj.weight", grads);
+  if (config_.qk_norm) {
+    lp.q_norm = param_named(h + "self_attn.q_norm.weight", grads);
+    lp.k_norm = param_named(h + "self_attn.k_norm.weight", grads);
+  }
   lp.post_norm = param_named(h + "post_attention_layernorm.weight", grads);
   if (is_moe_layer(config_, l)) {
     const auto named = [&](const char* name) { return has_param(h + name) ? param_named(h + name, grads) : Tensor(); };
@@ -212,7 +249,8 @@ void Llama::forward_layer(std::size_t l) {
   // Tensor parallelism: q, k, v, gate and up column-parallel, o and down row-parallel.
   ops::rmsnorm_forward(la.ln1, la.rstd1, x, lp.in_norm, eps);
   tp_.column_parallel_linear(la.qkv, la.ln1, a_.full_in, lp.qkv, none);
-  rope(la.qkvr.reshape({B, T, NH + 2 * NKV, HS_}), la.qkv.reshape({B, T, NH + 2 * NKV, HS_}), theta, rotated_heads(),
+  const Tensor& qkv = normed_qkv(lp, la.qkv, la.qkn, la.rstd_qk, NH, NKV);
+  rope(la.qkvr.reshape({B, T, NH + 2 * NKV, HS_}), qkv.reshape({B, T, NH + 2 * NKV, HS_}), theta, rotated_heads(),
        false);
   attention_forward(la.atty.reshape({B, T, C}), la.lse, la.qkvr.reshape({B, T, QKV_}), int(NH), int(NKV));
   tp_.row_parallel_linear(la.attproj, a_.full_out, la.atty, lp.o, none);
@@ -285,8 +323,20 @@ void Llama::backward_layer(std::size_t l) {
                        ops::Accumulate::no);
   attention_backward(ga_.qkvr.reshape({B, T, QKV_}), ga_.atty.reshape({B, T, CL}), la.qkvr.reshape({B, T, QKV_}),
                      la.atty.reshape({B, T, CL}), la.lse, int(NH), int(NKV));
-  rope(ga_.qkv.reshape({B, T, NH + 2 * NKV, HS_}), ga_.qkvr.reshape({B, T, NH + 2 * NKV, HS_}), theta, rotated_heads(),
-       true);
+  if (config_.qk_norm) {
+    // Each rank's heads add to the replicated q_norm and k_norm weights: their gradients of this
+    // micro-step are summed over the tensor group.
+    ops::zero(ga_.qkn);
+    rope(ga_.qkn.reshape({B, T, NH + 2 * NKV, HS_}), ga_.qkvr.reshape({B, T, NH + 2 * NKV, HS_}), theta,
+         rotated_heads(), true);
+    tp_.head_norm_backward(norm_grads(lg.q_norm, 2 * HS_), [&] {
+      ops::qk_norm_backward(ga_.qkv, lg.q_norm, lg.k_norm, ga_.qkn, la.qkv, lp.q_norm, lp.k_norm, la.rstd_qk, int(NH),
+                            int(NKV));
+    });
+  } else {
+    rope(ga_.qkv.reshape({B, T, NH + 2 * NKV, HS_}), ga_.qkvr.reshape({B, T, NH + 2 * NKV, HS_}), theta,
+         rotated_heads(), true);
+  }
   const Tensor dln1 = sp ? a_.full_out : ga_.ln1;
   const Tensor ln1 = tp_.gather_input(la.ln1, a_.full_in);
   if (kv_sharers_ > 1) {
@@ -332,7 +382,8 @@ void Llama::decode_layer(std::size_t l, int pos) {
   const LayerParams& lp = p_.layers[l];
   ops::rmsnorm_forward(d_.ln, d_.rstd, d_.x, lp.in_norm, eps);
   ops::matmul_forward(d_.qkv, d_.ln, lp.qkv, none);
-  ops::rope_forward(d_.qkvr.reshape({1, 1, NH + 2 * NKV, HS_}), d_.qkv.reshape({1, 1, NH + 2 * NKV, HS_}), theta,
+  const Tensor& qkv = normed_qkv(lp, d_.qkv, d_.qkn, d_.rstd_qk, NH, NKV);
+  ops::rope_forward(d_.qkvr.reshape({1, 1, NH + 2 * NKV, HS_}), qkv.reshape({1, 1, NH + 2 * NKV, HS_}), theta,
                     rotated_heads(), pos);
   ops::copy(row_slice(d_.k_cache[l], pos, 0, KVC), row_slice(d_.qkvr, 0, C, KVC));
   ops::copy(row_slice(d_.v_cache[l], pos, 0, KVC), row_slice(d_.qkvr, 0, C + KVC, KVC));
@@ -350,6 +401,13 @@ void Llama::decode_layer(std::size_t l, int pos) {
     ops::matmul_forward(d_.proj, d_.swi, lp.down, none);
   }
   ops::residual_forward(d_.x, d_.x2, d_.proj);
+}
+
+const Tensor& Llama::normed_qkv(const LayerParams& lp, const Tensor& qkv, const Tensor& qkn, const Tensor& rstd_qk,
+                                std::int64_t NH, std::int64_t NKV) {
+  if (!config_.qk_norm) return qkv;
+  ops::qk_norm_forward(qkn, rstd_qk, qkv, lp.q_norm, lp.k_norm, int(NH), int(NKV), float(config_.norm_eps));
+  return qkn;
 }
 
 void Llama::final_norm_forward(const Tensor& out, const Tensor&, const Tensor& rstd, const Tensor& x,

@@ -5,7 +5,8 @@
 // untied), model.norm, layers L-1 .. 0, model.embed_tokens. The loops, the ends and the
 // activation slots are the decoder skeleton's (model/decoder.h); this is Llama's layer:
 // train.recompute "mlp" recomputes the gate, up and SwiGLU outputs from the kept RMSNorm output,
-// "full" all but each layer's output.
+// "full" all but each layer's output. model.qk_norm (Qwen3's q_norm and k_norm) normalises each
+// query and key head of the projected qkv before the rotary embedding.
 #pragma once
 
 #include <utility>
@@ -25,23 +26,27 @@ struct LlamaBody {
   struct Params {
     Tensor in_norm, qkv, o, post_norm, gate, up, down;  // qkv: q_proj, k_proj, v_proj stacked ((NH+2NKV)HS, C)
     MoeWeights moe;  // a Mixture-of-Experts layer's MLP (model.moe), in place of gate, up and down
+    Tensor q_norm, k_norm;  // model.qk_norm: the per-head RMSNorm weights (HS), adjacent (else empty)
   };
   // Forward activations of one layer; which of them are the layer's own and which share one
   // scratch with every other layer depends on the recompute mode (model/decoder.h).
   struct Acts {
     Tensor ln1, rstd1, qkv, qkvr, atty, lse, attproj, residual2, ln2, rstd2, gate, up, swi, down, residual3;
     MoeActs moe;
+    Tensor qkn, rstd_qk;  // model.qk_norm: qkv with its q and k heads normalised (rope's input), (N, NH + NKV) rstd
   };
   // One layer's activation gradients. gate, up, qkvr and qkv (accumulated into) are zeroed before
   // each layer's backward; the others are written by their first writer.
   struct Grads {
     Tensor ln1, qkv, qkvr, atty, ln2, gate, up, swi;
     MoeGrads moe;
+    Tensor qkn;  // model.qk_norm: the gradient of the normalised qkv (rope backward's output)
   };
   // decode_step's tensors; the key/value cache rows hold the NKV grouped heads once (kv_width NKV HS).
   struct Decoding {
     Tensor qkv, qkvr, atty, proj, gate, up, swi;
     MoeActs moe;
+    Tensor qkn, rstd_qk;  // model.qk_norm
   };
 
   static void for_each_param(const config::ModelConfig& config, const ParamVisitor& f);
@@ -80,6 +85,10 @@ class Llama final : public Decoder<LlamaBody> {
                            const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd) override;
   int rotated_heads() const { return int(NH_ + NKV_); }
   void backward_qkv_shared_kv(std::size_t l, const Tensor& dln1, const Tensor& ln1);
+  /// The tensor rope reads of qkv (N, (NH + 2 NKV) HS): qkv itself, or with model.qk_norm qkn, its
+  /// q and k heads normalised (rstd_qk (N, NH + NKV) saved).
+  const Tensor& normed_qkv(const LayerParams& lp, const Tensor& qkv, const Tensor& qkn, const Tensor& rstd_qk,
+                           std::int64_t NH, std::int64_t NKV);
 
   std::int64_t HS_, QKV_;  // head size; width of the packed q, k, v rows ((NH + 2 NKV) HS)
   std::int64_t NH_, NKV_;  // this rank's query and key/value heads (all of them without tensor parallelism)

@@ -86,15 +86,14 @@ class TensorParallel {
   /// micro-step is summed over the group.
   template <class F>
   void norm_backward(const Tensor& grads, F&& run) {
-    if (!sequence_parallel()) {
-      run();
-      return;
-    }
-    const Tensor kept = keep(grads);
-    ops::zero(grads);
-    run();
-    all_reduce(grads);
-    ops::residual_forward(grads, grads, kept);
+    summed_backward(grads, sequence_parallel(), run);
+  }
+  /// The backward of a norm over each of this rank's heads (model.qk_norm) whose weights every rank
+  /// holds whole: each rank's heads add their part of the weight gradients, so this micro-step's
+  /// are summed over the group whenever it has more than one rank.
+  template <class F>
+  void head_norm_backward(const Tensor& grads, F&& run) {
+    summed_backward(grads, size_ > 1, run);
   }
 
   // The layers.
@@ -125,6 +124,19 @@ class TensorParallel {
  private:
   TensorGroup& group() const;
   Tensor keep(const Tensor& grads);  // a copy of `grads` (flat)
+  // run(), with the part it adds to `grads` summed over the group when `summed`.
+  template <class F>
+  void summed_backward(const Tensor& grads, bool summed, F&& run) {
+    if (!summed) {
+      run();
+      return;
+    }
+    const Tensor kept = keep(grads);
+    ops::zero(grads);
+    run();
+    all_reduce(grads);
+    ops::residual_forward(grads, grads, kept);
+  }
 
   int rank_, size_;
   bool sequence_parallel_;

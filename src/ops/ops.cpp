@@ -226,6 +226,49 @@ void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& d
 }
 
 namespace {
+// qk_norm's checks: inp (N, (NH + 2 NKV) HS), its partners of that shape, the weights (HS) in the
+// activation dtype, the weight gradients (HS) and rstd (N, NH + NKV) f32. Returns {N, HS, act}.
+Rows qk_norm_checks(const Op& op, const Tensor& inp, std::initializer_list<Named> activations,
+                    std::initializer_list<Named> weights, std::initializer_list<Named> weight_grads,
+                    const Tensor& rstd, int NH, int NKV) {
+  if (NH < 1 || NKV < 1) op.fail("needs at least one query and one key head");
+  const DType act = op.activation(inp);
+  op.expect("inp", inp, act, {-1, -1});
+  const std::int64_t N = inp.shape[0], W = inp.shape[1], H = NH + 2 * std::int64_t(NKV);
+  if (W % H != 0) op.fail("inp's width must be (NH + 2 NKV) x head size");
+  const std::int64_t HS = W / H;
+  for (const auto& [name, t] : activations) op.expect(name, *t, act, {N, W});
+  for (const auto& [name, t] : weights) op.expect(name, *t, act, {HS});
+  for (const auto& [name, t] : weight_grads) op.expect(name, *t, DType::f32, {HS});
+  op.expect("rstd", rstd, DType::f32, {N, NH + NKV});
+  return {N, as_int(HS), act};
+}
+}  // namespace
+
+void qk_norm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& q_weight,
+                     const Tensor& k_weight, int NH, int NKV, float eps) {
+  const Op op("qk_norm_forward");
+  const auto [N, HS, act] =
+      qk_norm_checks(op, inp, {{"out", &out}}, {{"q_weight", &q_weight}, {"k_weight", &k_weight}}, {}, rstd, NH, NKV);
+  op.run(LLMTRAIN_KERNELS(qk_norm_forward), act, [&](auto v) {
+    return std::tuple(v.out(out), v.f32(rstd), v.in(inp), v.in(q_weight), v.in(k_weight), N, NH, NKV, HS, eps);
+  });
+}
+
+void qk_norm_backward(const Tensor& dinp, const Tensor& dq_weight, const Tensor& dk_weight, const Tensor& dout,
+                      const Tensor& inp, const Tensor& q_weight, const Tensor& k_weight, const Tensor& rstd, int NH,
+                      int NKV) {
+  const Op op("qk_norm_backward");
+  const auto [N, HS, act] =
+      qk_norm_checks(op, inp, {{"dinp", &dinp}, {"dout", &dout}}, {{"q_weight", &q_weight}, {"k_weight", &k_weight}},
+                     {{"dq_weight", &dq_weight}, {"dk_weight", &dk_weight}}, rstd, NH, NKV);
+  op.run(LLMTRAIN_KERNELS(qk_norm_backward), act, [&](auto v) {
+    return std::tuple(v.out(dinp), v.f32(dq_weight), v.f32(dk_weight), v.in(dout), v.in(inp), v.in(q_weight),
+                      v.in(k_weight), v.f32(rstd), N, NH, NKV, HS);
+  });
+}
+
+namespace {
 // RoPE's shared checks: x (B,T,H,HS) and its partner of one shape, HS even; `rotated_heads` out of
 // [0, H] means all. Returns {B, T, H, HS}.
 std::array<int, 4> rope_shape(const Op& op, DType act, const char* name, const Tensor& x, const char* partner_name,

@@ -136,6 +136,15 @@ void attention_decode(const Tensor& out, const Tensor& q, const Tensor& k_cache,
 void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight, float eps);
 void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
                       const Tensor& weight, const Tensor& rstd);
+/// Per-head RMSNorm of a packed qkv (N, (NH + 2 NKV) HS) (model.qk_norm): out, shaped as inp, holds
+/// each query head normalised and scaled by q_weight (HS), each key head by k_weight (HS), the value
+/// heads copied; rstd (N, NH + NKV) f32 saved.
+void qk_norm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& q_weight,
+                     const Tensor& k_weight, int NH, int NKV, float eps);
+/// Its backward: dinp (shaped as inp) written, its value heads dout's; dq_weight, dk_weight (HS) f32 +=.
+void qk_norm_backward(const Tensor& dinp, const Tensor& dq_weight, const Tensor& dk_weight, const Tensor& dout,
+                      const Tensor& inp, const Tensor& q_weight, const Tensor& k_weight, const Tensor& rstd, int NH,
+                      int NKV);
 
 /// Rotary embedding (rotate_half layout) on (B,T,H,HS) tensors: heads below `rotated_heads` (-1:
 /// all) turn by their position pos0 + t, the others pass through unchanged.

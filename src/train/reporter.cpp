@@ -112,6 +112,7 @@ void Reporter::run_started(const dist::Communicators& comms, const RunShape& run
     info("train: resuming from %s (step %lld)", resume->dir.c_str(), static_cast<long long>(run.first_step - 1));
   }
   if (!run.init_note.empty()) info("train: model.init_from: rank %d %s", world.rank(), run.init_note.c_str());
+  for (const std::string& note : run.task_notes) info("train: %s", note.c_str());
   info("%s", run.attention.c_str());
   if (!config_.train.deterministic) {
     info("train: deterministic false: on a GPU the bf16 tensor-core flash attention backward (head size 64 or "

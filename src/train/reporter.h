@@ -7,6 +7,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -54,6 +55,7 @@ struct RunShape {
   std::size_t state_bytes = 0;     // weights, gradients and optimizer state this rank holds
   std::string attention;           // the attention kernels model.attention resolved to, and why
   std::string init_note;           // what model.init_from cost this rank (Trainer::init_note)
+  std::vector<std::string> task_notes;  // what each of train.eval_tasks costs (Trainer::task_notes)
 };
 
 /// Owns the run's reports: this rank's log (RunLog: its own file, and stderr on rank 0), and on

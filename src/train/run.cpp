@@ -21,7 +21,7 @@ namespace {
 RunShape run_shape(const Trainer& trainer) {
   return {trainer.first_step(),   trainer.num_params(),  trainer.train_samples(),
           trainer.micro_steps(),  trainer.state_bytes(), trainer.attention().describe(),
-          trainer.init_note()};
+          trainer.init_note(),    trainer.task_notes()};
 }
 
 }  // namespace

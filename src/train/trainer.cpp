@@ -5,6 +5,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <filesystem>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "core/files.h"
 #include "data/shard.h"
 #include "dist/file_work.h"
+#include "eval/sequence_scoring.h"
 #include "model/context_parallel.h"
 #include "model/documents.h"
 #include "ops/buffer.h"
@@ -112,6 +114,15 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
     for (const config::EvalTask& task : tc.eval_tasks) {
       std::vector<eval::ChoiceExample> examples = eval::read_choice_file(task.path, task.task, task.limit);
       std::vector<eval::ChoiceSequence> sequences = eval::choice_sequences(*task_tokenizer_, examples, task.task, T);
+      const eval::ScoringCost cost = eval::scoring_cost(
+          sequences, B, T, eval::scoring_granule(context_, comms.mesh.size(Axis::tensor)));
+      char note[256];
+      std::snprintf(note, sizeof note,
+                    "train.eval_tasks %s: %zu sequences in %lld micro-batches, %.3gM positions per validation "
+                    "(padding each to the context: %.3gM)",
+                    task.metric_name().c_str(), sequences.size(), static_cast<long long>(cost.micro_batches),
+                    double(cost.positions) / 1e6, double(cost.positions_padded_to_context) / 1e6);
+      task_notes_.push_back(note);
       tasks_.push_back({task, std::move(examples), std::move(sequences)});
     }
   }
@@ -411,62 +422,18 @@ std::optional<Validation> Trainer::validate() {
 }
 
 std::vector<double> Trainer::sequence_logliks(const std::vector<eval::ChoiceSequence>& sequences) {
-  // The validation's path, whatever the mesh: micro-batches of B sequences of the whole context
-  // length (each padded at its end, which a causal model's earlier positions never see) through
-  // the stages, each data-parallel rank its share; the last stage's per-position losses over a
-  // sequence's last tokens give their log-likelihood. The ranks of a tensor, context or pipeline
-  // group pass the same micro-batches, and every data-parallel rank as many (ZeRO 3 gathers the
-  // weights with all of them).
-  const int T = int(config_.model.context_length), B = int(config_.train.micro_batch_size);
-  const std::int64_t readers = comms_.mesh.size(Axis::data), reader = comms_.data_index();
-  const auto count = std::int64_t(sequences.size());
-  const std::int64_t micro_batches = (count + B - 1) / B;  // global micro-batch g: sequences [g B, g B + B)
-  const std::int64_t mine = (micro_batches + readers - 1) / readers;  // g = j readers + reader, j < mine
-  // Context parallelism: this rank's positions of each sequence, as the model keeps them.
-  const model::ContextParallel split(comms_.device(Axis::context).rank(), context_, true, Device::cpu, DType::f32);
-  const int Tl = T / context_;
-  const bool counts = comms_.host(Axis::tensor).rank() == 0;  // the tensor ranks' losses are the same
-  std::vector<double> logliks(sequences.size(), 0.0);
-  std::vector<std::int32_t> ending(std::size_t(B) * T), local_ending;  // (B, T) 1 where a position predicts an ending token
-  std::vector<float> losses(std::size_t(B) * Tl);
-  for (std::int64_t j0 = 0; j0 < mine; j0 += accum_) {
-    std::vector<data::MicroBatch> micro;
-    std::vector<std::vector<std::int32_t>> endings;
-    for (std::int64_t j = j0; j < std::min(mine, j0 + accum_); ++j) {
-      data::MicroBatch batch;
-      batch.inputs.assign(std::size_t(B) * T, 0);
-      batch.targets.assign(std::size_t(B) * T, 0);
-      std::fill(ending.begin(), ending.end(), 0);
-      for (std::int64_t b = 0; b < B; ++b) {
-        const std::int64_t s = (j * readers + reader) * B + b;
-        if (s >= count) break;  // padding: a micro-batch of nothing to score
-        const eval::ChoiceSequence& sequence = sequences[std::size_t(s)];
-        const std::int64_t L = std::int64_t(sequence.tokens.size()) - 1;  // positions used
-        for (std::int64_t t = 0; t < L; ++t) {
-          batch.inputs[std::size_t(b * T + t)] = std::int32_t(sequence.tokens[std::size_t(t)]);
-          batch.targets[std::size_t(b * T + t)] = std::int32_t(sequence.tokens[std::size_t(t + 1)]);
-          ending[std::size_t(b * T + t)] = t >= L - sequence.ending;
-        }
-      }
-      split.take_rows(ending.data(), B, T, local_ending);
-      endings.push_back(local_ending);
-      micro.push_back(std::move(batch));
-    }
-    pipeline_->forward_micro_batches(micro, B, T, [&](int k, double) {
-      if (!counts) return;
-      ops::copy(Tensor(losses.data(), DType::f32, Device::cpu, {B, Tl}), model_->losses());
-      const std::int64_t g = (j0 + k) * readers + reader;
-      for (std::int64_t b = 0; b < B && g * B + b < count; ++b) {
-        double sum = 0.0;
-        for (int t = 0; t < Tl; ++t) {
-          if (endings[std::size_t(k)][std::size_t(b * Tl + t)]) sum += double(losses[std::size_t(b * Tl + t)]);
-        }
-        logliks[std::size_t(g * B + b)] -= sum;
-      }
-    });
-  }
-  comms_.world->all_reduce_sum(logliks.data(), count);
-  return logliks;
+  // The validation's path through the stages, each data-parallel rank its share; the ranks of a
+  // tensor group pass the same micro-batches and one of them counts the losses.
+  eval::ScoringRank rank;
+  rank.readers = comms_.mesh.size(Axis::data);
+  rank.reader = comms_.data_index();
+  rank.context_rank = comms_.device(Axis::context).rank();
+  rank.context_size = context_;
+  rank.tensor_size = comms_.mesh.size(Axis::tensor);
+  rank.counts = comms_.host(Axis::tensor).rank() == 0;
+  rank.micro_batches = accum_;
+  return eval::sequence_logliks(*pipeline_, *model_, sequences, int(config_.train.micro_batch_size),
+                                config_.model.context_length, rank, *comms_.world);
 }
 
 }  // namespace llmtrain::train

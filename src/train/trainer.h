@@ -68,6 +68,9 @@ class Trainer final : public CheckpointSource {
   /// What model.init_from cost this rank: "read X MiB of tensor data for the Y MiB of weights it
   /// keeps (Rx)"; "" when the weights came from elsewhere.
   const std::string& init_note() const { return init_note_; }
+  /// What each of train.eval_tasks costs per validation: "train.eval_tasks NAME: N sequences in M
+  /// micro-batches, P positions (padding each to the context: Q)".
+  const std::vector<std::string>& task_notes() const { return task_notes_; }
   /// Called in each update before the weights and optimizer state change (a background
   /// checkpoint may still be copying them); empty: nothing to wait for.
   void set_before_update(std::function<void()> hook) override { before_update_ = std::move(hook); }
@@ -119,6 +122,7 @@ class Trainer final : public CheckpointSource {
   data::SamplerState sampler_state_;
   model::AttentionChoice attention_;
   std::string init_note_;
+  std::vector<std::string> task_notes_;
   std::unique_ptr<data::BatchLoader> loader_;
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<model::Model> logical_;  // logical_model() when this rank's model is only part of it

@@ -120,6 +120,16 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
                       const float* rstd, std::int64_t N, int C);
 
+/// Per-head RMSNorm of a packed qkv (N, (NH + 2 NKV) HS): out = each query head of inp normalised
+/// and scaled by q_weight (HS), each key head by k_weight (HS), the value heads copied; rstd
+/// (N, NH + NKV) saved.
+void qk_norm_forward(float* out, float* rstd, const float* inp, const float* q_weight, const float* k_weight,
+                     std::int64_t N, int NH, int NKV, int HS, float eps);
+/// Its backward: dinp (N, (NH + 2 NKV) HS) written (value heads: dout's); dq_weight, dk_weight (HS) +=.
+void qk_norm_backward(float* dinp, float* dq_weight, float* dk_weight, const float* dout, const float* inp,
+                      const float* q_weight, const float* k_weight, const float* rstd, std::int64_t N, int NH, int NKV,
+                      int HS);
+
 /// Rotary position embedding in Hugging Face's rotate_half layout, on x (B,T,H,HS): for heads
 /// h < n_rot, element i < HS/2 pairs with i + HS/2 and both turn by the angle
 /// (pos0 + t) * theta^(-2i/HS); heads n_rot..H-1 are copied unchanged (so one call rotates the

@@ -159,6 +159,17 @@ template <class Act>
 void rmsnorm_backward(Act* dinp, float* dweight, const Act* dout, const Act* inp, const Act* weight,
                       const float* rstd, std::int64_t N, int C, cudaStream_t stream);
 
+/// Per-head RMSNorm of a packed qkv (N, (NH + 2 NKV) HS): query heads by q_weight (HS), key heads
+/// by k_weight (HS), value heads copied; rstd (N, NH + NKV) saved.
+template <class Act>
+void qk_norm_forward(Act* out, float* rstd, const Act* inp, const Act* q_weight, const Act* k_weight, std::int64_t N,
+                     int NH, int NKV, int HS, float eps, cudaStream_t stream);
+/// Its backward: dinp written (value heads: dout's); dq_weight, dk_weight (HS) +=.
+template <class Act>
+void qk_norm_backward(Act* dinp, float* dq_weight, float* dk_weight, const Act* dout, const Act* inp,
+                      const Act* q_weight, const Act* k_weight, const float* rstd, std::int64_t N, int NH, int NKV,
+                      int HS, cudaStream_t stream);
+
 // kernels/cuda/rope.cu
 /// out (B,T,H,HS) = inp (B,T,H,HS) with heads h < n_rot turned by the angles
 /// (pos0 + t) theta^(-2i/HS) (rotate_half layout, angles in double), the other heads copied; HS even.
