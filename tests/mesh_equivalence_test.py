@@ -228,7 +228,8 @@ def muon_traffic(run):
     counts and bytes exact. Under ZeRO 3 (shards of each layer unit): some of each."""
     got = update_2(run, "collectives")
     print(f"  data group: {got}")
-    m, d, W = run.config["model"], run.config["dist"], run.ranks // d["tensor_parallel"]
+    m, d = run.config["model"], run.config["dist"]
+    W = run.ranks // d["tensor_parallel"]
     if d["zero_stage"] == 3 or m["arch"] != "gpt2" or d["tensor_parallel"] > 1:
         assert got.get("send", (0, 0))[0] > 0 and got.get("recv", (0, 0))[0] > 0, f"no Muon transfers: {got}"
         return
