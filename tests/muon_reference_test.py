@@ -15,10 +15,19 @@ a tiny Llama's parameters on random gradients, clipped and not, the learning rat
          one with scripts/setup.sh --with-torch-muon (a virtual environment .venv-torch, which this
          script then uses).
 
+  init_from: a training run against torch.optim.Muon (patched to float32 as above) on the hidden
+         matrices and torch.optim.AdamW on the rest: a tiny Llama this script writes as Hugging
+         Face safetensors, read by model.init_from, trained 4 steps by llmtrain on one rank and by
+         a float32 PyTorch Llama on the same batches; the losses agree within 1e-4 and the weight
+         updates, read back through `llmtrain export --format hf`, within 2e-3 of the largest
+         update, for both optim.muon.adjust_lr choices. SKIPPED as the torch mode.
+
 Usage: muon_reference_test.py TEST_MUON_BINARY numpy|torch
+       muon_reference_test.py LLMTRAIN_BINARY init_from
 """
 import json
 import os
+import struct
 import subprocess
 import sys
 import tempfile
@@ -34,9 +43,11 @@ def check(ok, what):
         failures.append(what)
 
 
-if MODE == "torch":
-    venv_python = os.path.join(ROOT, ".venv-torch", "bin", "python")
-    if os.path.exists(venv_python) and os.path.realpath(sys.executable) != os.path.realpath(venv_python) \
+if MODE in ("torch", "init_from"):
+    venv = os.path.join(ROOT, ".venv-torch")
+    venv_python = os.path.join(venv, "bin", "python")
+    # A virtual environment's python is a link to the system's: sys.prefix tells them apart.
+    if os.path.exists(venv_python) and os.path.realpath(sys.prefix) != os.path.realpath(venv) \
             and not os.environ.get("LLMTRAIN_MUON_REEXEC"):
         os.environ["LLMTRAIN_MUON_REEXEC"] = "1"
         os.execv(venv_python, [venv_python, *sys.argv])
@@ -196,6 +207,181 @@ def torch_run(run):
         out.append(w.double().numpy())
     return out
 
+
+# ----- init_from: a Llama trained by llmtrain and by PyTorch from the same Hugging Face weights -----
+
+LLAMA = {"vocab_size": 64, "context_length": 16, "n_layer": 2, "n_head": 4, "n_kv_head": 2, "d_model": 32,
+         "ffn_hidden": 48}
+HIDDEN = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # Muon's
+
+
+def write_safetensors(path, tensors):
+    header, blobs, at = {}, [], 0
+    for name, a in tensors.items():
+        b = np.ascontiguousarray(a, dtype="<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [at, at + len(b)]}
+        blobs.append(b)
+        at += len(b)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    n = struct.unpack("<Q", data[:8])[0]
+    out = {}
+    for name, e in json.loads(data[8:8 + n]).items():
+        if name == "__metadata__":
+            continue
+        assert e["dtype"] == "F32", f"{path}: {name} is {e['dtype']}"
+        lo, hi = e["data_offsets"]
+        out[name] = np.frombuffer(data[8 + n + lo:8 + n + hi], dtype="<f4").reshape(e["shape"]).astype(np.float64)
+    return out
+
+
+def llama_params(rng):
+    V, C, F, L = LLAMA["vocab_size"], LLAMA["d_model"], LLAMA["ffn_hidden"], LLAMA["n_layer"]
+    KV = C // LLAMA["n_head"] * LLAMA["n_kv_head"]
+    normal = lambda *shape: (0.02 * rng.standard_normal(shape)).astype(np.float32)
+    ones = lambda n: (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    p = {"model.embed_tokens.weight": normal(V, C), "model.norm.weight": ones(C), "lm_head.weight": normal(V, C)}
+    for l in range(L):
+        h = f"model.layers.{l}."
+        p.update({h + "input_layernorm.weight": ones(C), h + "post_attention_layernorm.weight": ones(C),
+                  h + "self_attn.q_proj.weight": normal(C, C), h + "self_attn.k_proj.weight": normal(KV, C),
+                  h + "self_attn.v_proj.weight": normal(KV, C), h + "self_attn.o_proj.weight": normal(C, C),
+                  h + "mlp.gate_proj.weight": normal(F, C), h + "mlp.up_proj.weight": normal(F, C),
+                  h + "mlp.down_proj.weight": normal(C, F)})
+    return p
+
+
+def llama_loss(p, tokens, eps, theta):
+    """Mean next-token cross-entropy of (B, T + 1) tokens: RMSNorm, rotary embeddings (rotate_half),
+    grouped-query causal attention, SwiGLU, an untied head; float32."""
+    NH, NKV, C = LLAMA["n_head"], LLAMA["n_kv_head"], LLAMA["d_model"]
+    HS = C // NH
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    B, T = inputs.shape
+    rms = lambda x, w: x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
+    angles = torch.arange(T, dtype=torch.float32)[:, None] * theta ** (-torch.arange(0, HS, 2, dtype=torch.float32) / HS)
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    rotate = lambda x: x * cos + torch.cat([-x[..., HS // 2:], x[..., :HS // 2]], -1) * sin
+    heads = lambda z, n: z.reshape(B, T, n, HS).transpose(1, 2)
+    x = p["model.embed_tokens.weight"][inputs]
+    for l in range(LLAMA["n_layer"]):
+        h = f"model.layers.{l}."
+        a = rms(x, p[h + "input_layernorm.weight"])
+        q = rotate(heads(a @ p[h + "self_attn.q_proj.weight"].T, NH))
+        k = rotate(heads(a @ p[h + "self_attn.k_proj.weight"].T, NKV)).repeat_interleave(NH // NKV, 1)
+        v = heads(a @ p[h + "self_attn.v_proj.weight"].T, NKV).repeat_interleave(NH // NKV, 1)
+        att = (q @ k.transpose(-1, -2)) / np.sqrt(HS)
+        att = torch.softmax(att.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf")), -1)
+        x = x + (att @ v).transpose(1, 2).reshape(B, T, C) @ p[h + "self_attn.o_proj.weight"].T
+        m = rms(x, p[h + "post_attention_layernorm.weight"])
+        gate = m @ p[h + "mlp.gate_proj.weight"].T
+        x = x + (torch.nn.functional.silu(gate) * (m @ p[h + "mlp.up_proj.weight"].T)) @ p[h + "mlp.down_proj.weight"].T
+    logits = rms(x, p["model.norm.weight"]) @ p["lm_head.weight"].T
+    return torch.nn.functional.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1))
+
+
+def llmtrain_run(tmp, adjust, init, tokens):
+    """Trains the Llama from `init` 4 steps on one rank; its losses, learning rates, resolved
+    config and final weights (exported)."""
+    run, out = f"{tmp}/run-{adjust}", f"{tmp}/hf-{adjust}"
+    config = {"model": dict(LLAMA, arch="llama", init_from=init),
+              "data": {"train": f"{tmp}/train.bin", "val": [], "shuffle": False},
+              "train": {"micro_batch_size": 2, "global_batch_size": 4, "max_steps": 4, "log_every": 1, "eval_every": 0,
+                        "grad_clip": 1.0},
+              "optim": {"name": "muon", "lr": 3e-3, "warmup_steps": 1, "weight_decay": 0.1,
+                        "muon": {"lr": 0.02, "adjust_lr": adjust}},
+              "checkpoint": {"every": 4}}
+    with open(f"{run}.json", "w") as f:
+        json.dump(config, f)
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    for args in (["train", "--config", f"{run}.json", "--run-dir", run],
+                 ["export", "--checkpoint", f"{run}/checkpoints/step_00000004", "--output", out, "--format", "hf"]):
+        r = subprocess.run([BINARY, *args], env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"FAILED: llmtrain {' '.join(args)}: exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    with open(f"{run}/metrics.jsonl") as f:
+        steps = [m for m in map(json.loads, f) if "loss" in m and "step" in m]
+    with open(f"{run}/config.json") as f:
+        resolved = json.load(f)
+    return [m["loss"] for m in steps], [m["lr"] for m in steps], resolved, read_safetensors(f"{out}/model.safetensors")
+
+
+def torch_train(adjust, init, tokens, lrs, config):
+    """The same 4 updates by torch.optim.Muon (Newton-Schulz in float32) on the hidden matrices and
+    torch.optim.AdamW (decay on the 2-D tensors) on the rest; the losses before each and the weights."""
+    torch.optim._muon._zeropower_via_newtonschulz = newton_schulz_fp32
+    o, mo, m = config["optim"], config["optim"]["muon"], config["model"]
+    p = {name: torch.nn.Parameter(torch.tensor(a)) for name, a in init.items()}
+    hidden = [t for name, t in p.items() if name.split(".")[-2] in HIDDEN]
+    decay = [t for name, t in p.items() if name.split(".")[-2] not in HIDDEN and t.dim() == 2]
+    plain = [t for t in p.values() if t.dim() == 1]
+    muon = torch.optim.Muon(hidden, lr=mo["lr"], weight_decay=mo.get("weight_decay", o["weight_decay"]),
+                            momentum=mo["momentum"], nesterov=mo["nesterov"], ns_coefficients=tuple(mo["ns_coefficients"]),
+                            eps=mo["eps"], ns_steps=mo["ns_steps"], adjust_lr_fn=adjust)
+    adamw = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]}, {"params": plain, "weight_decay": 0.0}],
+                              lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"])
+    G, T = config["train"]["global_batch_size"], m["context_length"]
+    losses = []
+    for k, lr in enumerate(lrs):
+        batch = torch.tensor(np.stack([tokens[i * T:i * T + T + 1] for i in range(k * G, (k + 1) * G)]), dtype=torch.long)
+        for t in p.values():
+            t.grad = None
+        loss = llama_loss(p, batch, m["norm_eps"], m["rope_theta"])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(p.values()), config["train"]["grad_clip"])
+        for group in muon.param_groups:
+            group["lr"] = mo["lr"] * lr / o["lr"]
+        for group in adamw.param_groups:
+            group["lr"] = lr
+        muon.step()
+        adamw.step()
+        losses.append(loss.item())
+    return losses, {name: t.detach().double().numpy() for name, t in p.items()}
+
+
+def init_from_checks():
+    rng = np.random.default_rng(7)
+    with tempfile.TemporaryDirectory() as tmp:
+        os.makedirs(f"{tmp}/init")
+        init = llama_params(rng)
+        write_safetensors(f"{tmp}/init/model.safetensors", init)
+        tokens = rng.integers(0, LLAMA["vocab_size"], 400).astype(np.uint16)
+        header = np.zeros(256, dtype="<i4")
+        header[:3] = (20240520, 1, len(tokens))
+        with open(f"{tmp}/train.bin", "wb") as f:
+            f.write(header.tobytes() + tokens.astype("<u2").tobytes())
+        updates = {}
+        for adjust in ("original", "match_rms_adamw"):
+            losses, lrs, config, final = llmtrain_run(tmp, adjust, f"{tmp}/init", tokens)
+            want_losses, want = torch_train(adjust, init, tokens.astype(np.int64), lrs, config)
+            err = max(abs(a - b) for a, b in zip(losses, want_losses))
+            check(len(losses) == 4 and err < 1e-4, f"init_from, adjust_lr {adjust}: the 4 losses {losses} within "
+                                                   f"{err:.2e} of PyTorch's (< 1e-4)")
+            moved = max(np.abs(want[n] - init[n]).max() for n in init)
+            err = max(np.abs((final[n] - init[n]) - (want[n] - init[n])).max() for n in init)
+            worst = max(init, key=lambda n: np.abs((final[n] - init[n]) - (want[n] - init[n])).max())
+            check(set(final) == set(init) and err < 2e-3,
+                  f"init_from, adjust_lr {adjust}: exported weight updates within {err:.2e} of PyTorch's (< 2e-3; "
+                  f"largest update {moved:.2e}, worst {worst})")
+            updates[adjust] = (final, want)
+        # Guard: the two choices give updates apart by more than the tolerance.
+        apart = max(np.abs(updates["original"][0][n] - updates["match_rms_adamw"][1][n]).max() for n in init)
+        check(apart > 2e-3, f"init_from: adjust_lr original's weights differ from match_rms_adamw's by {apart:.2e} (> 2e-3)")
+
+
+if MODE == "init_from":
+    init_from_checks()
+    if failures:
+        sys.exit(f"{len(failures)} check(s) failed")
+    print("all checks passed")
+    sys.exit(0)
 
 data = dump()
 if MODE == "numpy":

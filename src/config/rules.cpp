@@ -148,14 +148,6 @@ void resolve_and_check(Config& c, const Origins& o, bool tie_embeddings_given) {
   check_pipeline(c, o);
   check_context(c, o);
   check_moe(c, o);
-  if (c.optim.name == "muon" && c.dist.tensor_parallel > 1) {
-    // Each Muon matrix is orthogonalised whole: its owner gathers ZeRO's shards of it, but not
-    // (yet) the tensor-parallel slices.
-    fail_rule(o, "optim.name", "dist.tensor_parallel",
-              "\"muon\" is not built for dist.tensor_parallel > 1 (got " + std::to_string(c.dist.tensor_parallel) +
-                  "): it gathers ZeRO's shards of a matrix but not tensor-parallel slices; use dist.tensor_parallel 1 "
-                  "(data, ZeRO 1-3, context and pipeline parallelism work)");
-  }
   if (c.optim.min_lr > c.optim.lr) {
     fail_rule(o, "optim.min_lr", "optim.lr", "must be <= optim.lr (" + format_number(c.optim.lr) + "), got " +
                                 format_number(c.optim.min_lr));

@@ -13,13 +13,35 @@ std::vector<MuonMatrix> muon_matrices(const std::vector<model::ParamInfo>& infos
   for (const model::ParamInfo& info : infos) {
     if (info.layer < 0 || info.shape.size() != 2) continue;
     const std::int64_t rows = info.shape[0], cols = info.shape[1];
-    if (info.name.ends_with("attn.c_attn.weight") && rows % 3 == 0) {  // q, k and v stacked: (3 C, C)
+    const std::int64_t full_rows = info.full_shape.at(0), full_cols = info.full_shape.at(1);
+    // This slice's block of a matrix whose rows (dim 0) start at `begin` of the parameter's.
+    const auto block_of = [&](std::int64_t begin, std::int64_t n, const std::string& name) {
+      model::TensorSlice slice;
+      if (info.slice.whole()) return slice;
+      slice.dim = info.slice.dim;
+      slice.owner = info.slice.owner;
+      for (const auto& [first, count] : info.slice.blocks) {
+        if (slice.dim == 1) {
+          slice.blocks.push_back({first, count});
+        } else if (first >= begin && first + count <= begin + n) {
+          slice.blocks.push_back({first - begin, count});
+        }
+      }
+      if (slice.blocks.size() != 1) {
+        throw RuntimeError("muon: " + name + " is split over the tensor-parallel group in " +
+                           std::to_string(slice.blocks.size()) + " blocks; Muon gathers one block per rank");
+      }
+      return slice;
+    };
+    if (info.name.ends_with("attn.c_attn.weight") && rows % 3 == 0 && full_rows % 3 == 0) {  // q, k and v: (3 C, C)
       const char* parts[] = {"[q]", "[k]", "[v]"};
       for (int k = 0; k < 3; ++k) {
-        out.push_back({info.name + parts[k], info.offset + k * (rows / 3) * cols, rows / 3, cols});
+        const std::string name = info.name + parts[k];
+        out.push_back({name, info.offset + k * (rows / 3) * cols, rows / 3, cols, full_rows / 3, full_cols,
+                       block_of(k * (full_rows / 3), full_rows / 3, name)});
       }
     } else {
-      out.push_back({info.name, info.offset, rows, cols});
+      out.push_back({info.name, info.offset, rows, cols, full_rows, full_cols, block_of(0, full_rows, info.name)});
     }
   }
   return out;
@@ -90,10 +112,43 @@ std::vector<std::vector<model::FlatRange>> all_pieces(dist::Communicator& group,
 
 }  // namespace
 
+std::vector<std::vector<Muon::Slice>> Muon::place_slices(dist::Communicator& tensor,
+                                                         const std::vector<MuonMatrix>& matrices) {
+  // Per matrix (dim + 1, first, count, owner), each below 2^24 and so exact in f32.
+  const std::size_t N = matrices.size(), T = std::size_t(tensor.world_size());
+  std::vector<float> mine(4 * N), all(4 * N * T);
+  for (std::size_t j = 0; j < N; ++j) {
+    const model::TensorSlice& s = matrices[j].slice;
+    const std::int64_t first = s.whole() ? 0 : s.blocks[0].first, count = s.whole() ? 0 : s.blocks[0].second;
+    if (first + count >= (std::int64_t{1} << 24)) {
+      throw RuntimeError("muon: " + matrices[j].name + " has over 2^24 rows or columns");
+    }
+    mine[4 * j] = float(s.dim + 1);
+    mine[4 * j + 1] = float(first);
+    mine[4 * j + 2] = float(count);
+    mine[4 * j + 3] = s.owner ? 1.0f : 0.0f;
+  }
+  if (N > 0) tensor.all_gather(mine.data(), all.data(), std::int64_t(4 * N));
+  std::vector<std::vector<Slice>> out(N);
+  for (std::size_t j = 0; j < N; ++j) {
+    if (matrices[j].slice.whole()) continue;  // replicated over the tensor group: each rank has it whole
+    for (std::size_t t = 0; t < T; ++t) {
+      const float* at = all.data() + 4 * (N * t + j);
+      out[j].push_back({int(at[0]) - 1, std::int64_t(at[1]), std::int64_t(at[2]), at[3] != 0.0f});
+      if (out[j].back().dim != matrices[j].slice.dim) {
+        throw RuntimeError("muon: the tensor ranks split " + matrices[j].name + " along different dimensions");
+      }
+    }
+  }
+  return out;
+}
+
 void Muon::lay_out(const UpdateArgs& a) {
   // Where each Muon matrix lies: whole in this rank's pieces or outside them (one rank, data,
-  // context or pipeline parallelism), or in parts over the shard group's ranks (ZeRO).
+  // context or pipeline parallelism), or in parts over the shard group's ranks (ZeRO); and, under
+  // tensor parallelism, which slice of it each tensor rank holds.
   const int W = a.shard_group ? a.shard_group->world_size() : 1;
+  const int T = a.tensor_group ? a.tensor_group->world_size() : 1;
   rank_ = a.shard_group ? a.shard_group->rank() : 0;
   std::vector<std::vector<model::FlatRange>> ranges(static_cast<std::size_t>(W));
   if (W > 1) {
@@ -102,16 +157,19 @@ void Muon::lay_out(const UpdateArgs& a) {
     for (const Piece& p : pieces()) ranges[0].push_back(p);
   }
   const std::vector<MuonMatrix> matrices = muon_matrices(a.infos);
+  std::vector<std::vector<Slice>> slices(matrices.size());
+  if (T > 1) {
+    slices = place_slices(*a.tensor_group, matrices);
+  } else {
+    for (const MuonMatrix& mat : matrices) {
+      if (!mat.slice.whole()) throw RuntimeError("muon: " + mat.name + " is split, but no tensor group was given");
+    }
+  }
   std::vector<std::pair<std::int64_t, std::int64_t>> taken;  // flat ranges Muon updates here
   for (std::size_t j = 0; j < matrices.size(); ++j) {
     const MuonMatrix& mat = matrices[j];
-    const auto info = std::find_if(a.infos.begin(), a.infos.end(), [&](const model::ParamInfo& i) {
-      return mat.offset >= i.offset && mat.offset < i.offset + i.numel;
-    });
-    if (info != a.infos.end() && !info->slice.whole()) {
-      throw RuntimeError("muon: " + mat.name + " is split over the tensor-parallel group; Muon needs whole matrices");
-    }
-    Placed placed{mat.rows, mat.cols, int(j % std::size_t(W)), {}};
+    Placed placed{mat.rows, mat.cols, mat.full_rows, mat.full_cols, int(j % std::size_t(W)),
+                  int((j / std::size_t(W)) % std::size_t(T)), {}, std::move(slices[j])};
     std::int64_t covered = 0;
     bool mine = false;
     for (int r = 0; r < W; ++r) {
@@ -139,6 +197,8 @@ void Muon::lay_out(const UpdateArgs& a) {
   }
   std::sort(taken.begin(), taken.end());
   whole_.resize(matrices_.size());
+  full_.resize(matrices_.size());
+  slices_.resize(matrices_.size());
   // AdamW's runs: every parameter's part inside each piece, less the Muon matrices.
   std::vector<ops::AdamWRun> runs;
   const auto add = [&](std::int64_t at, std::int64_t length, bool decay) {
@@ -165,9 +225,10 @@ void Muon::lay_out(const UpdateArgs& a) {
   planned_ = true;
 }
 
-void Muon::orthogonalise_sharded(dist::Communicator& group, float* u) {
-  // Gather: each part to its matrix's owner (the owner's own parts copied in place).
-  std::vector<dist::PeerTransfer> gather, scatter;
+void Muon::gather_parts(dist::Communicator& group, float* u, std::vector<dist::PeerTransfer>& scatter) {
+  // Each part to its matrix's owner (the owner's own parts copied in place); `scatter` gets the
+  // transfers that bring O back.
+  std::vector<dist::PeerTransfer> gather;
   for (std::size_t j = 0; j < matrices_.size(); ++j) {
     const Placed& mat = matrices_[j];
     if (mat.owner == rank_) whole_[j].resize(std::size_t(mat.rows * mat.cols));
@@ -184,18 +245,75 @@ void Muon::orthogonalise_sharded(dist::Communicator& group, float* u) {
     }
   }
   group.start_transfers(gather)->wait();
-  for (std::size_t j = 0; j < matrices_.size(); ++j) {
-    const Placed& mat = matrices_[j];
-    if (mat.owner != rank_) continue;
-    newton_schulz(whole_[j].data(), whole_[j].data(), mat.rows, mat.cols, ns_, scratch_);
-    for (const Part& part : mat.parts) {
-      if (part.rank == rank_) {
-        std::copy(whole_[j].data() + part.at, whole_[j].data() + part.at + part.length, u + part.local);
-      }
+}
+
+namespace {
+
+// Copies a tensor rank's block (dim 0: rows [first, first + count); dim 1: those columns) of a
+// (rows, cols) matrix `full` to `part` (to_part) or back.
+void copy_block(float* full, float* part, std::int64_t rows, std::int64_t cols, int dim, std::int64_t first,
+                std::int64_t count, bool to_part) {
+  const std::int64_t n = dim == 0 ? count : rows, width = dim == 0 ? cols : count;
+  for (std::int64_t i = 0; i < n; ++i) {
+    float* f = dim == 0 ? full + (first + i) * cols : full + i * cols + first;
+    float* p = part + i * width;
+    if (to_part) {
+      std::copy(f, f + width, p);
+    } else {
+      std::copy(p, p + width, f);
     }
   }
-  // Scatter: each rank's parts of O back into its u.
-  group.start_transfers(scatter)->wait();
+}
+
+}  // namespace
+
+void Muon::orthogonalise(dist::Communicator* tensor, const std::vector<std::pair<std::size_t, float*>>& held) {
+  const int t = tensor ? tensor->rank() : 0;
+  std::vector<dist::PeerTransfer> gather, scatter;
+  std::vector<std::pair<std::size_t, float*>> owned;  // split matrices this tensor rank orthogonalises
+  for (const auto& [j, local] : held) {
+    const Placed& mat = matrices_[j];
+    if (mat.slices.empty()) {  // whole here
+      newton_schulz(local, local, mat.rows, mat.cols, ns_, scratch_);
+      continue;
+    }
+    if (mat.tensor_owner != t) {  // this rank's slice to the owner, and O's back
+      if (mat.slices[std::size_t(t)].owner) {
+        gather.push_back({dist::PeerTransfer::send, local, mat.rows * mat.cols, DType::f32, mat.tensor_owner});
+      }
+      scatter.push_back({dist::PeerTransfer::recv, local, mat.rows * mat.cols, DType::f32, mat.tensor_owner});
+      continue;
+    }
+    full_[j].resize(std::size_t(mat.full_rows * mat.full_cols));
+    slices_[j].resize(mat.slices.size());
+    for (std::size_t r = 0; r < mat.slices.size(); ++r) {
+      const Slice& s = mat.slices[r];
+      if (int(r) == t) continue;
+      const std::int64_t n = s.count * (s.dim == 0 ? mat.full_cols : mat.full_rows);
+      slices_[j][r].resize(std::size_t(n));
+      if (s.owner) gather.push_back({dist::PeerTransfer::recv, slices_[j][r].data(), n, DType::f32, int(r)});
+      scatter.push_back({dist::PeerTransfer::send, slices_[j][r].data(), n, DType::f32, int(r)});
+    }
+    owned.emplace_back(j, local);
+  }
+  if (!gather.empty() || !scatter.empty()) tensor->start_transfers(gather)->wait();
+  for (const auto& [j, local] : owned) {
+    const Placed& mat = matrices_[j];
+    float* full = full_[j].data();
+    for (std::size_t r = 0; r < mat.slices.size(); ++r) {  // the owning slices cover the matrix
+      const Slice& s = mat.slices[r];
+      if (!s.owner && int(r) != t) continue;
+      copy_block(full, int(r) == t ? local : slices_[j][r].data(), mat.full_rows, mat.full_cols, s.dim, s.first,
+                 s.count, false);
+    }
+    newton_schulz(full, full, mat.full_rows, mat.full_cols, ns_, scratch_);
+    for (std::size_t r = 0; r < mat.slices.size(); ++r) {
+      const Slice& s = mat.slices[r];
+      copy_block(full, int(r) == t ? local : slices_[j][r].data(), mat.full_rows, mat.full_cols, s.dim, s.first,
+                 s.count, true);
+    }
+  }
+  if (!gather.empty() || !scatter.empty()) tensor->start_transfers(scatter)->wait();
 }
 
 void Muon::update(const UpdateArgs& a) {
@@ -225,18 +343,30 @@ void Muon::update(const UpdateArgs& a) {
       }
     }
   }
-  // O in place of u: each whole matrix here at once, split ones through their owners.
+  // O in place of u: each matrix held whole here (ZeRO: gathered by its owner first), through
+  // the tensor group's owner when split over it.
   const bool sharded = a.shard_group && a.shard_group->world_size() > 1;
-  if (sharded) {
-    orthogonalise_sharded(*a.shard_group, u_.data());
-  } else {
-    for (const Placed& mat : matrices_) {
-      float* at = u_.data() + mat.parts.front().local;
-      newton_schulz(at, at, mat.rows, mat.cols, ns_, scratch_);
+  std::vector<dist::PeerTransfer> scatter;
+  if (sharded) gather_parts(*a.shard_group, u_.data(), scatter);
+  std::vector<std::pair<std::size_t, float*>> held;
+  for (std::size_t j = 0; j < matrices_.size(); ++j) {
+    if (!sharded) {
+      held.emplace_back(j, u_.data() + matrices_[j].parts.front().local);
+    } else if (matrices_[j].owner == rank_) {
+      held.emplace_back(j, whole_[j].data());
     }
   }
+  orthogonalise(a.tensor_group, held);
+  if (sharded) {
+    for (const auto& [j, whole] : held) {  // the owner's own parts of O, then the others' sent back
+      for (const Part& part : matrices_[j].parts) {
+        if (part.rank == rank_) std::copy(whole + part.at, whole + part.at + part.length, u_.data() + part.local);
+      }
+    }
+    a.shard_group->start_transfers(scatter)->wait();
+  }
   for (const Placed& mat : matrices_) {
-    const float step = float(muon_adjusted_lr(lr, optim_.muon.adjust_lr, mat.rows, mat.cols));
+    const float step = float(muon_adjusted_lr(lr, optim_.muon.adjust_lr, mat.full_rows, mat.full_cols));
     for (const Part& part : mat.parts) {
       if (part.rank != rank_) continue;
       for (std::int64_t i = part.local; i < part.local + part.length; ++i) {

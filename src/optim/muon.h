@@ -9,7 +9,12 @@
 // "adamw.m", "adamw.v" (AdamW's moments of the others), each laid out like the parameters.
 // Under ZeRO (UpdateArgs::shard_group) each matrix is orthogonalised once, by an owner rank chosen
 // round-robin over the matrices, which gathers the other ranks' parts of u and sends theirs of O
-// back (point-to-point transfers through the data-parallel communicator, counted there).
+// back (point-to-point transfers through the data-parallel communicator, counted there). Under
+// tensor parallelism (UpdateArgs::tensor_group) a column-parallel matrix is split in rows and a
+// row-parallel one in columns: the rank of the tensor group that owns it (round-robin again, after
+// the data owners) gathers the slices, orthogonalises the whole and sends each rank its slice of
+// O back. With both, the data owner first gathers its tensor rank's slice, then the tensor step
+// runs among the data owners of that matrix (one per tensor rank).
 #pragma once
 
 #include <cstdint>
@@ -30,14 +35,19 @@ namespace llmtrain::optim {
 
 /// One matrix Muon orthogonalises: `rows` x `cols` (out, in) elements, row-major from `offset` of
 /// the flat buffer whose ParamInfo it comes from.
+/// Under tensor parallelism `rows` x `cols` is this rank's slice of the (full_rows, full_cols)
+/// matrix: `slice` (at most one block, in the matrix's own indices) says which.
 struct MuonMatrix {
   std::string name;  // the parameter's name; "...c_attn.weight[q]" for a block of a fused one
   std::int64_t offset = 0, rows = 0, cols = 0;
+  std::int64_t full_rows = 0, full_cols = 0;
+  model::TensorSlice slice;
   std::int64_t numel() const { return rows * cols; }
 };
 
 /// The matrices of `infos` that Muon updates (every 2-D parameter of a transformer layer, GPT-2's
-/// c_attn split into q, k and v), in their order; the rest is AdamW's.
+/// c_attn split into q, k and v), in their order; the rest is AdamW's. RuntimeError for a
+/// tensor-parallel slice of more than one block of a matrix.
 std::vector<MuonMatrix> muon_matrices(const std::vector<model::ParamInfo>& infos);
 
 /// lr_adj for a (rows, cols) matrix: lr sqrt(max(1, rows / cols)) ("original") or
@@ -72,17 +82,29 @@ class Muon final : public Optimizer {
     int rank = 0;
     std::int64_t at = 0, length = 0, local = 0;
   };
+  // Which block of a matrix one tensor rank holds (dim -1: the whole matrix, replicated).
+  struct Slice {
+    int dim = -1;
+    std::int64_t first = 0, count = 0;
+    bool owner = true;  // false: a replica of another rank's block (it receives O, sends nothing)
+  };
   // A Muon matrix and where its parts lie; `owner` orthogonalises it (matrices round-robin over
-  // the shard group's ranks).
+  // the shard group's ranks), with `tensor_owner` of the tensor group when it is split there.
   struct Placed {
-    std::int64_t rows = 0, cols = 0;
-    int owner = 0;
+    std::int64_t rows = 0, cols = 0;            // this tensor rank's slice
+    std::int64_t full_rows = 0, full_cols = 0;  // the whole matrix
+    int owner = 0, tensor_owner = 0;
     std::vector<Part> parts;
+    std::vector<Slice> slices;  // each tensor rank's, when split over the tensor group; else empty
   };
   void lay_out(const UpdateArgs& a);
-  // Sends this rank's parts of u to each matrix's owner, which orthogonalises the whole, and
-  // receives the result into the same places of u (ZeRO: the matrices are split over the ranks).
-  void orthogonalise_sharded(dist::Communicator& group, float* u);
+  // Each tensor rank's slice of every matrix (all-gathered over the tensor group once).
+  static std::vector<std::vector<Slice>> place_slices(dist::Communicator& tensor, const std::vector<MuonMatrix>& matrices);
+  // ZeRO: this rank's parts of u to each matrix's owner, whose whole_ then holds its slice.
+  void gather_parts(dist::Communicator& group, float* u, std::vector<dist::PeerTransfer>& scatter);
+  // O in place of u's slice `local` of each matrix in `held` (held whole by this rank): through
+  // the tensor group's owner when split over it, else here.
+  void orthogonalise(dist::Communicator* tensor, const std::vector<std::pair<std::size_t, float*>>& held);
 
   config::OptimConfig optim_;
   double lr_ = 0.0, weight_decay_ = 0.0;  // Muon's peak lr and weight decay
@@ -94,6 +116,8 @@ class Muon final : public Optimizer {
   bool planned_ = false;
   std::vector<float> u_, scratch_;           // u, then O, laid out like the local arrays
   std::vector<std::vector<float>> whole_;    // the matrices this rank owns, gathered
+  std::vector<std::vector<float>> full_;     // the split matrices this tensor rank owns, whole
+  std::vector<std::vector<std::vector<float>>> slices_;  // their other tensor ranks' slices
 };
 
 }  // namespace llmtrain::optim

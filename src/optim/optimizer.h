@@ -36,6 +36,10 @@ struct UpdateArgs {
   // shard of them (ZeRO's data-parallel group, host memory); null when each rank's pieces hold
   // whole parameters. An optimizer that needs whole tensors (Muon) gathers them through it.
   dist::Communicator* shard_group = nullptr;
+  // The tensor-parallel group (host memory) when it has more than one rank: parameters whose
+  // ParamInfo::slice is not whole are split over it. An optimizer that needs whole tensors
+  // gathers them through it.
+  dist::Communicator* tensor_group = nullptr;
 };
 
 /// How a state tensor lies over the ranks.
