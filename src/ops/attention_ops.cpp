@@ -41,6 +41,13 @@ void expect_segments(const Op& op, const Tensor& segments, std::int64_t B, std::
   }
 }
 
+// The segment ids' pointer for a kernel (null without a document mask).
+template <class View>
+const std::int32_t* segment_ids(const View& v, const Tensor& segments) {
+  if (!segments.data) return nullptr;
+  return v.i32(segments);
+}
+
 }  // namespace
 
 void attention_decode(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int pos,
@@ -177,18 +184,11 @@ void attention_block_forward(const Tensor& out, const Tensor& lse, const Tensor&
   op.expect("lse", lse, DType::f32, {B, NH, Tq});
   expect_chunks(op, "q_at", q_at, Tq);
   expect_chunks(op, "k_at", k_at, Tk);
-  if (segments.data) {
-    expect_segments(op, segments, B, segments.shape[1]);
-    return op.run(dispatch::Kernels{LLMTRAIN_CPU_KERNEL(attention_block_forward), dispatch::NoKernel{}}, act,
-                  [&](auto v) {
-                    return std::tuple(v.f32(out), v.f32(lse), v.in(qkv), v.in(kv), as_int(B), as_int(Tq), as_int(Tk),
-                                      as_int(C), NH, NKV, as_int(kv.shape[2]), q_at, k_at, v.i32(segments),
-                                      as_int(segments.shape[1]));
-                  });
-  }
+  if (segments.data) expect_segments(op, segments, B, segments.shape[1]);
+  const int T = segments.data ? as_int(segments.shape[1]) : 0;
   op.run(LLMTRAIN_KERNELS(attention_block_forward), act, [&](auto v) {
     return std::tuple(v.f32(out), v.f32(lse), v.in(qkv), v.in(kv), as_int(B), as_int(Tq), as_int(Tk), as_int(C), NH,
-                      NKV, as_int(kv.shape[2]), q_at, k_at);
+                      NKV, as_int(kv.shape[2]), q_at, k_at, segment_ids(v, segments), T);
   });
 }
 
@@ -210,18 +210,12 @@ void attention_block_backward(const Tensor& dq, const Tensor& dkv, const Tensor&
   expect_chunks(op, "q_at", q_at, Tq);
   expect_chunks(op, "k_at", k_at, Tk);
   if (dq.data == dkv.data && kv.shape[2] != width) op.fail("dq and dkv may be one tensor only for a packed qkv block");
-  if (segments.data) {
-    expect_segments(op, segments, B, segments.shape[1]);
-    return op.run(dispatch::Kernels{LLMTRAIN_CPU_KERNEL(attention_block_backward), dispatch::NoKernel{}}, act,
-                  [&](auto v) {
-                    return std::tuple(v.f32(dq), v.f32(dkv), v.in(dout), v.in(qkv), v.in(out), v.f32(lse), v.in(kv),
-                                      as_int(B), as_int(Tq), as_int(Tk), as_int(C), NH, NKV, as_int(kv.shape[2]), q_at,
-                                      k_at, v.i32(segments), as_int(segments.shape[1]));
-                  });
-  }
+  if (segments.data) expect_segments(op, segments, B, segments.shape[1]);
+  const int T = segments.data ? as_int(segments.shape[1]) : 0;
   op.run(LLMTRAIN_KERNELS(attention_block_backward), act, [&](auto v) {
     return std::tuple(v.f32(dq), v.f32(dkv), v.in(dout), v.in(qkv), v.in(out), v.f32(lse), v.in(kv), as_int(B),
-                      as_int(Tq), as_int(Tk), as_int(C), NH, NKV, as_int(kv.shape[2]), q_at, k_at);
+                      as_int(Tq), as_int(Tk), as_int(C), NH, NKV, as_int(kv.shape[2]), q_at, k_at,
+                      segment_ids(v, segments), T);
   });
 }
 
