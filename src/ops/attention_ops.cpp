@@ -114,7 +114,18 @@ void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
   op.expect("out", out, act, {B, T, C});
   op.expect("qkv", qkv, act, {B, T, width});
   op.expect("lse", lse, DType::f32, {B, NH, T});
-  if (segments.data) {  // the document mask: the CPU's kernel alone so far
+  if (segments.data && qkv.device == Device::cuda) {
+    // The document mask on the GPU: context parallelism's block kernels with one block of every
+    // key (fp32 results; bf16's out rounded once from them).
+    expect_segments(op, segments, B, T);
+    const Chunks all{as_int(T), 0};
+    if (act == DType::f32) return attention_block_forward(out, lse, qkv, qkv, all, all, NH, NKV, segments);
+    const Buffer wide(Device::cuda, std::size_t(out.numel()) * sizeof(float));
+    const Tensor out32(wide.data(), DType::f32, Device::cuda, {B, T, C});
+    attention_block_forward(out32, lse, qkv, qkv, all, all, NH, NKV, segments);
+    return convert(out, out32);
+  }
+  if (segments.data) {  // the document mask on the CPU
     expect_segments(op, segments, B, T);
     return op.run(dispatch::Kernels{LLMTRAIN_CPU_KERNEL(flash_attention_forward), dispatch::NoKernel{}}, act,
                   [&](auto v) {
@@ -145,6 +156,23 @@ void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tens
   op.expect("qkv", qkv, act, {B, T, width});
   op.expect("dqkv", dqkv, act, {B, T, width});
   op.expect("lse", lse, DType::f32, {B, NH, T});
+  if (segments.data && qkv.device == Device::cuda) {  // as the forward: the block kernels, fp32 gradients
+    expect_segments(op, segments, B, T);
+    const Chunks all{as_int(T), 0};
+    if (act == DType::f32) {
+      if (dqkv_mode == Accumulate::no) zero(dqkv);
+      return attention_block_backward(dqkv, dqkv, dout, qkv, out, lse, qkv, all, all, NH, NKV, segments);
+    }
+    const Buffer wide(Device::cuda, std::size_t(dqkv.numel()) * sizeof(float));
+    const Tensor dqkv32(wide.data(), DType::f32, Device::cuda, {B, T, width});
+    if (dqkv_mode == Accumulate::yes) {
+      convert(dqkv32, dqkv);
+    } else {
+      zero(dqkv32);
+    }
+    attention_block_backward(dqkv32, dqkv32, dout, qkv, out, lse, qkv, all, all, NH, NKV, segments);
+    return convert(dqkv, dqkv32);
+  }
   if (segments.data) {
     expect_segments(op, segments, B, T);
     return op.run(dispatch::Kernels{LLMTRAIN_CPU_KERNEL(flash_attention_backward), dispatch::NoKernel{}}, act,
