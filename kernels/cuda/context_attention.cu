@@ -36,7 +36,9 @@ __device__ __forceinline__ int seen_in_chunk(const kernels::Chunks& at, int i, i
   return max(0, min(at.len, p - start + 1));
 }
 __device__ __forceinline__ int chunk_count(const kernels::Chunks& at) { return at.second >= 0 ? 2 : 1; }
-__device__ __forceinline__ int chunk_start(const kernels::Chunks& at, int i) { return (i == 0 ? at.first : at.second) * at.len; }
+__device__ __forceinline__ int chunk_start(const kernels::Chunks& at, int i) {
+  return (i == 0 ? at.first : at.second) * at.len;
+}
 
 struct Shape {
   int B, Tq, Tk, NH, HS, group;

@@ -32,8 +32,12 @@ namespace {
 __device__ __forceinline__ int chunk_start(const kernels::Chunks& at, int i) {
   return (i == 0 ? at.first : at.second) * at.len;
 }
-__device__ __forceinline__ int chunk_count(const kernels::Chunks& at) { return at.second >= 0 ? 2 : 1; }
-__device__ __forceinline__ int tiles_of(int len, int rows) { return (len + rows - 1) / rows; }
+__device__ __forceinline__ int chunk_count(const kernels::Chunks& at) {
+  return at.second >= 0 ? 2 : 1;
+}
+__device__ __forceinline__ int tiles_of(int len, int rows) {
+  return (len + rows - 1) / rows;
+}
 // The keys of chunk i of `at` that position p sees (a prefix of the chunk).
 __device__ __forceinline__ int seen_keys(const kernels::Chunks& at, int i, int p) {
   return max(0, min(at.len, p - chunk_start(at, i) + 1));
@@ -41,14 +45,19 @@ __device__ __forceinline__ int seen_keys(const kernels::Chunks& at, int i, int p
 
 // The segment id of position p of sequence b; the first and the last position of its document
 // (binary searches: the ids are nondecreasing).
-__device__ __forceinline__ int seg_at(const BlockShape& s, int b, int p) { return s.seg[std::int64_t(b) * s.T + p]; }
+__device__ __forceinline__ int seg_at(const BlockShape& s, int b, int p) {
+  return s.seg[std::int64_t(b) * s.T + p];
+}
 __device__ __forceinline__ int doc_first(const BlockShape& s, int b, int p) {
   const std::int32_t* row = s.seg + std::int64_t(b) * s.T;
   const int v = row[p];
   int lo = 0, hi = p;
   while (lo < hi) {
     const int mid = (lo + hi) / 2;
-    if (row[mid] < v) lo = mid + 1; else hi = mid;
+    if (row[mid] < v)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return lo;
 }
@@ -58,7 +67,10 @@ __device__ __forceinline__ int doc_last(const BlockShape& s, int b, int p) {
   int lo = p, hi = s.T - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (row[mid] > v) hi = mid - 1; else lo = mid;
+    if (row[mid] > v)
+      hi = mid - 1;
+    else
+      lo = mid;
   }
   return lo;
 }
@@ -110,10 +122,12 @@ __device__ __forceinline__ bool seen(const BlockShape& s, int b, int kp, int kr,
 // Loads key tile `step` of qt (K and V of kv head kvh, sequence b) into buffer `buffer`.
 template <int HS, int ROWS, int BK>
 __device__ __forceinline__ void load_key_tile(bf16* k_s, bf16* v_s, const bf16* kv, const BlockShape& s,
-                                              const QueryTile<ROWS, BK>& qt, int b, int kvh, int step, int buffer) {
+                                              const QueryTile<ROWS, BK>& qt, int b, int kvh, int step,
+                                              int buffer) {
   constexpr int S = HS + kTcPad;
   const int kc = qt.key_chunk(step);
-  const bf16* rows = kv + (std::int64_t(b) * s.Tk + std::int64_t(kc) * s.k_at.len) * s.ld + std::int64_t(kvh) * HS;
+  const bf16* rows =
+      kv + (std::int64_t(b) * s.Tk + std::int64_t(kc) * s.k_at.len) * s.ld + std::int64_t(kvh) * HS;
   tc_load_tile<BK, HS>(k_s + buffer * BK * S, rows + s.k_col, s.ld, qt.key_row0(step, BK), s.k_at.len);
   tc_load_tile<BK, HS>(v_s + buffer * BK * S, rows + s.v_col, s.ld, qt.key_row0(step, BK), s.k_at.len);
 }
@@ -146,20 +160,22 @@ __global__ void __launch_bounds__(kTcThreads)
   constexpr int BR = kTcRows, BC = kTcCols, S = HS + kTcPad, KD = HS / 16, NT = BC / 8, DT = HS / 8;
   extern __shared__ float4 smem[];
   bf16* q_s = reinterpret_cast<bf16*>(smem);  // (BR, S)
-  bf16* k_s = q_s + BR * S;                    // 2 x (BC, S)
-  bf16* v_s = k_s + 2 * BC * S;                // 2 x (BC, S)
+  bf16* k_s = q_s + BR * S;                   // 2 x (BC, S)
+  bf16* v_s = k_s + 2 * BC * S;               // 2 x (BC, S)
 
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
   const int h = blockIdx.y, b = blockIdx.z, kvh = h / (s.NH / s.NKV), C = s.NH * HS;
   const QueryTile<BR, BC> qt(s, blockIdx.x, b);
   const int n_steps = qt.n_steps();
-  tc_load_tile<BR, HS>(q_s, qkv + (std::int64_t(b) * s.Tq + qt.chunk * s.q_at.len) * s.QKV + std::int64_t(h) * HS,
+  tc_load_tile<BR, HS>(q_s,
+                       qkv + (std::int64_t(b) * s.Tq + qt.chunk * s.q_at.len) * s.QKV + std::int64_t(h) * HS,
                        s.QKV, qt.t0, s.q_at.len);
   if (n_steps > 0) load_key_tile<HS>(k_s, v_s, kv, s, qt, b, kvh, 0, 0);
   tc::cp_async_commit();
 
   const int row_p = qt.p0 + warp * 16 + g;  // positions of this thread's rows: row_p and row_p + 8
-  const int seg_lo = row_segment(s, b, qt.t0 + warp * 16 + g, row_p), seg_hi = row_segment(s, b, qt.t0 + warp * 16 + g + 8, row_p + 8);
+  const int seg_lo = row_segment(s, b, qt.t0 + warp * 16 + g, row_p),
+            seg_hi = row_segment(s, b, qt.t0 + warp * 16 + g + 8, row_p + 8);
   std::uint32_t qf[KD][4];
   float o[DT][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
@@ -192,7 +208,7 @@ __global__ void __launch_bounds__(kTcThreads)
           const int c = j * 8 + 2 * t + e;
           float& x = sc[j][2 * hh + e];
           x = (!masked || seen(s, b, kp0 + c, j0 + c, qp, hh == 0 ? seg_lo : seg_hi)) ? x * s.score_scale
-                                                                                       : -INFINITY;
+                                                                                      : -INFINITY;
           row_max = fmaxf(row_max, x);
         }
       }
@@ -232,22 +248,25 @@ __global__ void __launch_bounds__(kTcThreads)
     float* o_row = out + (std::int64_t(b) * s.Tq + local) * C + std::int64_t(h) * HS;
 #pragma unroll
     for (int d = 0; d < DT; ++d) {
-      *reinterpret_cast<float2*>(o_row + d * 8 + 2 * t) = make_float2(o[d][2 * hh] * inv_l, o[d][2 * hh + 1] * inv_l);
+      *reinterpret_cast<float2*>(o_row + d * 8 + 2 * t) =
+          make_float2(o[d][2 * hh] * inv_l, o[d][2 * hh + 1] * inv_l);
     }
     if (t == 0) {
-      lse[(std::int64_t(b) * s.NH + h) * s.Tq + local] = row_l > 0.0f ? (m[hh] + log2f(row_l)) * kLn2 : -INFINITY;
+      lse[(std::int64_t(b) * s.NH + h) * s.Tq + local] =
+          row_l > 0.0f ? (m[hh] + log2f(row_l)) * kLn2 : -INFINITY;
     }
   }
 }
 
 // D (B,NH,Tq) = rowsum(dout out): one warp per (b, t, h) row of HS elements.
-__global__ void block_dot_kernel(float* D, const bf16* dout, const bf16* out, std::int64_t rows, int Tq, int NH,
-                                 int HS) {
+__global__ void block_dot_kernel(float* D, const bf16* dout, const bf16* out, std::int64_t rows, int Tq,
+                                 int NH, int HS) {
   const std::int64_t row = (std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = int(threadIdx.x) % 32;
   if (row >= rows) return;  // whole warps only
   float sum = 0.0f;
-  for (int d = lane; d < HS; d += 32) sum += __bfloat162float(dout[row * HS + d]) * __bfloat162float(out[row * HS + d]);
+  for (int d = lane; d < HS; d += 32)
+    sum += __bfloat162float(dout[row * HS + d]) * __bfloat162float(out[row * HS + d]);
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   if (lane == 0) {
@@ -259,14 +278,14 @@ __global__ void block_dot_kernel(float* D, const bf16* dout, const bf16* out, st
 // Grid (query tiles, NH, B), as the forward: dq += scale dS K over the key tiles the rows reach.
 template <int HS, int BK>
 __global__ void __launch_bounds__(kTcThreads)
-    block_dq_tc_kernel(float* dq, const bf16* dout, const bf16* qkv, const float* lse, const float* D, const bf16* kv,
-                       BlockShape s) {
+    block_dq_tc_kernel(float* dq, const bf16* dout, const bf16* qkv, const float* lse, const float* D,
+                       const bf16* kv, BlockShape s) {
   constexpr int BQ = kTcRows, S = HS + kTcPad, KD = HS / 16, NT = BK / 8, DT = HS / 8;
   extern __shared__ float4 smem[];
   bf16* q_s = reinterpret_cast<bf16*>(smem);  // (BQ, S)
-  bf16* do_s = q_s + BQ * S;                   // (BQ, S)
-  bf16* k_s = do_s + BQ * S;                   // 2 x (BK, S)
-  bf16* v_s = k_s + 2 * BK * S;                // 2 x (BK, S)
+  bf16* do_s = q_s + BQ * S;                  // (BQ, S)
+  bf16* k_s = do_s + BQ * S;                  // 2 x (BK, S)
+  bf16* v_s = k_s + 2 * BK * S;               // 2 x (BK, S)
 
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
   const int h = blockIdx.y, b = blockIdx.z, kvh = h / (s.NH / s.NKV), C = s.NH * HS;
@@ -280,7 +299,8 @@ __global__ void __launch_bounds__(kTcThreads)
   tc::cp_async_commit();
 
   const int row_p = qt.p0 + warp * 16 + g;
-  const int seg_lo = row_segment(s, b, qt.t0 + warp * 16 + g, row_p), seg_hi = row_segment(s, b, qt.t0 + warp * 16 + g + 8, row_p + 8);
+  const int seg_lo = row_segment(s, b, qt.t0 + warp * 16 + g, row_p),
+            seg_hi = row_segment(s, b, qt.t0 + warp * 16 + g + 8, row_p + 8);
   float row_lse[2], row_d[2];  // lse in log2 units and D of this thread's rows
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
@@ -321,7 +341,8 @@ __global__ void __launch_bounds__(kTcThreads)
     tc_accumulate_product<HS, BK, S>(acc, dp, kb);  // dQ += dS K
     __syncthreads();
   }
-  add_rows_f32<HS>(dq + row0 * s.QKV + std::int64_t(h) * HS, s.QKV, acc, qt.t0 + warp * 16 + g, s.q_at.len, s.scale);
+  add_rows_f32<HS>(dq + row0 * s.QKV + std::int64_t(h) * HS, s.QKV, acc, qt.t0 + warp * 16 + g, s.q_at.len,
+                   s.scale);
 }
 
 // Grid (key tiles of both chunks, NKV, B): dK, dV of 64 keys over the query tiles, of every head
@@ -332,10 +353,10 @@ __global__ void __launch_bounds__(kTcThreads)
                          const bf16* kv, BlockShape s) {
   constexpr int BK = kTcRows, S = HS + kTcPad, KD = HS / 16, NT = BQ / 8, DT = HS / 8;
   extern __shared__ float4 smem[];
-  bf16* k_s = reinterpret_cast<bf16*>(smem);  // (BK, S)
-  bf16* v_s = k_s + BK * S;                    // (BK, S)
-  bf16* q_s = v_s + BK * S;                    // 2 x (BQ, S)
-  bf16* do_s = q_s + 2 * BQ * S;               // 2 x (BQ, S)
+  bf16* k_s = reinterpret_cast<bf16*>(smem);                   // (BK, S)
+  bf16* v_s = k_s + BK * S;                                    // (BK, S)
+  bf16* q_s = v_s + BK * S;                                    // 2 x (BQ, S)
+  bf16* do_s = q_s + 2 * BQ * S;                               // 2 x (BQ, S)
   float* lse_s = reinterpret_cast<float*>(do_s + 2 * BQ * S);  // 2 x BQ, log2 units
   float* d_s = lse_s + 2 * BQ;                                 // 2 x BQ
 
@@ -356,7 +377,8 @@ __global__ void __launch_bounds__(kTcThreads)
     return tt < s.q_at.len && last >= tt ? last / BQ + 1 - first : 0;
   };
   int first0, first1;
-  const int count0 = tiles_from(0, first0), per_head = count0 + tiles_from(1, first1), n_iter = group * per_head;
+  const int count0 = tiles_from(0, first0), per_head = count0 + tiles_from(1, first1),
+            n_iter = group * per_head;
   if (n_iter == 0) return;
   // Iteration i: query head kvh group + i / per_head; its query tile i % per_head, chunk 0's first.
   const auto tile_of = [&](int i, int& h, int& ci, int& q0) {
@@ -369,12 +391,14 @@ __global__ void __launch_bounds__(kTcThreads)
     int h, ci, q0;
     tile_of(i, h, ci, q0);
     const std::int64_t row0 = std::int64_t(b) * s.Tq + std::int64_t(ci) * s.q_at.len;
-    tc_load_tile<BQ, HS>(q_s + buffer * BQ * S, qkv + row0 * s.QKV + std::int64_t(h) * HS, s.QKV, q0, s.q_at.len);
+    tc_load_tile<BQ, HS>(q_s + buffer * BQ * S, qkv + row0 * s.QKV + std::int64_t(h) * HS, s.QKV, q0,
+                         s.q_at.len);
     tc_load_tile<BQ, HS>(do_s + buffer * BQ * S, dout + row0 * C + std::int64_t(h) * HS, C, q0, s.q_at.len);
     const std::int64_t at = (std::int64_t(b) * s.NH + h) * s.Tq + std::int64_t(ci) * s.q_at.len;
     tc_load_row_values<BQ>(lse_s + buffer * BQ, d_s + buffer * BQ, lse + at, D + at, q0, s.q_at.len);
   };
-  const bf16* keys = kv + (std::int64_t(b) * s.Tk + std::int64_t(kc) * s.k_at.len) * s.ld + std::int64_t(kvh) * HS;
+  const bf16* keys =
+      kv + (std::int64_t(b) * s.Tk + std::int64_t(kc) * s.k_at.len) * s.ld + std::int64_t(kvh) * HS;
   tc_load_tile<BK, HS>(k_s, keys + s.k_col, s.ld, j0, s.k_at.len);
   tc_load_tile<BK, HS>(v_s, keys + s.v_col, s.ld, j0, s.k_at.len);
   load(0, 0);
@@ -422,7 +446,8 @@ __global__ void __launch_bounds__(kTcThreads)
     tc_accumulate_product<HS, BQ, S>(dk, dpt, qb);  // dK += dS^T Q
     __syncthreads();
   }
-  float* grads = dkv + (std::int64_t(b) * s.Tk + std::int64_t(kc) * s.k_at.len) * s.ld + std::int64_t(kvh) * HS;
+  float* grads =
+      dkv + (std::int64_t(b) * s.Tk + std::int64_t(kc) * s.k_at.len) * s.ld + std::int64_t(kvh) * HS;
   add_rows_f32<HS>(grads + s.k_col, s.ld, dk, key_r, s.k_at.len, s.scale);
   add_rows_f32<HS>(grads + s.v_col, s.ld, dv, key_r, s.k_at.len, 1.0f);
 }
@@ -430,8 +455,8 @@ __global__ void __launch_bounds__(kTcThreads)
 }  // namespace
 
 template <int HS>
-void block_forward_tc_launch(float* out, float* lse, const bf16* qkv, const bf16* kv, int B, const BlockShape& s,
-                             cudaStream_t stream) {
+void block_forward_tc_launch(float* out, float* lse, const bf16* qkv, const bf16* kv, int B,
+                             const BlockShape& s, cudaStream_t stream) {
   constexpr std::size_t smem = tc_tile_bytes(kTcRows, HS) + 4 * tc_tile_bytes(kTcCols, HS);
   static_assert(smem <= max_shared_bytes, "context attention forward: tiles too large for shared memory");
   auto* kernel = block_forward_tc_kernel<HS>;
@@ -443,17 +468,19 @@ void block_forward_tc_launch(float* out, float* lse, const bf16* qkv, const bf16
 
 template <int HS>
 void block_backward_tc_launch(float* dq, float* dkv, const bf16* dout, const bf16* qkv, const bf16* out,
-                              const float* lse, const bf16* kv, int B, const BlockShape& s, cudaStream_t stream) {
+                              const float* lse, const bf16* kv, int B, const BlockShape& s,
+                              cudaStream_t stream) {
   constexpr int cols = HS == 128 ? 32 : 64;  // streamed rows per step, as the flash backward's
   const std::int64_t rows = std::int64_t(B) * s.Tq * s.NH;
   const StreamScratch scratch(std::size_t(rows) * sizeof(float), stream);
   float* D = scratch.at<float>();
   constexpr int dot_block = 256;
-  block_dot_kernel<<<unsigned((rows * 32 + dot_block - 1) / dot_block), dot_block, 0, stream>>>(D, dout, out, rows,
-                                                                                                s.Tq, s.NH, HS);
+  block_dot_kernel<<<unsigned((rows * 32 + dot_block - 1) / dot_block), dot_block, 0, stream>>>(
+      D, dout, out, rows, s.Tq, s.NH, HS);
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
   {
-    constexpr std::size_t smem = 2 * tc_tile_bytes(kTcRows, HS) + 4 * tc_tile_bytes(cols, HS) + 4 * cols * sizeof(float);
+    constexpr std::size_t smem =
+        2 * tc_tile_bytes(kTcRows, HS) + 4 * tc_tile_bytes(cols, HS) + 4 * cols * sizeof(float);
     static_assert(smem <= max_shared_bytes, "context attention dK/dV: tiles too large for shared memory");
     auto* kernel = block_dkdv_tc_kernel<HS, cols>;
     allow_shared_memory(kernel, smem);
@@ -476,9 +503,9 @@ template void block_forward_tc_launch<64>(float*, float*, const bf16*, const bf1
                                           cudaStream_t);
 template void block_forward_tc_launch<128>(float*, float*, const bf16*, const bf16*, int, const BlockShape&,
                                            cudaStream_t);
-template void block_backward_tc_launch<64>(float*, float*, const bf16*, const bf16*, const bf16*, const float*,
-                                           const bf16*, int, const BlockShape&, cudaStream_t);
-template void block_backward_tc_launch<128>(float*, float*, const bf16*, const bf16*, const bf16*, const float*,
-                                            const bf16*, int, const BlockShape&, cudaStream_t);
+template void block_backward_tc_launch<64>(float*, float*, const bf16*, const bf16*, const bf16*,
+                                           const float*, const bf16*, int, const BlockShape&, cudaStream_t);
+template void block_backward_tc_launch<128>(float*, float*, const bf16*, const bf16*, const bf16*,
+                                            const float*, const bf16*, int, const BlockShape&, cudaStream_t);
 
 }  // namespace llmtrain::cuda::flash
