@@ -165,3 +165,28 @@ TEST_CASE("this build's cuDNN probe answers, with a reason when it says no", "[m
   CHECK(available == why.empty());
   CHECK_FALSE(probe->version().empty());
 }
+
+TEST_CASE("attention on the GPU with context parallelism or document masks: flash for auto, cudnn refused",
+          "[model][attention]") {
+  for (const char* extra : {R"("dist": {"context_parallel": 2})", R"("data": {"document_mask": true})"}) {
+    CAPTURE(extra);
+    const auto with = [&](const char* attention) {
+      return config::parse_config(std::string(R"({"model": {"attention": ")") + attention +
+                                      R"(", "context_length": 256, "d_model": 512, "n_head": 8},
+                                      "train": {"micro_batch_size": 4, "global_batch_size": 8, "precision": "bf16"},
+                                      )" + extra + "}",
+                                  "test.json");
+    };
+    FakeProbe probe;
+    const auto c = model::resolve_attention(with("auto"), Device::cuda, probe);
+    CHECK(c.kernels == AttentionKernels::flash);
+    CHECK(c.reason.find("cuDNN cannot take") != std::string::npos);
+    CHECK(probe.available_calls == 0);
+    try {
+      model::resolve_attention(with("cudnn"), Device::cuda, probe);
+      FAIL("cudnn was accepted");
+    } catch (const InputError& e) {
+      CHECK(std::string(e.what()).find("model.attention: \"cudnn\" cannot take") != std::string::npos);
+    }
+  }
+}

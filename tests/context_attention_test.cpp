@@ -6,6 +6,7 @@
 // columns against its definition. [cuda]: the GPU kernels of each piece against the CPU's.
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -240,6 +241,105 @@ TEST_CASE("cuda context attention: block forward and backward, the merge and the
     require_close("qkv_join", d_joined.to_host(), joined, tol);
     for (const auto* a : {&d_qkv, &d_kv, &d_out, &d_lse, &d_part, &d_part_lse, &d_dq, &d_dkv, &d_joined}) {
       require_guards("context attention", *a);
+    }
+  }
+}
+
+TEST_CASE("cuda context attention on tensor cores: n ranks' bf16 blocks, merged, give one-rank flash attention",
+          "[cuda][ops][context]") {
+  std::string why;
+  if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
+  // bf16 inputs (the reference reads the same rounded values in fp32); the device rounds P and dS
+  // to bf16 for the products, and the backward reads the merged out rounded to bf16.
+  constexpr double tol = 2e-2;
+  struct Case {
+    int B, len, NH, NKV, HS, n;  // len: rows per chunk (T = 2 n len)
+  };
+  // Chunks of 72 rows: two query and key tiles of 64 per chunk, the second partial; 40 and 24:
+  // one partial tile. GQA (NKV < NH) everywhere.
+  for (const Case c : {Case{1, 72, 4, 2, 64, 2}, Case{2, 24, 4, 1, 64, 4}, Case{1, 40, 2, 1, 128, 2},
+                       Case{1, 24, 4, 2, 128, 4}}) {
+    const int B = c.B, n = c.n, T = 2 * n * c.len, NH = c.NH, NKV = c.NKV, HS = c.HS, C = NH * HS, KVC = NKV * HS;
+    const int W = C + 2 * KVC, Tl = T / n;
+    CAPTURE(B, T, NH, NKV, HS, n);
+    std::mt19937 rng(101 + T + HS);
+    Vec qkv = round_bf16(random_vec(rng, std::size_t(B) * T * W));
+    Vec dout = round_bf16(random_vec(rng, std::size_t(B) * T * C));
+    // The reference: one rank's CPU flash attention over the whole sequence.
+    Vec out_ref(std::size_t(B) * T * C), lse_ref(std::size_t(B) * NH * T), dqkv_ref(qkv.size());
+    ops::flash_attention_forward(t(out_ref, {B, T, C}), t(lse_ref, {B, NH, T}), t(qkv, {B, T, W}), NH, NKV);
+    ops::flash_attention_backward(t(dqkv_ref, {B, T, W}), t(dout, {B, T, C}), t(qkv, {B, T, W}), t(out_ref, {B, T, C}),
+                                  t(lse_ref, {B, NH, T}), NH, NKV);
+    // lse (B,NH,T) rows of rank r: positions as (B,NH,T) with width 1 per (b, h) sequence.
+    const auto lse_rows = [&](const Vec& whole, ops::Chunks at) { return rows_of(whole, B * NH, T, 1, at); };
+
+    std::vector<std::unique_ptr<DeviceArray<Bf16>>> d_qkv, d_dout, d_kv;
+    std::vector<std::unique_ptr<DeviceArray<float>>> d_out, d_lse;
+    for (int r = 0; r < n; ++r) {
+      const ops::Chunks me = rank_chunks(r, n, T);
+      d_qkv.push_back(std::make_unique<DeviceArray<Bf16>>(to_bf16(rows_of(qkv, B, T, W, me))));
+      d_dout.push_back(std::make_unique<DeviceArray<Bf16>>(to_bf16(rows_of(dout, B, T, C, me))));
+      d_kv.push_back(std::make_unique<DeviceArray<Bf16>>(std::vector<Bf16>(std::size_t(B) * Tl * 2 * KVC)));
+      ops::kv_pack(d_kv[r]->tensor({B, Tl, 2 * KVC}), d_qkv[r]->tensor({B, Tl, W}), NH, NKV);
+    }
+    // Forward: the own block (packed in qkv itself), then the others in ring order, merged.
+    for (int r = 0; r < n; ++r) {
+      const ops::Chunks me = rank_chunks(r, n, T);
+      d_out.push_back(std::make_unique<DeviceArray<float>>(nan_values(std::size_t(B) * Tl * C)));
+      d_lse.push_back(std::make_unique<DeviceArray<float>>(nan_values(std::size_t(B) * NH * Tl)));
+      const Tensor out = d_out[r]->tensor({B, Tl, C}), lse = d_lse[r]->tensor({B, NH, Tl});
+      ops::attention_block_forward(out, lse, d_qkv[r]->tensor({B, Tl, W}), d_qkv[r]->tensor({B, Tl, W}), me, me, NH,
+                                   NKV);
+      for (int s = 1; s < n; ++s) {
+        const int j = (r + n - s) % n;
+        const DeviceArray<float> part(nan_values(std::size_t(B) * Tl * C)), part_lse(nan_values(std::size_t(B) * NH * Tl));
+        ops::attention_block_forward(part.tensor({B, Tl, C}), part_lse.tensor({B, NH, Tl}), d_qkv[r]->tensor({B, Tl, W}),
+                                     d_kv[j]->tensor({B, Tl, 2 * KVC}), me, rank_chunks(j, n, T), NH, NKV);
+        ops::attention_lse_merge(out, lse, part.tensor({B, Tl, C}), part_lse.tensor({B, NH, Tl}));
+      }
+      INFO("rank " << r);
+      require_close("out", d_out[r]->to_host(), rows_of(out_ref, B, T, C, me), tol);
+      require_close("lse", d_lse[r]->to_host(), lse_rows(lse_ref, me), 1e-3);
+    }
+    // Backward against the merged softmax: each rank adds into every block's key/value gradient
+    // (its own block's into its dq, which holds the packed qkv's columns).
+    std::vector<std::unique_ptr<DeviceArray<float>>> d_dq, d_dkv;
+    for (int r = 0; r < n; ++r) {
+      d_dq.push_back(std::make_unique<DeviceArray<float>>(Vec(std::size_t(B) * Tl * W, 0.0f)));
+      d_dkv.push_back(std::make_unique<DeviceArray<float>>(Vec(std::size_t(B) * Tl * 2 * KVC, 0.0f)));
+    }
+    for (int r = 0; r < n; ++r) {
+      const ops::Chunks me = rank_chunks(r, n, T);
+      const DeviceArray<Bf16> out_bf16(to_bf16(d_out[r]->to_host()));
+      for (int j = 0; j < n; ++j) {
+        const bool own = j == r;
+        ops::attention_block_backward(d_dq[r]->tensor({B, Tl, W}),
+                                      own ? d_dq[r]->tensor({B, Tl, W}) : d_dkv[j]->tensor({B, Tl, 2 * KVC}),
+                                      d_dout[r]->tensor({B, Tl, C}), d_qkv[r]->tensor({B, Tl, W}),
+                                      out_bf16.tensor({B, Tl, C}), d_lse[r]->tensor({B, NH, Tl}),
+                                      own ? d_qkv[r]->tensor({B, Tl, W}) : d_kv[j]->tensor({B, Tl, 2 * KVC}), me,
+                                      rank_chunks(j, n, T), NH, NKV);
+      }
+    }
+    for (int r = 0; r < n; ++r) {
+      const Vec dq = d_dq[r]->to_host(), dkv = d_dkv[r]->to_host();
+      const Vec want = rows_of(dqkv_ref, B, T, W, rank_chunks(r, n, T));
+      Vec got_q, got_k, got_v, want_q, want_k, want_v;
+      for (std::size_t row = 0; row < std::size_t(B) * Tl; ++row) {
+        for (int col = 0; col < W; ++col) {
+          const std::size_t i = row * W + col;
+          const float g = col < C ? dq[i] : dq[i] + dkv[row * 2 * KVC + (col - C)];
+          (col < C ? got_q : col < C + KVC ? got_k : got_v).push_back(g);
+          (col < C ? want_q : col < C + KVC ? want_k : want_v).push_back(want[i]);
+        }
+      }
+      INFO("rank " << r);
+      require_close("dQ", got_q, want_q, tol);
+      require_close("dK", got_k, want_k, tol);
+      require_close("dV", got_v, want_v, tol);
+    }
+    for (int r = 0; r < n; ++r) {
+      for (const auto* a : {d_out[r].get(), d_lse[r].get(), d_dq[r].get(), d_dkv[r].get()}) require_guards("cp", *a);
     }
   }
 }

@@ -3,14 +3,18 @@
 // same output and input gradient, with three or more documents a sequence, boundaries inside and
 // across the kernel's 64-row query blocks, a one-token document and grouped-query heads. Context
 // parallelism's block kernels with the whole sequences' ids, over 2 and 4 simulated ranks merged
-// by log-sum-exp, against flash attention with the mask.
+// by log-sum-exp, against flash attention with the mask. [cuda]: the GPU's block kernels with the
+// mask (CUDA cores in fp32, tensor cores in bf16 at head sizes 64 and 128) against the CPU's.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "catch_compat.h"
+#include "cuda_compare.h"
 #include "grad_check.h"
 #include "llmtrain/kernels/cpu.h"
 #include "ops/ops.h"
@@ -167,4 +171,158 @@ TEST_CASE("context attention with a document mask over 2 and 4 ranks is flash at
       CHECK(max_abs_diff(dqkv, rows_of(dqkv_ref, B, T, W, chunks(r))) < 1e-5);
     }
   }
+}
+
+namespace {
+
+// A device copy of a host array as the element type E reads it (bf16: rounded).
+template <class E>
+auto device_copy(const Vec& v) {
+  if constexpr (std::is_same_v<E, float>) {
+    return DeviceArray<float>(v);
+  } else {
+    return DeviceArray<Bf16>(to_bf16(v));
+  }
+}
+
+// A device array's values as floats (bf16 widened exactly).
+template <class A>
+Vec host_floats(const A& a) {
+  if constexpr (std::is_same_v<A, DeviceArray<float>>) {
+    return a.to_host();
+  } else {
+    return to_float(a.to_host());
+  }
+}
+
+// Rank 0 of 2 (chunks 0 and 3 of 72 rows: two 64-row tiles each, the second partial) against
+// its own block and rank 1's, with the document mask, on the device and on the CPU (the same
+// rounded inputs in fp32).
+template <class E>
+void check_document_blocks(int HS, double tol) {
+  const int B = 2, n = 2, len = 72, T = 2 * n * len, NH = 4, NKV = 2, C = NH * HS, KVC = NKV * HS, W = C + 2 * KVC;
+  const int Tl = T / n;
+  const bool fp32 = std::is_same_v<E, float>;
+  CAPTURE(HS, fp32);
+  // Boundaries inside tiles and chunks, a one-token document, one spanning chunks 0 to 2.
+  Ids seg = segments_of({{0, 5, 70, 150, 151, 230}, {0, 100, 217}}, T);
+  std::mt19937 rng(7 + HS);
+  const bool bf16 = !std::is_same_v<E, float>;
+  const auto maybe_round = [&](Vec v) { return bf16 ? round_bf16(v) : v; };
+  Vec qkv = maybe_round(random_vec(rng, std::size_t(B) * Tl * W)), other = maybe_round(random_vec(rng, std::size_t(B) * Tl * W));
+  Vec dout = maybe_round(random_vec(rng, std::size_t(B) * Tl * C));
+  const ops::Chunks me{len, 0, 3}, them{len, 1, 2};
+  Vec kv(std::size_t(B) * Tl * 2 * KVC);
+  ops::kv_pack(t(kv, {B, Tl, 2 * KVC}), t(other, {B, Tl, W}), NH, NKV);
+  // CPU: the own block and the other, merged; the backward of both.
+  Vec out(std::size_t(B) * Tl * C), lse(std::size_t(B) * NH * Tl), part(out.size()), part_lse(lse.size());
+  ops::attention_block_forward(t(out, {B, Tl, C}), t(lse, {B, NH, Tl}), t(qkv, {B, Tl, W}), t(qkv, {B, Tl, W}), me, me,
+                               NH, NKV, ti(seg, {B, T}));
+  ops::attention_block_forward(t(part, {B, Tl, C}), t(part_lse, {B, NH, Tl}), t(qkv, {B, Tl, W}), t(kv, {B, Tl, 2 * KVC}),
+                               me, them, NH, NKV, ti(seg, {B, T}));
+  const auto d_qkv = device_copy<E>(qkv), d_kv = device_copy<E>(kv), d_dout = device_copy<E>(dout);
+  const DeviceArray<std::int32_t> d_seg(seg);
+  const Vec nan(out.size(), std::numeric_limits<float>::quiet_NaN()), nan_lse(lse.size(), std::numeric_limits<float>::quiet_NaN());
+  const DeviceArray<float> g_out(nan), g_lse(nan_lse), g_part(nan), g_part_lse(nan_lse);
+  ops::attention_block_forward(g_out.tensor({B, Tl, C}), g_lse.tensor({B, NH, Tl}), d_qkv.tensor({B, Tl, W}),
+                               d_qkv.tensor({B, Tl, W}), me, me, NH, NKV, d_seg.tensor({B, T}));
+  ops::attention_block_forward(g_part.tensor({B, Tl, C}), g_part_lse.tensor({B, NH, Tl}), d_qkv.tensor({B, Tl, W}),
+                               d_kv.tensor({B, Tl, 2 * KVC}), me, them, NH, NKV, d_seg.tensor({B, T}));
+  require_close("own block out", g_out.to_host(), out, tol);
+  require_close("own block lse", g_lse.to_host(), lse, 1e-4);
+  require_close("other block out", g_part.to_host(), part, tol);
+  const Vec got_lse = g_part_lse.to_host();
+  std::size_t unseen = 0;
+  for (std::size_t i = 0; i < lse.size(); ++i) {
+    if (std::isinf(part_lse[i])) {
+      ++unseen;
+      CHECK(std::isinf(got_lse[i]));
+    } else {
+      CHECK(std::abs(got_lse[i] - part_lse[i]) < 1e-4 * std::max(1.0f, std::abs(part_lse[i])));
+    }
+  }
+  CHECK(unseen > 0);  // rows whose document starts after every key of the other block
+  ops::attention_lse_merge(t(out, {B, Tl, C}), t(lse, {B, NH, Tl}), t(part, {B, Tl, C}), t(part_lse, {B, NH, Tl}));
+  ops::attention_lse_merge(g_out.tensor({B, Tl, C}), g_lse.tensor({B, NH, Tl}), g_part.tensor({B, Tl, C}),
+                           g_part_lse.tensor({B, NH, Tl}));
+  Vec out_in = maybe_round(out);  // the backward reads the merged out in the activations' type
+  const auto d_out_in = device_copy<E>(out_in);
+  Vec dq(qkv.size(), 0.0f), dkv(kv.size(), 0.0f);
+  ops::attention_block_backward(t(dq, {B, Tl, W}), t(dq, {B, Tl, W}), t(dout, {B, Tl, C}), t(qkv, {B, Tl, W}),
+                                t(out_in, {B, Tl, C}), t(lse, {B, NH, Tl}), t(qkv, {B, Tl, W}), me, me, NH, NKV,
+                                ti(seg, {B, T}));
+  ops::attention_block_backward(t(dq, {B, Tl, W}), t(dkv, {B, Tl, 2 * KVC}), t(dout, {B, Tl, C}), t(qkv, {B, Tl, W}),
+                                t(out_in, {B, Tl, C}), t(lse, {B, NH, Tl}), t(kv, {B, Tl, 2 * KVC}), me, them, NH, NKV,
+                                ti(seg, {B, T}));
+  const DeviceArray<float> g_dq(Vec(dq.size(), 0.0f)), g_dkv(Vec(dkv.size(), 0.0f));
+  ops::attention_block_backward(g_dq.tensor({B, Tl, W}), g_dq.tensor({B, Tl, W}), d_dout.tensor({B, Tl, C}),
+                                d_qkv.tensor({B, Tl, W}), d_out_in.tensor({B, Tl, C}), g_lse.tensor({B, NH, Tl}),
+                                d_qkv.tensor({B, Tl, W}), me, me, NH, NKV, d_seg.tensor({B, T}));
+  ops::attention_block_backward(g_dq.tensor({B, Tl, W}), g_dkv.tensor({B, Tl, 2 * KVC}), d_dout.tensor({B, Tl, C}),
+                                d_qkv.tensor({B, Tl, W}), d_out_in.tensor({B, Tl, C}), g_lse.tensor({B, NH, Tl}),
+                                d_kv.tensor({B, Tl, 2 * KVC}), me, them, NH, NKV, d_seg.tensor({B, T}));
+  require_close("dq (own block's dk, dv included)", g_dq.to_host(), dq, tol);
+  require_close("other block's dkv", g_dkv.to_host(), dkv, tol);
+}
+
+}  // namespace
+
+TEST_CASE("cuda context attention with a document mask: the GPU's block kernels match the cpu",
+          "[cuda][ops][context][documents]") {
+  std::string why;
+  if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
+  SECTION("fp32, CUDA cores") { check_document_blocks<float>(16, 1e-4); }
+  SECTION("bf16 head size 64, tensor cores") { check_document_blocks<Bf16>(64, 1e-2); }
+  SECTION("bf16 head size 128, tensor cores") { check_document_blocks<Bf16>(128, 1e-2); }
+}
+
+namespace {
+
+// Flash attention with the document mask on the device (through the block kernels) against the
+// CPU's, in E's precision: out, lse and dqkv (written, then accumulated once more).
+template <class E>
+void check_document_flash(int HS, double tol) {
+  const int B = 2, T = 150, NH = 4, NKV = 2, C = NH * HS, W = C + 2 * NKV * HS;
+  const bool fp32 = std::is_same_v<E, float>;
+  CAPTURE(HS, fp32);
+  Ids seg = segments_of({{0, 5, 70, 71, 130}, {0, 100}}, T);
+  std::mt19937 rng(3 + HS);
+  const bool bf16 = !std::is_same_v<E, float>;
+  const auto maybe_round = [&](Vec v) { return bf16 ? round_bf16(v) : v; };
+  Vec qkv = maybe_round(random_vec(rng, std::size_t(B) * T * W)), dout = maybe_round(random_vec(rng, std::size_t(B) * T * C));
+  Vec out(std::size_t(B) * T * C), lse(std::size_t(B) * NH * T), dqkv(qkv.size());
+  ops::flash_attention_forward(t(out, {B, T, C}), t(lse, {B, NH, T}), t(qkv, {B, T, W}), NH, NKV,
+                               ops::AttentionKernels::flash, ti(seg, {B, T}));
+  out = maybe_round(out);
+  ops::flash_attention_backward(t(dqkv, {B, T, W}), t(dout, {B, T, C}), t(qkv, {B, T, W}), t(out, {B, T, C}),
+                                t(lse, {B, NH, T}), NH, NKV, ops::AttentionKernels::flash, ops::Accumulate::no,
+                                ti(seg, {B, T}));
+  const auto d_qkv = device_copy<E>(qkv), d_dout = device_copy<E>(dout);
+  const auto g_out = device_copy<E>(Vec(out.size(), std::numeric_limits<float>::quiet_NaN()));
+  const auto g_dqkv = device_copy<E>(Vec(qkv.size(), std::numeric_limits<float>::quiet_NaN()));
+  const DeviceArray<float> g_lse(Vec(lse.size(), std::numeric_limits<float>::quiet_NaN()));
+  const DeviceArray<std::int32_t> d_seg(seg);
+  ops::flash_attention_forward(g_out.tensor({B, T, C}), g_lse.tensor({B, NH, T}), d_qkv.tensor({B, T, W}), NH, NKV,
+                               ops::AttentionKernels::flash, d_seg.tensor({B, T}));
+  require_close("out", host_floats(g_out), out, tol);
+  require_close("lse", g_lse.to_host(), lse, 1e-4);
+  ops::flash_attention_backward(g_dqkv.tensor({B, T, W}), d_dout.tensor({B, T, C}), d_qkv.tensor({B, T, W}),
+                                g_out.tensor({B, T, C}), g_lse.tensor({B, NH, T}), NH, NKV, ops::AttentionKernels::flash,
+                                ops::Accumulate::no, d_seg.tensor({B, T}));
+  require_close("dqkv", host_floats(g_dqkv), dqkv, tol);
+  ops::flash_attention_backward(g_dqkv.tensor({B, T, W}), d_dout.tensor({B, T, C}), d_qkv.tensor({B, T, W}),
+                                g_out.tensor({B, T, C}), g_lse.tensor({B, NH, T}), NH, NKV, ops::AttentionKernels::flash,
+                                ops::Accumulate::yes, d_seg.tensor({B, T}));
+  Vec twice = dqkv;
+  for (float& x : twice) x *= 2.0f;
+  require_close("dqkv accumulated", host_floats(g_dqkv), twice, tol);
+}
+
+}  // namespace
+
+TEST_CASE("cuda flash attention with a document mask matches the cpu", "[cuda][ops][flash][documents]") {
+  std::string why;
+  if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
+  SECTION("fp32") { check_document_flash<float>(16, 1e-4); }
+  SECTION("bf16 head size 64, tensor cores") { check_document_flash<Bf16>(64, 2e-2); }
 }

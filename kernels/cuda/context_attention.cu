@@ -1,15 +1,19 @@
 // Context parallelism's attention pieces on the GPU (the CPU twins: cpu/context_attention.cpp):
 // queries against one block of keys and values at their true positions in the sequence, the
 // backward of that block against the merged softmax, the log-sum-exp merge of two blocks'
-// results, and the packing of key/value columns. Straightforward kernels, one warp per query row
+// results, and the packing of key/value columns. bf16 with head sizes 64 and 128 and 16-byte
+// aligned tensors run on tensor cores (context_attention_tc.cu: the flash-attention kernels with
+// positions, tiled, fully masked tiles skipped, deterministic). Everything else (fp32, other head
+// sizes, unaligned tensors) runs the straightforward kernels here, one warp per query row
 // (forward, dQ) or per key (dK, dV: every query row that sees the key, in order, so the sums are
-// deterministic without atomics); the lanes split the head's channels, and an online softmax keeps
-// no score row. Correct first: the block exchange, not these, is what context parallelism adds;
-// a tiled tensor-core version can follow the flash-attention kernels.
+// deterministic without atomics); the lanes split the head's channels, and an online softmax
+// keeps no score row.
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "cuda_check.h"
+#include "flash_attention_tiles.cuh"
 #include "instantiate.cuh"
 #include "launch.cuh"
 #include "llmtrain/kernels/cuda.h"
@@ -32,6 +36,9 @@ __device__ __forceinline__ int seen_in_chunk(const kernels::Chunks& at, int i, i
   return max(0, min(at.len, p - start + 1));
 }
 __device__ __forceinline__ int chunk_count(const kernels::Chunks& at) { return at.second >= 0 ? 2 : 1; }
+__device__ __forceinline__ int chunk_start(const kernels::Chunks& at, int i) {
+  return (i == 0 ? at.first : at.second) * at.len;
+}
 
 struct Shape {
   int B, Tq, Tk, NH, HS, group;
@@ -39,9 +46,19 @@ struct Shape {
   float scale;
 };
 
+// The document mask: seg (B,T) the whole sequences' segment ids (null: none); a key is seen only
+// by the queries of its document.
+struct Doc {
+  const std::int32_t* seg;
+  int T;
+  __device__ __forceinline__ bool apart(int b, int qp, int kp) const {
+    return seg != nullptr && seg[std::int64_t(b) * T + qp] != seg[std::int64_t(b) * T + kp];
+  }
+};
+
 template <class Elem>
 __global__ void block_forward_kernel(float* out, float* lse, const Elem* qkv, const Elem* kv, Shape s,
-                                     kernels::Chunks q_at, kernels::Chunks k_at) {
+                                     kernels::Chunks q_at, kernels::Chunks k_at, Doc doc) {
   const int lane = threadIdx.x % warp_size, per = (s.HS + warp_size - 1) / warp_size;
   const std::int64_t rows = std::int64_t(s.B) * s.NH * s.Tq, C = std::int64_t(s.NH) * s.HS;
   for (std::int64_t row = std::int64_t(blockIdx.x) * warps_per_block + threadIdx.x / warp_size; row < rows;
@@ -59,6 +76,7 @@ __global__ void block_forward_kernel(float* out, float* lse, const Elem* qkv, co
     for (int ci = 0; ci < chunk_count(k_at); ++ci) {
       const int seen = seen_in_chunk(k_at, ci, p);
       for (int j = 0; j < seen; ++j) {
+        if (doc.apart(b, p, chunk_start(k_at, ci) + j)) continue;
         const std::int64_t key = (std::int64_t(b) * s.Tk + std::int64_t(ci) * k_at.len + j) * s.ld +
                                  std::int64_t(h / s.group) * s.HS;
         float dot = 0.0f;
@@ -89,7 +107,7 @@ __global__ void block_forward_kernel(float* out, float* lse, const Elem* qkv, co
 template <class Elem>
 __global__ void block_backward_dq_kernel(float* dq, const Elem* dout, const Elem* qkv, const Elem* out,
                                          const float* lse, const Elem* kv, Shape s, kernels::Chunks q_at,
-                                         kernels::Chunks k_at) {
+                                         kernels::Chunks k_at, Doc doc) {
   const int lane = threadIdx.x % warp_size, per = (s.HS + warp_size - 1) / warp_size;
   const std::int64_t rows = std::int64_t(s.B) * s.NH * s.Tq, C = std::int64_t(s.NH) * s.HS;
   for (std::int64_t row = std::int64_t(blockIdx.x) * warps_per_block + threadIdx.x / warp_size; row < rows;
@@ -114,6 +132,7 @@ __global__ void block_backward_dq_kernel(float* dq, const Elem* dout, const Elem
     for (int ci = 0; ci < chunk_count(k_at); ++ci) {
       const int seen = seen_in_chunk(k_at, ci, p);
       for (int j = 0; j < seen; ++j) {
+        if (doc.apart(b, p, chunk_start(k_at, ci) + j)) continue;
         const std::int64_t key = (std::int64_t(b) * s.Tk + std::int64_t(ci) * k_at.len + j) * s.ld +
                                  std::int64_t(h / s.group) * s.HS;
         float dot = 0.0f, dp = 0.0f;
@@ -144,7 +163,7 @@ __global__ void block_backward_dq_kernel(float* dq, const Elem* dout, const Elem
 template <class Elem>
 __global__ void block_backward_dkv_kernel(float* dkv, const Elem* dout, const Elem* qkv, const Elem* out,
                                           const float* lse, const Elem* kv, Shape s, kernels::Chunks q_at,
-                                          kernels::Chunks k_at) {
+                                          kernels::Chunks k_at, Doc doc) {
   const int lane = threadIdx.x % warp_size, per = (s.HS + warp_size - 1) / warp_size;
   const int NKV = s.NH / s.group;
   const std::int64_t keys = std::int64_t(s.B) * NKV * s.Tk, C = std::int64_t(s.NH) * s.HS;
@@ -164,6 +183,7 @@ __global__ void block_backward_dkv_kernel(float* dkv, const Elem* dout, const El
       for (int ci = 0; ci < chunk_count(q_at); ++ci) {
         const int start = (ci == 0 ? q_at.first : q_at.second) * q_at.len;
         for (int tt = max(0, kp - start); tt < q_at.len; ++tt) {
+          if (doc.apart(b, start + tt, kp)) continue;
           const int t = ci * q_at.len + tt;
           const std::int64_t r = std::int64_t(b) * s.Tq + t;
           const Elem* q = qkv + r * s.QKV + std::int64_t(h) * s.HS;
@@ -250,29 +270,56 @@ Shape shape_of(int B, int Tq, int Tk, int C, int NH, int NKV, int kv_width, cons
           1.0f / std::sqrt(float(HS))};
 }
 
+// The tensor-core kernels: bf16 (checked by the callers), head sizes 64 and 128, 16-byte aligned
+// rows (every width is a multiple of HS) and grid dimensions in range.
+bool on_tensor_cores(const Shape& s, const void* qkv, const void* kv, int B) {
+  return (s.HS == 64 || s.HS == 128) && flash::aligned16(qkv) && flash::aligned16(kv) && s.NH <= 65535 &&
+         B <= 65535;
+}
+
+flash::BlockShape block_shape(const Shape& s, kernels::Chunks q_at, kernels::Chunks k_at, const std::int32_t* seg,
+                              int T) {
+  return {s.Tq, s.Tk, s.NH, s.NH / s.group, s.QKV, s.ld, s.k_col, s.v_col, q_at, k_at,
+          flash::kLog2e * s.scale, s.scale, seg, T};
+}
+
 template <class Elem>
 void forward(float* out, float* lse, const Elem* qkv, const Elem* kv, int B, int Tq, int Tk, int C, int NH, int NKV,
-             int kv_width, kernels::Chunks q_at, kernels::Chunks k_at, cudaStream_t stream) {
+             int kv_width, kernels::Chunks q_at, kernels::Chunks k_at, Doc doc, cudaStream_t stream) {
   const Shape s = shape_of(B, Tq, Tk, C, NH, NKV, kv_width, "attention_block_forward");
   const std::int64_t rows = std::int64_t(B) * NH * Tq;
   if (rows == 0) return;
+  if constexpr (std::is_same_v<Elem, bf16>) {
+    if (on_tensor_cores(s, qkv, kv, B)) {
+      const flash::BlockShape bs = block_shape(s, q_at, k_at, doc.seg, doc.T);
+      if (s.HS == 64) return flash::block_forward_tc_launch<64>(out, lse, qkv, kv, B, bs, stream);
+      return flash::block_forward_tc_launch<128>(out, lse, qkv, kv, B, bs, stream);
+    }
+  }
   block_forward_kernel<Elem><<<grid_for(rows, warps_per_block), warps_per_block * warp_size, 0, stream>>>(
-      out, lse, qkv, kv, s, q_at, k_at);
+      out, lse, qkv, kv, s, q_at, k_at, doc);
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
 }
 
 template <class Elem>
 void backward(float* dq, float* dkv, const Elem* dout, const Elem* qkv, const Elem* out, const float* lse,
               const Elem* kv, int B, int Tq, int Tk, int C, int NH, int NKV, int kv_width, kernels::Chunks q_at,
-              kernels::Chunks k_at, cudaStream_t stream) {
+              kernels::Chunks k_at, Doc doc, cudaStream_t stream) {
   const Shape s = shape_of(B, Tq, Tk, C, NH, NKV, kv_width, "attention_block_backward");
   const std::int64_t rows = std::int64_t(B) * NH * Tq, keys = std::int64_t(B) * NKV * Tk;
   if (rows == 0 || keys == 0) return;
+  if constexpr (std::is_same_v<Elem, bf16>) {
+    if (on_tensor_cores(s, qkv, kv, B) && flash::aligned16(dout) && flash::aligned16(out)) {
+      const flash::BlockShape bs = block_shape(s, q_at, k_at, doc.seg, doc.T);
+      if (s.HS == 64) return flash::block_backward_tc_launch<64>(dq, dkv, dout, qkv, out, lse, kv, B, bs, stream);
+      return flash::block_backward_tc_launch<128>(dq, dkv, dout, qkv, out, lse, kv, B, bs, stream);
+    }
+  }
   block_backward_dq_kernel<Elem><<<grid_for(rows, warps_per_block), warps_per_block * warp_size, 0, stream>>>(
-      dq, dout, qkv, out, lse, kv, s, q_at, k_at);
+      dq, dout, qkv, out, lse, kv, s, q_at, k_at, doc);
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
   block_backward_dkv_kernel<Elem><<<grid_for(keys, warps_per_block), warps_per_block * warp_size, 0, stream>>>(
-      dkv, dout, qkv, out, lse, kv, s, q_at, k_at);
+      dkv, dout, qkv, out, lse, kv, s, q_at, k_at, doc);
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -281,16 +328,17 @@ void backward(float* dq, float* dkv, const Elem* dout, const Elem* qkv, const El
 template <class Act>
 void attention_block_forward(float* out, float* lse, const Act* qkv, const Act* kv, int B, int Tq, int Tk, int C,
                              int NH, int NKV, int kv_width, kernels::Chunks q_at, kernels::Chunks k_at,
-                             cudaStream_t stream) {
-  forward(out, lse, qkv, kv, B, Tq, Tk, C, NH, NKV, kv_width, q_at, k_at, stream);
+                             const std::int32_t* seg, int T, cudaStream_t stream) {
+  forward(out, lse, qkv, kv, B, Tq, Tk, C, NH, NKV, kv_width, q_at, k_at, Doc{seg, T}, stream);
 }
 LLMTRAIN_INSTANTIATE_ACTIVATIONS(attention_block_forward)
 
 template <class Act>
 void attention_block_backward(float* dq, float* dkv, const Act* dout, const Act* qkv, const Act* out,
                               const float* lse, const Act* kv, int B, int Tq, int Tk, int C, int NH, int NKV,
-                              int kv_width, kernels::Chunks q_at, kernels::Chunks k_at, cudaStream_t stream) {
-  backward(dq, dkv, dout, qkv, out, lse, kv, B, Tq, Tk, C, NH, NKV, kv_width, q_at, k_at, stream);
+                              int kv_width, kernels::Chunks q_at, kernels::Chunks k_at, const std::int32_t* seg,
+                              int T, cudaStream_t stream) {
+  backward(dq, dkv, dout, qkv, out, lse, kv, B, Tq, Tk, C, NH, NKV, kv_width, q_at, k_at, Doc{seg, T}, stream);
 }
 LLMTRAIN_INSTANTIATE_ACTIVATIONS(attention_block_backward)
 

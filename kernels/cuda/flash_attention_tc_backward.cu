@@ -33,18 +33,6 @@ struct TcBackwardTiles {
   static constexpr int cols = HS == 128 ? 32 : 64;  // streamed rows per step
 };
 
-// Copies (fp32, 16 bytes of 4) of `rows` values of a row of lse (times log2 e) or D into shared
-// memory for rows [q0, q0 + rows); past T: 0.
-template <int ROWS>
-__device__ __forceinline__ void tc_load_row_values(float* lse_s, float* d_s, const float* lse_row, const float* d_row,
-                                                   int q0, int T) {
-  for (int r = threadIdx.x; r < ROWS; r += kTcThreads) {
-    const int q = q0 + r;
-    lse_s[r] = q < T ? lse_row[q] * kLog2e : 0.0f;
-    d_s[r] = q < T ? d_row[q] : 0.0f;
-  }
-}
-
 // Adds `scale` times a 16 x HS fp32 accumulator (C fragments, rows row_lo and row_lo + 8 of this
 // thread) into bf16 rows of dqkv at `base` (row r at base + r * C3), rows at or past T skipped.
 template <int HS>

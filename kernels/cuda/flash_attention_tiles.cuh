@@ -270,6 +270,18 @@ __device__ __forceinline__ int tc_next_kv(bf16* k_s, bf16* v_s, const TcQueryBlo
   return step % 2;
 }
 
+// Copies (fp32, 16 bytes of 4) of `rows` values of a row of lse (times log2 e) or D into shared
+// memory for rows [q0, q0 + rows); past T: 0.
+template <int ROWS>
+__device__ __forceinline__ void tc_load_row_values(float* lse_s, float* d_s, const float* lse_row, const float* d_row,
+                                                   int q0, int T) {
+  for (int r = threadIdx.x; r < ROWS; r += kTcThreads) {
+    const int q = q0 + r;
+    lse_s[r] = q < T ? lse_row[q] * kLog2e : 0.0f;
+    d_s[r] = q < T ? d_row[q] : 0.0f;
+  }
+}
+
 // ---- launch helpers ------------------------------------------------------------------------------
 
 constexpr std::size_t tile_bytes(int rows, int width) { return std::size_t(rows) * (width + kPad) * sizeof(float); }
@@ -306,5 +318,22 @@ template <int HS>
 void backward_tc_launch(bf16* dqkv, float* dq_accum, const bf16* dout, const bf16* qkv, const float* lse,
                         const float* D, int B, int T, int NH, int NKV, float score_scale, float scale,
                         cudaStream_t stream);
+
+// context_attention_tc.cu (HS 64 and 128): context parallelism's block attention, queries against
+// one block of keys at their true positions (kernels/cuda/context_attention.cu dispatches).
+struct BlockShape {
+  int Tq, Tk, NH, NKV;
+  std::int64_t QKV, ld, k_col, v_col;  // qkv's and kv's row widths; kv's key and value columns
+  kernels::Chunks q_at, k_at;
+  float score_scale, scale;   // log2 e / sqrt(HS) and 1 / sqrt(HS)
+  const std::int32_t* seg;    // (B,T) the whole sequences' segment ids: a document mask; null: none
+  int T;                      // the whole sequence's length (seg's row width)
+};
+template <int HS>
+void block_forward_tc_launch(float* out, float* lse, const bf16* qkv, const bf16* kv, int B, const BlockShape& s,
+                             cudaStream_t stream);
+template <int HS>
+void block_backward_tc_launch(float* dq, float* dkv, const bf16* dout, const bf16* qkv, const bf16* out,
+                              const float* lse, const bf16* kv, int B, const BlockShape& s, cudaStream_t stream);
 
 }  // namespace llmtrain::cuda::flash

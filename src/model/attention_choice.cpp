@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "core/error.h"
 
@@ -62,6 +63,18 @@ AttentionChoice resolve_attention(const config::Config& config, Device device, C
   const bool bf16 = config.train.precision == config::Precision::bf16;
   if (!bf16) {  // "cudnn" with fp32 never gets here: the config loader rejects it
     return {AttentionKernels::flash, "fp32: cuDNN's fused attention needs train.precision \"bf16\""};
+  }
+  // cuDNN's graph takes a plain causal mask over whole sequences: not the offset masks of context
+  // parallelism's blocks (queries against keys at other positions), nor a document mask.
+  if (config.dist.context_parallel > 1 || config.data.document_mask) {
+    const std::string what = config.dist.context_parallel > 1
+                                 ? "the context-parallel blocks' offset causal masks (dist.context_parallel " +
+                                       std::to_string(config.dist.context_parallel) + ")"
+                                 : std::string("document masks (data.document_mask)");
+    if (asked == Attention::cudnn) {
+      throw InputError("model.attention: \"cudnn\" cannot take " + what + "; use \"auto\" or \"flash\"");
+    }
+    return {AttentionKernels::flash, "bf16, but cuDNN cannot take " + what};
   }
   const AttentionShape shape = attention_shape(config);
   std::string why;

@@ -19,16 +19,9 @@ Model::Documents documents_for(const config::DataConfig& data, const std::string
     throw InputError(std::string(key) + ": the tokenizer recorded in " + shard_dir +
                      "/tokenizer.json has no end-of-text token, so the documents of a sequence cannot be told apart");
   }
-  if (data.document_mask && device == Device::cuda) {
-    if (attention == config::Attention::cudnn) {
-      throw InputError("data.document_mask: cuDNN's attention (model.attention \"cudnn\") has no document mask; "
-                       "train on the CPU (--device cpu)");
-    }
-    throw InputError("data.document_mask: the CUDA attention kernels have no document mask yet; train on the CPU "
-                     "(--device cpu)");
-  }
-  if (device == Device::cuda) {  // the position pieces run through CUDA ops, but no GPU has checked them yet
-    throw InputError("data.reset_positions: not yet checked on a GPU; train on the CPU (--device cpu)");
+  if (data.document_mask && device == Device::cuda && attention == config::Attention::cudnn) {
+    throw InputError("data.document_mask: cuDNN's attention (model.attention \"cudnn\") has no document mask; "
+                     "use model.attention \"auto\" or \"flash\"");
   }
   documents.eot = std::int32_t(*eot);
   documents.mask = data.document_mask;

@@ -41,6 +41,13 @@ void expect_segments(const Op& op, const Tensor& segments, std::int64_t B, std::
   }
 }
 
+// The segment ids' pointer for a kernel (null without a document mask).
+template <class View>
+const std::int32_t* segment_ids(const View& v, const Tensor& segments) {
+  if (!segments.data) return nullptr;
+  return v.i32(segments);
+}
+
 }  // namespace
 
 void attention_decode(const Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, int pos,
@@ -107,7 +114,18 @@ void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
   op.expect("out", out, act, {B, T, C});
   op.expect("qkv", qkv, act, {B, T, width});
   op.expect("lse", lse, DType::f32, {B, NH, T});
-  if (segments.data) {  // the document mask: the CPU's kernel alone so far
+  if (segments.data && qkv.device == Device::cuda) {
+    // The document mask on the GPU: context parallelism's block kernels with one block of every
+    // key (fp32 results; bf16's out rounded once from them).
+    expect_segments(op, segments, B, T);
+    const Chunks all{as_int(T), 0};
+    if (act == DType::f32) return attention_block_forward(out, lse, qkv, qkv, all, all, NH, NKV, segments);
+    const Buffer wide(Device::cuda, std::size_t(out.numel()) * sizeof(float));
+    const Tensor out32(wide.data(), DType::f32, Device::cuda, {B, T, C});
+    attention_block_forward(out32, lse, qkv, qkv, all, all, NH, NKV, segments);
+    return convert(out, out32);
+  }
+  if (segments.data) {  // the document mask on the CPU
     expect_segments(op, segments, B, T);
     return op.run(dispatch::Kernels{LLMTRAIN_CPU_KERNEL(flash_attention_forward), dispatch::NoKernel{}}, act,
                   [&](auto v) {
@@ -138,6 +156,23 @@ void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tens
   op.expect("qkv", qkv, act, {B, T, width});
   op.expect("dqkv", dqkv, act, {B, T, width});
   op.expect("lse", lse, DType::f32, {B, NH, T});
+  if (segments.data && qkv.device == Device::cuda) {  // as the forward: the block kernels, fp32 gradients
+    expect_segments(op, segments, B, T);
+    const Chunks all{as_int(T), 0};
+    if (act == DType::f32) {
+      if (dqkv_mode == Accumulate::no) zero(dqkv);
+      return attention_block_backward(dqkv, dqkv, dout, qkv, out, lse, qkv, all, all, NH, NKV, segments);
+    }
+    const Buffer wide(Device::cuda, std::size_t(dqkv.numel()) * sizeof(float));
+    const Tensor dqkv32(wide.data(), DType::f32, Device::cuda, {B, T, width});
+    if (dqkv_mode == Accumulate::yes) {
+      convert(dqkv32, dqkv);
+    } else {
+      zero(dqkv32);
+    }
+    attention_block_backward(dqkv32, dqkv32, dout, qkv, out, lse, qkv, all, all, NH, NKV, segments);
+    return convert(dqkv, dqkv32);
+  }
   if (segments.data) {
     expect_segments(op, segments, B, T);
     return op.run(dispatch::Kernels{LLMTRAIN_CPU_KERNEL(flash_attention_backward), dispatch::NoKernel{}}, act,
@@ -177,18 +212,11 @@ void attention_block_forward(const Tensor& out, const Tensor& lse, const Tensor&
   op.expect("lse", lse, DType::f32, {B, NH, Tq});
   expect_chunks(op, "q_at", q_at, Tq);
   expect_chunks(op, "k_at", k_at, Tk);
-  if (segments.data) {
-    expect_segments(op, segments, B, segments.shape[1]);
-    return op.run(dispatch::Kernels{LLMTRAIN_CPU_KERNEL(attention_block_forward), dispatch::NoKernel{}}, act,
-                  [&](auto v) {
-                    return std::tuple(v.f32(out), v.f32(lse), v.in(qkv), v.in(kv), as_int(B), as_int(Tq), as_int(Tk),
-                                      as_int(C), NH, NKV, as_int(kv.shape[2]), q_at, k_at, v.i32(segments),
-                                      as_int(segments.shape[1]));
-                  });
-  }
+  if (segments.data) expect_segments(op, segments, B, segments.shape[1]);
+  const int T = segments.data ? as_int(segments.shape[1]) : 0;
   op.run(LLMTRAIN_KERNELS(attention_block_forward), act, [&](auto v) {
     return std::tuple(v.f32(out), v.f32(lse), v.in(qkv), v.in(kv), as_int(B), as_int(Tq), as_int(Tk), as_int(C), NH,
-                      NKV, as_int(kv.shape[2]), q_at, k_at);
+                      NKV, as_int(kv.shape[2]), q_at, k_at, segment_ids(v, segments), T);
   });
 }
 
@@ -210,18 +238,12 @@ void attention_block_backward(const Tensor& dq, const Tensor& dkv, const Tensor&
   expect_chunks(op, "q_at", q_at, Tq);
   expect_chunks(op, "k_at", k_at, Tk);
   if (dq.data == dkv.data && kv.shape[2] != width) op.fail("dq and dkv may be one tensor only for a packed qkv block");
-  if (segments.data) {
-    expect_segments(op, segments, B, segments.shape[1]);
-    return op.run(dispatch::Kernels{LLMTRAIN_CPU_KERNEL(attention_block_backward), dispatch::NoKernel{}}, act,
-                  [&](auto v) {
-                    return std::tuple(v.f32(dq), v.f32(dkv), v.in(dout), v.in(qkv), v.in(out), v.f32(lse), v.in(kv),
-                                      as_int(B), as_int(Tq), as_int(Tk), as_int(C), NH, NKV, as_int(kv.shape[2]), q_at,
-                                      k_at, v.i32(segments), as_int(segments.shape[1]));
-                  });
-  }
+  if (segments.data) expect_segments(op, segments, B, segments.shape[1]);
+  const int T = segments.data ? as_int(segments.shape[1]) : 0;
   op.run(LLMTRAIN_KERNELS(attention_block_backward), act, [&](auto v) {
     return std::tuple(v.f32(dq), v.f32(dkv), v.in(dout), v.in(qkv), v.in(out), v.f32(lse), v.in(kv), as_int(B),
-                      as_int(Tq), as_int(Tk), as_int(C), NH, NKV, as_int(kv.shape[2]), q_at, k_at);
+                      as_int(Tq), as_int(Tk), as_int(C), NH, NKV, as_int(kv.shape[2]), q_at, k_at,
+                      segment_ids(v, segments), T);
   });
 }
 

@@ -64,7 +64,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 /// The same attention without the probabilities (flash-attention interface): out (B,T,C) and
 /// lse (B,NH,T), the log-sum-exp of each row's scaled scores, from qkv (B,T,(NH+2NKV)HS).
 /// seg (B,T), nondecreasing along each sequence (may be null: plain causal): a document mask, row
-/// t sees the keys s <= t with seg[s] = seg[t] (the CPU alone has it so far).
+/// t sees the keys s <= t with seg[s] = seg[t] (on the GPU: the ops run the block kernels).
 void flash_attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV,
                              const std::int32_t* seg = nullptr);
 /// dqkv (B,T,(NH+2NKV)HS) += from dout (B,T,C), recomputing the probabilities from qkv and lse

@@ -117,14 +117,16 @@ void matmul_backward_dgelu(Act* dpre, float* dweight, float* dbias, float* dpre_
 
 // kernels/cuda/context_attention.cu: context parallelism's attention pieces (the CPU twins in
 // cpu.h say what each computes); outputs other than kv_pack's and qkv_join's are fp32.
+// seg (B,T) (may be null): the document mask, as the CPU's.
 template <class Act>
 void attention_block_forward(float* out, float* lse, const Act* qkv, const Act* kv, int B, int Tq, int Tk, int C,
                              int NH, int NKV, int kv_width, kernels::Chunks q_at, kernels::Chunks k_at,
-                             cudaStream_t stream);
+                             const std::int32_t* seg, int T, cudaStream_t stream);
 template <class Act>
 void attention_block_backward(float* dq, float* dkv, const Act* dout, const Act* qkv, const Act* out,
                               const float* lse, const Act* kv, int B, int Tq, int Tk, int C, int NH, int NKV,
-                              int kv_width, kernels::Chunks q_at, kernels::Chunks k_at, cudaStream_t stream);
+                              int kv_width, kernels::Chunks q_at, kernels::Chunks k_at, const std::int32_t* seg,
+                              int T, cudaStream_t stream);
 /// fp32 only (block results are fp32 at every precision).
 void attention_lse_merge(float* out, float* lse, const float* block_out, const float* block_lse, int B, int T, int C,
                          int NH, cudaStream_t stream);
