@@ -115,11 +115,12 @@ class BpeTokenizer final : public Tokenizer {
     // Pieces repeat a lot in text ("the", " and"): a per-thread cache skips their merges. Long
     // pieces (a run of letters without spaces) are rare and would only fill the cache.
     constexpr std::size_t cached_piece_bytes = 256;
+    constexpr std::size_t cached_pieces = 1u << 16;  // then cleared: a few MB a thread, whatever the corpus
     thread_local struct {
       std::uint64_t owner = 0;  // serial_ of the tokenizer: an address can be reused by the next one
       std::unordered_map<std::string, std::vector<std::uint32_t>> tokens;
     } cache;
-    if (cache.owner != serial_ || cache.tokens.size() > (1u << 20)) {
+    if (cache.owner != serial_ || cache.tokens.size() > cached_pieces) {
       cache.tokens.clear();
       cache.owner = serial_;
     }

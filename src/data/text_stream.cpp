@@ -34,7 +34,7 @@ std::int64_t stream_blocks(const StreamOptions& options, const std::function<voi
   const auto threads = std::size_t(std::max(1, options.threads));
   // The earliest file (the one being consumed) may fill every slot; later ones leave it one, so
   // the block the consumer waits for can always be read.
-  const std::size_t limit = 2 * threads + 2;
+  const std::size_t limit = 2 * threads + 1;  // and the one being consumed
   std::vector<FileState> state(files);
   for (std::size_t f = 0; f < files; ++f) state[f].name = options.inputs[f] == "-" ? "<stdin>" : options.inputs[f];
   std::map<std::pair<std::size_t, std::size_t>, Held> held;  // read and not yet consumed, in input order
