@@ -32,10 +32,12 @@ packages=(
 # tests/hf_training_reference_test.py (`scripts/setup.sh --with-transformers5`; it installs the
 # PyTorch too when the venv has none). Debian's transformers, and the 4.44.2 that --with-onnx puts
 # into the system Python for Debian's PyTorch 1.13, know no Qwen3.
+# tiktoken for scripts/bench_tokenize.sh (`scripts/setup.sh --with-tiktoken`), from PyPI into .venv-tiktoken.
 with_onnx=0
 with_lm_eval=0
 with_torch_muon=0
 with_transformers5=0
+with_tiktoken=0
 for arg in "$@"; do
   case "$arg" in
     --with-torch) packages+=(python3-torch python3-matplotlib) ;;
@@ -43,8 +45,9 @@ for arg in "$@"; do
     --with-lm-eval) with_lm_eval=1; packages+=(python3-torch python3-venv python3-pip) ;;
     --with-torch-muon) with_torch_muon=1; packages+=(python3-venv python3-pip) ;;
     --with-transformers5) with_transformers5=1; packages+=(python3-venv python3-pip) ;;
+    --with-tiktoken) with_tiktoken=1; packages+=(python3-venv python3-pip zstd) ;;
     *) echo "setup.sh: unknown option $arg (known: --with-torch, --with-onnx, --with-lm-eval, --with-torch-muon," \
-            "--with-transformers5)" >&2; exit 2 ;;
+            "--with-transformers5, --with-tiktoken)" >&2; exit 2 ;;
   esac
 done
 
@@ -111,6 +114,15 @@ if ((with_lm_eval)); then
     'accelerate>=0.26,<1' 'numpy>=1.25,<2' 'pyarrow>=15,<20'
   rm -f "$constraints"
   "$venv/bin/python" -c 'import importlib.metadata as m, lm_eval.models.huggingface; print("setup.sh: lm-eval", m.version("lm_eval"))'
+fi
+
+if ((with_tiktoken)); then
+  # tiktoken, the reference for scripts/bench_tokenize.sh's GPT-2 BPE speed, in its own venv.
+  venv="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv-tiktoken"
+  echo "setup.sh: installing tiktoken from PyPI into $venv"
+  [[ -x "$venv/bin/python" ]] || /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet tiktoken
+  "$venv/bin/python" -c 'import importlib.metadata as m; print("setup.sh: tiktoken", m.version("tiktoken"))'
 fi
 
 if ((with_torch_muon)); then

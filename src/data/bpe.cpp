@@ -115,11 +115,12 @@ class BpeTokenizer final : public Tokenizer {
     // Pieces repeat a lot in text ("the", " and"): a per-thread cache skips their merges. Long
     // pieces (a run of letters without spaces) are rare and would only fill the cache.
     constexpr std::size_t cached_piece_bytes = 256;
+    constexpr std::size_t cached_pieces = 1u << 16;  // then cleared: a few MB a thread, whatever the corpus
     thread_local struct {
       std::uint64_t owner = 0;  // serial_ of the tokenizer: an address can be reused by the next one
       std::unordered_map<std::string, std::vector<std::uint32_t>> tokens;
     } cache;
-    if (cache.owner != serial_ || cache.tokens.size() > (1u << 20)) {
+    if (cache.owner != serial_ || cache.tokens.size() > cached_pieces) {
       cache.tokens.clear();
       cache.owner = serial_;
     }
@@ -378,7 +379,20 @@ std::unique_ptr<Tokenizer> make_bpe_tokenizer(BpeVocabulary vocab) {
   return std::make_unique<BpeTokenizer>(std::move(vocab));
 }
 
+void count_pieces(std::string_view text, std::unordered_map<std::string, std::int64_t>& counts) {
+  std::vector<std::string_view> pieces;
+  pretokenize(text, pieces);
+  for (const auto p : pieces) ++counts[std::string(p)];
+}
+
 BpeVocabulary train_bpe(const std::vector<std::string_view>& documents, std::uint32_t vocab_size) {
+  // Distinct pieces with their counts: merges never cross a piece boundary.
+  std::unordered_map<std::string, std::int64_t> piece_count;
+  for (const auto document : documents) count_pieces(document, piece_count);
+  return train_bpe_counts(piece_count, vocab_size);
+}
+
+BpeVocabulary train_bpe_counts(const std::unordered_map<std::string, std::int64_t>& piece_count, std::uint32_t vocab_size) {
   if (vocab_size < 257) throw InputError("bpe:" + std::to_string(vocab_size) + ": needs at least 257 tokens (256 bytes + end of text)");
   BpeVocabulary vocab;
   std::array<std::uint32_t, 256> byte_id{};
@@ -387,14 +401,6 @@ BpeVocabulary train_bpe(const std::vector<std::string_view>& documents, std::uin
     vocab.tokens.emplace_back(1, char(byte_table().byte_order[i]));
   }
 
-  // Distinct pieces with their counts: merges never cross a piece boundary.
-  std::unordered_map<std::string_view, std::int64_t> piece_count;
-  std::vector<std::string_view> pieces;
-  for (const auto document : documents) {
-    pieces.clear();
-    pretokenize(document, pieces);
-    for (const auto p : pieces) ++piece_count[p];
-  }
   struct Word {
     std::vector<std::uint32_t> symbols;
     std::int64_t count;

@@ -7,6 +7,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -60,6 +61,12 @@ std::unique_ptr<Tokenizer> make_bpe_tokenizer(BpeVocabulary vocab);
 /// lexicographically smallest pair of byte strings), then "<|endoftext|>" as the last token.
 /// Stops early, with fewer tokens, when no pair is left to merge.
 BpeVocabulary train_bpe(const std::vector<std::string_view>& documents, std::uint32_t vocab_size);
+/// The same from the pieces' counts (count_pieces over every document): what a corpus read as a
+/// stream keeps, the distinct pieces rather than the text.
+BpeVocabulary train_bpe_counts(const std::unordered_map<std::string, std::int64_t>& piece_counts,
+                               std::uint32_t vocab_size);
+/// Adds the count of each of `text`'s pre-tokenization pieces to `counts`.
+void count_pieces(std::string_view text, std::unordered_map<std::string, std::int64_t>& counts);
 
 /// Splits `text` into GPT-2's pre-tokenization pieces (the exact pattern, Unicode letter and
 /// number classes). Bytes that are not valid UTF-8 become pieces of their own. Thread-safe.
