@@ -38,7 +38,7 @@ try:
     import numpy as np
     import torch
     import transformers
-    from safetensors.numpy import load_file
+    from safetensors.numpy import load_file, save_file
 except ImportError as e:
     print(f"SKIPPED: needs PyTorch and transformers 5 ({e}); install them with scripts/setup.sh --with-transformers5")
     sys.exit(0)
@@ -90,6 +90,26 @@ def moe_extra_loss(coef, top_k):
         SPREADS.append(float((first.max(-1).values - first.min(-1).values).mean()))
         return coef * torch.stack(per_layer).sum()
     return extra
+
+
+def fused_experts(tensors, layers, experts):
+    """transformers 5's in-memory MoE names: per layer mlp.gate.weight, mlp.experts.gate_up_proj
+    (E, 2I, C), each expert's gate rows then its up rows, and mlp.experts.down_proj (E, C, I)."""
+    out = dict(tensors)
+    for l in range(layers):
+        for old, new in ((f"model.layers.{l}.block_sparse_moe.gate.weight", f"model.layers.{l}.mlp.gate.weight"),):
+            if old in out:
+                out[new] = out.pop(old)
+        for prefix, (g, u, d) in ((f"model.layers.{l}.block_sparse_moe.experts", ("w1", "w3", "w2")),
+                                  (f"model.layers.{l}.mlp.experts", ("gate_proj", "up_proj", "down_proj"))):
+            if f"{prefix}.0.{g}.weight" not in out:
+                continue
+            out[f"model.layers.{l}.mlp.experts.gate_up_proj"] = np.stack(
+                [np.concatenate([out.pop(f"{prefix}.{e}.{g}.weight"), out.pop(f"{prefix}.{e}.{u}.weight")])
+                 for e in range(experts)])
+            out[f"model.layers.{l}.mlp.experts.down_proj"] = np.stack(
+                [out.pop(f"{prefix}.{e}.{d}.weight") for e in range(experts)])
+    return out
 
 
 # One row per model kind. `hf` builds the transformers config; `model` is llmtrain's model section
@@ -230,6 +250,22 @@ def compare(name, kind):
         run("train", "--config", cfg_path, "--run-dir", run_dir, "--device", "cpu")
         with open(os.path.join(run_dir, "metrics.jsonl")) as f:
             metrics = [m for m in map(json.loads, f) if "loss" in m]
+        if "router_scale" in kind:  # the same weights in transformers' fused in-memory form
+            fused_dir = os.path.join(tmp, "fused")
+            os.makedirs(fused_dir)
+            save_file(fused_experts(initial, kind["hf"]["num_hidden_layers"], kind["model"]["moe"]["experts"]),
+                      os.path.join(fused_dir, "model.safetensors"), metadata={"format": "pt"})
+            with open(os.path.join(fused_dir, "config.json"), "w") as f:
+                json.dump(json.load(open(os.path.join(hf_dir, "config.json"))), f)
+            fused_cfg = os.path.join(tmp, "fused_config.json")
+            with open(fused_cfg, "w") as f:
+                json.dump(dict(cfg, model=dict(kind["model"], init_from=fused_dir)), f)
+            run("train", "--config", fused_cfg, "--run-dir", os.path.join(tmp, "fused_run"), "--device", "cpu")
+            with open(os.path.join(tmp, "fused_run", "metrics.jsonl")) as f:
+                fused_losses = [m["loss"] for m in map(json.loads, f) if "loss" in m]
+            check(fused_losses == [m["loss"] for m in metrics],
+                  f"{name}: init_from the fused experts.gate_up_proj/down_proj form trains to the same losses, "
+                  "bit for bit")
         export_dir = os.path.join(tmp, "export")
         run("export", "--checkpoint", os.path.join(run_dir, "checkpoints"), "--output", export_dir, "--format", "hf")
         final = load_file(os.path.join(export_dir, "model.safetensors"))
