@@ -33,6 +33,56 @@ std::vector<float> transposed(const float* x, std::int64_t rows, std::int64_t co
   return out;
 }
 
+// One Hugging Face tensor holding `count` consecutive elements of a logical parameter: they sit
+// at `logical` in the whole model's flat buffer and at `stored` in the tensor (of `shape`).
+struct HfPiece {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::int64_t logical = 0, stored = 0, count = 0;
+  bool transposed = false;  // the whole parameter, stored (in, out)
+};
+
+// A logical parameter's forms in Hugging Face's files, the one export writes first. Most are one
+// tensor of the same name; an MoE layer's stacked experts (E, I, C) are E tensors per expert
+// (what transformers writes with save_pretrained), or transformers' fused in-memory
+// experts.gate_up_proj (E, 2I, C), gate rows first, and experts.down_proj (E, C, I).
+std::vector<std::vector<HfPiece>> hf_forms(const model::ArchSpec& spec, const config::ModelConfig& c,
+                                           const model::ParamInfo& info) {
+  std::vector<std::int64_t> shape = info.full_shape.empty() ? info.shape : info.full_shape;
+  std::int64_t numel = 1;
+  for (const auto d : shape) numel *= d;
+  const bool conv = spec.hf_transposed(info.name);
+  if (conv) std::swap(shape[0], shape[1]);
+  const HfPiece whole{info.name, shape, info.logical_offset, 0, numel, conv};
+  const auto at = info.name.find(".mlp.");
+  if (!c.moe.enabled || at == std::string::npos) return {{whole}};
+  const std::string layer = info.name.substr(0, at), rest = info.name.substr(at + 5);
+  const bool mixtral = !c.qk_norm;
+  if (rest == "gate.weight") {
+    if (!mixtral) return {{whole}};
+    HfPiece renamed = whole;
+    renamed.name = layer + ".block_sparse_moe.gate.weight";
+    return {{renamed}, {whole}};
+  }
+  if (!rest.starts_with("experts.")) return {{whole}};
+  const std::string proj = rest.substr(8);  // gate_proj, up_proj, down_proj
+  const std::int64_t E = shape[0], each = numel / E;
+  std::vector<HfPiece> per_expert;
+  for (std::int64_t e = 0; e < E; ++e) {
+    const std::string hf = mixtral ? (proj == "gate_proj" ? "w1" : proj == "down_proj" ? "w2" : "w3") : proj;
+    per_expert.push_back({layer + (mixtral ? ".block_sparse_moe" : ".mlp") + ".experts." + std::to_string(e) + "." +
+                              hf + ".weight",
+                          {shape[1], shape[2]}, info.logical_offset + e * each, 0, each, false});
+  }
+  if (proj == "down_proj") return {per_expert, {whole}};
+  std::vector<HfPiece> fused;
+  for (std::int64_t e = 0; e < E; ++e) {
+    fused.push_back({layer + ".mlp.experts.gate_up_proj", {E, 2 * shape[1], shape[2]}, info.logical_offset + e * each,
+                     (2 * e + (proj == "up_proj" ? 1 : 0)) * each, each, false});
+  }
+  return {per_expert, fused};
+}
+
 }  // namespace
 
 std::string hf_architecture(const config::ModelConfig& c) {
@@ -107,6 +157,7 @@ void check_hf_config(const std::string& path, const config::ModelConfig& c, cons
                         hf["rope_parameters"].is_object() && hf["rope_parameters"].contains(hf_key);
     if (!hf.contains(hf_key) && !nested) continue;
     const nlohmann::json& theirs = nested ? hf["rope_parameters"][hf_key] : hf[hf_key];
+    if (!expected.contains(hf_key)) continue;  // a key of another kind of model (MoE keys of a dense one)
     const nlohmann::json& ours = expected.at(hf_key);
     if (ours.is_boolean()) {
       if (!theirs.is_boolean() || theirs.get<bool>() == ours.get<bool>()) continue;
@@ -133,13 +184,15 @@ void export_hf(const model::Model& model, const std::string& dir) {
   std::vector<TensorToWrite> tensors;
   for (const auto& info : model.param_infos()) {
     const float* data = model.param(info).as<float>();
-    std::vector<std::int64_t> shape = info.shape;
-    if (spec.hf_transposed(info.name)) {
-      keep.push_back(transposed(data, shape[0], shape[1]));
-      data = keep.back().data();
-      std::swap(shape[0], shape[1]);
+    const auto forms = hf_forms(spec, model.config(), info);  // alive through the loop
+    for (const HfPiece& piece : forms.front()) {
+      const float* at = data + (piece.logical - info.logical_offset);
+      if (piece.transposed) {
+        keep.push_back(transposed(data, info.shape[0], info.shape[1]));
+        at = keep.back().data();
+      }
+      tensors.push_back({piece.name, StDtype::f32, piece.shape, at});
     }
-    tensors.push_back({info.name, StDtype::f32, shape, data});
   }
   write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
   write_hf_config(model.config(), dir);
@@ -156,15 +209,18 @@ HfExported export_hf_streamed(const Found& found, const std::string& dir, const 
   const std::int64_t element = std::int64_t(st_dtype_size(dtype));
   // Shards: the tensors in order, a new file whenever the next would pass shard_bytes.
   struct Shard {
-    std::vector<const model::ParamInfo*> params;
+    std::vector<HfPiece> params;
     std::int64_t bytes = 0;
   };
   std::vector<Shard> shards(1);
   for (const model::ParamInfo& info : logical->param_infos()) {
-    const std::int64_t bytes = info.numel * element;
-    if (!shards.back().params.empty() && shards.back().bytes + bytes > options.shard_bytes) shards.emplace_back();
-    shards.back().params.push_back(&info);
-    shards.back().bytes += bytes;
+    const auto forms = hf_forms(spec, c, info);  // alive through the loop
+    for (const HfPiece& piece : forms.front()) {
+      const std::int64_t bytes = piece.count * element;
+      if (!shards.back().params.empty() && shards.back().bytes + bytes > options.shard_bytes) shards.emplace_back();
+      shards.back().params.push_back(piece);
+      shards.back().bytes += bytes;
+    }
   }
   const StateReader reader(found, StateKind::weights);
   fs::create_directories(dir);
@@ -177,17 +233,15 @@ HfExported export_hf_streamed(const Found& found, const std::string& dir, const 
     std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
     const std::string file = shards.size() == 1 ? std::string("model.safetensors") : std::string(name);
     std::vector<TensorToWrite> tensors;
-    for (const model::ParamInfo* info : shards[k].params) {
-      std::vector<std::int64_t> shape = info->shape;
-      if (spec.hf_transposed(info->name)) std::swap(shape[0], shape[1]);
-      tensors.push_back({info->name, dtype, shape, nullptr});
-      weight_map[info->name] = file;
+    for (const HfPiece& piece : shards[k].params) {
+      tensors.push_back({piece.name, dtype, piece.shape, nullptr});
+      weight_map[piece.name] = file;
     }
     const auto bytes_of = [&](std::size_t i) -> const void* {
-      const model::ParamInfo& info = *shards[k].params[i];
-      values.resize(std::size_t(info.numel));
-      reader.read({{info.logical_offset, info.logical_offset + info.numel}}, {values.data()});
-      if (spec.hf_transposed(info.name)) values = transposed(values.data(), info.shape[0], info.shape[1]);
+      const HfPiece& piece = shards[k].params[i];
+      values.resize(std::size_t(piece.count));
+      reader.read({{piece.logical, piece.logical + piece.count}}, {values.data()});
+      if (piece.transposed) values = transposed(values.data(), piece.shape[1], piece.shape[0]);
       if (!options.bf16) return values.data();
       half.resize(values.size());
       for (std::size_t j = 0; j < values.size(); ++j) half[j] = float_to_bf16_bits(values[j]);
@@ -240,50 +294,59 @@ std::size_t import_hf_ranges(const std::string& path, const model::Model& logica
   std::set<std::string> used;
   std::vector<float> column;  // a transposed tensor's piece of one stored row
   for (const auto& info : logical.param_infos()) {
-    const auto [reader, t] = hf_name(info.name);
-    if (!t) throw InputError(where + ": tensor " + info.name + " is missing");
-    used.insert(t->name);
-    const bool conv = spec.hf_transposed(info.name);
-    std::vector<std::int64_t> expected = info.full_shape.empty() ? info.shape : info.full_shape;
-    if (conv) std::swap(expected[0], expected[1]);
-    if (t->shape != expected) {
-      std::ostringstream got, want;
-      for (const auto d : t->shape) got << d << ' ';
-      for (const auto d : expected) want << d << ' ';
-      throw InputError(reader->path() + ": tensor " + t->name + " has shape [" + got.str() + "], the config needs [" +
-                       want.str() + "]");
-    }
-    const std::int64_t begin = info.logical_offset, end = begin + t->numel();
-    auto w = std::partition_point(wanted.begin(), wanted.end(), [&](const Wanted& x) { return x.range.end <= begin; });
-    // Only the wanted elements are read: a slice of the stored tensor, or (stored transposed, as
-    // GPT-2's Conv1D weights) a piece of each stored row per logical row block.
-    for (; w != wanted.end() && w->range.begin < end; ++w) {
-      const std::int64_t lo = std::max(begin, w->range.begin), hi = std::min(end, w->range.end);
-      float* dst = out + w->at + (lo - w->range.begin);  // receives logical element lo - begin
-      if (!conv) {
-        reader->read_f32_range(*t, lo - begin, {dst, std::size_t(hi - lo)});
-        continue;
+    // The first form whose first tensor the files hold.
+    const auto forms = hf_forms(spec, logical.config(), info);
+    const std::vector<HfPiece>* form = &forms.front();
+    for (const auto& f : forms) {
+      if (hf_name(f.front().name).second) {
+        form = &f;
+        break;
       }
-      const std::int64_t rows = expected[1], cols = expected[0];  // logical (rows, cols); stored (cols, rows)
-      const std::int64_t a = lo - begin, b = hi - begin;
-      // Logical rows [i0, i1) and columns [j0, j1): stored row j holds logical column j.
-      const auto block = [&](std::int64_t i0, std::int64_t i1, std::int64_t j0, std::int64_t j1) {
-        column.resize(std::size_t(i1 - i0));
-        for (std::int64_t j = j0; j < j1; ++j) {
-          reader->read_f32_range(*t, j * rows + i0, column);
-          for (std::int64_t i = i0; i < i1; ++i) dst[i * cols + j - a] = column[std::size_t(i - i0)];
+    }
+    for (const HfPiece& piece : *form) {
+      const auto [reader, t] = hf_name(piece.name);
+      if (!t) throw InputError(where + ": tensor " + piece.name + " is missing");
+      used.insert(t->name);
+      if (t->shape != piece.shape) {
+        std::ostringstream got, want;
+        for (const auto d : t->shape) got << d << ' ';
+        for (const auto d : piece.shape) want << d << ' ';
+        throw InputError(reader->path() + ": tensor " + t->name + " has shape [" + got.str() +
+                         "], the config needs [" + want.str() + "]");
+      }
+      const std::int64_t begin = piece.logical, end = begin + piece.count;
+      auto w =
+          std::partition_point(wanted.begin(), wanted.end(), [&](const Wanted& x) { return x.range.end <= begin; });
+      // Only the wanted elements are read: a slice of the stored tensor, or (stored transposed, as
+      // GPT-2's Conv1D weights) a piece of each stored row per logical row block.
+      for (; w != wanted.end() && w->range.begin < end; ++w) {
+        const std::int64_t lo = std::max(begin, w->range.begin), hi = std::min(end, w->range.end);
+        float* dst = out + w->at + (lo - w->range.begin);  // receives logical element lo - begin
+        if (!piece.transposed) {
+          reader->read_f32_range(*t, piece.stored + lo - begin, {dst, std::size_t(hi - lo)});
+          continue;
         }
-      };
-      for (std::int64_t k = a; k < b;) {
-        const std::int64_t i = k / cols, j = k % cols;
-        if (j == 0 && b - k >= cols) {  // whole logical rows
-          const std::int64_t i1 = i + (b - k) / cols;
-          block(i, i1, 0, cols);
-          k = i1 * cols;
-        } else {  // part of one row
-          const std::int64_t j1 = std::min(cols, j + (b - k));
-          block(i, i + 1, j, j1);
-          k += j1 - j;
+        const std::int64_t rows = piece.shape[1], cols = piece.shape[0];  // logical (rows, cols); stored (cols, rows)
+        const std::int64_t a = lo - begin, b = hi - begin;
+        // Logical rows [i0, i1) and columns [j0, j1): stored row j holds logical column j.
+        const auto block = [&](std::int64_t i0, std::int64_t i1, std::int64_t j0, std::int64_t j1) {
+          column.resize(std::size_t(i1 - i0));
+          for (std::int64_t j = j0; j < j1; ++j) {
+            reader->read_f32_range(*t, j * rows + i0, column);
+            for (std::int64_t i = i0; i < i1; ++i) dst[i * cols + j - a] = column[std::size_t(i - i0)];
+          }
+        };
+        for (std::int64_t k = a; k < b;) {
+          const std::int64_t i = k / cols, j = k % cols;
+          if (j == 0 && b - k >= cols) {  // whole logical rows
+            const std::int64_t i1 = i + (b - k) / cols;
+            block(i, i1, 0, cols);
+            k = i1 * cols;
+          } else {  // part of one row
+            const std::int64_t j1 = std::min(cols, j + (b - k));
+            block(i, i + 1, j, j1);
+            k += j1 - j;
+          }
         }
       }
     }

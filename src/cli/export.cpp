@@ -87,7 +87,7 @@ Command add_export_command(CLI::App& parent) {
               throw InputError("--output: " + o->output + " overlaps the checkpoint " + found.dir +
                                " that it exports; choose a folder outside it");
             }
-            if (found.config.model.moe.enabled) {
+            if (found.config.model.moe.enabled && o->format != "hf") {
               throw InputError("model.moe: export --format " + o->format +
                                " of Mixture-of-Experts models is not built yet (train, eval and generate work)");
             }

@@ -118,10 +118,6 @@ void check_moe(Config& c, const Origins& o) {
     fail_rule(o, "model.moe", "dist.sequence_parallel",
               "Mixture-of-Experts layers are not built for sequence parallelism yet (it needs dist.tensor_parallel)");
   }
-  if (!c.model.init_from.empty()) {
-    fail_rule(o, "model.moe", "model.init_from",
-              "Hugging Face import of Mixture-of-Experts weights is not built yet; leave model.init_from empty");
-  }
   if (c.train.recompute != Recompute::none) {
     fail_rule(o, "model.moe", "train.recompute",
               "Mixture-of-Experts layers keep their activations: train.recompute must be \"none\", got \"" +

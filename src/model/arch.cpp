@@ -45,6 +45,50 @@ bool gpt2_hf_transposed(const std::string& name) {
          name.ends_with("mlp.c_fc.weight") || name.ends_with("mlp.c_proj.weight");
 }
 
+// transformers' MixtralConfig (normalize_top_k, no qk_norm) or Qwen3MoeConfig (qk_norm) from the
+// dense llama keys `j`; what neither represents stops with one line naming the key.
+nlohmann::json llama_moe_hf_config(const config::ModelConfig& c, nlohmann::json j) {
+  const config::MoeConfig& m = c.moe;
+  const auto refuse = [](const std::string& key, const std::string& why) {
+    throw InputError("model.moe." + key + ": " + why +
+                     " has no Hugging Face MixtralForCausalLM or Qwen3MoeForCausalLM form (export --format hf, "
+                     "model.init_from)");
+  };
+  if (m.shared_experts > 0) refuse("shared_experts", "shared experts");
+  if (m.first_dense_layers > 0) refuse("first_dense_layers", "dense first layers");
+  if (m.router != "softmax") refuse("router", "the \"" + m.router + "\" router");
+  if (m.route_scale != 1.0) refuse("route_scale", "a route_scale other than 1");
+  if (m.bias_update_rate > 0) refuse("bias_update_rate", "the expert bias of aux-loss-free balancing");
+  if (!c.qk_norm && !m.normalize_top_k) {
+    refuse("normalize_top_k", "normalize_top_k false without model.qk_norm (Mixtral always renormalises)");
+  }
+  j.erase("mlp_bias");
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", c.rope_theta}};
+  j["num_experts_per_tok"] = m.top_k;
+  j["router_aux_loss_coef"] = m.aux_loss_coef;
+  j["output_router_logits"] = false;
+  j["sliding_window"] = nullptr;
+  if (!c.qk_norm) {
+    j["architectures"] = {"MixtralForCausalLM"};
+    j["model_type"] = "mixtral";
+    j["num_local_experts"] = m.experts;
+    j["intermediate_size"] = m.ffn_hidden;
+    j["router_jitter_noise"] = 0.0;
+    j.erase("attention_bias");
+    return j;
+  }
+  j["architectures"] = {"Qwen3MoeForCausalLM"};
+  j["model_type"] = "qwen3_moe";
+  j["num_experts"] = m.experts;
+  j["moe_intermediate_size"] = m.ffn_hidden;
+  j["norm_topk_prob"] = m.normalize_top_k;
+  j["decoder_sparse_step"] = 1;
+  j["mlp_only_layers"] = nlohmann::json::array();
+  j["use_sliding_window"] = false;
+  j["max_window_layers"] = c.n_layer;
+  return j;
+}
+
 // transformers' LlamaConfig, or with model.qk_norm its Qwen3Config (the same layer with q_norm and
 // k_norm; rope_parameters is how transformers 5 reads the rotary base, rope_theta how 4 does).
 nlohmann::json llama_hf_config(const config::ModelConfig& c) {
@@ -70,6 +114,7 @@ nlohmann::json llama_hf_config(const config::ModelConfig& c) {
       {"initializer_range", 0.02},
       {"torch_dtype", "float32"},
   };
+  if (c.moe.enabled) return llama_moe_hf_config(c, std::move(j));
   if (c.qk_norm) {
     j.erase("mlp_bias");
     j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", c.rope_theta}};
@@ -118,7 +163,9 @@ const ArchSpec llama_spec{
     {{"rope_theta", "rope_theta"},
      {"rms_norm_eps", "norm_eps"},
      {"tie_word_embeddings", "tie_embeddings"},
-     {"head_dim", "d_model / model.n_head"}},
+     {"head_dim", "d_model / model.n_head"},
+     {"num_experts_per_tok", "moe.top_k"},
+     {"norm_topk_prob", "moe.normalize_top_k"}},
 };
 
 }  // namespace
