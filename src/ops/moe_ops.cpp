@@ -11,11 +11,6 @@ namespace llmtrain::ops {
 using dispatch::as_int;
 using dispatch::Op;
 
-// No CUDA kernels yet: on a GPU tensor each op fails "no CUDA kernel" (MoE layers are refused on
-// a CUDA device before that: model::Llama). The CUDA twins will replace NoKernel here, as LLMTRAIN_KERNELS.
-#define LLMTRAIN_MOE_KERNELS(name) \
-  ::llmtrain::ops::dispatch::Kernels { LLMTRAIN_CPU_KERNEL(name), ::llmtrain::ops::dispatch::NoKernel{} }
-
 void moe_router_forward(const Tensor& probs, const Tensor& experts, const Tensor& weights, const Tensor& counts,
                         const Tensor& losses, const Tensor& logits, const Tensor& bias, const RouterKind& kind) {
   const Op op("moe_router_forward");
@@ -29,7 +24,7 @@ void moe_router_forward(const Tensor& probs, const Tensor& experts, const Tensor
   op.expect("losses", losses, DType::f32, {3});
   if (bias.data) op.expect("bias", bias, act, {E});
   if (k < 1 || k > E) op.fail("top k must be in [1, E]");
-  op.run(LLMTRAIN_MOE_KERNELS(moe_router_forward), act, [&](auto v) {
+  op.run(LLMTRAIN_KERNELS(moe_router_forward), act, [&](auto v) {
     return std::tuple(v.f32(probs), v.i32(experts), v.f32(weights), v.f32(counts), v.f32(losses), v.in(logits),
                       v.in(bias), N, as_int(E), as_int(k), kind.sigmoid, kind.normalize, kind.route_scale);
   });
@@ -46,7 +41,7 @@ void moe_router_backward(const Tensor& dlogits, const Tensor& dweights, const Te
   op.expect("probs", probs, DType::f32, {N, E});
   op.expect("experts", experts, DType::i32, {N, k});
   op.expect("counts", counts, DType::f32, {E});
-  op.run(LLMTRAIN_MOE_KERNELS(moe_router_backward), act, [&](auto v) {
+  op.run(LLMTRAIN_KERNELS(moe_router_backward), act, [&](auto v) {
     return std::tuple(v.out(dlogits), v.f32(dweights), v.in(logits), v.f32(probs), v.i32(experts), v.f32(counts), N,
                       as_int(E), as_int(k), kind.sigmoid, kind.normalize, kind.route_scale, aux_scale, z_scale);
   });
@@ -62,7 +57,7 @@ void moe_dispatch(const Tensor& offsets, const Tensor& row_slot, const Tensor& s
   op.expect("slot_row", slot_row, DType::i32, {N * k});
   op.expect("dropped", dropped, DType::f32, {1});
   if (E < 1) op.fail("no experts");
-  op.run(LLMTRAIN_MOE_KERNELS(moe_dispatch), DType::f32, [&](auto v) {
+  op.run(LLMTRAIN_KERNELS(moe_dispatch), DType::f32, [&](auto v) {
     return std::tuple(v.i32(offsets), v.i32(row_slot), v.i32(slot_row), v.f32(dropped), v.i32(experts), N, as_int(E),
                       as_int(k), capacity);
   });
@@ -77,7 +72,7 @@ void moe_permute_forward(const Tensor& xp, const Tensor& x, const Tensor& row_sl
   op.expect("xp", xp, act, {N * k, C});
   op.expect("row_slot", row_slot, DType::i32, {N * k});
   op.expect("offsets", offsets, DType::i32, {E + 1});
-  op.run(LLMTRAIN_MOE_KERNELS(moe_permute_forward), act, [&](auto v) {
+  op.run(LLMTRAIN_KERNELS(moe_permute_forward), act, [&](auto v) {
     return std::tuple(v.out(xp), v.in(x), v.i32(row_slot), v.i32(offsets), N, as_int(E), as_int(k), as_int(C));
   });
 }
@@ -88,7 +83,7 @@ void moe_permute_backward(const Tensor& dx, const Tensor& dxp, const Tensor& slo
   const DType act = op.activation(dx);
   op.expect("dxp", dxp, act, {N * k, C});
   op.expect("slot_row", slot_row, DType::i32, {N * k});
-  op.run(LLMTRAIN_MOE_KERNELS(moe_permute_backward), act, [&](auto v) {
+  op.run(LLMTRAIN_KERNELS(moe_permute_backward), act, [&](auto v) {
     return std::tuple(v.out(dx), v.in(dxp), v.i32(slot_row), N, as_int(k), as_int(C), mode == Accumulate::yes);
   });
 }
@@ -100,7 +95,7 @@ void moe_unpermute_forward(const Tensor& out, const Tensor& y, const Tensor& wei
   op.expect("y", y, act, {N * k, C});
   op.expect("weights", weights, DType::f32, {N, k});
   op.expect("slot_row", slot_row, DType::i32, {N * k});
-  op.run(LLMTRAIN_MOE_KERNELS(moe_unpermute_forward), act, [&](auto v) {
+  op.run(LLMTRAIN_KERNELS(moe_unpermute_forward), act, [&](auto v) {
     return std::tuple(v.out(out), v.in(y), v.f32(weights), v.i32(slot_row), N, as_int(k), as_int(C));
   });
 }
@@ -118,7 +113,7 @@ void moe_unpermute_backward(const Tensor& dy, const Tensor& dweights, const Tens
   op.expect("row_slot", row_slot, DType::i32, {N * k});
   op.expect("slot_row", slot_row, DType::i32, {N * k});
   op.expect("offsets", offsets, DType::i32, {E + 1});
-  op.run(LLMTRAIN_MOE_KERNELS(moe_unpermute_backward), act, [&](auto v) {
+  op.run(LLMTRAIN_KERNELS(moe_unpermute_backward), act, [&](auto v) {
     return std::tuple(v.out(dy), v.f32(dweights), v.in(dout), v.in(y), v.f32(weights), v.i32(row_slot),
                       v.i32(slot_row), v.i32(offsets), N, as_int(E), as_int(k), as_int(C));
   });
@@ -129,7 +124,7 @@ void moe_bias_update(const Tensor& bias, const Tensor& loads, float mean_load, f
   const auto n = bias.shape[0];
   op.expect("bias", bias, DType::f32, {n});
   op.expect("loads", loads, DType::f32, {n});
-  op.run(LLMTRAIN_MOE_KERNELS(moe_bias_update), DType::f32,
+  op.run(LLMTRAIN_KERNELS(moe_bias_update), DType::f32,
          [&](auto v) { return std::tuple(v.f32(bias), v.f32(loads), mean_load, n, rate); });
 }
 
@@ -140,7 +135,7 @@ void grouped_matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& 
   op.expect("weight", weight, act, {E, OC, C});
   op.expect("out", out, act, {R, OC});
   op.expect("offsets", offsets, DType::i32, {E + 1});
-  op.run(LLMTRAIN_MOE_KERNELS(grouped_matmul_forward), act, [&](auto v) {
+  op.run(LLMTRAIN_KERNELS(grouped_matmul_forward), act, [&](auto v) {
     return std::tuple(v.out(out), v.in(inp), v.in(weight), v.i32(offsets), as_int(E), as_int(C), as_int(OC));
   });
 }
@@ -155,7 +150,7 @@ void grouped_matmul_backward(const Tensor& dinp, const Tensor& dweight, const Te
   op.expect("dinp", dinp, act, {R, C});
   op.expect("dout", dout, act, {R, OC});
   op.expect("offsets", offsets, DType::i32, {E + 1});
-  op.run(LLMTRAIN_MOE_KERNELS(grouped_matmul_backward), act, [&](auto v) {
+  op.run(LLMTRAIN_KERNELS(grouped_matmul_backward), act, [&](auto v) {
     return std::tuple(v.out(dinp), v.f32(dweight), v.in(dout), v.in(inp), v.in(weight), v.i32(offsets), as_int(E),
                       as_int(C), as_int(OC), mode == Accumulate::yes);
   });

@@ -1,7 +1,7 @@
 // The Mixture-of-Experts ops (docs/moe.md): the router, the dispatch plan and the permutation of
 // token slots into expert order and back, the grouped GEMM over all experts, and the expert bias's
 // balancing step. Checked and dispatched as ops.h's are (CPU references in kernels/cpu/moe.cpp and
-// grouped_matmul.cpp; no CUDA kernels yet). E experts, k per token, N tokens, N k slots.
+// grouped_matmul.cpp; CUDA kernels in kernels/cuda/moe.cu and grouped_matmul.cu). E experts, k per token, N tokens, N k slots.
 #pragma once
 
 #include <cstdint>

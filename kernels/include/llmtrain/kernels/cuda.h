@@ -239,4 +239,48 @@ void adamw_update_chunks(float* param, const float* grad, float* m, float* v, bf
                          const AdamWChunk* chunks, std::int64_t n_chunks, float lr, float beta1, float beta2,
                          float eps, float weight_decay, int step, float grad_scale, cudaStream_t stream);
 
+// ---- Mixture of Experts (kernels/cuda/moe.cu, grouped_matmul.cu; docs/moe.md) -------------------
+// As cpu.h's: E experts, k per token, N tokens, N k slots; every result a gather (no atomics).
+/// probs (N,E), experts (N,k), weights (N,k), counts (E), losses (3) from logits (N,E) and bias
+/// (E, or null).
+template <class Act>
+void moe_router_forward(float* probs, std::int32_t* experts, float* weights, float* counts, float* losses,
+                        const Act* logits, const Act* bias, std::int64_t N, int E, int k, bool sigmoid,
+                        bool normalize, float route_scale, cudaStream_t stream);
+/// dlogits (N,E) WRITTEN.
+template <class Act>
+void moe_router_backward(Act* dlogits, const float* dweights, const Act* logits, const float* probs,
+                         const std::int32_t* experts, const float* counts, std::int64_t N, int E, int k,
+                         bool sigmoid, bool normalize, float route_scale, float aux_scale, float z_scale,
+                         cudaStream_t stream);
+/// The dispatch plan: offsets (E+1), row_slot, slot_row (N k), dropped (1); capacity 0: dropless.
+void moe_dispatch(std::int32_t* offsets, std::int32_t* row_slot, std::int32_t* slot_row, float* dropped,
+                  const std::int32_t* experts, std::int64_t N, int E, int k, std::int64_t capacity,
+                  cudaStream_t stream);
+template <class Act>
+void moe_permute_forward(Act* xp, const Act* x, const std::int32_t* row_slot, const std::int32_t* offsets,
+                         std::int64_t N, int E, int k, int C, cudaStream_t stream);
+template <class Act>
+void moe_permute_backward(Act* dx, const Act* dxp, const std::int32_t* slot_row, std::int64_t N, int k, int C,
+                          bool accumulate, cudaStream_t stream);
+template <class Act>
+void moe_unpermute_forward(Act* out, const Act* y, const float* weights, const std::int32_t* slot_row,
+                           std::int64_t N, int k, int C, cudaStream_t stream);
+/// dy (N k, C) rows below offsets[E] and dweights (N,k) WRITTEN.
+template <class Act>
+void moe_unpermute_backward(Act* dy, float* dweights, const Act* dout, const Act* y, const float* weights,
+                            const std::int32_t* row_slot, const std::int32_t* slot_row, const std::int32_t* offsets,
+                            std::int64_t N, int E, int k, int C, cudaStream_t stream);
+void moe_bias_update(float* bias, const float* loads, float mean_load, std::int64_t n, float rate,
+                     cudaStream_t stream);
+/// out (R,OC): each expert's rows of inp (R,C) times weight (E,OC,C)[e]^T, one launch.
+template <class Act>
+void grouped_matmul_forward(Act* out, const Act* inp, const Act* weight, const std::int32_t* offsets, int E, int C,
+                            int OC, cudaStream_t stream);
+/// dweight (E,OC,C) +=; dinp (R,C) += (or, accumulate false, =).
+template <class Act>
+void grouped_matmul_backward(Act* dinp, float* dweight, const Act* dout, const Act* inp, const Act* weight,
+                             const std::int32_t* offsets, int E, int C, int OC, bool accumulate,
+                             cudaStream_t stream);
+
 }  // namespace llmtrain::cuda
