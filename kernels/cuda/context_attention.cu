@@ -2,7 +2,7 @@
 // queries against one block of keys and values at their true positions in the sequence, the
 // backward of that block against the merged softmax, the log-sum-exp merge of two blocks'
 // results, and the packing of key/value columns. bf16 with head sizes 64 and 128 and 16-byte
-// aligned tensors run on tensor cores (context_attention_tc.cu: the flash-attention kernels with
+// aligned tensors on a GPU of compute capability 9.0 or newer run on tensor cores (context_attention_tc.cu: the flash-attention kernels with
 // positions, tiled, fully masked tiles skipped, deterministic). Everything else (fp32, other head
 // sizes, unaligned tensors) runs the straightforward kernels here, one warp per query row
 // (forward, dQ) or per key (dK, dV: every query row that sees the key, in order, so the sums are
@@ -270,11 +270,21 @@ Shape shape_of(int B, int Tq, int Tk, int C, int NH, int NKV, int kv_width, cons
           1.0f / std::sqrt(float(HS))};
 }
 
+// Whether the current GPU is of compute capability 9.0 or newer, the architectures the
+// tensor-core block kernels are compiled for (context_attention_tc.cu).
+bool block_kernels_built_for_device() {
+  int device = 0, major = 0;
+  LLMTRAIN_CUDA_CHECK(cudaGetDevice(&device));
+  LLMTRAIN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major >= 9;
+}
+
 // The tensor-core kernels: bf16 (checked by the callers), head sizes 64 and 128, 16-byte aligned
-// rows (every width is a multiple of HS) and grid dimensions in range.
+// rows (every width is a multiple of HS), grid dimensions in range, on a GPU of compute
+// capability 9.0 or newer.
 bool on_tensor_cores(const Shape& s, const void* qkv, const void* kv, int B) {
   return (s.HS == 64 || s.HS == 128) && flash::aligned16(qkv) && flash::aligned16(kv) && s.NH <= 65535 &&
-         B <= 65535;
+         B <= 65535 && block_kernels_built_for_device();
 }
 
 flash::BlockShape block_shape(const Shape& s, kernels::Chunks q_at, kernels::Chunks k_at, const std::int32_t* seg,

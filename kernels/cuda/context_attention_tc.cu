@@ -20,6 +20,9 @@
 // The backward first computes D = rowsum(dout out) into a stream-ordered scratch, as the flash
 // backward does, then dK/dV (grid over key tiles) and dQ (grid over query tiles), which both
 // recompute P and dS.
+// Compiled for sm_90 and newer only (an older architecture's build holds empty kernels, which
+// ptxas would otherwise make spill on sm_80): context_attention.cu calls them on such GPUs alone
+// and runs its straightforward kernels elsewhere.
 #include <climits>
 
 #include "flash_attention_tiles.cuh"
@@ -157,6 +160,7 @@ __device__ __forceinline__ void add_rows_f32(float* base, std::int64_t stride, c
 template <int HS>
 __global__ void __launch_bounds__(kTcThreads)
     block_forward_tc_kernel(float* out, float* lse, const bf16* qkv, const bf16* kv, BlockShape s) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
   constexpr int BR = kTcRows, BC = kTcCols, S = HS + kTcPad, KD = HS / 16, NT = BC / 8, DT = HS / 8;
   extern __shared__ float4 smem[];
   bf16* q_s = reinterpret_cast<bf16*>(smem);  // (BR, S)
@@ -256,6 +260,7 @@ __global__ void __launch_bounds__(kTcThreads)
           row_l > 0.0f ? (m[hh] + log2f(row_l)) * kLn2 : -INFINITY;
     }
   }
+#endif
 }
 
 // D (B,NH,Tq) = rowsum(dout out): one warp per (b, t, h) row of HS elements.
@@ -280,6 +285,7 @@ template <int HS, int BK>
 __global__ void __launch_bounds__(kTcThreads)
     block_dq_tc_kernel(float* dq, const bf16* dout, const bf16* qkv, const float* lse, const float* D,
                        const bf16* kv, BlockShape s) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
   constexpr int BQ = kTcRows, S = HS + kTcPad, KD = HS / 16, NT = BK / 8, DT = HS / 8;
   extern __shared__ float4 smem[];
   bf16* q_s = reinterpret_cast<bf16*>(smem);  // (BQ, S)
@@ -343,6 +349,7 @@ __global__ void __launch_bounds__(kTcThreads)
   }
   add_rows_f32<HS>(dq + row0 * s.QKV + std::int64_t(h) * HS, s.QKV, acc, qt.t0 + warp * 16 + g, s.q_at.len,
                    s.scale);
+#endif
 }
 
 // Grid (key tiles of both chunks, NKV, B): dK, dV of 64 keys over the query tiles, of every head
@@ -351,6 +358,7 @@ template <int HS, int BQ>
 __global__ void __launch_bounds__(kTcThreads)
     block_dkdv_tc_kernel(float* dkv, const bf16* dout, const bf16* qkv, const float* lse, const float* D,
                          const bf16* kv, BlockShape s) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
   constexpr int BK = kTcRows, S = HS + kTcPad, KD = HS / 16, NT = BQ / 8, DT = HS / 8;
   extern __shared__ float4 smem[];
   bf16* k_s = reinterpret_cast<bf16*>(smem);                   // (BK, S)
@@ -450,6 +458,7 @@ __global__ void __launch_bounds__(kTcThreads)
       dkv + (std::int64_t(b) * s.Tk + std::int64_t(kc) * s.k_at.len) * s.ld + std::int64_t(kvh) * HS;
   add_rows_f32<HS>(grads + s.k_col, s.ld, dk, key_r, s.k_at.len, s.scale);
   add_rows_f32<HS>(grads + s.v_col, s.ld, dv, key_r, s.k_at.len, 1.0f);
+#endif
 }
 
 }  // namespace
