@@ -27,13 +27,9 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-venv_python = os.path.join(ROOT, ".venv-torch", "bin", "python")
-# sys.prefix, not the executable's path: a venv's python is a link to the system's.
-if os.path.exists(venv_python) and os.path.realpath(sys.prefix) != os.path.realpath(os.path.dirname(os.path.dirname(venv_python))) \
-        and not os.environ.get("LLMTRAIN_HF_REFERENCE_REEXEC"):
-    os.environ["LLMTRAIN_HF_REFERENCE_REEXEC"] = "1"
-    os.execv(venv_python, [venv_python, *sys.argv])
+from reference_venv import use_reference_venv
+
+use_reference_venv()
 try:
     import numpy as np
     import torch

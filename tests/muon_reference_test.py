@@ -32,7 +32,8 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from reference_venv import use_reference_venv
+
 BINARY, MODE = sys.argv[1], sys.argv[2]
 failures = []
 
@@ -44,13 +45,7 @@ def check(ok, what):
 
 
 if MODE in ("torch", "init_from"):
-    venv = os.path.join(ROOT, ".venv-torch")
-    venv_python = os.path.join(venv, "bin", "python")
-    # A virtual environment's python is a link to the system's: sys.prefix tells them apart.
-    if os.path.exists(venv_python) and os.path.realpath(sys.prefix) != os.path.realpath(venv) \
-            and not os.environ.get("LLMTRAIN_MUON_REEXEC"):
-        os.environ["LLMTRAIN_MUON_REEXEC"] = "1"
-        os.execv(venv_python, [venv_python, *sys.argv])
+    use_reference_venv()
     try:
         import torch
     except ImportError as e:
