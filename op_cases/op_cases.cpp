@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "core/bf16.h"
+#include "ops/muon_ops.h"
 #include "ops/ops.h"
 
 namespace llmtrain::op_cases {
@@ -323,6 +324,36 @@ OpCase adamw_case(std::int64_t N, const ops::AdamWParams& p) {
   return c;
 }
 
+OpCase muon_momentum_case(std::int64_t N, float momentum, bool nesterov) {
+  OpCase c{"muon_momentum", shape_name({{"N", N}, {"nesterov", nesterov ? 1 : 0}})};
+  c.args = {range(-0.5f, 0.5f, always_f32(accumulated("buf", {N}, f32_elementwise))),
+            always_f32(input("grad", {N}, -2.0f, 2.0f)), always_f32(output("u", {N}, f32_elementwise))};
+  Step step{"muon_momentum", [momentum, nesterov](const Args& a) {
+              ops::muon_momentum(a["buf"], a["grad"], a["u"], momentum, nesterov, 0.5f);
+              return 0.0;
+            }};
+  step.fixed_bytes = 4.0 * 4 * double(N);  // buf read and written, grad read, u written
+  c.steps = {step};
+  c.dtypes = {DType::f32};
+  return c;
+}
+
+OpCase muon_apply_case(std::int64_t N, bool working) {
+  OpCase c{"muon_apply", shape_name({{"N", N}})};
+  Arg param = always_f32(accumulated("param", {N}, f32_elementwise));
+  param.compare = Compare::change;  // the update itself, not the parameters it is added to
+  c.args = {param, always_f32(input("o", {N}, -1.0f, 1.0f)),
+            present_if(working, output("working", {N}, act_elementwise))};
+  Step step{"muon_apply", [](const Args& a) {
+              ops::muon_apply(a["param"], a["o"], a["working"], 0.99f, 0.05f);
+              return 0.0;
+            }};
+  step.fixed_bytes = (3.0 * 4 + (working ? 2.0 : 0.0)) * double(N);  // param read and written, o read
+  c.steps = {step};
+  c.dtypes = {working ? DType::bf16 : DType::f32};
+  return c;
+}
+
 }  // namespace llmtrain::op_cases
 
 // ---- the check grids -------------------------------------------------------------------------
@@ -631,6 +662,15 @@ std::vector<OpCase> adamw_cases() {
   return cases;
 }
 
+std::vector<OpCase> muon_cases() {
+  std::vector<OpCase> cases;
+  for (const std::int64_t N : element_counts) {
+    for (const bool nesterov : {true, false}) add(cases, muon_momentum_case(N, 0.95f, nesterov));
+    for (const bool working : {false, true}) add(cases, muon_apply_case(N, working));
+  }
+  return cases;
+}
+
 }  // namespace
 
 const std::map<std::string, std::vector<OpCase>>& check_cases() {
@@ -638,7 +678,7 @@ const std::map<std::string, std::vector<OpCase>>& check_cases() {
     std::map<std::string, std::vector<OpCase>> t;
     for (auto* builder : {encoder_cases, layernorm_cases, layernorm_residual_cases, matmul_cases, matmul_gelu_cases,
                           attention_decode_cases, elementwise_cases, rmsnorm_cases, rope_cases, fused_classifier_cases,
-                          vocab_parallel_cases, sum_squares_cases, adamw_cases, moe_cases}) {
+                          vocab_parallel_cases, sum_squares_cases, adamw_cases, muon_cases, moe_cases}) {
       for (OpCase& c : builder()) t[c.op].push_back(std::move(c));
     }
     return t;

@@ -200,6 +200,11 @@ OpCase fused_classifier_case(std::int64_t N, std::int64_t V, float scale, std::i
 OpCase sum_squares_case(std::int64_t N, float lo, float hi);
 /// adamw_update of N f32 parameters with their gradient and moments.
 OpCase adamw_case(std::int64_t N, const ops::AdamWParams& p);
+/// muon_momentum of N f32 momentum elements with their gradient, writing u.
+OpCase muon_momentum_case(std::int64_t N, float momentum, bool nesterov);
+/// muon_apply of N f32 parameters with the orthogonalised update; `working`: a bf16 run that also
+/// writes the bf16 working copy (else an f32 run without one).
+OpCase muon_apply_case(std::int64_t N, bool working);
 
 /// Mixture of Experts (moe_cases.cpp): moe_router_forward then _backward over logits (N,E), top k;
 /// moe_dispatch with the permutation and combination of N k slots of C channels (capacity 0:

@@ -59,6 +59,8 @@ LLMTRAIN_OP_TEST("fused_classifier")
 LLMTRAIN_OP_TEST("vocab_parallel")
 LLMTRAIN_OP_TEST_F32("sum_squares")
 LLMTRAIN_OP_TEST_F32("adamw_update")
+LLMTRAIN_OP_TEST_F32("muon_momentum")
+LLMTRAIN_OP_TEST("muon_apply")
 // Mixture of Experts (kernels/cuda/moe.cu, grouped_matmul.cu).
 LLMTRAIN_OP_TEST("moe_router")
 LLMTRAIN_OP_TEST("moe_dispatch")

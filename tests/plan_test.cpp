@@ -839,3 +839,41 @@ TEST_CASE("plan: --suggest weighs context parallelism for long sequences only", 
   }
   CHECK(found);
 }
+
+TEST_CASE("plan: Muon's owner gathers and scatters in the data group's traffic, as measured", "[plan][muon]") {
+  // tests/mesh_equivalence_test.py's "muon" and "llama-muon" models (4 layers, d_model 32), rank
+  // 0's point-to-point sends of an update as the runs count them (metrics.jsonl's collectives
+  // "send"; the GPT-2 ZeRO 1 figures are also those of that test's muon_traffic formula).
+  struct Measured {
+    config::Arch arch;
+    int ranks, zero;
+    std::int64_t sends;
+    double bytes;
+  };
+  const Measured measured[] = {
+      {config::Arch::gpt2, 2, 1, 12, 97728.0},  {config::Arch::gpt2, 4, 1, 11, 65120.0},
+      {config::Arch::gpt2, 2, 3, 12, 66304.0},  {config::Arch::gpt2, 4, 3, 12, 65536.0},
+      {config::Arch::llama, 2, 1, 14, 55232.0}, {config::Arch::llama, 2, 3, 16, 55296.0},
+  };
+  for (const Measured& m : measured) {
+    CAPTURE(config::to_string(m.arch), m.ranks, m.zero);
+    config::Config c;
+    c.model = m.arch == config::Arch::gpt2 ? shape(m.arch, 251, 32, 4, 4, 4, 32, 128, true)
+                                           : shape(m.arch, 251, 32, 4, 4, 2, 32, 40, false);
+    c.optim.name = "muon";
+    const plan::RankShare share = plan::rank_share(c.model);
+    const plan::UpdateTraffic t = plan::muon_traffic(c, share, m.ranks, m.zero, 0);
+    CHECK(t.sends == m.sends);
+    CHECK(t.bytes == m.bytes);
+    // update_traffic adds the data rank that sends most, on top of ZeRO's collectives (AdamW's).
+    double most = 0;
+    for (int r = 0; r < m.ranks; ++r) most = std::max(most, plan::muon_traffic(c, share, m.ranks, m.zero, r).bytes);
+    CHECK(most >= m.bytes);
+    const double muon = plan::update_traffic(c, share, m.ranks, m.zero, false, 1).bytes;
+    c.optim.name = "adamw";
+    CHECK(muon == plan::update_traffic(c, share, m.ranks, m.zero, false, 1).bytes + most);
+    CHECK(plan::muon_traffic(c, share, m.ranks, m.zero, 0).bytes == 0.0);  // AdamW sends nothing of the kind
+    c.optim.name = "muon";
+    CHECK(plan::muon_traffic(c, share, m.ranks, 0, 0).bytes == 0.0);  // ZeRO 0: every rank holds every matrix
+  }
+}

@@ -42,4 +42,19 @@ void adamw_update(float* param, const float* grad, float* m, float* v, std::int6
   }
 }
 
+void muon_momentum(float* buf, const float* grad, float* u, std::int64_t N, float momentum, int nesterov,
+                   float grad_scale) {
+#pragma omp parallel for simd if (worth_threads(N * 4))
+  for (std::int64_t i = 0; i < N; ++i) {
+    const float g = grad_scale * grad[i];
+    buf[i] += (1.0f - momentum) * (g - buf[i]);
+    u[i] = nesterov ? g + momentum * (buf[i] - g) : buf[i];
+  }
+}
+
+void muon_apply(float* param, const float* o, std::int64_t N, float keep, float step) {
+#pragma omp parallel for simd if (worth_threads(N * 3))
+  for (std::int64_t i = 0; i < N; ++i) param[i] = param[i] * keep - step * o[i];
+}
+
 }  // namespace llmtrain::cpu

@@ -57,6 +57,51 @@ struct AdamW {
   }
 };
 
+// Muon's momentum: buf <- buf + (1 - momentum)(g - buf), u = g + momentum (buf - g) (nesterov) or
+// buf, with g = grad * grad_scale; the same arithmetic as the CPU reference, in the same order.
+struct MuonMomentum {
+  float* buf;         // (N)
+  const float* grad;  // (N)
+  float* u;           // (N)
+  float momentum, grad_scale;
+  int nesterov;
+  template <int W>
+  __device__ void apply(std::int64_t i) const {
+    const Chunk<float, W> g = load_chunk<W>(grad + i);
+    Chunk<float, W> b = load_chunk<W>(buf + i), out;
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const float gs = grad_scale * g.e[k];
+      b.e[k] += (1.0f - momentum) * (gs - b.e[k]);
+      out.e[k] = nesterov ? gs + momentum * (b.e[k] - gs) : b.e[k];
+    }
+    store_chunk<W>(buf + i, b);
+    store_chunk<W>(u + i, out);
+  }
+};
+
+// Muon's weight update: param <- param keep - step o, and the bf16 working copy when given.
+struct MuonApply {
+  float* param;    // (N)
+  const float* o;  // (N)
+  bf16* working;   // (N) or null
+  float keep, step;
+  template <int W>
+  __device__ void apply(std::int64_t i) const {
+    Chunk<float, W> p = load_chunk<W>(param + i);
+    const Chunk<float, W> x = load_chunk<W>(o + i);
+#pragma unroll
+    for (int k = 0; k < W; ++k) p.e[k] = p.e[k] * keep - step * x.e[k];
+    store_chunk<W>(param + i, p);
+    if (working) {
+      Chunk<bf16, W> w;
+#pragma unroll
+      for (int k = 0; k < W; ++k) w.e[k] = from_float<bf16>(p.e[k]);
+      store_chunk<W>(working + i, w);
+    }
+  }
+};
+
 struct AdamWChunkArgs {
   float* param;        // (N)
   const float* grad;   // (N)
@@ -156,6 +201,20 @@ void adamw_update_chunks(float* param, const float* grad, float* m, float* v, bf
   adamw_chunks_kernel<<<unsigned(n_chunks), adamw_block, 0, stream>>>(a, chunks,
                                                                      aligned16({param, grad, m, v, working}));
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
+}
+
+void muon_momentum(float* buf, const float* grad, float* u, std::int64_t N, float momentum, int nesterov,
+                   float grad_scale, cudaStream_t stream) {
+  const MuonMomentum op{buf, grad, u, momentum, grad_scale, nesterov};
+  launch_elementwise<float>(op, N, aligned16({buf, grad, u}), stream);
+}
+
+void muon_apply(float* param, const float* o, bf16* working, std::int64_t N, float keep, float step,
+                cudaStream_t stream) {
+  const MuonApply op{param, o, working, keep, step};
+  // 4 floats per access, 4 bf16 (8 bytes) of the working copy: aligned when the floats are.
+  const bool aligned = aligned16({param, o}) && (!working || reinterpret_cast<std::uintptr_t>(working) % 8 == 0);
+  launch_elementwise<float>(op, N, aligned, stream);
 }
 
 }  // namespace llmtrain::cuda

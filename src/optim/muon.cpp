@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/bf16.h"
 #include "core/error.h"
+#include "ops/muon_ops.h"
 
 namespace llmtrain::optim {
 
@@ -249,6 +249,12 @@ void Muon::gather_parts(dist::Communicator& group, float* u, std::vector<dist::P
 
 namespace {
 
+// Elements [at, at + n) of the flat tensor t (no data when t has none).
+Tensor elements(const Tensor& t, std::int64_t at, std::int64_t n) {
+  void* data = t.data ? static_cast<char*>(t.data) + std::size_t(at) * dtype_size(t.dtype) : nullptr;
+  return Tensor(data, t.dtype, t.device, {n});
+}
+
 // Copies a tensor rank's block (dim 0: rows [first, first + count); dim 1: those columns) of a
 // (rows, cols) matrix `full` to `part` (to_part) or back.
 void copy_block(float* full, float* part, std::int64_t rows, std::int64_t cols, int dim, std::int64_t first,
@@ -328,19 +334,14 @@ void Muon::update(const UpdateArgs& a) {
   const double lr = lr_ * (a.lr / optim_.lr);
   const float mu = float(optim_.muon.momentum), keep = float(1.0 - lr * weight_decay_), s = float(scale);
   ns_.bf16 = a.working.data != nullptr;  // bf16 runs orthogonalise in bf16
-  float *w = a.params.as<float>(), *buf = momentum().as<float>();
-  const float* grad = a.grads.as<float>();
-  std::uint16_t* working = a.working.data ? a.working.as<std::uint16_t>() : nullptr;
   u_.resize(std::size_t(size()));
+  const Tensor u(u_.data(), DType::f32, Device::cpu, {size()});
   // Momentum and u on this rank's parts, elementwise.
   for (const Placed& mat : matrices_) {
     for (const Part& part : mat.parts) {
       if (part.rank != rank_) continue;
-      for (std::int64_t i = part.local; i < part.local + part.length; ++i) {
-        const float g = s * grad[i];
-        buf[i] += (1.0f - mu) * (g - buf[i]);
-        u_[std::size_t(i)] = optim_.muon.nesterov ? g + mu * (buf[i] - g) : buf[i];
-      }
+      ops::muon_momentum(elements(momentum(), part.local, part.length), elements(a.grads, part.local, part.length),
+                         elements(u, part.local, part.length), mu, optim_.muon.nesterov, s);
     }
   }
   // O in place of u: each matrix held whole here (ZeRO: gathered by its owner first), through
@@ -369,10 +370,8 @@ void Muon::update(const UpdateArgs& a) {
     const float step = float(muon_adjusted_lr(lr, optim_.muon.adjust_lr, mat.full_rows, mat.full_cols));
     for (const Part& part : mat.parts) {
       if (part.rank != rank_) continue;
-      for (std::int64_t i = part.local; i < part.local + part.length; ++i) {
-        w[i] = w[i] * keep - step * u_[std::size_t(i)];
-        if (working) working[i] = float_to_bf16_bits(w[i]);
-      }
+      ops::muon_apply(elements(a.params, part.local, part.length), elements(u, part.local, part.length),
+                      elements(a.working, part.local, part.length), keep, step);
     }
   }
 }

@@ -9,6 +9,7 @@
 #include "checkpoint/safetensors.h"
 #include "model/arch.h"
 #include "model/model.h"
+#include "optim/muon.h"
 #include "optim/registry.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/pipeline_stages.h"
@@ -18,17 +19,28 @@ namespace {
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
+// What `model` (built for tensor rank `tensor_rank` of `tensor_size`) holds: its parameters, ZeRO
+// 3's units and, without tensor parallelism, Muon's matrices.
+RankShare share_of_model(const model::Model& model, int tensor_size, int tensor_rank) {
+  RankShare share;
+  share.tensor_size = tensor_size;
+  share.tensor_rank = tensor_rank;
+  share.params = model.num_params();
+  for (const model::ParamRun& run : model.param_runs()) share.units.push_back({run.size(), run.layer >= 0, run.begin});
+  if (tensor_size == 1) {
+    for (const optim::MuonMatrix& mat : optim::muon_matrices(model.param_infos())) {
+      share.muon_matrices.push_back({mat.offset, mat.offset + mat.numel()});
+    }
+  }
+  return share;
+}
+
 // The share of one tensor rank: the model's own parameter list, built with external storage (no
 // buffers). ZeRO 3 shards each parameter run as one unit (parallel/zero3.h).
 RankShare share_of(const config::ModelConfig& m, int tensor_size, int tensor_rank) {
   const auto model = model::make_model(m, Device::cpu, config::Recompute::none, DType::f32,
                                        ops::AttentionKernels::flash, model::Layout{true, tensor_rank, tensor_size});
-  RankShare share;
-  share.tensor_size = tensor_size;
-  share.tensor_rank = tensor_rank;
-  share.params = model->num_params();
-  for (const model::ParamRun& run : model->param_runs()) share.units.push_back({run.size(), run.layer >= 0});
-  return share;
+  return share_of_model(*model, tensor_size, tensor_rank);
 }
 
 // The tensor rank with the most vocabulary rows ([V r / t, V (r + 1) / t)); the first of those.
@@ -266,11 +278,53 @@ std::int64_t max_micro_batch(const config::Config& config, bool bf16, int tensor
   return good / step * step;
 }
 
+UpdateTraffic muon_traffic(const config::Config& config, const RankShare& share, int data_parallel_size,
+                           int zero_stage, int data_rank) {
+  const std::int64_t D = data_parallel_size;
+  UpdateTraffic t;
+  if (config.optim.name != optim::Muon::name || D <= 1 || zero_stage < 1) return t;
+  // Each rank's pieces of the flat buffer, as ZeRO lays them out (parallel/grad_sync.cpp, zero3.cpp).
+  std::vector<std::vector<model::FlatRange>> pieces(static_cast<std::size_t>(D));
+  for (std::int64_t r = 0; r < D; ++r) {
+    const auto add = [&](std::int64_t begin, std::int64_t n) {
+      const std::int64_t shard = ceil_div(n, D), lo = std::min(begin + n, begin + r * shard);
+      const std::int64_t hi = std::min(begin + n, lo + shard);
+      if (hi > lo) pieces[std::size_t(r)].push_back({lo, hi});
+    };
+    if (zero_stage == 3) {
+      for (const auto& u : share.units) add(u.begin, u.params);
+    } else {
+      add(0, share.params);
+    }
+  }
+  for (std::size_t j = 0; j < share.muon_matrices.size(); ++j) {
+    const model::FlatRange& mat = share.muon_matrices[j];
+    const std::int64_t owner = std::int64_t(j) % D;
+    for (std::int64_t r = 0; r < D; ++r) {
+      // A part of rank r's: to the owner (r == data_rank), or back from the owner (data_rank).
+      if (r == owner || (data_rank != r && data_rank != owner)) continue;
+      for (const model::FlatRange& piece : pieces[std::size_t(r)]) {
+        const std::int64_t n = std::min(mat.end, piece.end) - std::max(mat.begin, piece.begin);
+        if (n <= 0) continue;
+        ++t.sends;
+        t.bytes += 4.0 * double(n);
+      }
+    }
+  }
+  return t;
+}
+
 UpdateTraffic update_traffic(const config::Config& config, const RankShare& share, int data_parallel_size,
                              int zero_stage, bool bf16, std::int64_t micro_steps) {
   const std::int64_t D = data_parallel_size;
   UpdateTraffic t;
   if (D <= 1) return t;
+  UpdateTraffic muon;  // the data rank that sends most
+  for (int r = 0; r < D; ++r) {
+    const UpdateTraffic mine = muon_traffic(config, share, int(D), zero_stage, r);
+    if (mine.bytes > muon.bytes) muon = mine;
+  }
+  t.sends = muon.sends;
   const std::int64_t P = share.params;
   // A ring all-gather or reduce-scatter of a buffer padded to D ceil(n / D) elements of `bytes`
   // each sends (D - 1) / D of it: (D - 1) ceil(n / D) elements.
@@ -283,7 +337,7 @@ UpdateTraffic update_traffic(const config::Config& config, const RankShare& shar
   if (zero_stage <= 2) {
     t.reduce_scatters = 1;
     t.all_gathers = 1;
-    t.bytes = double(2 * gather_or_scatter(P, 4));
+    t.bytes = double(2 * gather_or_scatter(P, 4)) + muon.bytes;
     return t;
   }
   const std::int64_t compute = bf16 ? 2 : 4;
@@ -300,7 +354,7 @@ UpdateTraffic update_traffic(const config::Config& config, const RankShare& shar
     t.reduce_scatters += micro_steps;
     per_micro_step += gather_or_scatter(u.params, 4);
   }
-  t.bytes = double(micro_steps * per_micro_step + per_update);
+  t.bytes = double(micro_steps * per_micro_step + per_update) + muon.bytes;
   return t;
 }
 
@@ -350,10 +404,7 @@ std::vector<StagePlan> pipeline_stages(const config::Config& config, int tensor_
                                          ops::AttentionKernels::flash, layout);
     st.embedding = model->holds_model_begin();
     st.head = model->holds_model_end();
-    st.share.tensor_size = tensor_size;
-    st.share.tensor_rank = r;
-    st.share.params = model->num_params();
-    for (const model::ParamRun& run : model->param_runs()) st.share.units.push_back({run.size(), run.layer >= 0});
+    st.share = share_of_model(*model, tensor_size, r);
     st.slots = parallel::peak_live_activations(parallel::stage_schedule(config.dist, s, int(micro_batches)));
     st.activations =
         st.slots * std::int64_t(model->activation_bytes(int(config.train.micro_batch_size), int(m.context_length))) +

@@ -9,6 +9,7 @@
 
 #include "config/config.h"
 #include "dist/mesh.h"
+#include "model/flat_layout.h"
 #include "parallel/pipeline_stages.h"
 
 namespace llmtrain::plan {
@@ -34,6 +35,7 @@ std::int64_t active_parameter_count(const config::ModelConfig& model);
 struct ShardUnit {
   std::int64_t params = 0;
   bool layer = false;  // a transformer layer (gathered around its forward and backward); else a root unit (gathered for the whole step)
+  std::int64_t begin = 0;  // where it starts in the flat buffer
 };
 
 /// What one rank of a tensor-parallel group holds of the model: the parameter list of the model
@@ -45,6 +47,9 @@ struct RankShare {
   int tensor_rank = 0;
   std::int64_t params = 0;       // this rank's parameters (the whole model's at tensor size 1)
   std::vector<ShardUnit> units;  // ZeRO 3's units of its flat buffer, in buffer order
+  // optim.name "muon": the matrices Muon orthogonalises (optim::muon_matrices), as flat ranges,
+  // in its order (owner: index % data-parallel size). Without tensor parallelism only.
+  std::vector<model::FlatRange> muon_matrices;
 };
 
 /// The share of tensor rank `tensor_rank` of `tensor_size`, or (tensor_rank -1) of the rank that
@@ -122,7 +127,8 @@ std::int64_t max_micro_batch(const config::Config& config, bool bf16, int tensor
 /// ranks, an all-reduce sends 2 (n-1)/n S, a reduce-scatter or all-gather (n-1)/n S.
 struct UpdateTraffic {
   std::int64_t all_reduces = 0, reduce_scatters = 0, all_gathers = 0;
-  double bytes = 0;  // sent per rank
+  std::int64_t sends = 0;  // point-to-point sends (optim.name "muon": its owners' gathers and scatters)
+  double bytes = 0;        // sent per rank
 };
 
 /// Over the data-parallel group, for a rank holding `share`. ZeRO 0: one all-reduce of the f32
@@ -131,12 +137,23 @@ struct UpdateTraffic {
 /// layer unit all-gathered in the compute dtype for forward and again for backward (once with
 /// dist.reshard_after_forward false) and its f32 gradients reduce-scattered, the root units'
 /// gradients reduce-scattered; once per update the root units all-gathered. The small all-reduce
-/// of the loss and the gradient norm is not counted. Nothing at D = 1.
+/// of the loss and the gradient norm is not counted. Nothing at D = 1. optim.name "muon" under
+/// ZeRO 1-3 (without tensor parallelism) adds its owners' transfers (muon_traffic) of the data
+/// rank that sends most.
 UpdateTraffic update_traffic(const config::Config& config, const RankShare& share, int data_parallel_size,
                              int zero_stage, bool bf16, std::int64_t micro_steps);
 /// Without tensor parallelism.
 UpdateTraffic update_traffic(const config::Config& config, int data_parallel_size, int zero_stage, bool bf16,
                              std::int64_t micro_steps);
+
+/// Muon's point-to-point transfers per update of data rank `data_rank` of `data_parallel_size`
+/// under ZeRO `zero_stage` >= 1 (optim/muon.h): matrix j is orthogonalised by rank j % D, which
+/// receives every other rank's part of u (f32) and sends each its part of O back; a rank sends
+/// its part of each matrix another rank owns and, for the matrices it owns, the other ranks'
+/// parts. Parts as ZeRO lays the flat buffer out: ZeRO 1 and 2 ceil(P / D) elements a rank, ZeRO
+/// 3 ceil(n / D) of each unit of n. Nothing for optim.name "adamw", at D = 1 or ZeRO 0.
+UpdateTraffic muon_traffic(const config::Config& config, const RankShare& share, int data_parallel_size,
+                           int zero_stage, int data_rank);
 
 /// Over a tensor-parallel group of `tensor_size` (Megatron's split, as gpt2.cpp and llama.cpp
 /// make it), every collective counted. Each micro-step, with N = micro-batch x context tokens, C =

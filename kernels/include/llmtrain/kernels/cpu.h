@@ -176,6 +176,13 @@ double sum_squares(const float* x, std::int64_t N, double* into);
 void adamw_update(float* param, const float* grad, float* m, float* v, std::int64_t N, float lr, float beta1,
                   float beta2, float eps, float weight_decay, int step, float grad_scale);
 
+/// Muon's momentum (torch.optim.Muon's) on buf, grad, u (N): g = grad * grad_scale;
+/// buf <- buf + (1 - momentum)(g - buf); u = g + momentum (buf - g) when nesterov, else buf.
+void muon_momentum(float* buf, const float* grad, float* u, std::int64_t N, float momentum, int nesterov,
+                   float grad_scale);
+/// Muon's weight update on param, o (N): param <- param * keep - step * o.
+void muon_apply(float* param, const float* o, std::int64_t N, float keep, float step);
+
 // ---- Mixture of Experts (moe.cpp, grouped_matmul.cpp; docs/moe.md) ------------------------------
 // E experts, k chosen per token, N tokens, N k token slots (slot s = t k + j: token t's j-th
 // choice); M = offsets[E] rows kept, in expert order.

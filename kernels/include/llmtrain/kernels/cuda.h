@@ -238,6 +238,13 @@ inline constexpr std::int32_t adamw_chunk_elements = 4096;
 void adamw_update_chunks(float* param, const float* grad, float* m, float* v, bf16* working,
                          const AdamWChunk* chunks, std::int64_t n_chunks, float lr, float beta1, float beta2,
                          float eps, float weight_decay, int step, float grad_scale, cudaStream_t stream);
+/// Muon's momentum on buf, grad, u (N, f32) in one pass, as cpu::muon_momentum.
+void muon_momentum(float* buf, const float* grad, float* u, std::int64_t N, float momentum, int nesterov,
+                   float grad_scale, cudaStream_t stream);
+/// Muon's weight update on param, o (N, f32), as cpu::muon_apply; unless null, working (bf16)
+/// gets the updated param rounded to nearest even, as convert() would give.
+void muon_apply(float* param, const float* o, bf16* working, std::int64_t N, float keep, float step,
+                cudaStream_t stream);
 
 // ---- Mixture of Experts (kernels/cuda/moe.cu, grouped_matmul.cu; docs/moe.md) -------------------
 // As cpu.h's: E experts, k per token, N tokens, N k slots; every result a gather (no atomics).

@@ -1,0 +1,59 @@
+// Muon's elementwise ops: their checks, then their kernels and arguments (dispatch.h).
+#include "ops/muon_ops.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <tuple>
+
+#include "core/bf16.h"
+#include "llmtrain/kernels/cpu.h"
+#include "ops/dispatch.h"
+#if LLMTRAIN_HAVE_CUDA
+#include "device/runtime.h"
+#endif
+
+namespace llmtrain::ops {
+
+using dispatch::Op;
+
+void muon_momentum(const Tensor& buf, const Tensor& grad, const Tensor& u, float momentum, bool nesterov,
+                   float grad_scale) {
+  const Op op("muon_momentum");
+  const DType act = op.expect_same_size({&buf, &grad, &u}, /*f32_only=*/true);
+  op.run(LLMTRAIN_KERNELS(muon_momentum), act, [&](auto view) {
+    return std::tuple(view.f32(buf), view.f32(grad), view.f32(u), buf.numel(), momentum, int(nesterov), grad_scale);
+  });
+}
+
+void muon_apply(const Tensor& param, const Tensor& o, const Tensor& working, float keep, float step) {
+  const Op op("muon_apply");
+  op.expect_same_size({&param, &o}, /*f32_only=*/true);
+  const std::int64_t N = param.numel();
+  const bool on_gpu = working.data ? op.on_cuda({&param, &o, &working}) : op.on_cuda({&param, &o});
+  // The working copy: bf16 (f32 too on the CPU, where a bf16 run's reference keeps f32 values).
+  const bool f32_copy = working.data && working.dtype == DType::f32 && !on_gpu;
+  if (working.data && ((working.dtype != DType::bf16 && !f32_copy) || working.numel() != N)) {
+    op.fail("expected a bf16 working copy of " + std::to_string(N) + " elements, got " + working.describe());
+  }
+  if (on_gpu) {
+#if LLMTRAIN_HAVE_CUDA
+    return op.guarded([&] {
+      cuda::muon_apply(param.as<float>(), o.as<float>(), working.data ? working.as<cuda::bf16>() : nullptr, N, keep,
+                       step, device::compute_stream());
+    });
+#endif
+  }
+  // The CPU reference: the update, then the rounding convert does.
+  cpu::muon_apply(param.as<float>(), o.as<float>(), N, keep, step);
+  if (!working.data) return;
+  const float* x = param.as<float>();
+  if (f32_copy) {
+    std::copy(x, x + N, working.as<float>());
+    return;
+  }
+  std::uint16_t* bits = working.as<std::uint16_t>();
+  for (std::int64_t i = 0; i < N; ++i) bits[i] = float_to_bf16_bits(x[i]);
+}
+
+}  // namespace llmtrain::ops
