@@ -6,9 +6,9 @@
 #include <string>
 #include <tuple>
 
-#include "core/bf16.h"
 #include "llmtrain/kernels/cpu.h"
 #include "ops/dispatch.h"
+#include "ops/ops.h"
 #if LLMTRAIN_HAVE_CUDA
 #include "device/runtime.h"
 #endif
@@ -44,16 +44,15 @@ void muon_apply(const Tensor& param, const Tensor& o, const Tensor& working, flo
     });
 #endif
   }
-  // The CPU reference: the update, then the rounding convert does.
+  // The CPU reference: the update, then the working copy (convert's rounding for bf16).
   cpu::muon_apply(param.as<float>(), o.as<float>(), N, keep, step);
   if (!working.data) return;
-  const float* x = param.as<float>();
   if (f32_copy) {
+    const float* x = param.as<float>();
     std::copy(x, x + N, working.as<float>());
     return;
   }
-  std::uint16_t* bits = working.as<std::uint16_t>();
-  for (std::int64_t i = 0; i < N; ++i) bits[i] = float_to_bf16_bits(x[i]);
+  convert(working, param);
 }
 
 }  // namespace llmtrain::ops
