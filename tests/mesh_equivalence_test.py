@@ -114,28 +114,33 @@ def zero_traffic(run):
     """The data group's collectives of an update under ZeRO 0, 1 and 3, from the model's shapes: per
     micro-step and layer one all-gather in forward, one in backward (none when the layers stay
     gathered, none in forward for the first layer after the first micro-step: it stays gathered)
-    and one reduce-scatter; ring volumes (n-1)/n S and 2 (n-1)/n S."""
+    and one reduce-scatter; per micro-step each unit outside the layers gathered and reduced once
+    for each end of the model that reads it (the embedding; the final norm and head, which read
+    the token table too when tied); ring volumes (n-1)/n S and 2 (n-1)/n S."""
     m, t, d = run.config["model"], run.config["train"], run.config["dist"]
     W, zero, reshard = run.ranks, d["zero_stage"], d["reshard_after_forward"]
     V, T, L, C, F = m["vocab_size"], m["context_length"], m["n_layer"], m["d_model"], m["ffn_hidden"]
-    if m["arch"] == "gpt2":  # units: ln_f | each layer | wpe, wte
+    # roots: (size, uses per micro-step)
+    if m["arch"] == "gpt2":  # units: ln_f (head) | each layer | wpe, wte (embedding and tied head)
         layer = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (F * C + F) + (C * F + C)
-        roots = [2 * C, T * C + V * C]
-    else:  # norm, untied head | each layer | embed
+        roots = [(2 * C, 1), (T * C + V * C, 2)]
+    else:  # norm, untied head (head) | each layer | embed (embedding)
         NH, NKV, HS = m["n_head"], m["n_kv_head"], C // m["n_head"]
         layer = C + NH * HS * C + 2 * NKV * HS * C + C * NH * HS + C + 3 * F * C
-        roots = [V * C + C, V * C]
-    P = L * layer + sum(roots)
+        roots = [(V * C + C, 1), (V * C, 1)]
+    P = L * layer + sum(r for r, _ in roots)
     micro = t["global_batch_size"] // (t["micro_batch_size"] * W)
     share = (W - 1) / W
     ceil = lambda n: -(-n // W)
     expect = {}
     if zero == 3:
         layer_gathers = micro * L * (2 if reshard else 1) - (micro - 1)
-        expect["all-gather"] = (layer_gathers + len(roots),
-                                share * W * 4 * (layer_gathers * ceil(layer) + sum(ceil(r) for r in roots)))
-        expect["reduce-scatter"] = (micro * (L + len(roots)),
-                                    micro * share * W * 4 * (L * ceil(layer) + sum(ceil(r) for r in roots)))
+        root_uses = sum(uses for _, uses in roots)
+        root_elements = sum(uses * ceil(r) for r, uses in roots)
+        expect["all-gather"] = (layer_gathers + micro * root_uses,
+                                share * W * 4 * (layer_gathers * ceil(layer) + micro * root_elements))
+        expect["reduce-scatter"] = (micro * (L + root_uses),
+                                    micro * share * W * 4 * (L * ceil(layer) + root_elements))
         expect["all-reduce"] = (1, 2 * share * 16)  # the loss and the squared norm, two doubles
     elif zero == 0:
         expect["all-reduce"] = (2, 2 * share * (4 * P + 8))  # one gradient bucket (dist.bucket_mb), then the loss

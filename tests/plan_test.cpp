@@ -57,6 +57,10 @@ TEST_CASE("plan: ZeRO 3 units of a tiny Llama and GPT-2, counted by hand", "[pla
     CHECK(units[i].params == sizes[i]);
     CHECK(units[i].layer == layers[i]);
   }
+  // The untied head and the final norm are read by the head, the token table by the embedding.
+  CHECK((units[0].head && !units[0].embedding));
+  CHECK((units[4].embedding && !units[4].head));
+  for (std::size_t i = 1; i < 4; ++i) CHECK((!units[i].head && !units[i].embedding));
   CHECK(plan::parameter_count(llama.model) == 476);
 
   // GPT-2, vocab 10, context 8, d_model 4, ffn 16, 2 layers. Root before: ln_f 2 x 4 = 8. Each
@@ -69,6 +73,8 @@ TEST_CASE("plan: ZeRO 3 units of a tiny Llama and GPT-2, counted by hand", "[pla
   CHECK(g[1].params == 244);
   CHECK(g[2].params == 244);
   CHECK(g[3].params == 72);
+  CHECK((g[0].head && !g[0].embedding));  // ln_f
+  CHECK((g[3].head && g[3].embedding));   // wpe and wte: the tied head reads wte
   CHECK(plan::parameter_count(gpt2) == 568);
 }
 
@@ -132,21 +138,24 @@ TEST_CASE("plan: memory per rank at ZeRO 0 to 3 over 3 ranks, where padding matt
   CHECK(p.gathered == 0);
 
   // ZeRO 3: shards ceil(48/3) + 3 ceil(128/3) + ceil(44/3) = 16 + 3 x 43 + 15 = 160 parameters.
-  // Gathered: the roots padded, 3 x 16 + 3 x 15 = 93; layer slots of 3 x 43 = 129 in the compute
-  // dtype; f32 gradients for the roots (93) and 2 slots of 129 + 43; f32 scratch of 43.
+  // Gathered: the ends are units like the layers (the head reads one, norm and lm_head, 48), so
+  // two weight slots of the largest padded unit, 3 x 43 = 129, in the compute dtype; two f32
+  // gradient slots of 129 + 43.
   p = plan::plan_memory(c, 3, 3, false, 2);
   CHECK(p.weights == 4 * 160);
   CHECK(p.gradients == 4 * 160);
   CHECK(p.optimizer == 8 * 160);
-  CHECK(p.gathered == 4 * (93 + 2 * 129) + 4 * (93 + 2 * (129 + 43) + 43));  // fp32: 3324
+  CHECK(p.gathered == 4 * (2 * 129) + 4 * (2 * (129 + 43)));  // fp32: 2408
   CHECK(p.activations == activations);
-  CHECK(p.total() == 640 + 640 + 1280 + 3324 + activations);
+  CHECK(p.total() == 640 + 640 + 1280 + 2408 + activations);
   p = plan::plan_memory(c, 3, 3, true, 2);
   CHECK(p.weights == 640);
-  CHECK(p.gathered == 2 * (93 + 2 * 129) + 4 * (93 + 2 * (129 + 43) + 43));  // bf16 weights: 2622
-  c.dist.reshard_after_forward = false;  // every layer stays gathered from forward to backward
+  CHECK(p.gathered == 2 * (2 * 129) + 4 * (2 * (129 + 43)));  // bf16 weights: 1892
+  // Every layer stays gathered from forward to backward (3 slots of 129), and the head's unit
+  // beside them (a slot of the largest root unit, 3 x 16).
+  c.dist.reshard_after_forward = false;
   p = plan::plan_memory(c, 3, 3, true, 2);
-  CHECK(p.gathered == 2 * (93 + 3 * 129) + 4 * (93 + 2 * (129 + 43) + 43));  // 2880
+  CHECK(p.gathered == 2 * (3 * 129 + 48) + 4 * (2 * (129 + 43)));  // 2246
 }
 
 TEST_CASE("plan: weights, gradients, optimizer and gathered bytes equal what the trainer holds", "[plan]") {
@@ -162,10 +171,10 @@ TEST_CASE("plan: weights, gradients, optimizer and gathered bytes equal what the
   const Measured measured[] = {{2, 0, false, true, 2743296}, {2, 0, true, true, 3086208},
                                {2, 1, false, true, 3086208}, {2, 1, true, true, 3429120},
                                {2, 2, false, true, 3086208}, {2, 2, true, true, 3429120},
-                               {2, 3, false, true, 2650880}, {2, 3, false, false, 2835712},
-                               {2, 3, true, true, 2400384},  {2, 3, true, false, 2492800},
-                               {3, 3, false, true, 2101324}, {3, 3, false, false, 2286160},
-                               {3, 3, true, true, 1850818},  {3, 3, true, false, 1943236}};
+                               {2, 3, false, true, 2295808}, {2, 3, false, false, 2546432},
+                               {2, 3, true, true, 2110976},  {2, 3, true, false, 2236288},
+                               {3, 3, false, true, 1777032}, {3, 3, false, false, 2027664},
+                               {3, 3, true, true, 1592196},  {3, 3, true, false, 1717512}};
   config::Config c = config::load_config(LLMTRAIN_SOURCE_DIR "/configs/tiny-llama.json");
   c.model.n_layer = 3;
   CHECK(plan::parameter_count(c.model) == 171456);
@@ -259,12 +268,11 @@ TEST_CASE("plan: tensor-parallel memory per rank, by hand and against the traine
   CHECK(plan::plan_memory(c, share, 1, 0, false, 2).state() == 16 * 24432);
   // ZeRO 1 over 2 data ranks: S = 12,216; 8 P + 8 S + the padded buffer and shard 4 (2 S + S).
   CHECK(plan::plan_memory(c, share, 2, 1, false, 2).state() == 8 * 24432 + 8 * 12216 + 12 * 12216);
-  // ZeRO 3 over 2: shards 32 + 3 x 3,224 + 2,512 = 12,216 (16 bytes each); roots gathered 2 x (32
-  // + 2,512) = 5,088 in f32 with f32 gradients as long, 2 weight slots of 2 x 3,224, 2 gradient
-  // slots of 3 x 3,224, scratch of the largest shard 3,224.
+  // ZeRO 3 over 2: shards 32 + 3 x 3,224 + 2,512 = 12,216 (16 bytes each); 2 weight slots of the
+  // largest unit padded, 2 x 3,224 (a layer), in f32, and 2 gradient slots of 3 x 3,224.
   const auto z3 = plan::plan_memory(c, share, 2, 3, false, 2);
   CHECK(z3.weights + z3.gradients + z3.optimizer == 16 * 12216);
-  CHECK(z3.gathered == 4 * (5088 + 2 * 2 * 3224) + 4 * (5088 + 2 * 3 * 3224 + 3224));
+  CHECK(z3.gathered == 4 * (2 * 2 * 3224) + 4 * (2 * 3 * 3224));
   // Activations: the model's own measure at tensor size 2 (heads, MLP columns and vocabulary rows
   // halved; the residual stream whole): less than one rank's, more than half of it.
   const std::int64_t whole = plan::activation_bytes(c.model, false, config::Recompute::none, 2);
@@ -290,17 +298,17 @@ TEST_CASE("plan: tensor-parallel memory per rank, by hand and against the traine
   const auto none = config::Recompute::none, full = config::Recompute::full, mlp = config::Recompute::mlp;
   const Measured measured[] = {
       {gpt2, 4, 2, 2, 0, false, true, none, 390912},   {gpt2, 4, 4, 2, 1, false, true, none, 439776},
-      {gpt2, 4, 4, 2, 2, false, true, none, 439776},   {gpt2, 4, 4, 2, 3, false, true, none, 378016},
-      {gpt2, 4, 4, 4, 0, true, true, none, 234576},    {gpt2, 4, 4, 4, 3, true, true, full, 306624},
-      {gpt2, 4, 4, 2, 3, true, false, none, 354944},   {gpt2, 4, 4, 2, 1, false, true, mlp, 439776},
+      {gpt2, 4, 4, 2, 2, false, true, none, 439776},   {gpt2, 4, 4, 2, 3, false, true, none, 324416},
+      {gpt2, 4, 4, 4, 0, true, true, none, 234576},    {gpt2, 4, 4, 4, 3, true, true, full, 274912},
+      {gpt2, 4, 4, 2, 3, true, false, none, 331616},   {gpt2, 4, 4, 2, 1, false, true, mlp, 439776},
       {llama, 2, 2, 2, 0, false, true, none, 297472},  {llama, 2, 4, 2, 1, true, true, none, 371840},
-      {llama, 2, 4, 2, 3, false, true, full, 291456},  {llama, 2, 4, 2, 3, true, true, none, 261312},
-      {llama, 4, 4, 4, 3, false, true, none, 251648},  {llama, 4, 4, 4, 0, true, true, full, 182592},
+      {llama, 2, 4, 2, 3, false, true, full, 229376},  {llama, 2, 4, 2, 3, true, true, none, 213248},
+      {llama, 4, 4, 4, 3, false, true, none, 211456},  {llama, 4, 4, 4, 0, true, true, full, 182592},
       // Key/value heads replicated (2 over 4 ranks), and runs with sequence parallelism (which
       // changes no parameter buffer).
       {llama, 2, 4, 4, 0, false, true, none, 162304},  {llama, 2, 4, 4, 0, true, true, mlp, 182592},
-      {llama, 2, 4, 4, 3, true, true, full, 235456},   {llama, 2, 4, 2, 1, false, true, mlp, 334656},
-      {gpt2, 4, 4, 2, 3, true, true, mlp, 342048},     {gpt2, 4, 2, 2, 0, false, true, none, 390912},
+      {llama, 2, 4, 4, 3, true, true, full, 203264},   {llama, 2, 4, 2, 1, false, true, mlp, 334656},
+      {gpt2, 4, 4, 2, 3, true, true, mlp, 298624},     {gpt2, 4, 2, 2, 0, false, true, none, 390912},
   };
   for (const auto& m : measured) {
     CAPTURE(config::to_string(m.arch), m.ranks, m.tensor, m.zero, m.bf16, m.reshard);
@@ -349,15 +357,17 @@ TEST_CASE("plan: the tensor group's all-reduces per update, against Megatron's c
   c = tp_model(config::Arch::gpt2);
   CHECK(plan::update_traffic(c, plan::rank_share(c.model, 2, 0), 2, 1, false, 2).bytes == 2 * 48864.0);
   // ZeRO 3 over the data group of tensor 2 x data 2, 2 micro-steps, as measured (metrics.jsonl's
-  // collectives without the loss's all-reduce): GPT-2 fp32 all-gathers 164,928 and
-  // reduce-scatters 97,728 bytes; Llama bf16 50,272 and 74,368.
+  // collectives without the loss's all-reduce): GPT-2 fp32 17 all-gathers of 182,304 bytes (per
+  // micro-step 2 per layer, ln_f once, the tied wpe and wte twice, less the first layer kept
+  // gathered) and 12 reduce-scatters of 117,824; Llama bf16 54,784 and 74,368.
   auto z3 = plan::update_traffic(c, plan::rank_share(c.model, 2, 0), 2, 3, false, 2);
-  CHECK(z3.all_gathers == 14);
-  CHECK(z3.reduce_scatters == 10);
-  CHECK(z3.bytes == 164928.0 + 97728.0);
+  CHECK(z3.all_gathers == 17);
+  CHECK(z3.reduce_scatters == 12);
+  CHECK(z3.bytes == 182304.0 + 117824.0);
   const config::Config l = tp_model(config::Arch::llama);
   z3 = plan::update_traffic(l, plan::rank_share(l.model, 2, 0), 2, 3, true, 2);
-  CHECK(z3.bytes == 50272.0 + 74368.0);
+  CHECK(z3.all_gathers == 15);
+  CHECK(z3.bytes == 54784.0 + 74368.0);
 }
 
 TEST_CASE("plan: the tensor group's collectives with sequence parallelism and replicated key/value heads", "[plan][tensor]") {
@@ -443,20 +453,21 @@ TEST_CASE("plan: bytes each rank sends per update, against the ring formulas", "
   }
   // ZeRO 3, bf16, 2 micro-steps. Per micro-step, each layer: 2 all-gathers of 3 x 43 bf16
   // (2 x 2 x 43 x 2 = 344 sent) and a reduce-scatter of 3 x 43 f32 (2 x 43 x 4 = 344): 3 x 688;
-  // the roots' gradients: 2 x (16 + 15) x 4 = 248. Once per update the roots gathered:
-  // 2 x (16 + 15) x 2 = 124. Total 2 x (2064 + 248) + 124 = 4748.
+  // the ends (the head's norm and lm_head, 16 a rank, and the embedding's table, 15) gathered,
+  // 2 x (16 + 15) x 2 = 124, and reduced, 2 x (16 + 15) x 4 = 248. Less the first layer's
+  // gather in the second micro-step's forward (172): 2 x (2064 + 124 + 248) - 172 = 4700.
   t = plan::update_traffic(c, 3, 3, true, 2);
-  CHECK(t.all_gathers == 2 * 3 * 2 + 2);
+  CHECK(t.all_gathers == 2 * (3 * 2 + 2) - 1);
   CHECK(t.reduce_scatters == 5 * 2);
   CHECK(t.all_reduces == 0);
-  CHECK(t.bytes == 4748.0);
-  // fp32: gathers of 4-byte weights: 2 x (3 x (688 + 344) + 248) + 248 = 6936.
-  CHECK(plan::update_traffic(c, 3, 3, false, 2).bytes == 6936.0);
-  // Without resharding, one gather per layer and micro-step: 2 x (3 x (172 + 344) + 248) + 124.
+  CHECK(t.bytes == 4700.0);
+  // fp32: gathers of 4-byte weights: 2 x (3 x (688 + 344) + 248 + 248) - 344 = 6840.
+  CHECK(plan::update_traffic(c, 3, 3, false, 2).bytes == 6840.0);
+  // Without resharding, one gather per layer and micro-step: 2 x (3 x (172 + 344) + 124 + 248) - 172.
   c.dist.reshard_after_forward = false;
   t = plan::update_traffic(c, 3, 3, true, 2);
-  CHECK(t.all_gathers == 3 * 2 + 2);
-  CHECK(t.bytes == 3716.0);
+  CHECK(t.all_gathers == 2 * (3 + 2) - 1);
+  CHECK(t.bytes == 3668.0);
   // One rank sends nothing.
   CHECK(plan::update_traffic(c, 1, 3, true, 2).bytes == 0.0);
   CHECK(plan::update_traffic(c, 1, 0, true, 2).bytes == 0.0);

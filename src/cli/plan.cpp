@@ -492,8 +492,8 @@ Command add_plan_command(CLI::App& parent) {
             if (mesh.size(dist::Axis::pipeline) > 1) print_stages(c, mesh, accum, stages[c.train.precision == config::Precision::bf16]);
             std::printf("weights: f32 master weights (ZeRO 3: this rank's shards; bf16 ZeRO 0-2: and a bf16 working copy); "
                         "gathered: ZeRO 1-2's padded gradient buffer and summed shard (ZeRO 2 holds what ZeRO 1 does), "
-                        "ZeRO 3's gathered weights (root units and 2 layers, or every layer without "
-                        "reshard_after_forward), f32 gradient buffers (root units and 2 layers) and scratch; weights + "
+                        "ZeRO 3's weight slots (2 of the largest unit, or every layer and the head's units without "
+                        "reshard_after_forward) and 2 f32 gradient slots; weights + "
                         "gradients + optimizer + gathered is the trainer's state_bytes\n");
             std::printf("sent/update: bytes each rank sends per optimizer update over its data-parallel group (ring "
                         "all-reduce, reduce-scatter and all-gather volumes; loss and norm all-reduce not counted)%s\n",

@@ -74,6 +74,17 @@ class Decoder : public Model {
   Tensor decode_step(std::int32_t token, int pos) override;
   StreamEnds stream_ends() override;
   std::string tied_embedding() const override { return tied() ? Body::names.embedding : ""; }
+  std::vector<std::string> end_param_names(ModelEnd end) const override {
+    if (end == ModelEnd::embedding) {
+      std::vector<std::string> names{Body::names.embedding};
+      if (Body::names.positions) names.emplace_back(Body::names.positions);
+      return names;
+    }
+    std::vector<std::string> names{norm_weight_name()};
+    if (norm_has_bias()) names.push_back(norm_bias_name());
+    names.emplace_back(tied() || !Body::names.head ? Body::names.embedding : Body::names.head);
+    return names;
+  }
   void prepare_activations(int B, int T) override { ensure_acts(B, local_length(T)); }
   std::size_t activation_bytes(int B, int T) const override {
     Carver carver = Carver::measuring();

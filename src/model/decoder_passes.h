@@ -40,12 +40,14 @@ double Decoder<Body>::forward(const std::int32_t* inputs, const std::int32_t* ta
   inputs_upload_.upload(a_.inputs, Tensor(const_cast<std::int32_t*>(inputs), DType::i32, Device::cpu, {B, T}));
   notify(PassEvent::forward_begins);
   if (begins_model()) {  // a later range's input is an earlier one's output (stream_ends)
+    notify(PassEvent::before_embedding);
     const Tensor embedded = sequence_parallel() ? a_.full_out : a_.encoded;
     const bool reset = reset_positions() && p_.positions.data;
     tp_.vocab_parallel_embedding(embedded.reshape({B, T, config_.d_model}), inputs, a_.inputs, p_.embedding,
                                  reset ? Tensor() : local_positions(T), slot_, slots_);
     if (reset) add_document_positions(embedded);
     tp_.reduce_output(embedded, a_.encoded);
+    notify(PassEvent::after_embedding);
   }
   for (std::size_t li = 0; li < a_.layers.size(); ++li) {
     const std::size_t l = std::size_t(layers_in_use().begin) + li;
@@ -54,6 +56,7 @@ double Decoder<Body>::forward(const std::int32_t* inputs, const std::int32_t* ta
     notify(PassEvent::after_forward, int(l));
   }
   if (!ends_model()) return 0.0;  // its output goes on to the next range
+  notify(PassEvent::before_head);
   final_norm_forward(a_.lnf, a_.lnf_mean, a_.lnf_rstd, stream_output(), p_.norm_weight, p_.norm_bias);
   ops::matmul_forward(a_.logits, tp_.gather_input(a_.lnf, a_.lnf_full), p_.head, Tensor());
   if (!targets) return 0.0;
@@ -76,6 +79,7 @@ void Decoder<Body>::backward(const std::function<void(std::int64_t)>& grads_read
   const Tensor& dresidual = ga_.residual;
   if (ends_model()) {  // an earlier range starts from the next range's input gradient (stream_ends)
     ops::zero(dresidual);
+    notify(PassEvent::before_head_backward);
     const Tensor dlnf = sp ? a_.full_out : ga_.lnf;  // the head's partial input gradient
     ops::matmul_backward(dlnf, g_.head, Tensor(), dlogits, sp ? a_.lnf_full : a_.lnf, p_.head, ops::Accumulate::no);
     tp_.reduce_output(dlnf, ga_.lnf);  // each rank's vocabulary rows' share
@@ -83,6 +87,7 @@ void Decoder<Body>::backward(const std::function<void(std::int64_t)>& grads_read
       final_norm_backward(dresidual, g_.norm_weight, g_.norm_bias, ga_.lnf, stream_output(), p_.norm_weight,
                           a_.lnf_mean, a_.lnf_rstd);
     });
+    notify(PassEvent::after_head_backward);
   }
   for (std::size_t li = a_.layers.size(); li-- > 0;) {
     const std::size_t l = std::size_t(layers_in_use().begin) + li;
@@ -94,6 +99,7 @@ void Decoder<Body>::backward(const std::function<void(std::int64_t)>& grads_read
   }
   // A later range's input gradient goes back to the range before it (stream_ends).
   if (begins_model()) {
+    notify(PassEvent::before_embedding_backward);
     const bool reset = reset_positions() && g_.positions.data;
     const bool split_positions = !reset && cp_.active() && g_.positions.data;
     Tensor dpositions = reset ? Tensor() : g_.positions;

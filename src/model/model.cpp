@@ -107,6 +107,18 @@ void Model::add_param(const std::string& name, std::vector<std::int64_t> shape, 
   infos_.push_back(std::move(info));
 }
 
+std::vector<std::size_t> Model::end_runs(ModelEnd end) const {
+  std::vector<std::size_t> runs;
+  for (const std::string& name : end_param_names(end)) {
+    if (!has_param(name)) continue;
+    const std::size_t run = param_info(name).run;
+    if (runs_[run].layer >= 0) throw RuntimeError("model: " + name + " lies in a layer's parameter run");
+    if (std::find(runs.begin(), runs.end(), run) == runs.end()) runs.push_back(run);
+  }
+  std::sort(runs.begin(), runs.end());
+  return runs;
+}
+
 FlatRange Model::layer_params(std::int64_t l) const {
   for (const ParamRun& run : runs_) {
     if (run.layer == l) return run;

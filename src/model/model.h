@@ -70,6 +70,8 @@ class Model {
   bool holds_model_begin() const { return ranges_.front().begin == 0; }
   bool holds_model_end() const { return ranges_.back().end == config_.n_layer; }
   bool holds_layer(std::int64_t l) const;
+  /// The parameters (held or not) that the embedding or the final norm and head read.
+  virtual std::vector<std::string> end_param_names(ModelEnd end) const = 0;
   /// The token embedding's name when the output head shares it (GPT-2; Llama with
   /// tie_embeddings), else "": in a pipeline the first and last stages each hold it.
   virtual std::string tied_embedding() const = 0;
@@ -108,6 +110,9 @@ class Model {
   /// The flat layout run by run: each layer's parameters, and the parameters outside the layers,
   /// in flat-buffer order (ParamInfo::run indexes it).
   const std::vector<ParamRun>& param_runs() const { return runs_; }
+  /// The runs (indices into param_runs()) holding the parameters one end of the model reads, in
+  /// run order: the runs a ModelEnd's PassEvents are about. Empty when this model holds none.
+  std::vector<std::size_t> end_runs(ModelEnd end) const;
   /// Where layer l's parameters (and gradients) lie in the flat buffer (l a layer this model holds).
   FlatRange layer_params(std::int64_t l) const;
   /// External storage (layout().external_storage): the model holds no flat buffers; whoever owns

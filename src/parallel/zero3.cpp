@@ -10,7 +10,7 @@
 namespace llmtrain::parallel {
 
 // A range of the flat buffer gathered and reduced as one piece: one of the model's parameter runs
-// (a layer's parameters, or a run outside the layers, which stays gathered for a whole update).
+// (a layer's parameters, or a run outside the layers, read by one or both ends of the model).
 struct Zero3::Unit {
   model::FlatRange range;        // its flat elements
   int layer = -1;                // the layer its parameters belong to; -1: outside the layers
@@ -19,23 +19,25 @@ struct Zero3::Unit {
   std::int64_t part_begin = 0;   // this rank's flat elements [part_begin, part_end)
   std::int64_t part_end = 0;
   std::int64_t local = 0;        // where they start in the local arrays
-  bool root = false;             // outside the layers: gathered from one update to the next
-  ops::Buffer root_weights, root_grads;  // root units only: (W S) compute dtype, (W S) f32
-  int slot = -1;                 // layer units: the weight slot holding the gathered weights
+  int slot = -1;                 // the weight slot holding the gathered weights, or -1
   bool current = false;          // the gathered weights are those of the master weights now
   std::unique_ptr<dist::Request> gathering;  // the gather in flight into them
   float* grads = nullptr;        // where backward adds this unit's gradients now
 
   std::int64_t part() const { return part_end - part_begin; }
-  void* weights(const std::vector<ops::Buffer>& slots) const {
-    return root ? root_weights.data() : slot >= 0 ? slots[std::size_t(slot)].data() : nullptr;
-  }
+};
+
+// A buffer the gathered weights of one unit at a time live in.
+struct Zero3::WeightSlot {
+  ops::Buffer buffer;         // (capacity) compute dtype
+  std::int64_t capacity = 0;  // elements
+  int unit = -1;              // the unit in it, or -1
 };
 
 struct Zero3::GradSlot {
   ops::Buffer sums;    // (W S_max) f32: what backward adds into
   ops::Buffer summed;  // (S_max,) f32: this rank's part summed over the group
-  Unit* unit = nullptr;  // the unit whose reduction is in flight
+  Unit* unit = nullptr;  // the unit whose gradients it holds (being added or reduced)
   std::unique_ptr<dist::Request> reducing;
 };
 
@@ -62,29 +64,37 @@ Zero3::Zero3(model::Model& model, dist::Communicator& comm, dist::Communicator& 
   const auto& runs = model.param_runs();
   units_.resize(runs.size());
   layer_units_.assign(std::size_t(model.config().n_layer), 0);
-  std::int64_t largest_layer = 0, largest = 0;
+  std::int64_t largest_layer = 0, largest_end = 0, layers = 0;
   for (std::size_t i = 0; i < runs.size(); ++i) {
     Unit& u = units_[i];
     u.range = runs[i];
     u.layer = runs[i].layer;
     u.index = i;
-    u.root = u.layer < 0;
     u.shard = (u.range.size() + W_ - 1) / W_;
     u.part_begin = std::min(u.range.end, u.range.begin + rank_ * u.shard);
     u.part_end = std::min(u.range.end, u.part_begin + u.shard);
     u.local = local_size_;
     local_size_ += u.part();
     if (u.part() > 0) pieces_.push_back({u.part_begin, u.part_end, u.local});
-    largest = std::max(largest, u.shard);
-    if (u.root) {
-      u.root_weights = ops::Buffer(device_, std::size_t(u.shard * W_) * dtype_size(compute_));
-      u.root_grads = ops::Buffer(device_, std::size_t(u.shard * W_) * sizeof(float));
-      ops::zero(flat(u.root_grads.data(), DType::f32, device_, u.shard * W_));
-      u.grads = static_cast<float*>(u.root_grads.data());
+    if (u.layer < 0) {
+      largest_end = std::max(largest_end, u.shard);
     } else {
       layer_units_.at(std::size_t(u.layer)) = i;
       largest_layer = std::max(largest_layer, u.shard);
       if (first_layer_ < 0 || u.layer < first_layer_) first_layer_ = u.layer;
+      if (u.layer > last_layer_) last_layer_ = u.layer;
+      ++layers;
+    }
+  }
+  // Every run outside the layers is read by an end of the model (else nothing would gather it).
+  for (const model::ModelEnd end : {model::ModelEnd::embedding, model::ModelEnd::head}) {
+    for (const std::size_t run : model.end_runs(end)) end_units_[std::size_t(end)].push_back(run);
+  }
+  for (const Unit& u : units_) {
+    const auto& e = end_units_;
+    const auto reads = [&](const std::vector<std::size_t>& v) { return std::find(v.begin(), v.end(), u.index) != v.end(); };
+    if (u.layer < 0 && !reads(e[0]) && !reads(e[1])) {
+      throw RuntimeError("ZeRO 3: parameter run " + std::to_string(u.index) + " lies outside the layers and both ends");
     }
   }
   master_ = ops::Buffer(device_, std::size_t(std::max<std::int64_t>(local_size_, 1)) * sizeof(float));
@@ -93,20 +103,30 @@ Zero3::Zero3(model::Model& model, dist::Communicator& comm, dist::Communicator& 
     ops::zero(master());
     ops::zero(grads());
   }
-  scratch_ = ops::Buffer(device_, std::size_t(std::max<std::int64_t>(largest, 1)) * sizeof(float));
-  // Two weight slots (the layer at work and the next one, prefetched), or one per layer when
-  // the layers stay gathered from forward to backward; two gradient slots (one reducing while
-  // the next layer's backward fills the other).
-  const std::int64_t layers = model.config().n_layer;
-  const std::int64_t slots = reshard_after_forward_ ? std::min<std::int64_t>(2, layers) : layers;
-  for (std::int64_t s = 0; s < slots; ++s) {
-    weight_slots_.emplace_back(device_, std::size_t(largest_layer * W_) * dtype_size(compute_));
+  // Weight slots. Resharded after forward: two of the largest unit's size, the layer at work and
+  // the next one prefetched (an end's units come and go as a layer's do; the head of a tied
+  // embedding holds two, the final norm's run and the embedding's). Kept from forward to backward:
+  // one per layer of the largest layer's size, and one per head unit of the largest end's size
+  // (the head is reached with every layer gathered).
+  const std::int64_t heads = std::int64_t(end_units_[std::size_t(model::ModelEnd::head)].size());
+  const auto add_slot = [&](std::int64_t shard) {
+    WeightSlot& slot = weight_slots_.emplace_back();
+    slot.capacity = shard * W_;
+    slot.buffer = ops::Buffer(device_, std::size_t(std::max<std::int64_t>(slot.capacity, 1)) * dtype_size(compute_));
+  };
+  if (reshard_after_forward_) {
+    for (std::int64_t s = 0; s < std::max<std::int64_t>(2, heads); ++s) add_slot(std::max(largest_layer, largest_end));
+  } else {
+    for (std::int64_t s = 0; s < layers; ++s) add_slot(largest_layer);
+    for (std::int64_t s = 0; s < heads; ++s) add_slot(largest_end);
   }
-  slot_unit_.assign(weight_slots_.size(), -1);
-  grad_slots_.resize(std::size_t(std::min<std::int64_t>(2, layers)));
+  // Two gradient slots of the largest unit (one reducing while the next unit's backward fills the
+  // other; a tied head fills both).
+  const std::int64_t largest = std::max(largest_layer, largest_end);
+  grad_slots_.resize(2);
   for (GradSlot& g : grad_slots_) {
-    g.sums = ops::Buffer(device_, std::size_t(largest_layer * W_) * sizeof(float));
-    g.summed = ops::Buffer(device_, std::size_t(std::max<std::int64_t>(largest_layer, 1)) * sizeof(float));
+    g.sums = ops::Buffer(device_, std::size_t(std::max<std::int64_t>(largest * W_, 1)) * sizeof(float));
+    g.summed = ops::Buffer(device_, std::size_t(std::max<std::int64_t>(largest, 1)) * sizeof(float));
   }
   for (const Unit& u : units_) bind(u);
   model_.set_observer(this);
@@ -130,9 +150,8 @@ Tensor Zero3::master() const { return flat(master_.data(), DType::f32, device_, 
 Tensor Zero3::grads() const { return flat(grads_.data(), DType::f32, device_, local_size_); }
 
 std::size_t Zero3::state_bytes() const {
-  std::size_t bytes = master_.bytes() + grads_.bytes() + scratch_.bytes();
-  for (const Unit& u : units_) bytes += u.root_weights.bytes() + u.root_grads.bytes();
-  for (const ops::Buffer& slot : weight_slots_) bytes += slot.bytes();
+  std::size_t bytes = master_.bytes() + grads_.bytes();
+  for (const WeightSlot& slot : weight_slots_) bytes += slot.buffer.bytes();
   for (const GradSlot& g : grad_slots_) bytes += g.sums.bytes() + g.summed.bytes();
   return bytes;
 }
@@ -146,25 +165,45 @@ void Zero3::load(const float* flat_weights) {
   weights_changed();
 }
 
-void Zero3::bind(const Unit& u) { model_.set_run_storage(u.index, u.weights(weight_slots_), u.grads); }
+void* Zero3::weights_of(const Unit& u) const {
+  return u.slot >= 0 ? weight_slots_[std::size_t(u.slot)].buffer.data() : nullptr;
+}
+
+void Zero3::bind(const Unit& u) { model_.set_run_storage(u.index, weights_of(u), u.grads); }
 
 Zero3::Unit& Zero3::layer_unit(int layer) { return units_[layer_units_.at(std::size_t(layer))]; }
 
-// Starts gathering u's weights (into a free slot for a layer): this rank's part of the master
-// weights, converted to the compute dtype, goes to its place in the slot; the all-gather brings
-// the others'.
-void Zero3::gather(Unit& u) {
-  if (!u.root && u.slot < 0) {
-    auto free = std::find(slot_unit_.begin(), slot_unit_.end(), -1);
-    if (free == slot_unit_.end() && kept_layer_ >= 0) {  // the first layer kept for the next forward yields
-      release_weights(layer_unit(kept_layer_));
-      free = std::find(slot_unit_.begin(), slot_unit_.end(), -1);
-    }
-    if (free == slot_unit_.end()) throw RuntimeError("ZeRO 3: no free weight slot (a unit was not released)");
-    u.slot = int(free - slot_unit_.begin());
-    *free = int(u.index);
+std::vector<Zero3::Unit*> Zero3::end_units(model::ModelEnd end) {
+  std::vector<Unit*> out;
+  for (const std::size_t i : end_units_[std::size_t(end)]) out.push_back(&units_[i]);
+  return out;
+}
+
+// A free weight slot that holds W S elements of u (the smallest such), or -1.
+int Zero3::free_slot(const Unit& u) const {
+  int best = -1;
+  for (std::size_t s = 0; s < weight_slots_.size(); ++s) {
+    const WeightSlot& slot = weight_slots_[s];
+    if (slot.unit >= 0 || slot.capacity < u.shard * W_) continue;
+    if (best < 0 || slot.capacity < weight_slots_[std::size_t(best)].capacity) best = int(s);
   }
-  void* weights = u.weights(weight_slots_);
+  return best;
+}
+
+// Starts gathering u's weights into a free slot: this rank's part of the master weights,
+// converted to the compute dtype, goes to its place in the slot; the all-gather brings the others'.
+void Zero3::gather(Unit& u) {
+  if (u.slot < 0) {
+    int free = free_slot(u);
+    if (free < 0 && kept_layer_ >= 0) {  // the first layer kept for the next forward yields
+      release_weights(layer_unit(kept_layer_));
+      free = free_slot(u);
+    }
+    if (free < 0) throw RuntimeError("ZeRO 3: no free weight slot (a unit was not released)");
+    u.slot = free;
+    weight_slots_[std::size_t(free)].unit = int(u.index);
+  }
+  void* weights = weights_of(u);
   void* mine = at(weights, rank_ * u.shard, compute_);
   if (u.part() > 0) {
     const Tensor part = flat(at(master_.data(), u.local, DType::f32), DType::f32, device_, u.part());
@@ -189,29 +228,37 @@ void Zero3::wait_gathered(Unit& u) {
 }
 
 void Zero3::release_weights(Unit& u) {
-  if (u.root || u.slot < 0) return;
-  if (u.layer == kept_layer_) kept_layer_ = -1;
+  if (u.slot < 0) return;
+  if (u.layer >= 0 && u.layer == kept_layer_) kept_layer_ = -1;
   if (u.gathering) {  // a prefetch nobody used
     u.gathering->wait();
     u.gathering.reset();
   }
-  slot_unit_[std::size_t(u.slot)] = -1;
+  weight_slots_[std::size_t(u.slot)].unit = -1;
   u.slot = -1;
   u.current = false;
   bind(u);
 }
 
-// Starts the gather of `layer` when it is not gathered and a slot is free.
-void Zero3::prefetch(int layer) {
-  if (layer < 0 || layer >= int(layer_units_.size())) return;
-  Unit& u = layer_unit(layer);
-  if (u.current) return;
-  if (std::find(slot_unit_.begin(), slot_unit_.end(), -1) == slot_unit_.end()) return;
+// Starts the gather of u when it is not gathered and a slot is free for it.
+void Zero3::prefetch(Unit& u) {
+  if (u.current || free_slot(u) < 0) return;
   gather(u);
 }
 
-// Gives the layer a zeroed gradient slot (finishing the reduction that last used it).
+// The next units forward reads after layer `layer`: the next layer's, or after the last one the head's.
+void Zero3::prefetch_after(int layer) {
+  if (layer < last_layer_) return prefetch(layer_unit(layer + 1));
+  for (Unit* u : end_units(model::ModelEnd::head)) prefetch(*u);
+}
+
+// Gives the unit a zeroed gradient slot (finishing the reduction that last used it, and any of
+// this unit's still in flight: a tied embedding is reduced after the head's backward and again
+// after the embedding's).
 void Zero3::begin_backward(Unit& u) {
+  for (GradSlot& g : grad_slots_) {
+    if (g.unit == &u) finish_reduction(g);
+  }
   GradSlot& slot = grad_slots_[next_grad_slot_];
   next_grad_slot_ = (next_grad_slot_ + 1) % grad_slots_.size();
   finish_reduction(slot);
@@ -222,10 +269,12 @@ void Zero3::begin_backward(Unit& u) {
 }
 
 // Starts summing the unit's gradients of this micro-step over the group into this rank's part.
-void Zero3::reduce_gradients(Unit& u, GradSlot& slot) {
+void Zero3::reduce_gradients(Unit& u) {
+  const auto slot = std::find_if(grad_slots_.begin(), grad_slots_.end(), [&](const GradSlot& g) { return g.unit == &u; });
+  if (slot == grad_slots_.end()) throw RuntimeError("ZeRO 3: a unit's gradients were reduced without a slot");
   if (W_ > 1) {
-    slot.reducing = comm_.start_reduce_scatter_sum(static_cast<float*>(slot.sums.data()),
-                                                   static_cast<float*>(slot.summed.data()), u.shard);
+    slot->reducing = comm_.start_reduce_scatter_sum(static_cast<float*>(slot->sums.data()),
+                                                    static_cast<float*>(slot->summed.data()), u.shard);
   }
 }
 
@@ -250,26 +299,52 @@ void Zero3::accumulate(const Unit& u, const float* summed_part) {
 }
 
 void Zero3::on(model::PassEvent event, int layer) {
+  using model::ModelEnd;
   using model::PassEvent;
   switch (event) {
     case PassEvent::forward_begins:
-      for (Unit& u : units_) {
-        if (u.root) wait_gathered(u);
-      }
+      // A forward without backward (validation) left the head's units gathered.
+      for (Unit* u : end_units(ModelEnd::head)) release_weights(*u);
+      for (Unit* u : end_units(ModelEnd::embedding)) prefetch(*u);
+      if (first_layer_ >= 0) prefetch(layer_unit(first_layer_));
+      break;
+    case PassEvent::before_embedding:
+      for (Unit* u : end_units(ModelEnd::embedding)) wait_gathered(*u);
+      break;
+    case PassEvent::after_embedding:
+      for (Unit* u : end_units(ModelEnd::embedding)) release_weights(*u);
+      if (first_layer_ >= 0) prefetch(layer_unit(first_layer_));
       break;
     case PassEvent::before_forward:
       if (layer == kept_layer_) kept_layer_ = -1;  // in use again: released as any layer
       wait_gathered(layer_unit(layer));
-      prefetch(layer + 1);
+      prefetch_after(layer);
       break;
     case PassEvent::after_forward:
       if (reshard_after_forward_) release_weights(layer_unit(layer));
+      break;
+    case PassEvent::before_head:
+      for (Unit* u : end_units(ModelEnd::head)) wait_gathered(*u);
+      break;
+    case PassEvent::before_head_backward:
+      for (Unit* u : end_units(ModelEnd::head)) {
+        wait_gathered(*u);
+        begin_backward(*u);
+      }
+      if (last_layer_ >= 0) prefetch(layer_unit(last_layer_));
+      break;
+    case PassEvent::after_head_backward:
+      for (Unit* u : end_units(ModelEnd::head)) {
+        release_weights(*u);
+        reduce_gradients(*u);
+      }
+      if (last_layer_ >= 0) prefetch(layer_unit(last_layer_));
       break;
     case PassEvent::before_backward: {
       Unit& u = layer_unit(layer);
       wait_gathered(u);
       begin_backward(u);
-      prefetch(layer - 1);
+      if (layer > first_layer_) prefetch(layer_unit(layer - 1));
       break;
     }
     case PassEvent::after_backward: {
@@ -279,17 +354,16 @@ void Zero3::on(model::PassEvent event, int layer) {
       } else {
         release_weights(u);
       }
-      const auto slot = std::find_if(grad_slots_.begin(), grad_slots_.end(), [&](const GradSlot& g) { return g.unit == &u; });
-      reduce_gradients(u, *slot);
+      reduce_gradients(u);
       break;
     }
+    case PassEvent::before_embedding_backward:
+      // Its backward adds into the gradients alone: the weights stay where they are (released).
+      for (Unit* u : end_units(ModelEnd::embedding)) begin_backward(*u);
+      break;
     case PassEvent::backward_ends:
-      for (Unit& u : units_) {
-        if (!u.root) continue;
-        float* sums = static_cast<float*>(u.root_grads.data());
-        if (W_ > 1) comm_.reduce_scatter_sum(sums, static_cast<float*>(scratch_.data()), u.shard);
-        accumulate(u, W_ > 1 ? static_cast<const float*>(scratch_.data()) : sums);
-        ops::zero(flat(sums, DType::f32, device_, u.shard * W_));
+      for (Unit* u : end_units(ModelEnd::embedding)) {
+        if (u->grads) reduce_gradients(*u);
       }
       for (GradSlot& g : grad_slots_) finish_reduction(g);
       break;
@@ -311,17 +385,7 @@ double Zero3::finish(double& loss_sum) {
 }
 
 void Zero3::weights_changed() {
-  for (Unit& u : units_) {
-    if (u.root) {
-      if (u.gathering) {
-        u.gathering->wait();
-        u.gathering.reset();
-      }
-      u.current = false;
-    } else {
-      release_weights(u);
-    }
-  }
+  for (Unit& u : units_) release_weights(u);
 }
 
 }  // namespace llmtrain::parallel

@@ -7,18 +7,21 @@
 // unit (the last ranks' parts may be short or empty). This rank's parts of all units, laid end to
 // end, are its local arrays: master weights, gradients, m and v.
 //
-// As forward and backward reach each layer (model::PassEvent, heard as the model's observer), and
-// the model's weights live in storage this class owns (model::Layout::external_storage), bound
-// unit by unit. The layer's weights are gathered in
-// the compute dtype (bf16 under mixed precision) into one of a few working slots, the next
-// layer's gather is started meanwhile (prefetch), and the slot is freed after the layer's forward
+// As forward and backward reach each layer and each end of the model (model::PassEvent, heard as
+// the model's observer; the model's weights live in storage this class owns,
+// model::Layout::external_storage, bound unit by unit), the units it reads are gathered in the
+// compute dtype (bf16 under mixed precision) into one of a few working slots, the next layer's
+// gather is started meanwhile (prefetch), and the slot is freed after the layer's forward
 // (dist.reshard_after_forward) and after its backward, except the first layer's after backward: it
 // stays gathered for the next micro-step's forward (until the weights change, or its slot is
-// needed). Each request is waited for alone: a layer's gather does not wait for the reduce-scatter
-// started after it (the NCCL communicator waits for each request's own event). Each layer's gradients go to a zeroed f32
-// slot and are reduce-scattered into this rank's gradient shard as soon as its backward is done,
-// every micro-step. The units outside the layers (embeddings, final norm, head) are gathered once
-// after each update and stay so; their gradients are reduce-scattered when backward ends.
+// needed). The ends are units like the layers (FSDP's way, so that no rank holds the embedding or
+// the head whole between their uses): the embedding's run is gathered for its forward and freed
+// after it, the final norm's and head's from the head's forward to the end of its backward (a tied
+// head gathers the embedding's run again). Each request is waited for alone: a gather does not
+// wait for the reduce-scatter started after it (the NCCL communicator waits for each request's own
+// event). Each unit's gradients go to a zeroed f32 slot and are reduce-scattered into this rank's
+// gradient shard as soon as its backward is done, every micro-step (a tied embedding twice: after
+// the head's backward and after the embedding's).
 #pragma once
 
 #include <cstdint>
@@ -70,15 +73,20 @@ class Zero3 final : public model::PassObserver {
 
  private:
   struct Unit;
+  struct WeightSlot;
   struct GradSlot;
 
   Unit& layer_unit(int layer);
+  std::vector<Unit*> end_units(model::ModelEnd end);
+  void* weights_of(const Unit& u) const;
+  int free_slot(const Unit& u) const;
   void gather(Unit& u);
   void wait_gathered(Unit& u);
   void release_weights(Unit& u);
-  void prefetch(int layer);
+  void prefetch(Unit& u);
+  void prefetch_after(int layer);
   void begin_backward(Unit& u);
-  void reduce_gradients(Unit& u, GradSlot& slot);
+  void reduce_gradients(Unit& u);
   void finish_reduction(GradSlot& slot);
   void accumulate(const Unit& u, const float* summed_part);
   void bind(const Unit& u);
@@ -91,16 +99,16 @@ class Zero3 final : public model::PassObserver {
   const Device device_;
   const DType compute_;
   std::vector<Unit> units_;
-  std::vector<std::size_t> layer_units_;  // per layer: its index in units_
+  std::vector<std::size_t> layer_units_;     // per layer: its index in units_
+  std::vector<std::size_t> end_units_[2];    // per model::ModelEnd: the units it reads
   std::vector<optim::Piece> pieces_;
   std::int64_t local_size_ = 0;
   ops::Buffer master_, grads_;
-  std::vector<ops::Buffer> weight_slots_;  // layer units' gathered weights (W S_max, compute dtype)
-  std::vector<int> slot_unit_;             // the unit in each weight slot, or -1
+  std::vector<WeightSlot> weight_slots_;
   std::vector<GradSlot> grad_slots_;
   std::size_t next_grad_slot_ = 0;
-  ops::Buffer scratch_;  // (S_max,) f32: a unit's summed gradient part, or a weight part in f32
   int first_layer_ = -1;  // the first layer forward reaches (the last backward leaves)
+  int last_layer_ = -1;   // the last layer forward reaches (the first backward reaches)
   int kept_layer_ = -1;   // the first layer, kept gathered after backward for the next forward
   NormScope norm_;
 };

@@ -26,7 +26,12 @@ RankShare share_of_model(const model::Model& model, int tensor_size, int tensor_
   share.tensor_size = tensor_size;
   share.tensor_rank = tensor_rank;
   share.params = model.num_params();
-  for (const model::ParamRun& run : model.param_runs()) share.units.push_back({run.size(), run.layer >= 0, run.begin});
+  const auto embedding = model.end_runs(model::ModelEnd::embedding), head = model.end_runs(model::ModelEnd::head);
+  const auto& runs = model.param_runs();
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    const auto reads = [r](const std::vector<std::size_t>& v) { return std::find(v.begin(), v.end(), r) != v.end(); };
+    share.units.push_back({runs[r].size(), runs[r].layer >= 0, runs[r].begin, reads(embedding), reads(head)});
+  }
   if (tensor_size == 1) {
     for (const optim::MuonMatrix& mat : optim::muon_matrices(model.param_infos())) {
       share.muon_matrices.push_back({mat.offset, mat.offset + mat.numel()});
@@ -183,30 +188,30 @@ MemoryPlan plan_memory(const config::Config& config, const RankShare& share, int
                      context_scratch_bytes(config, share.tensor_size, bf16, micro_batch);
   if (zero_stage == 3) {
     // The buffers parallel/zero3.cpp allocates: every unit sharded with padding (a rank's shards of
-    // the master weights and gradients); the root units gathered (padded) for the whole step with
-    // f32 gradient buffers of the same length; weight slots of the padded layer size in the
-    // compute dtype; two gradient slots, each the padded layer in f32 plus its reduce-scattered
-    // part; a scratch part of the largest unit.
-    std::int64_t shards = 0, root = 0, layer_shard = 0, largest_shard = 0, layers = 0;
+    // the master weights and gradients); weight slots in the compute dtype: two of the largest
+    // padded unit (or one per unit the head reads, if more), or, kept from forward to backward,
+    // one of the largest layer per layer and one of the largest root unit per unit the head
+    // reads; two f32 gradient slots of the largest padded unit plus its reduce-scattered part.
+    std::int64_t shards = 0, layer_shard = 0, root_shard = 0, layers = 0, heads = 0;
     for (const auto& u : share.units) {
       const std::int64_t shard = ceil_div(u.params, D);
       shards += shard;
-      largest_shard = std::max(largest_shard, shard);
       if (u.layer) {
         layer_shard = std::max(layer_shard, shard);
         ++layers;
       } else {
-        root += D * shard;
+        root_shard = std::max(root_shard, shard);
+        heads += u.head ? 1 : 0;
       }
     }
-    const std::int64_t compute = bf16 ? 2 : 4;
-    const std::int64_t weight_slots = config.dist.reshard_after_forward ? std::min<std::int64_t>(2, layers) : layers;
-    const std::int64_t gradient_slots = std::min<std::int64_t>(2, layers);
+    const std::int64_t compute = bf16 ? 2 : 4, largest = std::max(layer_shard, root_shard);
+    const std::int64_t slot_params = config.dist.reshard_after_forward
+                                         ? std::max<std::int64_t>(2, heads) * D * largest
+                                         : layers * D * layer_shard + heads * D * root_shard;
     plan.weights = 4 * shards;
     plan.gradients = 4 * shards;
     plan.optimizer = state * shards;
-    plan.gathered = compute * (root + weight_slots * D * layer_shard) +
-                    4 * (root + gradient_slots * (D + 1) * layer_shard + std::max<std::int64_t>(largest_shard, 1));
+    plan.gathered = compute * slot_params + 4 * 2 * (D + 1) * largest;
     return plan;
   }
   // The model's flat buffers: f32 master weights (and, in bf16, a 2-byte working copy) and f32
@@ -342,19 +347,21 @@ UpdateTraffic update_traffic(const config::Config& config, const RankShare& shar
   }
   const std::int64_t compute = bf16 ? 2 : 4;
   const std::int64_t gathers_per_layer = config.dist.reshard_after_forward ? 2 : 1;
-  std::int64_t per_micro_step = 0, per_update = 0;
+  std::int64_t per_micro_step = 0, first_layer = 0;
   for (const auto& u : share.units) {
-    if (u.layer) {
-      t.all_gathers += gathers_per_layer * micro_steps;
-      per_micro_step += gathers_per_layer * gather_or_scatter(u.params, compute);
-    } else {
-      ++t.all_gathers;
-      per_update += gather_or_scatter(u.params, compute);
-    }
-    t.reduce_scatters += micro_steps;
-    per_micro_step += gather_or_scatter(u.params, 4);
+    if (u.layer) first_layer = u.params;  // the buffer holds the layers last first
+    // Gathers and reduce-scatters of the unit per micro-step: a layer's (two gathers when
+    // resharded after forward); a root unit's once for each end that reads it.
+    const std::int64_t uses = u.layer ? 1 : std::int64_t(u.embedding) + std::int64_t(u.head);
+    const std::int64_t gathers = u.layer ? gathers_per_layer : uses;
+    t.all_gathers += gathers * micro_steps;
+    t.reduce_scatters += uses * micro_steps;
+    per_micro_step += gathers * gather_or_scatter(u.params, compute) + uses * gather_or_scatter(u.params, 4);
   }
-  t.bytes = double(micro_steps * per_micro_step + per_update) + muon.bytes;
+  // The first layer stays gathered from one micro-step's backward to the next one's forward.
+  const std::int64_t kept = first_layer > 0 ? micro_steps - 1 : 0;
+  t.all_gathers -= kept;
+  t.bytes = double(micro_steps * per_micro_step - kept * gather_or_scatter(first_layer, compute)) + muon.bytes;
   return t;
 }
 

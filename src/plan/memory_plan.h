@@ -34,8 +34,12 @@ std::int64_t active_parameter_count(const config::ModelConfig& model);
 /// and reduce-scattered as one.
 struct ShardUnit {
   std::int64_t params = 0;
-  bool layer = false;  // a transformer layer (gathered around its forward and backward); else a root unit (gathered for the whole step)
+  bool layer = false;  // a transformer layer (gathered around its forward and backward); else a root unit
   std::int64_t begin = 0;  // where it starts in the flat buffer
+  // A root unit: read by the embedding (gathered for its forward, reduced after its backward)
+  // and/or by the final norm and head (gathered from their forward to their backward, reduced
+  // after it): a tied embedding is read by both.
+  bool embedding = false, head = false;
 };
 
 /// What one rank of a tensor-parallel group holds of the model: the parameter list of the model
@@ -105,11 +109,12 @@ std::int64_t activation_bytes_per_sequence(const config::ModelConfig& model, boo
 /// and `gathered` the padded buffer the gradients are reduce-scattered from and the weights
 /// all-gathered into (4 D S) and the summed shard (4 S). ZeRO 3 shards each unit padded, ceil(n /
 /// D) parameters of it per rank, master weights, gradients and optimizer state alike; `gathered`
-/// counts the working buffers parallel/zero3.cpp allocates: the root units gathered (D ceil(n / D) each) in the
-/// compute dtype (4 or 2 bytes) with f32 gradient buffers as long, two layer slots of D ceil(n /
-/// D) parameters in the compute dtype (the current layer and the prefetched next; with
-/// dist.reshard_after_forward false one per layer), two f32 gradient slots of a layer plus its
-/// reduce-scattered part, and an f32 scratch part of the largest unit. Activations:
+/// counts the working buffers parallel/zero3.cpp allocates, with U the largest unit's D ceil(n /
+/// D) parameters: weight slots in the compute dtype (4 or 2 bytes), two of U (the unit at work and
+/// the prefetched next; as many as the head reads units if more), or with
+/// dist.reshard_after_forward false one of the largest layer's per layer and one of the largest
+/// root unit's per unit the head reads; two f32 gradient slots of U plus its reduce-scattered
+/// part U / D. Activations:
 /// activation_bytes at the share's tensor size and config.dist.sequence_parallel.
 MemoryPlan plan_memory(const config::Config& config, const RankShare& share, int data_parallel_size, int zero_stage,
                        bool bf16, std::int64_t micro_batch);
@@ -135,8 +140,10 @@ struct UpdateTraffic {
 /// gradients per update. ZeRO 1 and 2: a reduce-scatter of the f32 gradients and an all-gather
 /// of the f32 weights (both padded to D ceil(P / D)). ZeRO 3, each of the `micro_steps`: every
 /// layer unit all-gathered in the compute dtype for forward and again for backward (once with
-/// dist.reshard_after_forward false) and its f32 gradients reduce-scattered, the root units'
-/// gradients reduce-scattered; once per update the root units all-gathered. The small all-reduce
+/// dist.reshard_after_forward false) and its f32 gradients reduce-scattered; each root unit
+/// all-gathered and its gradients reduce-scattered once for each end that reads it (a tied
+/// embedding twice); the first layer is not gathered again for the forward of the micro-steps
+/// after the first (it stays gathered from backward). The small all-reduce
 /// of the loss and the gradient norm is not counted. Nothing at D = 1. optim.name "muon" under
 /// ZeRO 1-3 (without tensor parallelism) adds its owners' transfers (muon_traffic) of the data
 /// rank that sends most.
