@@ -1,6 +1,7 @@
 // Whole models on the CUDA backend against the CPU reference (fp32): the same weights and batch
-// give the same loss, logits and gradients (model.qk_norm's norms included), and KV-cache decoding
-// the same logits; a ZeRO-3
+// give the same loss, logits and gradients (model.qk_norm's norms included; packed documents with
+// data.reset_positions, with and without the document mask), and KV-cache decoding the same
+// logits; a ZeRO-3
 // sharded model on the device against the unsharded one; and pipeline stages (of one or two model
 // chunks) on the device against the whole model.
 #include <cmath>
@@ -38,13 +39,18 @@ config::ModelConfig tiny(const std::string& arch) {
   return c;
 }
 
-void compare_model(const std::string& arch, model::Recompute recompute, bool qk_norm = false) {
+// `documents`: packed sequences on both models (the inputs then hold its end-of-text id in places;
+// decoding, which ignores documents, is not compared).
+void compare_model(const std::string& arch, model::Recompute recompute, bool qk_norm = false,
+                   const model::Model::Documents& documents = {}) {
   std::string why;
   if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
   auto c = tiny(arch);
   c.qk_norm = qk_norm;
   const auto cpu = model::make_model(c, Device::cpu, recompute);
   const auto gpu = model::make_model(c, Device::cuda, recompute);
+  cpu->set_documents(documents);
+  gpu->set_documents(documents);
   cpu->init_weights(7);
   if (qk_norm) {  // norm weights other than 1, so that a query norm used for keys would show
     for (const auto& info : cpu->param_infos()) {
@@ -60,6 +66,13 @@ void compare_model(const std::string& arch, model::Recompute recompute, bool qk_
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     inputs[i] = std::int32_t(i * 31 % std::size_t(c.vocab_size));
     targets[i] = std::int32_t((i * 17 + 5) % std::size_t(c.vocab_size));
+  }
+  if (documents.active()) {
+    // Documents of different lengths, one sequence's first token an end-of-text, another's last.
+    for (const std::size_t at : {std::size_t(0), std::size_t(5), std::size_t(6), std::size_t(17), std::size_t(T + 11),
+                                 std::size_t(2 * T + 3), std::size_t(3 * T - 1)}) {
+      inputs[at] = documents.eot;
+    }
   }
   const double n = double(B) * T;
   bool finite = true;
@@ -86,6 +99,7 @@ void compare_model(const std::string& arch, model::Recompute recompute, bool qk_
     CHECK(error < 1e-4);
     CHECK(finite);
   }
+  if (documents.active()) return;
   // Incremental decoding of the first sequence.
   for (int pos = 0; pos < 8; ++pos) {
     const auto expected = to_host(cpu->decode_step(inputs[std::size_t(pos)], pos));
@@ -125,6 +139,20 @@ TEST_CASE("cuda Llama with model.qk_norm: forward, backward and decoding match t
           "[cuda][model][llama]") {
   compare_model("llama", model::Recompute::none, true);
   compare_model("llama", model::Recompute::full, true);
+}
+
+// data.reset_positions: learned positions (GPT-2) and rotary ones (Llama) counted from each
+// document's first token, alone and with the document mask, with full recomputation too.
+TEST_CASE("cuda packed documents with reset positions: forward and backward match the cpu reference",
+          "[cuda][model][documents]") {
+  const int eot = 3;
+  for (const bool mask : {false, true}) {
+    CAPTURE(mask);
+    const model::Model::Documents documents{eot, mask, true};
+    compare_model("gpt2", model::Recompute::none, false, documents);
+    compare_model("llama", model::Recompute::none, false, documents);
+    compare_model("llama", model::Recompute::full, false, documents);
+  }
 }
 
 TEST_CASE("cuda bf16 mixed precision: loss within 1e-2 of the fp32 cpu reference", "[cuda][model][bf16]") {

@@ -238,6 +238,10 @@ TEST_CASE("transfers: a ring of ranks, each sending on while it receives, in ord
   // The other way round, as one exchange.
   comm->start_exchange(mine.data(), got.data(), std::int64_t(n), DType::f32, prev, next)->wait();
   CHECK(got == payload(next, 0, n));
+  // Finished in stream order (context parallelism's ring): over host memory, waited for.
+  std::vector<float> queued(n, -1.0f);
+  comm->start_exchange(mine.data(), queued.data(), std::int64_t(n), DType::f32, next, prev)->queue_wait();
+  CHECK(queued == payload(prev, 0, n));
 
   // Both directions in one group (a pipeline stage's start_transfers): a large message to the
   // next rank and a bf16 one to the previous, and theirs received.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the CUDA emulation (dev/cuda_emu: the project's kernels, rewritten, on the CPU, with
 # AddressSanitizer and UBSan) into build-emu/ and runs every [cuda] test case of test_cuda_ops,
-# test_ops, test_cuda_model, test_cublaslt_emu and test_nccl_emu under it, one process per test case (a sanitizer abort or a
+# test_ops, test_cuda_model, test_cublaslt_emu, test_nccl_emu and test_context_ring_emu under it, one process per test case (a sanitizer abort or a
 # device fault ends only that case), and those of test_cuda_tensor_parallel and
 # test_cuda_context_parallel under mpirun at 2 and 4 ranks (one process per tensor or context
 # rank), printing one line per case and a summary.
@@ -136,7 +136,7 @@ failures=()
 start_all=$(date +%s)
 # BINARY or BINARY:RANKS, the latter's cases launched by mpirun as RANKS processes (one tensor
 # rank and one emulated device each), reported as "BINARY -np RANKS".
-for entry in test_cuda_ops test_ops test_cuda_model test_cublaslt_emu test_nccl_emu \
+for entry in test_cuda_ops test_ops test_cuda_model test_cublaslt_emu test_nccl_emu test_context_ring_emu \
              test_cuda_tensor_parallel:2 test_cuda_tensor_parallel:4 test_cuda_context_parallel:2 \
              test_cuda_context_parallel:4; do
   bin=${entry%%:*} label=$bin logs=$bin launch=()

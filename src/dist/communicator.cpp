@@ -103,6 +103,10 @@ class TimedRequest final : public Request {
     WaitClock clock(owner_.traffic_.wait_s);
     request_->wait();
   }
+  void queue_wait() override {
+    WaitClock clock(owner_.traffic_.wait_s);
+    request_->queue_wait();
+  }
 
  private:
   Communicator& owner_;

@@ -15,12 +15,18 @@
 
 namespace llmtrain::dist {
 
-/// A started non-blocking collective or transfer; wait() finishes it. Its buffers must stay
-/// untouched (and alive) until wait() has returned, and every request must be waited for.
+/// A started non-blocking collective or transfer; wait() or queue_wait() finishes it. Its buffers
+/// must stay untouched (and alive) until wait() has returned, and every request must be waited for.
 class Request {
  public:
   virtual ~Request() = default;
   virtual void wait() = 0;
+  /// Finishes it as a queued collective is finished: over device memory (NCCL) the compute
+  /// stream's later work waits for it and sees what arrived, the host does not wait, and the
+  /// communicator watches it for errors and its timeout at its later calls and in wait_queued();
+  /// the buffers may then be used by the compute stream's later work (the host must not read
+  /// them before wait_queued()). Over host memory: wait(). Either this or wait(), once.
+  virtual void queue_wait() { wait(); }
 };
 
 /// One transfer of Communicator::start_transfers: `count` elements of `dtype` from `data` to
@@ -107,7 +113,8 @@ class Communicator {
   void queue_all_gather(const void* send, void* recv, std::int64_t shard, DType dtype);
   /// Whether queue_all_reduce_sum and queue_reduce_scatter_sum take bf16 elements.
   virtual bool sums_bf16() const { return false; }
-  /// Waits (on the host) for every queued collective; the timeout applies.
+  /// Waits (on the host) for every queued collective and request (Request::queue_wait); the
+  /// timeout applies.
   virtual void wait_queued() {}
   void barrier();
 

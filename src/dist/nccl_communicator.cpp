@@ -13,7 +13,8 @@
 // overlap: waiting for one layer's gather does not wait for the next layer's reduce-scatter). A
 // queued collective (tensor parallelism) makes the compute stream wait for its event and
 // returns: the host waits only in wait_queued() or when too many are still in flight, and each
-// later call checks the oldest for errors and the timeout. An exchange's
+// later call checks the oldest for errors and the timeout. A started one's queue_wait() hands its
+// event to the same watch (context parallelism's ring: no host wait per step). An exchange's
 // send and receive are one NCCL group, so that both are under way together (NCCL runs the
 // operations of a communicator one after the other, each until its peer has taken part).
 #include <cuda_runtime_api.h>
@@ -270,8 +271,18 @@ class NcclCommunicator final : public Communicator {
       check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreate");
       check(cudaEventRecord(done_, owner.stream_), "cudaEventRecord");
     }
-    ~Transfer() override { cudaEventDestroy(done_); }
-    void wait() override { owner_.finish(operation_.c_str(), done_, suspect_.c_str()); }
+    ~Transfer() override {
+      if (done_) cudaEventDestroy(done_);
+    }
+    void wait() override {
+      if (done_) owner_.finish(operation_.c_str(), done_, suspect_.c_str());
+    }
+    // The event goes to the queued collectives' watch, which owns it from then on.
+    void queue_wait() override {
+      if (!done_) return;
+      owner_.watch(done_, std::move(operation_), std::move(suspect_));
+      done_ = nullptr;
+    }
 
    private:
     NcclCommunicator& owner_;
@@ -345,30 +356,36 @@ class NcclCommunicator final : public Communicator {
   // done without waiting, and with more than max_queued in flight the oldest waited for (bounded
   // run-ahead); one older than the timeout aborts.
   void queued(const char* operation) {
-    Queued q{nullptr, std::chrono::steady_clock::now(), operation};
+    cudaEvent_t event = nullptr;
     if (!spare_events_.empty()) {
-      q.event = spare_events_.back();
+      event = spare_events_.back();
       spare_events_.pop_back();
     } else {
-      check(cudaEventCreateWithFlags(&q.event, cudaEventDisableTiming), "cudaEventCreate");
+      check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
     }
-    check(cudaEventRecord(q.event, stream_), "cudaEventRecord");
-    check(cudaStreamWaitEvent(device::compute_stream(), q.event, 0), "cudaStreamWaitEvent");
-    queued_.push_back(q);
+    check(cudaEventRecord(event, stream_), "cudaEventRecord");
+    watch(event, operation, "another rank died or hangs");
+  }
+
+  // Makes the compute stream's later work wait for `event` (recorded on this communicator's
+  // stream after an operation) and keeps it among the queued ones, which then own it.
+  void watch(cudaEvent_t event, std::string operation, std::string suspect) {
+    queued_.push_back({event, std::chrono::steady_clock::now(), std::move(operation), std::move(suspect)});
+    check(cudaStreamWaitEvent(device::compute_stream(), event, 0), "cudaStreamWaitEvent");
     while (queued_.size() > max_queued) retire_oldest(true);
   }
 
   // Takes the oldest queued collective off the list once it is done: waiting for it (`wait`,
   // with the timeout counted from when it was queued) or only when it already is.
   bool retire_oldest(bool wait) {
-    const Queued q = queued_.front();
+    const Queued& q = queued_.front();
     if (wait) {
-      finish(q.operation, q.event, "another rank died or hangs", q.at);
+      finish(q.operation.c_str(), q.event, q.suspect.c_str(), q.at);
     } else if (cudaEventQuery(q.event) != cudaSuccess) {
       return false;
     }
-    queued_.pop_front();
     spare_events_.push_back(q.event);
+    queued_.pop_front();
     return true;
   }
 
@@ -385,7 +402,9 @@ class NcclCommunicator final : public Communicator {
   void after_compute() {
     while (!queued_.empty() && retire_oldest(false)) {
     }
-    if (!queued_.empty()) timeout_if_late(queued_.front().at, queued_.front().operation);
+    if (!queued_.empty()) {
+      timeout_if_late(queued_.front().at, queued_.front().operation.c_str(), queued_.front().suspect.c_str());
+    }
     check(cudaEventRecord(compute_done_, device::compute_stream()), "cudaEventRecord");
     check(cudaStreamWaitEvent(stream_, compute_done_, 0), "cudaStreamWaitEvent");
   }
@@ -453,11 +472,12 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t compute_done_ = nullptr;
-  // Queued collectives not yet retired, oldest first, and events for reuse.
+  // Queued collectives (and queue_wait()ed requests) not yet retired, oldest first, and events
+  // for reuse.
   struct Queued {
     cudaEvent_t event;
     std::chrono::steady_clock::time_point at;
-    const char* operation;
+    std::string operation, suspect;
   };
   static constexpr std::size_t max_queued = 64;
   std::deque<Queued> queued_;

@@ -119,12 +119,15 @@ void ContextParallel::attention_forward(const Tensor& out, const Tensor& lse, co
   if (ring_) {
     // Block s comes from rank r - s; the next one travels while this one computes. This rank's
     // own block is sent from the second buffer (the first receive goes to the first) and attended
-    // to in place, in qkv.
+    // to in place, in qkv. The waits are stream-ordered (queue_wait: no host wait per step on a
+    // GPU); the two buffers are still safe to alternate: exchange s receives into the buffer
+    // step s - 1 attended to, and starts after the work given before it, that attention included;
+    // step s's attention comes after the wait for exchange s - 1, which filled its block.
     ops::kv_pack(block(blocks, 1), qkv, NH, NKV);
     std::unique_ptr<ContextGroup::Pending> pending = group().start_exchange(block(blocks, 1), block(blocks, 0), next, prev);
     ops::attention_block_forward(acc, lse, qkv, qkv, me, me, NH, NKV, segments);
     for (int s = 1; s < n; ++s) {
-      pending->wait();
+      pending->queue_wait();
       const Tensor current = block(blocks, (s - 1) % 2);
       pending.reset();
       if (s + 1 < n) pending = group().start_exchange(current, block(blocks, s % 2), next, prev);
@@ -165,12 +168,15 @@ void ContextParallel::attention_backward(const Tensor& dqkv, const Tensor& dout,
   if (ring_) {
     // The key/value blocks go round again; block s's gradient accumulator starts at the rank
     // after its owner, takes each rank's share in turn and reaches the owner after the last.
+    // Stream-ordered waits, as forward: an accumulator is added to only after the wait for the
+    // exchange that brought it, and the one sent at step s is received into again only by the
+    // exchange of step s + 1, which starts after the work given before it.
     ops::kv_pack(block(blocks, 1), qkv, NH, NKV);
     std::unique_ptr<ContextGroup::Pending> pending = group().start_exchange(block(blocks, 1), block(blocks, 0), next, prev);
     std::unique_ptr<ContextGroup::Pending> returning;
     ops::attention_block_backward(dq, dq, dout, qkv, out, lse, qkv, me, me, NH, NKV, segments);
     for (int s = 1; s < n; ++s) {
-      pending->wait();
+      pending->queue_wait();
       pending.reset();
       const Tensor current = block(blocks, (s - 1) % 2);
       if (s + 1 < n) pending = group().start_exchange(current, block(blocks, s % 2), next, prev);
@@ -178,14 +184,14 @@ void ContextParallel::attention_backward(const Tensor& dqkv, const Tensor& dout,
       if (s == 1) {
         ops::zero(accumulator);
       } else {
-        returning->wait();
+        returning->queue_wait();
         returning.reset();
       }
       ops::attention_block_backward(dq, accumulator, dout, qkv, out, lse, current, me,
                                     chunks((r + n - s) % n, int(Tl) * n), NH, NKV, segments);
       returning = group().start_exchange(accumulator, block(grads, s % 2), next, prev);
     }
-    returning->wait();
+    returning->queue_wait();
     // This rank's key/value gradients: its own block's share (dq's key/value columns) and the
     // other ranks' (the accumulator that came back), summed in the accumulator no longer in use.
     const Tensor mine_back = block(grads, (n - 1) % 2), total = block(grads, n % 2);

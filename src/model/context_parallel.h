@@ -28,15 +28,20 @@ namespace llmtrain::model {
 /// group, on tensors in the model's memory (train/ provides them over a dist::Communicator).
 class ContextGroup {
  public:
-  /// A started exchange; wait() finishes it (its buffers stay untouched until then).
+  /// A started exchange; wait() or queue_wait() finishes it (its buffers stay untouched until then).
   class Pending {
    public:
     virtual ~Pending() = default;
+    /// Finished on the host: the host may read the received block.
     virtual void wait() = 0;
+    /// Finished in stream order: the model's later device work sees the received block and may
+    /// overwrite both buffers; the host need not wait (on a GPU it does not).
+    virtual void queue_wait() { wait(); }
   };
   virtual ~ContextGroup() = default;
   /// Sends `send` to rank `send_to` and receives `recv` (same size and dtype) from `recv_from`,
-  /// both under way together.
+  /// both under way together, after the model's device work given before the call (which wrote
+  /// `send`, or still reads `recv`).
   virtual std::unique_ptr<Pending> start_exchange(const Tensor& send, const Tensor& recv, int send_to,
                                                   int recv_from) = 0;
   /// full (n x part) = every rank's part, in rank order (f32 or bf16).

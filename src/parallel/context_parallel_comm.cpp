@@ -12,6 +12,10 @@ class Started final : public model::ContextGroup::Pending {
     if (request_) request_->wait();
     request_.reset();
   }
+  void queue_wait() override {
+    if (request_) request_->queue_wait();
+    request_.reset();
+  }
 
  private:
   std::unique_ptr<dist::Request> request_;

@@ -349,6 +349,7 @@ StepResult Trainer::step(std::int64_t step) {
   double loss_sum = pipeline_->forward_backward(batch, float(1.0 / tokens_per_step_), gradients_->grads_ready(),
                                                 result.pipeline_wait_s);
   comms_.device(Axis::tensor).wait_queued();  // the tensor group's collectives, ordered on the compute stream: checked here
+  comms_.device(Axis::context).wait_queued();  // the context ring's exchanges, likewise
   loss_sum += model_->take_loss_sum();
   model_->defer_loss(false);
   pipeline_->reduce_over_stages(loss_sum);  // the last stage's loss; a tied embedding's gradients

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "cuda_runtime_api.h"
@@ -35,8 +36,22 @@ cudaError_t sticky_error();
 bool is_device_range(const void* pointer, std::size_t bytes);
 /// False (after printing why) unless [pointer, pointer + bytes) lies in one device allocation.
 bool check_device_range(const void* pointer, std::size_t bytes, const char* what);
-/// False (after printing why) unless `stream` is a valid stream handle.
+/// False (after printing why) unless `stream` is a valid stream handle; first runs the work held
+/// on it (a kernel launched there comes after it).
 bool check_stream(cudaStream_t stream, const char* what);
+
+// ---- work held on a stream --------------------------------------------------------------------------
+/// Holds `work` on `stream` (a created stream; on any other it runs now) until something is
+/// ordered after it: a wait for an event recorded after it (cudaStreamWaitEvent,
+/// cudaEventSynchronize, cudaEventQuery), a synchronize or query of the stream or the device, later
+/// work on the same stream, a blocking stream's work reached by the legacy stream, cudaFree. So
+/// a reader that is not ordered after it sees the memory as it was. The NCCL shim holds its data
+/// movement this way; kernels and copies still run when issued.
+void hold(cudaStream_t stream, std::function<void()> work);
+/// Runs the work held on `stream` (the legacy stream: on every blocking stream).
+void release_held(cudaStream_t stream);
+/// Runs the work held on every stream.
+void release_all_held();
 /// A description of where `pointer` is ("32 bytes into a device allocation of 4096 bytes", "not
 /// device memory (host?)").
 std::string describe_pointer(const void* pointer);

@@ -1,5 +1,8 @@
 // The NCCL shim (include/nccl.h): N ranks that hold the same data, in one process; a
-// non-blocking communicator defers each call's work until it has been polled enough.
+// non-blocking communicator defers each call's work until it has been polled enough. A call's
+// work checks and matches at once, but its data moves on the call's stream, held there until
+// something is ordered after it (llmtrain_emu::hold): a reader that skips the wait for it reads
+// the buffer as it was, as it may on a GPU.
 #include <nccl.h>
 
 #include <cstdint>
@@ -8,6 +11,7 @@
 #include <deque>
 #include <map>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,12 +25,13 @@ namespace {
 // communicator's asynchronous error (non-blocking).
 using Work = std::function<ncclResult_t()>;
 
-// A send kept until a recv takes it: to rank + offset, as copied when the send's work ran.
+// A send kept until a recv takes it: to rank + offset; its bytes are copied when the send's data
+// moves on its stream (before the matching recv's, which comes after it there).
 struct Message {
   int offset;
   ncclDataType_t type;
   size_t count;
-  std::vector<char> bytes;
+  std::shared_ptr<std::vector<char>> bytes;
 };
 
 }  // namespace
@@ -162,60 +167,64 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 ncclResult_t ncclCommAbort(ncclComm_t comm) { return ncclCommDestroy(comm); }
 
 ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
-                           ncclComm_t comm, cudaStream_t) {
+                           ncclComm_t comm, cudaStream_t stream) {
   counted("ncclAllReduce");
   const int n = comm ? comm->nranks : 1;
   return submit(comm, [=] {
-    reduce_any(send, recv, count, 0, type, op, n);
+    llmtrain_emu::hold(stream, [=] { reduce_any(send, recv, count, 0, type, op, n); });
     return ncclSuccess;
   });
 }
 
 ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recv_count, ncclDataType_t type, ncclRedOp_t op,
-                               ncclComm_t comm, cudaStream_t) {
+                               ncclComm_t comm, cudaStream_t stream) {
   counted("ncclReduceScatter");
   if (!comm) return ncclInvalidArgument;
   const int n = comm->nranks, rank = comm->rank;
   return submit(comm, [=] {
-    reduce_any(send, recv, recv_count, size_t(rank) * recv_count, type, op, n);
+    llmtrain_emu::hold(stream, [=] { reduce_any(send, recv, recv_count, size_t(rank) * recv_count, type, op, n); });
     return ncclSuccess;
   });
 }
 
 ncclResult_t ncclAllGather(const void* send, void* recv, size_t send_count, ncclDataType_t type, ncclComm_t comm,
-                           cudaStream_t) {
+                           cudaStream_t stream) {
   counted("ncclAllGather");
   if (!comm) return ncclInvalidArgument;
   const int n = comm->nranks;
   return submit(comm, [=] {
-    const size_t bytes = send_count * type_size(type);
-    std::vector<char> in(static_cast<const char*>(send), static_cast<const char*>(send) + bytes);
-    for (int r = 0; r < n; ++r) std::memcpy(static_cast<char*>(recv) + r * bytes, in.data(), bytes);
+    llmtrain_emu::hold(stream, [=] {
+      const size_t bytes = send_count * type_size(type);
+      std::vector<char> in(static_cast<const char*>(send), static_cast<const char*>(send) + bytes);
+      for (int r = 0; r < n; ++r) std::memcpy(static_cast<char*>(recv) + r * bytes, in.data(), bytes);
+    });
     return ncclSuccess;
   });
 }
 
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int, ncclComm_t comm,
-                           cudaStream_t) {
+                           cudaStream_t stream) {
   counted("ncclBroadcast");
   return submit(comm, [=] {
-    std::memmove(recv, send, count * type_size(type));
+    llmtrain_emu::hold(stream, [=] { std::memmove(recv, send, count * type_size(type)); });
     return ncclSuccess;
   });
 }
 
-ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t) {
+ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
   counted("ncclSend");
   if (const ncclResult_t bad = check_transfer(comm, peer, send, count, type, "ncclSend")) return bad;
   return transfer(comm, true, [=] {
     const int offset = (peer - comm->rank + comm->nranks) % comm->nranks;
-    const char* bytes = static_cast<const char*>(send);
-    comm->sent.push_back({offset, type, count, std::vector<char>(bytes, bytes + count * type_size(type))});
+    auto bytes = std::make_shared<std::vector<char>>(count * type_size(type));
+    comm->sent.push_back({offset, type, count, bytes});
+    llmtrain_emu::hold(stream, [=] { std::memcpy(bytes->data(), send, bytes->size()); });
     return ncclSuccess;
   });
 }
 
-ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t) {
+ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t stream) {
   counted("ncclRecv");
   if (const ncclResult_t bad = check_transfer(comm, peer, recv, count, type, "ncclRecv")) return bad;
   return transfer(comm, false, [=] {
@@ -230,8 +239,9 @@ ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, n
                              std::to_string(it->count) + " elements of type " + std::to_string(int(it->type)));
         return ncclInvalidUsage;
       }
-      std::memcpy(recv, it->bytes.data(), it->bytes.size());
+      const std::shared_ptr<std::vector<char>> bytes = it->bytes;
       comm->sent.erase(it);
+      llmtrain_emu::hold(stream, [=] { std::memcpy(recv, bytes->data(), bytes->size()); });
       return ncclSuccess;
     }
     llmtrain_emu::report(what + ": no matching send was started before it or in its group (" +

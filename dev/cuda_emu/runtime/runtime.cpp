@@ -1,5 +1,6 @@
 // The CUDA runtime API on the host: device memory as tracked host allocations, streams and
-// events as checked handles (all work is synchronous), the error state, device properties.
+// events as checked handles (all work is synchronous, but for what is held on a stream: see
+// hold()), the error state, device properties.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -8,6 +9,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -21,10 +24,14 @@
 
 struct CUstream_st {
   unsigned int flags;
+  std::deque<std::function<void()>> held;  // work held on the stream (llmtrain_emu::hold), oldest first
+  std::uint64_t holds = 0;                 // items ever held on it
 };
 struct CUevent_st {
   unsigned int flags;
   bool recorded;
+  cudaStream_t stream = nullptr;  // where it was last recorded (a created stream), and the number of
+  std::uint64_t after = 0;        // items held there before it
 };
 struct CUmemPoolHandle_st {
   std::uint64_t release_threshold;
@@ -167,6 +174,7 @@ cudaError_t copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind k
                  const char* call) {
   if (const cudaError_t s = check_sticky()) return s;
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle, std::string(call) + ": invalid stream");
+  release_held(stream);
   if (bytes == 0) return cudaSuccess;
   if (dst == nullptr || src == nullptr) return fail(cudaErrorInvalidValue, std::string(call) + ": null pointer");
   const bool dst_device = is_device_range(dst, bytes), src_device = is_device_range(src, bytes);
@@ -197,6 +205,7 @@ cudaError_t copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind k
 cudaError_t fill(void* pointer, int value, std::size_t bytes, cudaStream_t stream, const char* call) {
   if (const cudaError_t s = check_sticky()) return s;
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle, std::string(call) + ": invalid stream");
+  release_held(stream);
   if (bytes == 0) return cudaSuccess;
   if (!is_device_range(pointer, bytes)) {
     return fail(cudaErrorInvalidValue, std::string(call) + "(" + std::to_string(bytes) + " bytes): " +
@@ -260,9 +269,67 @@ bool check_device_range(const void* pointer, std::size_t bytes, const char* what
 }
 
 bool check_stream(cudaStream_t stream, const char* what) {
+  release_held(stream);
   if (valid_stream(stream)) return true;
   report(std::string(what) + ": invalid stream handle");
   return false;
+}
+
+namespace {
+
+// A stream made by cudaStreamCreate and still alive (not the legacy or per-thread stream).
+bool created_stream(cudaStream_t stream) {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  return r.streams.count(stream) != 0;
+}
+
+// Runs the items held on `stream` until `upto` of them have ever run.
+void run_held(cudaStream_t stream, std::uint64_t upto) {
+  while (!stream->held.empty() && stream->holds - stream->held.size() < upto) {
+    const std::function<void()> work = std::move(stream->held.front());
+    stream->held.pop_front();
+    work();
+  }
+}
+
+}  // namespace
+
+void hold(cudaStream_t stream, std::function<void()> work) {
+  if (!created_stream(stream)) {
+    work();
+    return;
+  }
+  stream->held.push_back(std::move(work));
+  stream->holds += 1;
+}
+
+void release_held(cudaStream_t stream) {
+  if (created_stream(stream)) {
+    run_held(stream, stream->holds);
+    return;
+  }
+  if (stream != nullptr && stream != cudaStreamLegacy) return;
+  // The legacy stream waits for every blocking stream's work.
+  std::vector<CUstream_st*> blocking;
+  {
+    Registry& r = registry();
+    std::lock_guard lock(r.mutex);
+    for (CUstream_st* s : r.streams) {
+      if (!(s->flags & cudaStreamNonBlocking)) blocking.push_back(s);
+    }
+  }
+  for (CUstream_st* s : blocking) run_held(s, s->holds);
+}
+
+void release_all_held() {
+  std::vector<CUstream_st*> streams;
+  {
+    Registry& r = registry();
+    std::lock_guard lock(r.mutex);
+    streams.assign(r.streams.begin(), r.streams.end());
+  }
+  for (CUstream_st* s : streams) run_held(s, s->holds);
 }
 
 int max_dynamic_shared(const void* function) {
@@ -406,6 +473,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
 
 cudaError_t cudaDeviceSynchronize() {
   llmtrain_emu::count_runtime_call("cudaDeviceSynchronize");
+  release_all_held();
   return check_sticky();
 }
 
@@ -423,7 +491,10 @@ cudaError_t cudaMemGetInfo(std::size_t* free, std::size_t* total) {
 
 cudaError_t cudaMalloc(void** pointer, std::size_t bytes) { return allocate(pointer, bytes, false, "cudaMalloc"); }
 
-cudaError_t cudaFree(void* pointer) { return release(pointer, "cudaFree"); }
+cudaError_t cudaFree(void* pointer) {
+  release_all_held();  // cudaFree synchronizes the device
+  return release(pointer, "cudaFree");
+}
 
 cudaError_t cudaMallocHost(void** pointer, std::size_t bytes) {
   *pointer = std::malloc(bytes ? bytes : 1);
@@ -437,11 +508,13 @@ cudaError_t cudaFreeHost(void* pointer) {
 
 cudaError_t cudaMallocAsync(void** pointer, std::size_t bytes, cudaStream_t stream) {
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle, "cudaMallocAsync: invalid stream");
+  release_held(stream);
   return allocate(pointer, bytes, true, "cudaMallocAsync");
 }
 
 cudaError_t cudaFreeAsync(void* pointer, cudaStream_t stream) {
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle, "cudaFreeAsync: invalid stream");
+  release_held(stream);
   return release(pointer, "cudaFreeAsync");
 }
 
@@ -502,7 +575,7 @@ cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWith
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
   if (const cudaError_t s = check_sticky()) return s;
-  auto* st = new CUstream_st{flags};
+  auto* st = new CUstream_st{flags, {}, 0};
   Registry& r = registry();
   std::lock_guard lock(r.mutex);
   r.streams.insert(st);
@@ -511,12 +584,16 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) 
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  release_held(stream);  // its work still completes
   Registry& r = registry();
   std::lock_guard lock(r.mutex);
   if (r.streams.erase(stream) == 0) {
     last_error = cudaErrorInvalidResourceHandle;
     report("cudaStreamDestroy: not a live stream");
     return cudaErrorInvalidResourceHandle;
+  }
+  for (CUevent_st* e : r.events) {
+    if (e->stream == stream) e->stream = nullptr;
   }
   delete stream;
   return cudaSuccess;
@@ -529,6 +606,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 }
 static cudaError_t stream_synchronize(cudaStream_t stream) {
   if (!valid_stream(stream)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize: invalid stream");
+  release_held(stream);
   return check_sticky();
 }
 
@@ -543,6 +621,11 @@ bool valid_event(cudaEvent_t event) {
   std::lock_guard lock(r.mutex);
   return r.events.count(event) != 0;
 }
+
+// Whatever waits for `event` waits for the work held on its stream before it was recorded.
+void release_before(cudaEvent_t event) {
+  if (event->stream && created_stream(event->stream)) run_held(event->stream, event->after);
+}
 }  // namespace
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
@@ -550,13 +633,15 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   if (!valid_stream(stream) || !valid_event(event)) {
     return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: invalid stream or event");
   }
+  // The stream's later work comes after the work before the event: that work is run now.
+  release_before(event);
   return check_sticky();
 }
 
 cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, cudaEventDefault); }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
-  auto* e = new CUevent_st{flags, false};
+  auto* e = new CUevent_st{flags, false, nullptr, 0};
   Registry& r = registry();
   std::lock_guard lock(r.mutex);
   r.events.insert(e);
@@ -581,6 +666,8 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: invalid stream or event");
   }
   event->recorded = true;
+  event->stream = created_stream(stream) ? stream : nullptr;
+  event->after = event->stream ? stream->holds : 0;
   return check_sticky();
 }
 
@@ -591,6 +678,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 }
 static cudaError_t event_synchronize(cudaEvent_t event) {
   if (!valid_event(event)) return fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: invalid event");
+  release_before(event);
   return check_sticky();
 }
 

@@ -20,41 +20,11 @@
 #include "device/stream.h"
 #include "llmtrain_emu/nccl_control.h"
 #include "llmtrain_emu/runtime_control.h"
+#include "shim_host.h"
 
 using namespace llmtrain;
 
 namespace {
-
-// Rank 0 of `world` over host memory: only the broadcast of NCCL's id is used (rank 0 keeps its own).
-class TwoRanksHost final : public dist::Communicator {
- public:
-  explicit TwoRanksHost(int world = 2) : world_(world) {}
-  int rank() const override { return 0; }
-  int world_size() const override { return world_; }
-  std::string name() const override { return "two-ranks-host"; }
-  std::unique_ptr<dist::Communicator> split(int, int) override { return nullptr; }
-
- protected:
-  void do_all_reduce_sum(float*, std::int64_t) override {}
-  void do_all_reduce_sum(double*, std::int64_t) override {}
-  void do_all_reduce_max(std::int64_t*, std::int64_t) override {}
-  void do_all_reduce_max(float*, std::int64_t) override {}
-  std::unique_ptr<dist::Request> do_start_all_reduce_sum(float*, std::int64_t) override { return nullptr; }
-  std::unique_ptr<dist::Request> do_start_reduce_scatter_sum(const float*, float*, std::int64_t) override {
-    return nullptr;
-  }
-  std::unique_ptr<dist::Request> do_start_all_gather(const void*, void*, std::int64_t, DType) override { return nullptr; }
-  void do_broadcast(float*, std::int64_t, int) override {}
-  void do_barrier() override {}
-  std::unique_ptr<dist::Request> do_start_send(const void*, std::int64_t, DType, int) override { return nullptr; }
-  std::unique_ptr<dist::Request> do_start_recv(void*, std::int64_t, DType, int) override { return nullptr; }
-  std::unique_ptr<dist::Request> do_start_exchange(const void*, void*, std::int64_t, DType, int, int) override {
-    return nullptr;
-  }
-
- private:
-  int world_;
-};
 
 // A device copy of `values`, and a host copy of `n` elements of device memory.
 template <class T>
@@ -86,7 +56,7 @@ std::vector<T> host_copy(const T* device, size_t n) {
 }  // namespace
 
 TEST_CASE("NCCL: a collective that returns ncclInProgress is complete when the call returns", "[cuda][dist]") {
-  TwoRanksHost host;
+  test::ShimHost host;
   const auto nccl = dist::make_nccl_communicator(host, 0, 30.0);
   const std::vector<float> values = {1.5f, -2.0f, 3.25f, 0.0f};
   const size_t n = values.size();
@@ -137,7 +107,7 @@ TEST_CASE("NCCL: a collective that returns ncclInProgress is complete when the c
 }
 
 TEST_CASE("NCCL: transfers that return ncclInProgress are complete when wait() returns", "[cuda][dist]") {
-  TwoRanksHost host;
+  test::ShimHost host;
   const auto nccl = dist::make_nccl_communicator(host, 0, 30.0);
   const std::vector<float> values = {1.5f, -2.0f, 3.25f, 0.0f, 7.0f};
   const size_t n = values.size();
@@ -195,7 +165,7 @@ TEST_CASE("NCCL: a ring exchange on 3 ranks, and recvs that no send matches fail
   float* recv = device_copy(std::vector<float>(3, 0.0f));
   {
     // Rank 0 of 3 sends to 1 and receives from 2, which sends to 0 what this process sends to 1.
-    TwoRanksHost host(3);
+    test::ShimHost host(3);
     const auto nccl = dist::make_nccl_communicator(host, 0, 30.0);
     nccl->start_exchange(send, recv, 3, DType::f32, 1, 2)->wait();
     CHECK(host_copy(recv, 3) == values);
@@ -204,13 +174,13 @@ TEST_CASE("NCCL: a ring exchange on 3 ranks, and recvs that no send matches fail
     CHECK(thrown([&] { nccl->recv(recv, 3, DType::f32, 1); }).find("NCCL error in ncclRecv") == 0);
   }
   {
-    TwoRanksHost host;
+    test::ShimHost host;
     const auto nccl = dist::make_nccl_communicator(host, 0, 30.0);
     nccl->send(send, 2, DType::f32, 1);  // 2 elements sent, 3 expected
     CHECK(thrown([&] { nccl->recv(recv, 3, DType::f32, 1); }).find("NCCL error in ncclRecv") == 0);
   }
   {
-    TwoRanksHost host;
+    test::ShimHost host;
     const auto nccl = dist::make_nccl_communicator(host, 0, 30.0);
     std::vector<float> on_host(3);  // not device memory
     CHECK(thrown([&] { nccl->start_send(on_host.data(), 3, DType::f32, 1); }).find("NCCL error in ncclSend") == 0);
@@ -223,7 +193,7 @@ TEST_CASE("NCCL: start_transfers sends and receives in both directions in one gr
   // Rank 0 of 3, as a middle pipeline stage would: an activation to 1 and a gradient to 2, an
   // activation from 2 and a gradient from 1, all in one group. Every emulated rank runs this same
   // program, so what arrives from 2 is what this process sends to 1, and from 1 what it sends to 2.
-  TwoRanksHost host(3);
+  test::ShimHost host(3);
   const auto nccl = dist::make_nccl_communicator(host, 0, 30.0);
   const std::vector<float> activation = {1.0f, 2.0f, 3.0f, 4.0f};
   const std::vector<std::uint16_t> gradient = {0x3f80, 0xbf80, 0x4000};
@@ -326,7 +296,7 @@ std::vector<std::vector<char>> every_call(dist::Communicator& nccl, std::size_t 
 // LLMTRAIN_COMM_MAX_ELEMENTS = 7 (and 1): every call of more elements is made in pieces (counted
 // here in the shim's calls), with the same bytes as the whole calls; each still counted once.
 TEST_CASE("NCCL: collectives and transfers in pieces give the whole calls' bytes", "[cuda][dist]") {
-  TwoRanksHost host(3);
+  test::ShimHost host(3);
   const auto nccl = dist::make_nccl_communicator(host, 0, 30.0);
   for (const std::size_t n : {std::size_t(1), std::size_t(7), std::size_t(8), std::size_t(20)}) {
     CAPTURE(n);
@@ -383,7 +353,7 @@ std::int64_t host_syncs() {
 // still wait for the stream.
 TEST_CASE("NCCL: a started collective's wait() waits for its own event, not the communicator's stream",
           "[cuda][dist]") {
-  TwoRanksHost host;
+  test::ShimHost host;
   const auto nccl = dist::make_nccl_communicator(host, 0, 30.0);
   const std::vector<float> values = {1.0f, 2.0f, 3.0f, 4.0f};
   float* part = device_copy(std::vector<float>{0.5f, -1.5f});
@@ -422,7 +392,7 @@ TEST_CASE("NCCL: a started collective's wait() waits for its own event, not the 
 // query); bf16 is summed as bf16 (2-byte elements counted); wait_queued() waits on the host.
 TEST_CASE("NCCL: queued collectives are ordered on the compute stream without a host wait, bf16 summed in bf16",
           "[cuda][dist]") {
-  TwoRanksHost host;
+  test::ShimHost host;
   const auto nccl = dist::make_nccl_communicator(host, 0, 30.0);
   REQUIRE(nccl->sums_bf16());
   const std::vector<std::uint16_t> words = {0x3fc0, 0xc000, 0x4050, 0x3f81};  // 1.5, -2, 3.25, 1.0078125
@@ -458,4 +428,57 @@ TEST_CASE("NCCL: queued collectives are ordered on the compute stream without a 
                   static_cast<void*>(gathered), static_cast<void*>(f32)}) {
     cudaFree(p);
   }
+}
+
+namespace {
+
+// What the compute stream's next work reads at `device` (n floats): copied there on the compute
+// stream, then read once it is done.
+std::vector<float> read_on_compute(const float* device, size_t n) {
+  std::vector<float> host(n);
+  const cudaStream_t compute = device::compute_stream();
+  REQUIRE(cudaMemcpyAsync(host.data(), device, n * sizeof(float), cudaMemcpyDeviceToHost, compute) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(compute) == cudaSuccess);
+  return host;
+}
+
+}  // namespace
+
+// Context parallelism's ring: a started exchange's queue_wait() makes the compute stream wait for
+// its event (one stream-event wait) without the host waiting (no synchronize, no query), and the
+// compute stream's later work sees what arrived. The shim holds a transfer's data until something
+// is ordered after it, so the compute stream reads the old contents without that wait (what a
+// dropped wait would read). wait_queued() then checks the exchange on the host.
+TEST_CASE("NCCL: queue_wait() orders the compute stream after a started exchange without a host wait",
+          "[cuda][dist]") {
+  test::ShimHost host;
+  const auto nccl = dist::make_nccl_communicator(host, 0, 30.0);
+  const std::vector<float> values = {1.5f, -2.0f, 3.25f}, blank(3, -99.0f);
+  float* send = device_copy(values);
+  float* recv = device_copy(blank);
+  auto exchange = nccl->start_exchange(send, recv, 3, DType::f32, 1);
+  CHECK(read_on_compute(recv, 3) == blank);  // not ordered after the exchange: not arrived yet
+  const std::int64_t syncs = host_syncs(), stream_queries = llmtrain_emu::runtime_calls("cudaStreamQuery");
+  const std::int64_t event_queries = llmtrain_emu::runtime_calls("cudaEventQuery");
+  const std::int64_t waits = llmtrain_emu::runtime_calls("cudaStreamWaitEvent");
+  exchange->queue_wait();
+  exchange.reset();  // the communicator keeps what it needs
+  CHECK(llmtrain_emu::runtime_calls("cudaStreamWaitEvent") - waits == 1);
+  CHECK(host_syncs() == syncs);
+  CHECK(llmtrain_emu::runtime_calls("cudaStreamQuery") == stream_queries);
+  CHECK(llmtrain_emu::runtime_calls("cudaEventQuery") == event_queries);
+  CHECK(read_on_compute(recv, 3) == values);
+  nccl->wait_queued();
+  CHECK(llmtrain_emu::runtime_calls("cudaEventQuery") > event_queries);
+
+  // A ring's step: the next exchange starts after the compute stream's work so far, then is
+  // queue-waited in turn; a later call retires the finished ones without a host wait.
+  REQUIRE(cudaMemcpy(recv, blank.data(), 3 * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+  float* passed = device_copy(blank);
+  nccl->start_exchange(send, recv, 3, DType::f32, 1)->queue_wait();
+  nccl->start_exchange(recv, passed, 3, DType::f32, 1)->queue_wait();  // passes on what just arrived
+  CHECK(read_on_compute(passed, 3) == values);
+  CHECK(nccl->traffic().calls[dist::Traffic::send] == 3);
+  nccl->wait_queued();
+  for (float* p : {send, recv, passed}) cudaFree(p);
 }
