@@ -257,16 +257,18 @@ TEST_CASE("plan: GPT-2 124M's parameter count and memory per rank", "[cli][plan]
   CHECK(r.out.find("fp32 ZeRO 0     474.70 MiB") != std::string::npos);
   CHECK(r.out.find("fp32 ZeRO 1     474.70 MiB   474.70 MiB   118.68 MiB") != std::string::npos);
   // ZeRO 3 at 8 ranks: units ln_f 1,536, 12 layers of 7,087,872, wpe + wte 39,383,808, shards
-  // 192 + 12 x 885,984 + 4,922,976 = 15,554,976 parameters (4 B: 59.34 MiB). Gathered, 4 B each:
-  // the roots (39,385,344) and two layer slots (2 x 7,087,872) of weights, the roots' gradients and
-  // two gradient slots with their parts (2 x 9 x 885,984), a scratch part (4,922,976): 434.18 MiB.
+  // 192 + 12 x 885,984 + 4,922,976 = 15,554,976 parameters (4 B: 59.34 MiB). The embedding
+  // outweighs a layer, so the ends' units keep slots of their own (parallel/zero3_slots.h):
+  // weight slots of 2 layers and of the two ends' units, 2 x 8 x 885,984 + 8 x (4,922,976 + 192) =
+  // 53,561,088, the gradient slots as long plus their parts (1/8): 4 x 113,817,312 B = 434.18 MiB.
   CHECK(r.out.find("fp32 ZeRO 3      59.34 MiB    59.34 MiB   118.68 MiB   434.18 MiB") != std::string::npos);
   // Sent per update: ZeRO 0 all-reduces 4 x 124,439,808 B: 2 x 7/8 of it = 830.73 MiB. ZeRO 3
-  // (4 micro-steps): per micro-step 12 layers x 7 x 885,984 x (4 + 4 + 4) B plus the roots'
-  // gradients 7 x 4,923,168 x 4 B, and once the roots' weights 7 x 4,923,168 x 4 B: 3.97 GiB.
+  // (4 micro-steps): per micro-step 12 layers x 7 x 885,984 x (4 + 4 + 4) B and the ends' units
+  // reduced once, 7 x 4,923,168 x 4 B; once per update the ends' weights, 7 x 4,923,168 x 4 B;
+  // less the first layer's forward gather in micro-steps 2-4, 3 x 7 x 885,984 x 4 B: 3.90 GiB.
   const auto row = [&](const std::string& label) { return r.out.substr(r.out.find(label), r.out.find('\n', r.out.find(label)) - r.out.find(label)); };
   CHECK(row("fp32 ZeRO 0").find(" 830.73 MiB ") != std::string::npos);
-  CHECK(row("fp32 ZeRO 3").find(" 3.97 GiB ") != std::string::npos);
+  CHECK(row("fp32 ZeRO 3").find(" 3.90 GiB ") != std::string::npos);
   check_input_error(run_llmtrain({"plan", "--config", LLMTRAIN_SOURCE_DIR "/configs/gpt2-124m.json", "--world-size",
                                   "3"}),
                     "train.global_batch_size: must be a multiple of train.micro_batch_size x data-parallel size (16 x 3 = 48)");

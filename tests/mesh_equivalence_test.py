@@ -87,6 +87,10 @@ def base_config(name, data):
             config["model"]["moe"].update(router="sigmoid", bias_update_rate=0.01, aux_loss_coef=0.0)
     if name.endswith("muon"):  # Muon on the hidden matrices, AdamW on the rest
         config["optim"].update(name="muon", muon={"lr": 0.02})
+    if name.startswith("widevocab"):  # the embedding outweighs a layer: ZeRO 3's ends keep slots of their own
+        config["model"]["vocab_size"] = 2000
+        if name == "widevocab-llama":
+            config["model"] = dict(LLAMA, vocab_size=2000)
     if name in ("long", "term"):  # runs to interrupt: long enough that every interruption comes before the end
         config["model"] = dict(SMALL)
         config["train"].update(max_steps=3000 if name == "long" else 1200, eval_every=0)
@@ -110,37 +114,60 @@ def same_traffic(got, expect, what):
         assert got[kind][0] == calls and abs(got[kind][1] - sent) <= 1e-6 * max(sent, 1), (kind, got, expect)
 
 
+def zero3_ends_keep_slots(layer, roots, W, reshard):
+    """Whether ZeRO 3's units outside the layers keep weight and gradient slots of their own
+    (parallel/zero3_slots.h): the ends' slots are apart from the layers' when that takes less
+    memory than one pool of slots of the largest unit, and each root unit then has one.
+    roots: (size, read by the embedding, read by the head)."""
+    ceil = lambda n: -(-n // W)
+    L, R = ceil(layer), max(ceil(r) for r, _, _ in roots)
+    head = sorted((ceil(r) for r, e, h in roots if h), reverse=True)
+    emb = sorted((ceil(r) for r, e, h in roots if e), reverse=True)
+    ends = [max(head[i] if i < len(head) else 0, emb[i] if i < len(emb) else 0)
+            for i in range(max(len(head), len(emb)))]
+    homes = len(roots) <= len(ends) and all(c >= u for c, u in zip(ends, sorted((ceil(r) for r, _, _ in roots), reverse=True)))
+    apart_weights = 2 * L + sum(ends) <= max(2, len(head), len(emb) + 1) * max(L, R) if reshard else True
+    apart_grads = 2 * L + sum(ends) <= max(2, len(head), len(emb)) * max(L, R)
+    return homes and apart_weights, homes and apart_grads
+
+
 def zero_traffic(run):
     """The data group's collectives of an update under ZeRO 0, 1 and 3, from the model's shapes: per
     micro-step and layer one all-gather in forward, one in backward (none when the layers stay
     gathered, none in forward for the first layer after the first micro-step: it stays gathered)
-    and one reduce-scatter; per micro-step each unit outside the layers gathered and reduced once
+    and one reduce-scatter; each unit outside the layers gathered and reduced once per micro-step
     for each end of the model that reads it (the embedding; the final norm and head, which read
-    the token table too when tied); ring volumes (n-1)/n S and 2 (n-1)/n S."""
+    the token table too when tied), or, where they keep slots of their own, gathered once per
+    update and reduced once per micro-step; ring volumes (n-1)/n S and 2 (n-1)/n S."""
     m, t, d = run.config["model"], run.config["train"], run.config["dist"]
     W, zero, reshard = run.ranks, d["zero_stage"], d["reshard_after_forward"]
     V, T, L, C, F = m["vocab_size"], m["context_length"], m["n_layer"], m["d_model"], m["ffn_hidden"]
-    # roots: (size, uses per micro-step)
+    # roots: (size, read by the embedding, read by the head)
     if m["arch"] == "gpt2":  # units: ln_f (head) | each layer | wpe, wte (embedding and tied head)
         layer = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (F * C + F) + (C * F + C)
-        roots = [(2 * C, 1), (T * C + V * C, 2)]
+        roots = [(2 * C, False, True), (T * C + V * C, True, True)]
     else:  # norm, untied head (head) | each layer | embed (embedding)
         NH, NKV, HS = m["n_head"], m["n_kv_head"], C // m["n_head"]
         layer = C + NH * HS * C + 2 * NKV * HS * C + C * NH * HS + C + 3 * F * C
-        roots = [(V * C + C, 1), (V * C, 1)]
-    P = L * layer + sum(r for r, _ in roots)
+        roots = [(V * C + C, False, True), (V * C, True, False)]
+    P = L * layer + sum(r for r, _, _ in roots)
     micro = t["global_batch_size"] // (t["micro_batch_size"] * W)
     share = (W - 1) / W
     ceil = lambda n: -(-n // W)
     expect = {}
     if zero == 3:
+        stay_gathered, keep_gradients = zero3_ends_keep_slots(layer, roots, W, reshard)
+        print(f"  ZeRO 3 ends: {'gathered once per update' if stay_gathered else 'gathered per use'}, "
+              f"{'reduced once per micro-step' if keep_gradients else 'reduced per use'}")
         layer_gathers = micro * L * (2 if reshard else 1) - (micro - 1)
-        root_uses = sum(uses for _, uses in roots)
-        root_elements = sum(uses * ceil(r) for r, uses in roots)
-        expect["all-gather"] = (layer_gathers + micro * root_uses,
-                                share * W * 4 * (layer_gathers * ceil(layer) + micro * root_elements))
-        expect["reduce-scatter"] = (micro * (L + root_uses),
-                                    micro * share * W * 4 * (L * ceil(layer) + root_elements))
+        uses = [int(e) + int(h) for _, e, h in roots]
+        root_gathers = len(roots) if stay_gathered else micro * sum(uses)
+        root_gathered = (1 if stay_gathered else micro) * sum((1 if stay_gathered else n) * ceil(r)
+                                                               for (r, _, _), n in zip(roots, uses))
+        root_reduces = [1 if keep_gradients else n for n in uses]
+        expect["all-gather"] = (layer_gathers + root_gathers, share * W * 4 * (layer_gathers * ceil(layer) + root_gathered))
+        expect["reduce-scatter"] = (micro * (L + sum(root_reduces)),
+                                    micro * share * W * 4 * (L * ceil(layer) + sum(n * ceil(r) for (r, _, _), n in zip(roots, root_reduces))))
         expect["all-reduce"] = (1, 2 * share * 16)  # the loss and the squared norm, two doubles
     elif zero == 0:
         expect["all-reduce"] = (2, 2 * share * (4 * P + 8))  # one gradient bucket (dist.bucket_mb), then the loss
@@ -347,6 +374,11 @@ ROWS = [
     Row("zero", "zero3-w4@10>w2-gathered", 2, Z3 + " dist.reshard_after_forward=false", resume=("zero3-w4", 10)),
     Row("zero", "llama-zero3-w2", 2, Z3, base="llama", checks=(zero_traffic,)),
     Row("zero", "llama-qk-zero3-w2", 2, Z3, base="llama-qk"),
+    # An embedding larger than a layer (2,000 x 32 against 12,704): the ends' units keep slots of
+    # their own, gathered once per update and (GPT-2's tied table) reduced once per micro-step.
+    Row("zero", "widevocab-zero3-w2", 2, Z3, base="widevocab", checks=(zero_traffic,)),
+    Row("zero", "widevocab-zero3-w4", 4, Z3, base="widevocab", checks=(zero_traffic,)),
+    Row("zero", "widevocab-llama-zero3-w2", 2, Z3, base="widevocab-llama", checks=(zero_traffic,)),
 
     # Tensor parallelism (Megatron), with and without sequence parallelism, alone and with data 2.
     Row("tensor", "tp2", 2, "dist.tensor_parallel=2", checks=(tensor_traffic,)),

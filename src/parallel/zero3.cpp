@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "core/error.h"
 #include "ops/ops.h"
 #include "parallel/tensor_parallel_comm.h"
+#include "parallel/zero3_slots.h"
 
 namespace llmtrain::parallel {
 
@@ -23,6 +25,8 @@ struct Zero3::Unit {
   bool current = false;          // the gathered weights are those of the master weights now
   std::unique_ptr<dist::Request> gathering;  // the gather in flight into them
   float* grads = nullptr;        // where backward adds this unit's gradients now
+  bool embedding = false, head = false;  // outside the layers: the ends that read it
+  int weight_home = -1, grad_home = -1;  // the slots it keeps for itself (parallel/zero3_slots.h), or -1
 
   std::int64_t part() const { return part_end - part_begin; }
 };
@@ -30,14 +34,17 @@ struct Zero3::Unit {
 // A buffer the gathered weights of one unit at a time live in.
 struct Zero3::WeightSlot {
   ops::Buffer buffer;         // (capacity) compute dtype
-  std::int64_t capacity = 0;  // elements
+  Zero3Slot shape;            // its capacity in elements, and whether layers or ends may take it
   int unit = -1;              // the unit in it, or -1
 };
 
 struct Zero3::GradSlot {
-  ops::Buffer sums;    // (W S_max) f32: what backward adds into
-  ops::Buffer summed;  // (S_max,) f32: this rank's part summed over the group
-  Unit* unit = nullptr;  // the unit whose gradients it holds (being added or reduced)
+  ops::Buffer sums;    // (capacity) f32: what backward adds into
+  ops::Buffer summed;  // (capacity / W) f32: this rank's part summed over the group
+  Zero3Slot shape;
+  Unit* unit = nullptr;  // the unit whose gradients it holds (being added, or reduced)
+  bool reduced = false;  // the unit's reduction has started (the slot can be finished and taken)
+  std::uint64_t started = 0;  // when, in reductions started: the oldest is finished first
   std::unique_ptr<dist::Request> reducing;
 };
 
@@ -64,7 +71,6 @@ Zero3::Zero3(model::Model& model, dist::Communicator& comm, dist::Communicator& 
   const auto& runs = model.param_runs();
   units_.resize(runs.size());
   layer_units_.assign(std::size_t(model.config().n_layer), 0);
-  std::int64_t largest_layer = 0, largest_end = 0, layers = 0;
   for (std::size_t i = 0; i < runs.size(); ++i) {
     Unit& u = units_[i];
     u.range = runs[i];
@@ -76,14 +82,10 @@ Zero3::Zero3(model::Model& model, dist::Communicator& comm, dist::Communicator& 
     u.local = local_size_;
     local_size_ += u.part();
     if (u.part() > 0) pieces_.push_back({u.part_begin, u.part_end, u.local});
-    if (u.layer < 0) {
-      largest_end = std::max(largest_end, u.shard);
-    } else {
+    if (u.layer >= 0) {
       layer_units_.at(std::size_t(u.layer)) = i;
-      largest_layer = std::max(largest_layer, u.shard);
       if (first_layer_ < 0 || u.layer < first_layer_) first_layer_ = u.layer;
       if (u.layer > last_layer_) last_layer_ = u.layer;
-      ++layers;
     }
   }
   // Every run outside the layers is read by an end of the model (else nothing would gather it).
@@ -103,30 +105,33 @@ Zero3::Zero3(model::Model& model, dist::Communicator& comm, dist::Communicator& 
     ops::zero(master());
     ops::zero(grads());
   }
-  // Weight slots. Resharded after forward: two of the largest unit's size, the layer at work and
-  // the next one prefetched (an end's units come and go as a layer's do; the head of a tied
-  // embedding holds two, the final norm's run and the embedding's). Kept from forward to backward:
-  // one per layer of the largest layer's size, and one per head unit of the largest end's size
-  // (the head is reached with every layer gathered).
-  const std::int64_t heads = std::int64_t(end_units_[std::size_t(model::ModelEnd::head)].size());
-  const auto add_slot = [&](std::int64_t shard) {
-    WeightSlot& slot = weight_slots_.emplace_back();
-    slot.capacity = shard * W_;
-    slot.buffer = ops::Buffer(device_, std::size_t(std::max<std::int64_t>(slot.capacity, 1)) * dtype_size(compute_));
-  };
-  if (reshard_after_forward_) {
-    for (std::int64_t s = 0; s < std::max<std::int64_t>(2, heads); ++s) add_slot(std::max(largest_layer, largest_end));
-  } else {
-    for (std::int64_t s = 0; s < layers; ++s) add_slot(largest_layer);
-    for (std::int64_t s = 0; s < heads; ++s) add_slot(largest_end);
+  // The weight and gradient slots (parallel/zero3_slots.h), from the units' shards.
+  std::vector<Zero3Unit> shapes;
+  for (Unit& u : units_) {
+    const auto reads = [&](model::ModelEnd end) {
+      const auto& v = end_units_[std::size_t(end)];
+      return std::find(v.begin(), v.end(), u.index) != v.end();
+    };
+    u.embedding = reads(model::ModelEnd::embedding);
+    u.head = reads(model::ModelEnd::head);
+    shapes.push_back({u.shard, u.layer >= 0, u.embedding, u.head});
   }
-  // Two gradient slots of the largest unit (one reducing while the next unit's backward fills the
-  // other; a tied head fills both).
-  const std::int64_t largest = std::max(largest_layer, largest_end);
-  grad_slots_.resize(2);
-  for (GradSlot& g : grad_slots_) {
-    g.sums = ops::Buffer(device_, std::size_t(std::max<std::int64_t>(largest * W_, 1)) * sizeof(float));
-    g.summed = ops::Buffer(device_, std::size_t(std::max<std::int64_t>(largest, 1)) * sizeof(float));
+  const Zero3SlotLayout layout = zero3_slot_layout(shapes, W_, reshard_after_forward_);
+  for (std::size_t i = 0; i < units_.size(); ++i) {
+    if (!layout.weight_home.empty()) units_[i].weight_home = layout.weight_home[i];
+    if (!layout.grad_home.empty()) units_[i].grad_home = layout.grad_home[i];
+  }
+  for (const Zero3Slot& shape : layout.weights) {
+    WeightSlot& slot = weight_slots_.emplace_back();
+    slot.shape = shape;
+    slot.buffer = ops::Buffer(device_, std::size_t(std::max<std::int64_t>(shape.capacity, 1)) * dtype_size(compute_));
+  }
+  grad_slots_.resize(layout.grads.size());
+  for (std::size_t i = 0; i < layout.grads.size(); ++i) {
+    GradSlot& g = grad_slots_[i];
+    g.shape = layout.grads[i];
+    g.sums = ops::Buffer(device_, std::size_t(std::max<std::int64_t>(g.shape.capacity, 1)) * sizeof(float));
+    g.summed = ops::Buffer(device_, std::size_t(std::max<std::int64_t>(g.shape.capacity / W_, 1)) * sizeof(float));
   }
   for (const Unit& u : units_) bind(u);
   model_.set_observer(this);
@@ -179,13 +184,18 @@ std::vector<Zero3::Unit*> Zero3::end_units(model::ModelEnd end) {
   return out;
 }
 
-// A free weight slot that holds W S elements of u (the smallest such), or -1.
+// Whether u may use a slot of this shape: of its kind (layer or end) and large enough.
+bool Zero3::fits(const Unit& u, const Zero3Slot& shape) const {
+  return (u.layer >= 0 ? shape.layers : shape.ends) && shape.capacity >= u.shard * W_;
+}
+
+// A free weight slot u fits in (the smallest such), or -1.
 int Zero3::free_slot(const Unit& u) const {
   int best = -1;
   for (std::size_t s = 0; s < weight_slots_.size(); ++s) {
     const WeightSlot& slot = weight_slots_[s];
-    if (slot.unit >= 0 || slot.capacity < u.shard * W_) continue;
-    if (best < 0 || slot.capacity < weight_slots_[std::size_t(best)].capacity) best = int(s);
+    if (slot.unit >= 0 || !fits(u, slot.shape)) continue;
+    if (best < 0 || slot.shape.capacity < weight_slots_[std::size_t(best)].shape.capacity) best = int(s);
   }
   return best;
 }
@@ -193,6 +203,10 @@ int Zero3::free_slot(const Unit& u) const {
 // Starts gathering u's weights into a free slot: this rank's part of the master weights,
 // converted to the compute dtype, goes to its place in the slot; the all-gather brings the others'.
 void Zero3::gather(Unit& u) {
+  if (u.slot < 0 && u.weight_home >= 0) {  // its own slot, which nothing else takes
+    u.slot = u.weight_home;
+    weight_slots_[std::size_t(u.slot)].unit = int(u.index);
+  }
   if (u.slot < 0) {
     int free = free_slot(u);
     if (free < 0 && kept_layer_ >= 0) {  // the first layer kept for the next forward yields
@@ -240,6 +254,12 @@ void Zero3::release_weights(Unit& u) {
   bind(u);
 }
 
+// After a use of a unit outside the layers: its slot is given back, unless it is its own (then its
+// weights stay gathered until they change).
+void Zero3::release_end(Unit& u) {
+  if (u.weight_home < 0) release_weights(u);
+}
+
 // Starts the gather of u when it is not gathered and a slot is free for it.
 void Zero3::prefetch(Unit& u) {
   if (u.current || free_slot(u) < 0) return;
@@ -252,19 +272,38 @@ void Zero3::prefetch_after(int layer) {
   for (Unit* u : end_units(model::ModelEnd::head)) prefetch(*u);
 }
 
-// Gives the unit a zeroed gradient slot (finishing the reduction that last used it, and any of
-// this unit's still in flight: a tied embedding is reduced after the head's backward and again
-// after the embedding's).
+// Gives the unit a zeroed gradient slot: a free one it fits in (the smallest), else the one whose
+// reduction started first, finished now. Any reduction of this unit still in flight is finished
+// first (a tied embedding is reduced after the head's backward and again after the embedding's).
 void Zero3::begin_backward(Unit& u) {
+  if (u.grad_home >= 0) {  // its own slot: zeroed at its first use of the micro-step, added to after
+    GradSlot& home = grad_slots_[std::size_t(u.grad_home)];
+    if (home.unit == &u && !home.reduced) return;
+    finish_reduction(home);
+    ops::zero(flat(home.sums.data(), DType::f32, device_, u.shard * W_));
+    home.unit = &u;
+    u.grads = static_cast<float*>(home.sums.data());
+    bind(u);
+    return;
+  }
   for (GradSlot& g : grad_slots_) {
     if (g.unit == &u) finish_reduction(g);
   }
-  GradSlot& slot = grad_slots_[next_grad_slot_];
-  next_grad_slot_ = (next_grad_slot_ + 1) % grad_slots_.size();
-  finish_reduction(slot);
-  ops::zero(flat(slot.sums.data(), DType::f32, device_, u.shard * W_));
-  slot.unit = &u;
-  u.grads = static_cast<float*>(slot.sums.data());
+  // Free slots first, the smallest; then the earliest reduction.
+  const auto order = [](const GradSlot& g) {
+    return std::pair<bool, std::uint64_t>(g.unit != nullptr, g.unit ? g.started : std::uint64_t(g.shape.capacity));
+  };
+  GradSlot* slot = nullptr;
+  for (GradSlot& g : grad_slots_) {
+    if (!fits(u, g.shape) || (g.unit && !g.reduced)) continue;
+    if (!slot || order(g) < order(*slot)) slot = &g;
+  }
+  if (!slot) throw RuntimeError("ZeRO 3: no gradient slot for a unit (every one is being filled)");
+  finish_reduction(*slot);
+  ops::zero(flat(slot->sums.data(), DType::f32, device_, u.shard * W_));
+  slot->unit = &u;
+  slot->reduced = false;
+  u.grads = static_cast<float*>(slot->sums.data());
   bind(u);
 }
 
@@ -276,6 +315,8 @@ void Zero3::reduce_gradients(Unit& u) {
     slot->reducing = comm_.start_reduce_scatter_sum(static_cast<float*>(slot->sums.data()),
                                                     static_cast<float*>(slot->summed.data()), u.shard);
   }
+  slot->reduced = true;
+  slot->started = ++reductions_started_;
 }
 
 void Zero3::finish_reduction(GradSlot& slot) {
@@ -289,6 +330,7 @@ void Zero3::finish_reduction(GradSlot& slot) {
   slot.unit->grads = nullptr;
   bind(*slot.unit);
   slot.unit = nullptr;
+  slot.reduced = false;
 }
 
 // gradient shard += this micro-step's summed part of unit u.
@@ -304,7 +346,7 @@ void Zero3::on(model::PassEvent event, int layer) {
   switch (event) {
     case PassEvent::forward_begins:
       // A forward without backward (validation) left the head's units gathered.
-      for (Unit* u : end_units(ModelEnd::head)) release_weights(*u);
+      for (Unit* u : end_units(ModelEnd::head)) release_end(*u);
       for (Unit* u : end_units(ModelEnd::embedding)) prefetch(*u);
       if (first_layer_ >= 0) prefetch(layer_unit(first_layer_));
       break;
@@ -312,7 +354,7 @@ void Zero3::on(model::PassEvent event, int layer) {
       for (Unit* u : end_units(ModelEnd::embedding)) wait_gathered(*u);
       break;
     case PassEvent::after_embedding:
-      for (Unit* u : end_units(ModelEnd::embedding)) release_weights(*u);
+      for (Unit* u : end_units(ModelEnd::embedding)) release_end(*u);
       if (first_layer_ >= 0) prefetch(layer_unit(first_layer_));
       break;
     case PassEvent::before_forward:
@@ -335,8 +377,9 @@ void Zero3::on(model::PassEvent event, int layer) {
       break;
     case PassEvent::after_head_backward:
       for (Unit* u : end_units(ModelEnd::head)) {
-        release_weights(*u);
-        reduce_gradients(*u);
+        release_end(*u);
+        // A tied table that keeps its gradient slot is reduced once, after the embedding's backward.
+        if (!(u->embedding && u->grad_home >= 0)) reduce_gradients(*u);
       }
       if (last_layer_ >= 0) prefetch(layer_unit(last_layer_));
       break;

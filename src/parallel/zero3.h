@@ -33,6 +33,7 @@
 #include "ops/buffer.h"
 #include "optim/piece.h"
 #include "parallel/grad_sync.h"
+#include "parallel/zero3_slots.h"
 
 namespace llmtrain::parallel {
 
@@ -79,10 +80,12 @@ class Zero3 final : public model::PassObserver {
   Unit& layer_unit(int layer);
   std::vector<Unit*> end_units(model::ModelEnd end);
   void* weights_of(const Unit& u) const;
+  bool fits(const Unit& u, const Zero3Slot& shape) const;
   int free_slot(const Unit& u) const;
   void gather(Unit& u);
   void wait_gathered(Unit& u);
   void release_weights(Unit& u);
+  void release_end(Unit& u);
   void prefetch(Unit& u);
   void prefetch_after(int layer);
   void begin_backward(Unit& u);
@@ -106,7 +109,7 @@ class Zero3 final : public model::PassObserver {
   ops::Buffer master_, grads_;
   std::vector<WeightSlot> weight_slots_;
   std::vector<GradSlot> grad_slots_;
-  std::size_t next_grad_slot_ = 0;
+  std::uint64_t reductions_started_ = 0;
   int first_layer_ = -1;  // the first layer forward reaches (the last backward leaves)
   int last_layer_ = -1;   // the last layer forward reaches (the first backward reaches)
   int kept_layer_ = -1;   // the first layer, kept gathered after backward for the next forward

@@ -13,6 +13,7 @@
 #include "optim/registry.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/pipeline_stages.h"
+#include "parallel/zero3_slots.h"
 
 namespace llmtrain::plan {
 namespace {
@@ -188,30 +189,23 @@ MemoryPlan plan_memory(const config::Config& config, const RankShare& share, int
                      context_scratch_bytes(config, share.tensor_size, bf16, micro_batch);
   if (zero_stage == 3) {
     // The buffers parallel/zero3.cpp allocates: every unit sharded with padding (a rank's shards of
-    // the master weights and gradients); weight slots in the compute dtype: two of the largest
-    // padded unit (or one per unit the head reads, if more), or, kept from forward to backward,
-    // one of the largest layer per layer and one of the largest root unit per unit the head
-    // reads; two f32 gradient slots of the largest padded unit plus its reduce-scattered part.
-    std::int64_t shards = 0, layer_shard = 0, root_shard = 0, layers = 0, heads = 0;
+    // the master weights and gradients), and the slots of parallel/zero3_slots.h: weights in the
+    // compute dtype, f32 gradients each with its reduce-scattered part.
+    std::int64_t shards = 0;
+    std::vector<parallel::Zero3Unit> units;
     for (const auto& u : share.units) {
-      const std::int64_t shard = ceil_div(u.params, D);
-      shards += shard;
-      if (u.layer) {
-        layer_shard = std::max(layer_shard, shard);
-        ++layers;
-      } else {
-        root_shard = std::max(root_shard, shard);
-        heads += u.head ? 1 : 0;
-      }
+      shards += ceil_div(u.params, D);
+      units.push_back({ceil_div(u.params, D), u.layer, u.embedding, u.head});
     }
-    const std::int64_t compute = bf16 ? 2 : 4, largest = std::max(layer_shard, root_shard);
-    const std::int64_t slot_params = config.dist.reshard_after_forward
-                                         ? std::max<std::int64_t>(2, heads) * D * largest
-                                         : layers * D * layer_shard + heads * D * root_shard;
+    const auto slots = parallel::zero3_slot_layout(units, int(D), config.dist.reshard_after_forward);
+    std::int64_t weight_slots = 0, grad_slots = 0;
+    for (const auto& slot : slots.weights) weight_slots += slot.capacity;
+    for (const auto& slot : slots.grads) grad_slots += slot.capacity + slot.capacity / D;
+    const std::int64_t compute = bf16 ? 2 : 4;
     plan.weights = 4 * shards;
     plan.gradients = 4 * shards;
     plan.optimizer = state * shards;
-    plan.gathered = compute * slot_params + 4 * 2 * (D + 1) * largest;
+    plan.gathered = compute * weight_slots + 4 * grad_slots;
     return plan;
   }
   // The model's flat buffers: f32 master weights (and, in bf16, a 2-byte working copy) and f32
@@ -347,21 +341,40 @@ UpdateTraffic update_traffic(const config::Config& config, const RankShare& shar
   }
   const std::int64_t compute = bf16 ? 2 : 4;
   const std::int64_t gathers_per_layer = config.dist.reshard_after_forward ? 2 : 1;
-  std::int64_t per_micro_step = 0, first_layer = 0;
+  // Whether the units outside the layers keep slots of their own (parallel/zero3_slots.h).
+  std::vector<parallel::Zero3Unit> shapes;
+  for (const auto& u : share.units) shapes.push_back({ceil_div(u.params, D), u.layer, u.embedding, u.head});
+  const auto slots = parallel::zero3_slot_layout(shapes, int(D), config.dist.reshard_after_forward);
+  const bool ends_stay_gathered = !slots.weight_home.empty(), ends_keep_gradients = !slots.grad_home.empty();
+  std::int64_t per_micro_step = 0, per_update = 0, first_layer = 0;
   for (const auto& u : share.units) {
-    if (u.layer) first_layer = u.params;  // the buffer holds the layers last first
-    // Gathers and reduce-scatters of the unit per micro-step: a layer's (two gathers when
-    // resharded after forward); a root unit's once for each end that reads it.
-    const std::int64_t uses = u.layer ? 1 : std::int64_t(u.embedding) + std::int64_t(u.head);
-    const std::int64_t gathers = u.layer ? gathers_per_layer : uses;
-    t.all_gathers += gathers * micro_steps;
-    t.reduce_scatters += uses * micro_steps;
-    per_micro_step += gathers * gather_or_scatter(u.params, compute) + uses * gather_or_scatter(u.params, 4);
+    if (u.layer) {  // two gathers a micro-step when resharded after forward, one reduce-scatter
+      first_layer = u.params;  // the buffer holds the layers last first
+      t.all_gathers += gathers_per_layer * micro_steps;
+      t.reduce_scatters += micro_steps;
+      per_micro_step += gathers_per_layer * gather_or_scatter(u.params, compute) + gather_or_scatter(u.params, 4);
+      continue;
+    }
+    // A unit outside the layers: gathered once per update when it keeps its slot, else once per
+    // micro-step for each end that reads it; reduced once per micro-step when it keeps its
+    // gradient slot, else once for each end.
+    const std::int64_t uses = std::int64_t(u.embedding) + std::int64_t(u.head);
+    if (ends_stay_gathered) {
+      t.all_gathers += 1;
+      per_update += gather_or_scatter(u.params, compute);
+    } else {
+      t.all_gathers += uses * micro_steps;
+      per_micro_step += uses * gather_or_scatter(u.params, compute);
+    }
+    const std::int64_t reductions = ends_keep_gradients ? 1 : uses;
+    t.reduce_scatters += reductions * micro_steps;
+    per_micro_step += reductions * gather_or_scatter(u.params, 4);
   }
   // The first layer stays gathered from one micro-step's backward to the next one's forward.
   const std::int64_t kept = first_layer > 0 ? micro_steps - 1 : 0;
   t.all_gathers -= kept;
-  t.bytes = double(micro_steps * per_micro_step - kept * gather_or_scatter(first_layer, compute)) + muon.bytes;
+  t.bytes = double(micro_steps * per_micro_step + per_update - kept * gather_or_scatter(first_layer, compute)) +
+            muon.bytes;
   return t;
 }
 

@@ -109,12 +109,9 @@ std::int64_t activation_bytes_per_sequence(const config::ModelConfig& model, boo
 /// and `gathered` the padded buffer the gradients are reduce-scattered from and the weights
 /// all-gathered into (4 D S) and the summed shard (4 S). ZeRO 3 shards each unit padded, ceil(n /
 /// D) parameters of it per rank, master weights, gradients and optimizer state alike; `gathered`
-/// counts the working buffers parallel/zero3.cpp allocates, with U the largest unit's D ceil(n /
-/// D) parameters: weight slots in the compute dtype (4 or 2 bytes), two of U (the unit at work and
-/// the prefetched next; as many as the head reads units if more), or with
-/// dist.reshard_after_forward false one of the largest layer's per layer and one of the largest
-/// root unit's per unit the head reads; two f32 gradient slots of U plus its reduce-scattered
-/// part U / D. Activations:
+/// counts the working buffers parallel/zero3.cpp allocates: the weight slots (compute dtype, 4 or
+/// 2 bytes) and f32 gradient slots (each with its reduce-scattered part, 1/D of it) that
+/// parallel::zero3_slot_layout lays out for the units. Activations:
 /// activation_bytes at the share's tensor size and config.dist.sequence_parallel.
 MemoryPlan plan_memory(const config::Config& config, const RankShare& share, int data_parallel_size, int zero_stage,
                        bool bf16, std::int64_t micro_batch);
@@ -142,7 +139,8 @@ struct UpdateTraffic {
 /// layer unit all-gathered in the compute dtype for forward and again for backward (once with
 /// dist.reshard_after_forward false) and its f32 gradients reduce-scattered; each root unit
 /// all-gathered and its gradients reduce-scattered once for each end that reads it (a tied
-/// embedding twice); the first layer is not gathered again for the forward of the micro-steps
+/// embedding twice), or, where the root units keep slots of their own (parallel/zero3_slots.h),
+/// gathered once per update and reduced once per micro-step; the first layer is not gathered again for the forward of the micro-steps
 /// after the first (it stays gathered from backward). The small all-reduce
 /// of the loss and the gradient norm is not counted. Nothing at D = 1. optim.name "muon" under
 /// ZeRO 1-3 (without tensor parallelism) adds its owners' transfers (muon_traffic) of the data

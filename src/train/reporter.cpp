@@ -127,8 +127,8 @@ void Reporter::run_started(const dist::Communicators& comms, const RunShape& run
   state_bytes_ = run.state_bytes;
   info("train: this rank holds %s of weights, gradients and optimizer state%s", format_bytes(double(state_bytes_)).c_str(),
        config_.dist.zero_stage == 3 ? (config_.dist.reshard_after_forward
-                                           ? " (ZeRO 3: its shards, the units outside the layers and two layer slots)"
-                                           : " (ZeRO 3: its shards, the units outside the layers and every layer gathered)")
+                                           ? " (ZeRO 3: its shards and the slots units are gathered into)"
+                                           : " (ZeRO 3: its shards, a slot for every layer and the ends' slots)")
                                     : "");
 }
 
