@@ -86,7 +86,9 @@ TEST_CASE("cuda Newton-Schulz matches the cpu reference: square, tall, wide and 
       CAPTURE(err, largest);
       CHECK(err < (bf16 ? 3e-2 : 1e-4));
       CHECK(largest > 0.1);  // not trivially zero
-      // O O^T (the smaller Gram matrix) near the identity: singular values in the quintic's band.
+      // O O^T (the smaller Gram matrix) near the identity: singular values in the quintic's band,
+      // about [0.68, 1.13] (a single row ends at a + b + c = 0.70 after an odd number of steps),
+      // so squares within 0.6 of 1.
       const std::int64_t m = std::min(rows, cols), n = std::max(rows, cols);
       double worst = 0.0;
       for (std::int64_t i = 0; i < m; ++i) {
@@ -102,7 +104,7 @@ TEST_CASE("cuda Newton-Schulz matches the cpu reference: square, tall, wide and 
         }
       }
       CAPTURE(worst);
-      CHECK(worst < 0.5);
+      CHECK(worst < 0.6);
     }
   }
 }
