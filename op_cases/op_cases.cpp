@@ -1,6 +1,7 @@
 // The op builders and the check grids of the op case registry (op_cases.h).
 #include "op_cases.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -354,6 +355,49 @@ OpCase muon_apply_case(std::int64_t N, bool working) {
   return c;
 }
 
+// Newton-Schulz's steps besides its matmuls (optim/newton_schulz.h): a (rows, cols) matrix over
+// its norm, worked on as (m, n) with m <= n.
+OpCase newton_schulz_normalise_case(std::int64_t rows, std::int64_t cols) {
+  OpCase c{"newton_schulz_normalise", shape_name({{"rows", rows}, {"cols", cols}})};
+  c.args = {always_f32(input("u", {rows, cols}, -2.0f, 2.0f)),
+            output("x", {std::min(rows, cols), std::max(rows, cols)}, act_elementwise)};
+  Step step{"newton_schulz_normalise", [](const Args& a) {
+              const Tensor& u = a["u"];
+              ops::DeviceSum squares(u.device);
+              ops::sum_squares(u.reshape({u.numel()}), &squares);
+              ops::newton_schulz_normalise(a["x"], u, squares, 1e-7);
+              return 0.0;
+            }};
+  step.fixed_bytes = 8.0 * double(rows * cols);  // u read twice (the norm, then the scaling)
+  step.act_elements = double(rows * cols);        // x written
+  c.steps = {step};
+  return c;
+}
+
+OpCase transpose_case(std::int64_t N, std::int64_t C) {
+  OpCase c{"transpose", shape_name({{"N", N}, {"C", C}})};
+  c.args = {input("inp", {N, C}), output("out", {C, N}, act_elementwise)};
+  Step step{"transpose", [](const Args& a) {
+              ops::transpose(a["out"], a["inp"]);
+              return 0.0;
+            }};
+  step.act_elements = 2.0 * double(N * C);
+  c.steps = {step};
+  return c;
+}
+
+OpCase scaled_sum_case(std::int64_t N) {
+  OpCase c{"scaled_sum", shape_name({{"N", N}})};
+  c.args = {input("x", {N}), input("y", {N}), output("out", {N}, act_elementwise)};
+  Step step{"scaled_sum", [](const Args& a) {
+              ops::scaled_sum(a["out"], a["x"], a["y"], 3.4445f, -4.775f);
+              return 0.0;
+            }};
+  step.act_elements = 3.0 * double(N);
+  c.steps = {step};
+  return c;
+}
+
 }  // namespace llmtrain::op_cases
 
 // ---- the check grids -------------------------------------------------------------------------
@@ -668,6 +712,13 @@ std::vector<OpCase> muon_cases() {
     for (const bool nesterov : {true, false}) add(cases, muon_momentum_case(N, 0.95f, nesterov));
     for (const bool working : {false, true}) add(cases, muon_apply_case(N, working));
   }
+  // Newton-Schulz: square, wide, tall, odd, one row or column, and a tile edge (32) crossed.
+  for (const auto& [rows, cols] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+           {1, 1}, {5, 7}, {7, 5}, {16, 16}, {1, 33}, {33, 1}, {31, 70}, {70, 31}, {64, 96}, {96, 64}}) {
+    add(cases, newton_schulz_normalise_case(rows, cols));
+    add(cases, transpose_case(rows, cols));
+  }
+  for (const std::int64_t N : element_counts) add(cases, scaled_sum_case(N));
   return cases;
 }
 

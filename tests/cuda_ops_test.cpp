@@ -61,6 +61,10 @@ LLMTRAIN_OP_TEST_F32("sum_squares")
 LLMTRAIN_OP_TEST_F32("adamw_update")
 LLMTRAIN_OP_TEST_F32("muon_momentum")
 LLMTRAIN_OP_TEST("muon_apply")
+// Newton-Schulz's steps besides its matmuls (kernels/cuda/newton_schulz.cu).
+LLMTRAIN_OP_TEST("newton_schulz_normalise")
+LLMTRAIN_OP_TEST("transpose")
+LLMTRAIN_OP_TEST("scaled_sum")
 // Mixture of Experts (kernels/cuda/moe.cu, grouped_matmul.cu).
 LLMTRAIN_OP_TEST("moe_router")
 LLMTRAIN_OP_TEST("moe_dispatch")

@@ -145,18 +145,16 @@ TEST_CASE("Muon takes each layer's 2-D matrices (GPT-2's c_attn as q, k, v) by l
   const std::int64_t P = plan::parameter_count(c.model);
   CHECK(plan::plan_memory(c, 1, 0, false, 1).optimizer == 12 * P);
   CHECK(plan::plan_memory(c, 4, 3, false, 1).optimizer * 2 == plan::plan_memory(with_adamw, 4, 3, false, 1).optimizer * 3);
-  // No CUDA path yet: a GPU run is refused by name rather than updated on the host.
-  CHECK_THROWS_WITH(optim::make_optimizer(muon, {optim::Piece{{0, 16}, 0}}, Device::cuda),
-                    "optim.name: \"muon\" runs on the CPU only so far (no CUDA Newton-Schulz yet); use optim.name "
-                    "\"adamw\" for GPU runs");
 }
 
 TEST_CASE("Newton-Schulz gives a matrix whose singular values lie near 1", "[optim][muon]") {
   // The quintic's fixed point band: singular values of O in about [0.7, 1.2] for a random input.
   std::mt19937 rng(7);
   const std::vector<float> u = random_normal(rng, 12 * 20, 1.0f);
-  std::vector<float> o(u.size()), scratch;
-  optim::newton_schulz(u.data(), o.data(), 12, 20, {}, scratch);
+  std::vector<float> o(u.size());
+  optim::NewtonSchulzWork work;
+  optim::newton_schulz(Tensor(const_cast<float*>(u.data()), DType::f32, Device::cpu, {12, 20}),
+                       Tensor(o.data(), DType::f32, Device::cpu, {12, 20}), {}, work);
   // O O^T (12 x 12): diagonal near 1 (between 0.7^2 and 1.2^2), the rest small.
   double worst_diag = 0.0, worst_off = 0.0;
   for (int i = 0; i < 12; ++i) {
@@ -240,14 +238,15 @@ TEST_CASE("Muon: inputs and results for the NumPy and PyTorch references", "[.mu
   REQUIRE(path);
   std::mt19937 rng(1234);
   nlohmann::json out;
-  std::vector<float> scratch;
+  optim::NewtonSchulzWork work;
   for (const auto& [rows, cols, bf16] : std::vector<std::tuple<int, int, bool>>{
            {5, 7, false}, {7, 5, false}, {16, 16, false}, {1, 8, false}, {8, 1, false}, {48, 16, false}, {24, 40, true}}) {
-    const std::vector<float> u = random_normal(rng, std::size_t(rows * cols), 0.3f);
+    std::vector<float> u = random_normal(rng, std::size_t(rows * cols), 0.3f);
     std::vector<float> o(u.size());
     optim::NewtonSchulz ns;
     ns.bf16 = bf16;
-    optim::newton_schulz(u.data(), o.data(), rows, cols, ns, scratch);
+    optim::newton_schulz(Tensor(u.data(), DType::f32, Device::cpu, {rows, cols}),
+                         Tensor(o.data(), DType::f32, Device::cpu, {rows, cols}), ns, work);
     out["newton_schulz"].push_back({{"rows", rows}, {"cols", cols}, {"bf16", bf16}, {"steps", ns.steps},
                                     {"coefficients", {ns.a, ns.b, ns.c}}, {"eps", ns.eps}, {"u", u}, {"o", o}});
   }

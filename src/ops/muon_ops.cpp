@@ -1,4 +1,4 @@
-// Muon's elementwise ops: their checks, then their kernels and arguments (dispatch.h).
+// Muon's ops: their checks, then their kernels and arguments (dispatch.h).
 #include "ops/muon_ops.h"
 
 #include <algorithm>
@@ -53,6 +53,35 @@ void muon_apply(const Tensor& param, const Tensor& o, const Tensor& working, flo
     return;
   }
   convert(working, param);
+}
+
+void newton_schulz_normalise(const Tensor& x, const Tensor& u, const DeviceSum& squares, double eps) {
+  const Op op("newton_schulz_normalise");
+  const std::int64_t rows = u.shape[0], cols = u.shape[1];
+  const DType act = op.activation(x);
+  op.expect("u", u, DType::f32, {rows, cols});
+  op.expect("x", x, act, {std::min(rows, cols), std::max(rows, cols)});
+  if (squares.device() != u.device) op.fail("the sum of squares is on another device than u");
+  op.run(LLMTRAIN_KERNELS(newton_schulz_normalise), act, [&](auto v) {
+    return std::tuple(v.out(x), v.f32(u), static_cast<const double*>(squares.data()), rows, cols, eps);
+  });
+}
+
+void transpose(const Tensor& out, const Tensor& inp) {
+  const Op op("transpose");
+  const std::int64_t N = inp.shape[0], C = inp.shape[1];
+  const DType act = op.activation(inp);
+  op.expect("inp", inp, act, {N, C});
+  op.expect("out", out, act, {C, N});
+  op.run(LLMTRAIN_KERNELS(transpose), act, [&](auto v) { return std::tuple(v.out(out), v.in(inp), N, C); });
+}
+
+void scaled_sum(const Tensor& out, const Tensor& x, const Tensor& y, float alpha, float beta) {
+  const Op op("scaled_sum");
+  const DType act = op.expect_same_size({&out, &x, &y});
+  if (out.data == x.data || out.data == y.data) op.fail("out must not be x or y");
+  op.run(LLMTRAIN_KERNELS(scaled_sum), act,
+         [&](auto v) { return std::tuple(v.out(out), v.in(x), v.in(y), out.numel(), alpha, beta); });
 }
 
 }  // namespace llmtrain::ops

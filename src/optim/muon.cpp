@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 
 #include "core/error.h"
 #include "ops/muon_ops.h"
@@ -58,11 +59,9 @@ Muon::Muon(std::vector<Piece> pieces, const config::OptimConfig& optim, Device d
       lr_(optim.muon.lr.value_or(optim.lr)),
       weight_decay_(optim.muon.weight_decay.value_or(optim.weight_decay)),
       ns_{optim.muon.ns_steps, optim.muon.ns_coefficients.at(0), optim.muon.ns_coefficients.at(1),
-          optim.muon.ns_coefficients.at(2), optim.muon.eps, false} {
-  if (device != Device::cpu) {
-    throw InputError("optim.name: \"muon\" runs on the CPU only so far (no CUDA Newton-Schulz yet); "
-                     "use optim.name \"adamw\" for GPU runs");
-  }
+          optim.muon.ns_coefficients.at(2), optim.muon.eps, false},
+      ns_work_(device),
+      device_(device) {
   momentum_ = ops::Buffer(device, std::size_t(size()) * sizeof(float));
   m_ = ops::Buffer(device, std::size_t(size()) * sizeof(float));
   v_ = ops::Buffer(device, std::size_t(size()) * sizeof(float));
@@ -79,14 +78,28 @@ std::vector<StateTensor> Muon::state() const {
 
 namespace {
 
+// group.all_gather of small host arrays, staged through `device`'s memory: the memory the group
+// moves (NCCL's on a GPU).
+void all_gather_staged(dist::Communicator& group, Device device, const float* send, float* recv, std::int64_t shard) {
+  if (device == Device::cpu) return group.all_gather(send, recv, shard);
+  const std::int64_t W = group.world_size();
+  const ops::Buffer staged(device, std::size_t((1 + W) * shard) * sizeof(float));
+  const Tensor mine = staged.view(DType::f32, {shard});
+  const Tensor all(static_cast<float*>(staged.data()) + shard, DType::f32, device, {W * shard});
+  ops::copy(mine, Tensor(const_cast<float*>(send), DType::f32, Device::cpu, {shard}));
+  group.all_gather(mine.as<float>(), all.as<float>(), shard);
+  ops::copy(Tensor(recv, DType::f32, Device::cpu, {W * shard}), all);
+}
+
 // Every rank's pieces as flat ranges (rank r's at [r]): all-gathered through `group` once, each
 // bound as three 21-bit chunks held exactly by f32 (the collectives move f32 and bf16 only).
-std::vector<std::vector<model::FlatRange>> all_pieces(dist::Communicator& group, const std::vector<Piece>& mine) {
+std::vector<std::vector<model::FlatRange>> all_pieces(dist::Communicator& group, Device device,
+                                                      const std::vector<Piece>& mine) {
   const std::size_t W = static_cast<std::size_t>(group.world_size());
   constexpr std::int64_t chunk = std::int64_t{1} << 21;
   float count = float(mine.size());
   std::vector<float> counts(W, 0.0f);
-  group.all_gather(&count, counts.data(), 1);
+  all_gather_staged(group, device, &count, counts.data(), 1);
   std::size_t most = 0;
   for (const float c : counts) most = std::max(most, std::size_t(c));
   std::vector<float> send(6 * most, 0.0f), recv(6 * most * W);
@@ -96,7 +109,7 @@ std::vector<std::vector<model::FlatRange>> all_pieces(dist::Communicator& group,
       for (std::size_t c = 0; c < 3; ++c) send[6 * k + 3 * e + c] = float((bounds[e] >> (21 * (2 - c))) % chunk);
     }
   }
-  group.all_gather(send.data(), recv.data(), std::int64_t(6 * most));
+  all_gather_staged(group, device, send.data(), recv.data(), std::int64_t(6 * most));
   std::vector<std::vector<model::FlatRange>> out(W);
   for (std::size_t r = 0; r < W; ++r) {
     const float* at = recv.data() + 6 * most * r;
@@ -112,7 +125,7 @@ std::vector<std::vector<model::FlatRange>> all_pieces(dist::Communicator& group,
 
 }  // namespace
 
-std::vector<std::vector<Muon::Slice>> Muon::place_slices(dist::Communicator& tensor,
+std::vector<std::vector<Muon::Slice>> Muon::place_slices(dist::Communicator& tensor, Device device,
                                                          const std::vector<MuonMatrix>& matrices) {
   // Per matrix (dim + 1, first, count, owner), each below 2^24 and so exact in f32.
   const std::size_t N = matrices.size(), T = std::size_t(tensor.world_size());
@@ -128,7 +141,7 @@ std::vector<std::vector<Muon::Slice>> Muon::place_slices(dist::Communicator& ten
     mine[4 * j + 2] = float(count);
     mine[4 * j + 3] = s.owner ? 1.0f : 0.0f;
   }
-  if (N > 0) tensor.all_gather(mine.data(), all.data(), std::int64_t(4 * N));
+  if (N > 0) all_gather_staged(tensor, device, mine.data(), all.data(), std::int64_t(4 * N));
   std::vector<std::vector<Slice>> out(N);
   for (std::size_t j = 0; j < N; ++j) {
     if (matrices[j].slice.whole()) continue;  // replicated over the tensor group: each rank has it whole
@@ -152,14 +165,14 @@ void Muon::lay_out(const UpdateArgs& a) {
   rank_ = a.shard_group ? a.shard_group->rank() : 0;
   std::vector<std::vector<model::FlatRange>> ranges(static_cast<std::size_t>(W));
   if (W > 1) {
-    ranges = all_pieces(*a.shard_group, pieces());
+    ranges = all_pieces(*a.shard_group, device_, pieces());
   } else {
     for (const Piece& p : pieces()) ranges[0].push_back(p);
   }
   const std::vector<MuonMatrix> matrices = muon_matrices(a.infos);
   std::vector<std::vector<Slice>> slices(matrices.size());
   if (T > 1) {
-    slices = place_slices(*a.tensor_group, matrices);
+    slices = place_slices(*a.tensor_group, device_, matrices);
   } else {
     for (const MuonMatrix& mat : matrices) {
       if (!mat.slice.whole()) throw RuntimeError("muon: " + mat.name + " is split, but no tensor group was given");
@@ -196,9 +209,26 @@ void Muon::lay_out(const UpdateArgs& a) {
     if (mine || placed.owner == rank_) matrices_.push_back(std::move(placed));
   }
   std::sort(taken.begin(), taken.end());
+  std::size_t transposed_bytes = 0;
   whole_.resize(matrices_.size());
   full_.resize(matrices_.size());
   slices_.resize(matrices_.size());
+  for (std::size_t j = 0; j < matrices_.size(); ++j) {  // the buffers of what this rank gathers
+    const Placed& mat = matrices_[j];
+    const auto floats = [&](std::int64_t n) { return ops::Buffer(device_, std::size_t(n) * sizeof(float)); };
+    if (W > 1 && mat.owner != rank_) continue;  // another rank orthogonalises it
+    if (W > 1) whole_[j] = floats(mat.rows * mat.cols);
+    if (mat.slices.empty() || mat.tensor_owner != a.tensor_group->rank()) continue;
+    full_[j] = floats(mat.full_rows * mat.full_cols);
+    if (mat.slices.front().dim == 1) transposed_bytes = std::max(transposed_bytes, full_[j].bytes());
+    slices_[j].resize(mat.slices.size());
+    for (std::size_t r = 0; r < mat.slices.size(); ++r) {
+      const Slice& s = mat.slices[r];
+      if (int(r) != a.tensor_group->rank()) slices_[j][r] = floats(s.count * (s.dim == 0 ? mat.full_cols : mat.full_rows));
+    }
+  }
+  if (transposed_bytes > 0) transposed_ = ops::Buffer(device_, transposed_bytes);
+  if (size() > 0) u_ = ops::Buffer(device_, std::size_t(size()) * sizeof(float));
   // AdamW's runs: every parameter's part inside each piece, less the Muon matrices.
   std::vector<ops::AdamWRun> runs;
   const auto add = [&](std::int64_t at, std::int64_t length, bool decay) {
@@ -221,30 +251,8 @@ void Muon::lay_out(const UpdateArgs& a) {
       add(piece.local + (lo - piece.begin), hi - lo, info.decay);
     }
   }
-  adamw_plan_ = ops::AdamWPlan(runs, Device::cpu);
+  adamw_plan_ = ops::AdamWPlan(runs, device_);
   planned_ = true;
-}
-
-void Muon::gather_parts(dist::Communicator& group, float* u, std::vector<dist::PeerTransfer>& scatter) {
-  // Each part to its matrix's owner (the owner's own parts copied in place); `scatter` gets the
-  // transfers that bring O back.
-  std::vector<dist::PeerTransfer> gather;
-  for (std::size_t j = 0; j < matrices_.size(); ++j) {
-    const Placed& mat = matrices_[j];
-    if (mat.owner == rank_) whole_[j].resize(std::size_t(mat.rows * mat.cols));
-    for (const Part& part : mat.parts) {
-      if (mat.owner == rank_ && part.rank == rank_) {
-        std::copy(u + part.local, u + part.local + part.length, whole_[j].data() + part.at);
-      } else if (mat.owner == rank_) {
-        gather.push_back({dist::PeerTransfer::recv, whole_[j].data() + part.at, part.length, DType::f32, part.rank});
-        scatter.push_back({dist::PeerTransfer::send, whole_[j].data() + part.at, part.length, DType::f32, part.rank});
-      } else if (part.rank == rank_) {
-        gather.push_back({dist::PeerTransfer::send, u + part.local, part.length, DType::f32, mat.owner});
-        scatter.push_back({dist::PeerTransfer::recv, u + part.local, part.length, DType::f32, mat.owner});
-      }
-    }
-  }
-  group.start_transfers(gather)->wait();
 }
 
 namespace {
@@ -255,23 +263,58 @@ Tensor elements(const Tensor& t, std::int64_t at, std::int64_t n) {
   return Tensor(data, t.dtype, t.device, {n});
 }
 
-// Copies a tensor rank's block (dim 0: rows [first, first + count); dim 1: those columns) of a
-// (rows, cols) matrix `full` to `part` (to_part) or back.
-void copy_block(float* full, float* part, std::int64_t rows, std::int64_t cols, int dim, std::int64_t first,
-                std::int64_t count, bool to_part) {
-  const std::int64_t n = dim == 0 ? count : rows, width = dim == 0 ? cols : count;
-  for (std::int64_t i = 0; i < n; ++i) {
-    float* f = dim == 0 ? full + (first + i) * cols : full + i * cols + first;
-    float* p = part + i * width;
-    if (to_part) {
-      std::copy(f, f + width, p);
-    } else {
-      std::copy(p, p + width, f);
-    }
-  }
-}
+Tensor floats(const ops::Buffer& b, std::initializer_list<std::int64_t> shape) { return b.view(DType::f32, shape); }
 
 }  // namespace
+
+void Muon::gather_parts(dist::Communicator& group, const Tensor& u, std::vector<dist::PeerTransfer>& scatter) {
+  // Each part to its matrix's owner (the owner's own parts copied in place); `scatter` gets the
+  // transfers that bring O back.
+  std::vector<dist::PeerTransfer> gather;
+  for (std::size_t j = 0; j < matrices_.size(); ++j) {
+    const Placed& mat = matrices_[j];
+    const Tensor whole = mat.owner == rank_ ? floats(whole_[j], {mat.rows * mat.cols}) : Tensor();
+    for (const Part& part : mat.parts) {
+      const Tensor mine = elements(u, part.local, part.length), theirs = elements(whole, part.at, part.length);
+      if (mat.owner == rank_ && part.rank == rank_) {
+        ops::copy(theirs, mine);
+      } else if (mat.owner == rank_) {
+        gather.push_back({dist::PeerTransfer::recv, theirs.data, part.length, DType::f32, part.rank});
+        scatter.push_back({dist::PeerTransfer::send, theirs.data, part.length, DType::f32, part.rank});
+      } else if (part.rank == rank_) {
+        gather.push_back({dist::PeerTransfer::send, mine.data, part.length, DType::f32, mat.owner});
+        scatter.push_back({dist::PeerTransfer::recv, mine.data, part.length, DType::f32, mat.owner});
+      }
+    }
+  }
+  group.start_transfers(gather)->wait();
+}
+
+void Muon::copy_blocks(const Placed& mat, const Tensor& full, const std::vector<Tensor>& parts, bool to_parts) {
+  // Rows blocks (dim 0) are contiguous in the row-major matrix; column blocks (dim 1) are rows of
+  // its transpose, so they move by transposes through transposed_.
+  const std::int64_t R = mat.full_rows, C = mat.full_cols;
+  const bool columns = mat.slices.front().dim == 1;
+  const Tensor transposed = columns ? floats(transposed_, {C, R}) : Tensor();
+  if (columns && to_parts) ops::transpose(transposed, full);
+  for (std::size_t r = 0; r < mat.slices.size(); ++r) {
+    const Slice& s = mat.slices[r];
+    if (!parts[r].data) continue;
+    const Tensor part = parts[r];
+    if (!columns) {
+      const Tensor rows = elements(full.reshape({R * C}), s.first * C, s.count * C);
+      ops::copy(to_parts ? part : rows, to_parts ? rows : part);
+      continue;
+    }
+    const Tensor block = elements(transposed.reshape({R * C}), s.first * R, s.count * R).reshape({s.count, R});
+    if (to_parts) {
+      ops::transpose(part.reshape({R, s.count}), block);
+    } else {
+      ops::transpose(block, part.reshape({R, s.count}));
+    }
+  }
+  if (columns && !to_parts) ops::transpose(full, transposed);
+}
 
 void Muon::orthogonalise(dist::Communicator* tensor, const std::vector<std::pair<std::size_t, float*>>& held) {
   const int t = tensor ? tensor->rank() : 0;
@@ -280,7 +323,8 @@ void Muon::orthogonalise(dist::Communicator* tensor, const std::vector<std::pair
   for (const auto& [j, local] : held) {
     const Placed& mat = matrices_[j];
     if (mat.slices.empty()) {  // whole here
-      newton_schulz(local, local, mat.rows, mat.cols, ns_, scratch_);
+      const Tensor o(local, DType::f32, device_, {mat.rows, mat.cols});
+      newton_schulz(o, o, ns_, ns_work_);
       continue;
     }
     if (mat.tensor_owner != t) {  // this rank's slice to the owner, and O's back
@@ -290,13 +334,10 @@ void Muon::orthogonalise(dist::Communicator* tensor, const std::vector<std::pair
       scatter.push_back({dist::PeerTransfer::recv, local, mat.rows * mat.cols, DType::f32, mat.tensor_owner});
       continue;
     }
-    full_[j].resize(std::size_t(mat.full_rows * mat.full_cols));
-    slices_[j].resize(mat.slices.size());
     for (std::size_t r = 0; r < mat.slices.size(); ++r) {
       const Slice& s = mat.slices[r];
       if (int(r) == t) continue;
       const std::int64_t n = s.count * (s.dim == 0 ? mat.full_cols : mat.full_rows);
-      slices_[j][r].resize(std::size_t(n));
       if (s.owner) gather.push_back({dist::PeerTransfer::recv, slices_[j][r].data(), n, DType::f32, int(r)});
       scatter.push_back({dist::PeerTransfer::send, slices_[j][r].data(), n, DType::f32, int(r)});
     }
@@ -305,24 +346,34 @@ void Muon::orthogonalise(dist::Communicator* tensor, const std::vector<std::pair
   if (!gather.empty() || !scatter.empty()) tensor->start_transfers(gather)->wait();
   for (const auto& [j, local] : owned) {
     const Placed& mat = matrices_[j];
-    float* full = full_[j].data();
-    for (std::size_t r = 0; r < mat.slices.size(); ++r) {  // the owning slices cover the matrix
-      const Slice& s = mat.slices[r];
-      if (!s.owner && int(r) != t) continue;
-      copy_block(full, int(r) == t ? local : slices_[j][r].data(), mat.full_rows, mat.full_cols, s.dim, s.first,
-                 s.count, false);
-    }
-    newton_schulz(full, full, mat.full_rows, mat.full_cols, ns_, scratch_);
+    const Tensor full = floats(full_[j], {mat.full_rows, mat.full_cols});
+    // Each tensor rank's slice (its own in place in u); the owning slices cover the matrix.
+    std::vector<Tensor> parts(mat.slices.size());
     for (std::size_t r = 0; r < mat.slices.size(); ++r) {
       const Slice& s = mat.slices[r];
-      copy_block(full, int(r) == t ? local : slices_[j][r].data(), mat.full_rows, mat.full_cols, s.dim, s.first,
-                 s.count, true);
+      const std::int64_t n = s.count * (s.dim == 0 ? mat.full_cols : mat.full_rows);
+      if (int(r) == t) {
+        parts[r] = Tensor(local, DType::f32, device_, {n});
+      } else if (s.owner) {
+        parts[r] = floats(slices_[j][r], {n});
+      }
     }
+    copy_blocks(mat, full, parts, false);
+    newton_schulz(full, full, ns_, ns_work_);
+    for (std::size_t r = 0; r < mat.slices.size(); ++r) {  // O to every slice, replicas too
+      const Slice& s = mat.slices[r];
+      if (int(r) != t) parts[r] = floats(slices_[j][r], {s.count * (s.dim == 0 ? mat.full_cols : mat.full_rows)});
+    }
+    copy_blocks(mat, full, parts, true);
   }
   if (!gather.empty() || !scatter.empty()) tensor->start_transfers(scatter)->wait();
 }
 
 void Muon::update(const UpdateArgs& a) {
+  if (a.params.device != device_) {
+    throw RuntimeError(std::string("muon: the parameters are on ") + device_name(a.params.device) +
+                       ", the optimizer's state on " + device_name(device_));
+  }
   if (!planned_) lay_out(a);
   const double scale = a.grad_clip > 0 && a.grad_norm > a.grad_clip ? a.grad_clip / (a.grad_norm + 1e-6) : 1.0;
   if (!adamw_plan_.runs().empty()) {
@@ -330,12 +381,12 @@ void Muon::update(const UpdateArgs& a) {
                            {float(a.lr), float(optim_.beta1), float(optim_.beta2), float(optim_.eps),
                             float(optim_.weight_decay), int(a.step), float(scale)});
   }
+  if (matrices_.empty()) return;
   // The schedule's factor at this step (a.lr = factor x optim.lr), applied to Muon's lr alike.
   const double lr = lr_ * (a.lr / optim_.lr);
   const float mu = float(optim_.muon.momentum), keep = float(1.0 - lr * weight_decay_), s = float(scale);
   ns_.bf16 = a.working.data != nullptr;  // bf16 runs orthogonalise in bf16
-  u_.resize(std::size_t(size()));
-  const Tensor u(u_.data(), DType::f32, Device::cpu, {size()});
+  const Tensor u = floats(u_, {size()});
   // Momentum and u on this rank's parts, elementwise.
   for (const Placed& mat : matrices_) {
     for (const Part& part : mat.parts) {
@@ -348,20 +399,21 @@ void Muon::update(const UpdateArgs& a) {
   // the tensor group's owner when split over it.
   const bool sharded = a.shard_group && a.shard_group->world_size() > 1;
   std::vector<dist::PeerTransfer> scatter;
-  if (sharded) gather_parts(*a.shard_group, u_.data(), scatter);
+  if (sharded) gather_parts(*a.shard_group, u, scatter);
   std::vector<std::pair<std::size_t, float*>> held;
   for (std::size_t j = 0; j < matrices_.size(); ++j) {
     if (!sharded) {
-      held.emplace_back(j, u_.data() + matrices_[j].parts.front().local);
+      held.emplace_back(j, u.as<float>() + matrices_[j].parts.front().local);
     } else if (matrices_[j].owner == rank_) {
-      held.emplace_back(j, whole_[j].data());
+      held.emplace_back(j, static_cast<float*>(whole_[j].data()));
     }
   }
   orthogonalise(a.tensor_group, held);
   if (sharded) {
     for (const auto& [j, whole] : held) {  // the owner's own parts of O, then the others' sent back
+      const Tensor o(whole, DType::f32, device_, {matrices_[j].rows * matrices_[j].cols});
       for (const Part& part : matrices_[j].parts) {
-        if (part.rank == rank_) std::copy(whole + part.at, whole + part.at + part.length, u_.data() + part.local);
+        if (part.rank == rank_) ops::copy(elements(u, part.local, part.length), elements(o, part.at, part.length));
       }
     }
     a.shard_group->start_transfers(scatter)->wait();

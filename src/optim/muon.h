@@ -62,7 +62,8 @@ class Muon final : public Optimizer {
   /// like the parameters.
   static constexpr std::int64_t bytes_per_param = 12;
 
-  /// Zero state for `pieces` on `device` (the CPU only: InputError naming optim.name elsewhere).
+  /// Zero state for `pieces` on `device` (the CPU or a GPU: every step of the update, Newton-Schulz
+  /// and the transfers included, runs where the parameters are).
   Muon(std::vector<Piece> pieces, const config::OptimConfig& optim, Device device = Device::cpu);
 
   /// One update: gradients scaled so that the global norm is at most grad_clip, then Muon on the
@@ -99,9 +100,13 @@ class Muon final : public Optimizer {
   };
   void lay_out(const UpdateArgs& a);
   // Each tensor rank's slice of every matrix (all-gathered over the tensor group once).
-  static std::vector<std::vector<Slice>> place_slices(dist::Communicator& tensor, const std::vector<MuonMatrix>& matrices);
+  static std::vector<std::vector<Slice>> place_slices(dist::Communicator& tensor, Device device,
+                                                      const std::vector<MuonMatrix>& matrices);
   // ZeRO: this rank's parts of u to each matrix's owner, whose whole_ then holds its slice.
-  void gather_parts(dist::Communicator& group, float* u, std::vector<dist::PeerTransfer>& scatter);
+  void gather_parts(dist::Communicator& group, const Tensor& u, std::vector<dist::PeerTransfer>& scatter);
+  // The tensor ranks' blocks of a split matrix: from `parts` into full (R, C) or back (to_parts);
+  // parts[r] is rank r's block, flat (no data: skipped).
+  void copy_blocks(const Placed& mat, const Tensor& full, const std::vector<Tensor>& parts, bool to_parts);
   // O in place of u's slice `local` of each matrix in `held` (held whole by this rank): through
   // the tensor group's owner when split over it, else here.
   void orthogonalise(dist::Communicator* tensor, const std::vector<std::pair<std::size_t, float*>>& held);
@@ -109,15 +114,20 @@ class Muon final : public Optimizer {
   config::OptimConfig optim_;
   double lr_ = 0.0, weight_decay_ = 0.0;  // Muon's peak lr and weight decay
   NewtonSchulz ns_;
+  NewtonSchulzWork ns_work_;
+  Device device_ = Device::cpu;
   ops::Buffer momentum_, m_, v_;
   std::vector<Placed> matrices_;  // those with a part on this rank
   int rank_ = 0;
   ops::AdamWPlan adamw_plan_;  // the elements outside the matrices
   bool planned_ = false;
-  std::vector<float> u_, scratch_;           // u, then O, laid out like the local arrays
-  std::vector<std::vector<float>> whole_;    // the matrices this rank owns, gathered
-  std::vector<std::vector<float>> full_;     // the split matrices this tensor rank owns, whole
-  std::vector<std::vector<std::vector<float>>> slices_;  // their other tensor ranks' slices
+  // On the device, each laid out once: u, then O, laid out like the local arrays; the matrices
+  // this rank owns, gathered (ZeRO); the split matrices this tensor rank owns, whole, their other
+  // tensor ranks' slices, and a column-split one transposed.
+  ops::Buffer u_;
+  std::vector<ops::Buffer> whole_, full_;
+  std::vector<std::vector<ops::Buffer>> slices_;
+  ops::Buffer transposed_;
 };
 
 }  // namespace llmtrain::optim

@@ -1,66 +1,57 @@
 #include "optim/newton_schulz.h"
 
 #include <algorithm>
-#include <cmath>
+#include <string>
 
-#include "core/bf16.h"
-#include "core/tensor.h"
-#include "ops/ops.h"
+#include "core/error.h"
+#include "ops/muon_ops.h"
 
 namespace llmtrain::optim {
-namespace {
 
-void round_bf16(float* x, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) x[i] = bf16_bits_to_float(float_to_bf16_bits(x[i]));
-}
-
-// t (n, m) = x (m, n)^T.
-void transpose(const float* x, float* t, std::int64_t m, std::int64_t n) {
-  for (std::int64_t i = 0; i < m; ++i) {
-    for (std::int64_t j = 0; j < n; ++j) t[j * m + i] = x[i * n + j];
+void newton_schulz(const Tensor& u, const Tensor& out, const NewtonSchulz& p, NewtonSchulzWork& work) {
+  if (u.ndim != 2 || u.dtype != DType::f32 || out.dtype != DType::f32 || out.ndim != 2 ||
+      out.shape[0] != u.shape[0] || out.shape[1] != u.shape[1] || u.device != work.squares.device() ||
+      out.device != u.device) {
+    throw RuntimeError("newton_schulz: expected f32 matrices of one shape on the work's device, got " + u.describe() +
+                       " -> " + out.describe());
   }
-}
-
-}  // namespace
-
-void newton_schulz(const float* u, float* out, std::int64_t rows, std::int64_t cols, const NewtonSchulz& p,
-                   std::vector<float>& scratch) {
+  const std::int64_t rows = u.shape[0], cols = u.shape[1];
   const bool tall = rows > cols;
-  const std::int64_t m = tall ? cols : rows, n = tall ? rows : cols, mn = m * n;  // X is (m, n), m <= n
-  scratch.resize(std::size_t(3 * mn + 2 * m * m));
-  float *x = scratch.data(), *xt = x + mn, *bx = xt + mn, *gram = bx + mn, *poly = gram + m * m;
-  if (tall) {
-    transpose(u, x, rows, cols);
-  } else {
-    std::copy(u, u + mn, x);
-  }
-  if (p.bf16) round_bf16(x, mn);
-  double squares = 0.0;
-  for (std::int64_t i = 0; i < mn; ++i) squares += double(x[i]) * double(x[i]);
-  const float inv = float(1.0 / std::max(std::sqrt(squares), p.eps));
-  for (std::int64_t i = 0; i < mn; ++i) x[i] *= inv;
-  if (p.bf16) round_bf16(x, mn);
+  const std::int64_t m = std::min(rows, cols), n = std::max(rows, cols);  // X is (m, n), m <= n
+  const DType act = p.bf16 ? DType::bf16 : DType::f32;
+  const Device device = u.device;
+  // Six arrays in one buffer, each starting 256-byte aligned (cuBLASLt's best alignment).
+  const auto bytes_of = [&](std::int64_t elements) { return (std::size_t(elements) * dtype_size(act) + 255) / 256 * 256; };
+  const std::size_t big = bytes_of(m * n), small = bytes_of(m * m);
+  if (work.buffer.bytes() < 3 * big + 3 * small) work.buffer = ops::Buffer(device, 3 * big + 3 * small);
+  char* base = static_cast<char*>(work.buffer.data());
+  const auto at = [&](std::size_t offset, std::int64_t r, std::int64_t c) { return Tensor(base + offset, act, device, {r, c}); };
+  Tensor x = at(0, m, n), other = at(big, m, n);  // X, and X^T or the next X
+  const Tensor bx = at(2 * big, m, n), gram = at(3 * big, m, m), gram2 = at(3 * big + small, m, m),
+               poly = at(3 * big + 2 * small, m, m);
   const Tensor none;
-  const auto mat = [](float* data, std::int64_t r, std::int64_t c) { return Tensor(data, DType::f32, Device::cpu, {r, c}); };
-  const float a = float(p.a), b = float(p.b), c = float(p.c);
+
+  ops::zero(Tensor(work.squares.data(), DType::u16, device, {4}));  // the double's 8 bytes
+  ops::sum_squares(u.reshape({rows * cols}), &work.squares);
+  ops::newton_schulz_normalise(x, u, work.squares, p.eps);
   for (std::int64_t step = 0; step < p.steps; ++step) {
-    // gram (m, m) = X X^T; poly = b gram + c gram gram (gram is symmetric: gram gram^T).
-    ops::matmul_forward(mat(gram, m, m), mat(x, m, n), mat(x, m, n), none);
-    if (p.bf16) round_bf16(gram, m * m);
-    ops::matmul_forward(mat(poly, m, m), mat(gram, m, m), mat(gram, m, m), none);
-    for (std::int64_t i = 0; i < m * m; ++i) poly[i] = b * gram[i] + c * poly[i];
-    if (p.bf16) round_bf16(poly, m * m);
-    // X <- a X + poly X, poly X = poly (X^T)^T.
-    transpose(x, xt, m, n);
-    ops::matmul_forward(mat(bx, m, n), mat(poly, m, m), mat(xt, n, m), none);
-    for (std::int64_t i = 0; i < mn; ++i) x[i] = a * x[i] + bx[i];
-    if (p.bf16) round_bf16(x, mn);
+    ops::matmul_forward(gram, x, x, none);        // A = X X^T
+    ops::matmul_forward(gram2, gram, gram, none);  // A A^T = A^2
+    ops::scaled_sum(poly, gram, gram2, float(p.b), float(p.c));
+    const Tensor xt = other.reshape({n, m});
+    ops::transpose(xt, x);
+    ops::matmul_forward(bx, poly, xt, none);  // poly (X^T)^T
+    ops::scaled_sum(other, x, bx, float(p.a), 1.0f);
+    std::swap(x, other);
   }
   if (tall) {
-    transpose(x, out, m, n);
-  } else {
-    std::copy(x, x + mn, out);
+    if (act == DType::f32) return ops::transpose(out, x);
+    const Tensor xt = other.reshape({n, m});
+    ops::transpose(xt, x);
+    return ops::convert(out, xt);
   }
+  if (act == DType::f32) return ops::copy(out, x);
+  ops::convert(out, x.reshape({rows, cols}));
 }
 
 }  // namespace llmtrain::optim

@@ -33,12 +33,13 @@ struct UpdateArgs {
   Tensor working = {};     // (size(),) bf16 when it has data: receives the updated weights rounded to
                            // bf16 (the model's working copy under mixed precision)
   // The ranks whose pieces together hold every parameter whole, when this rank's pieces are a
-  // shard of them (ZeRO's data-parallel group, host memory); null when each rank's pieces hold
-  // whole parameters. An optimizer that needs whole tensors (Muon) gathers them through it.
+  // shard of them (ZeRO's data-parallel group, moving the memory of the model's device: NCCL on
+  // GPUs); null when each rank's pieces hold whole parameters. An optimizer that needs whole
+  // tensors (Muon) gathers them through it.
   dist::Communicator* shard_group = nullptr;
-  // The tensor-parallel group (host memory) when it has more than one rank: parameters whose
-  // ParamInfo::slice is not whole are split over it. An optimizer that needs whole tensors
-  // gathers them through it.
+  // The tensor-parallel group (the model's device's memory, as shard_group) when it has more than
+  // one rank: parameters whose ParamInfo::slice is not whole are split over it. An optimizer that
+  // needs whole tensors gathers them through it.
   dist::Communicator* tensor_group = nullptr;
 };
 

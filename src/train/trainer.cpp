@@ -378,8 +378,8 @@ StepResult Trainer::step(std::int64_t step) {
   if (config_.model.moe.enabled && config_.model.moe.bias_update_rate > 0) update_expert_bias();
   optimizer_->update({model_->param_infos(), gradients_->master(), gradients_->grads(), result.grad_norm, tc.grad_clip,
                       result.lr, step, gradients_->working_weights(),
-                      gradients_->shards_optimizer() ? &comms_.host(Axis::data) : nullptr,
-                      comms_.host(Axis::tensor).world_size() > 1 ? &comms_.host(Axis::tensor) : nullptr});
+                      gradients_->shards_optimizer() ? &comms_.device(Axis::data) : nullptr,
+                      comms_.host(Axis::tensor).world_size() > 1 ? &comms_.device(Axis::tensor) : nullptr});
   gradients_->weights_updated();
   // Replicas of one part of the model (the ranks of a data-parallel group) can drift apart;
   // shards have nothing to compare.

@@ -183,6 +183,19 @@ void muon_momentum(float* buf, const float* grad, float* u, std::int64_t N, floa
 /// Muon's weight update on param, o (N): param <- param * keep - step * o.
 void muon_apply(float* param, const float* o, std::int64_t N, float keep, float step);
 
+// ---- Newton-Schulz (newton_schulz.cpp; optim/newton_schulz.h) ------------------------------------
+// Muon's orthogonalisation on a (rows, cols) matrix, worked on in its wide orientation (m, n),
+// m = min(rows, cols) <= n = max(rows, cols); its products are matmul_forward's.
+
+/// x (m,n) = u (rows,cols), transposed when rows > cols, times 1 / max(sqrt(*squares), eps):
+/// the matrix over its Frobenius norm, squares being its sum of squares (sum_squares').
+void newton_schulz_normalise(float* x, const float* u, const double* squares, std::int64_t rows, std::int64_t cols,
+                             double eps);
+/// out (C,N) = inp (N,C)^T.
+void transpose(float* out, const float* inp, std::int64_t N, std::int64_t C);
+/// out (N) = alpha x + beta y (the quintic's b A + c A^2 and a X + (b A + c A^2) X).
+void scaled_sum(float* out, const float* x, const float* y, std::int64_t N, float alpha, float beta);
+
 // ---- Mixture of Experts (moe.cpp, grouped_matmul.cpp; docs/moe.md) ------------------------------
 // E experts, k chosen per token, N tokens, N k token slots (slot s = t k + j: token t's j-th
 // choice); M = offsets[E] rows kept, in expert order.

@@ -246,6 +246,20 @@ void muon_momentum(float* buf, const float* grad, float* u, std::int64_t N, floa
 void muon_apply(float* param, const float* o, bf16* working, std::int64_t N, float keep, float step,
                 cudaStream_t stream);
 
+// ---- Newton-Schulz (kernels/cuda/newton_schulz.cu; optim/newton_schulz.h) -----------------------
+// As cpu.h's: a (rows, cols) matrix worked on as (m, n), m = min(rows, cols), n = max(rows, cols).
+/// x (m,n) Act = u (rows,cols) f32, transposed when rows > cols, times 1 / max(sqrt(*squares),
+/// eps); squares (device memory) is u's sum of squares.
+template <class Act>
+void newton_schulz_normalise(Act* x, const float* u, const double* squares, std::int64_t rows, std::int64_t cols,
+                             double eps, cudaStream_t stream);
+/// out (C,N) = inp (N,C)^T.
+template <class Act>
+void transpose(Act* out, const Act* inp, std::int64_t N, std::int64_t C, cudaStream_t stream);
+/// out (N) = alpha x + beta y, in fp32, rounded once.
+template <class Act>
+void scaled_sum(Act* out, const Act* x, const Act* y, std::int64_t N, float alpha, float beta, cudaStream_t stream);
+
 // ---- Mixture of Experts (kernels/cuda/moe.cu, grouped_matmul.cu; docs/moe.md) -------------------
 // As cpu.h's: E experts, k per token, N tokens, N k slots; every result a gather (no atomics).
 /// probs (N,E), experts (N,k), weights (N,k), counts (E), losses (3) from logits (N,E) and bias
