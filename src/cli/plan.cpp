@@ -492,8 +492,8 @@ Command add_plan_command(CLI::App& parent) {
             if (mesh.size(dist::Axis::pipeline) > 1) print_stages(c, mesh, accum, stages[c.train.precision == config::Precision::bf16]);
             std::printf("weights: f32 master weights (ZeRO 3: this rank's shards; bf16 ZeRO 0-2: and a bf16 working copy); "
                         "gathered: ZeRO 1-2's padded gradient buffer and summed shard (ZeRO 2 holds what ZeRO 1 does), "
-                        "ZeRO 3's weight slots (2 of the largest unit, or every layer and the head's units without "
-                        "reshard_after_forward) and 2 f32 gradient slots; weights + "
+                        "ZeRO 3's slots the units are gathered into and their f32 gradient slots (the layers' and the "
+                        "ends' apart, or one pool, whichever is smaller); weights + "
                         "gradients + optimizer + gathered is the trainer's state_bytes\n");
             std::printf("sent/update: bytes each rank sends per optimizer update over its data-parallel group (ring "
                         "all-reduce, reduce-scatter and all-gather volumes; loss and norm all-reduce not counted)%s\n",

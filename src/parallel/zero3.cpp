@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <utility>
+#include <tuple>
 
 #include "core/error.h"
 #include "ops/ops.h"
@@ -131,7 +131,8 @@ Zero3::Zero3(model::Model& model, dist::Communicator& comm, dist::Communicator& 
     GradSlot& g = grad_slots_[i];
     g.shape = layout.grads[i];
     g.sums = ops::Buffer(device_, std::size_t(std::max<std::int64_t>(g.shape.capacity, 1)) * sizeof(float));
-    g.summed = ops::Buffer(device_, std::size_t(std::max<std::int64_t>(g.shape.capacity / W_, 1)) * sizeof(float));
+    // One rank reduces nothing: its part is the slot itself.
+    if (W_ > 1) g.summed = ops::Buffer(device_, std::size_t(std::max<std::int64_t>(g.shape.capacity / W_, 1)) * sizeof(float));
   }
   for (const Unit& u : units_) bind(u);
   model_.set_observer(this);
@@ -209,7 +210,8 @@ void Zero3::gather(Unit& u) {
   }
   if (u.slot < 0) {
     int free = free_slot(u);
-    if (free < 0 && kept_layer_ >= 0) {  // the first layer kept for the next forward yields
+    if (free < 0 && kept_layer_ >= 0 && fits(u, weight_slots_[std::size_t(layer_unit(kept_layer_).slot)].shape)) {
+      // the first layer kept for the next forward yields its slot
       release_weights(layer_unit(kept_layer_));
       free = free_slot(u);
     }
@@ -289,9 +291,10 @@ void Zero3::begin_backward(Unit& u) {
   for (GradSlot& g : grad_slots_) {
     if (g.unit == &u) finish_reduction(g);
   }
-  // Free slots first, the smallest; then the earliest reduction.
+  // The smallest slot it fits in (a small unit must not take the slot a larger one needs), a free
+  // one before one to finish, the earliest reduction first.
   const auto order = [](const GradSlot& g) {
-    return std::pair<bool, std::uint64_t>(g.unit != nullptr, g.unit ? g.started : std::uint64_t(g.shape.capacity));
+    return std::tuple<std::int64_t, bool, std::uint64_t>(g.shape.capacity, g.unit != nullptr, g.unit ? g.started : 0);
   };
   GradSlot* slot = nullptr;
   for (GradSlot& g : grad_slots_) {

@@ -14,14 +14,16 @@
 // gather is started meanwhile (prefetch), and the slot is freed after the layer's forward
 // (dist.reshard_after_forward) and after its backward, except the first layer's after backward: it
 // stays gathered for the next micro-step's forward (until the weights change, or its slot is
-// needed). The ends are units like the layers (FSDP's way, so that no rank holds the embedding or
-// the head whole between their uses): the embedding's run is gathered for its forward and freed
-// after it, the final norm's and head's from the head's forward to the end of its backward (a tied
-// head gathers the embedding's run again). Each request is waited for alone: a gather does not
-// wait for the reduce-scatter started after it (the NCCL communicator waits for each request's own
-// event). Each unit's gradients go to a zeroed f32 slot and are reduce-scattered into this rank's
-// gradient shard as soon as its backward is done, every micro-step (a tied embedding twice: after
-// the head's backward and after the embedding's).
+// needed). The ends are units too, gathered for the part of the pass that reads them (the
+// embedding's run for its forward, the final norm's and head's from the head's forward to the end
+// of its backward; a tied head reads the embedding's run again), in slots laid out by
+// parallel/zero3_slots.h: either the layers' own (FSDP's way) or slots of their own, where a unit
+// that has one stays gathered until the weights change. Each request is waited for alone: a
+// gather does not wait for the reduce-scatter started after it (the NCCL communicator waits for
+// each request's own event). Each unit's gradients go to a zeroed f32 slot and are
+// reduce-scattered into this rank's gradient shard as soon as its backward is done, every
+// micro-step (a tied table after the head's backward and again after the embedding's, or once at
+// the end when it keeps a gradient slot of its own).
 #pragma once
 
 #include <cstdint>

@@ -200,7 +200,7 @@ MemoryPlan plan_memory(const config::Config& config, const RankShare& share, int
     const auto slots = parallel::zero3_slot_layout(units, int(D), config.dist.reshard_after_forward);
     std::int64_t weight_slots = 0, grad_slots = 0;
     for (const auto& slot : slots.weights) weight_slots += slot.capacity;
-    for (const auto& slot : slots.grads) grad_slots += slot.capacity + slot.capacity / D;
+    for (const auto& slot : slots.grads) grad_slots += slot.capacity + (D > 1 ? slot.capacity / D : 0);
     const std::int64_t compute = bf16 ? 2 : 4;
     plan.weights = 4 * shards;
     plan.gradients = 4 * shards;

@@ -36,9 +36,8 @@ struct ShardUnit {
   std::int64_t params = 0;
   bool layer = false;  // a transformer layer (gathered around its forward and backward); else a root unit
   std::int64_t begin = 0;  // where it starts in the flat buffer
-  // A root unit: read by the embedding (gathered for its forward, reduced after its backward)
-  // and/or by the final norm and head (gathered from their forward to their backward, reduced
-  // after it): a tied embedding is read by both.
+  // A root unit: read by the embedding and/or by the final norm and head (a tied embedding by
+  // both); parallel/zero3_slots.h says when it is gathered and reduced.
   bool embedding = false, head = false;
 };
 
@@ -111,7 +110,7 @@ std::int64_t activation_bytes_per_sequence(const config::ModelConfig& model, boo
 /// D) parameters of it per rank, master weights, gradients and optimizer state alike; `gathered`
 /// counts the working buffers parallel/zero3.cpp allocates: the weight slots (compute dtype, 4 or
 /// 2 bytes) and f32 gradient slots (each with its reduce-scattered part, 1/D of it) that
-/// parallel::zero3_slot_layout lays out for the units. Activations:
+/// parallel::zero3_slot_layout lays out for the units (no reduced parts on one data rank). Activations:
 /// activation_bytes at the share's tensor size and config.dist.sequence_parallel.
 MemoryPlan plan_memory(const config::Config& config, const RankShare& share, int data_parallel_size, int zero_stage,
                        bool bf16, std::int64_t micro_batch);
