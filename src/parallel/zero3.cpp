@@ -88,16 +88,20 @@ Zero3::Zero3(model::Model& model, dist::Communicator& comm, dist::Communicator& 
       if (u.layer > last_layer_) last_layer_ = u.layer;
     }
   }
-  // Every run outside the layers is read by an end of the model (else nothing would gather it).
+  // The units each end of the model reads; every run outside the layers is read by one (else
+  // nothing would gather it).
   for (const model::ModelEnd end : {model::ModelEnd::embedding, model::ModelEnd::head}) {
-    for (const std::size_t run : model.end_runs(end)) end_units_[std::size_t(end)].push_back(run);
+    for (const std::size_t run : model.end_runs(end)) {
+      end_units_[std::size_t(end)].push_back(run);
+      (end == model::ModelEnd::embedding ? units_[run].embedding : units_[run].head) = true;
+    }
   }
+  std::vector<Zero3Unit> shapes;
   for (const Unit& u : units_) {
-    const auto& e = end_units_;
-    const auto reads = [&](const std::vector<std::size_t>& v) { return std::find(v.begin(), v.end(), u.index) != v.end(); };
-    if (u.layer < 0 && !reads(e[0]) && !reads(e[1])) {
+    if (u.layer < 0 && !u.embedding && !u.head) {
       throw RuntimeError("ZeRO 3: parameter run " + std::to_string(u.index) + " lies outside the layers and both ends");
     }
+    shapes.push_back({u.shard, u.layer >= 0, u.embedding, u.head});
   }
   master_ = ops::Buffer(device_, std::size_t(std::max<std::int64_t>(local_size_, 1)) * sizeof(float));
   grads_ = ops::Buffer(device_, std::size_t(std::max<std::int64_t>(local_size_, 1)) * sizeof(float));
@@ -106,16 +110,6 @@ Zero3::Zero3(model::Model& model, dist::Communicator& comm, dist::Communicator& 
     ops::zero(grads());
   }
   // The weight and gradient slots (parallel/zero3_slots.h), from the units' shards.
-  std::vector<Zero3Unit> shapes;
-  for (Unit& u : units_) {
-    const auto reads = [&](model::ModelEnd end) {
-      const auto& v = end_units_[std::size_t(end)];
-      return std::find(v.begin(), v.end(), u.index) != v.end();
-    };
-    u.embedding = reads(model::ModelEnd::embedding);
-    u.head = reads(model::ModelEnd::head);
-    shapes.push_back({u.shard, u.layer >= 0, u.embedding, u.head});
-  }
   const Zero3SlotLayout layout = zero3_slot_layout(shapes, W_, reshard_after_forward_);
   for (std::size_t i = 0; i < units_.size(); ++i) {
     if (!layout.weight_home.empty()) units_[i].weight_home = layout.weight_home[i];
@@ -278,30 +272,25 @@ void Zero3::prefetch_after(int layer) {
 // reduction started first, finished now. Any reduction of this unit still in flight is finished
 // first (a tied embedding is reduced after the head's backward and again after the embedding's).
 void Zero3::begin_backward(Unit& u) {
-  if (u.grad_home >= 0) {  // its own slot: zeroed at its first use of the micro-step, added to after
-    GradSlot& home = grad_slots_[std::size_t(u.grad_home)];
-    if (home.unit == &u && !home.reduced) return;
-    finish_reduction(home);
-    ops::zero(flat(home.sums.data(), DType::f32, device_, u.shard * W_));
-    home.unit = &u;
-    u.grads = static_cast<float*>(home.sums.data());
-    bind(u);
-    return;
-  }
-  for (GradSlot& g : grad_slots_) {
-    if (g.unit == &u) finish_reduction(g);
-  }
-  // The smallest slot it fits in (a small unit must not take the slot a larger one needs), a free
-  // one before one to finish, the earliest reduction first.
-  const auto order = [](const GradSlot& g) {
-    return std::tuple<std::int64_t, bool, std::uint64_t>(g.shape.capacity, g.unit != nullptr, g.unit ? g.started : 0);
-  };
   GradSlot* slot = nullptr;
-  for (GradSlot& g : grad_slots_) {
-    if (!fits(u, g.shape) || (g.unit && !g.reduced)) continue;
-    if (!slot || order(g) < order(*slot)) slot = &g;
+  if (u.grad_home >= 0) {  // its own slot: zeroed at its first use of the micro-step, added to after
+    slot = &grad_slots_[std::size_t(u.grad_home)];
+    if (slot->unit == &u && !slot->reduced) return;
+  } else {
+    for (GradSlot& g : grad_slots_) {
+      if (g.unit == &u) finish_reduction(g);
+    }
+    // The smallest slot it fits in (a small unit must not take the slot a larger one needs), a
+    // free one before one to finish, the earliest reduction first.
+    const auto order = [](const GradSlot& g) {
+      return std::tuple<std::int64_t, bool, std::uint64_t>(g.shape.capacity, g.unit != nullptr, g.unit ? g.started : 0);
+    };
+    for (GradSlot& g : grad_slots_) {
+      if (!fits(u, g.shape) || (g.unit && !g.reduced)) continue;
+      if (!slot || order(g) < order(*slot)) slot = &g;
+    }
+    if (!slot) throw RuntimeError("ZeRO 3: no gradient slot for a unit (every one is being filled)");
   }
-  if (!slot) throw RuntimeError("ZeRO 3: no gradient slot for a unit (every one is being filled)");
   finish_reduction(*slot);
   ops::zero(flat(slot->sums.data(), DType::f32, device_, u.shard * W_));
   slot->unit = &u;

@@ -20,6 +20,13 @@ namespace {
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
+// ZeRO 3's slots for the share's units over D data ranks, as parallel/zero3.cpp lays them out.
+parallel::Zero3SlotLayout zero3_slots(const config::Config& config, const RankShare& share, std::int64_t D) {
+  std::vector<parallel::Zero3Unit> units;
+  for (const auto& u : share.units) units.push_back({ceil_div(u.params, D), u.layer, u.embedding, u.head});
+  return parallel::zero3_slot_layout(units, int(D), config.dist.reshard_after_forward);
+}
+
 // What `model` (built for tensor rank `tensor_rank` of `tensor_size`) holds: its parameters, ZeRO
 // 3's units and, without tensor parallelism, Muon's matrices.
 RankShare share_of_model(const model::Model& model, int tensor_size, int tensor_rank) {
@@ -192,12 +199,8 @@ MemoryPlan plan_memory(const config::Config& config, const RankShare& share, int
     // the master weights and gradients), and the slots of parallel/zero3_slots.h: weights in the
     // compute dtype, f32 gradients each with its reduce-scattered part.
     std::int64_t shards = 0;
-    std::vector<parallel::Zero3Unit> units;
-    for (const auto& u : share.units) {
-      shards += ceil_div(u.params, D);
-      units.push_back({ceil_div(u.params, D), u.layer, u.embedding, u.head});
-    }
-    const auto slots = parallel::zero3_slot_layout(units, int(D), config.dist.reshard_after_forward);
+    for (const auto& u : share.units) shards += ceil_div(u.params, D);
+    const auto slots = zero3_slots(config, share, D);
     std::int64_t weight_slots = 0, grad_slots = 0;
     for (const auto& slot : slots.weights) weight_slots += slot.capacity;
     for (const auto& slot : slots.grads) grad_slots += slot.capacity + (D > 1 ? slot.capacity / D : 0);
@@ -342,9 +345,7 @@ UpdateTraffic update_traffic(const config::Config& config, const RankShare& shar
   const std::int64_t compute = bf16 ? 2 : 4;
   const std::int64_t gathers_per_layer = config.dist.reshard_after_forward ? 2 : 1;
   // Whether the units outside the layers keep slots of their own (parallel/zero3_slots.h).
-  std::vector<parallel::Zero3Unit> shapes;
-  for (const auto& u : share.units) shapes.push_back({ceil_div(u.params, D), u.layer, u.embedding, u.head});
-  const auto slots = parallel::zero3_slot_layout(shapes, int(D), config.dist.reshard_after_forward);
+  const auto slots = zero3_slots(config, share, D);
   const bool ends_stay_gathered = !slots.weight_home.empty(), ends_keep_gradients = !slots.grad_home.empty();
   std::int64_t per_micro_step = 0, per_update = 0, first_layer = 0;
   for (const auto& u : share.units) {
