@@ -127,8 +127,8 @@ TEST_CASE("cuda Muon: updates of a tiny GPT-2 (Muon matrices and AdamW parameter
     INFO((bf16 ? "bf16" : "f32"));
     std::mt19937 rng(5);
     std::vector<float> params = random_normal(rng, std::size_t(P), 0.1f), start = params;
-    auto cpu = optim::make_optimizer(c.optim, {optim::Piece{{0, P}, 0}}, Device::cpu);
-    auto gpu = optim::make_optimizer(c.optim, {optim::Piece{{0, P}, 0}}, Device::cuda);
+    auto cpu = optim::make_optimizer(c.optim, infos, {optim::Piece{{0, P}, 0}}, Device::cpu);
+    auto gpu = optim::make_optimizer(c.optim, infos, {optim::Piece{{0, P}, 0}}, Device::cuda);
     const ops::Buffer d_params(Device::cuda, std::size_t(P) * sizeof(float)),
         d_grads(Device::cuda, std::size_t(P) * sizeof(float));
     const ops::Buffer d_working(Device::cuda, bf16 ? std::size_t(P) * 2 : 0), h_working(Device::cpu, bf16 ? std::size_t(P) * 2 : 0);

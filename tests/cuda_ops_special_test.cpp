@@ -429,6 +429,47 @@ TEST_CASE("cuda multi-tensor adamw_update_runs matches the cpu adamw_update per 
                   RuntimeError);
 }
 
+TEST_CASE("cuda adamw_update_runs with moments laid end to end matches the cpu adamw_update per run",
+          "[cuda][ops][optim]") {
+  std::string why;
+  if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
+
+  // Moments for the runs only, end to end (as Muon keeps AdamW's for the elements outside its
+  // matrices): a run's weights and its moments start on different residues modulo 4, so the
+  // kernel must take the scalar path there, and the 128-bit one where both are aligned.
+  const std::vector<ops::AdamWRun> runs = {{0, 1000, true, 0},       {1004, 4099, false, 1000},
+                                           {5107, 9, true, 5099},    {5120, 8200, true, 5108},
+                                           {13330, 3, false, 13308}};
+  const std::int64_t N = 13340, M = 13311;
+  std::mt19937 rng(1618);
+  const Vec param0 = uniform_vec(rng, std::size_t(N)), grad = uniform_vec(rng, std::size_t(N), -2.0f, 2.0f);
+  const Vec m0 = uniform_vec(rng, std::size_t(M), -0.1f, 0.1f), v0 = uniform_vec(rng, std::size_t(M), 0.0f, 0.01f);
+  const ops::AdamWParams p{0.05f, 0.9f, 0.95f, 1e-8f, 0.5f, 3, 0.5f};
+  Vec want_param = param0, want_m = m0, want_v = v0, g = grad;
+  std::vector<bool> covered(std::size_t(N), false);
+  for (const auto& r : runs) {  // the reference: the CPU adamw_update on each run's weights and moments
+    const ops::AdamWParams q{p.lr, p.beta1, p.beta2, p.eps, r.decay ? p.weight_decay : 0.0f, p.step, p.grad_scale};
+    const auto part = [&](Vec& v, std::int64_t at) { return Tensor(v.data() + at, DType::f32, Device::cpu, {r.length}); };
+    ops::adamw_update(part(want_param, r.offset), part(g, r.offset), part(want_m, r.state), part(want_v, r.state), q);
+    for (std::int64_t i = r.offset; i < r.offset + r.length; ++i) covered[std::size_t(i)] = true;
+  }
+  const ops::AdamWPlan plan(runs, Device::cuda);
+  CHECK(plan.state_extent() == M);
+  const DeviceArray<float> d_param(param0), d_grad(grad), d_m(m0), d_v(v0);
+  ops::adamw_update_runs(d_param.tensor({N}), d_grad.tensor({N}), d_m.tensor({M}), d_v.tensor({M}), Tensor(), plan, p);
+  const Vec got_param = d_param.to_host();
+  require_close("param change", minus(got_param, param0), minus(want_param, param0), f32_elementwise.f32);
+  require_close("m", d_m.to_host(), want_m, f32_elementwise.f32);
+  require_close("v", d_v.to_host(), want_v, f32_elementwise.f32);
+  std::size_t moved = 0;
+  for (std::size_t i = 0; i < std::size_t(N); ++i) moved += !covered[i] && bits_of(got_param[i]) != bits_of(param0[i]);
+  CHECK(moved == 0);
+  // Moments shorter than the plan's runs reach are refused.
+  const Tensor short_m(d_m.data(), DType::f32, Device::cuda, {M - 1}), short_v(d_v.data(), DType::f32, Device::cuda, {M - 1});
+  CHECK_THROWS_AS(ops::adamw_update_runs(d_param.tensor({N}), d_grad.tensor({N}), short_m, short_v, Tensor(), plan, p),
+                  RuntimeError);
+}
+
 TEST_CASE("cuda fused_classifier, classifier_parallel_finish and sum_squares add into a DeviceSum",
           "[cuda][ops][bf16]") {
   std::string why;

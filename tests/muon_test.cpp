@@ -137,14 +137,27 @@ TEST_CASE("Muon takes each layer's 2-D matrices (GPT-2's c_attn as q, k, v) by l
   CHECK(std::abs(optim::muon_adjusted_lr(0.1, "match_rms_adamw", 16, 64) - 0.16) < 1e-12);  // 0.1 0.2 sqrt(64)
   config::OptimConfig muon;
   muon.name = "muon";
-  CHECK(optim::state_bytes_per_param(muon) == 12);
-  // plan: 12 bytes of state per parameter where AdamW has 8, unsharded and as ZeRO 3's shards of 4.
+  CHECK(optim::state_arrays(muon) == 3);
+  // plan: 4 bytes of state per element of a hidden matrix, 8 per other parameter element
+  // (counted here from the model's own parameter list), unsharded and as ZeRO's shards.
   const config::Config c = config::parse_config(R"({"optim": {"name": "muon"}})", "c.json", {});
   config::Config with_adamw = c;
   with_adamw.optim.name = "adamw";
   const std::int64_t P = plan::parameter_count(c.model);
-  CHECK(plan::plan_memory(c, 1, 0, false, 1).optimizer == 12 * P);
-  CHECK(plan::plan_memory(c, 4, 3, false, 1).optimizer * 2 == plan::plan_memory(with_adamw, 4, 3, false, 1).optimizer * 3);
+  std::int64_t in_matrices = 0;
+  for (const model::ParamInfo& info : model::make_model(c.model, Device::cpu)->param_infos()) {
+    CHECK(optim::state_bytes_of(muon, info) == (info.layer >= 0 && info.shape.size() == 2 ? 4 : 8));
+    CHECK(optim::state_bytes_of(with_adamw.optim, info) == 8);
+    if (info.layer >= 0 && info.shape.size() == 2) in_matrices += info.numel;
+  }
+  REQUIRE(in_matrices > P / 2);
+  CHECK(plan::plan_memory(c, 1, 0, false, 1).optimizer == 4 * in_matrices + 8 * (P - in_matrices));
+  CHECK(plan::plan_memory(with_adamw, 1, 0, false, 1).optimizer == 8 * P);
+  // ZeRO 1 on 4 ranks: the largest rank's (every shard of ceil(P / 4) within 8 bytes a parameter).
+  const std::int64_t zero1 = plan::plan_memory(c, 4, 1, false, 1).optimizer;
+  CHECK(zero1 <= 8 * ((P + 3) / 4));
+  CHECK(zero1 >= (4 * in_matrices + 8 * (P - in_matrices)) / 4);
+  CHECK(plan::plan_memory(c, 4, 3, false, 1).optimizer < plan::plan_memory(with_adamw, 4, 3, false, 1).optimizer);
 }
 
 TEST_CASE("Newton-Schulz gives a matrix whose singular values lie near 1", "[optim][muon]") {
@@ -260,7 +273,7 @@ TEST_CASE("Muon: inputs and results for the NumPy and PyTorch references", "[.mu
     const config::Config c = config::parse_config(R"({"model": )" + model_json + R"(, "optim": )" + optim_json + "}", "c.json", {});
     const auto model = model::make_model(c.model, Device::cpu);
     const std::int64_t P = model->num_params();
-    auto optimizer = optim::make_optimizer(c.optim, {optim::Piece{{0, P}, 0}});
+    auto optimizer = optim::make_optimizer(c.optim, model->param_infos(), {optim::Piece{{0, P}, 0}});
     std::vector<float> w = random_normal(rng, std::size_t(P), 0.05f);
     nlohmann::json run = {{"optim", config::to_json(c)["optim"]}, {"initial", w}};
     for (const model::ParamInfo& info : model->param_infos()) {
@@ -283,8 +296,16 @@ TEST_CASE("Muon: inputs and results for the NumPy and PyTorch references", "[.mu
     }
     const auto* muon = dynamic_cast<const optim::Muon*>(optimizer.get());
     REQUIRE(muon);
-    const float* momentum = muon->momentum().as<float>();
-    run["momentum"] = std::vector<float>(momentum, momentum + P);
+    // Laid out like the weights for the reference: zero outside the matrices, where Muon keeps none.
+    const float* kept = muon->momentum().as<float>();
+    std::vector<float> momentum(std::size_t(P), 0.0f);
+    std::int64_t at = 0;
+    for (const model::FlatRange& r : muon->muon_runs()) {
+      std::copy(kept + at, kept + at + r.size(), momentum.begin() + r.begin);
+      at += r.size();
+    }
+    CHECK(at == muon->momentum().numel());
+    run["momentum"] = momentum;
     out["runs"].push_back(std::move(run));
   }
   std::ofstream(path) << out.dump();

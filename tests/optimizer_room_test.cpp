@@ -87,10 +87,10 @@ class SgdMomentum final : public optim::Optimizer {
 void register_sgd_momentum() {
   optim::register_optimizer(
       "sgd_momentum",
-      {[](const config::OptimConfig&) { return std::int64_t(4); }, [](const model::ParamInfo&) { return true; },
-       [](const config::OptimConfig& optim, std::vector<optim::Piece> pieces, Device) -> std::unique_ptr<optim::Optimizer> {
-         return std::make_unique<SgdMomentum>(std::move(pieces), optim);
-       }});
+      {[](const config::OptimConfig&, const model::ParamInfo&) { return std::int64_t(4); },
+       [](const config::OptimConfig&) { return std::int64_t(1); }, [](const model::ParamInfo&) { return true; },
+       [](const config::OptimConfig& optim, const std::vector<model::ParamInfo>&, std::vector<optim::Piece> pieces,
+          Device) -> std::unique_ptr<optim::Optimizer> { return std::make_unique<SgdMomentum>(std::move(pieces), optim); }});
 }
 
 constexpr int steps = 6;
@@ -154,14 +154,20 @@ std::string config_error(const std::string& json) {
 
 TEST_CASE("optim.name selects a registered optimizer; plan counts its state per parameter", "[optim]") {
   config::OptimConfig adamw;
-  CHECK(optim::state_bytes_per_param(adamw) == 8);
+  model::ParamInfo info;
+  info.name = "w";
+  info.shape = {4, 4};
+  info.numel = 16;
+  CHECK(optim::state_bytes_of(adamw, info) == 8);
+  CHECK(optim::state_arrays(adamw) == 2);
   config::OptimConfig sgd;
   sgd.name = "sgd_momentum";
-  CHECK_THROWS_WITH(optim::state_bytes_per_param(sgd), "optim.name: expected one of \"adamw\", \"muon\", got \"sgd_momentum\"");
+  CHECK_THROWS_WITH(optim::state_arrays(sgd), "optim.name: expected one of \"adamw\", \"muon\", got \"sgd_momentum\"");
   CHECK(config_error(R"({"optim": {"name": "sgd_momentum"}})").find(
             "optim.name: expected one of \"adamw\", \"muon\", got \"sgd_momentum\"") != std::string::npos);
   register_sgd_momentum();
-  CHECK(optim::state_bytes_per_param(sgd) == 4);
+  CHECK(optim::state_bytes_of(sgd, info) == 4);
+  CHECK(optim::state_arrays(sgd) == 1);
   const config::Config c = config::parse_config(R"({"optim": {"name": "sgd_momentum"}})", "c.json", {});
   CHECK(c.optim.name == "sgd_momentum");
   const std::string near_miss = config_error(R"({"optim": {"name": "sgd_momentun"}})");

@@ -185,6 +185,21 @@ TEST_CASE("plan: weights, gradients, optimizer and gathered bytes equal what the
     const auto p = plan::plan_memory(c, m.ranks, m.zero, m.bf16, 1);
     CHECK(p.weights + p.gradients + p.optimizer + p.gathered == m.state_bytes);
   }
+  // optim.name "muon", measured alike: a momentum (4 bytes) for each element of the 3 layers'
+  // 138,240 matrix elements, AdamW's m and v (8 bytes) for the other 33,216. One rank: 8 P of
+  // weights and gradients + 4 x 138,240 + 8 x 33,216 = 2,190,336 (AdamW: 2,743,296).
+  const Measured muon[] = {{1, 0, false, true, 2190336}, {2, 0, false, true, 2190336},
+                           {2, 1, false, true, 2810112}, {2, 1, true, true, 3153024},
+                           {3, 1, false, true, 2580992}, {2, 3, false, true, 2020096},
+                           {2, 3, true, false, 1960576}, {3, 3, false, true, 1593732}};
+  c.optim.name = "muon";
+  CHECK(plan::plan_memory(c, 1, 0, false, 1).optimizer == 4 * 138240 + 8 * 33216);
+  for (const auto& m : muon) {
+    CAPTURE(m.ranks, m.zero, m.bf16, m.reshard);
+    c.dist.reshard_after_forward = m.reshard;
+    const auto p = plan::plan_memory(c, m.ranks, m.zero, m.bf16, 1);
+    CHECK(p.weights + p.gradients + p.optimizer + p.gathered == m.state_bytes);
+  }
 }
 
 TEST_CASE("plan: a tensor-parallel rank's parameters and units, counted by hand", "[plan][tensor]") {

@@ -111,12 +111,14 @@ struct AdamWChunkArgs {
   float lr, beta1, beta2, eps, weight_decay, grad_scale, m_correction, v_correction;
 };
 
-/// Elements [i, i + W) of one chunk: the same arithmetic as AdamW<float>, in the same order.
+/// Elements [i, i + W) of one chunk, whose moments are [s, s + W) of m and v: the same arithmetic
+/// as AdamW<float>, in the same order.
 template <int W>
-__device__ __forceinline__ void adamw_elements(const AdamWChunkArgs& a, std::int64_t i, float weight_decay) {
+__device__ __forceinline__ void adamw_elements(const AdamWChunkArgs& a, std::int64_t i, std::int64_t s,
+                                               float weight_decay) {
   const Chunk<float, W> g = load_chunk<W>(a.grad + i);
   Chunk<float, W> p = load_chunk<W>(a.param + i);
-  Chunk<float, W> mv = load_chunk<W>(a.m + i), vv = load_chunk<W>(a.v + i);
+  Chunk<float, W> mv = load_chunk<W>(a.m + s), vv = load_chunk<W>(a.v + s);
 #pragma unroll
   for (int k = 0; k < W; ++k) {
     const float gs = g.e[k] * a.grad_scale;
@@ -126,8 +128,8 @@ __device__ __forceinline__ void adamw_elements(const AdamWChunkArgs& a, std::int
     const float x = p.e[k];
     p.e[k] = x - a.lr * (m_hat / (sqrtf(v_hat) + a.eps) + weight_decay * x);
   }
-  store_chunk<W>(a.m + i, mv);
-  store_chunk<W>(a.v + i, vv);
+  store_chunk<W>(a.m + s, mv);
+  store_chunk<W>(a.v + s, vv);
   store_chunk<W>(a.param + i, p);
   if (a.working) {
     Chunk<bf16, W> w;
@@ -141,22 +143,25 @@ constexpr int adamw_block = 256;
 constexpr int adamw_width = 4;  // floats per 128-bit access
 static_assert(adamw_chunk_elements % (adamw_block * adamw_width) == 0, "a chunk is whole passes of the block");
 
-/// `aligned`: every array is 16-byte aligned, so a chunk starting on a multiple of 4 elements
-/// takes 128-bit accesses (the whole block decides alike: one branch per chunk).
+/// `aligned`: every array is 16-byte aligned, so a chunk whose weights and moments both start on a
+/// multiple of 4 elements takes 128-bit accesses (the whole block decides alike: one branch per
+/// chunk).
 __global__ void __launch_bounds__(adamw_block)
     adamw_chunks_kernel(AdamWChunkArgs a, const AdamWChunk* chunks /* (n_chunks) */, bool aligned) {
   const AdamWChunk chunk = chunks[blockIdx.x];
   const float weight_decay = chunk.decay ? a.weight_decay : 0.0f;
-  if (aligned && chunk.begin % adamw_width == 0) {
+  if (aligned && chunk.begin % adamw_width == 0 && chunk.state % adamw_width == 0) {
     const int body = chunk.length / adamw_width * adamw_width;
     for (int i = threadIdx.x * adamw_width; i < body; i += adamw_block * adamw_width) {
-      adamw_elements<adamw_width>(a, chunk.begin + i, weight_decay);
+      adamw_elements<adamw_width>(a, chunk.begin + i, chunk.state + i, weight_decay);
     }
     for (int i = body + int(threadIdx.x); i < chunk.length; i += adamw_block) {
-      adamw_elements<1>(a, chunk.begin + i, weight_decay);
+      adamw_elements<1>(a, chunk.begin + i, chunk.state + i, weight_decay);
     }
   } else {
-    for (int i = threadIdx.x; i < chunk.length; i += adamw_block) adamw_elements<1>(a, chunk.begin + i, weight_decay);
+    for (int i = threadIdx.x; i < chunk.length; i += adamw_block) {
+      adamw_elements<1>(a, chunk.begin + i, chunk.state + i, weight_decay);
+    }
   }
 }
 

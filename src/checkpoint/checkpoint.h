@@ -37,11 +37,14 @@ namespace llmtrain::checkpoint {
 /// ZeRO units, the optimizer and checkpoints (model/flat_layout.h).
 using FlatRange = model::FlatRange;
 
-/// One array of the optimizer's state (optim::StateTensor laid out like the parameters) under the
-/// name the optimizer gives it.
+/// One array of the optimizer's state (optim::StateTensor) under the name the optimizer gives it:
+/// laid out like the weights, or (`partial`) holding only the sorted runs `held` of the rank's
+/// local arrays, end to end; it is written as zero where it holds nothing.
 struct NamedState {
   std::string name;
   const float* data = nullptr;
+  bool partial = false;
+  std::vector<FlatRange> held = {};
 };
 
 /// One rank's part of the training state: ranges of the whole model's flat buffer, and their fp32

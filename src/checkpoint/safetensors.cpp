@@ -413,7 +413,14 @@ FileChecksums write_safetensors_checked(const std::string& path, const std::vect
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     if (sizes[i] == 0) continue;
     if (!tensors[i].pieces.empty()) {
-      for (const auto& [address, n] : tensors[i].pieces) file.write(address, n);
+      for (const auto& [address, n] : tensors[i].pieces) {
+        if (address) {
+          file.write(address, n);
+          continue;
+        }
+        static const std::vector<unsigned char> zeros(std::size_t(1) << 16, 0);
+        for (std::size_t done = 0; done < n; done += zeros.size()) file.write(zeros.data(), std::min(zeros.size(), n - done));
+      }
     } else {
       file.write(tensors[i].data ? tensors[i].data : bytes_of(i), sizes[i]);
     }

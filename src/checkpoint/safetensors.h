@@ -96,7 +96,8 @@ struct TensorToWrite {
   StDtype dtype = StDtype::f32;
   std::vector<std::int64_t> shape;
   const void* data = nullptr;
-  /// Instead of `data`: pieces of memory (address, bytes) that, end to end, hold the tensor.
+  /// Instead of `data`: pieces of memory (address, bytes) that, end to end, hold the tensor; a
+  /// piece at address null is that many zero bytes.
   std::vector<std::pair<const void*, std::size_t>> pieces = {};
 };
 

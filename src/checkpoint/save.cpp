@@ -157,14 +157,22 @@ WrittenPart write_part(const SaveRequest& r, const std::string& dir, int rank, i
   const bool whole_state = ranges.size() == 1 && ranges[0].begin == 0 && ranges[0].end == P;
   const std::vector<std::int64_t> table = range_table(ranges);
   const std::vector<FlatRange> spans = index_spans(ranges);
-  // Each array as the pieces that hold the ranges, in order.
-  const auto pieces_of = [&](const float* base) {
+  // Each array as the pieces that hold the ranges, in order (an array that holds some runs only:
+  // zero pieces for what it does not hold).
+  const auto pieces_of = [&](const float* base, const std::vector<FlatRange>* held = nullptr) {
     std::vector<std::pair<const void*, std::size_t>> pieces;
     std::int64_t at = 0;
     for (std::size_t i = 0; i < ranges.size(); ++i) {
-      const std::int64_t from = r.part.at.empty() ? at : r.part.at[i];
-      if (ranges[i].size() > 0) pieces.emplace_back(base + from, std::size_t(ranges[i].size()) * sizeof(float));
-      at += ranges[i].size();
+      const std::int64_t from = r.part.at.empty() ? at : r.part.at[i], n = ranges[i].size();
+      at += n;
+      if (n <= 0) continue;
+      if (!held) {
+        pieces.emplace_back(base + from, std::size_t(n) * sizeof(float));
+        continue;
+      }
+      for (const model::HeldPiece& p : model::held_pieces(*held, {from, from + n})) {
+        pieces.emplace_back(p.at < 0 ? nullptr : base + p.at, std::size_t(p.length) * sizeof(float));
+      }
     }
     return pieces;
   };
@@ -178,7 +186,7 @@ WrittenPart write_part(const SaveRequest& r, const std::string& dir, int rank, i
     // The optimizer's state tensors, each under the name the optimizer gives it.
     std::vector<TensorToWrite> optimizer{range_tensor};
     for (const NamedState& state : r.part.optimizer) {
-      optimizer.push_back({state.name, StDtype::f32, {n}, nullptr, pieces_of(state.data)});
+      optimizer.push_back({state.name, StDtype::f32, {n}, nullptr, pieces_of(state.data, state.partial ? &state.held : nullptr)});
     }
     jobs.push_back({rank_file("optim", rank), std::move(optimizer), metadata, {}, {}});
     if (whole_state) {  // the whole model: named tensors, as Hugging Face tools read them

@@ -4,6 +4,7 @@
 // FlatRange is the one type for such a range; the rest places parameters on it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -17,6 +18,39 @@ struct FlatRange {
   std::int64_t begin = 0, end = 0;
   std::int64_t size() const { return end - begin; }
 };
+
+/// A piece of an array that holds the elements of some runs only (held_pieces): `length` elements
+/// at `at` of that array, or, at -1, elements it does not hold.
+struct HeldPiece {
+  std::int64_t at = -1, length = 0;
+};
+
+/// The elements `run` of the local arrays as pieces of an array that holds only the sorted,
+/// disjoint runs `held` of them, end to end (an optimizer's state kept for some parameters only).
+inline std::vector<HeldPiece> held_pieces(const std::vector<FlatRange>& held, FlatRange run) {
+  std::vector<HeldPiece> out;
+  const auto add = [&](std::int64_t at, std::int64_t length) {
+    if (length <= 0) return;
+    HeldPiece* last = out.empty() ? nullptr : &out.back();
+    if (last && ((at < 0 && last->at < 0) || (at >= 0 && last->at >= 0 && last->at + last->length == at))) {
+      last->length += length;
+    } else {
+      out.push_back({at, length});
+    }
+  };
+  std::int64_t at = 0, next = run.begin;  // `at`: where held run h starts in the array
+  for (const FlatRange& h : held) {
+    if (h.end > next && h.begin < run.end) {
+      const std::int64_t lo = std::max(h.begin, next), hi = std::min(h.end, run.end);
+      add(-1, lo - next);
+      add(at + (lo - h.begin), hi - lo);
+      next = hi;
+    }
+    at += h.size();
+  }
+  add(-1, run.end - next);
+  return out;
+}
 
 /// Tensor parallelism: which part of a parameter this rank holds. The part is made of `blocks`
 /// (first index, count) along dimension `dim` of the whole tensor, laid end to end; dim -1: the

@@ -410,11 +410,15 @@ void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, cons
 }
 
 AdamWPlan::AdamWPlan(const std::vector<AdamWRun>& runs, Device device) : device_(device) {
-  for (const AdamWRun& run : runs) {
-    if (run.offset < 0 || run.length < 0) throw RuntimeError("AdamWPlan: a run with a negative offset or length");
+  for (AdamWRun run : runs) {
+    if (run.state == -1) run.state = run.offset;
+    if (run.offset < 0 || run.length < 0 || run.state < 0) {
+      throw RuntimeError("AdamWPlan: a run with a negative offset, length or state offset");
+    }
     if (run.length == 0) continue;
     runs_.push_back(run);
     extent_ = std::max(extent_, run.offset + run.length);
+    state_extent_ = std::max(state_extent_, run.state + run.length);
   }
   if (device_ != Device::cuda) return;
 #if LLMTRAIN_HAVE_CUDA
@@ -422,7 +426,7 @@ AdamWPlan::AdamWPlan(const std::vector<AdamWRun>& runs, Device device) : device_
   for (const AdamWRun& run : runs_) {
     for (std::int64_t at = 0; at < run.length; at += cuda::adamw_chunk_elements) {
       const auto length = std::int32_t(std::min<std::int64_t>(cuda::adamw_chunk_elements, run.length - at));
-      table.push_back({run.offset + at, length, run.decay ? 1 : 0});
+      table.push_back({run.offset + at, run.state + at, length, run.decay ? 1 : 0});
     }
   }
   chunks_ = std::int64_t(table.size());
@@ -440,11 +444,13 @@ AdamWPlan::AdamWPlan(const std::vector<AdamWRun>& runs, Device device) : device_
 void adamw_update_runs(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                        const Tensor& working, const AdamWPlan& plan, const AdamWParams& p) {
   const Op op("adamw_update_runs");
-  op.expect_same_size({&param, &grad, &m, &v}, /*f32_only=*/true);
-  const std::int64_t N = param.numel();
-  if (plan.extent() > N) {
-    op.fail("the plan's runs reach element " + std::to_string(plan.extent()) + ", the arrays hold " +
-            std::to_string(N));
+  op.expect_same_size({&param, &grad}, /*f32_only=*/true);
+  op.expect_same_size({&m, &v}, /*f32_only=*/true);
+  const std::int64_t N = param.numel(), M = m.numel();
+  if (plan.extent() > N || plan.state_extent() > M) {
+    op.fail("the plan's runs reach element " + std::to_string(plan.extent()) + " of the weights and " +
+            std::to_string(plan.state_extent()) + " of the moments, the arrays hold " + std::to_string(N) + " and " +
+            std::to_string(M));
   }
   if (working.data && (working.dtype != DType::bf16 || working.numel() != N)) {
     op.fail("expected a bf16 working copy of " + std::to_string(N) + " elements, got " + working.describe());
@@ -465,9 +471,9 @@ void adamw_update_runs(const Tensor& param, const Tensor& grad, const Tensor& m,
   // The CPU reference: adamw_update on each run, then the rounding convert does.
   for (const AdamWRun& run : plan.runs()) {
     const std::int64_t at = run.offset;
-    cpu::adamw_update(param.as<float>() + at, grad.as<float>() + at, m.as<float>() + at, v.as<float>() + at,
-                      run.length, p.lr, p.beta1, p.beta2, p.eps, run.decay ? p.weight_decay : 0.0f, p.step,
-                      p.grad_scale);
+    cpu::adamw_update(param.as<float>() + at, grad.as<float>() + at, m.as<float>() + run.state,
+                      v.as<float>() + run.state, run.length, p.lr, p.beta1, p.beta2, p.eps,
+                      run.decay ? p.weight_decay : 0.0f, p.step, p.grad_scale);
     if (!working.data) continue;
     const float* x = param.as<float>() + at;
     std::uint16_t* bits = working.as<std::uint16_t>() + at;

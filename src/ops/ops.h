@@ -224,10 +224,14 @@ struct AdamWParams {
 /// One AdamW step on param with grad, m, v (all the same size, f32).
 void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWParams& p);
 
-/// A run of elements [offset, offset + length) of the arrays an AdamW update covers.
+/// A run of elements [offset, offset + length) of the weights and gradients an AdamW update
+/// covers, whose moments lie at [state, state + length) of m and v (state -1: at offset, where the
+/// moments are laid out like the weights; an optimizer that keeps moments for some elements only
+/// lays them end to end).
 struct AdamWRun {
   std::int64_t offset = 0, length = 0;
   bool decay = false;  // weight decay applies (2-D parameters)
+  std::int64_t state = -1;
 };
 /// The runs of a multi-tensor AdamW update, laid out once for the device that runs them: on a GPU
 /// a table of work chunks (one thread block each) in device memory, so that every update is one
@@ -235,24 +239,27 @@ struct AdamWRun {
 class AdamWPlan {
  public:
   AdamWPlan() = default;
-  /// Runs must not overlap; empty ones are dropped.
+  /// Runs must not overlap, in the weights nor in the moments; empty ones are dropped. Each run's
+  /// `state` is resolved (never -1 here).
   AdamWPlan(const std::vector<AdamWRun>& runs, Device device);
   const std::vector<AdamWRun>& runs() const { return runs_; }
   Device device() const { return device_; }
-  /// One past the last element any run covers: the arrays must hold at least this many.
+  /// One past the last element any run covers: the weights and gradients must hold at least this
+  /// many, m and v at least state_extent().
   std::int64_t extent() const { return extent_; }
+  std::int64_t state_extent() const { return state_extent_; }
   std::int64_t chunks() const { return chunks_; }
   const void* chunk_table() const { return table_.data(); }  // device memory (CUDA plans)
 
  private:
   std::vector<AdamWRun> runs_;
   Device device_ = Device::cpu;
-  std::int64_t extent_ = 0, chunks_ = 0;
+  std::int64_t extent_ = 0, state_extent_ = 0, chunks_ = 0;
   Buffer table_;
 };
-/// One AdamW step on every run of `plan` at once (one kernel launch on the GPU): param, grad, m,
-/// v (N,) f32 as adamw_update on each run, with p.weight_decay on the decayed runs and none on
-/// the others. `working` (N,) bf16, when it has data, receives the updated weights of the runs
+/// One AdamW step on every run of `plan` at once (one kernel launch on the GPU): param, grad (N,)
+/// and m, v (M,) f32 (each run's moments at its `state`) as adamw_update on each run, with
+/// p.weight_decay on the decayed runs and none on the others. `working` (N,) bf16, when it has data, receives the updated weights of the runs
 /// rounded to bf16 (to nearest even, as convert), in the same pass: the working copy of mixed
 /// precision. Elements outside the runs are not touched.
 void adamw_update_runs(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,

@@ -9,10 +9,12 @@
 
 namespace llmtrain::optim {
 
+bool muon_updates(const model::ParamInfo& info) { return info.layer >= 0 && info.shape.size() == 2; }
+
 std::vector<MuonMatrix> muon_matrices(const std::vector<model::ParamInfo>& infos) {
   std::vector<MuonMatrix> out;
   for (const model::ParamInfo& info : infos) {
-    if (info.layer < 0 || info.shape.size() != 2) continue;
+    if (!muon_updates(info)) continue;
     const std::int64_t rows = info.shape[0], cols = info.shape[1];
     const std::int64_t full_rows = info.full_shape.at(0), full_cols = info.full_shape.at(1);
     // This slice's block of a matrix whose rows (dim 0) start at `begin` of the parameter's.
@@ -53,7 +55,22 @@ double muon_adjusted_lr(double lr, const std::string& adjust_lr, std::int64_t ro
   return lr * 0.2 * std::sqrt(double(std::max(rows, cols)));
 }
 
-Muon::Muon(std::vector<Piece> pieces, const config::OptimConfig& optim, Device device)
+namespace {
+
+// Where local element `local` of a run of `runs` (sorted) lies in an array holding them end to end.
+std::int64_t place_in(const std::vector<model::FlatRange>& runs, std::int64_t local) {
+  std::int64_t at = 0;
+  for (const model::FlatRange& r : runs) {
+    if (local >= r.begin && local < r.end) return at + (local - r.begin);
+    at += r.size();
+  }
+  throw RuntimeError("muon: local element " + std::to_string(local) + " is in none of the runs");
+}
+
+}  // namespace
+
+Muon::Muon(std::vector<Piece> pieces, const std::vector<model::ParamInfo>& infos, const config::OptimConfig& optim,
+           Device device)
     : Optimizer(std::move(pieces)),
       optim_(optim),
       lr_(optim.muon.lr.value_or(optim.lr)),
@@ -62,18 +79,51 @@ Muon::Muon(std::vector<Piece> pieces, const config::OptimConfig& optim, Device d
           optim.muon.ns_coefficients.at(2), optim.muon.eps, false},
       ns_work_(device),
       device_(device) {
-  momentum_ = ops::Buffer(device, std::size_t(size()) * sizeof(float));
-  m_ = ops::Buffer(device, std::size_t(size()) * sizeof(float));
-  v_ = ops::Buffer(device, std::size_t(size()) * sizeof(float));
-  if (size() > 0) {
-    ops::zero(momentum());
+  // The local runs of the Muon matrices' elements, and the rest: which elements keep a momentum
+  // and which AdamW's moments.
+  std::vector<model::FlatRange> matrices;
+  for (const model::ParamInfo& info : infos) {
+    if (muon_updates(info)) matrices.push_back({info.offset, info.offset + info.numel});
+  }
+  std::sort(matrices.begin(), matrices.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
+  const auto add = [](std::vector<model::FlatRange>& runs, std::int64_t begin, std::int64_t end) {
+    if (begin >= end) return;
+    if (!runs.empty() && runs.back().end == begin) {
+      runs.back().end = end;
+    } else {
+      runs.push_back({begin, end});
+    }
+  };
+  std::vector<Piece> ordered = this->pieces();
+  std::sort(ordered.begin(), ordered.end(), [](const Piece& a, const Piece& b) { return a.local < b.local; });
+  for (const Piece& piece : ordered) {
+    std::int64_t next = piece.begin;  // in the flat buffer
+    for (const model::FlatRange& mat : matrices) {
+      const std::int64_t lo = std::max(mat.begin, next), hi = std::min(mat.end, piece.end);
+      if (lo >= hi) continue;
+      add(adamw_runs_, piece.local + (next - piece.begin), piece.local + (lo - piece.begin));
+      add(muon_runs_, piece.local + (lo - piece.begin), piece.local + (hi - piece.begin));
+      next = hi;
+    }
+    add(adamw_runs_, piece.local + (next - piece.begin), piece.local + (piece.end - piece.begin));
+  }
+  const auto floats = [&](const std::vector<model::FlatRange>& runs) {
+    return ops::Buffer(device, std::size_t(total(runs)) * sizeof(float));
+  };
+  momentum_ = floats(muon_runs_);
+  m_ = floats(adamw_runs_);
+  v_ = floats(adamw_runs_);
+  if (total(muon_runs_) > 0) ops::zero(momentum());
+  if (total(adamw_runs_) > 0) {
     ops::zero(m());
     ops::zero(v());
   }
 }
 
 std::vector<StateTensor> Muon::state() const {
-  return {{"muon.momentum", momentum()}, {"adamw.m", m()}, {"adamw.v", v()}};
+  return {{"muon.momentum", momentum(), StateLayout::held_runs, muon_runs_},
+          {"adamw.m", m(), StateLayout::held_runs, adamw_runs_},
+          {"adamw.v", v(), StateLayout::held_runs, adamw_runs_}};
 }
 
 namespace {
@@ -178,7 +228,6 @@ void Muon::lay_out(const UpdateArgs& a) {
       if (!mat.slice.whole()) throw RuntimeError("muon: " + mat.name + " is split, but no tensor group was given");
     }
   }
-  std::vector<std::pair<std::int64_t, std::int64_t>> taken;  // flat ranges Muon updates here
   for (std::size_t j = 0; j < matrices.size(); ++j) {
     const MuonMatrix& mat = matrices[j];
     Placed placed{mat.rows, mat.cols, mat.full_rows, mat.full_cols, int(j % std::size_t(W)),
@@ -194,7 +243,7 @@ void Muon::lay_out(const UpdateArgs& a) {
           const auto local = std::find_if(pieces().begin(), pieces().end(),
                                           [&](const Piece& p) { return p.begin == piece.begin && p.end == piece.end; });
           part.local = local->local + (lo - local->begin);
-          taken.emplace_back(lo, hi);
+          part.state = place_in(muon_runs_, part.local);
           mine = true;
         }
         placed.parts.push_back(part);
@@ -208,7 +257,6 @@ void Muon::lay_out(const UpdateArgs& a) {
     }
     if (mine || placed.owner == rank_) matrices_.push_back(std::move(placed));
   }
-  std::sort(taken.begin(), taken.end());
   std::size_t transposed_bytes = 0;
   whole_.resize(matrices_.size());
   full_.resize(matrices_.size());
@@ -228,27 +276,21 @@ void Muon::lay_out(const UpdateArgs& a) {
     }
   }
   if (transposed_bytes > 0) transposed_ = ops::Buffer(device_, transposed_bytes);
-  if (size() > 0) u_ = ops::Buffer(device_, std::size_t(size()) * sizeof(float));
-  // AdamW's runs: every parameter's part inside each piece, less the Muon matrices.
+  if (total(muon_runs_) > 0) u_ = ops::Buffer(device_, std::size_t(total(muon_runs_)) * sizeof(float));
+  // AdamW's runs: every parameter's part inside each piece that is not a Muon matrix's, its
+  // moments where adamw_runs_ puts them.
   std::vector<ops::AdamWRun> runs;
-  const auto add = [&](std::int64_t at, std::int64_t length, bool decay) {
-    if (length <= 0) return;
-    if (!runs.empty() && runs.back().decay == decay && runs.back().offset + runs.back().length == at) {
-      runs.back().length += length;
-    } else {
-      runs.push_back({at, length, decay});
-    }
-  };
   for (const Piece& piece : pieces()) {
     for (const model::ParamInfo& info : a.infos) {
-      std::int64_t lo = std::max(info.offset, piece.begin);
-      const std::int64_t hi = std::min(info.offset + info.numel, piece.end);
-      for (const auto& [begin, end] : taken) {  // the matrices' parts inside this run, in order
-        if (end <= lo || begin >= hi) continue;
-        add(piece.local + (lo - piece.begin), begin - lo, info.decay);
-        lo = end;
+      const std::int64_t lo = std::max(info.offset, piece.begin), hi = std::min(info.offset + info.numel, piece.end);
+      if (lo >= hi || muon_updates(info)) continue;
+      const std::int64_t local = piece.local + (lo - piece.begin), state = place_in(adamw_runs_, local);
+      ops::AdamWRun* last = runs.empty() ? nullptr : &runs.back();
+      if (last && last->decay == info.decay && last->offset + last->length == local && last->state + last->length == state) {
+        last->length += hi - lo;
+      } else {
+        runs.push_back({local, hi - lo, info.decay, state});
       }
-      add(piece.local + (lo - piece.begin), hi - lo, info.decay);
     }
   }
   adamw_plan_ = ops::AdamWPlan(runs, device_);
@@ -275,7 +317,7 @@ void Muon::gather_parts(dist::Communicator& group, const Tensor& u, std::vector<
     const Placed& mat = matrices_[j];
     const Tensor whole = mat.owner == rank_ ? floats(whole_[j], {mat.rows * mat.cols}) : Tensor();
     for (const Part& part : mat.parts) {
-      const Tensor mine = elements(u, part.local, part.length), theirs = elements(whole, part.at, part.length);
+      const Tensor mine = elements(u, part.state, part.length), theirs = elements(whole, part.at, part.length);
       if (mat.owner == rank_ && part.rank == rank_) {
         ops::copy(theirs, mine);
       } else if (mat.owner == rank_) {
@@ -386,13 +428,13 @@ void Muon::update(const UpdateArgs& a) {
   const double lr = lr_ * (a.lr / optim_.lr);
   const float mu = float(optim_.muon.momentum), keep = float(1.0 - lr * weight_decay_), s = float(scale);
   ns_.bf16 = a.working.data != nullptr;  // bf16 runs orthogonalise in bf16
-  const Tensor u = floats(u_, {size()});
+  const Tensor u = floats(u_, {total(muon_runs_)});
   // Momentum and u on this rank's parts, elementwise.
   for (const Placed& mat : matrices_) {
     for (const Part& part : mat.parts) {
       if (part.rank != rank_) continue;
-      ops::muon_momentum(elements(momentum(), part.local, part.length), elements(a.grads, part.local, part.length),
-                         elements(u, part.local, part.length), mu, optim_.muon.nesterov, s);
+      ops::muon_momentum(elements(momentum(), part.state, part.length), elements(a.grads, part.local, part.length),
+                         elements(u, part.state, part.length), mu, optim_.muon.nesterov, s);
     }
   }
   // O in place of u: each matrix held whole here (ZeRO: gathered by its owner first), through
@@ -403,7 +445,7 @@ void Muon::update(const UpdateArgs& a) {
   std::vector<std::pair<std::size_t, float*>> held;
   for (std::size_t j = 0; j < matrices_.size(); ++j) {
     if (!sharded) {
-      held.emplace_back(j, u.as<float>() + matrices_[j].parts.front().local);
+      held.emplace_back(j, u.as<float>() + matrices_[j].parts.front().state);
     } else if (matrices_[j].owner == rank_) {
       held.emplace_back(j, static_cast<float*>(whole_[j].data()));
     }
@@ -413,7 +455,7 @@ void Muon::update(const UpdateArgs& a) {
     for (const auto& [j, whole] : held) {  // the owner's own parts of O, then the others' sent back
       const Tensor o(whole, DType::f32, device_, {matrices_[j].rows * matrices_[j].cols});
       for (const Part& part : matrices_[j].parts) {
-        if (part.rank == rank_) ops::copy(elements(u, part.local, part.length), elements(o, part.at, part.length));
+        if (part.rank == rank_) ops::copy(elements(u, part.state, part.length), elements(o, part.at, part.length));
       }
     }
     a.shard_group->start_transfers(scatter)->wait();
@@ -422,7 +464,7 @@ void Muon::update(const UpdateArgs& a) {
     const float step = float(muon_adjusted_lr(lr, optim_.muon.adjust_lr, mat.full_rows, mat.full_cols));
     for (const Part& part : mat.parts) {
       if (part.rank != rank_) continue;
-      ops::muon_apply(elements(a.params, part.local, part.length), elements(u, part.local, part.length),
+      ops::muon_apply(elements(a.params, part.local, part.length), elements(u, part.state, part.length),
                       elements(a.working, part.local, part.length), keep, step);
     }
   }

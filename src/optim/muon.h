@@ -5,8 +5,10 @@
 // from the matrix's logical (out, in) shape. The hidden matrices are each layer's 2-D weights
 // (GPT-2's fused c_attn as its q, k and v blocks, each orthogonalised on its own); the embeddings,
 // the output head, norms and biases are AdamW's, with optim's keys. One schedule scales both
-// learning rates. State: "muon.momentum" (the momentum of the Muon matrices' elements) and
-// "adamw.m", "adamw.v" (AdamW's moments of the others), each laid out like the parameters.
+// learning rates. State: "muon.momentum" (the momentum of the Muon matrices' elements: 4 bytes
+// each) and "adamw.m", "adamw.v" (AdamW's moments of the other elements: 8 bytes each), each for
+// its own elements only (StateLayout::held_runs), so that a Muon run keeps about 4 bytes of state
+// per parameter where AdamW keeps 8.
 // Under ZeRO (UpdateArgs::shard_group) each matrix is orthogonalised once, by an owner rank chosen
 // round-robin over the matrices, which gathers the other ranks' parts of u and sends theirs of O
 // back (point-to-point transfers through the data-parallel communicator, counted there). Under
@@ -45,9 +47,13 @@ struct MuonMatrix {
   std::int64_t numel() const { return rows * cols; }
 };
 
-/// The matrices of `infos` that Muon updates (every 2-D parameter of a transformer layer, GPT-2's
-/// c_attn split into q, k and v), in their order; the rest is AdamW's. RuntimeError for a
-/// tensor-parallel slice of more than one block of a matrix.
+/// Whether Muon updates this parameter: every 2-D parameter of a transformer layer (the rest is
+/// AdamW's).
+bool muon_updates(const model::ParamInfo& info);
+
+/// The matrices of `infos` that Muon updates (muon_updates; GPT-2's c_attn split into q, k and
+/// v), in their order. RuntimeError for a tensor-parallel slice of more than one block of a
+/// matrix.
 std::vector<MuonMatrix> muon_matrices(const std::vector<model::ParamInfo>& infos);
 
 /// lr_adj for a (rows, cols) matrix: lr sqrt(max(1, rows / cols)) ("original") or
@@ -58,13 +64,15 @@ class Muon final : public Optimizer {
  public:
   /// optim.name's value for Muon.
   static constexpr const char* name = "muon";
-  /// Bytes of state per parameter element: the f32 momentum and AdamW's f32 m and v, each laid out
-  /// like the parameters.
-  static constexpr std::int64_t bytes_per_param = 12;
+  /// Bytes of state per element of a Muon matrix: the f32 momentum (the other elements keep
+  /// AdamW's m and v, AdamW::bytes_per_param).
+  static constexpr std::int64_t momentum_bytes = 4;
 
-  /// Zero state for `pieces` on `device` (the CPU or a GPU: every step of the update, Newton-Schulz
-  /// and the transfers included, runs where the parameters are).
-  Muon(std::vector<Piece> pieces, const config::OptimConfig& optim, Device device = Device::cpu);
+  /// Zero state for `pieces` of the parameters `infos` (this rank's model's) on `device` (the CPU
+  /// or a GPU: every step of the update, Newton-Schulz and the transfers included, runs where the
+  /// parameters are).
+  Muon(std::vector<Piece> pieces, const std::vector<model::ParamInfo>& infos, const config::OptimConfig& optim,
+       Device device = Device::cpu);
 
   /// One update: gradients scaled so that the global norm is at most grad_clip, then Muon on the
   /// matrices and AdamW on the rest, both at args.lr's place in the schedule.
@@ -72,16 +80,23 @@ class Muon final : public Optimizer {
   /// "muon.momentum", "adamw.m" and "adamw.v".
   std::vector<StateTensor> state() const override;
 
-  Tensor momentum() const { return momentum_.view(DType::f32, {size()}); }
-  Tensor m() const { return m_.view(DType::f32, {size()}); }
-  Tensor v() const { return v_.view(DType::f32, {size()}); }
+  /// The momentum of the Muon matrices' elements of the pieces (muon_runs(), end to end).
+  Tensor momentum() const { return momentum_.view(DType::f32, {total(muon_runs_)}); }
+  /// AdamW's moments of the other elements (adamw_runs(), end to end).
+  Tensor m() const { return m_.view(DType::f32, {total(adamw_runs_)}); }
+  Tensor v() const { return v_.view(DType::f32, {total(adamw_runs_)}); }
+  /// The runs of the local arrays that hold Muon matrices' elements, and the others (together
+  /// [0, size())), each sorted.
+  const std::vector<model::FlatRange>& muon_runs() const { return muon_runs_; }
+  const std::vector<model::FlatRange>& adamw_runs() const { return adamw_runs_; }
 
  private:
   // One part of a Muon matrix on one rank of the shard group: elements [at, at + length) of the
-  // matrix, at `local` in that rank's local arrays (known for this rank's parts only).
+  // matrix, at `local` in that rank's local arrays and at `state` in its momentum and u (known
+  // for this rank's parts only).
   struct Part {
     int rank = 0;
-    std::int64_t at = 0, length = 0, local = 0;
+    std::int64_t at = 0, length = 0, local = 0, state = 0;
   };
   // Which block of a matrix one tensor rank holds (dim -1: the whole matrix, replicated).
   struct Slice {
@@ -111,17 +126,24 @@ class Muon final : public Optimizer {
   // the tensor group's owner when split over it, else here.
   void orthogonalise(dist::Communicator* tensor, const std::vector<std::pair<std::size_t, float*>>& held);
 
+  static std::int64_t total(const std::vector<model::FlatRange>& runs) {
+    std::int64_t n = 0;
+    for (const model::FlatRange& r : runs) n += r.size();
+    return n;
+  }
+
   config::OptimConfig optim_;
   double lr_ = 0.0, weight_decay_ = 0.0;  // Muon's peak lr and weight decay
   NewtonSchulz ns_;
   NewtonSchulzWork ns_work_;
   Device device_ = Device::cpu;
+  std::vector<model::FlatRange> muon_runs_, adamw_runs_;
   ops::Buffer momentum_, m_, v_;
   std::vector<Placed> matrices_;  // those with a part on this rank
   int rank_ = 0;
   ops::AdamWPlan adamw_plan_;  // the elements outside the matrices
   bool planned_ = false;
-  // On the device, each laid out once: u, then O, laid out like the local arrays; the matrices
+  // On the device, each laid out once: u, then O, laid out as the momentum; the matrices
   // this rank owns, gathered (ZeRO); the split matrices this tensor rank owns, whole, their other
   // tensor ranks' slices, and a column-split one transposed.
   ops::Buffer u_;

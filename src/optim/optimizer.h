@@ -49,13 +49,19 @@ enum class StateLayout {
   // element the weights' local arrays hold at i. Checkpoints save and load such a tensor as ranges
   // of the whole model's flat buffer, so over any mesh.
   like_params,
+  // One element per element of the runs `held` of the local arrays only, end to end (state kept
+  // for some parameters: Muon's momentum for its matrices, AdamW's moments for the rest).
+  // Checkpoints store it as like_params, zero where it holds nothing, so that its file is the same
+  // on every mesh and for every split of the parameters between optimizers.
+  held_runs,
 };
 
 /// One tensor of an optimizer's state, under the name checkpoints store it by.
 struct StateTensor {
   std::string name;  // e.g. "adamw.m": unique among the optimizers a run uses
-  Tensor tensor;     // (size(),) f32 on the model's device
+  Tensor tensor;     // f32 on the model's device: (size(),), or (elements of `held`,)
   StateLayout layout = StateLayout::like_params;
+  std::vector<model::FlatRange> held = {};  // held_runs: sorted, disjoint runs of [0, size())
 };
 
 class Optimizer {

@@ -11,21 +11,28 @@
 namespace llmtrain::optim {
 namespace {
 
-// AdamW: every parameter, 8 bytes of state each.
+// AdamW: every parameter, 8 bytes of state each (m and v).
 OptimizerKind adamw_kind() {
-  return {[](const config::OptimConfig&) { return AdamW::bytes_per_param; },
+  return {[](const config::OptimConfig&, const model::ParamInfo&) { return AdamW::bytes_per_param; },
+          [](const config::OptimConfig&) { return std::int64_t(2); },
           [](const model::ParamInfo&) { return true; },
-          [](const config::OptimConfig& optim, std::vector<Piece> pieces, Device device) -> std::unique_ptr<Optimizer> {
+          [](const config::OptimConfig& optim, const std::vector<model::ParamInfo>&, std::vector<Piece> pieces,
+             Device device) -> std::unique_ptr<Optimizer> {
             return std::make_unique<AdamW>(std::move(pieces), optim, device);
           }};
 }
 
-// Muon: every parameter (its hidden matrices by Muon, the rest by AdamW), 12 bytes of state each.
+// Muon: every parameter, its hidden matrices by Muon (4 bytes of momentum each), the rest by
+// AdamW (8 bytes each).
 OptimizerKind muon_kind() {
-  return {[](const config::OptimConfig&) { return Muon::bytes_per_param; },
+  return {[](const config::OptimConfig&, const model::ParamInfo& info) {
+            return muon_updates(info) ? Muon::momentum_bytes : AdamW::bytes_per_param;
+          },
+          [](const config::OptimConfig&) { return std::int64_t(3); },
           [](const model::ParamInfo&) { return true; },
-          [](const config::OptimConfig& optim, std::vector<Piece> pieces, Device device) -> std::unique_ptr<Optimizer> {
-            return std::make_unique<Muon>(std::move(pieces), optim, device);
+          [](const config::OptimConfig& optim, const std::vector<model::ParamInfo>& infos, std::vector<Piece> pieces,
+             Device device) -> std::unique_ptr<Optimizer> {
+            return std::make_unique<Muon>(std::move(pieces), infos, optim, device);
           }};
 }
 
@@ -43,7 +50,7 @@ Registry& registry() {
 }  // namespace
 
 void register_optimizer(const std::string& name, OptimizerKind kind) {
-  if (!kind.make || !kind.state_bytes_per_param || !kind.takes) {
+  if (!kind.make || !kind.state_bytes || !kind.state_arrays || !kind.takes) {
     throw RuntimeError("register_optimizer: " + name + ": every part of its OptimizerKind is needed");
   }
   Registry& r = registry();
@@ -67,12 +74,15 @@ const OptimizerKind& optimizer_kind(const config::OptimConfig& optim) {
   return it->second;  // entries stay where they are while the map lives (and are never erased)
 }
 
-std::unique_ptr<Optimizer> make_optimizer(const config::OptimConfig& optim, std::vector<Piece> pieces, Device device) {
-  return optimizer_kind(optim).make(optim, std::move(pieces), device);
+std::unique_ptr<Optimizer> make_optimizer(const config::OptimConfig& optim, const std::vector<model::ParamInfo>& infos,
+                                          std::vector<Piece> pieces, Device device) {
+  return optimizer_kind(optim).make(optim, infos, std::move(pieces), device);
 }
 
-std::int64_t state_bytes_per_param(const config::OptimConfig& optim) {
-  return optimizer_kind(optim).state_bytes_per_param(optim);
+std::int64_t state_bytes_of(const config::OptimConfig& optim, const model::ParamInfo& info) {
+  return optimizer_kind(optim).state_bytes(optim, info);
 }
+
+std::int64_t state_arrays(const config::OptimConfig& optim) { return optimizer_kind(optim).state_arrays(optim); }
 
 }  // namespace llmtrain::optim

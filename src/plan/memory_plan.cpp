@@ -40,6 +40,7 @@ RankShare share_of_model(const model::Model& model, int tensor_size, int tensor_
     const auto reads = [r](const std::vector<std::size_t>& v) { return std::find(v.begin(), v.end(), r) != v.end(); };
     share.units.push_back({runs[r].size(), runs[r].layer >= 0, runs[r].begin, reads(embedding), reads(head)});
   }
+  share.infos = model.param_infos();
   if (tensor_size == 1) {
     for (const optim::MuonMatrix& mat : optim::muon_matrices(model.param_infos())) {
       share.muon_matrices.push_back({mat.offset, mat.offset + mat.numel()});
@@ -184,13 +185,40 @@ std::int64_t activation_bytes_per_sequence(const config::ModelConfig& m, bool bf
   return activation_bytes(m, bf16, recompute, 1, tensor_size);
 }
 
+namespace {
+
+// The optimizer's state of the data rank whose pieces (ranges of the share's flat buffer, sorted)
+// need the most, as optim.name's optimizer counts it per parameter element (none is allocated).
+std::int64_t optimizer_bytes(const config::OptimConfig& optim, const RankShare& share,
+                             const std::vector<std::vector<model::FlatRange>>& ranks) {
+  std::vector<std::pair<model::FlatRange, std::int64_t>> params;  // each parameter's range and bytes per element
+  for (const model::ParamInfo& info : share.infos) {
+    params.push_back({{info.offset, info.offset + info.numel}, optim::state_bytes_of(optim, info)});
+  }
+  std::sort(params.begin(), params.end(), [](const auto& a, const auto& b) { return a.first.begin < b.first.begin; });
+  std::int64_t most = 0;
+  for (const auto& pieces : ranks) {
+    std::int64_t bytes = 0;
+    std::size_t k = 0;  // both sorted: one sweep
+    for (const model::FlatRange& piece : pieces) {
+      while (k < params.size() && params[k].first.end <= piece.begin) ++k;
+      for (std::size_t j = k; j < params.size() && params[j].first.begin < piece.end; ++j) {
+        const std::int64_t lo = std::max(piece.begin, params[j].first.begin), hi = std::min(piece.end, params[j].first.end);
+        if (lo < hi) bytes += (hi - lo) * params[j].second;
+      }
+    }
+    most = std::max(most, bytes);
+  }
+  return most;
+}
+
+}  // namespace
+
 MemoryPlan plan_memory(const config::Config& config, const RankShare& share, int data_parallel_size, int zero_stage,
                        bool bf16, std::int64_t micro_batch) {
   const std::int64_t P = share.params, D = data_parallel_size;
   MemoryPlan plan;
-  // The optimizer's state, as optim.name's optimizer counts it (no state is allocated).
-  const std::int64_t state = optim::state_bytes_per_param(config.optim);
-  plan.optimizer_bytes_per_param = state;
+  plan.optimizer_arrays = optim::state_arrays(config.optim);
   plan.activations = activation_bytes(config.model, bf16, config.train.recompute, micro_batch, share.tensor_size,
                                       config.dist.sequence_parallel, int(config.dist.context_parallel)) +
                      context_scratch_bytes(config, share.tensor_size, bf16, micro_batch);
@@ -205,9 +233,21 @@ MemoryPlan plan_memory(const config::Config& config, const RankShare& share, int
     for (const auto& slot : slots.weights) weight_slots += slot.capacity;
     for (const auto& slot : slots.grads) grad_slots += slot.capacity + (D > 1 ? slot.capacity / D : 0);
     const std::int64_t compute = bf16 ? 2 : 4;
+    // Rank r's part of each unit: [begin + r ceil(n / D), ...), as parallel/zero3.cpp cuts it.
+    std::vector<std::vector<model::FlatRange>> ranks(std::size_t(std::max<std::int64_t>(D, 1)));
+    for (const auto& u : share.units) {
+      const std::int64_t part = ceil_div(u.params, D), end = u.begin + u.params;
+      for (std::int64_t r = 0; r < D; ++r) {
+        const std::int64_t lo = std::min(end, u.begin + r * part);
+        ranks[std::size_t(r)].push_back({lo, std::min(end, lo + part)});
+      }
+    }
+    for (auto& pieces : ranks) {
+      std::sort(pieces.begin(), pieces.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
+    }
     plan.weights = 4 * shards;
     plan.gradients = 4 * shards;
-    plan.optimizer = state * shards;
+    plan.optimizer = optimizer_bytes(config.optim, share, ranks);
     plan.gathered = compute * weight_slots + 4 * grad_slots;
     return plan;
   }
@@ -218,7 +258,11 @@ MemoryPlan plan_memory(const config::Config& config, const RankShare& share, int
   const std::int64_t shard = ceil_div(P, D);
   plan.weights = (bf16 ? 4 + 2 : 4) * P;
   plan.gradients = 4 * P;
-  plan.optimizer = state * (sharded ? shard : P);
+  std::vector<std::vector<model::FlatRange>> ranks;  // each data rank's optimizer shard (ZeRO 0: all of it)
+  for (std::int64_t r = 0; r < (sharded ? D : 1); ++r) {
+    ranks.push_back({sharded ? model::FlatRange{std::min(P, r * shard), std::min(P, (r + 1) * shard)} : model::FlatRange{0, P}});
+  }
+  plan.optimizer = optimizer_bytes(config.optim, share, ranks);
   plan.gathered = sharded ? 4 * (D * shard + shard) : 0;
   return plan;
 }
@@ -243,7 +287,7 @@ HostPlan plan_host(const MemoryPlan& device, const RankShare& share, int data_pa
   host.process = gpu ? gpu_process_bytes : cpu_process_bytes;
   host.chunk = host_chunk_bytes();
   // What it writes: f32 weights and the optimizer's state of the parameters it owns.
-  host.staging = (4 + device.optimizer_bytes_per_param) * owned_params(share, data_parallel_size, zero_stage);
+  host.staging = 4 * (1 + device.optimizer_arrays) * owned_params(share, data_parallel_size, zero_stage);
   if (!gpu) {  // the CPU backend's "device" is the host
     host.state = device.state();
     host.activations = device.activations;

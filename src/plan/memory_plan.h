@@ -17,8 +17,8 @@ namespace llmtrain::plan {
 struct MemoryPlan {
   std::int64_t weights = 0;      // f32 master weights a rank keeps (ZeRO 3: its shards); ZeRO 0-2 in bf16 also the 2-byte working copy
   std::int64_t gradients = 0;    // f32 gradients a rank keeps (ZeRO 3: its shard)
-  std::int64_t optimizer = 0;    // the optimizer's state (AdamW: m and v)
-  std::int64_t optimizer_bytes_per_param = 0;  // of that state per parameter element (optim::state_bytes_per_param)
+  std::int64_t optimizer = 0;    // the optimizer's state (AdamW: m and v; Muon: a momentum for its matrices, m and v for the rest)
+  std::int64_t optimizer_arrays = 0;  // f32 arrays a checkpoint writes of that state per parameter element (optim::state_arrays)
   std::int64_t gathered = 0;     // ZeRO 1-2: the padded reduce-scatter / all-gather buffer and the summed shard; ZeRO 3: its working buffers
   std::int64_t activations = 0;  // for one micro-batch, with their gradients
   std::int64_t state() const { return weights + gradients + optimizer + gathered; }
@@ -53,6 +53,7 @@ struct RankShare {
   // optim.name "muon": the matrices Muon orthogonalises (optim::muon_matrices), as flat ranges,
   // in its order (owner: index % data-parallel size). Without tensor parallelism only.
   std::vector<model::FlatRange> muon_matrices;
+  std::vector<model::ParamInfo> infos;  // its parameters (the rank's model's param_infos)
 };
 
 /// The share of tensor rank `tensor_rank` of `tensor_size`, or (tensor_rank -1) of the rank that
@@ -103,8 +104,10 @@ std::int64_t activation_bytes_per_sequence(const config::ModelConfig& model, boo
 /// "this rank holds", metrics.jsonl's state_bytes) of that rank. With P the share's parameters:
 /// ZeRO 0 (and ZeRO 1-2 on one data rank, which the trainer runs as 0): f32 master weights (4 P;
 /// bf16: and a 2-byte working copy, 6 P), f32 gradients 4 P, the optimizer's state (what optim.name's
-/// optimizer says it needs per parameter: AdamW's m and v 8 P). ZeRO 1 and 2 (the same in
-/// llmtrain: the gradient buffer stays whole): the optimizer state of a shard of S = ceil(P / D),
+/// optimizer says it needs per element of each parameter, optim::state_bytes_of: AdamW's m and v
+/// 8 P; Muon's momentum 4 bytes per element of its matrices, m and v 8 for the rest). Where the
+/// data ranks' shards hold different parameters, `optimizer` is the largest rank's. ZeRO 1 and 2
+/// (the same in llmtrain: the gradient buffer stays whole): the optimizer state of a shard of S = ceil(P / D),
 /// and `gathered` the padded buffer the gradients are reduce-scattered from and the weights
 /// all-gathered into (4 D S) and the summed shard (4 S). ZeRO 3 shards each unit padded, ceil(n /
 /// D) parameters of it per rank, master weights, gradients and optimizer state alike; `gathered`
@@ -256,7 +259,7 @@ std::int64_t owned_params(const RankShare& share, int data_parallel_size, int ze
 
 /// Host bytes of a rank holding `share`, with `device` its plan_memory: on a GPU (`gpu`) only the
 /// process constant, one chunk and the pinned staging of 4 bytes (the f32 weight) plus
-/// device.optimizer_bytes_per_param (AdamW: m, v) per owned parameter; on the CPU backend the device figures are host memory too.
+/// 4 bytes per device.optimizer_arrays (AdamW: m, v) per owned parameter; on the CPU backend the device figures are host memory too.
 HostPlan plan_host(const MemoryPlan& device, const RankShare& share, int data_parallel_size, int zero_stage, bool gpu);
 
 /// One (mesh, ZeRO stage) choice for a number of devices, in the config's precision and micro-batch.

@@ -68,8 +68,11 @@ std::int64_t arrays_written(const CheckpointSource& source) {
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
-// dst = src (src on the GPU): into the pinned staging buffer.
-void stage(float* dst, const Tensor& src) { ops::copy(Tensor(dst, DType::f32, Device::cpu, {src.numel()}), src); }
+// dst = src (src on the GPU): into the pinned staging buffer; zeros for a src without data.
+void stage(float* dst, const Tensor& src) {
+  if (!src.data) return static_cast<void>(std::fill(dst, dst + src.numel(), 0.0f));
+  ops::copy(Tensor(dst, DType::f32, Device::cpu, {src.numel()}), src);
+}
 
 // How many ranks share this node, as the MPI launcher says (else, to be safe, all of them).
 int ranks_on_this_node(int world_size) {
@@ -313,7 +316,8 @@ std::string Checkpointer::save(std::int64_t step, CheckpointSource& source) {
     request.part.ranges = part.ranges;
     request.part.weights = master.as<float>();
     for (const optim::StateTensor& tensor : optimizer) {
-      request.part.optimizer.push_back({tensor.name, tensor.tensor.as<float>()});
+      const bool partial = tensor.layout == optim::StateLayout::held_runs;
+      request.part.optimizer.push_back({tensor.name, tensor.tensor.as<float>(), partial, tensor.held});
     }
     if (part.written && !on_cpu) {
       w = host_vector(master);
@@ -369,7 +373,18 @@ std::string Checkpointer::save(std::int64_t step, CheckpointSource& source) {
       const auto slice = [&](const Tensor& t) { return Tensor(t.as<float>() + placed.local, DType::f32, t.device, {length}); };
       copies.emplace_back(next + at, slice(master));
       for (std::size_t k = 0; k < optimizer.size(); ++k) {
-        copies.emplace_back(next + std::int64_t(k + 1) * n + at, slice(optimizer[k].tensor));
+        float* dst = next + std::int64_t(k + 1) * n + at;
+        const optim::StateTensor& tensor = optimizer[k];
+        if (tensor.layout == optim::StateLayout::like_params) {
+          copies.emplace_back(dst, slice(tensor.tensor));
+          continue;
+        }
+        // A tensor holding some runs only: those copied, the rest zero (a copy from no data).
+        for (const model::HeldPiece& piece : model::held_pieces(tensor.held, {placed.local, placed.local + length})) {
+          const float* from = piece.at < 0 ? nullptr : tensor.tensor.as<float>() + piece.at;
+          copies.emplace_back(dst, Tensor(const_cast<float*>(from), DType::f32, tensor.tensor.device, {piece.length}));
+          dst += piece.length;
+        }
       }
       at += length;
     }
@@ -394,7 +409,13 @@ std::string Checkpointer::save(std::int64_t step, CheckpointSource& source) {
   const int rank = world_.rank(), world_size = world_.world_size();
   p->writer = std::thread([raw = p, rank, world_size, copies = std::move(copies)] {
     const auto copy_start = Clock::now();
-    for (const auto& [dst, src] : copies) std::memcpy(dst, src.as<float>(), std::size_t(src.numel()) * sizeof(float));
+    for (const auto& [dst, src] : copies) {
+      if (src.data) {
+        std::memcpy(dst, src.as<float>(), std::size_t(src.numel()) * sizeof(float));
+      } else {
+        std::fill(dst, dst + src.numel(), 0.0f);
+      }
+    }
     if (!copies.empty()) raw->copy_s = seconds_since(copy_start);
     {
       std::lock_guard lock(raw->mutex);

@@ -173,7 +173,7 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
     logical_ = model::make_model(config_.model, Device::cpu, model::Recompute::none, DType::f32,
                                  ops::AttentionKernels::flash, model::Layout{true});
   }
-  optimizer_ = optim::make_optimizer(config_.optim, gradients_->pieces(), device_);
+  optimizer_ = optim::make_optimizer(config_.optim, model_->param_infos(), gradients_->pieces(), device_);
   const std::vector<optim::StateTensor> optimizer_state = optimizer_->state();
   // Every rank reads or computes only the state it keeps, and all agree that each could: a damaged
   // checkpoint found by one rank stops every rank alike (a resume may then try an older one). The
@@ -213,8 +213,18 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
     const std::int64_t n = held.numel(), k = optimizer_->size();
     if (!weights.empty()) ops::copy(held, Tensor(weights.data(), DType::f32, Device::cpu, {n}));
     gradients_->weights_loaded();
-    for (std::size_t i = 0; i < state.size(); ++i) {
-      ops::copy(optimizer_state[i].tensor, Tensor(state[i].data(), DType::f32, Device::cpu, {k}));
+    for (std::size_t i = 0; i < state.size(); ++i) {  // read laid out like the weights
+      const optim::StateTensor& into = optimizer_state[i];
+      if (into.layout == optim::StateLayout::like_params) {
+        ops::copy(into.tensor, Tensor(state[i].data(), DType::f32, Device::cpu, {k}));
+        continue;
+      }
+      std::int64_t at = 0;  // a tensor holding some runs only: those
+      for (const model::FlatRange& run : into.held) {
+        ops::copy(Tensor(into.tensor.as<float>() + at, DType::f32, into.tensor.device, {run.size()}),
+                  Tensor(state[i].data() + run.begin, DType::f32, Device::cpu, {run.size()}));
+        at += run.size();
+      }
     }
   }
   if (!damaged.empty()) throw checkpoint::DamagedCheckpoint(damaged);

@@ -222,10 +222,12 @@ double sum_squares(const float* x, std::int64_t N, double* into, cudaStream_t st
 /// AdamW on param, grad, m, v (N), as cpu::adamw_update.
 void adamw_update(float* param, const float* grad, float* m, float* v, std::int64_t N, float lr, float beta1,
                   float beta2, float eps, float weight_decay, int step, float grad_scale, cudaStream_t stream);
-/// One block's work in adamw_update_chunks: elements [begin, begin + length) of the arrays
-/// (length <= adamw_chunk_elements), decayed or not.
+/// One block's work in adamw_update_chunks: elements [begin, begin + length) of param, grad and
+/// working, whose moments are [state, state + length) of m and v (length <= adamw_chunk_elements),
+/// decayed or not.
 struct AdamWChunk {
   std::int64_t begin;
+  std::int64_t state;
   std::int32_t length;
   std::int32_t decay;  // 1: weight decay applies
 };
@@ -233,7 +235,7 @@ struct AdamWChunk {
 inline constexpr std::int32_t adamw_chunk_elements = 4096;
 /// AdamW on every chunk of `chunks` (n_chunks, in device memory) in one launch, as
 /// cpu::adamw_update per run, with weight_decay where a chunk's decay is set and 0 elsewhere; on
-/// param, grad, m, v (f32) and, unless null, working (bf16): the updated param rounded to nearest
+/// param, grad, m, v (f32; m and v at each chunk's `state`) and, unless null, working (bf16): the updated param rounded to nearest
 /// even, as convert() would give.
 void adamw_update_chunks(float* param, const float* grad, float* m, float* v, bf16* working,
                          const AdamWChunk* chunks, std::int64_t n_chunks, float lr, float beta1, float beta2,
