@@ -477,6 +477,11 @@ ROWS = [
     Row("muon", "llama-muon-tp4", 4, "dist.tensor_parallel=4", base="llama-muon"),
     Row("muon", "muon-tp2@10>w1", 1, base="muon", resume=("muon-tp2", 10)),
     Row("muon", "muon-w1@10>tp2-dp2-zero3", 4, "dist.tensor_parallel=2 " + Z3, base="muon", resume=(ONE, 10)),
+    # Mixture of Experts: each expert's matrices orthogonalised on their own (by their owners under
+    # ZeRO), the routers AdamW's; resumed on one rank.
+    Row("muon", "moe-muon-zero1-w2", 2, "dist.zero_stage=1", base="moe-muon", checks=(muon_traffic,)),
+    Row("muon", "moe-muon-zero3-w4", 4, Z3, base="moe-muon", checks=(muon_traffic,)),
+    Row("muon", "moe-muon-zero3-w4@10>w1", 1, base="moe-muon", resume=("moe-muon-zero3-w4", 10)),
 
     # Mixture of Experts: the router's losses are per micro-batch (train.micro_batch_size sequences of
     # one rank), so data parallelism and ZeRO match one rank at the same micro_batch_size; runs

@@ -395,6 +395,8 @@ if MODE == "numpy":
 
 for run in data["runs"]:
     arch = "gpt2" if run["params"][0]["name"].startswith("transformer.") else "llama"
+    if any(".mlp.experts." in p["name"] for p in run["params"]):
+        arch = "llama moe"
     got = [np.array(s["weights"], dtype=np.float64) for s in run["steps"]]
     moved = np.abs(got[-1] - np.array(run["initial"])).max()
     if MODE == "numpy":

@@ -122,6 +122,20 @@ TEST_CASE("optim.muon: defaults, every key read, and one clear error per bad val
 }
 
 TEST_CASE("Muon takes each layer's 2-D matrices (GPT-2's c_attn as q, k, v) by logical (out, in) shape", "[optim][muon]") {
+  // A MoE layer: each expert's (out, in) matrix apart and the shared expert's; not the router.
+  const std::vector<std::string> moe =
+      matrix_names(R"({"arch": "llama", "vocab_size": 64, "context_length": 8, "n_layer": 1, "n_head": 4, "n_kv_head": 2,
+                       "d_model": 16, "ffn_hidden": 24, "moe": {"experts": 2, "top_k": 1, "ffn_hidden": 8, "shared_experts": 1}})");
+  std::vector<std::string> mlp;
+  for (const std::string& name : moe) {
+    if (name.find(".mlp.") != std::string::npos) mlp.push_back(name.substr(name.find(".mlp.") + 1));
+  }
+  CHECK(moe.size() == 4 + mlp.size());  // q, k, v, o
+  CHECK(mlp == std::vector<std::string>{"mlp.experts.gate_proj[0] 8x16", "mlp.experts.gate_proj[1] 8x16",
+                                        "mlp.experts.up_proj[0] 8x16",   "mlp.experts.up_proj[1] 8x16",
+                                        "mlp.experts.down_proj[0] 16x8", "mlp.experts.down_proj[1] 16x8",
+                                        "mlp.shared_experts.gate_proj.weight 8x16", "mlp.shared_experts.up_proj.weight 8x16",
+                                        "mlp.shared_experts.down_proj.weight 16x8"});
   CHECK(matrix_names(R"({"arch": "gpt2", "vocab_size": 64, "context_length": 8, "n_layer": 1, "n_head": 2, "d_model": 16})") ==
         std::vector<std::string>{"transformer.h.0.attn.c_attn.weight[q] 16x16", "transformer.h.0.attn.c_attn.weight[k] 16x16",
                                  "transformer.h.0.attn.c_attn.weight[v] 16x16", "transformer.h.0.attn.c_proj.weight 16x16",
@@ -268,7 +282,13 @@ TEST_CASE("Muon: inputs and results for the NumPy and PyTorch references", "[.mu
        R"({"name": "muon", "lr": 0.01, "weight_decay": 0.1, "muon": {"lr": 0.05, "weight_decay": 0.2}})"},
       {R"({"arch": "llama", "vocab_size": 32, "context_length": 8, "n_layer": 1, "n_head": 4, "n_kv_head": 2, "d_model": 16,
            "ffn_hidden": 24})",
-       R"({"name": "muon", "lr": 0.02, "muon": {"nesterov": false, "adjust_lr": "original", "ns_steps": 4, "momentum": 0.9}})"}};
+       R"({"name": "muon", "lr": 0.02, "muon": {"nesterov": false, "adjust_lr": "original", "ns_steps": 4, "momentum": 0.9}})"},
+      // A MoE layer after a dense one: each expert's matrices and the shared expert's by Muon, the
+      // router (and its expert bias) by AdamW.
+      {R"({"arch": "llama", "vocab_size": 32, "context_length": 8, "n_layer": 2, "n_head": 4, "n_kv_head": 2, "d_model": 16,
+           "ffn_hidden": 24, "moe": {"experts": 3, "top_k": 2, "ffn_hidden": 8, "shared_experts": 1, "first_dense_layers": 1,
+           "router": "sigmoid"}})",
+       R"({"name": "muon", "lr": 0.02, "weight_decay": 0.1})"}};
   for (const auto& [model_json, optim_json] : runs) {
     const config::Config c = config::parse_config(R"({"model": )" + model_json + R"(, "optim": )" + optim_json + "}", "c.json", {});
     const auto model = model::make_model(c.model, Device::cpu);

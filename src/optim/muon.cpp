@@ -9,7 +9,11 @@
 
 namespace llmtrain::optim {
 
-bool muon_updates(const model::ParamInfo& info) { return info.layer >= 0 && info.shape.size() == 2; }
+bool muon_updates(const model::ParamInfo& info) {
+  if (info.layer < 0) return false;
+  if (info.shape.size() == 3) return info.name.find(".mlp.experts.") != std::string::npos;  // (E, out, in)
+  return info.shape.size() == 2 && !info.name.ends_with(".mlp.gate.weight");  // a MoE layer's router is AdamW's
+}
 
 std::vector<MuonMatrix> muon_matrices(const std::vector<model::ParamInfo>& infos) {
   std::vector<MuonMatrix> out;
@@ -36,6 +40,15 @@ std::vector<MuonMatrix> muon_matrices(const std::vector<model::ParamInfo>& infos
       }
       return slice;
     };
+    if (info.shape.size() == 3) {  // a MoE layer's experts, (E, out, in): each expert's matrix on its own
+      if (!info.slice.whole()) throw RuntimeError("muon: " + info.name + " is split over the tensor-parallel group");
+      const std::int64_t out_features = info.shape[1], in_features = info.shape[2];
+      for (std::int64_t e = 0; e < info.shape[0]; ++e) {
+        out.push_back({info.name + "[" + std::to_string(e) + "]", info.offset + e * out_features * in_features,
+                       out_features, in_features, out_features, in_features, {}});
+      }
+      continue;
+    }
     if (info.name.ends_with("attn.c_attn.weight") && rows % 3 == 0 && full_rows % 3 == 0) {  // q, k and v: (3 C, C)
       const char* parts[] = {"[q]", "[k]", "[v]"};
       for (int k = 0; k < 3; ++k) {

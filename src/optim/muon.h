@@ -3,12 +3,13 @@
 // torch.optim.Muon's: momentum buf <- buf + (1 - mu)(g - buf), u = g + mu (buf - g) (Nesterov) or
 // buf, O = Newton-Schulz(u) (optim/newton_schulz.h), W <- W (1 - lr wd) - lr_adj O with lr_adj
 // from the matrix's logical (out, in) shape. The hidden matrices are each layer's 2-D weights
-// (GPT-2's fused c_attn as its q, k and v blocks, each orthogonalised on its own); the embeddings,
-// the output head, norms and biases are AdamW's, with optim's keys. One schedule scales both
-// learning rates. State: "muon.momentum" (the momentum of the Muon matrices' elements: 4 bytes
-// each) and "adamw.m", "adamw.v" (AdamW's moments of the other elements: 8 bytes each), each for
-// its own elements only (StateLayout::held_runs), so that a Muon run keeps about 4 bytes of state
-// per parameter where AdamW keeps 8.
+// (GPT-2's fused c_attn as its q, k and v blocks, each orthogonalised on its own; each expert's
+// matrices of a MoE layer apart); the embeddings, the output head, norms, biases and MoE routers
+// are AdamW's, with optim's keys. One schedule scales both learning rates. State:
+// "muon.momentum" (the momentum of the Muon matrices' elements: 4 bytes each) and "adamw.m",
+// "adamw.v" (AdamW's moments of the other elements: 8 bytes each), each for its own elements only
+// (StateLayout::held_runs), so that a Muon run keeps about 4 bytes of state per parameter where
+// AdamW keeps 8.
 // Under ZeRO (UpdateArgs::shard_group) each matrix is orthogonalised once, by an owner rank chosen
 // round-robin over the matrices, which gathers the other ranks' parts of u and sends theirs of O
 // back (point-to-point transfers through the data-parallel communicator, counted there). Under
@@ -47,12 +48,12 @@ struct MuonMatrix {
   std::int64_t numel() const { return rows * cols; }
 };
 
-/// Whether Muon updates this parameter: every 2-D parameter of a transformer layer (the rest is
-/// AdamW's).
+/// Whether Muon updates this parameter: every 2-D parameter of a transformer layer but a MoE
+/// layer's router, and a MoE layer's experts (E, out, in); the rest is AdamW's.
 bool muon_updates(const model::ParamInfo& info);
 
 /// The matrices of `infos` that Muon updates (muon_updates; GPT-2's c_attn split into q, k and
-/// v), in their order. RuntimeError for a tensor-parallel slice of more than one block of a
+/// v; each expert's (out, in) matrix on its own, named "...gate_proj[e]"), in their order. RuntimeError for a tensor-parallel slice of more than one block of a
 /// matrix.
 std::vector<MuonMatrix> muon_matrices(const std::vector<model::ParamInfo>& infos);
 
