@@ -1,6 +1,7 @@
 // The device mesh and its communicator groups: the rank order, the errors for sizes that do not
 // divide, the members of every group of a split job (under mpirun with 4 ranks), and the traffic
-// each collective counts against the ring formulas, computed by hand. Transfers between two ranks:
+// each collective counts against the ring formulas, computed by hand; every collective (the
+// all-to-all of varying counts included) against its definition, whole and in pieces. Transfers between two ranks:
 // a ring, the neighbouring stages of a 2-stage pipeline, their order, dtypes and counts, and
 // (hidden cases, run under mpirun by tests/CMakeLists.txt) a recv that never completes, and lost
 // ranks named while a live one waits in another group.
@@ -164,7 +165,15 @@ TEST_CASE("traffic: each collective counts the bytes of the ring algorithm", "[d
   comm->all_gather(shard.data(), data.data(), count);
   comm->broadcast(data.data(), count, 0);
   comm->barrier();
+  // An all-to-all of 10 (r + 1) floats to each rank r: this rank's own part stays.
+  std::vector<std::int64_t> to_each(static_cast<std::size_t>(n)), from_each(static_cast<std::size_t>(n), 10 * (comm->rank() + 1));
+  std::int64_t total = 0;
+  for (int r = 0; r < n; ++r) total += (to_each[std::size_t(r)] = 10 * (r + 1));
+  std::vector<float> out(std::size_t(total), 1.0f), in(std::size_t(10 * (comm->rank() + 1) * n));
+  comm->all_to_all(out.data(), to_each, in.data(), from_each, DType::f32);
   const dist::Traffic& t = comm->traffic();
+  CHECK(std::abs(t.bytes[dist::Traffic::all_to_all] - 4.0 * double(total - 10 * (comm->rank() + 1))) < 1e-6);
+  CHECK(t.calls[dist::Traffic::all_to_all] == 1);
   // By hand, 4-byte floats over n ranks: an all-reduce of 4000 bytes sends 2 (n-1)/n of them; a
   // reduce-scatter or all-gather of n shards of 4000 bytes sends the n-1 shards it does not own.
   CHECK(std::abs(t.bytes[dist::Traffic::all_reduce] - (2.0 * (n - 1) / n * 4000)) < 1e-6);
@@ -172,7 +181,7 @@ TEST_CASE("traffic: each collective counts the bytes of the ring algorithm", "[d
   CHECK(std::abs(t.bytes[dist::Traffic::all_gather] - (4000.0 * (n - 1))) < 1e-6);
   CHECK(std::abs(t.bytes[dist::Traffic::broadcast] - (4000.0 * (n - 1) / n)) < 1e-6);
   CHECK(t.bytes[dist::Traffic::barrier] == 0.0);
-  CHECK(t.total_calls() == 5);
+  CHECK(t.total_calls() == 6);
   for (int k = 0; k <= dist::Traffic::barrier; ++k) CHECK(t.calls[k] == 1);
   CHECK(t.calls[dist::Traffic::send] == 0);
   CHECK(t.calls[dist::Traffic::recv] == 0);
@@ -525,6 +534,33 @@ std::vector<std::vector<char>> every_call(dist::Communicator& comm, std::int64_t
     comm.broadcast(b.data(), n, W - 1);
     REQUIRE(b == noise_vector(W - 1, n, 8));
     out.push_back(bytes_of(b));
+  }
+  {  // all-to-all of varying counts (some 0): rank r sends rank s c(r, s) elements, element j being
+     // noise(r, s n + j); f32 and i32
+    const auto c = [&](int r, int s) { return n == 0 ? std::int64_t(0) : (n + 3 * r + 2 * s) % (n + 1); };
+    std::vector<std::int64_t> send_counts(static_cast<std::size_t>(W)), recv_counts(static_cast<std::size_t>(W));
+    std::vector<float> send;
+    for (int s = 0; s < W; ++s) {
+      send_counts[std::size_t(s)] = c(me, s);
+      recv_counts[std::size_t(s)] = c(s, me);
+      for (std::int64_t j = 0; j < c(me, s); ++j) send.push_back(noise(me, s * n + j, 10));
+    }
+    std::int64_t received = 0;
+    for (const std::int64_t k : recv_counts) received += k;
+    std::vector<float> recv(std::size_t(received), -7.0f);
+    std::vector<std::int32_t> isend(send.size()), irecv(recv.size(), -7);
+    for (std::size_t i = 0; i < send.size(); ++i) isend[i] = std::int32_t(send[i] * 1e6f);
+    comm.start_all_to_all(send.data(), send_counts, recv.data(), recv_counts, DType::f32)->wait();
+    comm.all_to_all(isend.data(), send_counts, irecv.data(), recv_counts, DType::i32);
+    std::size_t at = 0;
+    for (int r = 0; r < W; ++r) {
+      for (std::int64_t j = 0; j < c(r, me); ++j, ++at) {
+        REQUIRE(recv[at] == noise(r, me * n + j, 10));
+        REQUIRE(irecv[at] == std::int32_t(noise(r, me * n + j, 10) * 1e6f));
+      }
+    }
+    out.push_back(bytes_of(recv));
+    out.push_back(bytes_of(irecv));
   }
   if (W > 1) {  // transfers round the ring: send and recv, an exchange, a group of both directions
     const int next = (me + 1) % W, prev = (me + W - 1) % W;

@@ -3,6 +3,8 @@
 // it; transfers to a rank that is not another member of the group are refused here.
 #include "dist/communicator.h"
 
+#include <cstring>
+
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -52,6 +54,7 @@ const char* Traffic::name(Kind kind) {
     case barrier: return "barrier";
     case send: return "send";
     case recv: return "recv";
+    case all_to_all: return "all-to-all";
     case kinds: break;
   }
   return "?";
@@ -286,6 +289,28 @@ std::unique_ptr<Request> Communicator::start_transfers(const std::vector<PeerTra
   return timed(do_start_transfers(transfers));
 }
 
+std::unique_ptr<Request> Communicator::start_all_to_all(const void* send, const std::vector<std::int64_t>& send_counts,
+                                                        void* recv, const std::vector<std::int64_t>& recv_counts,
+                                                        DType dtype) {
+  const std::size_t W = std::size_t(world_size());
+  if (send_counts.size() != W || recv_counts.size() != W) {
+    throw RuntimeError("all_to_all: expected " + std::to_string(W) + " send and receive counts, got " +
+                       std::to_string(send_counts.size()) + " and " + std::to_string(recv_counts.size()));
+  }
+  double bytes = 0.0;
+  for (std::size_t r = 0; r < W; ++r) {
+    if (send_counts[r] < 0 || recv_counts[r] < 0) throw RuntimeError("all_to_all: a negative count");
+    if (int(r) != rank()) bytes += double(send_counts[r]) * double(dtype_size(dtype));
+  }
+  count(Traffic::all_to_all, bytes);
+  return timed(do_start_all_to_all(send, send_counts, recv, recv_counts, dtype));
+}
+
+void Communicator::all_to_all(const void* send, const std::vector<std::int64_t>& send_counts, void* recv,
+                              const std::vector<std::int64_t>& recv_counts, DType dtype) {
+  start_all_to_all(send, send_counts, recv, recv_counts, dtype)->wait();
+}
+
 namespace {
 
 // Finished when every part has.
@@ -309,6 +334,33 @@ std::unique_ptr<Request> Communicator::do_start_transfers(const std::vector<Peer
                                                       : do_start_recv(t.data, t.count, t.dtype, t.peer));
   }
   return std::make_unique<AllOf>(std::move(parts));
+}
+
+std::unique_ptr<Request> Communicator::do_start_all_to_all(const void* send, const std::vector<std::int64_t>& send_counts,
+                                                           void* recv, const std::vector<std::int64_t>& recv_counts,
+                                                           DType dtype) {
+  const std::size_t size = dtype_size(dtype);
+  std::vector<PeerTransfer> transfers;
+  std::int64_t sent = 0, received = 0;  // elements before rank r's part
+  for (int r = 0; r < world_size(); ++r) {
+    const auto n = std::size_t(r);
+    char* from = static_cast<char*>(const_cast<void*>(send)) + std::size_t(sent) * size;
+    char* into = static_cast<char*>(recv) + std::size_t(received) * size;
+    if (r == rank()) {
+      if (send_counts[n] != recv_counts[n]) {
+        throw RuntimeError("all_to_all: this rank sends itself " + std::to_string(send_counts[n]) + " elements and receives " +
+                           std::to_string(recv_counts[n]));
+      }
+      if (send_counts[n] > 0) std::memcpy(into, from, std::size_t(send_counts[n]) * size);
+    } else {
+      if (send_counts[n] > 0) transfers.push_back({PeerTransfer::send, from, send_counts[n], dtype, r});
+      if (recv_counts[n] > 0) transfers.push_back({PeerTransfer::recv, into, recv_counts[n], dtype, r});
+    }
+    sent += send_counts[n];
+    received += recv_counts[n];
+  }
+  if (transfers.empty()) return std::make_unique<AllOf>(std::vector<std::unique_ptr<Request>>{});
+  return do_start_transfers(transfers);
 }
 
 }  // namespace llmtrain::dist

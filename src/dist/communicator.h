@@ -44,12 +44,13 @@ struct PeerTransfer {
 /// S bytes over n ranks an all-reduce sends 2 (n-1)/n S, a reduce-scatter or all-gather of a
 /// full buffer S (n shards) (n-1)/n S, a broadcast (n-1)/n S. A barrier sends nothing. A send to
 /// another rank counts its bytes (count x element size) under `send`; a receive sends nothing and
-/// is counted, with 0 bytes, under `recv` (the bytes arrive in the sender's count).
+/// is counted, with 0 bytes, under `recv` (the bytes arrive in the sender's count). An all-to-all
+/// counts the bytes this rank sends the other ranks (its own part stays).
 ///
 /// `wait_s`: the time the host spent waiting for this communicator, in its blocking calls and in
 /// the wait() of its requests (communication that compute did not hide).
 struct Traffic {
-  enum Kind { all_reduce, reduce_scatter, all_gather, broadcast, barrier, send, recv, kinds };
+  enum Kind { all_reduce, reduce_scatter, all_gather, broadcast, barrier, send, recv, all_to_all, kinds };
   std::int64_t calls[kinds] = {};
   double bytes[kinds] = {};
   double wait_s = 0;
@@ -160,6 +161,20 @@ class Communicator {
   /// within them. Counted as their sends and receives. No two buffers may overlap.
   std::unique_ptr<Request> start_transfers(const std::vector<PeerTransfer>& transfers);
 
+  /// All-to-all of varying counts (a MoE layer's tokens to their experts' ranks and back): `send`
+  /// holds send_counts[r] elements for each rank r of the group, end to end in rank order (this
+  /// rank's own part included), and `recv` receives recv_counts[r] elements from each rank r, end
+  /// to end in rank order; recv_counts[r] must be what rank r sends this one (exchange the counts
+  /// first: an all-to-all of one count per rank). Elements of `dtype`, moved as they are; the
+  /// buffers must not overlap. A send and a receive per other rank, all under way together (over
+  /// MPI non-blocking ones, in pieces where a count would exceed an int: the ranks need not agree
+  /// on any size, as one MPI_Alltoallv call would have them; over NCCL one group, in pieces),
+  /// under the communicator's timeout like every collective.
+  std::unique_ptr<Request> start_all_to_all(const void* send, const std::vector<std::int64_t>& send_counts, void* recv,
+                                            const std::vector<std::int64_t>& recv_counts, DType dtype);
+  void all_to_all(const void* send, const std::vector<std::int64_t>& send_counts, void* recv,
+                  const std::vector<std::int64_t>& recv_counts, DType dtype);
+
   /// Long work outside collectives (reading or writing checkpoint files): tells the other ranks
   /// that this one is alive, so that a collective waiting for it under patience (set_patience)
   /// goes on waiting. Cheap; sends at most a message a second. Call it from the thread that makes
@@ -211,6 +226,10 @@ class Communicator {
   /// Default: each transfer started on its own (do_start_send, do_start_recv), for an
   /// implementation that moves every started transfer on its own (MPI); NCCL groups them.
   virtual std::unique_ptr<Request> do_start_transfers(const std::vector<PeerTransfer>& transfers);
+  /// The own part copied (host memory), the others' through do_start_transfers.
+  virtual std::unique_ptr<Request> do_start_all_to_all(const void* send, const std::vector<std::int64_t>& send_counts,
+                                                       void* recv, const std::vector<std::int64_t>& recv_counts,
+                                                       DType dtype);
   /// "rank J" or, with a noun set, "stage R (rank J)": member `rank` of this group, whose rank in
   /// the job is J.
   std::string rank_phrase(int rank) const;

@@ -231,6 +231,47 @@ class NcclCommunicator final : public Communicator {
                                       peers + " never answered (dead or hung)");
   }
 
+  // One group of a send and a receive per other rank (each in pieces), after this rank's own part
+  // is copied on the stream: the all-to-all of grouped point-to-point calls.
+  std::unique_ptr<Request> do_start_all_to_all(const void* send, const std::vector<std::int64_t>& send_counts,
+                                               void* recv, const std::vector<std::int64_t>& recv_counts,
+                                               DType dtype) override {
+    after_compute();
+    const std::size_t size = dtype_size(dtype);
+    const ncclDataType_t type = element_type(dtype);
+    const std::int64_t limit = nccl_piece_limit();
+    std::int64_t sent = 0, received = 0;
+    ncclResult_t queued = ncclSuccess;
+    check(ncclGroupStart(), "ncclGroupStart");
+    for (int r = 0; r < world_size(); ++r) {
+      const auto n = std::size_t(r);
+      const char* from = static_cast<const char*>(send) + std::size_t(sent) * size;
+      char* into = static_cast<char*>(recv) + std::size_t(received) * size;
+      if (r == rank()) {
+        if (send_counts[n] > 0) {
+          check(cudaMemcpyAsync(into, from, std::size_t(send_counts[n]) * size, cudaMemcpyDeviceToDevice, stream_),
+                "cudaMemcpyAsync");
+        }
+      } else {
+        for_each_piece(send_counts[n], limit, [&](std::int64_t offset, std::int64_t length) {
+          if (queued == ncclSuccess) queued = ncclSend(from + std::size_t(offset) * size, std::size_t(length), type, r, comm_, stream_);
+        });
+        for_each_piece(recv_counts[n], limit, [&](std::int64_t offset, std::int64_t length) {
+          if (queued == ncclSuccess) queued = ncclRecv(into + std::size_t(offset) * size, std::size_t(length), type, r, comm_, stream_);
+        });
+      }
+      sent += send_counts[n];
+      received += recv_counts[n];
+    }
+    if (queued != ncclSuccess) {
+      ncclGroupEnd();
+      check(queued, "ncclSend/ncclRecv");
+    }
+    enqueued(ncclGroupEnd(), "ncclGroupEnd");
+    return std::make_unique<Transfer>(*this, "all_to_all of " + elements(sent, dtype) + " sent, " + elements(received, dtype) + " received",
+                                      "a rank of this group never answered (dead or hung)");
+  }
+
   // One group: every send and receive queued, then started together by ncclGroupEnd.
   std::unique_ptr<Request> do_start_transfers(const std::vector<PeerTransfer>& transfers) override {
     after_compute();

@@ -3,7 +3,8 @@
 // collective's result must be there when the call returns. Two ranks are emulated, holding the
 // same data, so a reduced buffer is twice the input and an unreduced one is not. Transfers: the
 // shim's ranks run this same program, so a recv is filled with what this process sent to the
-// mirrored rank; it must be there when wait() returns, and a recv no send matches must fail.
+// mirrored rank; it must be there when wait() returns, and a recv no send matches must fail. The
+// all-to-all likewise.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -221,6 +222,38 @@ TEST_CASE("NCCL: start_transfers sends and receives in both directions in one gr
   }
 }
 
+TEST_CASE("NCCL: an all-to-all of varying counts at 2 and 3 ranks: its own part copied, the others' in one group",
+          "[cuda][dist]") {
+  const std::vector<float> values = {1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f};
+  float* send = device_copy(values);
+  float* recv = device_copy(std::vector<float>(values.size(), -99.0f));
+  {
+    // Rank 0 of 2 keeps 2 elements and sends 5 to rank 1; rank 1, running this same program
+    // mirrored, sends rank 0 the 5 this process sends it.
+    test::ShimHost host;
+    const auto nccl = dist::make_nccl_communicator(host, 0, 30.0);
+    nccl->all_to_all(send, {2, 5}, recv, {2, 5}, DType::f32);
+    CHECK(host_copy(recv, 7) == values);
+    const dist::Traffic& t = nccl->traffic();
+    CHECK(t.calls[dist::Traffic::all_to_all] == 1);
+    CHECK(t.bytes[dist::Traffic::all_to_all] == 5 * 4);  // its own part is not sent
+    CHECK_THROWS_WITH(nccl->all_to_all(send, {2}, recv, {2, 5}, DType::f32),
+                      "all_to_all: expected 2 send and receive counts, got 1 and 2");
+  }
+  {
+    // Rank 0 of 3 keeps 1, sends 2 to rank 1 and 4 to rank 2; from rank 1 comes what this process
+    // sends rank 2 (4), from rank 2 what it sends rank 1 (2). A part of 0 elements is no call.
+    test::ShimHost host(3);
+    const auto nccl = dist::make_nccl_communicator(host, 0, 30.0);
+    nccl->all_to_all(send, {1, 2, 4}, recv, {1, 4, 2}, DType::f32);
+    CHECK(host_copy(recv, 7) == std::vector<float>{1.0f, 4.0f, 5.0f, 6.0f, 7.0f, 2.0f, 3.0f});
+    nccl->all_to_all(send, {3, 0, 0}, recv, {3, 0, 0}, DType::f32);
+    CHECK(host_copy(recv, 3) == std::vector<float>{1.0f, 2.0f, 3.0f});
+  }
+  cudaFree(send);
+  cudaFree(recv);
+}
+
 namespace {
 
 // Element i of a buffer: distinct everywhere, so a piece in the wrong place shows.
@@ -283,9 +316,15 @@ std::vector<std::vector<char>> every_call(dist::Communicator& nccl, std::size_t 
       ->wait();
   keep(got, n * 4);
   keep(g2, n * 4);
+  // All-to-all: count elements stay, count + 1 to rank 1, 2 to rank 2; from rank 1 come what this
+  // process sends rank 2, from rank 2 what it sends rank 1.
+  float* parts = device_copy(ramp(2 * n + 3, 3.0f));
+  float* gathered = device_copy(std::vector<float>(2 * n + 3, -99.0f));
+  nccl.start_all_to_all(parts, {count, count + 1, 2}, gathered, {count, 2, count + 1}, DType::f32)->wait();
+  keep(gathered, (2 * n + 3) * 4);
   for (void* p : {static_cast<void*>(a), static_cast<void*>(d), static_cast<void*>(k), static_cast<void*>(whole),
                   static_cast<void*>(shard), static_cast<void*>(w), static_cast<void*>(b), static_cast<void*>(got),
-                  static_cast<void*>(g2)}) {
+                  static_cast<void*>(g2), static_cast<void*>(parts), static_cast<void*>(gathered)}) {
     cudaFree(p);
   }
   return out;
