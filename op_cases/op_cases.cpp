@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <tuple>
+#include <vector>
 
 #include "core/bf16.h"
 #include "ops/muon_ops.h"
@@ -374,6 +376,23 @@ OpCase newton_schulz_normalise_case(std::int64_t rows, std::int64_t cols) {
   return c;
 }
 
+// Newton-Schulz's products over a stack of B matrices of one shape: out (B,M,N) = inp (B,M,K)
+// weight^T, weight (B,N,K) (X X^T, A A), or inp weight, weight (B,K,N) (the polynomial times X).
+OpCase batched_matmul_case(std::int64_t B, std::int64_t M, std::int64_t N, std::int64_t K,
+                           bool transpose_weight) {
+  OpCase c{"batched_matmul",
+           shape_name({{"B", B}, {"M", M}, {"N", N}, {"K", K}, {"transpose_weight", transpose_weight}})};
+  c.args = {input("inp", {B, M, K}), input("weight", transpose_weight ? Shape{B, N, K} : Shape{B, K, N}),
+            output("out", {B, M, N}, act_reduction)};
+  Step step{"batched_matmul", [transpose_weight](const Args& a) {
+              ops::batched_matmul(a["out"], a["inp"], a["weight"], transpose_weight);
+              return 0.0;
+            }};
+  step.flops = 2.0 * double(B) * double(M) * double(N) * double(K);
+  c.steps = {step};
+  return c;
+}
+
 OpCase transpose_case(std::int64_t N, std::int64_t C) {
   OpCase c{"transpose", shape_name({{"N", N}, {"C", C}})};
   c.args = {input("inp", {N, C}), output("out", {C, N}, act_elementwise)};
@@ -719,6 +738,14 @@ std::vector<OpCase> muon_cases() {
     add(cases, transpose_case(rows, cols));
   }
   for (const std::int64_t N : element_counts) add(cases, scaled_sum_case(N));
+  // Batched products: one matrix, Newton-Schulz's three products of a wide and an odd stack (A is
+  // (m, m), X (m, n)), and a batch whose matrices start off cuBLASLt's 16-byte alignment (5 x 3).
+  for (const auto& [B, m, n] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
+           {1, 1, 1}, {1, 16, 48}, {3, 5, 7}, {4, 16, 16}, {2, 33, 70}, {5, 1, 3}}) {
+    add(cases, batched_matmul_case(B, m, m, n, true));              // A = X X^T
+    if (n != m) add(cases, batched_matmul_case(B, m, m, m, true));  // A A^T (a square X's is X X^T's)
+    add(cases, batched_matmul_case(B, m, n, m, false));             // poly X
+  }
   return cases;
 }
 

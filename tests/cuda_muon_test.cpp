@@ -1,10 +1,9 @@
 // Muon on the GPU against the CPU Muon (optim/muon.h, optim/newton_schulz.h): Newton-Schulz of
-// square, tall, wide and odd matrices in f32 and bf16, and a few full updates of a tiny GPT-2
-// (its Muon matrices and its AdamW parameters) on the same inputs. Errors are normalised by the
-// reference's largest entry, with tolerances scaled to the dtype; the results are checked not to
-// be trivially zero, and Newton-Schulz's result to be near-orthogonal on its own (a wrong
-// coefficient shared by both backends would pass the comparison alone). Without a GPU every case
-// skips visibly.
+// square, tall, wide and odd matrices in f32 and bf16, one at a time and batched, and a few full
+// updates of a tiny GPT-2 (its Muon matrices and its AdamW parameters) on the same inputs. Errors are
+// normalised by the reference's largest entry, with tolerances scaled to the dtype; the results are checked
+// not to be trivially zero, and Newton-Schulz's result to be near-orthogonal on its own (a wrong coefficient
+// shared by both backends would pass the comparison alone). Without a GPU every case skips visibly.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -105,6 +104,61 @@ TEST_CASE("cuda Newton-Schulz matches the cpu reference: square, tall, wide and 
       }
       CAPTURE(worst);
       CHECK(worst < 0.6);
+    }
+  }
+}
+
+TEST_CASE("cuda Newton-Schulz batched over matrices of one shape matches the cpu reference, f32 and bf16",
+          "[cuda][muon]") {
+  std::string why;
+  if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
+  // B matrices lying apart in one device array (the gaps must stay untouched), in one batch and in
+  // batches of two (the last one short), against the CPU's single-matrix results.
+  std::mt19937 rng(13);
+  optim::NewtonSchulzWork cpu_work(Device::cpu), cuda_work(Device::cuda);
+  for (const bool bf16 : {false, true}) {
+    for (const auto& [rows, cols, B] : std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>{
+             {16, 48, 3}, {48, 16, 3}, {7, 5, 5}, {33, 70, 2}, {16, 16, 4}}) {
+      for (const bool in_twos : {false, true}) {
+        INFO((bf16 ? "bf16 " : "f32 ")
+             << B << " x " << rows << "x" << cols << (in_twos ? " in batches of two" : ""));
+        const std::int64_t gap = 3, stride = rows * cols + gap, total = B * stride;
+        std::vector<float> u = random_normal(rng, std::size_t(total), 0.3f);
+        optim::NewtonSchulz ns;
+        ns.bf16 = bf16;
+        if (in_twos) {
+          const std::int64_t m = std::min(rows, cols);
+          ns.batch_bytes = std::size_t(2 * (3 * rows * cols + 3 * m * m)) * (bf16 ? 2 : 4);
+        }
+        const ops::Buffer d_u(Device::cuda, u.size() * sizeof(float)),
+            d_o(Device::cuda, u.size() * sizeof(float));
+        ops::copy(d_u.view(DType::f32, {total}), host(u, {total}));
+        std::vector<float> sentinel(u.size(), 7.0f);
+        ops::copy(d_o.view(DType::f32, {total}), host(sentinel, {total}));
+        std::vector<Tensor> us, os;
+        for (std::int64_t b = 0; b < B; ++b) {
+          us.push_back(
+              Tensor(static_cast<float*>(d_u.data()) + b * stride, DType::f32, Device::cuda, {rows, cols}));
+          os.push_back(
+              Tensor(static_cast<float*>(d_o.data()) + b * stride, DType::f32, Device::cuda, {rows, cols}));
+        }
+        optim::newton_schulz(us, os, ns, cuda_work);
+        const std::vector<float> got = to_host(d_o.view(DType::f32, {total}));
+        for (std::int64_t b = 0; b < B; ++b) {
+          INFO("matrix " << b);
+          std::vector<float> want(std::size_t(rows * cols));
+          optim::newton_schulz(Tensor(u.data() + b * stride, DType::f32, Device::cpu, {rows, cols}),
+                               host(want, {rows, cols}), ns, cpu_work);
+          const std::vector<float> mine(got.begin() + b * stride, got.begin() + b * stride + rows * cols);
+          double largest = 0.0;
+          const double err = relative_error(mine, want, &largest);
+          CAPTURE(err, largest);
+          CHECK(err < (bf16 ? 3e-2 : 1e-4));
+          CHECK(largest > 0.1);  // not trivially zero
+          for (std::int64_t g = 0; g < gap; ++g)
+            CHECK(got[std::size_t(b * stride + rows * cols + g)] == 7.0f);
+        }
+      }
     }
   }
 }

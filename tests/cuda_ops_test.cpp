@@ -61,7 +61,8 @@ LLMTRAIN_OP_TEST_F32("sum_squares")
 LLMTRAIN_OP_TEST_F32("adamw_update")
 LLMTRAIN_OP_TEST_F32("muon_momentum")
 LLMTRAIN_OP_TEST("muon_apply")
-// Newton-Schulz's steps besides its matmuls (kernels/cuda/newton_schulz.cu).
+// Newton-Schulz's products (kernels/cuda/matmul.cu) and its other steps (kernels/cuda/newton_schulz.cu).
+LLMTRAIN_OP_TEST("batched_matmul")
 LLMTRAIN_OP_TEST("newton_schulz_normalise")
 LLMTRAIN_OP_TEST("transpose")
 LLMTRAIN_OP_TEST("scaled_sum")

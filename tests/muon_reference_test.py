@@ -4,7 +4,7 @@ test_muon's hidden case "[.muon_dump]" writes (random matrices; four updates of 
 a tiny Llama's parameters on random gradients, clipped and not, the learning rate changing):
 
   numpy: Newton-Schulz in float64 NumPy on every matrix (fp32 results within 2e-5 of the largest
-         entry; the bf16 case within bf16's precision), and the four updates of every parameter
+         entry; the bf16 cases within bf16's precision; each matrix of two batched calls too), and the four updates of every parameter
          by a float64 NumPy implementation of torch.optim.Muon's algorithm (torch/optim/_muon.py:
          buf.lerp_(g, 1 - mu); u = g.lerp(buf, mu) or buf; Newton-Schulz; param.mul_(1 - lr wd);
          param.add_(O, alpha=-adjusted lr)) for the hidden matrices and of torch.optim.AdamW's
@@ -385,9 +385,11 @@ if MODE == "numpy":
         want = newton_schulz(np.array(case["u"]).reshape(r, c), case["steps"], case["coefficients"], case["eps"])
         got = np.array(case["o"], dtype=np.float64).reshape(r, c)  # a NaN or inf was written as null: nan
         err = np.abs(got - want).max() / np.abs(want).max()
-        tol = 3e-2 if case["bf16"] else 2e-5
+        tol = 6e-2 if case["bf16"] else 2e-5  # bf16: X, A and the polynomial rounded each step (measured up to 3.7e-2)
         check(err < tol and np.abs(got).max() > 0.1,
-              f"Newton-Schulz {r}x{c}{' in bf16' if case['bf16'] else ''}: error {err:.2e} of the largest entry (< {tol:g})")
+              f"Newton-Schulz {r}x{c}{' in bf16' if case['bf16'] else ''}"
+              f"{', batched: matrix ' + case['batched'] if 'batched' in case else ''}: "
+              f"error {err:.2e} of the largest entry (< {tol:g})")
     # Sabotage guard: the reference must tell apart a wrong step count.
     case = data["newton_schulz"][2]
     wrong = newton_schulz(np.array(case["u"]).reshape(16, 16), case["steps"] - 1, case["coefficients"], case["eps"])

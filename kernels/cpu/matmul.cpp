@@ -193,4 +193,22 @@ void matmul_backward_dgelu(float* dpre, float* dweight, float* dbias, float* dpr
   if (dpre_bias) bias_backward(dpre_bias, dpre, N, C, C);
 }
 
+// One matmul_forward per matrix (on the GPU one strided-batched cuBLASLt call). matmul_forward
+// takes weight^T: a weight (K,N) is transposed first, K N elements next to the product's M N K.
+void batched_matmul(float* out, const float* inp, const float* weight, std::int64_t B, int M, int N, int K,
+                    bool transpose_weight) {
+  const std::int64_t MK = std::int64_t(M) * K, NK = std::int64_t(N) * K, MN = std::int64_t(M) * N;
+  std::vector<float> transposed(transpose_weight ? 0 : std::size_t(NK));  // (N,K)
+  for (std::int64_t b = 0; b < B; ++b) {
+    const float* w = weight + b * NK;
+    if (!transpose_weight) {
+      for (int k = 0; k < K; ++k) {
+        for (int j = 0; j < N; ++j) transposed[std::size_t(j) * K + k] = w[std::int64_t(k) * N + j];
+      }
+      w = transposed.data();
+    }
+    matmul_forward(out + b * MN, inp + b * MK, w, nullptr, M, K, N, N);
+  }
+}
+
 }  // namespace llmtrain::cpu

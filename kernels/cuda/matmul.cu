@@ -23,8 +23,12 @@
 //    rounding). In fp32 DGELU_BGRAD also gives the bias gradient of c_fc (the column sums of
 //    D, the dgelu's output) into a scratch vector that is then added (it overwrites); in bf16 it
 //    would give it in bf16 (the bias vector takes D's type), so there a column sum of D does it.
+//  - batched_matmul (Newton-Schulz's products over the matrices of one shape) is one strided-batched
+//    matmul (BATCH_COUNT and STRIDED_BATCH_OFFSET on every layout): matrix b of each operand starts
+//    b strides after the first, so the alignment cuBLASLt is promised is what every matrix has, the
+//    first's address and the stride's bytes together.
 //  - The algorithm for a shape is chosen once per process (AlgoCache, below, says how) and cached
-//    under everything the heuristic sees (shape, transposes, epilogue, compute type, and the
+//    under everything the heuristic sees (shape, batch, transposes, epilogue, compute type, and the
 //    pointer alignments: parameter views into the flat buffer are not always 256-byte aligned, and
 //    an algorithm chosen for aligned pointers may not run on others).
 #include <cstdint>
@@ -53,19 +57,38 @@ struct Gemm {
   std::uint64_t m = 0, n = 0, k = 0;
   std::int64_t lda = 0, ldb = 0, ldd = 0;
   cudaDataType_t ab_type = CUDA_R_32F, d_type = CUDA_R_32F;
+  // Strided batches: `batch` products, matrix b of A, B and D stride_a, stride_b, stride_d elements
+  // times b after the first (batch 1: a plain matmul, strides 0).
+  std::int32_t batch = 1;
+  std::int64_t stride_a = 0, stride_b = 0, stride_d = 0;
   // For error messages: which product of which call ("forward out = inp W^T"), in its (N,C,OC).
   const char* what = "";
   std::int64_t N = 0;
   int C = 0, OC = 0;
 };
 
-// The largest power of two (2 to 256) dividing the address: what cuBLASLt may assume. fp32
-// pointers are always at least 4-byte aligned; a bf16 view may be only 2.
-std::uint32_t alignment_of(const void* p) {
-  const auto address = reinterpret_cast<std::uintptr_t>(p);
+// The largest power of two (2 to 256) dividing the address and a batch's stride in bytes (0: one
+// matrix): what cuBLASLt may assume of every matrix. fp32 pointers are always at least 4-byte
+// aligned; a bf16 view may be only 2.
+std::uint32_t alignment_of(const void* p, std::uint64_t stride_bytes = 0) {
+  const std::uint64_t bits = std::uint64_t(reinterpret_cast<std::uintptr_t>(p)) | stride_bytes;
   std::uint32_t alignment = 256;
-  while (alignment > 2 && address % alignment != 0) alignment /= 2;
+  while (alignment > 2 && bits % alignment != 0) alignment /= 2;
   return alignment;
+}
+
+std::uint64_t type_bytes(cudaDataType_t type) {
+  return type == CUDA_R_16BF ? 2 : 4;
+}
+
+// The alignments of A, B and D that hold for every matrix of g's batch.
+struct Alignments {
+  std::uint32_t a, b, d;
+};
+Alignments alignments(const Gemm& g, const void* A, const void* B, const void* D) {
+  return {alignment_of(A, std::uint64_t(g.stride_a) * type_bytes(g.ab_type)),
+          alignment_of(B, std::uint64_t(g.stride_b) * type_bytes(g.ab_type)),
+          alignment_of(D, std::uint64_t(g.stride_d) * type_bytes(g.d_type))};
 }
 
 class MatmulDesc {
@@ -88,8 +111,15 @@ class MatmulDesc {
 
 class Layout {
  public:
-  Layout(cudaDataType_t type, std::uint64_t rows, std::uint64_t cols, std::int64_t ld) {
+  // batch > 1: that many matrices, each `stride` elements after the one before.
+  Layout(cudaDataType_t type, std::uint64_t rows, std::uint64_t cols, std::int64_t ld, std::int32_t batch = 1,
+         std::int64_t stride = 0) {
     LLMTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_, type, rows, cols, ld));
+    if (batch <= 1) return;
+    LLMTRAIN_CUBLAS_CHECK(
+        cublasLtMatrixLayoutSetAttribute(layout_, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch));
+    LLMTRAIN_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+        layout_, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
   }
   ~Layout() { cublasLtMatrixLayoutDestroy(layout_); }
   Layout(const Layout&) = delete;
@@ -126,11 +156,12 @@ struct Epilogue {
 };
 
 // trans_a, trans_b, m, n, k, lda, ldb, ldd, epilogue, tf32, alignments of A, B, D, bias, aux,
-// types of A/B and D, and the workspace the algorithm was chosen within (callers may make Blas
-// objects with workspaces of other sizes).
-using AlgoKey = std::tuple<bool, bool, std::uint64_t, std::uint64_t, std::uint64_t, std::int64_t,
-                           std::int64_t, std::int64_t, int, bool, std::uint32_t, std::uint32_t,
-                           std::uint32_t, std::uint32_t, std::uint32_t, int, int, std::size_t>;
+// types of A/B and D, the workspace the algorithm was chosen within (callers may make Blas
+// objects with workspaces of other sizes), and the batch count and strides of A, B, D.
+using AlgoKey =
+    std::tuple<bool, bool, std::uint64_t, std::uint64_t, std::uint64_t, std::int64_t, std::int64_t,
+               std::int64_t, int, bool, std::uint32_t, std::uint32_t, std::uint32_t, std::uint32_t,
+               std::uint32_t, int, int, std::size_t, std::int32_t, std::int64_t, std::int64_t, std::int64_t>;
 
 // The algorithm for each key, chosen on the key's first matmul:
 //  - the heuristic is asked for up to max_algo_candidates algorithms, best first (its order is
@@ -198,15 +229,21 @@ const char* epilogue_name(cublasLtEpilogue_t kind) {
 
 std::string describe(const Gemm& g, bool tf32, const void* A, const void* B, const void* D, const Epilogue& epi) {
   const void* bias = epi.bias;
+  const Alignments align = alignments(g, A, B, D);
+  const std::string batch = g.batch > 1 ? ", batch " + std::to_string(g.batch) + " strides " +
+                                              std::to_string(g.stride_a) + "/" + std::to_string(g.stride_b) +
+                                              "/" + std::to_string(g.stride_d)
+                                        : std::string();
   return std::string(g.what) + " (N=" + std::to_string(g.N) + ", C=" + std::to_string(g.C) +
          ", OC=" + std::to_string(g.OC) + "): " + type_name(g.ab_type) + " inputs, " + type_name(g.d_type) +
          " output, " + (tf32 ? "tf32" : "fp32") + " compute, column-major m=" + std::to_string(g.m) +
          " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) + ", A " +
-         (g.trans_a ? "transposed" : "not transposed") + ", B " + (g.trans_b ? "transposed" : "not transposed") +
-         ", ld " + std::to_string(g.lda) + "/" + std::to_string(g.ldb) + "/" + std::to_string(g.ldd) + ", " +
-         epilogue_name(epi.kind) + ", alignment A/B/D/bias " + std::to_string(alignment_of(A)) +
-         "/" + std::to_string(alignment_of(B)) + "/" + std::to_string(alignment_of(D)) + "/" +
-         (bias ? std::to_string(alignment_of(bias)) : std::string("-")) + " bytes";
+         (g.trans_a ? "transposed" : "not transposed") + ", B " +
+         (g.trans_b ? "transposed" : "not transposed") + ", ld " + std::to_string(g.lda) + "/" +
+         std::to_string(g.ldb) + "/" + std::to_string(g.ldd) + batch + ", " + epilogue_name(epi.kind) +
+         ", alignment A/B/D/bias " + std::to_string(align.a) + "/" + std::to_string(align.b) + "/" +
+         std::to_string(align.d) + "/" + (bias ? std::to_string(alignment_of(bias)) : std::string("-")) +
+         " bytes";
 }
 
 // Runs D = op(A) op(B) (+ beta D) with the epilogue. Returns false, having launched nothing, when
@@ -236,9 +273,10 @@ bool gemm(const Gemm& g, const void* A, const void* B, void* D, Epilogue epi, fl
     desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, epi.aux_ld);
   }
   // Stored shapes: op(A) = A^T means A is stored k x m.
-  const Layout a(g.ab_type, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda);
-  const Layout b(g.ab_type, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb);
-  const Layout d(g.d_type, g.m, g.n, g.ldd);
+  const Layout a(g.ab_type, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda, g.batch, g.stride_a);
+  const Layout b(g.ab_type, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb, g.batch, g.stride_b);
+  const Layout d(g.d_type, g.m, g.n, g.ldd, g.batch, g.stride_d);
+  const Alignments align = alignments(g, A, B, D);
   const float alpha = 1.0f;
   const auto run = [&](const cublasLtMatmulAlgo_t& algo) {
     return cublasLtMatmul(blas.handle, desc.get(), &alpha, A, a.get(), B, b.get(), &beta, D, d.get(), D, d.get(),
@@ -255,14 +293,18 @@ bool gemm(const Gemm& g, const void* A, const void* B, void* D, Epilogue epi, fl
                     g.ldd,
                     int(epi.kind),
                     tf32,
-                    alignment_of(A),
-                    alignment_of(B),
-                    alignment_of(D),
+                    align.a,
+                    align.b,
+                    align.d,
                     epi.bias ? alignment_of(epi.bias) : 0u,
                     epi.aux ? alignment_of(epi.aux) : 0u,
                     int(g.ab_type),
                     int(g.d_type),
-                    blas.workspace_bytes};
+                    blas.workspace_bytes,
+                    g.batch,
+                    g.stride_a,
+                    g.stride_b,
+                    g.stride_d};
   AlgoCache& cache = AlgoCache::get();
   if (const std::optional<cublasLtMatmulAlgo_t> algo = cache.find(key)) {
     LLMTRAIN_CUBLAS_CHECK(run(*algo));
@@ -271,10 +313,10 @@ bool gemm(const Gemm& g, const void* A, const void* B, void* D, Epilogue epi, fl
 
   Preference preference;
   preference.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, std::uint64_t(blas.workspace_bytes));
-  preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(A));
-  preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(B));
-  preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(D));
-  preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(D));
+  preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align.a);
+  preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align.b);
+  preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align.d);
+  preference.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align.d);
   std::vector<cublasLtMatmulHeuristicResult_t> candidates(max_algo_candidates);
   int candidate_count = 0;
   // With no algorithm for the problem the heuristic returns NOT_SUPPORTED (and a count of 0).
@@ -397,6 +439,32 @@ Gemm dweight_gemm(std::int64_t N, int C, int OC, std::int64_t ld) {
   return g;
 }
 
+// Per matrix b of the batch: out_b^T (N x M) = op(W_b) (N x K) inp_b^T (K x M), with W_b (N,K)
+// row-major stored column-major K x N (transposed), or W_b (K,N) stored column-major N x K.
+template <class Elem>
+Gemm batched_gemm(std::int64_t B, int M, int N, int K, bool transpose_weight) {
+  Gemm g;
+  g.trans_a = transpose_weight;
+  g.m = std::uint64_t(N);
+  g.n = std::uint64_t(M);
+  g.k = std::uint64_t(K);
+  g.lda = transpose_weight ? K : N;
+  g.ldb = K;
+  g.ldd = N;
+  g.ab_type = g.d_type = data_type<Elem>();
+  g.what = transpose_weight ? "batched out = inp W^T" : "batched out = inp W";
+  g.N = M;
+  g.C = K;
+  g.OC = N;
+  if (B > 1) {
+    g.batch = std::int32_t(B);
+    g.stride_a = std::int64_t(N) * K;
+    g.stride_b = std::int64_t(M) * K;
+    g.stride_d = std::int64_t(M) * N;
+  }
+  return g;
+}
+
 template <class Elem>
 void matmul_forward_gemms(Elem* out, const Elem* inp, const Elem* weight, const Elem* bias, std::int64_t N,
                           int C, int OC, std::int64_t ld, const Blas& blas, cudaStream_t stream) {
@@ -482,6 +550,15 @@ void matmul_forward(Act* out, const Act* inp, const Act* weight, const Act* bias
   matmul_forward_gemms(out, inp, weight, bias, N, C, OC, ld, blas, stream);
 }
 LLMTRAIN_INSTANTIATE_ACTIVATIONS(matmul_forward)
+
+template <class Act>
+void batched_matmul(Act* out, const Act* inp, const Act* weight, std::int64_t B, int M, int N, int K,
+                    bool transpose_weight, const Blas& blas, cudaStream_t stream) {
+  if (B <= 0 || M <= 0 || N <= 0) return;
+  if (B > INT32_MAX) throw kernels::Error("cuda::batched_matmul: a batch of over 2^31 - 1 matrices");
+  gemm(batched_gemm<Act>(B, M, N, K, transpose_weight), weight, inp, out, Epilogue{}, 0.0f, blas, stream);
+}
+LLMTRAIN_INSTANTIATE_ACTIVATIONS(batched_matmul)
 
 template <class Act>
 void matmul_backward(Act* dinp, float* dweight, float* dbias, const Act* dout, const Act* inp, const Act* weight,

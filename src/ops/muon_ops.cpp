@@ -2,9 +2,11 @@
 #include "ops/muon_ops.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "llmtrain/kernels/cpu.h"
 #include "ops/dispatch.h"
@@ -15,6 +17,7 @@
 
 namespace llmtrain::ops {
 
+using dispatch::as_int;
 using dispatch::Op;
 
 void muon_momentum(const Tensor& buf, const Tensor& grad, const Tensor& u, float momentum, bool nesterov,
@@ -53,6 +56,24 @@ void muon_apply(const Tensor& param, const Tensor& o, const Tensor& working, flo
     return;
   }
   convert(working, param);
+}
+
+void batched_matmul(const Tensor& out, const Tensor& inp, const Tensor& weight, bool transpose_weight) {
+  const Op op("batched_matmul");
+  const std::int64_t B = inp.shape[0], M = inp.shape[1], K = inp.shape[2];
+  const std::int64_t N = transpose_weight ? weight.shape[1] : weight.shape[2];
+  const DType act = op.activation(inp);
+  op.expect("inp", inp, act, {B, M, K});
+  op.expect("weight", weight, act,
+            transpose_weight ? std::vector<std::int64_t>{B, N, K} : std::vector<std::int64_t>{B, K, N});
+  op.expect("out", out, act, {B, M, N});
+  if (K < 1) op.fail("inp has rows of no elements");
+  if (std::max({M, N, K}) > INT_MAX) op.fail("a matrix dimension over 2^31 - 1");
+  if (out.data == inp.data || out.data == weight.data) op.fail("out must not be inp or weight");
+  op.run(LLMTRAIN_MATMUL_KERNELS(batched_matmul), act, [&](auto v) {
+    return std::tuple(v.out(out), v.in(inp), v.in(weight), B, as_int(M), as_int(N), as_int(K),
+                      transpose_weight);
+  });
 }
 
 void newton_schulz_normalise(const Tensor& x, const Tensor& u, const DeviceSum& squares, double eps) {

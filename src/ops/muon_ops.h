@@ -1,7 +1,8 @@
 // Muon's ops (optim/muon.h): the momentum step and the weight update, each one pass over a
 // matrix's elements (CPU references in kernels/cpu/optimizer.cpp, CUDA kernels in
-// kernels/cuda/optimizer.cu); and the steps of Newton-Schulz besides its matmuls
-// (optim/newton_schulz.h; kernels/{cpu,cuda}/newton_schulz.*). Checked and dispatched as ops.h's are.
+// kernels/cuda/optimizer.cu); and the steps of Newton-Schulz (optim/newton_schulz.h): its
+// products, batched over matrices of one shape (kernels/{cpu,cuda}/matmul.*), and the rest
+// (kernels/{cpu,cuda}/newton_schulz.*). Checked and dispatched as ops.h's are.
 #pragma once
 
 #include "core/tensor.h"
@@ -21,6 +22,10 @@ void muon_momentum(const Tensor& buf, const Tensor& grad, const Tensor& u, float
 /// CPU it may also be f32, as a bf16 run's reference holds it: the updated weights as they are).
 void muon_apply(const Tensor& param, const Tensor& o, const Tensor& working, float keep, float step);
 
+/// out (B,M,N) = inp (B,M,K) weight^T for each of B matrices, weight (B,N,K); or, when not
+/// `transpose_weight`, inp weight with weight (B,K,N). f32, or bf16 (fp32 accumulation, rounded
+/// once); K >= 1; out may not be inp or weight. On a GPU one strided-batched cuBLASLt matmul.
+void batched_matmul(const Tensor& out, const Tensor& inp, const Tensor& weight, bool transpose_weight = true);
 /// Newton-Schulz's first step: x (m,n) = u (rows,cols) f32, transposed when rows > cols (m =
 /// min(rows, cols), n = max), times 1 / max(sqrt(squares), eps), where `squares` holds u's sum of
 /// squares (sum_squares added into it, on u's device: the host does not wait for the norm). x is

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <map>
+#include <utility>
 
 #include "core/error.h"
 #include "ops/muon_ops.h"
@@ -320,6 +322,18 @@ Tensor elements(const Tensor& t, std::int64_t at, std::int64_t n) {
 
 Tensor floats(const ops::Buffer& b, std::initializer_list<std::int64_t> shape) { return b.view(DType::f32, shape); }
 
+// The matrices by shape: each group one batched Newton-Schulz, in place.
+class ShapeGroups {
+ public:
+  void add(const Tensor& o) { groups_[{o.shape[0], o.shape[1]}].push_back(o); }
+  void orthogonalise(const NewtonSchulz& p, NewtonSchulzWork& work) const {
+    for (const auto& [shape, matrices] : groups_) newton_schulz(matrices, matrices, p, work);
+  }
+
+ private:
+  std::map<std::pair<std::int64_t, std::int64_t>, std::vector<Tensor>> groups_;
+};
+
 }  // namespace
 
 void Muon::gather_parts(dist::Communicator& group, const Tensor& u, std::vector<dist::PeerTransfer>& scatter) {
@@ -375,11 +389,11 @@ void Muon::orthogonalise(dist::Communicator* tensor, const std::vector<std::pair
   const int t = tensor ? tensor->rank() : 0;
   std::vector<dist::PeerTransfer> gather, scatter;
   std::vector<std::pair<std::size_t, float*>> owned;  // split matrices this tensor rank orthogonalises
+  ShapeGroups whole;                                  // the matrices held whole here
   for (const auto& [j, local] : held) {
     const Placed& mat = matrices_[j];
-    if (mat.slices.empty()) {  // whole here
-      const Tensor o(local, DType::f32, device_, {mat.rows, mat.cols});
-      newton_schulz(o, o, ns_, ns_work_);
+    if (mat.slices.empty()) {
+      whole.add(Tensor(local, DType::f32, device_, {mat.rows, mat.cols}));
       continue;
     }
     if (mat.tensor_owner != t) {  // this rank's slice to the owner, and O's back
@@ -398,28 +412,36 @@ void Muon::orthogonalise(dist::Communicator* tensor, const std::vector<std::pair
     }
     owned.emplace_back(j, local);
   }
+  whole.orthogonalise(ns_, ns_work_);
   if (!gather.empty() || !scatter.empty()) tensor->start_transfers(gather)->wait();
-  for (const auto& [j, local] : owned) {
+  // The split matrices this rank owns: each assembled whole in full_ from the tensor ranks' slices
+  // (its own in place in u; the owning slices cover the matrix), orthogonalised by shape, and O
+  // sent back to every slice, replicas too.
+  const auto parts_of = [&](std::size_t j, float* local, bool owning_only) {
     const Placed& mat = matrices_[j];
-    const Tensor full = floats(full_[j], {mat.full_rows, mat.full_cols});
-    // Each tensor rank's slice (its own in place in u); the owning slices cover the matrix.
     std::vector<Tensor> parts(mat.slices.size());
     for (std::size_t r = 0; r < mat.slices.size(); ++r) {
       const Slice& s = mat.slices[r];
       const std::int64_t n = s.count * (s.dim == 0 ? mat.full_cols : mat.full_rows);
       if (int(r) == t) {
         parts[r] = Tensor(local, DType::f32, device_, {n});
-      } else if (s.owner) {
+      } else if (s.owner || !owning_only) {
         parts[r] = floats(slices_[j][r], {n});
       }
     }
-    copy_blocks(mat, full, parts, false);
-    newton_schulz(full, full, ns_, ns_work_);
-    for (std::size_t r = 0; r < mat.slices.size(); ++r) {  // O to every slice, replicas too
-      const Slice& s = mat.slices[r];
-      if (int(r) != t) parts[r] = floats(slices_[j][r], {s.count * (s.dim == 0 ? mat.full_cols : mat.full_rows)});
-    }
-    copy_blocks(mat, full, parts, true);
+    return parts;
+  };
+  ShapeGroups split;
+  for (const auto& [j, local] : owned) {
+    const Placed& mat = matrices_[j];
+    const Tensor full = floats(full_[j], {mat.full_rows, mat.full_cols});
+    copy_blocks(mat, full, parts_of(j, local, true), false);
+    split.add(full);
+  }
+  split.orthogonalise(ns_, ns_work_);
+  for (const auto& [j, local] : owned) {
+    const Placed& mat = matrices_[j];
+    copy_blocks(mat, floats(full_[j], {mat.full_rows, mat.full_cols}), parts_of(j, local, false), true);
   }
   if (!gather.empty() || !scatter.empty()) tensor->start_transfers(scatter)->wait();
 }

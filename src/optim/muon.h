@@ -124,7 +124,7 @@ class Muon final : public Optimizer {
   // parts[r] is rank r's block, flat (no data: skipped).
   void copy_blocks(const Placed& mat, const Tensor& full, const std::vector<Tensor>& parts, bool to_parts);
   // O in place of u's slice `local` of each matrix in `held` (held whole by this rank): through
-  // the tensor group's owner when split over it, else here.
+  // the tensor group's owner when split over it, else here; one batched Newton-Schulz per shape.
   void orthogonalise(dist::Communicator* tensor, const std::vector<std::pair<std::size_t, float*>>& held);
 
   static std::int64_t total(const std::vector<model::FlatRange>& runs) {

@@ -51,6 +51,10 @@ void matmul_gelu_forward(float* out, float* pre, const float* inp, const float* 
 /// made pre) += .
 void matmul_backward_dgelu(float* dpre, float* dweight, float* dbias, float* dpre_bias, const float* dout,
                            const float* inp, const float* pre, const float* weight, std::int64_t N, int C, int OC);
+/// out (B,M,N) = inp (B,M,K) weight^T for each of B matrices, weight (B,N,K); or, when
+/// !transpose_weight, inp weight with weight (B,K,N). No bias: Newton-Schulz's products.
+void batched_matmul(float* out, const float* inp, const float* weight, std::int64_t B, int M, int N, int K,
+                    bool transpose_weight);
 
 /// Causal self-attention with NKV key/value heads (NKV divides NH; GPT-2: NKV = NH). qkv
 /// (B,T,(NH+2NKV)HS): NH query heads, NKV key heads, NKV value heads, each a contiguous HS slice;
@@ -185,7 +189,7 @@ void muon_apply(float* param, const float* o, std::int64_t N, float keep, float 
 
 // ---- Newton-Schulz (newton_schulz.cpp; optim/newton_schulz.h) ------------------------------------
 // Muon's orthogonalisation on a (rows, cols) matrix, worked on in its wide orientation (m, n),
-// m = min(rows, cols) <= n = max(rows, cols); its products are matmul_forward's.
+// m = min(rows, cols) <= n = max(rows, cols); its products are batched_matmul's.
 
 /// x (m,n) = u (rows,cols), transposed when rows > cols, times 1 / max(sqrt(*squares), eps):
 /// the matrix over its Frobenius norm, squares being its sum of squares (sum_squares').

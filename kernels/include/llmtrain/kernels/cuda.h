@@ -114,6 +114,12 @@ template <class Act>
 void matmul_backward_dgelu(Act* dpre, float* dweight, float* dbias, float* dpre_bias, const Act* dout, const Act* inp,
                            const Act* pre, const Act* weight, std::int64_t N, int C, int OC, const Blas& blas,
                            cudaStream_t stream);
+/// out (B,M,N) = inp (B,M,K) weight^T for each of B matrices, weight (B,N,K); or, when
+/// !transpose_weight, inp weight with weight (B,K,N); each rounded once. One strided-batched
+/// cuBLASLt matmul (Newton-Schulz's products over matrices of one shape).
+template <class Act>
+void batched_matmul(Act* out, const Act* inp, const Act* weight, std::int64_t B, int M, int N, int K,
+                    bool transpose_weight, const Blas& blas, cudaStream_t stream);
 
 // kernels/cuda/context_attention.cu: context parallelism's attention pieces (the CPU twins in
 // cpu.h say what each computes); outputs other than kv_pack's and qkv_join's are fp32.
