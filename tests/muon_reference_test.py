@@ -4,8 +4,8 @@ test_muon's hidden case "[.muon_dump]" writes (random matrices; four updates of 
 a tiny Llama's parameters on random gradients, clipped and not, the learning rate changing):
 
   numpy: Newton-Schulz in float64 NumPy on every matrix (fp32 results within 2e-5 of the largest
-         entry; the bf16 cases within bf16's precision; each matrix of two batched calls too), and the four updates of every parameter
-         by a float64 NumPy implementation of torch.optim.Muon's algorithm (torch/optim/_muon.py:
+         entry; the bf16 cases within bf16's precision; each matrix of two batched calls too), and
+         the four updates of every parameter by a float64 NumPy implementation of torch.optim.Muon's algorithm (torch/optim/_muon.py:
          buf.lerp_(g, 1 - mu); u = g.lerp(buf, mu) or buf; Newton-Schulz; param.mul_(1 - lr wd);
          param.add_(O, alpha=-adjusted lr)) for the hidden matrices and of torch.optim.AdamW's
          for the rest: weights and momentum within 1e-6.
