@@ -252,13 +252,17 @@ class NcclCommunicator final : public Communicator {
           check(cudaMemcpyAsync(into, from, std::size_t(send_counts[n]) * size, cudaMemcpyDeviceToDevice, stream_),
                 "cudaMemcpyAsync");
         }
-      } else {
-        for_each_piece(send_counts[n], limit, [&](std::int64_t offset, std::int64_t length) {
-          if (queued == ncclSuccess) queued = ncclSend(from + std::size_t(offset) * size, std::size_t(length), type, r, comm_, stream_);
-        });
-        for_each_piece(recv_counts[n], limit, [&](std::int64_t offset, std::int64_t length) {
-          if (queued == ncclSuccess) queued = ncclRecv(into + std::size_t(offset) * size, std::size_t(length), type, r, comm_, stream_);
-        });
+      } else {  // an empty part is no call on either side (the counts agree)
+        if (send_counts[n] > 0) {
+          for_each_piece(send_counts[n], limit, [&](std::int64_t offset, std::int64_t length) {
+            if (queued == ncclSuccess) queued = ncclSend(from + std::size_t(offset) * size, std::size_t(length), type, r, comm_, stream_);
+          });
+        }
+        if (recv_counts[n] > 0) {
+          for_each_piece(recv_counts[n], limit, [&](std::int64_t offset, std::int64_t length) {
+            if (queued == ncclSuccess) queued = ncclRecv(into + std::size_t(offset) * size, std::size_t(length), type, r, comm_, stream_);
+          });
+        }
       }
       sent += send_counts[n];
       received += recv_counts[n];
