@@ -39,19 +39,48 @@ config::ModelConfig tiny(const std::string& arch) {
   return c;
 }
 
+// A Mixture-of-Experts Llama: a dense layer, then one of 4 experts (top 2) and a shared one, with
+// the router's losses; `router` "softmax" or "sigmoid" (with an expert bias), `capacity` 0
+// (dropless) or a capacity factor that drops slots.
+config::ModelConfig tiny_moe(const std::string& router, double capacity) {
+  config::ModelConfig c = tiny("llama");
+  c.moe.enabled = true;
+  c.moe.experts = 4;
+  c.moe.top_k = 2;
+  c.moe.ffn_hidden = 40;
+  c.moe.shared_experts = 1;
+  c.moe.shared_ffn_hidden = 24;
+  c.moe.first_dense_layers = 1;
+  c.moe.router = router;
+  c.moe.normalize_top_k = router == "softmax";
+  c.moe.aux_loss_coef = 0.01;
+  c.moe.z_loss_coef = 0.001;
+  c.moe.bias_update_rate = router == "sigmoid" ? 0.01 : 0.0;
+  c.moe.capacity_factor = capacity;
+  return c;
+}
+
 // `documents`: packed sequences on both models (the inputs then hold its end-of-text id in places;
-// decoding, which ignores documents, is not compared).
+// decoding, which ignores documents, is not compared). `moe`: the model's config, when it is not
+// tiny(arch) (its MoE layers' router statistics are compared too).
 void compare_model(const std::string& arch, model::Recompute recompute, bool qk_norm = false,
-                   const model::Model::Documents& documents = {}) {
+                   const model::Model::Documents& documents = {}, const config::ModelConfig* moe = nullptr) {
   std::string why;
   if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
-  auto c = tiny(arch);
+  auto c = moe ? *moe : tiny(arch);
   c.qk_norm = qk_norm;
   const auto cpu = model::make_model(c, Device::cpu, recompute);
   const auto gpu = model::make_model(c, Device::cuda, recompute);
   cpu->set_documents(documents);
   gpu->set_documents(documents);
   cpu->init_weights(7);
+  if (moe) {  // an expert bias other than 0, so that a bias left out of the choice would show
+    for (const auto& info : cpu->param_infos()) {
+      if (!info.name.ends_with("e_score_correction_bias")) continue;
+      float* w = cpu->param(info).as<float>();
+      for (std::int64_t i = 0; i < info.numel; ++i) w[i] = 0.02f * float((i * 7 + info.offset) % 5) - 0.04f;
+    }
+  }
   if (qk_norm) {  // norm weights other than 1, so that a query norm used for keys would show
     for (const auto& info : cpu->param_infos()) {
       if (info.shape.size() != 1) continue;
@@ -89,6 +118,18 @@ void compare_model(const std::string& arch, model::Recompute recompute, bool qk_
     const double gpu_loss = gpu->forward(inputs.data(), targets.data(), B, T, float(1.0 / n)) / n;
     CAPTURE(round, cpu_loss, gpu_loss);
     CHECK(std::abs(gpu_loss - cpu_loss) <= 1e-5 * std::abs(cpu_loss));
+    if (moe) {  // the router's losses, each expert's load in each layer, the dropped slots
+      const model::MoeStats want = cpu->take_moe_stats(), got = gpu->take_moe_stats();
+      CAPTURE(want.aux, got.aux, want.z, got.z, want.dropped, got.dropped);
+      REQUIRE(want.forwards == got.forwards);
+      REQUIRE(!want.loads.empty());
+      CHECK(want.aux > 0.0);
+      CHECK(std::abs(got.aux - want.aux) <= 1e-5 * want.aux);
+      CHECK(std::abs(got.z - want.z) <= 1e-5 * std::abs(want.z));
+      CHECK(got.loads == want.loads);  // the same experts chosen for every token
+      CHECK(got.dropped == want.dropped);
+      CHECK((c.moe.capacity_factor > 0) == (want.dropped > 0));
+    }
     cpu->backward();
     gpu->backward();
   }
@@ -155,17 +196,27 @@ TEST_CASE("cuda packed documents with reset positions: forward and backward matc
   }
 }
 
+TEST_CASE("cuda Mixture-of-Experts Llama: forward, backward, router statistics and decoding match the cpu reference",
+          "[cuda][model][moe]") {
+  for (const auto& [router, capacity] : {std::pair<std::string, double>{"softmax", 0.0}, {"sigmoid", 0.0},
+                                         {"softmax", 0.75}}) {
+    CAPTURE(router, capacity);
+    const config::ModelConfig c = tiny_moe(router, capacity);
+    compare_model("llama", model::Recompute::none, false, {}, &c);
+  }
+}
+
 TEST_CASE("cuda bf16 mixed precision: loss within 1e-2 of the fp32 cpu reference", "[cuda][model][bf16]") {
   std::string why;
   if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
   // Head size 32: the CUDA-core flash kernels; 64: the tensor-core ones (the model's tensors are
   // 64-byte aligned).
   for (const auto& [arch, head_size] : {std::pair<std::string, int>{"gpt2", 32}, {"llama", 32}, {"gpt2", 64},
-                                        {"llama", 64}}) {
+                                        {"llama", 64}, {"moe", 32}}) {
     CAPTURE(arch, head_size);
-    auto c = tiny(arch);
+    auto c = arch == "moe" ? tiny_moe("softmax", 0.0) : tiny(arch);
     c.d_model = 4 * head_size;
-    c.ffn_hidden = arch == "llama" ? 344 * head_size / 32 : 16 * head_size;
+    c.ffn_hidden = arch == "gpt2" ? 16 * head_size : 344 * head_size / 32;
     const auto cpu = model::make_model(c, Device::cpu);
     const auto gpu = model::make_model(c, Device::cuda, model::Recompute::none, DType::bf16);
     cpu->init_weights(11);

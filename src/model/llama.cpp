@@ -151,9 +151,6 @@ Llama::Llama(const config::ModelConfig& config, Device device, Recompute recompu
                      std::to_string(config.n_head) + ") and model.ffn_hidden (" + std::to_string(config.ffn_hidden) +
                      "), and divide or be a multiple of model.n_kv_head (" + std::to_string(config.n_kv_head) + ")");
   }
-  if (config.moe.enabled && device == Device::cuda) {
-    throw InputError("model.moe: Mixture-of-Experts layers have no CUDA kernels yet: run them with --device cpu");
-  }
   HS_ = config.d_model / config.n_head;
   NH_ = config.n_head / N;
   NKV_ = kv_split ? config.n_kv_head / N : 1;

@@ -29,11 +29,6 @@ RunShape run_shape(const Trainer& trainer) {
 void resolve_device(TrainOptions& options, dist::Communicator& world) {
   if (!options.device_auto) return;
   options.device_auto = false;
-  if (options.config.model.moe.enabled) {  // no CUDA kernels for its layers yet
-    options.device = Device::cpu;
-    options.device_note = "device auto: cpu (model.moe: Mixture-of-Experts layers run on the CPU only so far)";
-    return;
-  }
   std::string why_none;
   const int devices = ops::cuda_device_count(&why_none);
   // Every rank of a node needs a GPU of its own (NCCL refuses two ranks on one device), and all
