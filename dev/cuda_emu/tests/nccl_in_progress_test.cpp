@@ -347,7 +347,10 @@ TEST_CASE("NCCL: collectives and transfers in pieces give the whole calls' bytes
     const dist::Traffic before = nccl->traffic();
     for (const char* limit : {"7", "1"}) {
       CAPTURE(limit);
-      const std::size_t pieces = (n + std::size_t(std::atoi(limit)) - 1) / std::size_t(std::atoi(limit));
+      const auto pieces_of = [&](std::size_t count) {
+        return (count + std::size_t(std::atoi(limit)) - 1) / std::size_t(std::atoi(limit));
+      };
+      const std::size_t pieces = pieces_of(n);
       const std::int64_t all_reduce0 = llmtrain_emu::nccl_calls("ncclAllReduce"),
                          reduce_scatter0 = llmtrain_emu::nccl_calls("ncclReduceScatter"),
                          all_gather0 = llmtrain_emu::nccl_calls("ncclAllGather"),
@@ -364,7 +367,8 @@ TEST_CASE("NCCL: collectives and transfers in pieces give the whole calls' bytes
       CHECK(llmtrain_emu::nccl_calls("ncclReduceScatter") - reduce_scatter0 == std::int64_t(pieces));
       CHECK(llmtrain_emu::nccl_calls("ncclAllGather") - all_gather0 == std::int64_t(2 * pieces));
       CHECK(llmtrain_emu::nccl_calls("ncclBroadcast") - broadcast0 == std::int64_t(pieces));
-      CHECK(llmtrain_emu::nccl_calls("ncclSend") - send0 == std::int64_t(4 * pieces));
+      // 4 transfers of n, then the all-to-all's parts of n + 1 and 2 elements.
+      CHECK(llmtrain_emu::nccl_calls("ncclSend") - send0 == std::int64_t(4 * pieces + pieces_of(n + 1) + pieces_of(2)));
     }
     // The split calls (twice: 7 and 1) counted as the whole ones were: once each, the same bytes.
     const dist::Traffic t = nccl->traffic().since(before);
