@@ -187,24 +187,32 @@ std::int64_t activation_bytes_per_sequence(const config::ModelConfig& m, bool bf
 
 namespace {
 
-// The optimizer's state of the data rank whose pieces (ranges of the share's flat buffer, sorted)
-// need the most, as optim.name's optimizer counts it per parameter element (none is allocated).
-std::int64_t optimizer_bytes(const config::OptimConfig& optim, const RankShare& share,
-                             const std::vector<std::vector<model::FlatRange>>& ranks) {
-  std::vector<std::pair<model::FlatRange, std::int64_t>> params;  // each parameter's range and bytes per element
-  for (const model::ParamInfo& info : share.infos) {
-    params.push_back({{info.offset, info.offset + info.numel}, optim::state_bytes_of(optim, info)});
+// The optimizer's state of the data rank that needs the most, as optim.name's optimizer counts it
+// per element of each parameter (none is allocated). A rank holds, of the flat buffer: ZeRO 3,
+// ceil(n / D) of each unit from r ceil(n / D) on (parallel/zero3.cpp); ZeRO 1-2, [r S, (r + 1) S)
+// with S = ceil(P / D); ZeRO 0 (or one data rank), all of it.
+std::int64_t optimizer_bytes(const config::OptimConfig& optim, const RankShare& share, std::int64_t D, int zero_stage) {
+  std::vector<model::ParamInfo> infos = share.infos;
+  std::sort(infos.begin(), infos.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  std::vector<std::int64_t> begins, each, before{0};  // before[i]: bytes of the parameters before infos[i]
+  for (const model::ParamInfo& info : infos) {
+    begins.push_back(info.offset);
+    each.push_back(optim::state_bytes_of(optim, info));
+    before.push_back(before.back() + info.numel * each.back());
   }
-  std::sort(params.begin(), params.end(), [](const auto& a, const auto& b) { return a.first.begin < b.first.begin; });
+  const auto below = [&](std::int64_t x) {  // bytes of the flat elements before x
+    const auto i = std::size_t(std::upper_bound(begins.begin(), begins.end(), x) - begins.begin());
+    return i == 0 ? 0 : before[i - 1] + std::min(x - begins[i - 1], infos[i - 1].numel) * each[i - 1];
+  };
+  const std::int64_t ranks = zero_stage == 0 || D <= 1 ? 1 : D, shard = ceil_div(share.params, ranks);
   std::int64_t most = 0;
-  for (const auto& pieces : ranks) {
-    std::int64_t bytes = 0;
-    std::size_t k = 0;  // both sorted: one sweep
-    for (const model::FlatRange& piece : pieces) {
-      while (k < params.size() && params[k].first.end <= piece.begin) ++k;
-      for (std::size_t j = k; j < params.size() && params[j].first.begin < piece.end; ++j) {
-        const std::int64_t lo = std::max(piece.begin, params[j].first.begin), hi = std::min(piece.end, params[j].first.end);
-        if (lo < hi) bytes += (hi - lo) * params[j].second;
+  for (std::int64_t r = 0; r < ranks; ++r) {
+    std::int64_t bytes = below(std::min(share.params, (r + 1) * shard)) - below(std::min(share.params, r * shard));
+    if (zero_stage == 3) {
+      bytes = 0;
+      for (const auto& u : share.units) {
+        const std::int64_t part = ceil_div(u.params, D), end = u.begin + u.params, lo = std::min(end, u.begin + r * part);
+        bytes += below(std::min(end, lo + part)) - below(lo);
       }
     }
     most = std::max(most, bytes);
@@ -233,21 +241,9 @@ MemoryPlan plan_memory(const config::Config& config, const RankShare& share, int
     for (const auto& slot : slots.weights) weight_slots += slot.capacity;
     for (const auto& slot : slots.grads) grad_slots += slot.capacity + (D > 1 ? slot.capacity / D : 0);
     const std::int64_t compute = bf16 ? 2 : 4;
-    // Rank r's part of each unit: [begin + r ceil(n / D), ...), as parallel/zero3.cpp cuts it.
-    std::vector<std::vector<model::FlatRange>> ranks(std::size_t(std::max<std::int64_t>(D, 1)));
-    for (const auto& u : share.units) {
-      const std::int64_t part = ceil_div(u.params, D), end = u.begin + u.params;
-      for (std::int64_t r = 0; r < D; ++r) {
-        const std::int64_t lo = std::min(end, u.begin + r * part);
-        ranks[std::size_t(r)].push_back({lo, std::min(end, lo + part)});
-      }
-    }
-    for (auto& pieces : ranks) {
-      std::sort(pieces.begin(), pieces.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
-    }
     plan.weights = 4 * shards;
     plan.gradients = 4 * shards;
-    plan.optimizer = optimizer_bytes(config.optim, share, ranks);
+    plan.optimizer = optimizer_bytes(config.optim, share, D, 3);
     plan.gathered = compute * weight_slots + 4 * grad_slots;
     return plan;
   }
@@ -258,11 +254,7 @@ MemoryPlan plan_memory(const config::Config& config, const RankShare& share, int
   const std::int64_t shard = ceil_div(P, D);
   plan.weights = (bf16 ? 4 + 2 : 4) * P;
   plan.gradients = 4 * P;
-  std::vector<std::vector<model::FlatRange>> ranks;  // each data rank's optimizer shard (ZeRO 0: all of it)
-  for (std::int64_t r = 0; r < (sharded ? D : 1); ++r) {
-    ranks.push_back({sharded ? model::FlatRange{std::min(P, r * shard), std::min(P, (r + 1) * shard)} : model::FlatRange{0, P}});
-  }
-  plan.optimizer = optimizer_bytes(config.optim, share, ranks);
+  plan.optimizer = optimizer_bytes(config.optim, share, D, sharded ? zero_stage : 0);
   plan.gathered = sharded ? 4 * (D * shard + shard) : 0;
   return plan;
 }
