@@ -354,6 +354,12 @@ TEST_CASE("Muon trains, checkpoints muon.momentum, resumes bit for bit, and refu
     ++files;
   }
   CHECK(files >= 2);
+  // Saved from the state tensors themselves (checkpoint.async false; above from the background
+  // save's staging copy): each kept for its own elements, written with zeros where it keeps none,
+  // the same bytes.
+  REQUIRE(train(dir.path() + "/sync", {"--set", "checkpoint.async=false"}).exit_code == 0);
+  CHECK(file_bytes(dir.path() + "/sync" + last + "/optim-00000.safetensors") ==
+        file_bytes(one + last + "/optim-00000.safetensors"));
   // The loss fell (a working optimizer, not a no-op): the last logged loss below the first.
   const std::vector<double> losses = test::training_losses(one);
   REQUIRE(losses.size() == 6);
