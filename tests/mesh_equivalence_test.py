@@ -83,6 +83,8 @@ def base_config(name, data):
     if name.startswith("moe"):  # Mixture of Experts: layer 0 dense, 3 MoE layers with a shared expert
         config["model"] = dict(LLAMA, moe={"experts": 4, "top_k": 2, "ffn_hidden": 16, "shared_experts": 1,
                                            "first_dense_layers": 1, "aux_loss_coef": 0.01, "z_loss_coef": 0.001})
+        if name == "moe-cap":  # capacity 0.75: each expert takes at most 3/4 of an even share, the rest dropped
+            config["model"]["moe"]["capacity_factor"] = 0.75
         if name == "moe-bias":  # aux-loss-free balancing: the expert bias is state
             config["model"]["moe"].update(router="sigmoid", bias_update_rate=0.01, aux_loss_coef=0.0)
     if name.endswith("muon"):  # Muon on the hidden matrices, AdamW on the rest
@@ -482,6 +484,9 @@ ROWS = [
     Row("muon", "moe-muon-zero1-w2", 2, "dist.zero_stage=1", base="moe-muon", checks=(muon_traffic,)),
     Row("muon", "moe-muon-zero3-w4", 4, Z3, base="moe-muon", checks=(muon_traffic,)),
     Row("muon", "moe-muon-zero3-w4@10>w1", 1, base="moe-muon", resume=("moe-muon-zero3-w4", 10)),
+    Row("muon", "moe-muon-ep2", 2, "dist.expert_parallel=2", base="moe-muon"),
+    Row("muon", "moe-muon-ep2-dp2-zero1", 4, "dist.expert_parallel=2 dist.zero_stage=1", base="moe-muon",
+        checks=(muon_traffic,)),
 
     # Mixture of Experts: the router's losses are per micro-batch (train.micro_batch_size sequences of
     # one rank), so data parallelism and ZeRO match one rank at the same micro_batch_size; runs
@@ -493,6 +498,19 @@ ROWS = [
     Row("moe", "moe-zero3-w4", 4, Z3, base="moe"),
     Row("moe", "moe-w2@10>w1", 1, base="moe", resume=("moe-w2", 10)),
     Row("moe", "moe-zero3-w2@10>w1", 1, base="moe", resume=("moe-zero3-w2", 10), against=ONE),
+    # Expert parallelism: each rank of an expert group holds 2 of the 4 experts of every MoE layer
+    # and reads batches of its own; the tokens' rows travel to their experts by all-to-all.
+    Row("moe", "moe-ep2", 2, "dist.expert_parallel=2", base="moe"),
+    Row("moe", "moe-ep4", 4, "dist.expert_parallel=4", base="moe"),
+    Row("moe", "moe-ep2-dp2-zero1", 4, "dist.expert_parallel=2 dist.zero_stage=1", base="moe"),
+    Row("moe", "moe-ep2-zero3", 2, "dist.expert_parallel=2 " + Z3, base="moe"),
+    Row("moe", "moe-ep2-dp2-zero3", 4, "dist.expert_parallel=2 " + Z3, base="moe"),
+    Row("moe", "moe-ep2@10>w1", 1, base="moe", resume=("moe-ep2", 10)),
+    Row("moe", "moe-ep2@10>ep4", 4, "dist.expert_parallel=4", base="moe", resume=("moe-ep2", 10)),
+    Row("moe", "moe-w1@10>ep2-dp2-zero3", 4, "dist.expert_parallel=2 " + Z3, base="moe", resume=(ONE, 10)),
+    Row("moe", "moe-bias-ep2", 2, "dist.expert_parallel=2", base="moe-bias"),
+    Row("moe", "moe-cap-ep2", 2, "dist.expert_parallel=2", base="moe-cap"),
+    Row("moe", "moe-cap-ep2-dp2-zero1", 4, "dist.expert_parallel=2 dist.zero_stage=1", base="moe-cap"),
     # The expert bias is state: a run resumed at its step-10 checkpoint on its own layout ends with
     # the same files (the bias, the weights and AdamW's moments) as the uninterrupted one.
     Row("moe", "moe-bias-zero3-w2", 2, Z3, base="moe-bias"),

@@ -191,7 +191,7 @@ int run_task(const Options& o) {
   // train.eval_tasks' path: the validation's forward passes over this mesh (one pipeline stage).
   parallel::PipelineExecutor pipeline(model, config, comms.host(dist::Axis::pipeline), comms.device(dist::Axis::pipeline), 1);
   eval::ScoringRank rank;
-  rank.readers = comms.mesh.size(dist::Axis::data);
+  rank.readers = comms.readers();
   rank.reader = comms.data_index();
   rank.context_rank = comms.host(dist::Axis::context).rank();
   rank.context_size = o.context_parallel;

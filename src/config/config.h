@@ -293,6 +293,7 @@ struct DistConfig {
   bool sequence_parallel = false;      // tensor parallelism: norms and residual adds on 1/tensor_parallel of the tokens
   std::int64_t context_parallel = 1;   // ranks that split each sequence (mesh axis after tensor)
   ContextParallelMode context_parallel_mode = ContextParallelMode::ring;  // how they share keys and values
+  std::int64_t expert_parallel = 1;    // ranks that split each MoE layer's experts (out of the data ranks)
   std::int64_t pipeline_parallel = 1;  // pipeline stages (the slowest mesh axis)
   PipelineSchedule pipeline_schedule = PipelineSchedule::one_f_one_b;  // order of micro-batches on a stage
   std::int64_t virtual_stages = 1;     // interleaved: model chunks per stage
@@ -309,6 +310,7 @@ struct DistConfig {
     v("sequence_parallel", sequence_parallel, Boolean{});
     v("context_parallel", context_parallel, IntRange{1, 4096});
     v("context_parallel_mode", context_parallel_mode, Named{});
+    v("expert_parallel", expert_parallel, IntRange{1, 4096});
     v("pipeline_parallel", pipeline_parallel, IntRange{1, 4096});
     v("pipeline_schedule", pipeline_schedule, Named{});
     v("virtual_stages", virtual_stages, IntRange{1, 1024});

@@ -90,11 +90,23 @@ void check_arch(ModelConfig& m, const Origins& o, bool tie_embeddings_given) {
   }
 }
 
-// Mixture-of-Experts MLPs: the llama family's SwiGLU layers, on one rank or data parallel (ZeRO
-// 0-3); the other parallelisms and recomputation are not built for them yet (docs/moe.md).
+// Mixture-of-Experts MLPs: the llama family's SwiGLU layers, on one rank, data parallel (ZeRO 0-3)
+// and expert parallel (dist.expert_parallel, out of the data ranks); the other parallelisms and
+// recomputation are not built for them yet (docs/moe.md).
 void check_moe(Config& c, const Origins& o) {
   MoeConfig& m = c.model.moe;
-  if (!m.enabled) return;
+  const std::int64_t ep = c.dist.expert_parallel;
+  if (!m.enabled) {
+    if (ep > 1) {
+      fail_rule(o, "dist.expert_parallel", "model.moe",
+                "splits the experts of Mixture-of-Experts layers, and model.moe is not set (got " + std::to_string(ep) + ")");
+    }
+    return;
+  }
+  if (m.experts % ep != 0) {
+    fail_rule(o, "dist.expert_parallel", "model.moe.experts",
+              "must divide model.moe.experts (" + std::to_string(m.experts) + "), got " + std::to_string(ep));
+  }
   if (arch_traits(c.model.arch).mlp != Mlp::swiglu) {
     fail_rule(o, "model.moe", "model.arch",
               "Mixture-of-Experts layers are built for the llama family, got model.arch \"" + to_string(c.model.arch) + "\"");
@@ -108,7 +120,7 @@ void check_moe(Config& c, const Origins& o) {
   const auto refuse = [&](const char* key, std::int64_t value) {
     if (value > 1) {
       fail_rule(o, "model.moe", key, std::string("Mixture-of-Experts layers are not built for ") + key + " > 1 yet (got " +
-                                         std::to_string(value) + "); data parallelism and ZeRO 1-3 work");
+                                         std::to_string(value) + "); data and expert parallelism and ZeRO 1-3 work");
     }
   };
   refuse("dist.tensor_parallel", c.dist.tensor_parallel);

@@ -298,8 +298,13 @@ struct Communicators {
   /// Axis a's group over the memory the gradients and activations live in (NCCL for CUDA with
   /// several ranks).
   Communicator& device(Axis a) const { return groups[a].device ? *groups[a].device : *groups[a].host; }
-  /// The data-parallel index without the context axis: which sequences this rank reads.
-  int data_index() const { return host(Axis::data).rank() / mesh.size(Axis::context); }
+  /// The ranks that read different sequences: the data axis's times the expert axis's.
+  int readers() const { return mesh.size(Axis::data) * mesh.size(Axis::expert); }
+  /// Which of them this rank is (the data index without the context axis, times the expert
+  /// group's size, plus the expert index): which sequences it reads.
+  int data_index() const {
+    return host(Axis::data).rank() / mesh.size(Axis::context) * mesh.size(Axis::expert) + host(Axis::expert).rank();
+  }
   /// What this rank has sent over axis a's group, host and device communicators together.
   Traffic traffic(Axis a) const;
 };

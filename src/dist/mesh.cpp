@@ -38,6 +38,7 @@ Mesh Mesh::of(int world, std::initializer_list<std::pair<Axis, int>> asked) {
 Mesh Mesh::of(int world, const config::DistConfig& dist) {
   return of(world, {{Axis::tensor, int(dist.tensor_parallel)},
                     {Axis::context, int(dist.context_parallel)},
+                    {Axis::expert, int(dist.expert_parallel)},
                     {Axis::pipeline, int(dist.pipeline_parallel)}});
 }
 

@@ -3,9 +3,12 @@
 // group, context parallelism each sequence over a context group, pipeline parallelism places
 // consecutive layers on the stages, and the data-parallel replicas of each part share gradients.
 // The axes' order is the rank order: the tensor index varies fastest, then the context index,
-// then the data index, then the stage, so that a tensor group (the most talkative) sits on
-// consecutive ranks, inside one node, with the context group (a ring of key/value blocks per
-// layer) next to it.
+// then the expert index, then the data index, then the stage, so that a tensor group (the most
+// talkative) sits on consecutive ranks, inside one node, with the context group (a ring of
+// key/value blocks per layer) and the expert group (two all-to-alls per MoE layer) next to it.
+// Expert parallelism is carved out of the data-parallel ranks: the ranks of an expert group read
+// different batches and hold different experts of every MoE layer, and the data axis's group is
+// then the expert-data group (the ranks holding the same experts).
 //
 // A new axis is a row of the table plus the code that uses it: its config key (Mesh::of), what
 // its group does, and its memory and traffic in plan. The communicators, the traffic counted per
@@ -25,8 +28,8 @@ struct DistConfig;
 namespace llmtrain::dist {
 
 /// The mesh's axes, in rank order (the first varies fastest).
-enum class Axis { tensor, context, data, pipeline };
-inline constexpr int axis_count = 4;
+enum class Axis { tensor, context, expert, data, pipeline };
+inline constexpr int axis_count = 5;
 
 /// A bit per axis: the axes a group spans.
 constexpr unsigned axis_bit(Axis a) { return 1u << unsigned(a); }
@@ -50,6 +53,8 @@ inline constexpr std::array<AxisRow, axis_count> mesh_axes{{
      axis_bit(Axis::tensor), "tensor_", true},
     {Axis::context, "context", "dist.context_parallel", false, "context", "context rank", nullptr,
      axis_bit(Axis::context), "context_", true},
+    {Axis::expert, "expert", "dist.expert_parallel", false, "expert", "expert rank", nullptr,
+     axis_bit(Axis::expert), "expert_", true},
     // The data-parallel group holds every replica of a model part, the context axis's too: the
     // ranks whose gradients are summed (context index fastest).
     {Axis::data, "data", nullptr, true, "data", nullptr, nullptr, axis_bit(Axis::context) | axis_bit(Axis::data), "",
@@ -70,7 +75,7 @@ struct PerAxis {
 };
 
 struct Mesh {
-  PerAxis<int> sizes{{1, 1, 1, 1}};
+  PerAxis<int> sizes{{1, 1, 1, 1, 1}};
 
   /// The mesh of `world` ranks for the sizes asked of the keyed axes (those not named: 1); the
   /// data axis takes the ranks left. InputError naming the keys when their product does not

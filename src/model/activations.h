@@ -21,6 +21,7 @@ struct ActsShape {
   bool head = true;   // the final norm, logits and losses (the last stage)
   bool acts = true;   // the forward activations
   bool grads = true;  // the backward scratch
+  int expert_size = 1;  // expert parallelism: the ranks each MoE layer's experts are split over
 };
 
 /// The padded vocabulary (as llm.c's): a model lays out the logits of its V vocabulary columns in
@@ -60,6 +61,7 @@ struct ActsDims {
   // the layer itself), or -1 for those every layer shares: Mixture-of-Experts models lay out the
   // dense MLP's activations or the experts' by it.
   std::int64_t layer = -1;
+  int expert_size = 1;  // expert parallelism: a MoE layer's experts run the rows of this many ranks
 };
 
 /// The activation carver of one layout pass: `take` hands out tensors in the compute dtype,

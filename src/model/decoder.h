@@ -132,11 +132,14 @@ class Decoder : public Model {
   /// Activation bytes at (B,T): the layout code with a measuring Carver (nothing allocated), on a
   /// rank of a tensor-parallel group of `tensor_size`.
   static std::size_t measure_activations(const config::ModelConfig& config, Recompute recompute, DType compute,
-                                         int B, int T, int tensor_size = 1, bool sequence_parallel = false) {
+                                         int B, int T, int tensor_size = 1, bool sequence_parallel = false,
+                                         int expert_size = 1) {
     Carver carver = Carver::measuring();
     Acts a;
     GradActs g;
-    return lay_out(config, recompute, compute, carver, B, T, a, g, ActsShape{tensor_size, sequence_parallel});
+    ActsShape shape{tensor_size, sequence_parallel};
+    shape.expert_size = expert_size;
+    return lay_out(config, recompute, compute, carver, B, T, a, g, shape);
   }
 
  protected:
@@ -427,7 +430,8 @@ std::size_t Decoder<Body>::lay_out(const config::ModelConfig& config, Recompute 
   const int ts = shape.tensor_size;
   const std::int64_t N = std::int64_t(B) * T, R = shape.sequence_parallel ? N / ts : N, C = config.d_model,
                      V = (config.vocab_size + ts - 1) / ts;
-  const ActsDims dims{B, T, N, R, ts, shape.layers < 0 ? config.n_layer : shape.layers};
+  ActsDims dims{B, T, N, R, ts, shape.layers < 0 ? config.n_layer : shape.layers};
+  dims.expert_size = shape.expert_size;
   // Activations in the compute dtype; statistics (means, rstds, lse, losses) always f32.
   ActsCarver take{carver, compute};
   if (shape.acts) {

@@ -59,10 +59,15 @@ struct TensorSlice {
   int dim = -1;
   std::vector<std::pair<std::int64_t, std::int64_t>> blocks;
   bool owner = true;  // false: another rank holds the same part and saves it (a replicated
-                      // key/value head; a tied embedding's copy on the last pipeline stage)
+                      // key/value head; a tied embedding's copy on the last pipeline stage; under
+                      // expert parallelism every parameter but the experts, on expert ranks above 0)
+  bool expert = false;  // expert parallelism's part: whole experts along dim 0, the same on every
+                        // rank of the tensor group (split over the expert group, not the tensor group)
   bool whole() const { return dim < 0; }
+  /// Whether the tensor group splits this parameter (each of its ranks holds a different part).
+  bool split_over_tensor() const { return !whole() && !expert; }
   /// Whether this rank is the one that saves this part and counts it in the gradient norm.
-  bool owned_by(int tensor_rank) const { return owner && (!whole() || tensor_rank == 0); }
+  bool owned_by(int tensor_rank) const { return owner && (split_over_tensor() || tensor_rank == 0); }
 };
 
 /// One parameter tensor: its Hugging Face name (weights in torch.nn.Linear's (out, in) layout),
@@ -122,6 +127,10 @@ struct Layout {
   int context_rank = 0;
   int context_size = 1;
   bool context_ring = true;
+  // Expert parallelism: this rank's place in the group that splits every MoE layer's experts (it
+  // holds experts [expert_rank E / expert_size, (expert_rank + 1) E / expert_size)).
+  int expert_rank = 0;
+  int expert_size = 1;
 };
 
 }  // namespace llmtrain::model

@@ -83,7 +83,7 @@ void LlamaBody::lay_out_mlp(ActsCarver& take, const config::ModelConfig& config,
     la.up = take.take({d.N, F});
     la.swi = take.take({d.N, F});
   }
-  if (moe) lay_out_moe_acts(take, config, d.N, la.moe);
+  if (moe) lay_out_moe_acts(take, config, d.N, la.moe, d.expert_size);
 }
 
 void LlamaBody::lay_out_kept(ActsCarver& take, const config::ModelConfig& config, const ActsDims& d, Acts& la) {
@@ -116,7 +116,7 @@ void LlamaBody::lay_out_grads(ActsCarver& take, const config::ModelConfig& confi
     g.up = take.take({N, F});
     g.swi = take.take({N, F});
   }
-  if (config.moe.enabled) lay_out_moe_grads(take, config, N, g.moe);
+  if (config.moe.enabled) lay_out_moe_grads(take, config, N, g.moe, d.expert_size);
   if (config.qk_norm) g.qkn = take.take({N, QKV});
 }
 
@@ -142,6 +142,10 @@ void LlamaBody::lay_out_decoding(ActsCarver& take, const config::ModelConfig& co
 Llama::Llama(const config::ModelConfig& config, Device device, Recompute recompute, DType compute,
              ops::AttentionKernels attention, Layout layout)
     : Decoder(config, device, recompute, compute, attention, layout) {
+  if (layout.expert_size > 1 && (!config.moe.enabled || config.moe.experts % layout.expert_size != 0)) {
+    throw InputError("dist.expert_parallel = " + std::to_string(layout.expert_size) +
+                     " must divide model.moe.experts (" + std::to_string(config.moe.enabled ? config.moe.experts : 0) + ")");
+  }
   const int N = layout.tensor_size;
   // Key/value heads are split like the query heads when N divides their number, else (N a
   // multiple of it) each is replicated on the N / n_kv_head ranks whose query heads use it.
@@ -170,6 +174,11 @@ Llama::Llama(const config::ModelConfig& config, Device device, Recompute recompu
 
 TensorSlice Llama::layer_slice(const std::string& name) const {
   const std::int64_t F = config_.ffn_hidden;
+  // Expert parallelism: this rank's whole experts, the same on every rank of its tensor group.
+  if (name.find(".mlp.experts.") != std::string::npos && layout().expert_size > 1) {
+    const std::int64_t El = config_.moe.experts / layout().expert_size;
+    return {0, {{layout().expert_rank * El, El}}, true, true};
+  }
   // Megatron's split: q, k, v, gate and up column-parallel (q, k and v by heads), o and down
   // row-parallel (summed after).
   if (name.ends_with("self_attn.q_proj.weight")) return tp_.column_part(config_.n_head * HS_);
@@ -255,7 +264,7 @@ void Llama::forward_layer(std::size_t l) {
   ops::rmsnorm_forward(la.ln2, la.rstd2, la.residual2, lp.post_norm, eps);
   if (is_moe_layer(config_, std::int64_t(l))) {
     const MoeLayerStats s = moe_forward(config_.moe, lp.moe, la.moe, la.ln2, la.down,
-                                        moe_capacity(config_.moe, std::int64_t(B) * T));
+                                        moe_capacity(config_.moe, std::int64_t(B) * T), expert_group(), &ga_.moe);
     const double layers = double(config_.n_layer - config_.moe.first_dense_layers);
     if (l == std::size_t(config_.moe.first_dense_layers)) ++moe_stats_.forwards;
     moe_stats_.aux += s.aux / layers;
@@ -298,7 +307,7 @@ void Llama::backward_layer(std::size_t l) {
     const config::MoeConfig& m = config_.moe;
     const float per_batch = dloss_scale_ * float(std::int64_t(B) * T);
     moe_backward(m, lp.moe, lg.moe, la.moe, ga_.moe, la.ln2, ga_.ln2, dresidual, float(m.aux_loss_coef) * per_batch,
-                 float(m.z_loss_coef) * per_batch);
+                 float(m.z_loss_coef) * per_batch, expert_group());
   } else {
     ops::zero(ga_.gate);
     ops::zero(ga_.up);

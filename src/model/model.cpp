@@ -94,6 +94,8 @@ void Model::add_param(const std::string& name, std::vector<std::int64_t> shape, 
     for (const auto& [first, count] : slice.blocks) extent += count;
     info.shape[std::size_t(slice.dim)] = extent;
   }
+  // Expert parallelism: what every rank of the expert group holds alike, the first one saves.
+  if (layout_.expert_size > 1 && !slice.expert && layout_.expert_rank != 0) slice.owner = false;
   info.slice = std::move(slice);
   std::int64_t full = 1;
   for (const auto d : info.full_shape) full *= d;

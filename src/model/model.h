@@ -27,6 +27,8 @@
 
 namespace llmtrain::model {
 
+class ExpertGroup;  // model/moe_layer.h
+
 /// Which activations backward recomputes instead of keeping from forward (config train.recompute).
 using Recompute = config::Recompute;
 
@@ -103,6 +105,9 @@ class Model {
   void set_tensor_group(TensorGroup* group) { tp_.set_group(group); }
   /// Context parallelism: the group attention exchanges key/value blocks over (set before the first pass).
   void set_context_group(ContextGroup* group) { cp_.set_group(group); }
+  /// Expert parallelism: the group MoE layers send their tokens' rows over (set before the first pass).
+  void set_expert_group(ExpertGroup* group) { expert_group_ = group; }
+  ExpertGroup* expert_group() const { return expert_group_; }
   /// The ranks each sequence is split over (layout().context_size): forward and backward take
   /// whole (B,T) sequences and keep this rank's T / context_size tokens of each.
   int context_size() const { return cp_.size(); }
@@ -214,7 +219,8 @@ class Model {
   virtual std::size_t activation_bytes(int B, int T) const = 0;
   /// This model's activation layout: its tensor-parallel part and its layers.
   ActsShape acts_shape() const {
-    return {layout_.tensor_size, sequence_parallel(), largest_layer_range(), holds_model_end(), true, true};
+    return {layout_.tensor_size, sequence_parallel(), largest_layer_range(), holds_model_end(), true, true,
+            layout_.expert_size};
   }
 
  protected:
@@ -269,6 +275,7 @@ class Model {
   Layout layout_;
   TensorParallel tp_;
   ContextParallel cp_;
+  ExpertGroup* expert_group_ = nullptr;
   Documents documents_;
 
  private:

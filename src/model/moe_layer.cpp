@@ -1,5 +1,6 @@
 #include "model/moe_layer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <vector>
@@ -29,6 +30,88 @@ std::vector<T> read(const Tensor& t) {
 
 std::int64_t kept_rows(const Tensor& offsets) { return read<std::int32_t>(offsets).back(); }
 
+// The first `n` elements of a 1-D tensor.
+Tensor first(const Tensor& t, std::int64_t n) { return Tensor(t.data, t.dtype, t.device, {n}); }
+
+template <class T>
+void upload(const Tensor& to, const std::vector<T>& from) {
+  if (!from.empty()) ops::copy(first(to, std::int64_t(from.size())), Tensor(const_cast<T*>(from.data()), to.dtype, Device::cpu, {std::int64_t(from.size())}));
+}
+
+// One MoE layer's exchange over an expert group of P ranks, from this rank's dispatch offsets
+// (E+1) and the rows every rank sends for each of this rank's El experts (P x El): the rows this
+// rank sends each rank and receives from each, and where each local expert's rows start once the
+// received rows (rank by rank, each rank's by expert) are reordered by expert.
+struct Exchange {
+  std::vector<std::int64_t> send_rows, recv_rows;
+  std::vector<std::int32_t> offsets;  // (El+1)
+  std::int64_t sent = 0, received = 0;
+};
+
+Exchange plan_exchange(const std::vector<std::int32_t>& dispatch, const std::vector<std::int32_t>& counts, int P) {
+  const std::size_t El = counts.size() / std::size_t(P);
+  Exchange x;
+  x.offsets.assign(El + 1, 0);
+  for (int q = 0; q < P; ++q) {
+    x.send_rows.push_back(dispatch[std::size_t(q + 1) * El] - dispatch[std::size_t(q) * El]);
+    std::int64_t rows = 0;
+    for (std::size_t j = 0; j < El; ++j) {
+      rows += counts[std::size_t(q) * El + j];
+      x.offsets[j + 1] += counts[std::size_t(q) * El + j];
+    }
+    x.recv_rows.push_back(rows);
+    x.sent += x.send_rows.back();
+    x.received += rows;
+  }
+  for (std::size_t j = 0; j < El; ++j) x.offsets[j + 1] += x.offsets[j];
+  return x;
+}
+
+// Forward of an expert-parallel layer, the experts' side: the rows received (rank by rank) are
+// reordered by expert (perm: expert-ordered row i is received row perm[i]; inv its inverse).
+void reorder_indices(const std::vector<std::int32_t>& counts, const Exchange& x, std::vector<std::int32_t>& perm,
+                     std::vector<std::int32_t>& inv) {
+  const std::size_t P = x.recv_rows.size(), El = counts.size() / P;
+  perm.assign(std::size_t(x.received), 0);
+  inv.assign(std::size_t(x.received), 0);
+  std::vector<std::int64_t> from(P, 0);  // where rank q's rows start among those received
+  for (std::size_t q = 1; q < P; ++q) from[q] = from[q - 1] + x.recv_rows[q - 1];
+  std::int64_t at = 0;
+  for (std::size_t j = 0; j < El; ++j) {
+    for (std::size_t q = 0; q < P; ++q) {
+      for (std::int32_t i = 0; i < counts[q * El + j]; ++i, ++at) {
+        perm[std::size_t(at)] = std::int32_t(from[q] + i);
+        inv[std::size_t(from[q] + i)] = std::int32_t(at);
+      }
+      from[q] += counts[q * El + j];
+    }
+  }
+}
+
+// The experts' SwiGLU over the first M rows of x (in expert order, `offsets`) into y.
+void run_experts(const MoeWeights& w, const Tensor& x, const Tensor& gate, const Tensor& up, const Tensor& swi,
+                 const Tensor& y, const Tensor& offsets, std::int64_t M) {
+  ops::grouped_matmul_forward(gate, x, w.gate, offsets);
+  ops::grouped_matmul_forward(up, x, w.up, offsets);
+  if (M > 0) ops::swiglu_forward(first_rows(swi, M), first_rows(gate, M), first_rows(up, M));
+  ops::grouped_matmul_forward(y, swi, w.down, offsets);
+}
+
+// Its backward from dy: dx (the first M rows) WRITTEN, the experts' gradients g += .
+void run_experts_backward(const MoeWeights& w, const MoeWeights& g, const MoeGrads& ga, const Tensor& x,
+                          const Tensor& gate, const Tensor& up, const Tensor& swi, const Tensor& dy, const Tensor& dx,
+                          const Tensor& offsets, std::int64_t M) {
+  ops::grouped_matmul_backward(ga.dswi, g.down, dy, swi, w.down, offsets, ops::Accumulate::no);
+  if (M > 0) {
+    ops::zero(first_rows(ga.dgate, M));
+    ops::zero(first_rows(ga.dup, M));
+    ops::swiglu_backward(first_rows(ga.dgate, M), first_rows(ga.dup, M), first_rows(ga.dswi, M),
+                         first_rows(gate, M), first_rows(up, M));
+  }
+  ops::grouped_matmul_backward(dx, g.gate, ga.dgate, x, w.gate, offsets, ops::Accumulate::no);
+  ops::grouped_matmul_backward(dx, g.up, ga.dup, x, w.up, offsets);
+}
+
 }  // namespace
 
 void for_each_moe_param(const config::ModelConfig& config,
@@ -52,10 +135,18 @@ std::int64_t moe_capacity(const config::MoeConfig& moe, std::int64_t N) {
   return std::int64_t(std::ceil(moe.capacity_factor * double(N) * double(moe.top_k) / double(moe.experts)));
 }
 
-void lay_out_moe_acts(ActsCarver& take, const config::ModelConfig& config, std::int64_t N, MoeActs& a) {
+std::int64_t moe_expert_rows(const config::MoeConfig& moe, std::int64_t N, int expert_size) {
+  const std::int64_t all = std::int64_t(expert_size) * N * moe.top_k, capacity = moe_capacity(moe, N);
+  return capacity > 0 ? std::min(all, moe.experts * capacity) : all;
+}
+
+void lay_out_moe_acts(ActsCarver& take, const config::ModelConfig& config, std::int64_t N, MoeActs& a,
+                      int expert_size) {
   const config::MoeConfig& m = config.moe;
   const std::int64_t C = config.d_model, E = m.experts, k = m.top_k, I = m.ffn_hidden, NK = N * k;
   const std::int64_t S = m.shared_experts * m.shared_ffn_hidden;
+  // The experts' rows: this rank's slots, or under expert parallelism those it may be sent.
+  const std::int64_t R = expert_size > 1 ? moe_expert_rows(m, N, expert_size) : NK;
   a.logits = take.take({N, E});
   a.probs = take.stat({N, E});
   a.experts = take.carver.take(DType::i32, {N, k});
@@ -67,9 +158,9 @@ void lay_out_moe_acts(ActsCarver& take, const config::ModelConfig& config, std::
   a.slot_row = take.carver.take(DType::i32, {NK});
   a.dropped = take.stat({1});
   a.xp = take.take({NK, C});
-  a.gate = take.take({NK, I});
-  a.up = take.take({NK, I});
-  a.swi = take.take({NK, I});
+  a.gate = take.take({R, I});
+  a.up = take.take({R, I});
+  a.swi = take.take({R, I});
   a.y = take.take({NK, C});
   if (S > 0) {
     a.shared_gate = take.take({N, S});
@@ -77,19 +168,32 @@ void lay_out_moe_acts(ActsCarver& take, const config::ModelConfig& config, std::
     a.shared_swi = take.take({N, S});
     a.shared_out = take.take({N, C});
   }
+  if (expert_size > 1) {
+    a.ep_counts = take.carver.take(DType::i32, {E});
+    a.ep_offsets = take.carver.take(DType::i32, {E / expert_size + 1});
+    a.ep_perm = take.carver.take(DType::i32, {R});
+    a.ep_inv = take.carver.take(DType::i32, {R});
+    a.ep_x = take.take({R, C});
+  }
 }
 
-void lay_out_moe_grads(ActsCarver& take, const config::ModelConfig& config, std::int64_t N, MoeGrads& g) {
+void lay_out_moe_grads(ActsCarver& take, const config::ModelConfig& config, std::int64_t N, MoeGrads& g,
+                       int expert_size) {
   const config::MoeConfig& m = config.moe;
   const std::int64_t C = config.d_model, E = m.experts, k = m.top_k, I = m.ffn_hidden, NK = N * k;
   const std::int64_t S = m.shared_experts * m.shared_ffn_hidden;
+  const std::int64_t R = expert_size > 1 ? moe_expert_rows(m, N, expert_size) : NK;
   g.dlogits = take.take({N, E});
   g.dweights = take.stat({N, k});
   g.dxp = take.take({NK, C});
-  g.dgate = take.take({NK, I});
-  g.dup = take.take({NK, I});
-  g.dswi = take.take({NK, I});
+  g.dgate = take.take({R, I});
+  g.dup = take.take({R, I});
+  g.dswi = take.take({R, I});
   g.dy = take.take({NK, C});
+  if (expert_size > 1) {
+    g.ep_a = take.take({R, C});
+    g.ep_b = take.take({R, C});
+  }
   if (S > 0) {
     g.shared_gate = take.take({N, S});
     g.shared_up = take.take({N, S});
@@ -98,19 +202,40 @@ void lay_out_moe_grads(ActsCarver& take, const config::ModelConfig& config, std:
 }
 
 MoeLayerStats moe_forward(const config::MoeConfig& moe, const MoeWeights& w, const MoeActs& a, const Tensor& ln,
-                          const Tensor& out, std::int64_t capacity) {
+                          const Tensor& out, std::int64_t capacity, ExpertGroup* group, const MoeGrads* scratch) {
   const Tensor none;
   // Router: logits, probabilities, the top k and their weights, the losses' statistics.
   ops::matmul_forward(a.logits, ln, w.router, none);
   ops::moe_router_forward(a.probs, a.experts, a.weights, a.counts, a.losses, a.logits, w.bias, router_kind(moe));
   // Dispatch: the slots in expert order (the first M rows), through the experts' SwiGLU.
   ops::moe_dispatch(a.offsets, a.row_slot, a.slot_row, a.dropped, a.experts, capacity);
-  const std::int64_t M = kept_rows(a.offsets);
   ops::moe_permute_forward(a.xp, ln, a.row_slot, a.offsets);
-  ops::grouped_matmul_forward(a.gate, a.xp, w.gate, a.offsets);
-  ops::grouped_matmul_forward(a.up, a.xp, w.up, a.offsets);
-  if (M > 0) ops::swiglu_forward(first_rows(a.swi, M), first_rows(a.gate, M), first_rows(a.up, M));
-  ops::grouped_matmul_forward(a.y, a.swi, w.down, a.offsets);
+  if (!group || group->size() == 1) {
+    run_experts(w, a.xp, a.gate, a.up, a.swi, a.y, a.offsets, kept_rows(a.offsets));
+  } else {
+    // Expert parallelism: the slots go to their experts' ranks (the counts first), are reordered
+    // by expert there, and come back in the order they left.
+    const std::vector<std::int32_t> dispatch = read<std::int32_t>(a.offsets);
+    std::vector<std::int32_t> sent(dispatch.size() - 1), counts;
+    for (std::size_t e = 0; e + 1 < dispatch.size(); ++e) sent[e] = dispatch[e + 1] - dispatch[e];
+    group->exchange_counts(sent, counts);
+    const Exchange x = plan_exchange(dispatch, counts, group->size());
+    std::vector<std::int32_t> perm, inv;
+    reorder_indices(counts, x, perm, inv);
+    upload(a.ep_counts, counts);
+    upload(a.ep_offsets, x.offsets);
+    upload(a.ep_perm, perm);
+    upload(a.ep_inv, inv);
+    const std::int64_t R = x.received;
+    group->all_to_all(a.xp, x.send_rows, scratch->ep_a, x.recv_rows);
+    if (R > 0) ops::moe_permute_forward(first_rows(a.ep_x, R), first_rows(scratch->ep_a, R), first(a.ep_perm, R), a.ep_offsets);
+    run_experts(w, a.ep_x, a.gate, a.up, a.swi, scratch->ep_b, a.ep_offsets, R);
+    if (R > 0) {
+      ops::moe_permute_backward(first_rows(scratch->ep_a, R), first_rows(scratch->ep_b, R), first(a.ep_inv, R),
+                                ops::Accumulate::no);
+    }
+    group->all_to_all(scratch->ep_a, x.recv_rows, a.y, x.send_rows);
+  }
   ops::moe_unpermute_forward(out, a.y, a.weights, a.slot_row);
   if (w.shared_gate.data) {
     ops::matmul_forward(a.shared_gate, ln, w.shared_gate, none);
@@ -125,7 +250,7 @@ MoeLayerStats moe_forward(const config::MoeConfig& moe, const MoeWeights& w, con
 
 void moe_backward(const config::MoeConfig& moe, const MoeWeights& w, const MoeWeights& g, const MoeActs& a,
                   const MoeGrads& ga, const Tensor& ln, const Tensor& dln, const Tensor& dout, float aux_scale,
-                  float z_scale) {
+                  float z_scale, ExpertGroup* group) {
   const Tensor none;
   const bool shared = w.shared_gate.data != nullptr;
   if (shared) {  // dln's first writer
@@ -136,17 +261,22 @@ void moe_backward(const config::MoeConfig& moe, const MoeWeights& w, const MoeWe
     ops::matmul_backward(dln, g.shared_gate, none, ga.shared_gate, ln, w.shared_gate, ops::Accumulate::no);
     ops::matmul_backward(dln, g.shared_up, none, ga.shared_up, ln, w.shared_up);
   }
-  const std::int64_t M = kept_rows(a.offsets);
   ops::moe_unpermute_backward(ga.dy, ga.dweights, dout, a.y, a.weights, a.row_slot, a.slot_row, a.offsets);
-  ops::grouped_matmul_backward(ga.dswi, g.down, ga.dy, a.swi, w.down, a.offsets, ops::Accumulate::no);
-  if (M > 0) {
-    ops::zero(first_rows(ga.dgate, M));
-    ops::zero(first_rows(ga.dup, M));
-    ops::swiglu_backward(first_rows(ga.dgate, M), first_rows(ga.dup, M), first_rows(ga.dswi, M),
-                         first_rows(a.gate, M), first_rows(a.up, M));
+  if (!group || group->size() == 1) {
+    run_experts_backward(w, g, ga, a.xp, a.gate, a.up, a.swi, ga.dy, ga.dxp, a.offsets, kept_rows(a.offsets));
+  } else {
+    // The slots' gradients travel as their rows did in forward, and the inputs' gradients back.
+    const Exchange x = plan_exchange(read<std::int32_t>(a.offsets), read<std::int32_t>(a.ep_counts), group->size());
+    const std::int64_t R = x.received;
+    group->all_to_all(ga.dy, x.send_rows, ga.ep_a, x.recv_rows);
+    if (R > 0) ops::moe_permute_forward(first_rows(ga.ep_b, R), first_rows(ga.ep_a, R), first(a.ep_perm, R), a.ep_offsets);
+    run_experts_backward(w, g, ga, a.ep_x, a.gate, a.up, a.swi, ga.ep_b, ga.ep_a, a.ep_offsets, R);
+    if (R > 0) {
+      ops::moe_permute_backward(first_rows(ga.ep_b, R), first_rows(ga.ep_a, R), first(a.ep_inv, R),
+                                ops::Accumulate::no);
+    }
+    group->all_to_all(ga.ep_b, x.recv_rows, ga.dxp, x.send_rows);
   }
-  ops::grouped_matmul_backward(ga.dxp, g.gate, ga.dgate, a.xp, w.gate, a.offsets, ops::Accumulate::no);
-  ops::grouped_matmul_backward(ga.dxp, g.up, ga.dup, a.xp, w.up, a.offsets);
   ops::moe_permute_backward(dln, ga.dxp, a.slot_row, shared ? ops::Accumulate::yes : ops::Accumulate::no);
   ops::moe_router_backward(ga.dlogits, ga.dweights, a.logits, a.probs, a.experts, a.counts, router_kind(moe),
                            aux_scale, z_scale);

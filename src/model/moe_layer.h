@@ -28,13 +28,39 @@ struct MoeWeights {
 /// (N,k) i32, weights (N,k) f32, counts (E) f32, losses (3) f32), the dispatch plan's (offsets
 /// (E+1), row_slot and slot_row (N k) i32, dropped (1) f32), the experts' rows (xp (N k, C),
 /// gate, up, swi (N k, I), y (N k, C)) and the shared experts' (N, S Is) and their output (N, C).
+/// Under expert parallelism (ExpertGroup) xp and y are the rows this rank sends to the experts'
+/// ranks and gets back, and the experts' side keeps its own: the rows each rank sent for each of
+/// this rank's experts (ep_counts (ranks x local experts) i32), where each local expert's rows
+/// start (ep_offsets (local experts + 1) i32), the rows as received reordered by expert (ep_x
+/// (R, C): row i is received row ep_perm[i]; received row t is row ep_inv[t]), and gate, up, swi
+/// (R, I) of them; R at most every rank's kept slots.
 struct MoeActs {
   Tensor logits, probs, experts, weights, counts, losses, offsets, row_slot, slot_row, dropped;
   Tensor xp, gate, up, swi, y, shared_gate, shared_up, shared_swi, shared_out;
+  Tensor ep_counts, ep_offsets, ep_perm, ep_inv, ep_x;
 };
-/// Its backward scratch.
+/// Its backward scratch; under expert parallelism dgate, dup and dswi are (R, I), and ep_a and
+/// ep_b (R, C) carry the rows to and from the other ranks in forward and backward alike.
 struct MoeGrads {
   Tensor dlogits, dweights, dxp, dgate, dup, dswi, dy, shared_gate, shared_up, shared_swi;
+  Tensor ep_a, ep_b;
+};
+
+/// Expert parallelism: the ranks each MoE layer's experts are split over, rank r holding the
+/// E / size() consecutive experts from r E / size(). A layer's token rows travel to their experts'
+/// ranks and back by all-to-all (parallel/expert_parallel_comm.h over a dist::Communicator).
+class ExpertGroup {
+ public:
+  virtual ~ExpertGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// send (E): this rank's rows for each expert; recv (size() x E / size()): the rows each rank
+  /// sends for each of this rank's experts, rank by rank (host memory).
+  virtual void exchange_counts(const std::vector<std::int32_t>& send, std::vector<std::int32_t>& recv) = 0;
+  /// Rows of `send` (n, C), send_rows[r] of them for rank r end to end in rank order, into `recv`
+  /// likewise, recv_rows[r] from rank r (the activations' memory).
+  virtual void all_to_all(const Tensor& send, const std::vector<std::int64_t>& send_rows, const Tensor& recv,
+                          const std::vector<std::int64_t>& recv_rows) = 0;
 };
 /// What one MoE layer's forward measured: its load-balancing loss, z-loss, largest load over the
 /// mean load, and the fraction of token slots dropped.
@@ -58,16 +84,26 @@ void for_each_moe_param(const config::ModelConfig& config,
 /// (dropless).
 std::int64_t moe_capacity(const config::MoeConfig& moe, std::int64_t N);
 
-void lay_out_moe_acts(ActsCarver& take, const config::ModelConfig& config, std::int64_t N, MoeActs& a);
-void lay_out_moe_grads(ActsCarver& take, const config::ModelConfig& config, std::int64_t N, MoeGrads& g);
+/// The rows the experts of one rank of an expert group of `expert_size` may be sent from a
+/// micro-batch of N tokens on every rank: all of their slots, or (capacity_factor) at most the
+/// capacity of each of its experts from each rank.
+std::int64_t moe_expert_rows(const config::MoeConfig& moe, std::int64_t N, int expert_size);
 
-/// out (N,C) = the MoE MLP of ln (N,C); `capacity` as moe_capacity (0: dropless).
+void lay_out_moe_acts(ActsCarver& take, const config::ModelConfig& config, std::int64_t N, MoeActs& a,
+                      int expert_size = 1);
+void lay_out_moe_grads(ActsCarver& take, const config::ModelConfig& config, std::int64_t N, MoeGrads& g,
+                       int expert_size = 1);
+
+/// out (N,C) = the MoE MLP of ln (N,C); `capacity` as moe_capacity (0: dropless). `group`: the
+/// expert group, whose ranks all call it together (null: every expert here; then `w`'s experts
+/// are all E, else this rank's, and `scratch`'s ep_a and ep_b carry the rows).
 MoeLayerStats moe_forward(const config::MoeConfig& moe, const MoeWeights& w, const MoeActs& a, const Tensor& ln,
-                          const Tensor& out, std::int64_t capacity);
+                          const Tensor& out, std::int64_t capacity, ExpertGroup* group = nullptr,
+                          const MoeGrads* scratch = nullptr);
 /// Its backward from dout (N,C): dln (N,C) WRITTEN, the weights' gradients g += ; the router's
 /// losses enter with aux_scale and z_scale (their coefficients times the loss scale of the micro-batch).
 void moe_backward(const config::MoeConfig& moe, const MoeWeights& w, const MoeWeights& g, const MoeActs& a,
                   const MoeGrads& ga, const Tensor& ln, const Tensor& dln, const Tensor& dout, float aux_scale,
-                  float z_scale);
+                  float z_scale, ExpertGroup* group = nullptr);
 
 }  // namespace llmtrain::model

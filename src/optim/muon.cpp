@@ -43,7 +43,8 @@ std::vector<MuonMatrix> muon_matrices(const std::vector<model::ParamInfo>& infos
       return slice;
     };
     if (info.shape.size() == 3) {  // a MoE layer's experts, (E, out, in): each expert's matrix on its own
-      if (!info.slice.whole()) throw RuntimeError("muon: " + info.name + " is split over the tensor-parallel group");
+      // Under expert parallelism this rank's experts, each whole.
+      if (info.slice.split_over_tensor()) throw RuntimeError("muon: " + info.name + " is split over the tensor-parallel group");
       const std::int64_t out_features = info.shape[1], in_features = info.shape[2];
       for (std::int64_t e = 0; e < info.shape[0]; ++e) {
         out.push_back({info.name + "[" + std::to_string(e) + "]", info.offset + e * out_features * in_features,

@@ -9,6 +9,7 @@
 #include "core/crc32.h"
 #include "core/error.h"
 #include "ops/ops.h"
+#include "parallel/expert_parallel_comm.h"
 #include "parallel/tensor_parallel_comm.h"
 
 namespace llmtrain::parallel {
@@ -73,6 +74,7 @@ double GradientSync::finish(double& loss_sum) {
     ops::copy(slice(padded_, 0, P_), Tensor(grads_, DType::f32, device_, {P_}));
     comm_.reduce_scatter_sum(padded_.as<float>(), shard_.as<float>(), shard_size_);
   }
+  if (expert_.group) sum_shared_grads(*expert_.group, grads(), begin_, expert_.shared);
   // ZeRO 0: every rank holds the whole summed buffer, only the loss needs summing; else each
   // rank's shard adds its squares.
   double sums[2] = {loss_sum, norm_.counted.empty() ? ops::sum_squares(grads())

@@ -29,6 +29,15 @@ struct NormScope {
   }
 };
 
+/// Expert parallelism: the gradients every rank of an expert group holds alike (every parameter
+/// but the experts': parallel/expert_parallel_comm.h's expert_shared_ranges) and the group
+/// (device memory) they are summed over once the data-parallel (expert-data) reduction is done;
+/// empty without.
+struct ExpertScope {
+  std::vector<model::FlatRange> shared;
+  dist::Communicator* group = nullptr;
+};
+
 // Owns the data-parallel reduction of the gradients: the buckets (ZeRO 0) or the shards (ZeRO 1/2),
 // the stage actually used (a single rank has nothing to shard: 0), and the global gradient norm.
 class GradientSync {
@@ -55,6 +64,7 @@ class GradientSync {
   /// After this rank updated params [begin, end): gives every rank every updated weight (ZeRO 1/2).
   void gather_params(float* params);
   void set_norm_scope(NormScope scope) { norm_ = std::move(scope); }
+  void set_expert_scope(ExpertScope scope) { expert_ = std::move(scope); }
   /// Bytes of the buffers it holds (ZeRO 1/2: the padded gradients and this rank's shard).
   std::size_t state_bytes() const { return padded_buffer_.bytes() + shard_buffer_.bytes(); }
 
@@ -72,6 +82,7 @@ class GradientSync {
   ops::Buffer padded_buffer_, shard_buffer_;  // ZeRO: (W S) and (S,) on the gradients' device
   Tensor padded_, shard_;
   NormScope norm_;
+  ExpertScope expert_;
 };
 
 /// The ranks whose weight checksum differs from rank 0's (checksums indexed by rank).

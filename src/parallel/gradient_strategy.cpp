@@ -10,9 +10,10 @@ namespace {
 class BucketedSync final : public GradientStrategy {
  public:
   BucketedSync(model::Model& model, const config::DistConfig& dist, dist::Communicator& comm,
-               dist::Communicator& host_comm, NormScope norm)
+               dist::Communicator& host_comm, NormScope norm, ExpertScope expert)
       : model_(model), sync_(comm, host_comm, model.grads(), dist.bucket_mb, int(dist.zero_stage)) {
     sync_.set_norm_scope(std::move(norm));
+    sync_.set_expert_scope(std::move(expert));
   }
 
   std::vector<optim::Piece> held() const override { return {{{0, model_.num_params()}, 0}}; }
@@ -57,9 +58,10 @@ class BucketedSync final : public GradientStrategy {
 class ShardedUnits final : public GradientStrategy {
  public:
   ShardedUnits(model::Model& model, const config::DistConfig& dist, dist::Communicator& comm,
-               dist::Communicator& host_comm, NormScope norm)
+               dist::Communicator& host_comm, NormScope norm, ExpertScope expert)
       : zero3_(model, comm, host_comm, dist.reshard_after_forward) {
     zero3_.set_norm_scope(std::move(norm));
+    zero3_.set_expert_scope(std::move(expert));
   }
 
   std::vector<optim::Piece> held() const override { return zero3_.pieces(); }
@@ -88,9 +90,11 @@ class ShardedUnits final : public GradientStrategy {
 
 std::unique_ptr<GradientStrategy> make_gradient_strategy(model::Model& model, const config::DistConfig& dist,
                                                          dist::Communicator& comm, dist::Communicator& host_comm,
-                                                         NormScope norm) {
-  if (dist.zero_stage == 3) return std::make_unique<ShardedUnits>(model, dist, comm, host_comm, std::move(norm));
-  return std::make_unique<BucketedSync>(model, dist, comm, host_comm, std::move(norm));
+                                                         NormScope norm, ExpertScope expert) {
+  if (dist.zero_stage == 3) {
+    return std::make_unique<ShardedUnits>(model, dist, comm, host_comm, std::move(norm), std::move(expert));
+  }
+  return std::make_unique<BucketedSync>(model, dist, comm, host_comm, std::move(norm), std::move(expert));
 }
 
 }  // namespace llmtrain::parallel

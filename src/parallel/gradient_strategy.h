@@ -65,9 +65,10 @@ class GradientStrategy {
 /// ZeRO 3 (dist.zero_stage 3; `model` built sharded): fully sharded units; else bucketed sync
 /// of the model's flat gradient buffer. `comm` is the data-parallel group over the memory the
 /// model lives in, `host_comm` the same ranks over host memory; `norm` says which gradients the
-/// global norm counts and which other groups it is summed over.
+/// global norm counts and which other groups it is summed over; `expert` which gradients the
+/// expert group then sums.
 std::unique_ptr<GradientStrategy> make_gradient_strategy(model::Model& model, const config::DistConfig& dist,
                                                          dist::Communicator& comm, dist::Communicator& host_comm,
-                                                         NormScope norm);
+                                                         NormScope norm, ExpertScope expert = {});
 
 }  // namespace llmtrain::parallel

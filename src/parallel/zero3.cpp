@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "ops/ops.h"
+#include "parallel/expert_parallel_comm.h"
 #include "parallel/tensor_parallel_comm.h"
 #include "parallel/zero3_slots.h"
 
@@ -410,6 +411,12 @@ void Zero3::zero_grads() {
 }
 
 double Zero3::finish(double& loss_sum) {
+  if (expert_.group && local_size_ > 0) {
+    for (const optim::Piece& p : pieces_) {
+      const Tensor part(grads().as<float>() + p.local, DType::f32, grads().device, {p.size()});
+      sum_shared_grads(*expert_.group, part, p.begin, expert_.shared);
+    }
+  }
   double squares = 0.0;
   if (local_size_ > 0) squares = norm_.counted.empty() ? ops::sum_squares(grads()) : sum_squares_in(grads(), pieces_, norm_.counted);
   double sums[2] = {loss_sum, squares};

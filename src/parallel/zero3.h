@@ -65,6 +65,7 @@ class Zero3 final : public model::PassObserver {
   /// global gradient norm; `loss_sum` (this rank's) is summed over the group in the same call.
   double finish(double& loss_sum);
   void set_norm_scope(NormScope scope) { norm_ = std::move(scope); }
+  void set_expert_scope(ExpertScope scope) { expert_ = std::move(scope); }
   /// After the optimizer changed the master weights: every gathered copy is out of date.
   void weights_changed();
 
@@ -116,6 +117,7 @@ class Zero3 final : public model::PassObserver {
   int last_layer_ = -1;   // the last layer forward reaches (the first backward reaches)
   int kept_layer_ = -1;   // the first layer, kept gathered after backward for the next forward
   NormScope norm_;
+  ExpertScope expert_;
 };
 
 }  // namespace llmtrain::parallel

@@ -122,7 +122,7 @@ void Reporter::run_started(const dist::Communicators& comms, const RunShape& run
   info("train: %lld parameters, %lld train samples of %d tokens, %d data-parallel rank(s) x %lld micro-step(s) "
        "of %d per update, ZeRO %lld",
        static_cast<long long>(run.num_params), static_cast<long long>(run.train_samples),
-       int(config_.model.context_length), comms.mesh.size(dist::Axis::data), static_cast<long long>(run.micro_steps),
+       int(config_.model.context_length), comms.readers(), static_cast<long long>(run.micro_steps),
        int(config_.train.micro_batch_size), static_cast<long long>(config_.dist.zero_stage));
   state_bytes_ = run.state_bytes;
   info("train: this rank holds %s of weights, gradients and optimizer state%s", format_bytes(double(state_bytes_)).c_str(),

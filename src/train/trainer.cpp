@@ -25,6 +25,7 @@
 #include "optim/registry.h"
 #include "parallel/attention_agreement.h"
 #include "parallel/context_parallel_comm.h"
+#include "parallel/expert_parallel_comm.h"
 #include "parallel/gradient_strategy.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/pipeline_stages.h"
@@ -45,18 +46,22 @@ model::Layout rank_layout(const config::Config& config, const dist::Communicator
   layout.context_rank = comms.host(Axis::context).rank();
   layout.context_size = comms.host(Axis::context).world_size();
   layout.context_ring = config.dist.context_parallel_mode == config::ContextParallelMode::ring;
+  layout.expert_rank = comms.host(Axis::expert).rank();
+  layout.expert_size = comms.host(Axis::expert).world_size();
   const int stage = comms.host(Axis::pipeline).rank(), stages = comms.host(Axis::pipeline).world_size();
   if (stages > 1) layout.layer_ranges = parallel::stage_layer_ranges(parallel::split_layers(config), stage, stages);
   return layout;
 }
 
 // Which gradients the global norm counts on this rank and the groups it is summed over: under
-// tensor or pipeline parallelism, the parts this rank owns, summed over those groups.
+// tensor, expert or pipeline parallelism, the parts this rank owns, summed over those groups.
 parallel::NormScope norm_scope(const model::Model& model, const dist::Communicators& comms) {
   parallel::NormScope norm;
   const bool tensor = comms.host(Axis::tensor).world_size() > 1, pipeline = comms.host(Axis::pipeline).world_size() > 1;
-  if (tensor || pipeline) norm.counted = parallel::norm_ranges(model);
+  const bool expert = comms.host(Axis::expert).world_size() > 1;
+  if (tensor || pipeline || expert) norm.counted = parallel::norm_ranges(model);
   if (tensor) norm.groups.push_back(&comms.host(Axis::tensor));
+  if (expert) norm.groups.push_back(&comms.host(Axis::expert));
   if (pipeline) norm.groups.push_back(&comms.host(Axis::pipeline));
   return norm;
 }
@@ -97,7 +102,7 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
   const int T = int(config_.model.context_length), B = int(tc.micro_batch_size);
   // The ranks of a context group read the same sequences: the sampler's ranks are the data index.
   context_ = comms.mesh.size(Axis::context);
-  const int readers = comms_.mesh.size(Axis::data), reader = comms_.data_index();
+  const int readers = comms_.readers(), reader = comms_.data_index();
   for (const config::ValSet& set : config_.data.val.sets) {
     const std::string key = set.name.empty() ? "data.val" : "data.val." + set.name;
     auto data = std::make_unique<data::TokenDataset>(data::expand_paths(set.paths, key), T,
@@ -167,9 +172,16 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
     context_group_ = std::make_unique<parallel::CommContextGroup>(comms.device(Axis::context));
     model_->set_context_group(context_group_.get());
   }
+  parallel::ExpertScope experts;
+  if (layout.expert_size > 1) {
+    expert_group_ = std::make_unique<parallel::CommExpertGroup>(comms.host(Axis::expert), comms.device(Axis::expert));
+    model_->set_expert_group(expert_group_.get());
+    experts = {parallel::expert_shared_ranges(*model_), &comms.device(Axis::expert)};
+  }
   gradients_ = parallel::make_gradient_strategy(*model_, config_.dist, comms_.device(Axis::data), comms_.host(Axis::data),
-                                                norm_scope(*model_, comms));
-  if (layout.tensor_size > 1 || stages_ > 1 || layout.external_storage) {  // this rank's model is not the whole one
+                                                norm_scope(*model_, comms), std::move(experts));
+  // This rank's model is not the whole one.
+  if (layout.tensor_size > 1 || layout.expert_size > 1 || stages_ > 1 || layout.external_storage) {
     logical_ = model::make_model(config_.model, Device::cpu, model::Recompute::none, DType::f32,
                                  ops::AttentionKernels::flash, model::Layout{true});
   }
@@ -293,9 +305,16 @@ void Trainer::take_moe_stats(StepResult& result) {
   const model::MoeStats s = model_->take_moe_stats();
   double sums[4] = {s.aux, s.z, s.dropped, double(s.forwards)};
   float most = float(s.imbalance);
+  // Over every rank that reads its own batches: the data group's, then the expert group's.
   dist::Communicator& data = comms_.host(Axis::data);
+  dist::Communicator& expert = comms_.host(Axis::expert);
+  const bool experts = expert.world_size() > 1;
   data.all_reduce_sum(sums, 4);
   data.all_reduce_max(&most, 1);
+  if (experts) {
+    expert.all_reduce_sum(sums, 4);
+    expert.all_reduce_max(&most, 1);
+  }
   const double forwards = std::max(sums[3], 1.0);
   result.moe = true;
   result.aux_loss = sums[0] / forwards;
@@ -304,7 +323,10 @@ void Trainer::take_moe_stats(StepResult& result) {
   result.load_imbalance = most;
   moe_loads_ = s.loads;  // the global batch's: every rank the same
   moe_loads_.resize(std::size_t((config_.model.n_layer - config_.model.moe.first_dense_layers) * config_.model.moe.experts));
-  if (!moe_loads_.empty()) data.all_reduce_sum(moe_loads_.data(), std::int64_t(moe_loads_.size()));
+  if (!moe_loads_.empty()) {
+    data.all_reduce_sum(moe_loads_.data(), std::int64_t(moe_loads_.size()));
+    if (experts) expert.all_reduce_sum(moe_loads_.data(), std::int64_t(moe_loads_.size()));
+  }
 }
 
 void Trainer::update_expert_bias() {
@@ -365,6 +387,9 @@ StepResult Trainer::step(std::int64_t step) {
   pipeline_->reduce_over_stages(loss_sum);  // the last stage's loss; a tied embedding's gradients
   // loss_sum is then over all ranks
   result.grad_norm = gradients_->finish(loss_sum);
+  if (comms_.mesh.size(Axis::expert) > 1) {  // the expert group's ranks read batches of their own
+    comms_.host(Axis::expert).all_reduce_sum(&loss_sum, 1);
+  }
   result.loss = loss_sum / tokens_per_step_;
   if (config_.model.moe.enabled) take_moe_stats(result);
   result.lr = optim::learning_rate(config_.optim, tc.max_steps, step);
@@ -412,12 +437,13 @@ std::optional<Validation> Trainer::validate() {
   const int T = int(config_.model.context_length), B = int(t.micro_batch_size);
   Validation result;
   for (const auto& [name, data] : val_sets_) {
-    const data::SamplerOptions in_order{data->num_samples(), t.global_batch_size, B, comms_.mesh.size(Axis::data),
+    const data::SamplerOptions in_order{data->num_samples(), t.global_batch_size, B, comms_.readers(),
                                         comms_.data_index(), false, 0};
     data::BatchLoader loader(*data, in_order, {});
     const std::int64_t batches = std::min(t.eval_batches, data->num_samples() / t.global_batch_size);
     std::array<double, 2> totals = pipeline_->forward_only(loader, batches, B, T);
     comms_.host(Axis::data).all_reduce_sum(totals.data(), 2);
+    if (comms_.mesh.size(Axis::expert) > 1) comms_.host(Axis::expert).all_reduce_sum(totals.data(), 2);
     // Each rank of a context group counted the whole sequences of which it holds 1 / context_.
     result.sets.emplace_back(name, totals[0] / (totals[1] / double(context_)));
     result.val_loss += result.sets.back().second / double(val_sets_.size());
@@ -437,7 +463,7 @@ std::vector<double> Trainer::sequence_logliks(const std::vector<eval::ChoiceSequ
   // The validation's path through the stages, each data-parallel rank its share; the ranks of a
   // tensor group pass the same micro-batches and one of them counts the losses.
   eval::ScoringRank rank;
-  rank.readers = comms_.mesh.size(Axis::data);
+  rank.readers = comms_.readers();
   rank.reader = comms_.data_index();
   rank.context_rank = comms_.device(Axis::context).rank();
   rank.context_size = context_;

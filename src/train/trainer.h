@@ -19,6 +19,7 @@
 #include "eval/choice_eval.h"
 #include "model/attention_choice.h"
 #include "model/model.h"
+#include "model/moe_layer.h"
 #include "ops/buffer.h"
 #include "optim/optimizer.h"
 #include "parallel/gradient_strategy.h"
@@ -130,6 +131,7 @@ class Trainer final : public CheckpointSource {
   std::unique_ptr<optim::Optimizer> optimizer_;  // optim.name's (optim/registry.h)
   std::unique_ptr<parallel::CommTensorGroup> tensor_group_;  // its device side, for the model
   std::unique_ptr<model::ContextGroup> context_group_;  // the context-parallel group, for the model
+  std::unique_ptr<model::ExpertGroup> expert_group_;    // the expert-parallel group, for the model
   int stages_ = 1;                      // pipeline stages
   std::unique_ptr<parallel::PipelineExecutor> pipeline_;  // its schedule (the one-stage one without a pipeline)
   std::function<void()> before_update_;

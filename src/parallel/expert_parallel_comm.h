@@ -1,0 +1,41 @@
+// Expert parallelism's parts outside the model: the MoE layers' all-to-alls over the expert
+// group's communicators, and which gradients the ranks of an expert group hold alike (every
+// parameter but the experts'), which are summed over the group after the data-parallel reduction.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "dist/communicator.h"
+#include "model/flat_layout.h"
+#include "model/model.h"
+#include "model/moe_layer.h"
+
+namespace llmtrain::parallel {
+
+/// model::ExpertGroup over the expert group's communicators: `host` (the counts) and `device`
+/// (the rows, in the memory the activations live in; the same as `host` on the CPU).
+class CommExpertGroup final : public model::ExpertGroup {
+ public:
+  CommExpertGroup(dist::Communicator& host, dist::Communicator& device) : host_(host), device_(device) {}
+  int rank() const override { return host_.rank(); }
+  int size() const override { return host_.world_size(); }
+  void exchange_counts(const std::vector<std::int32_t>& send, std::vector<std::int32_t>& recv) override;
+  void all_to_all(const Tensor& send, const std::vector<std::int64_t>& send_rows, const Tensor& recv,
+                  const std::vector<std::int64_t>& recv_rows) override;
+
+ private:
+  dist::Communicator& host_;
+  dist::Communicator& device_;
+};
+
+/// The flat ranges of the model's local buffer that every rank of its expert group holds alike
+/// (all but the experts'), in order; empty without expert parallelism.
+std::vector<model::FlatRange> expert_shared_ranges(const model::Model& model);
+
+/// Sums over `group` the gradients of `grads` (the local buffer's elements [begin, begin +
+/// grads.numel())) that lie in `shared` (expert_shared_ranges): one all-reduce per range.
+void sum_shared_grads(dist::Communicator& group, const Tensor& grads, std::int64_t begin,
+                      const std::vector<model::FlatRange>& shared);
+
+}  // namespace llmtrain::parallel
