@@ -83,6 +83,8 @@ def base_config(name, data):
     if name.startswith("moe"):  # Mixture of Experts: layer 0 dense, 3 MoE layers with a shared expert
         config["model"] = dict(LLAMA, moe={"experts": 4, "top_k": 2, "ffn_hidden": 16, "shared_experts": 1,
                                            "first_dense_layers": 1, "aux_loss_coef": 0.01, "z_loss_coef": 0.001})
+        if name == "moe-every":  # every token to every expert: the rows each rank sends are known by hand
+            config["model"]["moe"].update(top_k=4)
         if name == "moe-cap":  # capacity 0.75: each expert takes at most 3/4 of an even share, the rest dropped
             config["model"]["moe"]["capacity_factor"] = 0.75
         if name == "moe-bias":  # aux-loss-free balancing: the expert bias is state
@@ -333,6 +335,47 @@ def pipeline_transfers(per_micro):
     return check
 
 
+def expert_traffic(run):
+    """The expert group's collectives of an update (rank 0's), by hand, for a model whose tokens
+    each choose all E experts (top_k = E): per MoE layer and micro-step 5 all-to-alls (the counts,
+    E / EP i32 to each rank; in forward the N k slots' rows to their experts and the outputs back;
+    in backward their gradients both ways), each sending the other ranks (EP - 1) / EP of N k rows
+    of d_model f32 values; at ZeRO 0 all-reduces (ring: 2 (EP-1)/EP of the bytes) of each run of
+    the gradients every expert rank holds alike (all but the experts') and of the loss, the norm,
+    the router statistics (4 doubles, a float max) and the loads (MoE layers x E doubles)."""
+    m, d, t = run.config["model"], run.config["dist"], run.config["train"]
+    e, EP = m["moe"], d["expert_parallel"]
+    E, k, L = e["experts"], e["top_k"], m["n_layer"] - e["first_dense_layers"]
+    assert k == E, "the hand count needs every token to choose every expert"
+    N, C = t["micro_batch_size"] * m["context_length"], m["d_model"]
+    steps = t["global_batch_size"] // (t["micro_batch_size"] * run.ranks)
+    others = (EP - 1) / EP
+    expect = {"all-to-all": (steps * L * 5, steps * L * (4 * N * k * others * C * 4 + (EP - 1) * (E // EP) * 4))}
+    if d.get("zero_stage", 0) == 0:
+        H, I, S, Ff, V = C // m["n_head"], e["ffn_hidden"], e["shared_experts"] * e["ffn_hidden"], m["ffn_hidden"], m["vocab_size"]
+        attention = 2 * C + C * (m["n_head"] + 2 * m["n_kv_head"]) * H + C * C
+        # The flat buffer in backward order (the head and final norm, layers n-1 .. 0, the embedding)
+        # as (elements, an expert's?), and the runs of the others between the experts.
+        parts = [(0 if m.get("tie_embeddings", True) else V * C, False), (C, False)]
+        for layer in range(m["n_layer"] - 1, -1, -1):
+            if layer >= e["first_dense_layers"]:
+                parts += [(attention + E * C, False), (3 * E * I * C, True), (3 * S * C, False)]
+            else:
+                parts += [(attention + 3 * Ff * C, False)]
+        parts.append((V * C, False))
+        runs = [0]
+        for n, expert in parts:
+            if expert:
+                runs.append(0)
+            else:
+                runs[-1] += n
+        shared = sum(runs)
+        expect["all-reduce"] = (len(runs) + 5, 2 * others * (4 * shared + 8 + 8 + 32 + 4 + 8 * L * E))
+    got = update_2(run, "expert_collectives")
+    same_traffic({kind: got.get(kind, (0, 0.0)) for kind in expect}, expect, "expert group")
+expert_traffic.what = "the expert group's all-to-alls and all-reduces counted by hand"
+
+
 def log_says(pattern):
     def check(run):
         assert re.search(pattern, run.log()), f"the log does not say '{pattern}'"
@@ -510,6 +553,11 @@ ROWS = [
     Row("moe", "moe-w1@10>ep2-dp2-zero3", 4, "dist.expert_parallel=2 " + Z3, base="moe", resume=(ONE, 10)),
     Row("moe", "moe-bias-ep2", 2, "dist.expert_parallel=2", base="moe-bias"),
     Row("moe", "moe-cap-ep2", 2, "dist.expert_parallel=2", base="moe-cap"),
+    Row("moe", "moe-every-ep2", 2, "dist.expert_parallel=2", base="moe-every", checks=(expert_traffic,)),
+    Row("moe", "moe-every-ep4", 4, "dist.expert_parallel=4", base="moe-every", checks=(expert_traffic,)),
+    Row("moe", "moe-every-ep2-dp2-zero1", 4, "dist.expert_parallel=2 dist.zero_stage=1", base="moe-every",
+        checks=(expert_traffic,)),
+    Row("moe", "moe-every-ep2-zero3", 2, "dist.expert_parallel=2 " + Z3, base="moe-every", checks=(expert_traffic,)),
     Row("moe", "moe-cap-ep2-dp2-zero1", 4, "dist.expert_parallel=2 dist.zero_stage=1", base="moe-cap"),
     # The expert bias is state: a run resumed at its step-10 checkpoint on its own layout ends with
     # the same files (the bias, the weights and AdamW's moments) as the uninterrupted one.

@@ -903,3 +903,44 @@ TEST_CASE("plan: Muon's owner gathers and scatters in the data group's traffic, 
     CHECK(plan::muon_traffic(c, share, m.ranks, 0, 0).bytes == 0.0);  // ZeRO 0: every rank holds every matrix
   }
 }
+
+TEST_CASE("plan: the expert group's all-to-alls and all-reduces per update, as measured", "[plan][moe]") {
+  // tests/mesh_equivalence_test.py's "moe-every" model (4 layers, the first dense, d_model 32, 4
+  // experts each token chooses all of, one shared expert): rank 0's expert_collectives of an
+  // update as its runs count them (the all-to-alls and, at ZeRO 0, the all-reduces are also that
+  // test's expert_traffic formula by hand).
+  struct Measured {
+    int ranks, ep, zero;
+    std::int64_t all_to_alls, all_reduces;
+    double bytes;
+  };
+  const Measured measured[] = {
+      {2, 2, 0, 30, 9, 393264.0 + 150036.0},
+      {4, 4, 0, 15, 9, 294948.0 + 225054.0},
+      {4, 2, 1, 15, 8, 196632.0 + 68948.0},
+      {2, 2, 3, 30, 14, 393264.0 + 150036.0},
+  };
+  for (const Measured& m : measured) {
+    CAPTURE(m.ranks, m.ep, m.zero);
+    config::Config c;
+    c.model = shape(config::Arch::llama, 251, 32, 4, 4, 2, 32, 40, false);
+    c.model.moe.enabled = true;
+    c.model.moe.experts = 4;
+    c.model.moe.top_k = 4;
+    c.model.moe.ffn_hidden = 16;
+    c.model.moe.shared_experts = 1;
+    c.model.moe.shared_ffn_hidden = 16;
+    c.model.moe.first_dense_layers = 1;
+    c.train.micro_batch_size = 2;
+    c.train.global_batch_size = 8;
+    const plan::RankShare share = plan::rank_share(c.model, 1, -1, m.ep);
+    const int D = m.ranks / m.ep;
+    const plan::UpdateTraffic t = plan::expert_traffic(c, share, D, m.zero, false, 8 / (2 * m.ranks));
+    CHECK(t.all_to_alls == m.all_to_alls);
+    CHECK(t.all_reduces == m.all_reduces);
+    CHECK(t.bytes == m.bytes);
+    // Each expert rank holds the dense parameters and 1 / EP of the experts (3 MoE layers of 4 x 3 x 16 x 32).
+    CHECK(share.params == plan::parameter_count(c.model) - 3 * (4 - 4 / m.ep) * 3 * 16 * 32);
+    CHECK(plan::expert_traffic(c, plan::rank_share(c.model), D, m.zero, false, 1).bytes == 0.0);  // EP 1: nothing
+  }
+}

@@ -83,10 +83,12 @@ std::string model_line(const config::ModelConfig& m) {
   return line + std::string(moe);
 }
 
-// "2 x 4 x 8 sp": tensor x data x pipeline, sp with sequence parallelism, cpN with context parallelism N.
+// "2 x 4 x 8 sp": tensor x data x pipeline, sp with sequence parallelism, cpN with context parallelism N,
+// epN with expert parallelism N (out of the data ranks: data counts the expert-data ranks).
 std::string mesh_label(const plan::MeshOption& o) {
   return std::to_string(o.mesh.size(dist::Axis::tensor)) + " x " + std::to_string(o.mesh.size(dist::Axis::data)) + " x " + std::to_string(o.mesh.size(dist::Axis::pipeline)) +
-         (o.sequence_parallel ? " sp" : "") + (o.mesh.size(dist::Axis::context) > 1 ? " cp" + std::to_string(o.mesh.size(dist::Axis::context)) : "");
+         (o.sequence_parallel ? " sp" : "") + (o.mesh.size(dist::Axis::context) > 1 ? " cp" + std::to_string(o.mesh.size(dist::Axis::context)) : "") +
+         (o.mesh.size(dist::Axis::expert) > 1 ? " ep" + std::to_string(o.mesh.size(dist::Axis::expert)) : "");
 }
 
 // Whether two options lay out the same mesh (every axis the same size).
@@ -372,11 +374,12 @@ Command add_plan_command(CLI::App& parent) {
             }
             const dist::Mesh mesh = dist::Mesh::of(o->world_size, c.dist);
             const int D = mesh.size(dist::Axis::data) * mesh.size(dist::Axis::context);  // the ranks gradients are summed over (ZeRO's group)
-            const std::int64_t accum = config::grad_accum_steps(c, mesh.size(dist::Axis::data));
+            const int EP = mesh.size(dist::Axis::expert);  // out of the data ranks: they read batches of their own
+            const std::int64_t accum = config::grad_accum_steps(c, mesh.size(dist::Axis::data) * EP);
             const auto& m = c.model;
             plan::RankShare share;
             try {
-              share = plan::rank_share(m, mesh.size(dist::Axis::tensor));
+              share = plan::rank_share(m, mesh.size(dist::Axis::tensor), -1, EP);
             } catch (const InputError& e) {
               throw InputError(o->config_path + ": " + e.what());
             }
@@ -476,7 +479,8 @@ Command add_plan_command(CLI::App& parent) {
                 } else {
                   p = plan::plan_memory(c, share, D, zero, bf16, c.train.micro_batch_size);
                   sent = plan::update_traffic(c, share, D, zero, bf16, accum).bytes +
-                         plan::context_traffic(c, mesh.size(dist::Axis::tensor), bf16, accum);
+                         plan::context_traffic(c, mesh.size(dist::Axis::tensor), bf16, accum) +
+                         plan::expert_traffic(c, share, D, zero, bf16, accum).bytes;
                   largest = std::to_string(plan::max_micro_batch(c, bf16, mesh.size(dist::Axis::tensor), p.state(), memory));
                 }
                 std::printf("%-13s %12s %12s %12s %12s %12s %12s %12s %16s\n", label,
@@ -518,6 +522,22 @@ Command add_plan_command(CLI::App& parent) {
                           format_bytes(plan::context_layer_bytes(c, mesh.size(dist::Axis::tensor), true, true)).c_str(),
                           format_bytes(plan::context_traffic(c, mesh.size(dist::Axis::tensor), false, accum)).c_str(),
                           format_bytes(plan::context_traffic(c, mesh.size(dist::Axis::tensor), true, accum)).c_str(), D);
+            }
+            if (EP > 1) {
+              const auto fp32 = plan::expert_traffic(c, share, D, 0, false, accum);
+              const auto bf16 = plan::expert_traffic(c, share, D, 0, true, accum);
+              const std::int64_t E = m.moe.experts;
+              std::printf("expert parallel %d: each rank holds %lld of the %lld experts of each MoE layer (%s "
+                          "parameters per rank) and reads batches of its own; gradients of the experts summed and "
+                          "ZeRO sharded over their %d expert-data ranks, the rest also over the expert group. "
+                          "Expert group per update (ZeRO 0): %s on the fp32 rows, %s on the bf16 rows, in %lld "
+                          "all-to-alls (per MoE layer and micro-step the counts, the slots' rows to their experts "
+                          "and back, and their gradients both ways; even routing) and %lld all-reduces (the "
+                          "gradients all expert ranks hold alike), in sent/update; activations count the rows a "
+                          "rank's experts may receive (every rank's slots, dropless)\n",
+                          EP, static_cast<long long>(E / EP), static_cast<long long>(E), with_commas(share.params).c_str(), D,
+                          format_bytes(fp32.bytes).c_str(), format_bytes(bf16.bytes).c_str(),
+                          static_cast<long long>(fp32.all_to_alls), static_cast<long long>(fp32.all_reduces));
             }
             if (mesh.size(dist::Axis::tensor) > 1 && mesh.size(dist::Axis::pipeline) == 1) {
               // The same on every row of a precision (under sequence parallelism the all-gathers

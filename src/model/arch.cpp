@@ -132,8 +132,9 @@ const ArchSpec gpt2_spec{
     Gpt2Body::names,
     make<Gpt2>,
     Gpt2::parameter_count,
-    [](const config::ModelConfig& c, Recompute r, DType d, int B, int T, int tensor_size, bool sequence_parallel) {
-      return Gpt2::measure_activations(c, r, d, B, T, tensor_size, sequence_parallel);
+    [](const config::ModelConfig& c, Recompute r, DType d, int B, int T, int tensor_size, bool sequence_parallel,
+       int expert_size) {
+      return Gpt2::measure_activations(c, r, d, B, T, tensor_size, sequence_parallel, expert_size);
     },
     [](const config::ModelConfig& c, Recompute r, DType d, int B, int Tl, int tensor_size, bool sequence_parallel,
        int context_size, bool ring) {
@@ -150,8 +151,9 @@ const ArchSpec llama_spec{
     LlamaBody::names,
     make<Llama>,
     Llama::parameter_count,
-    [](const config::ModelConfig& c, Recompute r, DType d, int B, int T, int tensor_size, bool sequence_parallel) {
-      return Llama::measure_activations(c, r, d, B, T, tensor_size, sequence_parallel);
+    [](const config::ModelConfig& c, Recompute r, DType d, int B, int T, int tensor_size, bool sequence_parallel,
+       int expert_size) {
+      return Llama::measure_activations(c, r, d, B, T, tensor_size, sequence_parallel, expert_size);
     },
     [](const config::ModelConfig& c, Recompute r, DType d, int B, int Tl, int tensor_size, bool sequence_parallel,
        int context_size, bool ring) {

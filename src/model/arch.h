@@ -39,9 +39,10 @@ struct ArchSpec {
   /// Exact parameter count, from the model's parameter list.
   std::int64_t (*parameter_count)(const config::ModelConfig& config);
   /// Bytes of the activation buffer at (B,T), measured by the model's layout code, on a rank of a
-  /// tensor-parallel group of `tensor_size`, with or without sequence parallelism.
+  /// tensor-parallel group of `tensor_size`, with or without sequence parallelism, and of an
+  /// expert group of `expert_size` (the rows a MoE layer's experts may receive).
   std::size_t (*activation_bytes)(const config::ModelConfig& config, Recompute recompute, DType compute, int B,
-                                  int T, int tensor_size, bool sequence_parallel);
+                                  int T, int tensor_size, bool sequence_parallel, int expert_size);
   /// Bytes of the context-parallel attention's own work buffer on a rank holding (B, Tl) rows of a
   /// context group of `context_size` (none when the backward scratch holds it).
   std::size_t (*context_work_bytes)(const config::ModelConfig& config, Recompute recompute, DType compute, int B,

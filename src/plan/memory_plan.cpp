@@ -51,10 +51,14 @@ RankShare share_of_model(const model::Model& model, int tensor_size, int tensor_
 
 // The share of one tensor rank: the model's own parameter list, built with external storage (no
 // buffers). ZeRO 3 shards each parameter run as one unit (parallel/zero3.h).
-RankShare share_of(const config::ModelConfig& m, int tensor_size, int tensor_rank) {
+RankShare share_of(const config::ModelConfig& m, int tensor_size, int tensor_rank, int expert_size) {
+  model::Layout layout{true, tensor_rank, tensor_size};
+  layout.expert_size = expert_size;
   const auto model = model::make_model(m, Device::cpu, config::Recompute::none, DType::f32,
-                                       ops::AttentionKernels::flash, model::Layout{true, tensor_rank, tensor_size});
-  return share_of_model(*model, tensor_size, tensor_rank);
+                                       ops::AttentionKernels::flash, layout);
+  RankShare share = share_of_model(*model, tensor_size, tensor_rank);
+  share.expert_size = expert_size;
+  return share;
 }
 
 // The tensor rank with the most vocabulary rows ([V r / t, V (r + 1) / t)); the first of those.
@@ -110,10 +114,10 @@ UpdateTraffic tensor_micro_step(const config::Config& c, int tensor_size, bool b
 
 std::int64_t parameter_count(const config::ModelConfig& m) { return model::arch_spec(m.arch).parameter_count(m); }
 
-RankShare rank_share(const config::ModelConfig& m, int tensor_size, int tensor_rank) {
-  if (tensor_rank >= 0) return share_of(m, tensor_size, tensor_rank);
+RankShare rank_share(const config::ModelConfig& m, int tensor_size, int tensor_rank, int expert_size) {
+  if (tensor_rank >= 0) return share_of(m, tensor_size, tensor_rank, expert_size);
   // Only the vocabulary rows differ between ranks: the rank with the most of them holds the most.
-  return share_of(m, tensor_size, most_rows_rank(m, tensor_size));
+  return share_of(m, tensor_size, most_rows_rank(m, tensor_size), expert_size);
 }
 
 std::vector<ShardUnit> shard_units(const config::ModelConfig& m) { return rank_share(m, 1, 0).units; }
@@ -133,11 +137,12 @@ double flops_per_token(const config::ModelConfig& m) {
 }
 
 std::int64_t activation_bytes(const config::ModelConfig& m, bool bf16, config::Recompute recompute,
-                              std::int64_t micro_batch, int tensor_size, bool sequence_parallel, int context_size) {
+                              std::int64_t micro_batch, int tensor_size, bool sequence_parallel, int context_size,
+                              int expert_size) {
   const DType compute = bf16 ? DType::bf16 : DType::f32;
   return std::int64_t(model::arch_spec(m.arch).activation_bytes(m, recompute, compute, int(micro_batch),
                                                                 int(m.context_length / context_size), tensor_size,
-                                                                sequence_parallel && tensor_size > 1));
+                                                                sequence_parallel && tensor_size > 1, expert_size));
 }
 
 namespace {
@@ -228,7 +233,8 @@ MemoryPlan plan_memory(const config::Config& config, const RankShare& share, int
   MemoryPlan plan;
   plan.optimizer_arrays = optim::state_arrays(config.optim);
   plan.activations = activation_bytes(config.model, bf16, config.train.recompute, micro_batch, share.tensor_size,
-                                      config.dist.sequence_parallel, int(config.dist.context_parallel)) +
+                                      config.dist.sequence_parallel, int(config.dist.context_parallel),
+                                      share.expert_size) +
                      context_scratch_bytes(config, share.tensor_size, bf16, micro_batch);
   if (zero_stage == 3) {
     // The buffers parallel/zero3.cpp allocates: every unit sharded with padding (a rank's shards of
@@ -488,113 +494,6 @@ MemoryPlan stage_memory(const config::Config& config, const StagePlan& stage, in
   MemoryPlan plan = plan_memory(config, stage.share, data_parallel_size, zero_stage, bf16, 1);
   plan.activations = stage.activations;
   return plan;
-}
-
-std::optional<MeshOption> mesh_option(const config::Config& config, const RankShare& share, const dist::Mesh& mesh,
-                                      int zero, bool sequence_parallel) {
-  const auto& m = config.model;
-  const bool bf16 = config.train.precision == config::Precision::bf16;
-  const std::int64_t B = config.train.micro_batch_size;
-  const int t = mesh.size(dist::Axis::tensor), d = mesh.size(dist::Axis::data), p = mesh.size(dist::Axis::pipeline), cp = mesh.size(dist::Axis::context);
-  const int D = d * cp;  // the ranks the gradients are summed over (ZeRO's group)
-  if (config.train.global_batch_size % (B * d) != 0) return std::nullopt;
-  const std::int64_t micro_steps = config.train.global_batch_size / (B * d);
-  // Pipelines as train runs them, every stage as it builds it: it refuses fewer micro-batches
-  // than stages (a multiple of them, interleaved), more virtual stages than layers, and ZeRO 3
-  // with a pipeline.
-  const bool interleaved = config.dist.pipeline_schedule == config::PipelineSchedule::interleaved;
-  if (p > 1 && (micro_steps < p || (interleaved && (micro_steps % p != 0 || p * config.dist.virtual_stages > m.n_layer)))) {
-    return std::nullopt;
-  }
-  if (sequence_parallel && (t == 1 || (B * m.context_length) % t != 0)) return std::nullopt;
-  if (D == 1 && (zero == 1 || zero == 2)) return std::nullopt;  // the trainer runs them as ZeRO 0
-  if (p > 1 && zero == 3) return std::nullopt;
-  config::Config c = config;
-  c.dist.sequence_parallel = sequence_parallel;
-  c.dist.tensor_parallel = t;
-  c.dist.pipeline_parallel = p;
-  c.dist.context_parallel = cp;
-  MeshOption o;
-  o.mesh = mesh;
-  o.zero_stage = zero;
-  o.micro_steps = micro_steps;
-  o.sequence_parallel = sequence_parallel;
-  if (p > 1) {
-    c.dist.pipeline_layers.clear();  // the balanced split
-    // The stage that needs most memory decides the fit; the one that sends most the traffic.
-    for (const StagePlan& st : pipeline_stages(c, t, bf16, micro_steps)) {
-      const MemoryPlan mine = stage_memory(c, st, D, zero, bf16);
-      o.memory = std::max(o.memory, mine.total());
-      o.host = std::max(o.host, plan_host(mine, st.share, D, zero, true).peak());
-      const double sent = update_traffic(c, st.share, D, zero, bf16, micro_steps).bytes + st.sent_tensor +
-                          st.sent_p2p + st.sent_pipeline_collectives + st.sent_context;
-      if (sent > o.sent) {
-        o.sent = sent;
-        o.tensor_sent = st.sent_tensor;
-        o.context_sent = st.sent_context;
-      }
-    }
-  } else {
-    const MemoryPlan mine = plan_memory(c, share, D, zero, bf16, B);
-    o.memory = mine.total();
-    o.host = plan_host(mine, share, D, zero, true).peak();
-    o.tensor_sent = tensor_traffic(c, t, bf16, micro_steps).bytes;
-    o.context_sent = context_traffic(c, t, bf16, micro_steps);
-    o.sent = update_traffic(c, share, D, zero, bf16, micro_steps).bytes + o.tensor_sent + o.context_sent;
-  }
-  return o;
-}
-
-std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int* skipped_batch) {
-  const auto& m = config.model;
-  const std::int64_t B = config.train.micro_batch_size;
-  std::vector<MeshOption> options;
-  if (skipped_batch) *skipped_batch = 0;
-  for (int t = 1; t <= std::min(8, gpus); ++t) {
-    // The splits the models make: whole query heads and MLP columns; Llama's key/value heads
-    // split too, or each replicated on t / n_kv_head ranks (GPT-2 has as many as query heads).
-    const bool kv =
-        m.n_kv_head % t == 0 || (model::arch_spec(m.arch).traits().grouped_query_attention && t % m.n_kv_head == 0);
-    if (gpus % t != 0 || m.n_head % t != 0 || m.ffn_hidden % t != 0 || !kv) continue;
-    const RankShare share = rank_share(m, t);
-    // Context parallelism for long sequences only: 2 CP chunks of each.
-    for (int cp = 1; cp <= gpus / t; ++cp) {
-    if ((gpus / t) % cp != 0 || (cp > 1 && (m.context_length < 8192 || m.context_length % (2 * cp) != 0))) continue;
-    for (int p = 1; p <= gpus / (t * cp); ++p) {
-      if ((gpus / (t * cp)) % p != 0 || p > m.n_layer) continue;
-      const int d = gpus / (t * cp * p);
-      if (config.train.global_batch_size % (B * d) != 0) {
-        if (skipped_batch) ++*skipped_batch;
-        continue;
-      }
-      for (const bool sequence_parallel : {false, true}) {
-        for (int zero = 0; zero <= 3; ++zero) {
-          dist::Mesh mesh;
-          mesh.sizes[dist::Axis::tensor] = t;
-          mesh.sizes[dist::Axis::context] = cp;
-          mesh.sizes[dist::Axis::data] = d;
-          mesh.sizes[dist::Axis::pipeline] = p;
-          if (auto o = mesh_option(config, share, mesh, zero, sequence_parallel)) options.push_back(*o);
-        }
-      }
-    }
-    }
-  }
-  return options;
-}
-
-std::int64_t max_micro_batch(const config::Config& config, const MeshOption& option, std::int64_t memory,
-                             std::int64_t host_per_rank) {
-  const RankShare share = rank_share(config.model, option.mesh.size(dist::Axis::tensor));
-  const std::int64_t per_rank = config.train.global_batch_size / option.mesh.size(dist::Axis::data);
-  config::Config c = config;
-  for (std::int64_t B = per_rank; B >= 1; --B) {
-    if (per_rank % B != 0) continue;
-    c.train.micro_batch_size = B;
-    const auto o = mesh_option(c, share, option.mesh, option.zero_stage, option.sequence_parallel);
-    if (o && o->memory <= memory && (host_per_rank <= 0 || o->host <= host_per_rank)) return B;
-  }
-  return 0;
 }
 
 }  // namespace llmtrain::plan

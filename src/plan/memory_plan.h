@@ -48,6 +48,7 @@ struct ShardUnit {
 struct RankShare {
   int tensor_size = 1;
   int tensor_rank = 0;
+  int expert_size = 1;           // expert parallelism: each rank holds 1 / expert_size of every MoE layer's experts
   std::int64_t params = 0;       // this rank's parameters (the whole model's at tensor size 1)
   std::vector<ShardUnit> units;  // ZeRO 3's units of its flat buffer, in buffer order
   // optim.name "muon": the matrices Muon orthogonalises (optim::muon_matrices), as flat ranges,
@@ -59,7 +60,9 @@ struct RankShare {
 /// The share of tensor rank `tensor_rank` of `tensor_size`, or (tensor_rank -1) of the rank that
 /// holds the most parameters (the figures plan prints). InputError (the model's, naming
 /// dist.tensor_parallel and the keys it must divide) when the model cannot be split that way.
-RankShare rank_share(const config::ModelConfig& model, int tensor_size = 1, int tensor_rank = -1);
+/// `expert_size` > 1: the share of an expert rank (E / expert_size experts of each MoE layer;
+/// every expert rank holds as many parameters).
+RankShare rank_share(const config::ModelConfig& model, int tensor_size = 1, int tensor_rank = -1, int expert_size = 1);
 
 /// ZeRO 3's units in flat-buffer order, without tensor parallelism: the root parameters before
 /// the layers (gpt2: ln_f; llama: the untied lm_head and the final norm), one unit per layer (the
@@ -79,7 +82,7 @@ double flops_per_token(const config::ModelConfig& model);
 /// a context-parallel group of `context_size` (context_length / context_size tokens of each sequence).
 std::int64_t activation_bytes(const config::ModelConfig& model, bool bf16, config::Recompute recompute,
                               std::int64_t micro_batch, int tensor_size = 1, bool sequence_parallel = false,
-                              int context_size = 1);
+                              int context_size = 1, int expert_size = 1);
 /// Context parallelism (config.dist.context_parallel CP > 1): the attention's own work buffer a
 /// rank allocates next to its activations (model/context_parallel.cpp), for a micro-batch of
 /// `micro_batch` sequences on a tensor rank of `tensor_size`. Forward's buffers (with N = micro_batch
@@ -130,7 +133,7 @@ std::int64_t max_micro_batch(const config::Config& config, bool bf16, int tensor
 /// bytes it sends by the ring algorithms' volumes (dist::Traffic): for a buffer of S bytes on n
 /// ranks, an all-reduce sends 2 (n-1)/n S, a reduce-scatter or all-gather (n-1)/n S.
 struct UpdateTraffic {
-  std::int64_t all_reduces = 0, reduce_scatters = 0, all_gathers = 0;
+  std::int64_t all_reduces = 0, reduce_scatters = 0, all_gathers = 0, all_to_alls = 0;
   std::int64_t sends = 0;  // point-to-point sends (optim.name "muon": its owners' gathers and scatters)
   double bytes = 0;        // sent per rank
 };
@@ -183,6 +186,23 @@ UpdateTraffic tensor_traffic(const config::Config& config, int tensor_size, bool
 /// layers (-1: all). Nothing without context parallelism.
 double context_traffic(const config::Config& config, int tensor_size, bool bf16, std::int64_t micro_steps,
                        std::int64_t layers = -1);
+
+/// Over the expert group of `share.expert_size` (dist.expert_parallel > 1), per update, for data
+/// rank 0 of a data-parallel (expert-data) group of `data_parallel_size` under ZeRO `zero_stage`.
+/// All-to-alls, each of `micro_steps` micro-batches of N = micro_batch x context tokens, per MoE
+/// layer: the counts (E / EP i32 to each rank), in forward the slots' rows to their experts and
+/// the experts' outputs back, in backward the same of their gradients; M = N k rows each (with
+/// capacity_factor, at most E x the capacity), of which an even routing sends (EP - 1) / EP to the
+/// other ranks, d_model values in the compute dtype each. All-reduces (ring): the gradients every
+/// expert rank holds alike (all but the experts'; those of its ZeRO shard, one call per run of
+/// them), and once per update the loss, the gradient norm, the router statistics (4 doubles and
+/// a max) and the expert loads (MoE layers x E doubles). Nothing at EP 1.
+UpdateTraffic expert_traffic(const config::Config& config, const RankShare& share, int data_parallel_size,
+                             int zero_stage, bool bf16, std::int64_t micro_steps);
+/// The shares `plan --suggest` tries on `gpus` devices for a tensor group of `tensor_size`: expert
+/// size 1, and for a MoE model (without tensor parallelism) each divisor of model.moe.experts
+/// that divides gpus.
+std::vector<RankShare> expert_shares(const config::ModelConfig& model, int tensor_size, int gpus);
 
 /// One pipeline stage as the trainer builds it (dist.pipeline_parallel P > 1, the 1F1B schedule):
 /// its layers (split_layers), the model of those layers on the tensor rank that holds the

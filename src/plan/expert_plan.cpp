@@ -1,0 +1,79 @@
+// plan's figures for expert parallelism (plan/memory_plan.h: expert_traffic).
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "model/moe_layer.h"
+#include "plan/memory_plan.h"
+
+namespace llmtrain::plan {
+namespace {
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// The runs of the share's flat buffer every rank of its expert group holds alike: all but the experts'.
+std::vector<model::FlatRange> shared_runs(const RankShare& share) {
+  std::vector<model::FlatRange> out;
+  for (const model::ParamInfo& info : share.infos) {
+    if (info.slice.expert) continue;
+    if (!out.empty() && out.back().end == info.offset) {
+      out.back().end += info.numel;
+    } else {
+      out.push_back({info.offset, info.offset + info.numel});
+    }
+  }
+  return out;
+}
+
+// The flat ranges whose gradients data rank 0 updates: the whole buffer (ZeRO 0, and 1-2 on one
+// data rank), its shard (ZeRO 1-2), or its shard of each unit (ZeRO 3), as the trainer's pieces.
+std::vector<model::FlatRange> rank0_pieces(const RankShare& share, std::int64_t D, int zero_stage) {
+  if (zero_stage == 3) {
+    std::vector<model::FlatRange> out;
+    for (const ShardUnit& u : share.units) out.push_back({u.begin, u.begin + std::min(u.params, ceil_div(u.params, D))});
+    return out;
+  }
+  if (zero_stage == 0 || D == 1) return {{0, share.params}};
+  return {{0, std::min(share.params, ceil_div(share.params, D))}};
+}
+
+}  // namespace
+
+UpdateTraffic expert_traffic(const config::Config& config, const RankShare& share, int data_parallel_size,
+                             int zero_stage, bool bf16, std::int64_t micro_steps) {
+  UpdateTraffic t;
+  const std::int64_t EP = share.expert_size;
+  const auto& m = config.model;
+  if (EP <= 1 || !m.moe.enabled) return t;
+  const double others = double(EP - 1) / double(EP), ring = 2.0 * others;
+  const std::int64_t layers = m.n_layer - m.moe.first_dense_layers, E = m.moe.experts;
+  const std::int64_t N = config.train.micro_batch_size * m.context_length, capacity = model::moe_capacity(m.moe, N);
+  const std::int64_t M = capacity > 0 ? std::min(N * m.moe.top_k, E * capacity) : N * m.moe.top_k;
+  const double row = double(m.d_model) * (bf16 ? 2.0 : 4.0);
+  t.all_to_alls = micro_steps * layers * 5;
+  t.bytes += double(micro_steps * layers) * (4.0 * double(M) * others * row + double((EP - 1) * (E / EP)) * 4.0);
+  // The shared gradients, run by run as sum_shared_grads calls them, then the update's scalars.
+  double shared = 0;
+  for (const model::FlatRange& piece : rank0_pieces(share, data_parallel_size, zero_stage)) {
+    for (const model::FlatRange& run : shared_runs(share)) {
+      const std::int64_t lo = std::max(run.begin, piece.begin), hi = std::min(run.end, piece.end);
+      if (lo >= hi) continue;
+      ++t.all_reduces;
+      shared += double(hi - lo);
+    }
+  }
+  t.all_reduces += 5;
+  t.bytes += ring * (4.0 * shared + 8.0 + 8.0 + 4.0 * 8.0 + 4.0 + 8.0 * double(layers * E));
+  return t;
+}
+
+std::vector<RankShare> expert_shares(const config::ModelConfig& model, int tensor_size, int gpus) {
+  std::vector<RankShare> out{rank_share(model, tensor_size)};
+  if (!model.moe.enabled || tensor_size > 1) return out;
+  for (int ep = 2; ep <= gpus && ep <= model.moe.experts; ++ep) {
+    if (model.moe.experts % ep == 0 && gpus % ep == 0) out.push_back(rank_share(model, 1, -1, ep));
+  }
+  return out;
+}
+
+}  // namespace llmtrain::plan
