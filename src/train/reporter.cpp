@@ -194,6 +194,8 @@ void Reporter::update(std::int64_t step, const StepResult& result) {
       line[std::string(row.metrics_prefix) + "collectives"] = by_kind(sent);
       line[std::string(row.metrics_prefix) + "sent_bytes"] = sent.total_bytes();
       if (row.in_comm_wait) comm_wait_s += sent.wait_s;
+      // Each model-parallel axis's share of it on its own (the data axis's is the rest).
+      if (row.in_comm_wait && row.axis != dist::Axis::data) line[std::string(row.metrics_prefix) + "comm_wait_s"] = sent.wait_s;
     }
     line["comm_wait_s"] = comm_wait_s;
     for (std::size_t k = 0; k < result.source_tokens.size(); ++k) {  // a mixture's tokens per source
