@@ -200,6 +200,18 @@ TEST_CASE("plan: weights, gradients, optimizer and gathered bytes equal what the
     const auto p = plan::plan_memory(c, m.ranks, m.zero, m.bf16, 1);
     CHECK(p.weights + p.gradients + p.optimizer + p.gathered == m.state_bytes);
   }
+  // Expert parallelism, measured alike: configs/tiny-moe.json at expert 2 x data 2 (4 ranks, fp32,
+  // AdamW): an expert rank holds the dense parameters and 2 of each MoE layer's 4 experts, ZeRO
+  // sharding them over its 2 expert-data ranks.
+  config::Config moe = config::load_config(LLMTRAIN_SOURCE_DIR "/configs/tiny-moe.json");
+  const plan::RankShare expert_rank = plan::rank_share(moe.model, 1, -1, 2);
+  CHECK(expert_rank.params == plan::parameter_count(moe.model) - 2 * 2 * 3 * 64 * 64);  // 2 MoE layers, (64, 64) experts
+  const Measured experts[] = {{2, 0, false, true, 2849792}, {2, 1, false, true, 3206016}, {2, 3, false, true, 2415616}};
+  for (const auto& m : experts) {
+    CAPTURE(m.zero);
+    const auto p = plan::plan_memory(moe, expert_rank, m.ranks, m.zero, m.bf16, 1);
+    CHECK(p.weights + p.gradients + p.optimizer + p.gathered == m.state_bytes);
+  }
 }
 
 TEST_CASE("plan: a tensor-parallel rank's parameters and units, counted by hand", "[plan][tensor]") {

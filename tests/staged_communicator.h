@@ -2,7 +2,7 @@
 // context parallelism under mpirun: each call copies its device input to the host, runs it there
 // (MPI between the processes), and copies the result back. Two ranks may then share one GPU, and
 // the CUDA emulator (dev/cuda_emu), which has no NCCL between processes, runs them. Only what
-// CommTensorGroup and CommContextGroup call; the rest throws.
+// CommTensorGroup, CommContextGroup and CommExpertGroup call; the rest throws.
 #pragma once
 
 #include <cstdint>
@@ -66,6 +66,22 @@ class StagedCommunicator final : public dist::Communicator {
                                           recv_from);
     return exchange;
   }
+  // Rows of f32 or bf16 (16-bit words) to every rank and back.
+  std::unique_ptr<dist::Request> do_start_all_to_all(const void* send, const std::vector<std::int64_t>& send_counts,
+                                                     void* recv, const std::vector<std::int64_t>& recv_counts,
+                                                     DType dtype) override {
+    if (dtype != DType::f32 && dtype != DType::bf16) unsupported("all_to_all of this dtype");
+    const std::int64_t per = std::int64_t(dtype_size(dtype) / 2);
+    std::vector<std::int64_t> sends, recvs;
+    std::int64_t sent = 0, received = 0;
+    for (const std::int64_t n : send_counts) sends.push_back(n * per), sent += n * per;
+    for (const std::int64_t n : recv_counts) recvs.push_back(n * per), received += n * per;
+    const std::vector<std::uint16_t> out = staged_out<std::uint16_t>(send, sent);
+    std::vector<std::uint16_t> in(static_cast<std::size_t>(received));
+    host_.all_to_all(out.data(), sends, in.data(), recvs, DType::u16);
+    staged_in(recv, in);
+    return std::make_unique<Done>();
+  }
   void do_all_reduce_sum(double*, std::int64_t) override { unsupported("all_reduce_sum of f64"); }
   void do_all_reduce_max(std::int64_t*, std::int64_t) override { unsupported("all_reduce_max of i64"); }
   std::unique_ptr<dist::Request> do_start_all_reduce_sum(float*, std::int64_t) override {
@@ -99,6 +115,7 @@ class StagedCommunicator final : public dist::Communicator {
   static std::vector<T> staged_out(const void* device, std::int64_t n) {
     std::vector<T> host(static_cast<std::size_t>(n));
     const DType as = sizeof(T) == 4 ? DType::f32 : DType::u16;
+    if (n == 0) return host;
     ops::copy(Tensor(host.data(), as, Device::cpu, {n}), Tensor(const_cast<void*>(device), as, Device::cuda, {n}));
     return host;
   }
@@ -106,6 +123,7 @@ class StagedCommunicator final : public dist::Communicator {
   static void staged_in(void* device, std::vector<T>& host) {
     const DType as = sizeof(T) == 4 ? DType::f32 : DType::u16;
     const std::int64_t n = std::int64_t(host.size());
+    if (n == 0) return;
     ops::copy(Tensor(device, as, Device::cuda, {n}), Tensor(host.data(), as, Device::cpu, {n}));
   }
 

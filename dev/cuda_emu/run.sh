@@ -3,7 +3,7 @@
 # AddressSanitizer and UBSan) into build-emu/ and runs every [cuda] test case of test_cuda_ops,
 # test_ops, test_cuda_model, test_cublaslt_emu, test_nccl_emu and test_context_ring_emu under it, one process per test case (a sanitizer abort or a
 # device fault ends only that case), and those of test_cuda_tensor_parallel and
-# test_cuda_context_parallel under mpirun at 2 and 4 ranks (one process per tensor or context
+# test_cuda_context_parallel and test_cuda_expert_parallel under mpirun at 2 and 4 ranks (one process per tensor, context or expert
 # rank), printing one line per case and a summary.
 #
 #   dev/cuda_emu/run.sh [options] [REGEX]     REGEX: run only the cases whose name matches (grep -E)
@@ -138,7 +138,7 @@ start_all=$(date +%s)
 # rank and one emulated device each), reported as "BINARY -np RANKS".
 for entry in test_cuda_ops test_ops test_cuda_model test_cublaslt_emu test_nccl_emu test_context_ring_emu \
              test_cuda_tensor_parallel:2 test_cuda_tensor_parallel:4 test_cuda_context_parallel:2 \
-             test_cuda_context_parallel:4; do
+             test_cuda_context_parallel:4 test_cuda_expert_parallel:2 test_cuda_expert_parallel:4; do
   bin=${entry%%:*} label=$bin logs=$bin launch=()
   if [[ $entry == *:* ]]; then
     ranks=${entry#*:}

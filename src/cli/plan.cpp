@@ -534,7 +534,8 @@ Command add_plan_command(CLI::App& parent) {
                           "all-to-alls (per MoE layer and micro-step the counts, the slots' rows to their experts "
                           "and back, and their gradients both ways; even routing) and %lld all-reduces (the "
                           "gradients all expert ranks hold alike), in sent/update; activations count the rows a "
-                          "rank's experts may receive (every rank's slots, dropless)\n",
+                          "rank's experts receive under even routing (N k per MoE layer; their store grows to the "
+                          "most a micro-batch brings)\n",
                           EP, static_cast<long long>(E / EP), static_cast<long long>(E), with_commas(share.params).c_str(), D,
                           format_bytes(fp32.bytes).c_str(), format_bytes(bf16.bytes).c_str(),
                           static_cast<long long>(fp32.all_to_alls), static_cast<long long>(fp32.all_reduces));

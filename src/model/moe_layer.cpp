@@ -97,8 +97,13 @@ void run_experts(const MoeWeights& w, const Tensor& x, const Tensor& gate, const
   ops::grouped_matmul_forward(y, swi, w.down, offsets);
 }
 
+// The experts' backward scratch: dgate, dup, dswi (rows, I).
+struct ExpertGrads {
+  Tensor dgate, dup, dswi;
+};
+
 // Its backward from dy: dx (the first M rows) WRITTEN, the experts' gradients g += .
-void run_experts_backward(const MoeWeights& w, const MoeWeights& g, const MoeGrads& ga, const Tensor& x,
+void run_experts_backward(const MoeWeights& w, const MoeWeights& g, const ExpertGrads& ga, const Tensor& x,
                           const Tensor& gate, const Tensor& up, const Tensor& swi, const Tensor& dy, const Tensor& dx,
                           const Tensor& offsets, std::int64_t M) {
   ops::grouped_matmul_backward(ga.dswi, g.down, dy, swi, w.down, offsets, ops::Accumulate::no);
@@ -112,7 +117,69 @@ void run_experts_backward(const MoeWeights& w, const MoeWeights& g, const MoeGra
   ops::grouped_matmul_backward(dx, g.up, ga.dup, x, w.up, offsets);
 }
 
+// The capacity a growing store takes for `rows`: at least a quarter more than it had, so that a
+// slowly rising maximum allocates a few times only.
+std::int64_t grown(std::int64_t capacity, std::int64_t rows) { return std::max(rows, capacity + capacity / 4); }
+
+void lay_out_rows(ExpertRows& e, ActsCarver& take, std::int64_t R, std::int64_t C, std::int64_t I) {
+  e.x = take.take({R, C});
+  e.gate = take.take({R, I});
+  e.up = take.take({R, I});
+  e.swi = take.take({R, I});
+  e.perm = take.carver.take(DType::i32, {R});
+  e.inv = take.carver.take(DType::i32, {R});
+}
+
+void lay_out_rows(ExpertScratch& s, ActsCarver& take, std::int64_t R, std::int64_t C, std::int64_t I) {
+  s.a = take.take({R, C});
+  s.b = take.take({R, C});
+  s.dgate = take.take({R, I});
+  s.dup = take.take({R, I});
+  s.dswi = take.take({R, I});
+}
+
+// Lays `store` out for at least `rows` rows in storage of its own, unless it has room already.
+template <class Store>
+void reserve_rows(Store& store, std::int64_t rows, std::int64_t C, std::int64_t I, DType compute, Device device) {
+  if (rows <= store.capacity && store.buffer.data()) return;
+  const std::int64_t R = std::max<std::int64_t>(1, grown(store.capacity, rows));
+  Carver measure = Carver::measuring(device);
+  ActsCarver count{measure, compute};
+  lay_out_rows(store, count, R, C, I);
+  store.buffer = ops::Buffer();  // the old storage goes first
+  store.buffer = ops::Buffer(device, measure.used);
+  Carver carver{static_cast<char*>(store.buffer.data()), device};
+  ActsCarver take{carver, compute};
+  lay_out_rows(store, take, R, C, I);
+  store.capacity = R;
+}
+
+template <class Store>
+std::size_t rows_bytes(const config::ModelConfig& config, std::int64_t rows, DType compute) {
+  Store store;
+  Carver measure = Carver::measuring();
+  ActsCarver take{measure, compute};
+  lay_out_rows(store, take, rows, config.d_model, config.moe.ffn_hidden);
+  return measure.used;
+}
+
 }  // namespace
+
+void ExpertRows::reserve(std::int64_t rows, std::int64_t C, std::int64_t I, DType compute, Device device) {
+  reserve_rows(*this, rows, C, I, compute, device);
+}
+
+void ExpertScratch::reserve(std::int64_t rows, std::int64_t C, std::int64_t I, DType compute, Device device) {
+  reserve_rows(*this, rows, C, I, compute, device);
+}
+
+std::size_t expert_rows_bytes(const config::ModelConfig& config, std::int64_t rows, DType compute) {
+  return rows_bytes<ExpertRows>(config, rows, compute);
+}
+
+std::size_t expert_scratch_bytes(const config::ModelConfig& config, std::int64_t rows, DType compute) {
+  return rows_bytes<ExpertScratch>(config, rows, compute);
+}
 
 void for_each_moe_param(const config::ModelConfig& config,
                         const std::function<void(const std::string&, std::vector<std::int64_t>)>& f) {
@@ -135,8 +202,8 @@ std::int64_t moe_capacity(const config::MoeConfig& moe, std::int64_t N) {
   return std::int64_t(std::ceil(moe.capacity_factor * double(N) * double(moe.top_k) / double(moe.experts)));
 }
 
-std::int64_t moe_expert_rows(const config::MoeConfig& moe, std::int64_t N, int expert_size) {
-  const std::int64_t all = std::int64_t(expert_size) * N * moe.top_k, capacity = moe_capacity(moe, N);
+std::int64_t moe_kept_slots(const config::MoeConfig& moe, std::int64_t N) {
+  const std::int64_t all = N * moe.top_k, capacity = moe_capacity(moe, N);
   return capacity > 0 ? std::min(all, moe.experts * capacity) : all;
 }
 
@@ -145,8 +212,7 @@ void lay_out_moe_acts(ActsCarver& take, const config::ModelConfig& config, std::
   const config::MoeConfig& m = config.moe;
   const std::int64_t C = config.d_model, E = m.experts, k = m.top_k, I = m.ffn_hidden, NK = N * k;
   const std::int64_t S = m.shared_experts * m.shared_ffn_hidden;
-  // The experts' rows: this rank's slots, or under expert parallelism those it may be sent.
-  const std::int64_t R = expert_size > 1 ? moe_expert_rows(m, N, expert_size) : NK;
+
   a.logits = take.take({N, E});
   a.probs = take.stat({N, E});
   a.experts = take.carver.take(DType::i32, {N, k});
@@ -158,9 +224,11 @@ void lay_out_moe_acts(ActsCarver& take, const config::ModelConfig& config, std::
   a.slot_row = take.carver.take(DType::i32, {NK});
   a.dropped = take.stat({1});
   a.xp = take.take({NK, C});
-  a.gate = take.take({R, I});
-  a.up = take.take({R, I});
-  a.swi = take.take({R, I});
+  if (expert_size == 1) {  // else the experts' rows live in a.ep
+    a.gate = take.take({NK, I});
+    a.up = take.take({NK, I});
+    a.swi = take.take({NK, I});
+  }
   a.y = take.take({NK, C});
   if (S > 0) {
     a.shared_gate = take.take({N, S});
@@ -171,9 +239,7 @@ void lay_out_moe_acts(ActsCarver& take, const config::ModelConfig& config, std::
   if (expert_size > 1) {
     a.ep_counts = take.carver.take(DType::i32, {E});
     a.ep_offsets = take.carver.take(DType::i32, {E / expert_size + 1});
-    a.ep_perm = take.carver.take(DType::i32, {R});
-    a.ep_inv = take.carver.take(DType::i32, {R});
-    a.ep_x = take.take({R, C});
+    if (take.carver.base) a.ep = std::make_shared<ExpertRows>();
   }
 }
 
@@ -182,18 +248,17 @@ void lay_out_moe_grads(ActsCarver& take, const config::ModelConfig& config, std:
   const config::MoeConfig& m = config.moe;
   const std::int64_t C = config.d_model, E = m.experts, k = m.top_k, I = m.ffn_hidden, NK = N * k;
   const std::int64_t S = m.shared_experts * m.shared_ffn_hidden;
-  const std::int64_t R = expert_size > 1 ? moe_expert_rows(m, N, expert_size) : NK;
   g.dlogits = take.take({N, E});
   g.dweights = take.stat({N, k});
   g.dxp = take.take({NK, C});
-  g.dgate = take.take({R, I});
-  g.dup = take.take({R, I});
-  g.dswi = take.take({R, I});
-  g.dy = take.take({NK, C});
-  if (expert_size > 1) {
-    g.ep_a = take.take({R, C});
-    g.ep_b = take.take({R, C});
+  if (expert_size == 1) {  // else the experts' scratch lives in g.ep
+    g.dgate = take.take({NK, I});
+    g.dup = take.take({NK, I});
+    g.dswi = take.take({NK, I});
+  } else if (take.carver.base) {
+    g.ep = std::make_shared<ExpertScratch>();
   }
+  g.dy = take.take({NK, C});
   if (S > 0) {
     g.shared_gate = take.take({N, S});
     g.shared_up = take.take({N, S});
@@ -222,19 +287,23 @@ MoeLayerStats moe_forward(const config::MoeConfig& moe, const MoeWeights& w, con
     const Exchange x = plan_exchange(dispatch, counts, group->size());
     std::vector<std::int32_t> perm, inv;
     reorder_indices(counts, x, perm, inv);
+    const std::int64_t R = x.received, C = ln.shape[1], I = w.gate.shape[1];
+    ExpertRows& e = *a.ep;
+    ExpertScratch& s = *scratch->ep;
+    e.reserve(R, C, I, ln.dtype, ln.device);
+    s.reserve(R, C, I, ln.dtype, ln.device);
     upload(a.ep_counts, counts);
     upload(a.ep_offsets, x.offsets);
-    upload(a.ep_perm, perm);
-    upload(a.ep_inv, inv);
-    const std::int64_t R = x.received;
-    group->all_to_all(a.xp, x.send_rows, scratch->ep_a, x.recv_rows);
-    if (R > 0) ops::moe_permute_forward(first_rows(a.ep_x, R), first_rows(scratch->ep_a, R), first(a.ep_perm, R), a.ep_offsets);
-    run_experts(w, a.ep_x, a.gate, a.up, a.swi, scratch->ep_b, a.ep_offsets, R);
-    if (R > 0) {
-      ops::moe_permute_backward(first_rows(scratch->ep_a, R), first_rows(scratch->ep_b, R), first(a.ep_inv, R),
-                                ops::Accumulate::no);
+    upload(e.perm, perm);
+    upload(e.inv, inv);
+    group->all_to_all(a.xp, x.send_rows, s.a, x.recv_rows);
+    if (R > 0) {  // the stores' first R rows (each may hold more, and not as many as the other)
+      const auto rows = [R](const Tensor& t) { return first_rows(t, R); };
+      ops::moe_permute_forward(rows(e.x), rows(s.a), first(e.perm, R), a.ep_offsets);
+      run_experts(w, rows(e.x), rows(e.gate), rows(e.up), rows(e.swi), rows(s.b), a.ep_offsets, R);
+      ops::moe_permute_backward(rows(s.a), rows(s.b), first(e.inv, R), ops::Accumulate::no);
     }
-    group->all_to_all(scratch->ep_a, x.recv_rows, a.y, x.send_rows);
+    group->all_to_all(s.a, x.recv_rows, a.y, x.send_rows);
   }
   ops::moe_unpermute_forward(out, a.y, a.weights, a.slot_row);
   if (w.shared_gate.data) {
@@ -263,19 +332,24 @@ void moe_backward(const config::MoeConfig& moe, const MoeWeights& w, const MoeWe
   }
   ops::moe_unpermute_backward(ga.dy, ga.dweights, dout, a.y, a.weights, a.row_slot, a.slot_row, a.offsets);
   if (!group || group->size() == 1) {
-    run_experts_backward(w, g, ga, a.xp, a.gate, a.up, a.swi, ga.dy, ga.dxp, a.offsets, kept_rows(a.offsets));
+    run_experts_backward(w, g, {ga.dgate, ga.dup, ga.dswi}, a.xp, a.gate, a.up, a.swi, ga.dy, ga.dxp, a.offsets,
+                         kept_rows(a.offsets));
   } else {
     // The slots' gradients travel as their rows did in forward, and the inputs' gradients back.
     const Exchange x = plan_exchange(read<std::int32_t>(a.offsets), read<std::int32_t>(a.ep_counts), group->size());
     const std::int64_t R = x.received;
-    group->all_to_all(ga.dy, x.send_rows, ga.ep_a, x.recv_rows);
-    if (R > 0) ops::moe_permute_forward(first_rows(ga.ep_b, R), first_rows(ga.ep_a, R), first(a.ep_perm, R), a.ep_offsets);
-    run_experts_backward(w, g, ga, a.ep_x, a.gate, a.up, a.swi, ga.ep_b, ga.ep_a, a.ep_offsets, R);
+    const ExpertRows& e = *a.ep;
+    ExpertScratch& s = *ga.ep;
+    s.reserve(R, e.x.shape[1], e.gate.shape[1], e.x.dtype, e.x.device);  // another layer's forward may have grown it
+    group->all_to_all(ga.dy, x.send_rows, s.a, x.recv_rows);
     if (R > 0) {
-      ops::moe_permute_backward(first_rows(ga.ep_b, R), first_rows(ga.ep_a, R), first(a.ep_inv, R),
-                                ops::Accumulate::no);
+      const auto rows = [R](const Tensor& t) { return first_rows(t, R); };
+      ops::moe_permute_forward(rows(s.b), rows(s.a), first(e.perm, R), a.ep_offsets);
+      run_experts_backward(w, g, {rows(s.dgate), rows(s.dup), rows(s.dswi)}, rows(e.x), rows(e.gate), rows(e.up),
+                           rows(e.swi), rows(s.b), rows(s.a), a.ep_offsets, R);
+      ops::moe_permute_backward(rows(s.b), rows(s.a), first(e.inv, R), ops::Accumulate::no);
     }
-    group->all_to_all(ga.ep_b, x.recv_rows, ga.dxp, x.send_rows);
+    group->all_to_all(s.b, x.recv_rows, ga.dxp, x.send_rows);
   }
   ops::moe_permute_backward(dln, ga.dxp, a.slot_row, shared ? ops::Accumulate::yes : ops::Accumulate::no);
   ops::moe_router_backward(ga.dlogits, ga.dweights, a.logits, a.probs, a.experts, a.counts, router_kind(moe),

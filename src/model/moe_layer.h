@@ -10,11 +10,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "config/config.h"
 #include "model/activations.h"
+#include "ops/buffer.h"
 #include "ops/moe_ops.h"
 
 namespace llmtrain::model {
@@ -28,22 +30,43 @@ struct MoeWeights {
 /// (N,k) i32, weights (N,k) f32, counts (E) f32, losses (3) f32), the dispatch plan's (offsets
 /// (E+1), row_slot and slot_row (N k) i32, dropped (1) f32), the experts' rows (xp (N k, C),
 /// gate, up, swi (N k, I), y (N k, C)) and the shared experts' (N, S Is) and their output (N, C).
+/// Expert parallelism: the R rows a layer's experts received from every rank, kept for backward
+/// in storage of their own, which grows to the most rows a micro-batch has brought (routing
+/// decides how many; an even routing brings N k): the rows reordered by expert (x (R, C): row i is
+/// received row perm[i], received row t is row inv[t]) and their SwiGLU's gate, up, swi (R, I).
+/// reserve() keeps the storage when it is big enough, else replaces it (what it held is lost).
+struct ExpertRows {
+  Tensor x, gate, up, swi, perm, inv;
+  std::int64_t capacity = 0;
+  ops::Buffer buffer;
+  void reserve(std::int64_t rows, std::int64_t C, std::int64_t I, DType compute, Device device);
+};
+/// The same for the scratch every layer shares: a and b (R, C) carry the rows to and from the
+/// other ranks in forward and backward alike; dgate, dup, dswi (R, I) the experts' backward.
+struct ExpertScratch {
+  Tensor a, b, dgate, dup, dswi;
+  std::int64_t capacity = 0;
+  ops::Buffer buffer;
+  void reserve(std::int64_t rows, std::int64_t C, std::int64_t I, DType compute, Device device);
+};
+/// Bytes of an ExpertRows and of an ExpertScratch of `rows` rows (plan: an expert rank's part).
+std::size_t expert_rows_bytes(const config::ModelConfig& config, std::int64_t rows, DType compute);
+std::size_t expert_scratch_bytes(const config::ModelConfig& config, std::int64_t rows, DType compute);
+
 /// Under expert parallelism (ExpertGroup) xp and y are the rows this rank sends to the experts'
-/// ranks and gets back, and the experts' side keeps its own: the rows each rank sent for each of
-/// this rank's experts (ep_counts (ranks x local experts) i32), where each local expert's rows
-/// start (ep_offsets (local experts + 1) i32), the rows as received reordered by expert (ep_x
-/// (R, C): row i is received row ep_perm[i]; received row t is row ep_inv[t]), and gate, up, swi
-/// (R, I) of them; R at most every rank's kept slots.
+/// ranks and gets back; gate, up and swi are not laid out: the experts' side keeps its rows in
+/// `ep`, and records the rows each rank sent for each of this rank's experts (ep_counts (ranks x
+/// local experts) i32) and where each local expert's rows start (ep_offsets (local experts + 1) i32).
 struct MoeActs {
   Tensor logits, probs, experts, weights, counts, losses, offsets, row_slot, slot_row, dropped;
   Tensor xp, gate, up, swi, y, shared_gate, shared_up, shared_swi, shared_out;
-  Tensor ep_counts, ep_offsets, ep_perm, ep_inv, ep_x;
+  Tensor ep_counts, ep_offsets;
+  std::shared_ptr<ExpertRows> ep;  // expert parallelism, in an allocated layout (a measuring one has none)
 };
-/// Its backward scratch; under expert parallelism dgate, dup and dswi are (R, I), and ep_a and
-/// ep_b (R, C) carry the rows to and from the other ranks in forward and backward alike.
+/// Its backward scratch; under expert parallelism dgate, dup and dswi are `ep`'s.
 struct MoeGrads {
   Tensor dlogits, dweights, dxp, dgate, dup, dswi, dy, shared_gate, shared_up, shared_swi;
-  Tensor ep_a, ep_b;
+  std::shared_ptr<ExpertScratch> ep;
 };
 
 /// Expert parallelism: the ranks each MoE layer's experts are split over, rank r holding the
@@ -84,10 +107,9 @@ void for_each_moe_param(const config::ModelConfig& config,
 /// (dropless).
 std::int64_t moe_capacity(const config::MoeConfig& moe, std::int64_t N);
 
-/// The rows the experts of one rank of an expert group of `expert_size` may be sent from a
-/// micro-batch of N tokens on every rank: all of their slots, or (capacity_factor) at most the
-/// capacity of each of its experts from each rank.
-std::int64_t moe_expert_rows(const config::MoeConfig& moe, std::int64_t N, int expert_size);
+/// The token slots a micro-batch of N tokens keeps: N k, or (capacity_factor) at most E x the
+/// capacity. Under expert parallelism an even routing brings each rank as many rows.
+std::int64_t moe_kept_slots(const config::MoeConfig& moe, std::int64_t N);
 
 void lay_out_moe_acts(ActsCarver& take, const config::ModelConfig& config, std::int64_t N, MoeActs& a,
                       int expert_size = 1);

@@ -9,6 +9,7 @@
 #include "checkpoint/safetensors.h"
 #include "model/arch.h"
 #include "model/model.h"
+#include "model/moe_layer.h"
 #include "optim/muon.h"
 #include "optim/registry.h"
 #include "parallel/pipeline_schedule.h"
@@ -140,9 +141,15 @@ std::int64_t activation_bytes(const config::ModelConfig& m, bool bf16, config::R
                               std::int64_t micro_batch, int tensor_size, bool sequence_parallel, int context_size,
                               int expert_size) {
   const DType compute = bf16 ? DType::bf16 : DType::f32;
-  return std::int64_t(model::arch_spec(m.arch).activation_bytes(m, recompute, compute, int(micro_batch),
-                                                                int(m.context_length / context_size), tensor_size,
-                                                                sequence_parallel && tensor_size > 1, expert_size));
+  std::int64_t bytes = std::int64_t(model::arch_spec(m.arch).activation_bytes(
+      m, recompute, compute, int(micro_batch), int(m.context_length / context_size), tensor_size,
+      sequence_parallel && tensor_size > 1, expert_size));
+  if (expert_size > 1 && m.moe.enabled) {  // the rows each MoE layer's experts receive: N k under even routing
+    const std::int64_t rows = model::moe_kept_slots(m.moe, micro_batch * (m.context_length / context_size));
+    bytes += (m.n_layer - m.moe.first_dense_layers) * std::int64_t(model::expert_rows_bytes(m, rows, compute)) +
+             std::int64_t(model::expert_scratch_bytes(m, rows, compute));
+  }
+  return bytes;
 }
 
 namespace {
@@ -299,7 +306,7 @@ std::int64_t max_micro_batch(const config::Config& config, bool bf16, int tensor
   const auto fits = [&](std::int64_t B) {
     return state +
                activation_bytes(config.model, bf16, config.train.recompute, B, tensor_size, sequence_parallel,
-                                int(config.dist.context_parallel)) +
+                                int(config.dist.context_parallel), int(config.dist.expert_parallel)) +
                context_scratch_bytes(config, tensor_size, bf16, B) <=
            memory;
   };
