@@ -372,6 +372,10 @@ TEST_CASE("model.moe: its keys, defaults and rules", "[config][moe]") {
       {with(base + R"(, "first_dense_layers": 4})"), "model.moe.first_dense_layers: must be < model.n_layer (4)"},
       {R"({"model": {"moe": {"experts": 8, "top_k": 2, "ffn_hidden": 32}}})", "model.moe: Mixture-of-Experts layers are built for the llama family"},
       {llama + base + R"(}}, "dist": {"tensor_parallel": 2}})", "not built for dist.tensor_parallel > 1"},
+      {llama + base + R"(}}, "dist": {"expert_parallel": 3}})",
+       "dist.expert_parallel: must divide model.moe.experts (8), got 3"},
+      {R"({"model": {"arch": "llama"}, "dist": {"expert_parallel": 2}})",
+       "dist.expert_parallel: splits the experts of Mixture-of-Experts layers, and model.moe is not set"},
       {with(base + "}"), "train.recompute"},
   };
   for (std::size_t i = 0; i < bad.size(); ++i) {

@@ -307,6 +307,8 @@ struct MeshOption {
 /// stage that needs most memory deciding the fit and the one that sends most the traffic. For
 /// sequences of 8,192 tokens or more also context-parallel sizes CP (dividing the ranks left,
 /// 2 CP dividing model.context_length), the gradients' group being the context x data ranks.
+/// A Mixture-of-Experts model: tensor, context and pipeline size 1 (as train requires), and expert
+/// sizes EP (expert_shares) out of the data ranks, expert_traffic added.
 /// `skipped_batch` counts the meshes left out because the global batch does not divide.
 std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int* skipped_batch = nullptr);
 
