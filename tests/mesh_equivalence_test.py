@@ -552,6 +552,20 @@ ROWS = [
     Row("moe", "moe-ep2@10>ep4", 4, "dist.expert_parallel=4", base="moe", resume=("moe-ep2", 10)),
     Row("moe", "moe-w1@10>ep2-dp2-zero3", 4, "dist.expert_parallel=2 " + Z3, base="moe", resume=(ONE, 10)),
     Row("moe", "moe-bias-ep2", 2, "dist.expert_parallel=2", base="moe-bias"),
+    # Tensor parallelism splits attention and the dense layer; each tensor rank runs the MoE MLP
+    # whole on the micro-batch. A pipeline's stages hold MoE layers as any other (the router
+    # statistics and expert loads summed over the stages). Both with expert parallelism.
+    Row("moe", "moe-tp2", 2, "dist.tensor_parallel=2", base="moe"),
+    Row("moe", "moe-ep2-tp2", 4, "dist.expert_parallel=2 dist.tensor_parallel=2", base="moe"),
+    Row("moe", "moe-ep2-tp2-zero3", 4, "dist.expert_parallel=2 dist.tensor_parallel=2 " + Z3, base="moe"),
+    Row("moe", "moe-pp2", 2, "dist.pipeline_parallel=2", base="moe"),
+    Row("moe", "moe-ep2-pp2", 4, "dist.expert_parallel=2 dist.pipeline_parallel=2", base="moe"),
+    Row("moe", "moe-ep2-pp2-zero1", 4, "dist.expert_parallel=2 dist.pipeline_parallel=2 dist.zero_stage=1", base="moe"),
+    Row("moe", "moe-pp2-interleaved", 2,
+        "dist.pipeline_parallel=2 dist.pipeline_schedule=interleaved dist.virtual_stages=2", base="moe"),
+    Row("moe", "moe-bias-ep2-pp2", 4, "dist.expert_parallel=2 dist.pipeline_parallel=2", base="moe-bias"),
+    Row("moe", "moe-ep2-pp2@10>ep2-tp2", 4, "dist.expert_parallel=2 dist.tensor_parallel=2", base="moe",
+        resume=("moe-ep2-pp2", 10)),
     Row("moe", "moe-cap-ep2", 2, "dist.expert_parallel=2", base="moe-cap"),
     Row("moe", "moe-every-ep2", 2, "dist.expert_parallel=2", base="moe-every", checks=(expert_traffic,)),
     Row("moe", "moe-every-ep4", 4, "dist.expert_parallel=4", base="moe-every", checks=(expert_traffic,)),
@@ -1012,9 +1026,9 @@ def document_mask_refused(h):
 
 
 def moe_refused(h):
-    """MoE layers with the parallelisms and recomputation not built for them: exit 2 before any
+    """MoE layers with the parallelism and recomputation not built for them: exit 2 before any
     training, one error line naming model.moe and the key."""
-    for key in ("dist.tensor_parallel=2", "dist.pipeline_parallel=2", "dist.context_parallel=2", "train.recompute=mlp"):
+    for key in ("dist.context_parallel=2", "train.recompute=mlp"):
         path = f"{h.out}/moe-refused-{key}"
         status, out = h.call(1, "train", "--config", h.config_file("moe"), "--run-dir", path, "--set", key,
                              "--set", "train.max_steps=1")
@@ -1173,7 +1187,7 @@ CHECKS = [  # (group, what, check)
      document_mask_refused),
     ("pipeline", "a stopped stage ends the job within dist.timeout_s (3 s), the message naming stage 1 and rank 1",
      stopped_stage),
-    ("moe", "MoE with tensor, pipeline or context parallelism or recomputation: exit 2, one line naming model.moe and the key",
+    ("moe", "MoE with context parallelism or recomputation: exit 2, one line naming model.moe and the key",
      moe_refused),
     ("moe", "aux-loss-free balancing: bias_update_rate lowers a skewed router's load imbalance (data 2, ZeRO 3); "
             "without it the expert bias stays exactly 0", moe_bias_balances),

@@ -312,7 +312,9 @@ void print_stages(const config::Config& c, const dist::Mesh& mesh, std::int64_t 
     const std::string p2p =
         format_bytes(st.sent_p2p) + " (" + std::to_string(st.sends) + (st.sends == 1 ? " send)" : " sends)");
     const double sent = plan::update_traffic(c, st.share, mesh.size(dist::Axis::data) * mesh.size(dist::Axis::context), zero, bf16, micro_batches).bytes +
-                        st.sent_tensor + st.sent_p2p + st.sent_pipeline_collectives + st.sent_context;
+                        st.sent_tensor + st.sent_p2p + st.sent_pipeline_collectives + st.sent_context +
+                        plan::expert_traffic(c, st.share, mesh.size(dist::Axis::data) * mesh.size(dist::Axis::context),
+                                             zero, bf16, micro_batches).bytes;
     std::printf("%-5d %-26s %15s %12s %20s %12s %25s %12s\n", st.stage, layers.c_str(),
                 with_commas(st.share.params).c_str(), format_bytes(double(p.state())).c_str(), acts.c_str(), format_bytes(double(p.total())).c_str(),
                 p2p.c_str(), format_bytes(sent).c_str());
@@ -472,7 +474,8 @@ Command add_plan_command(CLI::App& parent) {
                       p = mine;
                       held = &st.share;
                       sent = plan::update_traffic(c, st.share, D, zero, bf16, accum).bytes + st.sent_tensor +
-                             st.sent_p2p + st.sent_pipeline_collectives + st.sent_context;
+                             st.sent_p2p + st.sent_pipeline_collectives + st.sent_context +
+                             plan::expert_traffic(c, st.share, D, zero, bf16, accum).bytes;
                     }
                   }
                   largest = "-";

@@ -90,9 +90,10 @@ void check_arch(ModelConfig& m, const Origins& o, bool tie_embeddings_given) {
   }
 }
 
-// Mixture-of-Experts MLPs: the llama family's SwiGLU layers, on one rank, data parallel (ZeRO 0-3)
-// and expert parallel (dist.expert_parallel, out of the data ranks); the other parallelisms and
-// recomputation are not built for them yet (docs/moe.md).
+// Mixture-of-Experts MLPs: the llama family's SwiGLU layers, on one rank, data parallel (ZeRO 0-3),
+// expert parallel (dist.expert_parallel, out of the data ranks), tensor parallel (the MoE MLP whole
+// on every tensor rank) and in a pipeline; context and sequence parallelism and recomputation are
+// not built for them yet (docs/moe.md).
 void check_moe(Config& c, const Origins& o) {
   MoeConfig& m = c.model.moe;
   const std::int64_t ep = c.dist.expert_parallel;
@@ -120,15 +121,13 @@ void check_moe(Config& c, const Origins& o) {
   const auto refuse = [&](const char* key, std::int64_t value) {
     if (value > 1) {
       fail_rule(o, "model.moe", key, std::string("Mixture-of-Experts layers are not built for ") + key + " > 1 yet (got " +
-                                         std::to_string(value) + "); data and expert parallelism and ZeRO 1-3 work");
+                                         std::to_string(value) + "); data, expert, tensor and pipeline parallelism and ZeRO 1-3 work");
     }
   };
-  refuse("dist.tensor_parallel", c.dist.tensor_parallel);
   refuse("dist.context_parallel", c.dist.context_parallel);
-  refuse("dist.pipeline_parallel", c.dist.pipeline_parallel);
-  if (c.dist.sequence_parallel) {
+  if (c.dist.sequence_parallel && c.dist.tensor_parallel > 1) {
     fail_rule(o, "model.moe", "dist.sequence_parallel",
-              "Mixture-of-Experts layers are not built for sequence parallelism yet (it needs dist.tensor_parallel)");
+              "Mixture-of-Experts layers are not built for sequence parallelism yet (tensor parallelism without it works)");
   }
   if (c.train.recompute != Recompute::none) {
     fail_rule(o, "model.moe", "train.recompute",

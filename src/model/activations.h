@@ -22,6 +22,10 @@ struct ActsShape {
   bool acts = true;   // the forward activations
   bool grads = true;  // the backward scratch
   int expert_size = 1;  // expert parallelism: the ranks each MoE layer's experts are split over
+  // The layer at position 0 of the laid-out layers when they are one range's (a pipeline stage of
+  // one chunk: its first layer); -1 when positions serve chunks of several ranges (interleaved),
+  // and so layers of either kind of MLP.
+  int first_layer = 0;
 };
 
 /// The padded vocabulary (as llm.c's): a model lays out the logits of its V vocabulary columns in

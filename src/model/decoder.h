@@ -448,7 +448,7 @@ std::size_t Decoder<Body>::lay_out(const config::ModelConfig& config, Recompute 
     for (std::int64_t l = 0; l < dims.layers; ++l) {
       LayerActs la = shared;
       ActsDims own = dims;
-      own.layer = l;
+      own.layer = shape.first_layer >= 0 ? shape.first_layer + l : -1;
       if (!full) Body::lay_out_kept(take, config, own, la);
       if (recompute == Recompute::none) Body::lay_out_mlp(take, config, own, la);
       la.residual3 = take.take({R, C});

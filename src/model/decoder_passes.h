@@ -36,7 +36,7 @@ double Decoder<Body>::forward(const std::int32_t* inputs, const std::int32_t* ta
   }
   ensure_acts(B, T);
   prepare_weights();
-  dloss_scale_ = targets ? dloss_scale : 0.0f;
+  dloss_scale_ = dloss_scale;  // the layers' own losses (MoE routers') scale by it on every pipeline stage
   inputs_upload_.upload(a_.inputs, Tensor(const_cast<std::int32_t*>(inputs), DType::i32, Device::cpu, {B, T}));
   notify(PassEvent::forward_begins);
   if (begins_model()) {  // a later range's input is an earlier one's output (stream_ends)

@@ -220,7 +220,7 @@ class Model {
   /// This model's activation layout: its tensor-parallel part and its layers.
   ActsShape acts_shape() const {
     return {layout_.tensor_size, sequence_parallel(), largest_layer_range(), holds_model_end(), true, true,
-            layout_.expert_size};
+            layout_.expert_size, ranges_.size() == 1 ? ranges_.front().begin : -1};
   }
 
  protected:

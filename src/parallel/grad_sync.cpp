@@ -77,8 +77,8 @@ double GradientSync::finish(double& loss_sum) {
   if (expert_.group) sum_shared_grads(*expert_.group, grads(), begin_, expert_.shared);
   // ZeRO 0: every rank holds the whole summed buffer, only the loss needs summing; else each
   // rank's shard adds its squares.
-  double sums[2] = {loss_sum, norm_.counted.empty() ? ops::sum_squares(grads())
-                                                    : sum_squares_in(grads(), {{begin_, end_, 0}}, norm_.counted)};
+  double sums[2] = {loss_sum, !norm_.scoped ? ops::sum_squares(grads())
+                                             : sum_squares_in(grads(), {{begin_, end_, 0}}, norm_.counted)};
   host_comm_.all_reduce_sum(sums, zero_stage_ == 0 ? 1 : 2);
   loss_sum = sums[0];
   norm_.sum(sums[1]);  // the other parts of the model

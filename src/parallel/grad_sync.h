@@ -22,6 +22,7 @@ namespace llmtrain::parallel {
 /// (flat ranges of its buffer: a parameter several ranks hold, once) and the other groups to sum
 /// it over (the tensor group, the pipeline; host memory); empty without.
 struct NormScope {
+  bool scoped = false;  // whether `counted` says what counts (a rank may own none); else everything
   std::vector<model::FlatRange> counted;
   std::vector<dist::Communicator*> groups;
   void sum(double& squares) const {

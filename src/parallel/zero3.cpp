@@ -418,7 +418,7 @@ double Zero3::finish(double& loss_sum) {
     }
   }
   double squares = 0.0;
-  if (local_size_ > 0) squares = norm_.counted.empty() ? ops::sum_squares(grads()) : sum_squares_in(grads(), pieces_, norm_.counted);
+  if (local_size_ > 0) squares = !norm_.scoped ? ops::sum_squares(grads()) : sum_squares_in(grads(), pieces_, norm_.counted);
   double sums[2] = {loss_sum, squares};
   host_comm_.all_reduce_sum(sums, 2);
   loss_sum = sums[0];

@@ -1,6 +1,7 @@
 // plan's figures for expert parallelism (plan/memory_plan.h: expert_traffic).
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "model/moe_layer.h"
@@ -39,6 +40,24 @@ std::vector<model::FlatRange> rank0_pieces(const RankShare& share, std::int64_t 
 
 }  // namespace
 
+std::int64_t moe_layers_held(const RankShare& share) {
+  std::vector<int> layers;
+  for (const model::ParamInfo& info : share.infos) {
+    if (info.name.find(".mlp.experts.") == std::string::npos) continue;
+    if (std::find(layers.begin(), layers.end(), info.layer) == layers.end()) layers.push_back(info.layer);
+  }
+  return std::int64_t(layers.size());
+}
+
+std::int64_t expert_activation_bytes(const config::ModelConfig& m, bool bf16, std::int64_t micro_batch,
+                                     int context_size, int expert_size, std::int64_t moe_layers, std::int64_t slots) {
+  if (expert_size <= 1 || !m.moe.enabled) return 0;
+  const DType compute = bf16 ? DType::bf16 : DType::f32;
+  const std::int64_t rows = model::moe_kept_slots(m.moe, micro_batch * (m.context_length / context_size));
+  return slots * moe_layers * std::int64_t(model::expert_rows_bytes(m, rows, compute)) +
+         std::int64_t(model::expert_scratch_bytes(m, rows, compute));
+}
+
 UpdateTraffic expert_traffic(const config::Config& config, const RankShare& share, int data_parallel_size,
                              int zero_stage, bool bf16, std::int64_t micro_steps) {
   UpdateTraffic t;
@@ -46,7 +65,9 @@ UpdateTraffic expert_traffic(const config::Config& config, const RankShare& shar
   const auto& m = config.model;
   if (EP <= 1 || !m.moe.enabled) return t;
   const double others = double(EP - 1) / double(EP), ring = 2.0 * others;
-  const std::int64_t layers = m.n_layer - m.moe.first_dense_layers, E = m.moe.experts;
+  // This share's MoE layers exchange rows; every rank sums every layer's loads.
+  const std::int64_t layers = moe_layers_held(share), all_layers = m.n_layer - m.moe.first_dense_layers;
+  const std::int64_t E = m.moe.experts;
   const std::int64_t N = config.train.micro_batch_size * m.context_length, capacity = model::moe_capacity(m.moe, N);
   const std::int64_t M = capacity > 0 ? std::min(N * m.moe.top_k, E * capacity) : N * m.moe.top_k;
   const double row = double(m.d_model) * (bf16 ? 2.0 : 4.0);
@@ -63,15 +84,15 @@ UpdateTraffic expert_traffic(const config::Config& config, const RankShare& shar
     }
   }
   t.all_reduces += 5;
-  t.bytes += ring * (4.0 * shared + 8.0 + 8.0 + 4.0 * 8.0 + 4.0 + 8.0 * double(layers * E));
+  t.bytes += ring * (4.0 * shared + 8.0 + 8.0 + 4.0 * 8.0 + 4.0 + 8.0 * double(all_layers * E));
   return t;
 }
 
 std::vector<RankShare> expert_shares(const config::ModelConfig& model, int tensor_size, int gpus) {
   std::vector<RankShare> out{rank_share(model, tensor_size)};
-  if (!model.moe.enabled || tensor_size > 1) return out;
+  if (!model.moe.enabled) return out;
   for (int ep = 2; ep <= gpus && ep <= model.moe.experts; ++ep) {
-    if (model.moe.experts % ep == 0 && gpus % ep == 0) out.push_back(rank_share(model, 1, -1, ep));
+    if (model.moe.experts % ep == 0 && gpus % ep == 0) out.push_back(rank_share(model, tensor_size, -1, ep));
   }
   return out;
 }

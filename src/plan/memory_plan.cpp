@@ -9,7 +9,6 @@
 #include "checkpoint/safetensors.h"
 #include "model/arch.h"
 #include "model/model.h"
-#include "model/moe_layer.h"
 #include "optim/muon.h"
 #include "optim/registry.h"
 #include "parallel/pipeline_schedule.h"
@@ -144,12 +143,9 @@ std::int64_t activation_bytes(const config::ModelConfig& m, bool bf16, config::R
   std::int64_t bytes = std::int64_t(model::arch_spec(m.arch).activation_bytes(
       m, recompute, compute, int(micro_batch), int(m.context_length / context_size), tensor_size,
       sequence_parallel && tensor_size > 1, expert_size));
-  if (expert_size > 1 && m.moe.enabled) {  // the rows each MoE layer's experts receive: N k under even routing
-    const std::int64_t rows = model::moe_kept_slots(m.moe, micro_batch * (m.context_length / context_size));
-    bytes += (m.n_layer - m.moe.first_dense_layers) * std::int64_t(model::expert_rows_bytes(m, rows, compute)) +
-             std::int64_t(model::expert_scratch_bytes(m, rows, compute));
-  }
-  return bytes;
+  // The rows each MoE layer's experts receive.
+  return bytes + expert_activation_bytes(m, bf16, micro_batch, context_size, expert_size,
+                                         m.moe.enabled ? m.n_layer - m.moe.first_dense_layers : 0);
 }
 
 namespace {
@@ -462,6 +458,7 @@ std::vector<StagePlan> pipeline_stages(const config::Config& config, int tensor_
     st.stage = s;
     model::Layout layout{true, r, tensor_size, sp};
     layout.context_size = int(config.dist.context_parallel);
+    layout.expert_size = int(config.dist.expert_parallel);
     for (std::size_t v = std::size_t(s); v < split.size(); v += std::size_t(P)) {
       st.chunks.push_back(split[v]);
       layout.layer_ranges.push_back(parallel::layer_range(split[v]));
@@ -475,10 +472,13 @@ std::vector<StagePlan> pipeline_stages(const config::Config& config, int tensor_
     st.embedding = model->holds_model_begin();
     st.head = model->holds_model_end();
     st.share = share_of_model(*model, tensor_size, r);
+    st.share.expert_size = layout.expert_size;
     st.slots = parallel::peak_live_activations(parallel::stage_schedule(config.dist, s, int(micro_batches)));
     st.activations =
         st.slots * std::int64_t(model->activation_bytes(int(config.train.micro_batch_size), int(m.context_length))) +
-        context_scratch_bytes(config, tensor_size, bf16, config.train.micro_batch_size);
+        context_scratch_bytes(config, tensor_size, bf16, config.train.micro_batch_size) +
+        expert_activation_bytes(m, bf16, config.train.micro_batch_size, int(config.dist.context_parallel),
+                                layout.expert_size, moe_layers_held(st.share), st.slots);
     st.sent_p2p = double(st.sends) * boundary;
     // Every stage takes part in the pipeline group's all-reduces: the tied embedding's gradient
     // (this tensor rank's rows; the middle stages with zeros), the loss and the gradient norm.

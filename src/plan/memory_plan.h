@@ -199,9 +199,15 @@ double context_traffic(const config::Config& config, int tensor_size, bool bf16,
 /// a max) and the expert loads (MoE layers x E doubles). Nothing at EP 1.
 UpdateTraffic expert_traffic(const config::Config& config, const RankShare& share, int data_parallel_size,
                              int zero_stage, bool bf16, std::int64_t micro_steps);
+/// The MoE layers whose experts a share holds (a pipeline stage's, or all of them).
+std::int64_t moe_layers_held(const RankShare& share);
+/// Expert parallelism's activations beyond the model's own layout: the rows an even routing brings
+/// each of the `moe_layers` MoE layers' experts (N k, at most E x the capacity) in each of `slots`
+/// micro-batches in flight, and the scratch all layers share; 0 at expert size 1.
+std::int64_t expert_activation_bytes(const config::ModelConfig& model, bool bf16, std::int64_t micro_batch,
+                                     int context_size, int expert_size, std::int64_t moe_layers, std::int64_t slots = 1);
 /// The shares `plan --suggest` tries on `gpus` devices for a tensor group of `tensor_size`: expert
-/// size 1, and for a MoE model (without tensor parallelism) each divisor of model.moe.experts
-/// that divides gpus.
+/// size 1, and for a MoE model each divisor of model.moe.experts that divides gpus.
 std::vector<RankShare> expert_shares(const config::ModelConfig& model, int tensor_size, int gpus);
 
 /// One pipeline stage as the trainer builds it (dist.pipeline_parallel P > 1, the 1F1B schedule):
@@ -307,8 +313,8 @@ struct MeshOption {
 /// stage that needs most memory deciding the fit and the one that sends most the traffic. For
 /// sequences of 8,192 tokens or more also context-parallel sizes CP (dividing the ranks left,
 /// 2 CP dividing model.context_length), the gradients' group being the context x data ranks.
-/// A Mixture-of-Experts model: tensor, context and pipeline size 1 (as train requires), and expert
-/// sizes EP (expert_shares) out of the data ranks, expert_traffic added.
+/// A Mixture-of-Experts model: context size 1 and no sequence parallelism (as train requires), and
+/// expert sizes EP (expert_shares) out of the data ranks, expert_traffic added.
 /// `skipped_batch` counts the meshes left out because the global batch does not divide.
 std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int* skipped_batch = nullptr);
 

@@ -30,8 +30,8 @@ std::optional<MeshOption> mesh_option(const config::Config& config, const RankSh
   if (sequence_parallel && (t == 1 || (B * m.context_length) % t != 0)) return std::nullopt;
   if (D == 1 && (zero == 1 || zero == 2)) return std::nullopt;  // the trainer runs them as ZeRO 0
   if (p > 1 && zero == 3) return std::nullopt;
-  // Mixture-of-Experts layers: data and expert parallelism only, as the trainer builds them.
-  if (m.moe.enabled && (t > 1 || p > 1 || cp > 1 || sequence_parallel)) return std::nullopt;
+  // Mixture-of-Experts layers: not with context or sequence parallelism yet (the trainer refuses them).
+  if (m.moe.enabled && (cp > 1 || sequence_parallel)) return std::nullopt;
   config::Config c = config;
   c.dist.sequence_parallel = sequence_parallel;
   c.dist.tensor_parallel = t;
@@ -51,7 +51,8 @@ std::optional<MeshOption> mesh_option(const config::Config& config, const RankSh
       o.memory = std::max(o.memory, mine.total());
       o.host = std::max(o.host, plan_host(mine, st.share, D, zero, true).peak());
       const double sent = update_traffic(c, st.share, D, zero, bf16, micro_steps).bytes + st.sent_tensor +
-                          st.sent_p2p + st.sent_pipeline_collectives + st.sent_context;
+                          st.sent_p2p + st.sent_pipeline_collectives + st.sent_context +
+                          expert_traffic(c, st.share, D, zero, bf16, micro_steps).bytes;
       if (sent > o.sent) {
         o.sent = sent;
         o.tensor_sent = st.sent_tensor;
@@ -94,7 +95,7 @@ std::vector<MeshOption> mesh_options(const config::Config& config, int gpus, int
       }
       for (const RankShare& share : shares) {  // MoE without a pipeline: expert groups out of the data ranks
       const int ep = share.expert_size;
-      if (d % ep != 0 || (ep > 1 && (p > 1 || cp > 1 || t > 1))) continue;
+      if (d % ep != 0 || (ep > 1 && cp > 1)) continue;
       for (const bool sequence_parallel : {false, true}) {
         for (int zero = 0; zero <= 3; ++zero) {
           dist::Mesh mesh;

@@ -59,7 +59,10 @@ parallel::NormScope norm_scope(const model::Model& model, const dist::Communicat
   parallel::NormScope norm;
   const bool tensor = comms.host(Axis::tensor).world_size() > 1, pipeline = comms.host(Axis::pipeline).world_size() > 1;
   const bool expert = comms.host(Axis::expert).world_size() > 1;
-  if (tensor || pipeline || expert) norm.counted = parallel::norm_ranges(model);
+  if (tensor || pipeline || expert) {
+    norm.scoped = true;  // (an expert rank above 0 on a tensor rank above 0 counts nothing)
+    norm.counted = parallel::norm_ranges(model);
+  }
   if (tensor) norm.groups.push_back(&comms.host(Axis::tensor));
   if (expert) norm.groups.push_back(&comms.host(Axis::expert));
   if (pipeline) norm.groups.push_back(&comms.host(Axis::pipeline));
@@ -305,15 +308,16 @@ void Trainer::take_moe_stats(StepResult& result) {
   const model::MoeStats s = model_->take_moe_stats();
   double sums[4] = {s.aux, s.z, s.dropped, double(s.forwards)};
   float most = float(s.imbalance);
-  // Over every rank that reads its own batches: the data group's, then the expert group's.
-  dist::Communicator& data = comms_.host(Axis::data);
-  dist::Communicator& expert = comms_.host(Axis::expert);
-  const bool experts = expert.world_size() > 1;
-  data.all_reduce_sum(sums, 4);
-  data.all_reduce_max(&most, 1);
-  if (experts) {
-    expert.all_reduce_sum(sums, 4);
-    expert.all_reduce_max(&most, 1);
+  // Over every rank that reads its own batches (the data group's, then the expert group's) and
+  // every pipeline stage (each adds its layers' share; the one holding the first MoE layer counts
+  // the forwards). The tensor group's ranks compute the same.
+  std::vector<dist::Communicator*> groups;
+  for (const Axis a : {Axis::data, Axis::expert, Axis::pipeline}) {
+    if (comms_.host(a).world_size() > 1) groups.push_back(&comms_.host(a));
+  }
+  for (dist::Communicator* group : groups) {
+    group->all_reduce_sum(sums, 4);
+    group->all_reduce_max(&most, 1);
   }
   const double forwards = std::max(sums[3], 1.0);
   result.moe = true;
@@ -324,8 +328,7 @@ void Trainer::take_moe_stats(StepResult& result) {
   moe_loads_ = s.loads;  // the global batch's: every rank the same
   moe_loads_.resize(std::size_t((config_.model.n_layer - config_.model.moe.first_dense_layers) * config_.model.moe.experts));
   if (!moe_loads_.empty()) {
-    data.all_reduce_sum(moe_loads_.data(), std::int64_t(moe_loads_.size()));
-    if (experts) expert.all_reduce_sum(moe_loads_.data(), std::int64_t(moe_loads_.size()));
+    for (dist::Communicator* group : groups) group->all_reduce_sum(moe_loads_.data(), std::int64_t(moe_loads_.size()));
   }
 }
 
