@@ -36,7 +36,8 @@
 # dist.pipeline_parallel ranks, and keeps train.global_batch_size exact: the data-parallel size
 # is the largest that fits and divides global_batch_size / micro_batch_size (gradient
 # accumulation makes up the rest) and that llmtrain's own rules accept at that world size
-# (`llmtrain plan --world-size`: at least one micro-batch per pipeline stage, say). The run
+# (`llmtrain plan --world-size`: at least one micro-batch per pipeline stage, say, or a
+# data-parallel size that dist.expert_parallel divides). The run
 # resumes from its last committed checkpoint (llmtrain's checkpoints do not depend on the
 # layout). When no layout fits, one line says why and nothing is relaunched.
 #

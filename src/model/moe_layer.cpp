@@ -33,9 +33,11 @@ std::int64_t kept_rows(const Tensor& offsets) { return read<std::int32_t>(offset
 // The first `n` elements of a 1-D tensor.
 Tensor first(const Tensor& t, std::int64_t n) { return Tensor(t.data, t.dtype, t.device, {n}); }
 
+// Host values into the first elements of a small device tensor.
 template <class T>
 void upload(const Tensor& to, const std::vector<T>& from) {
-  if (!from.empty()) ops::copy(first(to, std::int64_t(from.size())), Tensor(const_cast<T*>(from.data()), to.dtype, Device::cpu, {std::int64_t(from.size())}));
+  const std::int64_t n = std::int64_t(from.size());
+  if (n > 0) ops::copy(first(to, n), Tensor(const_cast<T*>(from.data()), to.dtype, Device::cpu, {n}));
 }
 
 // One MoE layer's exchange over an expert group of P ranks, from this rank's dispatch offsets

@@ -5,7 +5,8 @@
 // grouped GEMM and combined back with their router weights; shared experts (one fused SwiGLU of
 // shared_experts x shared_ffn_hidden columns) add their output to every token's. Its three rooms
 // follow Megatron's: router (moe_router_*), dispatch (moe_dispatch, moe_permute_*,
-// moe_unpermute_*), experts (grouped_matmul_*).
+// moe_unpermute_*), experts (grouped_matmul_*). Under expert parallelism (ExpertGroup) the
+// dispatched rows go to their experts' ranks by all-to-all and come back the same way.
 #pragma once
 
 #include <cstdint>
