@@ -38,14 +38,15 @@ OpCase moe_router_case(std::int64_t N, std::int64_t E, std::int64_t k, bool sigm
             indices_out("experts", {N, k}),
             always_f32(output("weights", {N, k}, f32_elementwise)),
             always_f32(output("counts", {E}, f32_elementwise)),
+            always_f32(output("pbar", {E}, f32_reduction)),
             always_f32(output("losses", {3}, f32_reduction)),
             always_f32(input("dweights", {N, k})),
             output("dlogits", {N, E}, act_reduction)};
   const ops::RouterKind kind{sigmoid, true, sigmoid ? 2.5f : 1.0f};
   c.steps = {{"moe_router_forward",
               [kind](const Args& a) {
-                ops::moe_router_forward(a["probs"], a["experts"], a["weights"], a["counts"], a["losses"], a["logits"],
-                                        a["bias"], kind);
+                ops::moe_router_forward(a["probs"], a["experts"], a["weights"], a["counts"], a["pbar"], a["losses"],
+                                        a["logits"], a["bias"], kind);
                 return 0.0;
               }},
              {"moe_router_backward", [kind](const Args& a) {

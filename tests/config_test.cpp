@@ -364,6 +364,12 @@ TEST_CASE("model.moe: its keys, defaults and rules", "[config][moe]") {
   const config::Config written = config::parse_config(config::to_json(c).dump(), "t");  // written back as read
   CHECK(written.model.moe == c.model.moe);
   const std::string base = R"({"experts": 8, "top_k": 2, "ffn_hidden": 32)";
+  // Every parallelism takes MoE layers; a capacity wants whole sequences.
+  const std::string every_axis = R"(}}, "dist": {"context_parallel": 2, "tensor_parallel": 2, "sequence_parallel": true,
+      "expert_parallel": 2, "pipeline_parallel": 2}})";
+  CHECK(config::parse_config(llama + base + every_axis, "t").dist.context_parallel == 2);
+  const std::string capacity = R"(, "capacity_factor": 1.5}}, "dist": {"tensor_parallel": 2, "sequence_parallel": true}})";
+  CHECK(config::parse_config(llama + base + capacity, "t").model.moe.capacity_factor == 1.5);
   const std::vector<std::pair<std::string, std::string>> bad = {
       {with(R"({"experts": 8, "top_k": 2})"), "model.moe.ffn_hidden: missing"},
       {with(base + R"(, "expert": 3})"), "model.moe.expert: unknown key"},
@@ -371,9 +377,8 @@ TEST_CASE("model.moe: its keys, defaults and rules", "[config][moe]") {
       {with(base + R"(, "router": "sigmod"})"), "did you mean \"sigmoid\"?"},
       {with(base + R"(, "first_dense_layers": 4})"), "model.moe.first_dense_layers: must be < model.n_layer (4)"},
       {R"({"model": {"moe": {"experts": 8, "top_k": 2, "ffn_hidden": 32}}})", "model.moe: Mixture-of-Experts layers are built for the llama family"},
-      {llama + base + R"(}}, "dist": {"context_parallel": 2}})", "not built for dist.context_parallel > 1"},
-      {llama + base + R"(}}, "dist": {"tensor_parallel": 2, "sequence_parallel": true}})",
-       "not built for sequence parallelism yet"},
+      {llama + base + R"(, "capacity_factor": 1.5}}, "dist": {"context_parallel": 2}})",
+       "model.moe.capacity_factor: a capacity is not built for sequences split over ranks"},
       {llama + base + R"(}}, "dist": {"expert_parallel": 3}})",
        "dist.expert_parallel: must divide model.moe.experts (8), got 3"},
       {R"({"model": {"arch": "llama"}, "dist": {"expert_parallel": 2}})",

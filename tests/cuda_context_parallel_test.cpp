@@ -99,7 +99,7 @@ void compare_attention(bool ring, int B, int T, int NH, int NKV, int HS) {
 
   model::ContextParallel cp(rank, N, ring, Device::cuda, DType::f32);
   test::StagedCommunicator staged(world);
-  parallel::CommContextGroup group(staged);
+  parallel::CommContextGroup group(staged, staged);
   cp.set_group(&group);
   const ops::Chunks at = cp.mine(T);
   const test::DeviceArray<float> d_qkv(rows_of(qkv, B, T, W, at)), d_dout(rows_of(dout, B, T, C, at));
@@ -165,7 +165,7 @@ void compare_model(const std::string& arch, bool ring, DType dtype, model::Recom
   layout.context_ring = ring;
   const auto part = model::make_model(c, Device::cuda, recompute, dtype, ops::AttentionKernels::flash, layout);
   test::StagedCommunicator staged(world);
-  parallel::CommContextGroup group(staged);
+  parallel::CommContextGroup group(staged, staged);
   part->set_context_group(&group);
   CHECK(part->num_params() == whole->num_params());
   ops::copy(part->params(), whole->params());

@@ -200,14 +200,18 @@ def tensor_traffic(run):
     NKV, HS = m["n_kv_head"], C // m["n_head"]
     micro = t["global_batch_size"] // (B * (W // n))
     tokens = B * T
+    # A Mixture-of-Experts layer's experts run whole on every tensor rank: no sums after them (its
+    # input gathered once, its output gradient once, under sequence parallelism).
+    Lm = L - m["moe"]["first_dense_layers"] if m.get("moe") else 0
     ring, share = 2 * (n - 1) / n, (n - 1) / n
     norm = 2 * C if m["arch"] == "gpt2" else C  # a norm's weight (and bias)
     act = tokens * C * 4
     if not sp:
-        per_micro = {"all-reduce": [1 + 4 * L + 3, ring * (act * (1 + 4 * L + 1) + 4 * tokens + 4 * 2 * tokens)]}
+        per_micro = {"all-reduce": [1 + 4 * L - 2 * Lm + 3,
+                                    ring * (act * (1 + 4 * L - 2 * Lm + 1) + 4 * tokens + 4 * 2 * tokens)]}
     else:
-        per_micro = {"all-gather": [6 * L + 2, share * act * (6 * L + 2)],
-                     "reduce-scatter": [4 * L + 2, share * act * (4 * L + 2)],
+        per_micro = {"all-gather": [6 * L - Lm + 2, share * act * (6 * L - Lm + 2)],
+                     "reduce-scatter": [4 * L - 2 * Lm + 2, share * act * (4 * L - 2 * Lm + 2)],
                      "all-reduce": [2 + 2 * L + 1, ring * (4 * tokens + 4 * 2 * tokens + 4 * norm * (2 * L + 1))]}
     if m["arch"] == "llama" and n > NKV:  # replicated key/value heads: their k and v gradients
         per_micro["all-reduce"][0] += L
@@ -228,7 +232,9 @@ def context_traffic(run):
     """What each rank sends its context group in an update: per micro-step and layer, forward CP-1
     key/value blocks of B T/CP 2 NKV HS elements, backward CP-1 blocks again and CP-1 f32 blocks of
     their gradients (ring); an all-gather of the blocks in forward and in backward and a
-    reduce-scatter of their gradients (all-gather variant, ring volumes (n-1)/n S)."""
+    reduce-scatter of their gradients (all-gather variant, ring volumes (n-1)/n S). A MoE layer's
+    router statistics (E counts, E mean probabilities, the z-loss and the dropped fraction, doubles)
+    are all-reduced once per micro-step (ring volume 2 (n-1)/n S)."""
     m, t, d = run.config["model"], run.config["train"], run.config["dist"]
     n, mode = d["context_parallel"], d["context_parallel_mode"]
     L, B, T = m["n_layer"], t["micro_batch_size"], m["context_length"]
@@ -242,6 +248,9 @@ def context_traffic(run):
         share = (n - 1) / n
         expect = {"all-gather": (micro * L * 2, micro * L * 2 * share * n * block * 4),
                   "reduce-scatter": (micro * L, micro * L * share * n * block * 4)}
+    if m.get("moe"):
+        Lm, E = L - m["moe"]["first_dense_layers"], m["moe"]["experts"]
+        expect["all-reduce"] = (micro * Lm, micro * Lm * 2 * (n - 1) / n * 8 * (2 * E + 2))
     same_traffic(update_2(run, "context_collectives"), expect, "context group")
 
 
@@ -555,7 +564,20 @@ ROWS = [
     # Tensor parallelism splits attention and the dense layer; each tensor rank runs the MoE MLP
     # whole on the micro-batch. A pipeline's stages hold MoE layers as any other (the router
     # statistics and expert loads summed over the stages). Both with expert parallelism.
-    Row("moe", "moe-tp2", 2, "dist.tensor_parallel=2", base="moe"),
+    Row("moe", "moe-tp2", 2, "dist.tensor_parallel=2", base="moe", checks=(tensor_traffic,)),
+    Row("moe", "moe-tp2-sp", 2, "dist.tensor_parallel=2 dist.sequence_parallel=true", base="moe",
+        checks=(tensor_traffic,)),
+    Row("moe", "moe-ep2-tp2-sp", 4, "dist.expert_parallel=2 dist.tensor_parallel=2 dist.sequence_parallel=true",
+        base="moe"),
+    Row("moe", "moe-cp2", 2, "dist.context_parallel=2", base="moe", checks=(context_traffic,)),
+    Row("moe", "moe-cp2-allgather", 2, "dist.context_parallel=2 dist.context_parallel_mode=allgather", base="moe"),
+    Row("moe", "moe-ep2-cp2", 4, "dist.expert_parallel=2 dist.context_parallel=2", base="moe"),
+    Row("moe", "moe-ep2-cp2-zero3", 4, "dist.expert_parallel=2 dist.context_parallel=2 " + Z3, base="moe"),
+    Row("moe", "moe-cp2-pp2", 4, "dist.context_parallel=2 dist.pipeline_parallel=2", base="moe"),
+    Row("moe", "moe-bias-ep2-cp2", 4, "dist.expert_parallel=2 dist.context_parallel=2", base="moe-bias"),
+    Row("moe", "moe-ep2-cp2@10>ep2-tp2-sp", 4,
+        "dist.expert_parallel=2 dist.tensor_parallel=2 dist.sequence_parallel=true", base="moe",
+        resume=("moe-ep2-cp2", 10)),
     Row("moe", "moe-ep2-tp2", 4, "dist.expert_parallel=2 dist.tensor_parallel=2", base="moe"),
     Row("moe", "moe-ep2-tp2-zero3", 4, "dist.expert_parallel=2 dist.tensor_parallel=2 " + Z3, base="moe"),
     Row("moe", "moe-pp2", 2, "dist.pipeline_parallel=2", base="moe"),
@@ -1026,15 +1048,17 @@ def document_mask_refused(h):
 
 
 def moe_refused(h):
-    """MoE layers with the parallelism and recomputation not built for them: exit 2 before any
-    training, one error line naming model.moe and the key."""
-    for key in ("dist.context_parallel=2", "train.recompute=mlp"):
-        path = f"{h.out}/moe-refused-{key}"
-        status, out = h.call(1, "train", "--config", h.config_file("moe"), "--run-dir", path, "--set", key,
+    """MoE layers with what is not built for them (recomputation; a capacity with sequences split
+    over a context group): exit 2 before any training, one error line naming both keys."""
+    for sets in (["train.recompute=mlp"], ["model.moe.capacity_factor=1.5", "dist.context_parallel=2"]):
+        key = " ".join(sets)
+        path = f"{h.out}/moe-refused-{sets[0]}"
+        args = [a for s in sets for a in ("--set", s)]
+        status, out = h.call(1, "train", "--config", h.config_file("moe"), "--run-dir", path, *args,
                              "--set", "train.max_steps=1")
         errors = [line for line in out.splitlines() if "error:" in line]
-        assert status == 2 and len(errors) == 1 and "model.moe" in errors[0] and key.split("=")[0] in errors[0], \
-            f"{key}: exit {status}: {out}"
+        named = ["model.moe"] + [s.split("=")[0] for s in sets]
+        assert status == 2 and len(errors) == 1 and all(n in errors[0] for n in named), f"{key}: exit {status}: {out}"
         assert not os.path.exists(f"{path}/metrics.jsonl"), f"{key}: the refused run wrote metrics"
         print(f"  {key}: {errors[0]}")
 

@@ -22,14 +22,15 @@ using test::Vec;
 namespace {
 
 struct Router {
-  Vec probs, weights, counts, losses{0, 0, 0};
+  Vec probs, weights, counts, pbar, losses{0, 0, 0};
   std::vector<std::int32_t> experts;
 };
 
 Router route(Vec logits, int N, int E, int k, ops::RouterKind kind, Vec bias = {}) {
-  Router r{Vec(std::size_t(N * E)), Vec(std::size_t(N * k)), Vec(std::size_t(E)), Vec(3), std::vector<std::int32_t>(std::size_t(N * k))};
+  Router r{Vec(std::size_t(N * E)), Vec(std::size_t(N * k)), Vec(std::size_t(E)), Vec(std::size_t(E)), Vec(3),
+           std::vector<std::int32_t>(std::size_t(N * k))};
   ops::moe_router_forward(t(r.probs, {N, E}), ti(r.experts, {N, k}), t(r.weights, {N, k}), t(r.counts, {E}),
-                          t(r.losses, {3}), t(logits, {N, E}), bias.empty() ? Tensor() : t(bias, {E}), kind);
+                          t(r.pbar, {E}), t(r.losses, {3}), t(logits, {N, E}), bias.empty() ? Tensor() : t(bias, {E}), kind);
   return r;
 }
 
@@ -65,6 +66,7 @@ TEST_CASE("moe router: sigmoid scores, chosen on score plus bias, weighted by th
   // Pbar is the scores normalised over the experts: aux = (E/k) sum_e (c_e / N) Pbar_e.
   const double sum = sig(0.0) + sig(1.0) + sig(-1.0) + sig(2.0);
   CHECK(plain.losses[0] == Approx(4.0 / 2.0 * (sig(1.0) + sig(2.0)) / sum));
+  CHECK(plain.pbar[3] == Approx(sig(2.0) / sum));
 }
 
 TEST_CASE("moe router: load-balancing loss, z-loss and load imbalance by hand") {
@@ -79,6 +81,8 @@ TEST_CASE("moe router: load-balancing loss, z-loss and load imbalance by hand") 
   CHECK(skew.losses[1] == Approx(std::log(4.0) * std::log(4.0)));  // lse = ln 4 for both
   CHECK(skew.losses[2] == Approx(2.0));
   CHECK(skew.counts == Vec{0.0f, 2.0f});
+  CHECK(skew.pbar[0] == Approx(0.25));
+  CHECK(skew.pbar[1] == Approx(0.75));
 }
 
 TEST_CASE("moe dispatch: capacity drops the later slots in token order, and a large factor equals dropless") {

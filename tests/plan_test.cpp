@@ -956,3 +956,34 @@ TEST_CASE("plan: the expert group's all-to-alls and all-reduces per update, as m
     CHECK(plan::expert_traffic(c, plan::rank_share(c.model), D, m.zero, false, 1).bytes == 0.0);  // EP 1: nothing
   }
 }
+
+TEST_CASE("plan: a MoE model's tensor and context groups' traffic per update, as measured", "[plan][moe]") {
+  // tests/mesh_equivalence_test.py's "moe" model (4 layers, the first dense, d_model 32, 4 experts,
+  // top 2, one shared expert) on 2 ranks, 4 micro-steps of 2 sequences: rank 0's collectives of an
+  // update as its runs count them (moe-tp2, moe-tp2-sp, moe-cp2). The experts run whole on every
+  // tensor rank: the MoE layers' MLPs sum nothing over the tensor group.
+  config::Config c;
+  c.model = shape(config::Arch::llama, 251, 32, 4, 4, 2, 32, 40, false);
+  c.model.moe.enabled = true;
+  c.model.moe.experts = 4;
+  c.model.moe.top_k = 2;
+  c.model.moe.ffn_hidden = 16;
+  c.model.moe.shared_experts = 1;
+  c.model.moe.shared_ffn_hidden = 16;
+  c.model.moe.first_dense_layers = 1;
+  c.train.micro_batch_size = 2;
+  c.train.global_batch_size = 8;
+  const plan::UpdateTraffic tp = plan::tensor_traffic(c, 2, false, 4);
+  CHECK(tp.all_reduces == 57);
+  CHECK(tp.bytes == 396296.0);
+  c.dist.sequence_parallel = true;
+  const plan::UpdateTraffic sp = plan::tensor_traffic(c, 2, false, 4);
+  CHECK(sp.all_gathers == 92);
+  CHECK(sp.reduce_scatters == 48);
+  CHECK(sp.all_reduces == 45);
+  CHECK(sp.bytes == 376832.0 + 196608.0 + 7688.0);
+  c.dist.sequence_parallel = false;
+  c.dist.context_parallel = 2;
+  // The ring's key/value sends, and each MoE layer's router statistics (2 E + 2 doubles) summed.
+  CHECK(plan::context_traffic(c, 1, false, 4) == 196608.0 + 960.0);
+}

@@ -28,8 +28,8 @@ float softmax_row(float* p, const float* logits, int E) {
 
 }  // namespace
 
-void moe_router_forward(float* probs, std::int32_t* experts, float* weights, float* counts, float* losses,
-                        const float* logits, const float* bias, std::int64_t N, int E, int k, bool sigmoid,
+void moe_router_forward(float* probs, std::int32_t* experts, float* weights, float* counts, float* pbar_out,
+                        float* losses, const float* logits, const float* bias, std::int64_t N, int E, int k, bool sigmoid,
                         bool normalize, float route_scale) {
   std::vector<double> pbar(std::size_t(E), 0.0), count(std::size_t(E), 0.0);
   double z = 0.0;
@@ -73,6 +73,7 @@ void moe_router_forward(float* probs, std::int32_t* experts, float* weights, flo
   double aux = 0.0, most = 0.0;
   for (int e = 0; e < E; ++e) {
     counts[e] = float(count[std::size_t(e)]);
+    pbar_out[e] = float(pbar[std::size_t(e)] / double(N));
     aux += count[std::size_t(e)] / double(N) * pbar[std::size_t(e)] / double(N);
     most = std::max(most, count[std::size_t(e)]);
   }

@@ -71,7 +71,7 @@ __global__ void router_choose_kernel(float* probs, std::int32_t* experts, float*
 
 // One block: shared doubles pbar[E], count[E], then per chunk token lse (float) and score sums.
 template <class Elem>
-__global__ void router_stats_kernel(float* counts, float* losses, const float* probs, const std::int32_t* experts,
+__global__ void router_stats_kernel(float* counts, float* pbar_out, float* losses, const float* probs, const std::int32_t* experts,
                                     const Elem* logits, std::int64_t N, int E, int k, bool sigmoid) {
   extern __shared__ double shared[];
   double* pbar = shared;
@@ -107,7 +107,10 @@ __global__ void router_stats_kernel(float* counts, float* losses, const float* p
     }
     __syncthreads();
   }
-  for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = float(count[e]);
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    counts[e] = float(count[e]);
+    pbar_out[e] = float(pbar[e] / double(N));
+  }
   if (threadIdx.x == 0) {
     double aux = 0.0, most = 0.0;
     for (int e = 0; e < E; ++e) {
@@ -302,8 +305,8 @@ __global__ void bias_update_kernel(float* bias, const float* loads, float mean_l
 }  // namespace
 
 template <class Act>
-void moe_router_forward(float* probs, std::int32_t* experts, float* weights, float* counts, float* losses,
-                        const Act* logits, const Act* bias, std::int64_t N, int E, int k, bool sigmoid,
+void moe_router_forward(float* probs, std::int32_t* experts, float* weights, float* counts, float* pbar,
+                        float* losses, const Act* logits, const Act* bias, std::int64_t N, int E, int k, bool sigmoid,
                         bool normalize, float route_scale, cudaStream_t stream) {
   if (N <= 0) return;
   router_choose_kernel<Act><<<grid_for(N, block_threads, 1 << 30), block_threads, 0, stream>>>(
@@ -314,7 +317,7 @@ void moe_router_forward(float* probs, std::int32_t* experts, float* weights, flo
     LLMTRAIN_CUDA_CHECK(cudaFuncSetAttribute(router_stats_kernel<Act>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              int(shared)));
   }
-  router_stats_kernel<Act><<<1, block_threads, shared, stream>>>(counts, losses, probs, experts, logits, N, E, k,
+  router_stats_kernel<Act><<<1, block_threads, shared, stream>>>(counts, pbar, losses, probs, experts, logits, N, E, k,
                                                                  sigmoid);
   LLMTRAIN_CUDA_CHECK(cudaGetLastError());
 }

@@ -148,7 +148,8 @@ EvalModel load_eval_model(const checkpoint::Found& found, const dist::Communicat
     loaded.model->set_tensor_group(loaded.tensor_group.get());
   }
   if (context_parallel > 1) {
-    loaded.context_group = std::make_unique<parallel::CommContextGroup>(comms.host(dist::Axis::context));
+    loaded.context_group = std::make_unique<parallel::CommContextGroup>(comms.host(dist::Axis::context),
+                                                                         comms.host(dist::Axis::context));
     loaded.model->set_context_group(loaded.context_group.get());
   }
   return loaded;

@@ -118,16 +118,12 @@ void check_moe(Config& c, const Origins& o) {
               "must be < model.n_layer (" + std::to_string(c.model.n_layer) + "), got " +
                   std::to_string(m.first_dense_layers));
   }
-  const auto refuse = [&](const char* key, std::int64_t value) {
-    if (value > 1) {
-      fail_rule(o, "model.moe", key, std::string("Mixture-of-Experts layers are not built for ") + key + " > 1 yet (got " +
-                                         std::to_string(value) + "); data, expert, tensor and pipeline parallelism and ZeRO 1-3 work");
-    }
-  };
-  refuse("dist.context_parallel", c.dist.context_parallel);
-  if (c.dist.sequence_parallel && c.dist.tensor_parallel > 1) {
-    fail_rule(o, "model.moe", "dist.sequence_parallel",
-              "Mixture-of-Experts layers are not built for sequence parallelism yet (tensor parallelism without it works)");
+  if (m.capacity_factor > 0 && c.dist.context_parallel > 1) {
+    // An expert's capacity keeps the first slots in the micro-batch's token order, which spans the
+    // context group's ranks.
+    fail_rule(o, "model.moe.capacity_factor", "dist.context_parallel",
+              "a capacity is not built for sequences split over ranks: model.moe.capacity_factor must be 0 (dropless) "
+              "with dist.context_parallel " + std::to_string(c.dist.context_parallel));
   }
   if (c.train.recompute != Recompute::none) {
     fail_rule(o, "model.moe", "train.recompute",

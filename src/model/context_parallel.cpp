@@ -50,6 +50,10 @@ ContextGroup& ContextParallel::group() const {
   return *group_;
 }
 
+void ContextParallel::sum(std::vector<double>& values) {
+  if (active()) group().sum(values);
+}
+
 namespace {
 constexpr std::size_t work_align = 256;
 std::size_t aligned(std::size_t bytes) { return (bytes + work_align - 1) / work_align * work_align; }

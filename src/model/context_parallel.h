@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "model/token_group.h"
 #include "ops/buffer.h"
 #include "ops/ops.h"
 
@@ -48,9 +49,12 @@ class ContextGroup {
   virtual void all_gather(const Tensor& part, const Tensor& full) = 0;
   /// part = this rank's share of the sum over ranks of full (n x part), f32.
   virtual void reduce_scatter(const Tensor& full, const Tensor& part) = 0;
+  /// values = their sum over the group (host memory).
+  virtual void sum(std::vector<double>& values) = 0;
 };
 
-class ContextParallel {
+/// As a TokenGroup: the ranks splitting each sequence hold the micro-batch's tokens between them.
+class ContextParallel final : public TokenGroup {
  public:
   /// Rank `rank` of a context group of `size`; `ring` false: the all-gather variant.
   ContextParallel(int rank, int size, bool ring, Device device, DType compute)
@@ -62,7 +66,8 @@ class ContextParallel {
   /// it when they all fit, else from the group's own buffer.
   void lend(const Tensor& free) { lent_ = free; }
   int rank() const { return rank_; }
-  int size() const { return size_; }
+  int size() const override { return size_; }
+  void sum(std::vector<double>& values) override;
   bool active() const { return size_ > 1; }
   bool ring() const { return ring_; }
 

@@ -83,7 +83,7 @@ void LlamaBody::lay_out_mlp(ActsCarver& take, const config::ModelConfig& config,
     la.up = take.take({d.N, F});
     la.swi = take.take({d.N, F});
   }
-  if (moe) lay_out_moe_acts(take, config, d.N, la.moe, d.expert_size);
+  if (moe) lay_out_moe_acts(take, config, d.N, la.moe, d.expert_size, d.R < d.N);
 }
 
 void LlamaBody::lay_out_kept(ActsCarver& take, const config::ModelConfig& config, const ActsDims& d, Acts& la) {
@@ -263,8 +263,15 @@ void Llama::forward_layer(std::size_t l) {
   ops::residual_forward(la.residual2, x, la.attproj);
   ops::rmsnorm_forward(la.ln2, la.rstd2, la.residual2, lp.post_norm, eps);
   if (is_moe_layer(config_, std::int64_t(l))) {
-    const MoeLayerStats s = moe_forward(config_.moe, lp.moe, la.moe, la.ln2, la.down,
-                                        moe_capacity(config_.moe, std::int64_t(B) * T), expert_group(), &ga_.moe);
+    // Every tensor rank runs the router and the experts whole on all the micro-batch's tokens (under
+    // sequence parallelism gathered from the group, this rank keeping its rows of the output); a
+    // context group's ranks each run their own tokens, the router's statistics summed over them.
+    const bool sp = sequence_parallel();
+    const Tensor ln2 = tp_.gather_input(la.ln2, la.moe.ln);
+    const MoeLayerStats s = moe_forward(config_.moe, lp.moe, la.moe, ln2, sp ? a_.full_out : la.down,
+                                        moe_capacity(config_.moe, std::int64_t(B) * T), expert_group(), &ga_.moe,
+                                        &cp_);
+    if (sp) ops::copy(la.down, tp_.own_rows(a_.full_out));
     const double layers = double(config_.n_layer - config_.moe.first_dense_layers);
     if (l == std::size_t(config_.moe.first_dense_layers)) ++moe_stats_.forwards;
     moe_stats_.aux += s.aux / layers;
@@ -304,10 +311,19 @@ void Llama::backward_layer(std::size_t l) {
   if (is_moe_layer(config_, std::int64_t(l))) {
     // The micro-batch's load-balancing and z losses are means over its N tokens; each micro-step's
     // counts 1 / (micro-steps x data ranks) = dloss_scale N of the update's mean, as its loss does.
+    // Under context parallelism B T are this rank's tokens, and the load-balancing loss reads the
+    // micro-batch's counts (moe_backward).
     const config::MoeConfig& m = config_.moe;
     const float per_batch = dloss_scale_ * float(std::int64_t(B) * T);
-    moe_backward(m, lp.moe, lg.moe, la.moe, ga_.moe, la.ln2, ga_.ln2, dresidual, float(m.aux_loss_coef) * per_batch,
-                 float(m.z_loss_coef) * per_batch, expert_group());
+    const float aux_scale = float(m.aux_loss_coef) * per_batch / float(cp_.size());
+    if (sp) {  // the whole tokens' output gradient; this rank keeps its rows of the input's
+      moe_backward(m, lp.moe, lg.moe, la.moe, ga_.moe, la.moe.ln, a_.full_out, tp_.gather_input(dresidual, a_.full_in),
+                   aux_scale, float(m.z_loss_coef) * per_batch, expert_group());
+      ops::copy(ga_.ln2, tp_.own_rows(a_.full_out));
+    } else {
+      moe_backward(m, lp.moe, lg.moe, la.moe, ga_.moe, la.ln2, ga_.ln2, dresidual, aux_scale,
+                   float(m.z_loss_coef) * per_batch, expert_group());
+    }
   } else {
     ops::zero(ga_.gate);
     ops::zero(ga_.up);

@@ -5,6 +5,7 @@
 #include <functional>
 #include <vector>
 
+#include "core/error.h"
 #include "ops/buffer.h"
 #include "ops/ops.h"
 
@@ -165,6 +166,40 @@ std::size_t rows_bytes(const config::ModelConfig& config, std::int64_t rows, DTy
   return measure.used;
 }
 
+// The router's statistics of a layer's forward, over the token group's ranks when it has several:
+// there the micro-batch's counts (the sum) replace this rank's for backward, and the losses are
+// recomputed from the micro-batch's counts and mean probabilities (every rank holds as many tokens).
+MoeLayerStats router_stats(const config::MoeConfig& moe, const MoeActs& a, TokenGroup* tokens) {
+  const std::vector<float> losses = read<float>(a.losses), counts = read<float>(a.counts);
+  const float dropped = read<float>(a.dropped)[0];
+  if (!tokens || tokens->size() == 1) return {losses[0], losses[1], losses[2], dropped, counts};
+  const std::size_t E = counts.size();
+  const std::vector<float> pbar = read<float>(a.pbar);
+  std::vector<double> sums(2 * E + 2);
+  for (std::size_t e = 0; e < E; ++e) {
+    sums[e] = counts[e];
+    sums[E + e] = pbar[e];
+  }
+  sums[2 * E] = losses[1];
+  sums[2 * E + 1] = dropped;
+  tokens->sum(sums);
+  const double n = tokens->size(), N = n * double(a.logits.shape[0]), k = double(moe.top_k);
+  MoeLayerStats s;
+  s.counts.resize(E);
+  double most = 0.0;
+  for (std::size_t e = 0; e < E; ++e) {
+    s.counts[e] = float(sums[e]);
+    s.aux += sums[e] / N * (sums[E + e] / n);
+    most = std::max(most, sums[e]);
+  }
+  s.aux *= double(E) / k;
+  s.z = sums[2 * E] / n;
+  s.imbalance = most / (N * k / double(E));
+  s.dropped = sums[2 * E + 1] / n;
+  upload(a.counts, s.counts);
+  return s;
+}
+
 }  // namespace
 
 void ExpertRows::reserve(std::int64_t rows, std::int64_t C, std::int64_t I, DType compute, Device device) {
@@ -210,7 +245,7 @@ std::int64_t moe_kept_slots(const config::MoeConfig& moe, std::int64_t N) {
 }
 
 void lay_out_moe_acts(ActsCarver& take, const config::ModelConfig& config, std::int64_t N, MoeActs& a,
-                      int expert_size) {
+                      int expert_size, bool keep_input) {
   const config::MoeConfig& m = config.moe;
   const std::int64_t C = config.d_model, E = m.experts, k = m.top_k, I = m.ffn_hidden, NK = N * k;
   const std::int64_t S = m.shared_experts * m.shared_ffn_hidden;
@@ -220,11 +255,13 @@ void lay_out_moe_acts(ActsCarver& take, const config::ModelConfig& config, std::
   a.experts = take.carver.take(DType::i32, {N, k});
   a.weights = take.stat({N, k});
   a.counts = take.stat({E});
+  a.pbar = take.stat({E});
   a.losses = take.stat({3});
   a.offsets = take.carver.take(DType::i32, {E + 1});
   a.row_slot = take.carver.take(DType::i32, {NK});
   a.slot_row = take.carver.take(DType::i32, {NK});
   a.dropped = take.stat({1});
+  if (keep_input) a.ln = take.take({N, C});
   a.xp = take.take({NK, C});
   if (expert_size == 1) {  // else the experts' rows live in a.ep
     a.gate = take.take({NK, I});
@@ -269,13 +306,19 @@ void lay_out_moe_grads(ActsCarver& take, const config::ModelConfig& config, std:
 }
 
 MoeLayerStats moe_forward(const config::MoeConfig& moe, const MoeWeights& w, const MoeActs& a, const Tensor& ln,
-                          const Tensor& out, std::int64_t capacity, ExpertGroup* group, const MoeGrads* scratch) {
+                          const Tensor& out, std::int64_t capacity, ExpertGroup* group, const MoeGrads* scratch,
+                          TokenGroup* tokens) {
   const Tensor none;
   // Router: logits, probabilities, the top k and their weights, the losses' statistics.
   ops::matmul_forward(a.logits, ln, w.router, none);
-  ops::moe_router_forward(a.probs, a.experts, a.weights, a.counts, a.losses, a.logits, w.bias, router_kind(moe));
+  ops::moe_router_forward(a.probs, a.experts, a.weights, a.counts, a.pbar, a.losses, a.logits, w.bias,
+                          router_kind(moe));
+  if (tokens && tokens->size() > 1 && capacity > 0) {
+    throw RuntimeError("MoE layer: a capacity over tokens split between ranks (context parallelism)");
+  }
   // Dispatch: the slots in expert order (the first M rows), through the experts' SwiGLU.
   ops::moe_dispatch(a.offsets, a.row_slot, a.slot_row, a.dropped, a.experts, capacity);
+  const MoeLayerStats stats = router_stats(moe, a, tokens);  // the dispatch's dropped fraction with them
   ops::moe_permute_forward(a.xp, ln, a.row_slot, a.offsets);
   if (!group || group->size() == 1) {
     run_experts(w, a.xp, a.gate, a.up, a.swi, a.y, a.offsets, kept_rows(a.offsets));
@@ -315,8 +358,7 @@ MoeLayerStats moe_forward(const config::MoeConfig& moe, const MoeWeights& w, con
     ops::matmul_forward(a.shared_out, a.shared_swi, w.shared_down, none);
     ops::residual_forward(out, out, a.shared_out);
   }
-  const std::vector<float> losses = read<float>(a.losses);
-  return {losses[0], losses[1], losses[2], read<float>(a.dropped)[0], read<float>(a.counts)};
+  return stats;
 }
 
 void moe_backward(const config::MoeConfig& moe, const MoeWeights& w, const MoeWeights& g, const MoeActs& a,

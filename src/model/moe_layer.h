@@ -18,6 +18,7 @@
 #include "config/config.h"
 #include "model/activations.h"
 #include "ops/buffer.h"
+#include "model/token_group.h"
 #include "ops/moe_ops.h"
 
 namespace llmtrain::model {
@@ -28,9 +29,10 @@ struct MoeWeights {
   Tensor router, bias, gate, up, down, shared_gate, shared_up, shared_down;
 };
 /// One MoE layer's forward activations: the router's (logits (N,E), probs (N,E) f32, experts
-/// (N,k) i32, weights (N,k) f32, counts (E) f32, losses (3) f32), the dispatch plan's (offsets
+/// (N,k) i32, weights (N,k) f32, counts and pbar (E) f32, losses (3) f32), the dispatch plan's (offsets
 /// (E+1), row_slot and slot_row (N k) i32, dropped (1) f32), the experts' rows (xp (N k, C),
-/// gate, up, swi (N k, I), y (N k, C)) and the shared experts' (N, S Is) and their output (N, C).
+/// gate, up, swi (N k, I), y (N k, C)) and the shared experts' (N, S Is) and their output (N, C);
+/// under sequence parallelism also the layer's input gathered from the tensor group (ln (N, C)).
 /// Expert parallelism: the R rows a layer's experts received from every rank, kept for backward
 /// in storage of their own, which grows to the most rows a micro-batch has brought (routing
 /// decides how many; an even routing brings N k): the rows reordered by expert (x (R, C): row i is
@@ -59,7 +61,8 @@ std::size_t expert_scratch_bytes(const config::ModelConfig& config, std::int64_t
 /// `ep`, and records the rows each rank sent for each of this rank's experts (ep_counts (ranks x
 /// local experts) i32) and where each local expert's rows start (ep_offsets (local experts + 1) i32).
 struct MoeActs {
-  Tensor logits, probs, experts, weights, counts, losses, offsets, row_slot, slot_row, dropped;
+  Tensor logits, probs, experts, weights, counts, pbar, losses, offsets, row_slot, slot_row, dropped;
+  Tensor ln;
   Tensor xp, gate, up, swi, y, shared_gate, shared_up, shared_swi, shared_out;
   Tensor ep_counts, ep_offsets;
   std::shared_ptr<ExpertRows> ep;  // expert parallelism, in an allocated layout (a measuring one has none)
@@ -112,19 +115,26 @@ std::int64_t moe_capacity(const config::MoeConfig& moe, std::int64_t N);
 /// capacity. Under expert parallelism an even routing brings each rank as many rows.
 std::int64_t moe_kept_slots(const config::MoeConfig& moe, std::int64_t N);
 
+/// `keep_input`: lay out `ln` (sequence parallelism).
 void lay_out_moe_acts(ActsCarver& take, const config::ModelConfig& config, std::int64_t N, MoeActs& a,
-                      int expert_size = 1);
+                      int expert_size = 1, bool keep_input = false);
 void lay_out_moe_grads(ActsCarver& take, const config::ModelConfig& config, std::int64_t N, MoeGrads& g,
                        int expert_size = 1);
 
 /// out (N,C) = the MoE MLP of ln (N,C); `capacity` as moe_capacity (0: dropless). `group`: the
 /// expert group, whose ranks all call it together (null: every expert here; then `w`'s experts
-/// are all E, else this rank's, and `scratch`'s ep_a and ep_b carry the rows).
+/// are all E, else this rank's, and `scratch`'s ep_a and ep_b carry the rows). `tokens`: the ranks
+/// whose tokens make up the micro-batch with this rank's (null: this rank's alone); the router's
+/// loads and losses are summed over them, so that the statistics returned, and the counts backward
+/// reads, are the micro-batch's (`capacity` must be 0: the token order spans the ranks).
 MoeLayerStats moe_forward(const config::MoeConfig& moe, const MoeWeights& w, const MoeActs& a, const Tensor& ln,
                           const Tensor& out, std::int64_t capacity, ExpertGroup* group = nullptr,
-                          const MoeGrads* scratch = nullptr);
+                          const MoeGrads* scratch = nullptr, TokenGroup* tokens = nullptr);
 /// Its backward from dout (N,C): dln (N,C) WRITTEN, the weights' gradients g += ; the router's
-/// losses enter with aux_scale and z_scale (their coefficients times the loss scale of the micro-batch).
+/// losses enter with aux_scale and z_scale (their coefficients times the loss scale of this rank's
+/// tokens). After a forward with a token group of n ranks, aux_scale / n: the load-balancing loss
+/// is then the micro-batch's, its counts n times a rank's and its mean probabilities over n times
+/// the tokens.
 void moe_backward(const config::MoeConfig& moe, const MoeWeights& w, const MoeWeights& g, const MoeActs& a,
                   const MoeGrads& ga, const Tensor& ln, const Tensor& dln, const Tensor& dout, float aux_scale,
                   float z_scale, ExpertGroup* group = nullptr);

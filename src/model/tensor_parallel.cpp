@@ -47,6 +47,13 @@ Tensor TensorParallel::gather_input(const Tensor& part, const Tensor& full) {
   return full;
 }
 
+Tensor TensorParallel::own_rows(const Tensor& full) const {
+  if (!sequence_parallel()) return full;
+  const std::int64_t R = full.shape[0] / size_, C = full.shape[1];
+  char* first = static_cast<char*>(full.data) + std::size_t(rank_ * R * C) * dtype_size(full.dtype);
+  return Tensor(first, full.dtype, full.device, {R, C});
+}
+
 void TensorParallel::reduce_output(const Tensor& partial, const Tensor& out) {
   if (sequence_parallel()) {
     group().reduce_scatter(partial, out);

@@ -77,6 +77,9 @@ class TensorParallel {
   /// The whole (N, C) input of which `part` holds this rank's rows: `part` itself without
   /// sequence parallelism, else all-gathered into `full`.
   Tensor gather_input(const Tensor& part, const Tensor& full);
+  /// Sequence parallelism: this rank's rows of `full` (N, C), the whole tokens' values every rank
+  /// holds alike (a view: rows r N / size .. (r + 1) N / size); `full` itself without it.
+  Tensor own_rows(const Tensor& full) const;
   /// After a row-parallel linear (or the embedding) wrote this rank's partial result into
   /// `partial` (N, C): `out` = the sum over the group, this rank's rows of it with sequence
   /// parallelism (a reduce-scatter), else all of it (an all-reduce; `partial` is `out`).

@@ -12,7 +12,7 @@ using dispatch::as_int;
 using dispatch::Op;
 
 void moe_router_forward(const Tensor& probs, const Tensor& experts, const Tensor& weights, const Tensor& counts,
-                        const Tensor& losses, const Tensor& logits, const Tensor& bias, const RouterKind& kind) {
+                        const Tensor& pbar, const Tensor& losses, const Tensor& logits, const Tensor& bias, const RouterKind& kind) {
   const Op op("moe_router_forward");
   const auto N = logits.shape[0], E = logits.shape[1], k = experts.shape[1];
   const DType act = op.activation(logits);
@@ -21,11 +21,13 @@ void moe_router_forward(const Tensor& probs, const Tensor& experts, const Tensor
   op.expect("experts", experts, DType::i32, {N, k});
   op.expect("weights", weights, DType::f32, {N, k});
   op.expect("counts", counts, DType::f32, {E});
+  op.expect("pbar", pbar, DType::f32, {E});
   op.expect("losses", losses, DType::f32, {3});
   if (bias.data) op.expect("bias", bias, act, {E});
   if (k < 1 || k > E) op.fail("top k must be in [1, E]");
   op.run(LLMTRAIN_KERNELS(moe_router_forward), act, [&](auto v) {
-    return std::tuple(v.f32(probs), v.i32(experts), v.f32(weights), v.f32(counts), v.f32(losses), v.in(logits),
+    return std::tuple(v.f32(probs), v.i32(experts), v.f32(weights), v.f32(counts), v.f32(pbar), v.f32(losses),
+                      v.in(logits),
                       v.in(bias), N, as_int(E), as_int(k), kind.sigmoid, kind.normalize, kind.route_scale);
   });
 }

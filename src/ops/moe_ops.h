@@ -18,11 +18,11 @@ struct RouterKind {
   float route_scale = 1.0f;
 };
 
-/// probs (N,E) f32, experts (N,k) i32, weights (N,k) f32, counts (E) f32, losses (3) f32 {aux, z,
-/// load imbalance} from logits (N,E); bias (E) in the activations' dtype, or no data for none
-/// (cpu::moe_router_forward).
+/// probs (N,E) f32, experts (N,k) i32, weights (N,k) f32, counts (E) f32, pbar (E) f32 (each
+/// expert's mean probability), losses (3) f32 {aux, z, load imbalance} from logits (N,E); bias (E)
+/// in the activations' dtype, or no data for none (cpu::moe_router_forward).
 void moe_router_forward(const Tensor& probs, const Tensor& experts, const Tensor& weights, const Tensor& counts,
-                        const Tensor& losses, const Tensor& logits, const Tensor& bias, const RouterKind& kind);
+                        const Tensor& pbar, const Tensor& losses, const Tensor& logits, const Tensor& bias, const RouterKind& kind);
 /// dlogits (N,E) WRITTEN from dweights (N,k) f32, aux_scale x d aux and z_scale x d z.
 void moe_router_backward(const Tensor& dlogits, const Tensor& dweights, const Tensor& logits, const Tensor& probs,
                          const Tensor& experts, const Tensor& counts, const RouterKind& kind, float aux_scale,

@@ -45,4 +45,8 @@ void CommContextGroup::reduce_scatter(const Tensor& full, const Tensor& part) {
   comm_.reduce_scatter_sum(full.as<float>(), part.as<float>(), part.numel());
 }
 
+void CommContextGroup::sum(std::vector<double>& values) {
+  if (!values.empty()) host_.all_reduce_sum(values.data(), std::int64_t(values.size()));
+}
+
 }  // namespace llmtrain::parallel

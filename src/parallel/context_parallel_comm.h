@@ -7,18 +7,20 @@
 
 namespace llmtrain::parallel {
 
-/// model::ContextGroup over a communicator of the context-parallel group (the memory the
-/// activations live in).
+/// model::ContextGroup over communicators of the context-parallel group: `comm` in the memory the
+/// activations live in, `host` in host memory.
 class CommContextGroup final : public model::ContextGroup {
  public:
-  explicit CommContextGroup(dist::Communicator& comm) : comm_(comm) {}
+  CommContextGroup(dist::Communicator& comm, dist::Communicator& host) : comm_(comm), host_(host) {}
   std::unique_ptr<Pending> start_exchange(const Tensor& send, const Tensor& recv, int send_to,
                                           int recv_from) override;
   void all_gather(const Tensor& part, const Tensor& full) override;
   void reduce_scatter(const Tensor& full, const Tensor& part) override;
+  void sum(std::vector<double>& values) override;
 
  private:
   dist::Communicator& comm_;
+  dist::Communicator& host_;
 };
 
 }  // namespace llmtrain::parallel

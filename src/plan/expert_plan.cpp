@@ -68,7 +68,9 @@ UpdateTraffic expert_traffic(const config::Config& config, const RankShare& shar
   // This share's MoE layers exchange rows; every rank sums every layer's loads.
   const std::int64_t layers = moe_layers_held(share), all_layers = m.n_layer - m.moe.first_dense_layers;
   const std::int64_t E = m.moe.experts;
-  const std::int64_t N = config.train.micro_batch_size * m.context_length, capacity = model::moe_capacity(m.moe, N);
+  // A rank's tokens: its part of each sequence under context parallelism.
+  const std::int64_t N = config.train.micro_batch_size * (m.context_length / config.dist.context_parallel);
+  const std::int64_t capacity = model::moe_capacity(m.moe, N);
   const std::int64_t M = capacity > 0 ? std::min(N * m.moe.top_k, E * capacity) : N * m.moe.top_k;
   const double row = double(m.d_model) * (bf16 ? 2.0 : 4.0);
   t.all_to_alls = micro_steps * layers * 5;

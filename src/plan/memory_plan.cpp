@@ -76,9 +76,12 @@ int most_rows_rank(const config::ModelConfig& m, int tensor_size) {
 }
 
 // The tensor group's collectives per micro-step for a stage of `layers` layers (all of them
-// without pipelines), with the embedding and/or the head; see tensor_traffic.
+// without pipelines), `moe_layers` of them Mixture-of-Experts layers, with the embedding and/or the
+// head; see tensor_traffic. A MoE layer's experts run whole on every tensor rank: its MLP has no
+// row-parallel output to sum (with sequence parallelism its input is gathered once, kept for
+// backward, and its output gradient gathered; each rank keeps its rows of the results).
 UpdateTraffic tensor_micro_step(const config::Config& c, int tensor_size, bool bf16, std::int64_t layers,
-                                bool embedding = true, bool head = true) {
+                                std::int64_t moe_layers, bool embedding = true, bool head = true) {
   UpdateTraffic t;
   if (tensor_size <= 1) return t;
   const auto& m = c.model;
@@ -89,12 +92,13 @@ UpdateTraffic tensor_micro_step(const config::Config& c, int tensor_size, bool b
   double all_reduced = head ? 3 * N : 0;  // f32 values: the cross-entropy's row maxima and sums
   t.all_reduces = head ? 2 : 0;
   if (!c.dist.sequence_parallel) {
-    const std::int64_t sums = ends + (full ? 6 : 4) * layers;  // the embedding, the layers, the head's input gradient
+    // the embedding, the layers, the head's input gradient
+    const std::int64_t sums = ends + (full ? 6 : 4) * layers - 2 * moe_layers;
     t.all_reduces += sums;
     all_reduced += double(sums) * N * C;
   } else {
-    t.all_gathers = (6 + (full ? 2 : mlp ? 1 : 0)) * layers + ends;
-    t.reduce_scatters = (4 + (full ? 2 : 0)) * layers + ends;
+    t.all_gathers = (6 + (full ? 2 : mlp ? 1 : 0)) * layers - moe_layers + ends;
+    t.reduce_scatters = (4 + (full ? 2 : 0)) * layers - 2 * moe_layers + ends;
     const std::int64_t norms = 2 * layers + (head ? 1 : 0);
     t.all_reduces += norms;
     // a norm's weight (and bias)
@@ -180,12 +184,18 @@ double context_layer_bytes(const config::Config& config, int tensor_size, bool b
 }
 
 double context_traffic(const config::Config& config, int tensor_size, bool bf16, std::int64_t micro_steps,
-                       std::int64_t layers) {
-  if (layers < 0) layers = config.model.n_layer;
+                       std::int64_t layers, std::int64_t moe_layers) {
+  const auto& m = config.model;
+  if (layers < 0) layers = m.n_layer;
+  if (moe_layers < 0) moe_layers = m.moe.enabled ? m.n_layer - m.moe.first_dense_layers : 0;
   const double forward = context_layer_bytes(config, tensor_size, bf16, false);
   const double per_layer = forward * (config.train.recompute == config::Recompute::full ? 2.0 : 1.0) +
                            context_layer_bytes(config, tensor_size, bf16, true);
-  return double(micro_steps) * double(layers) * per_layer;
+  // A MoE layer's router statistics, all-reduced in forward: E counts, E mean probabilities, the
+  // z-loss and the dropped fraction, doubles.
+  const double cp = double(config.dist.context_parallel);
+  const double router = cp > 1 ? 2.0 * (cp - 1.0) / cp * 8.0 * double(2 * m.moe.experts + 2) : 0.0;
+  return double(micro_steps) * (double(layers) * per_layer + double(moe_layers) * router);
 }
 
 std::int64_t activation_bytes_per_sequence(const config::ModelConfig& m, bool bf16, config::Recompute recompute,
@@ -430,7 +440,9 @@ UpdateTraffic update_traffic(const config::Config& config, int data_parallel_siz
 }
 
 UpdateTraffic tensor_traffic(const config::Config& config, int tensor_size, bool bf16, std::int64_t micro_steps) {
-  UpdateTraffic t = tensor_micro_step(config, tensor_size, bf16, config.model.n_layer);
+  const auto& m = config.model;
+  UpdateTraffic t =
+      tensor_micro_step(config, tensor_size, bf16, m.n_layer, m.moe.enabled ? m.n_layer - m.moe.first_dense_layers : 0);
   if (tensor_size <= 1) return t;
   // micro_steps of them, and the gradient norm's double once.
   t.all_reduces = micro_steps * t.all_reduces + 1;
@@ -486,10 +498,11 @@ std::vector<StagePlan> pipeline_stages(const config::Config& config, int tensor_
     const double tied_rows = double(m.vocab_size * (r + 1) / tensor_size - m.vocab_size * r / tensor_size);
     st.sent_pipeline_collectives = ring * ((st.tied ? tied_rows * double(m.d_model) * 4.0 : 0.0) + 2 * 8.0);
     if (tensor_size > 1) {  // micro-batches of its collectives, and the gradient norm's double once
-      const UpdateTraffic per_micro_batch = tensor_micro_step(config, tensor_size, bf16, st.layers, st.embedding, st.head);
+      const UpdateTraffic per_micro_batch = tensor_micro_step(config, tensor_size, bf16, st.layers, moe_layers_held(st.share),
+                                                                   st.embedding, st.head);
       st.sent_tensor = double(micro_batches) * per_micro_batch.bytes + 2.0 * double(tensor_size - 1) / double(tensor_size) * 8.0;
     }
-    st.sent_context = context_traffic(config, tensor_size, bf16, micro_batches, st.layers);
+    st.sent_context = context_traffic(config, tensor_size, bf16, micro_batches, st.layers, moe_layers_held(st.share));
     stages.push_back(std::move(st));
   }
   return stages;

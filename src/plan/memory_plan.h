@@ -177,15 +177,19 @@ UpdateTraffic muon_traffic(const config::Config& config, const RankShare& share,
 /// (the output gradients and the norms' outputs again), one more per layer with "mlp" and 2 with
 /// "full", and 2 for the head's input and the embedding's gradient; and all-reduces of the norms'
 /// weight gradients (2 L + 1 norms, f32). Both: the vocabulary-parallel cross-entropy's row maxima
-/// (N f32) and sums (2 N f32); Llama with replicated key/value heads (tensor_size above
+/// (N f32) and sums (2 N f32). A Mixture-of-Experts layer's experts run whole on every tensor
+/// rank: 2 all-reduces fewer than a dense layer's, or 1 all-gather and 2 reduce-scatters fewer
+/// (its input gathered once for forward and backward, no sums after its experts). Llama with
+/// replicated key/value heads (tensor_size above
 /// n_kv_head) one all-reduce per layer of all their k and v gradients (n_kv_head x 2 head_size x C
 /// f32). Once per update the gradient norm's (one double). Nothing at size 1.
 UpdateTraffic tensor_traffic(const config::Config& config, int tensor_size, bool bf16, std::int64_t micro_steps);
 /// Over the context group, per update: every layer's context_layer_bytes forward and backward (the
 /// forward twice with train.recompute "full") for each of `micro_steps` micro-batches of `layers`
-/// layers (-1: all). Nothing without context parallelism.
+/// layers (-1: all), and the all-reduce of each of its `moe_layers` (-1: all the model's) MoE layers'
+/// router statistics (2 E + 2 doubles). Nothing without context parallelism.
 double context_traffic(const config::Config& config, int tensor_size, bool bf16, std::int64_t micro_steps,
-                       std::int64_t layers = -1);
+                       std::int64_t layers = -1, std::int64_t moe_layers = -1);
 
 /// Over the expert group of `share.expert_size` (dist.expert_parallel > 1), per update, for data
 /// rank 0 of a data-parallel (expert-data) group of `data_parallel_size` under ZeRO `zero_stage`.

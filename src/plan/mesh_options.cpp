@@ -30,8 +30,8 @@ std::optional<MeshOption> mesh_option(const config::Config& config, const RankSh
   if (sequence_parallel && (t == 1 || (B * m.context_length) % t != 0)) return std::nullopt;
   if (D == 1 && (zero == 1 || zero == 2)) return std::nullopt;  // the trainer runs them as ZeRO 0
   if (p > 1 && zero == 3) return std::nullopt;
-  // Mixture-of-Experts layers: not with context or sequence parallelism yet (the trainer refuses them).
-  if (m.moe.enabled && (cp > 1 || sequence_parallel)) return std::nullopt;
+  // Mixture-of-Experts layers: a capacity needs whole sequences (the trainer refuses it with context parallelism).
+  if (m.moe.enabled && m.moe.capacity_factor > 0 && cp > 1) return std::nullopt;
   config::Config c = config;
   c.dist.sequence_parallel = sequence_parallel;
   c.dist.tensor_parallel = t;

@@ -172,7 +172,7 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
     model_->set_tensor_group(tensor_group_.get());
   }
   if (layout.context_size > 1) {
-    context_group_ = std::make_unique<parallel::CommContextGroup>(comms.device(Axis::context));
+    context_group_ = std::make_unique<parallel::CommContextGroup>(comms.device(Axis::context), comms.host(Axis::context));
     model_->set_context_group(context_group_.get());
   }
   parallel::ExpertScope experts;

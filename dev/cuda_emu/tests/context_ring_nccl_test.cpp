@@ -41,6 +41,7 @@ class LoopbackGroup final : public model::ContextGroup {
   }
   void all_gather(const Tensor&, const Tensor&) override { FAIL("the ring does not all-gather"); }
   void reduce_scatter(const Tensor&, const Tensor&) override { FAIL("the ring does not reduce-scatter"); }
+  void sum(std::vector<double>&) override { FAIL("the ring sums nothing"); }
 };
 
 std::vector<float> random_values(std::mt19937& rng, std::size_t n) {
@@ -81,7 +82,7 @@ TEST_CASE("context parallel ring over NCCL: stream-ordered waits give the host-w
 
       test::ShimHost host(n, rank);
       const auto nccl = dist::make_nccl_communicator(host, 0, 30.0);
-      parallel::CommContextGroup group(*nccl);
+      parallel::CommContextGroup group(*nccl, *nccl);
       model::ContextParallel cp(rank, n, true, Device::cuda, DType::f32);
       cp.set_group(&group);
       const test::DeviceArray<float> d_qkv(qkv), d_dout(dout);

@@ -207,11 +207,12 @@ void scaled_sum(float* out, const float* x, const float* y, std::int64_t N, floa
 /// Router forward from logits (N,E): probs (N,E) f32 the softmax probabilities (or, `sigmoid`,
 /// the sigmoid scores); experts (N,k) the top k of probs + bias (bias (E) or null), ties to the
 /// lower index; weights (N,k) f32 the chosen probs, renormalised to sum 1 when `normalize` (always
-/// with `sigmoid`), times route_scale; counts (E) f32 how many tokens chose each expert; losses (3)
-/// f32: the load-balancing loss (E/k) sum_e (c_e/N) Pbar_e, the z-loss mean_t lse_t^2, and the
-/// largest load over the mean load.
-void moe_router_forward(float* probs, std::int32_t* experts, float* weights, float* counts, float* losses,
-                        const float* logits, const float* bias, std::int64_t N, int E, int k, bool sigmoid,
+/// with `sigmoid`), times route_scale; counts (E) f32 how many tokens chose each expert; pbar (E)
+/// f32 Pbar_e, the mean over the tokens of each expert's probability (`sigmoid`: of its score over
+/// the token's score sum); losses (3) f32: the load-balancing loss (E/k) sum_e (c_e/N) Pbar_e, the
+/// z-loss mean_t lse_t^2, and the largest load over the mean load.
+void moe_router_forward(float* probs, std::int32_t* experts, float* weights, float* counts, float* pbar,
+                        float* losses, const float* logits, const float* bias, std::int64_t N, int E, int k, bool sigmoid,
                         bool normalize, float route_scale);
 /// dlogits (N,E) WRITTEN: the gradient from dweights (N,k) f32, plus aux_scale times the
 /// load-balancing loss's and z_scale times the z-loss's (counts held constant).

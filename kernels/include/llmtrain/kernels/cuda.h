@@ -270,11 +270,11 @@ void scaled_sum(Act* out, const Act* x, const Act* y, std::int64_t N, float alph
 
 // ---- Mixture of Experts (kernels/cuda/moe.cu, grouped_matmul.cu; docs/moe.md) -------------------
 // As cpu.h's: E experts, k per token, N tokens, N k slots; every result a gather (no atomics).
-/// probs (N,E), experts (N,k), weights (N,k), counts (E), losses (3) from logits (N,E) and bias
-/// (E, or null).
+/// probs (N,E), experts (N,k), weights (N,k), counts (E), pbar (E), losses (3) from logits (N,E)
+/// and bias (E, or null).
 template <class Act>
-void moe_router_forward(float* probs, std::int32_t* experts, float* weights, float* counts, float* losses,
-                        const Act* logits, const Act* bias, std::int64_t N, int E, int k, bool sigmoid,
+void moe_router_forward(float* probs, std::int32_t* experts, float* weights, float* counts, float* pbar,
+                        float* losses, const Act* logits, const Act* bias, std::int64_t N, int E, int k, bool sigmoid,
                         bool normalize, float route_scale, cudaStream_t stream);
 /// dlogits (N,E) WRITTEN.
 template <class Act>
