@@ -6,7 +6,9 @@
 //     whole sequence, for the ring and the all-gather, grouped-query heads.
 //   - Whole models: a GPT-2 (learned positions) and a Llama (rotary embeddings at each token's true
 //     position, GQA) on the device, ring and all-gather, fp32 and bf16, with full recomputation:
-//     the ranks' loss sums add up to the whole CPU model's, and so do their gradients.
+//     the ranks' loss sums add up to the whole CPU model's, and so do their gradients. A
+//     Mixture-of-Experts Llama likewise, its router's statistics summed over the group: every
+//     rank's load-balancing and z losses, load imbalance and expert loads are the whole model's.
 //
 // The exchanges are the trainer's own (CommContextGroup) through a communicator that stages
 // each device buffer through host memory (MPI between the processes): the ranks may share one GPU,
@@ -135,7 +137,8 @@ void compare_attention(bool ring, int B, int T, int NH, int NKV, int HS) {
   CHECK(e_kv < 1e-4);
 }
 
-config::ModelConfig tiny(const std::string& arch) {
+config::ModelConfig tiny(const std::string& name) {
+  const std::string arch = name == "moe" ? "llama" : name;
   config::ModelConfig c;
   c.arch = *config::parse_choice<config::Arch>(arch);
   c.vocab_size = 97;
@@ -146,6 +149,17 @@ config::ModelConfig tiny(const std::string& arch) {
   c.d_model = 128;  // head size 32
   c.ffn_hidden = arch == "llama" ? 352 : 512;
   c.tie_embeddings = arch == "gpt2";
+  if (name == "moe") {  // layer 0 dense, layer 1 MoE: 4 experts, top 2, a shared expert
+    c.moe.enabled = true;
+    c.moe.experts = 4;
+    c.moe.top_k = 2;
+    c.moe.ffn_hidden = 64;
+    c.moe.shared_experts = 1;
+    c.moe.shared_ffn_hidden = 64;
+    c.moe.first_dense_layers = 1;
+    c.moe.aux_loss_coef = 0.01;
+    c.moe.z_loss_coef = 0.001;
+  }
   return c;
 }
 
@@ -165,7 +179,7 @@ void compare_model(const std::string& arch, bool ring, DType dtype, model::Recom
   layout.context_ring = ring;
   const auto part = model::make_model(c, Device::cuda, recompute, dtype, ops::AttentionKernels::flash, layout);
   test::StagedCommunicator staged(world);
-  parallel::CommContextGroup group(staged, staged);
+  parallel::CommContextGroup group(staged, world);  // host-memory sums (MoE routers') over MPI, as in training
   part->set_context_group(&group);
   CHECK(part->num_params() == whole->num_params());
   ops::copy(part->params(), whole->params());
@@ -188,6 +202,15 @@ void compare_model(const std::string& arch, bool ring, DType dtype, model::Recom
     CHECK(std::abs(mine - expected) <= loss_tol * std::abs(expected));
     whole->backward();
     part->backward();
+  }
+  if (c.moe.enabled) {  // the router's statistics are the whole micro-batches', on every rank
+    const model::MoeStats want = whole->take_moe_stats(), got = part->take_moe_stats();
+    CAPTURE(want.aux, got.aux, want.z, got.z, want.imbalance, got.imbalance);
+    CHECK(got.forwards == want.forwards);
+    CHECK(std::abs(got.aux - want.aux) <= loss_tol * want.aux);
+    CHECK(std::abs(got.z - want.z) <= loss_tol * want.z);
+    CHECK(std::abs(got.imbalance - want.imbalance) <= 1e-6 * want.imbalance);
+    CHECK(got.loads == want.loads);
   }
   std::vector<float> grads = to_host(part->grads());
   world.all_reduce_sum(grads.data(), std::int64_t(grads.size()));
@@ -223,6 +246,14 @@ TEST_CASE("cuda context parallel GPT-2 (learned positions): ranks' losses and gr
   compare_model("gpt2", true, DType::f32, model::Recompute::none);
   compare_model("gpt2", false, DType::f32, model::Recompute::none);
   compare_model("gpt2", true, DType::bf16, model::Recompute::none);
+}
+
+TEST_CASE("cuda context parallel Mixture-of-Experts Llama: ranks' losses, gradients and router statistics are the whole cpu model's",
+          "[cuda][context][mpi][moe]") {
+  std::string why;
+  if (!context_job(&why)) LLMTRAIN_SKIP(why);
+  compare_model("moe", true, DType::f32, model::Recompute::none);
+  compare_model("moe", false, DType::f32, model::Recompute::none);
 }
 
 TEST_CASE("cuda context parallel Llama (rotary positions, GQA): ranks' losses and gradients sum to the whole cpu model's",
