@@ -11,6 +11,7 @@
 #include "llmtrain/git_revision.h"
 #include "core/error.h"
 #include "core/strings.h"
+#include "dist/communicator.h"
 
 namespace {
 
@@ -29,16 +30,22 @@ std::string one_line(std::string text) {
   return text;
 }
 
-// Under mpirun or srun every rank meets the same bad input; only the first reports it.
-bool is_first_rank() {
+// This process's rank as its launcher (mpirun or srun) gave it; 0 when started alone.
+int launcher_rank() {
   for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"}) {
-    if (const char* value = std::getenv(name)) return std::atoi(value) == 0;
+    if (const char* value = std::getenv(name)) return std::atoi(value);
   }
-  return true;
+  return 0;
 }
 
+// Under mpirun or srun every rank meets the same bad input; only the first reports it.
+bool is_first_rank() { return launcher_rank() == 0; }
+
 int report(const std::string& message, llmtrain::ExitCode code) {
-  if (code != llmtrain::ExitCode::bad_input || is_first_rank()) {
+  if (llmtrain::dist::leaving_alone()) {  // no other rank met it: this rank says it, whichever it is
+    std::cerr << "llmtrain: error: rank " << launcher_rank() << ": " << one_line(message)
+              << " (this rank alone; stopping the job)" << std::endl;
+  } else if (code != llmtrain::ExitCode::bad_input || is_first_rank()) {
     std::cerr << "llmtrain: error: " << one_line(message) << std::endl;
   }
   return static_cast<int>(code);

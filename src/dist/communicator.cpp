@@ -14,6 +14,13 @@
 
 namespace llmtrain::dist {
 
+namespace {
+bool leaving_alone_ = false;
+}  // namespace
+
+bool leaving_alone() { return leaving_alone_; }
+void set_leaving_alone() { leaving_alone_ = true; }
+
 double Traffic::total_bytes() const {
   double sum = 0;
   for (double b : bytes) sum += b;

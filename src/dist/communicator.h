@@ -325,4 +325,12 @@ Communicators make_communicators(Device device, double timeout_s, const std::fun
 /// True when the environment says this process is one of several started by mpirun or srun.
 bool launched_by_mpi();
 
+/// Whether this process is leaving its job alone on an error: the error unwound its MPI
+/// communicators while the other ranks, all answering, were elsewhere (waiting in a collective for
+/// this rank), so nothing collective can follow. MPI is not finalized; the process reports its
+/// own error (whichever rank it is) and exits with that error's status, and the launcher stops
+/// the other ranks. Ranks that meet the same error together leave together, as without an error.
+bool leaving_alone();
+void set_leaving_alone();
+
 }  // namespace llmtrain::dist

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <vector>
 #include <cstdio>
@@ -25,6 +26,9 @@ namespace llmtrain::dist {
 namespace {
 
 class MpiCommunicator;
+
+// How long a rank unwound by an error waits at a barrier before asking if the others are alive.
+constexpr double leave_grace_s = 3.0;
 
 class MpiCommunicator final : public Communicator {
   using Clock = std::chrono::steady_clock;
@@ -52,10 +56,45 @@ class MpiCommunicator final : public Communicator {
   MpiCommunicator(MPI_Comm comm, double timeout_s) : timeout_s_(timeout_s), owns_comm_(true) { adopt(comm); }
   ~MpiCommunicator() override {
     if (!owns_mpi_ && !owns_comm_) return;
-    do_barrier();
+    if (leaving_alone()) return;  // another group found it: nothing collective can follow
+    if (std::uncaught_exceptions() > 0) {
+      if (!others_follow()) {
+        set_leaving_alone();
+        return;
+      }
+    } else {
+      do_barrier();
+    }
     drain_heartbeats();
     if (owns_comm_) MPI_Comm_free(&comm_);
     if (owns_mpi_) MPI_Finalize();
+  }
+
+  // The barrier of a communicator unwound by an error: whether the other ranks reach it. They do
+  // when they met the same error. While they have not, this rank asks every few seconds whether
+  // they are alive; once all answer, they are elsewhere (waiting in a collective for this rank,
+  // where roll calls are answered) and it leaves alone (false). A rank that never answers may be
+  // lost: the watchdog then stops the job and names it, as in any collective.
+  bool others_follow() {
+    Pending request(*this, "barrier");
+    check(MPI_Ibarrier(comm_, &request.pieces.add()), "MPI_Ibarrier");
+    ++seq_;
+    send_heartbeat();
+    std::vector<int> others;
+    for (int r = 0; r < world_; ++r) {
+      if (r != rank_) others.push_back(job_ranks_[std::size_t(r)]);
+    }
+    const auto grace = std::chrono::duration<double>(std::min(timeout_s_, leave_grace_s));
+    auto asked = Clock::now();
+    bool alone = false;
+    poll([&] {
+      if (request.pieces.test()) return true;
+      if (Clock::now() - asked < grace) return false;
+      alone = lost_ranks::unanswered(others, std::min(timeout_s_, 2.0)).empty();
+      asked = Clock::now();
+      return alone;
+    }, [&] { abort_job("barrier"); });
+    return !alone;
   }
 
   std::unique_ptr<Communicator> split(int color, int key) override {

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# An error that one rank meets alone is reported by that rank and stops the job at once, with its
+# exit status; an error every rank meets is reported once. Rank 1 (then rank 0) is given a
+# data.train that matches no file, a node without the data mounted: it fails at start-up while the
+# other rank waits in a collective for it. Under dist.timeout_s = 60 the job must end within 20 s
+# with status 2 and one line from that rank naming data.train, and no watchdog line (which would
+# blame the waiting rank's collective and exit 76, the status a launcher relaunches on). With
+# every rank given the missing data: status 2 and one line, as from one process.
+# Usage: dist_lone_error_test.sh LLMTRAIN MPIEXEC
+set -uo pipefail
+llmtrain="$1"
+mpiexec="$2"
+work=$(mktemp -d)
+trap 'pkill -KILL -f "$work/run" 2>/dev/null; rm -rf "$work"' EXIT
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+fail() { echo "FAILED: $*"; exit 1; }
+
+for i in $(seq 1 400); do printf 'the quick brown fox %d jumps over the lazy dog\n' "$i"; done > "$work/text.txt"
+"$llmtrain" tokenize --input "$work/text.txt" --output "$work/data" >/dev/null || fail "tokenize"
+cat > "$work/config.json" <<JSON
+{"model": {"vocab_size": 256, "context_length": 16, "n_layer": 1, "n_head": 2, "d_model": 16},
+ "data": {"train": "$work/data/train_*.bin"},
+ "train": {"micro_batch_size": 2, "global_batch_size": 4, "max_steps": 4, "log_every": 1},
+ "optim": {"warmup_steps": 0},
+ "dist": {"timeout_s": 60}}
+JSON
+missing="data.train=$work/nowhere/train_*.bin"
+
+# $1 $2: rank 0's and rank 1's extra arguments ("" for none); $3: the case's name.
+launch() {
+  local run="$work/run-$3"
+  # shellcheck disable=SC2086
+  timeout 120 "$mpiexec" --allow-run-as-root --oversubscribe \
+    -np 1 "$llmtrain" train --config "$work/config.json" --run-dir "$run" $1 : \
+    -np 1 "$llmtrain" train --config "$work/config.json" --run-dir "$run" $2 >"$run.log" 2>&1
+}
+
+for lone in 1 0; do
+  args=("" "")
+  args[lone]="--set $missing"
+  start=$SECONDS
+  launch "${args[0]}" "${args[1]}" "rank$lone"; status=$?
+  took=$((SECONDS - start))
+  log="$work/run-rank$lone.log"
+  errors=$(grep -c "llmtrain: error:" "$log")
+  (( status == 2 )) || fail "rank $lone alone: exit status $status after ${took} s, expected 2: $(cat "$log")"
+  (( took < 20 )) || fail "rank $lone alone: the job took ${took} s to stop (dist.timeout_s = 60)"
+  (( errors == 1 )) || fail "rank $lone alone: $errors error lines: $(grep "llmtrain: error:" "$log")"
+  grep -q "llmtrain: error: rank $lone: data.train: no file matches .* (this rank alone; stopping the job)" "$log" ||
+    fail "rank $lone alone: its error line is missing: $(cat "$log")"
+  echo "rank $lone alone without data.train: exit 2 after ${took} s: $(grep "llmtrain: error:" "$log")"
+done
+
+launch "--set $missing" "--set $missing" "both"; status=$?
+log="$work/run-both.log"
+errors=$(grep -c "llmtrain: error:" "$log")
+(( status == 2 && errors == 1 )) || fail "every rank without data.train: exit $status, $errors error lines: $(cat "$log")"
+! grep -q "alone" "$log" || fail "every rank without data.train: reported as one rank's: $(grep "llmtrain: error:" "$log")"
+echo "every rank without data.train: exit 2: $(grep "llmtrain: error:" "$log")"
+echo "ok"
