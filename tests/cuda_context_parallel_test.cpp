@@ -34,27 +34,11 @@
 
 using namespace llmtrain;
 using llmtrain::test::relative_error;
+using llmtrain::test::device_job;
+using llmtrain::test::job;
 using llmtrain::test::to_host;
 
 namespace {
-
-dist::Communicator& job() {
-  static const std::unique_ptr<dist::Communicator> comm = dist::make_communicator(false, 300.0);
-  return *comm;
-}
-
-bool context_job(std::string* why) {
-  if (!ops::cuda_available(why)) {
-    *why = "no CUDA device: " + *why;
-    return false;
-  }
-  const int N = job().world_size();
-  if (N != 2 && N != 4) {
-    *why = "needs mpirun -np 2 or -np 4 (one context rank per process), got " + std::to_string(N) + " rank(s)";
-    return false;
-  }
-  return true;
-}
 
 // Rows of a (B,T,W) array that chunks `at` name, in their order: (B, at.rows(), W).
 std::vector<float> rows_of(const std::vector<float>& whole, int B, int T, int W, ops::Chunks at) {
@@ -232,7 +216,7 @@ void compare_model(const std::string& arch, bool ring, DType dtype, model::Recom
 TEST_CASE("cuda context parallel attention: ring and all-gather over the job's ranks give one-rank attention rows",
           "[cuda][context][mpi]") {
   std::string why;
-  if (!context_job(&why)) LLMTRAIN_SKIP(why);
+  if (!device_job("context", &why)) LLMTRAIN_SKIP(why);
   for (const bool ring : {true, false}) {
     compare_attention(ring, 2, 24, 4, 2, 16);  // GQA; chunks of 6 (2 ranks) or 3 (4 ranks)
     compare_attention(ring, 1, 16, 2, 2, 32);
@@ -242,7 +226,7 @@ TEST_CASE("cuda context parallel attention: ring and all-gather over the job's r
 TEST_CASE("cuda context parallel GPT-2 (learned positions): ranks' losses and gradients sum to the whole cpu model's",
           "[cuda][context][mpi]") {
   std::string why;
-  if (!context_job(&why)) LLMTRAIN_SKIP(why);
+  if (!device_job("context", &why)) LLMTRAIN_SKIP(why);
   compare_model("gpt2", true, DType::f32, model::Recompute::none);
   compare_model("gpt2", false, DType::f32, model::Recompute::none);
   compare_model("gpt2", true, DType::bf16, model::Recompute::none);
@@ -251,7 +235,7 @@ TEST_CASE("cuda context parallel GPT-2 (learned positions): ranks' losses and gr
 TEST_CASE("cuda context parallel Mixture-of-Experts Llama: ranks' losses, gradients and router statistics are the whole cpu model's",
           "[cuda][context][mpi][moe]") {
   std::string why;
-  if (!context_job(&why)) LLMTRAIN_SKIP(why);
+  if (!device_job("context", &why)) LLMTRAIN_SKIP(why);
   compare_model("moe", true, DType::f32, model::Recompute::none);
   compare_model("moe", false, DType::f32, model::Recompute::none);
 }
@@ -259,7 +243,7 @@ TEST_CASE("cuda context parallel Mixture-of-Experts Llama: ranks' losses, gradie
 TEST_CASE("cuda context parallel Llama (rotary positions, GQA): ranks' losses and gradients sum to the whole cpu model's",
           "[cuda][context][mpi][llama]") {
   std::string why;
-  if (!context_job(&why)) LLMTRAIN_SKIP(why);
+  if (!device_job("context", &why)) LLMTRAIN_SKIP(why);
   compare_model("llama", true, DType::f32, model::Recompute::none);
   compare_model("llama", false, DType::f32, model::Recompute::none);
   compare_model("llama", true, DType::bf16, model::Recompute::none);

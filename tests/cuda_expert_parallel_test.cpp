@@ -28,27 +28,11 @@
 
 using namespace llmtrain;
 using llmtrain::test::relative_error;
+using llmtrain::test::device_job;
+using llmtrain::test::job;
 using llmtrain::test::to_host;
 
 namespace {
-
-dist::Communicator& job() {
-  static const std::unique_ptr<dist::Communicator> comm = dist::make_communicator(false, 300.0);
-  return *comm;
-}
-
-bool expert_job(std::string* why) {
-  if (!ops::cuda_available(why)) {
-    *why = "no CUDA device: " + *why;
-    return false;
-  }
-  const int N = job().world_size();
-  if (N != 2 && N != 4) {
-    *why = "needs mpirun -np 2 or -np 4 (one expert rank per process), got " + std::to_string(N) + " rank(s)";
-    return false;
-  }
-  return true;
-}
 
 config::ModelConfig tiny_moe(const std::string& router, double capacity) {
   config::ModelConfig c;
@@ -159,7 +143,7 @@ TEST_CASE("cuda expert parallel MoE Llama: each rank's loss, the shared gradient
           "gradients match the whole cpu model over every rank's micro-batch",
           "[cuda][expert][mpi]") {
   std::string why;
-  if (!expert_job(&why)) LLMTRAIN_SKIP(why);
+  if (!device_job("expert", &why)) LLMTRAIN_SKIP(why);
   compare_model("softmax", 0.0, DType::f32);
   compare_model("sigmoid", 0.0, DType::f32);
   compare_model("softmax", 0.75, DType::f32);  // capacity: some slots dropped on their own rank

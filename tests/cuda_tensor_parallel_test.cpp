@@ -26,15 +26,11 @@
 
 using namespace llmtrain;
 using llmtrain::test::relative_error;
+using llmtrain::test::device_job;
+using llmtrain::test::job;
 using llmtrain::test::to_host;
 
 namespace {
-
-// The job's ranks, made once per process (MPI is finalised at exit, not after the first case).
-dist::Communicator& job() {
-  static const std::unique_ptr<dist::Communicator> comm = dist::make_communicator(false, 300.0);
-  return *comm;
-}
 
 config::ModelConfig tiny(const std::string& arch) {
   config::ModelConfig c;
@@ -141,26 +137,12 @@ void compare_tensor_parallel(const std::string& arch, bool sequence_parallel, DT
   }
 }
 
-// The case's set-up: a device, and a job of 2 or 4 ranks (the tensor group).
-bool tensor_job(std::string* why) {
-  if (!ops::cuda_available(why)) {
-    *why = "no CUDA device: " + *why;
-    return false;
-  }
-  const int N = job().world_size();
-  if (N != 2 && N != 4) {
-    *why = "needs mpirun -np 2 or -np 4 (one tensor rank per process), got " + std::to_string(N) + " rank(s)";
-    return false;
-  }
-  return true;
-}
-
 }  // namespace
 
 TEST_CASE("cuda tensor parallel GPT-2 (tied, vocabulary 251): loss and gradient slices match the whole cpu model",
           "[cuda][tensor][mpi]") {
   std::string why;
-  if (!tensor_job(&why)) LLMTRAIN_SKIP(why);
+  if (!device_job("tensor", &why)) LLMTRAIN_SKIP(why);
   for (const bool sequence_parallel : {false, true}) {
     for (const DType dtype : {DType::f32, DType::bf16}) {
       compare_tensor_parallel("gpt2", sequence_parallel, dtype, model::Recompute::none);
@@ -173,7 +155,7 @@ TEST_CASE("cuda tensor parallel GPT-2 (tied, vocabulary 251): loss and gradient 
 TEST_CASE("cuda tensor parallel Llama (GQA, untied head): loss and gradient slices match the whole cpu model",
           "[cuda][tensor][mpi][llama]") {
   std::string why;
-  if (!tensor_job(&why)) LLMTRAIN_SKIP(why);
+  if (!device_job("tensor", &why)) LLMTRAIN_SKIP(why);
   for (const bool sequence_parallel : {false, true}) {
     for (const DType dtype : {DType::f32, DType::bf16}) {
       compare_tensor_parallel("llama", sequence_parallel, dtype, model::Recompute::none);
@@ -186,7 +168,7 @@ TEST_CASE("cuda tensor parallel Llama (GQA, untied head): loss and gradient slic
 TEST_CASE("cuda tensor parallel Llama with model.qk_norm: loss and gradient slices match the whole cpu model",
           "[cuda][tensor][mpi][llama]") {
   std::string why;
-  if (!tensor_job(&why)) LLMTRAIN_SKIP(why);
+  if (!device_job("tensor", &why)) LLMTRAIN_SKIP(why);
   for (const bool sequence_parallel : {false, true}) {
     for (const DType dtype : {DType::f32, DType::bf16}) {
       compare_tensor_parallel("llama", sequence_parallel, dtype, model::Recompute::none, true);

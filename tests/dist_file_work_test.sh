@@ -7,16 +7,7 @@
 # the job must end within dist.timeout_s plus a few seconds (naming rank 1 when rank 1 hangs), as
 # dist_hang_test.sh requires outside file work.
 # Usage: dist_file_work_test.sh LLMTRAIN MPIEXEC
-set -uo pipefail
-llmtrain="$1"
-mpiexec="$2"
-work=$(mktemp -d)
-trap 'pkill -KILL -f "$work/run" 2>/dev/null; rm -rf "$work"' EXIT
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-fail() { echo "FAILED: $*"; exit 1; }
-
-for i in $(seq 1 400); do printf 'the quick brown fox %d jumps over the lazy dog\n' "$i"; done > "$work/text.txt"
-"$llmtrain" tokenize --input "$work/text.txt" --output "$work/data" >/dev/null || fail "tokenize"
+source "$(dirname "$0")/dist_test_setup.sh" "$@"
 config() {  # $1: file, $2: checkpoint.async, $3: max_steps
   cat > "$1" <<JSON
 {"model": {"vocab_size": 256, "context_length": 16, "n_layer": 1, "n_head": 2, "d_model": 16},

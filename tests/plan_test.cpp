@@ -916,6 +916,25 @@ TEST_CASE("plan: Muon's owner gathers and scatters in the data group's traffic, 
   }
 }
 
+namespace {
+// tests/mesh_equivalence_test.py's MoE model (4 layers, the first dense, d_model 32, 4 experts
+// each token chooses top_k of, one shared expert), micro-batches of 2 sequences, 8 per update.
+config::Config mesh_moe_config(std::int64_t top_k) {
+  config::Config c;
+  c.model = shape(config::Arch::llama, 251, 32, 4, 4, 2, 32, 40, false);
+  c.model.moe.enabled = true;
+  c.model.moe.experts = 4;
+  c.model.moe.top_k = top_k;
+  c.model.moe.ffn_hidden = 16;
+  c.model.moe.shared_experts = 1;
+  c.model.moe.shared_ffn_hidden = 16;
+  c.model.moe.first_dense_layers = 1;
+  c.train.micro_batch_size = 2;
+  c.train.global_batch_size = 8;
+  return c;
+}
+}  // namespace
+
 TEST_CASE("plan: the expert group's all-to-alls and all-reduces per update, as measured", "[plan][moe]") {
   // tests/mesh_equivalence_test.py's "moe-every" model (4 layers, the first dense, d_model 32, 4
   // experts each token chooses all of, one shared expert): rank 0's expert_collectives of an
@@ -934,17 +953,7 @@ TEST_CASE("plan: the expert group's all-to-alls and all-reduces per update, as m
   };
   for (const Measured& m : measured) {
     CAPTURE(m.ranks, m.ep, m.zero);
-    config::Config c;
-    c.model = shape(config::Arch::llama, 251, 32, 4, 4, 2, 32, 40, false);
-    c.model.moe.enabled = true;
-    c.model.moe.experts = 4;
-    c.model.moe.top_k = 4;
-    c.model.moe.ffn_hidden = 16;
-    c.model.moe.shared_experts = 1;
-    c.model.moe.shared_ffn_hidden = 16;
-    c.model.moe.first_dense_layers = 1;
-    c.train.micro_batch_size = 2;
-    c.train.global_batch_size = 8;
+    const config::Config c = mesh_moe_config(4);
     const plan::RankShare share = plan::rank_share(c.model, 1, -1, m.ep);
     const int D = m.ranks / m.ep;
     const plan::UpdateTraffic t = plan::expert_traffic(c, share, D, m.zero, false, 8 / (2 * m.ranks));
@@ -962,17 +971,7 @@ TEST_CASE("plan: a MoE model's tensor and context groups' traffic per update, as
   // top 2, one shared expert) on 2 ranks, 4 micro-steps of 2 sequences: rank 0's collectives of an
   // update as its runs count them (moe-tp2, moe-tp2-sp, moe-cp2). The experts run whole on every
   // tensor rank: the MoE layers' MLPs sum nothing over the tensor group.
-  config::Config c;
-  c.model = shape(config::Arch::llama, 251, 32, 4, 4, 2, 32, 40, false);
-  c.model.moe.enabled = true;
-  c.model.moe.experts = 4;
-  c.model.moe.top_k = 2;
-  c.model.moe.ffn_hidden = 16;
-  c.model.moe.shared_experts = 1;
-  c.model.moe.shared_ffn_hidden = 16;
-  c.model.moe.first_dense_layers = 1;
-  c.train.micro_batch_size = 2;
-  c.train.global_batch_size = 8;
+  config::Config c = mesh_moe_config(2);
   const plan::UpdateTraffic tp = plan::tensor_traffic(c, 2, false, 4);
   CHECK(tp.all_reduces == 57);
   CHECK(tp.bytes == 396296.0);

@@ -2,7 +2,8 @@
 // context parallelism under mpirun: each call copies its device input to the host, runs it there
 // (MPI between the processes), and copies the result back. Two ranks may then share one GPU, and
 // the CUDA emulator (dev/cuda_emu), which has no NCCL between processes, runs them. Only what
-// CommTensorGroup, CommContextGroup and CommExpertGroup call; the rest throws.
+// CommTensorGroup, CommContextGroup and CommExpertGroup call; the rest throws. Also the job those
+// tests run in, and whether a case can run there.
 #pragma once
 
 #include <cstdint>
@@ -129,5 +130,27 @@ class StagedCommunicator final : public dist::Communicator {
 
   dist::Communicator& host_;
 };
+
+/// The job's ranks, made once per process (MPI is finalised at exit, not after the first case).
+inline dist::Communicator& job() {
+  static const std::unique_ptr<dist::Communicator> comm = dist::make_communicator(false, 300.0);
+  return *comm;
+}
+
+/// Whether a case with one `axis` rank per process ("tensor", "context", "expert") can run: a CUDA
+/// device, and a job of 2 or 4 ranks; else `why` says what is missing.
+inline bool device_job(const char* axis, std::string* why) {
+  if (!ops::cuda_available(why)) {
+    *why = "no CUDA device: " + *why;
+    return false;
+  }
+  const int N = job().world_size();
+  if (N != 2 && N != 4) {
+    *why = std::string("needs mpirun -np 2 or -np 4 (one ") + axis + " rank per process), got " + std::to_string(N) +
+           " rank(s)";
+    return false;
+  }
+  return true;
+}
 
 }  // namespace llmtrain::test

@@ -316,14 +316,12 @@ void Llama::backward_layer(std::size_t l) {
     const config::MoeConfig& m = config_.moe;
     const float per_batch = dloss_scale_ * float(std::int64_t(B) * T);
     const float aux_scale = float(m.aux_loss_coef) * per_batch / float(cp_.size());
-    if (sp) {  // the whole tokens' output gradient; this rank keeps its rows of the input's
-      moe_backward(m, lp.moe, lg.moe, la.moe, ga_.moe, la.moe.ln, a_.full_out, tp_.gather_input(dresidual, a_.full_in),
-                   aux_scale, float(m.z_loss_coef) * per_batch, expert_group());
-      ops::copy(ga_.ln2, tp_.own_rows(a_.full_out));
-    } else {
-      moe_backward(m, lp.moe, lg.moe, la.moe, ga_.moe, la.ln2, ga_.ln2, dresidual, aux_scale,
-                   float(m.z_loss_coef) * per_batch, expert_group());
-    }
+    // Sequence parallelism: from the whole tokens' output gradient and the input kept in forward;
+    // this rank keeps its rows of the input's gradient.
+    const Tensor ln2 = sp ? la.moe.ln : la.ln2, dln2 = sp ? a_.full_out : ga_.ln2;
+    moe_backward(m, lp.moe, lg.moe, la.moe, ga_.moe, ln2, dln2, tp_.gather_input(dresidual, a_.full_in), aux_scale,
+                 float(m.z_loss_coef) * per_batch, expert_group());
+    if (sp) ops::copy(ga_.ln2, tp_.own_rows(dln2));
   } else {
     ops::zero(ga_.gate);
     ops::zero(ga_.up);
