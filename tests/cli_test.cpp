@@ -434,7 +434,7 @@ TEST_CASE("plan --suggest: meshes that fit, least communication first, none that
   CHECK(none.out.find("on 2 device(s) of 1MB") != std::string::npos);
   CHECK(none.out.find("none fits: no mesh of 2 device(s) with ZeRO 0-3 fits in 1MB") != std::string::npos);
 
-  check_input_error(run_llmtrain({"plan", "--config", config, "--suggest", "--gpus", "0"}), "--gpus: Value 0 not in range 1");
+  check_input_error(run_llmtrain({"plan", "--config", config, "--suggest", "--gpus", "0"}), "--gpus: expected an integer from 1 to 1048576, got 0");
   check_input_error(run_llmtrain({"plan", "--config", config, "--gpus", "2"}), "--gpus requires --suggest");
   check_input_error(run_llmtrain({"plan", "--config", config, "--suggest", "--device-memory", "lots"}), "--device-memory lots");
 }

@@ -98,8 +98,11 @@ TEST_CASE("document keys take the end-of-text id beside the shards and refuse wh
   std::ofstream(dir / "bpe" / "tokenizer.json") << R"({"kind": "gpt2", "vocab_size": 50257, "eot_token": 50256})";
   std::ofstream(dir / "byte" / "tokenizer.json") << R"({"kind": "byte", "vocab_size": 256, "eot_token": null})";
   config::DataConfig data;
+  config::ModelConfig model;
+  model.vocab_size = 50257;
   const auto resolve = [&](const std::string& sub, Device device, config::Attention attention) {
-    return model::documents_for(data, (dir / sub).string(), device, attention);
+    model.attention = attention;
+    return model::documents_for(data, model, (dir / sub).string(), device);
   };
   CHECK_FALSE(resolve("byte", Device::cpu, config::Attention::automatic).active());  // neither key: nothing read
   data.document_mask = true;
@@ -120,5 +123,26 @@ TEST_CASE("document keys take the end-of-text id beside the shards and refuse wh
   CHECK(resolve("bpe", Device::cpu, config::Attention::flash).reset_positions);
   CHECK(resolve("bpe", Device::cuda, config::Attention::flash).reset_positions);
   CHECK(error_of([&] { resolve("byte", Device::cpu, config::Attention::flash); }).find("data.reset_positions:") == 0);
+
+  // The id must be a token of the tokenizer and a row of the model: never cut to 32 bits, never
+  // past either vocabulary, never a string.
+  const auto eot_error = [&](const std::string& record, std::int64_t model_vocab) {
+    std::ofstream(dir / "bpe" / "tokenizer.json") << record;
+    model.vocab_size = model_vocab;
+    return error_of([&] { resolve("bpe", Device::cpu, config::Attention::automatic); });
+  };
+  const std::string file = (dir / "bpe" / "tokenizer.json").string();
+  CHECK(eot_error(R"({"kind": "gpt2", "vocab_size": 50257, "eot_token": 4294967494})", 50257) ==
+        file + ": eot_token (below model.vocab_size 50257): expected an integer from 0 to 50256, got 4294967494");
+  CHECK(eot_error(R"({"kind": "byte", "vocab_size": 256, "eot_token": 70000})", 300) ==
+        file + ": eot_token (below its vocab_size 256): expected an integer from 0 to 255, got 70000");
+  CHECK(eot_error(R"({"kind": "gpt2", "eot_token": 50256})", 300) ==
+        file + ": eot_token (below model.vocab_size 300): expected an integer from 0 to 299, got 50256");
+  CHECK(eot_error(R"({"kind": "gpt2", "vocab_size": 50257, "eot_token": "50256"})", 50257) ==
+        file + ": eot_token (below model.vocab_size 50257): expected an integer from 0 to 50256, got \"50256\"");
+  CHECK(eot_error(R"({"kind": "gpt2", "vocab_size": 50257, "eot_token": -1})", 50257).find("got -1") != std::string::npos);
+  CHECK(eot_error(R"({"kind": "gpt2", "vocab_size": "big", "eot_token": 10})", 50257) ==
+        file + ": vocab_size: expected an integer from 1 to 2147483647, got \"big\"");
+  CHECK(eot_error(R"({"kind": "byte", "vocab_size": 256, "eot_token": 10})", 300).empty());  // in range: taken
   std::filesystem::remove_all(dir);
 }

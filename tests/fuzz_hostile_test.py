@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import resource
 import shutil
 import stat
@@ -134,6 +135,22 @@ STEP = f"{RUN}/checkpoints/step_00000002"
 HF = f"{GOOD}/hf"
 run(["export", "--checkpoint", RUN, "--output", HF], check_ok=True)
 HF_FILE = f"{HF}/model.safetensors"
+# A Mixtral-shaped Llama, exported: its config.json carries the keys a run's config is checked
+# against (rms_norm_eps, rope_theta, tie_word_embeddings, head_dim, num_experts_per_tok).
+MOE_CONFIG = json.loads(json.dumps(CONFIG))
+MOE_CONFIG["model"].update(arch="llama", n_kv_head=1, ffn_hidden=32, rope_theta=10000.0, norm_eps=1e-5,
+                           moe={"experts": 2, "top_k": 2, "ffn_hidden": 16})
+MOE_CONFIG_FILE = write(f"{GOOD}/moe-config.json", json.dumps(MOE_CONFIG))
+MOE_RUN = f"{GOOD}/moe-run"
+run(["train", "--config", MOE_CONFIG_FILE, "--run-dir", MOE_RUN], check_ok=True)
+MOE_HF = f"{GOOD}/moe-hf"
+run(["export", "--checkpoint", MOE_RUN, "--output", MOE_HF], check_ok=True)
+# A DeepSeek-style router: sigmoid scores and an expert bias that steers which experts are chosen.
+BIAS_CONFIG = json.loads(json.dumps(MOE_CONFIG))
+BIAS_CONFIG["model"]["moe"].update(router="sigmoid", top_k=1, bias_update_rate=0.001)
+BIAS_CONFIG_FILE = write(f"{GOOD}/bias-config.json", json.dumps(BIAS_CONFIG))
+BIAS_RUN = f"{GOOD}/bias-run"
+run(["train", "--config", BIAS_CONFIG_FILE, "--run-dir", BIAS_RUN], check_ok=True)
 GOOD_HASHES = tree_hashes(GOOD)
 
 # ---------------------------------------------------------------------------------------------
@@ -313,13 +330,38 @@ for name in ["a directory without weights", "a FIFO", "a link to /dev/zero", "in
     add("safetensors", f"init_from: {name}",
         ["train", "--config", config_with(d, model__init_from=path), "--run-dir", f"{d}/run"], "weights")
 
+# --- a Hugging Face folder's config.json: every checked value by its type, never skipped -----------
+moe_hf_config = json.loads(read(f"{MOE_HF}/config.json"))
+hf_config_variants = {
+    "num_experts_per_tok a string": ({"num_experts_per_tok": "1"}, "num_experts_per_tok: expected an integer"),
+    "num_experts_per_tok 1.5": ({"num_experts_per_tok": 1.5}, "num_experts_per_tok: expected an integer"),
+    "num_experts_per_tok 1 (the run's top_k is 2)": ({"num_experts_per_tok": 1}, "model.moe.top_k"),
+    "rms_norm_eps a string": ({"rms_norm_eps": "1e-3"}, "rms_norm_eps: expected a number"),
+    "rms_norm_eps negative": ({"rms_norm_eps": -1e-5}, "rms_norm_eps: expected a number"),
+    "rope_theta a list": ({"rope_theta": [10000]}, "rope_theta: expected a number"),
+    "tie_word_embeddings a string": ({"tie_word_embeddings": "true"}, "tie_word_embeddings: expected true or false"),
+    "tie_word_embeddings 1": ({"tie_word_embeddings": 1}, "tie_word_embeddings: expected true or false"),
+    "head_dim a string": ({"head_dim": "8"}, "head_dim: expected an integer"),
+    "head_dim 2^40": ({"head_dim": 2**40}, "head_dim: expected an integer"),
+    "a JSON list": (None, "config.json: expected a JSON object"),
+}
+for name, (changes, expect) in hf_config_variants.items():
+    d = case_dir()
+    shutil.copytree(MOE_HF, f"{d}/hf")
+    edited = dict(moe_hf_config, **changes) if changes is not None else [moe_hf_config]
+    write(f"{d}/hf/config.json", json.dumps(edited))
+    cfg = json.loads(json.dumps(MOE_CONFIG))
+    cfg["model"]["init_from"] = f"{d}/hf"
+    add("hf config", f"init_from: config.json {name}",
+        ["train", "--config", write(f"{d}/config.json", json.dumps(cfg)), "--run-dir", f"{d}/run"], expect)
+
 # --- checkpoints --------------------------------------------------------------------------------
 state = json.loads(read(f"{STEP}/state.json"))
 
 
-def copy_step(d):
-    """A copy of the good checkpoint as d/run/checkpoints/step_00000002 (with `latest`)."""
-    shutil.copytree(f"{RUN}/checkpoints", f"{d}/run/checkpoints")
+def copy_step(d, run_dir=RUN):
+    """A copy of a good run's checkpoint as d/run/checkpoints/step_00000002 (with `latest`)."""
+    shutil.copytree(f"{run_dir}/checkpoints", f"{d}/run/checkpoints")
     return f"{d}/run/checkpoints/step_00000002"
 
 
@@ -510,10 +552,47 @@ checkpoint_variants = [
 ]
 checkpoint_variants = [v for v in checkpoint_variants if v[2]]
 
-for name, mutate, commands, expect in checkpoint_variants:
+
+def tensor_values(path, name, fn):
+    """Rewrites tensor `name` (F32) of the safetensors file at path with fn(list of floats)."""
+    raw = read(path)
+    n = struct.unpack("<Q", raw[:8])[0]
+    h = json.loads(raw[8:8 + n])
+    begin, end = h[name]["data_offsets"]
+    start = 8 + n
+    values = list(struct.unpack(f"<{(end - begin) // 4}f", raw[start + begin:start + end]))
+    fn(values)
+    return raw[:start + begin] + struct.pack(f"<{len(values)}f", *values) + raw[start + end:]
+
+
+def poisoned(file, tensor, fn):
+    """A consistent checkpoint (sizes, checksums, commit) whose tensor holds what fn puts there."""
+    return lambda step: rewrite_listed(step, file, tensor_values(f"{step}/{file}", tensor, fn))
+
+
+def fill(value):
+    return lambda v: v.__setitem__(slice(None), [value] * len(v))
+
+
+# State that steers training must be finite: the expert bias, the weights, AdamW's moments.
+BIAS = "model.layers.0.mlp.gate.e_score_correction_bias"
+finite_variants = [
+    ("expert bias all NaN", poisoned("model.safetensors", BIAS, fill(float("nan"))), LOADERS, BIAS + "[0] is NaN"),
+    ("expert bias +inf", poisoned("model.safetensors", BIAS, lambda v: v.__setitem__(1, float("inf"))), LOADERS,
+     BIAS + "[1] is +inf"),
+    ("a weight NaN", poisoned("model.safetensors", "model.norm.weight", lambda v: v.__setitem__(3, float("nan"))),
+     LOADERS, "model.norm.weight[3] is NaN"),
+    ("adamw.m NaN", poisoned("optim-00000.safetensors", "adamw.m", lambda v: v.__setitem__(5, float("nan"))), RESUME,
+     "the optimizer's adamw.m of "),
+    ("adamw.v -inf", poisoned("optim-00000.safetensors", "adamw.v", lambda v: v.__setitem__(0, float("-inf"))), RESUME,
+     "the optimizer's adamw.v of "),
+]
+
+for name, mutate, commands, expect, run_dir, config_file in [v + (RUN, CONFIG_FILE) for v in checkpoint_variants] + \
+        [v + (BIAS_RUN, BIAS_CONFIG_FILE) for v in finite_variants]:
     for command in commands:
         d = case_dir()
-        step = copy_step(d)
+        step = copy_step(d, run_dir)
         mutate(step)
         target = f"{d}/run"
         if command == "inspect":
@@ -525,7 +604,7 @@ for name, mutate, commands, expect in checkpoint_variants:
         elif command == "export":
             args = ["export", "--checkpoint", target, "--output", f"{d}/exported"]
         else:
-            args = ["train", "--config", CONFIG_FILE, "--run-dir", f"{d}/resumed", "--resume", target,
+            args = ["train", "--config", config_file, "--run-dir", f"{d}/resumed", "--resume", target,
                     "--set", "train.max_steps=4"]
         add("checkpoint", f"{command}: {name}", args, expect)
 
@@ -585,6 +664,19 @@ for name, parts, expect in tokenizer_variants:
         else:
             args = ["generate", "--checkpoint", RUN, "--max-new-tokens", "2", "--tokenizer", t]
         add("tokenizer", f"{command}: {name}", args, expect)
+
+# The end-of-text id that data.document_mask splits documents at: a token of the tokenizer and a row
+# of the model, never cut to 32 bits, never a string.
+for name, eot in (("2^32 + 10", 2**32 + 10), ("70000", 70000), ("256 (the vocabulary's size)", 256),
+                  ("a string", "10"), ("negative", -1), ("1.5", 1.5)):
+    d = case_dir()
+    shutil.copytree(SHARDS, f"{d}/shards")
+    write(f"{d}/shards/tokenizer.json", json.dumps({"kind": "byte", "vocab_size": 256, "eot_token": eot}))
+    cfg = json.loads(json.dumps(CONFIG))
+    cfg["data"].update(train=f"{d}/shards/train_*.bin", val=f"{d}/shards/val_*.bin", document_mask=True)
+    add("tokenizer", f"train: tokenizer.json eot_token {name}",
+        ["train", "--config", write(f"{d}/config.json", json.dumps(cfg)), "--run-dir", f"{d}/run"],
+        "tokenizer.json: eot_token")
 
 for name in ("encoder.json", "vocab.bpe", "tokenizer.json"):
     for how in ("dir", "fifo", "zero", "loop"):
@@ -724,6 +816,26 @@ cli_lines = [
 ]
 for args in cli_lines:
     add("command line", "llmtrain " + " ".join(a[:40] for a in args), args, None)
+# A range error names the option and the range in plain numbers.
+cli_ranges = [
+    (["eval", "--checkpoint", RUN, "--batches", "0"], "--batches: expected an integer >= 1, got 0"),
+    (["eval", "--checkpoint", RUN, "--batches", "1.5"], "--batches: expected an integer >= 1, got 1.5"),
+    (["eval", "--checkpoint", RUN, "--limit", "-2"], "--limit: expected an integer >= 1, got -2"),
+    (["eval", "--checkpoint", RUN, "--tensor-parallel", "0"], "--tensor-parallel: expected an integer from 1 to 4096, got 0"),
+    (["generate", "--checkpoint", RUN, "--top-k", "-3"], "--top-k: expected an integer >= 0, got -3"),
+    (["generate", "--checkpoint", RUN, "--top-k", "99999999999"],
+     "--top-k: expected an integer from 0 to 2147483647, got 99999999999"),
+    (["generate", "--checkpoint", RUN, "--max-new-tokens", "-1"], "--max-new-tokens: expected an integer >= 0, got -1"),
+    (["generate", "--checkpoint", RUN, "--temperature", "-0.5"], "--temperature: expected a number >= 0, got -0.5"),
+    (["generate", "--checkpoint", RUN, "--temperature", "nan"], "--temperature: expected a number >= 0, got nan"),
+    (["generate", "--checkpoint", RUN, "--top-p", "2"], "--top-p: expected a number from 0 to 1, got 2"),
+    (["export", "--checkpoint", RUN, "--output", f"{CASES}/x", "--shard-gb", "0"], "--shard-gb: expected a number > 0, got 0"),
+    (["plan", "--config", CONFIG_FILE, "--world-size", "0"], "--world-size: expected an integer from 1 to 1048576, got 0"),
+    (["plan", "--config", CONFIG_FILE, "--ranks-per-node", "2000"],
+     "--ranks-per-node: expected an integer from 1 to 1024, got 2000"),
+]
+for args, expect in cli_ranges:
+    add("command line", "llmtrain " + " ".join(a[:40] for a in args), args, expect)
 
 # ---------------------------------------------------------------------------------------------
 # Running them.
@@ -753,6 +865,8 @@ def check(case):
         return case, f"the error line is not valid UTF-8: {proc.stderr[-300:]!r}", seconds
     if len(errors[0]) > 2200:
         return case, f"error line of {len(errors[0])} bytes (unbounded echo of input)", seconds
+    if re.search(r"[0-9]{40}", errors[0]):
+        return case, f"the error line holds a number of 40 digits or more: {errors[0][:400]}", seconds
     if expect and expect not in errors[0]:
         return case, f"the error line does not name {expect!r}: {errors[0][:400]}", seconds
     return case, None, seconds

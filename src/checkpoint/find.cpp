@@ -35,17 +35,7 @@ constexpr std::int64_t max_world_size = 1 << 20;
 // state.json's key `key` of `object` as an integer in [lo, hi]; InputError naming file and key.
 std::int64_t state_int(const nlohmann::json& object, const std::string& key, const std::string& where,
                        std::int64_t lo, std::int64_t hi) {
-  const std::string name = where + ": " + key;
-  if (!object.contains(key)) throw InputError(name + ": missing (expected an integer from " + std::to_string(lo) + ")");
-  const nlohmann::json& v = object.at(key);
-  const bool in_range = v.is_number_integer() &&
-                        (v.is_number_unsigned() ? v.get<std::uint64_t>() <= std::uint64_t(hi)
-                                                : v.get<std::int64_t>() >= lo && v.get<std::int64_t>() <= hi);
-  if (!in_range || v.get<std::int64_t>() < lo) {
-    throw InputError(name + ": expected an integer from " + std::to_string(lo) + " to " + std::to_string(hi) +
-                     ", got " + json_excerpt(v));
-  }
-  return v.get<std::int64_t>();
+  return json_integer(json_key(object, key, where, "an integer from " + std::to_string(lo)), where + ": " + key, lo, hi);
 }
 
 const nlohmann::json& state_object(const nlohmann::json& object, const std::string& key, const std::string& where) {

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <memory>
 #include <filesystem>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -150,27 +151,36 @@ void check_hf_config(const std::string& path, const config::ModelConfig& c, cons
   const std::string file = (is_directory(path) ? fs::path(path) : fs::path(path).parent_path()) / "config.json";
   if (!path_exists(file)) return;
   const nlohmann::json hf = read_json_file(file, "a Hugging Face config.json");
+  if (!hf.is_object()) throw InputError(file + ": expected a JSON object, got " + json_excerpt(hf));
   const nlohmann::json expected = spec.hf_config(c);
   for (const auto& [hf_key, our_key] : spec.hf_checked_keys) {
-    // transformers 5 writes the rotary base inside rope_parameters.
-    const bool nested = !hf.contains(hf_key) && hf_key == "rope_theta" && hf.contains("rope_parameters") &&
-                        hf["rope_parameters"].is_object() && hf["rope_parameters"].contains(hf_key);
-    if (!hf.contains(hf_key) && !nested) continue;
-    const nlohmann::json& theirs = nested ? hf["rope_parameters"][hf_key] : hf[hf_key];
     if (!expected.contains(hf_key)) continue;  // a key of another kind of model (MoE keys of a dense one)
+    // transformers 5 writes the rotary base inside rope_parameters; a null is a value left unset.
+    const nlohmann::json* theirs = hf.contains(hf_key) ? &hf[hf_key] : nullptr;
+    std::string key = hf_key;
+    if (!theirs && hf_key == "rope_theta" && hf.contains("rope_parameters")) {
+      if (const auto nested = json_optional_key(hf["rope_parameters"], hf_key, file + ": rope_parameters")) {
+        theirs = &nested->get();
+        key = "rope_parameters." + hf_key;
+      }
+    }
+    const std::string where = file + ": " + key;
+    if (!theirs || theirs->is_null()) continue;
+    // Read by the type of the run's own value: "1" is not the number 1, nor 1 the boolean true.
     const nlohmann::json& ours = expected.at(hf_key);
     if (ours.is_boolean()) {
-      if (!theirs.is_boolean() || theirs.get<bool>() == ours.get<bool>()) continue;
+      const bool a = json_boolean(*theirs, where);
+      if (a == ours.get<bool>()) continue;
       throw InputError("model." + our_key + ": the config has " + (ours.get<bool>() ? "true" : "false") + ", but " +
-                       file + " has " + hf_key + " = " + (theirs.get<bool>() ? "true" : "false"));
+                       file + " has " + key + " = " + (a ? "true" : "false"));
     }
-    if (!theirs.is_number()) continue;
-    const double a = theirs.get<double>(), b = ours.get<double>();
+    const double a = ours.is_number_integer()
+                         ? double(json_integer(*theirs, where, 0, std::numeric_limits<std::int32_t>::max()))
+                         : json_number(*theirs, where, 0.0, std::numeric_limits<double>::max());
+    const double b = ours.get<double>();
     if (std::abs(a - b) > 1e-9 * std::max(1.0, std::abs(b))) {
-      std::ostringstream message;
-      message << "model." << our_key << ": the config has " << b << ", but " << file << " has " << hf_key << " = "
-              << a;
-      throw InputError(message.str());
+      throw InputError("model." + our_key + ": the config has " + number_text(b) + ", but " + file + " has " + key +
+                       " = " + number_text(a));
     }
   }
 }

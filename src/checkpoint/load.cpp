@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -215,6 +217,28 @@ SafetensorsReader open_reader(const std::string& path) {
 // index_spans) is opened, and its header and ranges read, only once a read asks for ranges in
 // one of them: a rank reads the few files that hold its ranges, not every rank's. A file listed
 // without them (an earlier version's) is read at once.
+// The index of the first value of x[0, n) that is not finite, or -1. In blocks whose test the
+// compiler vectorises (the exponent's bits all set: an infinity or a NaN); only a block that fails
+// is walked again for the position.
+std::int64_t first_non_finite(const float* x, std::int64_t n) {
+  constexpr std::int64_t block = 4096;
+  const auto non_finite = [](float v) {
+    std::uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    return (bits & 0x7f800000u) == 0x7f800000u;
+  };
+  for (std::int64_t b = 0; b < n; b += block) {
+    const std::int64_t e = std::min(n, b + block);
+    bool any = false;
+    for (std::int64_t i = b; i < e; ++i) any |= non_finite(x[i]);
+    if (!any) continue;
+    for (std::int64_t i = b; i < e; ++i) {
+      if (non_finite(x[i])) return i;
+    }
+  }
+  return -1;
+}
+
 class StateIndex {
  public:
   StateIndex(const Found& found, StateKind kind, const std::vector<std::string>& names)
@@ -299,6 +323,20 @@ class StateIndex {
 
   const CheckedFile& file(std::size_t i) const { return files_[i]; }
   const std::string& dir() const { return dir_; }
+  const std::string& tensor_name(int t) const { return names_[std::size_t(t)]; }
+
+  // The parameter that holds element `logical` of the whole model's flat buffer, and the
+  // element's index in it: "model.layers.0.mlp.gate.e_score_correction_bias[3]".
+  std::string element_name(std::int64_t logical) const {
+    const auto whole = model::make_model(found_.config.model, Device::cpu, model::Recompute::none, DType::f32,
+                                         ops::AttentionKernels::flash, model::Layout{true});
+    for (const model::ParamInfo& info : whole->param_infos()) {
+      if (logical >= info.logical_offset && logical < info.logical_offset + info.numel) {
+        return info.name + "[" + std::to_string(logical - info.logical_offset) + "]";
+      }
+    }
+    return "element " + std::to_string(logical) + " of the flat buffer";
+  }
 
  private:
   struct Unopened {
@@ -424,6 +462,23 @@ void StateReader::read(const std::vector<FlatRange>& ranges, const std::vector<f
                             " elements of the flat-buffer range(s) this rank needs");
   }
   for (std::size_t f = 0; f < copies.size(); ++f) index.file(f).read(copies[f]);
+  // A value that is not finite steers every step after it without a word: a NaN expert bias
+  // routes every token to one expert, a NaN moment turns its weight to NaN at the first update.
+  // (Training never writes one: the NaN guard skips any update whose loss or norm is not finite.)
+  for (int t = 0; t < index.tensors(); ++t) {
+    std::int64_t at = 0;
+    for (const FlatRange& r : ranges) {
+      const std::int64_t i = first_non_finite(out[std::size_t(t)] + at, r.size());
+      if (i >= 0) {
+        const float v = out[std::size_t(t)][at + i];
+        const std::string what = kind == StateKind::weights ? "the weight " : "the optimizer's " + index.tensor_name(t) + " of ";
+        throw DamagedCheckpoint(dir_ + ": " + what + index.element_name(r.begin + i) + " is " +
+                                (std::isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf") +
+                                "; a checkpoint's weights and optimizer state must be finite");
+      }
+      at += r.size();
+    }
+  }
 }
 
 void verify_files(const Found& found) {

@@ -15,6 +15,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
+#include "cli/option_checks.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "data/dataset.h"
@@ -188,7 +189,7 @@ int run_task(const Options& o) {
   const EvalModel loaded = load_eval_model(found, comms);
   model::Model& model = *loaded.model;
   // The documents of packed sequences as the run had them (the end-of-text id of this tokenizer).
-  model.set_documents(model::documents_for(config.data, tokenizer_dir, Device::cpu, config.model.attention));
+  model.set_documents(model::documents_for(config.data, config.model, tokenizer_dir, Device::cpu));
   // train.eval_tasks' path: the validation's forward passes over this mesh (one pipeline stage).
   parallel::PipelineExecutor pipeline(model, config, comms.host(dist::Axis::pipeline), comms.device(dist::Axis::pipeline), 1);
   eval::ScoringRank rank;
@@ -237,16 +238,16 @@ Command add_eval_command(CLI::App& parent) {
                   "Token shards to evaluate, [NAME=]PATH (a path or glob; repeat it for more; named sets are "
                   "reported each as val_loss/NAME, and their mean as val_loss; default: the run's data.val)");
   app->add_option("--batches", o->batches, "Global batches to evaluate (default: the run's train.eval_batches)")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_in<std::int64_t>(1));
   app->add_option("--tensor-parallel", o->tensor_parallel,
                   "Under mpirun: ranks that split each layer (must divide the world size)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 4096));
+      ->check(integer_in<int>(1, 4096));
   app->add_option("--context-parallel", o->context_parallel,
                   "Under mpirun: ranks that split each sequence (must divide the world size; 2 x it must divide "
                   "model.context_length)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 4096));
+      ->check(integer_in<int>(1, 4096));
   app->add_option("--task", o->task,
                   "A multiple-choice benchmark instead of the loss: hellaswag FILE (lm-evaluation-harness's "
                   "hellaswag task on HellaSwag's JSON Lines: acc, acc_norm per character, acc_bytes), "
@@ -255,7 +256,7 @@ Command add_eval_command(CLI::App& parent) {
       ->expected(2);
   app->add_option("--json", o->json, "With --task: also write the scores and every prediction to this JSON file");
   app->add_option("--limit", o->limit, "With --task: the first N examples only (default: all)")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_in<std::int64_t>(1));
   app->add_option("--tokenizer", o->tokenizer, "With --task: folder with tokenizer.json (default: next to the training shards)");
   app->add_option("--dump-logits", o->dump_logits,
                   "Also write the logits of the first micro-batch (validation samples 0..B-1 in order) to this "
@@ -295,8 +296,8 @@ Command add_eval_command(CLI::App& parent) {
             const dist::Communicators comms = eval_communicators(config, o->tensor_parallel, o->context_parallel);
             const EvalModel loaded = load_eval_model(found, comms);
             model::Model& model = *loaded.model;
-            model.set_documents(model::documents_for(config.data, model::shard_folder(sets.sets.front().paths, "--data"),
-                                                     Device::cpu, config.model.attention));
+            model.set_documents(model::documents_for(config.data, config.model,
+                                                     model::shard_folder(sets.sets.front().paths, "--data"), Device::cpu));
             const std::int64_t batches = o->batches > 0 ? o->batches : config.train.eval_batches;
             double mean = 0.0;
             std::string named;

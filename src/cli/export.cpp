@@ -3,11 +3,13 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <memory>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/onnx_export.h"
 #include "cli/commands.h"
+#include "cli/option_checks.h"
 #include "core/error.h"
 #include "core/files.h"
 #include "data/shard.h"
@@ -60,7 +62,7 @@ Command add_export_command(CLI::App& parent) {
   app->add_option("--shard-gb", o->shard_gb,
                   "hf: the most GB of weights per file; more are written as Hugging Face's shards "
                   "(model-0000K-of-0000N.safetensors and model.safetensors.index.json)")
-      ->check(CLI::PositiveNumber)
+      ->check(number_in<double>(0.0, std::numeric_limits<double>::max(), true))
       ->capture_default_str();
   app->add_flag("--no-cache", o->no_cache, "onnx: no past_key_values inputs nor present outputs");
   app->add_flag("--external-data", o->external_data,

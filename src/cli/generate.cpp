@@ -5,6 +5,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "cli/commands.h"
+#include "cli/option_checks.h"
 #include "core/error.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
@@ -35,12 +36,12 @@ Command add_generate_command(CLI::App& parent) {
   CLI::App* app = parent.add_subcommand("generate", "Sample text from a checkpoint");
   app->add_option("--checkpoint", o->checkpoint, "Checkpoint folder, checkpoints folder or run folder")->required();
   app->add_option("--prompt", o->prompt, "Text to continue (default: the end-of-text token, or a newline)");
-  app->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app->add_option("--temperature", o->temperature, "Softmax temperature; 0: greedy")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app->add_option("--top-k", o->top_k, "Sample among the k most likely tokens (0: all)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate")->capture_default_str()->check(integer_in<int>(0));
+  app->add_option("--temperature", o->temperature, "Softmax temperature; 0: greedy")->capture_default_str()->check(number_in<float>(0.0));
+  app->add_option("--top-k", o->top_k, "Sample among the k most likely tokens (0: all)")->capture_default_str()->check(integer_in<int>(0));
   app->add_option("--top-p", o->top_p, "Nucleus sampling: the smallest set with this probability")
       ->capture_default_str()
-      ->check(CLI::Range(0.0f, 1.0f));
+      ->check(number_in<float>(0.0, 1.0));
   app->add_option("--seed", o->seed, "Random seed: the same seed gives the same text")->capture_default_str();
   app->add_option("--tokenizer", o->tokenizer, "Folder with tokenizer.json (default: next to the training shards)");
   app->add_option("--device", o->device, "auto | cpu | cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));

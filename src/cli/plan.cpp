@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/option_checks.h"
 #include "config/config.h"
 #include "core/error.h"
 #include "core/strings.h"
@@ -348,7 +349,7 @@ Command add_plan_command(CLI::App& parent) {
   auto o = std::make_shared<Options>();
   CLI::App* app = parent.add_subcommand("plan", "Parameter count and memory per rank for a config");
   app->add_option("--config", o->config_path, "JSON config file")->required();
-  app->add_option("--world-size", o->world_size, "Ranks (GPUs) of the job")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  app->add_option("--world-size", o->world_size, "Ranks (GPUs) of the job")->capture_default_str()->check(integer_in<int>(1, 1 << 20));
   app->add_option("--set", o->sets, "Override a key by its dotted path")->type_name("KEY=VALUE")->allow_extra_args(false);
   app->add_option("--device-memory", o->device_memory, "Memory of one device, for the largest micro-batch")
       ->capture_default_str();
@@ -357,11 +358,11 @@ Command add_plan_command(CLI::App& parent) {
       ->type_name("SIZE");
   app->add_option("--ranks-per-node", o->ranks_per_node, "Ranks (GPUs) on one node, for the host memory per node")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1024));
+      ->check(integer_in<int>(1, 1024));
   CLI::Option* suggest_flag = app->add_flag(
       "--suggest", o->suggest, "List the meshes and ZeRO stages that fit --device-memory, least communication first");
   app->add_option("--gpus", o->gpus, "Devices for --suggest (default: --world-size)")
-      ->check(CLI::Range(1, 1 << 20))
+      ->check(integer_in<int>(1, 1 << 20))
       ->needs(suggest_flag);
 
   return {app, [o] {

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/option_checks.h"
 #include "data/tokenize_files.h"
 
 namespace llmtrain::cli {
@@ -33,7 +34,7 @@ Command add_tokenize_command(CLI::App& parent) {
   app->add_option("--threads", options->threads, "Encoding threads (0: one per hardware thread)")->capture_default_str();
   app->add_option("--block-bytes", options->block_bytes,
                   "Text read, parsed and encoded at a time; memory holds about 2 x threads + 2 blocks")
-      ->check(CLI::Range(std::size_t(1), std::size_t(1) << 30))
+      ->check(integer_in<std::int64_t>(1, std::int64_t(1) << 30))
       ->capture_default_str();
   app->add_flag("--force", options->force, "Replace shards already in the output folder");
 

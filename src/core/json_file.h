@@ -2,7 +2,12 @@
 // configs), with errors that name the file, a bound on nesting, and bounded excerpts of values.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -89,6 +94,73 @@ inline nlohmann::json parse_json_text(std::string_view text, const std::string& 
 /// open (expected `what`)", "PATH: is a directory ...", or "PATH: not valid JSON: ...".
 inline nlohmann::json read_json_file(const std::string& path, const std::string& what) {
   return parse_json_text(read_regular_file(path, what, std::uint64_t(1) << 30), path);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Typed reads of values from files the user gives (a Hugging Face config.json, tokenizer.json,
+// a checkpoint's state.json). Each checks the type and the range before the value is used, and
+// every error is one line naming the file and the key: "WHERE: expected ..., got VALUE". WHERE
+// is the file and the key's path, as "DIR/state.json: sampler.epoch".
+
+/// `v` as an integer in [lo, hi]; InputError "WHERE: expected an integer from LO to HI, got V".
+/// A number with a fraction, a string ("1"), a boolean or null is refused, never converted.
+inline std::int64_t json_integer(const nlohmann::json& v, const std::string& where, std::int64_t lo, std::int64_t hi) {
+  bool in_range = false;
+  if (v.is_number_unsigned()) {  // (2^63 and above too: compared before any conversion)
+    const std::uint64_t u = v.get<std::uint64_t>();
+    in_range = hi >= 0 && u <= std::uint64_t(hi) && std::int64_t(u) >= lo;
+  } else if (v.is_number_integer()) {
+    const std::int64_t i = v.get<std::int64_t>();
+    in_range = i >= lo && i <= hi;
+  }
+  if (!in_range) {
+    throw InputError(where + ": expected an integer from " + std::to_string(lo) + " to " + std::to_string(hi) +
+                     ", got " + json_excerpt(v));
+  }
+  return v.get<std::int64_t>();
+}
+
+/// `v` as a finite number in [lo, hi]; InputError "WHERE: expected a number from LO to HI, got V".
+inline double json_number(const nlohmann::json& v, const std::string& where, double lo, double hi) {
+  const bool in_range = v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= lo && v.get<double>() <= hi;
+  if (!in_range) {
+    throw InputError(where + ": expected a number from " + number_text(lo) + " to " + number_text(hi) + ", got " +
+                     json_excerpt(v));
+  }
+  return v.get<double>();
+}
+
+/// `v` as true or false (not 0, 1 or "true"); InputError "WHERE: expected true or false, got V".
+inline bool json_boolean(const nlohmann::json& v, const std::string& where) {
+  if (!v.is_boolean()) throw InputError(where + ": expected true or false, got " + json_excerpt(v));
+  return v.get<bool>();
+}
+
+/// `v` as a string; InputError "WHERE: expected a string, got V".
+inline const std::string& json_string(const nlohmann::json& v, const std::string& where) {
+  if (!v.is_string()) throw InputError(where + ": expected a string, got " + json_excerpt(v));
+  return v.get_ref<const std::string&>();
+}
+
+/// `object[key]`, which must be there; InputError "WHERE: KEY: missing (expected WHAT)" when not,
+/// "WHERE: expected an object, got V" when `object` is not one.
+inline const nlohmann::json& json_key(const nlohmann::json& object, const std::string& key, const std::string& where,
+                                      const std::string& expected) {
+  if (!object.is_object()) throw InputError(where + ": expected an object, got " + json_excerpt(object));
+  const auto it = object.find(key);
+  if (it == object.end()) throw InputError(where + ": " + key + ": missing (expected " + expected + ")");
+  return *it;
+}
+
+/// `object[key]` when there and not null (a null stands for a value left unset, as transformers
+/// writes "head_dim": null); otherwise nullopt. InputError when `object` is not an object.
+inline std::optional<std::reference_wrapper<const nlohmann::json>> json_optional_key(const nlohmann::json& object,
+                                                                                   const std::string& key,
+                                                                                   const std::string& where) {
+  if (!object.is_object()) throw InputError(where + ": expected an object, got " + json_excerpt(object));
+  const auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return std::nullopt;
+  return std::cref(*it);
 }
 
 }  // namespace llmtrain

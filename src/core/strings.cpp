@@ -1,6 +1,7 @@
 #include "core/strings.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <numeric>
 
@@ -122,6 +123,12 @@ std::string format_bytes(double bytes) {
   char buffer[32];
   std::snprintf(buffer, sizeof buffer, unit ? "%.2f %s" : "%.0f %s", bytes, units[unit]);
   return buffer;
+}
+
+std::string number_text(double x) {
+  char text[32];
+  const auto [end, error] = std::to_chars(text, text + sizeof text, x);
+  return error == std::errc() ? std::string(text, end) : std::to_string(x);
 }
 
 }  // namespace llmtrain

@@ -28,4 +28,8 @@ bool is_valid_utf8(std::string_view text, std::size_t* bad_byte = nullptr);
 /// Bytes in human units: "1.50 GiB".
 std::string format_bytes(double bytes);
 
+/// A number as a person reads it: the shortest text that reads back to the same double ("0.001",
+/// "1e-05", "4096", "1.7976931348623157e+308").
+std::string number_text(double x);
+
 }  // namespace llmtrain

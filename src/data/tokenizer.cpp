@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -69,14 +70,23 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
   throw InputError(path + ": kind: expected \"byte\" or \"gpt2\", got " + json_excerpt(kind));
 }
 
-std::optional<std::uint32_t> recorded_eot_token(const std::string& dir) {
+std::optional<std::uint32_t> recorded_eot_token(const std::string& dir, std::int64_t model_vocab_size) {
   const std::string path = dir + "/tokenizer.json";
   const nlohmann::json record = read_json_file(path, "the tokenizer.json that llmtrain tokenize writes next to the shards");
-  if (!record.is_object() || !record.contains("eot_token")) return std::nullopt;
-  const nlohmann::json& eot = record.at("eot_token");
-  if (eot.is_null()) return std::nullopt;
-  if (!eot.is_number_unsigned()) throw InputError(path + ": eot_token: expected a token id or null");
-  return eot.get<std::uint32_t>();
+  const auto eot = json_optional_key(record, "eot_token", path);
+  if (!eot) return std::nullopt;
+  // The id must name a token of the tokenizer and a row of the model: one past either would mark
+  // no document boundary at all, and one cut to 32 bits would mark the wrong token.
+  std::int64_t below = model_vocab_size;
+  std::string bound = "model.vocab_size " + std::to_string(model_vocab_size);
+  if (const auto recorded = json_optional_key(record, "vocab_size", path)) {
+    const std::int64_t vocab = json_integer(*recorded, path + ": vocab_size", 1, std::numeric_limits<std::int32_t>::max());
+    if (vocab < below) {
+      below = vocab;
+      bound = "its vocab_size " + std::to_string(vocab);
+    }
+  }
+  return std::uint32_t(json_integer(*eot, path + ": eot_token (below " + bound + ")", 0, below - 1));
 }
 
 }  // namespace llmtrain::data

@@ -84,7 +84,8 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec);
 void save_tokenizer(const Tokenizer& tokenizer, const std::string& dir);
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir);
 /// The end-of-text id DIR/tokenizer.json records (none: the tokenizer has none), without loading
-/// the tokenizer itself. InputError if the file is missing or malformed.
-std::optional<std::uint32_t> recorded_eot_token(const std::string& dir);
+/// the tokenizer itself: an id below the file's own vocab_size and below `model_vocab_size`.
+/// InputError, naming the file and the key, if the file is missing or malformed or the id out of range.
+std::optional<std::uint32_t> recorded_eot_token(const std::string& dir, std::int64_t model_vocab_size);
 
 }  // namespace llmtrain::data

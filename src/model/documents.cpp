@@ -9,17 +9,17 @@
 
 namespace llmtrain::model {
 
-Model::Documents documents_for(const config::DataConfig& data, const std::string& shard_dir, Device device,
-                               config::Attention attention) {
+Model::Documents documents_for(const config::DataConfig& data, const config::ModelConfig& model,
+                               const std::string& shard_dir, Device device) {
   Model::Documents documents;
   if (!data.document_mask && !data.reset_positions) return documents;
   const char* key = data.document_mask ? "data.document_mask" : "data.reset_positions";
-  const std::optional<std::uint32_t> eot = data::recorded_eot_token(shard_dir);
+  const std::optional<std::uint32_t> eot = data::recorded_eot_token(shard_dir, model.vocab_size);
   if (!eot) {
     throw InputError(std::string(key) + ": the tokenizer recorded in " + shard_dir +
                      "/tokenizer.json has no end-of-text token, so the documents of a sequence cannot be told apart");
   }
-  if (data.document_mask && device == Device::cuda && attention == config::Attention::cudnn) {
+  if (data.document_mask && device == Device::cuda && model.attention == config::Attention::cudnn) {
     throw InputError("data.document_mask: cuDNN's attention (model.attention \"cudnn\") has no document mask; "
                      "use model.attention \"auto\" or \"flash\"");
   }

@@ -16,8 +16,8 @@ namespace llmtrain::model {
 /// tokenizer beside the shards has no end-of-text token, or on a GPU (no CUDA attention kernel has
 /// the mask yet, and reset positions have not been checked there; `attention` names
 /// model.attention's choice for the message).
-Model::Documents documents_for(const config::DataConfig& data, const std::string& shard_dir, Device device,
-                               config::Attention attention);
+Model::Documents documents_for(const config::DataConfig& data, const config::ModelConfig& model,
+                               const std::string& shard_dir, Device device);
 
 /// The folder of the first shard of `paths` (globs allowed), where its tokenizer.json lies.
 std::string shard_folder(const std::vector<std::string>& paths, const std::string& key);

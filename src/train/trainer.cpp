@@ -164,8 +164,8 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
   const model::Layout layout = rank_layout(config_, comms);
   model_ = model::make_model(config_.model, device_, tc.recompute, model::precision_dtype(tc.precision),
                              attention_.kernels, layout);
-  model_->set_documents(model::documents_for(config_.data, model::shard_folder(config_.data.train.paths(), "data.train"),
-                                             device_, config_.model.attention));
+  model_->set_documents(model::documents_for(config_.data, config_.model,
+                                             model::shard_folder(config_.data.train.paths(), "data.train"), device_));
   pipeline_ = std::make_unique<parallel::PipelineExecutor>(*model_, config_, comms_.host(Axis::pipeline), comms_.device(Axis::pipeline), int(accum_));
   if (layout.tensor_size > 1) {
     tensor_group_ = std::make_unique<parallel::CommTensorGroup>(comms.device(Axis::tensor), device_);
