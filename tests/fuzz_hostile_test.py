@@ -151,6 +151,11 @@ BIAS_CONFIG["model"]["moe"].update(router="sigmoid", top_k=1, bias_update_rate=0
 BIAS_CONFIG_FILE = write(f"{GOOD}/bias-config.json", json.dumps(BIAS_CONFIG))
 BIAS_RUN = f"{GOOD}/bias-run"
 run(["train", "--config", BIAS_CONFIG_FILE, "--run-dir", BIAS_RUN], check_ok=True)
+MUON_CONFIG = json.loads(json.dumps(CONFIG))
+MUON_CONFIG["optim"]["name"] = "muon"
+MUON_CONFIG_FILE = write(f"{GOOD}/muon-config.json", json.dumps(MUON_CONFIG))
+MUON_RUN = f"{GOOD}/muon-run"
+run(["train", "--config", MUON_CONFIG_FILE, "--run-dir", MUON_RUN], check_ok=True)
 GOOD_HASHES = tree_hashes(GOOD)
 
 # ---------------------------------------------------------------------------------------------
@@ -574,14 +579,16 @@ def fill(value):
     return lambda v: v.__setitem__(slice(None), [value] * len(v))
 
 
-# State that steers training must be finite: the expert bias, the weights, AdamW's moments.
+# State that steers training must be finite: the expert bias, the weights, AdamW's moments. (The
+# sigmoid router has no Hugging Face form: export refuses the model itself, so it is not run here.)
 BIAS = "model.layers.0.mlp.gate.e_score_correction_bias"
+LOADERS_BUT_EXPORT = ("eval", "generate", "resume")
 finite_variants = [
-    ("expert bias all NaN", poisoned("model.safetensors", BIAS, fill(float("nan"))), LOADERS, BIAS + "[0] is NaN"),
-    ("expert bias +inf", poisoned("model.safetensors", BIAS, lambda v: v.__setitem__(1, float("inf"))), LOADERS,
+    ("expert bias all NaN", poisoned("model.safetensors", BIAS, fill(float("nan"))), LOADERS_BUT_EXPORT, BIAS + "[0] is NaN"),
+    ("expert bias +inf", poisoned("model.safetensors", BIAS, lambda v: v.__setitem__(1, float("inf"))), LOADERS_BUT_EXPORT,
      BIAS + "[1] is +inf"),
     ("a weight NaN", poisoned("model.safetensors", "model.norm.weight", lambda v: v.__setitem__(3, float("nan"))),
-     LOADERS, "model.norm.weight[3] is NaN"),
+     LOADERS_BUT_EXPORT, "model.norm.weight[3] is NaN"),
     ("adamw.m NaN", poisoned("optim-00000.safetensors", "adamw.m", lambda v: v.__setitem__(5, float("nan"))), RESUME,
      "the optimizer's adamw.m of "),
     ("adamw.v -inf", poisoned("optim-00000.safetensors", "adamw.v", lambda v: v.__setitem__(0, float("-inf"))), RESUME,
@@ -589,7 +596,10 @@ finite_variants = [
 ]
 
 for name, mutate, commands, expect, run_dir, config_file in [v + (RUN, CONFIG_FILE) for v in checkpoint_variants] + \
-        [v + (BIAS_RUN, BIAS_CONFIG_FILE) for v in finite_variants]:
+        [v + (BIAS_RUN, BIAS_CONFIG_FILE) for v in finite_variants] + \
+        [("muon.momentum NaN", poisoned("optim-00000.safetensors", "muon.momentum",
+                                        lambda v: v.__setitem__(2, float("nan"))), RESUME,
+          "the optimizer's muon.momentum of ", MUON_RUN, MUON_CONFIG_FILE)]:
     for command in commands:
         d = case_dir()
         step = copy_step(d, run_dir)
