@@ -58,7 +58,12 @@
 #   PEAK_TFLOPS (a GPU this script does not know), CUDA_HOME, NCCL_HOME, CUDNN_HOME,
 #   LLMTRAIN_VENDOR_DIR (default: third_party/), PYTHON (default: python3), EXTRA_CMAKE_ARGS
 #   (more -D flags for the configure step, split on spaces; they come last and win),
-#   GPU_CHECK_TIME_SCALE (tests of the deadline logic only: budget seconds per real second).
+#   GPU_CHECK_TIME_SCALE (tests of the deadline logic only: budget seconds per real second),
+#   GPU_CHECK_FAKE_CLOCK (tests of the deadline logic only: an absolute path to a file holding the
+#   clock in microseconds, read in place of the real one here and by scripts/lib/gpu_bench.py; only
+#   the stubs under test move it, so load cannot stretch it. A command capped at a deadline gets it
+#   in GPU_CHECK_FAKE_DEADLINE, in the same microseconds, instead of timeout(1), and must stop there
+#   with exit status 124, as timeout would have stopped it).
 # Status (the last line, and "status" in the JSON) and exit status: "passed" (0) when the build,
 #   every stage and every benchmark row ran and passed; "failed" (1) when anything failed, also
 #   when no GPU is usable, every [cuda] case skipped or the build was stopped at its cap;
@@ -101,9 +106,13 @@ done
 [[ "$attention" =~ ^(flash|cudnn)(,(flash|cudnn))*$ ]] || { echo "gpu_check.sh: --attention: flash, cudnn or both" >&2; exit 2; }
 scale="${GPU_CHECK_TIME_SCALE:-1}"
 [[ "$scale" =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check.sh: GPU_CHECK_TIME_SCALE: a whole number >= 1" >&2; exit 2; }
+fake_clock="${GPU_CHECK_FAKE_CLOCK:-}"
+[[ -z "$fake_clock" || ( "$fake_clock" == /* && "$(cat "$fake_clock" 2>/dev/null)" =~ ^[1-9][0-9]*$ ) ]] ||
+  { echo "gpu_check.sh: GPU_CHECK_FAKE_CLOCK: an absolute path to a file holding microseconds" >&2; exit 2; }
 
 # The clock, in budget seconds (real seconds times GPU_CHECK_TIME_SCALE) since the start.
-now_us() {  # (bash 5's EPOCHREALTIME, else date)
+now_us() {  # (bash 5's EPOCHREALTIME, else date; the file's under GPU_CHECK_FAKE_CLOCK)
+  if [[ -n "$fake_clock" ]]; then echo "$(<"$fake_clock")"; return; fi
   if [[ -n "${EPOCHREALTIME:-}" ]]; then echo "${EPOCHREALTIME/./}"; else echo $(( $(date +%s%N) / 1000 )); fi
 }
 start_us=$(now_us)
@@ -498,8 +507,13 @@ slice() {
 # fits STAGE SLICE MIN: true when SLICE is at least MIN; else says why not in the stage's status.
 skipped_for_time() { echo "skipped for time: $1 s of the budget left for it, it needs about $2 s"; }
 # run_capped LOG CAP CMD...: CMD with its output in LOG, stopped after CAP budget seconds (exit 124).
+# Under GPU_CHECK_FAKE_CLOCK, CMD (a stub) is handed its deadline and keeps to it itself.
 run_capped() {
   local log="$1" cap="$2"; shift 2
+  if [[ -n "$fake_clock" ]]; then
+    GPU_CHECK_FAKE_DEADLINE=$(( $(now_us) + cap * 1000000 / scale )) "$@" > "$log" 2>&1
+    return
+  fi
   timeout --kill-after=5 "$(real "$cap")" "$@" > "$log" 2>&1
 }
 

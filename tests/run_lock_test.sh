@@ -74,16 +74,18 @@ grep -q "pid $killed," "$run/run.lock" && fail "the lock file still names the ki
 pass "a stale lock after kill -9 is taken over: the next run resumed and finished ($(cat "$run/run.lock"))"
 
 # 3. Another host's lock, still held by the kernel (as a dead node's lease lingers on NFSv4, Lustre
-# or GPFS): refused while its heartbeat is fresh, taken over once it is older than the limit.
+# or GPFS): refused while its heartbeat is fresh, taken over once it is older than the limit. The
+# runs' clock is set (the test hook LLMTRAIN_TEST_UNIX_NOW) to the one the holder's note was
+# written by, so that the ages they see are the ones written, however long they took to start.
 holder=""
+now=$(date +%s)
 hold_lock() {  # HEARTBEAT_AGE_S: a process of "node-gone" holding an fcntl lock on run.lock
   rm -f "$work/held"
-  /usr/bin/python3 - "$run/run.lock" "$1" "$work/held" <<'PY' &
+  /usr/bin/python3 - "$run/run.lock" "$1" "$work/held" "$now" <<'PY' &
 import fcntl, os, sys, time
-path, age, ready = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+path, age, ready, now = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
 fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-now = int(time.time())
 os.ftruncate(fd, 0)
 os.write(fd, f"host node-gone, pid 4242, started 2026-01-01T00:00:00Z\nheartbeat {now - age}, started {now - age - 100}\n".encode())
 open(ready, "w").close()
@@ -96,14 +98,16 @@ PY
 release_lock() { kill -KILL "$holder" 2>/dev/null; wait "$holder" 2>/dev/null; holder=""; }
 trap 'release_lock; cleanup' EXIT
 hold_lock 1 || fail "the other host's lock was not taken"
-"$llmtrain" train --config "$work/c.json" --run-dir "$run" --set train.max_steps=3110 >"$work/fresh.log" 2>&1
+LLMTRAIN_TEST_UNIX_NOW=$now "$llmtrain" train --config "$work/c.json" --run-dir "$run" --set train.max_steps=3110 \
+  >"$work/fresh.log" 2>&1
 status=$?
-((status == 2)) && grep -qE "\(host node-gone, pid 4242, started 2026-01-01T00:00:00Z\), locked 10[0-9] s ago, last heartbeat [0-9] s ago" "$work/fresh.log" ||
+((status == 2)) && grep -qF "(host node-gone, pid 4242, started 2026-01-01T00:00:00Z), locked 101 s ago, last heartbeat 1 s ago" "$work/fresh.log" ||
   fail "another host's lock with a fresh heartbeat: exit $status (want 2, naming it and its age): $(cat "$work/fresh.log")"
 pass "another host's lock with a fresh heartbeat is refused: $(grep 'llmtrain: error:' "$work/fresh.log")"
 release_lock
 hold_lock 60 || fail "the other host's lock was not taken"
-"$llmtrain" train --config "$work/c.json" --run-dir "$run" --set train.max_steps=3120 >"$work/stale.log" 2>&1 ||
+LLMTRAIN_TEST_UNIX_NOW=$now "$llmtrain" train --config "$work/c.json" --run-dir "$run" --set train.max_steps=3120 \
+  >"$work/stale.log" 2>&1 ||
   fail "another host's lock with a stale heartbeat (60 s) was not taken over: $(tail -n 3 "$work/stale.log")"
 grep -q "taking over the lock of host node-gone, pid 4242" "$work/stale.log" || fail "the takeover is not reported: $(cat "$work/stale.log")"
 release_lock

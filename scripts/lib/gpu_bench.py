@@ -10,6 +10,9 @@ Standard library only (a GPU node may have nothing else). Subcommands:
 cuda-tests and suite exit 0 when everything passed, 1 when anything failed, and 3 (OUT_OF_TIME) when
 nothing failed but something was skipped for time (a test binary stopped at the deadline or not
 run, a training row, PyTorch or a profile left out).
+Their deadlines and timeouts run on the real clock, or, under GPU_CHECK_FAKE_CLOCK (tests of the
+deadline logic; see scripts/gpu_check.sh), on the clock that file holds: a child then gets its
+deadline in GPU_CHECK_FAKE_DEADLINE and stops there itself with exit status 124 (timed out).
 
 MFU = tokens/s x (6 N + 12 L H Q T) / peak, with N parameters, L layers, H heads of size Q and
 context T (matmuls forward and backward, plus attention's scores and weighted sums), against the
@@ -50,6 +53,44 @@ PEAKS = [
     ("L40S", {"bf16": 362.0, "tf32": 183.0, "fp32": 91.6}),
     ("A10", {"bf16": 125.0, "tf32": 62.5, "fp32": 31.2}),
 ]
+
+# Under GPU_CHECK_FAKE_CLOCK a child is waited for without its timeout; this guards against a hung one.
+FAKE_CLOCK_HANG_GUARD_S = 300
+
+
+def now():
+    """Seconds since the epoch: the real clock's, or the file's that GPU_CHECK_FAKE_CLOCK names
+    (microseconds, moved on only by the stubs of the tests of the deadline logic)."""
+    clock = os.environ.get("GPU_CHECK_FAKE_CLOCK")
+    if not clock:
+        return time.time()
+    with open(clock) as f:
+        return int(f.read()) / 1e6
+
+
+def capped_env(timeout_s, env=None):
+    """The environment of a child capped at `timeout_s` seconds: `env` as it is, and under the fake
+    clock its deadline besides, in GPU_CHECK_FAKE_DEADLINE (the clock's microseconds)."""
+    if not os.environ.get("GPU_CHECK_FAKE_CLOCK"):
+        return env
+    env = dict(os.environ if env is None else env)
+    env["GPU_CHECK_FAKE_DEADLINE"] = str(int(round((now() + timeout_s) * 1e6)))
+    return env
+
+
+def wait_capped(proc, timeout_s, kill=None):
+    """Exit code of `proc`, or None when it ran past `timeout_s` (then `kill(proc)`, by default
+    proc.kill(), and a wait). Under the fake clock the child keeps to its deadline (capped_env)
+    itself: exit status 124 there means it ran past it, as from timeout(1)."""
+    fake = bool(os.environ.get("GPU_CHECK_FAKE_CLOCK"))
+    try:
+        code = proc.wait(timeout=FAKE_CLOCK_HANG_GUARD_S if fake else timeout_s)
+    except subprocess.TimeoutExpired:
+        (kill or (lambda p: p.kill()))(proc)
+        proc.wait()
+        return None
+    return None if fake and code == 124 else code
+
 
 # llmtrain's start-up error for a model.attention "cudnn" that cuDNN refuses or cannot run here.
 REFUSED_PATTERN = re.compile(r'model\.attention: "cudnn"(: cuDNN \S+ refuses | cannot run here)')
@@ -195,24 +236,19 @@ def run_llmtrain(binary, config, workdir, device, steps, batch, precision, peak=
                                  "--resume", "never"]
     if profile_ops:
         cmd.append("--profile-ops")
-    start = time.time()
+    start = now()
     err_path = os.path.join(workdir, f"train-b{batch}.err")
     with open(err_path, "w") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=capped_env(timeout_s, env))
         sampler = GpuMemorySampler(proc.pid)
-        try:
-            code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            code = None
+        code = wait_capped(proc, timeout_s)
         peak_gpu = sampler.stop()
     with open(err_path, errors="replace") as f:
         stderr = f.read()
     metrics_path = os.path.join(run_dir, "metrics.jsonl")
     metrics = summarize_metrics(metrics_path) if os.path.exists(metrics_path) else None
     result = {"ok": code == 0 and metrics is not None, "exit_code": code, "oom": bool(OOM_PATTERN.search(stderr)),
-              "metrics": metrics, "peak_gpu_mib": peak_gpu, "stderr": stderr, "seconds": time.time() - start,
+              "metrics": metrics, "peak_gpu_mib": peak_gpu, "stderr": stderr, "seconds": now() - start,
               "command": " ".join(cmd), "run_dir": run_dir}
     if code is None:
         result["error"] = f"timed out after {timeout_s} s"
@@ -340,17 +376,16 @@ def completed_cases_xml(text):
 def run_in_group(cmd, timeout_s, cwd):
     """Exit code of `cmd`, or None when it ran past `timeout_s`: then it and every process it
     started (llmtrain runs of the CLI tests) are killed, as a process group."""
-    with open(os.devnull, "w") as sink:
-        proc = subprocess.Popen(cmd, stdout=sink, stderr=sink, cwd=cwd, start_new_session=True)
+    def kill_group(proc):
         try:
-            return proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, 9)
-            except OSError:
-                pass
-            proc.wait()
-            return None
+            os.killpg(proc.pid, 9)
+        except OSError:
+            pass
+
+    with open(os.devnull, "w") as sink:
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=sink, cwd=cwd, start_new_session=True,
+                                env=capped_env(timeout_s))
+        return wait_capped(proc, timeout_s, kill_group)
 
 
 def skip_reasons(text):
@@ -391,7 +426,7 @@ def run_tagged_tests(build_dir, tag="[cuda]", timeout_s=900, deadline=None, scal
         name = os.path.basename(binary)
         timeout = timeout_s / scale
         if deadline is not None:
-            left = (deadline - time.time()) * scale
+            left = (deadline - now()) * scale
             if left < 10:
                 summary["not_run"].append(name)
                 continue
@@ -399,13 +434,13 @@ def run_tagged_tests(build_dir, tag="[cuda]", timeout_s=900, deadline=None, scal
         xml_path = binary + ".cuda-tests.xml"
         if os.path.exists(xml_path):
             os.remove(xml_path)
-        start = time.time()
+        start = now()
         try:
             code = run_in_group([binary, tag, "--reporter", "xml", "--out", xml_path], timeout, tests_dir)
         except OSError as e:
             summary["problems"].append(f"{name}: cannot run: {e}")
             continue
-        summary["seconds"][name] = round((time.time() - start) * scale, 1)
+        summary["seconds"][name] = round((now() - start) * scale, 1)
         at_deadline = code is None and deadline is not None and timeout < timeout_s / scale
         try:
             with open(xml_path, errors="replace") as f:
@@ -532,17 +567,21 @@ def run_pytorch(python, batch, steps, precision, workdir, timeout_s):
     script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench_vs_pytorch.py")
     cmd = [python, script, "--device", "cuda", "--batch", str(batch), "--steps", str(steps), "--precision", precision,
            "--json", out]
-    start = time.time()
+    start = now()
+    fake = bool(os.environ.get("GPU_CHECK_FAKE_CLOCK"))
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=FAKE_CLOCK_HANG_GUARD_S if fake else timeout_s,
+                           env=capped_env(timeout_s))
         text, code = p.stdout + p.stderr, p.returncode
+        if fake and code == 124:  # stopped at its deadline on the fake clock (wait_capped)
+            code = None
     except subprocess.TimeoutExpired as e:
         text, code = ((e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")), None
     result = {}
     if os.path.exists(out):
         with open(out) as f:
             result = json.load(f)
-    result.update({"command": " ".join(cmd), "seconds": time.time() - start, "log_tail": text[-3000:]})
+    result.update({"command": " ".join(cmd), "seconds": now() - start, "log_tail": text[-3000:]})
     if code is None:
         result["error"] = f"timed out after {timeout_s:.0f} s"
     elif code != 0 and "error" not in result:
@@ -560,7 +599,7 @@ def cmd_suite(a):
     d = model_dims(config)
     precision = a.precision
     peak, peak_text = peak_tflops(a.gpu_name or "", precision, os.environ.get("PEAK_TFLOPS"))
-    deadline = a.deadline or time.time() + 3600
+    deadline = a.deadline or now() + 3600
     workdir = tempfile.mkdtemp(prefix="llmtrain-suite-", dir=a.workdir)
     candidates = [int(b) for b in a.batches.split(",")]
     res = {"gpu": a.gpu_name, "precision": precision, "dims": d, "params": gpt2_parameters(d), "peak_tflops": peak,
@@ -571,7 +610,7 @@ def cmd_suite(a):
     estimate = {"llmtrain": float(a.row_estimate), "pytorch": 150.0, "profile": 45.0}
 
     def left():
-        return (deadline - time.time()) * scale
+        return (deadline - now()) * scale
 
     def save():
         with open(a.out, "w") as f:
@@ -670,10 +709,10 @@ def cmd_suite(a):
         if a.profile_steps <= 0 or not fits("profile", f"top kernels, {row['attention']} attention"):
             continue
         cfg = deep_merge(config, {"model": {"attention": row["attention"]}})
-        t0 = time.time()
+        t0 = now()
         row["top"] = top_kernels(a.binary, cfg, workdir, "cuda", row["batch"], precision, a.profile_steps,
                                  max(10, min(a.timeout, left())) / scale)
-        estimate["profile"] = (time.time() - t0) * scale
+        estimate["profile"] = (now() - t0) * scale
         if row["top"].get("error"):
             res["failures"].append({"what": f"top kernels, {row['attention']} attention ({row['top']['source']})",
                                     "error": row["top"]["error"]})
@@ -983,19 +1022,39 @@ def cmd_self_test(_):
                '<TestCase name="unfinished" tags="[cuda]"><Expression success="true"/>')
     assert parse_catch_xml(completed_cases_xml(partial)) == [("p", "passed"), ("f", "failed")]
     assert completed_cases_xml('<?xml version="1.0"?><Catch name="t"><Group name="t"><TestCase name="u">') is None
+    # Twice: on the real clock, where test_a hangs and is killed (what took how long depends on the
+    # machine's load, so only the order of events is checked), and on a fake clock (the file that
+    # GPU_CHECK_FAKE_CLOCK names), where test_a keeps to the deadline it is handed and the seconds
+    # are exact.
     with tempfile.TemporaryDirectory() as tmp:
         os.makedirs(os.path.join(tmp, "tests"))
         for name, body in (("test_a", partial), ("test_b", "")):
             path = os.path.join(tmp, "tests", name)
-            with open(path, "w") as f:  # writes its report so far, then hangs
+            with open(path, "w") as f:  # writes its report so far, then hangs (fake clock: runs to its deadline)
                 f.write(f"#!/bin/sh\nwhile [ $# -gt 0 ]; do [ \"$1\" = --out ] && out=\"$2\"; shift; done\n"
-                        f"printf '%s' '{body}' > \"$out\"\nexec sleep 60\n")
+                        f"printf '%s' '{body}' > \"$out\"\n"
+                        "if [ -n \"$GPU_CHECK_FAKE_CLOCK\" ]; then\n"
+                        "  echo \"$GPU_CHECK_FAKE_DEADLINE\" > \"$GPU_CHECK_FAKE_CLOCK\"; exit 124\nfi\n"
+                        "exec sleep 60\n")
             os.chmod(path, 0o755)
-        s = run_tagged_tests(tmp, deadline=time.time() + 1.5, scale=10.0, order=["test_a", "test_b"])
-        assert s["stopped"] and s["stopped"][0].startswith("test_a (stopped at its deadline after 15 s)"), s
-        assert s["not_run"] == ["test_b"] and s["out_of_time"] and (s["passed"], s["failed"]) == (1, 1), s
-        assert s["failures"] == ["test_a: f"] and "skipped for time: test_a (stopped" in s["line"], s
-        assert "test_b (not run)" in s["line"] and not s["problems"], s
+        clock = os.path.join(tmp, "clock")
+        for fake in (False, True):
+            if fake:
+                with open(clock, "w") as f:
+                    f.write("1700000000000000\n")
+                os.environ["GPU_CHECK_FAKE_CLOCK"] = clock
+            try:
+                s = run_tagged_tests(tmp, deadline=now() + 1.5, scale=10.0, order=["test_a", "test_b"])
+            finally:
+                os.environ.pop("GPU_CHECK_FAKE_CLOCK", None)
+            stopped = r"test_a \(stopped at its deadline after " + (r"15" if fake else r"[0-9]+") + r" s\)$"
+            assert len(s["stopped"]) == 1 and re.match(stopped, s["stopped"][0]), (fake, s)
+            assert s["not_run"] == ["test_b"] and s["out_of_time"] and (s["passed"], s["failed"]) == (1, 1), (fake, s)
+            assert s["failures"] == ["test_a: f"] and "skipped for time: test_a (stopped" in s["line"], (fake, s)
+            assert "test_b (not run)" in s["line"] and not s["problems"], (fake, s)
+            if fake:
+                with open(clock) as f:
+                    assert s["seconds"] == {"test_a": 15.0} and int(f.read()) == 1700000001500000, s
     print("gpu_bench.py self-test: ok")
     return 0
 

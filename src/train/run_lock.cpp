@@ -26,7 +26,17 @@ std::string host_name() {
   return host;
 }
 
-long long unix_now() { return static_cast<long long>(std::time(nullptr)); }
+// The clock of the heartbeats and the lock's age, in Unix seconds. Test hook
+// (tests/run_lock_test.sh): LLMTRAIN_TEST_UNIX_NOW=SECONDS stands in for it, so that the age of a
+// heartbeat the test wrote is what it wrote, however long this process took to get to it.
+long long unix_now() {
+  if (const char* value = std::getenv("LLMTRAIN_TEST_UNIX_NOW")) {
+    char* end = nullptr;
+    const long long now = std::strtoll(value, &end, 10);
+    if (end != value && *end == '\0') return now;
+  }
+  return static_cast<long long>(std::time(nullptr));
+}
 
 // "host HOST, pid PID, started 2026-12-02T06:40:00Z": the holder, as written in the lock file.
 std::string describe_self(long long started) {
