@@ -268,11 +268,11 @@ lose_node() {  # CASE HOW: HOW = kill | disconnect
   grep -E "stopping every rank|mpirun.sh:|ORTE was|unexpectedly disconnected|Peer host" "$work/$run.log" | head -n 8 | sed 's/^/  | /'
   if grep -q "stopping every rank" "$work/$run.log"; then
     [[ -n "$t_stop" ]] || fail "$case: not every surviving rank printed the stop line: $(grep 'stopping every rank' "$work/$run.log")"
-    # The bound: the timeout, the step a rank may still take before its next collective, a second
-    # for the verdicts, and slack for a loaded machine (the cut-off node's ranks spin on the same
-    # cores until they too time out). What it guards against is TCP's own timeouts (minutes).
-    awk -v s="$stop_s" -v t="$timeout_s" 'BEGIN {exit !(s <= t + 8)}' ||
-      fail "$case: the ranks stopped after $stop_s s, more than dist.timeout_s = $timeout_s s + 8 s"
+    # The stop lines show that the watchdog, not TCP, ended the job; the bound only guards against
+    # TCP's own timeouts (many minutes), with room for a machine whose cores are all busy (the
+    # cut-off node's ranks spin on the same cores until they too time out).
+    awk -v s="$stop_s" -v t="$timeout_s" 'BEGIN {exit !(s <= t + 60)}' ||
+      fail "$case: the ranks stopped after $stop_s s, more than dist.timeout_s = $timeout_s s + 60 s"
     local named
     named=$(grep "stopping every rank" "$work/$run.log" | grep -c "2, 3.*node2\|node2.*2, 3")
     ((named >= 2)) || fail "$case: the stop lines do not name ranks 2, 3 and host node2: $(grep 'stopping every rank' "$work/$run.log")"
@@ -290,13 +290,14 @@ lose_node() {  # CASE HOW: HOW = kill | disconnect
     fail "$case: the surviving ranks did not stop naming the lost ranks and host (exit $status): $(grep -E 'error|mpirun.sh:' "$work/$run.log" | tail -n 5)"
   fi
   grep -q "exit 76" "$work/$run.log" || fail "$case: the first job did not end with exit 76: $(grep mpirun.sh: "$work/$run.log")"
-  # The bound: the timeout, a second for the verdicts, the grace, 5 s from mpirun.sh's TERM to its
-  # KILL, and slack for a loaded machine.
-  awk -v s="$end_s" -v t="$((timeout_s + grace_s + 20))" 'BEGIN {exit !(s <= t)}' ||
-    fail "$case: the first job ended $end_s s after the node went, more than dist.timeout_s + grace + 20 s"
+  # The bounds: the timeout, the grace, 5 s from mpirun.sh's TERM to its KILL, and room for a
+  # machine whose cores are all busy; like the one above they guard against TCP's own timeouts, and
+  # the order of the events (stop lines, exit 76, relaunch) is what shows the path taken.
+  awk -v s="$end_s" -v t="$((timeout_s + grace_s + 90))" 'BEGIN {exit !(s <= t)}' ||
+    fail "$case: the first job ended $end_s s after the node went, more than dist.timeout_s + grace + 90 s"
   [[ -n "$t_relaunch" ]] || fail "$case: no relaunch (exit $status): $(tail -n 8 "$work/$run.log")"
-  awk -v s="$relaunch_s" -v t="$((timeout_s + grace_s + 30))" 'BEGIN {exit !(s <= t)}' ||
-    fail "$case: the job ended $relaunch_s s after the node went, more than dist.timeout_s + grace + 30 s"
+  awk -v s="$relaunch_s" -v t="$((timeout_s + grace_s + 120))" 'BEGIN {exit !(s <= t)}' ||
+    fail "$case: the job ended $relaunch_s s after the node went, more than dist.timeout_s + grace + 120 s"
   ((status == 0)) || fail "$case: the relaunched job ended with exit $status: $(tail -n 8 "$work/$run.log")"
   grep -q "resuming from" "$vol/$run/logs/rank-00000.log" || fail "$case: the relaunch did not resume from a checkpoint"
   grep -q "relaunch 1 of 1 on 1 host(s) (node1): 2 ranks" "$work/$run.log" || fail "$case: relaunch not on node1 with 2 ranks: $(grep relaunch "$work/$run.log")"
