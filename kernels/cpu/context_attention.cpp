@@ -10,7 +10,7 @@
 #include <limits>
 #include <vector>
 
-#include "block_gemm.h"
+#include "gemm.h"
 #include "document_mask.h"
 #include "llmtrain/kernels/cpu.h"
 #include "llmtrain/kernels/vec_math.h"
@@ -97,7 +97,7 @@ void attention_block_forward(float* out, float* lse, const float* qkv, const flo
           const float* vbase = kv + std::int64_t(b) * Tk * ld + v_col + std::int64_t(h / group) * HS;
           for (int i = 0; i < k_at.count(); ++i) {
             if (span.width[i] == 0) continue;
-            block_gemm(false, true, qb.rows, span.width[i], HS, scale, q, QKV,
+            gemm(false, true, qb.rows, span.width[i], HS, scale, q, QKV,
                        kbase + (std::int64_t(i) * k_at.len + span.lo[i]) * ld, ld, 0.0f, score.data() + span.off[i],
                        total);
           }
@@ -135,7 +135,7 @@ void attention_block_forward(float* out, float* lse, const float* qkv, const flo
           float beta = 0.0f;
           for (int i = 0; i < k_at.count(); ++i) {
             if (span.width[i] == 0) continue;
-            block_gemm(false, false, qb.rows, HS, span.width[i], 1.0f, score.data() + span.off[i], total,
+            gemm(false, false, qb.rows, HS, span.width[i], 1.0f, score.data() + span.off[i], total,
                        vbase + (std::int64_t(i) * k_at.len + span.lo[i]) * ld, ld, beta, o, C);
             beta = 1.0f;
           }
@@ -185,9 +185,9 @@ void attention_block_backward(float* dq, float* dkv, const float* dout, const fl
             for (int i = 0; i < k_at.count(); ++i) {
               if (span.width[i] == 0) continue;
               const std::int64_t k0 = (std::int64_t(i) * k_at.len + span.lo[i]) * ld;
-              block_gemm(false, true, qb.rows, span.width[i], HS, scale, q, QKV, kbase + k0, ld, 0.0f,
+              gemm(false, true, qb.rows, span.width[i], HS, scale, q, QKV, kbase + k0, ld, 0.0f,
                          prob.data() + span.off[i], total);
-              block_gemm(false, true, qb.rows, span.width[i], HS, 1.0f, dy, C, vbase + k0, ld, 0.0f,
+              gemm(false, true, qb.rows, span.width[i], HS, 1.0f, dy, C, vbase + k0, ld, 0.0f,
                          dscore.data() + span.off[i], total);
             }
             for (int r = 0; r < qb.rows; ++r) {
@@ -215,11 +215,11 @@ void attention_block_backward(float* dq, float* dkv, const float* dout, const fl
               const std::int64_t k0 = (std::int64_t(i) * k_at.len + span.lo[i]) * ld;
               const int off = span.off[i], width = span.width[i];
               // dQ += dS K, dK += dS^T Q, dV += P^T dO
-              block_gemm(false, false, qb.rows, HS, width, 1.0f, dscore.data() + off, total, kbase + k0, ld, 1.0f,
+              gemm(false, false, qb.rows, HS, width, 1.0f, dscore.data() + off, total, kbase + k0, ld, 1.0f,
                          dqh, QKV);
-              block_gemm(true, false, width, HS, qb.rows, 1.0f, dscore.data() + off, total, q, QKV, 1.0f,
+              gemm(true, false, width, HS, qb.rows, 1.0f, dscore.data() + off, total, q, QKV, 1.0f,
                          dkbase + k0, ld);
-              block_gemm(true, false, width, HS, qb.rows, 1.0f, prob.data() + off, total, dy, C, 1.0f, dvbase + k0,
+              gemm(true, false, width, HS, qb.rows, 1.0f, prob.data() + off, total, dy, C, 1.0f, dvbase + k0,
                          ld);
             }
           }

@@ -24,7 +24,7 @@
 #include <limits>
 #include <vector>
 
-#include "block_gemm.h"
+#include "gemm.h"
 #include "document_mask.h"
 #include "llmtrain/kernels/cpu.h"
 #include "llmtrain/kernels/vec_math.h"
@@ -61,7 +61,7 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, int B, in
           const float* k = qkv + (std::int64_t(b) * T + lo) * C3 + k_at + std::int64_t(h / group) * HS;  // (keys, HS)
           const float* v = qkv + (std::int64_t(b) * T + lo) * C3 + v_at + std::int64_t(h / group) * HS;  // (keys, HS)
           // S (rows, keys) = scale Q K^T
-          block_gemm(false, true, rows, keys, HS, scale, q, C3, k, C3, 0.0f, score.data(), keys);
+          gemm(false, true, rows, keys, HS, scale, q, C3, k, C3, 0.0f, score.data(), keys);
           for (int r = 0; r < rows; ++r) {
             float* s = score.data() + std::int64_t(r) * keys;
             // causal within the document: keys start[t] .. t, columns first .. seen - 1
@@ -81,7 +81,7 @@ void flash_attention_forward(float* out, float* lse, const float* qkv, int B, in
             std::fill(s + seen, s + keys, 0.0f);
           }
           // O (rows, HS) = P V
-          block_gemm(false, false, rows, HS, keys, 1.0f, score.data(), keys, v, C3, 0.0f,
+          gemm(false, false, rows, HS, keys, 1.0f, score.data(), keys, v, C3, 0.0f,
                      out + (std::int64_t(b) * T + t0) * C + std::int64_t(h) * HS, C);
         }
       }
@@ -122,8 +122,8 @@ void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, 
             const float* dy = dout + row0 * C + std::int64_t(h) * HS;  // (rows, HS), ld C
             const float* y = out + row0 * C + std::int64_t(h) * HS;
             // S = scale Q K^T into prob, dP = dO V^T into dscore
-            block_gemm(false, true, rows, keys, HS, scale, q, C3, k + key0, C3, 0.0f, prob.data(), keys);
-            block_gemm(false, true, rows, keys, HS, 1.0f, dy, C, v + key0, C3, 0.0f, dscore.data(), keys);
+            gemm(false, true, rows, keys, HS, scale, q, C3, k + key0, C3, 0.0f, prob.data(), keys);
+            gemm(false, true, rows, keys, HS, 1.0f, dy, C, v + key0, C3, 0.0f, dscore.data(), keys);
             for (int r = 0; r < rows; ++r) {
               float* p = prob.data() + std::int64_t(r) * keys;
               float* ds = dscore.data() + std::int64_t(r) * keys;
@@ -145,9 +145,9 @@ void flash_attention_backward(float* dqkv, const float* dout, const float* qkv, 
               std::fill(ds + seen, ds + keys, 0.0f);
             }
             // dQ (rows, HS) += dS K; dK (keys, HS) += dS^T Q; dV (keys, HS) += P^T dO
-            block_gemm(false, false, rows, HS, keys, 1.0f, dscore.data(), keys, k + key0, C3, 1.0f, dq, C3);
-            block_gemm(true, false, keys, HS, rows, 1.0f, dscore.data(), keys, q, C3, 1.0f, dk + key0, C3);
-            block_gemm(true, false, keys, HS, rows, 1.0f, prob.data(), keys, dy, C, 1.0f, dv + key0, C3);
+            gemm(false, false, rows, HS, keys, 1.0f, dscore.data(), keys, k + key0, C3, 1.0f, dq, C3);
+            gemm(true, false, keys, HS, rows, 1.0f, dscore.data(), keys, q, C3, 1.0f, dk + key0, C3);
+            gemm(true, false, keys, HS, rows, 1.0f, prob.data(), keys, dy, C, 1.0f, dv + key0, C3);
           }
         }
       }

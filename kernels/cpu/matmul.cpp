@@ -1,18 +1,16 @@
-// Matmuls through OpenBLAS's sgemm (row-major). Weights are (OC, C), as torch.nn.Linear's.
+// Matmuls through the CPU GEMM (gemm.h: its own packed kernel on AVX-512 CPUs, else OpenBLAS's
+// sgemm; row-major). Weights are (OC, C), as torch.nn.Linear's.
 // A build without OpenBLAS (LLMTRAIN_HAVE_OPENBLAS unset: a GPU node with only the CUDA toolkit)
-// uses plain OpenMP loops instead: the same results to rounding, blocked so that a tile of one
-// operand stays in cache while the other streams past, four outputs per pass over a row, and each
-// output written by one thread in a fixed order (the same bits at any thread count). GPT-2 124M's
-// MLP matmul (N=1024, C=768, OC=3072), one x86-64 core: forward 15.5 GFLOP/s, backward 11.6;
-// OpenBLAS 39 and 42. Fine for tests and small runs; CPU training wants OpenBLAS.
-#if LLMTRAIN_HAVE_OPENBLAS
-#include <cblas.h>
-#endif
-
+// on a CPU without AVX-512 uses plain OpenMP loops instead: the same results to rounding, blocked
+// so that a tile of one operand stays in cache while the other streams past, four outputs per pass
+// over a row, and each output written by one thread in a fixed order (the same bits at any thread
+// count). GPT-2 124M's MLP matmul (N=1024, C=768, OC=3072), one x86-64 core: forward 15.5 GFLOP/s,
+// backward 11.6; OpenBLAS 39 and 42. Fine for tests and small runs; CPU training wants either.
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
+#include "gemm.h"
 #include "llmtrain/kernels/cpu.h"
 #include "llmtrain/kernels/vec_math.h"
 
@@ -40,32 +38,7 @@ void bias_backward(float* dbias, const float* dout, std::int64_t N, int OC, std:
 
 }  // namespace
 
-#if LLMTRAIN_HAVE_OPENBLAS
-
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, std::int64_t N, int C,
-                    int OC, std::int64_t ld) {
-  if (bias) {
-#pragma omp parallel for if (worth_threads(N * OC))
-    for (std::int64_t i = 0; i < N; ++i) {
-      for (int o = 0; o < OC; ++o) out[i * ld + o] = bias[o];
-    }
-  }
-  // out (N,OC) = inp (N,C) x weight^T (C,OC) [+ out]
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(N), OC, C, 1.0f, inp, C, weight, C, bias ? 1.0f : 0.0f,
-              out, int(ld));
-}
-
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, std::int64_t N, int C, int OC, std::int64_t ld, bool accumulate) {
-  // dinp (N,C) (+)= dout (N,OC) x weight (OC,C)
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(N), C, OC, 1.0f, dout, int(ld), weight, C,
-              accumulate ? 1.0f : 0.0f, dinp, C);
-  // dweight (OC,C) += dout^T (OC,N) x inp (N,C)
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, int(N), 1.0f, dout, int(ld), inp, C, 1.0f, dweight, C);
-  if (dbias) bias_backward(dbias, dout, N, OC, ld);
-}
-
-#else  // no BLAS: blocked OpenMP loops
+#if !LLMTRAIN_HAVE_OPENBLAS  // blocked OpenMP loops, for CPUs without AVX-512
 
 namespace {
 
@@ -89,10 +62,8 @@ inline void add_scaled_rows(float* dst, const float* const* src, const float* a,
   }
 }
 
-}  // namespace
-
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, std::int64_t N, int C,
-                    int OC, std::int64_t ld) {
+void matmul_forward_loops(float* out, const float* inp, const float* weight, const float* bias, std::int64_t N,
+                          int C, int OC, std::int64_t ld) {
   // out (N,OC) = inp (N,C) x weight^T (C,OC) + bias: dot products of contiguous rows, four
   // weight rows against one input row per pass.
 #pragma omp parallel for schedule(static) if (worth_threads(N * C * OC))
@@ -128,8 +99,8 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
   }
 }
 
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, std::int64_t N, int C, int OC, std::int64_t ld, bool accumulate) {
+void matmul_backward_loops(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                           const float* weight, std::int64_t N, int C, int OC, std::int64_t ld, bool accumulate) {
   if (!accumulate) std::memset(dinp, 0, std::size_t(N) * std::size_t(C) * sizeof(float));
   // dinp (N,C) += dout (N,OC) x weight (OC,C): each row of dinp gathers weight rows, four at a time.
 #pragma omp parallel for schedule(static) if (worth_threads(N * C * OC))
@@ -174,7 +145,36 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   if (dbias) bias_backward(dbias, dout, N, OC, ld);
 }
 
+}  // namespace
+
 #endif
+
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, std::int64_t N, int C,
+                    int OC, std::int64_t ld) {
+#if !LLMTRAIN_HAVE_OPENBLAS
+  if (!gemm_packed()) return matmul_forward_loops(out, inp, weight, bias, N, C, OC, ld);
+#endif
+  if (bias) {
+#pragma omp parallel for if (worth_threads(N * OC))
+    for (std::int64_t i = 0; i < N; ++i) {
+      for (int o = 0; o < OC; ++o) out[i * ld + o] = bias[o];
+    }
+  }
+  // out (N,OC) = inp (N,C) x weight^T (C,OC) [+ out]
+  gemm(false, true, int(N), OC, C, 1.0f, inp, C, weight, C, bias ? 1.0f : 0.0f, out, ld);
+}
+
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, std::int64_t N, int C, int OC, std::int64_t ld, bool accumulate) {
+#if !LLMTRAIN_HAVE_OPENBLAS
+  if (!gemm_packed()) return matmul_backward_loops(dinp, dweight, dbias, dout, inp, weight, N, C, OC, ld, accumulate);
+#endif
+  // dinp (N,C) (+)= dout (N,OC) x weight (OC,C)
+  gemm(false, false, int(N), C, OC, 1.0f, dout, ld, weight, C, accumulate ? 1.0f : 0.0f, dinp, C);
+  // dweight (OC,C) += dout^T (OC,N) x inp (N,C)
+  gemm(true, false, OC, C, int(N), 1.0f, dout, ld, inp, C, 1.0f, dweight, C);
+  if (dbias) bias_backward(dbias, dout, N, OC, ld);
+}
 
 // The fused MLP ops are the plain ones in sequence, so that their results are the unfused model's
 // bit for bit (the GPU fuses them into cuBLASLt's epilogues).
@@ -186,9 +186,12 @@ void matmul_gelu_forward(float* out, float* pre, const float* inp, const float* 
 
 void matmul_backward_dgelu(float* dpre, float* dweight, float* dbias, float* dpre_bias, const float* dout,
                            const float* inp, const float* pre, const float* weight, std::int64_t N, int C, int OC) {
-  std::vector<float> dinp(std::size_t(N) * std::size_t(C), 0.0f);  // (N,C): d(GELU output)
-  matmul_backward(dinp.data(), dweight, dbias, dout, inp, weight, N, C, OC, OC, true);
-  std::memset(dpre, 0, dinp.size() * sizeof(float));
+  // (N,C): d(GELU output), in a buffer kept by the thread from call to call (no allocation, no
+  // zeroing: the matmul writes it whole)
+  thread_local std::vector<float> dinp;
+  if (dinp.size() < std::size_t(N) * std::size_t(C)) dinp.resize(std::size_t(N) * std::size_t(C));
+  matmul_backward(dinp.data(), dweight, dbias, dout, inp, weight, N, C, OC, OC, false);
+  std::memset(dpre, 0, std::size_t(N) * std::size_t(C) * sizeof(float));
   gelu_backward(dpre, pre, dinp.data(), N * C);
   if (dpre_bias) bias_backward(dpre_bias, dpre, N, C, C);
 }
