@@ -59,7 +59,6 @@ constexpr int MR = 12;     // rows of a C tile (and of an A panel)
 constexpr int NR = 32;     // columns of a C tile: two zmm registers
 constexpr int KC = 256;    // k per block: an A panel (12 KiB) and a B panel (32 KiB) stay in L1/L2
 constexpr int NC = 2048;   // columns of B packed at a time (2 MiB at KC = 256)
-constexpr int tile_panels = 4;  // B panels per task: a task computes a 12 x 128 strip of C
 
 bool have_avx512() {
   static const bool yes = __builtin_cpu_supports("avx512f");
@@ -163,7 +162,12 @@ void gemm_packed_avx512(bool trans_a, bool trans_b, int M, int N, int K, float a
         const int nc = std::min(NC, N - j0), n_panels = (nc + NR - 1) / NR;
 #pragma omp for schedule(static)
         for (int p = 0; p < n_panels; ++p) pack_b(trans_b, B, ldb, k0, kc, j0, nc, Bp, p);
-        const int strips = (n_panels + tile_panels - 1) / tile_panels;
+        // A task packs one A panel and runs it against a strip of B panels: the whole width where
+        // there are rows enough to share out (A packed once per panel: its gather costs about a
+        // fifth of a 12 x 128 strip's FMAs), narrower strips for short products (a decoding step).
+        const int teams = omp_get_num_threads();
+        const int strips = std::min(n_panels, std::max(1, (4 * teams + m_panels - 1) / m_panels));
+        const int tile_panels = (n_panels + strips - 1) / strips;
 #pragma omp for collapse(2) schedule(static)
         for (int q = 0; q < m_panels; ++q) {
           for (int s = 0; s < strips; ++s) {
