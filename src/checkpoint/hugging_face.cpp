@@ -176,7 +176,7 @@ void check_hf_config(const std::string& path, const config::ModelConfig& c, cons
     }
     const double a = ours.is_number_integer()
                          ? double(json_integer(*theirs, where, 0, std::numeric_limits<std::int32_t>::max()))
-                         : json_number(*theirs, where, 0.0, std::numeric_limits<double>::max());
+                         : json_number(*theirs, where, 0.0);
     const double b = ours.get<double>();
     if (std::abs(a - b) > 1e-9 * std::max(1.0, std::abs(b))) {
       throw InputError("model." + our_key + ": the config has " + number_text(b) + ", but " + file + " has " + key +

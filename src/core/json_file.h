@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -120,12 +121,16 @@ inline std::int64_t json_integer(const nlohmann::json& v, const std::string& whe
   return v.get<std::int64_t>();
 }
 
-/// `v` as a finite number in [lo, hi]; InputError "WHERE: expected a number from LO to HI, got V".
-inline double json_number(const nlohmann::json& v, const std::string& where, double lo, double hi) {
+/// `v` as a finite number in [lo, hi]; InputError "WHERE: expected a number from LO to HI, got V"
+/// ("a number >= LO" without an upper bound: hi the largest double).
+inline double json_number(const nlohmann::json& v, const std::string& where, double lo,
+                          double hi = std::numeric_limits<double>::max()) {
   const bool in_range = v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= lo && v.get<double>() <= hi;
   if (!in_range) {
-    throw InputError(where + ": expected a number from " + number_text(lo) + " to " + number_text(hi) + ", got " +
-                     json_excerpt(v));
+    const std::string range = hi == std::numeric_limits<double>::max()
+                                  ? ">= " + number_text(lo)
+                                  : "from " + number_text(lo) + " to " + number_text(hi);
+    throw InputError(where + ": expected a number " + range + ", got " + json_excerpt(v));
   }
   return v.get<double>();
 }
