@@ -210,13 +210,6 @@ SafetensorsReader open_reader(const std::string& path) {
   }
 }
 
-}  // namespace
-
-// What the files of a checkpoint hold of one kind of state, sorted by place in the flat buffer.
-// A file state.json lists with its spans (runs of the flat buffer that cover its ranges, save's
-// index_spans) is opened, and its header and ranges read, only once a read asks for ranges in
-// one of them: a rank reads the few files that hold its ranges, not every rank's. A file listed
-// without them (an earlier version's) is read at once.
 // The index of the first value of x[0, n) that is not finite, or -1. In blocks whose test the
 // compiler vectorises (the exponent's bits all set: an infinity or a NaN); only a block that fails
 // is walked again for the position.
@@ -239,6 +232,13 @@ std::int64_t first_non_finite(const float* x, std::int64_t n) {
   return -1;
 }
 
+}  // namespace
+
+// What the files of a checkpoint hold of one kind of state, sorted by place in the flat buffer.
+// A file state.json lists with its spans (runs of the flat buffer that cover its ranges, save's
+// index_spans) is opened, and its header and ranges read, only once a read asks for ranges in
+// one of them: a rank reads the few files that hold its ranges, not every rank's. A file listed
+// without them (an earlier version's) is read at once.
 class StateIndex {
  public:
   StateIndex(const Found& found, StateKind kind, const std::vector<std::string>& names)
@@ -471,7 +471,8 @@ void StateReader::read(const std::vector<FlatRange>& ranges, const std::vector<f
       const std::int64_t i = first_non_finite(out[std::size_t(t)] + at, r.size());
       if (i >= 0) {
         const float v = out[std::size_t(t)][at + i];
-        const std::string what = kind == StateKind::weights ? "the weight " : "the optimizer's " + index.tensor_name(t) + " of ";
+        const std::string what =
+            kind == StateKind::weights ? "the weight " : "the optimizer's " + index.tensor_name(t) + " of ";
         throw DamagedCheckpoint(dir_ + ": " + what + index.element_name(r.begin + i) + " is " +
                                 (std::isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf") +
                                 "; a checkpoint's weights and optimizer state must be finite");
