@@ -42,7 +42,8 @@ for round in $(seq "$rounds"); do
   ours+=("$(median_rate "$work/run$round/metrics.jsonl" 3)")  # after warm-up: page faults, thread start
   fraction+=("$(/usr/bin/python3 - "$work/run$round/metrics.jsonl" <<'PY'
 import json, statistics, sys
-print(f"{statistics.median([json.loads(l)['mfu'] for l in open(sys.argv[1]) if '\"loss\"' in l][3:]):.3f}")
+mfu = [json.loads(l)["mfu"] for l in open(sys.argv[1]) if '"loss"' in l][3:]
+print(f"{statistics.median(mfu):.3f}")
 PY
 )")
   if ((torch2)); then
