@@ -141,12 +141,6 @@ inline bool json_boolean(const nlohmann::json& v, const std::string& where) {
   return v.get<bool>();
 }
 
-/// `v` as a string; InputError "WHERE: expected a string, got V".
-inline const std::string& json_string(const nlohmann::json& v, const std::string& where) {
-  if (!v.is_string()) throw InputError(where + ": expected a string, got " + json_excerpt(v));
-  return v.get_ref<const std::string&>();
-}
-
 /// `object[key]`, which must be there; InputError "WHERE: KEY: missing (expected WHAT)" when not,
 /// "WHERE: expected an object, got V" when `object` is not one.
 inline const nlohmann::json& json_key(const nlohmann::json& object, const std::string& key, const std::string& where,
