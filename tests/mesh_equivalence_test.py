@@ -206,12 +206,17 @@ def tensor_traffic(run):
     ring, share = 2 * (n - 1) / n, (n - 1) / n
     norm = 2 * C if m["arch"] == "gpt2" else C  # a norm's weight (and bias)
     act = tokens * C * 4
+    # train.recompute "full": each layer's forward again (a dense layer's 2 sums, a MoE layer's 1, and
+    # the gathers of both norms' outputs); "mlp": a dense layer's MLP input gathered again (a MoE
+    # layer's is kept).
+    full, mlp = t.get("recompute") == "full", t.get("recompute") == "mlp"
+    sums = 4 * L - 2 * Lm + (2 * L - Lm if full else 0)
     if not sp:
-        per_micro = {"all-reduce": [1 + 4 * L - 2 * Lm + 3,
-                                    ring * (act * (1 + 4 * L - 2 * Lm + 1) + 4 * tokens + 4 * 2 * tokens)]}
+        per_micro = {"all-reduce": [1 + sums + 3, ring * (act * (1 + sums + 1) + 4 * tokens + 4 * 2 * tokens)]}
     else:
-        per_micro = {"all-gather": [6 * L - Lm + 2, share * act * (6 * L - Lm + 2)],
-                     "reduce-scatter": [4 * L - 2 * Lm + 2, share * act * (4 * L - 2 * Lm + 2)],
+        gathers = 6 * L - Lm + (2 * L if full else L - Lm if mlp else 0)
+        per_micro = {"all-gather": [gathers + 2, share * act * (gathers + 2)],
+                     "reduce-scatter": [sums + 2, share * act * (sums + 2)],
                      "all-reduce": [2 + 2 * L + 1, ring * (4 * tokens + 4 * 2 * tokens + 4 * norm * (2 * L + 1))]}
     if m["arch"] == "llama" and n > NKV:  # replicated key/value heads: their k and v gradients
         per_micro["all-reduce"][0] += L
@@ -348,7 +353,7 @@ def expert_traffic(run):
     """The expert group's collectives of an update (rank 0's), by hand, for a model whose tokens
     each choose all E experts (top_k = E): per MoE layer and micro-step 5 all-to-alls (the counts,
     E / EP i32 to each rank; in forward the N k slots' rows to their experts and the outputs back;
-    in backward their gradients both ways), each sending the other ranks (EP - 1) / EP of N k rows
+    in backward their gradients both ways; the forward's 3 again with train.recompute "full"), each sending the other ranks (EP - 1) / EP of N k rows
     of d_model f32 values; at ZeRO 0 all-reduces (ring: 2 (EP-1)/EP of the bytes) of each run of
     the gradients every expert rank holds alike (all but the experts') and of the loss, the norm,
     the router statistics (4 doubles, a float max) and the loads (MoE layers x E doubles)."""
@@ -359,7 +364,11 @@ def expert_traffic(run):
     N, C = t["micro_batch_size"] * m["context_length"], m["d_model"]
     steps = t["global_batch_size"] // (t["micro_batch_size"] * run.ranks)
     others = (EP - 1) / EP
-    expect = {"all-to-all": (steps * L * 5, steps * L * (4 * N * k * others * C * 4 + (EP - 1) * (E // EP) * 4))}
+    # train.recompute "full": each layer's forward exchange (the counts, the rows both ways) again in backward.
+    full = t.get("recompute") == "full"
+    expect = {"all-to-all": (steps * L * (8 if full else 5),
+                             steps * L * ((6 if full else 4) * N * k * others * C * 4 +
+                                          (2 if full else 1) * (EP - 1) * (E // EP) * 4))}
     if d.get("zero_stage", 0) == 0:
         H, I, S, Ff, V = C // m["n_head"], e["ffn_hidden"], e["shared_experts"] * e["ffn_hidden"], m["ffn_hidden"], m["vocab_size"]
         attention = 2 * C + C * (m["n_head"] + 2 * m["n_kv_head"]) * H + C * C
@@ -595,6 +604,24 @@ ROWS = [
         checks=(expert_traffic,)),
     Row("moe", "moe-every-ep2-zero3", 2, "dist.expert_parallel=2 " + Z3, base="moe-every", checks=(expert_traffic,)),
     Row("moe", "moe-cap-ep2-dp2-zero1", 4, "dist.expert_parallel=2 dist.zero_stage=1", base="moe-cap"),
+    # train.recompute: "mlp" keeps each MoE layer's routing and dispatch plan and recomputes the
+    # experts' and shared experts' activations; "full" runs the whole layer again (its all-to-alls
+    # too). Both equal no recompute, on one rank and at expert 2 x data 2.
+    Row("moe", "moe-recompute-mlp", 1, "train.recompute=mlp", base="moe", loss_tol=1e-6, weight_tol=1e-5),
+    Row("moe", "moe-recompute-full", 1, "train.recompute=full", base="moe", loss_tol=1e-6, weight_tol=1e-5),
+    Row("moe", "moe-ep2-dp2-zero1-recompute-mlp", 4, "dist.expert_parallel=2 dist.zero_stage=1 train.recompute=mlp",
+        base="moe", against="moe-ep2-dp2-zero1", loss_tol=1e-6, weight_tol=1e-5),
+    Row("moe", "moe-ep2-dp2-zero1-recompute-full", 4,
+        "dist.expert_parallel=2 dist.zero_stage=1 train.recompute=full", base="moe", against="moe-ep2-dp2-zero1",
+        loss_tol=1e-6, weight_tol=1e-5),
+    Row("moe", "moe-every-ep2-recompute-full", 2, "dist.expert_parallel=2 train.recompute=full", base="moe-every",
+        against="moe-every-ep2", loss_tol=1e-6, weight_tol=1e-5, checks=(expert_traffic,)),
+    Row("moe", "moe-tp2-sp-recompute-full", 2, "dist.tensor_parallel=2 dist.sequence_parallel=true train.recompute=full",
+        base="moe", against="moe-tp2-sp", loss_tol=1e-6, weight_tol=1e-5, checks=(tensor_traffic,)),
+    Row("moe", "moe-tp2-sp-recompute-mlp", 2, "dist.tensor_parallel=2 dist.sequence_parallel=true train.recompute=mlp",
+        base="moe", against="moe-tp2-sp", loss_tol=1e-6, weight_tol=1e-5, checks=(tensor_traffic,)),
+    Row("moe", "moe-tp2-recompute-full", 2, "dist.tensor_parallel=2 train.recompute=full", base="moe",
+        against="moe-tp2", loss_tol=1e-6, weight_tol=1e-5, checks=(tensor_traffic,)),
     # The expert bias is state: a run resumed at its step-10 checkpoint on its own layout ends with
     # the same files (the bias, the weights and AdamW's moments) as the uninterrupted one.
     Row("moe", "moe-bias-zero3-w2", 2, Z3, base="moe-bias"),
@@ -1050,9 +1077,9 @@ def document_mask_refused(h):
 
 
 def moe_refused(h):
-    """MoE layers with what is not built for them (recomputation; a capacity with sequences split
-    over a context group): exit 2 before any training, one error line naming both keys."""
-    for sets in (["train.recompute=mlp"], ["model.moe.capacity_factor=1.5", "dist.context_parallel=2"]):
+    """MoE layers with what is not built for them (a capacity with sequences split over a context
+    group): exit 2 before any training, one error line naming both keys."""
+    for sets in (["model.moe.capacity_factor=1.5", "dist.context_parallel=2"],):
         key = " ".join(sets)
         path = f"{h.out}/moe-refused-{sets[0]}"
         args = [a for s in sets for a in ("--set", s)]
@@ -1225,7 +1252,7 @@ CHECKS = [  # (group, what, check)
      document_mask_refused),
     ("pipeline", "a stopped stage ends the job within dist.timeout_s (3 s), the message naming stage 1 and rank 1",
      stopped_stage),
-    ("moe", "MoE with context parallelism or recomputation: exit 2, one line naming model.moe and the key",
+    ("moe", "MoE with a capacity under context parallelism: exit 2, one line naming model.moe and the key",
      moe_refused),
     ("moe", "aux-loss-free balancing: bias_update_rate lowers a skewed router's load imbalance (data 2, ZeRO 3); "
             "without it the expert bias stays exactly 0", moe_bias_balances),

@@ -263,3 +263,62 @@ TEST_CASE("moe model: decode_step with the KV cache gives the full forward's log
   CHECK(scale > 0.01);
   CHECK(worst < 1e-5 * scale + 1e-6);
 }
+
+TEST_CASE("moe model: train.recompute mlp and full give no recompute's loss, gradients and router statistics, bit "
+          "for bit") {
+  // A dense first layer and two MoE layers; a softmax router with a shared expert and a capacity
+  // that drops slots, then a sigmoid router with an expert bias. Two micro-batches accumulate.
+  for (const bool sigmoid : {false, true}) {
+    config::ModelConfig c;
+    c.arch = config::Arch::llama;
+    c.vocab_size = 37;
+    c.context_length = 12;
+    c.n_layer = 3;
+    c.n_head = 2;
+    c.n_kv_head = 1;
+    c.d_model = 16;
+    c.ffn_hidden = 20;
+    c.tie_embeddings = false;
+    c.moe = sigmoid ? config::MoeConfig{true, 4, 2, 8, 0, 8, 1, "sigmoid", true, 2.0, 0.0, 0.001, 0.01, 0.0}
+                    : config::MoeConfig{true, 4, 2, 8, 1, 6, 1, "softmax", true, 1.0, 0.01, 0.001, 0.0, 0.75};
+    const int B = 2, T = 12;
+    std::mt19937 rng(9);
+    std::vector<std::int32_t> inputs(2 * B * T), targets(2 * B * T);
+    for (auto& tok : inputs) tok = std::int32_t(rng() % 37);
+    for (auto& tok : targets) tok = std::int32_t(rng() % 37);
+    struct Result {
+      std::vector<double> losses;
+      Vec grads;
+      model::MoeStats stats;
+    };
+    const auto run = [&](model::Recompute recompute) {
+      auto m = model::make_model(c, Device::cpu, recompute);
+      m->init_weights(5);
+      m->zero_grads();
+      Result r;
+      for (int micro = 0; micro < 2; ++micro) {
+        const std::size_t at = std::size_t(micro * B * T);
+        r.losses.push_back(m->forward(inputs.data() + at, targets.data() + at, B, T, 1.0f / float(2 * B * T)));
+        m->backward();
+      }
+      r.grads.assign(m->grads().as<float>(), m->grads().as<float>() + m->num_params());
+      r.stats = m->take_moe_stats();
+      return r;
+    };
+    const Result none = run(model::Recompute::none);
+    CHECK(none.stats.forwards == 2);
+    if (!sigmoid) CHECK(none.stats.dropped > 0.0);  // the capacity drops slots
+    CHECK(std::any_of(none.grads.begin(), none.grads.end(), [](float g) { return g != 0.0f; }));
+    for (const auto recompute : {model::Recompute::mlp, model::Recompute::full}) {
+      CAPTURE(sigmoid, config::to_string(recompute));
+      const Result again = run(recompute);
+      CHECK(again.losses == none.losses);
+      CHECK(again.grads == none.grads);
+      CHECK(again.stats.forwards == none.stats.forwards);
+      CHECK(again.stats.aux == none.stats.aux);
+      CHECK(again.stats.z == none.stats.z);
+      CHECK(again.stats.dropped == none.stats.dropped);
+      CHECK(again.stats.loads == none.stats.loads);
+    }
+  }
+}

@@ -397,6 +397,34 @@ TEST_CASE("plan: the tensor group's all-reduces per update, against Megatron's c
   CHECK(z3.bytes == 54784.0 + 74368.0);
 }
 
+TEST_CASE("plan: the tensor group's collectives of a MoE model under train.recompute", "[plan][tensor][moe]") {
+  // Llama of tp_model (L = 3, first layer dense, Lm = 2 MoE layers) over 2 tensor ranks, 4
+  // micro-steps. A MoE layer's experts run whole on every rank: its forward sums once (after o),
+  // its backward once (the qkv input gradient); recompute "full" runs its forward again (1 more,
+  // a dense layer's 2 more). With sequence parallelism the sums are reduce-scatters, and the
+  // gathers per micro-step: 6 per dense layer, 5 per MoE layer (its input kept for backward), 2
+  // more each with "full"; "mlp" gathers a dense layer's MLP input again, and a MoE layer's
+  // recomputation reads its kept input. (tests/mesh_equivalence_test.py counts them in real runs.)
+  config::Config c = tp_model(config::Arch::llama);
+  c.model.moe = {true, 4, 2, 16, 1, 16, 1, "softmax", true, 1.0, 0.01, 0.0, 0.0, 0.0};
+  c.train.recompute = config::Recompute::full;
+  // Without sequence parallelism: the embedding, 2 + 2 x 4 + 2 x 2 layer sums, the
+  // cross-entropy's 2 and the head's input gradient: 16 a micro-step, and the norm's.
+  CHECK(plan::tensor_traffic(c, 2, false, 4).all_reduces == 4 * 16 + 1);
+  c.dist.sequence_parallel = true;
+  auto t = plan::tensor_traffic(c, 2, false, 4);
+  CHECK(t.all_gathers == 4 * (8 + 2 * 7 + 2));      // the layers', the head's input, the embedding's gradient
+  CHECK(t.reduce_scatters == 4 * (6 + 2 * 3 + 2));  // the layers', the head's and the embedding's
+  c.train.recompute = config::Recompute::mlp;
+  t = plan::tensor_traffic(c, 2, false, 4);
+  CHECK(t.all_gathers == 4 * (7 + 2 * 5 + 2));
+  CHECK(t.reduce_scatters == 4 * (4 + 2 * 2 + 2));
+  c.train.recompute = config::Recompute::none;
+  t = plan::tensor_traffic(c, 2, false, 4);
+  CHECK(t.all_gathers == 4 * (6 + 2 * 5 + 2));
+  CHECK(t.reduce_scatters == 4 * (4 + 2 * 2 + 2));
+}
+
 TEST_CASE("plan: the tensor group's collectives with sequence parallelism and replicated key/value heads", "[plan][tensor]") {
   // GPT-2 of tp_model over 2 tensor ranks with sequence parallelism, 4 micro-steps of N = 64
   // tokens, C = 32, L = 3. Per micro-step: 6 L + 2 = 20 all-gathers and 4 L + 2 = 14

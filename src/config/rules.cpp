@@ -125,11 +125,6 @@ void check_moe(Config& c, const Origins& o) {
               "a capacity is not built for sequences split over ranks: model.moe.capacity_factor must be 0 (dropless) "
               "with dist.context_parallel " + std::to_string(c.dist.context_parallel));
   }
-  if (c.train.recompute != Recompute::none) {
-    fail_rule(o, "model.moe", "train.recompute",
-              "Mixture-of-Experts layers keep their activations: train.recompute must be \"none\", got \"" +
-                  to_string(c.train.recompute) + "\"");
-  }
 }
 
 }  // namespace

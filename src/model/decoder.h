@@ -218,12 +218,16 @@ class Decoder : public Model {
   }
   /// What backward does before layer l's backward under train.recompute.
   void recompute(std::size_t l) {
+    recomputing_ = true;
     if (recompute_ == Recompute::full) {
       forward_layer(l);
     } else if (recompute_ == Recompute::mlp) {
       forward_mlp(l);
     }
+    recomputing_ = false;
   }
+  /// Whether the forward running is backward's recomputation (whose statistics were counted once).
+  bool recomputing() const { return recomputing_; }
   /// The flat gradient run of `count` elements from `first` (a norm's weight, then its bias).
   Tensor norm_grads(const Tensor& first, std::int64_t count) const {
     return Tensor(first.data, DType::f32, device_, {count});
@@ -302,6 +306,7 @@ class Decoder : public Model {
   }
 
   Recompute recompute_;
+  bool recomputing_ = false;
   const config::ArchTraits& traits_;
   Params p_, g_;
   int acts_B_ = 0, acts_T_ = 0;

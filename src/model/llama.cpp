@@ -83,7 +83,7 @@ void LlamaBody::lay_out_mlp(ActsCarver& take, const config::ModelConfig& config,
     la.up = take.take({d.N, F});
     la.swi = take.take({d.N, F});
   }
-  if (moe) lay_out_moe_acts(take, config, d.N, la.moe, d.expert_size, d.R < d.N);
+  if (moe) lay_out_moe_acts(take, config, d.N, la.moe, d.expert_size, d.R < d.N, MoeActsPart::recomputed);
 }
 
 void LlamaBody::lay_out_kept(ActsCarver& take, const config::ModelConfig& config, const ActsDims& d, Acts& la) {
@@ -101,6 +101,9 @@ void LlamaBody::lay_out_kept(ActsCarver& take, const config::ModelConfig& config
   la.residual2 = take.take({R, C});
   la.ln2 = take.take({R, C});
   la.rstd2 = take.stat({R});
+  // A MoE layer's routing and dispatch plan (recompute "mlp" keeps them: the rest is recomputed).
+  const bool moe = d.layer >= 0 ? is_moe_layer(config, d.layer) : config.moe.enabled;
+  if (moe) lay_out_moe_acts(take, config, d.N, la.moe, d.expert_size, d.R < d.N, MoeActsPart::kept);
 }
 
 void LlamaBody::lay_out_grads(ActsCarver& take, const config::ModelConfig& config, const ActsDims& d, Grads& g) {
@@ -238,6 +241,9 @@ void Llama::forward_mlp(std::size_t l) {
   const LayerParams& lp = p_.layers[l];
   const LayerActs& la = layer_acts(l);
   const Tensor none;
+  if (is_moe_layer(config_, std::int64_t(l))) {  // recompute "mlp": from the kept routing, on this rank
+    return moe_recompute(lp.moe, la.moe, sequence_parallel() ? la.moe.ln : la.ln2, layout().expert_size > 1);
+  }
   const Tensor ln2 = tp_.gather_input(la.ln2, a_.full_in);
   ops::matmul_forward(la.gate, ln2, lp.gate, none);
   ops::matmul_forward(la.up, ln2, lp.up, none);
@@ -272,20 +278,24 @@ void Llama::forward_layer(std::size_t l) {
                                         moe_capacity(config_.moe, std::int64_t(B) * T), expert_group(), &ga_.moe,
                                         &cp_);
     if (sp) ops::copy(la.down, tp_.own_rows(a_.full_out));
-    const double layers = double(config_.n_layer - config_.moe.first_dense_layers);
-    if (l == std::size_t(config_.moe.first_dense_layers)) ++moe_stats_.forwards;
-    moe_stats_.aux += s.aux / layers;
-    moe_stats_.z += s.z / layers;
-    moe_stats_.dropped += s.dropped / layers;
-    moe_stats_.imbalance = std::max(moe_stats_.imbalance, s.imbalance);
-    const std::size_t E = s.counts.size(), at = (l - std::size_t(config_.moe.first_dense_layers)) * E;
-    moe_stats_.loads.resize(std::size_t(layers) * E, 0.0);
-    for (std::size_t e = 0; e < E; ++e) moe_stats_.loads[at + e] += s.counts[e];
+    if (!recomputing()) add_moe_stats(l, s);  // a forward's statistics count once
   } else {
     forward_mlp(l);
     tp_.row_parallel_linear(la.down, a_.full_out, la.swi, lp.down, none);
   }
   ops::residual_forward(la.residual3, la.residual2, la.down);
+}
+
+void Llama::add_moe_stats(std::size_t l, const MoeLayerStats& s) {
+  const double layers = double(config_.n_layer - config_.moe.first_dense_layers);
+  if (l == std::size_t(config_.moe.first_dense_layers)) ++moe_stats_.forwards;
+  moe_stats_.aux += s.aux / layers;
+  moe_stats_.z += s.z / layers;
+  moe_stats_.dropped += s.dropped / layers;
+  moe_stats_.imbalance = std::max(moe_stats_.imbalance, s.imbalance);
+  const std::size_t E = s.counts.size(), at = (l - std::size_t(config_.moe.first_dense_layers)) * E;
+  moe_stats_.loads.resize(std::size_t(layers) * E, 0.0);
+  for (std::size_t e = 0; e < E; ++e) moe_stats_.loads[at + e] += s.counts[e];
 }
 
 MoeStats Llama::take_moe_stats() {

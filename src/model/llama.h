@@ -84,6 +84,8 @@ class Llama final : public Decoder<LlamaBody> {
   void final_norm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
                            const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd) override;
   int rotated_heads() const { return int(NH_ + NKV_); }
+  /// Adds MoE layer l's router statistics of a forward into moe_stats_.
+  void add_moe_stats(std::size_t l, const MoeLayerStats& s);
   void backward_qkv_shared_kv(std::size_t l, const Tensor& dln1, const Tensor& ln1);
   /// The tensor rope reads of qkv (N, (NH + 2 NKV) HS): qkv itself, or with model.qk_norm qkn, its
   /// q and k heads normalised (rstd_qk (N, NH + NKV) saved).

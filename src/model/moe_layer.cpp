@@ -245,37 +245,43 @@ std::int64_t moe_kept_slots(const config::MoeConfig& moe, std::int64_t N) {
 }
 
 void lay_out_moe_acts(ActsCarver& take, const config::ModelConfig& config, std::int64_t N, MoeActs& a,
-                      int expert_size, bool keep_input) {
+                      int expert_size, bool keep_input, MoeActsPart part) {
   const config::MoeConfig& m = config.moe;
   const std::int64_t C = config.d_model, E = m.experts, k = m.top_k, I = m.ffn_hidden, NK = N * k;
   const std::int64_t S = m.shared_experts * m.shared_ffn_hidden;
+  const bool kept = part != MoeActsPart::recomputed, recomputed = part != MoeActsPart::kept;
+  const bool ep = expert_size > 1;  // the experts' rows live in a.ep, and y comes from their ranks
 
-  a.logits = take.take({N, E});
-  a.probs = take.stat({N, E});
-  a.experts = take.carver.take(DType::i32, {N, k});
-  a.weights = take.stat({N, k});
-  a.counts = take.stat({E});
-  a.pbar = take.stat({E});
-  a.losses = take.stat({3});
-  a.offsets = take.carver.take(DType::i32, {E + 1});
-  a.row_slot = take.carver.take(DType::i32, {NK});
-  a.slot_row = take.carver.take(DType::i32, {NK});
-  a.dropped = take.stat({1});
-  if (keep_input) a.ln = take.take({N, C});
-  a.xp = take.take({NK, C});
-  if (expert_size == 1) {  // else the experts' rows live in a.ep
-    a.gate = take.take({NK, I});
-    a.up = take.take({NK, I});
-    a.swi = take.take({NK, I});
+  if (kept) {
+    a.logits = take.take({N, E});
+    a.probs = take.stat({N, E});
+    a.experts = take.carver.take(DType::i32, {N, k});
+    a.weights = take.stat({N, k});
+    a.counts = take.stat({E});
+    a.pbar = take.stat({E});
+    a.losses = take.stat({3});
+    a.offsets = take.carver.take(DType::i32, {E + 1});
+    a.row_slot = take.carver.take(DType::i32, {NK});
+    a.slot_row = take.carver.take(DType::i32, {NK});
+    a.dropped = take.stat({1});
+    if (keep_input) a.ln = take.take({N, C});
   }
-  a.y = take.take({NK, C});
-  if (S > 0) {
+  if (recomputed) {
+    a.xp = take.take({NK, C});
+    if (!ep) {
+      a.gate = take.take({NK, I});
+      a.up = take.take({NK, I});
+      a.swi = take.take({NK, I});
+    }
+  }
+  if (ep ? kept : recomputed) a.y = take.take({NK, C});
+  if (recomputed && S > 0) {
     a.shared_gate = take.take({N, S});
     a.shared_up = take.take({N, S});
     a.shared_swi = take.take({N, S});
     a.shared_out = take.take({N, C});
   }
-  if (expert_size > 1) {
+  if (kept && ep) {
     a.ep_counts = take.carver.take(DType::i32, {E});
     a.ep_offsets = take.carver.take(DType::i32, {E / expert_size + 1});
     if (take.carver.base) a.ep = std::make_shared<ExpertRows>();
@@ -359,6 +365,19 @@ MoeLayerStats moe_forward(const config::MoeConfig& moe, const MoeWeights& w, con
     ops::residual_forward(out, out, a.shared_out);
   }
   return stats;
+}
+
+void moe_recompute(const MoeWeights& w, const MoeActs& a, const Tensor& ln, bool expert_parallel) {
+  if (!expert_parallel) {
+    ops::moe_permute_forward(a.xp, ln, a.row_slot, a.offsets);
+    run_experts(w, a.xp, a.gate, a.up, a.swi, a.y, a.offsets, kept_rows(a.offsets));
+  }
+  if (w.shared_gate.data) {  // shared_out, which backward does not read, is left alone
+    const Tensor none;
+    ops::matmul_forward(a.shared_gate, ln, w.shared_gate, none);
+    ops::matmul_forward(a.shared_up, ln, w.shared_up, none);
+    ops::swiglu_forward(a.shared_swi, a.shared_gate, a.shared_up);
+  }
 }
 
 void moe_backward(const config::MoeConfig& moe, const MoeWeights& w, const MoeWeights& g, const MoeActs& a,

@@ -115,9 +115,16 @@ std::int64_t moe_capacity(const config::MoeConfig& moe, std::int64_t N);
 /// capacity. Under expert parallelism an even routing brings each rank as many rows.
 std::int64_t moe_kept_slots(const config::MoeConfig& moe, std::int64_t N);
 
+/// Which of a MoE layer's activations a layout pass lays out: all of them, or one of the two parts
+/// train.recompute "mlp" tells apart. `kept`: the router's and the dispatch plan's results, the
+/// input under sequence parallelism and, under expert parallelism, what came back from the
+/// experts' ranks (y) and their rows (ep), which backward reads as they are; `recomputed`: the
+/// permuted rows, the experts' SwiGLU and the shared experts' (moe_recompute), which every layer
+/// can share.
+enum class MoeActsPart { all, kept, recomputed };
 /// `keep_input`: lay out `ln` (sequence parallelism).
 void lay_out_moe_acts(ActsCarver& take, const config::ModelConfig& config, std::int64_t N, MoeActs& a,
-                      int expert_size = 1, bool keep_input = false);
+                      int expert_size = 1, bool keep_input = false, MoeActsPart part = MoeActsPart::all);
 void lay_out_moe_grads(ActsCarver& take, const config::ModelConfig& config, std::int64_t N, MoeGrads& g,
                        int expert_size = 1);
 
@@ -130,6 +137,10 @@ void lay_out_moe_grads(ActsCarver& take, const config::ModelConfig& config, std:
 MoeLayerStats moe_forward(const config::MoeConfig& moe, const MoeWeights& w, const MoeActs& a, const Tensor& ln,
                           const Tensor& out, std::int64_t capacity, ExpertGroup* group = nullptr,
                           const MoeGrads* scratch = nullptr, TokenGroup* tokens = nullptr);
+/// train.recompute "mlp": the recomputed part (MoeActsPart) of a forward's activations again, from
+/// the same input `ln` and the kept part (the routing and the dispatch plan are not run again, nor
+/// is any row sent to another rank): what backward reads, the same values as forward left.
+void moe_recompute(const MoeWeights& w, const MoeActs& a, const Tensor& ln, bool expert_parallel);
 /// Its backward from dout (N,C): dln (N,C) WRITTEN, the weights' gradients g += ; the router's
 /// losses enter with aux_scale and z_scale (their coefficients times the loss scale of this rank's
 /// tokens). After a forward with a token group of n ranks, aux_scale / n: the load-balancing loss

@@ -49,12 +49,15 @@ std::int64_t moe_layers_held(const RankShare& share) {
   return std::int64_t(layers.size());
 }
 
-std::int64_t expert_activation_bytes(const config::ModelConfig& m, bool bf16, std::int64_t micro_batch,
-                                     int context_size, int expert_size, std::int64_t moe_layers, std::int64_t slots) {
+std::int64_t expert_activation_bytes(const config::ModelConfig& m, bool bf16, config::Recompute recompute,
+                                     std::int64_t micro_batch, int context_size, int expert_size,
+                                     std::int64_t moe_layers, std::int64_t slots) {
   if (expert_size <= 1 || !m.moe.enabled) return 0;
   const DType compute = bf16 ? DType::bf16 : DType::f32;
   const std::int64_t rows = model::moe_kept_slots(m.moe, micro_batch * (m.context_length / context_size));
-  return slots * moe_layers * std::int64_t(model::expert_rows_bytes(m, rows, compute)) +
+  // Recompute "full" keeps no layer's rows: its layers share one store, which each runs again.
+  const std::int64_t stores = recompute == config::Recompute::full ? std::min<std::int64_t>(moe_layers, 1) : moe_layers;
+  return slots * stores * std::int64_t(model::expert_rows_bytes(m, rows, compute)) +
          std::int64_t(model::expert_scratch_bytes(m, rows, compute));
 }
 
@@ -73,8 +76,11 @@ UpdateTraffic expert_traffic(const config::Config& config, const RankShare& shar
   const std::int64_t capacity = model::moe_capacity(m.moe, N);
   const std::int64_t M = capacity > 0 ? std::min(N * m.moe.top_k, E * capacity) : N * m.moe.top_k;
   const double row = double(m.d_model) * (bf16 ? 2.0 : 4.0);
-  t.all_to_alls = micro_steps * layers * 5;
-  t.bytes += double(micro_steps * layers) * (4.0 * double(M) * others * row + double((EP - 1) * (E / EP)) * 4.0);
+  // Recompute "full" runs each layer's forward exchange again in backward (counts and rows both ways).
+  const bool full = config.train.recompute == config::Recompute::full;
+  t.all_to_alls = micro_steps * layers * (full ? 8 : 5);
+  t.bytes += double(micro_steps * layers) * ((full ? 6.0 : 4.0) * double(M) * others * row +
+                                             (full ? 2.0 : 1.0) * double((EP - 1) * (E / EP)) * 4.0);
   // The shared gradients, run by run as sum_shared_grads calls them, then the update's scalars.
   double shared = 0;
   for (const model::FlatRange& piece : rank0_pieces(share, data_parallel_size, zero_stage)) {

@@ -93,12 +93,13 @@ UpdateTraffic tensor_micro_step(const config::Config& c, int tensor_size, bool b
   t.all_reduces = head ? 2 : 0;
   if (!c.dist.sequence_parallel) {
     // the embedding, the layers, the head's input gradient
-    const std::int64_t sums = ends + (full ? 6 : 4) * layers - 2 * moe_layers;
+    const std::int64_t sums = ends + (full ? 6 : 4) * layers - (full ? 3 : 2) * moe_layers;
     t.all_reduces += sums;
     all_reduced += double(sums) * N * C;
   } else {
-    t.all_gathers = (6 + (full ? 2 : mlp ? 1 : 0)) * layers - moe_layers + ends;
-    t.reduce_scatters = (4 + (full ? 2 : 0)) * layers - 2 * moe_layers + ends;
+    // A MoE layer's recompute "mlp" reads its kept gathered input.
+    t.all_gathers = (6 + (full ? 2 : mlp ? 1 : 0)) * layers - (mlp ? 2 : 1) * moe_layers + ends;
+    t.reduce_scatters = (4 + (full ? 2 : 0)) * layers - (full ? 3 : 2) * moe_layers + ends;
     const std::int64_t norms = 2 * layers + (head ? 1 : 0);
     t.all_reduces += norms;
     // a norm's weight (and bias)
@@ -148,7 +149,7 @@ std::int64_t activation_bytes(const config::ModelConfig& m, bool bf16, config::R
       m, recompute, compute, int(micro_batch), int(m.context_length / context_size), tensor_size,
       sequence_parallel && tensor_size > 1, expert_size));
   // The rows each MoE layer's experts receive.
-  return bytes + expert_activation_bytes(m, bf16, micro_batch, context_size, expert_size,
+  return bytes + expert_activation_bytes(m, bf16, recompute, micro_batch, context_size, expert_size,
                                          m.moe.enabled ? m.n_layer - m.moe.first_dense_layers : 0);
 }
 
@@ -191,10 +192,12 @@ double context_traffic(const config::Config& config, int tensor_size, bool bf16,
   const double forward = context_layer_bytes(config, tensor_size, bf16, false);
   const double per_layer = forward * (config.train.recompute == config::Recompute::full ? 2.0 : 1.0) +
                            context_layer_bytes(config, tensor_size, bf16, true);
-  // A MoE layer's router statistics, all-reduced in forward: E counts, E mean probabilities, the
-  // z-loss and the dropped fraction, doubles.
+  // A MoE layer's router statistics, all-reduced in forward (again with recompute "full"): E counts,
+  // E mean probabilities, the z-loss and the dropped fraction, doubles.
   const double cp = double(config.dist.context_parallel);
-  const double router = cp > 1 ? 2.0 * (cp - 1.0) / cp * 8.0 * double(2 * m.moe.experts + 2) : 0.0;
+  const double router = cp > 1 ? (config.train.recompute == config::Recompute::full ? 2.0 : 1.0) * 2.0 *
+                                     (cp - 1.0) / cp * 8.0 * double(2 * m.moe.experts + 2)
+                               : 0.0;
   return double(micro_steps) * (double(layers) * per_layer + double(moe_layers) * router);
 }
 
@@ -489,7 +492,8 @@ std::vector<StagePlan> pipeline_stages(const config::Config& config, int tensor_
     st.activations =
         st.slots * std::int64_t(model->activation_bytes(int(config.train.micro_batch_size), int(m.context_length))) +
         context_scratch_bytes(config, tensor_size, bf16, config.train.micro_batch_size) +
-        expert_activation_bytes(m, bf16, config.train.micro_batch_size, int(config.dist.context_parallel),
+        expert_activation_bytes(m, bf16, config.train.recompute, config.train.micro_batch_size,
+                                int(config.dist.context_parallel),
                                 layout.expert_size, moe_layers_held(st.share), st.slots);
     st.sent_p2p = double(st.sends) * boundary;
     // Every stage takes part in the pipeline group's all-reduces: the tied embedding's gradient

@@ -179,7 +179,9 @@ UpdateTraffic muon_traffic(const config::Config& config, const RankShare& share,
 /// weight gradients (2 L + 1 norms, f32). Both: the vocabulary-parallel cross-entropy's row maxima
 /// (N f32) and sums (2 N f32). A Mixture-of-Experts layer's experts run whole on every tensor
 /// rank: 2 all-reduces fewer than a dense layer's, or 1 all-gather and 2 reduce-scatters fewer
-/// (its input gathered once for forward and backward, no sums after its experts). Llama with
+/// (its input gathered once for forward and backward, no sums after its experts); with "full" 3
+/// all-reduces or reduce-scatters fewer, with "mlp" 2 all-gathers fewer (its kept input serves
+/// the recomputation). Llama with
 /// replicated key/value heads (tensor_size above
 /// n_kv_head) one all-reduce per layer of all their k and v gradients (n_kv_head x 2 head_size x C
 /// f32). Once per update the gradient norm's (one double). Nothing at size 1.
@@ -195,7 +197,8 @@ double context_traffic(const config::Config& config, int tensor_size, bool bf16,
 /// rank 0 of a data-parallel (expert-data) group of `data_parallel_size` under ZeRO `zero_stage`.
 /// All-to-alls, each of `micro_steps` micro-batches of N = micro_batch x context tokens, per MoE
 /// layer: the counts (E / EP i32 to each rank), in forward the slots' rows to their experts and
-/// the experts' outputs back, in backward the same of their gradients; M = N k rows each (with
+/// the experts' outputs back, in backward the same of their gradients (and, with train.recompute
+/// "full", the forward's three again); M = N k rows each (with
 /// capacity_factor, at most E x the capacity), of which an even routing sends (EP - 1) / EP to the
 /// other ranks, d_model values in the compute dtype each. All-reduces (ring): the gradients every
 /// expert rank holds alike (all but the experts'; those of its ZeRO shard, one call per run of
@@ -207,9 +210,11 @@ UpdateTraffic expert_traffic(const config::Config& config, const RankShare& shar
 std::int64_t moe_layers_held(const RankShare& share);
 /// Expert parallelism's activations beyond the model's own layout: the rows an even routing brings
 /// each of the `moe_layers` MoE layers' experts (N k, at most E x the capacity) in each of `slots`
-/// micro-batches in flight, and the scratch all layers share; 0 at expert size 1.
-std::int64_t expert_activation_bytes(const config::ModelConfig& model, bool bf16, std::int64_t micro_batch,
-                                     int context_size, int expert_size, std::int64_t moe_layers, std::int64_t slots = 1);
+/// micro-batches in flight (recompute "full": one store all layers share), and the scratch all
+/// layers share; 0 at expert size 1.
+std::int64_t expert_activation_bytes(const config::ModelConfig& model, bool bf16, config::Recompute recompute,
+                                     std::int64_t micro_batch, int context_size, int expert_size,
+                                     std::int64_t moe_layers, std::int64_t slots = 1);
 /// The shares `plan --suggest` tries on `gpus` devices for a tensor group of `tensor_size`: expert
 /// size 1, and for a MoE model each divisor of model.moe.experts that divides gpus.
 std::vector<RankShare> expert_shares(const config::ModelConfig& model, int tensor_size, int gpus);
