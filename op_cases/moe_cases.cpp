@@ -149,6 +149,8 @@ OpCase moe_bias_update_case(std::int64_t E) {
   return c;
 }
 
+namespace {
+
 std::vector<OpCase> moe_cases() {
   std::vector<OpCase> cases;
   for (const std::int64_t N : {1, 7, 64, 257}) {
@@ -166,4 +168,7 @@ std::vector<OpCase> moe_cases() {
   return cases;
 }
 
+[[maybe_unused]] const bool moe_cases_registered = register_check_grid(moe_cases);
+
+}  // namespace
 }  // namespace llmtrain::op_cases

@@ -7,8 +7,8 @@
 //   - timing mode (bench/bench_kernels.cpp): at the model's shapes, each step (one row of the
 //     table) timed on the GPU against the memory or matrix ceiling.
 //
-// An op builder (layernorm_case(N, C), ...) describes a case at any shape; the check grids
-// (op_cases.cpp) and the model's shapes (op_timing_cases.cpp) call the same builders. Cases that
+// An op builder (layernorm_case(N, C), ...) describes a case at any shape; the check grids (each
+// family's file) and the model's shapes (op_timing_cases.cpp) call the same builders. Cases that
 // only one mode runs are marked by their Use: check_only (grids of ops the benchmark does not
 // time, e.g. rope), timing_only (attention, timed here and checked by tests/flash_attention_test.cpp;
 // each fused op's unfused sequence, timed beside it). Depends only on the ops:: API.
@@ -214,12 +214,26 @@ OpCase moe_router_case(std::int64_t N, std::int64_t E, std::int64_t k, bool sigm
 OpCase moe_dispatch_case(std::int64_t N, std::int64_t E, std::int64_t k, std::int64_t C, std::int64_t capacity);
 OpCase grouped_matmul_case(std::int64_t R, std::int64_t E, std::int64_t C, std::int64_t OC);
 OpCase moe_bias_update_case(std::int64_t E);
-std::vector<OpCase> moe_cases();
 
 // ---- the registry ----------------------------------------------------------------------------
+// Each family of ops has one file (norm_cases.cpp, matmul_cases.cpp, moe_cases.cpp, ...): its
+// builders and its check grids, which it registers where it defines them
+// (`[[maybe_unused]] const bool registered = register_check_grid(grid);`). CMake compiles every
+// file of this folder into the programs that use the registry, so a new family is one new file.
 
-/// Every check-mode case, by op (the name of its test cases): the grids of shapes.
+/// Adds a grid (a function returning cases) to check_cases(); returns true.
+bool register_check_grid(std::vector<OpCase> (*grid)());
+/// Every check-mode case of every registered grid, by op (the name of its test cases).
 const std::map<std::string, std::vector<OpCase>>& check_cases();
+
+/// The shapes the grids share: odd sizes, sizes that take the 128-bit paths (64 and 768 channels:
+/// 4 f32 or 8 bf16 per access), and the real model's sizes. (B, T) pairs, channel counts, and
+/// element counts for 1-D ops.
+extern const std::vector<std::pair<int, int>> batch_shapes;
+extern const std::vector<int> channel_sizes;
+extern const std::vector<std::int64_t> element_counts;
+/// Adds `c` to `cases` once per offset (each case runs aligned and one element off).
+void add(std::vector<OpCase>& cases, const OpCase& c, std::initializer_list<std::size_t> offsets = {0, 1});
 
 /// The shapes timing mode runs at: a GPT-2 model's (B x T tokens, C channels, NH heads, a
 /// vocabulary of V) and its activations' dtype.

@@ -1,6 +1,6 @@
 // Timing mode of the op case registry (op_cases.h): every op GPT-2's training step runs, at the
 // model's shapes, in the order of bench_kernels' table. The ops the tests check come from their
-// builders (op_cases.cpp); beside them, timing-only entries: each fused op's unfused sequence
+// builders (each family's file); beside them, timing-only entries: each fused op's unfused sequence
 // (so that the fusion's saving reads off the table) and attention (checked by
 // flash_attention_test.cpp over its own grid), ours beside cuDNN's.
 #include <string>
