@@ -232,7 +232,10 @@ TEST_CASE("moe layer: the router's aux and z loss gradients alone match finite d
   }
 }
 
-TEST_CASE("moe model: decode_step with the KV cache gives the full forward's logits, position by position") {
+namespace {
+
+// A Llama of 3 layers (the first dense) on a vocabulary of 37 and a context of 12, its MoE layers `moe`'s.
+config::ModelConfig tiny_moe_llama(const config::MoeConfig& moe) {
   config::ModelConfig c;
   c.arch = config::Arch::llama;
   c.vocab_size = 37;
@@ -243,7 +246,14 @@ TEST_CASE("moe model: decode_step with the KV cache gives the full forward's log
   c.d_model = 16;
   c.ffn_hidden = 20;
   c.tie_embeddings = false;
-  c.moe = {true, 4, 2, 8, 1, 6, 1, "sigmoid", true, 2.0, 0.01, 0.0, 0.0, 0.0};
+  c.moe = moe;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("moe model: decode_step with the KV cache gives the full forward's logits, position by position") {
+  const config::ModelConfig c = tiny_moe_llama({true, 4, 2, 8, 1, 6, 1, "sigmoid", true, 2.0, 0.01, 0.0, 0.0, 0.0});
   auto m = model::make_model(c, Device::cpu);
   m->init_weights(11);
   std::mt19937 rng(4);
@@ -269,18 +279,9 @@ TEST_CASE("moe model: train.recompute mlp and full give no recompute's loss, gra
   // A dense first layer and two MoE layers; a softmax router with a shared expert and a capacity
   // that drops slots, then a sigmoid router with an expert bias. Two micro-batches accumulate.
   for (const bool sigmoid : {false, true}) {
-    config::ModelConfig c;
-    c.arch = config::Arch::llama;
-    c.vocab_size = 37;
-    c.context_length = 12;
-    c.n_layer = 3;
-    c.n_head = 2;
-    c.n_kv_head = 1;
-    c.d_model = 16;
-    c.ffn_hidden = 20;
-    c.tie_embeddings = false;
-    c.moe = sigmoid ? config::MoeConfig{true, 4, 2, 8, 0, 8, 1, "sigmoid", true, 2.0, 0.0, 0.001, 0.01, 0.0}
-                    : config::MoeConfig{true, 4, 2, 8, 1, 6, 1, "softmax", true, 1.0, 0.01, 0.001, 0.0, 0.75};
+    const config::ModelConfig c =
+        tiny_moe_llama(sigmoid ? config::MoeConfig{true, 4, 2, 8, 0, 8, 1, "sigmoid", true, 2.0, 0.0, 0.001, 0.01, 0.0}
+                               : config::MoeConfig{true, 4, 2, 8, 1, 6, 1, "softmax", true, 1.0, 0.01, 0.001, 0.0, 0.75});
     const int B = 2, T = 12;
     std::mt19937 rng(9);
     std::vector<std::int32_t> inputs(2 * B * T), targets(2 * B * T);

@@ -33,9 +33,13 @@ void CommExpertGroup::all_to_all(const Tensor& send, const std::vector<std::int6
 }
 
 std::vector<model::FlatRange> expert_shared_ranges(const model::Model& model) {
+  if (model.layout().expert_size <= 1) return {};
+  return expert_shared_ranges(model.param_infos());
+}
+
+std::vector<model::FlatRange> expert_shared_ranges(const std::vector<model::ParamInfo>& infos) {
   std::vector<model::FlatRange> out;
-  if (model.layout().expert_size <= 1) return out;
-  for (const model::ParamInfo& info : model.param_infos()) {
+  for (const model::ParamInfo& info : infos) {
     if (info.slice.expert) continue;
     if (!out.empty() && out.back().end == info.offset) {
       out.back().end += info.numel;

@@ -32,6 +32,9 @@ class CommExpertGroup final : public model::ExpertGroup {
 /// The flat ranges of the model's local buffer that every rank of its expert group holds alike
 /// (all but the experts'), in order; empty without expert parallelism.
 std::vector<model::FlatRange> expert_shared_ranges(const model::Model& model);
+/// The same of a parameter list (plan's rank shares): the runs of the parameters that are not an
+/// expert's, whatever the expert group's size.
+std::vector<model::FlatRange> expert_shared_ranges(const std::vector<model::ParamInfo>& infos);
 
 /// Sums over `group` the gradients of `grads` (the local buffer's elements [begin, begin +
 /// grads.numel())) that lie in `shared` (expert_shared_ranges): one all-reduce per range.

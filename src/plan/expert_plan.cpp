@@ -5,26 +5,13 @@
 #include <vector>
 
 #include "model/moe_layer.h"
+#include "parallel/expert_parallel_comm.h"
 #include "plan/memory_plan.h"
 
 namespace llmtrain::plan {
 namespace {
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
-
-// The runs of the share's flat buffer every rank of its expert group holds alike: all but the experts'.
-std::vector<model::FlatRange> shared_runs(const RankShare& share) {
-  std::vector<model::FlatRange> out;
-  for (const model::ParamInfo& info : share.infos) {
-    if (info.slice.expert) continue;
-    if (!out.empty() && out.back().end == info.offset) {
-      out.back().end += info.numel;
-    } else {
-      out.push_back({info.offset, info.offset + info.numel});
-    }
-  }
-  return out;
-}
 
 // The flat ranges whose gradients data rank 0 updates: the whole buffer (ZeRO 0, and 1-2 on one
 // data rank), its shard (ZeRO 1-2), or its shard of each unit (ZeRO 3), as the trainer's pieces.
@@ -84,7 +71,7 @@ UpdateTraffic expert_traffic(const config::Config& config, const RankShare& shar
   // The shared gradients, run by run as sum_shared_grads calls them, then the update's scalars.
   double shared = 0;
   for (const model::FlatRange& piece : rank0_pieces(share, data_parallel_size, zero_stage)) {
-    for (const model::FlatRange& run : shared_runs(share)) {
+    for (const model::FlatRange& run : parallel::expert_shared_ranges(share.infos)) {
       const std::int64_t lo = std::max(run.begin, piece.begin), hi = std::min(run.end, piece.end);
       if (lo >= hi) continue;
       ++t.all_reduces;
