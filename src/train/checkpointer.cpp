@@ -16,7 +16,7 @@
 
 #include "dist/file_work.h"
 #include "ops/buffer.h"
-#include "train/data_record.h"
+#include "checkpoint/data_record.h"
 #include "train/resume.h"
 
 namespace llmtrain::train {
@@ -141,7 +141,7 @@ Checkpointer::Checkpointer(const TrainOptions& options, dist::Communicator& worl
       world_(world),
       reporter_(reporter),
       resolved_(config::to_json(options.config)),
-      data_(data_record(options.config.data.train)),
+      data_(checkpoint::data_record(options.config.data.train)),
       signals_(std::make_unique<StopSignals>()) {
   // File work: the commit after a save waits for a slow writer that is alive (every rank knows the
   // whole checkpoint's f32 weights and optimizer state: at most what any rank writes).

@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "core/files.h"
-#include "train/data_record.h"
+#include "checkpoint/data_record.h"
 
 namespace llmtrain::train {
 namespace {
@@ -48,10 +48,10 @@ void check_same_data(const checkpoint::Found& found, const config::Config& now, 
     }
     return;
   }
-  const nlohmann::json record = data_record(now.data.train);
+  const nlohmann::json record = checkpoint::data_record(now.data.train);
   std::string change;
   try {
-    change = data_record_change(*saved, record);
+    change = checkpoint::data_record_change(*saved, record);
   } catch (const std::exception&) {  // (a record of the wrong shape, or weights that are not > 0)
     throw InputError(found.dir + "/state.json: data: expected {\"sources\": [{\"weight\": W, \"shards\": [{\"path\": P, \"bytes\": N}]}]}, got " +
                      saved->dump().substr(0, 80));

@@ -1,4 +1,4 @@
-#include "train/data_record.h"
+#include "checkpoint/data_record.h"
 
 #include <cmath>
 #include <cstdint>
@@ -9,7 +9,7 @@
 
 #include "data/shard.h"
 
-namespace llmtrain::train {
+namespace llmtrain::checkpoint {
 namespace {
 
 std::string source_key(const nlohmann::json& source, std::size_t index) {
@@ -88,4 +88,4 @@ std::string data_record_change(const nlohmann::json& saved, const nlohmann::json
   return "";
 }
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::checkpoint

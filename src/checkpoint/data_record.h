@@ -8,7 +8,7 @@
 
 #include "config/config.h"
 
-namespace llmtrain::train {
+namespace llmtrain::checkpoint {
 
 /// {"sources": [{"paths": [...], "weight": W, "shards": [{"path": P, "bytes": N}, ...]}, ...]}:
 /// data.train's sources in order, each glob resolved as the trainer reads it.
@@ -20,4 +20,4 @@ nlohmann::json data_record(const config::TrainData& train);
 /// ("data.train[1] (web): weight 0.5 of 1, the checkpoint's 0.3 of 1").
 std::string data_record_change(const nlohmann::json& saved, const nlohmann::json& now);
 
-}  // namespace llmtrain::train
+}  // namespace llmtrain::checkpoint
