@@ -1,10 +1,12 @@
 // GPT-2 and Llama against the golden files of independent PyTorch models
 // (scripts/gen_reference.py, float64; its Llama is also checked there against transformers'
 // LlamaForCausalLM): logits, loss, every parameter gradient, and ten AdamW steps with clipping.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "catch_compat.h"
@@ -154,6 +156,49 @@ TEST_CASE("recomputed activations give the same gradients", "[model][golden][lla
     CAPTURE(arch);
     check_forward_backward(arch, model::Recompute::mlp);
     check_forward_backward(arch, model::Recompute::full);
+  }
+}
+
+TEST_CASE("backward split into input and weight gradients gives the whole backward's gradients, bit for bit",
+          "[model][golden]") {
+  // Two micro-batches in two activation slots, as a pipeline stage runs them: F0 F1 B0 B1, the
+  // whole backwards, against F0 F1 B0 B1 W0 W1 with the linear layers' weight gradients deferred
+  // (zero-bubble's split). f32 and bf16, GPT-2 (biases, the fused GELU) and Llama.
+  for (const std::string arch : {"gpt2", "llama"}) {
+    for (const DType compute : {DType::f32, DType::bf16}) {
+      CAPTURE(arch, dtype_name(compute));
+      const Golden g(arch);
+      const auto run = [&](bool split) {
+        auto m = model::make_model(g.config.model, Device::cpu, model::Recompute::none, compute);
+        m->init_weights(7);
+        m->zero_grads();
+        m->set_activation_slots(2);
+        m->set_weight_grads_deferred(split);
+        const double n = double(g.B) * g.T;
+        for (int slot = 0; slot < 2; ++slot) {
+          m->use_activation_slot(slot);
+          std::vector<std::int32_t> inputs = g.inputs;
+          if (slot == 1) std::reverse(inputs.begin(), inputs.end());  // another micro-batch
+          m->forward(inputs.data(), g.targets.data(), g.B, g.T, float(1.0 / n));
+        }
+        for (int slot = 0; slot < 2; ++slot) {
+          m->use_activation_slot(slot);
+          m->backward();
+        }
+        const std::vector<float> after_backward(m->grads().as<float>(), m->grads().as<float>() + m->num_params());
+        for (int slot = 0; slot < 2; ++slot) {
+          m->use_activation_slot(slot);
+          m->backward_weights();
+        }
+        const std::vector<float> grads(m->grads().as<float>(), m->grads().as<float>() + m->num_params());
+        return std::pair(after_backward, grads);
+      };
+      const auto [whole, whole_grads] = run(false);
+      const auto [inputs_only, split_grads] = run(true);
+      CHECK(whole == whole_grads);      // nothing deferred: backward_weights adds nothing
+      CHECK(inputs_only != split_grads);  // the weight gradients came after
+      CHECK(split_grads == whole_grads);
+    }
   }
 }
 

@@ -1,5 +1,6 @@
 // Every op's backward against central finite differences of its forward, at three shapes
 // (odd sizes included); the remaining ops against hand computations.
+#include <array>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -73,6 +74,48 @@ TEST_CASE("matmul backward matches finite differences", "[ops][grad]") {
     check_gradient("weight", w, dw, loss);
     check_gradient("bias", b, db, loss);
   }
+}
+
+TEST_CASE("matmul backward split into its input part and its weight part gives the whole call's bits",
+          "[ops][grad]") {
+  // The input gradient alone (no dweight), then the weight gradients alone (no dinp): what a
+  // zero-bubble schedule runs apart. Both accumulate into non-zero gradients; the fused GELU
+  // backward likewise. Shapes large enough for the packed GEMM and its threads.
+  std::mt19937 rng(5);
+  for (const auto& [N, C, OC] : std::vector<std::array<std::int64_t, 3>>{{3, 5, 7}, {64, 96, 130}, {257, 128, 64}}) {
+    CAPTURE(N, C, OC);
+    const Vec x = random_vec(rng, std::size_t(N * C)), w = random_vec(rng, std::size_t(OC * C)),
+              dout = random_vec(rng, std::size_t(N * OC)), dx0 = random_vec(rng, std::size_t(N * C)),
+              dw0 = random_vec(rng, std::size_t(OC * C)), db0 = random_vec(rng, std::size_t(OC));
+    Vec xi = x, wi = w, douti = dout;
+    Vec dx = dx0, dw = dw0, db = db0, sx = dx0, sw = dw0, sb = db0;
+    ops::matmul_backward(t(dx, {N, C}), t(dw, {OC, C}), t(db, {OC}), t(douti, {N, OC}), t(xi, {N, C}), t(wi, {OC, C}));
+    ops::matmul_backward(t(sx, {N, C}), Tensor(), Tensor(), t(douti, {N, OC}), t(xi, {N, C}), t(wi, {OC, C}));
+    CHECK(sw == dw0);  // untouched by the input part
+    ops::matmul_backward(Tensor(), t(sw, {OC, C}), t(sb, {OC}), t(douti, {N, OC}), t(xi, {N, C}), t(wi, {OC, C}));
+    CHECK(sx == dx);
+    CHECK(sw == dw);
+    CHECK(sb == db);
+    CHECK(dw != dw0);
+    // Through the GELU: dpre and the bias gradient of pre now, the weight's later.
+    Vec pre = random_vec(rng, std::size_t(N * C)), dpre(std::size_t(N * C)), spre(std::size_t(N * C));
+    Vec dpb = random_vec(rng, std::size_t(C)), spb = dpb;
+    dw = dw0, db = db0, sw = dw0, sb = db0;
+    ops::matmul_backward_dgelu(t(dpre, {N, C}), t(dw, {OC, C}), t(db, {OC}), t(dpb, {C}), t(douti, {N, OC}),
+                               t(xi, {N, C}), t(pre, {N, C}), t(wi, {OC, C}));
+    ops::matmul_backward_dgelu(t(spre, {N, C}), Tensor(), Tensor(), t(spb, {C}), t(douti, {N, OC}), t(xi, {N, C}),
+                               t(pre, {N, C}), t(wi, {OC, C}));
+    ops::matmul_backward(Tensor(), t(sw, {OC, C}), t(sb, {OC}), t(douti, {N, OC}), t(xi, {N, C}), t(wi, {OC, C}));
+    CHECK(spre == dpre);
+    CHECK(spb == dpb);
+    CHECK(sw == dw);
+    CHECK(sb == db);
+  }
+  // Neither part, or a bias gradient without the weight's: refused.
+  Vec a(4), b(4), c(4);
+  CHECK_THROWS(ops::matmul_backward(Tensor(), Tensor(), Tensor(), t(a, {2, 2}), t(b, {2, 2}), t(c, {2, 2})));
+  Vec bias(2);
+  CHECK_THROWS(ops::matmul_backward(t(a, {2, 2}), Tensor(), t(bias, {2}), t(b, {2, 2}), t(c, {2, 2}), t(c, {2, 2})));
 }
 
 TEST_CASE("attention backward matches finite differences", "[ops][grad]") {

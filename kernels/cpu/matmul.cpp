@@ -67,7 +67,7 @@ void matmul_forward_loops(float* out, const float* inp, const float* weight, con
   // out (N,OC) = inp (N,C) x weight^T (C,OC) + bias: dot products of contiguous rows, four
   // weight rows against one input row per pass.
 #pragma omp parallel for schedule(static) if (worth_threads(N * C * OC))
-  for (std::int64_t i0 = 0; i0 < N; i0 += outer_block) {
+  for (std::int64_t i0 = 0; dinp && i0 < N; i0 += outer_block) {
     const std::int64_t i1 = std::min(N, i0 + outer_block);
     for (std::int64_t o0 = 0; o0 < OC; o0 += inner_block) {
       const std::int64_t o1 = std::min<std::int64_t>(OC, o0 + inner_block);
@@ -101,10 +101,11 @@ void matmul_forward_loops(float* out, const float* inp, const float* weight, con
 
 void matmul_backward_loops(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                            const float* weight, std::int64_t N, int C, int OC, std::int64_t ld, bool accumulate) {
-  if (!accumulate) std::memset(dinp, 0, std::size_t(N) * std::size_t(C) * sizeof(float));
+  if (dinp && !accumulate) std::memset(dinp, 0, std::size_t(N) * std::size_t(C) * sizeof(float));
   // dinp (N,C) += dout (N,OC) x weight (OC,C): each row of dinp gathers weight rows, four at a time.
+  // Each part may run alone (null: skipped).
 #pragma omp parallel for schedule(static) if (worth_threads(N * C * OC))
-  for (std::int64_t i0 = 0; i0 < N; i0 += outer_block) {
+  for (std::int64_t i0 = 0; i0 < (dinp ? N : 0); i0 += outer_block) {
     const std::int64_t i1 = std::min(N, i0 + outer_block);
     for (std::int64_t o0 = 0; o0 < OC; o0 += inner_block) {
       const std::int64_t o1 = std::min<std::int64_t>(OC, o0 + inner_block);
@@ -124,7 +125,7 @@ void matmul_backward_loops(float* dinp, float* dweight, float* dbias, const floa
   }
   // dweight (OC,C) += dout^T (OC,N) x inp (N,C): each row of dweight gathers input rows, four at a time.
 #pragma omp parallel for schedule(static) if (worth_threads(N * C * OC))
-  for (std::int64_t o0 = 0; o0 < OC; o0 += outer_block) {
+  for (std::int64_t o0 = 0; o0 < (dweight ? OC : 0); o0 += outer_block) {
     const std::int64_t o1 = std::min<std::int64_t>(OC, o0 + outer_block);
     for (std::int64_t i0 = 0; i0 < N; i0 += inner_block) {
       const std::int64_t i1 = std::min(N, i0 + inner_block);
@@ -169,10 +170,10 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 #if !LLMTRAIN_HAVE_OPENBLAS
   if (!gemm_packed()) return matmul_backward_loops(dinp, dweight, dbias, dout, inp, weight, N, C, OC, ld, accumulate);
 #endif
-  // dinp (N,C) (+)= dout (N,OC) x weight (OC,C)
-  gemm(false, false, int(N), C, OC, 1.0f, dout, ld, weight, C, accumulate ? 1.0f : 0.0f, dinp, C);
+  // dinp (N,C) (+)= dout (N,OC) x weight (OC,C); each part may run alone (null: skipped)
+  if (dinp) gemm(false, false, int(N), C, OC, 1.0f, dout, ld, weight, C, accumulate ? 1.0f : 0.0f, dinp, C);
   // dweight (OC,C) += dout^T (OC,N) x inp (N,C)
-  gemm(true, false, OC, C, int(N), 1.0f, dout, ld, inp, C, 1.0f, dweight, C);
+  if (dweight) gemm(true, false, OC, C, int(N), 1.0f, dout, ld, inp, C, 1.0f, dweight, C);
   if (dbias) bias_backward(dbias, dout, N, OC, ld);
 }
 

@@ -480,12 +480,17 @@ void matmul_backward_gemms(Elem* dinp, float* dweight, float* dbias, const Elem*
                            const Elem* weight, std::int64_t N, int C, int OC, std::int64_t ld, bool accumulate,
                            const Blas& blas, cudaStream_t stream) {
   if (N <= 0 || OC <= 0 || C <= 0) return;
-  // dinp^T (C x N) += W^T (C x OC, W stored column-major) dout^T (OC x N)
-  const Gemm dx = dinp_gemm<Elem>(N, C, OC, ld, "backward dinp += dout W");
-  gemm(dx, weight, dout, dinp, Epilogue{}, accumulate ? 1.0f : 0.0f, blas, stream);
+  // dinp^T (C x N) += W^T (C x OC, W stored column-major) dout^T (OC x N); each part may run
+  // alone (null: skipped)
+  if (dinp) {
+    const Gemm dx = dinp_gemm<Elem>(N, C, OC, ld, "backward dinp += dout W");
+    gemm(dx, weight, dout, dinp, Epilogue{}, accumulate ? 1.0f : 0.0f, blas, stream);
+  }
   // dweight^T (C x OC) += inp^T (C x N) dout (N x OC; dout^T stored column-major OC x N)
-  const Gemm dw = dweight_gemm<Elem>(N, C, OC, ld);
-  gemm(dw, inp, dout, dweight, Epilogue{}, 1.0f, blas, stream);
+  if (dweight) {
+    const Gemm dw = dweight_gemm<Elem>(N, C, OC, ld);
+    gemm(dw, inp, dout, dweight, Epilogue{}, 1.0f, blas, stream);
+  }
   if (dbias) column_sums<1>(ColumnOutputs<1>{{dbias}}, BiasGrad<Elem>{dout, ld}, N, OC, stream);
 }
 
@@ -536,9 +541,11 @@ void matmul_backward_dgelu_gemms(Elem* dpre, float* dweight, float* dbias, float
   if (dpre_bias && !(fused && bgrad)) {
     column_sums<1>(ColumnOutputs<1>{{dpre_bias}}, BiasGrad<Elem>{dpre, C}, N, C, stream);
   }
-  // dweight and dbias as in matmul_backward
-  const Gemm dw = dweight_gemm<Elem>(N, C, OC, OC);
-  gemm(dw, inp, dout, dweight, Epilogue{}, 1.0f, blas, stream);
+  // dweight and dbias as in matmul_backward (none: left to a later matmul_backward)
+  if (dweight) {
+    const Gemm dw = dweight_gemm<Elem>(N, C, OC, OC);
+    gemm(dw, inp, dout, dweight, Epilogue{}, 1.0f, blas, stream);
+  }
   if (dbias) column_sums<1>(ColumnOutputs<1>{{dbias}}, BiasGrad<Elem>{dout, OC}, N, OC, stream);
 }
 

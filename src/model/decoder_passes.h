@@ -81,7 +81,14 @@ void Decoder<Body>::backward(const std::function<void(std::int64_t)>& grads_read
     ops::zero(dresidual);
     notify(PassEvent::before_head_backward);
     const Tensor dlnf = sp ? a_.full_out : ga_.lnf;  // the head's partial input gradient
-    ops::matmul_backward(dlnf, g_.head, Tensor(), dlogits, sp ? a_.lnf_full : a_.lnf, p_.head, ops::Accumulate::no);
+    // The head's weight gradient may come later (dlogits is this slot's), unless it is the token
+    // embedding's, which the embedding's backward adds to here too: its sum keeps its order.
+    const Tensor lnf = sp ? a_.lnf_full : a_.lnf;
+    if (tied() && holds_model_begin()) {
+      ops::matmul_backward(dlnf, g_.head, Tensor(), dlogits, lnf, p_.head, ops::Accumulate::no);
+    } else {
+      linear_backward(dlnf, g_.head, Tensor(), dlogits, lnf, p_.head, ops::Accumulate::no, true);
+    }
     tp_.reduce_output(dlnf, ga_.lnf);  // each rank's vocabulary rows' share
     tp_.norm_backward(norm_grads(g_.norm_weight, config::norm_params_per_channel(traits_) * C), [&] {
       final_norm_backward(dresidual, g_.norm_weight, g_.norm_bias, ga_.lnf, stream_output(), p_.norm_weight,

@@ -173,20 +173,20 @@ void Gpt2::backward_layer(std::size_t l) {
   // Each activation gradient's first writer writes it (no zeroing).
   // MLP branch: residual3 = residual2 + c_proj(gelu(c_fc(ln2))).
   // c_proj's input gradient through the GELU (and c_fc's bias gradient) in one matmul.
-  ops::matmul_backward_dgelu(ga_.fch, lg.fcproj_w, lg.fcproj_b, lg.fc_b, tp_.gather_input(dresidual, a_.full_in),
+  linear_backward_dgelu(ga_.fch, lg.fcproj_w, lg.fcproj_b, lg.fc_b, tp_.gather_input(dresidual, a_.full_in),
                              la.fch_gelu, la.fch, lp.fcproj_w);
-  ops::matmul_backward(sp ? a_.full_out : ga_.ln2, lg.fc_w, none, ga_.fch, tp_.gather_input(la.ln2, a_.full_in),
+  linear_backward(sp ? a_.full_out : ga_.ln2, lg.fc_w, none, ga_.fch, tp_.gather_input(la.ln2, a_.full_in),
                        lp.fc_w, ops::Accumulate::no);
   tp_.reduce_output(sp ? a_.full_out : ga_.ln2, ga_.ln2);
   tp_.norm_backward(norm_grads(lg.ln2_w, 2 * C), [&] {
     ops::layernorm_backward(dresidual, lg.ln2_w, lg.ln2_b, ga_.ln2, la.residual2, lp.ln2_w, la.ln2_mean, la.ln2_rstd);
   });
   // Attention branch: residual2 = x + c_proj(attention(c_attn(ln1))).
-  ops::matmul_backward(ga_.atty, lg.attproj_w, lg.attproj_b, tp_.gather_input(dresidual, a_.full_in), la.atty,
+  linear_backward(ga_.atty, lg.attproj_w, lg.attproj_b, tp_.gather_input(dresidual, a_.full_in), la.atty,
                        lp.attproj_w, ops::Accumulate::no);
   attention_backward(ga_.qkv.reshape({B, T, 3 * CL}), ga_.atty.reshape({B, T, CL}), la.qkv.reshape({B, T, 3 * CL}),
                      la.atty.reshape({B, T, CL}), la.lse, NH, NH);
-  ops::matmul_backward(sp ? a_.full_out : ga_.ln1, lg.qkv_w, lg.qkv_b, ga_.qkv, tp_.gather_input(la.ln1, a_.full_in),
+  linear_backward(sp ? a_.full_out : ga_.ln1, lg.qkv_w, lg.qkv_b, ga_.qkv, tp_.gather_input(la.ln1, a_.full_in),
                        lp.qkv_w, ops::Accumulate::no);
   tp_.reduce_output(sp ? a_.full_out : ga_.ln1, ga_.ln1);
   tp_.norm_backward(norm_grads(lg.ln1_w, 2 * C), [&] {

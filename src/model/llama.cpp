@@ -336,20 +336,20 @@ void Llama::backward_layer(std::size_t l) {
     ops::zero(ga_.gate);
     ops::zero(ga_.up);
     // MLP branch: residual3 = residual2 + down(swiglu(gate(ln2), up(ln2))).
-    ops::matmul_backward(ga_.swi, lg.down, none, tp_.gather_input(dresidual, a_.full_in), la.swi, lp.down,
+    linear_backward(ga_.swi, lg.down, none, tp_.gather_input(dresidual, a_.full_in), la.swi, lp.down,
                          ops::Accumulate::no);
     ops::swiglu_backward(ga_.gate, ga_.up, ga_.swi, la.gate, la.up);
     const Tensor dln2 = sp ? a_.full_out : ga_.ln2;
     const Tensor ln2 = tp_.gather_input(la.ln2, a_.full_in);
-    ops::matmul_backward(dln2, lg.gate, none, ga_.gate, ln2, lp.gate, ops::Accumulate::no);
-    ops::matmul_backward(dln2, lg.up, none, ga_.up, ln2, lp.up);
+    linear_backward(dln2, lg.gate, none, ga_.gate, ln2, lp.gate, ops::Accumulate::no);
+    linear_backward(dln2, lg.up, none, ga_.up, ln2, lp.up);
     tp_.reduce_output(dln2, ga_.ln2);
   }
   tp_.norm_backward(norm_grads(lg.post_norm, C), [&] {
     ops::rmsnorm_backward(dresidual, lg.post_norm, ga_.ln2, la.residual2, lp.post_norm, la.rstd2);
   });
   // Attention branch: residual2 = x + o(attention(rope(qkv(ln1)))).
-  ops::matmul_backward(ga_.atty, lg.o, none, tp_.gather_input(dresidual, a_.full_in), la.atty, lp.o,
+  linear_backward(ga_.atty, lg.o, none, tp_.gather_input(dresidual, a_.full_in), la.atty, lp.o,
                        ops::Accumulate::no);
   attention_backward(ga_.qkvr.reshape({B, T, QKV_}), ga_.atty.reshape({B, T, CL}), la.qkvr.reshape({B, T, QKV_}),
                      la.atty.reshape({B, T, CL}), la.lse, int(NH), int(NKV));
@@ -372,7 +372,7 @@ void Llama::backward_layer(std::size_t l) {
   if (kv_sharers_ > 1) {
     backward_qkv_shared_kv(l, dln1, ln1);
   } else {
-    ops::matmul_backward(dln1, lg.qkv, none, ga_.qkv, ln1, lp.qkv, ops::Accumulate::no);
+    linear_backward(dln1, lg.qkv, none, ga_.qkv, ln1, lp.qkv, ops::Accumulate::no);
   }
   tp_.reduce_output(dln1, ga_.ln1);
   tp_.norm_backward(norm_grads(lg.in_norm, C),
@@ -398,7 +398,7 @@ void Llama::backward_qkv_shared_kv(std::size_t l, const Tensor& dln1, const Tens
   const Tensor grad(lg.qkv.as<float>() + NH_ * HS_ * C, DType::f32, device_, {kv});
   ops::copy(kept, grad);
   ops::zero(grad);
-  ops::matmul_backward(dln1, lg.qkv, Tensor(), ga_.qkv, ln1, lp.qkv, ops::Accumulate::no);
+  ops::matmul_backward(dln1, lg.qkv, Tensor(), ga_.qkv, ln1, lp.qkv, ops::Accumulate::no);  // whole: the sum needs it
   ops::zero(slots);
   ops::copy(mine, grad);
   tp_.all_reduce(slots);

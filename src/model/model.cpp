@@ -200,6 +200,44 @@ void Model::use_activation_slot(int slot) {
   select_activations();
 }
 
+void Model::linear_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
+                            const Tensor& inp, const Tensor& weight, ops::Accumulate dinp_mode, bool dout_stays) {
+  if (!weight_grads_deferred_) return ops::matmul_backward(dinp, dweight, dbias, dout, inp, weight, dinp_mode);
+  ops::matmul_backward(dinp, Tensor(), Tensor(), dout, inp, weight, dinp_mode);
+  defer_weight_grads(dweight, dbias, dout, inp, weight, dout_stays);
+}
+
+void Model::linear_backward_dgelu(const Tensor& dpre, const Tensor& dweight, const Tensor& dbias,
+                                  const Tensor& dpre_bias, const Tensor& dout, const Tensor& inp, const Tensor& pre,
+                                  const Tensor& weight) {
+  if (!weight_grads_deferred_) return ops::matmul_backward_dgelu(dpre, dweight, dbias, dpre_bias, dout, inp, pre, weight);
+  ops::matmul_backward_dgelu(dpre, Tensor(), Tensor(), dpre_bias, dout, inp, pre, weight);
+  defer_weight_grads(dweight, dbias, dout, inp, weight, false);
+}
+
+void Model::defer_weight_grads(const Tensor& dweight, const Tensor& dbias, const Tensor& dout, const Tensor& inp,
+                               const Tensor& weight, bool dout_stays) {
+  if (weight_grads_.size() < std::size_t(slots_)) weight_grads_.resize(std::size_t(slots_));
+  SlotWeightGrads& slot = weight_grads_[std::size_t(slot_)];
+  Tensor kept = dout;
+  if (!dout_stays) {  // the shared backward scratch or the residual stream's gradient: both move on
+    const std::size_t n = slot.pending.size();
+    if (slot.dout_copies.size() <= n) slot.dout_copies.resize(n + 1);
+    ops::Buffer& copy = slot.dout_copies[n];
+    if (copy.bytes() < dout.bytes()) copy = ops::Buffer(device_, dout.bytes());
+    kept.data = copy.data();
+    ops::copy(kept, dout);
+  }
+  slot.pending.push_back({dweight, dbias, kept, inp, weight});
+}
+
+void Model::backward_weights() {
+  if (weight_grads_.size() <= std::size_t(slot_)) return;
+  SlotWeightGrads& slot = weight_grads_[std::size_t(slot_)];
+  for (const DeferredGrad& g : slot.pending) ops::matmul_backward(Tensor(), g.dweight, g.dbias, g.dout, g.inp, g.weight);
+  slot.pending.clear();
+}
+
 void Model::defer_loss(bool deferred) {
   if (deferred && !loss_sum_) loss_sum_ = std::make_unique<ops::DeviceSum>(device_);
   loss_deferred_ = deferred;

@@ -190,6 +190,16 @@ class Model {
   void defer_loss(bool deferred);
   double take_loss_sum();
 
+  /// Zero-bubble pipeline schedules (dist.pipeline_schedule "zb1p"): while deferred, backward()
+  /// leaves the linear layers' weight gradients (their matrices' and biases') of the activation
+  /// slot in use to backward_weights(), and adds all the rest (input gradients, norms,
+  /// embeddings) as before. backward_weights() then adds them, in the order backward met them,
+  /// each with the arithmetic of the whole backward's call: the gradients are its bits.
+  void set_weight_grads_deferred(bool deferred) { weight_grads_deferred_ = deferred; }
+  bool weight_grads_deferred() const { return weight_grads_deferred_; }
+  /// The weight gradients the last deferred backward of the slot in use left (after that backward).
+  void backward_weights();
+
   /// The forward passes whose backward has not run yet (a pipeline's micro-batches in flight) keep
   /// their activations in slots of their own (one by default); forward and backward use the selected one.
   void set_activation_slots(int slots);
@@ -237,6 +247,15 @@ class Model {
   void allocate();
   /// Rebinds the architecture's tensors of parameter run `run` after its storage moved.
   virtual void bind_run(const ParamRun& run) = 0;
+  /// A linear layer's backward, ops::matmul_backward's contract, its weight part left to
+  /// backward_weights() while weight gradients are deferred. Then dout is copied for later, unless
+  /// `dout_stays`: it is the slot's own activation (the logits' gradient), unchanged until then.
+  void linear_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
+                       const Tensor& inp, const Tensor& weight, ops::Accumulate dinp_mode = ops::Accumulate::yes,
+                       bool dout_stays = false);
+  /// The same for ops::matmul_backward_dgelu (dpre and dpre_bias now, dweight and dbias deferred).
+  void linear_backward_dgelu(const Tensor& dpre, const Tensor& dweight, const Tensor& dbias, const Tensor& dpre_bias,
+                             const Tensor& dout, const Tensor& inp, const Tensor& pre, const Tensor& weight);
   /// Tells the observer (if any) that forward or backward reached `event`.
   void notify(PassEvent event, int layer = -1) {
     if (observer_) observer_->on(event, layer);
@@ -301,6 +320,20 @@ class Model {
  private:
   std::unique_ptr<ops::DeviceSum> loss_sum_;  // the deferred loss sum (defer_loss), made on first use
   bool loss_deferred_ = false;
+  // Deferred weight gradients, per activation slot: what backward_weights adds, and the copies of
+  // the output gradients they read (kept from update to update, one per entry).
+  struct DeferredGrad {
+    Tensor dweight, dbias, dout, inp, weight;
+  };
+  struct SlotWeightGrads {
+    std::vector<DeferredGrad> pending;
+    std::vector<ops::Buffer> dout_copies;
+  };
+  bool weight_grads_deferred_ = false;
+  std::vector<SlotWeightGrads> weight_grads_;
+  /// Records the weight part of a linear's backward for the slot in use.
+  void defer_weight_grads(const Tensor& dweight, const Tensor& dbias, const Tensor& dout, const Tensor& inp,
+                          const Tensor& weight, bool dout_stays);
 };
 
 /// The model of config.arch (model::arch_spec), its parameters allocated and uninitialised;

@@ -146,10 +146,12 @@ void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& db
   const auto N = inp.shape[0], C = inp.shape[1], OC = weight.shape[0];
   const DType act = op.activation(inp);
   op.expect("inp", inp, act, {N, C});
-  op.expect("dinp", dinp, act, {N, C});
+  if (!dinp.data && !dweight.data) op.fail("neither dinp nor dweight to compute");
+  if (dinp.data) op.expect("dinp", dinp, act, {N, C});
   op.expect("weight", weight, act, {OC, C});
-  op.expect("dweight", dweight, DType::f32, {OC, C});
+  if (dweight.data) op.expect("dweight", dweight, DType::f32, {OC, C});
   const std::int64_t ld = row_stride(op, "dout", dout, act, N, OC);
+  if (dbias.data && !dweight.data) op.fail("dbias without dweight");
   if (dbias.data) op.expect("dbias", dbias, DType::f32, {OC});
   op.run(LLMTRAIN_MATMUL_KERNELS(matmul_backward), act, [&](auto v) {
     return std::tuple(v.out(dinp), v.f32(dweight), v.f32(dbias), v.in(dout), v.in(inp), v.in(weight), N,
@@ -181,8 +183,9 @@ void matmul_backward_dgelu(const Tensor& dpre, const Tensor& dweight, const Tens
   op.expect("pre", pre, act, {N, C});
   op.expect("dpre", dpre, act, {N, C});
   op.expect("weight", weight, act, {OC, C});
-  op.expect("dweight", dweight, DType::f32, {OC, C});
+  if (dweight.data) op.expect("dweight", dweight, DType::f32, {OC, C});
   op.expect("dout", dout, act, {N, OC});
+  if (dbias.data && !dweight.data) op.fail("dbias without dweight");
   if (dbias.data) op.expect("dbias", dbias, DType::f32, {OC});
   if (dpre_bias.data) op.expect("dpre_bias", dpre_bias, DType::f32, {C});
   op.run(LLMTRAIN_MATMUL_KERNELS(matmul_backward_dgelu), act, [&](auto v) {

@@ -45,6 +45,9 @@ void matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, 
 enum class Accumulate : bool { no, yes };
 /// dinp (N,C) += (or, Accumulate::no, =) dout weight; dweight (OC,C), dbias (OC) += . dout may
 /// have wider rows, (N,ld) with ld > OC, as matmul_forward's out: its columns past OC are not read.
+/// Either part may run alone (a backward split into input and weight gradients): dinp without
+/// data skips the input gradient, dweight without data (and then no dbias) the weight gradients;
+/// each part is the same arithmetic as in the whole call, so the two apart give its bits.
 void matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
                      const Tensor& inp, const Tensor& weight, Accumulate dinp_mode = Accumulate::yes);
 
@@ -55,7 +58,9 @@ void matmul_gelu_forward(const Tensor& out, const Tensor& pre, const Tensor& inp
 /// Backward of out = inp weight^T + bias where inp (N,C) = GELU(pre), through the GELU: dpre (N,C)
 /// = GELU'(pre) (dout weight) is WRITTEN, not accumulated; dweight (OC,C), dbias (OC) and dpre_bias
 /// (C: the column sums of dpre, the bias gradient of the matmul that made pre) += ; either bias
-/// gradient may have no data. On the GPU cuBLASLt's DGELU epilogue (DGELU_BGRAD in fp32).
+/// gradient may have no data, and dweight none (then dbias none either): the weight gradients
+/// left to a later matmul_backward without dinp. On the GPU cuBLASLt's DGELU epilogue
+/// (DGELU_BGRAD in fp32).
 void matmul_backward_dgelu(const Tensor& dpre, const Tensor& dweight, const Tensor& dbias, const Tensor& dpre_bias,
                            const Tensor& dout, const Tensor& inp, const Tensor& pre, const Tensor& weight);
 

@@ -39,7 +39,8 @@ void layernorm_residual_forward(float* residual, float* out, float* mean, float*
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, std::int64_t N, int C,
                     int OC, std::int64_t ld);
 /// dweight (OC,C), dbias (OC, may be null) += from dout (N,OC; rows `ld` >= OC apart, the columns
-/// past OC not read); dinp (N,C) += too, or is written when !accumulate (its first writer).
+/// past OC not read); dinp (N,C) += too, or is written when !accumulate (its first writer). A
+/// null dinp, or a null dweight (with a null dbias), skips that part.
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, std::int64_t N, int C, int OC, std::int64_t ld, bool accumulate);
 /// pre (N,OC) = inp (N,C) weight^T + bias (pre-activation, kept for backward); out (N,OC) = GELU(pre).
