@@ -504,6 +504,17 @@ ROWS = [
     Row("pipeline", "pp2-interleaved", 2, "dist.pipeline_parallel=2 dist.pipeline_schedule=interleaved dist.virtual_stages=2",
         checks=(log_says("interleaved"), pipeline_transfers(3))),
     Row("pipeline", "pp2-interleaved@10>w1", 1, resume=("pp2-interleaved", 10), against=ONE),
+    # zb1p (ZB-H1): each backward split into its input gradients and, deferred, its weight
+    # gradients, summed in the backwards' order: 1F1B's bits (pp4-zb1p against pp4: the same
+    # checkpoint files), its transfers 1F1B's; with data 2 under ZeRO 1, Llama, and a MoE model
+    # (whose experts keep their whole backward).
+    Row("pipeline", "pp2-zb1p", 2, "dist.pipeline_parallel=2 dist.pipeline_schedule=zb1p",
+        checks=(log_says("zb1p schedule"), pipeline_transfers(1))),
+    Row("pipeline", "pp4-zb1p", 4, "dist.pipeline_parallel=4 dist.pipeline_schedule=zb1p", against="pp4", **EXACT),
+    Row("pipeline", "pp2-dp2-zero1-zb1p", 4, "dist.pipeline_parallel=2 dist.zero_stage=1 dist.pipeline_schedule=zb1p"),
+    Row("pipeline", "llama-pp2-zb1p", 2, "dist.pipeline_parallel=2 dist.pipeline_schedule=zb1p", base="llama"),
+    Row("pipeline", "moe-pp2-zb1p", 2, "dist.pipeline_parallel=2 dist.pipeline_schedule=zb1p", base="moe"),
+    Row("pipeline", "pp2-zb1p@10>w1", 1, resume=("pp2-zb1p", 10), against=ONE),
     Row("pipeline", "w1@10>pp2-interleaved", 2,
         "dist.pipeline_parallel=2 dist.pipeline_schedule=interleaved dist.virtual_stages=2", resume=(ONE, 10)),
 

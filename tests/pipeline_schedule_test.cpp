@@ -29,7 +29,8 @@ std::vector<PipelineOp> ops(const std::string& text) {
     const auto dot = w.find('.');
     const int micro_batch = std::stoi(w.substr(1, dot == std::string::npos ? std::string::npos : dot - 1));
     const int chunk = dot == std::string::npos ? 0 : std::stoi(w.substr(dot + 1));
-    out.push_back({w[0] == 'F' ? PipelineOp::forward : PipelineOp::backward, micro_batch, chunk});
+    out.push_back({w[0] == 'F' ? PipelineOp::forward : w[0] == 'B' ? PipelineOp::backward : PipelineOp::weight,
+                   micro_batch, chunk});
   }
   return out;
 }
@@ -416,11 +417,16 @@ using Groups = std::vector<std::vector<parallel::StageTransfer>>;
 
 // Every stage's transfer groups for the schedule; unpaired: each op's transfers on their own
 // (no steady-state iterations), as if every forward were warm-up.
+// V = 0: zb1p (one chunk per stage).
 std::vector<Groups> all_groups(int P, int V, int m, bool paired = true) {
   config::DistConfig dist;
   dist.pipeline_parallel = P;
   dist.virtual_stages = V;
   dist.pipeline_schedule = V > 1 ? config::PipelineSchedule::interleaved : config::PipelineSchedule::one_f_one_b;
+  if (V == 0) {  // zb1p
+    dist.virtual_stages = V = 1;
+    dist.pipeline_schedule = config::PipelineSchedule::zb1p;
+  }
   std::vector<Groups> groups;
   for (int s = 0; s < P; ++s) {
     const int warm_up = paired ? parallel::warm_up_forwards(dist, s, m) : V * m;
@@ -498,4 +504,73 @@ TEST_CASE("transfer groups: no deadlock under NCCL's one-group-at-a-time order, 
   auto swapped = all_groups(2, 1, 2);
   std::swap(swapped[1][0], swapped[1][2]);  // stage 1 receives micro-batch 1's activation first
   CHECK_THROWS_AS(parallel::simulate_transfers(swapped), std::logic_error);
+}
+
+TEST_CASE("zb1p: ZB-H1's order for P 4, m 8, its bubble by simulation below 1F1B's", "[pipeline]") {
+  // Written out from an independent simulation of the rule (each stage runs its next 1F1B op when
+  // its input is there, a forward only while it holds fewer than 1F1B's P - s micro-batches, else
+  // its oldest pending W), every pass one unit.
+  const std::vector<std::string> expected{
+      "F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 W2 F6 B3 W3 F7 B4 W4 B5 W5 B6 W6 B7 W7",
+      "F0 F1 F2 B0 W0 F3 B1 W1 F4 B2 W2 F5 B3 W3 F6 B4 W4 F7 B5 W5 B6 W6 B7 W7",
+      "F0 F1 B0 W0 F2 B1 W1 F3 B2 W2 F4 B3 W3 F5 B4 W4 F6 B5 W5 F7 B6 W6 B7 W7",
+      "F0 B0 W0 F1 B1 W1 F2 B2 W2 F3 B3 W3 F4 B4 W4 F5 B5 W5 F6 B6 W6 F7 B7 W7"};
+  const auto lists = parallel::zb1p(4, 8);
+  REQUIRE(lists.size() == 4);
+  for (int s = 0; s < 4; ++s) {
+    CAPTURE(s);
+    CHECK(text(lists[std::size_t(s)]) == expected[std::size_t(s)]);
+    CHECK(lists[std::size_t(s)] == ops(expected[std::size_t(s)]));
+  }
+  // F = B = W = 1 (a whole backward 2): the last stage waits for the first forward's 3 units, and
+  // the backward wave reaches stage 0 after 7; the step is 30 units against 1F1B's 33, whose
+  // bubble is 3 / 11.
+  const auto sim = parallel::simulate_pipeline(lists, 8, 1, {1, 2, 1});
+  CHECK(sim.makespan == 30);
+  CHECK(sim.idle[0] == 6);
+  config::DistConfig dist;
+  dist.pipeline_parallel = 4;
+  dist.pipeline_schedule = config::PipelineSchedule::zb1p;
+  CHECK(parallel::bubble_fraction(dist, 8) == Approx(0.2));
+  CHECK(parallel::bubble_fraction_1f1b(4, 8) == Approx(3.0 / 11.0));
+}
+
+TEST_CASE("zb1p: 1F1B's forwards and backwards in order, one weight op after each backward, 1F1B's memory, "
+          "a smaller bubble and no deadlock",
+          "[pipeline]") {
+  for (int P = 1; P <= 6; ++P) {
+    for (int m = P; m <= 3 * P + 2; ++m) {
+      CAPTURE(P, m);
+      const auto lists = parallel::zb1p(P, m);
+      for (int s = 0; s < P; ++s) {
+        CAPTURE(s);
+        const auto& list = lists[std::size_t(s)];
+        std::vector<PipelineOp> moving;
+        std::vector<int> weights;
+        std::vector<char> backward_done(std::size_t(m), 0);
+        for (const PipelineOp& op : list) {
+          if (op.kind != PipelineOp::weight) {
+            moving.push_back(op);
+            if (op.kind == PipelineOp::backward) backward_done[std::size_t(op.micro_batch)] = 1;
+            continue;
+          }
+          CHECK(backward_done[std::size_t(op.micro_batch)]);
+          weights.push_back(op.micro_batch);
+        }
+        CHECK(moving == parallel::one_f_one_b(P, s, m));
+        std::vector<int> in_order(static_cast<std::size_t>(m));
+        for (int k = 0; k < m; ++k) in_order[std::size_t(k)] = k;
+        CHECK(weights == in_order);  // the weight gradients sum in the backwards' order
+        CHECK(parallel::splits_backward(list));
+        CHECK(parallel::peak_live_activations(list) == parallel::peak_live_activations(parallel::one_f_one_b(P, s, m)));
+      }
+      const auto sim = parallel::simulate_pipeline(lists, m, 1, {1, 2, 1});
+      const double bubble = *std::max_element(sim.idle.begin(), sim.idle.end()) / sim.makespan;
+      if (P > 1) CHECK(bubble < parallel::bubble_fraction_1f1b(P, m) - 1e-9);
+      for (int s = 0; s < P; ++s) CHECK(sim.peak_live[std::size_t(s)] == std::min(P - s, m));
+      CHECK(parallel::simulate_transfers(all_groups(P, 0, m)) == "");
+    }
+  }
+  // The simulator holds a weight op to its backward.
+  CHECK_THROWS_AS(parallel::simulate_pipeline({ops("F0 W0 B0")}, 1, 1), std::logic_error);
 }

@@ -281,16 +281,25 @@ int suggest(const config::Config& c, const std::string& config_path, int gpus, c
 void print_stages(const config::Config& c, const dist::Mesh& mesh, std::int64_t micro_batches,
                   const std::vector<plan::StagePlan>& stages) {
   const bool bf16 = c.train.precision == config::Precision::bf16;
-  const bool interleaved = c.dist.pipeline_schedule != config::PipelineSchedule::one_f_one_b;
+  const config::PipelineSchedule schedule = c.dist.pipeline_schedule;
+  const bool interleaved = schedule == config::PipelineSchedule::interleaved;
   // The trainer runs ZeRO 1-2 on one data rank as 0, and refuses ZeRO 3 with a pipeline.
   const int zero = mesh.size(dist::Axis::data) * mesh.size(dist::Axis::context) == 1 ? 0 : int(std::min<std::int64_t>(c.dist.zero_stage, 2));
   const double bubble = parallel::bubble_fraction(c.dist, int(micro_batches));
+  const std::string name = interleaved ? "interleaved with " + std::to_string(c.dist.virtual_stages) + " chunks per stage"
+                           : schedule == config::PipelineSchedule::zb1p ? std::string("zb1p (ZB-H1)")
+                                                                        : std::string("1F1B");
+  std::string how = interleaved ? "(P - 1) / (V m + P - 1)" : "(P - 1) / (m + P - 1)";
+  if (schedule == config::PipelineSchedule::zb1p) {
+    char text[160];
+    std::snprintf(text, sizeof text, "simulated with a forward, an input-gradient and a weight-gradient pass of equal "
+                  "cost; 1F1B's: %.1f%%", 100.0 * parallel::bubble_fraction_1f1b(mesh.size(dist::Axis::pipeline),
+                                                                                  int(micro_batches)));
+    how = text;
+  }
   std::printf("pipeline: %d stages, %s, %lld micro-batches per update: bubble %.1f%% of each stage's step (%s)\n",
-              mesh.size(dist::Axis::pipeline),
-              interleaved ? ("interleaved with " + std::to_string(c.dist.virtual_stages) + " chunks per stage").c_str()
-                          : "1F1B",
-              static_cast<long long>(micro_batches), 100.0 * bubble,
-              interleaved ? "(P - 1) / (V m + P - 1)" : "(P - 1) / (m + P - 1)");
+              mesh.size(dist::Axis::pipeline), name.c_str(), static_cast<long long>(micro_batches), 100.0 * bubble,
+              how.c_str());
   std::printf("stages, %s ZeRO %d%s, per rank (tensor rank %d):\n", bf16 ? "bf16" : "fp32", zero,
               c.dist.zero_stage == 3 ? " (ZeRO 3 is refused with a pipeline)" : "", stages.front().share.tensor_rank);
   std::printf("%-5s %-26s %15s %12s %20s %12s %25s %12s\n", "stage", "layers", "parameters", "state", "activations",

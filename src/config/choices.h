@@ -23,9 +23,10 @@ enum class Precision { fp32, bf16 };
 /// train.recompute: which activations backward recomputes instead of keeping from forward.
 enum class Recompute { none, mlp, full };
 /// dist.pipeline_schedule: the order of forward and backward micro-batches on each pipeline stage
-/// (parallel/pipeline_schedule.h): one-forward-one-backward, or Megatron's interleaved variant with
-/// dist.virtual_stages model chunks per stage.
-enum class PipelineSchedule { one_f_one_b, interleaved };
+/// (parallel/pipeline_schedule.h): one-forward-one-backward, Megatron's interleaved variant with
+/// dist.virtual_stages model chunks per stage, or zero-bubble's ZB-H1 (1F1B with each backward
+/// split into input and weight gradients, the weight gradients deferred into the bubbles).
+enum class PipelineSchedule { one_f_one_b, interleaved, zb1p };
 /// dist.context_parallel_mode: how a context-parallel group shares keys and values (model/context_parallel.h):
 /// passed around a ring (one block in flight while the next computes), or all-gathered at once.
 enum class ContextParallelMode { ring, allgather };
@@ -51,7 +52,7 @@ struct ChoiceNames<Recompute> {
 };
 template <>
 struct ChoiceNames<PipelineSchedule> {
-  static constexpr std::array<std::string_view, 2> values{"1f1b", "interleaved"};
+  static constexpr std::array<std::string_view, 3> values{"1f1b", "interleaved", "zb1p"};
 };
 template <>
 struct ChoiceNames<ContextParallelMode> {

@@ -24,6 +24,21 @@ void check_pipeline(const Config& c, const Origins& o) {
               "\"interleaved\" needs dist.virtual_stages >= 2 model chunks per stage, got " +
                   std::to_string(d.virtual_stages) + " (with one chunk per stage, use \"1f1b\")");
   }
+  if (d.pipeline_schedule == PipelineSchedule::zb1p) {
+    // Its deferred weight gradients read the layers' kept inputs and a copy of their output
+    // gradients: what recomputation, the sequence-parallel gathers and the other axes' layers do
+    // not keep is not built for it (a key that stays at its default passes).
+    const auto refuse = [&](const char* key, const std::string& value) {
+      fail_rule(o, "dist.pipeline_schedule", key,
+                "\"zb1p\" defers the linear layers' weight gradients, which is built for pipeline and data "
+                "parallelism (any ZeRO stage the pipeline takes) without recomputation; " +
+                    std::string(key) + " is " + value);
+    };
+    if (c.train.recompute != Recompute::none) refuse("train.recompute", "\"" + to_string(c.train.recompute) + "\"");
+    if (d.tensor_parallel > 1) refuse("dist.tensor_parallel", std::to_string(d.tensor_parallel));
+    if (d.context_parallel > 1) refuse("dist.context_parallel", std::to_string(d.context_parallel));
+    if (d.expert_parallel > 1) refuse("dist.expert_parallel", std::to_string(d.expert_parallel));
+  }
   const std::int64_t stages = d.pipeline_parallel * d.virtual_stages;
   const std::string stages_text = "dist.pipeline_parallel x dist.virtual_stages = " + std::to_string(d.pipeline_parallel) +
                                   " x " + std::to_string(d.virtual_stages) + " = " + std::to_string(stages);

@@ -32,9 +32,11 @@ PipelineExecutor::PipelineExecutor(model::Model& model, const config::Config& co
     schedule_ = one_f_one_b(1, 0, micro_batches);  // F0 B0 F1 B1 ...
     transfer_groups_ = transfer_groups(schedule_, 1, 0, 1, 0);  // all empty
   }
-  // One activation slot per (micro-batch, chunk) forwarded and not yet backwarded: at most
-  // stages - stage under 1F1B, one without a pipeline.
+  // One activation slot per (micro-batch, chunk) forwarded and not yet backwarded (a split
+  // schedule: not yet through its weight op): at most stages - stage under 1F1B and zb1p, one
+  // without a pipeline. A split schedule's backwards leave the weight gradients to its weight ops.
   model_.set_activation_slots(peak_live_activations(schedule_));
+  model_.set_weight_grads_deferred(splits_backward(schedule_));
   // A tied embedding in a pipeline: the first and last stages hold it (this tensor rank's rows of
   // it, V rows without tensor parallelism, x d_model) and sum its gradients between them.
   const std::string tied = model_.tied_embedding();
@@ -52,6 +54,7 @@ double PipelineExecutor::forward_backward(const std::function<const data::MicroB
   const std::function<void(std::int64_t)> none;
   double loss = 0.0;
   run(schedule_, transfer_groups_, false, [&](const PipelineOp& op) {
+    if (op.kind == PipelineOp::weight) return model_.backward_weights();
     if (op.kind == PipelineOp::backward) {
       // The reduction starts inside the update's last backward where it may (overlaps_reduction);
       // else after the last micro-batch.
@@ -123,6 +126,8 @@ void PipelineExecutor::run(const std::vector<PipelineOp>& ops, const std::vector
     model_.use_layer_range(op.chunk);
     model_.use_activation_slot(found->second);
   };
+  // The op after which a micro-batch's slot is free: its weight op in a split schedule.
+  const PipelineOp::Kind last = splits_backward(ops) ? PipelineOp::weight : PipelineOp::backward;
   const auto release = [&](const PipelineOp& op) {
     const auto found = slot_of.find({op.micro_batch, op.chunk});
     free_slots.push_back(found->second);
@@ -162,7 +167,7 @@ void PipelineExecutor::run(const std::vector<PipelineOp>& ops, const std::vector
     // Its result for the next stage, if it has one: an activation on (every virtual stage but the
     // last), a gradient back (every one but the first).
     const bool forward = op.kind == PipelineOp::forward;
-    if (forward ? !model_.ends_model() : !model_.begins_model()) {
+    if (op.kind != PipelineOp::weight && (forward ? !model_.ends_model() : !model_.begins_model())) {
       const model::Model::StreamEnds io = model_.stream_ends();
       const Tensor& result = forward ? io.output : io.input_grad;
       if (outbox_.size() <= outgoing.size()) outbox_.emplace_back();
@@ -173,7 +178,7 @@ void PipelineExecutor::run(const std::vector<PipelineOp>& ops, const std::vector
       ops::copy(copy, result);
       outgoing.push_back(copy);
     }
-    if (!forward || forward_only) release(op);
+    if (op.kind == last || forward_only) release(op);
   }
 }
 

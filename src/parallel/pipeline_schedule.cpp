@@ -38,7 +38,7 @@ std::vector<PipelineOp> warmup_steady_cooldown(int total, int warmup, Forward fo
 
 std::string to_string(const PipelineOp& op) {
   // (Appended piece by piece: GCC 12's -Wrestrict misreads "F" + std::to_string(...).)
-  std::string text(1, op.kind == PipelineOp::forward ? 'F' : 'B');
+  std::string text(1, op.kind == PipelineOp::forward ? 'F' : op.kind == PipelineOp::backward ? 'B' : 'W');
   text.append(std::to_string(op.micro_batch));
   if (op.chunk != 0) text.append(".").append(std::to_string(op.chunk));
   return text;
@@ -76,6 +76,73 @@ std::vector<PipelineOp> interleaved(int stages, int stage, int micro_batches, in
       [&](int k) { return PipelineOp{PipelineOp::backward, micro_batch(k), V - 1 - chunk(k)}; });
 }
 
+std::vector<std::vector<PipelineOp>> zb1p(int stages, int micro_batches) {
+  const int P = stages, m = micro_batches;
+  check_stage(P, 0, m);
+  // Every stage at once, in unit steps: at time t a free stage starts its next 1F1B op if its
+  // input is there (a forward only below 1F1B's count of micro-batches held), else its oldest
+  // pending W, else waits. Ops started at t end at t + 1, so the order the stages are visited in
+  // within a step does not matter.
+  struct Stage {
+    std::vector<PipelineOp> base, list;
+    std::size_t next = 0;
+    std::vector<int> pending;  // micro-batches whose B is done and W is not, oldest first
+    int held = 0, cap = 0;     // micro-batches forwarded and not through their W; the most allowed
+  };
+  std::vector<Stage> st{std::size_t(P)};
+  for (int s = 0; s < P; ++s) {
+    st[std::size_t(s)].base = one_f_one_b(P, s, m);
+    st[std::size_t(s)].cap = std::min(P - s, m);
+  }
+  constexpr int never = -1;
+  std::vector<int> forward_end(std::size_t(P) * std::size_t(m), never), backward_end(forward_end);
+  const auto at = [m](int s, int k) { return std::size_t(s) * std::size_t(m) + std::size_t(k); };
+  const auto done_by = [&](const std::vector<int>& end, int s, int k, int t) {
+    return end[at(s, k)] != never && end[at(s, k)] <= t;
+  };
+  std::size_t left = 3 * std::size_t(P) * std::size_t(m);
+  for (int t = 0; left > 0; ++t) {
+    for (int s = 0; s < P; ++s) {
+      Stage& g = st[std::size_t(s)];
+      bool ready = false;
+      if (g.next < g.base.size()) {
+        const PipelineOp& op = g.base[g.next];
+        if (op.kind == PipelineOp::forward) {
+          ready = g.held < g.cap && (s == 0 || done_by(forward_end, s - 1, op.micro_batch, t));
+        } else {
+          ready = done_by(forward_end, s, op.micro_batch, t) &&
+                  (s == P - 1 || done_by(backward_end, s + 1, op.micro_batch, t));
+        }
+      }
+      if (ready) {
+        const PipelineOp op = g.base[g.next++];
+        g.list.push_back(op);
+        if (op.kind == PipelineOp::forward) {
+          forward_end[at(s, op.micro_batch)] = t + 1;
+          ++g.held;
+        } else {
+          backward_end[at(s, op.micro_batch)] = t + 1;
+          g.pending.push_back(op.micro_batch);
+        }
+      } else if (!g.pending.empty()) {
+        g.list.push_back({PipelineOp::weight, g.pending.front(), 0});
+        g.pending.erase(g.pending.begin());
+        --g.held;
+      } else {
+        continue;  // waits
+      }
+      --left;
+    }
+  }
+  std::vector<std::vector<PipelineOp>> lists;
+  for (Stage& g : st) lists.push_back(std::move(g.list));
+  return lists;
+}
+
+bool splits_backward(const std::vector<PipelineOp>& schedule) {
+  return std::any_of(schedule.begin(), schedule.end(), [](const PipelineOp& op) { return op.kind == PipelineOp::weight; });
+}
+
 int warm_up_forwards(const config::DistConfig& dist, int stage, int micro_batches) {
   const int P = int(dist.pipeline_parallel);
   if (dist.pipeline_schedule == config::PipelineSchedule::interleaved) {
@@ -88,6 +155,10 @@ std::vector<PipelineOp> stage_schedule(const config::DistConfig& dist, int stage
   const int P = int(dist.pipeline_parallel);
   if (dist.pipeline_schedule == config::PipelineSchedule::interleaved) {
     return interleaved(P, stage, micro_batches, int(dist.virtual_stages));
+  }
+  if (dist.pipeline_schedule == config::PipelineSchedule::zb1p) {
+    check_stage(P, stage, micro_batches);
+    return zb1p(P, micro_batches)[std::size_t(stage)];
   }
   return one_f_one_b(P, stage, micro_batches);
 }
@@ -115,9 +186,11 @@ std::int64_t pipeline_micro_batches(const config::Config& config, int data_paral
 }
 
 int peak_live_activations(const std::vector<PipelineOp>& schedule) {
+  // A split schedule keeps a micro-batch's activations until its weight op.
+  const PipelineOp::Kind last = splits_backward(schedule) ? PipelineOp::weight : PipelineOp::backward;
   int live = 0, peak = 0;
   for (const PipelineOp& op : schedule) {
-    live += op.kind == PipelineOp::forward ? 1 : -1;
+    live += op.kind == PipelineOp::forward ? 1 : op.kind == last ? -1 : 0;
     peak = std::max(peak, live);
   }
   return std::max(peak, 1);
@@ -131,7 +204,11 @@ double bubble_fraction_interleaved(int stages, int micro_batches, int virtual_st
   return double(stages - 1) / (double(virtual_stages) * micro_batches + stages - 1);
 }
 
-double bubble_fraction(const config::DistConfig& dist, int micro_batches) {
+double bubble_fraction(const config::DistConfig& dist, int micro_batches, PipelineCosts costs) {
+  if (dist.pipeline_schedule == config::PipelineSchedule::zb1p) {
+    const PipelineSimulation sim = simulate_pipeline(zb1p(int(dist.pipeline_parallel), micro_batches), micro_batches, 1, costs);
+    return *std::max_element(sim.idle.begin(), sim.idle.end()) / sim.makespan;
+  }
   if (dist.pipeline_schedule == config::PipelineSchedule::interleaved) {
     return bubble_fraction_interleaved(int(dist.pipeline_parallel), micro_batches, int(dist.virtual_stages));
   }
@@ -146,20 +223,29 @@ PipelineSimulation simulate_pipeline(const std::vector<std::vector<PipelineOp>>&
   const auto fail = [](int stage, const PipelineOp& op, const std::string& what) {
     throw std::logic_error("pipeline schedule: stage " + std::to_string(stage) + ", " + to_string(op) + ": " + what);
   };
-  // Each stage's list: every (kind, micro-batch, chunk) once.
+  // Each stage's list: every (kind, micro-batch, chunk) once; a weight op (a split list: one for
+  // every backward) after its backward.
+  std::vector<char> split(std::size_t(P), 0);
   for (int s = 0; s < P; ++s) {
-    std::vector<char> seen(2 * std::size_t(V) * std::size_t(m), 0);
+    split[std::size_t(s)] = splits_backward(schedules[std::size_t(s)]);
+    const std::size_t kinds = split[std::size_t(s)] ? 3 : 2;
+    std::vector<char> seen(kinds * std::size_t(V) * std::size_t(m), 0);
     for (const PipelineOp& op : schedules[std::size_t(s)]) {
       if (op.micro_batch < 0 || op.micro_batch >= m || op.chunk < 0 || op.chunk >= V) fail(s, op, "out of range");
-      char& mark = seen[(std::size_t(op.kind) * std::size_t(V) + std::size_t(op.chunk)) * std::size_t(m) +
-                        std::size_t(op.micro_batch)];
+      const auto mark_of = [&](PipelineOp::Kind kind) -> char& {
+        return seen[(std::size_t(kind) * std::size_t(V) + std::size_t(op.chunk)) * std::size_t(m) +
+                    std::size_t(op.micro_batch)];
+      };
+      char& mark = mark_of(op.kind);
       if (mark) fail(s, op, "listed twice");
+      if (op.kind == PipelineOp::weight && !mark_of(PipelineOp::backward)) fail(s, op, "before its backward");
       mark = 1;
     }
     if (schedules[std::size_t(s)].size() != seen.size()) {
       throw std::logic_error("pipeline schedule: stage " + std::to_string(s) + " lists " +
                              std::to_string(schedules[std::size_t(s)].size()) + " ops, expected " +
-                             std::to_string(seen.size()) + " (a forward and a backward of each micro-batch and chunk)");
+                             std::to_string(seen.size()) + " (a forward and a backward of each micro-batch and chunk" +
+                             (split[std::size_t(s)] ? ", and a weight op" : "") + ")");
     }
   }
 
@@ -173,7 +259,8 @@ PipelineSimulation simulate_pipeline(const std::vector<std::vector<PipelineOp>>&
   std::vector<std::size_t> next(std::size_t(P), 0);
   std::vector<double> free_at(std::size_t(P), 0.0);
   std::vector<int> live(std::size_t(P), 0);
-  std::size_t remaining = 2 * std::size_t(S) * std::size_t(m);
+  std::size_t remaining = 0;
+  for (const auto& list : schedules) remaining += list.size();
   // Ops start in list order per stage, each at max(stage free, inputs ready): the times do not
   // depend on the order in which the stages are visited here.
   while (remaining > 0) {
@@ -192,18 +279,21 @@ PipelineSimulation simulate_pipeline(const std::vector<std::vector<PipelineOp>>&
         };
         if (op.kind == PipelineOp::forward) {
           if (v > 0) after(forward_end, v - 1);
-        } else {
+        } else if (op.kind == PipelineOp::backward) {
           after(forward_end, v);
           if (v < S - 1) after(backward_end, v + 1);
-        }
+        }  // a weight op follows its backward on this stage's list
         if (waiting) break;
-        const bool forward = op.kind == PipelineOp::forward;
-        const double cost = forward ? costs.forward : costs.backward;
-        (forward ? forward_end : backward_end)[at(v, op.micro_batch)] = ready + cost;
+        const bool forward = op.kind == PipelineOp::forward, weight = op.kind == PipelineOp::weight;
+        const bool stage_split = split[std::size_t(s)] != 0;
+        const double cost = forward ? costs.forward
+                            : weight ? costs.weight
+                                     : costs.backward - (stage_split ? costs.weight : 0.0);
+        if (!weight) (forward ? forward_end : backward_end)[at(v, op.micro_batch)] = ready + cost;
         sim.start[std::size_t(s)].push_back(ready);
         free_at[std::size_t(s)] = ready + cost;
         sim.busy[std::size_t(s)] += cost;
-        live[std::size_t(s)] += forward ? 1 : -1;
+        live[std::size_t(s)] += forward ? 1 : (weight || !stage_split) ? -1 : 0;
         sim.peak_live[std::size_t(s)] = std::max(sim.peak_live[std::size_t(s)], live[std::size_t(s)]);
         ++next[std::size_t(s)];
         --remaining;
@@ -245,16 +335,24 @@ std::vector<std::vector<StageTransfer>> transfer_groups(const std::vector<Pipeli
   // backwards) a forward and the backward after it are one, any other op one of its own. The
   // group before an iteration receives what its ops need, the group after it sends what they
   // produced (with the next iteration's receives).
-  const std::size_t steady_end = schedule.size() - std::size_t(warm_up);
+  // A split schedule's weight ops transfer nothing and are no iteration's: an iteration's results
+  // go out before the weight ops after it, and the next iteration's inputs come in after them.
+  std::vector<std::size_t> moving;  // the positions of the forwards and backwards
+  for (std::size_t k = 0; k < schedule.size(); ++k) {
+    if (schedule[k].kind != PipelineOp::weight) moving.push_back(k);
+  }
+  const std::size_t steady_end = moving.size() - std::size_t(warm_up);
   std::vector<std::vector<StageTransfer>> groups(schedule.size() + 1);
   std::size_t before = 0;  // the group before the current iteration
-  for (std::size_t k = 0; k < schedule.size();) {
-    const bool pair = k >= std::size_t(warm_up) && k < steady_end;
+  for (std::size_t j = 0; j < moving.size();) {
+    const bool pair = j >= std::size_t(warm_up) && j < steady_end;
     const std::size_t n = pair ? 2 : 1;
-    for (std::size_t i = k; i < k + n; ++i) receive(schedule[i], groups[before]);
-    for (std::size_t i = k; i < k + n; ++i) send(schedule[i], groups[k + n]);
-    before = k + n;
-    k += n;
+    const std::size_t first = moving[j], end = moving[j + n - 1] + 1;
+    if (first > before) before = first;  // weight ops came between: its inputs after them
+    for (std::size_t i = j; i < j + n; ++i) receive(schedule[moving[i]], groups[before]);
+    for (std::size_t i = j; i < j + n; ++i) send(schedule[moving[i]], groups[end]);
+    before = end;
+    j += n;
   }
   // Within a group the sends go first: the last iteration's results before the next one's inputs.
   for (auto& group : groups) {

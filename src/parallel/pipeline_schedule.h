@@ -25,6 +25,15 @@
 // multiple of P. A stage keeps at most w + 1 (micro-batch, chunk) pairs' activations, each of
 // one chunk (about 1/V of the stage's layers).
 //
+// ZB-H1 (zero-bubble's first schedule, Qi et al. 2023; dist.pipeline_schedule "zb1p"). Each
+// backward is split in two: B, the input gradients (sent upstream at once), and W, the weight
+// gradients, which only the stage itself waits for. The forwards and B's keep 1F1B's order (so the
+// transfers are 1F1B's); each stage runs its next forward or B as soon as it can, a forward only
+// while it holds fewer micro-batches than 1F1B would (a micro-batch's activations go after its
+// W), and otherwise, rather than wait, its oldest pending W. W's leave the critical path and fill
+// the waits; the memory is 1F1B's. The order is made once by simulating every stage with each of
+// F, B and W costing one unit, and then run as a fixed list.
+//
 // The bubble. With a forward costing F and a backward B per chunk and free transfers, 1F1B
 // leaves every stage idle (P - 1)(F + B) of a step of (m + P - 1)(F + B): a fraction
 // (P - 1) / (m + P - 1). Interleaving divides the idle time by V: (P - 1) / (V m + P - 1)
@@ -40,15 +49,17 @@
 namespace llmtrain::parallel {
 
 /// One unit of a stage's work: the forward or the backward of one micro-batch through one of
-/// the stage's model chunks.
+/// the stage's model chunks; in a split schedule (zb1p) a backward is its input gradients alone
+/// and `weight` its weight gradients.
 struct PipelineOp {
-  enum Kind { forward, backward } kind;
+  enum Kind { forward, backward, weight } kind;
   int micro_batch;
   int chunk;  // the model chunk on this stage (virtual stage chunk P + stage); 0 for 1F1B
   bool operator==(const PipelineOp&) const = default;
 };
 
-/// "F3" for the forward of micro-batch 3, "B3" its backward; "F3.1" with chunk 1.
+/// "F3" for the forward of micro-batch 3, "B3" its backward, "W3" its weight gradients; "F3.1"
+/// with chunk 1.
 std::string to_string(const PipelineOp& op);
 
 /// The 1F1B order of stage `stage` of `stages` for `micro_batches` (>= 1) micro-batches.
@@ -60,6 +71,11 @@ std::vector<PipelineOp> one_f_one_b(int stages, int stage, int micro_batches);
 /// InputError naming the keys, before this is called, by pipeline_micro_batches).
 std::vector<PipelineOp> interleaved(int stages, int stage, int micro_batches, int virtual_stages);
 
+/// ZB-H1's order (see the top of this file) of every stage, [s] stage s's.
+std::vector<std::vector<PipelineOp>> zb1p(int stages, int micro_batches);
+/// Whether `schedule` splits its backwards (lists weight ops).
+bool splits_backward(const std::vector<PipelineOp>& schedule);
+
 /// The order dist.pipeline_schedule gives stage `stage` of dist.pipeline_parallel.
 std::vector<PipelineOp> stage_schedule(const config::DistConfig& dist, int stage, int micro_batches);
 
@@ -69,8 +85,9 @@ std::vector<PipelineOp> stage_schedule(const config::DistConfig& dist, int stage
 /// when they are fewer than the stages, or, for "interleaved", not a multiple of them.
 std::int64_t pipeline_micro_batches(const config::Config& config, int data_parallel_size);
 
-/// The most (micro-batch, chunk) pairs `schedule` has forwarded and not yet backwarded at any
-/// point (at least 1): the activation slots its stage needs.
+/// The most (micro-batch, chunk) pairs `schedule` has forwarded and not yet backwarded (a split
+/// schedule: not yet through its weight op) at any point (at least 1): the activation slots its
+/// stage needs.
 int peak_live_activations(const std::vector<PipelineOp>& schedule);
 
 /// (P - 1) / (m + P - 1): the idle fraction of every stage's step under 1F1B.
@@ -79,14 +96,17 @@ double bubble_fraction_1f1b(int stages, int micro_batches);
 /// (P - 1) / (V m + P - 1): the same under the interleaved schedule with V chunks per stage.
 double bubble_fraction_interleaved(int stages, int micro_batches, int virtual_stages);
 
-/// The fraction above for dist.pipeline_schedule and dist.virtual_stages.
-double bubble_fraction(const config::DistConfig& dist, int micro_batches);
-
-/// What one op of one chunk costs, in any time unit; transfers are free.
+/// What one op of one chunk costs, in any time unit; transfers are free. `backward` is a whole
+/// backward; a split schedule's B costs backward - weight and its W `weight`.
 struct PipelineCosts {
   double forward = 1;
   double backward = 2;
+  double weight = 1;
 };
+
+/// The fraction above for dist.pipeline_schedule and dist.virtual_stages; zb1p's by simulation
+/// (simulate_pipeline with `costs`): stage 0's idle fraction, the largest of any stage's.
+double bubble_fraction(const config::DistConfig& dist, int micro_batches, PipelineCosts costs = {});
 
 /// The timeline of a step: every stage starts at time 0 and runs its list in order, each op as
 /// soon as its stage is free and its inputs are there.
@@ -102,7 +122,8 @@ struct PipelineSimulation {
 
 /// Runs `schedules` (stage s's list at [s]; P = its size) of `micro_batches` micro-batches
 /// through `virtual_stages` chunks per stage. The forward of (micro-batch, virtual stage v) waits
-/// for the forward of v - 1; its backward for its own forward and the backward of v + 1.
+/// for the forward of v - 1; its backward for its own forward and the backward of v + 1; its
+/// weight op (a split list) for its backward.
 /// std::logic_error naming the stage and op when a list lacks an op or has one twice or out of
 /// range, or when the stages deadlock (each waits for an op that another will never run, as a
 /// backward listed before its own forward does).

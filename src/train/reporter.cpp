@@ -102,7 +102,7 @@ void Reporter::run_started(const dist::Communicators& comms, const RunShape& run
        world.world_size(), world.rank(), world.local_rank(), omp_get_max_threads());
   info("dist: mesh %s", comms.mesh.describe().c_str());
   if (const int stages = comms.mesh.size(dist::Axis::pipeline); stages > 1) {
-    info("pipeline: %d stages, %s schedule, %lld micro-batches per update (bubble %.0f%% by its formula); %s",
+    info("pipeline: %d stages, %s schedule, %lld micro-batches per update (bubble %.0f%% by its model); %s",
          stages, config::to_string(config_.dist.pipeline_schedule).c_str(), static_cast<long long>(run.micro_steps),
          100.0 * parallel::bubble_fraction(config_.dist, int(run.micro_steps)),
          parallel::describe_split(config_.model, parallel::split_layers(config_), stages).c_str());
