@@ -244,6 +244,53 @@ TEST_CASE("cuda bf16 mixed precision: loss within 1e-2 of the fp32 cpu reference
   }
 }
 
+TEST_CASE("cuda backward split into input and weight gradients gives the whole backward's gradients, bit for bit",
+          "[cuda][model]") {
+  std::string why;
+  if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
+  // As tests/golden_test.cpp on the CPU: two micro-batches in two slots, F0 F1 B0 B1 with the
+  // whole backwards against F0 F1 B0 B1 W0 W1 (the linear layers' cuBLASLt weight GEMMs and
+  // bias sums later). GPT-2 untied here, so that its head's weight gradient is deferred too.
+  for (const std::string arch : {"gpt2", "llama"}) {
+    for (const DType compute : {DType::f32, DType::bf16}) {
+      CAPTURE(arch, dtype_name(compute));
+      auto c = tiny(arch);
+      c.tie_embeddings = false;
+      const int B = 2, T = 17;
+      std::vector<std::int32_t> inputs(std::size_t(2 * B * T)), targets(inputs.size());
+      for (std::size_t i = 0; i < inputs.size(); ++i) {
+        inputs[i] = std::int32_t(i * 29 % std::size_t(c.vocab_size));
+        targets[i] = std::int32_t((i * 11 + 2) % std::size_t(c.vocab_size));
+      }
+      const auto run = [&](bool split) {
+        const auto m = model::make_model(c, Device::cuda, model::Recompute::none, compute);
+        const auto host = model::make_model(c, Device::cpu);
+        host->init_weights(3);
+        ops::copy(m->params(), host->params());
+        m->zero_grads();
+        m->set_activation_slots(2);
+        m->set_weight_grads_deferred(split);
+        for (int slot = 0; slot < 2; ++slot) {
+          m->use_activation_slot(slot);
+          const std::size_t at = std::size_t(slot * B * T);
+          m->forward(inputs.data() + at, targets.data() + at, B, T, 1.0f / float(2 * B * T));
+        }
+        for (int slot = 0; slot < 2; ++slot) {
+          m->use_activation_slot(slot);
+          m->backward();
+        }
+        for (int slot = 0; slot < 2; ++slot) {
+          m->use_activation_slot(slot);
+          m->backward_weights();
+        }
+        return to_host(m->grads());
+      };
+      const std::vector<float> whole = run(false), split = run(true);
+      CHECK(split == whole);
+    }
+  }
+}
+
 // ZeRO 3's device side on one rank: the sharded model's weights gathered (converted to bf16) into
 // working slots, its gradients zeroed, filled and accumulated on the device, unit by unit, give
 // the same losses and gradients as the unsharded model of the same weights.

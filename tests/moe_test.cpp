@@ -187,16 +187,19 @@ TEST_CASE("moe layer: gradients of the input, router, experts and shared experts
       const std::int64_t capacity = model::moe_capacity(c.moe, N);
       const auto loss = [&] {
         const model::MoeWeights w = layer.params();
-        const model::MoeLayerStats s = model::moe_forward(c.moe, w, layer.a, t(ln, {N, C}), t(out, {N, C}), capacity);
+        const model::MoeLayerStats s = model::moe_forward(model::Linears(Device::cpu), c.moe, w, layer.a,
+                                                          t(ln, {N, C}), t(out, {N, C}), capacity);
         return test::weighted_sum(out, R) + c.moe.aux_loss_coef * s.aux + c.moe.z_loss_coef * s.z;
       };
       loss();
       if (c.moe.capacity_factor > 0) CHECK(layer.a.dropped.as<float>()[0] > 0.0f);  // something was dropped
       Vec d_ln(ln.size()), d_router(layer.router.size()), d_gate(layer.gate.size()), d_up(layer.up.size()),
-          d_down(layer.down.size()), d_sg(layer.sgate.size()), d_su(layer.sup.size()), d_sd(layer.sdown.size());
+          d_down(layer.down.size()), d_sg(layer.sgate.size()), d_su(layer.sup.size()),
+          d_sd(layer.sdown.size());
       const model::MoeWeights gw = layer.weights(d_router, d_gate, d_up, d_down, d_sg, d_su, d_sd, false);
-      model::moe_backward(c.moe, layer.params(), gw, layer.a, layer.g, t(ln, {N, C}), t(d_ln, {N, C}), t(R, {N, C}),
-                          float(c.moe.aux_loss_coef), float(c.moe.z_loss_coef));
+      model::moe_backward(model::Linears(Device::cpu), c.moe, layer.params(), gw, layer.a, layer.g,
+                          t(ln, {N, C}), t(d_ln, {N, C}), t(R, {N, C}), float(c.moe.aux_loss_coef),
+                          float(c.moe.z_loss_coef));
       test::check_gradient("ln", ln, d_ln, loss, 1e-3, 5e-3);
       test::check_gradient("router", layer.router, d_router, loss, 1e-3, 5e-3);
       test::check_gradient("experts.gate_proj", layer.gate, d_gate, loss, 1e-3, 5e-3);

@@ -58,7 +58,7 @@ double Decoder<Body>::forward(const std::int32_t* inputs, const std::int32_t* ta
   if (!ends_model()) return 0.0;  // its output goes on to the next range
   notify(PassEvent::before_head);
   final_norm_forward(a_.lnf, a_.lnf_mean, a_.lnf_rstd, stream_output(), p_.norm_weight, p_.norm_bias);
-  ops::matmul_forward(a_.logits, tp_.gather_input(a_.lnf, a_.lnf_full), p_.head, Tensor());
+  linears_.forward(a_.logits, tp_.gather_input(a_.lnf, a_.lnf_full), p_.head, Tensor());
   if (!targets) return 0.0;
   targets_upload_.upload(a_.targets,
                          Tensor(const_cast<std::int32_t*>(targets), DType::i32, Device::cpu, {a_.targets.shape[0]}));
@@ -85,9 +85,9 @@ void Decoder<Body>::backward(const std::function<void(std::int64_t)>& grads_read
     // embedding's, which the embedding's backward adds to here too: its sum keeps its order.
     const Tensor lnf = sp ? a_.lnf_full : a_.lnf;
     if (tied() && holds_model_begin()) {
-      ops::matmul_backward(dlnf, g_.head, Tensor(), dlogits, lnf, p_.head, ops::Accumulate::no);
+      linears_.backward_whole(dlnf, g_.head, Tensor(), dlogits, lnf, p_.head, ops::Accumulate::no);
     } else {
-      linear_backward(dlnf, g_.head, Tensor(), dlogits, lnf, p_.head, ops::Accumulate::no, true);
+      linears_.backward(dlnf, g_.head, Tensor(), dlogits, lnf, p_.head, ops::Accumulate::no, Linears::Dout::kept);
     }
     tp_.reduce_output(dlnf, ga_.lnf);  // each rank's vocabulary rows' share
     tp_.norm_backward(norm_grads(g_.norm_weight, config::norm_params_per_channel(traits_) * C), [&] {
@@ -296,7 +296,7 @@ Tensor Decoder<Body>::decode_step(std::int32_t token, int pos) {
   ops::encoder_forward(d_.x.reshape({1, 1, C}), d_.token, p_.embedding, positions);
   for (std::size_t l = 0; l < p_.layers.size(); ++l) decode_layer(l, pos);
   final_norm_forward(d_.ln, d_.mean, d_.rstd, d_.x, p_.norm_weight, p_.norm_bias);
-  ops::matmul_forward(d_.logits, d_.ln, p_.head, Tensor());
+  linears_.forward(d_.logits, d_.ln, p_.head, Tensor());
   return as_f32(d_.logits, logits_f32_).reshape({config_.vocab_size});
 }
 

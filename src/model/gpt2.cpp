@@ -138,7 +138,7 @@ void Gpt2::forward_mlp(std::size_t l) {
   const LayerParams& lp = p_.layers[l];
   const LayerActs& la = layer_acts(l);
   // fch kept for the backward's GELU
-  ops::matmul_gelu_forward(la.fch_gelu, la.fch, tp_.gather_input(la.ln2, a_.full_in), lp.fc_w, lp.fc_b);
+  linears_.forward_gelu(la.fch_gelu, la.fch, tp_.gather_input(la.ln2, a_.full_in), lp.fc_w, lp.fc_b);
 }
 
 void Gpt2::forward_layer(std::size_t l) {
@@ -173,20 +173,20 @@ void Gpt2::backward_layer(std::size_t l) {
   // Each activation gradient's first writer writes it (no zeroing).
   // MLP branch: residual3 = residual2 + c_proj(gelu(c_fc(ln2))).
   // c_proj's input gradient through the GELU (and c_fc's bias gradient) in one matmul.
-  linear_backward_dgelu(ga_.fch, lg.fcproj_w, lg.fcproj_b, lg.fc_b, tp_.gather_input(dresidual, a_.full_in),
+  linears_.backward_dgelu(ga_.fch, lg.fcproj_w, lg.fcproj_b, lg.fc_b, tp_.gather_input(dresidual, a_.full_in),
                              la.fch_gelu, la.fch, lp.fcproj_w);
-  linear_backward(sp ? a_.full_out : ga_.ln2, lg.fc_w, none, ga_.fch, tp_.gather_input(la.ln2, a_.full_in),
+  linears_.backward(sp ? a_.full_out : ga_.ln2, lg.fc_w, none, ga_.fch, tp_.gather_input(la.ln2, a_.full_in),
                        lp.fc_w, ops::Accumulate::no);
   tp_.reduce_output(sp ? a_.full_out : ga_.ln2, ga_.ln2);
   tp_.norm_backward(norm_grads(lg.ln2_w, 2 * C), [&] {
     ops::layernorm_backward(dresidual, lg.ln2_w, lg.ln2_b, ga_.ln2, la.residual2, lp.ln2_w, la.ln2_mean, la.ln2_rstd);
   });
   // Attention branch: residual2 = x + c_proj(attention(c_attn(ln1))).
-  linear_backward(ga_.atty, lg.attproj_w, lg.attproj_b, tp_.gather_input(dresidual, a_.full_in), la.atty,
+  linears_.backward(ga_.atty, lg.attproj_w, lg.attproj_b, tp_.gather_input(dresidual, a_.full_in), la.atty,
                        lp.attproj_w, ops::Accumulate::no);
   attention_backward(ga_.qkv.reshape({B, T, 3 * CL}), ga_.atty.reshape({B, T, CL}), la.qkv.reshape({B, T, 3 * CL}),
                      la.atty.reshape({B, T, CL}), la.lse, NH, NH);
-  linear_backward(sp ? a_.full_out : ga_.ln1, lg.qkv_w, lg.qkv_b, ga_.qkv, tp_.gather_input(la.ln1, a_.full_in),
+  linears_.backward(sp ? a_.full_out : ga_.ln1, lg.qkv_w, lg.qkv_b, ga_.qkv, tp_.gather_input(la.ln1, a_.full_in),
                        lp.qkv_w, ops::Accumulate::no);
   tp_.reduce_output(sp ? a_.full_out : ga_.ln1, ga_.ln1);
   tp_.norm_backward(norm_grads(lg.ln1_w, 2 * C), [&] {
@@ -199,16 +199,16 @@ void Gpt2::decode_layer(std::size_t l, int pos) {
   const int NH = int(config_.n_head);
   const LayerParams& lp = p_.layers[l];
   ops::layernorm_forward(d_.ln, d_.mean, d_.rstd, d_.x, lp.ln1_w, lp.ln1_b);
-  ops::matmul_forward(d_.qkv, d_.ln, lp.qkv_w, lp.qkv_b);
+  linears_.forward(d_.qkv, d_.ln, lp.qkv_w, lp.qkv_b);
   ops::copy(row_slice(d_.k_cache[l], pos, 0, C), row_slice(d_.qkv, 0, C, C));
   ops::copy(row_slice(d_.v_cache[l], pos, 0, C), row_slice(d_.qkv, 0, 2 * C, C));
   ops::attention_decode(d_.atty.reshape({C}), row_slice(d_.qkv, 0, 0, C), d_.k_cache[l], d_.v_cache[l], pos, NH);
-  ops::matmul_forward(d_.proj, d_.atty, lp.attproj_w, lp.attproj_b);
+  linears_.forward(d_.proj, d_.atty, lp.attproj_w, lp.attproj_b);
   ops::residual_forward(d_.x2, d_.x, d_.proj);
   ops::layernorm_forward(d_.ln, d_.mean, d_.rstd, d_.x2, lp.ln2_w, lp.ln2_b);
-  ops::matmul_forward(d_.fch, d_.ln, lp.fc_w, lp.fc_b);
+  linears_.forward(d_.fch, d_.ln, lp.fc_w, lp.fc_b);
   ops::gelu_forward(d_.fch_gelu, d_.fch);
-  ops::matmul_forward(d_.proj, d_.fch_gelu, lp.fcproj_w, lp.fcproj_b);
+  linears_.forward(d_.proj, d_.fch_gelu, lp.fcproj_w, lp.fcproj_b);
   ops::residual_forward(d_.x, d_.x2, d_.proj);
 }
 

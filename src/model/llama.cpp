@@ -242,11 +242,11 @@ void Llama::forward_mlp(std::size_t l) {
   const LayerActs& la = layer_acts(l);
   const Tensor none;
   if (is_moe_layer(config_, std::int64_t(l))) {  // recompute "mlp": from the kept routing, on this rank
-    return moe_recompute(lp.moe, la.moe, sequence_parallel() ? la.moe.ln : la.ln2, layout().expert_size > 1);
+    return moe_recompute(linears_, lp.moe, la.moe, sequence_parallel() ? la.moe.ln : la.ln2, layout().expert_size > 1);
   }
   const Tensor ln2 = tp_.gather_input(la.ln2, a_.full_in);
-  ops::matmul_forward(la.gate, ln2, lp.gate, none);
-  ops::matmul_forward(la.up, ln2, lp.up, none);
+  linears_.forward(la.gate, ln2, lp.gate, none);
+  linears_.forward(la.up, ln2, lp.up, none);
   ops::swiglu_forward(la.swi, la.gate, la.up);
 }
 
@@ -274,7 +274,7 @@ void Llama::forward_layer(std::size_t l) {
     // context group's ranks each run their own tokens, the router's statistics summed over them.
     const bool sp = sequence_parallel();
     const Tensor ln2 = tp_.gather_input(la.ln2, la.moe.ln);
-    const MoeLayerStats s = moe_forward(config_.moe, lp.moe, la.moe, ln2, sp ? a_.full_out : la.down,
+    const MoeLayerStats s = moe_forward(linears_, config_.moe, lp.moe, la.moe, ln2, sp ? a_.full_out : la.down,
                                         moe_capacity(config_.moe, std::int64_t(B) * T), expert_group(), &ga_.moe,
                                         &cp_);
     if (sp) ops::copy(la.down, tp_.own_rows(a_.full_out));
@@ -329,27 +329,28 @@ void Llama::backward_layer(std::size_t l) {
     // Sequence parallelism: from the whole tokens' output gradient and the input kept in forward;
     // this rank keeps its rows of the input's gradient.
     const Tensor ln2 = sp ? la.moe.ln : la.ln2, dln2 = sp ? a_.full_out : ga_.ln2;
-    moe_backward(m, lp.moe, lg.moe, la.moe, ga_.moe, ln2, dln2, tp_.gather_input(dresidual, a_.full_in), aux_scale,
-                 float(m.z_loss_coef) * per_batch, expert_group());
+    moe_backward(linears_, m, lp.moe, lg.moe, la.moe, ga_.moe, ln2, dln2,
+                 tp_.gather_input(dresidual, a_.full_in), aux_scale, float(m.z_loss_coef) * per_batch,
+                 expert_group());
     if (sp) ops::copy(ga_.ln2, tp_.own_rows(dln2));
   } else {
     ops::zero(ga_.gate);
     ops::zero(ga_.up);
     // MLP branch: residual3 = residual2 + down(swiglu(gate(ln2), up(ln2))).
-    linear_backward(ga_.swi, lg.down, none, tp_.gather_input(dresidual, a_.full_in), la.swi, lp.down,
+    linears_.backward(ga_.swi, lg.down, none, tp_.gather_input(dresidual, a_.full_in), la.swi, lp.down,
                          ops::Accumulate::no);
     ops::swiglu_backward(ga_.gate, ga_.up, ga_.swi, la.gate, la.up);
     const Tensor dln2 = sp ? a_.full_out : ga_.ln2;
     const Tensor ln2 = tp_.gather_input(la.ln2, a_.full_in);
-    linear_backward(dln2, lg.gate, none, ga_.gate, ln2, lp.gate, ops::Accumulate::no);
-    linear_backward(dln2, lg.up, none, ga_.up, ln2, lp.up);
+    linears_.backward(dln2, lg.gate, none, ga_.gate, ln2, lp.gate, ops::Accumulate::no);
+    linears_.backward(dln2, lg.up, none, ga_.up, ln2, lp.up);
     tp_.reduce_output(dln2, ga_.ln2);
   }
   tp_.norm_backward(norm_grads(lg.post_norm, C), [&] {
     ops::rmsnorm_backward(dresidual, lg.post_norm, ga_.ln2, la.residual2, lp.post_norm, la.rstd2);
   });
   // Attention branch: residual2 = x + o(attention(rope(qkv(ln1)))).
-  linear_backward(ga_.atty, lg.o, none, tp_.gather_input(dresidual, a_.full_in), la.atty, lp.o,
+  linears_.backward(ga_.atty, lg.o, none, tp_.gather_input(dresidual, a_.full_in), la.atty, lp.o,
                        ops::Accumulate::no);
   attention_backward(ga_.qkvr.reshape({B, T, QKV_}), ga_.atty.reshape({B, T, CL}), la.qkvr.reshape({B, T, QKV_}),
                      la.atty.reshape({B, T, CL}), la.lse, int(NH), int(NKV));
@@ -372,7 +373,7 @@ void Llama::backward_layer(std::size_t l) {
   if (kv_sharers_ > 1) {
     backward_qkv_shared_kv(l, dln1, ln1);
   } else {
-    linear_backward(dln1, lg.qkv, none, ga_.qkv, ln1, lp.qkv, ops::Accumulate::no);
+    linears_.backward(dln1, lg.qkv, none, ga_.qkv, ln1, lp.qkv, ops::Accumulate::no);
   }
   tp_.reduce_output(dln1, ga_.ln1);
   tp_.norm_backward(norm_grads(lg.in_norm, C),
@@ -398,7 +399,7 @@ void Llama::backward_qkv_shared_kv(std::size_t l, const Tensor& dln1, const Tens
   const Tensor grad(lg.qkv.as<float>() + NH_ * HS_ * C, DType::f32, device_, {kv});
   ops::copy(kept, grad);
   ops::zero(grad);
-  ops::matmul_backward(dln1, lg.qkv, Tensor(), ga_.qkv, ln1, lp.qkv, ops::Accumulate::no);  // whole: the sum needs it
+  linears_.backward_whole(dln1, lg.qkv, Tensor(), ga_.qkv, ln1, lp.qkv, ops::Accumulate::no);  // the sum needs it
   ops::zero(slots);
   ops::copy(mine, grad);
   tp_.all_reduce(slots);
@@ -411,7 +412,7 @@ void Llama::decode_layer(std::size_t l, int pos) {
   const Tensor none;
   const LayerParams& lp = p_.layers[l];
   ops::rmsnorm_forward(d_.ln, d_.rstd, d_.x, lp.in_norm, eps);
-  ops::matmul_forward(d_.qkv, d_.ln, lp.qkv, none);
+  linears_.forward(d_.qkv, d_.ln, lp.qkv, none);
   const Tensor& qkv = normed_qkv(lp, d_.qkv, d_.qkn, d_.rstd_qk, NH, NKV);
   ops::rope_forward(d_.qkvr.reshape({1, 1, NH + 2 * NKV, HS_}), qkv.reshape({1, 1, NH + 2 * NKV, HS_}), theta,
                     rotated_heads(), pos);
@@ -419,16 +420,16 @@ void Llama::decode_layer(std::size_t l, int pos) {
   ops::copy(row_slice(d_.v_cache[l], pos, 0, KVC), row_slice(d_.qkvr, 0, C + KVC, KVC));
   ops::attention_decode(d_.atty.reshape({C}), row_slice(d_.qkvr, 0, 0, C), d_.k_cache[l], d_.v_cache[l], pos, int(NH),
                         int(NKV));
-  ops::matmul_forward(d_.proj, d_.atty, lp.o, none);
+  linears_.forward(d_.proj, d_.atty, lp.o, none);
   ops::residual_forward(d_.x2, d_.x, d_.proj);
   ops::rmsnorm_forward(d_.ln, d_.rstd, d_.x2, lp.post_norm, eps);
   if (is_moe_layer(config_, std::int64_t(l))) {
-    moe_forward(config_.moe, lp.moe, d_.moe, d_.ln, d_.proj, 0);  // one token: nothing to drop
+    moe_forward(linears_, config_.moe, lp.moe, d_.moe, d_.ln, d_.proj, 0);  // one token: nothing to drop
   } else {
-    ops::matmul_forward(d_.gate, d_.ln, lp.gate, none);
-    ops::matmul_forward(d_.up, d_.ln, lp.up, none);
+    linears_.forward(d_.gate, d_.ln, lp.gate, none);
+    linears_.forward(d_.up, d_.ln, lp.up, none);
     ops::swiglu_forward(d_.swi, d_.gate, d_.up);
-    ops::matmul_forward(d_.proj, d_.swi, lp.down, none);
+    linears_.forward(d_.proj, d_.swi, lp.down, none);
   }
   ops::residual_forward(d_.x, d_.x2, d_.proj);
 }

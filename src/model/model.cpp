@@ -22,7 +22,8 @@ Model::Model(const config::ModelConfig& config, Device device, DType compute, op
       compute_(compute),
       attention_kernels_(attention),
       layout_(layout),
-      tp_(layout, config.vocab_size, config.d_model, device, compute),
+      linears_(device),
+      tp_(layout, config.vocab_size, config.d_model, device, compute, linears_),
       cp_(layout.context_rank, layout.context_size, layout.context_ring, device, compute),
       external_storage_(layout.external_storage) {
   if (compute != DType::f32 && compute != DType::bf16) throw RuntimeError("model: compute dtype must be f32 or bf16");
@@ -192,50 +193,14 @@ void Model::set_activation_slots(int slots) {
   if (slots < 1) throw RuntimeError("model: activation slots must be at least 1");
   slots_ = slots;
   slot_ = 0;
+  linears_.use_slot(0, slots);
 }
 
 void Model::use_activation_slot(int slot) {
   if (slot < 0 || slot >= slots_) throw RuntimeError("model: no activation slot " + std::to_string(slot));
   slot_ = slot;
+  linears_.use_slot(slot, slots_);
   select_activations();
-}
-
-void Model::linear_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
-                            const Tensor& inp, const Tensor& weight, ops::Accumulate dinp_mode, bool dout_stays) {
-  if (!weight_grads_deferred_) return ops::matmul_backward(dinp, dweight, dbias, dout, inp, weight, dinp_mode);
-  ops::matmul_backward(dinp, Tensor(), Tensor(), dout, inp, weight, dinp_mode);
-  defer_weight_grads(dweight, dbias, dout, inp, weight, dout_stays);
-}
-
-void Model::linear_backward_dgelu(const Tensor& dpre, const Tensor& dweight, const Tensor& dbias,
-                                  const Tensor& dpre_bias, const Tensor& dout, const Tensor& inp, const Tensor& pre,
-                                  const Tensor& weight) {
-  if (!weight_grads_deferred_) return ops::matmul_backward_dgelu(dpre, dweight, dbias, dpre_bias, dout, inp, pre, weight);
-  ops::matmul_backward_dgelu(dpre, Tensor(), Tensor(), dpre_bias, dout, inp, pre, weight);
-  defer_weight_grads(dweight, dbias, dout, inp, weight, false);
-}
-
-void Model::defer_weight_grads(const Tensor& dweight, const Tensor& dbias, const Tensor& dout, const Tensor& inp,
-                               const Tensor& weight, bool dout_stays) {
-  if (weight_grads_.size() < std::size_t(slots_)) weight_grads_.resize(std::size_t(slots_));
-  SlotWeightGrads& slot = weight_grads_[std::size_t(slot_)];
-  Tensor kept = dout;
-  if (!dout_stays) {  // the shared backward scratch or the residual stream's gradient: both move on
-    const std::size_t n = slot.pending.size();
-    if (slot.dout_copies.size() <= n) slot.dout_copies.resize(n + 1);
-    ops::Buffer& copy = slot.dout_copies[n];
-    if (copy.bytes() < dout.bytes()) copy = ops::Buffer(device_, dout.bytes());
-    kept.data = copy.data();
-    ops::copy(kept, dout);
-  }
-  slot.pending.push_back({dweight, dbias, kept, inp, weight});
-}
-
-void Model::backward_weights() {
-  if (weight_grads_.size() <= std::size_t(slot_)) return;
-  SlotWeightGrads& slot = weight_grads_[std::size_t(slot_)];
-  for (const DeferredGrad& g : slot.pending) ops::matmul_backward(Tensor(), g.dweight, g.dbias, g.dout, g.inp, g.weight);
-  slot.pending.clear();
 }
 
 void Model::defer_loss(bool deferred) {

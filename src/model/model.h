@@ -20,6 +20,7 @@
 #include "model/activations.h"
 #include "model/context_parallel.h"
 #include "model/flat_layout.h"
+#include "model/linears.h"
 #include "model/pass_observer.h"
 #include "model/tensor_parallel.h"
 #include "ops/buffer.h"
@@ -195,10 +196,10 @@ class Model {
   /// slot in use to backward_weights(), and adds all the rest (input gradients, norms,
   /// embeddings) as before. backward_weights() then adds them, in the order backward met them,
   /// each with the arithmetic of the whole backward's call: the gradients are its bits.
-  void set_weight_grads_deferred(bool deferred) { weight_grads_deferred_ = deferred; }
-  bool weight_grads_deferred() const { return weight_grads_deferred_; }
+  void set_weight_grads_deferred(bool deferred) { linears_.set_deferred(deferred); }
+  bool weight_grads_deferred() const { return linears_.deferred(); }
   /// The weight gradients the last deferred backward of the slot in use left (after that backward).
-  void backward_weights();
+  void backward_weights() { linears_.run_deferred(); }
 
   /// The forward passes whose backward has not run yet (a pipeline's micro-batches in flight) keep
   /// their activations in slots of their own (one by default); forward and backward use the selected one.
@@ -247,15 +248,6 @@ class Model {
   void allocate();
   /// Rebinds the architecture's tensors of parameter run `run` after its storage moved.
   virtual void bind_run(const ParamRun& run) = 0;
-  /// A linear layer's backward, ops::matmul_backward's contract, its weight part left to
-  /// backward_weights() while weight gradients are deferred. Then dout is copied for later, unless
-  /// `dout_stays`: it is the slot's own activation (the logits' gradient), unchanged until then.
-  void linear_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
-                       const Tensor& inp, const Tensor& weight, ops::Accumulate dinp_mode = ops::Accumulate::yes,
-                       bool dout_stays = false);
-  /// The same for ops::matmul_backward_dgelu (dpre and dpre_bias now, dweight and dbias deferred).
-  void linear_backward_dgelu(const Tensor& dpre, const Tensor& dweight, const Tensor& dbias, const Tensor& dpre_bias,
-                             const Tensor& dout, const Tensor& inp, const Tensor& pre, const Tensor& weight);
   /// Tells the observer (if any) that forward or backward reached `event`.
   void notify(PassEvent event, int layer = -1) {
     if (observer_) observer_->on(event, layer);
@@ -292,6 +284,7 @@ class Model {
   DType compute_;
   ops::AttentionKernels attention_kernels_;  // model.attention as resolved at start-up
   Layout layout_;
+  Linears linears_;  // every matrix product of the layers and the ends goes through it
   TensorParallel tp_;
   ContextParallel cp_;
   ExpertGroup* expert_group_ = nullptr;
@@ -320,20 +313,6 @@ class Model {
  private:
   std::unique_ptr<ops::DeviceSum> loss_sum_;  // the deferred loss sum (defer_loss), made on first use
   bool loss_deferred_ = false;
-  // Deferred weight gradients, per activation slot: what backward_weights adds, and the copies of
-  // the output gradients they read (kept from update to update, one per entry).
-  struct DeferredGrad {
-    Tensor dweight, dbias, dout, inp, weight;
-  };
-  struct SlotWeightGrads {
-    std::vector<DeferredGrad> pending;
-    std::vector<ops::Buffer> dout_copies;
-  };
-  bool weight_grads_deferred_ = false;
-  std::vector<SlotWeightGrads> weight_grads_;
-  /// Records the weight part of a linear's backward for the slot in use.
-  void defer_weight_grads(const Tensor& dweight, const Tensor& dbias, const Tensor& dout, const Tensor& inp,
-                          const Tensor& weight, bool dout_stays);
 };
 
 /// The model of config.arch (model::arch_spec), its parameters allocated and uninitialised;

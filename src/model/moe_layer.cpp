@@ -92,12 +92,13 @@ void reorder_indices(const std::vector<std::int32_t>& counts, const Exchange& x,
 }
 
 // The experts' SwiGLU over the first M rows of x (in expert order, `offsets`) into y.
-void run_experts(const MoeWeights& w, const Tensor& x, const Tensor& gate, const Tensor& up, const Tensor& swi,
-                 const Tensor& y, const Tensor& offsets, std::int64_t M) {
-  ops::grouped_matmul_forward(gate, x, w.gate, offsets);
-  ops::grouped_matmul_forward(up, x, w.up, offsets);
+void run_experts(const Linears& linears, const MoeWeights& w, const Tensor& x, const Tensor& gate,
+                 const Tensor& up, const Tensor& swi, const Tensor& y, const Tensor& offsets,
+                 std::int64_t M) {
+  linears.grouped_forward(gate, x, w.gate, offsets);
+  linears.grouped_forward(up, x, w.up, offsets);
   if (M > 0) ops::swiglu_forward(first_rows(swi, M), first_rows(gate, M), first_rows(up, M));
-  ops::grouped_matmul_forward(y, swi, w.down, offsets);
+  linears.grouped_forward(y, swi, w.down, offsets);
 }
 
 // The experts' backward scratch: dgate, dup, dswi (rows, I).
@@ -106,18 +107,19 @@ struct ExpertGrads {
 };
 
 // Its backward from dy: dx (the first M rows) WRITTEN, the experts' gradients g += .
-void run_experts_backward(const MoeWeights& w, const MoeWeights& g, const ExpertGrads& ga, const Tensor& x,
-                          const Tensor& gate, const Tensor& up, const Tensor& swi, const Tensor& dy, const Tensor& dx,
-                          const Tensor& offsets, std::int64_t M) {
-  ops::grouped_matmul_backward(ga.dswi, g.down, dy, swi, w.down, offsets, ops::Accumulate::no);
+void run_experts_backward(const Linears& linears, const MoeWeights& w, const MoeWeights& g,
+                          const ExpertGrads& ga, const Tensor& x, const Tensor& gate, const Tensor& up,
+                          const Tensor& swi, const Tensor& dy, const Tensor& dx, const Tensor& offsets,
+                          std::int64_t M) {
+  linears.grouped_backward(ga.dswi, g.down, dy, swi, w.down, offsets, ops::Accumulate::no);
   if (M > 0) {
     ops::zero(first_rows(ga.dgate, M));
     ops::zero(first_rows(ga.dup, M));
     ops::swiglu_backward(first_rows(ga.dgate, M), first_rows(ga.dup, M), first_rows(ga.dswi, M),
                          first_rows(gate, M), first_rows(up, M));
   }
-  ops::grouped_matmul_backward(dx, g.gate, ga.dgate, x, w.gate, offsets, ops::Accumulate::no);
-  ops::grouped_matmul_backward(dx, g.up, ga.dup, x, w.up, offsets);
+  linears.grouped_backward(dx, g.gate, ga.dgate, x, w.gate, offsets, ops::Accumulate::no);
+  linears.grouped_backward(dx, g.up, ga.dup, x, w.up, offsets);
 }
 
 // The capacity a growing store takes for `rows`: at least a quarter more than it had, so that a
@@ -311,12 +313,12 @@ void lay_out_moe_grads(ActsCarver& take, const config::ModelConfig& config, std:
   }
 }
 
-MoeLayerStats moe_forward(const config::MoeConfig& moe, const MoeWeights& w, const MoeActs& a, const Tensor& ln,
-                          const Tensor& out, std::int64_t capacity, ExpertGroup* group, const MoeGrads* scratch,
-                          TokenGroup* tokens) {
+MoeLayerStats moe_forward(const Linears& linears, const config::MoeConfig& moe, const MoeWeights& w,
+                          const MoeActs& a, const Tensor& ln, const Tensor& out, std::int64_t capacity,
+                          ExpertGroup* group, const MoeGrads* scratch, TokenGroup* tokens) {
   const Tensor none;
   // Router: logits, probabilities, the top k and their weights, the losses' statistics.
-  ops::matmul_forward(a.logits, ln, w.router, none);
+  linears.forward(a.logits, ln, w.router, none);
   ops::moe_router_forward(a.probs, a.experts, a.weights, a.counts, a.pbar, a.losses, a.logits, w.bias,
                           router_kind(moe));
   if (tokens && tokens->size() > 1 && capacity > 0) {
@@ -327,7 +329,7 @@ MoeLayerStats moe_forward(const config::MoeConfig& moe, const MoeWeights& w, con
   const MoeLayerStats stats = router_stats(moe, a, tokens);  // the dispatch's dropped fraction with them
   ops::moe_permute_forward(a.xp, ln, a.row_slot, a.offsets);
   if (!group || group->size() == 1) {
-    run_experts(w, a.xp, a.gate, a.up, a.swi, a.y, a.offsets, kept_rows(a.offsets));
+    run_experts(linears, w, a.xp, a.gate, a.up, a.swi, a.y, a.offsets, kept_rows(a.offsets));
   } else {
     // Expert parallelism: the slots go to their experts' ranks (the counts first), are reordered
     // by expert there, and come back in the order they left.
@@ -351,51 +353,51 @@ MoeLayerStats moe_forward(const config::MoeConfig& moe, const MoeWeights& w, con
     if (R > 0) {  // the stores' first R rows (each may hold more, and not as many as the other)
       const auto rows = [R](const Tensor& t) { return first_rows(t, R); };
       ops::moe_permute_forward(rows(e.x), rows(s.a), first(e.perm, R), a.ep_offsets);
-      run_experts(w, rows(e.x), rows(e.gate), rows(e.up), rows(e.swi), rows(s.b), a.ep_offsets, R);
+      run_experts(linears, w, rows(e.x), rows(e.gate), rows(e.up), rows(e.swi), rows(s.b), a.ep_offsets, R);
       ops::moe_permute_backward(rows(s.a), rows(s.b), first(e.inv, R), ops::Accumulate::no);
     }
     group->all_to_all(s.a, x.recv_rows, a.y, x.send_rows);
   }
   ops::moe_unpermute_forward(out, a.y, a.weights, a.slot_row);
   if (w.shared_gate.data) {
-    ops::matmul_forward(a.shared_gate, ln, w.shared_gate, none);
-    ops::matmul_forward(a.shared_up, ln, w.shared_up, none);
+    linears.forward(a.shared_gate, ln, w.shared_gate, none);
+    linears.forward(a.shared_up, ln, w.shared_up, none);
     ops::swiglu_forward(a.shared_swi, a.shared_gate, a.shared_up);
-    ops::matmul_forward(a.shared_out, a.shared_swi, w.shared_down, none);
+    linears.forward(a.shared_out, a.shared_swi, w.shared_down, none);
     ops::residual_forward(out, out, a.shared_out);
   }
   return stats;
 }
 
-void moe_recompute(const MoeWeights& w, const MoeActs& a, const Tensor& ln, bool expert_parallel) {
+void moe_recompute(const Linears& linears, const MoeWeights& w, const MoeActs& a, const Tensor& ln, bool expert_parallel) {
   if (!expert_parallel) {
     ops::moe_permute_forward(a.xp, ln, a.row_slot, a.offsets);
-    run_experts(w, a.xp, a.gate, a.up, a.swi, a.y, a.offsets, kept_rows(a.offsets));
+    run_experts(linears, w, a.xp, a.gate, a.up, a.swi, a.y, a.offsets, kept_rows(a.offsets));
   }
   if (w.shared_gate.data) {  // shared_out, which backward does not read, is left alone
     const Tensor none;
-    ops::matmul_forward(a.shared_gate, ln, w.shared_gate, none);
-    ops::matmul_forward(a.shared_up, ln, w.shared_up, none);
+    linears.forward(a.shared_gate, ln, w.shared_gate, none);
+    linears.forward(a.shared_up, ln, w.shared_up, none);
     ops::swiglu_forward(a.shared_swi, a.shared_gate, a.shared_up);
   }
 }
 
-void moe_backward(const config::MoeConfig& moe, const MoeWeights& w, const MoeWeights& g, const MoeActs& a,
-                  const MoeGrads& ga, const Tensor& ln, const Tensor& dln, const Tensor& dout, float aux_scale,
-                  float z_scale, ExpertGroup* group) {
+void moe_backward(const Linears& linears, const config::MoeConfig& moe, const MoeWeights& w,
+                  const MoeWeights& g, const MoeActs& a, const MoeGrads& ga, const Tensor& ln,
+                  const Tensor& dln, const Tensor& dout, float aux_scale, float z_scale, ExpertGroup* group) {
   const Tensor none;
   const bool shared = w.shared_gate.data != nullptr;
   if (shared) {  // dln's first writer
-    ops::matmul_backward(ga.shared_swi, g.shared_down, none, dout, a.shared_swi, w.shared_down, ops::Accumulate::no);
+    linears.backward_whole(ga.shared_swi, g.shared_down, none, dout, a.shared_swi, w.shared_down, ops::Accumulate::no);
     ops::zero(ga.shared_gate);
     ops::zero(ga.shared_up);
     ops::swiglu_backward(ga.shared_gate, ga.shared_up, ga.shared_swi, a.shared_gate, a.shared_up);
-    ops::matmul_backward(dln, g.shared_gate, none, ga.shared_gate, ln, w.shared_gate, ops::Accumulate::no);
-    ops::matmul_backward(dln, g.shared_up, none, ga.shared_up, ln, w.shared_up);
+    linears.backward_whole(dln, g.shared_gate, none, ga.shared_gate, ln, w.shared_gate, ops::Accumulate::no);
+    linears.backward_whole(dln, g.shared_up, none, ga.shared_up, ln, w.shared_up);
   }
   ops::moe_unpermute_backward(ga.dy, ga.dweights, dout, a.y, a.weights, a.row_slot, a.slot_row, a.offsets);
   if (!group || group->size() == 1) {
-    run_experts_backward(w, g, {ga.dgate, ga.dup, ga.dswi}, a.xp, a.gate, a.up, a.swi, ga.dy, ga.dxp, a.offsets,
+    run_experts_backward(linears, w, g, {ga.dgate, ga.dup, ga.dswi}, a.xp, a.gate, a.up, a.swi, ga.dy, ga.dxp, a.offsets,
                          kept_rows(a.offsets));
   } else {
     // The slots' gradients travel as their rows did in forward, and the inputs' gradients back.
@@ -408,7 +410,7 @@ void moe_backward(const config::MoeConfig& moe, const MoeWeights& w, const MoeWe
     if (R > 0) {
       const auto rows = [R](const Tensor& t) { return first_rows(t, R); };
       ops::moe_permute_forward(rows(s.b), rows(s.a), first(e.perm, R), a.ep_offsets);
-      run_experts_backward(w, g, {rows(s.dgate), rows(s.dup), rows(s.dswi)}, rows(e.x), rows(e.gate), rows(e.up),
+      run_experts_backward(linears, w, g, {rows(s.dgate), rows(s.dup), rows(s.dswi)}, rows(e.x), rows(e.gate), rows(e.up),
                            rows(e.swi), rows(s.b), rows(s.a), a.ep_offsets, R);
       ops::moe_permute_backward(rows(s.b), rows(s.a), first(e.inv, R), ops::Accumulate::no);
     }
@@ -417,7 +419,7 @@ void moe_backward(const config::MoeConfig& moe, const MoeWeights& w, const MoeWe
   ops::moe_permute_backward(dln, ga.dxp, a.slot_row, shared ? ops::Accumulate::yes : ops::Accumulate::no);
   ops::moe_router_backward(ga.dlogits, ga.dweights, a.logits, a.probs, a.experts, a.counts, router_kind(moe),
                            aux_scale, z_scale);
-  ops::matmul_backward(dln, g.router, none, ga.dlogits, ln, w.router);
+  linears.backward_whole(dln, g.router, none, ga.dlogits, ln, w.router);
 }
 
 }  // namespace llmtrain::model

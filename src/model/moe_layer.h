@@ -17,6 +17,7 @@
 
 #include "config/config.h"
 #include "model/activations.h"
+#include "model/linears.h"
 #include "ops/buffer.h"
 #include "model/token_group.h"
 #include "ops/moe_ops.h"
@@ -128,26 +129,30 @@ void lay_out_moe_acts(ActsCarver& take, const config::ModelConfig& config, std::
 void lay_out_moe_grads(ActsCarver& take, const config::ModelConfig& config, std::int64_t N, MoeGrads& g,
                        int expert_size = 1);
 
-/// out (N,C) = the MoE MLP of ln (N,C); `capacity` as moe_capacity (0: dropless). `group`: the
+/// out (N,C) = the MoE MLP of ln (N,C), its matrix products through `linears` (whole: a MoE
+/// layer's weight gradients are never deferred); `capacity` as moe_capacity (0: dropless). `group`: the
 /// expert group, whose ranks all call it together (null: every expert here; then `w`'s experts
 /// are all E, else this rank's, and `scratch`'s ep_a and ep_b carry the rows). `tokens`: the ranks
 /// whose tokens make up the micro-batch with this rank's (null: this rank's alone); the router's
 /// loads and losses are summed over them, so that the statistics returned, and the counts backward
 /// reads, are the micro-batch's (`capacity` must be 0: the token order spans the ranks).
-MoeLayerStats moe_forward(const config::MoeConfig& moe, const MoeWeights& w, const MoeActs& a, const Tensor& ln,
-                          const Tensor& out, std::int64_t capacity, ExpertGroup* group = nullptr,
-                          const MoeGrads* scratch = nullptr, TokenGroup* tokens = nullptr);
+MoeLayerStats moe_forward(const Linears& linears, const config::MoeConfig& moe, const MoeWeights& w,
+                          const MoeActs& a, const Tensor& ln, const Tensor& out, std::int64_t capacity,
+                          ExpertGroup* group = nullptr, const MoeGrads* scratch = nullptr,
+                          TokenGroup* tokens = nullptr);
 /// train.recompute "mlp": the recomputed part (MoeActsPart) of a forward's activations again, from
 /// the same input `ln` and the kept part (the routing and the dispatch plan are not run again, nor
 /// is any row sent to another rank): what backward reads, the same values as forward left.
-void moe_recompute(const MoeWeights& w, const MoeActs& a, const Tensor& ln, bool expert_parallel);
+void moe_recompute(const Linears& linears, const MoeWeights& w, const MoeActs& a, const Tensor& ln,
+                   bool expert_parallel);
 /// Its backward from dout (N,C): dln (N,C) WRITTEN, the weights' gradients g += ; the router's
 /// losses enter with aux_scale and z_scale (their coefficients times the loss scale of this rank's
 /// tokens). After a forward with a token group of n ranks, aux_scale / n: the load-balancing loss
 /// is then the micro-batch's, its counts n times a rank's and its mean probabilities over n times
 /// the tokens.
-void moe_backward(const config::MoeConfig& moe, const MoeWeights& w, const MoeWeights& g, const MoeActs& a,
-                  const MoeGrads& ga, const Tensor& ln, const Tensor& dln, const Tensor& dout, float aux_scale,
-                  float z_scale, ExpertGroup* group = nullptr);
+void moe_backward(const Linears& linears, const config::MoeConfig& moe, const MoeWeights& w,
+                  const MoeWeights& g, const MoeActs& a, const MoeGrads& ga, const Tensor& ln,
+                  const Tensor& dln, const Tensor& dout, float aux_scale, float z_scale,
+                  ExpertGroup* group = nullptr);
 
 }  // namespace llmtrain::model

@@ -6,14 +6,16 @@
 
 namespace llmtrain::model {
 
-TensorParallel::TensorParallel(const Layout& layout, std::int64_t V, std::int64_t C, Device device, DType compute)
+TensorParallel::TensorParallel(const Layout& layout, std::int64_t V, std::int64_t C, Device device, DType compute,
+                               const Linears& linears)
     : rank_(layout.tensor_rank),
       size_(layout.tensor_size),
       sequence_parallel_(layout.sequence_parallel),
       V_(V),
       C_(C),
       device_(device),
-      compute_(compute) {}
+      compute_(compute),
+      linears_(linears) {}
 
 void TensorParallel::check_sequence_split(int B, int T) const {
   if (!sequence_parallel() || (std::int64_t(B) * T) % size_ == 0) return;
@@ -73,13 +75,13 @@ Tensor TensorParallel::keep(const Tensor& grads) {
 
 void TensorParallel::column_parallel_linear(const Tensor& out, const Tensor& x, const Tensor& full, const Tensor& w,
                                             const Tensor& b) {
-  ops::matmul_forward(out, gather_input(x, full), w, b);
+  linears_.forward(out, gather_input(x, full), w, b);
 }
 
 void TensorParallel::row_parallel_linear(const Tensor& out, const Tensor& partial, const Tensor& x, const Tensor& w,
                                          const Tensor& b) {
   const Tensor& product = sequence_parallel() ? partial : out;
-  ops::matmul_forward(product, x, w, bias_once(b));
+  linears_.forward(product, x, w, bias_once(b));
   reduce_output(product, out);
 }
 

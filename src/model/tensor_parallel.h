@@ -18,6 +18,7 @@
 
 #include "core/tensor.h"
 #include "model/flat_layout.h"
+#include "model/linears.h"
 #include "ops/buffer.h"
 #include "ops/ops.h"
 
@@ -40,7 +41,8 @@ class TensorParallel {
  public:
   /// This rank's place (`layout`) in a group that splits a model of vocabulary V and width C
   /// whose activations are in `compute`.
-  TensorParallel(const Layout& layout, std::int64_t V, std::int64_t C, Device device, DType compute);
+  TensorParallel(const Layout& layout, std::int64_t V, std::int64_t C, Device device, DType compute,
+                 const Linears& linears);
 
   /// The group the mappings communicate over (set before the first pass).
   void set_group(TensorGroup* group) { group_ = group; }
@@ -146,6 +148,7 @@ class TensorParallel {
   std::int64_t V_, C_;
   Device device_;
   DType compute_;
+  const Linears& linears_;  // the model's: the split linears' products go through it
   TensorGroup* group_ = nullptr;
   // The embedding with a zero row after this rank's (for tokens other ranks hold), its gradient,
   // the tokens as its row indices (one set per activation slot), the classifier's per-row
