@@ -250,11 +250,12 @@ TEST_CASE("cuda backward split into input and weight gradients gives the whole b
   if (!ops::cuda_available(&why)) LLMTRAIN_SKIP("no CUDA device: " + why);
   // As tests/golden_test.cpp on the CPU: two micro-batches in two slots, F0 F1 B0 B1 with the
   // whole backwards against F0 F1 B0 B1 W0 W1 (the linear layers' cuBLASLt weight GEMMs and
-  // bias sums later). GPT-2 untied here, so that its head's weight gradient is deferred too.
-  for (const std::string arch : {"gpt2", "llama"}) {
+  // bias sums, and the experts' grouped ones, later). GPT-2 untied here, so that its head's
+  // weight gradient is deferred too.
+  for (const std::string arch : {"gpt2", "llama", "moe"}) {
     for (const DType compute : {DType::f32, DType::bf16}) {
       CAPTURE(arch, dtype_name(compute));
-      auto c = tiny(arch);
+      auto c = arch == "moe" ? tiny_moe("softmax", 0.0) : tiny(arch);  // MoE: router, experts, shared expert
       c.tie_embeddings = false;
       const int B = 2, T = 17;
       std::vector<std::int32_t> inputs(std::size_t(2 * B * T)), targets(inputs.size());

@@ -507,7 +507,7 @@ ROWS = [
     # zb1p (ZB-H1): each backward split into its input gradients and, deferred, its weight
     # gradients, summed in the backwards' order: 1F1B's bits (pp4-zb1p against pp4: the same
     # checkpoint files), its transfers 1F1B's; with data 2 under ZeRO 1, Llama, and a MoE model
-    # (whose experts keep their whole backward).
+    # (its router's and experts' weight gradients deferred too).
     Row("pipeline", "pp2-zb1p", 2, "dist.pipeline_parallel=2 dist.pipeline_schedule=zb1p",
         checks=(log_says("zb1p schedule"), pipeline_transfers(1))),
     Row("pipeline", "pp4-zb1p", 4, "dist.pipeline_parallel=4 dist.pipeline_schedule=zb1p", against="pp4", **EXACT),

@@ -185,9 +185,10 @@ TEST_CASE("moe layer: gradients of the input, router, experts and shared experts
       Vec R = random_vec(rng, std::size_t(N * C));
       Vec out(std::size_t(N * C));
       const std::int64_t capacity = model::moe_capacity(c.moe, N);
+      model::Linears linears(Device::cpu);
       const auto loss = [&] {
         const model::MoeWeights w = layer.params();
-        const model::MoeLayerStats s = model::moe_forward(model::Linears(Device::cpu), c.moe, w, layer.a,
+        const model::MoeLayerStats s = model::moe_forward(linears, c.moe, w, layer.a,
                                                           t(ln, {N, C}), t(out, {N, C}), capacity);
         return test::weighted_sum(out, R) + c.moe.aux_loss_coef * s.aux + c.moe.z_loss_coef * s.z;
       };
@@ -197,7 +198,7 @@ TEST_CASE("moe layer: gradients of the input, router, experts and shared experts
           d_down(layer.down.size()), d_sg(layer.sgate.size()), d_su(layer.sup.size()),
           d_sd(layer.sdown.size());
       const model::MoeWeights gw = layer.weights(d_router, d_gate, d_up, d_down, d_sg, d_su, d_sd, false);
-      model::moe_backward(model::Linears(Device::cpu), c.moe, layer.params(), gw, layer.a, layer.g,
+      model::moe_backward(linears, c.moe, layer.params(), gw, layer.a, layer.g,
                           t(ln, {N, C}), t(d_ln, {N, C}), t(R, {N, C}), float(c.moe.aux_loss_coef),
                           float(c.moe.z_loss_coef));
       test::check_gradient("ln", ln, d_ln, loss, 1e-3, 5e-3);
@@ -277,8 +278,8 @@ TEST_CASE("moe model: decode_step with the KV cache gives the full forward's log
   CHECK(worst < 1e-5 * scale + 1e-6);
 }
 
-TEST_CASE("moe model: train.recompute mlp and full give no recompute's loss, gradients and router statistics, bit "
-          "for bit") {
+TEST_CASE("moe model: train.recompute mlp and full, and the backward split into input and weight gradients, give "
+          "the whole backward's loss, gradients and router statistics, bit for bit") {
   // A dense first layer and two MoE layers; a softmax router with a shared expert and a capacity
   // that drops slots, then a sigmoid router with an expert bias. Two micro-batches accumulate.
   for (const bool sigmoid : {false, true}) {
@@ -310,6 +311,32 @@ TEST_CASE("moe model: train.recompute mlp and full give no recompute's loss, gra
       return r;
     };
     const Result none = run(model::Recompute::none);
+    {  // the backward split into input and weight gradients (a zero-bubble schedule's), in two slots
+      auto m = model::make_model(c, Device::cpu);
+      m->init_weights(5);
+      m->zero_grads();
+      m->set_activation_slots(2);
+      m->set_weight_grads_deferred(true);
+      for (int micro = 0; micro < 2; ++micro) {
+        m->use_activation_slot(micro);
+        const std::size_t at = std::size_t(micro * B * T);
+        CHECK(m->forward(inputs.data() + at, targets.data() + at, B, T, 1.0f / float(2 * B * T)) ==
+              none.losses[std::size_t(micro)]);
+      }
+      for (int micro = 0; micro < 2; ++micro) {
+        m->use_activation_slot(micro);
+        m->backward();
+      }
+      const Vec inputs_only(m->grads().as<float>(), m->grads().as<float>() + m->num_params());
+      for (int micro = 0; micro < 2; ++micro) {
+        m->use_activation_slot(micro);
+        m->backward_weights();
+      }
+      const Vec split(m->grads().as<float>(), m->grads().as<float>() + m->num_params());
+      CHECK(inputs_only != split);
+      // The same sums in the same order as F0 B0 F1 B1: each weight gradient adds micro-batch 0's, then 1's.
+      CHECK(split == none.grads);
+    }
     CHECK(none.stats.forwards == 2);
     if (!sigmoid) CHECK(none.stats.dropped > 0.0);  // the capacity drops slots
     CHECK(std::any_of(none.grads.begin(), none.grads.end(), [](float g) { return g != 0.0f; }));

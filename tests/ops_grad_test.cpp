@@ -9,6 +9,7 @@
 #include "catch_compat.h"
 #include "grad_check.h"
 #include "llmtrain/kernels/cpu.h"
+#include "ops/moe_ops.h"
 #include "ops/ops.h"
 
 using namespace llmtrain;
@@ -110,6 +111,22 @@ TEST_CASE("matmul backward split into its input part and its weight part gives t
     CHECK(spb == dpb);
     CHECK(sw == dw);
     CHECK(sb == db);
+  }
+  // The experts' grouped product: 3 experts over 11 rows (the middle one with none).
+  {
+    const int E = 3, C = 6, OC = 5, R = 11;
+    Vec x = random_vec(rng, R * C), w = random_vec(rng, E * OC * C), dout = random_vec(rng, R * OC);
+    std::vector<std::int32_t> offsets{0, 4, 4, R};
+    const Vec dx0 = random_vec(rng, R * C), dw0 = random_vec(rng, E * OC * C);
+    Vec dx = dx0, dw = dw0, sx = dx0, sw = dw0;
+    const Tensor off(offsets.data(), DType::i32, Device::cpu, {E + 1});
+    ops::grouped_matmul_backward(t(dx, {R, C}), t(dw, {E, OC, C}), t(dout, {R, OC}), t(x, {R, C}), t(w, {E, OC, C}), off);
+    ops::grouped_matmul_backward(t(sx, {R, C}), Tensor(), t(dout, {R, OC}), t(x, {R, C}), t(w, {E, OC, C}), off);
+    CHECK(sw == dw0);
+    ops::grouped_matmul_backward(Tensor(), t(sw, {E, OC, C}), t(dout, {R, OC}), t(x, {R, C}), t(w, {E, OC, C}), off);
+    CHECK(sx == dx);
+    CHECK(sw == dw);
+    CHECK(dw != dw0);
   }
   // Neither part, or a bias gradient without the weight's: refused.
   Vec a(4), b(4), c(4);

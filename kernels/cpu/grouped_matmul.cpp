@@ -19,8 +19,9 @@ void grouped_matmul_backward(float* dinp, float* dweight, const float* dout, con
   for (int e = 0; e < E; ++e) {
     const std::int64_t begin = offsets[e], rows = offsets[e + 1] - offsets[e];
     if (rows == 0) continue;
-    matmul_backward(dinp + begin * C, dweight + std::int64_t(e) * OC * C, nullptr, dout + begin * OC, inp + begin * C,
-                    weight + std::int64_t(e) * OC * C, rows, C, OC, OC, accumulate);
+    // Either part alone: a null dinp or dweight skips it (matmul_backward's contract).
+    matmul_backward(dinp ? dinp + begin * C : nullptr, dweight ? dweight + std::int64_t(e) * OC * C : nullptr, nullptr,
+                    dout + begin * OC, inp + begin * C, weight + std::int64_t(e) * OC * C, rows, C, OC, OC, accumulate);
   }
 }
 

@@ -138,12 +138,16 @@ void grouped_matmul_backward(Act* dinp, float* dweight, const Act* dout, const A
                              const std::int32_t* offsets, int E, int C, int OC, bool accumulate,
                              cudaStream_t stream) {
   if (E <= 0 || OC <= 0 || C <= 0) return;
-  grouped_dinp_kernel<Act><<<dim3(row_tile_blocks, tiles(C)), tile * tile, 0, stream>>>(dinp, dout, weight, offsets,
-                                                                                      E, C, OC, accumulate);
-  LLMTRAIN_CUDA_CHECK(cudaGetLastError());
-  grouped_dweight_kernel<Act><<<dim3(tiles(C), tiles(OC), unsigned(E)), tile * tile, 0, stream>>>(dweight, dout, inp,
-                                                                                                offsets, C, OC);
-  LLMTRAIN_CUDA_CHECK(cudaGetLastError());
+  if (dinp) {  // either part may run alone (null: skipped)
+    grouped_dinp_kernel<Act><<<dim3(row_tile_blocks, tiles(C)), tile * tile, 0, stream>>>(dinp, dout, weight, offsets,
+                                                                                        E, C, OC, accumulate);
+    LLMTRAIN_CUDA_CHECK(cudaGetLastError());
+  }
+  if (dweight) {
+    grouped_dweight_kernel<Act><<<dim3(tiles(C), tiles(OC), unsigned(E)), tile * tile, 0, stream>>>(
+        dweight, dout, inp, offsets, C, OC);
+    LLMTRAIN_CUDA_CHECK(cudaGetLastError());
+  }
 }
 LLMTRAIN_INSTANTIATE_ACTIVATIONS(grouped_matmul_backward)
 

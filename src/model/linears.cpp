@@ -37,8 +37,10 @@ void Linears::backward_whole(const Tensor& dinp, const Tensor& dweight, const Te
 }
 
 void Linears::grouped_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
-                               const Tensor& weight, const Tensor& offsets, ops::Accumulate dinp_mode) const {
-  ops::grouped_matmul_backward(dinp, dweight, dout, inp, weight, offsets, dinp_mode);
+                               const Tensor& weight, const Tensor& offsets, ops::Accumulate dinp_mode) {
+  if (!deferred_) return ops::grouped_matmul_backward(dinp, dweight, dout, inp, weight, offsets, dinp_mode);
+  ops::grouped_matmul_backward(dinp, Tensor(), dout, inp, weight, offsets, dinp_mode);
+  defer(dweight, Tensor(), dout, inp, weight, Dout::copied, offsets);
 }
 
 void Linears::use_slot(int slot, int slots) {
@@ -47,7 +49,7 @@ void Linears::use_slot(int slot, int slots) {
 }
 
 void Linears::defer(const Tensor& dweight, const Tensor& dbias, const Tensor& dout, const Tensor& inp,
-                    const Tensor& weight, Dout where) {
+                    const Tensor& weight, Dout where, const Tensor& offsets) {
   if (slots_.size() <= std::size_t(slot_)) slots_.resize(std::size_t(slot_) + 1);
   Slot& slot = slots_[std::size_t(slot_)];
   Tensor kept = dout;
@@ -59,13 +61,19 @@ void Linears::defer(const Tensor& dweight, const Tensor& dbias, const Tensor& do
     kept.data = copy.data();
     ops::copy(kept, dout);
   }
-  slot.pending.push_back({dweight, dbias, kept, inp, weight});
+  slot.pending.push_back({dweight, dbias, kept, inp, weight, offsets});
 }
 
 void Linears::run_deferred() {
   if (slots_.size() <= std::size_t(slot_)) return;
   Slot& slot = slots_[std::size_t(slot_)];
-  for (const Pending& p : slot.pending) ops::matmul_backward(Tensor(), p.dweight, p.dbias, p.dout, p.inp, p.weight);
+  for (const Pending& p : slot.pending) {
+    if (p.offsets.data) {
+      ops::grouped_matmul_backward(Tensor(), p.dweight, p.dout, p.inp, p.weight, p.offsets);
+    } else {
+      ops::matmul_backward(Tensor(), p.dweight, p.dbias, p.dout, p.inp, p.weight);
+    }
+  }
   slot.pending.clear();
 }
 

@@ -39,12 +39,13 @@ class Linears {
                       const Tensor& dout, const Tensor& inp, const Tensor& pre, const Tensor& weight);
   /// ops::matmul_backward at once whatever the deferral: for a weight gradient whose order of
   /// sums another part of the same backward shares (a head tied to the embedding the model holds,
-  /// key/value heads shared over a tensor group), and for the MoE layer's router and shared experts.
+  /// key/value heads shared over a tensor group).
   void backward_whole(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
                       const Tensor& inp, const Tensor& weight, ops::Accumulate dinp_mode = ops::Accumulate::yes) const;
-  /// ops::grouped_matmul_backward, whole.
+  /// ops::grouped_matmul_backward likewise: dinp now, dweight now or deferred (dout copied; the
+  /// expert offsets are the slot's own, kept until its weight gradients run).
   void grouped_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
-                        const Tensor& weight, const Tensor& offsets, ops::Accumulate dinp_mode = ops::Accumulate::yes) const;
+                        const Tensor& weight, const Tensor& offsets, ops::Accumulate dinp_mode = ops::Accumulate::yes);
 
   /// While deferred, backward() leaves the weight part of each call to run_deferred() of the same
   /// activation slot, which adds them in the order they were met, with the arithmetic of the whole
@@ -59,13 +60,14 @@ class Linears {
  private:
   struct Pending {
     Tensor dweight, dbias, dout, inp, weight;
+    Tensor offsets;  // a grouped product's (the experts' row ranges); none for a plain one
   };
   struct Slot {
     std::vector<Pending> pending;
     std::vector<ops::Buffer> dout_copies;  // one per entry, kept from update to update
   };
   void defer(const Tensor& dweight, const Tensor& dbias, const Tensor& dout, const Tensor& inp, const Tensor& weight,
-             Dout where);
+             Dout where, const Tensor& offsets = Tensor());
 
   Device device_;
   bool deferred_ = false;

@@ -107,7 +107,7 @@ struct ExpertGrads {
 };
 
 // Its backward from dy: dx (the first M rows) WRITTEN, the experts' gradients g += .
-void run_experts_backward(const Linears& linears, const MoeWeights& w, const MoeWeights& g,
+void run_experts_backward(Linears& linears, const MoeWeights& w, const MoeWeights& g,
                           const ExpertGrads& ga, const Tensor& x, const Tensor& gate, const Tensor& up,
                           const Tensor& swi, const Tensor& dy, const Tensor& dx, const Tensor& offsets,
                           std::int64_t M) {
@@ -382,18 +382,18 @@ void moe_recompute(const Linears& linears, const MoeWeights& w, const MoeActs& a
   }
 }
 
-void moe_backward(const Linears& linears, const config::MoeConfig& moe, const MoeWeights& w,
+void moe_backward(Linears& linears, const config::MoeConfig& moe, const MoeWeights& w,
                   const MoeWeights& g, const MoeActs& a, const MoeGrads& ga, const Tensor& ln,
                   const Tensor& dln, const Tensor& dout, float aux_scale, float z_scale, ExpertGroup* group) {
   const Tensor none;
   const bool shared = w.shared_gate.data != nullptr;
   if (shared) {  // dln's first writer
-    linears.backward_whole(ga.shared_swi, g.shared_down, none, dout, a.shared_swi, w.shared_down, ops::Accumulate::no);
+    linears.backward(ga.shared_swi, g.shared_down, none, dout, a.shared_swi, w.shared_down, ops::Accumulate::no);
     ops::zero(ga.shared_gate);
     ops::zero(ga.shared_up);
     ops::swiglu_backward(ga.shared_gate, ga.shared_up, ga.shared_swi, a.shared_gate, a.shared_up);
-    linears.backward_whole(dln, g.shared_gate, none, ga.shared_gate, ln, w.shared_gate, ops::Accumulate::no);
-    linears.backward_whole(dln, g.shared_up, none, ga.shared_up, ln, w.shared_up);
+    linears.backward(dln, g.shared_gate, none, ga.shared_gate, ln, w.shared_gate, ops::Accumulate::no);
+    linears.backward(dln, g.shared_up, none, ga.shared_up, ln, w.shared_up);
   }
   ops::moe_unpermute_backward(ga.dy, ga.dweights, dout, a.y, a.weights, a.row_slot, a.slot_row, a.offsets);
   if (!group || group->size() == 1) {
@@ -419,7 +419,7 @@ void moe_backward(const Linears& linears, const config::MoeConfig& moe, const Mo
   ops::moe_permute_backward(dln, ga.dxp, a.slot_row, shared ? ops::Accumulate::yes : ops::Accumulate::no);
   ops::moe_router_backward(ga.dlogits, ga.dweights, a.logits, a.probs, a.experts, a.counts, router_kind(moe),
                            aux_scale, z_scale);
-  linears.backward_whole(dln, g.router, none, ga.dlogits, ln, w.router);
+  linears.backward(dln, g.router, none, ga.dlogits, ln, w.router);
 }
 
 }  // namespace llmtrain::model

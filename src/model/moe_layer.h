@@ -129,8 +129,8 @@ void lay_out_moe_acts(ActsCarver& take, const config::ModelConfig& config, std::
 void lay_out_moe_grads(ActsCarver& take, const config::ModelConfig& config, std::int64_t N, MoeGrads& g,
                        int expert_size = 1);
 
-/// out (N,C) = the MoE MLP of ln (N,C), its matrix products through `linears` (whole: a MoE
-/// layer's weight gradients are never deferred); `capacity` as moe_capacity (0: dropless). `group`: the
+/// out (N,C) = the MoE MLP of ln (N,C), its matrix products through `linears` (whose backward may
+/// defer the router's, the experts' and the shared experts' weight gradients); `capacity` as moe_capacity (0: dropless). `group`: the
 /// expert group, whose ranks all call it together (null: every expert here; then `w`'s experts
 /// are all E, else this rank's, and `scratch`'s ep_a and ep_b carry the rows). `tokens`: the ranks
 /// whose tokens make up the micro-batch with this rank's (null: this rank's alone); the router's
@@ -150,7 +150,7 @@ void moe_recompute(const Linears& linears, const MoeWeights& w, const MoeActs& a
 /// tokens). After a forward with a token group of n ranks, aux_scale / n: the load-balancing loss
 /// is then the micro-batch's, its counts n times a rank's and its mean probabilities over n times
 /// the tokens.
-void moe_backward(const Linears& linears, const config::MoeConfig& moe, const MoeWeights& w,
+void moe_backward(Linears& linears, const config::MoeConfig& moe, const MoeWeights& w,
                   const MoeWeights& g, const MoeActs& a, const MoeGrads& ga, const Tensor& ln,
                   const Tensor& dln, const Tensor& dout, float aux_scale, float z_scale,
                   ExpertGroup* group = nullptr);

@@ -45,7 +45,8 @@ void moe_unpermute_backward(const Tensor& dy, const Tensor& dweights, const Tens
 void moe_bias_update(const Tensor& bias, const Tensor& loads, float mean_load, float rate);
 /// out (R,OC) = each expert e's rows [offsets[e], offsets[e+1]) of inp (R,C) times weight (E,OC,C)[e]^T.
 void grouped_matmul_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& offsets);
-/// dweight (E,OC,C) f32 += ; dinp (R,C) += (or, Accumulate::no, =) from dout (R,OC).
+/// dweight (E,OC,C) f32 += ; dinp (R,C) += (or, Accumulate::no, =) from dout (R,OC). Either part
+/// may run alone (the other without data), with the whole call's arithmetic.
 void grouped_matmul_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
                              const Tensor& weight, const Tensor& offsets, Accumulate mode = Accumulate::yes);
 

@@ -246,7 +246,8 @@ void moe_bias_update(float* bias, const float* loads, float mean_load, std::int6
 /// rows of expert e being [offsets[e], offsets[e+1]).
 void grouped_matmul_forward(float* out, const float* inp, const float* weight, const std::int32_t* offsets, int E,
                             int C, int OC);
-/// dweight (E,OC,C) += ; dinp (rows, C) += (or, !accumulate, =) from dout (rows, OC).
+/// dweight (E,OC,C) += ; dinp (rows, C) += (or, !accumulate, =) from dout (rows, OC); a null dinp or
+/// dweight skips that part.
 void grouped_matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
                              const std::int32_t* offsets, int E, int C, int OC, bool accumulate);
 
