@@ -28,6 +28,7 @@
 #include "parallel/expert_parallel_comm.h"
 #include "parallel/gradient_strategy.h"
 #include "parallel/pipeline_schedule.h"
+#include "parallel/parallel_context.h"
 #include "parallel/pipeline_stages.h"
 #include "parallel/tensor_parallel_comm.h"
 
@@ -37,37 +38,6 @@ using dist::Axis;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// This rank's part of the model: its ZeRO 3 sharding, its tensor-parallel rank and, in a
-// pipeline, its stage's layers (virtual stages stage, stage + P, ...).
-model::Layout rank_layout(const config::Config& config, const dist::Communicators& comms) {
-  model::Layout layout{config.dist.zero_stage == 3, comms.host(Axis::tensor).rank(), comms.host(Axis::tensor).world_size(),
-                       config.dist.sequence_parallel};
-  layout.context_rank = comms.host(Axis::context).rank();
-  layout.context_size = comms.host(Axis::context).world_size();
-  layout.context_ring = config.dist.context_parallel_mode == config::ContextParallelMode::ring;
-  layout.expert_rank = comms.host(Axis::expert).rank();
-  layout.expert_size = comms.host(Axis::expert).world_size();
-  const int stage = comms.host(Axis::pipeline).rank(), stages = comms.host(Axis::pipeline).world_size();
-  if (stages > 1) layout.layer_ranges = parallel::stage_layer_ranges(parallel::split_layers(config), stage, stages);
-  return layout;
-}
-
-// Which gradients the global norm counts on this rank and the groups it is summed over: under
-// tensor, expert or pipeline parallelism, the parts this rank owns, summed over those groups.
-parallel::NormScope norm_scope(const model::Model& model, const dist::Communicators& comms) {
-  parallel::NormScope norm;
-  const bool tensor = comms.host(Axis::tensor).world_size() > 1, pipeline = comms.host(Axis::pipeline).world_size() > 1;
-  const bool expert = comms.host(Axis::expert).world_size() > 1;
-  if (tensor || pipeline || expert) {
-    norm.scoped = true;  // (an expert rank above 0 on a tensor rank above 0 counts nothing)
-    norm.counted = parallel::norm_ranges(model);
-  }
-  if (tensor) norm.groups.push_back(&comms.host(Axis::tensor));
-  if (expert) norm.groups.push_back(&comms.host(Axis::expert));
-  if (pipeline) norm.groups.push_back(&comms.host(Axis::pipeline));
-  return norm;
-}
 
 // The flat ranges of the whole model that this rank's local arrays `pieces` hold, in local order.
 std::vector<model::FlatRange> logical_ranges(const std::vector<optim::Piece>& pieces, const model::Model& model) {
@@ -161,30 +131,17 @@ Trainer::Trainer(const TrainOptions& options, const dist::Communicators& comms, 
   // backward take its single pass (dQ by atomics).
   ops::set_deterministic(tc.deterministic);
   attention_ = parallel::resolve_attention_on_every_rank(config_, device_, *comms_.world);
-  const model::Layout layout = rank_layout(config_, comms);
+  parallel_ = std::make_unique<parallel::ParallelContext>(config_, comms, device_);
   model_ = model::make_model(config_.model, device_, tc.recompute, model::precision_dtype(tc.precision),
-                             attention_.kernels, layout);
+                             attention_.kernels, parallel_->layout());
   model_->set_documents(model::documents_for(config_.data, config_.model,
                                              model::shard_folder(config_.data.train.paths(), "data.train"), device_));
   pipeline_ = std::make_unique<parallel::PipelineExecutor>(*model_, config_, comms_.host(Axis::pipeline), comms_.device(Axis::pipeline), int(accum_));
-  if (layout.tensor_size > 1) {
-    tensor_group_ = std::make_unique<parallel::CommTensorGroup>(comms.device(Axis::tensor), device_);
-    model_->set_tensor_group(tensor_group_.get());
-  }
-  if (layout.context_size > 1) {
-    context_group_ = std::make_unique<parallel::CommContextGroup>(comms.device(Axis::context), comms.host(Axis::context));
-    model_->set_context_group(context_group_.get());
-  }
-  parallel::ExpertScope experts;
-  if (layout.expert_size > 1) {
-    expert_group_ = std::make_unique<parallel::CommExpertGroup>(comms.host(Axis::expert), comms.device(Axis::expert));
-    model_->set_expert_group(expert_group_.get());
-    experts = {parallel::expert_shared_ranges(*model_), &comms.device(Axis::expert)};
-  }
+  parallel_->attach(*model_);
   gradients_ = parallel::make_gradient_strategy(*model_, config_.dist, comms_.device(Axis::data), comms_.host(Axis::data),
-                                                norm_scope(*model_, comms), std::move(experts));
+                                                parallel_->norm_scope(*model_), parallel_->expert_scope(*model_));
   // This rank's model is not the whole one.
-  if (layout.tensor_size > 1 || layout.expert_size > 1 || stages_ > 1 || layout.external_storage) {
+  if (parallel_->partial_model()) {
     logical_ = model::make_model(config_.model, Device::cpu, model::Recompute::none, DType::f32,
                                  ops::AttentionKernels::flash, model::Layout{true});
   }

@@ -24,7 +24,7 @@
 #include "optim/optimizer.h"
 #include "parallel/gradient_strategy.h"
 #include "parallel/pipeline_executor.h"
-#include "parallel/tensor_parallel_comm.h"
+#include "parallel/parallel_context.h"
 #include "train/checkpointer.h"
 #include "train/options.h"
 #include "train/step_result.h"
@@ -129,9 +129,7 @@ class Trainer final : public CheckpointSource {
   std::unique_ptr<model::Model> logical_;  // logical_model() when this rank's model is only part of it
   std::unique_ptr<parallel::GradientStrategy> gradients_;  // bucketed sync (ZeRO 0-2) or ZeRO 3
   std::unique_ptr<optim::Optimizer> optimizer_;  // optim.name's (optim/registry.h)
-  std::unique_ptr<parallel::CommTensorGroup> tensor_group_;  // its device side, for the model
-  std::unique_ptr<model::ContextGroup> context_group_;  // the context-parallel group, for the model
-  std::unique_ptr<model::ExpertGroup> expert_group_;    // the expert-parallel group, for the model
+  std::unique_ptr<parallel::ParallelContext> parallel_;  // this rank's place on the mesh, and the model's groups
   int stages_ = 1;                      // pipeline stages
   std::unique_ptr<parallel::PipelineExecutor> pipeline_;  // its schedule (the one-stage one without a pipeline)
   std::function<void()> before_update_;

@@ -1,0 +1,66 @@
+#include "parallel/parallel_context.h"
+
+#include "parallel/context_parallel_comm.h"
+#include "parallel/expert_parallel_comm.h"
+#include "parallel/pipeline_stages.h"
+#include "parallel/tensor_parallel_comm.h"
+
+namespace llmtrain::parallel {
+
+using dist::Axis;
+
+ParallelContext::ParallelContext(const config::Config& config, const dist::Communicators& comms, Device device)
+    : comms_(comms), device_(device) {
+  layout_ = model::Layout{config.dist.zero_stage == 3, comms.host(Axis::tensor).rank(),
+                          comms.host(Axis::tensor).world_size(), config.dist.sequence_parallel};
+  layout_.context_rank = comms.host(Axis::context).rank();
+  layout_.context_size = comms.host(Axis::context).world_size();
+  layout_.context_ring = config.dist.context_parallel_mode == config::ContextParallelMode::ring;
+  layout_.expert_rank = comms.host(Axis::expert).rank();
+  layout_.expert_size = comms.host(Axis::expert).world_size();
+  const int stage = comms.host(Axis::pipeline).rank(), stages = comms.host(Axis::pipeline).world_size();
+  if (stages > 1) layout_.layer_ranges = stage_layer_ranges(split_layers(config), stage, stages);
+}
+
+ParallelContext::~ParallelContext() = default;
+
+bool ParallelContext::partial_model() const {
+  return layout_.tensor_size > 1 || layout_.expert_size > 1 || comms_.host(Axis::pipeline).world_size() > 1 ||
+         layout_.external_storage;
+}
+
+void ParallelContext::attach(model::Model& model) {
+  if (layout_.tensor_size > 1) {
+    tensor_ = std::make_unique<CommTensorGroup>(comms_.device(Axis::tensor), device_);
+    model.set_tensor_group(tensor_.get());
+  }
+  if (layout_.context_size > 1) {
+    context_ = std::make_unique<CommContextGroup>(comms_.device(Axis::context), comms_.host(Axis::context));
+    model.set_context_group(context_.get());
+  }
+  if (layout_.expert_size > 1) {
+    expert_ = std::make_unique<CommExpertGroup>(comms_.host(Axis::expert), comms_.device(Axis::expert));
+    model.set_expert_group(expert_.get());
+  }
+}
+
+NormScope ParallelContext::norm_scope(const model::Model& model) const {
+  NormScope norm;
+  const bool tensor = comms_.host(Axis::tensor).world_size() > 1, pipeline = comms_.host(Axis::pipeline).world_size() > 1;
+  const bool expert = comms_.host(Axis::expert).world_size() > 1;
+  if (tensor || pipeline || expert) {
+    norm.scoped = true;  // (an expert rank above 0 on a tensor rank above 0 counts nothing)
+    norm.counted = norm_ranges(model);
+  }
+  if (tensor) norm.groups.push_back(&comms_.host(Axis::tensor));
+  if (expert) norm.groups.push_back(&comms_.host(Axis::expert));
+  if (pipeline) norm.groups.push_back(&comms_.host(Axis::pipeline));
+  return norm;
+}
+
+ExpertScope ParallelContext::expert_scope(const model::Model& model) const {
+  if (layout_.expert_size <= 1) return {};
+  return {expert_shared_ranges(model), &comms_.device(Axis::expert)};
+}
+
+}  // namespace llmtrain::parallel
