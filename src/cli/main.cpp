@@ -1,9 +1,11 @@
 // llmtrain's entry point: parses the command line and turns errors into exit codes.
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <iostream>
 #include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli/commands.h"
@@ -47,6 +49,11 @@ int report(const std::string& message, llmtrain::ExitCode code) {
               << " (this rank alone; stopping the job)" << std::endl;
   } else if (code != llmtrain::ExitCode::bad_input || is_first_rank()) {
     std::cerr << "llmtrain: error: " << one_line(message) << std::endl;
+  } else {
+    // Every rank met the same bad input and the first one says it. A launcher ends the job when
+    // the first rank exits with an error, so this one waits a moment: else its exit could end the
+    // job (and the first rank) before that line is out.
+    std::this_thread::sleep_for(std::chrono::seconds(2));
   }
   return static_cast<int>(code);
 }
