@@ -242,7 +242,7 @@ void Llama::forward_mlp(std::size_t l) {
   const LayerActs& la = layer_acts(l);
   const Tensor none;
   if (is_moe_layer(config_, std::int64_t(l))) {  // recompute "mlp": from the kept routing, on this rank
-    return moe_recompute(linears_, lp.moe, la.moe, sequence_parallel() ? la.moe.ln : la.ln2, layout().expert_size > 1);
+    return moe_recompute(linears_, lp.moe, la.moe, sequence_parallel() ? la.moe.ln : la.ln2);
   }
   const Tensor ln2 = tp_.gather_input(la.ln2, a_.full_in);
   linears_.forward(la.gate, ln2, lp.gate, none);

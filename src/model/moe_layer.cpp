@@ -122,6 +122,14 @@ void run_experts_backward(Linears& linears, const MoeWeights& w, const MoeWeight
   linears.grouped_backward(dx, g.up, ga.dup, x, w.up, offsets);
 }
 
+// The shared experts' SwiGLU of ln (N,C) into a's shared_gate, shared_up and shared_swi (not yet
+// through shared_down): what forward goes on from and what recompute "mlp" restores.
+void shared_experts_swiglu(const Linears& linears, const MoeWeights& w, const MoeActs& a, const Tensor& ln) {
+  linears.forward(a.shared_gate, ln, w.shared_gate, Tensor());
+  linears.forward(a.shared_up, ln, w.shared_up, Tensor());
+  ops::swiglu_forward(a.shared_swi, a.shared_gate, a.shared_up);
+}
+
 // The capacity a growing store takes for `rows`: at least a quarter more than it had, so that a
 // slowly rising maximum allocates a few times only.
 std::int64_t grown(std::int64_t capacity, std::int64_t rows) { return std::max(rows, capacity + capacity / 4); }
@@ -360,26 +368,20 @@ MoeLayerStats moe_forward(const Linears& linears, const config::MoeConfig& moe, 
   }
   ops::moe_unpermute_forward(out, a.y, a.weights, a.slot_row);
   if (w.shared_gate.data) {
-    linears.forward(a.shared_gate, ln, w.shared_gate, none);
-    linears.forward(a.shared_up, ln, w.shared_up, none);
-    ops::swiglu_forward(a.shared_swi, a.shared_gate, a.shared_up);
+    shared_experts_swiglu(linears, w, a, ln);
     linears.forward(a.shared_out, a.shared_swi, w.shared_down, none);
     ops::residual_forward(out, out, a.shared_out);
   }
   return stats;
 }
 
-void moe_recompute(const Linears& linears, const MoeWeights& w, const MoeActs& a, const Tensor& ln, bool expert_parallel) {
-  if (!expert_parallel) {
+void moe_recompute(const Linears& linears, const MoeWeights& w, const MoeActs& a, const Tensor& ln) {
+  if (!a.ep) {  // under expert parallelism the experts' rows and results are kept (a.ep, a.y)
     ops::moe_permute_forward(a.xp, ln, a.row_slot, a.offsets);
     run_experts(linears, w, a.xp, a.gate, a.up, a.swi, a.y, a.offsets, kept_rows(a.offsets));
   }
-  if (w.shared_gate.data) {  // shared_out, which backward does not read, is left alone
-    const Tensor none;
-    linears.forward(a.shared_gate, ln, w.shared_gate, none);
-    linears.forward(a.shared_up, ln, w.shared_up, none);
-    ops::swiglu_forward(a.shared_swi, a.shared_gate, a.shared_up);
-  }
+  // shared_out, which backward does not read, is left alone
+  if (w.shared_gate.data) shared_experts_swiglu(linears, w, a, ln);
 }
 
 void moe_backward(Linears& linears, const config::MoeConfig& moe, const MoeWeights& w,

@@ -143,8 +143,7 @@ MoeLayerStats moe_forward(const Linears& linears, const config::MoeConfig& moe, 
 /// train.recompute "mlp": the recomputed part (MoeActsPart) of a forward's activations again, from
 /// the same input `ln` and the kept part (the routing and the dispatch plan are not run again, nor
 /// is any row sent to another rank): what backward reads, the same values as forward left.
-void moe_recompute(const Linears& linears, const MoeWeights& w, const MoeActs& a, const Tensor& ln,
-                   bool expert_parallel);
+void moe_recompute(const Linears& linears, const MoeWeights& w, const MoeActs& a, const Tensor& ln);
 /// Its backward from dout (N,C): dln (N,C) WRITTEN, the weights' gradients g += ; the router's
 /// losses enter with aux_scale and z_scale (their coefficients times the loss scale of this rank's
 /// tokens). After a forward with a token group of n ranks, aux_scale / n: the load-balancing loss
