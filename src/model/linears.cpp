@@ -43,11 +43,6 @@ void Linears::grouped_backward(const Tensor& dinp, const Tensor& dweight, const 
   defer(dweight, Tensor(), dout, inp, weight, Dout::copied, offsets);
 }
 
-void Linears::use_slot(int slot, int slots) {
-  if (slots_.size() < std::size_t(slots)) slots_.resize(std::size_t(slots));
-  slot_ = slot;
-}
-
 void Linears::defer(const Tensor& dweight, const Tensor& dbias, const Tensor& dout, const Tensor& inp,
                     const Tensor& weight, Dout where, const Tensor& offsets) {
   if (slots_.size() <= std::size_t(slot_)) slots_.resize(std::size_t(slot_) + 1);

@@ -52,8 +52,8 @@ class Linears {
   /// call: the gradients are its bits.
   void set_deferred(bool deferred) { deferred_ = deferred; }
   bool deferred() const { return deferred_; }
-  /// The activation slot backward and run_deferred work for (of `slots`).
-  void use_slot(int slot, int slots);
+  /// The activation slot backward and run_deferred work for.
+  void use_slot(int slot) { slot_ = slot; }
   /// The weight gradients the slot's last backward left.
   void run_deferred();
 

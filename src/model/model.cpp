@@ -193,13 +193,13 @@ void Model::set_activation_slots(int slots) {
   if (slots < 1) throw RuntimeError("model: activation slots must be at least 1");
   slots_ = slots;
   slot_ = 0;
-  linears_.use_slot(0, slots);
+  linears_.use_slot(0);
 }
 
 void Model::use_activation_slot(int slot) {
   if (slot < 0 || slot >= slots_) throw RuntimeError("model: no activation slot " + std::to_string(slot));
   slot_ = slot;
-  linears_.use_slot(slot, slots_);
+  linears_.use_slot(slot);
   select_activations();
 }
 

@@ -32,11 +32,6 @@ void CommExpertGroup::all_to_all(const Tensor& send, const std::vector<std::int6
   device_.all_to_all(send.data, send_counts, recv.data, recv_counts, send.dtype);
 }
 
-std::vector<model::FlatRange> expert_shared_ranges(const model::Model& model) {
-  if (model.layout().expert_size <= 1) return {};
-  return expert_shared_ranges(model.param_infos());
-}
-
 std::vector<model::FlatRange> expert_shared_ranges(const std::vector<model::ParamInfo>& infos) {
   std::vector<model::FlatRange> out;
   for (const model::ParamInfo& info : infos) {

@@ -29,11 +29,8 @@ class CommExpertGroup final : public model::ExpertGroup {
   dist::Communicator& device_;
 };
 
-/// The flat ranges of the model's local buffer that every rank of its expert group holds alike
-/// (all but the experts'), in order; empty without expert parallelism.
-std::vector<model::FlatRange> expert_shared_ranges(const model::Model& model);
-/// The same of a parameter list (plan's rank shares): the runs of the parameters that are not an
-/// expert's, whatever the expert group's size.
+/// The flat ranges of a local buffer laid out by `infos` (a model's, or plan's rank share's) that
+/// every rank of an expert group holds alike: the runs of the parameters that are not an expert's.
 std::vector<model::FlatRange> expert_shared_ranges(const std::vector<model::ParamInfo>& infos);
 
 /// Sums over `group` the gradients of `grads` (the local buffer's elements [begin, begin +

@@ -60,7 +60,7 @@ NormScope ParallelContext::norm_scope(const model::Model& model) const {
 
 ExpertScope ParallelContext::expert_scope(const model::Model& model) const {
   if (layout_.expert_size <= 1) return {};
-  return {expert_shared_ranges(model), &comms_.device(Axis::expert)};
+  return {expert_shared_ranges(model.param_infos()), &comms_.device(Axis::expert)};
 }
 
 }  // namespace llmtrain::parallel
