@@ -18,6 +18,7 @@
 #include "parallel/grad_sync.h"
 #include "parallel/zero3.h"
 #include "pipeline_stages_check.h"
+#include "split_backward.h"
 
 using namespace llmtrain;
 using llmtrain::test::relative_error;
@@ -268,23 +269,11 @@ TEST_CASE("cuda backward split into input and weight gradients gives the whole b
         const auto host = model::make_model(c, Device::cpu);
         host->init_weights(3);
         ops::copy(m->params(), host->params());
-        m->zero_grads();
-        m->set_activation_slots(2);
-        m->set_weight_grads_deferred(split);
-        for (int slot = 0; slot < 2; ++slot) {
-          m->use_activation_slot(slot);
-          const std::size_t at = std::size_t(slot * B * T);
-          m->forward(inputs.data() + at, targets.data() + at, B, T, 1.0f / float(2 * B * T));
-        }
-        for (int slot = 0; slot < 2; ++slot) {
-          m->use_activation_slot(slot);
-          m->backward();
-        }
-        for (int slot = 0; slot < 2; ++slot) {
-          m->use_activation_slot(slot);
-          m->backward_weights();
-        }
-        return to_host(m->grads());
+        return test::run_two_slots(*m, split, [&](int slot) {
+                 const std::size_t at = std::size_t(slot * B * T);
+                 return m->forward(inputs.data() + at, targets.data() + at, B, T, 1.0f / float(2 * B * T));
+               })
+            .gradients;
       };
       const std::vector<float> whole = run(false), split = run(true);
       CHECK(split == whole);

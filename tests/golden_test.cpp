@@ -19,6 +19,7 @@
 #include "ops/ops.h"
 #include "optim/adamw.h"
 #include "plan/memory_plan.h"
+#include "split_backward.h"
 #include "weights_compare.h"
 
 using namespace llmtrain;
@@ -168,30 +169,16 @@ TEST_CASE("backward split into input and weight gradients gives the whole backwa
     for (const DType compute : {DType::f32, DType::bf16}) {
       CAPTURE(arch, dtype_name(compute));
       const Golden g(arch);
+      const double n = double(g.B) * g.T;
+      std::vector<std::int32_t> reversed = g.inputs;  // another micro-batch
+      std::reverse(reversed.begin(), reversed.end());
       const auto run = [&](bool split) {
         auto m = model::make_model(g.config.model, Device::cpu, model::Recompute::none, compute);
         m->init_weights(7);
-        m->zero_grads();
-        m->set_activation_slots(2);
-        m->set_weight_grads_deferred(split);
-        const double n = double(g.B) * g.T;
-        for (int slot = 0; slot < 2; ++slot) {
-          m->use_activation_slot(slot);
-          std::vector<std::int32_t> inputs = g.inputs;
-          if (slot == 1) std::reverse(inputs.begin(), inputs.end());  // another micro-batch
-          m->forward(inputs.data(), g.targets.data(), g.B, g.T, float(1.0 / n));
-        }
-        for (int slot = 0; slot < 2; ++slot) {
-          m->use_activation_slot(slot);
-          m->backward();
-        }
-        const std::vector<float> after_backward(m->grads().as<float>(), m->grads().as<float>() + m->num_params());
-        for (int slot = 0; slot < 2; ++slot) {
-          m->use_activation_slot(slot);
-          m->backward_weights();
-        }
-        const std::vector<float> grads(m->grads().as<float>(), m->grads().as<float>() + m->num_params());
-        return std::pair(after_backward, grads);
+        const test::TwoSlotRun r = test::run_two_slots(*m, split, [&](int slot) {
+          return m->forward((slot ? reversed : g.inputs).data(), g.targets.data(), g.B, g.T, float(1.0 / n));
+        });
+        return std::pair(r.after_backward, r.gradients);
       };
       const auto [whole, whole_grads] = run(false);
       const auto [inputs_only, split_grads] = run(true);

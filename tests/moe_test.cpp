@@ -12,6 +12,7 @@
 #include "model/model.h"
 #include "model/moe_layer.h"
 #include "ops/moe_ops.h"
+#include "split_backward.h"
 
 using namespace llmtrain;
 using test::random_vec;
@@ -314,28 +315,14 @@ TEST_CASE("moe model: train.recompute mlp and full, and the backward split into 
     {  // the backward split into input and weight gradients (a zero-bubble schedule's), in two slots
       auto m = model::make_model(c, Device::cpu);
       m->init_weights(5);
-      m->zero_grads();
-      m->set_activation_slots(2);
-      m->set_weight_grads_deferred(true);
-      for (int micro = 0; micro < 2; ++micro) {
-        m->use_activation_slot(micro);
-        const std::size_t at = std::size_t(micro * B * T);
-        CHECK(m->forward(inputs.data() + at, targets.data() + at, B, T, 1.0f / float(2 * B * T)) ==
-              none.losses[std::size_t(micro)]);
-      }
-      for (int micro = 0; micro < 2; ++micro) {
-        m->use_activation_slot(micro);
-        m->backward();
-      }
-      const Vec inputs_only(m->grads().as<float>(), m->grads().as<float>() + m->num_params());
-      for (int micro = 0; micro < 2; ++micro) {
-        m->use_activation_slot(micro);
-        m->backward_weights();
-      }
-      const Vec split(m->grads().as<float>(), m->grads().as<float>() + m->num_params());
-      CHECK(inputs_only != split);
+      const test::TwoSlotRun split = test::run_two_slots(*m, true, [&](int slot) {
+        const std::size_t at = std::size_t(slot * B * T);
+        return m->forward(inputs.data() + at, targets.data() + at, B, T, 1.0f / float(2 * B * T));
+      });
+      CHECK(split.losses == none.losses);
+      CHECK(split.after_backward != split.gradients);
       // The same sums in the same order as F0 B0 F1 B1: each weight gradient adds micro-batch 0's, then 1's.
-      CHECK(split == none.grads);
+      CHECK(split.gradients == none.grads);
     }
     CHECK(none.stats.forwards == 2);
     if (!sigmoid) CHECK(none.stats.dropped > 0.0);  // the capacity drops slots
