@@ -25,7 +25,7 @@
 #include "catch_compat.h"
 #include "cuda_compare.h"
 #include "dist/communicator.h"
-#include "model/context_parallel.h"
+#include "parallel/context_attention.h"
 #include "model/model.h"
 #include "ops/buffer.h"
 #include "ops/ops.h"
@@ -83,18 +83,19 @@ void compare_attention(bool ring, int B, int T, int NH, int NKV, int HS) {
                                 host(out, {B, T, C}), host(lse, {B, NH, T}), NH, NKV, ops::AttentionKernels::flash,
                                 ops::Accumulate::no);
 
-  model::ContextParallel cp(rank, N, ring, Device::cuda, DType::f32);
+  parallel::ContextAttention cp(rank, N, ring, Device::cuda, DType::f32);
   test::StagedCommunicator staged(world);
   parallel::CommContextGroup group(staged, staged);
   cp.set_group(&group);
-  const ops::Chunks at = cp.mine(T);
+  const ops::Chunks at = cp.rows(T);
   const test::DeviceArray<float> d_qkv(rows_of(qkv, B, T, W, at)), d_dout(rows_of(dout, B, T, C, at));
   const test::DeviceArray<float> d_out(std::vector<float>(std::size_t(B) * Tl * C, NAN));
   const test::DeviceArray<float> d_lse(std::vector<float>(std::size_t(B) * NH * Tl, NAN));
   const test::DeviceArray<float> d_dqkv(std::vector<float>(std::size_t(B) * Tl * W, NAN));
-  cp.attention_forward(d_out.tensor({B, Tl, C}), d_lse.tensor({B, NH, Tl}), d_qkv.tensor({B, Tl, W}), NH, NKV);
+  cp.attention_forward(d_out.tensor({B, Tl, C}), d_lse.tensor({B, NH, Tl}), d_qkv.tensor({B, Tl, W}), NH, NKV, Tensor(),
+                       Tensor());
   cp.attention_backward(d_dqkv.tensor({B, Tl, W}), d_dout.tensor({B, Tl, C}), d_qkv.tensor({B, Tl, W}),
-                        d_out.tensor({B, Tl, C}), d_lse.tensor({B, NH, Tl}), NH, NKV);
+                        d_out.tensor({B, Tl, C}), d_lse.tensor({B, NH, Tl}), NH, NKV, Tensor(), Tensor());
   // lse (B,NH,T) as rows of (B*NH, T, 1).
   const std::vector<float> want_out = rows_of(out, B, T, C, at), want_dqkv = rows_of(dqkv, B, T, W, at);
   const std::vector<float> want_lse = rows_of(lse, B * NH, T, 1, at);
@@ -157,14 +158,12 @@ void compare_model(const std::string& arch, bool ring, DType dtype, model::Recom
   const auto c = tiny(arch);
   const auto whole = model::make_model(c, Device::cpu);
   whole->init_weights(11);
-  model::Layout layout;
-  layout.context_rank = rank;
-  layout.context_size = N;
-  layout.context_ring = ring;
-  const auto part = model::make_model(c, Device::cuda, recompute, dtype, ops::AttentionKernels::flash, layout);
   test::StagedCommunicator staged(world);
   parallel::CommContextGroup group(staged, world);  // host-memory sums (MoE routers') over MPI, as in training
-  part->set_context_group(&group);
+  parallel::ContextAttention sequences(rank, N, ring, Device::cuda, dtype);
+  sequences.set_group(&group);
+  const auto part = model::make_model(c, Device::cuda, recompute, dtype, ops::AttentionKernels::flash);
+  part->attach_sequences(&sequences);
   CHECK(part->num_params() == whole->num_params());
   ops::copy(part->params(), whole->params());
 

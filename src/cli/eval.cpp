@@ -125,6 +125,7 @@ dist::Communicators eval_communicators(const config::Config& config, int tensor_
 struct EvalModel {
   std::unique_ptr<parallel::CommTensorGroup> tensor_group;
   std::unique_ptr<parallel::CommContextGroup> context_group;
+  std::unique_ptr<parallel::ContextAttention> sequences;
   std::unique_ptr<model::Model> model;
 };
 
@@ -138,8 +139,6 @@ EvalModel load_eval_model(const checkpoint::Found& found, const dist::Communicat
     return loaded;
   }
   model::Layout layout{false, comms.host(dist::Axis::tensor).rank(), tensor_parallel};
-  layout.context_rank = comms.host(dist::Axis::context).rank();
-  layout.context_size = context_parallel;
   checkpoint::check_weights_fit(found);
   loaded.model = model::make_model(found.config.model, Device::cpu, model::Recompute::none, DType::f32,
                                    ops::AttentionKernels::flash, layout);
@@ -151,7 +150,10 @@ EvalModel load_eval_model(const checkpoint::Found& found, const dist::Communicat
   if (context_parallel > 1) {
     loaded.context_group = std::make_unique<parallel::CommContextGroup>(comms.host(dist::Axis::context),
                                                                          comms.host(dist::Axis::context));
-    loaded.model->set_context_group(loaded.context_group.get());
+    loaded.sequences = std::make_unique<parallel::ContextAttention>(comms.host(dist::Axis::context).rank(),
+                                                                    context_parallel, true, Device::cpu, DType::f32);
+    loaded.sequences->set_group(loaded.context_group.get());
+    loaded.model->attach_sequences(loaded.sequences.get());
   }
   return loaded;
 }

@@ -27,7 +27,7 @@ enum class Recompute { none, mlp, full };
 /// dist.virtual_stages model chunks per stage, or zero-bubble's ZB-H1 (1F1B with each backward
 /// split into input and weight gradients, the weight gradients deferred into the bubbles).
 enum class PipelineSchedule { one_f_one_b, interleaved, zb1p };
-/// dist.context_parallel_mode: how a context-parallel group shares keys and values (model/context_parallel.h):
+/// dist.context_parallel_mode: how a context-parallel group shares keys and values (parallel/context_attention.h):
 /// passed around a ring (one block in flight while the next computes), or all-gathered at once.
 enum class ContextParallelMode { ring, allgather };
 

@@ -4,7 +4,7 @@
 #include <numeric>
 
 #include "core/error.h"
-#include "model/context_parallel.h"
+#include "parallel/context_attention.h"
 #include "ops/ops.h"
 
 namespace llmtrain::eval {
@@ -60,7 +60,7 @@ std::vector<double> sequence_logliks(parallel::PipelineExecutor& pipeline, model
   const auto total = std::int64_t(batches.size());
   const std::int64_t mine = (total + rank.readers - 1) / rank.readers;  // global g = j readers + reader, j < mine
   // Context parallelism: this rank's positions of each sequence, as the model keeps them.
-  const model::ContextParallel split(rank.context_rank, rank.context_size, true, Device::cpu, DType::f32);
+  const parallel::ContextAttention split(rank.context_rank, rank.context_size, true, Device::cpu, DType::f32);
   std::vector<double> logliks(sequences.size(), 0.0);
   std::vector<std::int32_t> ending, local_ending;  // (B, T): 1 where a position predicts an ending token
   std::vector<float> losses;

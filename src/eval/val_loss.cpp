@@ -8,7 +8,7 @@ double evaluate(model::Model& model, const data::TokenDataset& data, const confi
                 std::int64_t batches, dist::Communicator* comm) {
   const auto& t = config.train;
   const int T = int(config.model.context_length), B = int(t.micro_batch_size);
-  const int context = model.context_size();  // the ranks of a context group read the same sequences
+  const int context = model.sequence_parts();  // the ranks of a context group read the same sequences
   const int W = comm ? comm->world_size() / context : 1, rank = comm ? comm->rank() / context : 0;
   const data::SamplerOptions in_order{data.num_samples(), t.global_batch_size, B, W, rank, false, 0};
   data::BatchLoader loader(data, in_order, {});

@@ -132,14 +132,8 @@ const ArchSpec gpt2_spec{
     Gpt2Body::names,
     make<Gpt2>,
     Gpt2::parameter_count,
-    [](const config::ModelConfig& c, Recompute r, DType d, int B, int T, int tensor_size, bool sequence_parallel,
-       int expert_size) {
-      return Gpt2::measure_activations(c, r, d, B, T, tensor_size, sequence_parallel, expert_size);
-    },
-    [](const config::ModelConfig& c, Recompute r, DType d, int B, int Tl, int tensor_size, bool sequence_parallel,
-       int context_size, bool ring) {
-      return Gpt2::measure_context_work(c, r, d, B, Tl, tensor_size, sequence_parallel, context_size, ring);
-    },
+    Gpt2::measure_activations,
+    Gpt2::measure_attention_room,
     gpt2_hf_config,
     gpt2_hf_transposed,
     "transformer.",
@@ -151,14 +145,8 @@ const ArchSpec llama_spec{
     LlamaBody::names,
     make<Llama>,
     Llama::parameter_count,
-    [](const config::ModelConfig& c, Recompute r, DType d, int B, int T, int tensor_size, bool sequence_parallel,
-       int expert_size) {
-      return Llama::measure_activations(c, r, d, B, T, tensor_size, sequence_parallel, expert_size);
-    },
-    [](const config::ModelConfig& c, Recompute r, DType d, int B, int Tl, int tensor_size, bool sequence_parallel,
-       int context_size, bool ring) {
-      return Llama::measure_context_work(c, r, d, B, Tl, tensor_size, sequence_parallel, context_size, ring);
-    },
+    Llama::measure_activations,
+    Llama::measure_attention_room,
     llama_hf_config,
     never_transposed,
     "",

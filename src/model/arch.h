@@ -38,15 +38,17 @@ struct ArchSpec {
                                  DType compute, ops::AttentionKernels attention, Layout layout);
   /// Exact parameter count, from the model's parameter list.
   std::int64_t (*parameter_count)(const config::ModelConfig& config);
-  /// Bytes of the activation buffer at (B,T), measured by the model's layout code, on a rank of a
-  /// tensor-parallel group of `tensor_size`, with or without sequence parallelism, and of an
-  /// expert group of `expert_size` (the rows a MoE layer's experts may receive).
+  /// Bytes of the activation buffer at (B,T), measured by the model's layout code, on a rank whose
+  /// share of the model is `shape` (its part of the widths and of the residual stream's rows, and
+  /// the rows a MoE layer's experts may receive).
   std::size_t (*activation_bytes)(const config::ModelConfig& config, Recompute recompute, DType compute, int B,
-                                  int T, int tensor_size, bool sequence_parallel, int expert_size);
-  /// Bytes of the context-parallel attention's own work buffer on a rank holding (B, Tl) rows of a
-  /// context group of `context_size` (none when the backward scratch holds it).
-  std::size_t (*context_work_bytes)(const config::ModelConfig& config, Recompute recompute, DType compute, int B,
-                                    int Tl, int tensor_size, bool sequence_parallel, int context_size, bool ring);
+                                  int T, const ActsShape& shape);
+  /// What each layer's attention call has at (B, Tl) rows of every sequence on a rank whose share
+  /// of the model is `shape` (its heads, and the memory the model lends it), measured by the
+  /// model's layout code: what a view splitting the sequences (parallel/context_attention.h) needs
+  /// of its own beyond it.
+  AttentionRoom (*attention_room)(const config::ModelConfig& config, Recompute recompute, DType compute, int B,
+                                  int Tl, const ActsShape& shape);
 
   // Hugging Face (export --format hf, model.init_from).
   /// The export's config.json, as the transformers class that loads it (its "architectures")

@@ -41,8 +41,8 @@
 
 #include "config/arch_traits.h"
 #include "core/error.h"
-#include "model/context_parallel.h"
 #include "model/model.h"
+#include "model/sequence_view.h"
 #include "ops/ops.h"
 
 namespace llmtrain::model {
@@ -103,42 +103,39 @@ class Decoder : public Model {
     });
     return count;
   }
-  /// Bytes of the context-parallel attention's own work buffer on a rank of a context group of
-  /// `context_size` holding (B, Tl) rows: none when forward's buffers fit in the backward scratch
-  /// and backward's in the scratch past the attention's gradients (ContextParallel borrows them),
-  /// else the larger need of those that do not. The grads are laid out at a stand-in address
-  /// (nothing allocated or touched) for their offsets.
-  static std::size_t measure_context_work(const config::ModelConfig& config, Recompute recompute, DType compute,
-                                          int B, int Tl, int tensor_size, bool sequence_parallel, int context_size,
-                                          bool ring) {
-    if (context_size <= 1) return 0;
+  /// What each layer's attention call has at (B, Tl) rows of a sequence on a rank whose share of
+  /// the model is `shape`: its heads, and the memory forward and backward lend it
+  /// (the backward scratch, dead in forward; in backward the scratch past the attention's
+  /// gradients). The grads are laid out at a stand-in address (nothing allocated or touched) for
+  /// their offsets.
+  static AttentionRoom measure_attention_room(const config::ModelConfig& config, Recompute recompute, DType compute,
+                                              int B, int Tl, const ActsShape& shape) {
     Carver carver{reinterpret_cast<char*>(std::uintptr_t(1) << 16), Device::cpu};
     Acts a;
     GradActs g;
-    ActsShape shape{tensor_size, sequence_parallel};
-    shape.acts = false;
-    lay_out(config, recompute, compute, carver, B, Tl, a, g, shape);
+    ActsShape grads_only = shape;
+    grads_only.acts = false;
+    lay_out(config, recompute, compute, carver, B, Tl, a, g, grads_only);
     const auto [dqkv, dout] = Body::attention_grads(g);
-    const std::int64_t HS = config.d_model / config.n_head, NH = config.n_head / tensor_size;
-    const std::int64_t NKV = (dqkv.shape[1] / HS - NH) / 2, C = NH * HS;
-    const std::size_t forward = ContextParallel::work_bytes(
-        ContextParallel::forward_work(context_size, ring, compute, compute, B, Tl, NH, NKV, C));
-    const std::size_t backward = ContextParallel::work_bytes(
-        ContextParallel::backward_work(context_size, ring, compute, dqkv.dtype, B, Tl, NH, NKV, C));
-    const std::size_t own_forward = forward > g.scratch.bytes() ? forward : 0;
-    const std::size_t own_backward = backward > scratch_past(g.scratch, dqkv, dout).bytes() ? backward : 0;
-    return std::max(own_forward, own_backward);
+    AttentionRoom room;
+    room.B = B;
+    room.Tl = Tl;
+    const std::int64_t HS = config.d_model / config.n_head;
+    room.NH = config.n_head / shape.tensor_size;
+    room.NKV = (dqkv.shape[1] / HS - room.NH) / 2;
+    room.C = room.NH * HS;
+    room.dqkv = dqkv.dtype;
+    room.forward_free = g.scratch.bytes();
+    room.backward_free = scratch_past(g.scratch, dqkv, dout).bytes();
+    return room;
   }
   /// Activation bytes at (B,T): the layout code with a measuring Carver (nothing allocated), on a
-  /// rank of a tensor-parallel group of `tensor_size`.
+  /// rank whose share of the model is `shape`.
   static std::size_t measure_activations(const config::ModelConfig& config, Recompute recompute, DType compute,
-                                         int B, int T, int tensor_size = 1, bool sequence_parallel = false,
-                                         int expert_size = 1) {
+                                         int B, int T, const ActsShape& shape = {}) {
     Carver carver = Carver::measuring();
     Acts a;
     GradActs g;
-    ActsShape shape{tensor_size, sequence_parallel};
-    shape.expert_size = expert_size;
     return lay_out(config, recompute, compute, carver, B, T, a, g, shape);
   }
 
@@ -234,29 +231,21 @@ class Decoder : public Model {
   }
   /// Whether the output head is the token embedding.
   bool tied() const { return config::head_is_tied(traits_, config_.tie_embeddings); }
-  /// Causal self-attention of this rank's rows (flash_attention_forward's contract): over the whole
-  /// sequence through the context group under context parallelism, else flash attention.
-  /// Under context parallelism the ring's work buffers borrow the backward scratch, dead in
-  /// forward (recomputation's included).
+  /// Causal self-attention of this rank's rows (flash_attention_forward's contract) over the whole
+  /// sequence (SequenceView::attention_forward). A view that needs work buffers may borrow the
+  /// backward scratch, dead in forward (recomputation's included).
   void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int NH, int NKV) {
-    if (cp_.active()) {
-      cp_.lend(ga_.scratch);
-      return cp_.attention_forward(out, lse, qkv, NH, NKV, segments());
-    }
-    ops::flash_attention_forward(out, lse, qkv, NH, NKV, attention_kernels_, segments());
+    sequences_->attention_forward(out, lse, qkv, NH, NKV, segments(), ga_.scratch);
   }
-  /// Its backward: dqkv written (not accumulated).
-  /// Under context parallelism the ring's work buffers borrow the backward scratch past dqkv and
-  /// dout (the Grads laid out after the attention's are dead while it runs).
+  /// Its backward: dqkv written (not accumulated). A view may borrow the backward scratch past dqkv
+  /// and dout (the Grads laid out after the attention's are dead while it runs).
   void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                           const Tensor& lse, int NH, int NKV) {
-    if (cp_.active()) {
-      cp_.lend(scratch_after(dqkv, dout));
-      return cp_.attention_backward(dqkv, dout, qkv, out, lse, NH, NKV, segments());
-    }
-    ops::flash_attention_backward(dqkv, dout, qkv, out, lse, NH, NKV, attention_kernels_, ops::Accumulate::no,
-                                  segments());
+    sequences_->attention_backward(dqkv, dout, qkv, out, lse, NH, NKV, segments(), scratch_after(dqkv, dout));
   }
+  /// This rank's chunks of each sequence whose Tl rows it holds (all of them as one chunk when it
+  /// holds sequences whole).
+  ops::Chunks local_rows(int Tl) const { return sequences_->rows(Tl * sequences_->parts()); }
   /// The backward scratch past both tensors (256-byte aligned; none unless both lie in it).
   Tensor scratch_after(const Tensor& a, const Tensor& b) const { return scratch_past(ga_.scratch, a, b); }
   static Tensor scratch_past(const Tensor& scratch, const Tensor& a, const Tensor& b) {
@@ -274,8 +263,8 @@ class Decoder : public Model {
     if (from >= scratch.bytes()) return Tensor();
     return Tensor(begin + from, DType::u16, scratch.device, {std::int64_t(scratch.bytes() - from) / 2});
   }
-  /// Rotary embeddings of (B,T,H,HS) rows at their true positions (this rank's chunks under
-  /// context parallelism); `backward`: rope_backward.
+  /// Rotary embeddings of (B,T,H,HS) rows at their true positions (this rank's chunks of each
+  /// sequence); `backward`: rope_backward.
   void rope(const Tensor& out, const Tensor& inp, float theta, int rotated_heads, bool backward) {
     const auto run = [&](const Tensor& o, const Tensor& i, int pos0) {
       if (backward) {
@@ -294,8 +283,8 @@ class Decoder : public Model {
         run(piece(out, b, row, n), piece(inp, b, row, n), pos0);
       });
     }
-    if (!cp_.active()) return run(out, inp, 0);
-    const ops::Chunks at = cp_.mine(int(T) * cp_.size());
+    if (sequences_->parts() == 1) return run(out, inp, 0);
+    const ops::Chunks at = local_rows(int(T));
     const auto rows = [&](const Tensor& t, std::int64_t b, int i) {
       char* base = static_cast<char*>(t.data) + std::size_t((b * T + std::int64_t(i) * at.len) * H * HS) * dtype_size(t.dtype);
       return Tensor(base, t.dtype, t.device, {1, at.len, H, HS});
@@ -330,20 +319,20 @@ class Decoder : public Model {
   bool is_head(const std::string& name) const { return Body::names.head && name == Body::names.head; }
   TensorSlice slice_of(const std::string& name) const;
   bool held(const std::string& name) const;
-  /// This rank's tokens of a sequence of T (all of them without context parallelism).
+  /// This rank's tokens of a sequence of T (all of them when it holds sequences whole).
   int local_length(int T) const {
-    cp_.check_length(T);
-    return T / cp_.size();
+    sequences_->check_length(T);
+    return T / sequences_->parts();
   }
-  /// The learned positions of this rank's tokens (the table itself without context parallelism).
+  /// The learned positions of this rank's tokens (the table itself when it holds sequences whole).
   Tensor local_positions(int T);
   /// Adds the gradient of local_positions' rows into the table's gradient.
   void add_position_grads();
   /// Packed sequences (documents_): the segment ids and document starts of the current slot's
   /// whole sequences (B,T) from their inputs, the ids also on the device.
   void take_documents(const std::int32_t* inputs, int B, int T);
-  /// (B,T) i32 segment ids of the whole sequences (under context parallelism too: the blocks'
-  /// kernels read them at their rows' positions) for the attention's mask; empty without it.
+  /// (B,T) i32 segment ids of the whole sequences (split sequences too: the attention's blocks read
+  /// them at their rows' positions) for the attention's mask; empty without it.
   Tensor segments() const;
   /// f(b, row, n, pos0) for each run of n rows of sequence b from local row `row` (of Tl) that lie
   /// in one document and at consecutive positions, pos0 the first one's position in its document.
@@ -358,9 +347,10 @@ class Decoder : public Model {
   const Tensor& stream_output() const { return a_.layers.empty() ? a_.encoded : a_.layers.back().residual3; }
 
   ops::Buffer acts_buffer_, logits_f32_;  // logits_f32_: f32 logits in mixed precision
-  // Context parallelism: this rank's tokens and targets, its learned positions and their gradient.
-  std::vector<std::int32_t> cp_inputs_, cp_targets_;
-  ops::Buffer cp_positions_, cp_position_grads_;
+  // Sequences split over ranks: this rank's tokens and targets, its learned positions and their
+  // gradient.
+  std::vector<std::int32_t> local_inputs_, local_targets_;
+  ops::Buffer split_positions_, split_position_grads_;
   // Packed sequences: per activation slot (backward and recomputation read their micro-batch's).
   struct SlotDocuments {
     int B = 0, T = 0;                        // whole sequences

@@ -23,14 +23,14 @@ Model::StreamEnds Decoder<Body>::stream_ends() {
 template <class Body>
 double Decoder<Body>::forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T,
                               float dloss_scale) {
-  if (documents_.active()) take_documents(inputs, B, T);  // the whole sequences, before CP's split
-  if (cp_.active()) {  // this rank's chunks of every sequence
+  if (documents_.active()) take_documents(inputs, B, T);  // the whole sequences, before their split
+  if (sequences_->parts() > 1) {  // this rank's chunks of every sequence
     if (T > config_.context_length) ensure_acts(B, T);  // the error names the whole length
-    cp_.take_rows(inputs, B, T, cp_inputs_);
-    inputs = cp_inputs_.data();
+    sequences_->take_rows(inputs, B, T, local_inputs_);
+    inputs = local_inputs_.data();
     if (targets) {
-      cp_.take_rows(targets, B, T, cp_targets_);
-      targets = cp_targets_.data();
+      sequences_->take_rows(targets, B, T, local_targets_);
+      targets = local_targets_.data();
     }
     T = local_length(T);
   }
@@ -108,10 +108,10 @@ void Decoder<Body>::backward(const std::function<void(std::int64_t)>& grads_read
   if (begins_model()) {
     notify(PassEvent::before_embedding_backward);
     const bool reset = reset_positions() && g_.positions.data;
-    const bool split_positions = !reset && cp_.active() && g_.positions.data;
+    const bool split_positions = !reset && sequences_->parts() > 1 && g_.positions.data;
     Tensor dpositions = reset ? Tensor() : g_.positions;
     if (split_positions) {
-      dpositions = Tensor(cp_position_grads_.data(), DType::f32, device_, {T, C});
+      dpositions = Tensor(split_position_grads_.data(), DType::f32, device_, {T, C});
       ops::zero(dpositions);
     }
     const Tensor dstream = tp_.gather_input(dresidual, a_.full_in);
@@ -125,30 +125,30 @@ void Decoder<Body>::backward(const std::function<void(std::int64_t)>& grads_read
 
 template <class Body>
 Tensor Decoder<Body>::local_positions(int T) {
-  if (!cp_.active() || !p_.positions.data) return p_.positions;
+  if (sequences_->parts() == 1 || !p_.positions.data) return p_.positions;
   const std::int64_t C = config_.d_model;
   const std::size_t row = std::size_t(C) * dtype_size(p_.positions.dtype);
-  if (cp_positions_.bytes() < std::size_t(T) * row) {
-    cp_positions_ = ops::Buffer(device_, std::size_t(T) * row);
-    cp_position_grads_ = ops::Buffer(device_, std::size_t(T * C) * sizeof(float));
+  if (split_positions_.bytes() < std::size_t(T) * row) {
+    split_positions_ = ops::Buffer(device_, std::size_t(T) * row);
+    split_position_grads_ = ops::Buffer(device_, std::size_t(T * C) * sizeof(float));
   }
-  const ops::Chunks at = cp_.mine(T * cp_.size());
+  const ops::Chunks at = local_rows(T);
   for (int i = 0; i < at.count(); ++i) {
-    ops::copy(Tensor(static_cast<char*>(cp_positions_.data()) + std::size_t(i) * at.len * row, p_.positions.dtype,
+    ops::copy(Tensor(static_cast<char*>(split_positions_.data()) + std::size_t(i) * at.len * row, p_.positions.dtype,
                      device_, {at.len, C}),
               Tensor(static_cast<char*>(p_.positions.data) + std::size_t(at.start(i)) * row, p_.positions.dtype,
                      device_, {at.len, C}));
   }
-  return Tensor(cp_positions_.data(), p_.positions.dtype, device_, {T, C});
+  return Tensor(split_positions_.data(), p_.positions.dtype, device_, {T, C});
 }
 
 template <class Body>
 void Decoder<Body>::add_position_grads() {
   const std::int64_t C = config_.d_model;
-  const ops::Chunks at = cp_.mine(acts_T_ * cp_.size());
+  const ops::Chunks at = local_rows(acts_T_);
   for (int i = 0; i < at.count(); ++i) {
     const Tensor table(static_cast<float*>(g_.positions.data) + std::int64_t(at.start(i)) * C, DType::f32, device_, {at.len * C});
-    const Tensor mine(static_cast<float*>(cp_position_grads_.data()) + std::int64_t(i) * at.len * C, DType::f32,
+    const Tensor mine(static_cast<float*>(split_position_grads_.data()) + std::int64_t(i) * at.len * C, DType::f32,
                       device_, {at.len * C});
     ops::residual_forward(table, table, mine);
   }
@@ -188,7 +188,7 @@ Tensor Decoder<Body>::segments() const {
 template <class Body>
 void Decoder<Body>::for_each_document_piece(int Tl, const std::function<void(std::int64_t, int, int, int)>& f) const {
   const SlotDocuments& d = slot_documents_.at(std::size_t(slot_));
-  const ops::Chunks at = cp_.active() ? cp_.mine(Tl * cp_.size()) : ops::Chunks{Tl, 0};
+  const ops::Chunks at = local_rows(Tl);
   for (std::int64_t b = 0; b < d.B; ++b) {
     const std::int32_t* start = d.start.data() + b * d.T;
     for (int i = 0; i < at.count(); ++i) {

@@ -122,11 +122,6 @@ struct Layout {
   // the final norm, the head and the loss (parallel/pipeline_stages.h gives a pipeline stage's
   // chunks as such ranges).
   std::vector<LayerRange> layer_ranges{};
-  // Context parallelism: this rank's place in the group that splits every sequence (model/context_parallel.h),
-  // and whether the group passes key/value blocks in a ring (else all-gathers them).
-  int context_rank = 0;
-  int context_size = 1;
-  bool context_ring = true;
   // Expert parallelism: this rank's place in the group that splits every MoE layer's experts (it
   // holds experts [expert_rank E / expert_size, (expert_rank + 1) E / expert_size)).
   int expert_rank = 0;

@@ -276,7 +276,7 @@ void Llama::forward_layer(std::size_t l) {
     const Tensor ln2 = tp_.gather_input(la.ln2, la.moe.ln);
     const MoeLayerStats s = moe_forward(linears_, config_.moe, lp.moe, la.moe, ln2, sp ? a_.full_out : la.down,
                                         moe_capacity(config_.moe, std::int64_t(B) * T), expert_group(), &ga_.moe,
-                                        &cp_);
+                                        sequences_);
     if (sp) ops::copy(la.down, tp_.own_rows(a_.full_out));
     if (!recomputing()) add_moe_stats(l, s);  // a forward's statistics count once
   } else {
@@ -325,7 +325,7 @@ void Llama::backward_layer(std::size_t l) {
     // micro-batch's counts (moe_backward).
     const config::MoeConfig& m = config_.moe;
     const float per_batch = dloss_scale_ * float(std::int64_t(B) * T);
-    const float aux_scale = float(m.aux_loss_coef) * per_batch / float(cp_.size());
+    const float aux_scale = float(m.aux_loss_coef) * per_batch / float(sequence_parts());
     // Sequence parallelism: from the whole tokens' output gradient and the input kept in forward;
     // this rank keeps its rows of the input's gradient.
     const Tensor ln2 = sp ? la.moe.ln : la.ln2, dln2 = sp ? a_.full_out : ga_.ln2;

@@ -24,7 +24,7 @@ Model::Model(const config::ModelConfig& config, Device device, DType compute, op
       layout_(layout),
       linears_(device),
       tp_(layout, config.vocab_size, config.d_model, device, compute, linears_),
-      cp_(layout.context_rank, layout.context_size, layout.context_ring, device, compute),
+      whole_sequences_(attention),
       external_storage_(layout.external_storage) {
   if (compute != DType::f32 && compute != DType::bf16) throw RuntimeError("model: compute dtype must be f32 or bf16");
   const int L = int(config.n_layer);

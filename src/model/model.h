@@ -18,10 +18,10 @@
 #include "config/config.h"
 #include "core/tensor.h"
 #include "model/activations.h"
-#include "model/context_parallel.h"
 #include "model/flat_layout.h"
 #include "model/linears.h"
 #include "model/pass_observer.h"
+#include "model/sequence_view.h"
 #include "model/tensor_parallel.h"
 #include "ops/buffer.h"
 #include "ops/ops.h"
@@ -104,14 +104,15 @@ class Model {
   std::vector<Segment> segments(bool owned_only) const;
   /// Tensor parallelism: the group forward and backward reduce over (set before the first pass).
   void set_tensor_group(TensorGroup* group) { tp_.set_group(group); }
-  /// Context parallelism: the group attention exchanges key/value blocks over (set before the first pass).
-  void set_context_group(ContextGroup* group) { cp_.set_group(group); }
   /// Expert parallelism: the group MoE layers send their tokens' rows over (set before the first pass).
   void set_expert_group(ExpertGroup* group) { expert_group_ = group; }
   ExpertGroup* expert_group() const { return expert_group_; }
-  /// The ranks each sequence is split over (layout().context_size): forward and backward take
-  /// whole (B,T) sequences and keep this rank's T / context_size tokens of each.
-  int context_size() const { return cp_.size(); }
+  /// How forward and backward see each sequence (set before the first pass; it outlives the model;
+  /// null: every sequence whole, the default). Forward and backward take whole (B,T) sequences and
+  /// keep this rank's T / sequence_parts() tokens of each (SequenceView::rows).
+  void attach_sequences(SequenceView* view) { sequences_ = view ? view : &whole_sequences_; }
+  const SequenceView& sequences() const { return *sequences_; }
+  int sequence_parts() const { return sequences_->parts(); }
 
   /// The flat layout run by run: each layer's parameters, and the parameters outside the layers,
   /// in flat-buffer order (ParamInfo::run indexes it).
@@ -167,8 +168,8 @@ class Model {
   /// (B,T,V) f32 logits of the last forward without dloss_scale.
   virtual Tensor logits() = 0;
   /// (B,Tl) f32 per-position losses of the last forward with targets, on the model's device: the
-  /// last pipeline stage's (the same on every tensor rank); under context parallelism this rank's
-  /// Tl = T / context_size positions of each sequence (ContextParallel::take_rows' order).
+  /// last pipeline stage's (the same on every tensor rank); with sequences split over ranks this
+  /// rank's Tl = T / sequence_parts() positions of each (SequenceView::take_rows' order).
   virtual Tensor losses() = 0;
 
   /// Packed sequences (data.document_mask, data.reset_positions): each end-of-text input token
@@ -286,7 +287,8 @@ class Model {
   Layout layout_;
   Linears linears_;  // every matrix product of the layers and the ends goes through it
   TensorParallel tp_;
-  ContextParallel cp_;
+  WholeSequences whole_sequences_;
+  SequenceView* sequences_ = &whole_sequences_;  // attach_sequences
   ExpertGroup* expert_group_ = nullptr;
   Documents documents_;
 

@@ -179,10 +179,10 @@ std::size_t rows_bytes(const config::ModelConfig& config, std::int64_t rows, DTy
 // The router's statistics of a layer's forward, over the token group's ranks when it has several:
 // there the micro-batch's counts (the sum) replace this rank's for backward, and the losses are
 // recomputed from the micro-batch's counts and mean probabilities (every rank holds as many tokens).
-MoeLayerStats router_stats(const config::MoeConfig& moe, const MoeActs& a, TokenGroup* tokens) {
+MoeLayerStats router_stats(const config::MoeConfig& moe, const MoeActs& a, SequenceView* tokens) {
   const std::vector<float> losses = read<float>(a.losses), counts = read<float>(a.counts);
   const float dropped = read<float>(a.dropped)[0];
-  if (!tokens || tokens->size() == 1) return {losses[0], losses[1], losses[2], dropped, counts};
+  if (!tokens || tokens->parts() == 1) return {losses[0], losses[1], losses[2], dropped, counts};
   const std::size_t E = counts.size();
   const std::vector<float> pbar = read<float>(a.pbar);
   std::vector<double> sums(2 * E + 2);
@@ -193,7 +193,7 @@ MoeLayerStats router_stats(const config::MoeConfig& moe, const MoeActs& a, Token
   sums[2 * E] = losses[1];
   sums[2 * E + 1] = dropped;
   tokens->sum(sums);
-  const double n = tokens->size(), N = n * double(a.logits.shape[0]), k = double(moe.top_k);
+  const double n = tokens->parts(), N = n * double(a.logits.shape[0]), k = double(moe.top_k);
   MoeLayerStats s;
   s.counts.resize(E);
   double most = 0.0;
@@ -323,13 +323,13 @@ void lay_out_moe_grads(ActsCarver& take, const config::ModelConfig& config, std:
 
 MoeLayerStats moe_forward(const Linears& linears, const config::MoeConfig& moe, const MoeWeights& w,
                           const MoeActs& a, const Tensor& ln, const Tensor& out, std::int64_t capacity,
-                          ExpertGroup* group, const MoeGrads* scratch, TokenGroup* tokens) {
+                          ExpertGroup* group, const MoeGrads* scratch, SequenceView* tokens) {
   const Tensor none;
   // Router: logits, probabilities, the top k and their weights, the losses' statistics.
   linears.forward(a.logits, ln, w.router, none);
   ops::moe_router_forward(a.probs, a.experts, a.weights, a.counts, a.pbar, a.losses, a.logits, w.bias,
                           router_kind(moe));
-  if (tokens && tokens->size() > 1 && capacity > 0) {
+  if (tokens && tokens->parts() > 1 && capacity > 0) {
     throw RuntimeError("MoE layer: a capacity over tokens split between ranks (context parallelism)");
   }
   // Dispatch: the slots in expert order (the first M rows), through the experts' SwiGLU.

@@ -19,7 +19,7 @@
 #include "model/activations.h"
 #include "model/linears.h"
 #include "ops/buffer.h"
-#include "model/token_group.h"
+#include "model/sequence_view.h"
 #include "ops/moe_ops.h"
 
 namespace llmtrain::model {
@@ -139,7 +139,7 @@ void lay_out_moe_grads(ActsCarver& take, const config::ModelConfig& config, std:
 MoeLayerStats moe_forward(const Linears& linears, const config::MoeConfig& moe, const MoeWeights& w,
                           const MoeActs& a, const Tensor& ln, const Tensor& out, std::int64_t capacity,
                           ExpertGroup* group = nullptr, const MoeGrads* scratch = nullptr,
-                          TokenGroup* tokens = nullptr);
+                          SequenceView* tokens = nullptr);
 /// train.recompute "mlp": the recomputed part (MoeActsPart) of a forward's activations again, from
 /// the same input `ln` and the kept part (the routing and the dispatch plan are not run again, nor
 /// is any row sent to another rank): what backward reads, the same values as forward left.

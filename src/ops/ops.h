@@ -102,7 +102,7 @@ void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tens
                               AttentionKernels kernels = AttentionKernels::flash,
                               Accumulate dqkv_mode = Accumulate::yes, const Tensor& segments = Tensor());
 
-/// Context parallelism (model/context_parallel.h): which positions of the sequence a rank's rows
+/// Context parallelism (parallel/context_attention.h): which positions of the sequence a rank's rows
 /// hold (kernels::Chunks: one chunk, or the head-and-tail pair of a context-parallel rank).
 using Chunks = kernels::Chunks;
 /// Attention of the queries of qkv (B,Tq,(NH+2NKV)HS) at positions `q_at` against one block of

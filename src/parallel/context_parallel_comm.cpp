@@ -5,7 +5,7 @@
 namespace llmtrain::parallel {
 namespace {
 
-class Started final : public model::ContextGroup::Pending {
+class Started final : public ContextGroup::Pending {
  public:
   explicit Started(std::unique_ptr<dist::Request> request) : request_(std::move(request)) {}
   void wait() override {
@@ -23,7 +23,7 @@ class Started final : public model::ContextGroup::Pending {
 
 }  // namespace
 
-std::unique_ptr<model::ContextGroup::Pending> CommContextGroup::start_exchange(const Tensor& send, const Tensor& recv,
+std::unique_ptr<ContextGroup::Pending> CommContextGroup::start_exchange(const Tensor& send, const Tensor& recv,
                                                                              int send_to, int recv_from) {
   if (send.numel() != recv.numel() || send.dtype != recv.dtype) {
     throw RuntimeError("context group: exchange of mismatched blocks");

@@ -3,13 +3,13 @@
 #pragma once
 
 #include "dist/communicator.h"
-#include "model/context_parallel.h"
+#include "parallel/context_attention.h"
 
 namespace llmtrain::parallel {
 
-/// model::ContextGroup over communicators of the context-parallel group: `comm` in the memory the
+/// ContextGroup over communicators of the context-parallel group: `comm` in the memory the
 /// activations live in, `host` in host memory.
-class CommContextGroup final : public model::ContextGroup {
+class CommContextGroup final : public ContextGroup {
  public:
   CommContextGroup(dist::Communicator& comm, dist::Communicator& host) : comm_(comm), host_(host) {}
   std::unique_ptr<Pending> start_exchange(const Tensor& send, const Tensor& recv, int send_to,

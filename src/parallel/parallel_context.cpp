@@ -13,9 +13,9 @@ ParallelContext::ParallelContext(const config::Config& config, const dist::Commu
     : comms_(comms), device_(device) {
   layout_ = model::Layout{config.dist.zero_stage == 3, comms.host(Axis::tensor).rank(),
                           comms.host(Axis::tensor).world_size(), config.dist.sequence_parallel};
-  layout_.context_rank = comms.host(Axis::context).rank();
-  layout_.context_size = comms.host(Axis::context).world_size();
-  layout_.context_ring = config.dist.context_parallel_mode == config::ContextParallelMode::ring;
+  context_rank_ = comms.host(Axis::context).rank();
+  context_size_ = comms.host(Axis::context).world_size();
+  context_ring_ = config.dist.context_parallel_mode == config::ContextParallelMode::ring;
   layout_.expert_rank = comms.host(Axis::expert).rank();
   layout_.expert_size = comms.host(Axis::expert).world_size();
   const int stage = comms.host(Axis::pipeline).rank(), stages = comms.host(Axis::pipeline).world_size();
@@ -34,9 +34,12 @@ void ParallelContext::attach(model::Model& model) {
     tensor_ = std::make_unique<CommTensorGroup>(comms_.device(Axis::tensor), device_);
     model.set_tensor_group(tensor_.get());
   }
-  if (layout_.context_size > 1) {
+  if (context_size_ > 1) {
     context_ = std::make_unique<CommContextGroup>(comms_.device(Axis::context), comms_.host(Axis::context));
-    model.set_context_group(context_.get());
+    sequences_ = std::make_unique<ContextAttention>(context_rank_, context_size_, context_ring_, device_,
+                                                    model.compute_dtype());
+    sequences_->set_group(context_.get());
+    model.attach_sequences(sequences_.get());
   }
   if (layout_.expert_size > 1) {
     expert_ = std::make_unique<CommExpertGroup>(comms_.host(Axis::expert), comms_.device(Axis::expert));

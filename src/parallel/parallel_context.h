@@ -11,6 +11,7 @@
 #include "core/tensor.h"
 #include "dist/communicator.h"
 #include "model/model.h"
+#include "parallel/context_attention.h"
 #include "parallel/grad_sync.h"
 
 namespace llmtrain::parallel {
@@ -23,14 +24,14 @@ class ParallelContext {
   ParallelContext(const ParallelContext&) = delete;
   ParallelContext& operator=(const ParallelContext&) = delete;
 
-  /// This rank's part of the model: ZeRO 3's external storage, its tensor, context and expert
-  /// parts, and in a pipeline its stage's layers (virtual stages stage, stage + P, ...).
+  /// This rank's part of the model: ZeRO 3's external storage, its tensor and expert parts, and in
+  /// a pipeline its stage's layers (virtual stages stage, stage + P, ...).
   const model::Layout& layout() const { return layout_; }
   /// Whether this rank's model is only a part of the whole one (split over tensor, expert or
   /// pipeline ranks, or its weights in ZeRO 3's storage).
   bool partial_model() const;
-  /// Gives `model` (built with layout()) the groups its passes communicate over. The groups live
-  /// as long as this context.
+  /// Gives `model` (built with layout()) the groups its passes communicate over, and under context
+  /// parallelism its view of the split sequences. They live as long as this context.
   void attach(model::Model& model);
   /// Which gradients the global norm counts on this rank and the groups it is summed over: under
   /// tensor, expert or pipeline parallelism, the parts this rank owns, summed over those groups.
@@ -43,7 +44,10 @@ class ParallelContext {
   Device device_;
   model::Layout layout_;
   std::unique_ptr<model::TensorGroup> tensor_;
-  std::unique_ptr<model::ContextGroup> context_;
+  int context_rank_ = 0, context_size_ = 1;
+  bool context_ring_ = true;
+  std::unique_ptr<ContextGroup> context_;
+  std::unique_ptr<ContextAttention> sequences_;
   std::unique_ptr<model::ExpertGroup> expert_;
 };
 

@@ -11,6 +11,7 @@
 #include "model/model.h"
 #include "optim/muon.h"
 #include "optim/registry.h"
+#include "parallel/context_attention.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/pipeline_stages.h"
 #include "parallel/zero3_slots.h"
@@ -145,43 +146,42 @@ std::int64_t activation_bytes(const config::ModelConfig& m, bool bf16, config::R
                               std::int64_t micro_batch, int tensor_size, bool sequence_parallel, int context_size,
                               int expert_size) {
   const DType compute = bf16 ? DType::bf16 : DType::f32;
+  model::ActsShape shape{tensor_size, sequence_parallel && tensor_size > 1};
+  shape.expert_size = expert_size;
   std::int64_t bytes = std::int64_t(model::arch_spec(m.arch).activation_bytes(
-      m, recompute, compute, int(micro_batch), int(m.context_length / context_size), tensor_size,
-      sequence_parallel && tensor_size > 1, expert_size));
+      m, recompute, compute, int(micro_batch), int(m.context_length / context_size), shape));
   // The rows each MoE layer's experts receive.
   return bytes + expert_activation_bytes(m, bf16, recompute, micro_batch, context_size, expert_size,
                                          m.moe.enabled ? m.n_layer - m.moe.first_dense_layers : 0);
 }
 
 namespace {
-// Context parallelism's shapes on a tensor rank: tokens per rank N, query width C and key/value width K.
-struct ContextShape {
-  std::int64_t cp, N, NH, C, K;
-};
-ContextShape context_shape(const config::Config& c, int tensor_size, std::int64_t micro_batch) {
-  const auto& m = c.model;
-  const std::int64_t HS = m.d_model / m.n_head, NH = m.n_head / tensor_size;
-  const std::int64_t NKV = m.n_kv_head % tensor_size == 0 ? m.n_kv_head / tensor_size : 1;  // else replicated
-  const std::int64_t cp = c.dist.context_parallel;
-  return {cp, micro_batch * (m.context_length / cp), NH, NH * HS, 2 * NKV * HS};
+// What each layer's attention call has on a rank of a tensor group of `tensor_size`, as the model
+// lays it out (its heads and the memory it lends a view that splits the sequences).
+model::AttentionRoom attention_room(const config::Config& config, int tensor_size, DType compute,
+                                    std::int64_t micro_batch) {
+  const auto& m = config.model;
+  return model::arch_spec(m.arch).attention_room(
+      m, config.train.recompute, compute, int(micro_batch), int(m.context_length / config.dist.context_parallel),
+      model::ActsShape{tensor_size, config.dist.sequence_parallel && tensor_size > 1});
 }
 }  // namespace
 
 std::int64_t context_scratch_bytes(const config::Config& config, int tensor_size, bool bf16, std::int64_t micro_batch) {
-  const auto& m = config.model;
   const std::int64_t cp = config.dist.context_parallel;
   if (cp <= 1) return 0;
-  return std::int64_t(model::arch_spec(m.arch).context_work_bytes(
-      m, config.train.recompute, bf16 ? DType::bf16 : DType::f32, int(micro_batch), int(m.context_length / cp),
-      tensor_size, config.dist.sequence_parallel && tensor_size > 1, int(cp),
-      config.dist.context_parallel_mode == config::ContextParallelMode::ring));
+  const DType compute = bf16 ? DType::bf16 : DType::f32;
+  return std::int64_t(parallel::ContextAttention::own_work_bytes(
+      attention_room(config, tensor_size, compute, micro_batch), int(cp),
+      config.dist.context_parallel_mode == config::ContextParallelMode::ring, compute));
 }
 
 double context_layer_bytes(const config::Config& config, int tensor_size, bool bf16, bool backward) {
-  const ContextShape s = context_shape(config, tensor_size, config.train.micro_batch_size);
-  if (s.cp <= 1) return 0;
-  const double block = double(s.N) * double(s.K), e = bf16 ? 2.0 : 4.0;
-  return double(s.cp - 1) * block * (backward ? e + 4.0 : e);
+  const int cp = int(config.dist.context_parallel);
+  if (cp <= 1) return 0;
+  const DType compute = bf16 ? DType::bf16 : DType::f32;
+  return parallel::ContextAttention::sent_bytes(attention_room(config, tensor_size, compute, config.train.micro_batch_size),
+                                                cp, dtype_size(compute), backward);
 }
 
 double context_traffic(const config::Config& config, int tensor_size, bool bf16, std::int64_t micro_steps,
@@ -472,7 +472,6 @@ std::vector<StagePlan> pipeline_stages(const config::Config& config, int tensor_
     StagePlan st;
     st.stage = s;
     model::Layout layout{true, r, tensor_size, sp};
-    layout.context_size = int(config.dist.context_parallel);
     layout.expert_size = int(config.dist.expert_parallel);
     for (std::size_t v = std::size_t(s); v < split.size(); v += std::size_t(P)) {
       st.chunks.push_back(split[v]);
@@ -484,6 +483,9 @@ std::vector<StagePlan> pipeline_stages(const config::Config& config, int tensor_
     st.first_layer = st.chunks.front().first_layer;
     const auto model = model::make_model(m, Device::cpu, config.train.recompute, bf16 ? DType::bf16 : DType::f32,
                                          ops::AttentionKernels::flash, layout);
+    // Each rank of a context group holds context_length / context_parallel tokens of a sequence.
+    parallel::ContextAttention sequences(0, int(config.dist.context_parallel), true, Device::cpu, DType::f32);
+    model->attach_sequences(&sequences);
     st.embedding = model->holds_model_begin();
     st.head = model->holds_model_end();
     st.share = share_of_model(*model, tensor_size, r);

@@ -15,7 +15,6 @@
 #include "data/shard.h"
 #include "dist/file_work.h"
 #include "eval/sequence_scoring.h"
-#include "model/context_parallel.h"
 #include "model/documents.h"
 #include "ops/buffer.h"
 #include "ops/moe_ops.h"

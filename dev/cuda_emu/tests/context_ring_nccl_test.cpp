@@ -19,8 +19,8 @@
 #include "cuda_compare.h"
 #include "dist/nccl_communicator.h"
 #include "llmtrain_emu/runtime_control.h"
-#include "model/context_parallel.h"
 #include "ops/ops.h"
+#include "parallel/context_attention.h"
 #include "parallel/context_parallel_comm.h"
 #include "shim_host.h"
 
@@ -29,7 +29,7 @@ using namespace llmtrain;
 namespace {
 
 // Every exchange receives what it sends (the shim's ranks running this same program), on the host.
-class LoopbackGroup final : public model::ContextGroup {
+class LoopbackGroup final : public parallel::ContextGroup {
  public:
   class Done final : public Pending {
    public:
@@ -73,25 +73,27 @@ TEST_CASE("context parallel ring over NCCL: stream-ordered waits give the host-w
       const auto cpu = [](std::vector<float>& v, std::initializer_list<std::int64_t> shape) {
         return Tensor(v.data(), DType::f32, Device::cpu, shape);
       };
-      model::ContextParallel reference(rank, n, true, Device::cpu, DType::f32);
+      parallel::ContextAttention reference(rank, n, true, Device::cpu, DType::f32);
       LoopbackGroup loopback;
       reference.set_group(&loopback);
-      reference.attention_forward(cpu(out, {B, Tl, C}), cpu(lse, {B, NH, Tl}), cpu(qkv, {B, Tl, W}), NH, NKV);
+      reference.attention_forward(cpu(out, {B, Tl, C}), cpu(lse, {B, NH, Tl}), cpu(qkv, {B, Tl, W}), NH, NKV, Tensor(), Tensor());
       reference.attention_backward(cpu(dqkv, {B, Tl, W}), cpu(dout, {B, Tl, C}), cpu(qkv, {B, Tl, W}),
-                                   cpu(out, {B, Tl, C}), cpu(lse, {B, NH, Tl}), NH, NKV);
+                                   cpu(out, {B, Tl, C}), cpu(lse, {B, NH, Tl}), NH, NKV, Tensor(),
+                                   Tensor());
 
       test::ShimHost host(n, rank);
       const auto nccl = dist::make_nccl_communicator(host, 0, 30.0);
       parallel::CommContextGroup group(*nccl, *nccl);
-      model::ContextParallel cp(rank, n, true, Device::cuda, DType::f32);
+      parallel::ContextAttention cp(rank, n, true, Device::cuda, DType::f32);
       cp.set_group(&group);
       const test::DeviceArray<float> d_qkv(qkv), d_dout(dout);
       const test::DeviceArray<float> d_out(std::vector<float>(out.size(), NAN)), d_lse(std::vector<float>(lse.size(), NAN));
       const test::DeviceArray<float> d_dqkv(std::vector<float>(dqkv.size(), NAN));
       const std::int64_t syncs = host_syncs();
-      cp.attention_forward(d_out.tensor({B, Tl, C}), d_lse.tensor({B, NH, Tl}), d_qkv.tensor({B, Tl, W}), NH, NKV);
+      cp.attention_forward(d_out.tensor({B, Tl, C}), d_lse.tensor({B, NH, Tl}), d_qkv.tensor({B, Tl, W}), NH, NKV, Tensor(),
+                           Tensor());
       cp.attention_backward(d_dqkv.tensor({B, Tl, W}), d_dout.tensor({B, Tl, C}), d_qkv.tensor({B, Tl, W}),
-                            d_out.tensor({B, Tl, C}), d_lse.tensor({B, NH, Tl}), NH, NKV);
+                            d_out.tensor({B, Tl, C}), d_lse.tensor({B, NH, Tl}), NH, NKV, Tensor(), Tensor());
       CHECK(host_syncs() == syncs);  // no host wait inside the ring
       // Forward (n - 1) and backward 2 (n - 1) exchanges, each one send and one receive.
       CHECK(nccl->traffic().calls[dist::Traffic::send] == 3 * (n - 1));

@@ -1,11 +1,12 @@
-#include "model/context_parallel.h"
+#include "parallel/context_attention.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 
-namespace llmtrain::model {
+namespace llmtrain::parallel {
 namespace {
 
 // Block i of `many` (n, B, T, W): (B, T, W).
@@ -19,39 +20,26 @@ Tensor flat(const Tensor& t) { return Tensor(t.data, t.dtype, t.device, {t.numel
 
 }  // namespace
 
-ops::Chunks ContextParallel::chunks(int rank, int T) const {
+ops::Chunks ContextAttention::chunks(int rank, int T) const {
   if (size_ == 1) return {T, 0, -1};
   const int len = T / (2 * size_);
   return {len, rank, 2 * size_ - 1 - rank};
 }
 
-void ContextParallel::check_length(int T) const {
+void ContextAttention::check_length(int T) const {
   if (size_ > 1 && T % (2 * size_) != 0) {
     throw InputError("dist.context_parallel = " + std::to_string(size_) + ": a sequence of " + std::to_string(T) +
                      " tokens does not split into 2 x dist.context_parallel chunks (model.context_length)");
   }
 }
 
-void ContextParallel::take_rows(const std::int32_t* in, int B, int T, std::vector<std::int32_t>& out) const {
-  check_length(T);
-  const ops::Chunks at = mine(T);
-  const int Tl = at.rows();
-  out.resize(std::size_t(B) * std::size_t(Tl));
-  for (int b = 0; b < B; ++b) {
-    for (int i = 0; i < at.count(); ++i) {
-      const std::int32_t* from = in + std::int64_t(b) * T + at.start(i);
-      std::copy(from, from + at.len, out.begin() + std::int64_t(b) * Tl + std::int64_t(i) * at.len);
-    }
-  }
-}
-
-ContextGroup& ContextParallel::group() const {
+ContextGroup& ContextAttention::group() const {
   if (!group_) throw RuntimeError("context parallelism: no context group was set");
   return *group_;
 }
 
-void ContextParallel::sum(std::vector<double>& values) {
-  if (active()) group().sum(values);
+void ContextAttention::sum(std::vector<double>& values) {
+  if (size_ > 1) group().sum(values);
 }
 
 namespace {
@@ -59,7 +47,7 @@ constexpr std::size_t work_align = 256;
 std::size_t aligned(std::size_t bytes) { return (bytes + work_align - 1) / work_align * work_align; }
 }  // namespace
 
-std::vector<Tensor> ContextParallel::forward_work(int size, bool ring, DType compute, DType out, std::int64_t B,
+std::vector<Tensor> ContextAttention::forward_work(int size, bool ring, DType compute, DType out, std::int64_t B,
                                                   std::int64_t Tl, std::int64_t NH, std::int64_t NKV, std::int64_t C) {
   const std::int64_t KVC = C / NH * NKV;
   // The key/value blocks (ring: 2 in flight; all-gather: every rank's and this rank's), one
@@ -69,7 +57,7 @@ std::vector<Tensor> ContextParallel::forward_work(int size, bool ring, DType com
           Tensor(nullptr, DType::f32, Device::cpu, {B, Tl, out == DType::f32 ? 0 : C})};
 }
 
-std::vector<Tensor> ContextParallel::backward_work(int size, bool ring, DType compute, DType dqkv, std::int64_t B,
+std::vector<Tensor> ContextAttention::backward_work(int size, bool ring, DType compute, DType dqkv, std::int64_t B,
                                                    std::int64_t Tl, std::int64_t NH, std::int64_t NKV, std::int64_t C) {
   const std::int64_t KVC = C / NH * NKV, W = C + 2 * KVC;
   // The blocks again, their f32 gradients (ring: 2 travelling; all-gather: every rank's and this
@@ -79,17 +67,28 @@ std::vector<Tensor> ContextParallel::backward_work(int size, bool ring, DType co
           Tensor(nullptr, DType::f32, Device::cpu, {B, Tl, dqkv == DType::f32 ? 0 : W})};
 }
 
-std::size_t ContextParallel::work_bytes(const std::vector<Tensor>& shapes) {
+std::size_t ContextAttention::work_bytes(const std::vector<Tensor>& shapes) {
   std::size_t total = 0;
   for (const Tensor& t : shapes) total += aligned(t.bytes());
   return total;
 }
 
-std::vector<Tensor> ContextParallel::work(const std::vector<Tensor>& shapes) {
+std::size_t ContextAttention::own_work_bytes(const model::AttentionRoom& room, int size, bool ring, DType compute) {
+  if (size <= 1) return 0;
+  const std::size_t forward =
+      work_bytes(forward_work(size, ring, compute, compute, room.B, room.Tl, room.NH, room.NKV, room.C));
+  const std::size_t backward =
+      work_bytes(backward_work(size, ring, compute, room.dqkv, room.B, room.Tl, room.NH, room.NKV, room.C));
+  const std::size_t own_forward = forward > room.forward_free ? forward : 0;
+  const std::size_t own_backward = backward > room.backward_free ? backward : 0;
+  return std::max(own_forward, own_backward);
+}
+
+std::vector<Tensor> ContextAttention::work(const std::vector<Tensor>& shapes, const Tensor& free) {
   const std::size_t total = work_bytes(shapes);
   char* base = nullptr;
-  if (lent_.data && lent_.device == device_ && lent_.bytes() >= total) {
-    base = static_cast<char*>(lent_.data);
+  if (free.data && free.device == device_ && free.bytes() >= total) {
+    base = static_cast<char*>(free.data);
   } else {
     if (work_.bytes() < total) {
       work_ = ops::Buffer();
@@ -97,7 +96,6 @@ std::vector<Tensor> ContextParallel::work(const std::vector<Tensor>& shapes) {
     }
     base = static_cast<char*>(work_.data());
   }
-  lent_ = Tensor();  // lent for one call
   std::vector<Tensor> out;
   std::size_t used = 0;
   for (const Tensor& t : shapes) {
@@ -110,14 +108,14 @@ std::vector<Tensor> ContextParallel::work(const std::vector<Tensor>& shapes) {
   return out;
 }
 
-void ContextParallel::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int NH, int NKV,
-                                        const Tensor& segments) {
+void ContextAttention::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int NH, int NKV,
+                                         const Tensor& segments, const Tensor& free) {
   const std::int64_t B = qkv.shape[0], Tl = qkv.shape[1], C = out.shape[2], KVC = C / NH * NKV;
   const int n = size_, r = rank_, next = (r + 1) % n, prev = (r + n - 1) % n;
-  const ops::Chunks me = mine(int(Tl) * n);
+  const ops::Chunks me = rows(int(Tl) * n);
   // The running result accumulates in out itself when that is f32.
   const bool f32_out = out.dtype == DType::f32;
-  const std::vector<Tensor> w = work(forward_work(n, ring_, compute_, out.dtype, B, Tl, NH, NKV, C));
+  const std::vector<Tensor> w = work(forward_work(n, ring_, compute_, out.dtype, B, Tl, NH, NKV, C), free);
   const Tensor &blocks = w[0], &part = w[1], &part_lse = w[2];
   const Tensor acc = f32_out ? out : w[3];
   if (ring_) {
@@ -157,15 +155,16 @@ void ContextParallel::attention_forward(const Tensor& out, const Tensor& lse, co
   if (!f32_out) ops::convert(flat(out), flat(acc));
 }
 
-void ContextParallel::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                                         const Tensor& lse, int NH, int NKV, const Tensor& segments) {
+void ContextAttention::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                          const Tensor& lse, int NH, int NKV, const Tensor& segments,
+                                          const Tensor& free) {
   const std::int64_t B = qkv.shape[0], Tl = qkv.shape[1], C = dout.shape[2], KVC = C / NH * NKV;
   const int n = size_, r = rank_, next = (r + 1) % n, prev = (r + n - 1) % n;
-  const ops::Chunks me = mine(int(Tl) * n);
+  const ops::Chunks me = rows(int(Tl) * n);
   // The query gradients (and, ring, this rank's own block's key/value gradients, in its columns)
   // accumulate in dqkv itself when that is f32.
   const bool f32_grad = dqkv.dtype == DType::f32;
-  const std::vector<Tensor> w = work(backward_work(n, ring_, compute_, dqkv.dtype, B, Tl, NH, NKV, C));
+  const std::vector<Tensor> w = work(backward_work(n, ring_, compute_, dqkv.dtype, B, Tl, NH, NKV, C), free);
   const Tensor &blocks = w[0], &grads = w[1];
   const Tensor dq = f32_grad ? dqkv : w[2];
   ops::zero(dq);
@@ -219,14 +218,10 @@ void ContextParallel::attention_backward(const Tensor& dqkv, const Tensor& dout,
   }
 }
 
-double ContextParallel::ring_forward_bytes(int size, std::int64_t B, std::int64_t Tl, std::int64_t kv_width,
-                                           std::size_t element) {
-  return double(size - 1) * double(B * Tl * kv_width) * double(element);
+double ContextAttention::sent_bytes(const model::AttentionRoom& room, int size, std::size_t element, bool backward) {
+  const double kv_width = 2.0 * double(room.NKV) * double(room.C / room.NH);
+  const double block = double(room.B) * double(room.Tl) * kv_width;
+  return double(size - 1) * block * double(backward ? element + sizeof(float) : element);
 }
 
-double ContextParallel::ring_backward_bytes(int size, std::int64_t B, std::int64_t Tl, std::int64_t kv_width,
-                                            std::size_t element) {
-  return double(size - 1) * double(B * Tl * kv_width) * double(element + sizeof(float));
-}
-
-}  // namespace llmtrain::model
+}  // namespace llmtrain::parallel

@@ -1,4 +1,5 @@
-// Context parallelism inside the model: the ranks of a context group split every sequence. A
+// Context parallelism, attached to a model from outside as its view of the sequences
+// (model/sequence_view.h): the ranks of a context group split every sequence. A
 // sequence of T tokens is cut into 2 CP chunks and rank r holds chunks r and 2 CP - 1 - r (head
 // and tail), so that under the causal mask every rank does the same work; the rows of its
 // activations are its T / CP tokens, in that order, and every position-dependent step (learned
@@ -19,14 +20,15 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "model/token_group.h"
+#include "model/sequence_view.h"
 #include "ops/buffer.h"
 #include "ops/ops.h"
 
-namespace llmtrain::model {
+namespace llmtrain::parallel {
 
 /// The transfers a context-parallel model makes inside forward and backward, over its context
-/// group, on tensors in the model's memory (train/ provides them over a dist::Communicator).
+/// group, on tensors in the model's memory (parallel/context_parallel_comm.h provides them over a
+/// dist::Communicator).
 class ContextGroup {
  public:
   /// A started exchange; wait() or queue_wait() finishes it (its buffers stay untouched until then).
@@ -53,50 +55,39 @@ class ContextGroup {
   virtual void sum(std::vector<double>& values) = 0;
 };
 
-/// As a TokenGroup: the ranks splitting each sequence hold the micro-batch's tokens between them.
-class ContextParallel final : public TokenGroup {
+/// The sequences as a context group's rank sees them: its chunks of each, attention over the whole
+/// sequence through the group.
+class ContextAttention final : public model::SequenceView {
  public:
   /// Rank `rank` of a context group of `size`; `ring` false: the all-gather variant.
-  ContextParallel(int rank, int size, bool ring, Device device, DType compute)
+  ContextAttention(int rank, int size, bool ring, Device device, DType compute)
       : rank_(rank), size_(size), ring_(ring), device_(device), compute_(compute) {}
 
+  /// The group the blocks travel over (set before the first pass when size > 1).
   void set_group(ContextGroup* group) { group_ = group; }
-  /// Memory free during the next attention_forward or attention_backward call only (the model's
-  /// backward scratch, whose layer gradients are dead then): that call carves its work buffers from
-  /// it when they all fit, else from the group's own buffer.
-  void lend(const Tensor& free) { lent_ = free; }
   int rank() const { return rank_; }
-  int size() const override { return size_; }
-  void sum(std::vector<double>& values) override;
-  bool active() const { return size_ > 1; }
+  int parts() const override { return size_; }
   bool ring() const { return ring_; }
 
   /// The rows a rank holds of a sequence of T tokens (T / size of them): chunks r and 2 size - 1 - r
   /// of T / (2 size); with one rank, all of it as one chunk.
   ops::Chunks chunks(int rank, int T) const;
-  ops::Chunks mine(int T) const { return chunks(rank_, T); }
-  /// InputError unless T splits into 2 x size chunks.
-  void check_length(int T) const;
-  /// out (B, T / size) = this rank's tokens of each row of in (B, T), host memory.
-  void take_rows(const std::int32_t* in, int B, int T, std::vector<std::int32_t>& out) const;
+  ops::Chunks rows(int T) const override { return chunks(rank_, T); }
+  void check_length(int T) const override;
+  void sum(std::vector<double>& values) override;
 
-  /// Causal attention of this rank's rows against the whole sequence: out (B,Tl,NH HS) and lse
-  /// (B,NH,Tl) from qkv (B,Tl,(NH+2NKV)HS), Tl = T / size, as flash_attention_forward on the whole
-  /// sequence gives them for these rows. segments: the whole sequences' (B,T) document mask, or empty.
+  /// The memory `free` serves the call's work buffers when they all fit in it, else the view's own
+  /// buffer does.
   void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int NH, int NKV,
-                         const Tensor& segments = Tensor());
-  /// dqkv (B,Tl,(NH+2NKV)HS) = (written, not accumulated) the gradient from dout, as
-  /// flash_attention_backward gives it for these rows.
+                         const Tensor& segments, const Tensor& free) override;
   void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                          const Tensor& lse, int NH, int NKV, const Tensor& segments = Tensor());
+                          const Tensor& lse, int NH, int NKV, const Tensor& segments, const Tensor& free) override;
 
-  /// Elements per rank each layer's attention sends (counted as dist::Traffic counts a send):
-  /// forward (size - 1) key/value blocks of B Tl 2 NKV HS elements in the compute dtype; backward
-  /// as many again, and (size - 1) f32 blocks of their gradients (ring). Bytes.
-  static double ring_forward_bytes(int size, std::int64_t B, std::int64_t Tl, std::int64_t kv_width,
-                                   std::size_t element);
-  static double ring_backward_bytes(int size, std::int64_t B, std::int64_t Tl, std::int64_t kv_width,
-                                    std::size_t element);
+  /// Bytes one layer's attention call sends per rank of a group of `size` (as dist::Traffic counts
+  /// a send), ring or all-gather alike: forward (size - 1) key/value blocks of the room's B Tl 2 NKV
+  /// HS elements of `element` bytes (the compute dtype); backward as many again and (size - 1) f32
+  /// blocks of their gradients.
+  static double sent_bytes(const model::AttentionRoom& room, int size, std::size_t element, bool backward);
 
   /// The work buffers (shapes and dtypes, no data) attention_forward and attention_backward carve,
   /// for (B, Tl) rows of NH query and NKV key/value heads of width C / NH; `out` and `dqkv` the
@@ -107,12 +98,15 @@ class ContextParallel final : public TokenGroup {
                                            std::int64_t Tl, std::int64_t NH, std::int64_t NKV, std::int64_t C);
   /// Bytes a call needs for those buffers together (each 256-byte aligned).
   static std::size_t work_bytes(const std::vector<Tensor>& shapes);
+  /// Bytes of the view's own work buffer on a rank of a group of `size` whose model offers `room`
+  /// (Model::attention_room): none when every call's buffers fit in the memory it lends.
+  static std::size_t own_work_bytes(const model::AttentionRoom& room, int size, bool ring, DType compute);
 
  private:
   ContextGroup& group() const;
-  /// One call's work buffers, in the order asked for: carved from the lent memory when they fit,
-  /// else from work_ (grown to the largest call's).
-  std::vector<Tensor> work(const std::vector<Tensor>& shapes);
+  /// One call's work buffers, in the order asked for: carved from `free` when they fit, else from
+  /// work_ (grown to the largest call's).
+  std::vector<Tensor> work(const std::vector<Tensor>& shapes, const Tensor& free);
 
   int rank_, size_;
   bool ring_;
@@ -124,8 +118,7 @@ class ContextParallel final : public TokenGroup {
   // running result unless the output is f32 itself. Backward: the blocks again, the f32 key/value
   // gradients (ring: the two travelling accumulators; all-gather: all of them and this rank's
   // share), and the f32 query gradients unless the input gradient is f32 itself.
-  Tensor lent_;
   ops::Buffer work_;
 };
 
-}  // namespace llmtrain::model
+}  // namespace llmtrain::parallel
