@@ -74,14 +74,13 @@ void compare_tensor_parallel(const std::string& arch, bool sequence_parallel, DT
     }
   }
 
-  model::Layout layout;
-  layout.tensor_rank = rank;
-  layout.tensor_size = N;
-  layout.sequence_parallel = sequence_parallel;
-  const auto part = model::make_model(c, Device::cuda, recompute, dtype, ops::AttentionKernels::flash, layout);
   test::StagedCommunicator staged(world);
   parallel::CommTensorGroup group(staged, Device::cuda);
-  part->set_tensor_group(&group);
+  parallel::TensorParallel widths(rank, N, sequence_parallel, c.vocab_size, c.d_model, Device::cuda, dtype);
+  widths.set_group(&group);
+  model::Layout layout;
+  layout.widths = &widths;
+  const auto part = model::make_model(c, Device::cuda, recompute, dtype, ops::AttentionKernels::flash, layout);
   // This rank's weights, and where each of its elements sits in the whole model.
   const std::vector<model::Segment> segments = part->segments(false);
   std::vector<float> weights(std::size_t(part->num_params()));

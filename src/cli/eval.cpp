@@ -124,6 +124,7 @@ dist::Communicators eval_communicators(const config::Config& config, int tensor_
 // The checkpoint's model on this rank, with the groups it calls (declared first: they outlive it).
 struct EvalModel {
   std::unique_ptr<parallel::CommTensorGroup> tensor_group;
+  std::unique_ptr<parallel::TensorParallel> widths;
   std::unique_ptr<parallel::CommContextGroup> context_group;
   std::unique_ptr<parallel::ContextAttention> sequences;
   std::unique_ptr<model::Model> model;
@@ -138,15 +139,19 @@ EvalModel load_eval_model(const checkpoint::Found& found, const dist::Communicat
     loaded.model = checkpoint::load_model(found);
     return loaded;
   }
-  model::Layout layout{false, comms.host(dist::Axis::tensor).rank(), tensor_parallel};
+  model::Layout layout;
+  if (tensor_parallel > 1) {
+    const config::ModelConfig& m = found.config.model;
+    loaded.tensor_group = std::make_unique<parallel::CommTensorGroup>(comms.host(dist::Axis::tensor), Device::cpu);
+    loaded.widths = std::make_unique<parallel::TensorParallel>(comms.host(dist::Axis::tensor).rank(), tensor_parallel,
+                                                               false, m.vocab_size, m.d_model, Device::cpu, DType::f32);
+    loaded.widths->set_group(loaded.tensor_group.get());
+    layout.widths = loaded.widths.get();
+  }
   checkpoint::check_weights_fit(found);
   loaded.model = model::make_model(found.config.model, Device::cpu, model::Recompute::none, DType::f32,
                                    ops::AttentionKernels::flash, layout);
   checkpoint::load_weights(found, *loaded.model);
-  if (tensor_parallel > 1) {
-    loaded.tensor_group = std::make_unique<parallel::CommTensorGroup>(comms.host(dist::Axis::tensor), Device::cpu);
-    loaded.model->set_tensor_group(loaded.tensor_group.get());
-  }
   if (context_parallel > 1) {
     loaded.context_group = std::make_unique<parallel::CommContextGroup>(comms.host(dist::Axis::context),
                                                                          comms.host(dist::Axis::context));

@@ -16,7 +16,7 @@ namespace llmtrain::config {
 enum class Arch { gpt2, llama };
 /// model.attention: the GPU's attention kernels. `automatic` (spelled "auto") is resolved once at
 /// start-up, for the run's device, precision and shape, into flash or cudnn
-/// (model/attention_choice.h); the ops see only that resolved choice (ops::AttentionKernels).
+/// (parallel/attention_choice.h); the ops see only that resolved choice (ops::AttentionKernels).
 enum class Attention { automatic, flash, cudnn };
 /// train.precision: fp32, or bf16 mixed precision.
 enum class Precision { fp32, bf16 };

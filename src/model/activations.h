@@ -12,16 +12,16 @@
 
 namespace llmtrain::model {
 
-/// The shape of a model's activation buffers beyond (B, T): its tensor-parallel part, its pipeline
+/// The shape of a model's activation buffers beyond (B, T): its share of the widths, its pipeline
 /// stage's layers, and which parts are laid out.
 struct ActsShape {
-  int tensor_size = 1;
-  bool sequence_parallel = false;
+  int width_parts = 1;     // this rank holds 1 / width_parts of the heads, MLP columns and vocabulary
+  bool split_rows = false;  // and of the residual stream's rows (WidthShare::split_rows)
   int layers = -1;    // the stage's layers; -1: every layer
   bool head = true;   // the final norm, logits and losses (the last stage)
   bool acts = true;   // the forward activations
   bool grads = true;  // the backward scratch
-  int expert_size = 1;  // expert parallelism: the ranks each MoE layer's experts are split over
+  int expert_parts = 1;  // the ranks each MoE layer's experts are split over
   // The layer at position 0 of the laid-out layers when they are one range's (a pipeline stage of
   // one chunk: its first layer); -1 when positions serve chunks of several ranges (interleaved),
   // and so layers of either kind of MLP.
@@ -58,14 +58,14 @@ struct Carver {
 struct ActsDims {
   int B = 0, T = 0;
   std::int64_t N = 0;    // B T tokens
-  std::int64_t R = 0;    // rows of the residual stream on this rank (N / tensor_size with sequence parallelism)
-  int tensor_size = 1;   // this rank's part of the heads, MLP columns and vocabulary is 1 / tensor_size
+  std::int64_t R = 0;    // rows of the residual stream on this rank (N / width_parts when split)
+  int width_parts = 1;   // this rank's part of the heads, MLP columns and vocabulary is 1 / width_parts
   std::int64_t layers = 0;  // the layers to lay out (this pipeline stage's largest chunk)
   // The layer position whose own activations are being laid out (0 .. layers-1; without a pipeline
   // the layer itself), or -1 for those every layer shares: Mixture-of-Experts models lay out the
   // dense MLP's activations or the experts' by it.
   std::int64_t layer = -1;
-  int expert_size = 1;  // expert parallelism: a MoE layer's experts run the rows of this many ranks
+  int expert_parts = 1;  // a MoE layer's experts run the rows of this many ranks
 };
 
 /// The activation carver of one layout pass: `take` hands out tensors in the compute dtype,

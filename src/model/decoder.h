@@ -121,7 +121,7 @@ class Decoder : public Model {
     room.B = B;
     room.Tl = Tl;
     const std::int64_t HS = config.d_model / config.n_head;
-    room.NH = config.n_head / shape.tensor_size;
+    room.NH = config.n_head / shape.width_parts;
     room.NKV = (dqkv.shape[1] / HS - room.NH) / 2;
     room.C = room.NH * HS;
     room.dqkv = dqkv.dtype;
@@ -366,7 +366,7 @@ template <class Body>
 TensorSlice Decoder<Body>::slice_of(const std::string& name) const {
   // Megatron's split of the ends: the embedding and the head by vocabulary rows.
   if (name == Body::names.embedding || is_head(name)) {
-    TensorSlice rows = tp_.vocab_part();
+    TensorSlice rows = share_->vocab_part();
     // A tied embedding on the last pipeline stage (the head's) is a copy of the first stage's.
     rows.owner = is_head(name) || holds_model_begin();
     return rows;
@@ -422,11 +422,11 @@ std::size_t Decoder<Body>::lay_out(const config::ModelConfig& config, Recompute 
   // Under tensor parallelism this rank's heads, MLP columns and vocabulary rows (at most); with
   // sequence parallelism R of the N tokens in the residual stream, its norms and their gradients;
   // under pipeline parallelism this stage's layers.
-  const int ts = shape.tensor_size;
-  const std::int64_t N = std::int64_t(B) * T, R = shape.sequence_parallel ? N / ts : N, C = config.d_model,
+  const int ts = shape.width_parts;
+  const std::int64_t N = std::int64_t(B) * T, R = shape.split_rows ? N / ts : N, C = config.d_model,
                      V = (config.vocab_size + ts - 1) / ts;
   ActsDims dims{B, T, N, R, ts, shape.layers < 0 ? config.n_layer : shape.layers};
-  dims.expert_size = shape.expert_size;
+  dims.expert_parts = shape.expert_parts;
   // Activations in the compute dtype; statistics (means, rstds, lse, losses) always f32.
   ActsCarver take{carver, compute};
   if (shape.acts) {
@@ -483,7 +483,7 @@ void Decoder<Body>::ensure_acts(int B, int T) {
   if (B == acts_B_ && T == acts_T_ && std::int64_t(acts_slots_.size()) == slots_) return;
   // One set of activations per slot and one backward scratch in one buffer; on the last stage
   // each slot's logits are this rank's vocabulary columns.
-  tp_.check_sequence_split(B, T);
+  share_->check_rows(B, T);
   ActsShape acts_only = acts_shape(), grads_only = acts_shape();
   acts_only.grads = false;
   grads_only.acts = false;
@@ -502,7 +502,7 @@ void Decoder<Body>::ensure_acts(int B, int T) {
     // lay_out made room for the most vocabulary rows any rank has.
     if (holds_model_end()) {
       slot.logits = Tensor(slot.logits.data, slot.logits.dtype, device_,
-                           {std::int64_t(B) * T, logits_stride(tp_.vocab_end() - tp_.vocab_begin())});
+                           {std::int64_t(B) * T, logits_stride(share_->vocab_end() - share_->vocab_begin())});
     }
   }
   lay_out(config_, recompute_, compute_, carver, B, T, a, ga_, grads_only);

@@ -41,12 +41,12 @@ double Decoder<Body>::forward(const std::int32_t* inputs, const std::int32_t* ta
   notify(PassEvent::forward_begins);
   if (begins_model()) {  // a later range's input is an earlier one's output (stream_ends)
     notify(PassEvent::before_embedding);
-    const Tensor embedded = sequence_parallel() ? a_.full_out : a_.encoded;
+    const Tensor embedded = split_rows() ? a_.full_out : a_.encoded;
     const bool reset = reset_positions() && p_.positions.data;
-    tp_.vocab_parallel_embedding(embedded.reshape({B, T, config_.d_model}), inputs, a_.inputs, p_.embedding,
+    share_->embedding(embedded.reshape({B, T, config_.d_model}), inputs, a_.inputs, p_.embedding,
                                  reset ? Tensor() : local_positions(T), slot_, slots_);
     if (reset) add_document_positions(embedded);
-    tp_.reduce_output(embedded, a_.encoded);
+    share_->reduce_output(embedded, a_.encoded);
     notify(PassEvent::after_embedding);
   }
   for (std::size_t li = 0; li < a_.layers.size(); ++li) {
@@ -58,11 +58,11 @@ double Decoder<Body>::forward(const std::int32_t* inputs, const std::int32_t* ta
   if (!ends_model()) return 0.0;  // its output goes on to the next range
   notify(PassEvent::before_head);
   final_norm_forward(a_.lnf, a_.lnf_mean, a_.lnf_rstd, stream_output(), p_.norm_weight, p_.norm_bias);
-  linears_.forward(a_.logits, tp_.gather_input(a_.lnf, a_.lnf_full), p_.head, Tensor());
+  linears_.forward(a_.logits, share_->gather_input(a_.lnf, a_.lnf_full), p_.head, Tensor());
   if (!targets) return 0.0;
   targets_upload_.upload(a_.targets,
                          Tensor(const_cast<std::int32_t*>(targets), DType::i32, Device::cpu, {a_.targets.shape[0]}));
-  return tp_.vocab_parallel_cross_entropy(a_.logits, a_.losses, a_.targets, dloss_scale, deferred_loss_sum());
+  return share_->cross_entropy(a_.logits, a_.losses, a_.targets, dloss_scale, deferred_loss_sum());
 }
 
 template <class Body>
@@ -75,7 +75,7 @@ void Decoder<Body>::backward(const std::function<void(std::int64_t)>& grads_read
   // column-parallel ones) are summed over the group (this rank's tokens of them under sequence
   // parallelism, whose norms then see only those tokens: their weights' gradients are summed
   // too); the outputs' gradients the row-parallel backward needs are gathered whole.
-  const bool sp = sequence_parallel();
+  const bool sp = split_rows();
   const Tensor& dresidual = ga_.residual;
   if (ends_model()) {  // an earlier range starts from the next range's input gradient (stream_ends)
     ops::zero(dresidual);
@@ -89,8 +89,8 @@ void Decoder<Body>::backward(const std::function<void(std::int64_t)>& grads_read
     } else {
       linears_.backward(dlnf, g_.head, Tensor(), dlogits, lnf, p_.head, ops::Accumulate::no, Linears::Dout::kept);
     }
-    tp_.reduce_output(dlnf, ga_.lnf);  // each rank's vocabulary rows' share
-    tp_.norm_backward(norm_grads(g_.norm_weight, config::norm_params_per_channel(traits_) * C), [&] {
+    share_->reduce_output(dlnf, ga_.lnf);  // each rank's vocabulary rows' share
+    share_->norm_backward(norm_grads(g_.norm_weight, config::norm_params_per_channel(traits_) * C), [&] {
       final_norm_backward(dresidual, g_.norm_weight, g_.norm_bias, ga_.lnf, stream_output(), p_.norm_weight,
                           a_.lnf_mean, a_.lnf_rstd);
     });
@@ -114,8 +114,8 @@ void Decoder<Body>::backward(const std::function<void(std::int64_t)>& grads_read
       dpositions = Tensor(split_position_grads_.data(), DType::f32, device_, {T, C});
       ops::zero(dpositions);
     }
-    const Tensor dstream = tp_.gather_input(dresidual, a_.full_in);
-    tp_.vocab_parallel_embedding_backward(g_.embedding, dpositions, dstream.reshape({B, T, C}), a_.inputs, slot_);
+    const Tensor dstream = share_->gather_input(dresidual, a_.full_in);
+    share_->embedding_backward(g_.embedding, dpositions, dstream.reshape({B, T, C}), a_.inputs, slot_);
     if (split_positions) add_position_grads();
     if (reset) add_document_position_grads(dstream);
   }
@@ -204,7 +204,7 @@ void Decoder<Body>::for_each_document_piece(int Tl, const std::function<void(std
 
 template <class Body>
 void Decoder<Body>::add_document_positions(const Tensor& embedded) {
-  const Tensor table = tp_.bias_once(p_.positions);
+  const Tensor table = share_->bias_once(p_.positions);
   if (!table.data) return;
   const std::int64_t C = config_.d_model, T = acts_T_;
   const std::size_t elt = dtype_size(embedded.dtype);
@@ -237,7 +237,7 @@ void Decoder<Body>::add_document_position_grads(const Tensor& dstream) {
 
 template <class Body>
 Tensor Decoder<Body>::logits() {
-  if (tensor_size() > 1) {
+  if (width_parts() > 1) {
     throw RuntimeError(std::string(Body::name) + "::logits: each rank holds only its vocabulary columns");
   }
   return unpadded_logits(a_.logits, logits_f32_).reshape({acts_B_, acts_T_, config_.vocab_size});
@@ -282,7 +282,7 @@ Tensor Decoder<Body>::decode_step(std::int32_t token, int pos) {
     throw RuntimeError(std::string(Body::name) + "::decode_step: position " + std::to_string(pos) +
                        " outside the context");
   }
-  if (tensor_size() > 1) throw RuntimeError(std::string(Body::name) + "::decode_step: not under tensor parallelism");
+  if (width_parts() > 1) throw RuntimeError(std::string(Body::name) + "::decode_step: not under tensor parallelism");
   ensure_decoding();
   if (pos == 0) prepare_weights();
   const std::int64_t C = config_.d_model;

@@ -108,14 +108,16 @@ struct LayerRange {
   int size() const { return end - begin; }
 };
 
+class WidthShare;  // model/width_share.h
+
 /// How a model is laid out over ranks: whether its weights and gradients live in storage another
-/// part of the program owns (no flat buffers of its own: parallel/zero3.h's gathered shards), and this rank's
-/// place in its tensor-parallel group.
+/// part of the program owns (no flat buffers of its own: parallel/zero3.h's gathered shards), and
+/// this rank's share of the widths.
 struct Layout {
   bool external_storage = false;
-  int tensor_rank = 0;
-  int tensor_size = 1;
-  bool sequence_parallel = false;  // norms and residual adds on this rank's 1/tensor_size of the tokens
+  // The share of the heads, MLP columns and vocabulary this rank holds, and the steps that cross
+  // between split and whole activations (it outlives the model); null: all of them (one rank).
+  WidthShare* widths = nullptr;
   // The layers this model holds, as ranges in increasing order, each run on its own by forward and
   // backward (Model::use_layer_range); empty: every layer, as one range. A model holding a range
   // that begins at layer 0 also holds the token embedding, one whose range ends at the last layer

@@ -52,13 +52,13 @@ void Gpt2Body::lay_out_unread(ActsCarver& take, const config::ModelConfig& confi
 }
 
 void Gpt2Body::lay_out_mlp(ActsCarver& take, const config::ModelConfig& config, const ActsDims& d, Acts& la) {
-  const std::int64_t F4 = config.ffn_hidden / d.tensor_size;
+  const std::int64_t F4 = config.ffn_hidden / d.width_parts;
   la.fch = take.take({d.N, F4});
   la.fch_gelu = take.take({d.N, F4});
 }
 
 void Gpt2Body::lay_out_kept(ActsCarver& take, const config::ModelConfig& config, const ActsDims& d, Acts& la) {
-  const std::int64_t N = d.N, R = d.R, C = config.d_model, CL = C / d.tensor_size, NH = config.n_head / d.tensor_size;
+  const std::int64_t N = d.N, R = d.R, C = config.d_model, CL = C / d.width_parts, NH = config.n_head / d.width_parts;
   la.ln1 = take.take({R, C});
   la.ln1_mean = take.stat({R});
   la.ln1_rstd = take.stat({R});
@@ -72,8 +72,8 @@ void Gpt2Body::lay_out_kept(ActsCarver& take, const config::ModelConfig& config,
 }
 
 void Gpt2Body::lay_out_grads(ActsCarver& take, const config::ModelConfig& config, const ActsDims& d, Grads& g) {
-  const std::int64_t N = d.N, R = d.R, C = config.d_model, CL = C / d.tensor_size,
-                     F4 = config.ffn_hidden / d.tensor_size;
+  const std::int64_t N = d.N, R = d.R, C = config.d_model, CL = C / d.width_parts,
+                     F4 = config.ffn_hidden / d.width_parts;
   g.ln1 = take.take({R, C});
   g.qkv = take.take({N, 3 * CL});
   g.atty = take.take({N, CL});
@@ -93,8 +93,9 @@ void Gpt2Body::lay_out_decoding(ActsCarver& take, const config::ModelConfig& con
 Gpt2::Gpt2(const config::ModelConfig& config, Device device, Recompute recompute, DType compute,
            ops::AttentionKernels attention, Layout layout)
     : Decoder(config, device, recompute, compute, attention, layout) {
-  if (config.n_head % layout.tensor_size != 0 || config.ffn_hidden % layout.tensor_size != 0) {
-    throw InputError("dist.tensor_parallel = " + std::to_string(layout.tensor_size) + " must divide model.n_head (" +
+  const int N = width_parts();
+  if (config.n_head % N != 0 || config.ffn_hidden % N != 0) {
+    throw InputError("dist.tensor_parallel = " + std::to_string(N) + " must divide model.n_head (" +
                      std::to_string(config.n_head) + ") and model.ffn_hidden (" + std::to_string(config.ffn_hidden) + ")");
   }
   build();
@@ -105,14 +106,14 @@ TensorSlice Gpt2::layer_slice(const std::string& name) const {
   // Megatron's split: c_attn and c_fc column-parallel (c_attn's q, k and v each by heads), their
   // c_proj row-parallel (summed after).
   if (name.ends_with("attn.c_attn.weight") || name.ends_with("attn.c_attn.bias")) {
-    TensorSlice heads = tp_.column_part(C);
+    TensorSlice heads = share_->column_part(C);
     if (heads.whole()) return heads;
     const auto [first, count] = heads.blocks[0];
     return {0, {{first, count}, {C + first, count}, {2 * C + first, count}}};
   }
-  if (name.ends_with("attn.c_proj.weight")) return tp_.row_part(C);
-  if (name.ends_with("mlp.c_fc.weight") || name.ends_with("mlp.c_fc.bias")) return tp_.column_part(F4);
-  if (name.ends_with("mlp.c_proj.weight")) return tp_.row_part(F4);
+  if (name.ends_with("attn.c_proj.weight")) return share_->row_part(C);
+  if (name.ends_with("mlp.c_fc.weight") || name.ends_with("mlp.c_fc.bias")) return share_->column_part(F4);
+  if (name.ends_with("mlp.c_proj.weight")) return share_->row_part(F4);
   return {};
 }
 
@@ -138,33 +139,33 @@ void Gpt2::forward_mlp(std::size_t l) {
   const LayerParams& lp = p_.layers[l];
   const LayerActs& la = layer_acts(l);
   // fch kept for the backward's GELU
-  linears_.forward_gelu(la.fch_gelu, la.fch, tp_.gather_input(la.ln2, a_.full_in), lp.fc_w, lp.fc_b);
+  linears_.forward_gelu(la.fch_gelu, la.fch, share_->gather_input(la.ln2, a_.full_in), lp.fc_w, lp.fc_b);
 }
 
 void Gpt2::forward_layer(std::size_t l) {
   const int B = acts_B_, T = acts_T_;
-  const std::int64_t C = config_.d_model / tensor_size();  // this rank's heads' width
-  const int NH = int(config_.n_head) / tensor_size();
+  const std::int64_t C = config_.d_model / width_parts();  // this rank's heads' width
+  const int NH = int(config_.n_head) / width_parts();
   const LayerParams& lp = p_.layers[l];
   const LayerActs& la = layer_acts(l);
   const Tensor& x = layer_input(l);
   // Tensor parallelism: c_attn and c_fc column-parallel, the two c_proj row-parallel.
   ops::layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, x, lp.ln1_w, lp.ln1_b);
-  tp_.column_parallel_linear(la.qkv, la.ln1, a_.full_in, lp.qkv_w, lp.qkv_b);
+  share_->column_linear(linears_, la.qkv, la.ln1, a_.full_in, lp.qkv_w, lp.qkv_b);
   attention_forward(la.atty.reshape({B, T, C}), la.lse, la.qkv.reshape({B, T, 3 * C}), NH, NH);
-  tp_.row_parallel_linear(la.attproj, a_.full_out, la.atty, lp.attproj_w, lp.attproj_b);
+  share_->row_linear(linears_, la.attproj, a_.full_out, la.atty, lp.attproj_w, lp.attproj_b);
   ops::layernorm_residual_forward(la.residual2, la.ln2, la.ln2_mean, la.ln2_rstd, x, la.attproj, lp.ln2_w, lp.ln2_b);
   forward_mlp(l);
-  tp_.row_parallel_linear(la.fcproj, a_.full_out, la.fch_gelu, lp.fcproj_w, lp.fcproj_b);
+  share_->row_linear(linears_, la.fcproj, a_.full_out, la.fch_gelu, lp.fcproj_w, lp.fcproj_b);
   ops::residual_forward(la.residual3, la.residual2, la.fcproj);
 }
 
 void Gpt2::backward_layer(std::size_t l) {
   const int B = acts_B_, T = acts_T_;
-  const std::int64_t C = config_.d_model, CL = C / tensor_size();  // CL: this rank's heads' width
-  const int NH = int(config_.n_head) / tensor_size();
+  const std::int64_t C = config_.d_model, CL = C / width_parts();  // CL: this rank's heads' width
+  const int NH = int(config_.n_head) / width_parts();
   const Tensor none;
-  const bool sp = sequence_parallel();
+  const bool sp = split_rows();
   const Tensor& dresidual = ga_.residual;
   const LayerParams& lp = p_.layers[l];
   const LayerParams& lg = g_.layers[l];
@@ -173,23 +174,23 @@ void Gpt2::backward_layer(std::size_t l) {
   // Each activation gradient's first writer writes it (no zeroing).
   // MLP branch: residual3 = residual2 + c_proj(gelu(c_fc(ln2))).
   // c_proj's input gradient through the GELU (and c_fc's bias gradient) in one matmul.
-  linears_.backward_dgelu(ga_.fch, lg.fcproj_w, lg.fcproj_b, lg.fc_b, tp_.gather_input(dresidual, a_.full_in),
+  linears_.backward_dgelu(ga_.fch, lg.fcproj_w, lg.fcproj_b, lg.fc_b, share_->gather_input(dresidual, a_.full_in),
                              la.fch_gelu, la.fch, lp.fcproj_w);
-  linears_.backward(sp ? a_.full_out : ga_.ln2, lg.fc_w, none, ga_.fch, tp_.gather_input(la.ln2, a_.full_in),
+  linears_.backward(sp ? a_.full_out : ga_.ln2, lg.fc_w, none, ga_.fch, share_->gather_input(la.ln2, a_.full_in),
                        lp.fc_w, ops::Accumulate::no);
-  tp_.reduce_output(sp ? a_.full_out : ga_.ln2, ga_.ln2);
-  tp_.norm_backward(norm_grads(lg.ln2_w, 2 * C), [&] {
+  share_->reduce_output(sp ? a_.full_out : ga_.ln2, ga_.ln2);
+  share_->norm_backward(norm_grads(lg.ln2_w, 2 * C), [&] {
     ops::layernorm_backward(dresidual, lg.ln2_w, lg.ln2_b, ga_.ln2, la.residual2, lp.ln2_w, la.ln2_mean, la.ln2_rstd);
   });
   // Attention branch: residual2 = x + c_proj(attention(c_attn(ln1))).
-  linears_.backward(ga_.atty, lg.attproj_w, lg.attproj_b, tp_.gather_input(dresidual, a_.full_in), la.atty,
+  linears_.backward(ga_.atty, lg.attproj_w, lg.attproj_b, share_->gather_input(dresidual, a_.full_in), la.atty,
                        lp.attproj_w, ops::Accumulate::no);
   attention_backward(ga_.qkv.reshape({B, T, 3 * CL}), ga_.atty.reshape({B, T, CL}), la.qkv.reshape({B, T, 3 * CL}),
                      la.atty.reshape({B, T, CL}), la.lse, NH, NH);
-  linears_.backward(sp ? a_.full_out : ga_.ln1, lg.qkv_w, lg.qkv_b, ga_.qkv, tp_.gather_input(la.ln1, a_.full_in),
+  linears_.backward(sp ? a_.full_out : ga_.ln1, lg.qkv_w, lg.qkv_b, ga_.qkv, share_->gather_input(la.ln1, a_.full_in),
                        lp.qkv_w, ops::Accumulate::no);
-  tp_.reduce_output(sp ? a_.full_out : ga_.ln1, ga_.ln1);
-  tp_.norm_backward(norm_grads(lg.ln1_w, 2 * C), [&] {
+  share_->reduce_output(sp ? a_.full_out : ga_.ln1, ga_.ln1);
+  share_->norm_backward(norm_grads(lg.ln1_w, 2 * C), [&] {
     ops::layernorm_backward(dresidual, lg.ln1_w, lg.ln1_b, ga_.ln1, x, lp.ln1_w, la.ln1_mean, la.ln1_rstd);
   });
 }

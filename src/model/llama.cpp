@@ -17,15 +17,15 @@ struct Widths {
   std::int64_t NH, CL, QKV, F;
 };
 
-Widths widths(const config::ModelConfig& c, int tensor_size) {
-  const std::int64_t HS = c.d_model / c.n_head, NH = c.n_head / tensor_size;
-  const std::int64_t NKV = c.n_kv_head % tensor_size == 0 ? c.n_kv_head / tensor_size : 1;  // else replicated
-  return {NH, NH * HS, (NH + 2 * NKV) * HS, c.ffn_hidden / tensor_size};
+Widths widths(const config::ModelConfig& c, int parts) {
+  const std::int64_t HS = c.d_model / c.n_head, NH = c.n_head / parts;
+  const std::int64_t NKV = c.n_kv_head % parts == 0 ? c.n_kv_head / parts : 1;  // else replicated
+  return {NH, NH * HS, (NH + 2 * NKV) * HS, c.ffn_hidden / parts};
 }
 
 // This rank's key/value heads.
-std::int64_t kv_heads(const config::ModelConfig& c, int tensor_size) {
-  return c.n_kv_head % tensor_size == 0 ? c.n_kv_head / tensor_size : 1;
+std::int64_t kv_heads(const config::ModelConfig& c, int parts) {
+  return c.n_kv_head % parts == 0 ? c.n_kv_head / parts : 1;
 }
 
 }  // namespace
@@ -62,7 +62,7 @@ void LlamaBody::for_each_param(const config::ModelConfig& c, const ParamVisitor&
 // The pre-rotation qkv and the two branch outputs: backward never reads them.
 void LlamaBody::lay_out_unread(ActsCarver& take, const config::ModelConfig& config, const ActsDims& d, Acts& la) {
   const std::int64_t C = config.d_model;
-  const std::int64_t QKV = widths(config, d.tensor_size).QKV;
+  const std::int64_t QKV = widths(config, d.width_parts).QKV;
   // With model.qk_norm backward reads qkv (the norm's input) and not qkn.
   if (config.qk_norm) {
     la.qkn = take.take({d.N, QKV});
@@ -74,7 +74,7 @@ void LlamaBody::lay_out_unread(ActsCarver& take, const config::ModelConfig& conf
 }
 
 void LlamaBody::lay_out_mlp(ActsCarver& take, const config::ModelConfig& config, const ActsDims& d, Acts& la) {
-  const std::int64_t F = widths(config, d.tensor_size).F;
+  const std::int64_t F = widths(config, d.width_parts).F;
   // A layer of its own (d.layer >= 0) gets the activations of its kind of MLP; a shared slot both.
   const bool dense = d.layer >= 0 ? !is_moe_layer(config, d.layer) : has_dense_layers(config);
   const bool moe = d.layer >= 0 ? is_moe_layer(config, d.layer) : config.moe.enabled;
@@ -83,17 +83,17 @@ void LlamaBody::lay_out_mlp(ActsCarver& take, const config::ModelConfig& config,
     la.up = take.take({d.N, F});
     la.swi = take.take({d.N, F});
   }
-  if (moe) lay_out_moe_acts(take, config, d.N, la.moe, d.expert_size, d.R < d.N, MoeActsPart::recomputed);
+  if (moe) lay_out_moe_acts(take, config, d.N, la.moe, d.expert_parts, d.R < d.N, MoeActsPart::recomputed);
 }
 
 void LlamaBody::lay_out_kept(ActsCarver& take, const config::ModelConfig& config, const ActsDims& d, Acts& la) {
-  const auto [NH, CL, QKV, F] = widths(config, d.tensor_size);
+  const auto [NH, CL, QKV, F] = widths(config, d.width_parts);
   const std::int64_t N = d.N, R = d.R, C = config.d_model;
   la.ln1 = take.take({R, C});
   la.rstd1 = take.stat({R});
   if (config.qk_norm) {
     la.qkv = take.take({N, QKV});
-    la.rstd_qk = take.stat({N, NH + kv_heads(config, d.tensor_size)});
+    la.rstd_qk = take.stat({N, NH + kv_heads(config, d.width_parts)});
   }
   la.qkvr = take.take({N, QKV});
   la.atty = take.take({N, CL});
@@ -103,11 +103,11 @@ void LlamaBody::lay_out_kept(ActsCarver& take, const config::ModelConfig& config
   la.rstd2 = take.stat({R});
   // A MoE layer's routing and dispatch plan (recompute "mlp" keeps them: the rest is recomputed).
   const bool moe = d.layer >= 0 ? is_moe_layer(config, d.layer) : config.moe.enabled;
-  if (moe) lay_out_moe_acts(take, config, d.N, la.moe, d.expert_size, d.R < d.N, MoeActsPart::kept);
+  if (moe) lay_out_moe_acts(take, config, d.N, la.moe, d.expert_parts, d.R < d.N, MoeActsPart::kept);
 }
 
 void LlamaBody::lay_out_grads(ActsCarver& take, const config::ModelConfig& config, const ActsDims& d, Grads& g) {
-  const auto [NH, CL, QKV, F] = widths(config, d.tensor_size);
+  const auto [NH, CL, QKV, F] = widths(config, d.width_parts);
   const std::int64_t N = d.N, R = d.R, C = config.d_model;
   g.ln1 = take.take({R, C});
   g.qkv = take.take({N, QKV});
@@ -119,7 +119,7 @@ void LlamaBody::lay_out_grads(ActsCarver& take, const config::ModelConfig& confi
     g.up = take.take({N, F});
     g.swi = take.take({N, F});
   }
-  if (config.moe.enabled) lay_out_moe_grads(take, config, N, g.moe, d.expert_size);
+  if (config.moe.enabled) lay_out_moe_grads(take, config, N, g.moe, d.expert_parts);
   if (config.qk_norm) g.qkn = take.take({N, QKV});
 }
 
@@ -149,7 +149,7 @@ Llama::Llama(const config::ModelConfig& config, Device device, Recompute recompu
     throw InputError("dist.expert_parallel = " + std::to_string(layout.expert_size) +
                      " must divide model.moe.experts (" + std::to_string(config.moe.enabled ? config.moe.experts : 0) + ")");
   }
-  const int N = layout.tensor_size;
+  const int N = width_parts();
   // Key/value heads are split like the query heads when N divides their number, else (N a
   // multiple of it) each is replicated on the N / n_kv_head ranks whose query heads use it.
   const bool kv_split = config.n_kv_head % N == 0, kv_replicated = N % config.n_kv_head == 0;
@@ -184,16 +184,16 @@ TensorSlice Llama::layer_slice(const std::string& name) const {
   }
   // Megatron's split: q, k, v, gate and up column-parallel (q, k and v by heads), o and down
   // row-parallel (summed after).
-  if (name.ends_with("self_attn.q_proj.weight")) return tp_.column_part(config_.n_head * HS_);
+  if (name.ends_with("self_attn.q_proj.weight")) return share_->column_part(config_.n_head * HS_);
   if (name.ends_with("self_attn.k_proj.weight") || name.ends_with("self_attn.v_proj.weight")) {
-    if (kv_sharers_ == 1) return tp_.column_part(config_.n_kv_head * HS_);
+    if (kv_sharers_ == 1) return share_->column_part(config_.n_kv_head * HS_);
     // The key/value head of this rank's query heads; the first of the ranks sharing it owns it.
-    const int rank = tp_.rank();
+    const int rank = share_->index();
     return {0, {{std::int64_t(rank / kv_sharers_) * HS_, HS_}}, rank % kv_sharers_ == 0};
   }
-  if (name.ends_with("self_attn.o_proj.weight")) return tp_.row_part(config_.n_head * HS_);
-  if (name.ends_with("mlp.gate_proj.weight") || name.ends_with("mlp.up_proj.weight")) return tp_.column_part(F);
-  if (name.ends_with("mlp.down_proj.weight")) return tp_.row_part(F);
+  if (name.ends_with("self_attn.o_proj.weight")) return share_->row_part(config_.n_head * HS_);
+  if (name.ends_with("mlp.gate_proj.weight") || name.ends_with("mlp.up_proj.weight")) return share_->column_part(F);
+  if (name.ends_with("mlp.down_proj.weight")) return share_->row_part(F);
   return {};
 }
 
@@ -242,9 +242,9 @@ void Llama::forward_mlp(std::size_t l) {
   const LayerActs& la = layer_acts(l);
   const Tensor none;
   if (is_moe_layer(config_, std::int64_t(l))) {  // recompute "mlp": from the kept routing, on this rank
-    return moe_recompute(linears_, lp.moe, la.moe, sequence_parallel() ? la.moe.ln : la.ln2);
+    return moe_recompute(linears_, lp.moe, la.moe, split_rows() ? la.moe.ln : la.ln2);
   }
-  const Tensor ln2 = tp_.gather_input(la.ln2, a_.full_in);
+  const Tensor ln2 = share_->gather_input(la.ln2, a_.full_in);
   linears_.forward(la.gate, ln2, lp.gate, none);
   linears_.forward(la.up, ln2, lp.up, none);
   ops::swiglu_forward(la.swi, la.gate, la.up);
@@ -260,28 +260,28 @@ void Llama::forward_layer(std::size_t l) {
   const Tensor none;
   // Tensor parallelism: q, k, v, gate and up column-parallel, o and down row-parallel.
   ops::rmsnorm_forward(la.ln1, la.rstd1, x, lp.in_norm, eps);
-  tp_.column_parallel_linear(la.qkv, la.ln1, a_.full_in, lp.qkv, none);
+  share_->column_linear(linears_, la.qkv, la.ln1, a_.full_in, lp.qkv, none);
   const Tensor& qkv = normed_qkv(lp, la.qkv, la.qkn, la.rstd_qk, NH, NKV);
   rope(la.qkvr.reshape({B, T, NH + 2 * NKV, HS_}), qkv.reshape({B, T, NH + 2 * NKV, HS_}), theta, rotated_heads(),
        false);
   attention_forward(la.atty.reshape({B, T, C}), la.lse, la.qkvr.reshape({B, T, QKV_}), int(NH), int(NKV));
-  tp_.row_parallel_linear(la.attproj, a_.full_out, la.atty, lp.o, none);
+  share_->row_linear(linears_, la.attproj, a_.full_out, la.atty, lp.o, none);
   ops::residual_forward(la.residual2, x, la.attproj);
   ops::rmsnorm_forward(la.ln2, la.rstd2, la.residual2, lp.post_norm, eps);
   if (is_moe_layer(config_, std::int64_t(l))) {
     // Every tensor rank runs the router and the experts whole on all the micro-batch's tokens (under
     // sequence parallelism gathered from the group, this rank keeping its rows of the output); a
     // context group's ranks each run their own tokens, the router's statistics summed over them.
-    const bool sp = sequence_parallel();
-    const Tensor ln2 = tp_.gather_input(la.ln2, la.moe.ln);
+    const bool sp = split_rows();
+    const Tensor ln2 = share_->gather_input(la.ln2, la.moe.ln);
     const MoeLayerStats s = moe_forward(linears_, config_.moe, lp.moe, la.moe, ln2, sp ? a_.full_out : la.down,
                                         moe_capacity(config_.moe, std::int64_t(B) * T), expert_group(), &ga_.moe,
                                         sequences_);
-    if (sp) ops::copy(la.down, tp_.own_rows(a_.full_out));
+    if (sp) ops::copy(la.down, share_->own_rows(a_.full_out));
     if (!recomputing()) add_moe_stats(l, s);  // a forward's statistics count once
   } else {
     forward_mlp(l);
-    tp_.row_parallel_linear(la.down, a_.full_out, la.swi, lp.down, none);
+    share_->row_linear(linears_, la.down, a_.full_out, la.swi, lp.down, none);
   }
   ops::residual_forward(la.residual3, la.residual2, la.down);
 }
@@ -309,7 +309,7 @@ void Llama::backward_layer(std::size_t l) {
   const std::int64_t C = config_.d_model, NH = NH_, NKV = NKV_, CL = NH * HS_;  // CL: this rank's heads' width
   const float theta = float(config_.rope_theta);
   const Tensor none;
-  const bool sp = sequence_parallel();
+  const bool sp = split_rows();
   const Tensor& dresidual = ga_.residual;
   const LayerParams& lp = p_.layers[l];
   const LayerParams& lg = g_.layers[l];
@@ -330,27 +330,27 @@ void Llama::backward_layer(std::size_t l) {
     // this rank keeps its rows of the input's gradient.
     const Tensor ln2 = sp ? la.moe.ln : la.ln2, dln2 = sp ? a_.full_out : ga_.ln2;
     moe_backward(linears_, m, lp.moe, lg.moe, la.moe, ga_.moe, ln2, dln2,
-                 tp_.gather_input(dresidual, a_.full_in), aux_scale, float(m.z_loss_coef) * per_batch,
+                 share_->gather_input(dresidual, a_.full_in), aux_scale, float(m.z_loss_coef) * per_batch,
                  expert_group());
-    if (sp) ops::copy(ga_.ln2, tp_.own_rows(dln2));
+    if (sp) ops::copy(ga_.ln2, share_->own_rows(dln2));
   } else {
     ops::zero(ga_.gate);
     ops::zero(ga_.up);
     // MLP branch: residual3 = residual2 + down(swiglu(gate(ln2), up(ln2))).
-    linears_.backward(ga_.swi, lg.down, none, tp_.gather_input(dresidual, a_.full_in), la.swi, lp.down,
+    linears_.backward(ga_.swi, lg.down, none, share_->gather_input(dresidual, a_.full_in), la.swi, lp.down,
                          ops::Accumulate::no);
     ops::swiglu_backward(ga_.gate, ga_.up, ga_.swi, la.gate, la.up);
     const Tensor dln2 = sp ? a_.full_out : ga_.ln2;
-    const Tensor ln2 = tp_.gather_input(la.ln2, a_.full_in);
+    const Tensor ln2 = share_->gather_input(la.ln2, a_.full_in);
     linears_.backward(dln2, lg.gate, none, ga_.gate, ln2, lp.gate, ops::Accumulate::no);
     linears_.backward(dln2, lg.up, none, ga_.up, ln2, lp.up);
-    tp_.reduce_output(dln2, ga_.ln2);
+    share_->reduce_output(dln2, ga_.ln2);
   }
-  tp_.norm_backward(norm_grads(lg.post_norm, C), [&] {
+  share_->norm_backward(norm_grads(lg.post_norm, C), [&] {
     ops::rmsnorm_backward(dresidual, lg.post_norm, ga_.ln2, la.residual2, lp.post_norm, la.rstd2);
   });
   // Attention branch: residual2 = x + o(attention(rope(qkv(ln1)))).
-  linears_.backward(ga_.atty, lg.o, none, tp_.gather_input(dresidual, a_.full_in), la.atty, lp.o,
+  linears_.backward(ga_.atty, lg.o, none, share_->gather_input(dresidual, a_.full_in), la.atty, lp.o,
                        ops::Accumulate::no);
   attention_backward(ga_.qkvr.reshape({B, T, QKV_}), ga_.atty.reshape({B, T, CL}), la.qkvr.reshape({B, T, QKV_}),
                      la.atty.reshape({B, T, CL}), la.lse, int(NH), int(NKV));
@@ -360,7 +360,7 @@ void Llama::backward_layer(std::size_t l) {
     ops::zero(ga_.qkn);
     rope(ga_.qkn.reshape({B, T, NH + 2 * NKV, HS_}), ga_.qkvr.reshape({B, T, NH + 2 * NKV, HS_}), theta,
          rotated_heads(), true);
-    tp_.head_norm_backward(norm_grads(lg.q_norm, 2 * HS_), [&] {
+    share_->head_norm_backward(norm_grads(lg.q_norm, 2 * HS_), [&] {
       ops::qk_norm_backward(ga_.qkv, lg.q_norm, lg.k_norm, ga_.qkn, la.qkv, lp.q_norm, lp.k_norm, la.rstd_qk, int(NH),
                             int(NKV));
     });
@@ -369,14 +369,14 @@ void Llama::backward_layer(std::size_t l) {
          rotated_heads(), true);
   }
   const Tensor dln1 = sp ? a_.full_out : ga_.ln1;
-  const Tensor ln1 = tp_.gather_input(la.ln1, a_.full_in);
+  const Tensor ln1 = share_->gather_input(la.ln1, a_.full_in);
   if (kv_sharers_ > 1) {
     backward_qkv_shared_kv(l, dln1, ln1);
   } else {
     linears_.backward(dln1, lg.qkv, none, ga_.qkv, ln1, lp.qkv, ops::Accumulate::no);
   }
-  tp_.reduce_output(dln1, ga_.ln1);
-  tp_.norm_backward(norm_grads(lg.in_norm, C),
+  share_->reduce_output(dln1, ga_.ln1);
+  share_->norm_backward(norm_grads(lg.in_norm, C),
                     [&] { ops::rmsnorm_backward(dresidual, lg.in_norm, ga_.ln1, x, lp.in_norm, la.rstd1); });
 }
 
@@ -395,14 +395,14 @@ void Llama::backward_qkv_shared_kv(std::size_t l, const Tensor& dln1, const Tens
   float* base = static_cast<float*>(kv_grads_.data());
   const Tensor kept(base + NKV * kv, DType::f32, device_, {kv});  // the gradient before this micro-step
   const Tensor slots(base, DType::f32, device_, {NKV * kv});
-  const Tensor mine(base + std::int64_t(tp_.rank() / kv_sharers_) * kv, DType::f32, device_, {kv});
+  const Tensor mine(base + std::int64_t(share_->index() / kv_sharers_) * kv, DType::f32, device_, {kv});
   const Tensor grad(lg.qkv.as<float>() + NH_ * HS_ * C, DType::f32, device_, {kv});
   ops::copy(kept, grad);
   ops::zero(grad);
   linears_.backward_whole(dln1, lg.qkv, Tensor(), ga_.qkv, ln1, lp.qkv, ops::Accumulate::no);  // the sum needs it
   ops::zero(slots);
   ops::copy(mine, grad);
-  tp_.all_reduce(slots);
+  share_->all_reduce(slots);
   ops::residual_forward(grad, kept, mine);
 }
 

@@ -23,7 +23,8 @@ Model::Model(const config::ModelConfig& config, Device device, DType compute, op
       attention_kernels_(attention),
       layout_(layout),
       linears_(device),
-      tp_(layout, config.vocab_size, config.d_model, device, compute, linears_),
+      whole_widths_(config.vocab_size),
+      share_(layout.widths ? layout.widths : &whole_widths_),
       whole_sequences_(attention),
       external_storage_(layout.external_storage) {
   if (compute != DType::f32 && compute != DType::bf16) throw RuntimeError("model: compute dtype must be f32 or bf16");
@@ -141,7 +142,7 @@ std::vector<Segment> Model::segments(bool owned_only) const {
         out.push_back({local, at, length});
       }
     };
-    if (owned_only && !info.slice.owned_by(layout_.tensor_rank)) {
+    if (owned_only && !info.slice.owned_by(share_->index())) {
       // another rank of the group lists it
     } else if (info.slice.whole()) {
       add(info.offset, logical, info.numel);
@@ -236,7 +237,7 @@ Tensor Model::as_f32(const Tensor& t, ops::Buffer& scratch) const {
 }
 
 Tensor Model::unpadded_logits(const Tensor& logits, ops::Buffer& scratch) const {
-  const std::int64_t N = logits.shape[0], ld = logits.shape[1], V = tp_.vocab_end() - tp_.vocab_begin();
+  const std::int64_t N = logits.shape[0], ld = logits.shape[1], V = share_->vocab_end() - share_->vocab_begin();
   if (ld == V) return as_f32(logits, scratch);
   // f32 rows (N,V) at the start of the scratch; bf16 logits widened into its tail first.
   const std::int64_t wide = logits.dtype == DType::f32 ? 0 : N * ld;

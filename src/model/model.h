@@ -1,11 +1,11 @@
 // The model interface the trainer, checkpoints and text generation use: a model's parameters
 // live in one flat fp32 buffer and their gradients in another (model/flat_layout.h), laid out
-// over ranks by a Layout (this rank's tensor-parallel part, its pipeline stage), or in storage
+// over ranks by a Layout (this rank's share of the widths, its pipeline stage), or in storage
 // that whoever shards them owns and binds run by run (ParamRun), told of each pass's progress
 // through a PassObserver (model/pass_observer.h).
-// The parts every model builds from have headers of their own: tensor parallelism
-// (model/tensor_parallel.h), activation memory (model/activations.h), and the decoder skeleton
-// the architectures share (model/decoder.h).
+// The parts every model builds from have headers of their own: its share of the widths
+// (model/width_share.h), its view of the sequences (model/sequence_view.h), activation memory
+// (model/activations.h), and the decoder skeleton the architectures share (model/decoder.h).
 #pragma once
 
 #include <cstdint>
@@ -22,7 +22,7 @@
 #include "model/linears.h"
 #include "model/pass_observer.h"
 #include "model/sequence_view.h"
-#include "model/tensor_parallel.h"
+#include "model/width_share.h"
 #include "ops/buffer.h"
 #include "ops/ops.h"
 
@@ -102,8 +102,8 @@ class Model {
   /// Where this rank's flat buffer sits in the whole model's; with `owned_only`, the parts every
   /// rank of the tensor group holds alike are listed by tensor rank 0 alone.
   std::vector<Segment> segments(bool owned_only) const;
-  /// Tensor parallelism: the group forward and backward reduce over (set before the first pass).
-  void set_tensor_group(TensorGroup* group) { tp_.set_group(group); }
+  /// This rank's share of the widths (Layout::widths, or all of them).
+  const WidthShare& widths() const { return *share_; }
   /// Expert parallelism: the group MoE layers send their tokens' rows over (set before the first pass).
   void set_expert_group(ExpertGroup* group) { expert_group_ = group; }
   ExpertGroup* expert_group() const { return expert_group_; }
@@ -229,9 +229,9 @@ class Model {
 
   /// Bytes of activation memory forward and backward need at (B,T) (both sets: values and gradients).
   virtual std::size_t activation_bytes(int B, int T) const = 0;
-  /// This model's activation layout: its tensor-parallel part and its layers.
+  /// This model's activation layout: its share of the widths and its layers.
   ActsShape acts_shape() const {
-    return {layout_.tensor_size, sequence_parallel(), largest_layer_range(), holds_model_end(), true, true,
+    return {share_->parts(), split_rows(), largest_layer_range(), holds_model_end(), true, true,
             layout_.expert_size, ranges_.size() == 1 ? ranges_.front().begin : -1};
   }
 
@@ -265,9 +265,10 @@ class Model {
   void prepare_weights();
   /// The layers of the largest range (what each activation slot makes room for).
   int largest_layer_range() const;
-  /// Tensor parallelism (layout().tensor_size > 1): this rank's part of the group.
-  int tensor_size() const { return tp_.size(); }
-  bool sequence_parallel() const { return tp_.sequence_parallel(); }
+  /// The ranks the widths are split over (WidthShare::parts), and whether the residual stream's
+  /// rows are split over them too (WidthShare::split_rows).
+  int width_parts() const { return share_->parts(); }
+  bool split_rows() const { return share_->split_rows(); }
 
   /// t as f32: t itself, or (bf16) its conversion into `scratch`.
   Tensor as_f32(const Tensor& t, ops::Buffer& scratch) const;
@@ -286,7 +287,8 @@ class Model {
   ops::AttentionKernels attention_kernels_;  // model.attention as resolved at start-up
   Layout layout_;
   Linears linears_;  // every matrix product of the layers and the ends goes through it
-  TensorParallel tp_;
+  WidthShare whole_widths_;
+  WidthShare* share_;  // layout_.widths, or whole_widths_
   WholeSequences whole_sequences_;
   SequenceView* sequences_ = &whole_sequences_;  // attach_sequences
   ExpertGroup* expert_group_ = nullptr;
@@ -319,7 +321,7 @@ class Model {
 
 /// The model of config.arch (model::arch_spec), its parameters allocated and uninitialised;
 /// `compute` f32, or bf16 for mixed precision (train.precision). config.attention is not read:
-/// `attention` is its resolved value (resolve_attention in model/attention_choice.h; on the CPU
+/// `attention` is its resolved value (resolve_attention in parallel/attention_choice.h; on the CPU
 /// the reference serves both, so flash is as good as any).
 /// `layout`: external storage (Model::external_storage, for ZeRO 3), this rank's tensor-parallel part.
 std::unique_ptr<Model> make_model(const config::ModelConfig& config, Device device,

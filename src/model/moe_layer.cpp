@@ -255,12 +255,12 @@ std::int64_t moe_kept_slots(const config::MoeConfig& moe, std::int64_t N) {
 }
 
 void lay_out_moe_acts(ActsCarver& take, const config::ModelConfig& config, std::int64_t N, MoeActs& a,
-                      int expert_size, bool keep_input, MoeActsPart part) {
+                      int expert_parts, bool keep_input, MoeActsPart part) {
   const config::MoeConfig& m = config.moe;
   const std::int64_t C = config.d_model, E = m.experts, k = m.top_k, I = m.ffn_hidden, NK = N * k;
   const std::int64_t S = m.shared_experts * m.shared_ffn_hidden;
   const bool kept = part != MoeActsPart::recomputed, recomputed = part != MoeActsPart::kept;
-  const bool ep = expert_size > 1;  // the experts' rows live in a.ep, and y comes from their ranks
+  const bool ep = expert_parts > 1;  // the experts' rows live in a.ep, and y comes from their ranks
 
   if (kept) {
     a.logits = take.take({N, E});
@@ -293,20 +293,20 @@ void lay_out_moe_acts(ActsCarver& take, const config::ModelConfig& config, std::
   }
   if (kept && ep) {
     a.ep_counts = take.carver.take(DType::i32, {E});
-    a.ep_offsets = take.carver.take(DType::i32, {E / expert_size + 1});
+    a.ep_offsets = take.carver.take(DType::i32, {E / expert_parts + 1});
     if (take.carver.base) a.ep = std::make_shared<ExpertRows>();
   }
 }
 
 void lay_out_moe_grads(ActsCarver& take, const config::ModelConfig& config, std::int64_t N, MoeGrads& g,
-                       int expert_size) {
+                       int expert_parts) {
   const config::MoeConfig& m = config.moe;
   const std::int64_t C = config.d_model, E = m.experts, k = m.top_k, I = m.ffn_hidden, NK = N * k;
   const std::int64_t S = m.shared_experts * m.shared_ffn_hidden;
   g.dlogits = take.take({N, E});
   g.dweights = take.stat({N, k});
   g.dxp = take.take({NK, C});
-  if (expert_size == 1) {  // else the experts' scratch lives in g.ep
+  if (expert_parts == 1) {  // else the experts' scratch lives in g.ep
     g.dgate = take.take({NK, I});
     g.dup = take.take({NK, I});
     g.dswi = take.take({NK, I});

@@ -125,9 +125,9 @@ std::int64_t moe_kept_slots(const config::MoeConfig& moe, std::int64_t N);
 enum class MoeActsPart { all, kept, recomputed };
 /// `keep_input`: lay out `ln` (sequence parallelism).
 void lay_out_moe_acts(ActsCarver& take, const config::ModelConfig& config, std::int64_t N, MoeActs& a,
-                      int expert_size = 1, bool keep_input = false, MoeActsPart part = MoeActsPart::all);
+                      int expert_parts = 1, bool keep_input = false, MoeActsPart part = MoeActsPart::all);
 void lay_out_moe_grads(ActsCarver& take, const config::ModelConfig& config, std::int64_t N, MoeGrads& g,
-                       int expert_size = 1);
+                       int expert_parts = 1);
 
 /// out (N,C) = the MoE MLP of ln (N,C), its matrix products through `linears` (whose backward may
 /// defer the router's, the experts' and the shared experts' weight gradients); `capacity` as moe_capacity (0: dropless). `group`: the

@@ -66,7 +66,7 @@ void matmul_backward_dgelu(const Tensor& dpre, const Tensor& dweight, const Tens
 
 /// Which GPU kernels compute flash_attention_*: ours, or cuDNN's fused attention (bf16 only).
 /// The CPU reference serves both. Deliberately not config::Attention: the config's "auto" is
-/// resolved at start-up (model/attention_choice.h), so it has no value here.
+/// resolved at start-up (parallel/attention_choice.h), so it has no value here.
 enum class AttentionKernels { flash, cudnn };
 
 /// Whether cuDNN's fused attention can run in this process (a build with cuDNN 9.16 or newer, a

@@ -11,11 +11,11 @@ namespace {
 // the others would otherwise wait for it in the first collective until dist.timeout_s).
 // resolve_attention's calls depend only on the config and the agreed answers, so every rank makes
 // the same calls.
-class AgreedCudnnProbe final : public model::CudnnAttentionProbe {
+class AgreedCudnnProbe final : public parallel::CudnnAttentionProbe {
  public:
-  AgreedCudnnProbe(model::CudnnAttentionProbe& local, dist::Communicator& world) : local_(local), world_(world) {}
+  AgreedCudnnProbe(parallel::CudnnAttentionProbe& local, dist::Communicator& world) : local_(local), world_(world) {}
   bool available(std::string* why_not) override { return agree(local_.available(why_not), why_not); }
-  bool accepts(const model::AttentionShape& shape, std::string* why_not) override {
+  bool accepts(const parallel::AttentionShape& shape, std::string* why_not) override {
     return agree(local_.accepts(shape, why_not), why_not);
   }
   std::string version() override { return local_.version(); }
@@ -27,17 +27,17 @@ class AgreedCudnnProbe final : public model::CudnnAttentionProbe {
     if (here && refused != 0) *why_not = "another rank's cuDNN refuses it";
     return refused == 0;
   }
-  model::CudnnAttentionProbe& local_;
+  parallel::CudnnAttentionProbe& local_;
   dist::Communicator& world_;
 };
 
 }  // namespace
 
-model::AttentionChoice resolve_attention_on_every_rank(const config::Config& config, Device device,
+parallel::AttentionChoice resolve_attention_on_every_rank(const config::Config& config, Device device,
                                                        dist::Communicator& world) {
-  const auto cudnn = model::make_cudnn_probe();
+  const auto cudnn = parallel::make_cudnn_probe();
   AgreedCudnnProbe agreed(*cudnn, world);
-  return model::resolve_attention(config, device, agreed);
+  return parallel::resolve_attention(config, device, agreed);
 }
 
 }  // namespace llmtrain::parallel

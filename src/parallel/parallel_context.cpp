@@ -11,8 +11,14 @@ using dist::Axis;
 
 ParallelContext::ParallelContext(const config::Config& config, const dist::Communicators& comms, Device device)
     : comms_(comms), device_(device) {
-  layout_ = model::Layout{config.dist.zero_stage == 3, comms.host(Axis::tensor).rank(),
-                          comms.host(Axis::tensor).world_size(), config.dist.sequence_parallel};
+  layout_.external_storage = config.dist.zero_stage == 3;
+  if (comms.host(Axis::tensor).world_size() > 1) {
+    const auto& m = config.model;
+    widths_ = std::make_unique<TensorParallel>(comms.host(Axis::tensor).rank(), comms.host(Axis::tensor).world_size(),
+                                               config.dist.sequence_parallel, m.vocab_size, m.d_model, device,
+                                               model::precision_dtype(config.train.precision));
+    layout_.widths = widths_.get();
+  }
   context_rank_ = comms.host(Axis::context).rank();
   context_size_ = comms.host(Axis::context).world_size();
   context_ring_ = config.dist.context_parallel_mode == config::ContextParallelMode::ring;
@@ -25,14 +31,14 @@ ParallelContext::ParallelContext(const config::Config& config, const dist::Commu
 ParallelContext::~ParallelContext() = default;
 
 bool ParallelContext::partial_model() const {
-  return layout_.tensor_size > 1 || layout_.expert_size > 1 || comms_.host(Axis::pipeline).world_size() > 1 ||
+  return widths_ || layout_.expert_size > 1 || comms_.host(Axis::pipeline).world_size() > 1 ||
          layout_.external_storage;
 }
 
 void ParallelContext::attach(model::Model& model) {
-  if (layout_.tensor_size > 1) {
+  if (widths_) {
     tensor_ = std::make_unique<CommTensorGroup>(comms_.device(Axis::tensor), device_);
-    model.set_tensor_group(tensor_.get());
+    widths_->set_group(tensor_.get());
   }
   if (context_size_ > 1) {
     context_ = std::make_unique<CommContextGroup>(comms_.device(Axis::context), comms_.host(Axis::context));

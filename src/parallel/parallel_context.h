@@ -13,6 +13,7 @@
 #include "model/model.h"
 #include "parallel/context_attention.h"
 #include "parallel/grad_sync.h"
+#include "parallel/tensor_parallel.h"
 
 namespace llmtrain::parallel {
 
@@ -24,8 +25,9 @@ class ParallelContext {
   ParallelContext(const ParallelContext&) = delete;
   ParallelContext& operator=(const ParallelContext&) = delete;
 
-  /// This rank's part of the model: ZeRO 3's external storage, its tensor and expert parts, and in
-  /// a pipeline its stage's layers (virtual stages stage, stage + P, ...).
+  /// This rank's part of the model: ZeRO 3's external storage, its share of the widths (tensor
+  /// parallelism: the share lives as long as this context), its expert part, and in a pipeline its
+  /// stage's layers (virtual stages stage, stage + P, ...).
   const model::Layout& layout() const { return layout_; }
   /// Whether this rank's model is only a part of the whole one (split over tensor, expert or
   /// pipeline ranks, or its weights in ZeRO 3's storage).
@@ -43,7 +45,8 @@ class ParallelContext {
   const dist::Communicators& comms_;
   Device device_;
   model::Layout layout_;
-  std::unique_ptr<model::TensorGroup> tensor_;
+  std::unique_ptr<TensorGroup> tensor_;
+  std::unique_ptr<TensorParallel> widths_;
   int context_rank_ = 0, context_size_ = 1;
   bool context_ring_ = true;
   std::unique_ptr<ContextGroup> context_;

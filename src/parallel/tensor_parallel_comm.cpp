@@ -74,7 +74,7 @@ std::vector<Placed> place(const std::vector<optim::Piece>& pieces, const std::ve
 std::vector<model::FlatRange> norm_ranges(const model::Model& model) {
   std::vector<model::FlatRange> out;
   for (const auto& info : model.param_infos()) {
-    if (!info.slice.owned_by(model.layout().tensor_rank)) continue;
+    if (!info.slice.owned_by(model.widths().index())) continue;
     if (!out.empty() && out.back().end == info.offset) {
       out.back().end += info.numel;
     } else {

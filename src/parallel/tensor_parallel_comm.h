@@ -11,14 +11,15 @@
 #include "model/model.h"
 #include "ops/buffer.h"
 #include "optim/piece.h"
+#include "parallel/tensor_parallel.h"
 
 namespace llmtrain::parallel {
 
-/// model::TensorGroup over a communicator of the tensor-parallel group (device memory). Its
+/// TensorGroup over a communicator of the tensor-parallel group (device memory). Its
 /// collectives are queued (dist::Communicator::queue_*): over NCCL ordered on the compute stream
 /// with no host wait, and bf16 tensors summed in bf16; where the communicator sums f32 only
 /// (MPI, host memory), bf16 tensors are summed in f32 and rounded once.
-class CommTensorGroup final : public model::TensorGroup {
+class CommTensorGroup final : public TensorGroup {
  public:
   CommTensorGroup(dist::Communicator& comm, Device device) : comm_(comm), device_(device) {}
   void all_reduce_sum(const Tensor& t) override;

@@ -14,6 +14,7 @@
 #include "parallel/context_attention.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/pipeline_stages.h"
+#include "parallel/tensor_parallel.h"
 #include "parallel/zero3_slots.h"
 
 namespace llmtrain::plan {
@@ -53,7 +54,8 @@ RankShare share_of_model(const model::Model& model, int tensor_size, int tensor_
 // The share of one tensor rank: the model's own parameter list, built with external storage (no
 // buffers). ZeRO 3 shards each parameter run as one unit (parallel/zero3.h).
 RankShare share_of(const config::ModelConfig& m, int tensor_size, int tensor_rank, int expert_size) {
-  model::Layout layout{true, tensor_rank, tensor_size};
+  parallel::TensorParallel widths(tensor_rank, tensor_size, false, m.vocab_size, m.d_model, Device::cpu, DType::f32);
+  model::Layout layout{true, &widths};
   layout.expert_size = expert_size;
   const auto model = model::make_model(m, Device::cpu, config::Recompute::none, DType::f32,
                                        ops::AttentionKernels::flash, layout);
@@ -147,7 +149,7 @@ std::int64_t activation_bytes(const config::ModelConfig& m, bool bf16, config::R
                               int expert_size) {
   const DType compute = bf16 ? DType::bf16 : DType::f32;
   model::ActsShape shape{tensor_size, sequence_parallel && tensor_size > 1};
-  shape.expert_size = expert_size;
+  shape.expert_parts = expert_size;
   std::int64_t bytes = std::int64_t(model::arch_spec(m.arch).activation_bytes(
       m, recompute, compute, int(micro_batch), int(m.context_length / context_size), shape));
   // The rows each MoE layer's experts receive.
@@ -471,7 +473,9 @@ std::vector<StagePlan> pipeline_stages(const config::Config& config, int tensor_
   for (int s = 0; s < P; ++s) {
     StagePlan st;
     st.stage = s;
-    model::Layout layout{true, r, tensor_size, sp};
+    parallel::TensorParallel widths(r, tensor_size, sp, m.vocab_size, m.d_model, Device::cpu,
+                                    bf16 ? DType::bf16 : DType::f32);
+    model::Layout layout{true, &widths};
     layout.expert_size = int(config.dist.expert_parallel);
     for (std::size_t v = std::size_t(s); v < split.size(); v += std::size_t(P)) {
       st.chunks.push_back(split[v]);

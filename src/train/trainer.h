@@ -17,7 +17,7 @@
 #include "data/tokenizer.h"
 #include "dist/communicator.h"
 #include "eval/choice_eval.h"
-#include "model/attention_choice.h"
+#include "parallel/attention_choice.h"
 #include "model/model.h"
 #include "model/moe_layer.h"
 #include "ops/buffer.h"
@@ -65,7 +65,7 @@ class Trainer final : public CheckpointSource {
   /// reduce or gather them), by llmtrain's own count of its buffers: constant through a run.
   std::size_t state_bytes() const;
   /// The attention kernels model.attention resolved to, and why.
-  const model::AttentionChoice& attention() const { return attention_; }
+  const parallel::AttentionChoice& attention() const { return attention_; }
   /// What model.init_from cost this rank: "read X MiB of tensor data for the Y MiB of weights it
   /// keeps (Rx)"; "" when the weights came from elsewhere.
   const std::string& init_note() const { return init_note_; }
@@ -121,7 +121,7 @@ class Trainer final : public CheckpointSource {
   std::int64_t first_step_ = 1, tokens_seen_ = 0, bad_in_a_row_ = 0;
   std::vector<double> moe_loads_;  // the last update's tokens per expert (MoE layers x E), over the global batch
   data::SamplerState sampler_state_;
-  model::AttentionChoice attention_;
+  parallel::AttentionChoice attention_;
   std::string init_note_;
   std::vector<std::string> task_notes_;
   std::unique_ptr<data::BatchLoader> loader_;

@@ -13,7 +13,7 @@
 #include "core/tensor.h"
 #include "ops/ops.h"
 
-namespace llmtrain::model {
+namespace llmtrain::parallel {
 
 /// The shape of one attention call: B sequences of T positions, NH query heads and NKV key/value
 /// heads of size C / NH.
@@ -60,4 +60,4 @@ struct AttentionChoice {
 /// cuDNN's reason, for a "cudnn" that cuDNN cannot run.
 AttentionChoice resolve_attention(const config::Config& config, Device device, CudnnAttentionProbe& probe);
 
-}  // namespace llmtrain::model
+}  // namespace llmtrain::parallel

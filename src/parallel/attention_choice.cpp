@@ -1,4 +1,4 @@
-#include "model/attention_choice.h"
+#include "parallel/attention_choice.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -6,7 +6,7 @@
 
 #include "core/error.h"
 
-namespace llmtrain::model {
+namespace llmtrain::parallel {
 namespace {
 
 // cuDNN's messages can span lines; an error message and a log line are one line each.
@@ -97,4 +97,4 @@ AttentionChoice resolve_attention(const config::Config& config, Device device, C
                                        probe.version() + " accepts " + shape.describe()};
 }
 
-}  // namespace llmtrain::model
+}  // namespace llmtrain::parallel

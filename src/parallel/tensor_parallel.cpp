@@ -1,40 +1,29 @@
-#include "model/tensor_parallel.h"
+#include "parallel/tensor_parallel.h"
 
 #include <string>
 
 #include "core/error.h"
 
-namespace llmtrain::model {
+namespace llmtrain::parallel {
 
-TensorParallel::TensorParallel(const Layout& layout, std::int64_t V, std::int64_t C, Device device, DType compute,
-                               const Linears& linears)
-    : rank_(layout.tensor_rank),
-      size_(layout.tensor_size),
-      sequence_parallel_(layout.sequence_parallel),
-      V_(V),
+TensorParallel::TensorParallel(int rank, int size, bool sequence_parallel, std::int64_t V, std::int64_t C,
+                               Device device, DType compute)
+    : WidthShare(V),
+      rank_(rank),
+      size_(size),
+      sequence_parallel_(sequence_parallel),
       C_(C),
       device_(device),
-      compute_(compute),
-      linears_(linears) {}
+      compute_(compute) {}
 
-void TensorParallel::check_sequence_split(int B, int T) const {
-  if (!sequence_parallel() || (std::int64_t(B) * T) % size_ == 0) return;
+void TensorParallel::check_rows(int B, int T) const {
+  if (!split_rows() || (std::int64_t(B) * T) % size_ == 0) return;
   throw InputError("dist.sequence_parallel: train.micro_batch_size x the sequence length (" + std::to_string(B) + " x " +
                    std::to_string(T) + ") must be a multiple of dist.tensor_parallel (" + std::to_string(size_) + ")");
 }
 
-TensorSlice TensorParallel::even_part(int dim, std::int64_t n) const {
-  const int r = rank_, N = size_;
-  if (N == 1) return {};
-  return {dim, {{n * r / N, n * (r + 1) / N - n * r / N}}};
-}
-
-TensorSlice TensorParallel::vocab_part() const {
-  return size_ > 1 ? TensorSlice{0, {{vocab_begin(), vocab_end() - vocab_begin()}}} : TensorSlice{};
-}
-
 TensorGroup& TensorParallel::group() const {
-  if (!group_) throw RuntimeError("model: tensor parallelism without a tensor group (set_tensor_group)");
+  if (!group_) throw RuntimeError("tensor parallelism without a tensor group (TensorParallel::set_group)");
   return *group_;
 }
 
@@ -44,20 +33,20 @@ void TensorParallel::all_reduce(const Tensor& t) {
 }
 
 Tensor TensorParallel::gather_input(const Tensor& part, const Tensor& full) {
-  if (!sequence_parallel()) return part;
+  if (!split_rows()) return part;
   group().all_gather(part, full);
   return full;
 }
 
 Tensor TensorParallel::own_rows(const Tensor& full) const {
-  if (!sequence_parallel()) return full;
+  if (!split_rows()) return full;
   const std::int64_t R = full.shape[0] / size_, C = full.shape[1];
   char* first = static_cast<char*>(full.data) + std::size_t(rank_ * R * C) * dtype_size(full.dtype);
   return Tensor(first, full.dtype, full.device, {R, C});
 }
 
 void TensorParallel::reduce_output(const Tensor& partial, const Tensor& out) {
-  if (sequence_parallel()) {
+  if (split_rows()) {
     group().reduce_scatter(partial, out);
   } else {
     all_reduce(out);
@@ -73,21 +62,32 @@ Tensor TensorParallel::keep(const Tensor& grads) {
   return kept;
 }
 
-void TensorParallel::column_parallel_linear(const Tensor& out, const Tensor& x, const Tensor& full, const Tensor& w,
-                                            const Tensor& b) {
-  linears_.forward(out, gather_input(x, full), w, b);
+void TensorParallel::summed_backward(const Tensor& grads, bool summed, const std::function<void()>& run) {
+  if (!summed) {
+    run();
+    return;
+  }
+  const Tensor kept = keep(grads);
+  ops::zero(grads);
+  run();
+  all_reduce(grads);
+  ops::residual_forward(grads, grads, kept);
 }
 
-void TensorParallel::row_parallel_linear(const Tensor& out, const Tensor& partial, const Tensor& x, const Tensor& w,
-                                         const Tensor& b) {
-  const Tensor& product = sequence_parallel() ? partial : out;
-  linears_.forward(product, x, w, bias_once(b));
+void TensorParallel::column_linear(const model::Linears& linears, const Tensor& out, const Tensor& x, const Tensor& full,
+                                   const Tensor& w, const Tensor& b) {
+  linears.forward(out, gather_input(x, full), w, b);
+}
+
+void TensorParallel::row_linear(const model::Linears& linears, const Tensor& out, const Tensor& partial, const Tensor& x,
+                                const Tensor& w, const Tensor& b) {
+  const Tensor& product = split_rows() ? partial : out;
+  linears.forward(product, x, w, bias_once(b));
   reduce_output(product, out);
 }
 
-void TensorParallel::vocab_parallel_embedding(const Tensor& out, const std::int32_t* inputs,
-                                              const Tensor& device_inputs, const Tensor& wte, const Tensor& wpe,
-                                              int slot, int slots) {
+void TensorParallel::embedding(const Tensor& out, const std::int32_t* inputs, const Tensor& device_inputs,
+                               const Tensor& wte, const Tensor& wpe, int slot, int slots) {
   if (size_ == 1) {
     ops::encoder_forward(out, device_inputs, wte, wpe);
     return;
@@ -115,8 +115,8 @@ void TensorParallel::vocab_parallel_embedding(const Tensor& out, const std::int3
   ops::encoder_forward(out, ids, vocab_table_.view(compute_, {rows + 1, C}), bias_once(wpe));
 }
 
-void TensorParallel::vocab_parallel_embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                                                       const Tensor& device_inputs, int slot) {
+void TensorParallel::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                        const Tensor& device_inputs, int slot) {
   if (size_ == 1) {
     ops::encoder_backward(dwte, dwpe, dout, device_inputs);
     return;
@@ -132,8 +132,8 @@ void TensorParallel::vocab_parallel_embedding_backward(const Tensor& dwte, const
   ops::residual_forward(flat_dwte, flat_dwte, mine);  // dwte += (in place)
 }
 
-double TensorParallel::vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& losses, const Tensor& targets,
-                                                    float dlogits_scale, ops::DeviceSum* sum) {
+double TensorParallel::cross_entropy(const Tensor& logits, const Tensor& losses, const Tensor& targets,
+                                     float dlogits_scale, ops::DeviceSum* sum) {
   const std::int64_t columns = vocab_end() - vocab_begin();
   if (size_ == 1) return ops::fused_classifier(logits, losses, targets, dlogits_scale, sum, columns);
   const std::int64_t n = logits.shape[0];
@@ -152,4 +152,4 @@ double TensorParallel::vocab_parallel_cross_entropy(const Tensor& logits, const 
                                          dlogits_scale, sum, columns);
 }
 
-}  // namespace llmtrain::model
+}  // namespace llmtrain::parallel
