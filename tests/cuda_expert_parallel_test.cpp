@@ -7,7 +7,7 @@
 // model's of those experts. Softmax router with a shared expert, the sigmoid router with an
 // expert bias, a capacity that drops slots; fp32 and bf16.
 //
-// The rows travel through the trainer's own CommExpertGroup over a communicator that stages each
+// The rows travel through the trainer's own ExpertParallel over a communicator that stages each
 // device buffer through host memory (MPI between the processes), so the ranks may share one GPU
 // and the CUDA emulator (dev/cuda_emu) runs them; NCCL's all-to-all itself is checked by
 // test_nccl (test_nccl_emu).
@@ -84,13 +84,11 @@ void compare_model(const std::string& router, double capacity, DType dtype) {
       for (std::int64_t e = 0; e < info.numel; ++e) whole->params().as<float>()[info.offset + e] = 0.02f * (float(e) - 1.5f);
     }
   }
-  model::Layout layout;
-  layout.expert_rank = rank;
-  layout.expert_size = N;
-  const auto part = model::make_model(c, Device::cuda, model::Recompute::none, dtype, ops::AttentionKernels::flash, layout);
   test::StagedCommunicator staged(world);
-  parallel::CommExpertGroup group(world, staged);
-  part->set_expert_group(&group);
+  parallel::ExpertParallel experts(world, staged);  // rank `rank` of N
+  model::Layout layout;
+  layout.experts = &experts;
+  const auto part = model::make_model(c, Device::cuda, model::Recompute::none, dtype, ops::AttentionKernels::flash, layout);
   // This rank's weights: the whole model's at each local segment's logical place.
   const std::vector<model::Segment> segments = part->segments(false);
   std::vector<float> mine(std::size_t(part->num_params()));

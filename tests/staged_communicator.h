@@ -2,7 +2,7 @@
 // context parallelism under mpirun: each call copies its device input to the host, runs it there
 // (MPI between the processes), and copies the result back. Two ranks may then share one GPU, and
 // the CUDA emulator (dev/cuda_emu), which has no NCCL between processes, runs them. Only what
-// CommTensorGroup, CommContextGroup and CommExpertGroup call; the rest throws. Also the job those
+// CommTensorGroup, CommContextGroup and ExpertParallel call; the rest throws. Also the job those
 // tests run in, and whether a case can run there.
 #pragma once
 

@@ -108,7 +108,8 @@ struct LayerRange {
   int size() const { return end - begin; }
 };
 
-class WidthShare;  // model/width_share.h
+class WidthShare;   // model/width_share.h
+class ExpertShare;  // model/moe_layer.h
 
 /// How a model is laid out over ranks: whether its weights and gradients live in storage another
 /// part of the program owns (no flat buffers of its own: parallel/zero3.h's gathered shards), and
@@ -124,10 +125,9 @@ struct Layout {
   // the final norm, the head and the loss (parallel/pipeline_stages.h gives a pipeline stage's
   // chunks as such ranges).
   std::vector<LayerRange> layer_ranges{};
-  // Expert parallelism: this rank's place in the group that splits every MoE layer's experts (it
-  // holds experts [expert_rank E / expert_size, (expert_rank + 1) E / expert_size)).
-  int expert_rank = 0;
-  int expert_size = 1;
+  // The share of every MoE layer's experts this rank holds, and the exchange of their rows (it
+  // outlives the model); null: every expert.
+  ExpertShare* experts = nullptr;
 };
 
 }  // namespace llmtrain::model

@@ -145,8 +145,9 @@ void LlamaBody::lay_out_decoding(ActsCarver& take, const config::ModelConfig& co
 Llama::Llama(const config::ModelConfig& config, Device device, Recompute recompute, DType compute,
              ops::AttentionKernels attention, Layout layout)
     : Decoder(config, device, recompute, compute, attention, layout) {
-  if (layout.expert_size > 1 && (!config.moe.enabled || config.moe.experts % layout.expert_size != 0)) {
-    throw InputError("dist.expert_parallel = " + std::to_string(layout.expert_size) +
+  const int EP = expert_parts();
+  if (EP > 1 && (!config.moe.enabled || config.moe.experts % EP != 0)) {
+    throw InputError("dist.expert_parallel = " + std::to_string(EP) +
                      " must divide model.moe.experts (" + std::to_string(config.moe.enabled ? config.moe.experts : 0) + ")");
   }
   const int N = width_parts();
@@ -178,9 +179,9 @@ Llama::Llama(const config::ModelConfig& config, Device device, Recompute recompu
 TensorSlice Llama::layer_slice(const std::string& name) const {
   const std::int64_t F = config_.ffn_hidden;
   // Expert parallelism: this rank's whole experts, the same on every rank of its tensor group.
-  if (name.find(".mlp.experts.") != std::string::npos && layout().expert_size > 1) {
-    const std::int64_t El = config_.moe.experts / layout().expert_size;
-    return {0, {{layout().expert_rank * El, El}}, true, true};
+  if (name.find(".mlp.experts.") != std::string::npos && expert_parts() > 1) {
+    const std::int64_t El = config_.moe.experts / expert_parts();
+    return {0, {{experts()->index() * El, El}}, true, true};
   }
   // Megatron's split: q, k, v, gate and up column-parallel (q, k and v by heads), o and down
   // row-parallel (summed after).
@@ -275,7 +276,7 @@ void Llama::forward_layer(std::size_t l) {
     const bool sp = split_rows();
     const Tensor ln2 = share_->gather_input(la.ln2, la.moe.ln);
     const MoeLayerStats s = moe_forward(linears_, config_.moe, lp.moe, la.moe, ln2, sp ? a_.full_out : la.down,
-                                        moe_capacity(config_.moe, std::int64_t(B) * T), expert_group(), &ga_.moe,
+                                        moe_capacity(config_.moe, std::int64_t(B) * T), experts(), &ga_.moe,
                                         sequences_);
     if (sp) ops::copy(la.down, share_->own_rows(a_.full_out));
     if (!recomputing()) add_moe_stats(l, s);  // a forward's statistics count once
@@ -331,7 +332,7 @@ void Llama::backward_layer(std::size_t l) {
     const Tensor ln2 = sp ? la.moe.ln : la.ln2, dln2 = sp ? a_.full_out : ga_.ln2;
     moe_backward(linears_, m, lp.moe, lg.moe, la.moe, ga_.moe, ln2, dln2,
                  share_->gather_input(dresidual, a_.full_in), aux_scale, float(m.z_loss_coef) * per_batch,
-                 expert_group());
+                 experts());
     if (sp) ops::copy(ga_.ln2, share_->own_rows(dln2));
   } else {
     ops::zero(ga_.gate);

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "model/moe_layer.h"
 #include "ops/ops.h"
 
 namespace llmtrain::model {
@@ -14,6 +15,8 @@ namespace llmtrain::model {
 DType precision_dtype(config::Precision precision) {
   return precision == config::Precision::bf16 ? DType::bf16 : DType::f32;
 }
+
+int Model::expert_parts() const { return layout_.experts ? layout_.experts->parts() : 1; }
 
 Model::Model(const config::ModelConfig& config, Device device, DType compute, ops::AttentionKernels attention,
              Layout layout)
@@ -97,7 +100,7 @@ void Model::add_param(const std::string& name, std::vector<std::int64_t> shape, 
     info.shape[std::size_t(slice.dim)] = extent;
   }
   // Expert parallelism: what every rank of the expert group holds alike, the first one saves.
-  if (layout_.expert_size > 1 && !slice.expert && layout_.expert_rank != 0) slice.owner = false;
+  if (expert_parts() > 1 && !slice.expert && layout_.experts->index() != 0) slice.owner = false;
   info.slice = std::move(slice);
   std::int64_t full = 1;
   for (const auto d : info.full_shape) full *= d;

@@ -28,7 +28,6 @@
 
 namespace llmtrain::model {
 
-class ExpertGroup;  // model/moe_layer.h
 
 /// Which activations backward recomputes instead of keeping from forward (config train.recompute).
 using Recompute = config::Recompute;
@@ -104,9 +103,10 @@ class Model {
   std::vector<Segment> segments(bool owned_only) const;
   /// This rank's share of the widths (Layout::widths, or all of them).
   const WidthShare& widths() const { return *share_; }
-  /// Expert parallelism: the group MoE layers send their tokens' rows over (set before the first pass).
-  void set_expert_group(ExpertGroup* group) { expert_group_ = group; }
-  ExpertGroup* expert_group() const { return expert_group_; }
+  /// This rank's share of the MoE layers' experts (Layout::experts; null: all of them), and the
+  /// number of parts they are split into.
+  ExpertShare* experts() const { return layout_.experts; }
+  int expert_parts() const;
   /// How forward and backward see each sequence (set before the first pass; it outlives the model;
   /// null: every sequence whole, the default). Forward and backward take whole (B,T) sequences and
   /// keep this rank's T / sequence_parts() tokens of each (SequenceView::rows).
@@ -232,7 +232,7 @@ class Model {
   /// This model's activation layout: its share of the widths and its layers.
   ActsShape acts_shape() const {
     return {share_->parts(), split_rows(), largest_layer_range(), holds_model_end(), true, true,
-            layout_.expert_size, ranges_.size() == 1 ? ranges_.front().begin : -1};
+            expert_parts(), ranges_.size() == 1 ? ranges_.front().begin : -1};
   }
 
  protected:
@@ -291,7 +291,6 @@ class Model {
   WidthShare* share_;  // layout_.widths, or whole_widths_
   WholeSequences whole_sequences_;
   SequenceView* sequences_ = &whole_sequences_;  // attach_sequences
-  ExpertGroup* expert_group_ = nullptr;
   Documents documents_;
 
  private:

@@ -323,7 +323,7 @@ void lay_out_moe_grads(ActsCarver& take, const config::ModelConfig& config, std:
 
 MoeLayerStats moe_forward(const Linears& linears, const config::MoeConfig& moe, const MoeWeights& w,
                           const MoeActs& a, const Tensor& ln, const Tensor& out, std::int64_t capacity,
-                          ExpertGroup* group, const MoeGrads* scratch, SequenceView* tokens) {
+                          ExpertShare* experts, const MoeGrads* scratch, SequenceView* tokens) {
   const Tensor none;
   // Router: logits, probabilities, the top k and their weights, the losses' statistics.
   linears.forward(a.logits, ln, w.router, none);
@@ -336,7 +336,7 @@ MoeLayerStats moe_forward(const Linears& linears, const config::MoeConfig& moe, 
   ops::moe_dispatch(a.offsets, a.row_slot, a.slot_row, a.dropped, a.experts, capacity);
   const MoeLayerStats stats = router_stats(moe, a, tokens);  // the dispatch's dropped fraction with them
   ops::moe_permute_forward(a.xp, ln, a.row_slot, a.offsets);
-  if (!group || group->size() == 1) {
+  if (!experts || experts->parts() == 1) {
     run_experts(linears, w, a.xp, a.gate, a.up, a.swi, a.y, a.offsets, kept_rows(a.offsets));
   } else {
     // Expert parallelism: the slots go to their experts' ranks (the counts first), are reordered
@@ -344,8 +344,8 @@ MoeLayerStats moe_forward(const Linears& linears, const config::MoeConfig& moe, 
     const std::vector<std::int32_t> dispatch = read<std::int32_t>(a.offsets);
     std::vector<std::int32_t> sent(dispatch.size() - 1), counts;
     for (std::size_t e = 0; e + 1 < dispatch.size(); ++e) sent[e] = dispatch[e + 1] - dispatch[e];
-    group->exchange_counts(sent, counts);
-    const Exchange x = plan_exchange(dispatch, counts, group->size());
+    experts->exchange_counts(sent, counts);
+    const Exchange x = plan_exchange(dispatch, counts, experts->parts());
     std::vector<std::int32_t> perm, inv;
     reorder_indices(counts, x, perm, inv);
     const std::int64_t R = x.received, C = ln.shape[1], I = w.gate.shape[1];
@@ -357,14 +357,14 @@ MoeLayerStats moe_forward(const Linears& linears, const config::MoeConfig& moe, 
     upload(a.ep_offsets, x.offsets);
     upload(e.perm, perm);
     upload(e.inv, inv);
-    group->all_to_all(a.xp, x.send_rows, s.a, x.recv_rows);
+    experts->all_to_all(a.xp, x.send_rows, s.a, x.recv_rows);
     if (R > 0) {  // the stores' first R rows (each may hold more, and not as many as the other)
       const auto rows = [R](const Tensor& t) { return first_rows(t, R); };
       ops::moe_permute_forward(rows(e.x), rows(s.a), first(e.perm, R), a.ep_offsets);
       run_experts(linears, w, rows(e.x), rows(e.gate), rows(e.up), rows(e.swi), rows(s.b), a.ep_offsets, R);
       ops::moe_permute_backward(rows(s.a), rows(s.b), first(e.inv, R), ops::Accumulate::no);
     }
-    group->all_to_all(s.a, x.recv_rows, a.y, x.send_rows);
+    experts->all_to_all(s.a, x.recv_rows, a.y, x.send_rows);
   }
   ops::moe_unpermute_forward(out, a.y, a.weights, a.slot_row);
   if (w.shared_gate.data) {
@@ -386,7 +386,7 @@ void moe_recompute(const Linears& linears, const MoeWeights& w, const MoeActs& a
 
 void moe_backward(Linears& linears, const config::MoeConfig& moe, const MoeWeights& w,
                   const MoeWeights& g, const MoeActs& a, const MoeGrads& ga, const Tensor& ln,
-                  const Tensor& dln, const Tensor& dout, float aux_scale, float z_scale, ExpertGroup* group) {
+                  const Tensor& dln, const Tensor& dout, float aux_scale, float z_scale, ExpertShare* experts) {
   const Tensor none;
   const bool shared = w.shared_gate.data != nullptr;
   if (shared) {  // dln's first writer
@@ -398,17 +398,17 @@ void moe_backward(Linears& linears, const config::MoeConfig& moe, const MoeWeigh
     linears.backward(dln, g.shared_up, none, ga.shared_up, ln, w.shared_up);
   }
   ops::moe_unpermute_backward(ga.dy, ga.dweights, dout, a.y, a.weights, a.row_slot, a.slot_row, a.offsets);
-  if (!group || group->size() == 1) {
+  if (!experts || experts->parts() == 1) {
     run_experts_backward(linears, w, g, {ga.dgate, ga.dup, ga.dswi}, a.xp, a.gate, a.up, a.swi, ga.dy, ga.dxp, a.offsets,
                          kept_rows(a.offsets));
   } else {
     // The slots' gradients travel as their rows did in forward, and the inputs' gradients back.
-    const Exchange x = plan_exchange(read<std::int32_t>(a.offsets), read<std::int32_t>(a.ep_counts), group->size());
+    const Exchange x = plan_exchange(read<std::int32_t>(a.offsets), read<std::int32_t>(a.ep_counts), experts->parts());
     const std::int64_t R = x.received;
     const ExpertRows& e = *a.ep;
     ExpertScratch& s = *ga.ep;
     s.reserve(R, e.x.shape[1], e.gate.shape[1], e.x.dtype, e.x.device);  // another layer's forward may have grown it
-    group->all_to_all(ga.dy, x.send_rows, s.a, x.recv_rows);
+    experts->all_to_all(ga.dy, x.send_rows, s.a, x.recv_rows);
     if (R > 0) {
       const auto rows = [R](const Tensor& t) { return first_rows(t, R); };
       ops::moe_permute_forward(rows(s.b), rows(s.a), first(e.perm, R), a.ep_offsets);
@@ -416,7 +416,7 @@ void moe_backward(Linears& linears, const config::MoeConfig& moe, const MoeWeigh
                            rows(e.swi), rows(s.b), rows(s.a), a.ep_offsets, R);
       ops::moe_permute_backward(rows(s.b), rows(s.a), first(e.inv, R), ops::Accumulate::no);
     }
-    group->all_to_all(s.b, x.recv_rows, ga.dxp, x.send_rows);
+    experts->all_to_all(s.b, x.recv_rows, ga.dxp, x.send_rows);
   }
   ops::moe_permute_backward(dln, ga.dxp, a.slot_row, shared ? ops::Accumulate::yes : ops::Accumulate::no);
   ops::moe_router_backward(ga.dlogits, ga.dweights, a.logits, a.probs, a.experts, a.counts, router_kind(moe),

@@ -5,7 +5,7 @@
 // grouped GEMM and combined back with their router weights; shared experts (one fused SwiGLU of
 // shared_experts x shared_ffn_hidden columns) add their output to every token's. Its three rooms
 // follow Megatron's: router (moe_router_*), dispatch (moe_dispatch, moe_permute_*,
-// moe_unpermute_*), experts (grouped_matmul_*). Under expert parallelism (ExpertGroup) the
+// moe_unpermute_*), experts (grouped_matmul_*). Under expert parallelism (ExpertShare) the
 // dispatched rows go to their experts' ranks by all-to-all and come back the same way.
 #pragma once
 
@@ -57,7 +57,7 @@ struct ExpertScratch {
 std::size_t expert_rows_bytes(const config::ModelConfig& config, std::int64_t rows, DType compute);
 std::size_t expert_scratch_bytes(const config::ModelConfig& config, std::int64_t rows, DType compute);
 
-/// Under expert parallelism (ExpertGroup) xp and y are the rows this rank sends to the experts'
+/// Under expert parallelism (ExpertShare) xp and y are the rows this rank sends to the experts'
 /// ranks and gets back; gate, up and swi are not laid out: the experts' side keeps its rows in
 /// `ep`, and records the rows each rank sent for each of this rank's experts (ep_counts (ranks x
 /// local experts) i32) and where each local expert's rows start (ep_offsets (local experts + 1) i32).
@@ -74,15 +74,17 @@ struct MoeGrads {
   std::shared_ptr<ExpertScratch> ep;
 };
 
-/// Expert parallelism: the ranks each MoE layer's experts are split over, rank r holding the
-/// E / size() consecutive experts from r E / size(). A layer's token rows travel to their experts'
-/// ranks and back by all-to-all (parallel/expert_parallel_comm.h over a dist::Communicator).
-class ExpertGroup {
+/// This rank's share of every MoE layer's experts, and the exchange that takes a layer's token rows
+/// to their experts' ranks and back. Part index() of parts() holds the E / parts() consecutive
+/// experts from index() E / parts(); the rows travel by all-to-all (expert parallelism:
+/// parallel/expert_parallel_comm.h, over a dist::Communicator). Handed to make_model in its Layout
+/// (Layout::experts); without one a rank holds every expert and nothing travels.
+class ExpertShare {
  public:
-  virtual ~ExpertGroup() = default;
-  virtual int rank() const = 0;
-  virtual int size() const = 0;
-  /// send (E): this rank's rows for each expert; recv (size() x E / size()): the rows each rank
+  virtual ~ExpertShare() = default;
+  virtual int index() const = 0;
+  virtual int parts() const = 0;
+  /// send (E): this rank's rows for each expert; recv (parts() x E / parts()): the rows each rank
   /// sends for each of this rank's experts, rank by rank (host memory).
   virtual void exchange_counts(const std::vector<std::int32_t>& send, std::vector<std::int32_t>& recv) = 0;
   /// Rows of `send` (n, C), send_rows[r] of them for rank r end to end in rank order, into `recv`
@@ -138,7 +140,7 @@ void lay_out_moe_grads(ActsCarver& take, const config::ModelConfig& config, std:
 /// reads, are the micro-batch's (`capacity` must be 0: the token order spans the ranks).
 MoeLayerStats moe_forward(const Linears& linears, const config::MoeConfig& moe, const MoeWeights& w,
                           const MoeActs& a, const Tensor& ln, const Tensor& out, std::int64_t capacity,
-                          ExpertGroup* group = nullptr, const MoeGrads* scratch = nullptr,
+                          ExpertShare* experts = nullptr, const MoeGrads* scratch = nullptr,
                           SequenceView* tokens = nullptr);
 /// train.recompute "mlp": the recomputed part (MoeActsPart) of a forward's activations again, from
 /// the same input `ln` and the kept part (the routing and the dispatch plan are not run again, nor
@@ -152,6 +154,6 @@ void moe_recompute(const Linears& linears, const MoeWeights& w, const MoeActs& a
 void moe_backward(Linears& linears, const config::MoeConfig& moe, const MoeWeights& w,
                   const MoeWeights& g, const MoeActs& a, const MoeGrads& ga, const Tensor& ln,
                   const Tensor& dln, const Tensor& dout, float aux_scale, float z_scale,
-                  ExpertGroup* group = nullptr);
+                  ExpertShare* experts = nullptr);
 
 }  // namespace llmtrain::model

@@ -7,15 +7,25 @@
 
 namespace llmtrain::parallel {
 
-void CommExpertGroup::exchange_counts(const std::vector<std::int32_t>& send, std::vector<std::int32_t>& recv) {
-  const std::int64_t P = size(), E = std::int64_t(send.size());
+dist::Communicator& ExpertParallel::host() const {
+  if (!host_) throw RuntimeError("expert group: a measured layout has no communicators to exchange rows over");
+  return *host_;
+}
+
+dist::Communicator& ExpertParallel::device() const {
+  if (!device_) throw RuntimeError("expert group: a measured layout has no communicators to exchange rows over");
+  return *device_;
+}
+
+void ExpertParallel::exchange_counts(const std::vector<std::int32_t>& send, std::vector<std::int32_t>& recv) {
+  const std::int64_t P = parts(), E = std::int64_t(send.size());
   if (E % P != 0) throw RuntimeError("expert group: " + std::to_string(E) + " experts over " + std::to_string(P) + " ranks");
   recv.assign(std::size_t(E), 0);
   const std::vector<std::int64_t> each(std::size_t(P), E / P);
-  host_.all_to_all(send.data(), each, recv.data(), each, DType::i32);
+  host().all_to_all(send.data(), each, recv.data(), each, DType::i32);
 }
 
-void CommExpertGroup::all_to_all(const Tensor& send, const std::vector<std::int64_t>& send_rows, const Tensor& recv,
+void ExpertParallel::all_to_all(const Tensor& send, const std::vector<std::int64_t>& send_rows, const Tensor& recv,
                                  const std::vector<std::int64_t>& recv_rows) {
   if (send.dtype != recv.dtype || send.ndim != 2 || recv.ndim != 2 || send.shape[1] != recv.shape[1]) {
     throw RuntimeError("expert group: all-to-all of mismatched rows: " + send.describe() + " to " + recv.describe());
@@ -29,7 +39,7 @@ void CommExpertGroup::all_to_all(const Tensor& send, const std::vector<std::int6
     throw RuntimeError("expert group: " + std::to_string(sent) + " rows sent from " + std::to_string(send.shape[0]) +
                        ", " + std::to_string(received) + " received into " + std::to_string(recv.shape[0]));
   }
-  device_.all_to_all(send.data, send_counts, recv.data, recv_counts, send.dtype);
+  device().all_to_all(send.data, send_counts, recv.data, recv_counts, send.dtype);
 }
 
 std::vector<model::FlatRange> expert_shared_ranges(const std::vector<model::ParamInfo>& infos) {

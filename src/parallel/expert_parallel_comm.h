@@ -13,20 +13,28 @@
 
 namespace llmtrain::parallel {
 
-/// model::ExpertGroup over the expert group's communicators: `host` (the counts) and `device`
-/// (the rows, in the memory the activations live in; the same as `host` on the CPU).
-class CommExpertGroup final : public model::ExpertGroup {
+/// Expert parallelism as a model's share of the experts: this rank's place in the expert group,
+/// whose communicators carry the exchange, `host` the counts and `device` the rows (in the memory
+/// the activations live in; the same as `host` on the CPU).
+class ExpertParallel final : public model::ExpertShare {
  public:
-  CommExpertGroup(dist::Communicator& host, dist::Communicator& device) : host_(host), device_(device) {}
-  int rank() const override { return host_.rank(); }
-  int size() const override { return host_.world_size(); }
+  ExpertParallel(dist::Communicator& host, dist::Communicator& device)
+      : rank_(host.rank()), size_(host.world_size()), host_(&host), device_(&device) {}
+  /// Rank `rank` of `size` with nothing to exchange over (a layout measured, never run).
+  ExpertParallel(int rank, int size) : rank_(rank), size_(size) {}
+  int index() const override { return rank_; }
+  int parts() const override { return size_; }
   void exchange_counts(const std::vector<std::int32_t>& send, std::vector<std::int32_t>& recv) override;
   void all_to_all(const Tensor& send, const std::vector<std::int64_t>& send_rows, const Tensor& recv,
                   const std::vector<std::int64_t>& recv_rows) override;
 
  private:
-  dist::Communicator& host_;
-  dist::Communicator& device_;
+  dist::Communicator& host() const;
+  dist::Communicator& device() const;
+
+  int rank_, size_;
+  dist::Communicator* host_ = nullptr;
+  dist::Communicator* device_ = nullptr;
 };
 
 /// The flat ranges of a local buffer laid out by `infos` (a model's, or plan's rank share's) that

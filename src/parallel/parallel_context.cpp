@@ -22,8 +22,10 @@ ParallelContext::ParallelContext(const config::Config& config, const dist::Commu
   context_rank_ = comms.host(Axis::context).rank();
   context_size_ = comms.host(Axis::context).world_size();
   context_ring_ = config.dist.context_parallel_mode == config::ContextParallelMode::ring;
-  layout_.expert_rank = comms.host(Axis::expert).rank();
-  layout_.expert_size = comms.host(Axis::expert).world_size();
+  if (comms.host(Axis::expert).world_size() > 1) {
+    experts_ = std::make_unique<ExpertParallel>(comms.host(Axis::expert), comms.device(Axis::expert));
+    layout_.experts = experts_.get();
+  }
   const int stage = comms.host(Axis::pipeline).rank(), stages = comms.host(Axis::pipeline).world_size();
   if (stages > 1) layout_.layer_ranges = stage_layer_ranges(split_layers(config), stage, stages);
 }
@@ -31,7 +33,7 @@ ParallelContext::ParallelContext(const config::Config& config, const dist::Commu
 ParallelContext::~ParallelContext() = default;
 
 bool ParallelContext::partial_model() const {
-  return widths_ || layout_.expert_size > 1 || comms_.host(Axis::pipeline).world_size() > 1 ||
+  return widths_ || experts_ || comms_.host(Axis::pipeline).world_size() > 1 ||
          layout_.external_storage;
 }
 
@@ -46,10 +48,6 @@ void ParallelContext::attach(model::Model& model) {
                                                     model.compute_dtype());
     sequences_->set_group(context_.get());
     model.attach_sequences(sequences_.get());
-  }
-  if (layout_.expert_size > 1) {
-    expert_ = std::make_unique<CommExpertGroup>(comms_.host(Axis::expert), comms_.device(Axis::expert));
-    model.set_expert_group(expert_.get());
   }
 }
 
@@ -68,7 +66,7 @@ NormScope ParallelContext::norm_scope(const model::Model& model) const {
 }
 
 ExpertScope ParallelContext::expert_scope(const model::Model& model) const {
-  if (layout_.expert_size <= 1) return {};
+  if (!experts_) return {};
   return {expert_shared_ranges(model.param_infos()), &comms_.device(Axis::expert)};
 }
 

@@ -12,6 +12,7 @@
 #include "dist/communicator.h"
 #include "model/model.h"
 #include "parallel/context_attention.h"
+#include "parallel/expert_parallel_comm.h"
 #include "parallel/grad_sync.h"
 #include "parallel/tensor_parallel.h"
 
@@ -26,8 +27,8 @@ class ParallelContext {
   ParallelContext& operator=(const ParallelContext&) = delete;
 
   /// This rank's part of the model: ZeRO 3's external storage, its share of the widths (tensor
-  /// parallelism: the share lives as long as this context), its expert part, and in a pipeline its
-  /// stage's layers (virtual stages stage, stage + P, ...).
+  /// parallelism) and of the experts (expert parallelism), which live as long as this context, and
+  /// in a pipeline its stage's layers (virtual stages stage, stage + P, ...).
   const model::Layout& layout() const { return layout_; }
   /// Whether this rank's model is only a part of the whole one (split over tensor, expert or
   /// pipeline ranks, or its weights in ZeRO 3's storage).
@@ -51,7 +52,7 @@ class ParallelContext {
   bool context_ring_ = true;
   std::unique_ptr<ContextGroup> context_;
   std::unique_ptr<ContextAttention> sequences_;
-  std::unique_ptr<model::ExpertGroup> expert_;
+  std::unique_ptr<ExpertParallel> experts_;
 };
 
 }  // namespace llmtrain::parallel

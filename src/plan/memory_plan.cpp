@@ -12,6 +12,7 @@
 #include "optim/muon.h"
 #include "optim/registry.h"
 #include "parallel/context_attention.h"
+#include "parallel/expert_parallel_comm.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/pipeline_stages.h"
 #include "parallel/tensor_parallel.h"
@@ -55,8 +56,9 @@ RankShare share_of_model(const model::Model& model, int tensor_size, int tensor_
 // buffers). ZeRO 3 shards each parameter run as one unit (parallel/zero3.h).
 RankShare share_of(const config::ModelConfig& m, int tensor_size, int tensor_rank, int expert_size) {
   parallel::TensorParallel widths(tensor_rank, tensor_size, false, m.vocab_size, m.d_model, Device::cpu, DType::f32);
+  parallel::ExpertParallel experts(0, expert_size);
   model::Layout layout{true, &widths};
-  layout.expert_size = expert_size;
+  if (expert_size > 1) layout.experts = &experts;
   const auto model = model::make_model(m, Device::cpu, config::Recompute::none, DType::f32,
                                        ops::AttentionKernels::flash, layout);
   RankShare share = share_of_model(*model, tensor_size, tensor_rank);
@@ -475,8 +477,10 @@ std::vector<StagePlan> pipeline_stages(const config::Config& config, int tensor_
     st.stage = s;
     parallel::TensorParallel widths(r, tensor_size, sp, m.vocab_size, m.d_model, Device::cpu,
                                     bf16 ? DType::bf16 : DType::f32);
+    const int expert_size = int(config.dist.expert_parallel);
+    parallel::ExpertParallel experts(0, expert_size);
     model::Layout layout{true, &widths};
-    layout.expert_size = int(config.dist.expert_parallel);
+    if (expert_size > 1) layout.experts = &experts;
     for (std::size_t v = std::size_t(s); v < split.size(); v += std::size_t(P)) {
       st.chunks.push_back(split[v]);
       layout.layer_ranges.push_back(parallel::layer_range(split[v]));
@@ -493,14 +497,14 @@ std::vector<StagePlan> pipeline_stages(const config::Config& config, int tensor_
     st.embedding = model->holds_model_begin();
     st.head = model->holds_model_end();
     st.share = share_of_model(*model, tensor_size, r);
-    st.share.expert_size = layout.expert_size;
+    st.share.expert_size = expert_size;
     st.slots = parallel::peak_live_activations(parallel::stage_schedule(config.dist, s, int(micro_batches)));
     st.activations =
         st.slots * std::int64_t(model->activation_bytes(int(config.train.micro_batch_size), int(m.context_length))) +
         context_scratch_bytes(config, tensor_size, bf16, config.train.micro_batch_size) +
         expert_activation_bytes(m, bf16, config.train.recompute, config.train.micro_batch_size,
                                 int(config.dist.context_parallel),
-                                layout.expert_size, moe_layers_held(st.share), st.slots);
+                                expert_size, moe_layers_held(st.share), st.slots);
     st.sent_p2p = double(st.sends) * boundary;
     // Every stage takes part in the pipeline group's all-reduces: the tied embedding's gradient
     // (this tensor rank's rows; the middle stages with zeros), the loss and the gradient norm.
