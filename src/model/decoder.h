@@ -68,7 +68,7 @@ template <class Body>
 class Decoder : public Model {
  public:
   double forward(const std::int32_t* inputs, const std::int32_t* targets, int B, int T, float dloss_scale) override;
-  void backward(const std::function<void(std::int64_t)>& grads_ready = {}) override;
+  void backward() override;
   Tensor logits() override;
   Tensor losses() override;
   Tensor decode_step(std::int32_t token, int pos) override;

@@ -66,7 +66,7 @@ double Decoder<Body>::forward(const std::int32_t* inputs, const std::int32_t* ta
 }
 
 template <class Body>
-void Decoder<Body>::backward(const std::function<void(std::int64_t)>& grads_ready) {
+void Decoder<Body>::backward() {
   const int B = acts_B_, T = acts_T_;
   const std::int64_t C = config_.d_model;
   const Tensor& dlogits = a_.logits;  // fused_classifier left the gradient there
@@ -102,7 +102,6 @@ void Decoder<Body>::backward(const std::function<void(std::int64_t)>& grads_read
     recompute(l);
     backward_layer(l);
     notify(PassEvent::after_backward, int(l));
-    if (grads_ready) grads_ready(layer_params(std::int64_t(l)).end);
   }
   // A later range's input gradient goes back to the range before it (stream_ends).
   if (begins_model()) {
@@ -120,7 +119,6 @@ void Decoder<Body>::backward(const std::function<void(std::int64_t)>& grads_read
     if (reset) add_document_position_grads(dstream);
   }
   notify(PassEvent::backward_ends);
-  if (grads_ready) grads_ready(num_params());
 }
 
 template <class Body>

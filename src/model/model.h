@@ -161,9 +161,10 @@ class Model {
   /// The MoE layers' statistics since the last call (then reset); all zero for a dense model.
   virtual MoeStats take_moe_stats() { return {}; }
   /// Adds this micro-batch's gradients into grads() (after forward with dloss_scale > 0). As
-  /// backward goes, `grads_ready(n)` (if given) says that the first n elements of grads() are final,
-  /// so their reduction across ranks can start while the rest is computed.
-  virtual void backward(const std::function<void(std::int64_t)>& grads_ready = {}) = 0;
+  /// backward goes, the observer hears each layer's gradients complete (PassEvent::after_backward;
+  /// its parameters end at layer_params(l).end) and then the rest (backward_ends), so that their
+  /// reduction across ranks can start while the rest is computed.
+  virtual void backward() = 0;
 
   /// (B,T,V) f32 logits of the last forward without dloss_scale.
   virtual Tensor logits() = 0;

@@ -1,6 +1,6 @@
-// The points of a forward or backward pass that whoever owns a model's weights may need to act at
-// (parallel/zero3.h gathers a layer's or an end's weights before it runs and reduces its gradients
-// after).
+// The points of a forward or backward pass that whoever owns a model's weights or reduces its
+// gradients may need to act at: ZeRO 3 gathers a layer's or an end's weights before it runs and
+// reduces its gradients after; ZeRO 0-2 start reducing the gradients as each layer completes them.
 // The model only reports them: what they mean for storage or communication is the observer's.
 #pragma once
 

@@ -6,14 +6,30 @@
 namespace llmtrain::parallel {
 namespace {
 
-// ZeRO 0, 1 and 2: every rank keeps all weights and gradients; GradientSync reduces them.
-class BucketedSync final : public GradientStrategy {
+// ZeRO 0, 1 and 2: every rank keeps all weights and gradients; GradientSync reduces them, from
+// the model's pass events during the update's last backward where the executor allows it.
+class BucketedSync final : public GradientStrategy, public model::PassObserver {
  public:
   BucketedSync(model::Model& model, const config::DistConfig& dist, dist::Communicator& comm,
                dist::Communicator& host_comm, NormScope norm, ExpertScope expert)
       : model_(model), sync_(comm, host_comm, model.grads(), dist.bucket_mb, int(dist.zero_stage)) {
     sync_.set_norm_scope(std::move(norm));
     sync_.set_expert_scope(std::move(expert));
+    model_.set_observer(this);
+  }
+  ~BucketedSync() override { model_.set_observer(nullptr); }
+  BucketedSync(const BucketedSync&) = delete;
+  BucketedSync& operator=(const BucketedSync&) = delete;
+
+  // The first n elements of the gradients are final after layer l's backward (n: where its
+  // parameters end) and all of them at the end; only during the backward armed for it.
+  void on(model::PassEvent event, int layer) override {
+    if (!reducing_) return;
+    if (event == model::PassEvent::after_backward) sync_.on_ready(model_.layer_params(layer).end);
+    if (event == model::PassEvent::backward_ends) {
+      sync_.on_ready(model_.num_params());
+      reducing_ = false;
+    }
   }
 
   std::vector<optim::Piece> held() const override { return {{{0, model_.num_params()}, 0}}; }
@@ -22,9 +38,7 @@ class BucketedSync final : public GradientStrategy {
   std::vector<optim::Piece> pieces() const override { return {{sync_.begin(), sync_.end(), 0}}; }
 
   void zero_grads() override { model_.zero_grads(); }
-  std::function<void(std::int64_t)> grads_ready() override {
-    return [this](std::int64_t ready) { sync_.on_ready(ready); };
-  }
+  void reduce_during_next_backward() override { reducing_ = true; }
   double finish(double& loss_sum) override { return sync_.finish(loss_sum); }
 
   Tensor master() const override {
@@ -51,10 +65,11 @@ class BucketedSync final : public GradientStrategy {
 
   model::Model& model_;
   GradientSync sync_;
+  bool reducing_ = false;  // reduce_during_next_backward until its backward ends
 };
 
 // ZeRO 3: each rank keeps its shards of every unit; Zero3 gathers and reduce-scatters them as
-// forward and backward reach each layer (its hooks), so backward needs no callback here.
+// forward and backward reach each layer (the model's pass events, which it observes).
 class ShardedUnits final : public GradientStrategy {
  public:
   ShardedUnits(model::Model& model, const config::DistConfig& dist, dist::Communicator& comm,
@@ -70,7 +85,7 @@ class ShardedUnits final : public GradientStrategy {
   std::vector<optim::Piece> pieces() const override { return zero3_.pieces(); }
 
   void zero_grads() override { zero3_.zero_grads(); }
-  std::function<void(std::int64_t)> grads_ready() override { return {}; }
+  void reduce_during_next_backward() override {}  // Zero3 reduces each unit as backward leaves it
   double finish(double& loss_sum) override { return zero3_.finish(loss_sum); }
 
   Tensor master() const override { return zero3_.master(); }

@@ -35,9 +35,9 @@ class GradientStrategy {
 
   /// Before an update's first micro-step: the gradients it accumulates start from zero.
   virtual void zero_grads() = 0;
-  /// What backward reports finished gradients to on the update's last micro-step, so that their
-  /// reduction starts during backward (empty: nothing starts early).
-  virtual std::function<void(std::int64_t)> grads_ready() = 0;
+  /// Before the update's last backward: the gradients' reduction starts during it, as the model's
+  /// pass events report them finished, where this strategy does so (else nothing starts early).
+  virtual void reduce_during_next_backward() = 0;
   /// After the last micro-step's backward: completes the reduction and returns the global
   /// gradient norm; `loss_sum` (this rank's) is summed over the group in the same collective.
   virtual double finish(double& loss_sum) = 0;

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "ops/ops.h"
+#include "parallel/gradient_strategy.h"
 
 namespace llmtrain::parallel {
 namespace {
@@ -48,17 +49,16 @@ PipelineExecutor::PipelineExecutor(model::Model& model, const config::Config& co
 }
 
 double PipelineExecutor::forward_backward(const std::function<const data::MicroBatch&(int)>& batch,
-                                          float dloss_scale, const std::function<void(std::int64_t)>& grads_ready,
-                                          double& waited) {
+                                          float dloss_scale, GradientStrategy* gradients, double& waited) {
   model_.prepare_activations(B_, T_);
-  const std::function<void(std::int64_t)> none;
   double loss = 0.0;
   run(schedule_, transfer_groups_, false, [&](const PipelineOp& op) {
     if (op.kind == PipelineOp::weight) return model_.backward_weights();
     if (op.kind == PipelineOp::backward) {
       // The reduction starts inside the update's last backward where it may (overlaps_reduction);
       // else after the last micro-batch.
-      model_.backward(overlaps_reduction() && op == schedule_.back() ? grads_ready : none);
+      if (gradients && overlaps_reduction() && op == schedule_.back()) gradients->reduce_during_next_backward();
+      model_.backward();
       return;
     }
     const data::MicroBatch& b = batch(op.micro_batch);

@@ -21,6 +21,8 @@
 
 namespace llmtrain::parallel {
 
+class GradientStrategy;  // parallel/gradient_strategy.h
+
 class PipelineExecutor {
  public:
   /// The executor of `model` (this stage's chunks) for updates of `micro_batches` micro-batches
@@ -33,12 +35,12 @@ class PipelineExecutor {
 
   /// One update's forwards and backwards. `batch(k)` gives micro-batch k (every stage reads them:
   /// the first needs the tokens, the last the targets), asked for in order 0, 1, ...; each
-  /// forward's loss gradient is scaled by `dloss_scale`. `grads_ready` goes to the update's last
-  /// backward where the gradients' reduction may start inside it (see overlaps_reduction).
+  /// forward's loss gradient is scaled by `dloss_scale`. `gradients` (if given) starts reducing the
+  /// gradients inside the update's last backward where that may be (see overlaps_reduction).
   /// Returns this stage's loss sum (the last stage's; a deferred loss stays in the model) and adds
   /// the time spent waiting for the neighbours to `waited`.
   double forward_backward(const std::function<const data::MicroBatch&(int)>& batch, float dloss_scale,
-                          const std::function<void(std::int64_t)>& grads_ready, double& waited);
+                          GradientStrategy* gradients, double& waited);
   /// After an update's backwards: `loss_sum` and a tied embedding's gradients (held by the first
   /// and last stages) summed over the stages; nothing to do for one stage.
   void reduce_over_stages(double& loss_sum);
@@ -53,7 +55,7 @@ class PipelineExecutor {
   void forward_micro_batches(const std::vector<data::MicroBatch>& micro, int B, int T,
                              const std::function<void(int, double)>& each);
 
-  /// Whether the gradients' reduction may start inside the last backward (grads_ready): only
+  /// Whether the gradients' reduction may start inside the last backward: only
   /// without a pipeline, where one chunk finishes its gradients in buffer order and no sum over
   /// the stages (the tied embedding's) comes between backward and the reduction.
   bool overlaps_reduction() const { return stages_ == 1; }

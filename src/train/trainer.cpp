@@ -337,7 +337,7 @@ StepResult Trainer::step(std::int64_t step) {
   // one: a micro-step never waits for the GPU to finish its forward pass.
   model_->defer_loss(true);
   // d(mean loss over the whole update)/dlogits: each micro-step adds 1 / (G T) per position.
-  double loss_sum = pipeline_->forward_backward(batch, float(1.0 / tokens_per_step_), gradients_->grads_ready(),
+  double loss_sum = pipeline_->forward_backward(batch, float(1.0 / tokens_per_step_), gradients_.get(),
                                                 result.pipeline_wait_s);
   comms_.device(Axis::tensor).wait_queued();  // the tensor group's collectives, ordered on the compute stream: checked here
   comms_.device(Axis::context).wait_queued();  // the context ring's exchanges, likewise
