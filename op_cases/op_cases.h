@@ -10,8 +10,9 @@
 // An op builder (layernorm_case(N, C), ...) describes a case at any shape; the check grids (each
 // family's file) and the model's shapes (op_timing_cases.cpp) call the same builders. Cases that
 // only one mode runs are marked by their Use: check_only (grids of ops the benchmark does not
-// time, e.g. rope), timing_only (attention, timed here and checked by tests/flash_attention_test.cpp;
-// each fused op's unfused sequence, timed beside it). Depends only on the ops:: API.
+// time, e.g. rope), timing_only (attention, timed here and checked by tests/flash_attention_test.cpp
+// and tests/flash_attention_bf16_test.cpp; each fused op's unfused sequence, timed beside it). Depends
+// only on the ops:: API.
 #pragma once
 
 #include <cstddef>

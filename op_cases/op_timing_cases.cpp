@@ -2,7 +2,7 @@
 // model's shapes, in the order of bench_kernels' table. The ops the tests check come from their
 // builders (each family's file); beside them, timing-only entries: each fused op's unfused sequence
 // (so that the fusion's saving reads off the table) and attention (checked by
-// flash_attention_test.cpp over its own grid), ours beside cuDNN's.
+// flash_attention_test.cpp and flash_attention_bf16_test.cpp over their own grids), ours beside cuDNN's.
 #include <string>
 #include <vector>
 
