@@ -144,7 +144,7 @@ EvalModel load_eval_model(const checkpoint::Found& found, const dist::Communicat
     const config::ModelConfig& m = found.config.model;
     loaded.tensor_group = std::make_unique<parallel::CommTensorGroup>(comms.host(dist::Axis::tensor), Device::cpu);
     loaded.widths = std::make_unique<parallel::TensorParallel>(comms.host(dist::Axis::tensor).rank(), tensor_parallel,
-                                                               false, m.vocab_size, m.d_model, Device::cpu, DType::f32);
+                                                               false, m, Device::cpu, DType::f32);
     loaded.widths->set_group(loaded.tensor_group.get());
     layout.widths = loaded.widths.get();
   }

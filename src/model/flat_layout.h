@@ -66,8 +66,9 @@ struct TensorSlice {
   bool whole() const { return dim < 0; }
   /// Whether the tensor group splits this parameter (each of its ranks holds a different part).
   bool split_over_tensor() const { return !whole() && !expert; }
-  /// Whether this rank is the one that saves this part and counts it in the gradient norm.
-  bool owned_by(int tensor_rank) const { return owner && (split_over_tensor() || tensor_rank == 0); }
+  /// Whether the rank at `part` of the share of the widths (WidthShare::index) is the one that
+  /// saves this part and counts it in the gradient norm.
+  bool owned_by(int part) const { return owner && (split_over_tensor() || part == 0); }
 };
 
 /// One parameter tensor: its Hugging Face name (weights in torch.nn.Linear's (out, in) layout),

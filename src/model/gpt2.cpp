@@ -93,10 +93,10 @@ void Gpt2Body::lay_out_decoding(ActsCarver& take, const config::ModelConfig& con
 Gpt2::Gpt2(const config::ModelConfig& config, Device device, Recompute recompute, DType compute,
            ops::AttentionKernels attention, Layout layout)
     : Decoder(config, device, recompute, compute, attention, layout) {
-  const int N = width_parts();
+  const int N = width_parts();  // the share that split the widths checked them first
   if (config.n_head % N != 0 || config.ffn_hidden % N != 0) {
-    throw InputError("dist.tensor_parallel = " + std::to_string(N) + " must divide model.n_head (" +
-                     std::to_string(config.n_head) + ") and model.ffn_hidden (" + std::to_string(config.ffn_hidden) + ")");
+    throw RuntimeError("Gpt2: " + std::to_string(config.n_head) + " heads and " + std::to_string(config.ffn_hidden) +
+                       " MLP columns do not split into " + std::to_string(N) + " parts");
   }
   build();
 }

@@ -145,19 +145,20 @@ void LlamaBody::lay_out_decoding(ActsCarver& take, const config::ModelConfig& co
 Llama::Llama(const config::ModelConfig& config, Device device, Recompute recompute, DType compute,
              ops::AttentionKernels attention, Layout layout)
     : Decoder(config, device, recompute, compute, attention, layout) {
+  // The config's rules and the shares that split the experts and widths checked these first.
   const int EP = expert_parts();
   if (EP > 1 && (!config.moe.enabled || config.moe.experts % EP != 0)) {
-    throw InputError("dist.expert_parallel = " + std::to_string(EP) +
-                     " must divide model.moe.experts (" + std::to_string(config.moe.enabled ? config.moe.experts : 0) + ")");
+    throw RuntimeError("Llama: " + std::to_string(config.moe.enabled ? config.moe.experts : 0) +
+                       " experts do not split into " + std::to_string(EP) + " parts");
   }
   const int N = width_parts();
   // Key/value heads are split like the query heads when N divides their number, else (N a
   // multiple of it) each is replicated on the N / n_kv_head ranks whose query heads use it.
   const bool kv_split = config.n_kv_head % N == 0, kv_replicated = N % config.n_kv_head == 0;
   if (config.n_head % N != 0 || config.ffn_hidden % N != 0 || !(kv_split || kv_replicated)) {
-    throw InputError("dist.tensor_parallel = " + std::to_string(N) + " must divide model.n_head (" +
-                     std::to_string(config.n_head) + ") and model.ffn_hidden (" + std::to_string(config.ffn_hidden) +
-                     "), and divide or be a multiple of model.n_kv_head (" + std::to_string(config.n_kv_head) + ")");
+    throw RuntimeError("Llama: " + std::to_string(config.n_head) + " query heads, " + std::to_string(config.n_kv_head) +
+                       " key/value heads and " + std::to_string(config.ffn_hidden) + " MLP columns do not split into " +
+                       std::to_string(N) + " parts");
   }
   HS_ = config.d_model / config.n_head;
   NH_ = config.n_head / N;

@@ -76,8 +76,8 @@ struct MoeGrads {
 
 /// This rank's share of every MoE layer's experts, and the exchange that takes a layer's token rows
 /// to their experts' ranks and back. Part index() of parts() holds the E / parts() consecutive
-/// experts from index() E / parts(); the rows travel by all-to-all (expert parallelism:
-/// parallel/expert_parallel_comm.h, over a dist::Communicator). Handed to make_model in its Layout
+/// experts from index() E / parts(); the rows travel by all-to-all (expert parallelism, built in
+/// src/parallel/ over a dist::Communicator). Handed to make_model in its Layout
 /// (Layout::experts); without one a rank holds every expert and nothing travels.
 class ExpertShare {
  public:

@@ -2,8 +2,9 @@
 // vocabulary it holds, and how a layer body crosses between the activations every rank holds alike
 // and those split over ranks (Megatron's mappings and parallel layers). WidthShare itself is the
 // whole model on one rank, where each step is its one-rank computation and communicates nothing; a
-// share that splits the widths over a group (parallel/tensor_parallel.h) is handed to make_model
-// in its Layout (Layout::widths) and overrides the steps with its communication. The layer bodies
+// share that splits the widths over a group of ranks (tensor parallelism, built in src/parallel/)
+// is handed to make_model in its Layout (Layout::widths) and overrides the steps with its
+// communication. The layer bodies
 // reach the split only through these calls.
 #pragma once
 

@@ -15,7 +15,7 @@ ParallelContext::ParallelContext(const config::Config& config, const dist::Commu
   if (comms.host(Axis::tensor).world_size() > 1) {
     const auto& m = config.model;
     widths_ = std::make_unique<TensorParallel>(comms.host(Axis::tensor).rank(), comms.host(Axis::tensor).world_size(),
-                                               config.dist.sequence_parallel, m.vocab_size, m.d_model, device,
+                                               config.dist.sequence_parallel, m, device,
                                                model::precision_dtype(config.train.precision));
     layout_.widths = widths_.get();
   }

@@ -2,19 +2,35 @@
 
 #include <string>
 
+#include "config/arch_traits.h"
 #include "core/error.h"
 
 namespace llmtrain::parallel {
 
-TensorParallel::TensorParallel(int rank, int size, bool sequence_parallel, std::int64_t V, std::int64_t C,
+TensorParallel::TensorParallel(int rank, int size, bool sequence_parallel, const config::ModelConfig& model,
                                Device device, DType compute)
-    : WidthShare(V),
+    : WidthShare(model.vocab_size),
       rank_(rank),
       size_(size),
       sequence_parallel_(sequence_parallel),
-      C_(C),
+      C_(model.d_model),
       device_(device),
-      compute_(compute) {}
+      compute_(compute) {
+  check_widths(model, size);
+}
+
+void TensorParallel::check_widths(const config::ModelConfig& m, int size) {
+  const std::string sizes = "dist.tensor_parallel = " + std::to_string(size) + " must divide model.n_head (" +
+                            std::to_string(m.n_head) + ") and model.ffn_hidden (" + std::to_string(m.ffn_hidden) + ")";
+  if (!config::arch_traits(m.arch).grouped_query_attention) {
+    if (m.n_head % size != 0 || m.ffn_hidden % size != 0) throw InputError(sizes);
+    return;
+  }
+  const bool kv_split = m.n_kv_head % size == 0, kv_replicated = size % m.n_kv_head == 0;
+  if (m.n_head % size != 0 || m.ffn_hidden % size != 0 || !(kv_split || kv_replicated)) {
+    throw InputError(sizes + ", and divide or be a multiple of model.n_kv_head (" + std::to_string(m.n_kv_head) + ")");
+  }
+}
 
 void TensorParallel::check_rows(int B, int T) const {
   if (!split_rows() || (std::int64_t(B) * T) % size_ == 0) return;

@@ -14,6 +14,7 @@
 #include <functional>
 #include <vector>
 
+#include "config/config.h"
 #include "core/tensor.h"
 #include "model/width_share.h"
 #include "ops/buffer.h"
@@ -37,10 +38,14 @@ class TensorGroup {
 
 class TensorParallel final : public model::WidthShare {
  public:
-  /// Rank `rank` of a group of `size` that splits a model of vocabulary V and width C whose
-  /// activations are in `compute` on `device`; `sequence_parallel`: the residual stream's rows too.
-  TensorParallel(int rank, int size, bool sequence_parallel, std::int64_t V, std::int64_t C, Device device,
+  /// Rank `rank` of a group of `size` that splits `model`, whose activations are in `compute` on
+  /// `device`; `sequence_parallel`: the residual stream's rows too. InputError unless the model's
+  /// heads and MLP columns split over the group (check_widths).
+  TensorParallel(int rank, int size, bool sequence_parallel, const config::ModelConfig& model, Device device,
                  DType compute);
+  /// InputError unless `size` divides the model's query heads and MLP columns, and divides or is
+  /// a multiple of its key/value heads (a replicated key/value head then serves several ranks).
+  static void check_widths(const config::ModelConfig& model, int size);
 
   /// The group the steps communicate over (set before the first pass when size > 1).
   void set_group(TensorGroup* group) { group_ = group; }

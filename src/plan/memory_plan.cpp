@@ -55,7 +55,7 @@ RankShare share_of_model(const model::Model& model, int tensor_size, int tensor_
 // The share of one tensor rank: the model's own parameter list, built with external storage (no
 // buffers). ZeRO 3 shards each parameter run as one unit (parallel/zero3.h).
 RankShare share_of(const config::ModelConfig& m, int tensor_size, int tensor_rank, int expert_size) {
-  parallel::TensorParallel widths(tensor_rank, tensor_size, false, m.vocab_size, m.d_model, Device::cpu, DType::f32);
+  parallel::TensorParallel widths(tensor_rank, tensor_size, false, m, Device::cpu, DType::f32);
   parallel::ExpertParallel experts(0, expert_size);
   model::Layout layout{true, &widths};
   if (expert_size > 1) layout.experts = &experts;
@@ -475,7 +475,7 @@ std::vector<StagePlan> pipeline_stages(const config::Config& config, int tensor_
   for (int s = 0; s < P; ++s) {
     StagePlan st;
     st.stage = s;
-    parallel::TensorParallel widths(r, tensor_size, sp, m.vocab_size, m.d_model, Device::cpu,
+    parallel::TensorParallel widths(r, tensor_size, sp, m, Device::cpu,
                                     bf16 ? DType::bf16 : DType::f32);
     const int expert_size = int(config.dist.expert_parallel);
     parallel::ExpertParallel experts(0, expert_size);

@@ -84,7 +84,7 @@ std::int64_t activation_bytes(const config::ModelConfig& model, bool bf16, confi
                               std::int64_t micro_batch, int tensor_size = 1, bool sequence_parallel = false,
                               int context_size = 1, int expert_size = 1);
 /// Context parallelism (config.dist.context_parallel CP > 1): the attention's own work buffer a
-/// rank allocates next to its activations (model/context_parallel.cpp), for a micro-batch of
+/// rank allocates next to its activations (parallel/context_attention.cpp), for a micro-batch of
 /// `micro_batch` sequences on a tensor rank of `tensor_size`. Forward's buffers (with N = micro_batch
 /// x T / CP tokens and K = 2 x its key/value heads x head size: 2 key/value blocks of N x K in the
 /// compute dtype (ring; CP + 1, allgather), one block's f32 result and log-sum-exps, and the f32
