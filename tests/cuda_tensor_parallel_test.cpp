@@ -76,7 +76,7 @@ void compare_tensor_parallel(const std::string& arch, bool sequence_parallel, DT
 
   test::StagedCommunicator staged(world);
   parallel::CommTensorGroup group(staged, Device::cuda);
-  parallel::TensorParallel widths(rank, N, sequence_parallel, c.vocab_size, c.d_model, Device::cuda, dtype);
+  parallel::TensorParallel widths(rank, N, sequence_parallel, c, Device::cuda, dtype);
   widths.set_group(&group);
   model::Layout layout;
   layout.widths = &widths;
