@@ -67,7 +67,7 @@ void matmul_forward_loops(float* out, const float* inp, const float* weight, con
   // out (N,OC) = inp (N,C) x weight^T (C,OC) + bias: dot products of contiguous rows, four
   // weight rows against one input row per pass.
 #pragma omp parallel for schedule(static) if (worth_threads(N * C * OC))
-  for (std::int64_t i0 = 0; dinp && i0 < N; i0 += outer_block) {
+  for (std::int64_t i0 = 0; i0 < N; i0 += outer_block) {
     const std::int64_t i1 = std::min(N, i0 + outer_block);
     for (std::int64_t o0 = 0; o0 < OC; o0 += inner_block) {
       const std::int64_t o1 = std::min<std::int64_t>(OC, o0 + inner_block);
