@@ -23,7 +23,6 @@ Model::Model(const config::ModelConfig& config, Device device, DType compute, op
     : config_(config),
       device_(device),
       compute_(compute),
-      attention_kernels_(attention),
       layout_(layout),
       linears_(device),
       whole_widths_(config.vocab_size),

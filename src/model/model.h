@@ -111,7 +111,6 @@ class Model {
   /// null: every sequence whole, the default). Forward and backward take whole (B,T) sequences and
   /// keep this rank's T / sequence_parts() tokens of each (SequenceView::rows).
   void attach_sequences(SequenceView* view) { sequences_ = view ? view : &whole_sequences_; }
-  const SequenceView& sequences() const { return *sequences_; }
   int sequence_parts() const { return sequences_->parts(); }
 
   /// The flat layout run by run: each layer's parameters, and the parameters outside the layers,
@@ -232,7 +231,7 @@ class Model {
   virtual std::size_t activation_bytes(int B, int T) const = 0;
   /// This model's activation layout: its share of the widths and its layers.
   ActsShape acts_shape() const {
-    return {share_->parts(), split_rows(), largest_layer_range(), holds_model_end(), true, true,
+    return {width_parts(), split_rows(), largest_layer_range(), holds_model_end(), true, true,
             expert_parts(), ranges_.size() == 1 ? ranges_.front().begin : -1};
   }
 
@@ -285,12 +284,11 @@ class Model {
   config::ModelConfig config_;
   Device device_;
   DType compute_;
-  ops::AttentionKernels attention_kernels_;  // model.attention as resolved at start-up
   Layout layout_;
   Linears linears_;  // every matrix product of the layers and the ends goes through it
   WidthShare whole_widths_;
   WidthShare* share_;  // layout_.widths, or whole_widths_
-  WholeSequences whole_sequences_;
+  WholeSequences whole_sequences_;  // model.attention as resolved at start-up, over whole sequences
   SequenceView* sequences_ = &whole_sequences_;  // attach_sequences
   Documents documents_;
 

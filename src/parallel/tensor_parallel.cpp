@@ -104,10 +104,7 @@ void TensorParallel::row_linear(const model::Linears& linears, const Tensor& out
 
 void TensorParallel::embedding(const Tensor& out, const std::int32_t* inputs, const Tensor& device_inputs,
                                const Tensor& wte, const Tensor& wpe, int slot, int slots) {
-  if (size_ == 1) {
-    ops::encoder_forward(out, device_inputs, wte, wpe);
-    return;
-  }
+  if (size_ == 1) return WidthShare::embedding(out, inputs, device_inputs, wte, wpe, slot, slots);
   const std::int64_t C = C_, rows = vocab_end() - vocab_begin(), n = device_inputs.numel();
   if (!vocab_table_.data()) {
     vocab_table_ = ops::Buffer(device_, std::size_t((rows + 1) * C) * dtype_size(compute_));
@@ -133,10 +130,7 @@ void TensorParallel::embedding(const Tensor& out, const std::int32_t* inputs, co
 
 void TensorParallel::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
                                         const Tensor& device_inputs, int slot) {
-  if (size_ == 1) {
-    ops::encoder_backward(dwte, dwpe, dout, device_inputs);
-    return;
-  }
+  if (size_ == 1) return WidthShare::embedding_backward(dwte, dwpe, dout, device_inputs, slot);
   const std::int64_t C = C_, rows = vocab_end() - vocab_begin();
   const Tensor table_grad = vocab_table_grad_.view(DType::f32, {rows + 1, C});
   ops::zero(table_grad);
@@ -150,8 +144,8 @@ void TensorParallel::embedding_backward(const Tensor& dwte, const Tensor& dwpe, 
 
 double TensorParallel::cross_entropy(const Tensor& logits, const Tensor& losses, const Tensor& targets,
                                      float dlogits_scale, ops::DeviceSum* sum) {
+  if (size_ == 1) return WidthShare::cross_entropy(logits, losses, targets, dlogits_scale, sum);
   const std::int64_t columns = vocab_end() - vocab_begin();
-  if (size_ == 1) return ops::fused_classifier(logits, losses, targets, dlogits_scale, sum, columns);
   const std::int64_t n = logits.shape[0];
   if (classifier_stats_.bytes() < std::size_t(3 * n) * sizeof(float)) {
     classifier_stats_ = ops::Buffer(device_, std::size_t(3 * n) * sizeof(float));
